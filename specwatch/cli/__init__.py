@@ -1,0 +1,1 @@
+"""Subcommands. Each module: ``add_parser(subparsers)`` sets ``handler=main`` via set_defaults."""
