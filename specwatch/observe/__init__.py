@@ -1,0 +1,1 @@
+"""Observe chain: scrape -> parse -> window -> health."""

@@ -1,0 +1,1 @@
+"""Shadow chain: ingest -> sample -> replay -> compare -> ledger -> stats."""

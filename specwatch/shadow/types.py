@@ -1,0 +1,83 @@
+"""Values passed along the shadow chain (shared by ingest, replay, compare, ledger, stats).
+
+All are frozen; times are unix seconds (float) from an injected clock, durations in seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Source(enum.StrEnum):
+    """How a request entered the shadow chain."""
+
+    MIRROR = "mirror"
+    PROXY = "proxy"
+    CANARY = "canary"
+
+
+class Arm(enum.StrEnum):
+    """Which replica a replay went to. ``STANDARD`` is the lossless reference."""
+
+    STANDARD = "standard"
+    FLY = "fly"
+    NOISE = "noise"
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowRequest:
+    """One OpenAI-compatible request to replay through every arm.
+
+    ``path`` is ``/v1/completions`` or ``/v1/chat/completions``; ``body`` the parsed JSON body;
+    ``request_hash`` a hex digest of the canonical body (sampling and ledger key);
+    ``gold`` and ``checker`` are set for canary items (``checker``: ``exact|regex:<pattern>|
+    json:<path>|math``), ``None`` for live traffic.
+    """
+
+    path: str
+    body: Mapping[str, Any]
+    request_hash: str
+    received_at: float
+    source: Source
+    category: str = "default"
+    item_id: str | None = None
+    gold: str | None = None
+    checker: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmResult:
+    """What one arm returned.
+
+    ``ok`` False means the arm failed (``error`` says why: ``timeout|connect|http_<status>|
+    unsupported_parameter|in_band_error|invalid_body``); a failed arm makes the pair unpaired.
+    ``text`` is the generated text (first choice); ``token_ids`` when the server returned them;
+    ``mean_acceptance_length`` from vLLM's per-request spec-decode metrics when returned.
+    """
+
+    arm: Arm
+    ok: bool
+    latency_seconds: float
+    status: int | None = None
+    error: str | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    token_ids: tuple[int, ...] | None = None
+    mean_acceptance_length: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPair:
+    """A request and the result of each arm that was asked (noise is optional)."""
+
+    request: ShadowRequest
+    standard: ArmResult
+    fly: ArmResult
+    noise: ArmResult | None = None
+    seed: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
