@@ -479,11 +479,6 @@ class TestSpecwatchSidecar:
             assert target["num_speculative_tokens"] == spec["num_speculative_tokens"]
             assert target["method"] == spec["method"]
 
-    def test_ledger_lives_on_the_state_volume(self, specwatch_config: Obj) -> None:
-        """The SQLite ledger path is under /var/lib/specwatch (the emptyDir)."""
-        path = Path(specwatch_config["shadow"]["ledger_path"])
-        assert path.parent == Path("/var/lib/specwatch")
-
 
 @pytest.mark.kubectl
 class TestServicesAndMonitoring:
