@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,12 @@ _TALLY_SQL: Mapping[str, str] = {
 }
 
 
+_GET_VALUES = operator.attrgetter(*_COLUMNS)
+
+
 def _row_to_values(row: LedgerRow) -> tuple[Any, ...]:
-    return astuple(row)[:-1]  # drop id (last field)
+    values: tuple[Any, ...] = _GET_VALUES(row)
+    return values
 
 
 def _values_to_row(values: Sequence[Any]) -> LedgerRow:
