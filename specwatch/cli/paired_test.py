@@ -188,8 +188,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if not 0.0 <= args.margin < 1.0:
             raise InputError("--margin must be in [0, 1)")
-        if not 0.0 < args.alpha < 1.0:
-            raise InputError("--alpha must be in (0, 1)")
+        if not 0.0 < args.alpha < 0.5:
+            raise InputError("--alpha must be in (0, 0.5)")
         counts = pair_outcomes(read_outcomes(args.base), read_outcomes(args.cand))
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)

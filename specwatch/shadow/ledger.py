@@ -275,7 +275,7 @@ class Ledger:
 
     def submit(self, outcome: PairOutcome | LedgerRow) -> bool:
         """Queue one pair for writing without blocking; ``False`` (and ``dropped`` + 1) when
-        the queue is full."""
+        the queue is full. Call from the event loop's thread."""
         row = (
             outcome
             if isinstance(outcome, LedgerRow)
@@ -290,12 +290,29 @@ class Ledger:
         return True
 
     async def flush(self) -> None:
-        """Wait until every row submitted so far has been committed or counted as failed."""
+        """Wait until every row submitted so far has been committed or counted as failed.
+
+        Raises RuntimeError if the ledger is not open or its writer task has stopped.
+        """
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError("ledger is not open")
         target = self._submitted
         async with self._progress:
-            await self._progress.wait_for(lambda: self._processed >= target)
+            await self._progress.wait_for(lambda: self._processed >= target or writer.done())
+        if self._processed < target:
+            raise RuntimeError("ledger writer stopped") from (
+                writer.exception() if not writer.cancelled() else None
+            )
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_until_stopped()
+        finally:  # wake flush() waiters whatever happened
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _write_until_stopped(self) -> None:
         stop = False
         while not stop:
             first = await self._queue.get()

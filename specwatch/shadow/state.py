@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Protocol
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
 
 from specwatch.shadow.compare import PairOutcome
 from specwatch.shadow.power import questions_needed
@@ -393,3 +393,55 @@ class OutcomeCounters:
         for (status, reason), n in reasons.items():
             target = self.unpaired if status == "unpaired" else self.excluded
             target[reason] = target.get(reason, 0) + n
+
+
+def _json_num(v: object) -> object:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
+    """JSON-safe dict of a snapshot for ``/api/v1/snapshot``'s ``"shadow"`` key.
+
+    Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
+    ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
+    list of ``{"category", "arm", "outcome", "count"}``.
+    """
+
+    def summary(s: PairedSummary) -> dict[str, object]:
+        d: dict[str, object] = {
+            f.name: _json_num(getattr(s, f.name)) for f in fields(s) if f.name != "tally"
+        }
+        d["tally"] = asdict(s.tally)
+        return d
+
+    io = stats.io
+    bet = stats.betting_log_e_value
+    return {
+        "generated_at": stats.generated_at,
+        "alpha": stats.alpha,
+        "margin": stats.margin,
+        "detect_net_loss": stats.detect_net_loss,
+        "windows": {
+            w: {cat: summary(s) for cat, s in cats.items()} for w, cats in stats.windows.items()
+        },
+        "pairs_total": [
+            {"category": c, "arm": a, "outcome": o, "count": n}
+            for (c, a, o), n in sorted(stats.pairs_total.items())
+        ],
+        "unpaired_total": dict(stats.unpaired_total),
+        "excluded_total": dict(stats.excluded_total),
+        "betting_e_value": None if bet is None or bet > 709.0 else math.exp(bet),
+        "betting_log_e_value": bet,
+        "ledger_rows": stats.ledger_rows,
+        "ledger_write_errors": dict(stats.ledger_write_errors),
+        "io": None
+        if io is None
+        else {
+            "queue_depth": io.queue_depth,
+            "in_flight": io.in_flight,
+            "dropped_total": dict(io.dropped_total),
+            "paused": dict(io.paused),
+        },
+    }

@@ -185,8 +185,8 @@ def non_inferiority_test(c: PairedCounts, margin: float, alpha: float = 0.05) ->
     """
     if not 0.0 <= margin < 1.0:
         raise ValueError("margin must be in [0, 1)")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError("alpha must be in (0, 1)")
+    if not 0.0 < alpha < 0.5:
+        raise ValueError("alpha must be in (0, 0.5)")
     if c.n == 0:
         return NonInferiority(margin, alpha, math.nan, 1.0, math.nan, False)
     t = tango_score_statistic(c.lost, c.gained, c.n, margin)

@@ -234,3 +234,10 @@ def test_kill_9_loses_no_committed_pair(tmp_path: Path) -> None:
 def test_bad_synchronous(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ValueError, match="synchronous"):
         Ledger(tmp_path / "x.db", synchronous=bad)
+
+
+async def test_flush_before_open_raises(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    ledger.submit(make_outcome(1))
+    with pytest.raises(RuntimeError, match="not open"):
+        await ledger.flush()

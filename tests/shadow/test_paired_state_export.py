@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ from specwatch.shadow.state import (
     ShadowStats,
     betting_from_rows,
     build_shadow_stats,
+    shadow_stats_json,
     summarize,
     tally_rows,
     window_tallies,
@@ -212,3 +214,23 @@ def test_export_passes_promtool_check_metrics() -> None:
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_snapshot_json_is_strict_json() -> None:
+    t = PairTally(both_correct=10, lost=3, gained=1, both_wrong=2, agree=14, disagree=2)
+    stats = build_shadow_stats(
+        {"since_start": {"a": t, "b": PairTally()}},
+        now=5.0,
+        pairs_total={("a", "fly", "lost"): 3},
+        betting_log_e_value=1000.0,  # overflows: null, not Infinity
+        io=ShadowIO(queue_depth=1),
+    )
+    doc = json.loads(json.dumps(shadow_stats_json(stats), allow_nan=False))
+    assert doc["windows"]["since_start"]["a"]["lost"] == 3
+    assert doc["windows"]["since_start"]["a"]["tally"]["both_correct"] == 10
+    assert doc["windows"]["since_start"]["b"]["net_loss_ratio"] is None
+    assert doc["windows"]["since_start"][OVERALL]["n"] == 16
+    assert doc["pairs_total"] == [{"category": "a", "arm": "fly", "outcome": "lost", "count": 3}]
+    assert doc["betting_e_value"] is None
+    assert doc["betting_log_e_value"] == 1000.0
+    assert doc["io"]["queue_depth"] == 1
