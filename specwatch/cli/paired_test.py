@@ -155,7 +155,12 @@ def _table(report: dict[str, Any]) -> str:
         ),
         ("exact McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
         ("exact McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
-        ("discordant", pct(report["discordant_ratio"]).replace("+", "")),
+        (
+            "discordant",
+            "n/a"
+            if report["discordant_ratio"] is None
+            else f"{100 * report['discordant_ratio']:.2f}%",
+        ),
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
         ("e-value (loss)", f"{report['e_value']:.3g}"),
     ]
