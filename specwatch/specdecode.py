@@ -187,7 +187,11 @@ def budget_limits(
     t = b if max_num_scheduled_tokens is None else max_num_scheduled_tokens
     s = slots.extra_batch_slots
     a_eff = a
-    if regime is BudgetRegime.V0_33 and method in ADMISSION_CAPPED_METHODS and slots.lookahead_slots:
+    if (
+        regime is BudgetRegime.V0_33
+        and method in ADMISSION_CAPPED_METHODS
+        and slots.lookahead_slots
+    ):
         a_eff = min(a_eff, b // slots.lookahead_slots)
     d_full = min(a_eff, t // (1 + k), b // (1 + k + s))
     d_any = min(a_eff, b // (1 + s))

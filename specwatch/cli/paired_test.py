@@ -1,0 +1,204 @@
+"""``specwatch paired-test BASE CAND``: exact McNemar and non-inferiority on two eval runs.
+
+BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files of rows
+``{"id": ..., "correct": 0|1}`` over the same items. Exit 0 with the result, 2 on bad input
+(one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from specwatch.shadow.sequential import beta_binomial_log_e_value
+from specwatch.shadow.stats import (
+    PairedCounts,
+    discordant_ratio,
+    mcnemar_exact_p,
+    net_loss_ci,
+    net_loss_ratio,
+    non_inferiority_test,
+)
+
+
+class InputError(ValueError):
+    """Bad input file or contents (reported as one line, exit code 2)."""
+
+
+_TRUE = {"1", "true", "yes", "correct"}
+_FALSE = {"0", "false", "no", "incorrect", "wrong"}
+
+
+def _as_bool(value: object, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise InputError(f"{where}: 'correct' must be 0/1 or true/false, got {value!r}")
+
+
+def read_outcomes(path: Path) -> dict[str, bool]:
+    """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``).
+
+    Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
+    duplicate id.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from exc
+    rows: list[tuple[str, Any]] = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if reader.fieldnames is None or not {"id", "correct"} <= set(reader.fieldnames):
+            raise InputError(f"{path}: CSV needs a header with 'id' and 'correct'")
+        for lineno, rec in enumerate(reader, start=2):
+            rows.append((f"{path}:{lineno}", rec))
+    else:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
+            rows.append((f"{path}:{lineno}", rec))
+    out: dict[str, bool] = {}
+    for where, rec in rows:
+        if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
+            raise InputError(f"{where}: row needs 'id' and 'correct'")
+        item = str(rec["id"])
+        if item in out:
+            raise InputError(f"{where}: duplicate id {item!r}")
+        out[item] = _as_bool(rec["correct"], where)
+    if not out:
+        raise InputError(f"{path}: no rows")
+    return out
+
+
+def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
+    """Build the paired 2x2 table; raises :class:`InputError` when the id sets differ."""
+    only_base = sorted(set(base) - set(cand))
+    only_cand = sorted(set(cand) - set(base))
+    if only_base or only_cand:
+        parts = []
+        if only_base:
+            parts.append(f"{len(only_base)} only in BASE (e.g. {', '.join(only_base[:3])})")
+        if only_cand:
+            parts.append(f"{len(only_cand)} only in CAND (e.g. {', '.join(only_cand[:3])})")
+        raise InputError("ids do not match: " + "; ".join(parts))
+    cells = [0, 0, 0, 0]
+    for item, b in base.items():
+        c = cand[item]
+        cells[(0 if b else 2) + (0 if c else 1)] += 1
+    return PairedCounts(both_correct=cells[0], lost=cells[1], gained=cells[2], both_wrong=cells[3])
+
+
+def paired_report(counts: PairedCounts, margin: float, alpha: float) -> dict[str, Any]:
+    """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value."""
+    ci = net_loss_ci(counts, level=1.0 - alpha)
+    ni = non_inferiority_test(counts, margin=margin, alpha=alpha)
+    log_e = beta_binomial_log_e_value(counts.lost, counts.gained)
+
+    def num(x: float) -> float | None:
+        return None if math.isnan(x) else x
+
+    return {
+        "n": counts.n,
+        "both_correct": counts.both_correct,
+        "lost": counts.lost,
+        "gained": counts.gained,
+        "both_wrong": counts.both_wrong,
+        "net": counts.net,
+        "net_loss": num(net_loss_ratio(counts)),
+        "discordant_ratio": num(discordant_ratio(counts)),
+        "exact_p": mcnemar_exact_p(counts.lost, counts.gained, "two-sided"),
+        "exact_p_loss": mcnemar_exact_p(counts.lost, counts.gained, "loss"),
+        "ci": {
+            "lower": num(ci.lower),
+            "upper": num(ci.upper),
+            "level": ci.level,
+            "method": ci.method,
+        },
+        "non_inferiority": {
+            "margin": margin,
+            "alpha": alpha,
+            "p_value": ni.p_value,
+            "upper_bound": num(ni.upper_bound),
+            "verdict": "non_inferior" if ni.passed else "not_shown",
+        },
+        "e_value": math.exp(min(log_e, 709.0)),
+    }
+
+
+def _table(report: dict[str, Any]) -> str:
+    ci = report["ci"]
+    ni = report["non_inferiority"]
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:+.2f} pts"
+
+    lines = [
+        ("pairs (n)", str(report["n"])),
+        ("lost / gained / net", f"{report['lost']} / {report['gained']} / {report['net']:+d}"),
+        ("net loss", pct(report["net_loss"])),
+        (
+            f"{100 * ci['level']:g}% CI ({ci['method']})",
+            f"[{pct(ci['lower'])}, {pct(ci['upper'])}]",
+        ),
+        ("exact McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
+        ("exact McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
+        (
+            "discordant",
+            "n/a"
+            if report["discordant_ratio"] is None
+            else f"{100 * report['discordant_ratio']:.2f}%",
+        ),
+        (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
+        ("e-value (loss)", f"{report['e_value']:.3g}"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``paired-test``."""
+    p = subparsers.add_parser(
+        "paired-test",
+        help="exact McNemar + non-inferiority on per-item correctness of two runs",
+        description=__doc__,
+    )
+    p.add_argument("base", type=Path, metavar="BASE", help="baseline (standard) JSONL/CSV")
+    p.add_argument("cand", type=Path, metavar="CAND", help="candidate (FLy) JSONL/CSV")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.01,
+        help="non-inferiority margin: FLy may lose at most this fraction (default 0.01)",
+    )
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--format", choices=("json", "table"), default="table")
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the paired test; 0 on success, 2 on bad input."""
+    try:
+        if not 0.0 <= args.margin < 1.0:
+            raise InputError("--margin must be in [0, 1)")
+        if not 0.0 < args.alpha < 0.5:
+            raise InputError("--alpha must be in (0, 0.5)")
+        counts = pair_outcomes(read_outcomes(args.base), read_outcomes(args.cand))
+    except InputError as exc:
+        print(f"specwatch paired-test: {exc}", file=sys.stderr)
+        return 2
+    report = paired_report(counts, args.margin, args.alpha)
+    print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
+    return 0

@@ -1,0 +1,500 @@
+"""Pair ledger: one SQLite row per replayed pair (WAL mode, written off the event loop).
+
+Writes are queued by :meth:`Ledger.submit` (non-blocking) and committed in batches by one
+writer task that runs each batch in a worker thread (``asyncio.to_thread``); reads also run in
+a thread on a second connection, so nothing blocks the loop. A committed batch survives a
+``kill -9`` of the process (WAL, ``synchronous=NORMAL``; use ``FULL`` to survive power loss too).
+A failed write is never silent: it is counted per exception type
+(:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``) and
+logged as one structured line. No prompt or completion text is stored unless ``store_text``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from specwatch.shadow.compare import ArmOutcome, PairOutcome
+from specwatch.shadow.state import PairTally
+
+log = logging.getLogger("specwatch.shadow.ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """One stored pair (times in unix seconds, latencies in seconds, tokens = completion tokens,
+    ``*_tau`` = per-request mean acceptance length). Booleans are ``None`` when not applicable;
+    ``noise_*`` are ``None`` when no noise arm was asked. ``id`` is set on rows read back."""
+
+    time: float
+    request_hash: str
+    category: str
+    source: str
+    item_id: str | None
+    status: str
+    reason: str | None
+    labelled: bool
+    noise_asked: bool
+    standard_correct: bool | None
+    fly_correct: bool | None
+    noise_correct: bool | None
+    fly_agrees: bool | None
+    noise_agrees: bool | None
+    fly_divergence_char: int | None
+    fly_divergence_token: int | None
+    fly_similarity: float | None
+    noise_divergence_char: int | None
+    noise_similarity: float | None
+    standard_latency_seconds: float | None
+    fly_latency_seconds: float | None
+    noise_latency_seconds: float | None
+    standard_tokens: int | None
+    fly_tokens: int | None
+    noise_tokens: int | None
+    standard_tau: float | None
+    fly_tau: float | None
+    noise_tau: float | None
+    standard_text: str | None = None
+    fly_text: str | None = None
+    noise_text: str | None = None
+    id: int | None = None
+
+    @classmethod
+    def from_outcome(cls, o: PairOutcome, store_text: bool = False) -> LedgerRow:
+        """Flatten a :class:`PairOutcome`; texts only when ``store_text``."""
+        n: ArmOutcome | None = o.noise
+
+        def ok_only(a: ArmOutcome | None, v: Any) -> Any:
+            return v if a is not None and a.ok else None
+
+        return cls(
+            time=o.time,
+            request_hash=o.request_hash,
+            category=o.category,
+            source=str(o.source),
+            item_id=o.item_id,
+            status=o.status,
+            reason=o.reason,
+            labelled=o.labelled,
+            noise_asked=n is not None,
+            standard_correct=o.standard.correct,
+            fly_correct=o.fly.correct,
+            noise_correct=n.correct if n is not None else None,
+            fly_agrees=o.fly.agrees,
+            noise_agrees=n.agrees if n is not None else None,
+            fly_divergence_char=o.fly.first_divergence_char,
+            fly_divergence_token=o.fly.first_divergence_token,
+            fly_similarity=o.fly.similarity,
+            noise_divergence_char=n.first_divergence_char if n is not None else None,
+            noise_similarity=n.similarity if n is not None else None,
+            standard_latency_seconds=o.standard.latency_seconds,
+            fly_latency_seconds=o.fly.latency_seconds,
+            noise_latency_seconds=n.latency_seconds if n is not None else None,
+            standard_tokens=o.standard.completion_tokens,
+            fly_tokens=o.fly.completion_tokens,
+            noise_tokens=n.completion_tokens if n is not None else None,
+            standard_tau=o.standard.mean_acceptance_length,
+            fly_tau=o.fly.mean_acceptance_length,
+            noise_tau=n.mean_acceptance_length if n is not None else None,
+            standard_text=o.standard.text if store_text else None,
+            fly_text=o.fly.text if store_text else None,
+            noise_text=ok_only(n, n.text if n is not None else None) if store_text else None,
+        )
+
+
+_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow) if f.name != "id")
+_BOOL_COLUMNS = frozenset(f.name for f in fields(LedgerRow) if f.type in ("bool", "bool | None"))
+_SQL_TYPES = {"float": "REAL", "str": "TEXT", "bool": "INTEGER", "int": "INTEGER"}
+
+
+def _sql_type(annotation: object) -> str:
+    base = str(annotation).split(" | ")[0]
+    return _SQL_TYPES[base]
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS pairs (id INTEGER PRIMARY KEY, "
+    + ", ".join(f"{f.name} {_sql_type(f.type)}" for f in fields(LedgerRow) if f.name != "id")
+    + ")",
+    "CREATE INDEX IF NOT EXISTS pairs_time ON pairs(time)",
+    "CREATE INDEX IF NOT EXISTS pairs_category_time ON pairs(category, time)",
+)
+_INSERT = f"INSERT INTO pairs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+# SQL aggregate per PairTally field (categories grouped). `p` = paired rows.
+_P = "status = 'paired'"
+_TALLY_SQL: Mapping[str, str] = {
+    "both_correct": f"{_P} AND standard_correct = 1 AND fly_correct = 1",
+    "lost": f"{_P} AND standard_correct = 1 AND fly_correct = 0",
+    "gained": f"{_P} AND standard_correct = 0 AND fly_correct = 1",
+    "both_wrong": f"{_P} AND standard_correct = 0 AND fly_correct = 0",
+    "noise_both_correct": f"{_P} AND standard_correct = 1 AND noise_correct = 1",
+    "noise_lost": f"{_P} AND standard_correct = 1 AND noise_correct = 0",
+    "noise_gained": f"{_P} AND standard_correct = 0 AND noise_correct = 1",
+    "noise_both_wrong": f"{_P} AND standard_correct = 0 AND noise_correct = 0",
+    "agree": f"{_P} AND fly_agrees = 1",
+    "disagree": f"{_P} AND fly_agrees = 0",
+    "noise_agree": f"{_P} AND noise_agrees = 1",
+    "noise_disagree": f"{_P} AND noise_agrees = 0",
+    "flip_fly_only": f"{_P} AND fly_agrees = 0 AND noise_agrees = 1",
+    "flip_noise_only": f"{_P} AND fly_agrees = 1 AND noise_agrees = 0",
+    "flip_both": f"{_P} AND fly_agrees = 0 AND noise_agrees = 0",
+    "flip_neither": f"{_P} AND fly_agrees = 1 AND noise_agrees = 1",
+    "unpaired": "status = 'unpaired'",
+    "excluded": "status = 'excluded'",
+}
+
+
+_GET_VALUES = operator.attrgetter(*_COLUMNS)
+
+
+def _row_to_values(row: LedgerRow) -> tuple[Any, ...]:
+    values: tuple[Any, ...] = _GET_VALUES(row)
+    return values
+
+
+def _values_to_row(values: Sequence[Any]) -> LedgerRow:
+    kw: dict[str, Any] = {"id": values[0]}
+    for name, v in zip(_COLUMNS, values[1:], strict=True):
+        kw[name] = bool(v) if (name in _BOOL_COLUMNS and v is not None) else v
+    return LedgerRow(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerHealth:
+    """Counters the exporter reads: rows committed since open, failed row writes by exception
+    type, rows dropped because the write queue was full, the last error text, queue depth."""
+
+    rows_written: int
+    write_errors: Mapping[str, int]
+    dropped: int
+    last_error: str | None
+    queue_depth: int
+
+
+class Ledger:
+    """Async pair ledger over one SQLite file (or ``":memory:"`` is not supported: WAL needs a
+    file).
+
+    Use ``await ledger.open()`` / ``await ledger.close()`` (or ``async with``). ``clock``
+    supplies "now" for retention. ``max_age_seconds`` / ``max_rows`` prune old rows after
+    writes, at most every ``prune_interval_seconds``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        store_text: bool = False,
+        max_age_seconds: float | None = None,
+        max_rows: int | None = None,
+        batch_size: int = 1000,
+        queue_size: int = 100_000,
+        synchronous: str = "NORMAL",
+        prune_interval_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError("synchronous must be OFF|NORMAL|FULL|EXTRA")
+        self.path = Path(path)
+        self.store_text = store_text
+        self.max_age_seconds = max_age_seconds
+        self.max_rows = max_rows
+        self.batch_size = batch_size
+        self.synchronous = synchronous
+        self.prune_interval_seconds = prune_interval_seconds
+        self._clock = clock
+        self._queue: asyncio.Queue[LedgerRow | None] = asyncio.Queue(maxsize=queue_size)
+        self._writer: asyncio.Task[None] | None = None
+        self._wconn: sqlite3.Connection | None = None
+        self._rconn: sqlite3.Connection | None = None
+        self._rlock = threading.Lock()
+        self._wlock = threading.Lock()
+        self._submitted = 0
+        self._processed = 0
+        self._progress = asyncio.Condition()
+        self._rows_written = 0
+        self._write_errors: dict[str, int] = {}
+        self._dropped = 0
+        self._last_error: str | None = None
+        self._last_prune = -float("inf")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    def _open_sync(self) -> None:
+        self._wconn = self._connect()
+        for stmt in _SCHEMA:
+            self._wconn.execute(stmt)
+        self._rconn = self._connect()
+
+    async def open(self) -> None:
+        """Create or open the database (schema, WAL) and start the writer task.
+
+        Raises ``sqlite3.Error`` / ``OSError`` when the file cannot be opened.
+        """
+        await asyncio.to_thread(self._open_sync)
+        self._writer = asyncio.create_task(self._write_loop(), name="ledger-writer")
+
+    async def close(self) -> None:
+        """Write everything queued, stop the writer and close both connections."""
+        if self._writer is not None:
+            await self._queue.put(None)
+            await self._writer
+            self._writer = None
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        for conn in (self._wconn, self._rconn):
+            if conn is not None:
+                conn.close()
+        self._wconn = self._rconn = None
+
+    async def __aenter__(self) -> Ledger:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def submit(self, outcome: PairOutcome | LedgerRow) -> bool:
+        """Queue one pair for writing without blocking; ``False`` (and ``dropped`` + 1) when
+        the queue is full. Call from the event loop's thread."""
+        row = (
+            outcome
+            if isinstance(outcome, LedgerRow)
+            else LedgerRow.from_outcome(outcome, self.store_text)
+        )
+        try:
+            self._queue.put_nowait(row)
+        except asyncio.QueueFull:
+            self._dropped += 1
+            return False
+        self._submitted += 1
+        return True
+
+    async def flush(self) -> None:
+        """Wait until every row submitted so far has been committed or counted as failed.
+
+        Raises RuntimeError if the ledger is not open or its writer task has stopped.
+        """
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError("ledger is not open")
+        target = self._submitted
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._processed >= target or writer.done())
+        if self._processed < target:
+            raise RuntimeError("ledger writer stopped") from (
+                writer.exception() if not writer.cancelled() else None
+            )
+
+    async def _write_loop(self) -> None:
+        try:
+            await self._write_until_stopped()
+        finally:  # wake flush() waiters whatever happened
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _write_until_stopped(self) -> None:
+        stop = False
+        while not stop:
+            first = await self._queue.get()
+            batch: list[LedgerRow] = []
+            if first is None:
+                stop = True
+            else:
+                batch.append(first)
+            while len(batch) < self.batch_size and not stop:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                if item is None:
+                    stop = True
+                else:
+                    batch.append(item)
+            if batch:
+                await self._write_batch(batch)
+            async with self._progress:
+                self._processed += len(batch)
+                self._progress.notify_all()
+
+    async def _write_batch(self, batch: list[LedgerRow]) -> None:
+        now = self._clock()
+        prune = (self.max_age_seconds is not None or self.max_rows is not None) and (
+            now - self._last_prune >= self.prune_interval_seconds
+        )
+        try:
+            await asyncio.to_thread(self._insert_sync, batch, now if prune else None)
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            kind = type(exc).__name__
+            self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
+            self._last_error = f"{kind}: {exc}"
+            log.error(
+                "ledger write failed",
+                extra={
+                    "event": "ledger_write_failed",
+                    "error_type": kind,
+                    "rows": len(batch),
+                    "error": str(exc),
+                },
+            )
+            return
+        self._rows_written += len(batch)
+        if prune:
+            self._last_prune = now
+
+    def _insert_sync(self, batch: list[LedgerRow], prune_now: float | None) -> None:
+        conn = self._wconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        values = [_row_to_values(r) for r in batch]
+        with self._wlock:
+            conn.execute("BEGIN")
+            try:
+                conn.executemany(_INSERT, values)
+                if prune_now is not None:
+                    self._prune_sync(conn, prune_now)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _prune_sync(self, conn: sqlite3.Connection, now: float) -> int:
+        removed = 0
+        if self.max_age_seconds is not None:
+            removed += conn.execute(
+                "DELETE FROM pairs WHERE time < ?", (now - self.max_age_seconds,)
+            ).rowcount
+        if self.max_rows is not None:
+            removed += conn.execute(
+                "DELETE FROM pairs WHERE id < (SELECT id FROM pairs ORDER BY id DESC "
+                "LIMIT 1 OFFSET ?)",
+                (self.max_rows - 1,),
+            ).rowcount
+        return removed
+
+    async def prune(self, now: float | None = None) -> int:
+        """Apply retention now (after flushing); returns the number of rows deleted."""
+        await self.flush()
+        at = self._clock() if now is None else now
+
+        def run() -> int:
+            conn = self._wconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            with self._wlock:
+                conn.execute("BEGIN")
+                try:
+                    removed = self._prune_sync(conn, at)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            return removed
+
+        return await asyncio.to_thread(run)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _read(self, sql: str, params: Iterable[Any]) -> list[tuple[Any, ...]]:
+        conn = self._rconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._rlock:
+            return list(conn.execute(sql, tuple(params)).fetchall())
+
+    @staticmethod
+    def _where(
+        since: float | None, until: float | None, category: str | None
+    ) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if since is not None:
+            clauses.append("time >= ?")
+            params.append(since)
+        if until is not None:
+            clauses.append("time < ?")
+            params.append(until)
+        if category is not None:
+            clauses.append("category = ?")
+            params.append(category)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    async def query(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        category: str | None = None,
+        limit: int | None = None,
+    ) -> list[LedgerRow]:
+        """Rows with ``since <= time < until`` (and the category), oldest first."""
+        where, params = self._where(since, until, category)
+        sql = f"SELECT id, {', '.join(_COLUMNS)} FROM pairs{where} ORDER BY time, id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        raw = await asyncio.to_thread(self._read, sql, params)
+        return [_values_to_row(v) for v in raw]
+
+    async def tally(
+        self, since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """Per-category :class:`PairTally` over ``since <= time < until``, aggregated in SQL
+        (what the statistics are rebuilt from after a restart)."""
+        where, params = self._where(since, until, None)
+        sums = ", ".join(f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END)" for cond in _TALLY_SQL.values())
+        sql = f"SELECT category, {sums} FROM pairs{where} GROUP BY category"
+        raw = await asyncio.to_thread(self._read, sql, params)
+        names = list(_TALLY_SQL)
+        return {
+            str(r[0]): PairTally(**{k: int(v or 0) for k, v in zip(names, r[1:], strict=True)})
+            for r in raw
+        }
+
+    async def reason_counts(self) -> dict[tuple[str, str], int]:
+        """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
+        raw = await asyncio.to_thread(
+            self._read,
+            "SELECT status, reason, COUNT(*) FROM pairs WHERE status != 'paired' "
+            "GROUP BY status, reason",
+            (),
+        )
+        return {(str(s), str(r)): int(c) for s, r, c in raw}
+
+    async def row_count(self) -> int:
+        """Rows in the ledger."""
+        raw = await asyncio.to_thread(self._read, "SELECT COUNT(*) FROM pairs", ())
+        return int(raw[0][0])
+
+    # -- health ----------------------------------------------------------------------------
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Write counters for export; cheap, no I/O."""
+        return LedgerHealth(
+            rows_written=self._rows_written,
+            write_errors=dict(self._write_errors),
+            dropped=self._dropped,
+            last_error=self._last_error,
+            queue_depth=self._queue.qsize(),
+        )

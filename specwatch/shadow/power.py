@@ -1,0 +1,59 @@
+"""Sample size for a paired (McNemar) comparison: how many questions detect a given net loss."""
+
+from __future__ import annotations
+
+import math
+
+from scipy.stats import norm
+
+
+def z_quantile(p: float, decimals: int | None = 4) -> float:
+    """Standard normal quantile Φ⁻¹(p), rounded to ``decimals`` like a printed z table.
+
+    With the default 4 decimals, p = 0.975 gives 1.96 and p = 0.8 gives 0.8416, the values
+    the seed's ``questions_needed`` uses. ``decimals=None`` keeps full precision.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError("p must be in (0, 1)")
+    z = float(norm.ppf(p))
+    return z if decimals is None else round(z, decimals)
+
+
+def questions_needed_z(net_loss: float, discordant: float, z_alpha: float, z_beta: float) -> int:
+    """Connor's sample-size formula for McNemar's test, given the two z values.
+
+    Source: Connor R.J. (1987), "Sample size for testing differences in proportions for the
+    paired-sample design", Biometrics 43:207-211 (the seed's ``questions_needed``):
+    ``n = ceil((z_α sqrt(ψ) + z_β sqrt(ψ - δ²))² / δ²)`` with δ = net loss and ψ = discordant
+    rate (share of questions that flip either way; must satisfy δ <= ψ <= 1).
+    Raises ValueError outside that range.
+    """
+    if not 0.0 < abs(net_loss) <= discordant <= 1.0:
+        raise ValueError("need 0 < |net_loss| <= discordant <= 1")
+    d2 = net_loss * net_loss
+    root = z_alpha * math.sqrt(discordant) + z_beta * math.sqrt(discordant - d2)
+    # Guard against a ceil landing one above an exact integer through float noise.
+    return math.ceil(root * root / d2 - 1e-9)
+
+
+def questions_needed(
+    net_loss: float,
+    discordant: float,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    two_sided: bool = True,
+    z_decimals: int | None = 4,
+) -> int:
+    """Paired questions needed to detect ``net_loss`` at ``discordant`` flip rate.
+
+    Connor (1987), Biometrics 43:207-211, with ``z_α = Φ⁻¹(1 - α/2)`` (two-sided, the seed's
+    default) or ``Φ⁻¹(1 - α)`` (one-sided) and ``z_β = Φ⁻¹(power)``, each rounded to
+    ``z_decimals`` (4, as in printed tables and the seed: 1.96 and 0.8416). Examples (α = 0.05,
+    power 0.8): net loss 0.02 at 6% discordance -> 1,175; 0.01 at 6% -> 4,708; 0.02 at 8% ->
+    1,568. With unrounded quantiles (``z_decimals=None``) the middle one is 4,707.
+    """
+    if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise ValueError("alpha and power must be in (0, 1)")
+    z_a = z_quantile(1.0 - alpha / 2.0 if two_sided else 1.0 - alpha, z_decimals)
+    z_b = z_quantile(power, z_decimals)
+    return questions_needed_z(net_loss, discordant, z_a, z_b)

@@ -1,0 +1,112 @@
+"""``specwatch paired-test`` and ``specwatch power`` end to end through the CLI dispatcher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy.stats import binomtest
+
+from specwatch.__main__ import main
+
+
+def _write_jsonl(path: Path, rows: list[tuple[str, int]]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "correct": c}) + "\n" for i, c in rows))
+    return path
+
+
+def _seed_example(tmp_path: Path) -> tuple[Path, Path]:
+    # 428 items: 354 both right, 25 lost, 2 gained, 47 both wrong (the seed's synthetic run).
+    cells = [(1, 1)] * 354 + [(1, 0)] * 25 + [(0, 1)] * 2 + [(0, 0)] * 47
+    base = [(f"q{i}", b) for i, (b, _) in enumerate(cells)]
+    cand = [(f"q{i}", c) for i, (_, c) in enumerate(cells)]
+    return _write_jsonl(tmp_path / "base.jsonl", base), _write_jsonl(
+        tmp_path / "cand.jsonl", list(reversed(cand))
+    )
+
+
+def test_paired_test_seed_example_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cand = _seed_example(tmp_path)
+    assert main(["paired-test", str(base), str(cand), "--margin", "0.01", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["n"], out["lost"], out["gained"], out["net"]) == (428, 25, 2, -23)
+    assert out["exact_p"] == pytest.approx(5.6e-6, rel=0.01)
+    assert out["exact_p"] == pytest.approx(binomtest(2, 27, 0.5).pvalue, rel=1e-9)
+    assert out["exact_p_loss"] == pytest.approx(binomtest(25, 27, 0.5, "greater").pvalue)
+    assert out["ci"]["lower"] < 23 / 428 < out["ci"]["upper"]
+    assert out["ci"]["lower"] > 0.01
+    assert out["non_inferiority"]["verdict"] == "not_shown"
+
+
+def test_paired_test_csv_table_and_non_inferior(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2,000 items, 20 lost, 22 gained: non-inferior at a 2-point margin.
+    cells = [(1, 1)] * 1700 + [(1, 0)] * 20 + [(0, 1)] * 22 + [(0, 0)] * 258
+    base = tmp_path / "b.csv"
+    cand = tmp_path / "c.csv"
+    base.write_text("id,correct\n" + "".join(f"{i},{b}\n" for i, (b, _) in enumerate(cells)))
+    cand.write_text(
+        "correct,id\n"
+        + "".join(f"{'true' if c else 'false'},{i}\n" for i, (_, c) in enumerate(cells))
+    )
+    assert main(["paired-test", str(base), str(cand), "--margin", "0.02", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["lost"], out["gained"], out["n"]) == (20, 22, 2000)
+    assert out["non_inferiority"]["verdict"] == "non_inferior"
+    assert main(["paired-test", str(base), str(cand), "--margin", "0.02"]) == 0
+    table = capsys.readouterr().out
+    assert "non_inferior" in table
+    assert "20 / 22 / +2" in table
+
+
+def test_paired_test_unmatched_ids_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _write_jsonl(tmp_path / "b.jsonl", [("a", 1), ("b", 0), ("c", 1)])
+    cand = _write_jsonl(tmp_path / "c.jsonl", [("a", 1), ("b", 1), ("d", 1)])
+    assert main(["paired-test", str(base), str(cand)]) == 2
+    err = capsys.readouterr().err
+    assert "ids do not match" in err
+    assert "1 only in BASE (e.g. c)" in err
+    assert "1 only in CAND (e.g. d)" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"id": 1, "correct": 1}\n{"id": 1, "correct": 0}\n', "duplicate id"),
+        ('{"id": 1}\n', "needs 'id' and 'correct'"),
+        ('{"id": 1, "correct": 2}\n', "must be 0/1"),
+        ("not json\n", "invalid JSON"),
+        ("", "no rows"),
+    ],
+)
+def test_paired_test_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    good = _write_jsonl(tmp_path / "good.jsonl", [("1", 1)])
+    assert main(["paired-test", str(bad), str(good)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("net_loss", "discordant", "expected"),
+    [("0.02", "0.06", 1175), ("0.01", "0.06", 4708), ("0.02", "0.08", 1568)],
+)
+def test_power_cli(
+    capsys: pytest.CaptureFixture[str], net_loss: str, discordant: str, expected: int
+) -> None:
+    argv = ["power", "--net-loss", net_loss, "--discordant", discordant, "--format", "json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["questions_needed"] == expected
+
+
+def test_power_cli_bad_range(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["power", "--net-loss", "0.1", "--discordant", "0.05"]) == 2
+    assert "discordant" in capsys.readouterr().err

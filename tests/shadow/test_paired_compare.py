@@ -1,0 +1,178 @@
+"""compare(): divergence, similarity, extraction, correctness, agreement, pair status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from specwatch.shadow.compare import (
+    CompareConfig,
+    answers_equal,
+    compare,
+    first_divergence,
+    json_path_get,
+    make_checker,
+    similarity,
+)
+from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+
+
+def _req(
+    gold: str | None = None, checker: str | None = None, category: str = "gsm8k"
+) -> ShadowRequest:
+    return ShadowRequest(
+        path="/v1/completions",
+        body={"prompt": "q"},
+        request_hash="abc123",
+        received_at=1000.0,
+        source=Source.CANARY if gold is not None else Source.MIRROR,
+        category=category,
+        item_id="q1" if gold is not None else None,
+        gold=gold,
+        checker=checker,
+    )
+
+
+def _arm(arm: Arm, text: str = "", ok: bool = True, **kw: Any) -> ArmResult:
+    return ArmResult(arm=arm, ok=ok, latency_seconds=kw.pop("latency", 0.5), text=text, **kw)
+
+
+def test_first_divergence_and_similarity_by_hand() -> None:
+    assert first_divergence("The answer is 42", "The answer is 43") == 15
+    assert first_divergence("abc", "abcdef") == 3
+    assert first_divergence("same", "same") is None
+    assert first_divergence((1, 2, 3, 4), (1, 2, 9)) == 2
+    # Indel: "kitten" -> "sitting" needs 5 insert/delete ops over 13 chars -> 1 - 5/13.
+    assert similarity("kitten", "sitting") == pytest.approx(1 - 5 / 13)
+    assert similarity("", "") == 1.0
+
+
+def test_labelled_lost_with_regex_checker() -> None:
+    pair = ReplayPair(
+        request=_req(gold="1,200", checker=r"regex:####\s*([-\d,.]+)"),
+        standard=_arm(
+            Arm.STANDARD,
+            "so 1200 total\n#### 1200",
+            token_ids=(5, 6, 7, 8),
+            completion_tokens=4,
+            mean_acceptance_length=2.5,
+            latency=0.8,
+        ),
+        fly=_arm(
+            Arm.FLY,
+            "so 1300 total\n#### 1300",
+            token_ids=(5, 6, 9, 8),
+            completion_tokens=4,
+            mean_acceptance_length=3.1,
+            latency=0.6,
+        ),
+        seed=7,
+    )
+    out = compare(pair)
+    assert out.status == "paired"
+    assert out.labelled
+    assert out.standard.correct is True
+    assert out.fly.correct is False
+    assert out.fly.answer == "1300"
+    assert out.correctness_outcome(Arm.FLY) == "lost"
+    assert out.outcome(Arm.FLY) == "lost"
+    assert out.agreement_outcome(Arm.FLY) == "disagree"
+    assert out.fly.first_divergence_char == 4
+    assert out.fly.first_divergence_token == 2
+    assert out.fly.exact_match is False
+    assert out.fly.mean_acceptance_length == 3.1
+    assert out.standard.latency_seconds == 0.8
+    assert out.seed == 7
+    assert out.time == 1000.0
+
+
+def test_unlabelled_agreement_and_noise_arm() -> None:
+    pair = ReplayPair(
+        request=_req(),
+        standard=_arm(Arm.STANDARD, "Paris is the capital."),
+        fly=_arm(Arm.FLY, "Paris is the capital. "),
+        noise=_arm(Arm.NOISE, "Paris is the capital city."),
+    )
+    out = compare(pair)
+    assert out.outcome(Arm.FLY) == "agree"  # whitespace-normalised
+    assert out.fly.exact_match is False
+    assert out.outcome(Arm.NOISE) == "disagree"
+    assert out.correctness_outcome(Arm.FLY) is None
+    loose = compare(pair, CompareConfig(similarity_threshold=0.8))
+    assert loose.outcome(Arm.NOISE) == "agree"
+
+
+def test_status_rules() -> None:
+    unsupported = ReplayPair(
+        request=_req(),
+        standard=_arm(Arm.STANDARD, "x"),
+        fly=_arm(Arm.FLY, ok=False, status=400, error="unsupported_parameter"),
+    )
+    assert (compare(unsupported).status, compare(unsupported).reason) == (
+        "excluded",
+        "unsupported_parameter",
+    )
+    timeout = ReplayPair(
+        request=_req(gold="4", checker="math"),
+        standard=_arm(Arm.STANDARD, "4"),
+        fly=_arm(Arm.FLY, ok=False, error="timeout"),
+    )
+    out = compare(timeout)
+    assert (out.status, out.reason) == ("unpaired", "fly_timeout")
+    assert out.outcome(Arm.FLY) is None
+    noise_failed = ReplayPair(
+        request=_req(),
+        standard=_arm(Arm.STANDARD, "a"),
+        fly=_arm(Arm.FLY, "a"),
+        noise=_arm(Arm.NOISE, ok=False, error="connect"),
+    )
+    out = compare(noise_failed)
+    assert out.status == "paired"
+    assert out.outcome(Arm.NOISE) is None
+    bad = ReplayPair(
+        request=_req(gold="1", checker="regex:(["),
+        standard=_arm(Arm.STANDARD, "1"),
+        fly=_arm(Arm.FLY, "1"),
+    )
+    assert (compare(bad).status, compare(bad).reason) == ("excluded", "bad_checker")
+    assert compare(bad).outcome(Arm.FLY) is None
+
+
+def test_json_path_checker() -> None:
+    doc = {"answer": {"items": [{"v": 3}, {"v": "x"}]}}
+    assert json_path_get(doc, "$.answer.items[1].v") == "x"
+    assert json_path_get(doc, "answer.items.0.v") == 3
+    with pytest.raises(LookupError):
+        json_path_get(doc, "$.answer.missing")
+    chk = make_checker("json:$.result")
+    assert chk.extract('Sure! ```json\n{"result": [1, 2]}\n```') == "[1, 2]"
+    assert chk.equal_to_gold("[1,2]", '{"result": [1, 2]}')
+    assert not chk.equal_to_gold("[1,3]", '{"result": [1, 2]}')
+    assert chk.extract("no json here") is None
+
+
+def test_math_checker_equivalences() -> None:
+    chk = make_checker("math")
+    assert chk.equal_to_gold("\\frac{1}{2}", "so the answer is $\\boxed{\\frac{1}{2}}$")
+    assert chk.equal_to_gold("0.5", "The answer is \\boxed{1/2}")
+    assert not chk.equal_to_gold("\\frac{1}{3}", "The answer is \\boxed{0.5}")
+    assert chk.equal_texts("We get \\boxed{2}.", "Hence \\boxed{2}")
+
+
+def test_answers_equal_numbers() -> None:
+    assert answers_equal("1,000", "1000.0")
+    assert answers_equal("$12", "12")
+    assert answers_equal("3/4", "0.75")
+    assert not answers_equal("12", "13")
+    assert not answers_equal(None, "1")
+
+
+def test_math_checker_numeric_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specwatch.shadow.compare as compare_mod
+
+    monkeypatch.setattr(compare_mod, "_math_verify_equal", lambda: None)
+    chk = make_checker("math")
+    assert chk.equal_to_gold("1/2", "so x = \\boxed{0.5}")
+    assert chk.equal_to_gold("72", "She sold 48 + 24 = 72 clips.")
+    assert not chk.equal_to_gold("72", "She sold 70 clips.")

@@ -1,0 +1,243 @@
+"""Ledger: round trip, SQL tally vs Python tally, retention, restart, failed writes, kill -9."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specwatch.shadow.compare import PairOutcome, compare
+from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.state import tally_rows
+from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_outcome(i: int, *, t: float | None = None, category: str = "math") -> PairOutcome:
+    """Deterministic mix: labelled / unlabelled, lost / gained / agree, noise, failures."""
+    labelled = i % 2 == 0
+    std_text = f"answer {i % 5}"
+    fly_text = std_text if i % 7 else f"answer {(i % 5) + 1}"
+    noise_text = std_text if i % 11 else "other"
+    req = ShadowRequest(
+        path="/v1/completions",
+        body={"prompt": str(i)},
+        request_hash=f"h{i:06d}",
+        received_at=1000.0 + i if t is None else t,
+        source=Source.CANARY if labelled else Source.PROXY,
+        category=category,
+        item_id=f"q{i}" if labelled else None,
+        gold=(f"answer {i % 5}" if i % 3 else f"answer {(i % 5) + 1}") if labelled else None,
+        checker=None,
+    )
+    fly_ok = i % 13 != 0
+    pair = ReplayPair(
+        request=req,
+        standard=ArmResult(
+            Arm.STANDARD, True, 0.5, text=std_text, completion_tokens=10, mean_acceptance_length=2.0
+        ),
+        fly=ArmResult(
+            Arm.FLY,
+            fly_ok,
+            0.4,
+            text=fly_text if fly_ok else "",
+            error=None if fly_ok else "timeout",
+            completion_tokens=11,
+            mean_acceptance_length=2.6,
+        ),
+        noise=ArmResult(Arm.NOISE, True, 0.45, text=noise_text) if i % 3 == 0 else None,
+    )
+    return compare(pair)
+
+
+async def test_round_trip_without_text(tmp_path: Path) -> None:
+    async with Ledger(tmp_path / "l.db", clock=lambda: 5000.0) as ledger:
+        outs = [make_outcome(i) for i in range(60)]
+        for o in outs:
+            assert ledger.submit(o)
+        await ledger.flush()
+        rows = await ledger.query()
+        assert len(rows) == 60
+        assert await ledger.row_count() == 60
+        expected = [LedgerRow.from_outcome(o) for o in outs]
+        assert [dataclasses.replace(r, id=None) for r in rows] == expected
+        assert all(r.fly_text is None and r.standard_text is None for r in rows)
+        assert rows[0].fly_tau == 2.6
+        assert rows[0].labelled is True
+        assert rows[13].status == "unpaired"
+        assert rows[13].reason == "fly_timeout"
+        # Time range and category filters.
+        assert [r.request_hash for r in await ledger.query(since=1010, until=1013)] == [
+            "h000010",
+            "h000011",
+            "h000012",
+        ]
+        assert await ledger.query(category="other") == []
+        assert ledger.health.rows_written == 60
+        assert ledger.health.write_errors == {}
+
+
+async def test_store_text(tmp_path: Path) -> None:
+    async with Ledger(tmp_path / "l.db", store_text=True) as ledger:
+        ledger.submit(make_outcome(7))
+        await ledger.flush()
+        (row,) = await ledger.query()
+        assert row.standard_text == "answer 2"
+        assert row.fly_text == "answer 3"
+
+
+async def test_sql_tally_matches_python_tally(tmp_path: Path) -> None:
+    async with Ledger(tmp_path / "l.db") as ledger:
+        outs = [make_outcome(i, category="a" if i % 4 else "b") for i in range(500)]
+        for o in outs:
+            ledger.submit(o)
+        await ledger.flush()
+        sql = await ledger.tally()
+        py = tally_rows(LedgerRow.from_outcome(o) for o in outs)
+        assert sql == py
+        assert sql["a"].lost > 0
+        assert sql["a"].gained > 0
+        assert sql["a"].flip_fly_only > 0
+        assert sql["a"].unpaired > 0
+        windowed = await ledger.tally(since=1100, until=1200)
+        assert windowed == tally_rows(
+            LedgerRow.from_outcome(o) for o in outs if 1100 <= o.time < 1200
+        )
+        reasons = await ledger.reason_counts()
+        assert reasons == {
+            ("unpaired", "fly_timeout"): sum(1 for o in outs if o.status == "unpaired")
+        }
+
+
+async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
+    now = [2000.0]
+    ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, clock=lambda: now[0])
+    await ledger.open()
+    for i in range(1000):
+        ledger.submit(make_outcome(i))  # times 1000 .. 1999
+    await ledger.flush()
+    rows = await ledger.query()
+    # The batch's own prune: age keeps time >= 1500 (500 rows), max_rows the newest 300.
+    assert len(rows) == 300
+    assert rows[0].request_hash == "h000700"
+    assert rows[-1].request_hash == "h000999"
+    now[0] = 2300.0  # cutoff 1800: 100 more rows age out
+    assert await ledger.prune() == 100
+    assert await ledger.row_count() == 200
+    await ledger.close()
+
+
+async def test_rebuild_after_restart(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    async with Ledger(path) as first:
+        for i in range(120):
+            first.submit(make_outcome(i))
+        await first.flush()
+        before = await first.tally()
+        assert before["math"].paired > 0
+    async with Ledger(path) as second:  # close() flushed everything
+        assert await second.row_count() == 120
+        assert await second.tally() == before
+
+
+async def test_failed_write_is_counted_and_surfaced(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    async with Ledger(path) as ledger:
+        ledger.submit(make_outcome(1))
+        await ledger.flush()
+        other = sqlite3.connect(path)
+        other.execute("DROP TABLE pairs")
+        other.commit()
+        other.close()
+        for i in range(5):
+            ledger.submit(make_outcome(i))
+        await ledger.flush()
+        health = ledger.health
+        assert health.rows_written == 1
+        assert health.write_errors == {"OperationalError": 5}
+        assert health.last_error is not None
+        assert "no such table" in health.last_error
+
+
+async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", queue_size=3)
+    await ledger.open()
+    results = [ledger.submit(make_outcome(i)) for i in range(5)]  # writer has not run yet
+    assert results == [True, True, True, False, False]
+    assert ledger.health.dropped == 2
+    await ledger.close()
+    async with Ledger(tmp_path / "l.db") as again:
+        assert await again.row_count() == 3
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    sys.path.insert(0, sys.argv[2])
+    sys.path.insert(0, sys.argv[3])
+    from specwatch.shadow.ledger import Ledger
+    from test_paired_ledger import make_outcome
+
+    async def main() -> None:
+        ledger = Ledger(sys.argv[1], batch_size=50)
+        await ledger.open()
+        i = 0
+        while True:
+            for _ in range(100):
+                ledger.submit(make_outcome(i))
+                i += 1
+            await ledger.flush()
+            print(f"committed {i}", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_kill_9_loses_no_committed_pair(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    db = tmp_path / "l.db"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(db), str(ROOT), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    committed = 0
+    try:
+        while committed < 3000:
+            line = proc.stdout.readline()
+            assert line, "writer exited early"
+            committed = int(line.split()[1])
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    conn = sqlite3.connect(db)
+    (count,) = conn.execute("SELECT COUNT(*) FROM pairs").fetchone()
+    (integrity,) = conn.execute("PRAGMA integrity_check").fetchone()
+    conn.close()
+    assert count >= committed
+    assert integrity == "ok"
+
+
+@pytest.mark.parametrize("bad", ["WAL", "sometimes"])
+def test_bad_synchronous(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        Ledger(tmp_path / "x.db", synchronous=bad)
+
+
+async def test_flush_before_open_raises(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    ledger.submit(make_outcome(1))
+    with pytest.raises(RuntimeError, match="not open"):
+        await ledger.flush()

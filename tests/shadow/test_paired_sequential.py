@@ -1,0 +1,108 @@
+"""E-process properties: exact Ville bound on small horizons, closed form vs quadrature."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.integrate import quad
+from scipy.stats import beta as beta_dist
+
+from specwatch.shadow.sequential import (
+    BettingEProcess,
+    alarm,
+    beta_binomial_e_value,
+    beta_binomial_log_e_value,
+    beta_binomial_log_e_values,
+)
+
+
+@pytest.mark.parametrize(("lost", "gained", "p0", "a", "b"), [(5, 2, 0.5, 1, 1), (9, 3, 0.6, 2, 1)])
+def test_closed_form_matches_quadrature(
+    lost: int, gained: int, p0: float, a: float, b: float
+) -> None:
+    prior_mass = beta_dist.sf(p0, a, b)
+
+    def integrand(t: float) -> float:
+        return float(t**lost * (1 - t) ** gained * beta_dist.pdf(t, a, b) / prior_mass)
+
+    num = quad(integrand, p0, 1.0)[0]
+    expected = num / (p0**lost * (1 - p0) ** gained)
+    assert beta_binomial_e_value(lost, gained, p0, a, b) == pytest.approx(expected, rel=1e-7)
+    assert beta_binomial_e_value(0, 0) == pytest.approx(1.0)
+
+
+def _exact_crossing_probability(theta: float, horizon: int, alpha: float, p0: float) -> float:
+    """P(sup_{t<=horizon} E_t >= 1/alpha) by dynamic programming over (lost, gained)."""
+    threshold = -math.log(alpha)
+    # prob[l] = probability of being at (l, t - l) without having crossed.
+    prob = np.array([1.0])
+    crossed = 0.0
+    for t in range(1, horizon + 1):
+        nxt = np.zeros(t + 1)
+        nxt[1:] += prob * theta
+        nxt[:-1] += prob * (1 - theta)
+        lost = np.arange(t + 1)
+        log_e = beta_binomial_log_e_values(lost, t - lost, p0)
+        hit = log_e >= threshold
+        crossed += float(nxt[hit].sum())
+        nxt[hit] = 0.0
+        prob = nxt
+    return crossed
+
+
+@pytest.mark.parametrize(("alpha", "theta"), [(0.05, 0.5), (0.2, 0.5), (0.2, 0.4)])
+def test_ville_bound_holds_exactly_under_null(alpha: float, theta: float) -> None:
+    assert _exact_crossing_probability(theta, 400, alpha, 0.5) <= alpha
+
+
+def test_power_under_loss_and_margin_variant() -> None:
+    # θ = 2/3 (lost 4%, gained 2%): after 400 discordant pairs the alarm is near certain.
+    assert _exact_crossing_probability(2 / 3, 400, 0.05, 0.5) > 0.9
+    # A conditional margin p0 = 0.7 is not crossed often when θ = 2/3.
+    assert _exact_crossing_probability(2 / 3, 400, 0.05, 0.7) <= 0.05
+
+
+def test_alarm_rule() -> None:
+    assert alarm(math.log(20.0), 0.05)
+    assert not alarm(math.log(19.9), 0.05)
+    assert beta_binomial_log_e_value(25, 2) > math.log(20)
+    with pytest.raises(ValueError, match="p0"):
+        beta_binomial_log_e_value(1, 1, p0=1.0)
+
+
+@pytest.mark.parametrize(
+    ("margin", "probs", "alpha"),
+    [(0.1, {1: 0.35, 0: 0.4, -1: 0.25}, 0.25), (0.0, {1: 0.3, 0: 0.4, -1: 0.3}, 0.5)],
+)
+def test_betting_e_process_exact_ville_bound(
+    margin: float, probs: dict[int, float], alpha: float
+) -> None:
+    # Enumerate every path of d in {-1, 0, 1} of length 9 with E[d] = margin exactly
+    # (crossing probabilities are about 0.02 and 0.15: the bound is exercised, not vacuous).
+    total = 0.0
+    for path in itertools.product((1, 0, -1), repeat=9):
+        state = BettingEProcess(margin=margin)
+        weight = 1.0
+        hit = False
+        for d in path:
+            weight *= probs[d]
+            state = state.update(d)
+            if state.log_wealth >= -math.log(alpha):
+                hit = True
+        total += weight if hit else 0.0
+    assert total <= alpha
+
+
+def test_betting_e_process_grows_under_loss() -> None:
+    rng = np.random.default_rng(3)
+    d = rng.choice([1, 0, -1], size=3000, p=[0.06, 0.9, 0.04])  # net loss 0.02 > margin 0
+    state = BettingEProcess(margin=0.0)
+    for x in d:
+        state = state.update(int(x))
+    assert state.max_log_wealth >= math.log(20)
+    assert state.n == 3000
+    with pytest.raises(ValueError, match="d must"):
+        state.update(2)

@@ -1,0 +1,236 @@
+"""ShadowStats snapshots from tallies/rows, counters, and the exported Prometheus families."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Iterable
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from scipy.stats import binomtest
+
+from specwatch.shadow.compare import PairOutcome, compare
+from specwatch.shadow.export import shadow_families
+from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.power import questions_needed
+from specwatch.shadow.sequential import beta_binomial_e_value
+from specwatch.shadow.state import (
+    OVERALL,
+    OutcomeCounters,
+    PairTally,
+    ShadowIO,
+    ShadowStats,
+    betting_from_rows,
+    build_shadow_stats,
+    shadow_stats_json,
+    summarize,
+    tally_rows,
+    window_tallies,
+)
+from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+
+
+def _outcome(
+    t: float, cat: str, std_ok: bool, fly_ok: bool, noise: str | None = None
+) -> PairOutcome:
+    req = ShadowRequest("/v1/completions", {}, f"h{t}", t, Source.CANARY, cat, "q", "yes", None)
+    pair = ReplayPair(
+        req,
+        ArmResult(Arm.STANDARD, True, 0.1, text="yes" if std_ok else "no"),
+        ArmResult(Arm.FLY, True, 0.1, text="yes" if fly_ok else "no"),
+        ArmResult(Arm.NOISE, True, 0.1, text=noise) if noise is not None else None,
+    )
+    return compare(pair)
+
+
+def test_summarize_by_hand() -> None:
+    t = PairTally(
+        both_correct=354,
+        lost=25,
+        gained=2,
+        both_wrong=47,
+        agree=401,
+        disagree=27,
+        flip_fly_only=20,
+        flip_noise_only=4,
+        flip_both=2,
+        flip_neither=74,
+        noise_agree=94,
+        noise_disagree=6,
+    )
+    s = summarize(t, alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    assert s.n == 428
+    assert s.p_two_sided == pytest.approx(binomtest(2, 27).pvalue)
+    assert s.e_value == pytest.approx(beta_binomial_e_value(25, 2))
+    assert s.alarm
+    assert not s.non_inferiority_pass
+    assert s.questions_needed == questions_needed(0.02, 27 / 428)
+    assert s.questions_still_needed == s.questions_needed - 428
+    assert s.fly_flip_ratio == pytest.approx(27 / 428)
+    assert s.noise_flip_ratio == pytest.approx(6 / 100)
+    assert s.excess_flip_ratio == pytest.approx((20 - 4) / 100)
+    assert s.excess_flip_p == pytest.approx(binomtest(20, 24, 0.5, "greater").pvalue)
+    empty = summarize(PairTally())
+    assert empty.n == 0
+    assert math.isnan(empty.net_loss_ratio)
+    assert empty.questions_needed is None
+    assert not empty.alarm
+
+
+def test_windows_rows_counters_and_betting() -> None:
+    outs = [
+        _outcome(100.0, "a", True, False, noise="yes"),  # lost; fly flips, noise agrees
+        _outcome(150.0, "a", True, True, noise="no"),  # both correct; noise flips
+        _outcome(190.0, "b", False, True),  # gained
+        _outcome(195.0, "b", True, False),  # lost
+    ]
+    rows = [LedgerRow.from_outcome(o) for o in outs]
+    tallies = window_tallies(rows, now=200.0, windows={"1m": 60.0, "since_start": None})
+    assert tallies["1m"] == {
+        "a": PairTally(
+            both_correct=1,
+            agree=1,
+            noise_disagree=1,
+            noise_both_wrong=0,
+            noise_lost=1,
+            flip_noise_only=1,
+        ),
+        "b": PairTally(gained=1, lost=1, agree=0, disagree=2),
+    }
+    assert tally_rows(rows)["a"].lost == 1
+    stats = build_shadow_stats(tallies, now=200.0, margin=0.01)
+    assert stats.windows["since_start"][OVERALL].n == 4
+    assert stats.windows["since_start"][OVERALL].lost == 2
+    assert stats.windows["1m"][OVERALL].n == 3
+    counters = OutcomeCounters()
+    for o in outs:
+        counters.add(o)
+    assert counters.pairs[("a", "fly", "lost")] == 1
+    assert counters.pairs[("a", "noise", "lost")] == 1
+    assert counters.pairs[("b", "fly", "disagree")] == 2
+    seeded = OutcomeCounters()
+    seeded.seed(tally_rows(rows), {("unpaired", "fly_timeout"): 3})
+    assert seeded.pairs == counters.pairs
+    assert seeded.unpaired == {"fly_timeout": 3}
+    bet = betting_from_rows(rows, margin=0.0)
+    assert bet.n == 4
+
+
+class _Fixed(Collector):
+    def __init__(self, stats: ShadowStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        return shadow_families(self.stats)
+
+
+def _exposition() -> str:
+    t = PairTally(
+        both_correct=354,
+        lost=25,
+        gained=2,
+        both_wrong=47,
+        agree=401,
+        disagree=27,
+        noise_agree=400,
+        noise_disagree=28,
+    )
+    stats = build_shadow_stats(
+        {"since_start": {"gsm8k": t, "empty": PairTally()}},
+        now=1.0,
+        pairs_total={("gsm8k", "fly", "lost"): 25, ("gsm8k", "fly", "gained"): 2},
+        unpaired_total={"fly_timeout": 3},
+        excluded_total={"unsupported_parameter": 1},
+        betting_log_e_value=math.log(7.5),
+        ledger_rows=431,
+        ledger_write_errors={"OperationalError": 2},
+        io=ShadowIO(
+            queue_depth=4,
+            in_flight=2,
+            dropped_total={"queue_full": 9},
+            paused={"waiting": True, "near_max_num_seqs": False},
+        ),
+    )
+    reg = CollectorRegistry()
+    reg.register(_Fixed(stats))
+    return generate_latest(reg).decode()
+
+
+def test_export_values() -> None:
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(_exposition())
+        for s in fam.samples
+    }
+    wc = (("category", "gsm8k"), ("window", "since_start"))
+    assert (
+        samples[
+            (
+                "specwatch_shadow_pairs_total",
+                (("arm", "fly"), ("category", "gsm8k"), ("outcome", "lost")),
+            )
+        ]
+        == 25
+    )
+    assert samples[("specwatch_paired_lost", wc)] == 25
+    assert samples[("specwatch_paired_n", (("category", "_all"), ("window", "since_start")))] == 428
+    assert samples[("specwatch_paired_net_loss_ratio", wc)] == pytest.approx(23 / 428)
+    assert samples[("specwatch_paired_mcnemar_p_value", (("alternative", "two_sided"), *wc))] == (
+        pytest.approx(binomtest(2, 27).pvalue)
+    )
+    assert samples[
+        ("specwatch_paired_e_value", (*wc[:1], ("hypothesis", "no_net_loss"), *wc[1:]))
+    ] == pytest.approx(beta_binomial_e_value(25, 2), rel=1e-6)
+    assert samples[
+        (
+            "specwatch_paired_e_value",
+            (("category", "_all"), ("hypothesis", "margin"), ("window", "since_start")),
+        )
+    ] == pytest.approx(7.5)
+    assert samples[("specwatch_flip_ratio", (("arm", "noise"), *wc))] == pytest.approx(28 / 428)
+    assert samples[("specwatch_ledger_write_errors_total", (("reason", "OperationalError"),))] == 2
+    assert samples[("specwatch_shadow_paused", (("reason", "waiting"),))] == 1
+    assert samples[("specwatch_shadow_dropped_total", (("reason", "queue_full"),))] == 9
+    assert samples[("specwatch_shadow_queue_depth", ())] == 4
+    assert samples[("specwatch_ledger_rows", ())] == 431
+    # Undefined values (no pairs) are left out, not exported as NaN.
+    empty = (("category", "empty"), ("window", "since_start"))
+    assert ("specwatch_paired_net_loss_ratio", empty) not in samples
+    assert samples[("specwatch_paired_n", empty)] == 0
+
+
+@pytest.mark.promtool
+def test_export_passes_promtool_check_metrics() -> None:
+    res = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=_exposition(),
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_snapshot_json_is_strict_json() -> None:
+    t = PairTally(both_correct=10, lost=3, gained=1, both_wrong=2, agree=14, disagree=2)
+    stats = build_shadow_stats(
+        {"since_start": {"a": t, "b": PairTally()}},
+        now=5.0,
+        pairs_total={("a", "fly", "lost"): 3},
+        betting_log_e_value=1000.0,  # overflows: null, not Infinity
+        io=ShadowIO(queue_depth=1),
+    )
+    doc = json.loads(json.dumps(shadow_stats_json(stats), allow_nan=False))
+    assert doc["windows"]["since_start"]["a"]["lost"] == 3
+    assert doc["windows"]["since_start"]["a"]["tally"]["both_correct"] == 10
+    assert doc["windows"]["since_start"]["b"]["net_loss_ratio"] is None
+    assert doc["windows"]["since_start"][OVERALL]["n"] == 16
+    assert doc["pairs_total"] == [{"category": "a", "arm": "fly", "outcome": "lost", "count": 3}]
+    assert doc["betting_e_value"] is None
+    assert doc["betting_log_e_value"] == 1000.0
+    assert doc["io"]["queue_depth"] == 1
