@@ -28,7 +28,9 @@ COMMANDS: tuple[str, ...] = (
 
 
 class _CommandModule(Protocol):
-    def add_parser(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+    def add_parser(
+        self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+    ) -> None: ...
 
     def main(self, args: argparse.Namespace) -> int: ...
 

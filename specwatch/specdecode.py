@@ -75,7 +75,8 @@ def regime_for_version(version: str | None) -> BudgetRegime:
 class Slots:
     """Per-request slot costs of one method.
 
-    ``extra_batch_slots`` is S (rows the drafter adds per request inside ``max_num_batched_tokens``);
+    ``extra_batch_slots`` is S (rows the drafter adds per request inside
+    ``max_num_batched_tokens``);
     ``lookahead_slots`` is L (KV slots reserved past the target's query).
     """
 
@@ -187,7 +188,11 @@ def budget_limits(
     t = b if max_num_scheduled_tokens is None else max_num_scheduled_tokens
     s = slots.extra_batch_slots
     a_eff = a
-    if regime is BudgetRegime.V0_33 and method in ADMISSION_CAPPED_METHODS and slots.lookahead_slots:
+    if (
+        regime is BudgetRegime.V0_33
+        and method in ADMISSION_CAPPED_METHODS
+        and slots.lookahead_slots
+    ):
         a_eff = min(a_eff, b // slots.lookahead_slots)
     d_full = min(a_eff, t // (1 + k), b // (1 + k + s))
     d_any = min(a_eff, b // (1 + s))
