@@ -168,9 +168,9 @@ class _Acc:
 
 def _families(text: str, openmetrics: bool) -> Iterable[Metric]:
     if openmetrics:
-        om: Iterable[Metric] = om_text_string_to_metric_families(text)
+        om: Iterable[Metric] = om_text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
         return om
-    plain: Iterable[Metric] = text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
+    plain: Iterable[Metric] = text_string_to_metric_families(text)
     return plain
 
 
