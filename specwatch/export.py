@@ -167,7 +167,7 @@ TARGET_STALE = _g(
     ("target",),
 )
 COUNTER_RESETS = _c(
-    "specwatch_counter_resets", "Counter resets (engine restarts) detected.", ("target", "engine")
+    "specwatch_engine_resets", "Engine counter resets (restarts) detected.", ("target", "engine")
 )
 
 PAIR = ("window", "standard", "fly")

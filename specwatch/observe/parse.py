@@ -178,12 +178,16 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     """Parse one ``/metrics`` body into a :class:`PageReading`.
 
     Raises :class:`ParseError` (with the 1-based line number when it can be found) when the page
-    is malformed, or when it does not end with a newline (a truncated body). Values of series that
+    is malformed, does not end with a newline (a truncated body), or is HTML/JSON by its
+    content type (an error page from a proxy). Values of series that
     carry labels besides ``model_name``, ``engine``, ``position``, ``reason`` and ``le`` are summed.
     """
+    media = content_type.split(";")[0].strip().lower()
+    if media in ("text/html", "application/json", "application/xhtml+xml"):
+        raise ParseError(f"not a metrics page: content type {media}", line=1)
     if body and not body.endswith("\n"):
         raise ParseError("truncated body: no final newline", line=body.count("\n") + 1)
-    openmetrics = content_type.split(";")[0].strip().lower() == OPENMETRICS_CONTENT_TYPE
+    openmetrics = media == OPENMETRICS_CONTENT_TYPE
     text, numbers = prefilter(body)
     try:
         metrics = list(_families(text, openmetrics))
