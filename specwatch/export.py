@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
@@ -240,10 +240,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
 )
 
 
-def _family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
-    if spec.kind == "counter":
-        return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+def _family(spec: MetricSpec) -> Metric:
+    return Metric(spec.name, spec.help, spec.kind)
 
 
 def _num(value: float | int | bool | None) -> float | None:
@@ -254,17 +252,23 @@ def _num(value: float | int | bool | None) -> float | None:
 
 
 class _Families:
+    """One family per catalogue name; samples carry their own label names (so server rows and
+    per-engine rows, which add ``engine``, share a family)."""
+
     def __init__(self) -> None:
-        self.f: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            spec.name: _family(spec) for spec in CATALOGUE
-        }
+        self.f: dict[str, Metric] = {spec.name: _family(spec) for spec in CATALOGUE}
 
     def add(
         self, spec: MetricSpec, labels: Iterable[str], value: float | int | bool | None
     ) -> None:
         v = _num(value)
-        if v is not None:
-            self.f[spec.name].add_metric(list(labels), v)
+        if v is None:
+            return
+        values = list(labels)
+        if len(values) != len(spec.labels):
+            raise ValueError(f"{spec.name}: labels {spec.labels} got {values}")
+        sample = spec.name + "_total" if spec.kind == "counter" else spec.name
+        self.f[spec.name].add_sample(sample, dict(zip(spec.labels, values, strict=True)), v)
 
 
 def _health_rows(
