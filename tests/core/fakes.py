@@ -30,6 +30,8 @@ class FakeVllm:
         self.replies: deque[Reply] = deque()
         self.token = token
         self.auth_seen: list[str | None] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._never = asyncio.Event()
         app = web.Application()
         app.router.add_get("/metrics", self._handle)
@@ -43,6 +45,15 @@ class FakeVllm:
         self.replies.extend(replies)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0)
+            return await self._reply(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _reply(self, request: web.Request) -> web.StreamResponse:
         self.auth_seen.append(request.headers.get("Authorization"))
         if (
             self.token is not None

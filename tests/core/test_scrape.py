@@ -329,3 +329,12 @@ async def test_promtool_check_metrics(h: Harness, tmp_path: Any) -> None:
 def test_gzip_helper_roundtrip() -> None:
     """The fake's gzip encoding is real gzip (guards the gzip test above)."""
     assert gzip.decompress(gzip.compress(GOOD.encode())).decode() == GOOD
+
+
+async def test_concurrent_requests_do_not_overlap(h: Harness) -> None:
+    """Three scrapes of one target asked at once run one after the other."""
+    h.fake.push(Reply(GOOD))
+    results = await asyncio.gather(h.scrape(), h.scrape(), h.scrape())
+    assert list(results) == [True, True, True]
+    assert h.fake.max_in_flight == 1
+    assert len(h.fake.auth_seen) == 3
