@@ -10,7 +10,9 @@ through :func:`specwatch.specdecode.budget_limits`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 
 from specwatch.model import (
     COUNTER_KEYS,
@@ -41,40 +43,48 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     (when its bound is positive); a rank in the ``+Inf`` bucket returns the highest finite bound.
     ``None`` when there are no observations, fewer than two buckets, or no ``+Inf`` bucket.
     """
-    if len(buckets) < 2 or buckets[-1][0] != math.inf or math.isnan(q):
-        return None
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    # enforce monotonic cumulative counts (PromQL does the same for float noise)
-    counts: list[float] = []
-    running = 0.0
-    for _, c in buckets:
-        running = max(running, c)
-        counts.append(running)
+    return _quantiles_of(buckets, (q,))[0]
+
+
+def _quantiles_of(
+    buckets: Sequence[tuple[float, float]], qs: Sequence[float]
+) -> list[float | None]:
+    if len(buckets) < 2 or buckets[-1][0] != math.inf:
+        return [None] * len(qs)
+    # cumulative counts made monotonic, as PromQL does for float noise
+    counts = list(accumulate((c for _, c in buckets), max))
     total = counts[-1]
-    if total <= 0:
-        return None
-    rank = q * total
-    index = next(i for i, c in enumerate(counts) if c >= rank)
-    if index == len(buckets) - 1:
-        return buckets[-2][0]
-    if index == 0 and buckets[0][0] <= 0:
-        return buckets[0][0]
-    start = 0.0 if index == 0 else buckets[index - 1][0]
-    prev = 0.0 if index == 0 else counts[index - 1]
-    end = buckets[index][0]
-    width = counts[index] - prev
-    if width == 0:
-        return end
-    return start + (end - start) * (rank - prev) / width
+    out: list[float | None] = []
+    for q in qs:
+        if math.isnan(q) or total <= 0:
+            out.append(None)
+            continue
+        if q < 0:
+            out.append(-math.inf)
+            continue
+        if q > 1:
+            out.append(math.inf)
+            continue
+        rank = q * total
+        index = bisect_left(counts, rank)
+        if index == len(buckets) - 1:
+            out.append(buckets[-2][0])
+            continue
+        if index == 0 and buckets[0][0] <= 0:
+            out.append(buckets[0][0])
+            continue
+        start = 0.0 if index == 0 else buckets[index - 1][0]
+        prev = 0.0 if index == 0 else counts[index - 1]
+        end = buckets[index][0]
+        width = counts[index] - prev
+        out.append(end if width == 0 else start + (end - start) * (rank - prev) / width)
+    return out
 
 
 def _quantiles(hist: Histogram | None) -> dict[float, float | None]:
     if hist is None:
         return {}
-    return {q: histogram_quantile(q, hist.buckets) for q in QUANTILES}
+    return dict(zip(QUANTILES, _quantiles_of(hist.buckets, QUANTILES), strict=True))
 
 
 def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
@@ -196,13 +206,15 @@ def model_windows(
     out: dict[str, ModelWindow] = {}
     for model in sorted(by_model):
         engines = by_model[model]
-        server = sum_deltas([engines[e] for e in sorted(engines)])
-        out[model] = ModelWindow(
-            server=derive_health(server, configured_k=configured_k),
-            engines={
-                e: derive_health(engines[e], configured_k=configured_k) for e in sorted(engines)
-            },
-        )
+        per_engine = {
+            e: derive_health(engines[e], configured_k=configured_k) for e in sorted(engines)
+        }
+        if len(engines) == 1:
+            server_health = next(iter(per_engine.values()))  # a sum over one engine is itself
+        else:
+            server = sum_deltas([engines[e] for e in sorted(engines)])
+            server_health = derive_health(server, configured_k=configured_k)
+        out[model] = ModelWindow(server=server_health, engines=per_engine)
     return out
 
 

@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.model import EngineKey, EngineReading, Histogram, PageReading
 
+_Ident = tuple[str, tuple[tuple[str, str], ...]]
+
 
 class ParseError(ValueError):
     """A page that is not valid exposition text; ``line`` is 1-based when known (else 0)."""
@@ -82,6 +84,22 @@ _SAMPLES: dict[str, tuple[_Family, str]] = {
     sample: (fam, role) for fam in FAMILIES for sample, role in _sample_names(fam).items()
 }
 
+#: Samples not needed in the plain text format (validated by the full page only in OpenMetrics,
+#: whose parser needs whole histograms): engine steps need only ``_count``; quantiles need only
+#: ``_bucket`` (the ``+Inf`` bucket is the count).
+_TEXT_SKIP: frozenset[str] = frozenset(
+    {
+        "vllm:iteration_tokens_total_bucket",
+        "vllm:iteration_tokens_total_sum",
+        *(
+            f"{f.name}_{suffix}"
+            for f in FAMILIES
+            if f.key in ("itl", "itl_old", "ttft")
+            for suffix in ("count", "sum")
+        ),
+    }
+)
+
 #: Names that may appear in ``# HELP`` / ``# TYPE`` lines of kept families (text format keeps
 #: ``_total`` on counters; OpenMetrics drops it).
 _META_NAMES: frozenset[str] = frozenset(
@@ -92,36 +110,51 @@ _META_NAMES: frozenset[str] = frozenset(
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
 
-def prefilter(body: str) -> tuple[str, list[int]]:
-    """Keep only the lines of allow-listed families (and blank-free); return them with their
-    1-based line numbers in ``body``.
+def _prefixes(samples: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Line prefixes of kept samples (name + ``{``/space/tab) and of kept TYPE lines."""
+    names = tuple(samples)
+    sample_prefixes = tuple(n + c for n in names for c in "{ \t")
+    type_prefixes = tuple(f"# TYPE {n}{c}" for n in sorted(_META_NAMES) for c in " \t")
+    return sample_prefixes, type_prefixes
 
-    A sample line's name ends at the first ``{``, space or tab; HELP/TYPE lines are kept when
-    they name a kept family. Other comments are dropped. ``# EOF`` is kept (OpenMetrics).
+
+_KEEP_TEXT = _prefixes(n for n in _SAMPLES if n not in _TEXT_SKIP)
+_KEEP_OPENMETRICS = _prefixes(_SAMPLES)
+
+
+def _kept(line: str, keep: tuple[tuple[str, ...], tuple[str, ...]], openmetrics: bool) -> bool:
+    if line.startswith(keep[0]):
+        return True
+    if line.startswith("# TYPE"):
+        return line.startswith(keep[1])
+    return openmetrics and line.rstrip() == "# EOF"
+
+
+def prefilter(body: str, *, openmetrics: bool = False) -> str:
+    """Keep only the lines of allow-listed families.
+
+    A sample line is kept when its name is exactly an allow-listed sample name (followed by
+    ``{``, space or tab: ``str.startswith`` on a tuple of prefixes, so never a substring match);
+    TYPE lines when they name a kept family (so each kept sample keeps its family's type);
+    ``# EOF`` in OpenMetrics. Everything else (other families, ``*_created``, HELP text, other
+    comments) is dropped before parsing.
     """
-    kept: list[str] = []
-    numbers: list[int] = []
-    samples = _SAMPLES
-    metas = _META_NAMES
-    for number, line in enumerate(body.split("\n"), start=1):
-        if not line:
-            continue
-        if line[0] == "#":
-            parts = line.split(None, 3)
-            meta = len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in metas
-            if meta or line.rstrip() == "# EOF":
-                kept.append(line)
-                numbers.append(number)
-            continue
-        end = len(line)
-        for sep in ("{", " ", "\t"):
-            i = line.find(sep, 0, end)
-            if i != -1:
-                end = i
-        if line[:end] in samples:
-            kept.append(line)
-            numbers.append(number)
-    return "\n".join(kept) + "\n", numbers
+    if openmetrics:
+        keep = _KEEP_OPENMETRICS
+        return "\n".join([ln for ln in body.split("\n") if _kept(ln, keep, True)]) + "\n"
+    samples, types = _KEEP_TEXT
+    kept = [
+        ln
+        for ln in body.split("\n")
+        if ln.startswith(samples) or (ln.startswith("# TYPE") and ln.startswith(types))
+    ]
+    return "\n".join(kept) + "\n"
+
+
+def kept_line_numbers(body: str, *, openmetrics: bool = False) -> list[int]:
+    """1-based line numbers in ``body`` of the lines :func:`prefilter` keeps (for errors)."""
+    keep = _KEEP_OPENMETRICS if openmetrics else _KEEP_TEXT
+    return [n for n, ln in enumerate(body.split("\n"), start=1) if _kept(ln, keep, openmetrics)]
 
 
 class _Acc:
@@ -188,33 +221,34 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     if body and not body.endswith("\n"):
         raise ParseError("truncated body: no final newline", line=body.count("\n") + 1)
     openmetrics = media == OPENMETRICS_CONTENT_TYPE
-    text, numbers = prefilter(body)
+    text = prefilter(body, openmetrics=openmetrics)
     try:
         metrics = list(_families(text, openmetrics))
     except (ValueError, IndexError, KeyError, TypeError) as exc:
+        numbers = kept_line_numbers(body, openmetrics=openmetrics)
         line = _locate(text, numbers, openmetrics)
         raise ParseError(f"malformed exposition: {exc}", line=line) from None
-    seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    conflicts: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    seen: dict[_Ident, tuple[float, dict[str, str]]] = {}
+    conflicts: set[_Ident] = set()
     for metric in metrics:
         for s in metric.samples:
             if s.name not in _SAMPLES:
                 continue
             ident = (s.name, tuple(sorted(s.labels.items())))
-            if ident in seen:
-                if seen[ident] != s.value and not (math.isnan(seen[ident]) and math.isnan(s.value)):
+            old = seen.get(ident)
+            if old is not None:
+                if old[0] != s.value and not (math.isnan(old[0]) and math.isnan(s.value)):
                     conflicts.add(ident)
                 continue
-            seen[ident] = float(s.value)
+            seen[ident] = (float(s.value), s.labels)
     engines: dict[EngineKey, _Acc] = {}
     process_start: float | None = None
     families: set[str] = set()
-    for (name, labels_t), value in seen.items():
-        if ident_conflicts(name, labels_t, conflicts) or math.isnan(value):
+    for ident, (value, labels) in seen.items():
+        if value != value or (conflicts and ident in conflicts):  # NaN is unknown
             continue
-        fam, role = _SAMPLES[name]
+        fam, role = _SAMPLES[ident[0]]
         families.add(fam.name)
-        labels = dict(labels_t)
         if fam.key == "process_start_time_seconds":
             process_start = value
             continue
@@ -229,15 +263,6 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
         duplicate_conflicts=len(conflicts),
         families=frozenset(families),
     )
-
-
-def ident_conflicts(
-    name: str,
-    labels: tuple[tuple[str, str], ...],
-    conflicts: set[tuple[str, tuple[tuple[str, str], ...]]],
-) -> bool:
-    """True when the series (name, labels) had conflicting copies on the page."""
-    return (name, labels) in conflicts
 
 
 def _ingest(acc: _Acc, fam: _Family, role: str, labels: dict[str, str], value: float) -> None:
@@ -269,11 +294,20 @@ def _ingest(acc: _Acc, fam: _Family, role: str, labels: dict[str, str], value: f
         acc.counters[key] = acc.counters.get(key, 0.0) + value
 
 
+_LE_CACHE: dict[str, float | None] = {}
+
+
 def _le(text: str) -> float | None:
+    got = _LE_CACHE.get(text, 0.5)
+    if got != 0.5:
+        return got
     try:
-        return float(text)
+        value: float | None = float(text)
     except ValueError:
-        return None
+        value = None
+    if len(_LE_CACHE) < 4096:
+        _LE_CACHE[text] = value
+    return value
 
 
 def _locate(text: str, numbers: list[int], openmetrics: bool) -> int:

@@ -197,10 +197,11 @@ class RollingWindows:
                 ob = old.buckets.get(hname)
                 if ob is None:
                     continue
-                common = sorted(le for le in buckets if le in ob)
-                if not common or common[-1] != math.inf:
+                # bucket dicts are built in ascending ``le`` order (parse sorts them)
+                pairs = tuple((le, v - ob[le]) for le, v in buckets.items() if le in ob)
+                if not pairs or pairs[-1][0] != math.inf:
                     continue
-                hists[hname] = Histogram(tuple((le, buckets[le] - ob[le]) for le in common))
+                hists[hname] = Histogram(pairs)
             out[key] = Delta(
                 interval_seconds=latest.t - base.t,
                 counters=counters,

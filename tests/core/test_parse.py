@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specwatch.observe.parse import ParseError, parse_page, prefilter
+from specwatch.observe.parse import ParseError, kept_line_numbers, parse_page, prefilter
 from tests.core.conftest import body
 
 
@@ -152,8 +152,32 @@ class TestBadAndOddInput:
 
     def test_prefilter_keeps_exact_names_only(self) -> None:
         """The pre-filter keeps allow-listed samples only: no *_created, no substring hits."""
-        text, numbers = prefilter(body("vllm-metrics/real-cpu-ngram.txt"))
+        page = body("vllm-metrics/real-cpu-ngram.txt")
+        text = prefilter(page)
         assert "_created" not in text
         assert "python_gc" not in text
         assert "vllm:spec_decode_num_accepted_tokens_per_pos_total{" in text
-        assert len(numbers) == len(text.splitlines())
+        kept = text.splitlines()
+        numbers = kept_line_numbers(page)
+        assert len(numbers) == len(kept)
+        lines = page.split("\n")
+        assert all(lines[n - 1] == k for n, k in zip(numbers, kept, strict=True))
+        names = {k.split("{")[0].split(" ")[0] for k in kept if not k.startswith("#")}
+        assert names == {
+            "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            "vllm:generation_tokens_total",
+            "vllm:prompt_tokens_total",
+            "vllm:num_preemptions_total",
+            "vllm:request_success_total",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:num_requests_waiting_by_reason",
+            "vllm:kv_cache_usage_perc",
+            "vllm:iteration_tokens_total_count",
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:time_to_first_token_seconds_bucket",
+            "process_start_time_seconds",
+        }
