@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
@@ -25,10 +26,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from specwatch.export import SpecwatchCollector, snapshot_json
+from specwatch.logs import log_event
 from specwatch.model import Clock, Snapshot, SnapshotGetter
 from specwatch.observe.scrape import Scraper
 from specwatch.observe.tracker import TargetTracker, build_snapshot
 from specwatch.settings import Settings
+
+logger = logging.getLogger("specwatch.app")
 
 
 class SnapshotStore:
@@ -67,7 +71,43 @@ class SnapshotStore:
         return all(t.snapshot().ready for t in self.trackers.values())
 
 
+class Liveness:
+    """What ``/healthz`` reports: alive until a background task dies unexpectedly.
+
+    Components call :meth:`mark_failed` when one of their own tasks dies; the pod is then
+    restarted by its liveness probe instead of serving frozen values.
+    """
+
+    def __init__(self) -> None:
+        self.failed: str | None = None
+
+    def mark_failed(self, reason: str) -> None:
+        """Record the first fatal failure."""
+        if self.failed is None:
+            self.failed = reason
+
+    def watch(self, task: asyncio.Task[Any]) -> None:
+        """Mark failed (and log with traceback) when ``task`` ends with an exception."""
+
+        def done(t: asyncio.Task[Any]) -> None:
+            if t.cancelled():
+                return
+            exc = t.exception()
+            if exc is not None:
+                log_event(
+                    logger,
+                    logging.ERROR,
+                    "background task died",
+                    task=t.get_name(),
+                    error=repr(exc),
+                )
+                self.mark_failed(f"{t.get_name()}: {type(exc).__name__}: {exc}")
+
+        task.add_done_callback(done)
+
+
 SETTINGS_KEY = web.AppKey("specwatch_settings", Settings)
+LIVENESS_KEY = web.AppKey("specwatch_liveness", Liveness)
 STORE_KEY = web.AppKey("specwatch_store", SnapshotStore)
 REGISTRY_KEY = web.AppKey("specwatch_registry", CollectorRegistry)
 SESSION_KEY = web.AppKey("specwatch_session", aiohttp.ClientSession)
@@ -90,6 +130,9 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    failed = request.app[LIVENESS_KEY].failed
+    if failed is not None:
+        return web.Response(status=503, text=f"failed: {failed}\n")
     return web.Response(text="ok\n")
 
 
@@ -132,6 +175,7 @@ def build_app(
     for factory in extra_collectors:
         reg.register(factory(store.get))
     app[SETTINGS_KEY] = settings
+    app[LIVENESS_KEY] = Liveness()
     app[STORE_KEY] = store
     app[REGISTRY_KEY] = reg
     app.router.add_get("/metrics", _metrics)
@@ -149,6 +193,8 @@ def build_app(
         scraper = Scraper(settings, sess, trackers, clock=clock, on_update=store.publish)
         app[SCRAPER_KEY] = scraper
         task = asyncio.create_task(scraper.run(), name="specwatch-scrape") if scrape else None
+        if task is not None:
+            app[LIVENESS_KEY].watch(task)
         try:
             yield
         finally:

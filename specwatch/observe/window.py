@@ -6,8 +6,9 @@ post-reset value (never negative). An engine is reset when any of its counters (
 counters, per-position counters, token/step counters, histogram buckets) falls, or when the page's
 ``process_start_time_seconds`` changed. A window's :class:`~specwatch.model.Delta` is the difference
 of accumulated values between the latest page and the newest page at or before ``latest − window``
-(the oldest kept page while history is shorter than the window). ``since_start`` uses the first
-good page. A counter absent from either end gives ``None`` (no value), never 0.
+(the oldest kept page while history is shorter than the window; pages older than twice the window
+are never used). ``since_start`` uses the first good page. A counter absent from either end gives
+``None`` (no value), never 0.
 """
 
 from __future__ import annotations
@@ -214,21 +215,27 @@ class RollingWindows:
         return out
 
     def _baseline(self, window: str, latest: _Point) -> _Point | None:
+        """The page the window starts from: the newest at or before ``latest − length``; while
+        history is shorter than the window, the oldest page. A page older than
+        ``latest − 2·length`` (a long gap in good scrapes) is not used: the oldest page inside
+        the window is, or none, so a "1m" value never silently spans an hour."""
         if window == SINCE_START:
             first = self._first
             return first if first is not None and first is not latest else None
         length = self._lengths[window]
+        cutoff = latest.t - length
         chosen: _Point | None = None
         for point in self._points:
             if point is latest:
                 break
-            if point.t <= latest.t - length:
+            if point.t <= cutoff:
                 chosen = point
-            elif chosen is None:
-                chosen = point
-                break
-            else:
-                break
+                continue
+            if chosen is None or chosen.t < latest.t - 2 * length:
+                chosen = point  # history shorter than the window, or a gap: oldest inside
+            break
+        if chosen is not None and chosen.t < latest.t - 2 * length:
+            return None
         return chosen
 
 

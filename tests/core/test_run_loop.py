@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -37,3 +38,25 @@ async def test_loop_scrapes_both_targets() -> None:
             assert "1m" in snap.pair
         assert std.max_in_flight == 1
         assert fly.max_in_flight == 1
+
+
+async def test_healthz_fails_when_a_background_task_dies() -> None:
+    """A task that dies unexpectedly turns /healthz to 503 (the pod gets restarted)."""
+    from specwatch.app import LIVENESS_KEY
+
+    settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:9"),))
+    app = build_app(settings, scrape=False)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        assert (await client.get("/healthz")).status == 200
+
+        async def boom() -> None:
+            raise RuntimeError("boom")
+
+        task = asyncio.create_task(boom(), name="component")
+        app[LIVENESS_KEY].watch(task)
+        with contextlib.suppress(RuntimeError):
+            await task
+        await asyncio.sleep(0)
+        resp = await client.get("/healthz")
+        assert resp.status == 503
+        assert "RuntimeError: boom" in await resp.text()

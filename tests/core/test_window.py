@@ -150,3 +150,18 @@ class TestPageDelta:
             50,
         )
         assert d.interval_seconds == 10.0
+
+
+class TestGaps:
+    def test_long_gap_does_not_stretch_window(self) -> None:
+        """After an hour without good pages, "1m" does not span the hour."""
+        w = RollingWindows({"1m": 60.0})
+        w.add(0.0, _page(0, 0, 0))
+        w.add(5.0, _page(10, 40, 10))
+        w.add(3605.0, _page(1000, 4000, 2000))
+        assert w.deltas("1m")[("m", "0")].counters["drafts"] is None
+        w.add(3610.0, _page(1010, 4040, 2010))
+        d = w.deltas("1m")[("m", "0")]
+        assert d.counters["drafts"] == 10
+        assert d.interval_seconds == 5.0
+        assert w.deltas(SINCE_START)[("m", "0")].counters["drafts"] == 1010
