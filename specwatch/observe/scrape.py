@@ -128,6 +128,8 @@ class Scraper:
         self._monotonic = monotonic
         self._locks = {name: asyncio.Lock() for name in trackers}
         self._last_reason: dict[str, str | None] = dict.fromkeys(trackers)
+        self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(trackers, ())
+        self._last_conflicts: dict[str, int] = dict.fromkeys(trackers, 0)
 
     async def scrape_once(self, target: TargetSettings) -> bool:
         """Scrape ``target`` once (waits if a scrape of it is in progress); True when good."""
@@ -161,15 +163,28 @@ class Scraper:
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
-        if page.duplicate_conflicts:
-            log_event(
-                logger,
-                logging.WARNING,
-                "duplicate series skipped",
-                target=target.name,
-                reason="duplicate_conflict",
-                count=page.duplicate_conflicts,
-            )
+        if page.duplicate_conflicts != self._last_conflicts[target.name]:
+            self._last_conflicts[target.name] = page.duplicate_conflicts
+            if page.duplicate_conflicts:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "duplicate series skipped",
+                    target=target.name,
+                    reason="duplicate_conflict",
+                    count=page.duplicate_conflicts,
+                )
+        missing = tracker.snapshot().missing_families
+        if missing != self._last_missing[target.name]:
+            self._last_missing[target.name] = missing
+            if missing:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "families missing",
+                    target=target.name,
+                    families=list(missing),
+                )
         for engine in resets:
             log_event(logger, logging.WARNING, "counter reset", target=target.name, engine=engine)
         if self._last_reason[target.name] is not None:

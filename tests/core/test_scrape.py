@@ -268,12 +268,21 @@ class TestGoodInput:
         assert _sample(text, "specwatch_mean_acceptance_length", labels) == pytest.approx(2.75)
         assert [r.getMessage() for r in _warnings(caplog)] == ["counter reset"]
 
-    async def test_family_disappears(self, h: Harness) -> None:
-        """C03 b→c: no vLLM families: stale, no acceptance value (never 0), up stays 1."""
-        h.fake.push(*(Reply(body(f"cases/C03_reset_{x}.prom")) for x in "abc"))
-        for _ in range(3):
+    async def test_family_disappears(self, h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+        """C03 b→c: no vLLM families: stale, no acceptance value (never 0), up stays 1,
+        one log line naming the missing families (not repeated while they stay missing)."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        h.fake.push(*(Reply(body(f"cases/C03_reset_{x}.prom")) for x in "abcc"))
+        for _ in range(2):
             await h.scrape()
             h.clock.advance(30)
+        caplog.clear()
+        for _ in range(2):
+            await h.scrape()
+            h.clock.advance(30)
+        warnings = _warnings(caplog)
+        assert [r.getMessage() for r in warnings] == ["families missing"]
+        assert "vllm:spec_decode_num_drafts_total" in event_fields(warnings[0])["families"]
         text = await h.metrics()
         assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 1
         assert _sample(text, "specwatch_target_stale", {"target": "fly"}) == 1
@@ -282,11 +291,17 @@ class TestGoodInput:
         assert "vllm:spec_decode_num_drafts_total" in snap["targets"]["fly"]["missing_families"]
         assert snap["targets"]["fly"]["windows"]["1m"]["server"] is None
 
-    async def test_duplicate_conflict_counted(self, h: Harness) -> None:
-        """Conflicting duplicate series: reason duplicate_conflict counted, page still used."""
+    async def test_duplicate_conflict_counted(
+        self, h: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Conflicting duplicate series: reason duplicate_conflict counted, page still used,
+        one log line while the conflict persists."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
         dup = GOOD + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 1.0\n'
         h.fake.push(Reply(dup))
         assert await h.scrape()
+        assert await h.scrape()  # logged once, counted twice
+        assert [r.getMessage() for r in _warnings(caplog)] == ["duplicate series skipped"]
         text = await h.metrics()
         assert (
             _sample(
@@ -294,7 +309,7 @@ class TestGoodInput:
                 "specwatch_scrape_errors_total",
                 {"target": "fly", "reason": "duplicate_conflict"},
             )
-            == 1
+            == 2
         )
         assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 1
 
