@@ -181,3 +181,19 @@ class TestBadAndOddInput:
             "vllm:time_to_first_token_seconds_bucket",
             "process_start_time_seconds",
         }
+
+
+class TestDocsExample:
+    def test_finished_requests_summed_over_reason(self) -> None:
+        """vLLM docs example: request_success summed over finished_reason (1 + 131 + 0)."""
+        page = parse_page(body("vllm-metrics/04-docs-example-exposition.txt"))
+        eng = page.engines[("meta-llama/Llama-3.1-8B-Instruct", "0")]
+        assert eng.counters["requests_finished"] == 132
+        assert eng.counters["generation_tokens"] == 27453
+        assert "ttft" not in eng.histograms  # excerpt without a +Inf bucket: no quantiles
+
+    def test_query_table_is_not_exposition(self) -> None:
+        """A Prometheus query-result table (sample 01) fails to parse, naming its line."""
+        with pytest.raises(ParseError) as info:
+            parse_page(body("vllm-metrics/01-spec-decode-dp8-prometheus-query.txt"))
+        assert info.value.line == 7
