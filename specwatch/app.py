@@ -186,7 +186,7 @@ def build_app(
     async def _scrape_ctx(app: web.Application) -> AsyncIterator[None]:
         own = session is None
         sess = session or aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=settings.scrape.timeout_seconds),
+            timeout=aiohttp.ClientTimeout(total=None),  # each request has its own asyncio.timeout
             auto_decompress=True,
         )
         app[SESSION_KEY] = sess

@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,7 +28,13 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from specwatch.model import Limits, Role
 from specwatch.specdecode import SPEC_METHODS, regime_for_version
@@ -206,7 +212,7 @@ class Settings(BaseSettings):
     )
 
     targets: tuple[TargetSettings, ...] = ()
-    windows: tuple[str, ...] = ("1m", "5m", "15m")
+    windows: Annotated[tuple[str, ...], NoDecode] = ("1m", "5m", "15m")
     scrape: ScrapeSettings = ScrapeSettings()
     server: ServerSettings = ServerSettings()
     log: LogSettings = LogSettings()
@@ -344,6 +350,12 @@ def load_settings(
         return Settings(**dict(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    except SettingsError as exc:  # an environment value that is not valid JSON
+        m = re.search(r'field "([^"]+)"', str(exc))
+        field = m.group(1) if m else "environment"
+        raise ConfigError(
+            f"config error: {field}: SPECWATCH_{field.upper()} is not valid JSON"
+        ) from None
     finally:
         _FILE_DATA.reset(token)
 

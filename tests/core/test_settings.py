@@ -127,6 +127,23 @@ class TestErrors:
         assert err.count("\n") == 1
         assert f"config error: {field}" in err
 
+    def test_bad_env_json(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A target list in the environment that is not JSON: one line naming the field."""
+        monkeypatch.setenv("SPECWATCH_TARGETS", "fly=http://x")
+        assert cli_main(["run"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "config error: targets: SPECWATCH_TARGETS is not valid JSON" in err
+
+    def test_windows_from_env(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Windows from the environment as a comma list or JSON."""
+        monkeypatch.setenv("SPECWATCH_WINDOWS", "30s,2m")
+        assert load_settings().windows == ("30s", "2m")
+        monkeypatch.setenv("SPECWATCH_WINDOWS", '["10m"]')
+        assert load_settings().windows == ("10m",)
+
     def test_bad_file(self, tmp_path: Path) -> None:
         """A broken YAML file names the file and line."""
         cfg = tmp_path / "c.yaml"
