@@ -77,7 +77,7 @@ def _quantiles_of(
         prev = 0.0 if index == 0 else counts[index - 1]
         end = buckets[index][0]
         width = counts[index] - prev
-        out.append(end if width == 0 else start + (end - start) * (rank - prev) / width)
+        out.append(end if width == 0 else start + (end - start) * ((rank - prev) / width))
     return out
 
 
