@@ -86,6 +86,7 @@ class RollingWindows:
         self._keep = max(self._lengths.values(), default=0.0)
         self._points: deque[_Point] = deque()
         self._first: _Point | None = None
+        self._first_seen: dict[EngineKey, tuple[float, _Acc]] = {}
         self._last_raw: dict[EngineKey, EngineReading] = {}
         self._acc: dict[EngineKey, _Acc] = {}
         self._process_start: float | None = None
@@ -145,6 +146,8 @@ class RollingWindows:
             )
             self._last_raw[key] = merged_raw
             acc_now[key] = new
+            if key not in self._first_seen:
+                self._first_seen[key] = (t, new)
         point = _Point(t, acc_now, dict(page.engines))
         if self._first is None:
             self._first = point
@@ -171,9 +174,17 @@ class RollingWindows:
         out: dict[EngineKey, Delta] = {}
         for key, cur in latest.acc.items():
             raw = latest.raw[key]
-            old = base.acc.get(key) if base is not None else None
+            old: _Acc | None = None
+            base_t = 0.0
+            if window == SINCE_START:
+                # since the engine was first seen (an engine that starts later has its own start)
+                seen = self._first_seen.get(key)
+                if seen is not None and seen[0] < latest.t:
+                    base_t, old = seen
+            elif base is not None:
+                old, base_t = base.acc.get(key), base.t
             k = max(raw.per_position) + 1 if raw.per_position else None
-            if base is None or old is None:
+            if old is None:
                 out[key] = Delta(
                     interval_seconds=None,
                     counters=dict.fromkeys(COUNTER_KEYS),
@@ -204,7 +215,7 @@ class RollingWindows:
                     continue
                 hists[hname] = Histogram(pairs)
             out[key] = Delta(
-                interval_seconds=latest.t - base.t,
+                interval_seconds=latest.t - base_t,
                 counters=counters,
                 per_position=per_pos,
                 histograms=hists,

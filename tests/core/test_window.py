@@ -165,3 +165,25 @@ class TestGaps:
         assert d.counters["drafts"] == 10
         assert d.interval_seconds == 5.0
         assert w.deltas(SINCE_START)[("m", "0")].counters["drafts"] == 1010
+
+
+class TestSinceStart:
+    def test_engine_started_later_has_its_own_start(self) -> None:
+        """An engine first seen on the second page: since_start counts from its first page."""
+        w = RollingWindows({"1m": 60.0})
+        one = _page(10, 40, 20)
+        w.add(0.0, one)
+        two = PageReading(engines={**one.engines, ("m", "1"): _page(5, 20, 10).engines[("m", "0")]})
+        w.add(5.0, two)
+        three = PageReading(
+            engines={
+                ("m", "0"): one.engines[("m", "0")],
+                ("m", "1"): _page(8, 32, 16).engines[("m", "0")],
+            }
+        )
+        w.add(10.0, three)
+        d = w.deltas(SINCE_START)
+        assert d[("m", "1")].counters["drafts"] == 3
+        assert d[("m", "1")].interval_seconds == 5.0
+        assert d[("m", "0")].counters["drafts"] == 0
+        assert d[("m", "0")].interval_seconds == 10.0
