@@ -45,6 +45,7 @@ class SnapshotStore:
         self.trackers = trackers
         self._clock = clock
         self._extras: dict[str, Any] = {}
+        self._listeners: list[Callable[[Snapshot], None]] = []
         self._snap = Snapshot(generated_at=clock())
         self.publish()
 
@@ -59,6 +60,13 @@ class SnapshotStore:
             now=self._clock(),
             extras=self._extras,
         )
+        for listener in self._listeners:
+            listener(self._snap)
+
+    def add_listener(self, listener: Callable[[Snapshot], None]) -> None:
+        """Call ``listener(snapshot)`` after every publish (detectors, alerting). It runs on the
+        event loop and must not block; an exception from it propagates to the scrape task."""
+        self._listeners.append(listener)
 
     def set_extra(self, name: str, value: Any) -> None:
         """Publish a component's JSON-able value (``"shadow"``, ``"alerts"``, ...)."""

@@ -159,12 +159,15 @@ class _Component:
     def __init__(self) -> None:
         self.started = asyncio.Event()
         self.stopped = False
+        self.seen: list[Any] = []
 
     def install(
         self, app: web.Application, store: SnapshotStore, registry: CollectorRegistry
     ) -> None:
         async def route(request: web.Request) -> web.Response:
             return web.json_response({"ok": True})
+
+        store.add_listener(self.seen.append)
 
         async def ctx(app: web.Application) -> Any:
             store.set_extra("shadow", {"pairs": 3})
@@ -209,4 +212,5 @@ async def test_components_plug_in() -> None:
         snap = json.loads(await (await client.get("/api/v1/snapshot")).text())
         assert snap["shadow"] == {"pairs": 3}
         assert app[STORE_KEY].get().extras["shadow"] == {"pairs": 3}
+        assert comp.seen[-1].extras["shadow"] == {"pairs": 3}  # listeners see each publish
     assert comp.stopped
