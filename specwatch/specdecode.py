@@ -75,7 +75,8 @@ def regime_for_version(version: str | None) -> BudgetRegime:
 class Slots:
     """Per-request slot costs of one method.
 
-    ``extra_batch_slots`` is S (rows the drafter adds per request inside ``max_num_batched_tokens``);
+    ``extra_batch_slots`` is S (rows the drafter adds per request inside
+    ``max_num_batched_tokens``);
     ``lookahead_slots`` is L (KV slots reserved past the target's query).
     """
 

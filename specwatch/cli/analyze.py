@@ -1,0 +1,129 @@
+"""``specwatch analyze BEFORE [AFTER]``: the same derivations offline from saved ``/metrics``.
+
+One body: totals since server start. Two bodies: the window between them (restarts handled).
+``--interval SECONDS`` gives rates per second. Output (``--format json``):
+``{"server": {...}, "engines": {"0": {...}}}`` for one model (keys in ``docs/metrics.md``), or
+``{"models": {NAME: {"server": ..., "engines": ...}}}`` for several; ``null`` where undefined.
+An unreadable or malformed file: exit code 2 and one line naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from specwatch.export import health_json
+from specwatch.model import ModelWindow, PageReading
+from specwatch.observe.health import model_windows
+from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.window import page_delta
+
+
+class AnalyzeError(Exception):
+    """One line for stderr."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``analyze``."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="derive spec-decode health from saved /metrics bodies",
+        description="Derive α, τ, per-position acceptance, rates and quantiles from one or two "
+        "saved vLLM /metrics bodies (two: the window between them).",
+    )
+    p.add_argument("before", type=Path, metavar="BEFORE")
+    p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between the bodies")
+    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--model", help="model_name to report when a page serves several")
+    p.set_defaults(handler=main)
+
+
+def read_page(path: Path) -> PageReading:
+    """Read and parse one saved body; :class:`AnalyzeError` names the file (and line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AnalyzeError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise AnalyzeError(f"{path}:{line}: not UTF-8 text") from None
+    try:
+        return parse_page(text)
+    except ParseError as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise AnalyzeError(f"{where}: {exc.message}") from None
+
+
+def _model_doc(mw: ModelWindow) -> dict[str, Any]:
+    return {
+        "server": health_json(mw.server),
+        "engines": {e: health_json(h) for e, h in mw.engines.items()},
+    }
+
+
+def analyze(
+    before: PageReading, after: PageReading | None, *, interval: float | None, model: str | None
+) -> dict[str, Any]:
+    """The JSON document for one body (``after`` None) or the window between two."""
+    if after is None:
+        models = model_windows(page_delta(None, before, interval))
+    else:
+        models = model_windows(page_delta(before, after, interval))
+    if model is not None:
+        if model not in models:
+            raise AnalyzeError(f"model {model!r} not on the page (have: {', '.join(models)})")
+        return {"model_name": model, **_model_doc(models[model])}
+    if len(models) == 1:
+        name, mw = next(iter(models.items()))
+        return {"model_name": name, **_model_doc(mw)}
+    return {"models": {name: _model_doc(mw) for name, mw in models.items()}}
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """A plain text table: one row per key, columns server and each engine."""
+    parts: list[str] = []
+    models = doc.get("models") or {doc.get("model_name", ""): doc}
+    for name, md in models.items():
+        columns = [("server", md["server"])] + [
+            (f"engine {e}", h) for e, h in md["engines"].items()
+        ]
+        keys = list(md["server"])
+        width = max(len(k) for k in keys)
+        parts.append(f"model {name}")
+        parts.append(" ".join([" " * width] + [f"{c:>24}" for c, _ in columns]))
+        for k in keys:
+            cells = [f"{_fmt(h.get(k)):>24}" for _, h in columns]
+            parts.append(" ".join([k.ljust(width), *cells]))
+    return "\n".join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the analysis; 2 on an unreadable/malformed file or an unknown model."""
+    try:
+        before = read_page(args.before)
+        after = read_page(args.after) if args.after is not None else None
+        doc = analyze(before, after, interval=args.interval, model=args.model)
+    except AnalyzeError as exc:
+        print(f"specwatch analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        print(render_table(doc))
+    return 0

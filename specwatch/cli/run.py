@@ -1,0 +1,131 @@
+"""``specwatch run``: scrape the configured vLLM servers and serve specwatch's gauges.
+
+Example: ``specwatch run --target standard=http://127.0.0.1:8000 --target
+fly=http://127.0.0.1:8001,max_num_seqs=128,method=eagle3,num_speculative_tokens=3``.
+A bad value prints one line naming the field and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from specwatch.app import build_app
+from specwatch.logs import log_event, setup_logging
+from specwatch.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_duration,
+    parse_target_spec,
+)
+
+logger = logging.getLogger("specwatch.run")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``run`` and its flags (flags override the config file and the environment)."""
+    p = subparsers.add_parser(
+        "run",
+        help="scrape vLLM servers and export speculative-decoding health",
+        description="Scrape vLLM /metrics and serve specwatch_* gauges on /metrics.",
+    )
+    add_settings_arguments(p)
+    p.set_defaults(handler=main)
+
+
+def add_settings_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that map onto :class:`~specwatch.settings.Settings` (shared with ``demo``)."""
+    p.add_argument("--config", type=Path, help="YAML, TOML or JSON settings file")
+    p.add_argument(
+        "--target",
+        action="append",
+        metavar="NAME=URL[,key=value...]",
+        help="a vLLM server; repeat per server (role inferred when NAME is standard|fly|baseline)",
+    )
+    p.add_argument("--host", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (default 9400)")
+    p.add_argument("--scrape-interval", metavar="DURATION", help="default scrape interval (5s)")
+    p.add_argument("--scrape-timeout", metavar="DURATION", help="default scrape timeout (4s)")
+    p.add_argument("--max-body-bytes", type=int, help="largest /metrics body read (decompressed)")
+    p.add_argument(
+        "--window", action="append", metavar="DURATION", help="rolling window; repeat (1m 5m 15m)"
+    )
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--log-format", help="json or plain")
+
+
+def _duration(flag: str, text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"config error: {flag}: {exc}") from None
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Build :class:`Settings` from the file, the environment and these flags (highest).
+
+    Raises :class:`~specwatch.settings.ConfigError` (one line naming the field).
+    """
+    overrides: dict[str, Any] = {}
+    if args.target:
+        overrides["targets"] = [parse_target_spec(spec) for spec in args.target]
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if server:
+        overrides["server"] = server
+    scrape: dict[str, Any] = {}
+    if args.scrape_interval is not None:
+        scrape["interval_seconds"] = _duration("--scrape-interval", args.scrape_interval)
+    if args.scrape_timeout is not None:
+        scrape["timeout_seconds"] = _duration("--scrape-timeout", args.scrape_timeout)
+    if args.max_body_bytes is not None:
+        scrape["max_body_bytes"] = args.max_body_bytes
+    if scrape:
+        overrides["scrape"] = scrape
+    if args.window:
+        overrides["windows"] = list(args.window)
+    log: dict[str, Any] = {}
+    if args.log_level is not None:
+        log["level"] = args.log_level
+    if args.log_format is not None:
+        log["format"] = args.log_format
+    if log:
+        overrides["log"] = log
+    return load_settings(config_file=args.config, overrides=overrides)
+
+
+def log_effective_config(settings: Settings) -> None:
+    """Log the effective configuration once, secrets shown as ``**********``."""
+    log_event(logger, logging.INFO, "effective config", config=settings.redacted())
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run until SIGINT/SIGTERM; 2 on a configuration error."""
+    try:
+        settings = settings_from_args(args)
+        if not settings.targets:
+            raise ConfigError("config error: targets: at least one --target is required")
+    except ConfigError as exc:
+        print(f"specwatch run: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log.level, settings.log.format)
+    log_effective_config(settings)
+    app = build_app(settings)
+    web.run_app(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
+    return 0

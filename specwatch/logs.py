@@ -1,0 +1,68 @@
+"""Structured logging to stdout with the standard library: one JSON object (or a plain
+``event key=value`` line) per event.
+
+Log with ``log_event(logger, logging.WARNING, "scrape failed", target="fly", reason="timeout")``;
+the event name is the message and the keyword fields become keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+_FIELDS = "specwatch_fields"
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts": ..., "level": ..., "logger": ..., "event": ..., **fields}`` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        out.update(getattr(record, _FIELDS, {}))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, separators=(",", ":"))
+
+
+class PlainFormatter(logging.Formatter):
+    """``2026-01-01T00:00:00Z info specwatch.scrape scrape failed target=fly reason=timeout``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, _FIELDS, {}).items())
+        line = f"{ts} {record.levelname.lower()} {record.name} {record.getMessage()} {fields}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line.rstrip()
+
+
+def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
+    """Emit one structured event; ``fields`` must not contain secrets."""
+    if logger.isEnabledFor(level):
+        logger.log(level, event, extra={_FIELDS: fields})
+
+
+def event_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields of a record (for tests with ``caplog``)."""
+    fields: dict[str, Any] = getattr(record, _FIELDS, {})
+    return fields
+
+
+def setup_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Configure the ``specwatch`` logger tree (idempotent): one handler to ``stream`` (stdout)."""
+    logger = logging.getLogger("specwatch")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = True

@@ -1,0 +1,275 @@
+"""Immutable values passed along the observe chain and published to exporters.
+
+The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``window``
+(:class:`Delta` per window) → ``health`` (:class:`Health`, :class:`Capacity`, :class:`PairView`)
+→ one :class:`Snapshot` that :mod:`specwatch.export`, the JSON API, alerting and detectors read.
+Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
+Times are unix seconds from the injected clock, durations in seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: Quantiles exported for ITL and TTFT.
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+
+#: A window name (``"1m"``, ``"5m"``, ``"15m"``, ``"since_start"``).
+WindowName = str
+
+
+class Clock(Protocol):
+    """A wall clock returning unix seconds (``time.time`` in production, a fake in tests)."""
+
+    def __call__(self) -> float: ...
+
+
+class Role(enum.StrEnum):
+    """What a target is: the lossless reference, the lossy FLy replica, or a baseline."""
+
+    STANDARD = "standard"
+    FLY = "fly"
+    BASELINE = "baseline"
+
+
+#: One (model_name, engine) pair; ``engine`` is vLLM's data-parallel engine index as a string.
+EngineKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative histogram: ``buckets`` are (upper bound ``le``, cumulative count), sorted by
+    ``le`` and ending with ``+inf``; ``count`` and ``sum`` as exposed (``None`` when absent)."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float | None = None
+    sum: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """Allow-listed values of one (model_name, engine) from one ``/metrics`` page.
+
+    ``counters`` maps a counter key (see :data:`COUNTER_KEYS`) to its cumulative value; a key is
+    absent when the family is absent or NaN. ``per_position`` maps draft position (0-based) to
+    cumulative accepted tokens at that position. ``gauges`` maps a gauge key (``running``,
+    ``waiting``, ``kv_cache_usage``) to its value. ``waiting_by_reason`` maps reason to count.
+    ``histograms`` maps ``itl``/``ttft`` to :class:`Histogram` (old names read as fallbacks).
+    """
+
+    counters: Mapping[str, float]
+    per_position: Mapping[int, float]
+    gauges: Mapping[str, float]
+    waiting_by_reason: Mapping[str, float]
+    histograms: Mapping[str, Histogram]
+
+
+#: Counter keys in :attr:`EngineReading.counters` and :class:`Delta`.
+#: ``engine_steps`` is ``vllm:iteration_tokens_total_count`` (one observation per engine step).
+COUNTER_KEYS: tuple[str, ...] = (
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "generation_tokens",
+    "prompt_tokens",
+    "preemptions",
+    "engine_steps",
+    "requests_finished",
+)
+
+#: Counters whose fall marks a reset of the engine (vLLM spec-decode counters).
+SPEC_DECODE_COUNTER_KEYS: tuple[str, ...] = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class PageReading:
+    """What :func:`specwatch.observe.parse.parse_page` keeps from one page.
+
+    ``engines``: one :class:`EngineReading` per (model_name, engine).
+    ``process_start_time_seconds``: from the page, ``None`` when absent (multiprocess mode).
+    ``duplicate_conflicts``: series seen twice with different values (skipped, counted).
+    ``families``: allow-listed family names present on the page (for stale detection).
+    """
+
+    engines: Mapping[EngineKey, EngineReading]
+    process_start_time_seconds: float | None = None
+    duplicate_conflicts: int = 0
+    families: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Counter increases of one engine (or a sum over engines) over one window.
+
+    ``interval_seconds`` is the time between the two scrapes bracketing the window (``None`` when
+    unknown, e.g. ``analyze`` on a single body). Every counter is ``None`` when either end lacks
+    it. ``histograms`` hold bucket increases. ``gauges``/``waiting_by_reason`` are the latest
+    values (window-free); ``num_speculative_tokens`` is K from the ``position`` labels.
+    """
+
+    interval_seconds: float | None
+    counters: Mapping[str, float | None]
+    per_position: Mapping[int, float]
+    histograms: Mapping[str, Histogram]
+    gauges: Mapping[str, float]
+    waiting_by_reason: Mapping[str, float]
+    num_speculative_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Derived spec-decode and serving health over one window (vLLM's own definitions).
+
+    Counts (increases over the window): ``drafts``, ``draft_tokens``, ``accepted_tokens``,
+    ``generation_tokens``, ``engine_steps``, ``preemptions``.
+    Ratios (``None`` when the denominator is 0 or unknown; source ``SpecDecodingLogging`` /
+    ``SpecDecodingProm`` in ``vllm/v1/spec_decode/metrics.py``):
+
+    - ``acceptance_rate`` α = Δaccepted / Δdraft_tokens (0..1)
+    - ``mean_acceptance_length`` τ = 1 + Δaccepted / Δdrafts (tokens per verify step)
+    - ``mean_draft_length`` ℓ = Δdraft_tokens / Δdrafts
+    - ``per_position_acceptance_rate[i]`` = Δper_pos[i] / Δdrafts
+    - ``per_position_conditional_acceptance_rate[i]`` = Δper_pos[i] / Δper_pos[i-1]
+      (position 0: Δper_pos[0] / Δdrafts)
+    - ``drafts_per_step`` = Δdrafts / Δengine_steps
+    - rates ``*_per_second`` = Δcount / ``interval_seconds``
+    - ``inter_token_latency_seconds`` / ``time_to_first_token_seconds``: quantile → seconds, from
+      bucket increases with PromQL ``histogram_quantile`` interpolation.
+
+    Latest gauges: ``num_requests_running``, ``num_requests_waiting``,
+    ``num_requests_waiting_by_reason`` (a breakdown of waiting, not added to it),
+    ``kv_cache_usage`` (fraction 0..1; mean over engines in a server view).
+    ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
+    """
+
+    interval_seconds: float | None = None
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    generation_tokens: float | None = None
+    engine_steps: float | None = None
+    preemptions: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    mean_draft_length: float | None = None
+    per_position_acceptance_rate: tuple[float | None, ...] = ()
+    per_position_conditional_acceptance_rate: tuple[float | None, ...] = ()
+    num_speculative_tokens: int | None = None
+    generation_tokens_per_second: float | None = None
+    accepted_tokens_per_second: float | None = None
+    drafts_per_second: float | None = None
+    drafts_per_step: float | None = None
+    engine_steps_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    inter_token_latency_seconds: Mapping[float, float | None] = field(default_factory=dict)
+    time_to_first_token_seconds: Mapping[float, float | None] = field(default_factory=dict)
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    num_requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    kv_cache_usage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWindow:
+    """One model's health in one window: ``server`` (sum over engines) and per ``engines``."""
+
+    server: Health
+    engines: Mapping[str, Health]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Scheduler limits of a target as configured (vLLM does not export them, §4)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_speculative_tokens: int | None = None
+    method: str | None = None
+    parallel_drafting: bool = False
+    vllm_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.specdecode`).
+
+    ``limits_configured``: B, N, K and method all known (else the budget fields are ``None``).
+    ``num_requests_running``: the most-loaded engine's running gauge (each engine schedules alone).
+    ``running_to_max_seqs_ratio`` = running / max_num_seqs; ``running_gap_requests`` = N − running.
+    ``admission_cap_requests`` R_max, ``decode_full_per_step_requests`` D_full, ``budget_bound``
+    (D_full < N) from :func:`specwatch.specdecode.budget_limits` for the configured vLLM version.
+    """
+
+    limits_configured: bool
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_requests_running: float | None = None
+    running_to_max_seqs_ratio: float | None = None
+    running_gap_requests: float | None = None
+    admission_cap_requests: int | None = None
+    decode_full_per_step_requests: int | None = None
+    budget_bound: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSnapshot:
+    """Everything known about one scraped vLLM server.
+
+    ``up``: last scrape succeeded. ``stale``: the values shown are the last good ones (last scrape
+    failed, or families seen before are missing now). ``ready``: at least one good scrape.
+    ``windows[window][model_name]`` → :class:`ModelWindow`. ``scrape_errors`` maps reason → count;
+    ``counter_resets`` maps engine → count. ``missing_families``: allow-listed families seen on an
+    earlier page but absent from the latest good one.
+    """
+
+    name: str
+    role: Role
+    url: str
+    up: bool = False
+    stale: bool = False
+    ready: bool = False
+    last_success: float | None = None
+    last_scrape_duration_seconds: float | None = None
+    scrapes_total: int = 0
+    scrape_errors: Mapping[str, int] = field(default_factory=dict)
+    counter_resets: Mapping[str, int] = field(default_factory=dict)
+    missing_families: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
+    windows: Mapping[WindowName, Mapping[str, ModelWindow]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PairView:
+    """FLy vs standard in one window (server views of each target's first model).
+
+    ``acceptance_gain_ratio`` = α_fly − α_std; ``mean_acceptance_length_ratio`` = τ_fly / τ_std;
+    ``throughput_ratio`` = generation tokens/s fly / standard. ``None`` when undefined.
+    """
+
+    standard: str
+    fly: str
+    acceptance_gain_ratio: float | None = None
+    mean_acceptance_length_ratio: float | None = None
+    throughput_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The one immutable view exporters read; replaced by swapping a single reference.
+
+    ``targets`` by name; ``pair`` by window (absent without both a fly and a standard target);
+    ``extras`` holds other components' published values by component name (shadow, alerts).
+    """
+
+    generated_at: float
+    targets: Mapping[str, TargetSnapshot] = field(default_factory=dict)
+    pair: Mapping[WindowName, PairView] = field(default_factory=dict)
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Returns the current snapshot (what collectors and routes call; no I/O).
+SnapshotGetter = Callable[[], Snapshot]

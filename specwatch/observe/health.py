@@ -1,0 +1,279 @@
+"""Derived health from window deltas (pure): α, τ, per-position acceptance, rates, latency
+quantiles, the FLy-vs-standard pair view and capacity / token budget.
+
+Formulas are vLLM's own (vllm-metrics.md §6): ``SpecDecodingLogging`` and the
+``SpecDecodingProm`` docstring in ``vllm/v1/spec_decode/metrics.py``; quantiles follow PromQL
+``histogram_quantile``; the budget follows ``vllm/config/vllm.py:_set_max_num_scheduled_tokens``
+through :func:`specwatch.specdecode.budget_limits`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
+
+from specwatch.model import (
+    COUNTER_KEYS,
+    QUANTILES,
+    Capacity,
+    Delta,
+    EngineKey,
+    Health,
+    Histogram,
+    Limits,
+    ModelWindow,
+    PairView,
+)
+from specwatch.specdecode import budget_limits, regime_for_version
+
+
+def _div(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Quantile ``q`` (0..1) of a cumulative histogram, as PromQL ``histogram_quantile``.
+
+    ``buckets``: (upper bound, cumulative count) sorted by bound, the last bound ``+inf``.
+    Linear interpolation inside the bucket holding rank ``q·total``; the first bucket starts at 0
+    (when its bound is positive); a rank in the ``+Inf`` bucket returns the highest finite bound.
+    ``None`` when there are no observations, fewer than two buckets, or no ``+Inf`` bucket.
+    """
+    return _quantiles_of(buckets, (q,))[0]
+
+
+def _quantiles_of(
+    buckets: Sequence[tuple[float, float]], qs: Sequence[float]
+) -> list[float | None]:
+    if len(buckets) < 2 or buckets[-1][0] != math.inf:
+        return [None] * len(qs)
+    # cumulative counts made monotonic, as PromQL does for float noise
+    counts = list(accumulate((c for _, c in buckets), max))
+    total = counts[-1]
+    out: list[float | None] = []
+    for q in qs:
+        if math.isnan(q) or total <= 0:
+            out.append(None)
+            continue
+        if q < 0:
+            out.append(-math.inf)
+            continue
+        if q > 1:
+            out.append(math.inf)
+            continue
+        rank = q * total
+        index = bisect_left(counts, rank)
+        if index == len(buckets) - 1:
+            out.append(buckets[-2][0])
+            continue
+        if index == 0 and buckets[0][0] <= 0:
+            out.append(buckets[0][0])
+            continue
+        start = 0.0 if index == 0 else buckets[index - 1][0]
+        prev = 0.0 if index == 0 else counts[index - 1]
+        end = buckets[index][0]
+        width = counts[index] - prev
+        out.append(end if width == 0 else start + (end - start) * ((rank - prev) / width))
+    return out
+
+
+def _quantiles(hist: Histogram | None) -> dict[float, float | None]:
+    if hist is None:
+        return {}
+    return dict(zip(QUANTILES, _quantiles_of(hist.buckets, QUANTILES), strict=True))
+
+
+def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
+    """Turn one :class:`Delta` into :class:`Health` (see its docstring for every formula).
+
+    K = ``delta.num_speculative_tokens`` (from the ``position`` labels), else ``configured_k``.
+    With zero drafts α, τ, ℓ and per-position values are ``None``, never 0.
+    """
+    c = delta.counters
+    drafts, draft_tokens, accepted = (
+        c.get("drafts"),
+        c.get("draft_tokens"),
+        c.get("accepted_tokens"),
+    )
+    steps = c.get("engine_steps")
+    interval = delta.interval_seconds
+    k = delta.num_speculative_tokens if delta.num_speculative_tokens is not None else configured_k
+    positions = max(delta.per_position) + 1 if delta.per_position else 0
+    per_pos: list[float | None] = []
+    cond: list[float | None] = []
+    for i in range(positions):
+        value = delta.per_position.get(i)
+        per_pos.append(_div(value, drafts))
+        prev = drafts if i == 0 else delta.per_position.get(i - 1)
+        cond.append(_div(value, prev))
+    tau_num = _div(accepted, drafts)
+
+    def rate(name: str) -> float | None:
+        return _div(c.get(name), interval)
+
+    g = delta.gauges
+    return Health(
+        interval_seconds=interval,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        generation_tokens=c.get("generation_tokens"),
+        engine_steps=steps,
+        preemptions=c.get("preemptions"),
+        acceptance_rate=_div(accepted, draft_tokens),
+        mean_acceptance_length=None if tau_num is None else 1.0 + tau_num,
+        mean_draft_length=_div(draft_tokens, drafts),
+        per_position_acceptance_rate=tuple(per_pos),
+        per_position_conditional_acceptance_rate=tuple(cond),
+        num_speculative_tokens=k,
+        generation_tokens_per_second=rate("generation_tokens"),
+        accepted_tokens_per_second=rate("accepted_tokens"),
+        drafts_per_second=rate("drafts"),
+        drafts_per_step=_div(drafts, steps),
+        engine_steps_per_second=rate("engine_steps"),
+        preemptions_per_second=rate("preemptions"),
+        inter_token_latency_seconds=_quantiles(delta.histograms.get("itl")),
+        time_to_first_token_seconds=_quantiles(delta.histograms.get("ttft")),
+        num_requests_running=g.get("running"),
+        num_requests_waiting=g.get("waiting"),
+        num_requests_waiting_by_reason=dict(delta.waiting_by_reason),
+        kv_cache_usage=g.get("kv_cache_usage"),
+    )
+
+
+def _sum_opt(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def sum_deltas(deltas: Sequence[Delta]) -> Delta:
+    """Server view: counters, per-position, bucket increases, running/waiting summed over engines;
+    KV-cache usage averaged; K the largest; interval the longest of the engines'.
+
+    A counter is the sum over the engines that have it (``None`` when none has it).
+    """
+    counters = {name: _sum_opt(d.counters.get(name) for d in deltas) for name in COUNTER_KEYS}
+    per_pos: dict[int, float] = {}
+    for d in deltas:
+        for pos, v in d.per_position.items():
+            per_pos[pos] = per_pos.get(pos, 0.0) + v
+    hists: dict[str, Histogram] = {}
+    for name in {h for d in deltas for h in d.histograms}:
+        parts = [d.histograms[name] for d in deltas if name in d.histograms]
+        common = set.intersection(*(set(le for le, _ in h.buckets) for h in parts))
+        summed: dict[float, float] = {}
+        for h in parts:
+            for le, v in h.buckets:
+                if le in common:
+                    summed[le] = summed.get(le, 0.0) + v
+        hists[name] = Histogram(tuple(sorted(summed.items())))
+    gauges: dict[str, float] = {}
+    for name in ("running", "waiting"):
+        total = _sum_opt(d.gauges.get(name) for d in deltas)
+        if total is not None:
+            gauges[name] = total
+    kv = [d.gauges["kv_cache_usage"] for d in deltas if "kv_cache_usage" in d.gauges]
+    if kv:
+        gauges["kv_cache_usage"] = sum(kv) / len(kv)
+    by_reason: dict[str, float] = {}
+    for d in deltas:
+        for r, v in d.waiting_by_reason.items():
+            by_reason[r] = by_reason.get(r, 0.0) + v
+    ks = [d.num_speculative_tokens for d in deltas if d.num_speculative_tokens is not None]
+    intervals = [d.interval_seconds for d in deltas if d.interval_seconds is not None]
+    return Delta(
+        interval_seconds=max(intervals) if intervals else None,
+        counters=counters,
+        per_position=dict(sorted(per_pos.items())),
+        histograms=hists,
+        gauges=gauges,
+        waiting_by_reason=dict(sorted(by_reason.items())),
+        num_speculative_tokens=max(ks) if ks else None,
+    )
+
+
+def model_windows(
+    deltas: Mapping[EngineKey, Delta], *, configured_k: int | None = None
+) -> dict[str, ModelWindow]:
+    """Group per-engine deltas by model_name → :class:`ModelWindow` (server sum + per engine)."""
+    by_model: dict[str, dict[str, Delta]] = {}
+    for (model, engine), d in deltas.items():
+        by_model.setdefault(model, {})[engine] = d
+    out: dict[str, ModelWindow] = {}
+    for model in sorted(by_model):
+        engines = by_model[model]
+        per_engine = {
+            e: derive_health(engines[e], configured_k=configured_k) for e in sorted(engines)
+        }
+        if len(engines) == 1:
+            server_health = next(iter(per_engine.values()))  # a sum over one engine is itself
+        else:
+            server = sum_deltas([engines[e] for e in sorted(engines)])
+            server_health = derive_health(server, configured_k=configured_k)
+        out[model] = ModelWindow(server=server_health, engines=per_engine)
+    return out
+
+
+def pair_view(
+    standard_name: str, standard: Health | None, fly_name: str, fly: Health | None
+) -> PairView:
+    """FLy minus standard α, τ_fly / τ_std, generation-throughput ratio (``None``: undefined)."""
+    gain = None
+    tau_ratio = None
+    tput = None
+    if standard is not None and fly is not None:
+        if standard.acceptance_rate is not None and fly.acceptance_rate is not None:
+            gain = fly.acceptance_rate - standard.acceptance_rate
+        tau_ratio = _div(fly.mean_acceptance_length, standard.mean_acceptance_length)
+        tput = _div(fly.generation_tokens_per_second, standard.generation_tokens_per_second)
+    return PairView(standard_name, fly_name, gain, tau_ratio, tput)
+
+
+def capacity(
+    limits: Limits, running_per_engine: Iterable[float], *, observed_k: int | None = None
+) -> Capacity:
+    """Running vs ``max_num_seqs`` and the token budget for the configured method and version.
+
+    ``running_per_engine``: latest ``num_requests_running`` of each engine (the maximum is used:
+    every engine has its own scheduler and limits). K: configured, else ``observed_k``.
+    ``limits_configured`` needs N, B, K and the method; otherwise budget fields are ``None``.
+    Raises ``ValueError`` for an unknown method or unreadable version (settings validate both).
+    """
+    running_values = list(running_per_engine)
+    running = max(running_values) if running_values else None
+    n, b = limits.max_num_seqs, limits.max_num_batched_tokens
+    k = limits.num_speculative_tokens if limits.num_speculative_tokens is not None else observed_k
+    ratio = _div(running, n)
+    gap = n - running if n is not None and running is not None else None
+    if n is None or b is None or k is None or limits.method is None:
+        return Capacity(
+            limits_configured=False,
+            max_num_seqs=n,
+            max_num_batched_tokens=b,
+            num_requests_running=running,
+            running_to_max_seqs_ratio=ratio,
+            running_gap_requests=gap,
+        )
+    lim = budget_limits(
+        max_num_batched_tokens=b,
+        max_num_seqs=n,
+        num_speculative_tokens=k,
+        method=limits.method,
+        parallel_drafting=limits.parallel_drafting,
+        regime=regime_for_version(limits.vllm_version),
+    )
+    return Capacity(
+        limits_configured=True,
+        max_num_seqs=n,
+        max_num_batched_tokens=b,
+        num_requests_running=running,
+        running_to_max_seqs_ratio=ratio,
+        running_gap_requests=gap,
+        admission_cap_requests=lim.admission_cap,
+        decode_full_per_step_requests=lim.decode_full_per_step,
+        budget_bound=lim.budget_bound,
+    )

@@ -1,0 +1,226 @@
+"""Fetch vLLM ``/metrics`` pages (the only I/O of the observe chain) and drive the trackers.
+
+:func:`fetch_metrics` does one HTTP GET with a timeout, gzip (aiohttp decompresses), a streamed
+body cap and an optional bearer token, and returns a :class:`ScrapeResult`; it never raises for
+expected failures. :class:`Scraper` runs one loop per target (never two scrapes of one target at
+once), parses each body, updates the :class:`~specwatch.observe.tracker.TargetTracker` and calls
+``on_update`` so the app can publish a new snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from specwatch.logs import log_event
+from specwatch.model import Clock
+from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.tracker import TargetTracker
+from specwatch.settings import Settings, TargetSettings
+
+logger = logging.getLogger("specwatch.scrape")
+
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason``
+    (``timeout|connect|http_status|too_large|truncated|decode|http_error``) and ``detail``.
+    ``duration_seconds`` is wall time of the request (monotonic)."""
+
+    ok: bool
+    duration_seconds: float
+    body: str = ""
+    content_type: str = "text/plain"
+    reason: str | None = None
+    detail: str = ""
+    status: int | None = None
+
+
+async def fetch_metrics(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout_seconds: float,
+    max_body_bytes: int,
+    bearer_token: str | None = None,
+    monotonic: Callable[[], float] = time.perf_counter,
+) -> ScrapeResult:
+    """GET ``url`` and read at most ``max_body_bytes`` (decompressed) of it.
+
+    Stops reading and returns ``too_large`` as soon as the cap is passed (or when
+    ``Content-Length`` already says so). Never raises for network or HTTP failures.
+    """
+    headers = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1", "Accept-Encoding": "gzip"}
+    if bearer_token:
+        headers["Authorization"] = f"Bearer {bearer_token}"
+    start = monotonic()
+
+    def fail(reason: str, detail: str, status: int | None = None) -> ScrapeResult:
+        return ScrapeResult(False, monotonic() - start, reason=reason, detail=detail, status=status)
+
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            async with session.get(url, headers=headers, allow_redirects=False) as resp:
+                if resp.status != 200:
+                    return fail("http_status", f"HTTP {resp.status}", resp.status)
+                if (
+                    resp.content_length is not None
+                    and resp.content_length > max_body_bytes
+                    and (resp.headers.get("Content-Encoding", "identity") == "identity")
+                ):
+                    return fail("too_large", f"Content-Length {resp.content_length}", 200)
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    size += len(chunk)
+                    if size > max_body_bytes:
+                        return fail("too_large", f"body over {max_body_bytes} bytes", 200)
+                    chunks.append(chunk)
+                raw = b"".join(chunks)
+                content_type = resp.headers.get("Content-Type", "text/plain")
+                charset = resp.charset or "utf-8"
+    except TimeoutError:
+        return fail("timeout", f"no complete response within {timeout_seconds} s")
+    except aiohttp.ClientConnectorError as exc:
+        return fail("connect", str(exc.os_error) if exc.os_error else str(exc))
+    except aiohttp.ClientPayloadError as exc:
+        return fail("truncated", str(exc))
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        return fail("connect", str(exc))
+    except aiohttp.ClientError as exc:
+        return fail("http_error", f"{type(exc).__name__}: {exc}")
+    try:
+        body = raw.decode(charset)
+    except (UnicodeDecodeError, LookupError) as exc:
+        return fail("decode", str(exc), 200)
+    return ScrapeResult(True, monotonic() - start, body=body, content_type=content_type, status=200)
+
+
+class Scraper:
+    """Scrape every configured target on its own interval and feed its tracker.
+
+    ``trackers`` maps target name → :class:`TargetTracker`; ``clock`` gives the unix time stamped
+    on each page; ``on_update`` is called (synchronously) after every scrape, good or bad.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        session: aiohttp.ClientSession,
+        trackers: Mapping[str, TargetTracker],
+        *,
+        clock: Clock,
+        on_update: Callable[[], None],
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._settings = settings
+        self._session = session
+        self._trackers = trackers
+        self._clock = clock
+        self._on_update = on_update
+        self._monotonic = monotonic
+        self._locks = {name: asyncio.Lock() for name in trackers}
+        self._last_reason: dict[str, str | None] = dict.fromkeys(trackers)
+        self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(trackers, ())
+        self._last_conflicts: dict[str, int] = dict.fromkeys(trackers, 0)
+
+    async def scrape_once(self, target: TargetSettings) -> bool:
+        """Scrape ``target`` once (waits if a scrape of it is in progress); True when good."""
+        async with self._locks[target.name]:
+            return await self._scrape(target)
+
+    async def _scrape(self, target: TargetSettings) -> bool:
+        tracker = self._trackers[target.name]
+        token = target.bearer_token.get_secret_value() if target.bearer_token else None
+        result = await fetch_metrics(
+            self._session,
+            target.url,
+            timeout_seconds=self._settings.timeout_for(target),
+            max_body_bytes=self._settings.scrape.max_body_bytes,
+            bearer_token=token,
+            monotonic=self._monotonic,
+        )
+        now = self._clock()
+        if not result.ok:
+            assert result.reason is not None
+            tracker.record_error(result.reason, duration_seconds=result.duration_seconds)
+            self._failed(target, result.reason, result.detail, None)
+            self._on_update()
+            return False
+        start = self._monotonic()
+        try:
+            page = parse_page(result.body, content_type=result.content_type)
+        except ParseError as exc:
+            tracker.record_error("parse", duration_seconds=result.duration_seconds)
+            self._failed(target, "parse", exc.message, exc.line)
+            self._on_update()
+            return False
+        resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
+        if page.duplicate_conflicts != self._last_conflicts[target.name]:
+            self._last_conflicts[target.name] = page.duplicate_conflicts
+            if page.duplicate_conflicts:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "duplicate series skipped",
+                    target=target.name,
+                    reason="duplicate_conflict",
+                    count=page.duplicate_conflicts,
+                )
+        missing = tracker.snapshot().missing_families
+        if missing != self._last_missing[target.name]:
+            self._last_missing[target.name] = missing
+            if missing:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "families missing",
+                    target=target.name,
+                    families=list(missing),
+                )
+        for engine in resets:
+            log_event(logger, logging.WARNING, "counter reset", target=target.name, engine=engine)
+        if self._last_reason[target.name] is not None:
+            log_event(logger, logging.INFO, "scrape recovered", target=target.name)
+        self._last_reason[target.name] = None
+        log_event(
+            logger,
+            logging.DEBUG,
+            "scrape",
+            target=target.name,
+            duration_seconds=round(result.duration_seconds, 6),
+            parse_seconds=round(self._monotonic() - start, 6),
+            bytes=len(result.body),
+        )
+        self._on_update()
+        return True
+
+    def _failed(self, target: TargetSettings, reason: str, detail: str, line: int | None) -> None:
+        level = logging.WARNING if self._last_reason[target.name] != reason else logging.DEBUG
+        fields: dict[str, object] = {"target": target.name, "reason": reason, "error": detail}
+        if line:
+            fields["line"] = line
+        log_event(logger, level, "scrape failed", **fields)
+        self._last_reason[target.name] = reason
+
+    async def run_target(self, target: TargetSettings) -> None:
+        """Scrape ``target`` forever on its interval (cancel to stop)."""
+        interval = self._settings.interval_for(target)
+        while True:
+            started = self._monotonic()
+            await self.scrape_once(target)
+            elapsed = self._monotonic() - started
+            await asyncio.sleep(max(interval - elapsed, 0.0))
+
+    async def run(self) -> None:
+        """Run every target's loop until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            for target in self._settings.targets:
+                tg.create_task(self.run_target(target), name=f"scrape:{target.name}")

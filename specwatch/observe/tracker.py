@@ -1,0 +1,129 @@
+"""Per-target bookkeeping (pure, clock passed in): good and failed scrapes → TargetSnapshot.
+
+A good page updates the rolling windows and recomputes every window's health. A failed scrape
+(or a page that fails to parse) changes nothing but the self-health fields: the last good values
+stay and are marked stale. Families seen before and missing now also mark the target stale
+(their values become ``None``, never 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from specwatch.model import (
+    Capacity,
+    PageReading,
+    PairView,
+    Role,
+    Snapshot,
+    TargetSnapshot,
+)
+from specwatch.observe.health import capacity, model_windows, pair_view
+from specwatch.observe.window import RollingWindows
+from specwatch.settings import TargetSettings
+
+
+class TargetTracker:
+    """State of one target between scrapes; :meth:`snapshot` returns an immutable view."""
+
+    def __init__(self, target: TargetSettings, windows: Mapping[str, float]) -> None:
+        self.target = target
+        self._windows = RollingWindows(windows)
+        self._seen_families: set[str] = set()
+        self._errors: dict[str, int] = {}
+        self._resets: dict[str, int] = {}
+        self._snap = TargetSnapshot(
+            name=target.name,
+            role=target.effective_role,
+            url=target.url,
+            limits=target.limits,
+            capacity=capacity(target.limits, []),
+        )
+
+    def record_error(
+        self, reason: str, *, duration_seconds: float | None, count_scrape: bool = True
+    ) -> None:
+        """A failed scrape (``reason``: timeout, connect, http_status, too_large, parse, ...).
+
+        ``count_scrape=False`` counts the error without a scrape (``duplicate_conflict`` on an
+        otherwise good page).
+        """
+        self._errors[reason] = self._errors.get(reason, 0) + 1
+        if not count_scrape:
+            self._snap = replace(self._snap, scrape_errors=dict(self._errors))
+            return
+        self._snap = replace(
+            self._snap,
+            up=False,
+            stale=self._snap.ready,
+            scrapes_total=self._snap.scrapes_total + 1,
+            scrape_errors=dict(self._errors),
+            last_scrape_duration_seconds=duration_seconds,
+        )
+
+    def record_page(
+        self, t: float, page: PageReading, *, duration_seconds: float | None
+    ) -> list[str]:
+        """A good page taken at ``t``: update windows and health; return reset engines' labels."""
+        if page.duplicate_conflicts:
+            self._errors["duplicate_conflict"] = (
+                self._errors.get("duplicate_conflict", 0) + page.duplicate_conflicts
+            )
+        resets = self._windows.add(t, page)
+        for _model, engine in resets:
+            self._resets[engine] = self._resets.get(engine, 0) + 1
+        missing = tuple(sorted(self._seen_families - page.families))
+        self._seen_families |= page.families
+        k_cfg = self.target.num_speculative_tokens
+        windows = {
+            name: model_windows(self._windows.deltas(name), configured_k=k_cfg)
+            for name in self._windows.window_names
+        }
+        running = [
+            eng.gauges["running"] for eng in page.engines.values() if "running" in eng.gauges
+        ]
+        observed_k = max(
+            (max(e.per_position) + 1 for e in page.engines.values() if e.per_position),
+            default=None,
+        )
+        cap: Capacity = capacity(self.target.limits, running, observed_k=observed_k)
+        self._snap = replace(
+            self._snap,
+            up=True,
+            stale=bool(missing),
+            ready=True,
+            last_success=t,
+            last_scrape_duration_seconds=duration_seconds,
+            scrapes_total=self._snap.scrapes_total + 1,
+            scrape_errors=dict(self._errors),
+            counter_resets=dict(self._resets),
+            missing_families=missing,
+            capacity=cap,
+            windows=windows,
+        )
+        return [engine for _model, engine in resets]
+
+    def snapshot(self) -> TargetSnapshot:
+        """The current immutable view."""
+        return self._snap
+
+
+def build_snapshot(
+    targets: Sequence[TargetSnapshot], *, now: float, extras: Mapping[str, object] | None = None
+) -> Snapshot:
+    """Assemble the :class:`Snapshot`; the pair view uses the first ``fly`` and first ``standard``
+    target and each one's first model's server view."""
+    by_name = {t.name: t for t in targets}
+    pair: dict[str, PairView] = {}
+    std = next((t for t in targets if t.role is Role.STANDARD), None)
+    fly = next((t for t in targets if t.role is Role.FLY), None)
+    if std is not None and fly is not None:
+        names = list(std.windows) or list(fly.windows)
+        for w in names:
+            s_models = std.windows.get(w, {})
+            f_models = fly.windows.get(w, {})
+            s_h = s_models[min(s_models)].server if s_models else None
+            f_h = f_models[min(f_models)].server if f_models else None
+            pair[w] = pair_view(std.name, s_h, fly.name, f_h)
+    return Snapshot(generated_at=now, targets=by_name, pair=pair, extras=dict(extras or {}))

@@ -1,0 +1,365 @@
+"""Settings: one frozen object built once (env ``SPECWATCH_``, nested ``__``, an optional YAML or
+TOML file, CLI flags over both) and passed down.
+
+Precedence, highest first: CLI flags (constructor keyword arguments) > environment
+(``SPECWATCH_SCRAPE__INTERVAL_SECONDS=2``, ``SPECWATCH_TARGETS='[{"name": "fly", ...}]'``) >
+the ``--config`` file > defaults. Other groups (shadow, alerting, detect) are added as one field
+each on :class:`Settings`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import re
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from specwatch.model import Limits, Role
+from specwatch.specdecode import SPEC_METHODS, regime_for_version
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``str()`` is one line naming the field."""
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"30s"``, ``"1m"``, ``"1.5h"``, ``"500ms"`` → seconds. Raises ``ValueError``."""
+    m = _DURATION_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 1m, 1h)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TargetSettings(_Frozen):
+    """One vLLM server to scrape.
+
+    ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
+    ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
+    ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
+    ``vllm_version``) feed the capacity / budget view. ``bearer_token`` is sent as
+    ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
+    :class:`ScrapeSettings` when set.
+    """
+
+    name: str
+    url: str
+    role: Role | None = None
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    num_speculative_tokens: int | None = Field(default=None, gt=0)
+    method: str | None = None
+    parallel_drafting: bool = False
+    vllm_version: str | None = None
+    bearer_token: SecretStr | None = None
+    scrape_interval_seconds: float | None = Field(default=None, gt=0)
+    scrape_timeout_seconds: float | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("must be 1-64 characters of letters, digits, _ . : -")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip()
+        m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", v)
+        if m is None:
+            raise ValueError("must be an http:// or https:// URL")
+        if not m.group(3) or m.group(3) == "/":
+            return f"{m.group(1)}://{m.group(2)}/metrics"
+        return v
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().lower()
+        if v.endswith("_mtp"):
+            v = "mtp"
+        if v not in SPEC_METHODS:
+            raise ValueError(f"unknown method; one of {', '.join(sorted(SPEC_METHODS))}")
+        return v
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None:
+            regime_for_version(v)
+        return v
+
+    @model_validator(mode="after")
+    def _role(self) -> TargetSettings:
+        if self.role is None:
+            try:
+                object.__setattr__(self, "role", Role(self.name))
+            except ValueError:
+                raise ValueError(
+                    f"target {self.name!r}: role is required (standard|fly|baseline) "
+                    "when the name is not a role"
+                ) from None
+        return self
+
+    @property
+    def effective_role(self) -> Role:
+        """The role (inferred from the name when not given)."""
+        assert self.role is not None  # set by the validator
+        return self.role
+
+    @property
+    def limits(self) -> Limits:
+        """The configured scheduler limits as a :class:`~specwatch.model.Limits`."""
+        return Limits(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_speculative_tokens=self.num_speculative_tokens,
+            method=self.method,
+            parallel_drafting=self.parallel_drafting,
+            vllm_version=self.vllm_version,
+        )
+
+
+class ScrapeSettings(_Frozen):
+    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed)."""
+
+    interval_seconds: float = Field(default=5.0, gt=0)
+    timeout_seconds: float = Field(default=4.0, gt=0)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+
+
+class ServerSettings(_Frozen):
+    """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``."""
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=9400, ge=0, le=65535)
+
+
+class LogSettings(_Frozen):
+    """Log level and format (``json`` one object per line, or ``plain``)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "plain"] = "json"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+_FILE_DATA: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "specwatch_config_file", default=None
+)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values read from the ``--config`` file (lowest priority above defaults)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_DATA.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get() or {})
+
+
+class Settings(BaseSettings):
+    """All of specwatch's configuration (frozen).
+
+    ``targets``: the vLLM servers. ``windows``: rolling window names (durations such as ``1m``;
+    ``since_start`` is always added). Groups: ``scrape``, ``server``, ``log``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPECWATCH_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    targets: tuple[TargetSettings, ...] = ()
+    windows: Annotated[tuple[str, ...], NoDecode] = ("1m", "5m", "15m")
+    scrape: ScrapeSettings = ScrapeSettings()
+    server: ServerSettings = ServerSettings()
+    log: LogSettings = LogSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _split_windows(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        return v
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(w.strip() for w in v)
+        for w in names:
+            if w == "since_start":
+                raise ValueError("since_start is always present; do not list it")
+            if parse_duration(w) <= 0:
+                raise ValueError(f"window {w!r} must be longer than 0 s")
+        if len(set(names)) != len(names):
+            raise ValueError("window names must be unique")
+        return names
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> Settings:
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise ValueError("target names must be unique")
+        return self
+
+    @property
+    def window_seconds(self) -> dict[str, float]:
+        """Window name → length in seconds (without ``since_start``)."""
+        return {w: parse_duration(w) for w in self.windows}
+
+    def interval_for(self, target: TargetSettings) -> float:
+        """Scrape interval of ``target`` (its own, else the default)."""
+        return target.scrape_interval_seconds or self.scrape.interval_seconds
+
+    def timeout_for(self, target: TargetSettings) -> float:
+        """Scrape timeout of ``target`` (its own, else the default)."""
+        return target.scrape_timeout_seconds or self.scrape.timeout_seconds
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as JSON-able data with secrets shown as ``**********``."""
+        return self.model_dump(mode="json")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML, TOML or JSON config file into a dict; :class:`ConfigError` if bad."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        line = _error_line(exc)
+        raise ConfigError(f"config file {path}{f':{line}' if line else ''}: not valid") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    return data
+
+
+def _error_line(exc: Exception) -> int | None:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.lineno
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return int(mark.line) + 1
+    m = re.search(r"line (\d+)", str(exc))
+    return int(m.group(1)) if m else None
+
+
+def parse_target_spec(spec: str) -> dict[str, Any]:
+    """Short form ``NAME=URL[,key=value...]`` → a target mapping.
+
+    Example: ``fly=http://h:8001,max_num_seqs=128,method=eagle3,num_speculative_tokens=3``.
+    Raises :class:`ConfigError`.
+    """
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise ConfigError(f"--target {spec!r}: expected NAME=URL[,key=value...]")
+    url, *extras = rest.split(",")
+    out: dict[str, Any] = {"name": name.strip(), "url": url.strip()}
+    for item in extras:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--target {name}: expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _loc(loc: Sequence[int | str]) -> str:
+    return ".".join(str(p) for p in loc) or "settings"
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line naming the first failing field: ``config error: targets.0.url: must be ...``."""
+    first = exc.errors()[0]
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    return f"config error: {_loc(first['loc'])}: {msg}"
+
+
+def load_settings(
+    *, config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Build :class:`Settings` from defaults < file < environment < ``overrides`` (CLI).
+
+    Nested groups merge field by field; ``targets`` given at a higher level replace the lower.
+    Raises :class:`ConfigError` with one line naming the field.
+    """
+    data = read_config_file(config_file) if config_file is not None else {}
+    token = _FILE_DATA.set(data)
+    try:
+        return Settings(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    except SettingsError as exc:  # an environment value that is not valid JSON
+        m = re.search(r'field "([^"]+)"', str(exc))
+        field = m.group(1) if m else "environment"
+        raise ConfigError(
+            f"config error: {field}: SPECWATCH_{field.upper()} is not valid JSON"
+        ) from None
+    finally:
+        _FILE_DATA.reset(token)
+
+
+def iter_targets(settings: Settings) -> Iterator[TargetSettings]:
+    """Targets in configuration order."""
+    yield from settings.targets
