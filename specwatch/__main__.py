@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every available subcommand."""
     parser = argparse.ArgumentParser(
         prog="specwatch",
-        description="Watch vLLM speculative decoding: acceptance, budget starvation, paired quality.",
+        description=(
+            "Watch vLLM speculative decoding: acceptance, budget starvation, paired quality."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
