@@ -629,7 +629,7 @@ def verify_arrays(
     native = np.where(greedy[:, None], greedy_native, random_native) & valid
     acc = native
     waived = np.zeros((n, k), np.bool_)
-    if fly is not None and np.isfinite(fly.entropy_threshold):
+    if fly is not None:
         ep = p[:, :k, :] if entropy_probs is None else entropy_probs
         h = topk_entropy(ep, fly.top_k)
         epx = ep[ar, jj, drafts]
