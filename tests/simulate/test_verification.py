@@ -206,7 +206,7 @@ def test_fly_hand_worked_greedy(
     common = {"p": p, "q": q, "drafts": drafts, "num_drafts": np.array([5]),
               "greedy": np.array([True]), "u_accept": np.full((1, 5), 0.5)}  # fmt: skip
     std, _, _ = verify_arrays(**common)  # type: ignore[arg-type]
-    fly, waived, _ = verify_arrays(**common, fly=FlyParams(window, 0.3, 3))  # type: ignore[arg-type]
+    fly, waived, _ = verify_arrays(**common, fly=FlyParams(window, 0.3, 3))
     assert int(std[0]) == expected_std
     assert int(fly[0]) == expected_fly
     assert int(waived[0]) == expected_waived
@@ -223,15 +223,15 @@ def test_fly_hand_worked_random_request() -> None:
     common = {"p": p, "q": q, "drafts": drafts, "num_drafts": np.array([4]),
               "greedy": np.array([False]), "u_accept": u}  # fmt: skip
     std, _, _ = verify_arrays(**common)  # type: ignore[arg-type]
-    fly, waived, _ = verify_arrays(**common, fly=FlyParams(2, 0.3, 3))  # type: ignore[arg-type]
+    fly, waived, _ = verify_arrays(**common, fly=FlyParams(2, 0.3, 3))
     assert (int(std[0]), int(fly[0]), int(waived[0])) == (0, 3, 1)
     # q(x) = 0 makes the token invalid for a random request: no waiver
     q0 = q.copy()
     q0[0, 0] = [1.0, 0.0, 0.0]
     common["q"] = q0
-    fly0, _, _ = verify_arrays(**common, fly=FlyParams(2, 0.3, 3))  # type: ignore[arg-type]
+    fly0, _, _ = verify_arrays(**common, fly=FlyParams(2, 0.3, 3))
     assert int(fly0[0]) == 0
     # entropy gate: threshold above 1.0297 blocks the waiver
     common["q"] = q
-    fly_hi, _, _ = verify_arrays(**common, fly=FlyParams(2, 1.05, 3))  # type: ignore[arg-type]
+    fly_hi, _, _ = verify_arrays(**common, fly=FlyParams(2, 1.05, 3))
     assert int(fly_hi[0]) == 0
