@@ -79,7 +79,7 @@ def test_static_reservation_truncates_the_tail() -> None:
 
 def test_fault_shrinks_the_budget_and_truncates_drafts() -> None:
     faults = Faults()
-    running, _, dps, core = _saturate("0.33.0", 8192, steps=40, faults=faults)
+    _running, _, dps, core = _saturate("0.33.0", 8192, steps=40, faults=faults)
     assert dps[-1] == 128
     faults.max_num_batched_tokens = 256
     d0, t0 = core.truth.num_drafts, core.truth.num_draft_tokens
@@ -123,7 +123,7 @@ def test_chunked_prefill_splits_a_long_prompt() -> None:
     sim = Simulation(cfg)
     long_prompt = " ".join(f"w{i}" for i in range(199))  # 200 tokens with BOS
     req = sim.submit(long_prompt, max_tokens=5)
-    core = sim.cores[0]
+    sim.cores[0]
     computed = []
     for _ in range(4):
         sim.run_steps(1)
