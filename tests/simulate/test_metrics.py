@@ -69,8 +69,8 @@ def test_names_types_labels_and_buckets() -> None:
     assert all(s.value > 1.6e9 for s in created[1])
     assert {s.labels["engine"] for s in drafts} == {"0", "1"}
     assert {s.labels["model_name"] for s in drafts} == {"m1"}
-    positions = {s.labels["position"] for s in fams["vllm:spec_decode_num_accepted_tokens_per_pos"][1]
-                 if s.name.endswith("_total")}  # fmt: skip
+    per_pos = fams["vllm:spec_decode_num_accepted_tokens_per_pos"][1]
+    positions = {s.labels["position"] for s in per_pos if s.name.endswith("_total")}
     assert positions == {"0", "1", "2", "3"}
     reasons = {s.labels["finished_reason"] for s in fams["vllm:request_success"][1]}
     assert reasons == {"stop", "length", "abort", "error", "repetition"}
