@@ -88,8 +88,8 @@ async def test_completion_is_deterministic_per_seed_and_streams_the_same_text(
     assert r1["usage"]["completion_tokens"] == 40
     assert r1["usage"]["prompt_tokens"] == 5  # BOS + 4 words
     assert r1["usage"]["total_tokens"] == 45
-    events = await _sse(session, sim.url + "/v1/completions",
-                        {**body, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    events = await _sse(session, sim.url + "/v1/completions", stream_body)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     usage_chunk = chunks[-1]
