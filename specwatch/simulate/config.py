@@ -103,6 +103,8 @@ class SimConfig:
         if self.per_request_spec_decode_metrics not in {"off", "summary", "detailed"}:
             raise ValueError("--per-request-spec-decode-metrics must be off, summary or detailed")
         regime_for_version(self.vllm_version)
+        if self.num_gpu_blocks * self.block_size < self.max_model_len + k + 1:
+            raise ValueError("--num-gpu-blocks too small to hold one max_model_len request")
         if self.role is Role.FLY:
             if k < 2:
                 raise ValueError("FLy needs --num-speculative-tokens >= 2")

@@ -304,6 +304,8 @@ class SimMetrics:
             ch.prompt_local.inc(stats.prompt_tokens)
         if stats.generation_tokens:
             ch.generation_tokens.inc(stats.generation_tokens)
+        if stats.preemptions:
+            ch.preemptions.inc(stats.preemptions)
         ch.prefix_queries.inc(stats.prompt_tokens)
         ch.iter_tokens.observe(stats.computed_prompt_tokens + stats.generation_tokens)
         if self.spec and stats.num_drafts:
@@ -341,7 +343,7 @@ class SimMetrics:
         ch.h_n.observe(1)
         if req.max_tokens_set:
             ch.h_max_tokens.observe(req.max_tokens)
-        ch.h_preempt.observe(0)
+        ch.h_preempt.observe(req.num_preemptions)
 
     def on_queue(self, engine: int, running: int, waiting: int, kv_usage: float) -> None:
         ch = self._eng[engine]

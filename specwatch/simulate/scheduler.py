@@ -102,6 +102,10 @@ class SimRequest:
     # state
     row: int = -1
     num_computed: int = 0
+    prefill_target: int = 0
+    blocks: int = 0
+    num_preemptions: int = 0
+    prompt_counted: bool = False
     output: list[int] = field(default_factory=list)
     text: str = ""
     pending_drafts: int = 0
@@ -115,7 +119,8 @@ class SimRequest:
 
     @property
     def prefilling(self) -> bool:
-        return self.num_computed < self.prompt_len
+        """True until the prompt (plus, after a preemption, the output so far) is computed."""
+        return self.num_computed < self.prefill_target
 
 
 @dataclass(slots=True)
@@ -133,6 +138,7 @@ class StepStats:
     scheduled_tokens: int = 0
     batch_rows: int = 0
     num_scheduled: int = 0
+    preemptions: int = 0
     duration: float = 0.0
 
 
@@ -141,6 +147,7 @@ class GroundTruth:
     """Cumulative counters of one engine since start or the last restart (the simulator's truth)."""
 
     steps: int = 0
+    preemptions: int = 0
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -153,6 +160,7 @@ class GroundTruth:
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
+        self.preemptions += s.preemptions
         self.num_drafts += s.num_drafts
         self.num_draft_tokens += s.num_draft_tokens
         self.num_accepted_tokens += s.num_accepted_tokens
@@ -165,6 +173,7 @@ class GroundTruth:
     def as_dict(self) -> dict[str, object]:
         return {
             "steps": self.steps,
+            "preemptions": self.preemptions,
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
@@ -252,11 +261,20 @@ class EngineCore:
         self.running: list[SimRequest] = []
         self.truth = GroundTruth(accepted_per_pos=[0] * config.num_speculative_tokens)
         self._k = config.num_speculative_tokens if config.speculative else 0
+        self._lookahead = (
+            method_slots(config.method, config.num_speculative_tokens).lookahead_slots
+            if self._k
+            else 0
+        )
+        self._total_blocks = max(config.num_gpu_blocks - 1, 1)
+        self.used_blocks = 0
 
     # -- queue --------------------------------------------------------------------------------
     def add_request(self, req: SimRequest) -> None:
         """Queue ``req`` (WAITING)."""
         req.engine = self.engine_index
+        if req.prefill_target == 0:
+            req.prefill_target = req.prompt_len
         self.waiting.append(req)
 
     def abort(self, req: SimRequest, now: float, reason: str = "abort") -> None:
@@ -309,14 +327,21 @@ class EngineCore:
         s = bv.extra_slots
         token_budget = bv.token_budget
         input_budget = bv.input_budget
+        stats = StepStats(accepted_per_pos=[0] * self.config.num_speculative_tokens)
         sched: list[tuple[SimRequest, int, int]] = []  # (req, num_new_tokens, num_drafts)
-        for req in self.running:
+        for req in list(self.running):
             if token_budget <= 0 or input_budget <= s:
                 break
-            want = req.prompt_len - req.num_computed if req.prefilling else 1 + req.pending_drafts
+            if req not in self.running:
+                continue  # preempted earlier in this walk
+            want = (
+                req.prefill_target - req.num_computed if req.prefilling else 1 + req.pending_drafts
+            )
             n_new = int(min(want, token_budget, input_budget - s))
             if n_new <= 0:
                 break
+            if not self._reserve(req, n_new, stats):
+                continue  # preempted itself: no KV blocks left
             kd = 0 if req.prefilling else min(req.pending_drafts, n_new - 1)
             sched.append((req, n_new, kd))
             token_budget -= n_new
@@ -329,18 +354,22 @@ class EngineCore:
                 and input_budget > s
             ):
                 req = self.waiting[0]
-                want = req.prompt_len - req.num_computed
+                want = req.prefill_target - req.num_computed
                 n_new = int(min(want, token_budget, input_budget - s))
                 if n_new < want and not self.config.enable_chunked_prefill:
                     break
+                need = self._blocks_for(req, n_new)
+                if need - req.blocks > self._total_blocks - self.used_blocks:
+                    break  # no KV room to admit
                 self.waiting.popleft()
                 self._admit(req, now)
+                self.used_blocks += need - req.blocks
+                req.blocks = need
                 sched.append((req, n_new, 0))
                 token_budget -= n_new
                 input_budget -= n_new + s
         if not sched:
-            return None
-        stats = StepStats(accepted_per_pos=[0] * self.config.num_speculative_tokens)
+            return None  # (validation guarantees a lone request fits, so no preemption is lost)
         emit: list[tuple[SimRequest, int]] = []
         for req, n_new, kd in sched:
             stats.scheduled_tokens += n_new
@@ -349,7 +378,9 @@ class EngineCore:
                 req.num_computed += n_new
                 stats.computed_prompt_tokens += n_new
                 if not req.prefilling:
-                    stats.prompt_tokens += req.prompt_len
+                    if not req.prompt_counted:
+                        stats.prompt_tokens += req.prompt_len
+                        req.prompt_counted = True
                     emit.append((req, 0))
             else:
                 emit.append((req, kd))
@@ -370,23 +401,50 @@ class EngineCore:
         return StepResult(end, outputs, stats)
 
     def kv_usage(self) -> float:
-        """Fraction of KV blocks in use (tokens + L lookahead per running request)."""
-        c = self.config
-        look = method_slots(c.method, c.num_speculative_tokens).lookahead_slots if self._k else 0
-        bs = c.block_size
-        used = sum(-(-(r.num_computed + len(r.output) + look) // bs) for r in self.running)
-        return min(1.0, used / max(c.num_gpu_blocks - 1, 1))
+        """Fraction of KV blocks in use (vLLM ``kv_cache_usage_perc``: 1 - free/(blocks-1))."""
+        return min(1.0, self.used_blocks / self._total_blocks)
+
+    def _blocks_for(self, req: SimRequest, n_new: int) -> int:
+        """KV blocks ``req`` holds once ``n_new`` more tokens plus L lookahead slots are
+        allocated (``allocate_slots``)."""
+        base = req.num_computed if req.prefilling else req.prompt_len + len(req.output)
+        return -(-(base + n_new + self._lookahead) // self.config.block_size)
+
+    def _reserve(self, req: SimRequest, n_new: int, stats: StepStats) -> bool:
+        """Allocate KV blocks for ``req``, preempting from the tail of RUNNING when short
+        (vLLM recompute preemption). False when ``req`` itself had to be preempted."""
+        need = self._blocks_for(req, n_new)
+        while need - req.blocks > self._total_blocks - self.used_blocks:
+            victim = self.running[-1]
+            self._preempt(victim, stats)
+            if victim is req:
+                return False
+        self.used_blocks += need - req.blocks
+        req.blocks = need
+        return True
+
+    def _preempt(self, req: SimRequest, stats: StepStats) -> None:
+        self.running.remove(req)
+        self.used_blocks -= req.blocks
+        req.blocks = 0
+        req.num_computed = 0
+        req.prefill_target = req.prompt_len + len(req.output)
+        req.num_preemptions += 1
+        stats.preemptions += 1
+        self.waiting.appendleft(req)
 
     def _admit(self, req: SimRequest, now: float) -> None:
-        params = params_for_prompt(req.prompt)
-        req.row = self.table.allocate(
-            params,
-            seed=req.seed,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            last_prompt_tokens=_prompt_tail_tokens(req.prompt, self.config.vocab_size),
-        )
-        req.first_scheduled = now
+        if req.row < 0:  # a preempted request keeps its model state
+            params = params_for_prompt(req.prompt)
+            req.row = self.table.allocate(
+                params,
+                seed=req.seed,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                last_prompt_tokens=_prompt_tail_tokens(req.prompt, self.config.vocab_size),
+            )
+        if req.first_scheduled is None:
+            req.first_scheduled = now
         self.running.append(req)
 
     def _draft_noise(self, n: int) -> np.ndarray:
@@ -484,6 +542,8 @@ class EngineCore:
     def _finish(self, req: SimRequest, reason: str, now: float, notify: bool = True) -> None:
         req.finish_reason = reason
         req.finished_at = now
+        self.used_blocks -= req.blocks
+        req.blocks = 0
         if req.row >= 0:
             self.table.release(req.row)
             req.row = -1

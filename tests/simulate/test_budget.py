@@ -141,3 +141,34 @@ def test_data_parallel_engines_share_load() -> None:
     per_engine = [sum(c.truth.finished.values()) for c in sim.cores]
     assert per_engine == [10, 10, 10]
     assert all(c.truth.num_drafts > 0 for c in sim.cores)
+
+
+def test_kv_pressure_preempts_and_recomputes_without_changing_outputs() -> None:
+    from specwatch.simulate.metrics import SimMetrics
+
+    def run(blocks: int) -> tuple[list[list[int]], Simulation, SimMetrics]:
+        cfg = SimConfig(max_model_len=256, num_gpu_blocks=blocks, block_size=16)
+        m = SimMetrics(cfg)
+        sim = Simulation(cfg, sink=m)
+        reqs = [sim.submit(f"kv pressure request {i}", max_tokens=100, ignore_eos=True,
+                           seed=i, temperature=0.0) for i in range(20)]  # fmt: skip
+        kv_seen: list[float] = []
+        sim.run_until(1e9, on_step=lambda s: kv_seen.append(s.cores[0].kv_usage()))
+        assert max(kv_seen) <= 1.0
+        assert all(len(r.output) == 100 for r in reqs)
+        return [r.output for r in reqs], sim, m
+
+    roomy, sim_roomy, _ = run(16384)
+    tight, sim_tight, m = run(40)  # 39 usable blocks of 16 tokens; a request needs up to 8
+    truth = sim_tight.cores[0].truth
+    assert sim_roomy.cores[0].truth.preemptions == 0
+    assert truth.preemptions > 0
+    assert (
+        m.registry.get_sample_value(
+            "vllm:num_preemptions_total", {"model_name": "sim-model", "engine": "0"}
+        )
+        == truth.preemptions
+    )
+    # greedy: a preempted request recomputes its context and continues token for token
+    assert tight == roomy
+    assert sum(truth.accepted_per_pos) == truth.num_accepted_tokens
