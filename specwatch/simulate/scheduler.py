@@ -332,8 +332,8 @@ class EngineCore:
         for req in list(self.running):
             if token_budget <= 0 or input_budget <= s:
                 break
-            if req not in self.running:
-                continue  # preempted earlier in this walk
+            if req.blocks == 0:
+                continue  # preempted earlier in this walk (a RUNNING request holds blocks)
             want = (
                 req.prefill_target - req.num_computed if req.prefilling else 1 + req.pending_drafts
             )
