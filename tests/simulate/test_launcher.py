@@ -96,3 +96,26 @@ async def test_loadgen_counts_errors_by_reason() -> None:
     assert stats.sent == 5
     assert stats.ok == 0
     assert stats.errors == {"http_500": 5}
+
+
+def test_simulator_imports_nothing_from_the_sidecar_but_specdecode() -> None:
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "specwatch"
+    files = [*sorted((root / "simulate").glob("*.py")), root / "cli" / "simulate.py"]
+    assert len(files) >= 10
+    for path in files:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None:
+                names = [node.module]
+            for name in names:
+                if name.startswith("specwatch"):
+                    assert name.startswith(("specwatch.simulate", "specwatch.specdecode")), (
+                        path.name,
+                        name,
+                    )

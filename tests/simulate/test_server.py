@@ -88,6 +88,10 @@ async def test_completion_is_deterministic_per_seed_and_streams_the_same_text(
     assert r1["usage"]["completion_tokens"] == 40
     assert r1["usage"]["prompt_tokens"] == 5  # BOS + 4 words
     assert r1["usage"]["total_tokens"] == 45
+    st3, r3 = await _post(session, sim.url + "/v1/completions", {**body, "return_token_ids": True})
+    assert st3 == 200
+    assert len(r3["choices"][0]["token_ids"]) == 40
+    assert r3["choices"][0]["text"] == r1["choices"][0]["text"]
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     events = await _sse(session, sim.url + "/v1/completions", stream_body)
     assert events[-1] == "[DONE]"
