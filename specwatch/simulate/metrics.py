@@ -9,7 +9,16 @@ Counters are declared without ``_total`` so prometheus_client exposes ``<name>_t
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.scheduler import SimRequest, StepStats
@@ -263,6 +272,17 @@ class SimMetrics:
             buckets=PREEMPTION_BUCKETS,
             registry=r,
         )
+        self.h_kv_computed = Histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        # vLLM serves the default registry, which carries these collectors too
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.spec = c.speculative
         if self.spec:
             self.sd_drafts = Counter(
@@ -344,6 +364,7 @@ class SimMetrics:
         if req.max_tokens_set:
             ch.h_max_tokens.observe(req.max_tokens)
         ch.h_preempt.observe(req.num_preemptions)
+        ch.h_kv_computed.observe(req.prompt_len)
 
     def on_queue(self, engine: int, running: int, waiting: int, kv_usage: float) -> None:
         ch = self._eng[engine]
@@ -387,6 +408,7 @@ class _EngineChildren:
         self.prefill = m.h_prefill.labels(name, engine)
         self.decode = m.h_decode.labels(name, engine)
         self.h_preempt = m.h_preempt.labels(name, engine)
+        self.h_kv_computed = m.h_kv_computed.labels(name, engine)
         if m.spec:
             k = m.config.num_speculative_tokens
             self.sd_drafts = m.sd_drafts.labels(name, engine)
