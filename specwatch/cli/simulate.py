@@ -1,0 +1,163 @@
+"""``specwatch simulate``: a simulated vLLM server doing speculative decoding (no GPU).
+
+Flags are named as vLLM names them. Prints ``specwatch simulate: listening on http://HOST:PORT``
+once bound (``--port 0`` picks a free port); SIGTERM or Ctrl-C stops it cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+
+from aiohttp import web
+
+from specwatch.simulate import faults as faults_mod
+from specwatch.simulate.config import Role, SimConfig, StepTimeModel
+from specwatch.simulate.server import SimServer
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",
+        description=__doc__,
+    )
+    p.add_argument("--role", choices=[r.value for r in Role], default="standard")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default="sim-model")
+    p.add_argument("--method", default="eagle3", help="speculative method (vLLM names)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-scheduled-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--no-enable-chunked-prefill", action="store_true")
+    p.add_argument("--fly-window-size", type=int, default=None)
+    p.add_argument("--fly-entropy-threshold", type=float, default=0.3)
+    p.add_argument("--fly-entropy-top-k", type=int, default=3)
+    p.add_argument("--draft-sample-method", choices=["greedy", "random"], default="greedy")
+    p.add_argument("--data-parallel-size", type=int, default=1)
+    p.add_argument("--vllm-version", default="0.33.0", help="budget rules: 0.33, 0.32, <=0.25")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=128)
+    p.add_argument(
+        "--target-sharpness",
+        type=float,
+        default=8.0,
+        help="entropy profile of the synthetic target (higher = lower entropy)",
+    )
+    p.add_argument(
+        "--draft-noise",
+        type=float,
+        default=0.8,
+        help="draft/target disagreement (higher = lower acceptance)",
+    )
+    p.add_argument("--step-time-base-ms", type=float, default=4.0)
+    p.add_argument("--step-time-per-token-us", type=float, default=25.0)
+    p.add_argument("--step-time-per-seq-us", type=float, default=20.0)
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply simulated step durations (0 = as fast as possible)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics", choices=["off", "summary", "detailed"], default="off"
+    )
+    p.add_argument("--num-gpu-blocks", type=int, default=16384)
+    p.add_argument(
+        "--faults",
+        default=None,
+        help="initial faults as JSON, e.g. '{\"fly_entropy_threshold\": 0.05}'",
+    )
+    p.set_defaults(handler=main)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Build a :class:`SimConfig` from parsed flags (raises ``ValueError`` when invalid)."""
+    cfg = SimConfig(
+        role=Role(args.role),
+        served_model_name=args.served_model_name,
+        method=args.method,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_scheduled_tokens=args.max_num_scheduled_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=not args.no_enable_chunked_prefill,
+        fly_window_size=args.fly_window_size,
+        fly_entropy_threshold=args.fly_entropy_threshold,
+        fly_entropy_top_k=args.fly_entropy_top_k,
+        draft_sample_method=args.draft_sample_method,
+        data_parallel_size=args.data_parallel_size,
+        vllm_version=args.vllm_version,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        target_sharpness=args.target_sharpness,
+        draft_noise=args.draft_noise,
+        step_time=StepTimeModel(
+            base_s=args.step_time_base_ms / 1000.0,
+            token_s=args.step_time_per_token_us / 1e6,
+            seq_s=args.step_time_per_seq_us / 1e6,
+        ),
+        time_scale=args.time_scale,
+        per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
+        num_gpu_blocks=args.num_gpu_blocks,
+    )
+    cfg.validate()
+    return cfg
+
+
+async def _serve(server: SimServer, host: str, port: int) -> None:
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            bound = int(addr[1])
+            break
+    print(f"specwatch simulate: listening on http://{host}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+        server_faults: dict[str, object] = json.loads(args.faults) if args.faults else {}
+        if not isinstance(server_faults, dict):
+            raise ValueError("--faults must be a JSON object")
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"specwatch simulate: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        server = SimServer(cfg)
+        faults_mod.apply_patch(server.faults, server_faults)
+        await _serve(server, args.host, args.port)
+
+    try:
+        asyncio.run(run())
+    except faults_mod.FaultError as exc:
+        print(f"specwatch simulate: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"specwatch simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 2
+    return 0

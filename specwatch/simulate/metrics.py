@@ -1,0 +1,417 @@
+"""vLLM 0.33 ``/metrics`` for the simulator, in its own prometheus_client ``CollectorRegistry``.
+
+Names, types, labels and default buckets follow ``vllm/v1/metrics/loggers.py``,
+``vllm/v1/spec_decode/metrics.py`` and ``vllm/v1/metrics/buckets.py`` (vllm-metrics.md §2-§3).
+Counters are declared without ``_total`` so prometheus_client exposes ``<name>_total`` plus a
+``<name>_created`` gauge, as vLLM does outside multiprocess mode. A restart replaces the registry
+(counters start from 0 with new ``_created`` values).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from specwatch.simulate.config import SimConfig
+from specwatch.simulate.scheduler import SimRequest, StepStats
+
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+)  # fmt: skip
+PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """1-2-5 series up to ``max_model_len`` (vLLM ``build_1_2_5_buckets``)."""
+    out: list[float] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exp
+            if v > max_model_len:
+                return tuple(out)
+            out.append(float(v))
+        exp += 1
+
+
+class SimMetrics:
+    """The simulator's ``/metrics``.
+
+    Implements :class:`specwatch.simulate.scheduler.MetricsSink`.
+    """
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.registry = CollectorRegistry()
+        self._build()
+
+    def reset(self) -> None:
+        """Restart: a fresh registry, every counter back at 0."""
+        self.registry = CollectorRegistry()
+        self._build()
+
+    def exposition(self) -> bytes:
+        """The text exposition (format 0.0.4)."""
+        return generate_latest(self.registry)
+
+    def _build(self) -> None:
+        c = self.config
+        r = self.registry
+        lab = ["model_name", "engine"]
+        self.running = Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            lab,
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            lab,
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.waiting_by_reason = Gauge(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting, by reason.",
+            [*lab, "reason"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            lab,
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        cache_labels = [
+            "engine",
+            "block_size",
+            "cache_dtype",
+            "enable_prefix_caching",
+            "num_gpu_blocks",
+            "num_cpu_blocks",
+        ]
+        self.cache_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            cache_labels,
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.preemptions = Counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            lab,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", lab, registry=r
+        )
+        self.prompt_by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*lab, "source"],
+            registry=r,
+        )
+        self.prompt_cached = Counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            lab,
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", lab, registry=r
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            lab,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            lab,
+            registry=r,
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*lab, "finished_reason"],
+            registry=r,
+        )
+        rt = request_tokens_buckets(c.max_model_len)
+        self.h_prompt = Histogram(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        self.h_gen = Histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        self.h_iter = Histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            lab,
+            buckets=ITERATION_TOKENS_BUCKETS,
+            registry=r,
+        )
+        self.h_max_gen = Histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        self.h_n = Histogram(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            lab,
+            buckets=PARAMS_N_BUCKETS,
+            registry=r,
+        )
+        self.h_max_tokens = Histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        self.h_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            lab,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.h_itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            lab,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.h_tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            lab,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.h_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            lab,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.h_queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            lab,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.h_inference = Histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            lab,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.h_prefill = Histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            lab,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.h_decode = Histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            lab,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.h_preempt = Histogram(
+            "vllm:request_num_preemptions",
+            "Number of preemptions per finished request.",
+            lab,
+            buckets=PREEMPTION_BUCKETS,
+            registry=r,
+        )
+        self.h_kv_computed = Histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            lab,
+            buckets=rt,
+            registry=r,
+        )
+        # vLLM serves the default registry, which carries these collectors too
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.spec = c.speculative
+        if self.spec:
+            self.sd_drafts = Counter(
+                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab, registry=r
+            )
+            self.sd_draft_tokens = Counter(
+                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, registry=r
+            )
+            self.sd_accepted = Counter(
+                "vllm:spec_decode_num_accepted_tokens",
+                "Number of accepted tokens.",
+                lab,
+                registry=r,
+            )
+            self.sd_per_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [*lab, "position"],
+                registry=r,
+            )
+        name = c.served_model_name
+        self._eng: list[_EngineChildren] = []
+        for e in range(c.data_parallel_size):
+            self._eng.append(_EngineChildren(self, name, str(e)))
+            self.cache_info.labels(
+                engine=str(e),
+                block_size=str(c.block_size),
+                cache_dtype="auto",
+                enable_prefix_caching="True",
+                num_gpu_blocks=str(c.num_gpu_blocks),
+                num_cpu_blocks="None",
+            ).set(1)
+
+    # -- MetricsSink ------------------------------------------------------------------------
+    def on_step(self, engine: int, stats: StepStats) -> None:
+        ch = self._eng[engine]
+        if stats.prompt_tokens:
+            ch.prompt_tokens.inc(stats.prompt_tokens)
+            ch.prompt_local.inc(stats.prompt_tokens)
+        if stats.generation_tokens:
+            ch.generation_tokens.inc(stats.generation_tokens)
+        if stats.preemptions:
+            ch.preemptions.inc(stats.preemptions)
+        ch.prefix_queries.inc(stats.prompt_tokens)
+        ch.iter_tokens.observe(stats.computed_prompt_tokens + stats.generation_tokens)
+        if self.spec and stats.num_drafts:
+            ch.sd_drafts.inc(stats.num_drafts)
+            ch.sd_draft_tokens.inc(stats.num_draft_tokens)
+            ch.sd_accepted.inc(stats.num_accepted_tokens)
+            for i, v in enumerate(stats.accepted_per_pos):
+                if v:
+                    ch.sd_per_pos[i].inc(v)
+
+    def on_output(self, engine: int, req: SimRequest, now: float, first: bool) -> None:
+        ch = self._eng[engine]
+        if first:
+            ch.ttft.observe(max(now - req.arrival, 0.0))
+        elif req.last_token is not None:
+            ch.itl.observe(max(now - req.last_token, 0.0))
+
+    def on_finished(self, engine: int, req: SimRequest, now: float) -> None:
+        ch = self._eng[engine]
+        reason = req.finish_reason or "abort"
+        ch.success[reason if reason in ch.success else "abort"].inc()
+        ch.e2e.observe(max(now - req.arrival, 0.0))
+        sched = req.first_scheduled if req.first_scheduled is not None else now
+        ch.queue.observe(max(sched - req.arrival, 0.0))
+        ch.inference.observe(max(now - sched, 0.0))
+        first = req.first_token if req.first_token is not None else now
+        last = req.last_token if req.last_token is not None else now
+        ch.prefill.observe(max(first - sched, 0.0))
+        ch.decode.observe(max(last - first, 0.0))
+        n_gen = len(req.output)
+        ch.tpot.observe((last - first) / (n_gen - 1) if n_gen > 1 else 0.0)
+        ch.h_prompt.observe(req.prompt_len)
+        ch.h_gen.observe(n_gen)
+        ch.h_max_gen.observe(n_gen)
+        ch.h_n.observe(1)
+        if req.max_tokens_set:
+            ch.h_max_tokens.observe(req.max_tokens)
+        ch.h_preempt.observe(req.num_preemptions)
+        ch.h_kv_computed.observe(req.prompt_len)
+
+    def on_queue(self, engine: int, running: int, waiting: int, kv_usage: float) -> None:
+        ch = self._eng[engine]
+        ch.running.set(running)
+        ch.waiting.set(waiting)
+        ch.waiting_capacity.set(waiting)
+        ch.kv.set(kv_usage)
+
+
+class _EngineChildren:
+    """Label children of one engine, bound once (observing through them is cheap)."""
+
+    def __init__(self, m: SimMetrics, name: str, engine: str) -> None:
+        self.running = m.running.labels(name, engine)
+        self.waiting = m.waiting.labels(name, engine)
+        self.waiting_capacity = m.waiting_by_reason.labels(name, engine, "capacity")
+        m.waiting_by_reason.labels(name, engine, "deferred").set(0)
+        self.kv = m.kv_usage.labels(name, engine)
+        self.preemptions = m.preemptions.labels(name, engine)
+        self.prompt_tokens = m.prompt_tokens.labels(name, engine)
+        self.prompt_local = m.prompt_by_source.labels(name, engine, "local_compute")
+        m.prompt_by_source.labels(name, engine, "local_cache_hit")
+        m.prompt_by_source.labels(name, engine, "external_kv_transfer")
+        m.prompt_cached.labels(name, engine)
+        self.generation_tokens = m.generation_tokens.labels(name, engine)
+        self.prefix_queries = m.prefix_queries.labels(name, engine)
+        m.prefix_hits.labels(name, engine)
+        self.success = {r: m.success.labels(name, engine, r) for r in FINISHED_REASONS}
+        self.h_prompt = m.h_prompt.labels(name, engine)
+        self.h_gen = m.h_gen.labels(name, engine)
+        self.iter_tokens = m.h_iter.labels(name, engine)
+        self.h_max_gen = m.h_max_gen.labels(name, engine)
+        self.h_n = m.h_n.labels(name, engine)
+        self.h_max_tokens = m.h_max_tokens.labels(name, engine)
+        self.ttft = m.h_ttft.labels(name, engine)
+        self.itl = m.h_itl.labels(name, engine)
+        self.tpot = m.h_tpot.labels(name, engine)
+        self.e2e = m.h_e2e.labels(name, engine)
+        self.queue = m.h_queue.labels(name, engine)
+        self.inference = m.h_inference.labels(name, engine)
+        self.prefill = m.h_prefill.labels(name, engine)
+        self.decode = m.h_decode.labels(name, engine)
+        self.h_preempt = m.h_preempt.labels(name, engine)
+        self.h_kv_computed = m.h_kv_computed.labels(name, engine)
+        if m.spec:
+            k = m.config.num_speculative_tokens
+            self.sd_drafts = m.sd_drafts.labels(name, engine)
+            self.sd_draft_tokens = m.sd_draft_tokens.labels(name, engine)
+            self.sd_accepted = m.sd_accepted.labels(name, engine)
+            self.sd_per_pos = [m.sd_per_pos.labels(name, engine, str(i)) for i in range(k)]

@@ -1,0 +1,270 @@
+"""vLLM's HTTP surface, /metrics over HTTP, the admin API and faults (in-process, port 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.simulate.canary import builtin_items
+from specwatch.simulate.config import Role, SimConfig, StepTimeModel
+from specwatch.simulate.launcher import SimulatorHandle, start_simulator
+
+FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorHandle]:
+    cfg = SimConfig(role=Role.FLY, served_model_name="sim-a", time_scale=0.0, step_time=FAST,
+                    data_parallel_size=2)  # fmt: skip
+    handle = await start_simulator(cfg)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with session.post(url, json=body) as r:
+        return r.status, await r.json()
+
+
+async def _sse(session: aiohttp.ClientSession, url: str, body: Any) -> list[str]:
+    async with session.post(url, json=body) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await r.read()).decode()
+    return [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+         **labels: str) -> float:  # fmt: skip
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))  # fmt: skip
+
+
+async def test_models_health_version(sim: SimulatorHandle, session: aiohttp.ClientSession) -> None:
+    async with session.get(sim.url + "/v1/models") as r:
+        body = await r.json()
+    assert body["object"] == "list"
+    assert body["data"][0]["id"] == "sim-a"
+    assert body["data"][0]["max_model_len"] == 4096
+    async with session.get(sim.url + "/health") as r:
+        assert r.status == 200
+    async with session.get(sim.url + "/version") as r:
+        assert (await r.json()) == {"version": "0.33.0"}
+
+
+async def test_completion_is_deterministic_per_seed_and_streams_the_same_text(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    body = {"model": "sim-a", "prompt": "Tell me a story", "max_tokens": 40, "seed": 5,
+            "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+    st1, r1 = await _post(session, sim.url + "/v1/completions", body)
+    st2, r2 = await _post(session, sim.url + "/v1/completions", body)
+    assert st1 == st2 == 200
+    assert r1["choices"][0]["text"] == r2["choices"][0]["text"]
+    assert r1["object"] == "text_completion"
+    assert r1["choices"][0]["finish_reason"] == "length"
+    assert r1["usage"]["completion_tokens"] == 40
+    assert r1["usage"]["prompt_tokens"] == 5  # BOS + 4 words
+    assert r1["usage"]["total_tokens"] == 45
+    st3, r3 = await _post(session, sim.url + "/v1/completions", {**body, "return_token_ids": True})
+    assert st3 == 200
+    assert len(r3["choices"][0]["token_ids"]) == 40
+    assert r3["choices"][0]["text"] == r1["choices"][0]["text"]
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    events = await _sse(session, sim.url + "/v1/completions", stream_body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 40
+    text = "".join(c["choices"][0]["text"] for c in chunks[:-1])
+    assert text == r1["choices"][0]["text"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_chat_stream_and_non_stream(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    body = {"model": "sim-a", "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 30, "temperature": 0}  # fmt: skip
+    st, r = await _post(session, sim.url + "/v1/chat/completions", body)
+    assert st == 200
+    assert r["object"] == "chat.completion"
+    msg = r["choices"][0]["message"]
+    assert msg["role"] == "assistant"
+    events = await _sse(session, sim.url + "/v1/chat/completions", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == msg["content"]
+    assert not any(c.get("usage") for c in chunks)  # no include_usage: no usage chunk
+
+
+async def test_stop_string_cuts_the_text(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    body = {"prompt": "What is 11 + 7? Think briefly, then finish with 'answer: <number>'.",
+            "max_tokens": 200, "temperature": 0}  # fmt: skip
+    _, full = await _post(session, sim.url + "/v1/completions", body)
+    text = full["choices"][0]["text"]
+    assert "answer: " in text
+    _, cut = await _post(session, sim.url + "/v1/completions", {**body, "stop": ["answer:"]})
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["choices"][0]["text"] == text[: text.index("answer:")]
+
+
+async def test_error_bodies(sim: SimulatorHandle, session: aiohttp.ClientSession) -> None:
+    st, r = await _post(session, sim.url + "/v1/completions", {"model": "nope", "prompt": "x"})
+    assert st == 404
+    assert r["error"]["type"] == "NotFoundError"
+    assert r["error"]["code"] == 404
+    assert set(r["error"]) == {"message", "type", "param", "code"}
+    st, r = await _post(session, sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 5000})
+    assert st == 400
+    assert r["error"]["type"] == "BadRequestError"
+    assert "maximum context length is 4096" in r["error"]["message"]
+    st, r = await _post(session, sim.url + "/v1/completions", {"prompt": "x", "temperature": -1})
+    assert (st, r["error"]["param"]) == (400, "temperature")
+    async with session.post(sim.url + "/v1/completions", data=b"{not json") as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["code"] == 400
+
+
+async def test_per_request_spec_decode_metrics(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    body = {"prompt": "some words here", "max_tokens": 60, "ignore_eos": True,
+            "spec_decode_metrics": "detailed", "seed": 3}  # fmt: skip
+    _, r = await _post(session, sim.url + "/v1/completions", body)
+    sd = r["metrics"]["speculative_decoding"]
+    assert sd["num_drafts"] > 0
+    assert sd["mean_acceptance_length"] == pytest.approx(
+        1 + sd["num_accepted_tokens"] / sd["num_drafts"]
+    )
+    hist = sd["acceptance_length_histogram"]
+    assert sum(hist) == sd["num_drafts"]
+    assert sum(j * c for j, c in enumerate(hist)) == sd["num_accepted_tokens"]
+    # emitted tokens = accepted + one per verify step (+ 1 for the prefill step), cut at max_tokens
+    assert r["usage"]["completion_tokens"] <= 1 + sd["num_drafts"] + sd["num_accepted_tokens"]
+    _, plain = await _post(
+        session, sim.url + "/v1/completions", {**body, "spec_decode_metrics": "off"}
+    )
+    assert "metrics" not in plain
+
+
+async def test_metrics_over_http_agree_with_admin_stats(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    for i in range(12):
+        await _post(session, sim.url + "/v1/completions",
+                    {"prompt": f"load {i}", "max_tokens": 50, "ignore_eos": True})  # fmt: skip
+    async with session.get(sim.url + "/metrics") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        samples = _samples(await r.text())
+    async with session.get(sim.url + "/admin/stats") as r:
+        stats = await r.json()
+    srv = stats["server"]
+    drafts = _sum(samples, "vllm:spec_decode_num_drafts_total")
+    acc = _sum(samples, "vllm:spec_decode_num_accepted_tokens_total")
+    per_pos = [_sum(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+               for i in range(4)]  # fmt: skip
+    assert drafts == srv["num_drafts"] > 0
+    assert acc == srv["num_accepted_tokens"]
+    assert sum(per_pos) == acc
+    assert per_pos == srv["accepted_per_pos"]
+    assert _sum(samples, "vllm:generation_tokens_total") == srv["generation_tokens"] == 600
+    assert set(stats["engines"]) == {"0", "1"}
+    for e, eng in stats["engines"].items():
+        assert _sum(samples, "vllm:spec_decode_num_drafts_total", engine=e) == eng["num_drafts"]
+    assert stats["role"] == "fly"
+    assert stats["config"]["fly_window_size"] == 3
+
+
+async def test_admin_faults_and_restart(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    async with session.get(sim.url + "/admin/faults") as r:
+        f = await r.json()
+    assert f["metrics_mode"] == "ok"
+    st, r2 = await _post(session, sim.url + "/admin/faults", {"nonsense": 1})
+    assert st == 400
+    assert "unknown fault" in r2["error"]["message"]
+    st, _ = await _post(session, sim.url + "/admin/faults", {"metrics_mode": "error"})
+    assert st == 200
+    async with session.get(sim.url + "/metrics") as r:
+        assert r.status == 500
+    await _post(session, sim.url + "/admin/faults", {"metrics_mode": "malformed"})
+    async with session.get(sim.url + "/metrics") as r:
+        body = await r.text()
+    with pytest.raises(ValueError, match="Invalid"):
+        list(text_string_to_metric_families(body))
+    await _post(session, sim.url + "/admin/faults", {"completion_error_rate": 1.0})
+    st, r3 = await _post(session, sim.url + "/v1/completions", {"prompt": "x"})
+    assert st == 500
+    assert r3["error"]["type"] == "InternalServerError"
+    async with session.delete(sim.url + "/admin/faults") as r:
+        assert (await r.json())["completion_error_rate"] == 0.0
+    await _post(session, sim.url + "/v1/completions", {"prompt": "y", "max_tokens": 30})
+    async with session.get(sim.url + "/metrics") as r:
+        before = _samples(await r.text())
+    assert _sum(before, "vllm:generation_tokens_total") > 0
+    st, rs = await _post(session, sim.url + "/admin/restart", {})
+    assert rs == {"restarts": 1}
+    async with session.get(sim.url + "/metrics") as r:
+        after = _samples(await r.text())
+    assert _sum(after, "vllm:generation_tokens_total") == 0
+    assert _sum(after, "vllm:spec_decode_num_drafts_total") == 0
+    async with session.get(sim.url + "/admin/stats") as r:
+        assert (await r.json())["server"]["num_drafts"] == 0
+
+
+async def test_lower_fly_threshold_fault_adds_waivers_and_degrade_drops_acceptance(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    async def window() -> tuple[int, float]:
+        await _post(session, sim.url + "/admin/restart", {})
+        await asyncio.gather(*(
+            _post(session, sim.url + "/v1/completions",
+                  {"prompt": item["prompt"], "max_tokens": 80, "temperature": 0})
+            for item in builtin_items()[:40]
+        ))  # fmt: skip
+        async with session.get(sim.url + "/admin/stats") as r:
+            s = (await r.json())["server"]
+        return s["fly_waivers"], s["num_accepted_tokens"] / s["num_draft_tokens"]
+
+    # greedy canary items: confident answer digits (top-3 entropy < 0.3) where the draft picks a
+    # distractor are waived only once the threshold is lowered
+    waivers0, alpha0 = await window()
+    await _post(session, sim.url + "/admin/faults", {"fly_entropy_threshold": 0.0})
+    waivers1, alpha1 = await window()
+    assert waivers1 > waivers0
+    assert alpha1 > alpha0
+    await _post(session, sim.url + "/admin/faults",
+                {"fly_entropy_threshold": None, "draft_noise_multiplier": 4.0})  # fmt: skip
+    _, alpha2 = await window()
+    assert alpha2 < alpha0 - 0.1
