@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -418,3 +422,89 @@ def test_payload_is_json_serialisable() -> None:
     """The body round-trips through json (no datetime objects leak)."""
     d = Delivery({"alertname": "A"}, {"summary": "s"}, 1.0, None)
     assert json.loads(json.dumps(build_payload([d], 2.0, 4.0)))[0]["labels"] == {"alertname": "A"}
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 made with the openssl CLI (Debian: openssl)."""
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        [
+            shutil.which("openssl") or "/usr/bin/openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+class TestTransport:
+    async def test_tls_ca_file_and_insecure(self, tmp_path: Path) -> None:
+        """Over HTTPS with a self-signed cert: the CA file verifies, insecure skips
+        verification, and system defaults refuse the certificate (counted as connect)."""
+        cert, key = _self_signed(tmp_path)
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(str(cert), str(key))
+        am = FakeAM()
+        app = web.Application()
+        app.router.add_post("/api/v2/alerts", am.handle)
+        server = TestServer(app, port=0)
+        await server.start_server(ssl=server_ctx)
+        url = str(server.make_url("")).rstrip("/")
+        assert url.startswith("https://")
+        try:
+            for tls, delivered in [
+                (TLSSettings(ca_file=cert), True),
+                (TLSSettings(insecure_skip_verify=True), True),
+                (TLSSettings(), False),
+            ]:
+                async with aiohttp.ClientSession() as session:
+                    settings = AlertingSettings(urls=[url], tls=tls, max_attempts=1)
+                    loop = AlertLoop(
+                        settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps()
+                    )
+                    await loop.tick()
+                assert (loop.state.outbox_depth == 0) is delivered
+                assert (loop.state.send_errors["connect"] == 0) is delivered
+        finally:
+            await server.close()
+        assert len(am.requests) == 2
+
+    async def test_timeout_counted(self) -> None:
+        """An Alertmanager slower than the timeout counts as reason=timeout; the alert stays."""
+        release = asyncio.Event()
+
+        async def slow(request: web.Request) -> web.Response:
+            await release.wait()
+            return web.Response(status=200)
+
+        app = web.Application()
+        app.router.add_post("/api/v2/alerts", slow)
+        server = TestServer(app, port=0)
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+        try:
+            async with aiohttp.ClientSession() as session:
+                settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
+                loop = AlertLoop(settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps())
+                await loop.tick()
+        finally:
+            release.set()
+            await server.close()
+        assert loop.state.send_errors["timeout"] == 1
+        assert loop.state.outbox_depth == 1
