@@ -508,3 +508,27 @@ class TestTransport:
             await server.close()
         assert loop.state.send_errors["timeout"] == 1
         assert loop.state.outbox_depth == 1
+
+
+async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
+    """run() ticks, sleeps evaluation_interval, ticks again: with resend = evaluation = 15 s each
+    tick re-sends the alert with the same startsAt and a lease renewed by 15 s."""
+    am, url = fake_am
+    clock = Clock(1000.0)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise asyncio.CancelledError
+        clock.t += seconds
+
+    async with aiohttp.ClientSession() as session:
+        settings = AlertingSettings(urls=[url], resend_interval=15, evaluation_interval=15)
+        loop = AlertLoop(settings, session, lambda: [drop()], clock=clock, sleep=sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await loop.run()
+    assert slept == [15, 15, 15]
+    sent = [body[0] for _, body in am.requests]
+    assert [a["startsAt"] for a in sent] == [format_rfc3339(1000.0)] * 3
+    assert [a["endsAt"] for a in sent] == [format_rfc3339(1000.0 + 60 + 15 * i) for i in range(3)]
