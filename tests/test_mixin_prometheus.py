@@ -167,8 +167,12 @@ async def test_rules_on_real_prometheus(prometheus: str) -> None:
         assert _by(ell, "job")["vllm-fly"] == pytest.approx(3.0)
         assert _by(ell, "job")["vllm-standard"] == pytest.approx(3.0)
         assert math.isnan(_by(ell, "job")["vllm-idle"])  # no drafts: undefined, not 0
+        # "> -1" drops NaN: the standard pool is 0/0 until the standard server's second scrape
         gain = await _query_until(
-            session, prometheus, "model_name:vllm_spec_decode_fly_acceptance_gain:ratio_rate15m", 1
+            session,
+            prometheus,
+            "model_name:vllm_spec_decode_fly_acceptance_gain:ratio_rate15m > -1",
+            1,
         )
         # standard's pool mixes the idle server, which drafts nothing: α_std stays 0.5
         assert _by(gain, "model_name") == pytest.approx({"llama": 0.1})
