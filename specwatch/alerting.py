@@ -442,7 +442,9 @@ class AlertSender:
     ``max_attempts`` with exponential backoff (``retry_initial_backoff * 2**n`` capped at
     ``retry_max_backoff``) through the injected ``sleep``; what still fails stays in the outbox
     for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
-    dropped: resending the same body cannot succeed.
+    dropped: resending the same body cannot succeed. One flush of one Alertmanager is cut off
+    after ``evaluation_interval`` seconds (counted as ``timeout``), so a black-holed
+    Alertmanager delays the loop by at most one interval.
     """
 
     def __init__(
@@ -491,13 +493,22 @@ class AlertSender:
             return
         body = build_payload(pending, now, self._settings.lease)
         endpoint = f"{url}/api/v2/alerts"
+        try:
+            # One flush never outlasts an evaluation interval, so an unreachable Alertmanager
+            # cannot hold up the next evaluation; what is left stays queued.
+            async with asyncio.timeout(self._settings.evaluation_interval):
+                await self._attempts(endpoint, body, outbox, pending)
+        except TimeoutError:
+            self.errors["timeout"] += 1
+            log.warning("alertmanager flush ran out of time", extra={"url": endpoint})
+
+    async def _attempts(
+        self, endpoint: str, body: list[dict[str, Any]], outbox: Outbox, pending: list[Delivery]
+    ) -> None:
         delay = self._settings.retry_initial_backoff
         for attempt in range(1, self._settings.max_attempts + 1):
             outcome = await self._post(endpoint, body)
-            if outcome == "ok":
-                outbox.remove(pending)
-                return
-            if outcome == "http_4xx":
+            if outcome in ("ok", "http_4xx"):  # a 4xx cannot succeed on resend: drop the batch
                 outbox.remove(pending)
                 return
             if attempt < self._settings.max_attempts:

@@ -532,3 +532,31 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
     sent = [body[0] for _, body in am.requests]
     assert [a["startsAt"] for a in sent] == [format_rfc3339(1000.0)] * 3
     assert [a["endsAt"] for a in sent] == [format_rfc3339(1000.0 + 60 + 15 * i) for i in range(3)]
+
+
+async def test_flush_is_bounded_by_evaluation_interval() -> None:
+    """A black-holed Alertmanager (request timeout 30 s, 3 attempts) holds a tick for at most
+    evaluation_interval: the flush is cut off, counted as timeout, and the alert stays queued."""
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", hang)
+    server = TestServer(app, port=0)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        async with aiohttp.ClientSession() as session:
+            settings = AlertingSettings(
+                urls=[url], timeout=30, max_attempts=3, evaluation_interval=0.2
+            )
+            loop = AlertLoop(settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps())
+            await asyncio.wait_for(loop.tick(), timeout=20)
+    finally:
+        release.set()
+        await server.close()
+    assert loop.state.send_errors["timeout"] == 1
+    assert loop.state.outbox_depth == 1
