@@ -44,6 +44,7 @@ __all__ = [
     "SEND_ERROR_REASONS",
     "ActiveAlerts",
     "Alert",
+    "AlertKey",
     "AlertLoop",
     "AlertSender",
     "AlertingSettings",
