@@ -131,7 +131,8 @@ def acceptance_drop(
 
     Fires when drafts/s ≥ ``acceptance_min_drafts_per_second`` and α_short/α_baseline or
     (τ_short − 1)/(τ_baseline − 1) is below ``acceptance_drop_ratio``; returns that ratio
-    (the α one when both hold, like the rule's ``or``).
+    (the α one when both hold, like the rule's ``or``). Callers judge the server first and
+    report an engine only when the server as a whole does not fire (the rule's ``unless``).
     """
     dps = _f(drafts_per_second)
     if dps is None or dps < s.acceptance_min_drafts_per_second:
