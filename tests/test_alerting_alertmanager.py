@@ -108,8 +108,13 @@ def _finding(engine: str) -> Alert:
         alertname="SpecAcceptanceDrop",
         severity=Severity.WARNING,
         summary="Speculative acceptance dropped on vllm-fly",
-        description=f"engine {engine}: acceptance rate 0.31 against a 0.62 baseline",
-        labels={"target": "vllm-fly", "role": "fly", "engine": engine, "model.name": "llama"},
+        description=f"engine {engine}: acceptance rate α 0.31 against a 0.62 baseline",
+        labels={
+            "target": "vllm-fly",
+            "role": "fly",
+            "engine": engine,
+            "model.name": 'meta/Llama 3 "8B"',
+        },
     )
 
 
@@ -125,6 +130,7 @@ async def test_alert_listed_then_resolved(am: tuple[Alertmanager, aiohttp.Client
         urls=[manager.url],
         external_labels={"cluster": "test"},
         runbook_base_url="https://example.test/runbook.md",
+        generator_url="http://specwatch.example:9464/api/v1/snapshot",
     )
     loop = AlertLoop(settings, session, lambda: findings, clock=time.time, sleep=_no_sleep)
     await loop.tick()
@@ -135,15 +141,16 @@ async def test_alert_listed_then_resolved(am: tuple[Alertmanager, aiohttp.Client
         "target": "vllm-fly",
         "role": "fly",
         "engine": "3",
-        "model_name": "llama",
+        "model_name": 'meta/Llama 3 "8B"',
         "cluster": "test",
     }
     assert listed["annotations"] == {
         "summary": "Speculative acceptance dropped on vllm-fly",
-        "description": "engine 3: acceptance rate 0.31 against a 0.62 baseline",
+        "description": "engine 3: acceptance rate α 0.31 against a 0.62 baseline",
         "runbook_url": "https://example.test/runbook.md#specacceptancedrop",
     }
     assert listed["status"]["state"] == "active"
+    assert listed["generatorURL"] == "http://specwatch.example:9464/api/v1/snapshot"
     findings.clear()
     await loop.tick()
     assert await manager.alerts(session) == []
