@@ -77,6 +77,9 @@ SEND_ERROR_REASONS: tuple[str, ...] = (
     "outbox_overflow",
 )
 
+#: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
+_RETRYABLE_4XX = frozenset({408, 429})
+
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INVALID_CHAR_RE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -443,7 +446,7 @@ class AlertSender:
     ``max_attempts`` with exponential backoff (``retry_initial_backoff * 2**n`` capped at
     ``retry_max_backoff``) through the injected ``sleep``; what still fails stays in the outbox
     for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
-    dropped: resending the same body cannot succeed. One flush of one Alertmanager is cut off
+    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx). One flush of one Alertmanager is cut off
     after ``evaluation_interval`` seconds (counted as ``timeout``), so a black-holed
     Alertmanager delays the loop by at most one interval.
     """
@@ -535,6 +538,8 @@ class AlertSender:
                     "alertmanager rejected alerts",
                     extra={"url": endpoint, "status": resp.status, "body": text},
                 )
+                if resp.status in _RETRYABLE_4XX:
+                    return "retry"
                 return reason
         except TimeoutError:
             self.errors["timeout"] += 1

@@ -285,6 +285,19 @@ class TestSender:
         assert sleeps.calls == [0.5, 1.0, 1.5, 1.5]
         assert loop.state.outbox_depth == 1  # kept for the next tick
 
+    async def test_429_is_retried(self, fake_am: tuple[FakeAM, str]) -> None:
+        """429 (too many requests) means later: retried, delivered on the second attempt."""
+        am, url = fake_am
+        am.statuses = [429]
+        clock, sleeps = Clock(), Sleeps()
+        loop, session = await _loop(url, [drop()], clock, sleeps)
+        async with session:
+            await loop.tick()
+        assert len(am.requests) == 2
+        assert sleeps.calls == [0.5]
+        assert loop.state.send_errors["http_4xx"] == 1
+        assert loop.state.outbox_depth == 0
+
     async def test_4xx_not_retried(self, fake_am: tuple[FakeAM, str]) -> None:
         """A 400 is counted once and the batch is dropped, not retried."""
         am, url = fake_am
