@@ -446,9 +446,9 @@ class AlertSender:
     ``max_attempts`` with exponential backoff (``retry_initial_backoff * 2**n`` capped at
     ``retry_max_backoff``) through the injected ``sleep``; what still fails stays in the outbox
     for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
-    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx). One flush of one Alertmanager is cut off
-    after ``evaluation_interval`` seconds (counted as ``timeout``), so a black-holed
-    Alertmanager delays the loop by at most one interval.
+    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx).
+    One flush of one Alertmanager is cut off after ``evaluation_interval`` seconds (counted as
+    ``timeout``), so a black-holed Alertmanager delays the loop by at most one interval.
     """
 
     def __init__(
