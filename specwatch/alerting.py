@@ -55,6 +55,7 @@ __all__ = [
     "Severity",
     "TLSSettings",
     "alert_families",
+    "alerts_json",
     "build_payload",
     "build_ssl_context",
     "format_rfc3339",
@@ -556,6 +557,8 @@ class AlertLoop:
 
     ``current_findings`` is called once per tick and returns the findings of that moment
     (an empty sequence resolves everything active). ``clock`` returns unix seconds.
+    ``on_state`` is called with every newly published :class:`AlertingState` (e.g. to put
+    :func:`alerts_json` into ``Snapshot.extras["alerts"]``).
     With no ``urls`` configured nothing is sent, but :attr:`state` still tracks firing alerts.
     """
 
@@ -568,8 +571,10 @@ class AlertLoop:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         ssl_context: ssl.SSLContext | bool | None = None,
+        on_state: Callable[[AlertingState], None] | None = None,
     ) -> None:
         self._settings = settings
+        self._on_state = on_state
         self._findings = current_findings
         self._clock = clock
         self._sleep = sleep
@@ -602,12 +607,23 @@ class AlertLoop:
             send_errors=dict(self._sender.errors),
             outbox_depth=self._sender.outbox_depth,
         )
+        if self._on_state is not None:
+            self._on_state(self._state)
 
     async def run(self) -> None:
         """Tick forever (cancel the task to stop)."""
         while True:
             await self.tick()
             await self._sleep(self._settings.evaluation_interval)
+
+
+def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
+    """The ``alerts`` list of ``/api/v1/snapshot``: ``[{"labels": {...}, "startsAt": RFC 3339,
+    "state": "firing"}]``, one per active alert, sorted by labels."""
+    return [
+        {"labels": dict(a.labels), "startsAt": format_rfc3339(a.starts_at), "state": "firing"}
+        for a in state.firing
+    ]
 
 
 def alert_families(state: AlertingState) -> list[Metric]:

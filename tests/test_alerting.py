@@ -32,6 +32,7 @@ from specwatch.alerting import (
     Severity,
     TLSSettings,
     alert_families,
+    alerts_json,
     build_payload,
     build_ssl_context,
     format_rfc3339,
@@ -403,6 +404,34 @@ class TestSender:
             await loop.tick()
         assert len(am.requests) == 1
         assert loop.state.outbox_depth == 1
+
+
+async def test_on_state_and_alerts_json() -> None:
+    """Every published state reaches on_state; alerts_json lists the firing alert once."""
+    seen: list[AlertingState] = []
+    async with aiohttp.ClientSession() as session:
+        loop = AlertLoop(
+            AlertingSettings(),
+            session,
+            lambda: [drop()],
+            clock=Clock(1_800_000_000.0),
+            sleep=Sleeps(),
+            on_state=seen.append,
+        )
+        await loop.tick()
+    assert seen[-1] is loop.state
+    assert alerts_json(seen[-1]) == [
+        {
+            "labels": {
+                "alertname": "SpecAcceptanceDrop",
+                "engine": "3",
+                "severity": "warning",
+                "target": "vllm-fly",
+            },
+            "startsAt": "2027-01-15T08:00:00.000Z",
+            "state": "firing",
+        }
+    ]
 
 
 class TestFamilies:
