@@ -602,3 +602,26 @@ async def test_flush_is_bounded_by_evaluation_interval() -> None:
         await server.close()
     assert loop.state.send_errors["timeout"] == 1
     assert loop.state.outbox_depth == 1
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a nested group of a pydantic-settings model, the fields parse from SPECWATCH_* env."""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class Env(BaseSettings):
+        model_config = SettingsConfigDict(env_prefix="SPECWATCH_", env_nested_delimiter="__")
+        alerting: AlertingSettings = AlertingSettings()
+
+    monkeypatch.setenv("SPECWATCH_ALERTING__URLS", '["https://am-0:9093/", "https://am-1:9093"]')
+    monkeypatch.setenv("SPECWATCH_ALERTING__BEARER_TOKEN", "s3cr3t-v4lue")
+    monkeypatch.setenv("SPECWATCH_ALERTING__RESEND_INTERVAL", "30")
+    monkeypatch.setenv("SPECWATCH_ALERTING__EXTERNAL_LABELS", '{"cluster": "eu-1"}')
+    monkeypatch.setenv("SPECWATCH_ALERTING__TLS__INSECURE_SKIP_VERIFY", "true")
+    got = Env().alerting
+    assert got.urls == ["https://am-0:9093", "https://am-1:9093"]
+    assert got.bearer_token is not None
+    assert got.bearer_token.get_secret_value() == "s3cr3t-v4lue"
+    assert "s3cr3t-v4lue" not in repr(got)
+    assert got.lease == 120.0
+    assert got.external_labels == {"cluster": "eu-1"}
+    assert got.tls.insecure_skip_verify is True
