@@ -1,7 +1,7 @@
 """Built-in detectors: the conditions of ``deploy/prometheus/specwatch.rules.yaml``, in Python.
 
 Phase 1 (this file so far): the thresholds (:class:`DetectSettings`, defaults equal to the
-rules file, checked by ``tests/test_detect.py``), the pure conditions over plain numbers, the
+rules file, checked by ``tests/alerts/test_detect.py``), the pure conditions over plain numbers, the
 test statistics they use, and :class:`ForTracker` (Prometheus' ``for:``). Phase 2 adds
 ``evaluate(snapshot, settings) -> list[Alert]``, which reads :class:`specwatch.model.Snapshot`
 and calls these functions per target, engine, window and category.

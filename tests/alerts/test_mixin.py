@@ -22,7 +22,7 @@ from specwatch.mixin import (
     render_prometheusrule,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = ROOT / "deploy" / "prometheus" / "tests"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
