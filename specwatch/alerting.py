@@ -1,0 +1,654 @@
+"""Alertmanager API v2 client: alert values, lease bookkeeping, an outbox and the resend loop.
+
+Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier):
+
+* ``POST {url}/api/v2/alerts`` with a JSON **array** of ``{labels, annotations, startsAt,
+  endsAt, generatorURL}``; ``labels`` identify an alert (``alertname`` required), annotations
+  are last-received-wins (``summary``, ``description``, ``runbook_url``).
+* ``startsAt`` is fixed for the life of an alert; every (re)send carries ``endsAt = now + lease``
+  with ``lease = lease_factor * max(resend_interval, evaluation_interval)`` (Prometheus uses 4x),
+  so Alertmanager resolves on its own if specwatch dies; a cleared alert is sent once with
+  ``endsAt = now`` (resolution time).
+* Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*``; empty names or values are dropped.
+
+Pure parts (:class:`Alert`, :func:`sanitize_labels`, :func:`build_payload`, :class:`ActiveAlerts`,
+:class:`Outbox`) take values and return values. :class:`AlertSender` does the HTTP over an
+injected ``aiohttp.ClientSession``; :class:`AlertLoop` ties them to an injected clock and sleep.
+:func:`alert_families` turns the published :class:`AlertingState` into metric families for the
+export collector (no I/O).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import logging
+import re
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Self
+
+import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+__all__ = [
+    "DEFAULT_RUNBOOK_BASE_URL",
+    "SEND_ERROR_REASONS",
+    "ActiveAlerts",
+    "Alert",
+    "AlertKey",
+    "AlertLoop",
+    "AlertSender",
+    "AlertingSettings",
+    "AlertingState",
+    "Delivery",
+    "FiringAlert",
+    "Outbox",
+    "Severity",
+    "TLSSettings",
+    "alert_families",
+    "alerts_json",
+    "build_payload",
+    "build_ssl_context",
+    "format_rfc3339",
+    "runbook_url",
+    "sanitize_label_name",
+    "sanitize_labels",
+]
+
+log = logging.getLogger("specwatch.alerting")
+
+#: Where ``docs/runbook.md`` is published; anchors are the lower-cased alert names.
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md"
+
+#: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
+SEND_ERROR_REASONS: tuple[str, ...] = (
+    "timeout",
+    "connect",
+    "http_4xx",
+    "http_5xx",
+    "outbox_overflow",
+)
+
+#: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
+_RETRYABLE_4XX = frozenset({408, 429})
+
+_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_INVALID_CHAR_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class Severity(enum.StrEnum):
+    """``severity`` label values (the kubernetes-mixin convention)."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+
+def runbook_url(base: str, alertname: str) -> str:
+    """``{base}#{alertname.lower()}``: the GitHub anchor of ``## AlertName`` in the runbook."""
+    return f"{base.rstrip('#')}#{alertname.lower()}"
+
+
+def sanitize_label_name(name: str) -> str | None:
+    """Map ``name`` to a valid Prometheus label name, or ``None`` if it is empty.
+
+    Invalid characters become ``_`` and a leading digit gets a ``_`` prefix:
+    ``"model.name"`` → ``"model_name"``, ``"0pos"`` → ``"_0pos"``, ``" "`` → ``None``.
+    """
+    if _LABEL_NAME_RE.match(name):
+        return name
+    stripped = name.strip()
+    if not stripped:
+        return None
+    cleaned = _INVALID_CHAR_RE.sub("_", stripped)
+    if cleaned[0].isdigit():
+        cleaned = "_" + cleaned
+    return cleaned
+
+
+def sanitize_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """Return ``labels`` with valid names and no empty names or values.
+
+    Names are sanitised with :func:`sanitize_label_name`; entries whose name or value ends up
+    empty are dropped. When two names collide after sanitising, the one that was already valid
+    wins, otherwise the lexicographically first original name wins (deterministic).
+    """
+    out: dict[str, str] = {}
+    valid_first = sorted(labels.items(), key=lambda kv: (not _LABEL_NAME_RE.match(kv[0]), kv[0]))
+    for name, value in valid_first:
+        clean = sanitize_label_name(name)
+        if clean is None or value == "" or clean in out:
+            continue
+        out[clean] = value
+    return out
+
+
+def format_rfc3339(ts: float) -> str:
+    """Unix seconds → RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.250Z``."""
+    dt = datetime.fromtimestamp(ts, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One finding: what a detector says is wrong right now.
+
+    ``alertname`` and ``severity`` become labels; ``labels`` are the other identifying labels
+    (``target``, ``role``, ``engine``, ``category``, ``reason``; bounded values only). Two
+    findings with the same final label set are the same alert. ``runbook_url`` empty means
+    "build it from the settings' runbook base and the alert name".
+    """
+
+    alertname: str
+    severity: Severity
+    summary: str
+    description: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    runbook_url: str = ""
+
+    def identity(self) -> dict[str, str]:
+        """Sanitised identifying labels: ``labels`` plus ``alertname`` and ``severity``."""
+        merged = dict(self.labels)
+        merged["alertname"] = self.alertname
+        merged["severity"] = str(self.severity)
+        return sanitize_labels(merged)
+
+
+AlertKey = tuple[tuple[str, str], ...]
+
+
+def _key(labels: Mapping[str, str]) -> AlertKey:
+    return tuple(sorted(labels.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One alert as it goes to Alertmanager.
+
+    ``labels`` are final (external labels applied, sanitised); ``ends_at`` is ``None`` for a
+    firing alert (the sender stamps ``now + lease`` when it actually posts, so an alert queued
+    while Alertmanager was down still arrives with a live lease) and the resolution time for a
+    resolved one.
+    """
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+    ends_at: float | None
+    generator_url: str = ""
+
+    @property
+    def key(self) -> AlertKey:
+        return _key(self.labels)
+
+    @property
+    def resolved(self) -> bool:
+        return self.ends_at is not None
+
+
+def build_payload(deliveries: Iterable[Delivery], now: float, lease: float) -> list[dict[str, Any]]:
+    """JSON body for ``POST /api/v2/alerts``: one object per delivery.
+
+    Firing alerts get ``endsAt = now + lease`` (seconds); resolved ones their own ``ends_at``.
+    """
+    body: list[dict[str, Any]] = []
+    for d in deliveries:
+        ends = d.ends_at if d.ends_at is not None else now + lease
+        item: dict[str, Any] = {
+            "labels": dict(d.labels),
+            "annotations": {k: v for k, v in d.annotations.items() if v},
+            "startsAt": format_rfc3339(d.starts_at),
+            "endsAt": format_rfc3339(ends),
+        }
+        if d.generator_url:
+            item["generatorURL"] = d.generator_url
+        body.append(item)
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class FiringAlert:
+    """An active alert as the ``specwatch_alert_firing`` gauge shows it."""
+
+    labels: Mapping[str, str]
+    starts_at: float
+
+
+@dataclass(slots=True)
+class _Active:
+    alert: Alert
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    last_sent: float
+
+
+class ActiveAlerts:
+    """Lease bookkeeping: which alerts fire, since when, and what must be (re)sent now.
+
+    :meth:`update` takes the current findings and ``now`` (unix seconds) and returns the
+    deliveries due: new alerts, alerts whose last send is ``resend_interval`` old or whose
+    annotations changed, and alerts that disappeared (once, with ``ends_at = now``).
+    ``startsAt`` of an alert never changes while it stays in the findings.
+    """
+
+    def __init__(
+        self,
+        *,
+        resend_interval: float,
+        external_labels: Mapping[str, str] | None = None,
+        runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL,
+        generator_url: str = "",
+    ) -> None:
+        self._resend = resend_interval
+        self._external = sanitize_labels(external_labels or {})
+        self._runbook_base = runbook_base_url
+        self._generator_url = generator_url
+        self._active: dict[AlertKey, _Active] = {}
+
+    def _labels(self, alert: Alert) -> dict[str, str]:
+        labels = dict(self._external)
+        labels.update(alert.identity())  # the alert's own labels win (Prometheus does the same)
+        return labels
+
+    def _annotations(self, alert: Alert) -> dict[str, str]:
+        url = alert.runbook_url or runbook_url(self._runbook_base, alert.alertname)
+        return {"summary": alert.summary, "description": alert.description, "runbook_url": url}
+
+    def update(self, findings: Sequence[Alert], now: float) -> list[Delivery]:
+        """Fold in this tick's findings; return what to send now (see class doc)."""
+        due: list[Delivery] = []
+        seen: set[AlertKey] = set()
+        for alert in findings:
+            labels = self._labels(alert)
+            key = _key(labels)
+            if key in seen:
+                continue  # duplicate finding in one tick: first one wins
+            seen.add(key)
+            annotations = self._annotations(alert)
+            current = self._active.get(key)
+            if current is None:
+                current = _Active(alert, labels, annotations, starts_at=now, last_sent=now)
+                self._active[key] = current
+            elif now - current.last_sent >= self._resend or annotations != current.annotations:
+                current.alert = alert
+                current.annotations = annotations
+                current.last_sent = now
+            else:
+                continue
+            due.append(Delivery(labels, annotations, current.starts_at, None, self._generator_url))
+        for key in [k for k in self._active if k not in seen]:
+            gone = self._active.pop(key)
+            due.append(
+                Delivery(gone.labels, gone.annotations, gone.starts_at, now, self._generator_url)
+            )
+        return due
+
+    def firing(self) -> tuple[FiringAlert, ...]:
+        """Alerts active after the last :meth:`update`, sorted by labels."""
+        return tuple(
+            FiringAlert(labels=dict(a.alert.identity()), starts_at=a.starts_at)
+            for _, a in sorted(self._active.items())
+        )
+
+
+class Outbox:
+    """Bounded queue of pending deliveries for one Alertmanager, latest state per alert.
+
+    Adding a delivery for an alert already queued replaces it (a resolve replaces a pending
+    fire and vice versa), keeping its place. When full, the oldest entry is dropped and
+    counted; dropping is safe because firing alerts are renewed on every resend and a
+    dropped resolve still ends when its lease runs out.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("outbox maxsize must be >= 1")
+        self._max = maxsize
+        self._items: OrderedDict[AlertKey, Delivery] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, deliveries: Iterable[Delivery]) -> int:
+        """Queue ``deliveries``; return how many old entries were dropped for room."""
+        dropped = 0
+        for d in deliveries:
+            key = d.key
+            if key in self._items:
+                self._items[key] = d
+                continue
+            if len(self._items) >= self._max:
+                self._items.popitem(last=False)
+                dropped += 1
+            self._items[key] = d
+        return dropped
+
+    def peek(self) -> list[Delivery]:
+        return list(self._items.values())
+
+    def remove(self, sent: Iterable[Delivery]) -> None:
+        """Drop entries that were delivered, unless a newer delivery replaced them since."""
+        for d in sent:
+            if self._items.get(d.key) is d:
+                del self._items[d.key]
+
+
+class TLSSettings(BaseModel):
+    """TLS options for the Alertmanager connection."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("tls.cert_file and tls.key_file must be set together")
+        return self
+
+
+class AlertingSettings(BaseModel):
+    """Settings group ``alerting`` (env ``SPECWATCH_ALERTING__*``). Durations in seconds.
+
+    ``urls`` empty disables delivery (detectors and gauges still run). ``lease_factor`` times
+    ``max(resend_interval, evaluation_interval)`` is the ``endsAt`` lease (Prometheus: 4).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    urls: list[str] = Field(default_factory=list)
+    bearer_token: SecretStr | None = None
+    basic_username: str | None = None
+    basic_password: SecretStr | None = None
+    tls: TLSSettings = Field(default_factory=TLSSettings)
+    evaluation_interval: float = Field(default=15.0, gt=0)
+    resend_interval: float = Field(default=60.0, gt=0)
+    lease_factor: float = Field(default=4.0, ge=2.0)
+    timeout: float = Field(default=10.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    retry_initial_backoff: float = Field(default=0.5, ge=0)
+    retry_max_backoff: float = Field(default=8.0, ge=0)
+    outbox_size: int = Field(default=1000, ge=1)
+    external_labels: dict[str, str] = Field(default_factory=dict)
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
+    generator_url: str = ""
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"alertmanager url must be http(s): {url!r}")
+        return [u.rstrip("/") for u in urls]
+
+    @field_validator("external_labels")
+    @classmethod
+    def _valid_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name, value in labels.items():
+            if not _LABEL_NAME_RE.match(name) or not value:
+                raise ValueError(f"external label {name!r}={value!r} is not a valid label")
+        return labels
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> Self:
+        if self.bearer_token is not None and self.basic_username is not None:
+            raise ValueError("set either bearer_token or basic_username/password, not both")
+        if (self.basic_username is None) != (self.basic_password is None):
+            raise ValueError("basic_username and basic_password must be set together")
+        return self
+
+    @property
+    def lease(self) -> float:
+        """``endsAt`` lease in seconds."""
+        return self.lease_factor * max(self.resend_interval, self.evaluation_interval)
+
+
+def build_ssl_context(tls: TLSSettings) -> ssl.SSLContext | bool:
+    """The ``ssl=`` argument for aiohttp: ``False`` (skip verification), ``True`` (system
+    defaults) or a context with the CA file / client cert loaded. Reads files: call once at
+    start-up. Raises ``OSError``/``ssl.SSLError`` for unreadable files.
+    """
+    if tls.insecure_skip_verify:
+        return False
+    if tls.ca_file is None and tls.cert_file is None:
+        return True
+    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
+    if tls.cert_file is not None and tls.key_file is not None:
+        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    return ctx
+
+
+@dataclass(frozen=True, slots=True)
+class AlertingState:
+    """What the alert loop publishes (one immutable value, swapped per tick)."""
+
+    firing: tuple[FiringAlert, ...] = ()
+    send_errors: Mapping[str, int] = field(default_factory=dict)
+    outbox_depth: int = 0
+
+
+class AlertSender:
+    """Posts deliveries to every configured Alertmanager, each with its own outbox.
+
+    A send is one ``POST``; connection errors, timeouts and 5xx are retried up to
+    ``max_attempts`` with exponential backoff (``retry_initial_backoff * 2**n`` capped at
+    ``retry_max_backoff``) through the injected ``sleep``; what still fails stays in the outbox
+    for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
+    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx).
+    One flush of one Alertmanager is cut off after ``evaluation_interval`` seconds (counted as
+    ``timeout``), so a black-holed Alertmanager delays the loop by at most one interval.
+    """
+
+    def __init__(
+        self,
+        settings: AlertingSettings,
+        session: aiohttp.ClientSession,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        ssl_context: ssl.SSLContext | bool | None = None,
+    ) -> None:
+        self._settings = settings
+        self._session = session
+        self._sleep = sleep
+        self._ssl = build_ssl_context(settings.tls) if ssl_context is None else ssl_context
+        self._outboxes = {url: Outbox(settings.outbox_size) for url in settings.urls}
+        self.errors: dict[str, int] = dict.fromkeys(SEND_ERROR_REASONS, 0)
+        headers = {"Content-Type": "application/json"}
+        if settings.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {settings.bearer_token.get_secret_value()}"
+        if settings.basic_username is not None and settings.basic_password is not None:
+            token = base64.b64encode(
+                f"{settings.basic_username}:{settings.basic_password.get_secret_value()}".encode()
+            ).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
+        self._headers = headers
+
+    @property
+    def outbox_depth(self) -> int:
+        """Pending deliveries summed over all Alertmanagers."""
+        return sum(len(o) for o in self._outboxes.values())
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> None:
+        for url, outbox in self._outboxes.items():
+            dropped = outbox.add(deliveries)
+            if dropped:
+                self.errors["outbox_overflow"] += dropped
+                log.warning("alertmanager outbox full", extra={"url": url, "dropped": dropped})
+
+    async def flush(self, now: float) -> None:
+        """Try to deliver every outbox (concurrently across Alertmanagers)."""
+        await asyncio.gather(*(self._flush_one(url, ob, now) for url, ob in self._outboxes.items()))
+
+    async def _flush_one(self, url: str, outbox: Outbox, now: float) -> None:
+        pending = outbox.peek()
+        if not pending:
+            return
+        body = build_payload(pending, now, self._settings.lease)
+        endpoint = f"{url}/api/v2/alerts"
+        try:
+            # One flush never outlasts an evaluation interval, so an unreachable Alertmanager
+            # cannot hold up the next evaluation; what is left stays queued.
+            async with asyncio.timeout(self._settings.evaluation_interval):
+                await self._attempts(endpoint, body, outbox, pending)
+        except TimeoutError:
+            self.errors["timeout"] += 1
+            log.warning("alertmanager flush ran out of time", extra={"url": endpoint})
+
+    async def _attempts(
+        self, endpoint: str, body: list[dict[str, Any]], outbox: Outbox, pending: list[Delivery]
+    ) -> None:
+        delay = self._settings.retry_initial_backoff
+        for attempt in range(1, self._settings.max_attempts + 1):
+            outcome = await self._post(endpoint, body)
+            if outcome in ("ok", "http_4xx"):  # a 4xx cannot succeed on resend: drop the batch
+                outbox.remove(pending)
+                return
+            if attempt < self._settings.max_attempts:
+                await self._sleep(min(delay, self._settings.retry_max_backoff))
+                delay *= 2
+
+    async def _post(self, endpoint: str, body: list[dict[str, Any]]) -> str:
+        timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
+        try:
+            async with self._session.post(
+                endpoint,
+                json=body,
+                headers=self._headers,
+                ssl=self._ssl,
+                timeout=timeout,
+            ) as resp:
+                if resp.status < 300:
+                    return "ok"
+                text = (await resp.text())[:200]
+                reason = "http_4xx" if 400 <= resp.status < 500 else "http_5xx"
+                self.errors[reason] += 1
+                log.warning(
+                    "alertmanager rejected alerts",
+                    extra={"url": endpoint, "status": resp.status, "body": text},
+                )
+                if resp.status in _RETRYABLE_4XX:
+                    return "retry"
+                return reason
+        except TimeoutError:
+            self.errors["timeout"] += 1
+            log.warning("alertmanager send timed out", extra={"url": endpoint})
+            return "timeout"
+        except aiohttp.ClientError as exc:
+            self.errors["connect"] += 1
+            log.warning("alertmanager send failed", extra={"url": endpoint, "error": str(exc)})
+            return "connect"
+
+
+class AlertLoop:
+    """Every ``evaluation_interval``: read findings, renew/resolve leases, deliver.
+
+    ``current_findings`` is called once per tick and returns the findings of that moment
+    (an empty sequence resolves everything active). ``clock`` returns unix seconds.
+    ``on_state`` is called with every newly published :class:`AlertingState` (e.g. to put
+    :func:`alerts_json` into ``Snapshot.extras["alerts"]``).
+    With no ``urls`` configured nothing is sent, but :attr:`state` still tracks firing alerts.
+    """
+
+    def __init__(
+        self,
+        settings: AlertingSettings,
+        session: aiohttp.ClientSession,
+        current_findings: Callable[[], Sequence[Alert]],
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        ssl_context: ssl.SSLContext | bool | None = None,
+        on_state: Callable[[AlertingState], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._on_state = on_state
+        self._findings = current_findings
+        self._clock = clock
+        self._sleep = sleep
+        self._active = ActiveAlerts(
+            resend_interval=settings.resend_interval,
+            external_labels=settings.external_labels,
+            runbook_base_url=settings.runbook_base_url,
+            generator_url=settings.generator_url,
+        )
+        self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
+        self._state = AlertingState(send_errors=dict(self._sender.errors))
+
+    @property
+    def state(self) -> AlertingState:
+        """The last published :class:`AlertingState`."""
+        return self._state
+
+    async def tick(self) -> None:
+        """One evaluation: findings → deliveries → outbox → send; then publish state."""
+        now = self._clock()
+        due = self._active.update(self._findings(), now)
+        self._sender.enqueue(due)
+        self._publish()
+        await self._sender.flush(self._clock())
+        self._publish()
+
+    def _publish(self) -> None:
+        self._state = AlertingState(
+            firing=self._active.firing(),
+            send_errors=dict(self._sender.errors),
+            outbox_depth=self._sender.outbox_depth,
+        )
+        if self._on_state is not None:
+            self._on_state(self._state)
+
+    async def run(self) -> None:
+        """Tick forever (cancel the task to stop)."""
+        while True:
+            await self.tick()
+            await self._sleep(self._settings.evaluation_interval)
+
+
+def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
+    """The ``alerts`` list of ``/api/v1/snapshot``: ``[{"labels": {...}, "startsAt": RFC 3339,
+    "state": "firing"}]``, one per active alert, sorted by labels."""
+    return [
+        {"labels": dict(a.labels), "startsAt": format_rfc3339(a.starts_at), "state": "firing"}
+        for a in state.firing
+    ]
+
+
+def alert_families(state: AlertingState) -> list[Metric]:
+    """Metric families for the export collector (no I/O).
+
+    ``specwatch_alert_firing{alertname,severity,...}`` 1 per active alert (its identifying
+    labels, no external labels), ``specwatch_alertmanager_send_errors_total{reason}``,
+    ``specwatch_alertmanager_outbox_depth``.
+    """
+    firing = GaugeMetricFamily(
+        "specwatch_alert_firing",
+        "1 for each alert specwatch's detectors have active (labels: alertname, severity, ...).",
+    )
+    for alert in state.firing:
+        firing.samples.append(Sample("specwatch_alert_firing", dict(alert.labels), 1.0))
+    errors = CounterMetricFamily(
+        "specwatch_alertmanager_send_errors",
+        "Failed Alertmanager sends and dropped deliveries, by reason.",
+        labels=["reason"],
+    )
+    for reason in sorted(set(SEND_ERROR_REASONS) | set(state.send_errors)):
+        errors.add_metric([reason], float(state.send_errors.get(reason, 0)))
+    depth = GaugeMetricFamily(
+        "specwatch_alertmanager_outbox_depth",
+        "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
+        value=float(state.outbox_depth),
+    )
+    return [firing, errors, depth]

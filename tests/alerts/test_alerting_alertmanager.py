@@ -1,0 +1,237 @@
+"""specwatch.alerting against a real Alertmanager (Debian prometheus-alertmanager on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from specwatch.alerting import Alert, AlertingSettings, AlertLoop, Severity, format_rfc3339
+
+pytestmark = pytest.mark.promtool
+
+AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
+
+AM_CONFIG = """\
+route:
+  receiver: "null"
+  group_by: ["alertname"]
+receivers:
+  - name: "null"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Alertmanager:
+    """One Alertmanager process on 127.0.0.1:<free port>, restartable on the same port/storage."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = tmp / "alertmanager.yml"
+        self.config.write_text(AM_CONFIG)
+        self.storage = tmp / "data"
+        self.storage.mkdir()
+        self.log = tmp / "alertmanager.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        with self.log.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                AM_BIN,
+                f"--config.file={self.config}",
+                f"--storage.path={self.storage}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        for _ in range(200):
+            if self.proc.returncode is not None:
+                raise RuntimeError(f"alertmanager exited: {self.log.read_text()[-2000:]}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{self.url}/-/ready") as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("alertmanager did not become ready")
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.proc = None
+
+    async def alerts(self, session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        async with session.get(f"{self.url}/api/v2/alerts") as resp:
+            assert resp.status == 200
+            body: list[dict[str, Any]] = await resp.json()
+            return body
+
+
+@pytest.fixture
+async def am(tmp_path: Path) -> AsyncIterator[tuple[Alertmanager, aiohttp.ClientSession]]:
+    manager = Alertmanager(tmp_path)
+    async with aiohttp.ClientSession() as session:
+        await manager.start(session)
+        try:
+            yield manager, session
+        finally:
+            await manager.stop()
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+def _finding(engine: str) -> Alert:
+    return Alert(
+        alertname="SpecAcceptanceDrop",
+        severity=Severity.WARNING,
+        summary="Speculative acceptance dropped on vllm-fly",
+        description=f"engine {engine}: acceptance rate α 0.31 against a 0.62 baseline",
+        labels={
+            "target": "vllm-fly",
+            "role": "fly",
+            "engine": engine,
+            "model.name": 'meta/Llama 3 "8B"',
+        },
+    )
+
+
+def _by_engine(alerts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {a["labels"]["engine"]: a for a in alerts}
+
+
+async def test_alert_listed_then_resolved(am: tuple[Alertmanager, aiohttp.ClientSession]) -> None:
+    """A sent alert is listed with its labels and annotations, and gone once cleared."""
+    manager, session = am
+    findings = [_finding("3")]
+    settings = AlertingSettings(
+        urls=[manager.url],
+        external_labels={"cluster": "test"},
+        runbook_base_url="https://example.test/runbook.md",
+        generator_url="http://specwatch.example:9464/api/v1/snapshot",
+    )
+    loop = AlertLoop(settings, session, lambda: findings, clock=time.time, sleep=_no_sleep)
+    await loop.tick()
+    (listed,) = await manager.alerts(session)
+    assert listed["labels"] == {
+        "alertname": "SpecAcceptanceDrop",
+        "severity": "warning",
+        "target": "vllm-fly",
+        "role": "fly",
+        "engine": "3",
+        "model_name": 'meta/Llama 3 "8B"',
+        "cluster": "test",
+    }
+    assert listed["annotations"] == {
+        "summary": "Speculative acceptance dropped on vllm-fly",
+        "description": "engine 3: acceptance rate α 0.31 against a 0.62 baseline",
+        "runbook_url": "https://example.test/runbook.md#specacceptancedrop",
+    }
+    assert listed["status"]["state"] == "active"
+    assert listed["generatorURL"] == "http://specwatch.example:9464/api/v1/snapshot"
+    findings.clear()
+    await loop.tick()
+    assert await manager.alerts(session) == []
+    assert loop.state.firing == ()
+    assert sum(loop.state.send_errors.values()) == 0
+
+
+async def test_restart_loses_nothing(
+    am: tuple[Alertmanager, aiohttp.ClientSession],
+) -> None:
+    """Alertmanager stopped while engine 1 fires; engine 2 fires during the outage; after the
+    restart the outbox delivers engine 2 at once and the next resend brings engine 1 back
+    with its original startsAt."""
+    manager, session = am
+    now = [time.time()]
+    findings = [_finding("1")]
+    settings = AlertingSettings(
+        urls=[manager.url], resend_interval=30, evaluation_interval=15, max_attempts=2
+    )
+    loop = AlertLoop(settings, session, lambda: findings, clock=lambda: now[0], sleep=_no_sleep)
+    start_1 = now[0]
+    await loop.tick()
+    assert list(_by_engine(await manager.alerts(session))) == ["1"]
+
+    await manager.stop()
+    now[0] += 15
+    findings.append(_finding("2"))
+    start_2 = now[0]
+    await loop.tick()
+    assert loop.state.outbox_depth == 1
+    assert loop.state.send_errors["connect"] == 2
+
+    await manager.start(session)
+    now[0] += 15  # resend interval for engine 1 reached: both go out
+    await loop.tick()
+    assert loop.state.outbox_depth == 0
+    listed = _by_engine(await manager.alerts(session))
+    assert sorted(listed) == ["1", "2"]
+    assert listed["2"]["startsAt"] == format_rfc3339(start_2)
+    assert listed["1"]["startsAt"] == format_rfc3339(start_1)
+    assert all(a["status"]["state"] == "active" for a in listed.values())
+
+
+async def test_outbox_delivers_before_resend(
+    am: tuple[Alertmanager, aiohttp.ClientSession],
+) -> None:
+    """An alert raised while Alertmanager is down arrives on the first tick after it is back,
+    without waiting for the resend interval."""
+    manager, session = am
+    now = [time.time()]
+    findings: list[Alert] = []
+    settings = AlertingSettings(urls=[manager.url], resend_interval=300, max_attempts=1)
+    loop = AlertLoop(settings, session, lambda: findings, clock=lambda: now[0], sleep=_no_sleep)
+    await manager.stop()
+    findings.append(_finding("5"))
+    await loop.tick()
+    await manager.start(session)
+    now[0] += 1
+    await loop.tick()
+    assert list(_by_engine(await manager.alerts(session))) == ["5"]
+
+
+async def test_resends_never_flap(am: tuple[Alertmanager, aiohttp.ClientSession]) -> None:
+    """Twelve resends: Alertmanager keeps one active alert with the first startsAt, and every
+    payload carried that same startsAt and an endsAt in the future."""
+    manager, session = am
+    findings = [_finding("0")]
+    settings = AlertingSettings(
+        urls=[manager.url], resend_interval=0.001, evaluation_interval=60, lease_factor=4
+    )
+    starts: set[str] = set()
+    ends: list[str] = []
+    loop = AlertLoop(settings, session, lambda: findings, clock=time.time, sleep=_no_sleep)
+    for _ in range(12):
+        await loop.tick()
+        (listed,) = await manager.alerts(session)
+        assert listed["status"]["state"] == "active"
+        starts.add(listed["startsAt"])
+        ends.append(listed["endsAt"])
+        assert listed["endsAt"] > format_rfc3339(time.time())
+    assert starts == {format_rfc3339(loop.state.firing[0].starts_at)}
+    assert ends == sorted(ends)
+    assert len(set(ends)) > 1  # the lease really was renewed by the resends
+    assert sum(loop.state.send_errors.values()) == 0
