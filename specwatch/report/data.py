@@ -98,7 +98,13 @@ class Acceptance:
 
 @dataclass(frozen=True, slots=True)
 class ReportData:
-    """Everything :func:`specwatch.report.render.render_report` draws."""
+    """Everything :func:`specwatch.report.render.render_report` draws.
+
+    ``first_alarm[category]`` (and :data:`OVERALL`): the 1-based number of the labelled pair of
+    that category at which the no-net-loss e-value first reached 1/alpha, ``None`` if it never
+    did. An e-process alarm stays valid once raised (Ville's inequality holds at any stopping
+    time), so the report uses "ever crossed", not only the current value.
+    """
 
     ledger: str
     rows: int
@@ -109,6 +115,7 @@ class ReportData:
     evalue: EValuePath
     acceptance: Acceptance | None
     reasons: Mapping[tuple[str, str], int]
+    first_alarm: Mapping[str, int | None]
 
 
 def _labelled(rows: Sequence[LedgerRow]) -> list[LedgerRow]:
@@ -247,6 +254,15 @@ def build_report(
 ) -> ReportData:
     """Assemble :class:`ReportData` from ledger contents (pure)."""
     evalue = evalue_path(rows, alpha, margin)
+    first_alarm: dict[str, int | None] = {}
+    for cat in [OVERALL, *sorted({r.category for r in rows})]:
+        path = (
+            evalue
+            if cat == OVERALL
+            else evalue_path([r for r in rows if r.category == cat], alpha, margin)
+        )
+        idx = path.first_alarm(path.log_e_no_net_loss)
+        first_alarm[cat] = None if idx is None else idx + 1
     stats = build_shadow_stats(
         {REPORT_WINDOW: tallies},
         now=now,
@@ -266,6 +282,7 @@ def build_report(
         evalue=evalue,
         acceptance=acceptance,
         reasons=dict(reasons),
+        first_alarm=first_alarm,
     )
 
 

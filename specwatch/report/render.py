@@ -218,14 +218,15 @@ _HEADERS: tuple[str, ...] = (
     "interval (points)",
     "exact McNemar p (two-sided)",
     "p (loss)",
-    "e-value",
+    "e-value (now)",
+    "alarm: e ≥ 1/α reached",
     "non-inferiority",
     "FLy flip",
     "noise flip",
 )
 
 
-def _category_row(cat: str, s: PairedSummary, margin: float) -> str:
+def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | None) -> str:
     shown_cat = "all categories" if cat == OVERALL else cat
     ci = f"[{_fmt(s.ci_lower, 'pct')}, {_fmt(s.ci_upper, 'pct')}]"
     verdict = "pass" if s.non_inferiority_pass else "not shown"
@@ -241,6 +242,9 @@ def _category_row(cat: str, s: PairedSummary, margin: float) -> str:
         _cell("p_two_sided", s.p_two_sided, _fmt(s.p_two_sided, "p")),
         _cell("p_loss", s.p_loss, _fmt(s.p_loss, "p")),
         _cell("e_value", s.e_value, "∞" if math.isinf(s.e_value) else _fmt(s.e_value, "p")),
+        _cell(
+            "first_alarm", first_alarm, "no" if first_alarm is None else f"at pair {first_alarm}"
+        ),
         _cell(
             "non_inferiority_pass",
             s.non_inferiority_pass,
@@ -301,18 +305,28 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
     st = data.stats
     cats = st.windows.get(REPORT_WINDOW, {})
     overall = cats.get(OVERALL)
-    rows = [_category_row(OVERALL, overall, st.margin)] if overall is not None else []
-    rows += [_category_row(c, s, st.margin) for c, s in cats.items() if c != OVERALL]
-    if overall is not None and overall.alarm:
+    alarms = data.first_alarm
+    rows = [
+        _category_row(c, s, st.margin, alarms.get(c))
+        for c, s in sorted(cats.items(), key=lambda kv: (kv[0] != OVERALL, kv[0]))
+    ]
+    raised = {c: n for c, n in alarms.items() if n is not None}
+    threshold = f"1/α = {1 / st.alpha:g}"
+    if raised:
+        where = ", ".join(
+            f"{'all categories' if c == OVERALL else html.escape(c)} (at pair {n})"
+            for c, n in sorted(raised.items(), key=lambda kv: (kv[0] != OVERALL, kv[0]))
+        )
         verdict = (
-            f'<p class="verdict alarm" data-alarm="true">Alarm: the no-net-loss e-value is '
-            f"{_fmt(overall.e_value, 'p')} ≥ 1/α = {1 / st.alpha:g}; FLy loses more answers "
-            "than it gains (anytime-valid).</p>"
+            f'<p class="verdict alarm" data-alarm="true">Alarm: the no-net-loss e-value reached '
+            f"{threshold} for {where}. FLy loses more answers than it gains there; the alarm is "
+            "anytime-valid, so it stands even if the e-value has fallen since.</p>"
         )
     else:
+        now = _fmt(overall.e_value if overall else None, "p")
         verdict = (
-            f'<p class="verdict ok" data-alarm="false">No alarm: the no-net-loss e-value is '
-            f"{_fmt(overall.e_value if overall else None, 'p')} &lt; 1/α = {1 / st.alpha:g}.</p>"
+            f'<p class="verdict ok" data-alarm="false">No alarm: the no-net-loss e-value never '
+            f"reached {threshold}, overall or in any category (overall now {now}).</p>"
         )
     reasons = "".join(
         f"<tr><th scope='row'>{html.escape(s)}</th><td>{html.escape(r)}</td>"
@@ -334,12 +348,14 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
 <h1>specwatch report: FLy vs standard, paired outcomes</h1>
 <p>Ledger <code>{html.escape(data.ledger)}</code>: <span data-field="rows">{data.rows}</span> rows
 from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
-non-inferiority margin {100 * st.margin:g} points, intervals at {1 - st.alpha:.0%}.</p>
+non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
+intervals at {1 - st.alpha:.0%}.</p>
 {verdict}
 <h2>Per category</h2>
 <p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;
 net loss = (lost − gained) / n in accuracy points; exact McNemar p on the discordant pairs;
-Tango score interval; non-inferiority passes when the upper bound is below the margin.</p>
+Tango score interval; non-inferiority passes when the upper bound is below the margin. Each
+category is tested at level α on its own (no correction across categories).</p>
 <table class="num" id="categories"><thead><tr>{head}</tr></thead><tbody>
 {"".join(rows)}
 </tbody></table>

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import sqlite3
 import struct
 import sys
@@ -22,13 +23,11 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from scipy.stats import binomtest
 
 from specwatch.__main__ import main
-from specwatch.report.data import (
-    evalue_path,
-    flip_series,
-    parse_acceptance,
-)
+from specwatch.report.data import build_report, evalue_path, flip_series, parse_acceptance
+from specwatch.report.render import render_html
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.sequential import beta_binomial_log_e_value
+from specwatch.shadow.state import tally_rows
 from specwatch.shadow.stats import PairedCounts, net_loss_ci, non_inferiority_test
 
 T0 = 1_764_460_800.0
@@ -90,7 +89,7 @@ def known_rows() -> list[LedgerRow]:
     for cat, (bc, lost, gained, bw) in KNOWN.items():
         cells += [(cat, True, True)] * bc + [(cat, True, False)] * lost
         cells += [(cat, False, True)] * gained + [(cat, False, False)] * bw
-    cells.sort(key=lambda c: (hash((c[0], c[1], c[2])) % 7, c[0]))  # interleave deterministically
+    random.Random(3).shuffle(cells)  # interleave, the same way every run
     rows = [row(T0 + 60.0 * i, cat, s, f) for i, (cat, s, f) in enumerate(cells)]
     n = len(rows)
     rows += [row(T0 + 60.0 * (n + i), "math", None, None) for i in range(UNPAIRED)]
@@ -176,7 +175,31 @@ def expected_counts() -> Iterator[tuple[str, PairedCounts]]:
     yield "_all", PairedCounts(*total)
 
 
+def expected_first_alarms() -> dict[str, int | None]:
+    """Per category (and ``_all``): the first labelled pair, in time order, after which the
+    closed-form e-value of the running (lost, gained) counts is >= 1/0.05."""
+    out: dict[str, int | None] = {}
+    lab = [r for r in known_rows() if r.status == "paired"]
+    for cat in ["_all", *KNOWN]:
+        lost = gained = 0
+        out[cat] = None
+        for n, r in enumerate((r for r in lab if cat in ("_all", r.category)), start=1):
+            lost += int(bool(r.standard_correct) and not r.fly_correct)
+            gained += int(bool(r.fly_correct) and not r.standard_correct)
+            if beta_binomial_log_e_value(lost, gained) >= math.log(20.0):
+                out[cat] = n
+                break
+    return out
+
+
 class TestHtml:
+    def test_first_alarm_per_category(self, rendered: Path) -> None:
+        """The "alarm reached" column matches a replay of the closed form in time order."""
+        tables = parse_tables((rendered / "index.html").read_text(encoding="utf-8"))
+        for cat, first in expected_first_alarms().items():
+            shown = tables[cat]["first_alarm"]["data-value"]
+            assert shown == ("" if first is None else repr(first)), cat
+
     def test_category_tables_match_independent_statistics(self, rendered: Path) -> None:
         """n, lost, gained, net, exact p (scipy binomtest), interval and verdict per category."""
         tables = parse_tables((rendered / "index.html").read_text(encoding="utf-8"))
@@ -220,7 +243,9 @@ class TestHtml:
         total_rows = sum(sum(c) for c in KNOWN.values()) + UNPAIRED + EXCLUDED
         assert f'<span data-field="rows">{total_rows}</span>' in text
         assert str(ledger_file) in text
-        assert 'data-alarm="false"' in text  # 12 lost vs 5 gained is far from e >= 20
+        assert (
+            f'data-alarm="{"true" if any(expected_first_alarms().values()) else "false"}"' in text
+        )
         assert "fly_timeout" in text
         assert "unsupported_parameter" in text
         for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
@@ -262,7 +287,8 @@ class TestSeries:
         path = evalue_path(rows, alpha=0.05, margin=0.01)
         assert len(path.log_e_no_net_loss) == 96
         assert path.log_e_no_net_loss[-1] == pytest.approx(beta_binomial_log_e_value(12, 5))
-        assert path.first_alarm(path.log_e_no_net_loss) is None
+        first = expected_first_alarms()["_all"]
+        assert path.first_alarm(path.log_e_no_net_loss) == (None if first is None else first - 1)
 
     def test_evalue_alarm_index(self) -> None:
         """30 losses in a row: the first alarm is the first n with e(n, 0) >= 20."""
@@ -270,6 +296,21 @@ class TestSeries:
         path = evalue_path(rows, alpha=0.05, margin=0.01)
         first = next(n for n in range(1, 31) if beta_binomial_log_e_value(n, 0) >= math.log(20))
         assert path.first_alarm(path.log_e_no_net_loss) == first - 1
+
+    def test_alarm_stands_after_the_e_value_falls(self) -> None:
+        """12 losses then 30 gains: the e-value crossed 20 early and is now tiny; the page still
+        reports the alarm, at the pair where it was first reached."""
+        rows = [row(T0 + i, "x", True, False) for i in range(12)]
+        rows += [row(T0 + 12 + i, "x", False, True) for i in range(30)]
+        pc = PairedCounts(0, 12, 30, 0)
+        assert beta_binomial_log_e_value(pc.lost, pc.gained) < math.log(20.0)
+        first = next(n for n in range(1, 13) if beta_binomial_log_e_value(n, 0) >= math.log(20))
+        tally = tally_rows(rows)
+        page = render_html(build_report("mem", rows, tally, {}))
+        assert 'data-alarm="true"' in page
+        tables = parse_tables(page)
+        assert tables["x"]["first_alarm"]["data-value"] == repr(first)
+        assert tables["_all"]["first_alarm"]["data-value"] == repr(first)
 
     def test_empty_ledger_renders(self, tmp_path: Path) -> None:
         """A ledger with no rows still renders a page and four images, saying so."""
