@@ -6,6 +6,8 @@ against Kubernetes 1.34, the first release with Dynamic Resource Allocation at
 Custom resources (PodMonitor, PrometheusRule, VirtualService, HTTPRoute) are validated against the
 CRDs' own OpenAPI schemas, committed under ``tests/ship/schemas/`` (see its README for sources).
 Kustomizations are rendered with ``kubectl kustomize`` (kustomize built into kubectl).
+Agreement with specwatch itself uses the real code: ``specwatch.settings.load_settings`` on the
+ConfigMap's config.yaml plus the env file, and the routes of ``specwatch.app.build_app``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import BaseModel
+
+from specwatch.app import build_app
+from specwatch.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -424,13 +430,20 @@ class TestSpecwatchSidecar:
         assert "emptyDir" in mounts["/var/lib/specwatch"]
 
     def test_probes_and_ports(self, pod_spec: Obj) -> None:
-        """Liveness /healthz and readiness /readyz on the 9400 listener, which the image EXPOSEs."""
+        """Liveness and readiness both on /healthz of the 9400 listener, which the image EXPOSEs.
+
+        Readiness must not be /readyz: the pod is Ready only when every container is, so a
+        specwatch that cannot scrape would take vLLM out of the Service.
+        """
         sw = container(pod_spec, "specwatch")
         ports = port_by_name(sw)
         assert ports[sw["livenessProbe"]["httpGet"]["port"]] == SPECWATCH_PORT
         assert sw["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert ports[sw["readinessProbe"]["httpGet"]["port"]] == SPECWATCH_PORT
-        assert sw["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert sw["readinessProbe"]["httpGet"]["path"] == "/healthz"
+        for name in ("vllm-standard", "vllm-fly"):  # vLLM's own readiness stays on vLLM
+            probe = container(pod_spec, name)["readinessProbe"]["httpGet"]
+            assert probe["port"] in port_by_name(container(pod_spec, name))
         dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
         (exposed,) = re.findall(r"^EXPOSE (.+)$", dockerfile, flags=re.MULTILINE)
         assert sorted(ports.values()) == sorted(int(p) for p in exposed.split())
@@ -557,3 +570,132 @@ def test_speculative_config_flags_are_one_line_json() -> None:
                 value = json.loads(arg.split("=", 1)[1])
                 assert isinstance(value, dict)
                 assert "\n" not in arg
+
+
+# ------------------------------------------------------------------------------------------------
+# agreement with specwatch itself: its real Settings and its real routes
+# ------------------------------------------------------------------------------------------------
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as kustomize's ``envs`` reads them (comments and blanks skipped)."""
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, line
+            out[key] = value
+    return out
+
+
+ENV_FILE = read_env_file(BASE / "specwatch.env")
+
+
+def settings_field(env_name: str) -> tuple[str, ...]:
+    """The Settings field path an env name sets (``SPECWATCH_SERVER__PORT`` → server.port),
+    checked against the real models: pydantic-settings ignores an unknown group silently."""
+    assert env_name.startswith("SPECWATCH_"), env_name
+    path = tuple(p.lower() for p in env_name.removeprefix("SPECWATCH_").split("__"))
+    model: Any = Settings
+    for part in path:
+        assert isinstance(model, type), f"{env_name}: {part} is below a leaf field"
+        assert issubclass(model, BaseModel), env_name
+        assert part in model.model_fields, f"{env_name}: no field {part!r} in {model.__name__}"
+        model = model.model_fields[part].annotation
+    return path
+
+
+@pytest.fixture
+def deployed_settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings exactly as the sidecar loads them: config.yaml plus the env file."""
+    for key in list(os.environ):
+        if key.startswith("SPECWATCH_"):
+            monkeypatch.delenv(key)
+    for key, value in ENV_FILE.items():
+        monkeypatch.setenv(key, value)
+    return load_settings(config_file=BASE / "config.yaml")
+
+
+def app_get_paths(settings: Settings) -> set[str]:
+    app = build_app(settings, scrape=False)
+    return {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource}
+
+
+@pytest.mark.kubectl
+class TestAgreementWithSpecwatch:
+    def test_env_names_are_settings_fields(self) -> None:
+        """Every SPECWATCH_* name in the env file names a real (nested) Settings field."""
+        assert ENV_FILE
+        for key in ENV_FILE:
+            assert len(settings_field(key)) >= 1
+
+    def test_env_name_checker_rejects_a_wrong_group(self) -> None:
+        """A misspelt group, which pydantic-settings would ignore, fails the check above."""
+        with pytest.raises(AssertionError, match="no field 'servr'"):
+            settings_field("SPECWATCH_SERVR__PORT")
+        with pytest.raises(AssertionError, match="no field 'prot'"):
+            settings_field("SPECWATCH_SERVER__PROT")
+
+    def test_loaded_settings_match_the_manifests(
+        self, deployed_settings: Settings, pod_spec: Obj
+    ) -> None:
+        """load_settings(config.yaml + env) listens on the sidecar's port, logs as the env says,
+        and scrapes each vLLM container's port with its flags' limits."""
+        s = deployed_settings
+        sw_ports = port_by_name(container(pod_spec, "specwatch"))
+        assert s.server.port == sw_ports["specwatch"] == int(ENV_FILE["SPECWATCH_SERVER__PORT"])
+        assert s.server.host == ENV_FILE["SPECWATCH_SERVER__HOST"]
+        assert s.log.level == ENV_FILE["SPECWATCH_LOG__LEVEL"].upper()
+        assert s.log.format == ENV_FILE["SPECWATCH_LOG__FORMAT"]
+        by_role = {t.effective_role.value: t for t in s.targets}
+        assert set(by_role) == {"standard", "fly"}
+        for role, name in (("standard", "vllm-standard"), ("fly", "vllm-fly")):
+            c = container(pod_spec, name)
+            _, flags = vllm_flags(c)
+            spec = json.loads(flags["--speculative-config"])
+            t = by_role[role]
+            assert t.url == f"http://127.0.0.1:{next(iter(port_by_name(c).values()))}/metrics"
+            assert t.limits.max_num_seqs == int(flags["--max-num-seqs"])
+            assert t.limits.max_num_batched_tokens == int(flags["--max-num-batched-tokens"])
+            assert t.limits.num_speculative_tokens == spec["num_speculative_tokens"]
+            assert t.limits.method == spec["method"]
+            image_tag = {
+                i["name"]: i["newTag"]
+                for i in load_yaml_docs(BASE / "kustomization.yaml")[0]["images"]
+            }
+            assert t.limits.vllm_version == image_tag["vllm/vllm-openai"].removeprefix("v")
+
+    def test_env_overrides_the_file(
+        self, deployed_settings: Settings, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The documented precedence holds for the sidecar: env beats config.yaml."""
+        monkeypatch.setenv("SPECWATCH_SERVER__PORT", "9500")
+        assert load_settings(config_file=BASE / "config.yaml").server.port == 9500
+        assert deployed_settings.server.port == SPECWATCH_PORT
+
+    def test_probe_scrape_and_healthcheck_paths_are_routes(
+        self, deployed_settings: Settings, pod_spec: Obj
+    ) -> None:
+        """The app built from those settings serves every path the manifests and image use."""
+        routes = app_get_paths(deployed_settings)
+        assert {"/healthz", "/readyz", "/metrics", "/api/v1/snapshot"} <= routes
+        sw = container(pod_spec, "specwatch")
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert sw[probe]["httpGet"]["path"] in routes
+        pm = load_yaml_docs(BASE / "podmonitor.yaml")[0]
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            if ep["port"] == "specwatch":
+                assert ep["path"] in routes
+        dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+        (healthcheck,) = re.findall(r"^HEALTHCHECK .*?(?=^\S)", dockerfile, re.M | re.S)
+        used = set(re.findall(r"127\.0\.0\.1:\{port\}(/[a-z/]+)", healthcheck))
+        assert used == {"/healthz"}
+        assert used <= routes
+        assert settings_field("SPECWATCH_SERVER__PORT") == ("server", "port")
+        assert "SPECWATCH_SERVER__PORT" in healthcheck
+
+    def test_config_yaml_groups_are_settings_fields(self) -> None:
+        """Top-level keys of config.yaml are Settings fields (extra keys are a startup error)."""
+        config = yaml.safe_load((BASE / "config.yaml").read_text(encoding="utf-8"))
+        assert set(config) <= set(Settings.model_fields)

@@ -1,0 +1,110 @@
+"""``specwatch report``: an HTML report with plots from the pair ledger (``report`` extra).
+
+Writes ``OUT/index.html`` and PNG plots: flips over time, the e-value path against 1/alpha, net
+loss with its interval, per-category tables and, with ``--metrics-url`` (a specwatch
+``/api/v1/snapshot`` or ``/metrics`` URL, or a saved copy of either), per-position acceptance per
+arm. Exit 2 with one line on a missing or corrupt ledger, a bad source, or matplotlib missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from specwatch.report.data import (
+    REPORT_WINDOW,
+    Acceptance,
+    ReportData,
+    ReportInputError,
+    build_report,
+    fetch_text,
+    parse_acceptance,
+    read_ledger,
+)
+
+MISSING_EXTRA = (
+    "specwatch report: matplotlib is not installed; install the 'report' extra "
+    "(pip install 'specwatch[report]')"
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``report``."""
+    p = subparsers.add_parser(
+        "report",
+        help="HTML report with plots from the pair ledger (needs the 'report' extra)",
+        description=__doc__,
+    )
+    p.add_argument("--ledger", type=Path, required=True, help="the SQLite pair ledger")
+    p.add_argument(
+        "--metrics-url",
+        help="specwatch /api/v1/snapshot or /metrics URL (or a saved file) for per-position "
+        "acceptance per arm",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory (created)")
+    p.add_argument(
+        "--window",
+        default=REPORT_WINDOW,
+        help=f"acceptance window to show (default {REPORT_WINDOW})",
+    )
+    p.add_argument("--alpha", type=float, default=0.05, help="level (default 0.05)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.01,
+        help="non-inferiority margin, a fraction (default 0.01 = one point)",
+    )
+    p.add_argument("--bins", type=int, default=40, help="time bins for the plots (default 40)")
+    p.set_defaults(handler=main)
+
+
+async def _gather(args: argparse.Namespace) -> ReportData:
+    rows, tallies, reasons = await read_ledger(args.ledger)
+    acceptance: Acceptance | None = None
+    if args.metrics_url:
+        text = await fetch_text(args.metrics_url)
+        acceptance = parse_acceptance(text, args.window, args.metrics_url)
+    return build_report(
+        str(args.ledger),
+        rows,
+        tallies,
+        reasons,
+        alpha=args.alpha,
+        margin=args.margin,
+        bins=args.bins,
+        acceptance=acceptance,
+        now=time.time(),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Build the report; 0 on success, 2 on bad input or a missing extra."""
+    try:
+        from specwatch.report.render import render_report
+    except ImportError:
+        print(MISSING_EXTRA, file=sys.stderr)
+        return 2
+    if not 0.0 < args.alpha < 0.5:
+        print("specwatch report: --alpha must be in (0, 0.5)", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.margin < 1.0:
+        print("specwatch report: --margin must be in [0, 1)", file=sys.stderr)
+        return 2
+    if args.bins < 1:
+        print("specwatch report: --bins must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        data = asyncio.run(_gather(args))
+    except ReportInputError as exc:
+        print(f"specwatch report: {exc}", file=sys.stderr)
+        return 2
+    try:
+        written = render_report(data, args.out)
+    except OSError as exc:
+        print(f"specwatch report: {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {written[-1]} and {len(written) - 1} plots")
+    return 0

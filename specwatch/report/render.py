@@ -1,0 +1,389 @@
+"""Draw the report's plots (matplotlib, Agg, no pyplot state) and write ``index.html``.
+
+Importing this module imports matplotlib, the ``report`` extra; :mod:`specwatch.cli.report`
+turns its absence into one error line. Every number in the HTML tables is also written as a
+``data-value`` attribute (``repr`` of the float) so tools and tests can read exact values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.axes import Axes
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
+from matplotlib.figure import Figure
+
+from specwatch.report.data import REPORT_WINDOW, ReportData
+from specwatch.shadow.state import OVERALL, PairedSummary
+
+#: Plot files written next to ``index.html``.
+PLOTS: tuple[str, ...] = ("flips.png", "evalue.png", "net_loss.png", "per_position.png")
+
+_LOST, _GAINED, _NET, _FLY_ALT = "#c0392b", "#2e86c1", "#34495e", "#8e44ad"
+_DPI = 110
+
+
+def _dates(times: Iterable[float]) -> list[float]:
+    """Unix seconds → matplotlib date numbers (days since the epoch), UTC."""
+    return [float(date2num(dt.datetime.fromtimestamp(t, tz=dt.UTC))) for t in times]  # type: ignore[no-untyped-call]
+
+
+def _time_axis(ax: Axes) -> None:
+    locator = AutoDateLocator(tz=dt.UTC)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=dt.UTC))  # type: ignore[no-untyped-call]
+    ax.set_xlabel("time (UTC)")
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, format="png", dpi=_DPI)
+
+
+def plot_flips(data: ReportData, path: Path) -> None:
+    """Lost and gained labelled pairs per time bin (bars) and cumulative (lines, right axis)."""
+    f = data.flips
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if not f.times:
+        _empty(ax, "no labelled pairs in the ledger")
+    else:
+        x = _dates(f.times)
+        span = (f.times[-1] - f.times[0]) / max(len(f.times) - 1, 1) or 60.0
+        width = span * 0.4 / 86400.0  # date numbers are days
+        left = [t - width / 2 for t in x]
+        right = [t + width / 2 for t in x]
+        ax.bar(left, f.lost, width=width, color=_LOST, alpha=0.55, label="lost per bin")
+        ax.bar(right, f.gained, width=width, color=_GAINED, alpha=0.55, label="gained per bin")
+        ax.set_ylabel("pairs per bin")
+        ax2 = ax.twinx()
+        ax2.plot(x, f.cum_lost, color=_LOST, lw=2, label="lost (cumulative)")
+        ax2.plot(x, f.cum_gained, color=_GAINED, lw=2, label="gained (cumulative)")
+        ax2.set_ylabel("cumulative pairs")
+        ax2.set_ylim(bottom=0)
+        _time_axis(ax)
+        handles = ax.get_legend_handles_labels()
+        handles2 = ax2.get_legend_handles_labels()
+        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper left", fontsize=8)
+    ax.set_title("Flips over time: lost (standard right, FLy wrong) and gained")
+    _save(fig, path)
+
+
+def plot_evalue(data: ReportData, path: Path) -> None:
+    """Both e-processes (log scale) against the alarm threshold 1/alpha, per labelled pair."""
+    e = data.evalue
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if not e.times:
+        _empty(ax, "no labelled pairs in the ledger")
+    else:
+        n = range(1, len(e.times) + 1)
+        ten = math.log(10.0)
+        ax.plot(
+            n,
+            [v / ten for v in e.log_e_no_net_loss],
+            color=_NET,
+            lw=1.6,
+            label="e-value, H0: no net loss (beta-binomial, discordant pairs)",
+        )
+        ax.plot(
+            n,
+            [v / ten for v in e.log_e_margin],
+            color=_FLY_ALT,
+            lw=1.2,
+            ls="--",
+            label=f"e-value, H0: net loss ≤ {e.margin:g} (betting)",
+        )
+        thr = math.log10(e.threshold)
+        ax.axhline(thr, color=_LOST, lw=1.2, ls=":", label=f"alarm: e ≥ 1/α = {e.threshold:g}")
+        ax.axhline(0.0, color="#999999", lw=0.8)
+        for e_path, color in ((e.log_e_no_net_loss, _NET), (e.log_e_margin, _FLY_ALT)):
+            first = e.first_alarm(e_path)
+            if first is not None:
+                ax.axvline(first + 1, color=color, lw=0.9, alpha=0.6)
+                ax.annotate(
+                    f"first alarm: pair {first + 1}",
+                    (first + 1, thr),
+                    xytext=(4, 6),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color=color,
+                )
+        ax.set_xlabel("labelled pairs (time order)")
+        ax.set_ylabel("log10 e-value")
+        ax.legend(loc="best", fontsize=8, framealpha=0.9)
+    ax.set_title("Anytime-valid e-value path (alarm when it crosses the threshold)")
+    _save(fig, path)
+
+
+def plot_net_loss(data: ReportData, path: Path) -> None:
+    """Cumulative net loss (points of accuracy) with its Tango score interval and the margin."""
+    f = data.flips
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if not f.times:
+        _empty(ax, "no labelled pairs in the ledger")
+    else:
+        x = _dates(f.times)
+        pts = [100.0 * v for v in f.net_loss]
+        ax.fill_between(
+            x,
+            [100.0 * v for v in f.ci_lower],
+            [100.0 * v for v in f.ci_upper],
+            color=_NET,
+            alpha=0.18,
+            label=f"{f.ci_level:.0%} interval (Tango score)",
+        )
+        ax.plot(x, pts, color=_NET, lw=2, label="net loss = acc(standard) − acc(FLy)")
+        ax.axhline(0.0, color="#999999", lw=0.8)
+        margin = 100.0 * data.stats.margin
+        ax.axhline(margin, color=_LOST, lw=1.2, ls=":", label=f"non-inferiority margin {margin:g}")
+        ax.set_ylabel("accuracy points")
+        _time_axis(ax)
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("Net loss over time (cumulative), with its confidence interval")
+    _save(fig, path)
+
+
+def plot_per_position(data: ReportData, path: Path) -> None:
+    """Per-position acceptance rate p_i per arm (grouped bars)."""
+    acc = data.acceptance
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if acc is None or not acc.arms:
+        _empty(ax, "no per-position acceptance (pass --metrics-url)")
+    else:
+        k = max(len(v) for v in acc.arms.values())
+        width = 0.8 / len(acc.arms)
+        colors = [_NET, _FLY_ALT, _GAINED, _LOST]
+        for j, (label, values) in enumerate(acc.arms.items()):
+            xs = [i + (j - (len(acc.arms) - 1) / 2) * width for i in range(len(values))]
+            ys = [math.nan if v is None else v for v in values]
+            ax.bar(xs, ys, width=width, label=label, color=colors[j % len(colors)], alpha=0.8)
+        ax.set_xticks(range(k), [str(i + 1) for i in range(k)])
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(0.0, 1.0)
+        ax.legend(loc="upper right", fontsize=8)
+    window = f" (window {acc.window})" if acc is not None else ""
+    ax.set_title(f"Per-position acceptance per arm{window}")
+    _save(fig, path)
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+
+
+def _fmt(v: float | int | None, kind: str = "g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if kind == "pct":
+        return f"{100.0 * v:.2f}"
+    if kind == "p":
+        return f"{v:.3g}"
+    if kind == "int":
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def _cell(field: str, v: float | int | bool | None, text: str | None = None) -> str:
+    if isinstance(v, bool):
+        raw = "true" if v else "false"
+    elif v is None or (isinstance(v, float) and math.isnan(v)):
+        raw = ""
+    else:
+        raw = repr(v)
+    shown = text if text is not None else _fmt(v if not isinstance(v, bool) else int(v))
+    return f'<td data-field="{field}" data-value="{html.escape(raw)}">{html.escape(shown)}</td>'
+
+
+_HEADERS: tuple[str, ...] = (
+    "category",
+    "n",
+    "lost",
+    "gained",
+    "net (gained − lost)",
+    "net loss (points)",
+    "interval (points)",
+    "exact McNemar p (two-sided)",
+    "p (loss)",
+    "e-value (now)",
+    "alarm: e ≥ 1/α reached",
+    "non-inferiority",
+    "FLy flip",
+    "noise flip",
+)
+
+
+def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | None) -> str:
+    shown_cat = "all categories" if cat == OVERALL else cat
+    ci = f"[{_fmt(s.ci_lower, 'pct')}, {_fmt(s.ci_upper, 'pct')}]"
+    verdict = "pass" if s.non_inferiority_pass else "not shown"
+    cells = [
+        f'<th scope="row">{html.escape(shown_cat)}</th>',
+        _cell("n", s.n),
+        _cell("lost", s.lost),
+        _cell("gained", s.gained),
+        _cell("net", s.net),
+        _cell("net_loss_ratio", s.net_loss_ratio, _fmt(s.net_loss_ratio, "pct")),
+        f'<td data-field="ci" data-lower="{s.ci_lower!r}" data-upper="{s.ci_upper!r}">'
+        f"{html.escape(ci)}</td>",
+        _cell("p_two_sided", s.p_two_sided, _fmt(s.p_two_sided, "p")),
+        _cell("p_loss", s.p_loss, _fmt(s.p_loss, "p")),
+        _cell("e_value", s.e_value, "∞" if math.isinf(s.e_value) else _fmt(s.e_value, "p")),
+        _cell(
+            "first_alarm", first_alarm, "no" if first_alarm is None else f"at pair {first_alarm}"
+        ),
+        _cell(
+            "non_inferiority_pass",
+            s.non_inferiority_pass,
+            f"{verdict} (upper {_fmt(s.non_inferiority_upper, 'pct')} vs {100 * margin:g})",
+        ),
+        _cell("fly_flip_ratio", s.fly_flip_ratio, _fmt(s.fly_flip_ratio, "pct")),
+        _cell("noise_flip_ratio", s.noise_flip_ratio, _fmt(s.noise_flip_ratio, "pct")),
+    ]
+    return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "–"
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _acceptance_table(data: ReportData) -> str:
+    acc = data.acceptance
+    if acc is None:
+        return "<p>No acceptance source given (<code>--metrics-url</code>).</p>"
+    if not acc.arms:
+        return (
+            f"<p>{html.escape(acc.source)} has no per-position acceptance for window "
+            f"{html.escape(acc.window)}.</p>"
+        )
+    k = max(len(v) for v in acc.arms.values())
+    head = "".join(f"<th>p<sub>{i + 1}</sub></th>" for i in range(k))
+    body = []
+    for label, values in acc.arms.items():
+        tds = "".join(_cell(f"p{i + 1}", values[i] if i < len(values) else None) for i in range(k))
+        body.append(
+            f'<tr data-arm="{html.escape(label)}">'
+            f'<th scope="row">{html.escape(label)}</th>{tds}</tr>'
+        )
+    return (
+        f"<p>Source: <code>{html.escape(acc.source)}</code>, window {html.escape(acc.window)}.</p>"
+        f'<table class="num"><thead><tr><th>arm</th>{head}</tr></thead><tbody>'
+        + "".join(body)
+        + "</tbody></table>"
+    )
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
+th,td{border:1px solid #ddd;padding:.3em .6em}td{text-align:right;font-variant-numeric:tabular-nums}
+thead th{background:#f4f6f8}img{max-width:100%;border:1px solid #eee}
+.verdict{font-size:1.1em;padding:.6em 1em;border-radius:4px;background:#f4f6f8}
+.alarm{background:#fdecea}.ok{background:#eafaf1}
+"""
+
+
+def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
+    """The report page (self-contained apart from the PNG files named in ``plots``)."""
+    st = data.stats
+    cats = st.windows.get(REPORT_WINDOW, {})
+    overall = cats.get(OVERALL)
+    alarms = data.first_alarm
+    rows = [
+        _category_row(c, s, st.margin, alarms.get(c))
+        for c, s in sorted(cats.items(), key=lambda kv: (kv[0] != OVERALL, kv[0]))
+    ]
+    raised = {c: n for c, n in alarms.items() if n is not None}
+    threshold = f"1/α = {1 / st.alpha:g}"
+    if raised:
+        where = ", ".join(
+            f"{'all categories' if c == OVERALL else html.escape(c)} (at pair {n})"
+            for c, n in sorted(raised.items(), key=lambda kv: (kv[0] != OVERALL, kv[0]))
+        )
+        verdict = (
+            f'<p class="verdict alarm" data-alarm="true">Alarm: the no-net-loss e-value reached '
+            f"{threshold} for {where}. FLy loses more answers than it gains there; the alarm is "
+            "anytime-valid, so it stands even if the e-value has fallen since.</p>"
+        )
+    else:
+        now = _fmt(overall.e_value if overall else None, "p")
+        verdict = (
+            f'<p class="verdict ok" data-alarm="false">No alarm: the no-net-loss e-value never '
+            f"reached {threshold}, overall or in any category (overall now {now}).</p>"
+        )
+    reasons = "".join(
+        f"<tr><th scope='row'>{html.escape(s)}</th><td>{html.escape(r)}</td>"
+        f"{_cell('count', n)}</tr>"
+        for (s, r), n in sorted(data.reasons.items())
+    )
+    reasons_html = (
+        f"<table><thead><tr><th>status</th><th>reason</th><th>rows</th></tr></thead>"
+        f"<tbody>{reasons}</tbody></table>"
+        if reasons
+        else "<p>None.</p>"
+    )
+    imgs = {p: f'<img src="{html.escape(p)}" alt="{html.escape(p)}">' for p in plots}
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADERS)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>specwatch report: FLy vs standard</title><style>{_CSS}</style></head>
+<body>
+<h1>specwatch report: FLy vs standard, paired outcomes</h1>
+<p>Ledger <code>{html.escape(data.ledger)}</code>: <span data-field="rows">{data.rows}</span> rows
+from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
+non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
+intervals at {1 - st.alpha:.0%}.</p>
+{verdict}
+<h2>Per category</h2>
+<p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;
+net loss = (lost − gained) / n in accuracy points; exact McNemar p on the discordant pairs;
+Tango score interval; non-inferiority passes when the upper bound is below the margin. Each
+category is tested at level α on its own (no correction across categories).</p>
+<table class="num" id="categories"><thead><tr>{head}</tr></thead><tbody>
+{"".join(rows)}
+</tbody></table>
+<h2>Flips over time</h2>{imgs.get("flips.png", "")}
+<h2>E-value path</h2>
+<p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked
+at (Ville's inequality).</p>{imgs.get("evalue.png", "")}
+<h2>Net loss and its interval</h2>{imgs.get("net_loss.png", "")}
+<h2>Per-position acceptance per arm</h2>{imgs.get("per_position.png", "")}
+{_acceptance_table(data)}
+<h2>Unpaired and excluded requests</h2>{reasons_html}
+</body></html>
+"""
+
+
+def render_report(data: ReportData, out_dir: Path) -> list[Path]:
+    """Write the plots and ``index.html`` into ``out_dir`` (created); returns the written paths.
+
+    Raises ``OSError`` when ``out_dir`` cannot be written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in zip(
+        PLOTS, (plot_flips, plot_evalue, plot_net_loss, plot_per_position), strict=True
+    ):
+        draw(data, out_dir / name)
+        written.append(out_dir / name)
+    index = out_dir / "index.html"
+    index.write_text(render_html(data), encoding="utf-8")
+    written.append(index)
+    return written

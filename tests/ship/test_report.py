@@ -1,0 +1,442 @@
+"""``specwatch report``: rendered headless from a ledger with known outcomes.
+
+Expected values are worked out from the known counts in this file: lost/gained/net by hand, exact
+McNemar p from ``scipy.stats.binomtest``, the interval and the non-inferiority verdict from the
+statistics functions applied to the same hand counts, the e-value from the closed form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import sqlite3
+import struct
+import sys
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from scipy.stats import binomtest
+
+from specwatch.__main__ import main
+from specwatch.report.data import build_report, evalue_path, flip_series, parse_acceptance
+from specwatch.report.render import render_html
+from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.sequential import beta_binomial_log_e_value
+from specwatch.shadow.state import tally_rows
+from specwatch.shadow.stats import PairedCounts, net_loss_ci, non_inferiority_test
+
+T0 = 1_764_460_800.0
+#: category → (both_correct, lost, gained, both_wrong)
+KNOWN: dict[str, tuple[int, int, int, int]] = {
+    "math": (30, 9, 2, 5),
+    "code": (40, 3, 3, 4),
+}
+UNPAIRED = 2
+EXCLUDED = 1
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: A saved /api/v1/snapshot document (offline --metrics-url): two arms, K = 2, window 5m.
+SNAPSHOT = (
+    '{"targets": {"fly-b": {"role": "fly", "windows": {"5m": {"server": '
+    '{"per_position_acceptance_rate": [0.9, null]}}}}, "standard": {"role": "standard", '
+    '"windows": {"5m": {"server": {"per_position_acceptance_rate": [0.5, 0.25]}}}}}}'
+)
+
+
+def row(t: float, category: str, std: bool | None, fly: bool | None, **kw: object) -> LedgerRow:
+    paired = std is not None
+    fields: dict[str, object] = {
+        "time": t,
+        "request_hash": f"{t:.3f}",
+        "category": category,
+        "source": "canary",
+        "item_id": None,
+        "status": "paired" if paired else "unpaired",
+        "reason": None if paired else "fly_timeout",
+        "labelled": True,
+        "noise_asked": False,
+        "standard_correct": std,
+        "fly_correct": fly,
+        "noise_correct": None,
+        "fly_agrees": (std == fly) if paired else None,
+        "noise_agrees": None,
+        "fly_divergence_char": None,
+        "fly_divergence_token": None,
+        "fly_similarity": None,
+        "noise_divergence_char": None,
+        "noise_similarity": None,
+        "standard_latency_seconds": 1.0,
+        "fly_latency_seconds": 0.8,
+        "noise_latency_seconds": None,
+        "standard_tokens": 10,
+        "fly_tokens": 10,
+        "noise_tokens": None,
+        "standard_tau": 2.0,
+        "fly_tau": 2.5,
+        "noise_tau": None,
+    }
+    fields.update(kw)
+    return LedgerRow(**fields)  # type: ignore[arg-type]
+
+
+def known_rows() -> list[LedgerRow]:
+    """The outcomes of :data:`KNOWN`, interleaved in time, plus unpaired and excluded rows."""
+    cells: list[tuple[str, bool, bool]] = []
+    for cat, (bc, lost, gained, bw) in KNOWN.items():
+        cells += [(cat, True, True)] * bc + [(cat, True, False)] * lost
+        cells += [(cat, False, True)] * gained + [(cat, False, False)] * bw
+    random.Random(3).shuffle(cells)  # interleave, the same way every run
+    rows = [row(T0 + 60.0 * i, cat, s, f) for i, (cat, s, f) in enumerate(cells)]
+    n = len(rows)
+    rows += [row(T0 + 60.0 * (n + i), "math", None, None) for i in range(UNPAIRED)]
+    rows.append(
+        row(
+            T0 + 60.0 * (n + UNPAIRED),
+            "code",
+            None,
+            None,
+            status="excluded",
+            reason="unsupported_parameter",
+        )
+    )
+    return rows
+
+
+async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
+    async with Ledger(path) as ledger:
+        for r in rows:
+            assert ledger.submit(r)
+        await ledger.flush()
+
+
+class TableParser(HTMLParser):
+    """Collects ``<tr data-category>`` / ``<tr data-arm>`` rows' ``data-*`` cell attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, dict[str, dict[str, str]]] = {}
+        self.current: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "tr" and ("data-category" in a or "data-arm" in a):
+            self.current = a.get("data-category") or a["data-arm"]
+            self.rows[self.current] = {}
+        elif tag == "td" and self.current is not None and "data-field" in a:
+            self.rows[self.current][a["data-field"]] = a
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr":
+            self.current = None
+
+
+def parse_tables(html_text: str) -> dict[str, dict[str, dict[str, str]]]:
+    p = TableParser()
+    p.feed(html_text)
+    return p.rows
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+@pytest.fixture(scope="module")
+def ledger_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ledger") / "pairs.db"
+    asyncio.run(write_ledger(path, known_rows()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rendered(ledger_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("report")
+    snap = work / "snapshot.json"
+    snap.write_text(SNAPSHOT, encoding="utf-8")
+    out = work / "out"
+    argv = ["report", "--ledger", str(ledger_file), "--out", str(out), "--window", "5m"]
+    assert main([*argv, "--metrics-url", str(snap)]) == 0
+    return out
+
+
+def expected_counts() -> Iterator[tuple[str, PairedCounts]]:
+    total = [0, 0, 0, 0]
+    for cat, cells in KNOWN.items():
+        yield cat, PairedCounts(*cells)
+        total = [a + b for a, b in zip(total, cells, strict=True)]
+    yield "_all", PairedCounts(*total)
+
+
+def expected_first_alarms() -> dict[str, int | None]:
+    """Per category (and ``_all``): the first labelled pair, in time order, after which the
+    closed-form e-value of the running (lost, gained) counts is >= 1/0.05."""
+    out: dict[str, int | None] = {}
+    lab = [r for r in known_rows() if r.status == "paired"]
+    for cat in ["_all", *KNOWN]:
+        lost = gained = 0
+        out[cat] = None
+        for n, r in enumerate((r for r in lab if cat in ("_all", r.category)), start=1):
+            lost += int(bool(r.standard_correct) and not r.fly_correct)
+            gained += int(bool(r.fly_correct) and not r.standard_correct)
+            if beta_binomial_log_e_value(lost, gained) >= math.log(20.0):
+                out[cat] = n
+                break
+    return out
+
+
+class TestHtml:
+    def test_first_alarm_per_category(self, rendered: Path) -> None:
+        """The "alarm reached" column matches a replay of the closed form in time order."""
+        tables = parse_tables((rendered / "index.html").read_text(encoding="utf-8"))
+        for cat, first in expected_first_alarms().items():
+            shown = tables[cat]["first_alarm"]["data-value"]
+            assert shown == ("" if first is None else repr(first)), cat
+
+    def test_category_tables_match_independent_statistics(self, rendered: Path) -> None:
+        """n, lost, gained, net, exact p (scipy binomtest), interval and verdict per category."""
+        tables = parse_tables((rendered / "index.html").read_text(encoding="utf-8"))
+        for cat, pc in expected_counts():
+            got = tables[cat]
+            assert int(got["n"]["data-value"]) == pc.n
+            assert int(got["lost"]["data-value"]) == pc.lost
+            assert int(got["gained"]["data-value"]) == pc.gained
+            assert int(got["net"]["data-value"]) == pc.gained - pc.lost
+            assert float(got["net_loss_ratio"]["data-value"]) == pytest.approx(
+                (pc.lost - pc.gained) / pc.n
+            )
+            d = pc.lost + pc.gained
+            p2 = binomtest(pc.lost, d, 0.5).pvalue
+            p_loss = binomtest(pc.lost, d, 0.5, alternative="greater").pvalue
+            assert float(got["p_two_sided"]["data-value"]) == pytest.approx(p2, rel=1e-9)
+            assert float(got["p_loss"]["data-value"]) == pytest.approx(p_loss, rel=1e-9)
+            ci = net_loss_ci(pc, level=0.95)
+            assert float(got["ci"]["data-lower"]) == pytest.approx(ci.lower, abs=1e-9)
+            assert float(got["ci"]["data-upper"]) == pytest.approx(ci.upper, abs=1e-9)
+            ni = non_inferiority_test(pc, margin=0.01, alpha=0.05)
+            assert got["non_inferiority_pass"]["data-value"] == ("true" if ni.passed else "false")
+            e = math.exp(beta_binomial_log_e_value(pc.lost, pc.gained))
+            assert float(got["e_value"]["data-value"]) == pytest.approx(e, rel=1e-9)
+
+    def test_hand_worked_values(self, rendered: Path) -> None:
+        """math: 9 lost, 2 gained of 46 → net −7, p = 2·P[X ≤ 2 | 11, ½] = 2·67/2048."""
+        got = parse_tables((rendered / "index.html").read_text(encoding="utf-8"))["math"]
+        assert int(got["net"]["data-value"]) == -7
+        assert float(got["p_two_sided"]["data-value"]) == pytest.approx(2 * 67 / 2048)
+        html_text = (rendered / "index.html").read_text(encoding="utf-8")
+        assert f">{2 * 67 / 2048:.3g}<" in html_text
+
+    def test_page_summary_and_reasons(self, rendered: Path, ledger_file: Path) -> None:
+        """Row count, ledger path, the verdict line, the unpaired/excluded reasons and the
+        acceptance table from the saved snapshot appear."""
+        text = (rendered / "index.html").read_text(encoding="utf-8")
+        tables = parse_tables(text)
+        assert float(tables["standard"]["p2"]["data-value"]) == 0.25
+        assert tables["fly (fly-b)"]["p2"]["data-value"] == ""
+        total_rows = sum(sum(c) for c in KNOWN.values()) + UNPAIRED + EXCLUDED
+        assert f'<span data-field="rows">{total_rows}</span>' in text
+        assert str(ledger_file) in text
+        assert (
+            f'data-alarm="{"true" if any(expected_first_alarms().values()) else "false"}"' in text
+        )
+        assert "fly_timeout" in text
+        assert "unsupported_parameter" in text
+        for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
+            assert f'src="{name}"' in text
+
+    def test_plots_are_valid_non_trivial_pngs(self, rendered: Path) -> None:
+        """Each plot is a PNG with real pixels: decodes, sensible size, not one flat colour."""
+        from matplotlib.image import imread
+
+        for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
+            path = rendered / name
+            width, height = png_size(path)
+            assert width >= 600
+            assert height >= 250
+            assert path.stat().st_size > 10_000
+            pixels = imread(path)
+            assert pixels.shape[:2] == (height, width)
+            assert float(pixels.std()) > 0.01
+
+
+class TestSeries:
+    def test_flip_series_accumulates_to_the_totals(self) -> None:
+        """Cumulative lost/gained/n end at the totals; the last interval is the overall one."""
+        rows = known_rows()
+        s = flip_series(rows, bins=10)
+        overall_pc = dict(expected_counts())["_all"]
+        assert len(s.times) == 10
+        assert sum(s.lost) == s.cum_lost[-1] == overall_pc.lost
+        assert sum(s.gained) == s.cum_gained[-1] == overall_pc.gained
+        assert s.cum_n[-1] == overall_pc.n
+        ci = net_loss_ci(overall_pc, level=0.95)
+        assert s.ci_lower[-1] == pytest.approx(ci.lower)
+        assert s.ci_upper[-1] == pytest.approx(ci.upper)
+        assert s.net_loss[-1] == pytest.approx(7 / 96)
+
+    def test_evalue_path_ends_at_the_closed_form(self) -> None:
+        """One point per labelled pair; the last equals the beta-binomial e-value of the totals."""
+        rows = known_rows()
+        path = evalue_path(rows, alpha=0.05, margin=0.01)
+        assert len(path.log_e_no_net_loss) == 96
+        assert path.log_e_no_net_loss[-1] == pytest.approx(beta_binomial_log_e_value(12, 5))
+        first = expected_first_alarms()["_all"]
+        assert path.first_alarm(path.log_e_no_net_loss) == (None if first is None else first - 1)
+
+    def test_evalue_alarm_index(self) -> None:
+        """30 losses in a row: the first alarm is the first n with e(n, 0) >= 20."""
+        rows = [row(T0 + i, "x", True, False) for i in range(30)]
+        path = evalue_path(rows, alpha=0.05, margin=0.01)
+        first = next(n for n in range(1, 31) if beta_binomial_log_e_value(n, 0) >= math.log(20))
+        assert path.first_alarm(path.log_e_no_net_loss) == first - 1
+
+    def test_alarm_stands_after_the_e_value_falls(self) -> None:
+        """12 losses then 30 gains: the e-value crossed 20 early and is now tiny; the page still
+        reports the alarm, at the pair where it was first reached."""
+        rows = [row(T0 + i, "x", True, False) for i in range(12)]
+        rows += [row(T0 + 12 + i, "x", False, True) for i in range(30)]
+        pc = PairedCounts(0, 12, 30, 0)
+        assert beta_binomial_log_e_value(pc.lost, pc.gained) < math.log(20.0)
+        first = next(n for n in range(1, 13) if beta_binomial_log_e_value(n, 0) >= math.log(20))
+        tally = tally_rows(rows)
+        page = render_html(build_report("mem", rows, tally, {}))
+        assert 'data-alarm="true"' in page
+        tables = parse_tables(page)
+        assert tables["x"]["first_alarm"]["data-value"] == repr(first)
+        assert tables["_all"]["first_alarm"]["data-value"] == repr(first)
+
+    def test_empty_ledger_renders(self, tmp_path: Path) -> None:
+        """A ledger with no rows still renders a page and four images, saying so."""
+        ledger = tmp_path / "empty.db"
+        asyncio.run(write_ledger(ledger, []))
+        out = tmp_path / "out"
+        assert main(["report", "--ledger", str(ledger), "--out", str(out)]) == 0
+        text = (out / "index.html").read_text(encoding="utf-8")
+        assert '<span data-field="rows">0</span>' in text
+        assert int(parse_tables(text)["_all"]["n"]["data-value"]) == 0
+        assert "No acceptance source given" in text
+        for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
+            assert png_size(out / name)[0] > 0
+
+
+def exposition() -> str:
+    reg = CollectorRegistry()
+    g = Gauge(
+        "specwatch_per_position_acceptance_ratio",
+        "p_i",
+        ["target", "role", "model_name", "window", "position"],
+        registry=reg,
+    )
+    for target, values in (("standard", [0.7, 0.5, 0.3]), ("fly", [0.8, 0.6, 0.45])):
+        for i, v in enumerate(values):
+            g.labels(target, target, "m", "since_start", str(i)).set(v)
+            g.labels(target, target, "m", "5m", str(i)).set(v / 2)
+    return generate_latest(reg).decode()
+
+
+class TestAcceptance:
+    def test_snapshot_json(self) -> None:
+        """Server view of the window, standard first; role added when the name differs."""
+        acc = parse_acceptance(SNAPSHOT, "5m", "snap.json")
+        assert list(acc.arms.items()) == [("standard", (0.5, 0.25)), ("fly (fly-b)", (0.9, None))]
+
+    def test_exposition_text(self) -> None:
+        """The since_start series of each target, in position order."""
+        acc = parse_acceptance(exposition(), "since_start", "metrics")
+        assert acc.arms == {"standard": (0.7, 0.5, 0.3), "fly": (0.8, 0.6, 0.45)}
+
+    async def test_metrics_url_end_to_end(self, ledger_file: Path, tmp_path: Path) -> None:
+        """--metrics-url against a live /metrics server: the table lists both arms' p_i."""
+        text = exposition()
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=text, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        out = tmp_path / "out"
+        try:
+            argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
+            argv += ["--metrics-url", f"http://127.0.0.1:{port}/metrics"]
+            rc = await asyncio.to_thread(main, argv)
+            bad = [*argv[:-1], f"http://127.0.0.1:{port}/nope"]
+            rc_bad = await asyncio.to_thread(main, bad)
+        finally:
+            await runner.cleanup()
+        assert rc == 0
+        tables = parse_tables((out / "index.html").read_text(encoding="utf-8"))
+        assert float(tables["fly"]["p3"]["data-value"]) == 0.45
+        assert float(tables["standard"]["p1"]["data-value"]) == 0.7
+        assert rc_bad == 2
+
+
+class TestErrors:
+    def run(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+        rc = main(argv)
+        err = capsys.readouterr().err
+        return rc, err
+
+    def test_missing_ledger(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        rc, err = self.run(
+            ["report", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "o")],
+            capsys,
+        )
+        assert rc == 2
+        assert err.count("\n") == 1
+        assert "no such file" in err
+        assert not (tmp_path / "nope.db").exists()  # not created by the report
+
+    def test_corrupt_ledger(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        bad = tmp_path / "bad.db"
+        bad.write_bytes(b"this is not sqlite" * 100)
+        rc, err = self.run(["report", "--ledger", str(bad), "--out", str(tmp_path / "o")], capsys)
+        assert rc == 2
+        assert err.count("\n") == 1
+        assert "not a readable SQLite database" in err
+
+    def test_sqlite_without_pairs(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        other = tmp_path / "other.db"
+        conn = sqlite3.connect(other)
+        conn.execute("CREATE TABLE t (x)")
+        conn.close()
+        rc, err = self.run(["report", "--ledger", str(other), "--out", str(tmp_path / "o")], capsys)
+        assert rc == 2
+        assert "no 'pairs' table" in err
+
+    def test_missing_metrics_file(
+        self, ledger_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        argv = ["report", "--ledger", str(ledger_file), "--out", str(tmp_path / "o")]
+        rc, err = self.run([*argv, "--metrics-url", str(tmp_path / "none.json")], capsys)
+        assert rc == 2
+        assert err.count("\n") == 1
+
+    def test_matplotlib_missing(
+        self,
+        ledger_file: Path,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """Without matplotlib: one line naming the 'report' extra, exit 2, nothing written."""
+        monkeypatch.setitem(sys.modules, "matplotlib", None)
+        monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+        out = tmp_path / "o"
+        rc, err = self.run(["report", "--ledger", str(ledger_file), "--out", str(out)], capsys)
+        assert rc == 2
+        assert err.count("\n") == 1
+        assert "'report' extra" in err
+        assert "specwatch[report]" in err
+        assert not out.exists()
