@@ -74,6 +74,8 @@ class ShadowSettings(BaseModel):
     pause_on_waiting: bool = True
     pause_running_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     load_state_max_age_seconds: float = Field(default=30.0, gt=0)
+    max_queue_age_seconds: float = Field(default=60.0, gt=0)
+    pause_poll_seconds: float = Field(default=0.5, gt=0)
 
     # replay arms
     standard: ArmEndpoint | None = None
@@ -101,6 +103,7 @@ class ShadowSettings(BaseModel):
     canary_builtin: bool = False
     canary_rate_per_second: float = Field(default=0.2, gt=0)
     canary_loop: bool = True
+    canary_model: str | None = None
 
     # ledger hint (read by the ledger owner)
     store_text: bool = False
