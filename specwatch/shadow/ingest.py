@@ -13,8 +13,10 @@ injected synchronous ``offer(request) -> str`` (normally :meth:`Sampler.offer`, 
   (no decompression), hop-by-hop headers are removed in both directions (RFC 9110 §7.6.1:
   ``Connection`` and every field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
   ``Transfer-Encoding``, ``Upgrade``), and a client disconnect closes the upstream connection (the
-  server cancels the handler). The shadow copy is offered with ``loop.call_soon`` after the body is
-  read; any error there is counted and never reaches the live response (fail-open).
+  server cancels the handler). The proxy can run on its own thread and event loop
+  (:meth:`ShadowProxy.start_in_thread`) so nothing on the sidecar's loop can delay it. The
+  shadow copy is handed to the shadow loop with ``call_soon``/``call_soon_threadsafe`` after the
+  body is read; any error there is counted and never reaches the live response (fail-open).
 
 Requests already carrying the shadow marker header are never re-ingested (no replay loops).
 """
@@ -22,9 +24,11 @@ Requests already carrying the shadow marker header are never re-ingested (no rep
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,8 +70,10 @@ class IngestCounters:
     ``errors[(source, reason)]`` (reason: ``too_large|invalid_json|not_object|unsupported_path|
     not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what ``offer`` answered),
     ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
-    (``connect|timeout|disconnected``), ``proxy_client_disconnects``, ``skipped_marked``
-    (requests carrying the shadow marker, not re-ingested)."""
+    (``connect|timeout|disconnected|client_error``), ``proxy_client_disconnects``,
+    ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
+    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
+    ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
 
     received: Counter[str] = field(default_factory=Counter)
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -75,6 +81,7 @@ class IngestCounters:
     proxy_requests: int = 0
     proxy_upstream_errors: Counter[str] = field(default_factory=Counter)
     proxy_client_disconnects: int = 0
+    proxy_offer_lost: int = 0
     skipped_marked: int = 0
 
 
@@ -277,6 +284,9 @@ class ShadowProxy:
         )
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._offer_loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
 
     def app(self) -> web.Application:
@@ -297,7 +307,11 @@ class ShadowProxy:
         self._session = None
 
     async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` (0 = any free port); returns the bound port."""
+        """Serve on ``host:port`` (0 = any free port) on the running loop; returns the port."""
+        self._offer_loop = asyncio.get_running_loop()
+        return await self._serve(host, port)
+
+    async def _serve(self, host: str, port: int) -> int:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -306,10 +320,67 @@ class ShadowProxy:
         self.port = int(addrs[0][1]) if addrs else port
         return self.port
 
+    async def start_in_thread(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` from a dedicated thread with its own event loop.
+
+        The live path then never waits on the caller's loop (the shadow chain, scrapes, statistics):
+        only the parsed-out shadow copy crosses over, with ``call_soon_threadsafe``, and ingest
+        counters other than ``proxy_*`` are updated on the caller's loop. Returns the bound port.
+        """
+        self._offer_loop = asyncio.get_running_loop()
+        started: concurrent.futures.Future[int] = concurrent.futures.Future()
+        loop = asyncio.new_event_loop()
+        self._thread_loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+
+            async def boot() -> None:
+                try:
+                    started.set_result(await self._serve(host, port))
+                except OSError as exc:
+                    started.set_exception(exc)
+
+            loop.run_until_complete(boot())
+            if started.exception() is None:
+                loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="specwatch-shadow-proxy", daemon=True)
+        self._thread.start()
+        return await asyncio.wrap_future(started)
+
     async def stop(self) -> None:
+        """Stop serving (either mode); waits for in-progress cleanup."""
+        thread, loop = self._thread, self._thread_loop
+        if thread is not None and loop is not None:
+            if self._runner is not None:
+                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
+                await asyncio.wrap_future(fut)
+                self._runner = None
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join)
+            self._thread = self._thread_loop = None
+            return
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def _schedule(self, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` soon on the offer loop; never blocks or raises into the live path."""
+        target = self._offer_loop
+        try:
+            if target is None or target is asyncio.get_running_loop():
+                asyncio.get_running_loop().call_soon(fn, *args)
+            else:
+                target.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
+            self.counters.proxy_offer_lost += 1
+
+    def _count_too_large(self) -> None:
+        self.counters.received[Source.PROXY.value] += 1
+        self.counters.errors[(Source.PROXY.value, "too_large")] += 1
 
     def _offer_copy(self, path: str, raw: bytes, category: str | None) -> None:
         self._offerer.offer_raw(Source.PROXY, path, raw, category)
@@ -340,7 +411,7 @@ class ShadowProxy:
             data = await request.read()
             headers["Content-Length"] = str(len(data))
             if shadow:
-                asyncio.get_running_loop().call_soon(
+                self._schedule(
                     self._offer_copy, request.path, data, request.headers.get(CATEGORY_HEADER)
                 )
         else:
@@ -402,10 +473,9 @@ class ShadowProxy:
                 copy += chunk
                 if len(copy) > self._max:
                     copy = None
-                    self.counters.received[Source.PROXY.value] += 1
-                    self.counters.errors[(Source.PROXY.value, "too_large")] += 1
+                    self._schedule(self._count_too_large)
             yield chunk
         if copy is not None:
-            asyncio.get_running_loop().call_soon(
+            self._schedule(
                 self._offer_copy, request.path, bytes(copy), request.headers.get(CATEGORY_HEADER)
             )

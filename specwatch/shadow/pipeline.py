@@ -69,6 +69,7 @@ class ShadowIOMetrics:
     sink_errors: int
     proxy_requests: int
     proxy_client_disconnects: int
+    proxy_offer_lost: int
     proxy_upstream_errors: Mapping[str, int]
     canary_offered: int
     canary_bad_lines: Mapping[str, int]
@@ -210,9 +211,10 @@ class ShadowPipeline:
         for i in range(self.settings.max_in_flight):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
         if self.proxy is not None:
-            port = await self.proxy.start(
-                self.settings.proxy_listen_host, self.settings.proxy_listen_port
+            start = (
+                self.proxy.start_in_thread if self.settings.proxy_own_thread else self.proxy.start
             )
+            port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
             log.info("shadow proxy listening", extra={"port": port})
         if self.canary is not None:
             self._tasks.append(asyncio.create_task(self.canary.run(), name="shadow-canary"))
@@ -294,6 +296,7 @@ class ShadowPipeline:
             sink_errors=self.sink_errors,
             proxy_requests=ic.proxy_requests,
             proxy_client_disconnects=ic.proxy_client_disconnects,
+            proxy_offer_lost=ic.proxy_offer_lost,
             proxy_upstream_errors=dict(ic.proxy_upstream_errors),
             canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},

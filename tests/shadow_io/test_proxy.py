@@ -6,7 +6,8 @@ import asyncio
 import gzip
 import json
 import random
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -325,3 +326,37 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
     assert pairs == []
     assert m.proxy_requests == 24
     assert m.dropped["queue_full"] > 0
+
+
+async def test_thread_mode_relays_and_hands_copy_to_the_shadow_loop() -> None:
+    up = Upstream()
+    offered_on: list[int] = []
+
+    def offer(r: ShadowRequest) -> str:
+        offered_on.append(threading.get_ident())
+        return "admitted"
+
+    async with running(up.app()) as base:
+        proxy = ShadowProxy(base, offer, counters=IngestCounters(), clock=lambda: 0.0)
+        port = await proxy.start_in_thread("127.0.0.1", 0)
+        try:
+            async with (
+                _session() as s,
+                s.post(f"http://127.0.0.1:{port}/v1/completions", json={"stream": True}) as r,
+            ):
+                got = await r.read()
+            await _until_true(lambda: len(offered_on) == 1)
+        finally:
+            await proxy.stop()
+    assert got == b"".join(up.sse_writes)
+    assert offered_on == [threading.get_ident()]  # the copy was handled on this (shadow) loop
+    assert proxy.counters.proxy_requests == 1
+    assert proxy.counters.outcomes[("proxy", "admitted")] == 1
+
+
+async def _until_true(cond: Callable[[], bool]) -> None:
+    async def wait() -> None:
+        while not cond():  # noqa: ASYNC110 (polls a plain list)
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(wait(), timeout=20)
