@@ -84,7 +84,7 @@ def run_upstream(port: int, chunks: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def run_specwatch(proxy_port: int, mirror_port: int, upstream: str) -> None:
+def run_specwatch(proxy_port: int, mirror_port: int, upstream: str, own_thread: bool) -> None:
     from specwatch.shadow.pipeline import ShadowPipeline
     from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
     from specwatch.shadow.types import ReplayPair
@@ -98,6 +98,7 @@ def run_specwatch(proxy_port: int, mirror_port: int, upstream: str) -> None:
         proxy_listen_host="127.0.0.1",
         proxy_listen_port=proxy_port,
         proxy_upstream=upstream,
+        proxy_own_thread=own_thread,
     )
 
     async def sink(pair: ReplayPair) -> None:
@@ -329,7 +330,7 @@ def main() -> int:
         run_upstream(int(sys.argv[2]), int(sys.argv[3]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_specwatch":
-        run_specwatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        run_specwatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "thread")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rps", type=float, default=200.0)
@@ -337,6 +338,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunks", type=int, default=16, help="SSE events per streamed response")
     ap.add_argument("--no-nginx", action="store_true")
+    ap.add_argument(
+        "--proxy-same-loop",
+        action="store_true",
+        help="run specwatch's proxy on the sidecar's event loop instead of its own thread",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="swbench-")

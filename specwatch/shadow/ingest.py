@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import json
 import logging
 import re
@@ -153,6 +154,20 @@ def build_shadow_request(
     )
 
 
+def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
+    """A fresh event loop for the proxy thread: uvloop's when asked and installed (the ``proxy``
+    extra), else asyncio's default loop."""
+    if use_uvloop:
+        try:
+            uvloop = importlib.import_module("uvloop")
+        except ImportError:
+            log.info("uvloop not installed; proxy uses the asyncio event loop")
+        else:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
+    return asyncio.new_event_loop()
+
+
 class _Offerer:
     """Shared by mirror and proxy: build, offer, count; never raises."""
 
@@ -272,7 +287,9 @@ class ShadowProxy:
         marker_header: str = "X-Specwatch-Shadow",
         connect_timeout_seconds: float = 10.0,
         total_timeout_seconds: float | None = None,
+        use_uvloop: bool = True,
     ) -> None:
+        self._use_uvloop = use_uvloop
         self.upstream = URL(upstream.rstrip("/"))
         self._base = upstream.rstrip("/")
         self._offerer = _Offerer(offer, counters, clock, salt)
@@ -329,7 +346,7 @@ class ShadowProxy:
         """
         self._offer_loop = asyncio.get_running_loop()
         started: concurrent.futures.Future[int] = concurrent.futures.Future()
-        loop = asyncio.new_event_loop()
+        loop = new_proxy_loop(self._use_uvloop)
         self._thread_loop = loop
 
         def run() -> None:

@@ -163,6 +163,7 @@ class ShadowPipeline:
                 marker_header=s.marker_header,
                 connect_timeout_seconds=s.proxy_connect_timeout_seconds,
                 total_timeout_seconds=s.proxy_total_timeout_seconds,
+                use_uvloop=s.proxy_uvloop,
             )
         self.canary: CanaryRunner | None = None
         self.canary_load: CanaryLoad | None = None

@@ -98,6 +98,7 @@ class ShadowSettings(BaseModel):
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
     proxy_own_thread: bool = True
+    proxy_uvloop: bool = True
 
     # canary
     canary_file: str | None = None
