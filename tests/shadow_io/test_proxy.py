@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -360,3 +361,27 @@ async def _until_true(cond: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(wait(), timeout=20)
+
+
+async def test_upstream_dying_mid_stream_truncates_the_client_response() -> None:
+    async def dying(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: partial\n\n")
+        assert request.transport is not None
+        request.transport.abort()  # upstream crashes mid-stream
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/dying", dying)
+    async with (
+        running(app) as base,
+        proxy_for(base, lambda r: "x") as (purl, proxy),
+        _session() as s,
+        s.get(purl + "/dying") as r,
+    ):
+        assert r.status == 200
+        assert await r.content.readuntil(b"\n\n") == b"data: partial\n\n"
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.content.read()  # never a clean end of a short stream
+    assert proxy.counters.proxy_upstream_errors["disconnected"] == 1
