@@ -318,6 +318,8 @@ def summarise(
                 "ttfb_p50_ms": 1e3 * float(np.percentile(ttfb, 50)),
                 "added_p50_ms": 1e3 * (p50 - d50),
                 "added_p99_ms": 1e3 * (p99 - d99),
+                "max_ms": 1e3 * float(total.max()),
+                "over_50ms": float((total > 0.05).sum()),
             }
     return out
 
@@ -363,13 +365,14 @@ def main() -> int:
     )
     print(
         f"{'kind':<10}{'path':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttfb p50':>10}"
-        f"{'added p50':>11}{'added p99':>11}"
+        f"{'added p50':>11}{'added p99':>11}{'max ms':>9}{'>50ms':>7}"
     )
     for kind, by_path in res.items():
         for name, r in by_path.items():
             print(
                 f"{kind:<10}{name:<15}{int(r['n']):>6}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
                 f"{r['ttfb_p50_ms']:>10.2f}{r['added_p50_ms']:>11.2f}{r['added_p99_ms']:>11.2f}"
+                f"{r['max_ms']:>9.1f}{int(r['over_50ms']):>7}"
             )
     return 0
 
