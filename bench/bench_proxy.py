@@ -10,11 +10,13 @@ each path (``direct``, ``specwatch``, ``nginx``, ``direct+mirror``: the live cal
 a fire-and-forget copy goes to specwatch's mirror route as Envoy would send it), the generator
 sends requests open-loop at a fixed rate (``--rps``, default 200) for ``--seconds`` and records
 the full response time (and time to first byte for streams). Paths are interleaved in rounds so
-drift hits all of them alike. Added latency = quantile(path) - quantile(direct).
+drift hits all of them alike. Added latency = quantile(path) - quantile(direct), both over all
+rounds pooled, and as the median over rounds of the same difference taken within each round (robust
+to stalls caused by other work on a shared machine, which hit one round of one path).
 
 Run from the repository root::
 
-    PYTHONPATH=. python bench/bench_proxy.py --rps 200 --seconds 10 --rounds 3
+    PYTHONPATH=. python bench/bench_proxy.py --rps 200 --seconds 3 --rounds 10
 """
 
 from __future__ import annotations
@@ -271,14 +273,14 @@ def stop_processes(procs: list[Proc]) -> None:
 
 async def measure(
     args: argparse.Namespace, ports: dict[str, int]
-) -> dict[str, dict[str, list[Sample]]]:
+) -> dict[str, dict[str, list[list[Sample]]]]:
     paths = {"direct": ports["upstream"], "specwatch": ports["proxy"]}
     if "nginx" in ports:
         paths["nginx"] = ports["nginx"]
     for port in ports.values():
         await wait_port(port)
     mirror_url = f"http://127.0.0.1:{ports['mirror']}/v1/completions"
-    results: dict[str, dict[str, list[Sample]]] = {}
+    results: dict[str, dict[str, list[list[Sample]]]] = {}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
         for kind, body in (("nonstream", PLAIN_BODY), ("stream", STREAM_BODY)):
@@ -295,22 +297,27 @@ async def measure(
             for _ in range(args.rounds):
                 for name in targets:
                     got = await open_loop(caller(name), args.rps, args.seconds)
-                    results.setdefault(kind, {}).setdefault(name, []).extend(got)
+                    results.setdefault(kind, {}).setdefault(name, []).append(got)
     return results
 
 
 def summarise(
-    results: dict[str, dict[str, list[Sample]]],
+    results: dict[str, dict[str, list[list[Sample]]]],
 ) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind, by_path in results.items():
-        direct = np.array([t for _, t in by_path["direct"]])
-        d50, d99 = np.percentile(direct, [50, 99])
+        direct_rounds = [np.array([t for _, t in r]) for r in by_path["direct"]]
+        d50, d99 = np.percentile(np.concatenate(direct_rounds), [50, 99])
         out[kind] = {}
-        for name, samples in by_path.items():
+        for name, rounds in by_path.items():
+            samples = [x for r in rounds for x in r]
             total = np.array([t for _, t in samples])
             ttfb = np.array([f for f, _ in samples])
             p50, p99 = np.percentile(total, [50, 99])
+            per_round = [
+                np.percentile(np.array([t for _, t in r]), [50, 99]) - np.percentile(d, [50, 99])
+                for r, d in zip(rounds, direct_rounds, strict=True)
+            ]
             out[kind][name] = {
                 "n": float(len(samples)),
                 "p50_ms": 1e3 * p50,
@@ -318,6 +325,8 @@ def summarise(
                 "ttfb_p50_ms": 1e3 * float(np.percentile(ttfb, 50)),
                 "added_p50_ms": 1e3 * (p50 - d50),
                 "added_p99_ms": 1e3 * (p99 - d99),
+                "round_median_added_p50_ms": 1e3 * float(np.median([r[0] for r in per_round])),
+                "round_median_added_p99_ms": 1e3 * float(np.median([r[1] for r in per_round])),
                 "max_ms": 1e3 * float(total.max()),
                 "over_50ms": float((total > 0.05).sum()),
             }
@@ -337,8 +346,8 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rps", type=float, default=200.0)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of one round per path")
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--chunks", type=int, default=16, help="SSE events per streamed response")
     ap.add_argument("--no-nginx", action="store_true")
     ap.add_argument(
@@ -365,13 +374,14 @@ def main() -> int:
     )
     print(
         f"{'kind':<10}{'path':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttfb p50':>10}"
-        f"{'added p50':>11}{'added p99':>11}{'max ms':>9}{'>50ms':>7}"
+        f"{'added p50':>11}{'added p99':>11}{'rm p50':>8}{'rm p99':>8}{'max ms':>9}{'>50ms':>7}"
     )
     for kind, by_path in res.items():
         for name, r in by_path.items():
             print(
                 f"{kind:<10}{name:<15}{int(r['n']):>6}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
                 f"{r['ttfb_p50_ms']:>10.2f}{r['added_p50_ms']:>11.2f}{r['added_p99_ms']:>11.2f}"
+                f"{r['round_median_added_p50_ms']:>8.2f}{r['round_median_added_p99_ms']:>8.2f}"
                 f"{r['max_ms']:>9.1f}{int(r['over_50ms']):>7}"
             )
     return 0
