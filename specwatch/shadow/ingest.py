@@ -196,6 +196,7 @@ class _Offerer:
         )
         if isinstance(built, str):
             c.errors[(source.value, built)] += 1
+            log.warning("shadow ingest rejected", extra={"source": source.value, "reason": built})
             return built
         try:
             result = self._offer(built)

@@ -140,6 +140,7 @@ class ShadowPipeline:
             max_tokens_cap=s.max_tokens_cap,
             marker_header=s.marker_header,
             clock=clock,
+            extra_body=s.replay_extra_body,
         )
         self.ingest_counters = IngestCounters()
         self.mirror = MirrorIngest(

@@ -56,9 +56,16 @@ def prepare_body(
     max_tokens_cap: int,
     stream: bool,
     model: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body sent to an arm (see module docstring). Pure; ``body`` is not modified."""
+    """The body sent to an arm (see module docstring). Pure; ``body`` is not modified.
+
+    ``extra_body`` fields (the same for every arm, e.g. ``{"return_token_ids": true}`` where the
+    server supports it) are set before the seed/stream/cap rules apply.
+    """
     out = dict(body)
+    if extra_body:
+        out.update(extra_body)
     if out.get("seed") is None:
         out["seed"] = seed
     if stream:
@@ -158,12 +165,14 @@ class Replayer:
         max_tokens_cap: int,
         marker_header: str,
         clock: Callable[[], float],
+        extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self._session = session
         self.standard = standard
         self.fly = fly
         self.noise = noise
         self._cap = max_tokens_cap
+        self._extra = dict(extra_body or {})
         self._marker = marker_header
         self._clock = clock
 
@@ -191,7 +200,12 @@ class Replayer:
 
     async def _one(self, t: ArmTarget, req: ShadowRequest, seed: int) -> ArmResult:
         body = prepare_body(
-            req.body, seed=seed, max_tokens_cap=self._cap, stream=t.stream, model=t.model
+            req.body,
+            seed=seed,
+            max_tokens_cap=self._cap,
+            stream=t.stream,
+            model=t.model,
+            extra_body=self._extra,
         )
         headers = {"Content-Type": "application/json", self._marker: "1"}
         if t.token:

@@ -7,7 +7,7 @@ Durations are seconds, rates per second, sizes bytes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -84,6 +84,7 @@ class ShadowSettings(BaseModel):
     noise_kind: NoiseKind = "off"
     stream_arms: tuple[Literal["standard", "fly", "noise"], ...] = ()
     max_tokens_cap: int = Field(default=512, ge=1)
+    replay_extra_body: dict[str, Any] = Field(default_factory=dict)
     marker_header: str = "X-Specwatch-Shadow"
 
     # mirror

@@ -37,6 +37,15 @@ def test_prepare_body_by_hand() -> None:
         "stream_options": {"include_usage": True},
     }
     assert prepare_body({}, seed=1, max_tokens_cap=5, stream=False)["max_tokens"] == 5
+    extra = {"return_token_ids": True, "stream": True}
+    got = prepare_body({"prompt": "p"}, seed=1, max_tokens_cap=5, stream=False, extra_body=extra)
+    assert got == {
+        "prompt": "p",
+        "return_token_ids": True,
+        "stream": False,
+        "seed": 1,
+        "max_tokens": 5,
+    }
 
 
 async def _replay(
