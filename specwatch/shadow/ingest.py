@@ -1,0 +1,499 @@
+"""Shadow ingest: mirrored copies (mesh mirroring) and a fail-open streaming reverse proxy.
+
+Both turn a live OpenAI-compatible request into a :class:`ShadowRequest` and hand it to an
+injected synchronous ``offer(request) -> str`` (normally :meth:`Sampler.offer`, which only does a
+``put_nowait``), so ingest never waits on replay.
+
+* Mirror (:class:`MirrorIngest`): ``POST /v1/completions`` and ``POST /v1/chat/completions`` routes
+  to mount on the sidecar's app. Envoy/Istio/Gateway API send fire-and-forget copies with the Host
+  (``:authority``) suffixed ``-shadow`` (Envoy ``request_mirror_policies``). The handler answers
+  ``202 {"shadow": "<admitted|reason>"}`` at once; it never awaits a replay.
+* Proxy (:class:`ShadowProxy`): an aiohttp app on its own port in front of the live upstream.
+  Response bodies (including SSE) are relayed chunk by chunk as they arrive, byte for byte
+  (no decompression), hop-by-hop headers are removed in both directions (RFC 9110 §7.6.1:
+  ``Connection`` and every field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
+  ``Transfer-Encoding``, ``Upgrade``), and a client disconnect closes the upstream connection (the
+  server cancels the handler). The proxy can run on its own thread and event loop
+  (:meth:`ShadowProxy.start_in_thread`) so nothing on the sidecar's loop can delay it. The
+  shadow copy is handed to the shadow loop with ``call_soon``/``call_soon_threadsafe`` after the
+  body is read; any error there is counted and never reaches the live response (fail-open).
+
+Requests already carrying the shadow marker header are never re-ingested (no replay loops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import json
+import logging
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from specwatch.shadow.sample import request_hash
+from specwatch.shadow.types import ShadowRequest, Source
+
+log = logging.getLogger("specwatch.shadow.ingest")
+
+SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
+CATEGORY_HEADER = "X-Specwatch-Category"
+_CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+#: RFC 9110 §7.6.1 connection-specific fields, plus the legacy ``Proxy-Connection``.
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+        "trailer",
+    }
+)
+
+Offer = Callable[[ShadowRequest], str]
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    """Ingest counters: ``received[source]`` (requests considered for shadowing),
+    ``errors[(source, reason)]`` (reason: ``too_large|invalid_json|not_object|unsupported_path|
+    not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what ``offer`` answered),
+    ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
+    (``connect|timeout|disconnected|client_error``), ``proxy_client_disconnects``,
+    ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
+    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
+    ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
+
+    received: Counter[str] = field(default_factory=Counter)
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    proxy_requests: int = 0
+    proxy_upstream_errors: Counter[str] = field(default_factory=Counter)
+    proxy_client_disconnects: int = 0
+    proxy_offer_lost: int = 0
+    skipped_marked: int = 0
+
+
+def hop_by_hop_names(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> set[str]:
+    """Lower-cased names to drop: the fixed hop-by-hop set plus every token listed in Connection."""
+    names = set(HOP_BY_HOP)
+    getall = getattr(headers, "getall", None)
+    values: list[str] = (
+        list(getall("Connection", [])) if getall is not None else [headers.get("Connection", "")]
+    )
+    for v in values:
+        for tok in v.split(","):
+            tok = tok.strip().lower()
+            if tok:
+                names.add(tok)
+    return names
+
+
+def end_to_end_headers(headers: CIMultiDictProxy[str], *, drop: frozenset[str]) -> CIMultiDict[str]:
+    """Copy of ``headers`` without hop-by-hop fields and without the lower-cased names in
+    ``drop``."""
+    skip = hop_by_hop_names(headers) | drop
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in skip:
+            out.add(k, v)
+    return out
+
+
+def is_shadow_host(host: str | None) -> bool:
+    """True when the Host's name part (port removed) ends in ``-shadow`` (Envoy's mirror suffix)."""
+    if not host:
+        return False
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name.lower().endswith("-shadow")
+
+
+def build_shadow_request(
+    path: str,
+    raw: bytes,
+    *,
+    source: Source,
+    received_at: float,
+    salt: str = "",
+    category: str | None = None,
+) -> ShadowRequest | str:
+    """Parse one request body into a :class:`ShadowRequest`, or return an error reason
+    (``unsupported_path|invalid_json|not_object``). Pure."""
+    if path not in SHADOW_PATHS:
+        return "unsupported_path"
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return "invalid_json"
+    if not isinstance(body, dict):
+        return "not_object"
+    try:
+        digest = request_hash(path, body, salt)
+    except (TypeError, ValueError):
+        return "invalid_json"
+    cat = category if category is not None and _CATEGORY_RE.match(category) else "default"
+    return ShadowRequest(
+        path=path,
+        body=body,
+        request_hash=digest,
+        received_at=received_at,
+        source=source,
+        category=cat,
+    )
+
+
+def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
+    """A fresh event loop for the proxy thread: uvloop's when asked and installed (the ``proxy``
+    extra), else asyncio's default loop."""
+    if use_uvloop:
+        try:
+            uvloop = importlib.import_module("uvloop")
+        except ImportError:
+            log.info("uvloop not installed; proxy uses the asyncio event loop")
+        else:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
+    return asyncio.new_event_loop()
+
+
+class _Offerer:
+    """Shared by mirror and proxy: build, offer, count; never raises."""
+
+    def __init__(
+        self,
+        offer: Offer,
+        counters: IngestCounters,
+        clock: Callable[[], float],
+        salt: str,
+    ) -> None:
+        self._offer = offer
+        self.counters = counters
+        self._clock = clock
+        self._salt = salt
+
+    def offer_raw(self, source: Source, path: str, raw: bytes, category: str | None) -> str:
+        c = self.counters
+        c.received[source.value] += 1
+        built = build_shadow_request(
+            path,
+            raw,
+            source=source,
+            received_at=self._clock(),
+            salt=self._salt,
+            category=category,
+        )
+        if isinstance(built, str):
+            c.errors[(source.value, built)] += 1
+            log.warning("shadow ingest rejected", extra={"source": source.value, "reason": built})
+            return built
+        try:
+            result = self._offer(built)
+        except (RuntimeError, ValueError, TypeError, asyncio.QueueFull) as exc:
+            c.errors[(source.value, "offer_error")] += 1
+            log.warning("shadow offer failed", extra={"source": source.value, "error": repr(exc)})
+            return "offer_error"
+        c.outcomes[(source.value, result)] += 1
+        return result
+
+
+class MirrorIngest:
+    """Receiver of mirrored requests. Mount with ``app.add_routes(mirror.routes())``.
+
+    Answers ``202`` with ``{"shadow": "<admitted|not_sampled|queue_full|...>"}``; ``413`` over
+    ``max_body_bytes``; ``400`` for a body that is not a JSON object; ``421`` when
+    ``require_shadow_host`` is set and the Host lacks the ``-shadow`` suffix; ``208`` for a request
+    already carrying the marker header (skipped). ``clock`` gives unix seconds for ``received_at``.
+    """
+
+    def __init__(
+        self,
+        offer: Offer,
+        *,
+        counters: IngestCounters,
+        clock: Callable[[], float],
+        salt: str = "",
+        max_body_bytes: int = 1 << 20,
+        require_shadow_host: bool = False,
+        marker_header: str = "X-Specwatch-Shadow",
+    ) -> None:
+        self._offerer = _Offerer(offer, counters, clock, salt)
+        self.counters = counters
+        self._max = max_body_bytes
+        self._require_host = require_shadow_host
+        self._marker = marker_header
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(p, self.handle) for p in sorted(SHADOW_PATHS)]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        src = Source.MIRROR.value
+        if request.headers.get(self._marker):
+            self.counters.skipped_marked += 1
+            return web.json_response({"shadow": "skipped_marked"}, status=208)
+        if self._require_host and not is_shadow_host(request.host):
+            self.counters.errors[(src, "not_shadow_host")] += 1
+            return web.json_response({"shadow": "not_shadow_host"}, status=421)
+        cl = request.content_length
+        if cl is not None and cl > self._max:
+            self.counters.received[src] += 1
+            self.counters.errors[(src, "too_large")] += 1
+            return web.json_response({"shadow": "too_large"}, status=413)
+        buf = bytearray()
+        async for chunk in request.content.iter_any():
+            buf += chunk
+            if len(buf) > self._max:
+                self.counters.received[src] += 1
+                self.counters.errors[(src, "too_large")] += 1
+                return web.json_response({"shadow": "too_large"}, status=413)
+        result = self._offerer.offer_raw(
+            Source.MIRROR, request.path, bytes(buf), request.headers.get(CATEGORY_HEADER)
+        )
+        status = 400 if result in ("invalid_json", "not_object") else 202
+        return web.json_response({"shadow": result}, status=status)
+
+
+class ShadowProxy:
+    """Streaming, fail-open reverse proxy in front of ``upstream`` (``http://host:port``).
+
+    ``app()`` builds the aiohttp application; run it with :meth:`start` (own port, handler
+    cancellation on client disconnect) or any ``AppRunner(app, handler_cancellation=True)``.
+    The client session is created on app startup (``auto_decompress=False``, unlimited pool,
+    ``connect_timeout_seconds``; ``total_timeout_seconds`` ``None`` = no total limit, streams may be
+    long) and closed on cleanup. Upstream failures before the response starts answer ``502``
+    (connect) or ``504`` (timeout) with a small JSON body; after it starts, the client connection
+    is closed so the client sees a truncated response, never a clean but short one.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        offer: Offer,
+        *,
+        counters: IngestCounters,
+        clock: Callable[[], float],
+        salt: str = "",
+        max_body_bytes: int = 8 << 20,
+        marker_header: str = "X-Specwatch-Shadow",
+        connect_timeout_seconds: float = 10.0,
+        total_timeout_seconds: float | None = None,
+        use_uvloop: bool = True,
+    ) -> None:
+        self._use_uvloop = use_uvloop
+        self.upstream = URL(upstream.rstrip("/"))
+        self._base = upstream.rstrip("/")
+        self._offerer = _Offerer(offer, counters, clock, salt)
+        self.counters = counters
+        self._max = max_body_bytes
+        self._marker = marker_header
+        self._timeout = aiohttp.ClientTimeout(
+            total=total_timeout_seconds, sock_connect=connect_timeout_seconds
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._offer_loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
+        self.port: int | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.cleanup_ctx.append(self._session_ctx)
+        return app
+
+    async def _session_ctx(self, app: web.Application) -> Any:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=False,
+            timeout=self._timeout,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
+        yield
+        await self._session.close()
+        self._session = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` (0 = any free port) on the running loop; returns the port."""
+        self._offer_loop = asyncio.get_running_loop()
+        return await self._serve(host, port)
+
+    async def _serve(self, host: str, port: int) -> int:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        addrs = self._runner.addresses
+        self.port = int(addrs[0][1]) if addrs else port
+        return self.port
+
+    async def start_in_thread(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` from a dedicated thread with its own event loop.
+
+        The live path then never waits on the caller's loop (the shadow chain, scrapes, statistics):
+        only the parsed-out shadow copy crosses over, with ``call_soon_threadsafe``, and ingest
+        counters other than ``proxy_*`` are updated on the caller's loop. Returns the bound port.
+        """
+        self._offer_loop = asyncio.get_running_loop()
+        started: concurrent.futures.Future[int] = concurrent.futures.Future()
+        loop = new_proxy_loop(self._use_uvloop)
+        self._thread_loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+
+            async def boot() -> None:
+                try:
+                    started.set_result(await self._serve(host, port))
+                except OSError as exc:
+                    started.set_exception(exc)
+
+            loop.run_until_complete(boot())
+            if started.exception() is None:
+                loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="specwatch-shadow-proxy", daemon=True)
+        self._thread.start()
+        return await asyncio.wrap_future(started)
+
+    async def stop(self) -> None:
+        """Stop serving (either mode); waits for in-progress cleanup."""
+        thread, loop = self._thread, self._thread_loop
+        if thread is not None and loop is not None:
+            if self._runner is not None:
+                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
+                await asyncio.wrap_future(fut)
+                self._runner = None
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join)
+            self._thread = self._thread_loop = None
+            return
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _schedule(self, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` soon on the offer loop; never blocks or raises into the live path."""
+        target = self._offer_loop
+        try:
+            if target is None or target is asyncio.get_running_loop():
+                asyncio.get_running_loop().call_soon(fn, *args)
+            else:
+                target.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
+            self.counters.proxy_offer_lost += 1
+
+    def _count_too_large(self) -> None:
+        self.counters.received[Source.PROXY.value] += 1
+        self.counters.errors[(Source.PROXY.value, "too_large")] += 1
+
+    def _offer_copy(self, path: str, raw: bytes, category: str | None) -> None:
+        self._offerer.offer_raw(Source.PROXY, path, raw, category)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        c = self.counters
+        c.proxy_requests += 1
+        session = self._session
+        if session is None:
+            return web.json_response({"error": "proxy not started"}, status=503)
+        headers = end_to_end_headers(request.headers, drop=frozenset({"host", "content-length"}))
+        peer = request.remote
+        if peer:
+            prior = request.headers.get("X-Forwarded-For")
+            headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+        shadow = (
+            request.method == "POST"
+            and request.path in SHADOW_PATHS
+            and not request.headers.get(self._marker)
+        )
+        if request.method == "POST" and request.path in SHADOW_PATHS and not shadow:
+            c.skipped_marked += 1
+        data: Any
+        cl = request.content_length
+        if not request.body_exists:
+            data = None
+        elif cl is not None and cl <= self._max:
+            data = await request.read()
+            headers["Content-Length"] = str(len(data))
+            if shadow:
+                self._schedule(
+                    self._offer_copy, request.path, data, request.headers.get(CATEGORY_HEADER)
+                )
+        else:
+            # unknown or large length: stream the body through; the shadow copy is kept only
+            # while it stays under the cap.
+            if cl is not None:
+                headers["Content-Length"] = str(cl)
+            data = self._tee(request, shadow)
+        url = URL(self._base + request.raw_path, encoded=True)
+        prepared = False
+        try:
+            async with session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+                compress=None,
+            ) as up:
+                resp = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in end_to_end_headers(up.headers, drop=frozenset()).items():
+                    resp.headers.add(k, v)
+                if up.content_length is not None and request.method != "HEAD":
+                    resp.content_length = up.content_length
+                try:
+                    await resp.prepare(request)
+                    prepared = True
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                except (asyncio.CancelledError, ConnectionResetError):
+                    # client went away: close (not release) the upstream connection so the
+                    # upstream sees the disconnect and stops generating
+                    c.proxy_client_disconnects += 1
+                    up.close()
+                    raise
+                return resp
+        except TimeoutError:
+            return self._fail("timeout", 504, prepared)
+        except aiohttp.ClientConnectorError:
+            return self._fail("connect", 502, prepared)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+            return self._fail("disconnected", 502, prepared)
+        except aiohttp.ClientError:
+            return self._fail("client_error", 502, prepared)
+
+    def _fail(self, reason: str, status: int, prepared: bool) -> web.StreamResponse:
+        self.counters.proxy_upstream_errors[reason] += 1
+        log.warning("proxy upstream failed", extra={"reason": reason, "prepared": prepared})
+        if prepared:
+            # the status line is sent: abort the connection so the client sees a truncated body
+            raise ConnectionResetError(f"upstream {reason} mid-response")
+        return web.json_response({"error": {"message": f"upstream {reason}"}}, status=status)
+
+    async def _tee(self, request: web.Request, shadow: bool) -> Any:
+        copy: bytearray | None = bytearray() if shadow else None
+        async for chunk in request.content.iter_any():
+            if copy is not None:
+                copy += chunk
+                if len(copy) > self._max:
+                    copy = None
+                    self._schedule(self._count_too_large)
+            yield chunk
+        if copy is not None:
+            self._schedule(
+                self._offer_copy, request.path, bytes(copy), request.headers.get(CATEGORY_HEADER)
+            )

@@ -1,0 +1,305 @@
+"""Wires shadow ingest -> sampler -> replay and hands every :class:`ReplayPair` to a sink.
+
+Usage on the sidecar's aiohttp app::
+
+    pipeline = ShadowPipeline(settings.shadow, session=session, on_pair=sink, load_state=loads)
+    pipeline.mount(app)          # mirror routes (if "mirror" in modes) + start/stop on app
+    lifecycle
+
+or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
+
+``start`` launches ``max_in_flight`` replay workers, the proxy on its own port (if ``"proxy"`` in
+modes) and the canary runner (if ``"canary"``). Each worker takes one queued request, drops it as
+``expired`` if it waited longer than ``max_queue_age_seconds``, waits while the sampler reports a
+load pause (re-checked every ``pause_poll_seconds``), replays it through all arms and awaits
+``on_pair(pair)``. ``pair.extra`` holds ``status`` (``paired|unpaired|excluded``), ``reason`` and,
+with a noise arm, ``noise_ok``. Every pair is delivered (the sink decides what to store); the
+pipeline's own counters already count unpaired and excluded pairs by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from specwatch.shadow.canary import CanaryLoad, CanaryRunner, load_canary
+from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
+from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
+from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
+from specwatch.shadow.types import Arm, ReplayPair, ShadowRequest
+
+log = logging.getLogger("specwatch.shadow.pipeline")
+
+PairSink = Callable[[ReplayPair], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowIOMetrics:
+    """Point-in-time copy of the shadow I/O counters (for ``export.py``; plain values, no I/O).
+
+    Suggested series: ``specwatch_shadow_queue_depth`` = ``queue_depth``,
+    ``specwatch_shadow_in_flight`` = ``in_flight``, ``specwatch_shadow_dropped_total{reason}`` =
+    ``dropped``, ``specwatch_shadow_paused{reason}`` = ``paused`` (0/1),
+    ``specwatch_shadow_unpaired_total{reason}`` = ``unpaired``,
+    ``specwatch_shadow_excluded_total{reason}`` = ``excluded``; the rest are self-health counters.
+    """
+
+    queue_depth: int
+    in_flight: int
+    offered: int
+    not_sampled: int
+    admitted: int
+    dropped: Mapping[str, int]
+    paused: Mapping[str, int]
+    pauses_total: Mapping[str, int]
+    received: Mapping[str, int]
+    ingest_errors: Mapping[tuple[str, str], int]
+    replays: Mapping[str, int]
+    unpaired: Mapping[str, int]
+    excluded: Mapping[str, int]
+    arm_errors: Mapping[tuple[str, str], int]
+    sink_errors: int
+    proxy_requests: int
+    proxy_client_disconnects: int
+    proxy_offer_lost: int
+    proxy_upstream_errors: Mapping[str, int]
+    canary_offered: int
+    canary_bad_lines: Mapping[str, int]
+
+
+def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarget:
+    return ArmTarget(
+        arm=arm,
+        base_url=ep.url,
+        timeout_seconds=ep.timeout_seconds,
+        token=ep.token,
+        model=ep.model,
+        stream=arm.value in stream_arms,
+    )
+
+
+class ShadowPipeline:
+    """The shadow I/O component (see module docstring).
+
+    ``session``: an open ``aiohttp.ClientSession`` for replays (owned by the caller);
+    ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
+    ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
+    ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
+    sleep. Raises ``ValueError`` if the settings lack the standard/FLy arms and
+    :class:`~specwatch.shadow.canary.CanaryFileError` if canary mode has no usable item.
+    """
+
+    def __init__(
+        self,
+        settings: ShadowSettings,
+        *,
+        session: aiohttp.ClientSession,
+        on_pair: PairSink,
+        load_state: LoadState | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        std_ep, fly_ep = settings.standard, settings.fly
+        if std_ep is None or fly_ep is None:
+            raise ValueError("shadow pipeline needs shadow.standard and shadow.fly")
+        self.settings = settings
+        self._on_pair = on_pair
+        self._clock = clock
+        self._wall = wall_clock
+        self._sleep = sleep
+        s = settings
+        self.sampler = Sampler(
+            probability=s.sample_probability,
+            clock=clock,
+            queue_size=s.queue_size,
+            max_rps=s.max_shadow_rps,
+            salt=s.sample_salt,
+            category_quota_per_second=s.category_quota_per_second,
+            default_category_quota_per_second=s.default_category_quota_per_second,
+            category_quota_burst=s.category_quota_burst,
+            load_state=load_state,
+            pause_on_waiting=s.pause_on_waiting,
+            pause_running_fraction=s.pause_running_fraction,
+            load_state_max_age_seconds=s.load_state_max_age_seconds,
+        )
+        noise_ep = s.noise_endpoint()
+        self.replayer = Replayer(
+            session,
+            standard=_target(Arm.STANDARD, std_ep, s.stream_arms),
+            fly=_target(Arm.FLY, fly_ep, s.stream_arms),
+            noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
+            max_tokens_cap=s.max_tokens_cap,
+            marker_header=s.marker_header,
+            clock=clock,
+            extra_body=s.replay_extra_body,
+        )
+        self.ingest_counters = IngestCounters()
+        self.mirror = MirrorIngest(
+            self.offer,
+            counters=self.ingest_counters,
+            clock=wall_clock,
+            salt=s.sample_salt,
+            max_body_bytes=s.mirror_max_body_bytes,
+            require_shadow_host=s.mirror_require_shadow_host,
+            marker_header=s.marker_header,
+        )
+        self.proxy: ShadowProxy | None = None
+        if "proxy" in s.modes and s.proxy_upstream is not None:
+            self.proxy = ShadowProxy(
+                s.proxy_upstream,
+                self.offer,
+                counters=self.ingest_counters,
+                clock=wall_clock,
+                salt=s.sample_salt,
+                max_body_bytes=s.proxy_max_body_bytes,
+                marker_header=s.marker_header,
+                connect_timeout_seconds=s.proxy_connect_timeout_seconds,
+                total_timeout_seconds=s.proxy_total_timeout_seconds,
+                use_uvloop=s.proxy_uvloop,
+            )
+        self.canary: CanaryRunner | None = None
+        self.canary_load: CanaryLoad | None = None
+        if "canary" in s.modes:
+            self.canary_load = load_canary(
+                s.canary_file, builtin=s.canary_builtin, model=s.canary_model
+            )
+            self.canary = CanaryRunner(
+                self.canary_load.items,
+                lambda r: self.sampler.offer(r, force=True),
+                rate_per_second=s.canary_rate_per_second,
+                clock=wall_clock,
+                sleep=sleep,
+                loop=s.canary_loop,
+                salt=s.sample_salt,
+            )
+        self.in_flight = 0
+        self.replays: Counter[str] = Counter({"paired": 0, "unpaired": 0, "excluded": 0})
+        self.unpaired: Counter[str] = Counter()
+        self.excluded: Counter[str] = Counter()
+        self.arm_errors: Counter[tuple[str, str]] = Counter()
+        self.sink_errors = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- ingest entry -------------------------------------------------------------------------
+
+    def offer(self, req: ShadowRequest) -> str:
+        """Offer a live request to the sampler (synchronous, never waits)."""
+        return self.sampler.offer(req)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def mount(self, app: web.Application) -> None:
+        """Add the mirror routes (mirror mode) and tie :meth:`start`/:meth:`stop` to ``app``."""
+        if "mirror" in self.settings.modes:
+            app.add_routes(self.mirror.routes())
+        app.cleanup_ctx.append(self._ctx)
+
+    async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
+        await self.start()
+        yield
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start replay workers, the proxy listener and the canary runner (as configured)."""
+        for i in range(self.settings.max_in_flight):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
+        if self.proxy is not None:
+            start = (
+                self.proxy.start_in_thread if self.settings.proxy_own_thread else self.proxy.start
+            )
+            port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
+            log.info("shadow proxy listening", extra={"port": port})
+        if self.canary is not None:
+            self._tasks.append(asyncio.create_task(self.canary.run(), name="shadow-canary"))
+
+    async def stop(self) -> None:
+        """Cancel workers and canary, stop the proxy. Queued requests are abandoned."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.proxy is not None:
+            await self.proxy.stop()
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _expired(self, req: ShadowRequest) -> bool:
+        return self._wall() - req.received_at > self.settings.max_queue_age_seconds
+
+    async def _worker(self) -> None:
+        q = self.sampler.queue
+        while True:
+            req = await q.get()
+            try:
+                await self._process(req)
+            finally:
+                q.task_done()
+
+    async def _process(self, req: ShadowRequest) -> None:
+        while True:
+            if self._expired(req):
+                self.sampler.count_drop("expired")
+                return
+            if not self.sampler.current_pause():
+                break
+            await self._sleep(self.settings.pause_poll_seconds)
+        self.in_flight += 1
+        try:
+            pair = await self.replayer.replay(req)
+        finally:
+            self.in_flight -= 1
+        status = str(pair.extra.get("status", "paired"))
+        reason = pair.extra.get("reason")
+        self.replays[status] += 1
+        if status == "unpaired" and isinstance(reason, str):
+            self.unpaired[reason] += 1
+        elif status == "excluded" and isinstance(reason, str):
+            self.excluded[reason] += 1
+        for a in (pair.standard, pair.fly, pair.noise):
+            if a is not None and not a.ok:
+                self.arm_errors[(a.arm.value, a.error or "unknown")] += 1
+        try:
+            await self._on_pair(pair)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the sink is injected code: count, log, keep the workers alive
+            self.sink_errors += 1
+            log.exception("shadow pair sink failed", extra={"request_hash": req.request_hash})
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def metrics(self) -> ShadowIOMetrics:
+        sm = self.sampler
+        ic = self.ingest_counters
+        return ShadowIOMetrics(
+            queue_depth=sm.queue.qsize(),
+            in_flight=self.in_flight,
+            offered=sm.offered,
+            not_sampled=sm.not_sampled,
+            admitted=sm.admitted,
+            dropped=dict(sm.dropped),
+            paused={r: int(r in sm.paused) for r in PAUSE_REASONS},
+            pauses_total=dict(sm.pauses),
+            received=dict(ic.received),
+            ingest_errors=dict(ic.errors),
+            replays=dict(self.replays),
+            unpaired=dict(self.unpaired),
+            excluded=dict(self.excluded),
+            arm_errors=dict(self.arm_errors),
+            sink_errors=self.sink_errors,
+            proxy_requests=ic.proxy_requests,
+            proxy_client_disconnects=ic.proxy_client_disconnects,
+            proxy_offer_lost=ic.proxy_offer_lost,
+            proxy_upstream_errors=dict(ic.proxy_upstream_errors),
+            canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
+            canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},
+        )

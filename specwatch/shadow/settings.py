@@ -1,0 +1,153 @@
+"""Settings of the shadow I/O chain (ingest, sampler, replay, canary).
+
+``ShadowSettings`` is a plain pydantic model so the core settings (pydantic-settings) can nest it
+as one group (``SPECWATCH_SHADOW__...`` environment variables or a YAML ``shadow:`` block).
+Durations are seconds, rates per second, sizes bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+IngestMode = Literal["mirror", "proxy", "canary"]
+NoiseKind = Literal["off", "standard", "baseline"]
+
+
+class ArmEndpoint(BaseModel):
+    """Where one replay arm is sent.
+
+    ``url`` is the OpenAI-compatible base URL without ``/v1`` (``http://vllm-std:8000``); ``target``
+    names the observe target of the same server (used by ``load_state`` for the load-aware pause);
+    ``token`` is sent as ``Authorization: Bearer <token>`` when set; ``model`` overrides the
+    request's ``model`` field when set (the two servers may serve the model under different names).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    target: str | None = None
+    token: str | None = Field(default=None, repr=False)
+    model: str | None = None
+    timeout_seconds: float = Field(default=120.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("arm url must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class ShadowSettings(BaseModel):
+    """The shadow I/O group.
+
+    Sampler: ``sample_probability`` p in [0, 1] decided by the request hash;
+    ``category_quota_per_second`` (token bucket per category, burst ``category_quota_burst``);
+    ``queue_size`` bounded queue; ``max_shadow_rps`` and ``max_in_flight`` caps; load-aware pause
+    when any arm has waiting > 0 (``pause_on_waiting``) or running >= ``pause_running_fraction`` *
+    max_num_seqs.
+
+    Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
+    second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
+    target-only endpoint given in ``noise``); ``max_tokens_cap`` caps
+    ``max_tokens``/``max_completion_tokens``; ``marker_header`` is set to ``1`` on every shadow
+    request; ``stream_arms`` names arms that only answer streams (their replay is parsed with
+    :mod:`specwatch.shadow.sse`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    modes: tuple[IngestMode, ...] = ("mirror",)
+
+    # sampler
+    sample_probability: float = Field(default=0.05, ge=0.0, le=1.0)
+    sample_salt: str = ""
+    category_quota_per_second: dict[str, float] = Field(default_factory=dict)
+    default_category_quota_per_second: float | None = Field(default=None, gt=0)
+    category_quota_burst: float = Field(default=5.0, ge=1.0)
+    queue_size: int = Field(default=256, ge=1)
+    max_shadow_rps: float = Field(default=5.0, gt=0)
+    max_in_flight: int = Field(default=4, ge=1)
+    pause_on_waiting: bool = True
+    pause_running_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    load_state_max_age_seconds: float = Field(default=30.0, gt=0)
+    max_queue_age_seconds: float = Field(default=60.0, gt=0)
+    pause_poll_seconds: float = Field(default=0.5, gt=0)
+
+    # replay arms
+    standard: ArmEndpoint | None = None
+    fly: ArmEndpoint | None = None
+    noise: ArmEndpoint | None = None
+    noise_kind: NoiseKind = "off"
+    stream_arms: tuple[Literal["standard", "fly", "noise"], ...] = ()
+    max_tokens_cap: int = Field(default=512, ge=1)
+    replay_extra_body: dict[str, Any] = Field(default_factory=dict)
+    marker_header: str = "X-Specwatch-Shadow"
+
+    # mirror
+    mirror_max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    mirror_require_shadow_host: bool = False
+
+    # proxy
+    proxy_listen_host: str = "0.0.0.0"
+    proxy_listen_port: int = Field(default=8001, ge=0, le=65535)
+    proxy_upstream: str | None = None
+    proxy_max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
+    proxy_own_thread: bool = True
+    proxy_uvloop: bool = True
+
+    # canary
+    canary_file: str | None = None
+    canary_builtin: bool = False
+    canary_rate_per_second: float = Field(default=0.2, gt=0)
+    canary_loop: bool = True
+    canary_model: str | None = None
+
+    # ledger hint (read by the ledger owner)
+    store_text: bool = False
+
+    @field_validator("proxy_upstream")
+    @classmethod
+    def _upstream(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("proxy_upstream must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("marker_header")
+    @classmethod
+    def _header(cls, v: str) -> str:
+        if not v or any(c in v for c in " :\r\n\t"):
+            raise ValueError("marker_header must be a header token")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShadowSettings:
+        if self.enabled and (self.standard is None or self.fly is None):
+            raise ValueError("shadow.enabled needs both shadow.standard and shadow.fly")
+        if self.noise_kind == "baseline" and self.noise is None:
+            raise ValueError("noise_kind=baseline needs shadow.noise (the baseline endpoint)")
+        if self.enabled and "proxy" in self.modes and self.proxy_upstream is None:
+            raise ValueError("proxy mode needs shadow.proxy_upstream")
+        if (
+            self.enabled
+            and "canary" in self.modes
+            and self.canary_file is None
+            and not self.canary_builtin
+        ):
+            raise ValueError("canary mode needs shadow.canary_file or shadow.canary_builtin")
+        return self
+
+    def noise_endpoint(self) -> ArmEndpoint | None:
+        """The endpoint of the noise arm, or ``None`` when the noise arm is off."""
+        if self.noise_kind == "off":
+            return None
+        if self.noise is not None:
+            return self.noise
+        return self.standard

@@ -1,0 +1,91 @@
+"""Fake OpenAI-compatible upstreams (real aiohttp servers on port 0) for the shadow I/O tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+
+@dataclass
+class Seen:
+    """One request a fake upstream received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeArm:
+    """Behaviour of one fake arm: ``mode`` is ``ok|hang|status|stream|in_band_error``."""
+
+    text: str = "hello"
+    mode: str = "ok"
+    status: int = 200
+    message: str = ""
+    tau: float | None = None
+    seen: list[Seen] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append(Seen(request.path, dict(request.headers), body))
+        self.arrived.set()
+        if self.mode == "hang":
+            await self.release.wait()
+        if self.mode == "status":
+            return web.json_response(
+                {"error": {"message": self.message, "type": "BadRequestError"}},
+                status=self.status,
+            )
+        if self.mode == "in_band_error":
+            return web.json_response({"error": {"message": "engine dead"}})
+        chat = request.path.endswith("/chat/completions")
+        if self.mode == "stream":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for piece in (self.text[:2], self.text[2:]):
+                delta = {"delta": {"content": piece}} if chat else {"text": piece}
+                chunk = {"choices": [{"index": 0, **delta, "finish_reason": None}]}
+                await resp.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+            fin = {"choices": [{"index": 0, "finish_reason": "stop", "text": ""}]}
+            await resp.write(f"data: {json.dumps(fin)}\n\n".encode())
+            usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            await resp.write(f"data: {json.dumps(usage)}\n\n: ping\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": self.text}
+        else:
+            choice["text"] = self.text
+        out: dict[str, Any] = {
+            "choices": [choice],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+        if self.tau is not None:
+            out["metrics"] = {"speculative_decoding": {"mean_acceptance_length": self.tau}}
+        return web.json_response(out)
+
+
+@asynccontextmanager
+async def serve_arm(arm: FakeArm) -> AsyncIterator[str]:
+    """Run ``arm`` on 127.0.0.1 port 0; yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", arm.handle)
+    app.router.add_post("/v1/chat/completions", arm.handle)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        arm.release.set()
+        await server.close()

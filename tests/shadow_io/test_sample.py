@@ -1,0 +1,181 @@
+"""Sampler: reproducible hash sampling, quotas, load-aware pause, caps, bounded queue."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from specwatch.shadow.sample import (
+    ArmLoad,
+    Sampler,
+    TokenBucket,
+    canonical_request_bytes,
+    hash_fraction,
+    pause_reasons,
+    request_hash,
+    seed_from_hash,
+)
+from specwatch.shadow.types import ShadowRequest, Source
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _req(i: int, category: str = "default", **extra: object) -> ShadowRequest:
+    body = {"model": "m", "prompt": f"question {i}", **extra}
+    return ShadowRequest(
+        path="/v1/completions",
+        body=body,
+        request_hash=request_hash("/v1/completions", body),
+        received_at=0.0,
+        source=Source.MIRROR,
+        category=category,
+    )
+
+
+def test_request_hash_matches_independent_sha256_and_ignores_volatile_fields() -> None:
+    body = {"prompt": "é", "model": "m", "stream": True, "user": "u1"}
+    # independent construction of the canonical form
+    canon = '{"body":{"model":"m","prompt":"é"},"path":"/v1/completions"}'.encode()
+    assert canonical_request_bytes("/v1/completions", body) == canon
+    assert request_hash("/v1/completions", body) == hashlib.sha256(b"\x00" + canon).hexdigest()
+    # key order and stream flag do not change the hash; content and path do
+    same = {"model": "m", "prompt": "é", "stream": False}
+    assert request_hash("/v1/completions", same) == request_hash("/v1/completions", body)
+    assert request_hash("/v1/chat/completions", same) != request_hash("/v1/completions", same)
+    assert request_hash("/v1/completions", same, salt="x") != request_hash("/v1/completions", same)
+
+
+def test_hash_fraction_and_seed_by_hand() -> None:
+    assert hash_fraction("8" + "0" * 63) == 0.5
+    assert hash_fraction("0" * 64) == 0.0
+    assert hash_fraction("f" * 16 + "0" * 48) == pytest.approx(1.0 - 2.0**-64)
+    assert seed_from_hash("0" * 16 + "00000010" + "0" * 40) == 16
+    assert seed_from_hash("0" * 16 + "ffffffff" + "0" * 40) == 0xFFFFFFFF % (2**31 - 1)
+
+
+def test_sampling_is_reproducible_and_matches_fraction() -> None:
+    clock = Clock()
+    reqs = [_req(i) for i in range(2000)]
+    expected = [hash_fraction(r.request_hash) < 0.25 for r in reqs]
+    decisions = []
+    for _ in range(2):
+        s = Sampler(probability=0.25, clock=clock, queue_size=10_000, max_rps=1e9)
+        decisions.append([s.offer(r) == "admitted" for r in reqs])
+        assert s.not_sampled == expected.count(False)
+        assert s.admitted == expected.count(True)
+    assert decisions[0] == decisions[1] == expected
+    # the rate is near p (binomial sd for n=2000, p=.25 is 19.4; 5 sd bound)
+    assert abs(sum(expected) - 500) < 100
+    # p=0 takes nothing, p=1 takes everything
+    s0 = Sampler(probability=0.0, clock=clock, queue_size=10, max_rps=1e9)
+    s1 = Sampler(probability=1.0, clock=clock, queue_size=10_000, max_rps=1e9)
+    assert all(s0.offer(r) == "not_sampled" for r in reqs[:50])
+    assert all(s1.offer(r) == "admitted" for r in reqs[:50])
+
+
+def test_token_bucket_by_hand() -> None:
+    clock = Clock()
+    b = TokenBucket(rate=2.0, burst=3.0, clock=clock)
+    assert [b.take() for _ in range(4)] == [True, True, True, False]
+    clock.t += 0.5  # +1 token
+    assert [b.take(), b.take()] == [True, False]
+    clock.t += 10.0  # refill capped at burst 3
+    assert [b.take() for _ in range(4)] == [True, True, True, False]
+    with pytest.raises(ValueError, match="rate"):
+        TokenBucket(rate=0.0, burst=1.0, clock=clock)
+
+
+def test_category_quotas_are_per_category() -> None:
+    clock = Clock()
+    s = Sampler(
+        probability=1.0,
+        clock=clock,
+        queue_size=100,
+        max_rps=1e9,
+        category_quota_per_second={"math": 1.0},
+        default_category_quota_per_second=None,
+        category_quota_burst=2.0,
+    )
+    math = [s.offer(_req(i, "math")) for i in range(4)]
+    other = [s.offer(_req(100 + i, "chat")) for i in range(4)]
+    assert math == ["admitted", "admitted", "category_quota", "category_quota"]
+    assert other == ["admitted"] * 4  # no quota for unlisted categories
+    clock.t += 1.0
+    assert s.offer(_req(50, "math")) == "admitted"
+    assert s.dropped["category_quota"] == 2
+
+
+def test_rate_limit_and_queue_full() -> None:
+    clock = Clock()
+    s = Sampler(probability=1.0, clock=clock, queue_size=3, max_rps=2.0)
+    # burst = max(1, rps) = 2
+    assert [s.offer(_req(i)) for i in range(3)] == ["admitted", "admitted", "rate_limit"]
+    clock.t += 0.5
+    assert s.offer(_req(10)) == "admitted"
+    clock.t += 0.5
+    assert s.offer(_req(11)) == "queue_full"  # queue holds 3
+    assert s.queue.qsize() == 3
+    assert s.dropped["rate_limit"] == 1
+    assert s.dropped["queue_full"] == 1
+
+
+def test_pause_reasons_by_hand() -> None:
+    fresh = 100.0
+
+    def pr(loads: dict[str, ArmLoad], now: float, on_waiting: bool = True) -> frozenset[str]:
+        return pause_reasons(
+            loads, now, on_waiting=on_waiting, running_fraction=0.8, max_age_seconds=30.0
+        )
+
+    ok = {"standard": ArmLoad(7, 0, 10, fresh), "fly": ArmLoad(0, 0, None, fresh)}
+    assert pr(ok, 110.0) == frozenset()
+    near = {"standard": ArmLoad(8, 0, 10, fresh)}
+    assert pr(near, 110.0) == {"running_near_max"}
+    waiting = {"fly": ArmLoad(1, 2, 10, fresh)}
+    assert pr(waiting, 110.0) == {"waiting"}
+    assert pr(waiting, 110.0, on_waiting=False) == frozenset()
+    stale = {"fly": ArmLoad(0, 0, 10, fresh)}
+    assert pr(stale, 131.0) == {"load_stale"}
+    never = {"fly": ArmLoad(None, None, None, None)}
+    assert pr(never, 0.0) == {"load_stale"}
+
+
+def test_sampler_pauses_and_counts_transitions() -> None:
+    clock = Clock()
+    loads = {"standard": ArmLoad(0, 0, 10, clock.t), "fly": ArmLoad(0, 0, 10, clock.t)}
+    s = Sampler(probability=1.0, clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads)
+    assert s.offer(_req(1)) == "admitted"
+    loads["fly"] = ArmLoad(3, 1, 10, clock.t)
+    assert s.offer(_req(2)) == "paused"
+    assert s.offer(_req(3)) == "paused"
+    assert s.paused == {"waiting"}
+    assert s.pauses["waiting"] == 1  # one transition, two drops
+    assert s.dropped["paused"] == 2
+    loads["fly"] = ArmLoad(9, 0, 10, clock.t)
+    assert s.offer(_req(4)) == "paused"
+    assert s.paused == {"running_near_max"}
+    loads["fly"] = ArmLoad(1, 0, 10, clock.t)
+    assert s.offer(_req(5)) == "admitted"
+    assert s.paused == frozenset()
+    assert s.pauses["running_near_max"] == 1
+
+
+def test_force_skips_only_probability() -> None:
+    clock = Clock()
+    s = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=1e9)
+    assert s.offer(_req(1), force=True) == "admitted"
+    assert s.offer(_req(2), force=True) == "queue_full"
+
+
+def test_canonical_rejects_nan() -> None:
+    with pytest.raises(ValueError, match="JSON"):
+        canonical_request_bytes("/v1/completions", {"x": float("nan")})
+    assert json.loads(canonical_request_bytes("/p", {"a": 1}))["body"] == {"a": 1}
