@@ -125,7 +125,17 @@ def vllm_sample_names(exposition: str) -> frozenset[str]:
     )
 
 
-EXPORTED = core_exported_names() | shadow_exported_names()
+def alert_exported_names() -> frozenset[str]:
+    """Sample names of the alerting families (``alert_families``; counters get ``_total``)."""
+    from specwatch.alerting import AlertingState, alert_families
+
+    return frozenset(
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in alert_families(AlertingState())
+    )
+
+
+EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
 PENDING_ALERTS = pending_alert_names(ARCHITECTURE.read_text(encoding="utf-8"))
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
 
@@ -210,7 +220,9 @@ class TestHelpers:
         for gone in ("specwatch_counter_resets_total", "specwatch_scrapes", "specwatch_"):
             assert gone not in EXPORTED
         shadow = {f.name for f in shadow_families(full_shadow_stats())}
-        assert len(EXPORTED) == len(CATALOGUE) + len(shadow)  # no name exported twice
+        alerts = alert_exported_names()
+        # no name exported twice
+        assert len(EXPORTED) == len(CATALOGUE) + len(shadow) + len(alerts)
 
     def test_shadow_names_are_all_read_back(self) -> None:
         """Every family shadow_families yields has samples in the full stats used above."""
