@@ -159,7 +159,9 @@ _CLEAR = "\x1b[H\x1b[2J"
 def _num(v: Any, fmt: str = ".3f") -> str:
     if isinstance(v, bool) or v is None:
         return "-" if v is None else ("yes" if v else "no")
-    if isinstance(v, int | float):
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
         return format(v, fmt)
     return str(v)
 

@@ -139,7 +139,8 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
         values, snap = await _wait_for_acceptance(url)
         tree = _tree(proc.pid)
         async with asyncio.timeout(60):
-            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout is not None
+            assert proc.stderr is not None
             rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
             rc = await proc.wait()
     finally:
@@ -170,7 +171,8 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
         assert proc.returncode is None  # still running: the signal lands mid-run
         os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground group
         async with asyncio.timeout(30):
-            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout is not None
+            assert proc.stderr is not None
             rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
             rc = await proc.wait()
     finally:
