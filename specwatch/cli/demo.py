@@ -88,5 +88,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"specwatch demo: cannot listen on {args.host}: {exc}", file=sys.stderr)
+        port = DEFAULT_PORT if args.port is None else args.port
+        print(f"specwatch demo: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr)
         return 2
