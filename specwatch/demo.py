@@ -271,7 +271,7 @@ def render_view(
 ) -> str:
     """The live view as text, from a ``/api/v1/snapshot`` document (``snapshot_json``).
 
-    Lines: ``header``; one row per target (α, τ, generation tokens/s of ``window`` — the first
+    Lines: ``header`` (its first line bold with ``ansi``); one row per target (α, τ, generation tokens/s of ``window`` — the first
     window the target has when ``window`` is missing — most-loaded engine's running / max_num_seqs,
     waiting, α per engine); the pair view (α gain, τ ratio); ``load`` (``sent``, ``ok``,
     ``errors``, canary ``correct``/``graded`` per role) when given; a shadow section when
@@ -280,7 +280,9 @@ def render_view(
     """
     lines: list[str] = []
     if header:
-        lines.append(f"{_BOLD}{header}{_RESET}" if ansi else header)
+        first, *rest = header.split("\n")
+        lines.append(f"{_BOLD}{first}{_RESET}" if ansi else first)
+        lines.extend(rest)
     rows = _table(_target_rows(doc, window))
     lines.append(f"{_DIM}{rows[0]}{_RESET}" if ansi else rows[0])
     lines.extend(rows[1:])
@@ -410,24 +412,22 @@ async def run_demo(
         await runner.setup()
         port = await _start_site(runner, cfg.host, cfg.port)
         base = f"http://{cfg.host}:{port}"
+        intro = [
+            f"specwatch demo: sidecar on {base}",
+            f"  metrics:  {base}/metrics",
+            f"  snapshot: {base}/api/v1/snapshot",
+            f"  standard simulator: {targets.standard_url}  (vLLM API, /metrics, /admin)",
+            f"  fly simulator:      {targets.fly_url}",
+            f"  try a fault: curl -X POST {targets.fly_url}/admin/faults -d "
+            + "'"
+            + json.dumps({"fly_entropy_threshold": 0.05})
+            + "'",
+        ]
         _print(
             out,
-            "\n".join(
-                [
-                    f"specwatch demo: sidecar on {base}",
-                    f"  metrics:  {base}/metrics",
-                    f"  snapshot: {base}/api/v1/snapshot",
-                    f"  standard simulator: {targets.standard_url}  (vLLM API, /metrics, /admin)",
-                    f"  fly simulator:      {targets.fly_url}",
-                    "  try a fault: curl -X POST "
-                    f"{targets.fly_url}/admin/faults -d "
-                    + "'"
-                    + json.dumps({"fly_entropy_threshold": 0.05})
-                    + "'",
-                    "  stop: Ctrl-C"
-                    + (f" (or wait {cfg.duration_s:g} s)" if cfg.duration_s is not None else ""),
-                ]
-            ),
+            "\n".join(intro)
+            + "\n  stop: Ctrl-C"
+            + (f" (or wait {cfg.duration_s:g} s)" if cfg.duration_s is not None else ""),
         )
         gen = LoadGenerator(
             [targets.standard_url, targets.fly_url],
@@ -447,7 +447,7 @@ async def run_demo(
         if cfg.ui:
             tasks.append(
                 asyncio.create_task(
-                    _view_loop(cfg, out, tty, latest, gen, roles, started, clock),
+                    _view_loop(cfg, out, tty, intro, latest, gen, roles, started, clock),
                     name="demo-view",
                 )
             )
@@ -485,6 +485,7 @@ async def _view_loop(
     cfg: DemoConfig,
     out: TextIO,
     tty: bool,
+    intro: Sequence[str],
     latest: _Latest,
     gen: LoadGenerator,
     roles: Mapping[str, str],
@@ -499,6 +500,8 @@ async def _view_loop(
         elapsed = clock() - started
         total = f" / {cfg.duration_s:g}s" if cfg.duration_s is not None else ""
         header = f"specwatch demo  {elapsed:.0f}s{total}  window {window}  (Ctrl-C to stop)"
+        if tty:  # the redraw clears the screen: keep the URLs on it
+            header += "\n" + "\n".join(line.strip() for line in intro[1:]) + "\n"
         text = render_view(
             view_document(latest.snap),
             window=window,
