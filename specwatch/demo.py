@@ -271,9 +271,10 @@ def render_view(
 ) -> str:
     """The live view as text, from a ``/api/v1/snapshot`` document (``snapshot_json``).
 
-    Lines: ``header`` (its first line bold with ``ansi``); one row per target (α, τ, generation tokens/s of ``window`` — the first
-    window the target has when ``window`` is missing — most-loaded engine's running / max_num_seqs,
-    waiting, α per engine); the pair view (α gain, τ ratio); ``load`` (``sent``, ``ok``,
+    Lines: ``header`` (its first line bold with ``ansi``); one row per target (α, τ, generation
+    tokens/s of ``window`` — the first window the target has when ``window`` is missing —
+    most-loaded engine's running / max_num_seqs, waiting, α per engine); the pair view (α gain,
+    τ ratio); ``load`` (``sent``, ``ok``,
     ``errors``, canary ``correct``/``graded`` per role) when given; a shadow section when
     ``doc["shadow"]`` is not empty; the alerts (``doc["alerts"]``, a list) when the document has
     that key. ``ansi`` adds bold/colour escapes (no cursor movement).
