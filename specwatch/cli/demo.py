@@ -16,12 +16,20 @@ from specwatch.logs import setup_logging
 from specwatch.settings import ConfigError, parse_duration
 
 
+_DESCRIPTION = """\
+Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar,
+all in this process (no GPU). Prints the URLs to open and a live view every ~2 s (plain text
+when stdout is not a terminal; none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
+stops everything; exit 0. See docs/demo.md.
+"""
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``demo``."""
     p = subparsers.add_parser(
         "demo",
         help="run a simulated standard + FLy pair with live traffic and the sidecar (no GPU)",
-        description=__doc__,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -32,16 +40,31 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--port",
         type=int,
+        metavar="N",
         help=f"sidecar port (default {DEFAULT_PORT}, or a free port when taken; 0 = free port)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="listen address of every server")
+    p.add_argument(
+        "--host", default="127.0.0.1", metavar="H", help="listen address of every server"
+    )
     p.add_argument("--no-ui", action="store_true", help="print the URLs only, no live view")
-    p.add_argument("--data-parallel-size", type=int, default=2, help="engines per simulator")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="per engine")
-    p.add_argument("--concurrency", type=int, default=40, help="requests in flight (each to both)")
-    p.add_argument("--rate", type=float, default=60.0, help="requests per second (0 = closed loop)")
-    p.add_argument("--fly-entropy-threshold", type=float, default=0.3, help="FLy threshold, nats")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--data-parallel-size", type=int, default=2, metavar="N", help="engines per simulator"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=16, metavar="N", help="per engine")
+    p.add_argument(
+        "--concurrency", type=int, default=40, metavar="N", help="requests in flight (each to both)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=60.0,
+        metavar="R",
+        help="requests per second (0 = closed loop)",
+    )
+    p.add_argument(
+        "--fly-entropy-threshold", type=float, default=0.3, metavar="T", help="FLy threshold, nats"
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="N")
     p.set_defaults(handler=main)
 
 
@@ -84,6 +107,8 @@ def main(args: argparse.Namespace) -> int:
     setup_logging("WARNING", "plain", stream=sys.stderr)
     try:
         return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up
+        return 0
     except ConfigError as exc:  # e.g. a bad SPECWATCH_* environment value
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
