@@ -15,7 +15,6 @@ from specwatch.demo import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
 from specwatch.logs import setup_logging
 from specwatch.settings import ConfigError, parse_duration
 
-
 _DESCRIPTION = """\
 Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar,
 all in this process (no GPU). Prints the URLs to open and a live view every ~2 s (plain text
