@@ -130,6 +130,7 @@ class LoadGenerator:
         for item in builtin_items():
             self._items.setdefault(str(item["category"]), []).append(item)
         self._rr = 0
+        self._launched = 0
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish (requests in flight complete)."""
@@ -217,9 +218,8 @@ class LoadGenerator:
             return True
         if c.duration_s is not None and self.clock() - started >= c.duration_s:
             return True
-        return c.max_requests is not None and self.stats.sent >= c.max_requests * (
-            len(self.targets) if c.fanout else 1
-        )
+        # jobs launched, not requests sent: a task created but not yet run has sent nothing
+        return c.max_requests is not None and self._launched >= c.max_requests
 
     async def run(self) -> LoadStats:
         """Generate load until a stop condition; returns the final :class:`LoadStats`."""
@@ -243,6 +243,7 @@ class LoadGenerator:
                     sem.release()
                     break
                 t = asyncio.create_task(guarded())
+                self._launched += 1
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
                 if self.config.rate is not None:

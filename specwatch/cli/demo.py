@@ -1,0 +1,117 @@
+"""``specwatch demo``: a standard and a FLy simulator, live traffic and the sidecar (no GPU).
+
+Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
+none with ``--no-ui``). Ctrl-C, SIGTERM or the end of ``--duration`` stops everything; exit 0.
+Exit 2 with one line on stderr for a bad flag or a port that cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from specwatch.demo import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
+from specwatch.logs import setup_logging
+from specwatch.settings import ConfigError, parse_duration
+
+_DESCRIPTION = """\
+Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar,
+all in this process (no GPU). Prints the URLs to open and a live view every ~2 s (plain text
+when stdout is not a terminal; none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
+stops everything; exit 0. See docs/demo.md.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``demo``."""
+    p = subparsers.add_parser(
+        "demo",
+        help="run a simulated standard + FLy pair with live traffic and the sidecar (no GPU)",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--duration",
+        metavar="DURATION",
+        help="stop after this long (e.g. 20, 30s, 5m); default: until Ctrl-C",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        metavar="N",
+        help=f"sidecar port (default {DEFAULT_PORT}, or a free port when taken; 0 = free port)",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", metavar="H", help="listen address of every server"
+    )
+    p.add_argument("--no-ui", action="store_true", help="print the URLs only, no live view")
+    p.add_argument(
+        "--data-parallel-size", type=int, default=2, metavar="N", help="engines per simulator"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=16, metavar="N", help="per engine")
+    p.add_argument(
+        "--concurrency", type=int, default=40, metavar="N", help="requests in flight (each to both)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=60.0,
+        metavar="R",
+        help="requests per second (0 = closed loop)",
+    )
+    p.add_argument(
+        "--fly-entropy-threshold", type=float, default=0.3, metavar="T", help="FLy threshold, nats"
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.set_defaults(handler=main)
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """Build a :class:`DemoConfig` from the flags; ``ValueError`` with one line when bad."""
+    duration = None
+    if args.duration is not None:
+        duration = parse_duration(args.duration)
+        if duration <= 0:
+            raise ValueError("--duration must be longer than 0 s")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise ValueError("--port must be 0..65535")
+    if args.concurrency < 1:
+        raise ValueError("--concurrency must be at least 1")
+    if args.rate < 0:
+        raise ValueError("--rate must be >= 0")
+    cfg = DemoConfig(
+        duration_s=duration,
+        host=args.host,
+        port=args.port,
+        data_parallel_size=args.data_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        fly_entropy_threshold=args.fly_entropy_threshold,
+        concurrency=args.concurrency,
+        rate=args.rate or None,
+        seed=args.seed,
+        ui=not args.no_ui,
+    )
+    simulator_configs(cfg)  # SimConfig.validate(): one sentence when the shape is invalid
+    return cfg
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo; 0 after a clean stop, 2 on a bad flag or an unusable port."""
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"specwatch demo: {exc}", file=sys.stderr)
+        return 2
+    setup_logging("WARNING", "plain", stream=sys.stderr)
+    try:
+        return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up
+        return 0
+    except ConfigError as exc:  # e.g. a bad SPECWATCH_* environment value
+        print(f"specwatch demo: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        port = DEFAULT_PORT if args.port is None else args.port
+        print(f"specwatch demo: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,197 @@
+"""``specwatch demo`` as a real process: it starts, serves both targets' acceptance gauges, and
+exits 0 leaving no process behind (end of --duration, SIGINT to its process group, SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS_RE = re.compile(r"metrics:\s+(http://\S+/metrics)")
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgrp) of ``pid`` from ``/proc/PID/stat``; None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every live descendant, plus every process in ``root``'s process group."""
+    stats = {pid: st for pid in _all_pids() if (st := _proc_stat(pid)) is not None}
+    found = {root} | {pid for pid, st in stats.items() if st[2] == root}
+    grew = True
+    while grew:
+        new = {pid for pid, st in stats.items() if st[1] in found} - found
+        found |= new
+        grew = bool(new)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still exist and are not zombies."""
+    out = set()
+    for pid in pids:
+        st = _proc_stat(pid)
+        if st is not None and st[0] != "Z":
+            out.add(pid)
+    return out
+
+
+def _group_members(pgid: int) -> set[int]:
+    return {
+        pid
+        for pid in _all_pids()
+        if (st := _proc_stat(pid)) is not None and st[2] == pgid and st[0] != "Z"
+    }
+
+
+async def _start(*args: str) -> asyncio.subprocess.Process:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specwatch", "demo", "--port", "0", *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=str(ROOT),
+        start_new_session=True,  # its own process group: pgid == pid
+    )  # fmt: skip
+
+
+async def _metrics_url(proc: asyncio.subprocess.Process, seen: list[str]) -> str:
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        while True:
+            raw = await proc.stdout.readline()
+            assert raw, f"demo exited before printing its URLs: {seen}"
+            line = raw.decode()
+            seen.append(line)
+            m = METRICS_RE.search(line)
+            if m:
+                return m.group(1)
+
+
+def _acceptance(text: str) -> dict[str, float]:
+    """Server-wide (no engine label) 1m acceptance ratio per target."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "specwatch_acceptance_ratio":
+            continue
+        for s in fam.samples:
+            if s.labels.get("window") == "1m" and "engine" not in s.labels:
+                out[s.labels["target"]] = s.value
+    return out
+
+
+async def _wait_for_acceptance(url: str) -> tuple[dict[str, float], dict[str, object]]:
+    """Poll the printed /metrics URL until both targets have an acceptance ratio."""
+    async with aiohttp.ClientSession() as s:
+        async with asyncio.timeout(40):
+            while True:
+                async with s.get(url) as r:
+                    assert r.status == 200
+                    values = _acceptance(await r.text())
+                if {"standard", "fly"} <= values.keys():
+                    break
+                await asyncio.sleep(0.5)
+        async with s.get(url.removesuffix("/metrics") + "/api/v1/snapshot") as r:
+            assert r.status == 200
+            snap = json.loads(await r.text())
+    return values, snap
+
+
+def _check_serving(values: dict[str, float], snap: dict[str, object]) -> None:
+    for target in ("standard", "fly"):
+        assert 0.0 < values[target] < 1.0, values
+    targets = snap["targets"]
+    assert isinstance(targets, dict)
+    assert {targets["standard"]["role"], targets["fly"]["role"]} == {"standard", "fly"}
+    for t in targets.values():
+        assert t["up"] is True
+        assert t["capacity"]["limits_configured"] is True  # the demo configures the limits
+        assert t["limits"]["max_num_seqs"] == 16
+
+
+async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
+    proc = await _start("--duration", "20")
+    lines: list[str] = []
+    try:
+        url = await _metrics_url(proc, lines)
+        values, snap = await _wait_for_acceptance(url)
+        tree = _tree(proc.pid)
+        async with asyncio.timeout(60):
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    _check_serving(values, snap)
+    out = "".join(lines) + rest.decode()
+    assert rc == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    assert "\x1b" not in out  # stdout is a pipe: plain text, no ANSI
+    assert "specwatch demo: stopped;" in out
+    # the plain view ran and showed both arms' acceptance
+    assert re.search(r"^standard\s+standard\s+up\s+0\.\d{3}", out, re.M), out[-2000:]
+    assert re.search(r"^fly\s+fly\s+up\s+0\.\d{3}", out, re.M)
+    assert proc.pid in tree
+    assert _alive(tree) == set()
+    assert _group_members(proc.pid) == set()
+
+
+async def _signal_mid_run(sig: signal.Signals) -> None:
+    proc = await _start("--no-ui")
+    lines: list[str] = []
+    try:
+        url = await _metrics_url(proc, lines)
+        values, snap = await _wait_for_acceptance(url)
+        tree = _tree(proc.pid)
+        assert proc.returncode is None  # still running: the signal lands mid-run
+        os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground group
+        async with asyncio.timeout(30):
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    _check_serving(values, snap)
+    out = "".join(lines) + rest.decode()
+    assert rc == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    assert "specwatch demo: stopped;" in out
+    assert "target    role" not in out  # --no-ui: no view
+    assert _alive(tree) == set()
+    assert _group_members(proc.pid) == set()
+
+
+async def test_demo_sigint_mid_run_exits_0_leaving_no_process() -> None:
+    await _signal_mid_run(signal.SIGINT)
+
+
+async def test_demo_sigterm_mid_run_exits_0_leaving_no_process() -> None:
+    await _signal_mid_run(signal.SIGTERM)

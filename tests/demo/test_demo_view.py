@@ -1,0 +1,174 @@
+"""The demo's live view (a pure function of the snapshot document), its settings and flags."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specwatch.__main__ import main as cli_main
+from specwatch.demo import (
+    DemoConfig,
+    DemoTargets,
+    demo_components,
+    demo_settings,
+    render_view,
+    simulator_configs,
+    view_document,
+)
+from specwatch.model import Role, Snapshot
+from specwatch.simulate.config import Role as SimRole
+
+
+def _health(
+    alpha: float | None, tau: float | None, running: int, waiting: int
+) -> dict[str, object]:
+    return {
+        "acceptance_rate": alpha,
+        "mean_acceptance_length": tau,
+        "generation_tokens_per_second": 1234.4,
+        "num_requests_running": running,
+        "num_requests_waiting": waiting,
+    }
+
+
+def _doc() -> dict[str, object]:
+    def target(role: str, a0: float, a1: float, running: float) -> dict[str, object]:
+        return {
+            "role": role,
+            "up": True,
+            "stale": False,
+            "limits": {"max_num_seqs": 16},
+            "capacity": {"num_requests_running": running},
+            "windows": {
+                "1m": {
+                    "server": _health((a0 + a1) / 2, 3.5, 20, 3),
+                    "engines": {"1": _health(a1, None, 9, 1), "0": _health(a0, None, 11, 2)},
+                }
+            },
+        }
+
+    return {
+        "targets": {
+            "standard": target("standard", 0.6, 0.7, 11),
+            "fly": target("fly", 0.7, 0.8, 12),
+        },
+        "pair": {
+            "1m": {
+                "acceptance_gain_ratio": 0.1,
+                "mean_acceptance_length_ratio": 1.125,
+                "throughput_ratio": None,
+            }
+        },
+    }
+
+
+def test_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
+    text = render_view(_doc(), window="1m", header="HEAD")
+    lines = text.splitlines()
+    assert lines[0] == "HEAD"
+    assert lines[1].split() == [
+        "target", "role", "up", "α", "τ", "tok/s", "running/max", "waiting", "per", "engine", "α",
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "standard", "standard", "up", "0.650", "3.50", "1234", "11/16", "3", "e0=0.600", "e1=0.700",
+    ]  # fmt: skip
+    assert lines[3].split()[:8] == ["fly", "fly", "up", "0.750", "3.50", "1234", "12/16", "3"]
+    assert lines[4] == (
+        "pair (1m): α fly − standard +0.100  τ fly / standard 1.125  throughput fly / standard -"
+    )
+    assert len(lines) == 5  # no load, shadow or alerts given: no such sections
+    assert "\x1b" not in text
+
+
+def test_view_falls_back_to_the_first_window_and_marks_unknowns() -> None:
+    doc = _doc()
+    t = doc["targets"]["fly"]  # type: ignore[index]
+    t["up"] = False
+    t["stale"] = True
+    t["windows"] = {"since_start": {"server": _health(None, None, 0, 0), "engines": {}}}
+    t["capacity"] = {"num_requests_running": None}
+    line = render_view(doc, window="1m").splitlines()[2]
+    # running falls back to the server gauge when capacity has none
+    assert line.split() == ["fly", "fly", "stale", "-", "-", "1234", "0/16", "0", "-"]
+
+
+def test_view_load_shadow_and_alert_sections() -> None:
+    doc = _doc()
+    summary = {
+        "n": 40, "lost": 5, "gained": 1, "net_loss_ratio": 0.1, "ci_lower": -0.02,
+        "ci_upper": 0.24, "p_loss": 0.109375, "e_value": 2.5, "fly_flip_ratio": 0.15,
+        "noise_flip_ratio": 0.05, "non_inferiority_pass": False,
+    }  # fmt: skip
+    doc["shadow"] = {"windows": {"since_start": {"_all": summary, "counting": {"n": 3}}}}
+    doc["alerts"] = [
+        {"labels": {"alertname": "FlyAcceptanceDrop", "severity": "warning", "target": "fly"}}
+    ]
+    load = {"sent": 10, "ok": 9, "errors": {"timeout": 1}, "canary": {"fly": (3, 4)}}
+    lines = render_view(doc, window="1m", load=load, ansi=True).splitlines()
+    assert lines[4] == "load: sent 10  ok 9  errors 1  canary correct: fly 3/4"
+    assert lines[5] == (
+        "shadow (since_start): pairs 40  lost 5  gained 1  net loss 0.100 [-0.020, 0.240]  "
+        "McNemar p(loss) 0.109  e-value 2.5"
+    )
+    assert lines[6].split() == [
+        "flip", "ratio", "fly", "0.150", "noise", "0.050", "non-inferior", "no",
+    ]  # fmt: skip
+    assert lines[7] == "alerts: 1 firing"
+    assert lines[8] == "\x1b[31m  FlyAcceptanceDrop [warning] target=fly\x1b[0m"
+    doc["alerts"] = []
+    assert render_view(doc).splitlines()[-1] == "alerts: none firing"
+
+
+def test_view_document_hides_sections_no_component_published() -> None:
+    snap = Snapshot(generated_at=1.0)
+    doc = view_document(snap)
+    assert "shadow" not in doc
+    assert "alerts" not in doc
+    snap2 = Snapshot(generated_at=1.0, extras={"alerts": [], "shadow": {"ledger_rows": 7}})
+    doc2 = view_document(snap2)
+    assert doc2["alerts"] == []
+    assert render_view(doc2).splitlines()[-2:] == ["shadow: ledger_rows 7", "alerts: none firing"]
+
+
+def test_demo_settings_configure_both_targets_with_limits() -> None:
+    cfg = DemoConfig()
+    targets = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2")
+    s = demo_settings(cfg, targets, port=0)
+    assert [(t.name, t.effective_role, t.url) for t in s.targets] == [
+        ("standard", Role.STANDARD, "http://127.0.0.1:1/metrics"),
+        ("fly", Role.FLY, "http://127.0.0.1:2/metrics"),
+    ]
+    assert s.scrape.interval_seconds == 1.0
+    assert s.windows == ("1m", "5m")
+    for t in s.targets:
+        assert t.limits.max_num_seqs == 16
+        assert t.limits.max_num_batched_tokens == 512
+        assert t.limits.num_speculative_tokens == 4
+        assert t.limits.method == "eagle3"
+    assert demo_components(s, targets) == []
+    std, fly = simulator_configs(cfg)
+    assert (std.role, fly.role) == (SimRole.STANDARD, SimRole.FLY)
+    assert std.data_parallel_size == fly.data_parallel_size == 2
+    assert std.seed == fly.seed
+    assert math.isclose(fly.fly_entropy_threshold, 0.3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--duration", "soon"], "not a duration"),
+        (["--duration", "0"], "--duration must be longer than 0 s"),
+        (["--port", "70000"], "--port must be 0..65535"),
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--rate", "-1"], "--rate must be >= 0"),
+        (["--max-num-seqs", "0"], "--max-num-seqs and --max-num-batched-tokens must be >= 1"),
+    ],
+)
+def test_bad_demo_flags_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["demo", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
