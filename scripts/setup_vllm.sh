@@ -62,10 +62,18 @@ start=$(date +%s)
 log "building $VENV with $VLLM_REQUIREMENT (about 600 MB download, ~2 min)"
 rm -rf "$VENV"
 "$BASE_PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip >&2
-"$VENV/bin/python" -m pip install -q "$VLLM_REQUIREMENT" >&2
+install_log="$VENV/pip-install.log"
+pip_quiet() {
+  if ! "$VENV/bin/python" -m pip "$@" >>"$install_log" 2>&1; then
+    tail -n 40 "$install_log" >&2
+    log "pip $* failed; full log in $install_log"
+    exit 1
+  fi
+}
+pip_quiet install --upgrade pip
+pip_quiet install "$VLLM_REQUIREMENT"
 # torchvision/torchaudio/torchcodec break beside torch 2.13.0+cpu; triton is unused on CPU (1 GB).
-"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton >&2 || true
+pip_quiet uninstall -y torchvision torchaudio torchcodec triton
 touch "$STAMP"
 if ! venv_ok; then
   rm -f "$STAMP"

@@ -76,16 +76,14 @@ done
 if ((${#pkgs[@]})); then
   say "installing Debian packages: ${pkgs[*]}"
   # Keep the packages' services from starting (they would hold ports 80, 9090, 9093).
-  made_policy=0
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
     as_root chmod +x /usr/sbin/policy-rc.d
-    made_policy=1
+    trap 'as_root rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${pkgs[@]}" >/dev/null
-  if ((made_policy)); then as_root rm -f /usr/sbin/policy-rc.d; fi
 fi
 t_apt=$(date +%s)
 

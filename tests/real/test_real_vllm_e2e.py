@@ -214,6 +214,7 @@ def test_analyze_two_real_captures_matches_independent_values(
     body_a = quiescent_metrics(vllm_spec_server)
     drive_traffic(vllm_spec_server)
     body_b = quiescent_metrics(vllm_spec_server)
+    expected = expected_between(body_a, body_b)
     path_a, path_b = tmp_path / "a.prom", tmp_path / "b.prom"
     path_a.write_text(body_a)
     path_b.write_text(body_b)
@@ -239,7 +240,6 @@ def test_analyze_two_real_captures_matches_independent_values(
 
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    expected = expected_between(body_a, body_b)
     assert_matches(result["server"], expected)
     # One engine (engine="0"): its own view is the same window.
     assert sorted(result["engines"]) == ["0"]
