@@ -37,6 +37,7 @@ from .servers import NUM_SPECULATIVE_TOKENS, TinyModels, VllmServer, launch_vllm
 
 VLLM_PYTHON_ENV = "SPECWATCH_TEST_VLLM_PYTHON"
 MODEL_DIR_ENV = "SPECWATCH_TEST_MODEL_DIR"
+REAL_TEST_TIMEOUT_S = 900
 
 
 def in_ci() -> bool:
@@ -57,12 +58,15 @@ def _missing(message: str) -> NoReturn:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection, which reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/real ``real_vllm``, and run those last (stable order), so
-    their servers are up only at the end of the session."""
+    """Mark every test under tests/real ``real_vllm`` (with a 900 s timeout unless it sets
+    one), and run those last (stable order), so their servers are up only at the end."""
     here = Path(__file__).parent
     for item in items:
         if item.path.is_relative_to(here) and item.get_closest_marker("real_vllm") is None:
             item.add_marker(pytest.mark.real_vllm)
+        if item.get_closest_marker("real_vllm") and item.get_closest_marker("timeout") is None:
+            # The first test to use a server also pays for its start (30-90 s per server).
+            item.add_marker(pytest.mark.timeout(REAL_TEST_TIMEOUT_S))
     items.sort(key=lambda item: item.get_closest_marker("real_vllm") is not None)
 
 

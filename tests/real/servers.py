@@ -26,6 +26,7 @@ SERVED_MODEL_NAME = "tiny"
 NUM_SPECULATIVE_TOKENS = 4
 READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
+PORT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,9 @@ def free_port() -> int:
         return port
 
 
-def _children_by_parent() -> dict[int, list[int]]:
-    """Map parent PID -> child PIDs from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
+def _process_table() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every process, from /proc (Linux)."""
+    table: list[tuple[int, int, int]] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -105,19 +106,23 @@ def _children_by_parent() -> dict[int, list[int]]:
             stat = (entry / "stat").read_text()
         except OSError:  # the process ended while we looked
             continue
-        # Field 4 is the parent PID; field 2 (the command) may contain spaces, so split after ')'.
+        # After the command in parentheses: state, ppid, pgrp, ...
         fields = stat.rsplit(")", 1)[1].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    return children
+        table.append((int(entry.name), int(fields[1]), int(fields[2])))
+    return table
 
 
 def descendants(pid: int) -> set[int]:
-    """PIDs of every live descendant of ``pid``."""
-    tree = _children_by_parent()
-    found: set[int] = set()
-    stack = [pid]
+    """PIDs of every live descendant of ``pid``, plus any other member of its process group
+    (``pid`` leads its own session, so orphaned children are still found)."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for child, parent, _group in table:
+        children.setdefault(parent, []).append(child)
+    found = {p for p, _parent, group in table if group == pid and p != pid}
+    stack = [pid, *found]
     while stack:
-        for child in tree.get(stack.pop(), []):
+        for child in children.get(stack.pop(), []):
             if child not in found:
                 found.add(child)
                 stack.append(child)
@@ -186,30 +191,6 @@ def launch_vllm(
     fp32, 1 GiB of KV cache. Raises ``AssertionError`` with the log tail when the server exits
     or is not ready within ``ready_timeout`` seconds, or when stopping it leaves processes.
     """
-    port = free_port()
-    command = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model),
-        "--served-model-name",
-        SERVED_MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-num-seqs",
-        str(max_num_seqs),
-        "--max-model-len",
-        str(max_model_len),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        *extra_args,
-    ]
-    if speculative_config is not None:
-        command += ["--speculative-config", json.dumps(speculative_config)]
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env.update(
         VLLM_CPU_KVCACHE_SPACE="1",
@@ -220,40 +201,89 @@ def launch_vllm(
         VLLM_CACHE_ROOT=str(cache_dir),
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        command = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            SERVED_MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--max-model-len",
+            str(max_model_len),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            *extra_args,
+        ]
+        if speculative_config is not None:
+            command += ["--speculative-config", json.dumps(speculative_config)]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        server = VllmServer(
+            url=f"http://127.0.0.1:{port}",
+            model=SERVED_MODEL_NAME,
+            pid=process.pid,
+            speculative_config=speculative_config,
+            log_path=log_path,
         )
-    server = VllmServer(
-        url=f"http://127.0.0.1:{port}",
-        model=SERVED_MODEL_NAME,
-        pid=process.pid,
-        speculative_config=speculative_config,
-        log_path=log_path,
-    )
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(
-                    f"vLLM server exited with code {process.returncode} before it was ready "
-                    f"({' '.join(command)}):\n{_log_tail(log_path)}"
-                )
-            try:
-                server.get("/v1/models", timeout=5.0)
+        try:
+            if _wait_ready(process, server, ready_timeout, command):
                 break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"vLLM server not ready after {ready_timeout} s:\n{_log_tail(log_path)}"
-                )
-            time.sleep(0.5)
+        except BaseException:
+            _stop(process, log_path)
+            raise
+        _stop(process, log_path)  # lost the port to another process between probe and bind
+        if attempt == PORT_ATTEMPTS:
+            raise AssertionError(
+                f"no free port after {PORT_ATTEMPTS} tries:\n{_log_tail(log_path)}"
+            )
+    try:
         yield server
     finally:
         _stop(process, log_path)
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], server: VllmServer, timeout: float, command: list[str]
+) -> bool:
+    """Poll ``/v1/models`` until it answers (True) or the port was taken (False).
+
+    Raises ``AssertionError`` with the log tail when the server exits for another reason or is
+    not ready within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            tail = _log_tail(server.log_path)
+            if "address already in use" in tail.lower():
+                return False
+            raise AssertionError(
+                f"vLLM server exited with code {process.returncode} before it was ready "
+                f"({' '.join(command)}):\n{tail}"
+            )
+        try:
+            server.get("/v1/models", timeout=5.0)
+            return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"vLLM server not ready after {timeout} s:\n{_log_tail(server.log_path)}"
+            )
+        time.sleep(0.5)
