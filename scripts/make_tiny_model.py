@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         "out_dir", type=Path, help="directory to write target/, draft/, draft-same/"
     )
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     manifest = build(args.out_dir)
     print(
         f"tiny models in {args.out_dir}: target {manifest['target_parameters']} parameters, "
