@@ -102,6 +102,7 @@ if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]]; then
     mkdir -p "$CACHE_ROOT/tiny-models"
     staging=$(mktemp -d "$CACHE_ROOT/tiny-models/.build-XXXXXX")
     "$SPECWATCH_TEST_VLLM_PYTHON" scripts/make_tiny_model.py "$staging" >&2
+    [[ -f "$SPECWATCH_TEST_MODEL_DIR/manifest.json" ]] || rm -rf "$SPECWATCH_TEST_MODEL_DIR"
     # A concurrent builder may have won the race; both results are byte-identical.
     mv -T "$staging" "$SPECWATCH_TEST_MODEL_DIR" 2>/dev/null || rm -rf "$staging"
   fi
@@ -112,7 +113,7 @@ t_model=$(date +%s)
 # 5. Every test -----------------------------------------------------------------------------
 say "SPECWATCH_TEST_VLLM_PYTHON=$SPECWATCH_TEST_VLLM_PYTHON"
 say "SPECWATCH_TEST_MODEL_DIR=$SPECWATCH_TEST_MODEL_DIR"
-say "setup took $((t_model - t0)) s (apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
+say "setup took $((t_model - t0)) s (requirements and apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
 rc=0
 "$PYTHON" -m pytest --durations=10 "$@" || rc=$?
 case $rc in
