@@ -251,13 +251,18 @@ def test_analyze_two_real_captures_matches_independent_values(
 
 @dataclass(frozen=True)
 class Specwatch:
-    """A ``specwatch run`` subprocess: its base URL and log file."""
+    """A ``specwatch run`` subprocess: its base URL, process and log file."""
 
     url: str
+    process: subprocess.Popen[bytes]
     log_path: Path
 
     def snapshot(self) -> dict[str, Any] | None:
-        """``/api/v1/snapshot`` as JSON, or None while it does not answer 200."""
+        """``/api/v1/snapshot`` as JSON, or None while it does not answer 200.
+
+        Raises ``AssertionError`` once the process has exited."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"specwatch run exited with code {self.process.returncode}")
         try:
             with urllib.request.urlopen(self.url + "/api/v1/snapshot", timeout=10) as response:
                 data: dict[str, Any] = json.loads(response.read())
@@ -290,7 +295,7 @@ def specwatch_run(target_url: str, log_path: Path) -> Iterator[Specwatch]:
             stderr=subprocess.STDOUT,
         )
     try:
-        yield Specwatch(url=f"http://127.0.0.1:{port}", log_path=log_path)
+        yield Specwatch(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nspecwatch log:\n{log_path.read_text()[-4000:]}") from exc
     finally:
