@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The one test command (README and .ci/run): install what the tests need, then run them all.
+#
+#   bash scripts/test.sh [PYTEST ARGS...]
+#
+# Idempotent; each step is skipped when its result is already there:
+#   1. Python test requirements (pyproject's dependencies + the `test` extra), installed with
+#      pip only when one is missing from the interpreter ($PYTHON, default `python3`).
+#   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool) and nginx-light,
+#      installed with apt-get only when a binary is missing; services are not started.
+#   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports.
+#   4. The tiny local models (scripts/make_tiny_model.py), rebuilt only when the builder changes.
+# It exports, for the tests in tests/real/:
+#   SPECWATCH_TEST_VLLM_PYTHON  the vLLM venv's python
+#   SPECWATCH_TEST_MODEL_DIR    directory with target/, draft/, draft-same/ (see make_tiny_model.py)
+# and then runs `python -m pytest` on every test, real_vllm ones included.
+# Pytest exit 5 (no tests collected) is a failure: a test command that ran nothing must not pass.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON="${PYTHON:-python3}"
+CACHE_ROOT="${SPECWATCH_CACHE_DIR:-$HOME/.cache/specwatch}"
+t0=$(date +%s)
+
+say() { echo "test.sh: $*" >&2; }
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+# 1. Python requirements for the tests -------------------------------------------------------
+missing_reqs=$("$PYTHON" - <<'PY'
+"""Print each of pyproject's dependencies + `test` extra that this interpreter lacks."""
+import importlib.metadata as md
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+specs = project.get("dependencies", []) + project.get("optional-dependencies", {}).get("test", [])
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # pytest needs packaging, so without it everything is missing
+    print("\n".join(specs))
+    raise SystemExit(0) from None
+for spec in specs:
+    req = Requirement(spec)
+    if req.marker is not None and not req.marker.evaluate():
+        continue
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        print(spec)
+        continue
+    if not req.specifier.contains(version, prereleases=True):
+        print(spec)
+PY
+)
+if [[ -n "$missing_reqs" ]]; then
+  say "installing missing Python requirements: $(echo "$missing_reqs" | tr '\n' ' ')"
+  mapfile -t reqs <<<"$missing_reqs"
+  "$PYTHON" -m pip install -q "${reqs[@]}"
+fi
+
+# 2. Debian packages ------------------------------------------------------------------------
+declare -A pkg_for=(
+  [promtool]=prometheus
+  [prometheus]=prometheus
+  [prometheus-alertmanager]=prometheus-alertmanager
+  [amtool]=prometheus-alertmanager
+  [nginx]=nginx-light
+)
+pkgs=()
+for bin in "${!pkg_for[@]}"; do
+  if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$bin" >/dev/null 2>&1; then
+    pkg=${pkg_for[$bin]}
+    [[ " ${pkgs[*]-} " == *" $pkg "* ]] || pkgs+=("$pkg")
+  fi
+done
+if ((${#pkgs[@]})); then
+  say "installing Debian packages: ${pkgs[*]}"
+  # Keep the packages' services from starting (they would hold ports 80, 9090, 9093).
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
+    as_root chmod +x /usr/sbin/policy-rc.d
+    trap 'as_root rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${pkgs[@]}" >/dev/null
+fi
+t_apt=$(date +%s)
+
+# 3. The vLLM venv --------------------------------------------------------------------------
+export SPECWATCH_VLLM_VENV="${SPECWATCH_VLLM_VENV:-$CACHE_ROOT/venv-vllm}"
+SPECWATCH_TEST_VLLM_PYTHON=$(bash scripts/setup_vllm.sh | tail -n 1)
+export SPECWATCH_TEST_VLLM_PYTHON
+t_venv=$(date +%s)
+
+# 4. The tiny models, keyed by the builder's content --------------------------------------
+builder_hash=$(sha256sum scripts/make_tiny_model.py | cut -c1-16)
+if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]]; then
+  SPECWATCH_TEST_MODEL_DIR="$CACHE_ROOT/tiny-models/$builder_hash"
+  if [[ ! -f "$SPECWATCH_TEST_MODEL_DIR/manifest.json" ]]; then
+    say "building the tiny models in $SPECWATCH_TEST_MODEL_DIR"
+    mkdir -p "$CACHE_ROOT/tiny-models"
+    staging=$(mktemp -d "$CACHE_ROOT/tiny-models/.build-XXXXXX")
+    "$SPECWATCH_TEST_VLLM_PYTHON" scripts/make_tiny_model.py "$staging" >&2
+    [[ -f "$SPECWATCH_TEST_MODEL_DIR/manifest.json" ]] || rm -rf "$SPECWATCH_TEST_MODEL_DIR"
+    # A concurrent builder may have won the race; both results are byte-identical.
+    mv -T "$staging" "$SPECWATCH_TEST_MODEL_DIR" 2>/dev/null || rm -rf "$staging"
+  fi
+fi
+export SPECWATCH_TEST_MODEL_DIR
+t_model=$(date +%s)
+
+# 5. Every test -----------------------------------------------------------------------------
+say "SPECWATCH_TEST_VLLM_PYTHON=$SPECWATCH_TEST_VLLM_PYTHON"
+say "SPECWATCH_TEST_MODEL_DIR=$SPECWATCH_TEST_MODEL_DIR"
+say "setup took $((t_model - t0)) s (requirements and apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
+rc=0
+"$PYTHON" -m pytest --durations=10 "$@" || rc=$?
+case $rc in
+  0) say "all tests passed ($(($(date +%s) - t0)) s in all)" ;;
+  5) say "FAILED: pytest collected no tests (exit 5); a test run that ran nothing is a failure" ;;
+  *) say "FAILED: pytest exit code $rc" ;;
+esac
+exit "$rc"
