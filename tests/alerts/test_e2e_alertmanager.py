@@ -47,11 +47,15 @@ async def _listed(
 
 
 async def _baseline_ready(stack: Stack) -> bool | None:
-    """Both targets have at least 3 s of since-start history with drafts flowing."""
+    """Both targets have at least 6 s of since-start history with drafts flowing.
+
+    The since-start baseline (the detectors' default when no 1h window is configured) then stays
+    well above the faulted value for the ~20 s the fault lasts: with α ≈ 0.55 before and ≈ 0.2
+    during the fault, the ratio after 20 s of fault is 0.2 / ((6·0.55 + 20·0.2) / 26) ≈ 0.71."""
     doc = await stack.snapshot()
     for target in doc["targets"].values():
         server = target["windows"]["since_start"]["server"] or {}
-        if (server.get("interval_seconds") or 0) < 3 or not server.get("drafts_per_second"):
+        if (server.get("interval_seconds") or 0) < 6 or not server.get("drafts_per_second"):
             return None
     return True
 
@@ -65,7 +69,7 @@ async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Pat
                 alerting=_alerting(am),
                 detect=DetectSettings(acceptance_short_window="3s", acceptance_drop_for=1.0),
             ) as stack:
-                await poll("3 s of baseline", lambda: _baseline_ready(stack))
+                await poll("6 s of baseline", lambda: _baseline_ready(stack))
                 assert await am.alerts(session, "SpecAcceptanceDrop") == []
 
                 await stack.fault(stack.fly, {"draft_noise_multiplier": 6.0})
