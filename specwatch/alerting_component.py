@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -24,15 +25,30 @@ from prometheus_client.registry import Collector
 
 from specwatch.alerting import Alert, AlertingState, AlertLoop, alert_families, alerts_json
 from specwatch.app import LIVENESS_KEY, SESSION_KEY, SnapshotStore
-from specwatch.detect import Detector
+from specwatch.detect import SINCE_START, Detector, DetectSettings
+from specwatch.logs import log_event
 from specwatch.model import Clock, Snapshot
 from specwatch.settings import Settings
 from specwatch.shadow.state import ShadowStats
 
-__all__ = ["AlertingComponent", "ShadowProvider", "alerting_components"]
+__all__ = ["AlertingComponent", "ShadowProvider", "alerting_components", "missing_windows"]
+
+logger = logging.getLogger("specwatch.alerting")
 
 #: Returns the shadow chain's latest statistics, ``None`` while there are none (no I/O).
 ShadowProvider = Callable[[], ShadowStats | None]
+
+
+def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str, str]:
+    """Detector window fields naming a window specwatch does not keep → that name.
+
+    Baseline windows (``acceptance_baseline_window``, ``flip_window``) fall back to
+    ``since_start`` and are not reported; ``shadow_stalled_window`` is a shadow window and is
+    not checked here. A detector whose window is missing never fires.
+    """
+    kept = {*windows, SINCE_START}
+    fields = ("acceptance_short_window", "rate_window", "fly_gain_window")
+    return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
 
 
 class _AlertCollector(Collector):
@@ -67,6 +83,15 @@ class AlertingComponent:
         self._sleep = sleep
         self._shadow = shadow
         self.detector = Detector(settings.detect)
+        missing = missing_windows(settings.detect, settings.windows)
+        if missing:
+            log_event(
+                logger,
+                logging.WARNING,
+                "detector window not configured; its detectors stay silent",
+                missing=missing,
+                windows=list(settings.windows),
+            )
         self._snapshot: Snapshot | None = None
         self._store: SnapshotStore | None = None
         self._loop: AlertLoop | None = None

@@ -4,13 +4,20 @@ nothing is sent. Simulators in-process (no Debian tools needed)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.alerting import AlertingSettings
-from specwatch.alerting_component import AlertingComponent, alerting_components
+from specwatch.alerting_component import (
+    AlertingComponent,
+    alerting_components,
+    missing_windows,
+)
 from specwatch.detect import DetectSettings
+from specwatch.logs import event_fields
 from specwatch.settings import Settings, TargetSettings
 from tests.alerts.e2e_stack import poll, running_stack
 
@@ -20,6 +27,19 @@ def test_alerting_components_for_run() -> None:
     (component,) = alerting_components(settings)
     assert isinstance(component, AlertingComponent)
     assert component.detector.settings == settings.detect
+
+
+def test_missing_detector_windows_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Default windows (1m 5m 15m) hold every detector window except the 1h baselines, which
+    fall back to since_start; a short window of 3s is reported (logged once at start-up)."""
+    assert missing_windows(DetectSettings(), ("1m", "5m", "15m")) == {}
+    detect = DetectSettings(acceptance_short_window="3s")
+    assert missing_windows(detect, ("1m", "5m", "15m")) == {"acceptance_short_window": "3s"}
+    target = TargetSettings(name="fly", url="http://127.0.0.1:1")
+    with caplog.at_level(logging.WARNING, logger="specwatch.alerting"):
+        AlertingComponent(Settings(targets=(target,), detect=detect))
+    (record,) = caplog.records
+    assert event_fields(record)["missing"] == {"acceptance_short_window": "3s"}
 
 
 async def test_gauges_and_snapshot_without_alertmanager() -> None:
