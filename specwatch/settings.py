@@ -36,6 +36,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from specwatch.alerting import AlertingSettings
+from specwatch.detect import DetectSettings
 from specwatch.model import Limits, Role
 from specwatch.specdecode import SPEC_METHODS, regime_for_version
 
@@ -201,7 +203,8 @@ class Settings(BaseSettings):
     """All of specwatch's configuration (frozen).
 
     ``targets``: the vLLM servers. ``windows``: rolling window names (durations such as ``1m``;
-    ``since_start`` is always added). Groups: ``scrape``, ``server``, ``log``.
+    ``since_start`` is always added). Groups: ``scrape``, ``server``, ``log``, ``alerting``
+    (Alertmanager delivery), ``detect`` (detector thresholds and windows).
     """
 
     model_config = SettingsConfigDict(
@@ -216,6 +219,8 @@ class Settings(BaseSettings):
     scrape: ScrapeSettings = ScrapeSettings()
     server: ServerSettings = ServerSettings()
     log: LogSettings = LogSettings()
+    alerting: AlertingSettings = AlertingSettings()
+    detect: DetectSettings = DetectSettings()
 
     @classmethod
     def settings_customise_sources(

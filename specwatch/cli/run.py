@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from specwatch.alerting_component import alerting_components
 from specwatch.app import build_app
 from specwatch.logs import log_event, setup_logging
 from specwatch.settings import (
@@ -119,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log.level, settings.log.format)
     log_effective_config(settings)
-    app = build_app(settings)
+    app = build_app(settings, components=[*alerting_components(settings)])
     web.run_app(
         app,
         host=settings.server.host,

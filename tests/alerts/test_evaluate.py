@@ -1,0 +1,491 @@
+"""detect.evaluate over Snapshots built by core's own pure chain (parse_page → TargetTracker →
+build_snapshot) from synthetic vLLM pages, and over ShadowStats from build_shadow_stats.
+
+Every page is vLLM exposition text whose counters grow at fixed per-second rates, so the
+expected α, τ and ratios are worked out by hand in each test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from specwatch.alerting import Alert, Severity
+from specwatch.detect import Detector, DetectSettings, ForTracker, evaluate, for_seconds
+from specwatch.model import Snapshot
+from specwatch.observe.parse import parse_page
+from specwatch.observe.tracker import TargetTracker, build_snapshot
+from specwatch.settings import Settings, TargetSettings, load_settings
+from specwatch.shadow.state import PairTally, ShadowStats, build_shadow_stats
+
+MODEL = "example-model"
+
+
+@dataclass
+class Engine:
+    """Cumulative counters of one engine and their per-second increases."""
+
+    drafts_per_s: float = 100.0
+    k: int = 3
+    accepted_per_s: float = 180.0
+    generation_per_s: float = 280.0
+    steps_per_s: float = 50.0
+    running: float = 4.0
+    waiting: float = 0.0
+    kv: float = 0.2
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    generation: float = 0.0
+    steps: float = 0.0
+    per_pos: list[float] = field(default_factory=list)
+
+    def advance(self, dt: float) -> None:
+        self.drafts += self.drafts_per_s * dt
+        self.draft_tokens += self.drafts_per_s * self.k * dt
+        self.accepted += self.accepted_per_s * dt
+        self.generation += self.generation_per_s * dt
+        self.steps += self.steps_per_s * dt
+        if not self.per_pos:
+            self.per_pos = [0.0] * self.k
+        # spread accepted tokens over positions, earlier positions first (sums to accepted)
+        share = [0.5, 0.3, 0.2] if self.k == 3 else [1.0 / self.k] * self.k
+        for i in range(self.k):
+            self.per_pos[i] += self.accepted_per_s * dt * share[i]
+
+    def reset(self) -> None:
+        self.drafts = self.draft_tokens = self.accepted = self.generation = self.steps = 0.0
+        self.per_pos = [0.0] * self.k
+
+
+def page(engines: Mapping[str, Engine], start_time: float = 1.7e9) -> str:
+    """A vLLM 0.33-style page (only the families specwatch reads)."""
+    fams: dict[str, tuple[str, list[str]]] = {}
+
+    def add(name: str, kind: str, line: str) -> None:
+        fams.setdefault(name, (kind, []))[1].append(line)
+
+    for e, eng in engines.items():
+        lab = f'engine="{e}",model_name="{MODEL}"'
+        add(
+            "vllm:spec_decode_num_drafts",
+            "counter",
+            f"vllm:spec_decode_num_drafts_total{{{lab}}} {eng.drafts}",
+        )
+        add(
+            "vllm:spec_decode_num_draft_tokens",
+            "counter",
+            f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {eng.draft_tokens}",
+        )
+        add(
+            "vllm:spec_decode_num_accepted_tokens",
+            "counter",
+            f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {eng.accepted}",
+        )
+        for i, v in enumerate(eng.per_pos):
+            add(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "counter",
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}',
+            )
+        add(
+            "vllm:generation_tokens",
+            "counter",
+            f"vllm:generation_tokens_total{{{lab}}} {eng.generation}",
+        )
+        add(
+            "vllm:iteration_tokens_total",
+            "histogram",
+            f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {eng.steps}',
+        )
+        add(
+            "vllm:iteration_tokens_total",
+            "histogram",
+            f"vllm:iteration_tokens_total_count{{{lab}}} {eng.steps}",
+        )
+        add(
+            "vllm:iteration_tokens_total",
+            "histogram",
+            f"vllm:iteration_tokens_total_sum{{{lab}}} {eng.steps}",
+        )
+        add(
+            "vllm:num_requests_running",
+            "gauge",
+            f"vllm:num_requests_running{{{lab}}} {eng.running}",
+        )
+        add(
+            "vllm:num_requests_waiting",
+            "gauge",
+            f"vllm:num_requests_waiting{{{lab}}} {eng.waiting}",
+        )
+        add("vllm:kv_cache_usage_perc", "gauge", f"vllm:kv_cache_usage_perc{{{lab}}} {eng.kv}")
+    lines = [
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {start_time}",
+    ]
+    for name, (kind, samples) in fams.items():
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(samples)
+    return "\n".join(lines) + "\n"
+
+
+class Sim:
+    """One target scraped every ``step`` seconds through core's tracker."""
+
+    def __init__(
+        self, target: TargetSettings, engines: dict[str, Engine], windows: Mapping[str, float]
+    ) -> None:
+        self.engines = engines
+        self.tracker = TargetTracker(target, windows)
+        self.t = 0.0
+        self.start_time = 1.7e9
+
+    def scrape(self, dt: float) -> Snapshot:
+        self.t += dt
+        for eng in self.engines.values():
+            eng.advance(dt)
+        self.tracker.record_page(
+            self.t, parse_page(page(self.engines, self.start_time)), duration_seconds=0.01
+        )
+        return build_snapshot([self.tracker.snapshot()], now=self.t)
+
+    def fail(self, dt: float) -> Snapshot:
+        self.t += dt
+        self.tracker.record_error("connect", duration_seconds=0.01)
+        return build_snapshot([self.tracker.snapshot()], now=self.t)
+
+
+WINDOWS = {"1m": 60.0}
+
+
+def no_for(**overrides: object) -> DetectSettings:
+    """DetectSettings with every `for` duration 0 (conditions fire on the first evaluation)."""
+    zero: dict[str, object] = {n: 0.0 for n in DetectSettings.model_fields if n.endswith("_for")}
+    return DetectSettings.model_validate({**zero, **overrides})
+
+
+def _names(alerts: list[Alert]) -> list[str]:
+    return [a.alertname for a in alerts]
+
+
+def test_one_engine_of_eight_decays() -> None:
+    """Engine 3 of 8 falls to τ ≈ 1 (α 0.01): SpecAcceptanceDrop{scope=engine, engine=3} fires
+    after `for`, the server aggregate does not.
+
+    Scrapes every 10 s from t = 10 (the since-start baseline starts there). Steady state: every
+    engine α = 180/300 = 0.6, τ = 1 + 180/100 = 2.8. From t = 600, engine 3 accepts 3 tokens/s:
+    at t = 720 its 1m α = 3/300 = 0.01, τ = 1.03. Server 1m α = (7·180 + 3)/(8·300) = 0.52625;
+    since-start α = (8·590·180 + 7·120·180 + 120·3)/(8·710·300) = 1001160/1704000 = 0.58753,
+    ratio 0.8957 > 0.8 (τ−1 the same): the server is fine. Engine 3's since-start α =
+    (590·180 + 120·3)/(710·300) = 106560/213000 = 0.50028, ratio 0.01999 (shown as 2%).
+    """
+    s = DetectSettings(acceptance_short_window="1m", acceptance_drop_for=60.0)
+    engines = {str(e): Engine() for e in range(8)}
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), engines, WINDOWS)
+    detector = Detector(s)
+    for _ in range(60):
+        assert detector.evaluate(sim.scrape(10.0), None, sim.t) == []
+    engines["3"].accepted_per_s = 3.0
+    fired: list[Alert] = []
+    for _ in range(12):
+        snap = sim.scrape(10.0)
+        fired = detector.evaluate(snap, None, sim.t)
+    server = snap.targets["fly"].windows["1m"][MODEL].server
+    assert server.acceptance_rate == pytest.approx(1263 / 2400)
+    base = snap.targets["fly"].windows["since_start"][MODEL]
+    assert base.server.acceptance_rate == pytest.approx(1001160 / 1704000)
+    assert base.engines["3"].acceptance_rate == pytest.approx(106560 / 213000)
+    assert _names(fired) == ["SpecAcceptanceDrop"]
+    (alert,) = fired
+    assert dict(alert.labels) == {
+        "target": "fly",
+        "role": "fly",
+        "model_name": MODEL,
+        "scope": "engine",
+        "engine": "3",
+    }
+    assert "is 0.01 " in alert.description
+    assert "2% of it" in alert.description
+
+
+def test_for_duration_holds_back_the_engine_alert() -> None:
+    """After one decayed scrape engine 3's 1m α is (3 + 5·180)/(6·300) = 0.5017, 85% of its
+    baseline: no candidate yet. After two, (2·3 + 4·180)/1800 = 0.403, about 68%: a candidate,
+    which fires once it has held for `for` = 60 s (six scrapes later)."""
+    s = DetectSettings(acceptance_short_window="1m", acceptance_drop_for=60.0)
+    engines = {str(e): Engine() for e in range(8)}
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), engines, WINDOWS)
+    tracker = ForTracker(for_seconds(s))
+    for _ in range(60):
+        evaluate(sim.scrape(10.0), None, s, sim.t, tracker=tracker)
+    engines["3"].accepted_per_s = 3.0
+    results = []
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+        results.append(
+            (
+                len(evaluate(snap, None, s, sim.t)),
+                len(evaluate(snap, None, s, sim.t, tracker=tracker)),
+            )
+        )
+    assert results == [(0, 0)] + [(1, 0)] * 6 + [(1, 1)]
+
+
+def test_whole_server_drop_fires_server_scope_only() -> None:
+    """Every engine decays: one scope=server alert, no per-engine duplicates (the rule's unless)."""
+    s = DetectSettings(acceptance_short_window="1m", acceptance_drop_for=0.0)
+    engines = {str(e): Engine() for e in range(2)}
+    sim = Sim(TargetSettings(name="standard", url="http://h:1"), engines, WINDOWS)
+    for _ in range(60):
+        sim.scrape(10.0)
+    for eng in engines.values():
+        eng.accepted_per_s = 30.0
+    for _ in range(6):
+        snap = sim.scrape(10.0)
+    fired = evaluate(snap, None, s, sim.t)
+    assert [(a.alertname, a.labels.get("scope"), a.labels.get("engine")) for a in fired] == [
+        ("SpecAcceptanceDrop", "server", None)
+    ]
+
+
+def test_restart_between_scrapes_fires_nothing() -> None:
+    """vLLM restarts (counters back near 0, new process_start_time): no alert of any kind, at any
+    scrape, with `for` = 0 everywhere; α stays 0.6 in every window."""
+    s = no_for(acceptance_short_window="1m")
+    engines = {"0": Engine()}
+    sim = Sim(TargetSettings(name="standard", url="http://h:1"), engines, WINDOWS)
+    for i in range(40):
+        if i == 20:
+            engines["0"].reset()
+            sim.start_time += 1000.0
+        snap = sim.scrape(10.0)
+        assert evaluate(snap, None, s, sim.t) == [], i
+    h = snap.targets["standard"].windows["1m"][MODEL].server
+    assert h.acceptance_rate == pytest.approx(0.6)
+    assert snap.targets["standard"].counter_resets == {"0": 1}
+
+
+def test_zero_drafts_fires_only_decode_inactive() -> None:
+    """Drafts counters exist but stay flat while 280 tokens/s flow: only SpecDecodeInactive."""
+    s = no_for(acceptance_short_window="1m", rate_window="1m")
+    engines = {"0": Engine(running=10.0)}
+    sim = Sim(TargetSettings(name="standard", url="http://h:1"), engines, WINDOWS)
+    for _ in range(10):
+        sim.scrape(10.0)
+    engines["0"].drafts_per_s = 0.0
+    engines["0"].accepted_per_s = 0.0
+    for _ in range(7):
+        snap = sim.scrape(10.0)
+    h = snap.targets["standard"].windows["1m"][MODEL].server
+    assert h.drafts_per_second == 0.0
+    assert h.acceptance_rate is None
+    fired = evaluate(snap, None, s, sim.t)
+    assert _names(fired) == ["SpecDecodeInactive"]
+    assert dict(fired[0].labels) == {"target": "standard", "role": "standard", "model_name": MODEL}
+    assert "280 tokens/s" in fired[0].description
+
+
+def test_no_drafts_counter_at_all_fires_nothing() -> None:
+    """A baseline server without speculative decoding (no drafts family) is not 'inactive'."""
+    s = DetectSettings(rate_window="1m", inactive_for=0.0)
+    target = TargetSettings(name="baseline", url="http://h:1")
+    tracker = TargetTracker(target, WINDOWS)
+    for i in range(1, 5):
+        body = (
+            "# TYPE vllm:generation_tokens counter\n"
+            f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} {i * 1000.0}\n'
+        )
+        tracker.record_page(i * 10.0, parse_page(body), duration_seconds=0.01)
+    snap = build_snapshot([tracker.snapshot()], now=40.0)
+    assert (
+        snap.targets["baseline"].windows["1m"][MODEL].server.generation_tokens_per_second == 100.0
+    )
+    assert evaluate(snap, None, s, 40.0) == []
+
+
+def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
+    """mtp, K = 7, B = 4096, N = 1024: D_full = 4096 // (1 + 7) = 512 < 1024. Running steady at
+    512 with 300 waiting, full drafts (ℓ = 7), KV 35%: SpecBudgetStarvation{reason=budget_cap}
+    with the configuration finding (B ≥ 1024 · 8 = 8192); no SpecAdmissionStall, nothing else."""
+    s = no_for(acceptance_short_window="1m", rate_window="1m")
+    target = TargetSettings(
+        name="standard",
+        url="http://h:1",
+        method="mtp",
+        num_speculative_tokens=7,
+        max_num_batched_tokens=4096,
+        max_num_seqs=1024,
+        vllm_version="0.33.0",
+    )
+    # 512 drafts per step at 20 steps/s; α = 0.5 → 3.5 accepted per draft
+    eng = Engine(
+        drafts_per_s=512 * 20,
+        k=7,
+        accepted_per_s=512 * 20 * 3.5,
+        generation_per_s=512 * 20 * 4.5,
+        steps_per_s=20,
+        running=512,
+        waiting=300,
+        kv=0.35,
+    )
+    sim = Sim(target, {"0": eng}, WINDOWS)
+    for _ in range(12):
+        snap = sim.scrape(10.0)
+    cap = snap.targets["standard"].capacity
+    assert (cap.decode_full_per_step_requests, cap.budget_bound) == (512, True)
+    h = snap.targets["standard"].windows["1m"][MODEL].server
+    assert h.drafts_per_step == pytest.approx(512.0)
+    assert h.mean_draft_length == pytest.approx(7.0)
+    fired = evaluate(snap, None, s, sim.t)
+    assert _names(fired) == ["SpecBudgetStarvation"]
+    (alert,) = fired
+    assert dict(alert.labels) == {
+        "target": "standard",
+        "role": "standard",
+        "model_name": MODEL,
+        "reason": "budget_cap",
+    }
+    assert "Configuration finding, not a stall" in alert.description
+    assert "at least 8192" in alert.description
+    assert "--max-num-seqs to 512" in alert.description
+
+
+def test_stall_fires_on_a_real_stall() -> None:
+    """The same server admitting nothing (2 running, 40 waiting, no tokens) is a stall."""
+    s = no_for(rate_window="1m")
+    eng = Engine(
+        drafts_per_s=0,
+        accepted_per_s=0,
+        generation_per_s=0,
+        steps_per_s=1,
+        running=2,
+        waiting=40,
+        kv=0.05,
+    )
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), {"0": eng}, WINDOWS)
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+    assert _names(evaluate(snap, None, s, sim.t)) == ["SpecAdmissionStall"]
+
+
+def test_stale_or_down_target_fires_no_acceptance_alert() -> None:
+    """A decayed target whose scrape then fails: only SpecwatchTargetDown (after its `for`)."""
+    s = DetectSettings(acceptance_short_window="1m", acceptance_drop_for=0.0, target_down_for=20.0)
+    engines = {"0": Engine()}
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), engines, WINDOWS)
+    detector = Detector(s)
+    for _ in range(60):
+        sim.scrape(10.0)
+    engines["0"].accepted_per_s = 20.0
+    for _ in range(6):
+        snap = sim.scrape(10.0)
+    assert _names(detector.evaluate(snap, None, sim.t)) == ["SpecAcceptanceDrop"]
+    assert detector.evaluate(sim.fail(10.0), None, sim.t) == []  # down: pending, drop cleared
+    fired = detector.evaluate(sim.fail(10.0), None, sim.t)
+    assert fired == []
+    fired = detector.evaluate(sim.fail(10.0), None, sim.t)
+    assert [(a.alertname, dict(a.labels)) for a in fired] == [
+        ("SpecwatchTargetDown", {"target": "fly", "role": "fly"})
+    ]
+
+
+def test_fly_gain_lost_from_the_pair_view() -> None:
+    """Both servers accept 0.6: gain 0 < 0.02 with both drafting 100/s → SpecFLyGainLost."""
+    s = DetectSettings(fly_gain_window="1m", fly_gain_for=0.0)
+    std = TargetTracker(TargetSettings(name="standard", url="http://h:1"), WINDOWS)
+    fly = TargetTracker(TargetSettings(name="fly", url="http://h:2"), WINDOWS)
+    a, b = {"0": Engine()}, {"0": Engine()}
+    for i in range(1, 8):
+        for engines, tr in ((a, std), (b, fly)):
+            engines["0"].advance(10.0)
+            tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
+    snap = build_snapshot([std.snapshot(), fly.snapshot()], now=70.0)
+    fired = evaluate(snap, None, s, 70.0)
+    assert [(x.alertname, dict(x.labels)) for x in fired] == [
+        ("SpecFLyGainLost", {"model_name": MODEL, "standard": "standard", "fly": "fly"})
+    ]
+    b["0"].accepted_per_s = 240.0  # α_fly 0.8 over the next minute: gain well above 0.02
+    for i in range(8, 15):
+        for engines, tr in ((a, std), (b, fly)):
+            engines["0"].advance(10.0)
+            tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
+    snap = build_snapshot([std.snapshot(), fly.snapshot()], now=140.0)
+    assert evaluate(snap, None, s, 140.0) == []
+
+
+def _shadow(tallies: Mapping[str, Mapping[str, PairTally]]) -> ShadowStats:
+    return build_shadow_stats(tallies, now=0.0, alpha=0.05, margin=0.01)
+
+
+def test_quality_and_flip_from_shadow_stats() -> None:
+    """FLy loses 40 and gains 5 of 215 math pairs: the e-value and non-inferiority checks fire
+    for `math` and `_all`; flips 40/200 against noise 10/200 give z = 0.15 / sqrt(0.125 · 0.875 ·
+    0.01) = 4.54 ≥ 3.09."""
+    s = no_for()
+    bad = PairTally(
+        both_correct=150,
+        lost=40,
+        gained=5,
+        both_wrong=20,
+        agree=160,
+        disagree=40,
+        noise_agree=190,
+        noise_disagree=10,
+    )
+    stats = _shadow({"since_start": {"math": bad}, "1h": {"math": bad}})
+    fired = evaluate(Snapshot(generated_at=0.0), stats, s, 0.0)
+    got = sorted((a.alertname, tuple(sorted(a.labels.items()))) for a in fired)
+    assert got == sorted(
+        [
+            (
+                "SpecQualityDrift",
+                (("category", c), ("check", "e_value"), ("hypothesis", "no_net_loss")),
+            )
+            for c in ("_all", "math")
+        ]
+        + [
+            ("SpecQualityDrift", (("category", c), ("check", "non_inferiority")))
+            for c in ("_all", "math")
+        ]
+        + [("SpecFlipRateAboveNoise", (("category", "_all"),))]
+    )
+    fine = PairTally(
+        both_correct=150,
+        lost=5,
+        gained=5,
+        both_wrong=15,
+        agree=195,
+        disagree=5,
+        noise_agree=196,
+        noise_disagree=4,
+    )
+    assert (
+        evaluate(Snapshot(generated_at=0.0), _shadow({"since_start": {"math": fine}}), s, 0.0) == []
+    )
+
+
+def test_for_seconds_by_alert_and_check() -> None:
+    s = DetectSettings()
+    get = for_seconds(s)
+    assert (
+        get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "non_inferiority"}))
+        == 900.0
+    )
+    assert get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "e_value"})) == 300.0
+    assert get(Alert("SpecwatchTargetDown", Severity.WARNING, "", "")) == 300.0
+
+
+def test_settings_groups_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECWATCH_ALERTING__URLS", '["http://am:9093/"]')
+    monkeypatch.setenv("SPECWATCH_ALERTING__RESEND_INTERVAL", "30")
+    monkeypatch.setenv("SPECWATCH_DETECT__ACCEPTANCE_DROP_FOR", "120")
+    monkeypatch.setenv("SPECWATCH_DETECT__ACCEPTANCE_SHORT_WINDOW", "1m")
+    s = load_settings()
+    assert s.alerting.urls == ["http://am:9093"]
+    assert s.alerting.resend_interval == 30.0
+    assert (s.detect.acceptance_drop_for, s.detect.acceptance_short_window) == (120.0, "1m")
+    monkeypatch.delenv("SPECWATCH_ALERTING__URLS")
+    assert load_settings().alerting.urls == []
+    assert Settings.model_fields["detect"].default == DetectSettings()
