@@ -315,7 +315,7 @@ def _series(name: str, labels: dict[str, str]) -> _Series | None:
 #: Memo of the labels part of kept sample lines: ``name{...}`` exactly as on the page → the
 #: series prometheus_client parsed from a whole line starting with it. Bounded; cleared when full.
 _SERIES_MEMO: dict[str, _Series] = {}
-_SERIES_MEMO_MAX = 65536
+_SERIES_MEMO_MAX = 16384
 _PLACEHOLDER = _Series(("", ()), {}, FAMILIES[0], "", ("", ""))
 #: TYPE lines of kept families that prometheus_client already accepted (a TYPE line's validity
 #: depends on that line only).
@@ -384,8 +384,8 @@ def _records_text(body: str) -> list[tuple[_Series, float]]:
         except (ValueError, IndexError, KeyError, TypeError) as exc:
             raise _malformed(exc, body, kept, None) from None
         if len(samples) != len(slots):  # one sample per sample line; anything else: no memo
-            raise _malformed(ValueError("unexpected sample count"), body, kept, None)
-        if len(memo) > _SERIES_MEMO_MAX:
+            return _records_whole(body, kept)
+        if len(memo) >= _SERIES_MEMO_MAX:
             memo.clear()
         for slot, k, sample in zip(slots, batch_index, samples, strict=True):
             series = _series(sample.name, sample.labels)
@@ -394,8 +394,15 @@ def _records_text(body: str) -> list[tuple[_Series, float]]:
             out[slot] = (series, sample.value)
             line = kept[k].strip()
             end = line.rfind("}")
-            if sample.timestamp is None and end > 0 and line[len(sample.name)] == "{":
+            if (
+                sample.timestamp is None
+                and end > 0
+                and line[len(sample.name)] == "{"
+                and len(memo) < _SERIES_MEMO_MAX
+            ):
                 memo[line[: end + 1]] = series
+        if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
+            _TYPE_OK.clear()
         _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
     return [r for r in out if r[0] is not _PLACEHOLDER]
 
