@@ -7,6 +7,12 @@ line pre-filter before the remainder is handed to prometheus_client's parser
 which still validates every kept line, unescapes labels and HELP text. Grouped by
 (``model_name``, ``engine``); other labels (``finished_reason`` …) are summed over.
 
+Between scrapes the labels part of each kept series (``name{...}`` exactly as on the page) is
+memoised with what prometheus_client parsed from it, and on later pages only the value text of
+such a line is parsed, by prometheus_client's own value parser: same result as parsing the whole
+line, at a fraction of the cost, since label parsing is most of the parser's time (see
+:func:`_records_text` and ``docs/benchmarks.md``). New series always go through the full parser.
+
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
 series is treated as absent. The same series twice: identical copies count once; conflicting
 copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
@@ -24,14 +30,27 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-try:  # the library's own value/timestamp parser, for lines whose labels part is memoised
-    from prometheus_client.parser import _parse_value_and_timestamp
-
-    _VALUE_PARSER: Callable[[str], tuple[float, float | None]] | None = _parse_value_and_timestamp
-except ImportError:  # pragma: no cover - another prometheus_client layout: no memo
-    _VALUE_PARSER = None
-
 from specwatch.model import EngineKey, EngineReading, Histogram, PageReading
+
+_ValueParser = Callable[[str], tuple[float, float | None]]
+
+
+def _library_value_parser() -> _ValueParser | None:
+    """prometheus_client's own parser of the text after a sample's labels (value, timestamp),
+    used for lines whose labels part is memoised; ``None`` (no memo, every kept line parsed
+    whole) when this prometheus_client lacks it or it does not behave as expected."""
+    try:
+        from prometheus_client.parser import _parse_value_and_timestamp
+    except ImportError:  # another prometheus_client layout
+        return None
+    try:
+        ok = _parse_value_and_timestamp(" 2.5 1000") == (2.5, 1.0)
+    except (ValueError, TypeError):
+        ok = False
+    return _parse_value_and_timestamp if ok else None
+
+
+_VALUE_PARSER: _ValueParser | None = _library_value_parser()
 
 _Ident = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -360,16 +379,15 @@ def _records_text(body: str) -> list[tuple[_Series, float]]:
             if line not in _TYPE_OK:
                 batch.append(line)
             continue
-        if value_of is not None:
-            end = line.rfind("}")
-            hit = memo.get(line[: end + 1]) if end > 0 else None
-            if hit is not None:
-                try:
-                    value = value_of(line[end + 1 :])[0]
-                except (ValueError, IndexError) as exc:
-                    raise _malformed(exc, body, kept, i) from None
-                out.append((hit, value))
-                continue
+        end = line.rfind("}")
+        hit = memo.get(line[: end + 1]) if end > 0 else None
+        if hit is not None:
+            try:
+                value = value_of(line[end + 1 :])[0]
+            except (ValueError, IndexError) as exc:
+                raise _malformed(exc, body, kept, i) from None
+            out.append((hit, value))
+            continue
         slots.append(len(out))
         out.append((_PLACEHOLDER, 0.0))
         batch.append(line)

@@ -234,8 +234,24 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(parse_mod._SERIES_MEMO) <= 8
 
 
+def test_memo_is_active_with_installed_prometheus_client() -> None:
+    """The installed prometheus_client has the value parser the memo relies on (else every
+    page is parsed whole: correct but slower, and the benchmark numbers would not hold)."""
+    assert parse_mod._VALUE_PARSER is not None
+    assert parse_mod._VALUE_PARSER(" 7 1500") == (7, 1.5)
+
+
 def test_fixtures_have_allow_listed_samples() -> None:
     """The fixtures above exist and together hold many allow-listed samples (not vacuous)."""
     for name in KEPT_ONLY:
         assert Path(FIXTURES / name).is_file()
     assert sum(len(reference_kept(body(name))) for name in KEPT_ONLY) > 300
+
+
+def test_without_value_parser_every_line_is_parsed_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fallback when the library's value parser is missing: same records, nothing memoised."""
+    monkeypatch.setattr(parse_mod, "_VALUE_PARSER", None)
+    text = body("vllm-metrics/real-cpu-draft-model.txt")
+    for page in (text, grown(text, 4.0)):
+        assert ours(page) == reference_whole(page)
+    assert not parse_mod._SERIES_MEMO
