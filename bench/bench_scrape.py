@@ -18,12 +18,16 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.model import PageReading
 from specwatch.observe import parse as parse_mod
 from specwatch.observe.parse import parse_page
 from specwatch.observe.tracker import TargetTracker
@@ -105,16 +109,40 @@ def clear_memo() -> None:
     parse_mod._TYPE_OK.clear()
 
 
-def bench(name: str, make: Callable[[int], str], repeat: int) -> dict[str, float]:
+def load_parse_page(rev: str) -> Callable[[str], PageReading]:
+    """``parse_page`` of ``specwatch/observe/parse.py`` at git revision ``rev`` (for a before /
+    after comparison in the same process)."""
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:specwatch/observe/parse.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType(f"parse_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:parse.py", "exec"), module.__dict__)
+    fn: Callable[[str], PageReading] = module.parse_page
+    return fn
+
+
+def bench(
+    name: str,
+    make: Callable[[int], str],
+    repeat: int,
+    before: Callable[[str], PageReading] | None = None,
+) -> dict[str, float]:
     """Per round, interleaved on the same fresh page: prometheus_client's full parse, the
     specwatch cycle (parse + window update + health for 4 windows) with the memo cleared first
     (cold), and with the memo kept from the previous scrape (steady state), plus parse alone.
     Every call gets a new page whose counters grew (``make(i)``), never a repeated one.
+    ``before``: another ``parse_page`` (an older revision) timed the same way in each round.
     Returns the medians in seconds."""
     target = TargetSettings(name="fly", url="http://h:1")
     windows = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
     tracker = TargetTracker(target, windows)
+    old_tracker = TargetTracker(target, windows)
     clock = [0.0]
+    old_clock = [0.0]
     serial = [0]
 
     def next_page() -> str:
@@ -125,9 +153,18 @@ def bench(name: str, make: Callable[[int], str], repeat: int) -> dict[str, float
         clock[0] += 5.0
         tracker.record_page(clock[0], parse_page(page), duration_seconds=None)
 
+    def old_cycle(page: str) -> None:
+        assert before is not None
+        old_clock[0] += 5.0
+        old_tracker.record_page(old_clock[0], before(page), duration_seconds=None)
+
     for _ in range(200):  # fill the windows (15 min of 5 s scrapes)
-        cycle(next_page())
+        page = next_page()
+        cycle(page)
+        if before is not None:
+            old_cycle(page)
     full: list[float] = []
+    old: list[float] = []
     cold: list[float] = []
     steady: list[float] = []
     parse_only: list[float] = []
@@ -137,6 +174,10 @@ def bench(name: str, make: Callable[[int], str], repeat: int) -> dict[str, float
         start = time.process_time()
         list(text_string_to_metric_families(page))
         full.append(time.process_time() - start)
+        if before is not None:
+            start = time.process_time()
+            old_cycle(page)
+            old.append(time.process_time() - start)
         clear_memo()
         start = time.process_time()
         cycle(page)
@@ -156,6 +197,10 @@ def bench(name: str, make: Callable[[int], str], repeat: int) -> dict[str, float
         "steady": statistics.median(steady),
         "parse": statistics.median(parse_only),
     }
+    if old:
+        r["before"] = statistics.median(old)
+        ratio = r["full"] / r["before"]
+        print(f"{name:>14}: before: cycle {r['before'] * 1e3:6.2f} ms ({ratio:4.1f}x)")
     print(
         f"{name:>14}: {size / 1024:6.1f} KiB  full parse {r['full'] * 1e3:7.2f} ms  "
         f"cycle cold {r['cold'] * 1e3:6.2f} ms ({r['full'] / r['cold']:4.1f}x)  "
@@ -169,11 +214,15 @@ def main() -> None:
     """Print the table and the share of one core for two 1 MB targets at a 5 s interval."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=31, help="rounds per page (medians)")
+    ap.add_argument(
+        "--before", metavar="REV", help="also time parse_page of this git revision, interleaved"
+    )
     args = ap.parse_args()
+    before = load_parse_page(args.before) if args.before else None
     print(f"load average at start: {os.getloadavg()}")
-    bench("real 54 KB", drift_real, args.repeat)
-    bench("8-engine vLLM", lambda d: generate_page(handlers=0, drift=d), args.repeat)
-    r = bench("8-engine 1 MB", lambda d: generate_page(handlers=320, drift=d), args.repeat)
+    bench("real 54 KB", drift_real, args.repeat, before)
+    bench("8-engine vLLM", lambda d: generate_page(handlers=0, drift=d), args.repeat, before)
+    r = bench("8-engine 1 MB", lambda d: generate_page(handlers=320, drift=d), args.repeat, before)
     for kind in ("cold", "steady"):
         share = 2 * r[kind] / 5.0 * 100
         print(
