@@ -309,12 +309,14 @@ def dockerignore_excludes(patterns: list[str], path: str) -> bool:
     return excluded
 
 
-class TestDockerignore:
-    @pytest.fixture(scope="class")
-    def patterns(self) -> list[str]:
-        lines = DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
-        return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+@pytest.fixture(scope="module")
+def patterns() -> list[str]:
+    """The .dockerignore patterns, comments and blank lines dropped."""
+    lines = DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
 
+
+class TestDockerignore:
     def test_copied_sources_are_in_the_context(
         self, instructions: list[Instruction], patterns: list[str]
     ) -> None:
