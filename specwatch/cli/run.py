@@ -24,6 +24,7 @@ from specwatch.settings import (
     parse_duration,
     parse_target_spec,
 )
+from specwatch.shadow.component import shadow_components
 
 logger = logging.getLogger("specwatch.run")
 
@@ -119,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log.level, settings.log.format)
     log_effective_config(settings)
-    app = build_app(settings)
+    app = build_app(settings, components=[*shadow_components(settings)])
     web.run_app(
         app,
         host=settings.server.host,
