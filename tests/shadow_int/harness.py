@@ -49,12 +49,13 @@ def write_canary(path: Path, *, variants: int, temperature: float) -> int:
 
 @asynccontextmanager
 async def simulators(
-    fly_threshold: float = 0.3, *, noise: bool = False
+    fly_threshold: float = 0.3, *, noise: bool = False, standard: SimConfig | None = None
 ) -> AsyncIterator[dict[str, SimulatorHandle]]:
     """In-process standard and FLy simulators (time_scale 0), and a second standard one as the
-    noise arm when ``noise``."""
+    noise arm when ``noise``; ``standard`` replaces the standard simulator's config."""
+    std = standard or SimConfig(role=Role.STANDARD, time_scale=0.0)
     sims = {
-        "standard": await start_simulator(SimConfig(role=Role.STANDARD, time_scale=0.0)),
+        "standard": await start_simulator(std),
         "fly": await start_simulator(
             SimConfig(role=Role.FLY, time_scale=0.0, fly_entropy_threshold=fly_threshold)
         ),
@@ -68,8 +69,14 @@ async def simulators(
             await s.stop()
 
 
-def settings_for(sims: Mapping[str, SimulatorHandle], ledger: Path, **shadow: Any) -> Settings:
-    """Settings scraping the simulators every 0.1 s, shadow arms by target name."""
+def settings_for(
+    sims: Mapping[str, SimulatorHandle],
+    ledger: Path,
+    *,
+    scrape_interval: float = 1.0,
+    **shadow: Any,
+) -> Settings:
+    """Settings scraping the simulators every ``scrape_interval`` s, arms by target name."""
     targets = [
         {
             "name": name,
@@ -97,7 +104,7 @@ def settings_for(sims: Mapping[str, SimulatorHandle], ledger: Path, **shadow: An
     return Settings.model_validate(
         {
             "targets": targets,
-            "scrape": {"interval_seconds": 0.1, "timeout_seconds": 2.0},
+            "scrape": {"interval_seconds": scrape_interval, "timeout_seconds": 2.0},
             "shadow": sh,
             "ledger": {"path": str(ledger)},
             "paired": {"windows": ["1h"], "refresh_seconds": 0.2},
