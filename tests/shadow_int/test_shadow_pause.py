@@ -60,7 +60,8 @@ async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Pa
             await until(lambda: pipe.sampler.dropped["paused"] >= dropped_at_pause + 3)
             await sc.component.refresh()
             still_paused = "waiting" in pipe.sampler.current_pause()
-            assert still_paused and pipe.sampler.pauses["waiting"] == transitions
+            assert still_paused
+            assert pipe.sampler.pauses["waiting"] == transitions
             assert started() == started_at_pause
             assert pipe.sampler.admitted == admitted_at_pause
             m = await sc.metrics()
