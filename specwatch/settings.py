@@ -303,7 +303,9 @@ class Settings(BaseSettings):
         shadow = dict(data["shadow"])
         for arm in _ARMS:
             ep = shadow.get(arm)
-            if isinstance(ep, dict) and "url" not in ep and ep.get("target") in urls:
+            if isinstance(ep, dict) and "url" not in ep and ep.get("target") is not None:
+                if ep["target"] not in urls:
+                    raise ValueError(f"shadow.{arm}.target: no target named {ep['target']!r}")
                 shadow[arm] = {**ep, "url": _metrics_base(urls[ep["target"]])}
         return {**data, "shadow": shadow}
 
