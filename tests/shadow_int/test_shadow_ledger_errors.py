@@ -16,6 +16,15 @@ from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, So
 from .harness import sidecar
 
 
+SHADOW_PREFIXES = (
+    "specwatch_shadow_",
+    "specwatch_paired_",
+    "specwatch_ledger_",
+    "specwatch_flip_",
+    "specwatch_excess_",
+)
+
+
 def _outcome(i: int, fly_text: str) -> PairOutcome:
     req = ShadowRequest(
         path="/v1/completions",
@@ -93,3 +102,10 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
     changes = [e for e in events if e[0].startswith("ledger writes")]
     assert [c[0] for c in changes] == ["ledger writes failing", "ledger writes recovered"]
     assert "refused by test" in str(changes[0][1]["error"])
+
+    # every family the component exports is documented in docs/metrics.md
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    exported = {n for n, _ in m if n.startswith(SHADOW_PREFIXES)}
+    assert "specwatch_shadow_pauses_total" in exported
+    for name in exported:
+        assert f"`{name}`" in doc, name
