@@ -15,7 +15,7 @@ from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, So
 
 from .harness import sidecar
 
-
+METRICS_DOC = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
 SHADOW_PREFIXES = (
     "specwatch_shadow_",
     "specwatch_paired_",
@@ -104,8 +104,7 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
     assert "refused by test" in str(changes[0][1]["error"])
 
     # every family the component exports is documented in docs/metrics.md
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     exported = {n for n, _ in m if n.startswith(SHADOW_PREFIXES)}
     assert "specwatch_shadow_pauses_total" in exported
     for name in exported:
-        assert f"`{name}`" in doc, name
+        assert f"`{name}`" in METRICS_DOC, name
