@@ -2,10 +2,12 @@
 
 ``ShadowComponent(settings)`` is passed to :func:`specwatch.app.build_app` (``components=``;
 :func:`shadow_components` returns the list for ``specwatch run``). On ``install`` it adds the
-mirror routes (mirror mode), a Prometheus collector and a background context that
+mirror routes (mirror mode), a Prometheus collector and a background context that opens the
+:class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
+``/healthz``),
 
-1. opens the :class:`~specwatch.shadow.ledger.Ledger` and rebuilds the monotonic counters and
-   the since-start margin e-process from its rows (a restart keeps the statistics);
+1. rebuilds the monotonic counters and the since-start margin e-process from the ledger's rows
+   (a restart keeps the statistics);
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
    :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker),
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
@@ -27,6 +29,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -49,7 +52,6 @@ from specwatch.shadow.state import (
     OutcomeCounters,
     ShadowIO,
     ShadowStats,
-    betting_from_rows,
     build_shadow_stats,
     shadow_stats_json,
 )
@@ -153,6 +155,8 @@ class ShadowComponent:
         self._ledger_failing = False
         self._errors_seen = 0
         self._rows_seen = 0
+        self._ready = asyncio.Event()
+        self._started = False
 
     # -- public ---------------------------------------------------------------------------
 
@@ -175,11 +179,13 @@ class ShadowComponent:
     async def refresh(self, *, flush: bool = False) -> ShadowStats:
         """Rebuild and publish :class:`ShadowStats` now (``flush``: wait for queued rows first).
 
-        Raises ``RuntimeError`` when the component is not running.
+        Waits until the startup rebuild from the ledger is done. Raises ``RuntimeError`` when
+        the component is not running.
         """
         ledger = self.ledger
         if ledger is None:
             raise RuntimeError("shadow component is not running")
+        await self._ready.wait()
         if flush:
             await ledger.flush()
         p = self.settings.paired
@@ -301,25 +307,37 @@ class ShadowComponent:
 
     async def _rebuild(self, ledger: Ledger) -> None:
         self.counters.seed(await ledger.tally(), await ledger.reason_counts())
-        rows = await ledger.query()
-        self.betting = betting_from_rows(rows, self.settings.paired.margin)
+        margin = self.settings.paired.margin
+        self.betting, n = await asyncio.to_thread(_replay_betting, ledger.path, margin)
         log_event(
             logger,
             logging.INFO,
             "shadow statistics rebuilt from the ledger",
-            rows=len(rows),
+            labelled_pairs=n,
             path=str(ledger.path),
         )
 
-    async def _refresh_loop(self) -> None:
+    async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
+        """Rebuild from the ledger, start the pipeline, then refresh the statistics forever.
+
+        Runs as a background task so a large ledger never delays serving ``/healthz``. The
+        refresh period stretches to 4 × the last refresh's duration when the ledger is large
+        (SQL tallies over every window), so statistics never take more than ~20% of a core.
+        """
+        await self._rebuild(ledger)
+        await pipeline.start()
+        self._started = True
+        self._ready.set()
         while True:
+            t0 = self._mono()
             try:
                 await self.refresh()
             except (sqlite3.Error, OSError, ValueError) as exc:
                 log_event(
                     logger, logging.WARNING, "shadow statistics refresh failed", error=repr(exc)
                 )
-            await self._sleep(self.settings.paired.refresh_seconds)
+            took = self._mono() - t0
+            await self._sleep(max(self.settings.paired.refresh_seconds, 4.0 * took))
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
         s = self.settings
@@ -337,10 +355,9 @@ class ShadowComponent:
         session = self._session or aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None)  # each arm has its own timeout
         )
-        refresher: asyncio.Task[None] | None = None
+        runner: asyncio.Task[None] | None = None
         try:
-            await self._rebuild(ledger)
-            self.pipeline = ShadowPipeline(
+            pipeline = ShadowPipeline(
                 s.shadow,
                 session=session,
                 on_pair=self._on_pair,
@@ -349,22 +366,42 @@ class ShadowComponent:
                 wall_clock=self._clock,
                 sleep=self._sleep,
             )
-            await self.pipeline.start()
-            await self.refresh()
-            refresher = asyncio.create_task(self._refresh_loop(), name="shadow-stats")
-            app[LIVENESS_KEY].watch(refresher)
+            self.pipeline = pipeline
+            runner = asyncio.create_task(self._run(pipeline, ledger), name="shadow-stats")
+            app[LIVENESS_KEY].watch(runner)
             yield
         finally:
-            if refresher is not None:
-                refresher.cancel()
+            if runner is not None:
+                runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await refresher
-            if self.pipeline is not None:
+                    await runner
+            if self.pipeline is not None and self._started:
                 await self.pipeline.stop()
+            self._started = False
+            self._ready.clear()
             await ledger.close()
             self.ledger = None
             if own_session:
                 await session.close()
+
+
+def _replay_betting(path: Path, margin: float) -> tuple[BettingEProcess, int]:
+    """The since-start margin e-process replayed over the ledger's labelled pairs in time order
+    (blocking: run in a thread). Reads two columns on its own connection."""
+    conn = sqlite3.connect(path)
+    try:
+        cur = conn.execute(
+            "SELECT standard_correct, fly_correct FROM pairs WHERE status = 'paired' "
+            "AND standard_correct IS NOT NULL AND fly_correct IS NOT NULL ORDER BY time, id"
+        )
+        state = BettingEProcess(margin=margin)
+        n = 0
+        for std, fly in cur:
+            state = state.update(int(std) - int(fly))
+            n += 1
+    finally:
+        conn.close()
+    return state, n
 
 
 def shadow_components(
