@@ -199,14 +199,15 @@ class PairedSettings(_Frozen):
     """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
     ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
     ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
-    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added),
+    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
+    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
     ``refresh_seconds`` (how often statistics are rebuilt from the ledger)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
-    windows: Annotated[tuple[str, ...], NoDecode] = ("1h", "24h")
+    windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
 
     @field_validator("windows", mode="before")

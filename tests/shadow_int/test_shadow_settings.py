@@ -29,7 +29,12 @@ def test_defaults_shadow_off_and_ledger_in_working_dir() -> None:
     assert s.paired.alpha == 0.05
     assert s.paired.margin == 0.01
     assert s.paired.detect_net_loss == 0.02
-    assert s.paired.window_seconds == {"1h": 3600.0, "24h": 86400.0, "since_start": None}
+    assert s.paired.window_seconds == {
+        "15m": 900.0,
+        "1h": 3600.0,
+        "24h": 86400.0,
+        "since_start": None,
+    }
     assert shadow_components(s) == []
 
 
