@@ -39,6 +39,7 @@ from pydantic_settings import (
 from specwatch.alerting import AlertingSettings
 from specwatch.detect import DetectSettings
 from specwatch.model import Limits, Role
+from specwatch.shadow.settings import ShadowSettings
 from specwatch.specdecode import SPEC_METHODS, regime_for_version
 
 
@@ -184,6 +185,69 @@ class LogSettings(_Frozen):
         return v.upper() if isinstance(v, str) else v
 
 
+class LedgerSettings(_Frozen):
+    """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
+    directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
+    ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
+    Prompt and completion text are stored only with ``shadow.store_text``."""
+
+    path: str = "specwatch-ledger.sqlite"
+    max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
+    max_rows: int | None = Field(default=5_000_000, gt=0)
+    synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+
+
+class PairedSettings(_Frozen):
+    """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
+    ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
+    ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
+    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
+    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
+    ``refresh_seconds`` (how often statistics are rebuilt from the ledger)."""
+
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    margin: float = Field(default=0.01, ge=0.0, lt=1.0)
+    detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
+    power: float = Field(default=0.8, gt=0.0, lt=1.0)
+    windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
+    refresh_seconds: float = Field(default=2.0, gt=0)
+
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        return v
+
+    @field_validator("windows")
+    @classmethod
+    def _check(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(w.strip() for w in v)
+        for w in names:
+            if w == "since_start":
+                raise ValueError("since_start is always present; do not list it")
+            if parse_duration(w) <= 0:
+                raise ValueError(f"window {w!r} must be longer than 0 s")
+        if len(set(names)) != len(names):
+            raise ValueError("window names must be unique")
+        return names
+
+    @property
+    def window_seconds(self) -> dict[str, float | None]:
+        """Window name → seconds, with ``since_start`` → ``None`` (every ledger row)."""
+        out: dict[str, float | None] = {w: parse_duration(w) for w in self.windows}
+        out["since_start"] = None
+        return out
+
+
+_ARMS = ("standard", "fly", "noise")
+
+
+def _metrics_base(url: str) -> str:
+    """A target's ``/metrics`` URL → the server's base URL (what replay arms are sent to)."""
+    return url[: -len("/metrics")] if url.endswith("/metrics") else url.rstrip("/")
+
+
 _FILE_DATA: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
     "specwatch_config_file", default=None
 )
@@ -204,7 +268,9 @@ class Settings(BaseSettings):
 
     ``targets``: the vLLM servers. ``windows``: rolling window names (durations such as ``1m``;
     ``since_start`` is always added). Groups: ``scrape``, ``server``, ``log``, ``alerting``
-    (Alertmanager delivery), ``detect`` (detector thresholds and windows).
+    (Alertmanager delivery), ``detect`` (detector thresholds and windows), ``shadow``
+    (:class:`~specwatch.shadow.settings.ShadowSettings`; an arm given as ``{"target": NAME}``
+    without ``url`` is sent to that target's base URL), ``ledger``, ``paired``.
     """
 
     model_config = SettingsConfigDict(
@@ -221,6 +287,33 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     alerting: AlertingSettings = AlertingSettings()
     detect: DetectSettings = DetectSettings()
+    shadow: ShadowSettings = ShadowSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    paired: PairedSettings = PairedSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arm_urls(cls, data: Any) -> Any:
+        """Fill ``shadow.<arm>.url`` from the named target when only ``target`` is given."""
+        if not isinstance(data, dict) or not isinstance(data.get("shadow"), dict):
+            return data
+        urls: dict[str, str] = {}
+        for t in data.get("targets") or ():
+            if isinstance(t, TargetSettings):
+                urls[t.name] = t.url
+            elif isinstance(t, dict) and isinstance(t.get("name"), str):
+                try:
+                    urls[t["name"]] = TargetSettings._url(str(t.get("url", "")))
+                except ValueError:
+                    continue  # reported by the target's own validation
+        shadow = dict(data["shadow"])
+        for arm in _ARMS:
+            ep = shadow.get(arm)
+            if isinstance(ep, dict) and "url" not in ep and ep.get("target") is not None:
+                if ep["target"] not in urls:
+                    raise ValueError(f"shadow.{arm}.target: no target named {ep['target']!r}")
+                shadow[arm] = {**ep, "url": _metrics_base(urls[ep["target"]])}
+        return {**data, "shadow": shadow}
 
     @classmethod
     def settings_customise_sources(
@@ -258,6 +351,10 @@ class Settings(BaseSettings):
         names = [t.name for t in self.targets]
         if len(set(names)) != len(names):
             raise ValueError("target names must be unique")
+        for arm in _ARMS:
+            ep = getattr(self.shadow, arm)
+            if ep is not None and ep.target is not None and ep.target not in names:
+                raise ValueError(f"shadow.{arm}.target: no target named {ep.target!r}")
         return self
 
     @property
@@ -274,8 +371,14 @@ class Settings(BaseSettings):
         return target.scrape_timeout_seconds or self.scrape.timeout_seconds
 
     def redacted(self) -> dict[str, Any]:
-        """The effective configuration as JSON-able data with secrets shown as ``**********``."""
-        return self.model_dump(mode="json")
+        """The effective configuration as JSON-able data with secrets shown as ``**********``
+        (target bearer tokens and shadow arm tokens)."""
+        out = self.model_dump(mode="json")
+        for arm in _ARMS:
+            ep = out["shadow"].get(arm)
+            if isinstance(ep, dict) and ep.get("token") is not None:
+                ep["token"] = "**********"
+        return out
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

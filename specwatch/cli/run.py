@@ -25,6 +25,7 @@ from specwatch.settings import (
     parse_duration,
     parse_target_spec,
 )
+from specwatch.shadow.component import shadow_components
 
 logger = logging.getLogger("specwatch.run")
 
@@ -120,7 +121,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log.level, settings.log.format)
     log_effective_config(settings)
-    app = build_app(settings, components=[*alerting_components(settings)])
+    shadow = shadow_components(settings)
+    alerting = alerting_components(settings, shadow=shadow[0].latest_stats if shadow else None)
+    app = build_app(settings, components=[*shadow, *alerting])
     web.run_app(
         app,
         host=settings.server.host,
