@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from specwatch.settings import (
     parse_duration,
     parse_target_spec,
 )
+from specwatch.shadow.canary import CanaryFileError, load_canary
 from specwatch.shadow.component import shadow_components
 
 logger = logging.getLogger("specwatch.run")
@@ -110,12 +112,40 @@ def log_effective_config(settings: Settings) -> None:
     log_event(logger, logging.INFO, "effective config", config=settings.redacted())
 
 
+def preflight(settings: Settings) -> None:
+    """Check, before the event loop starts, what would otherwise fail deep in start-up.
+
+    With shadow on: the ledger file can be opened as SQLite, and the canary set (when the
+    ``canary`` mode is on) loads. Raises :class:`ConfigError` naming the setting.
+    """
+    if not settings.shadow.enabled:
+        return
+    path = settings.ledger.path
+    try:
+        conn = sqlite3.connect(path, timeout=5.0)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"config error: ledger.path: cannot open {path!r}: {exc}") from exc
+    shadow = settings.shadow
+    if "canary" in shadow.modes:
+        try:
+            load_canary(
+                shadow.canary_file, builtin=shadow.canary_builtin, model=shadow.canary_model
+            )
+        except CanaryFileError as exc:
+            raise ConfigError(f"config error: shadow.canary_file: {exc}") from exc
+
+
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     try:
         settings = settings_from_args(args)
         if not settings.targets:
             raise ConfigError("config error: targets: at least one --target is required")
+        preflight(settings)
     except ConfigError as exc:
         print(f"specwatch run: {exc}", file=sys.stderr)
         return 2
@@ -124,12 +154,20 @@ def main(args: argparse.Namespace) -> int:
     shadow = shadow_components(settings)
     alerting = alerting_components(settings, shadow=shadow[0].latest_stats if shadow else None)
     app = build_app(settings, components=[*shadow, *alerting])
-    web.run_app(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        print=None,
-        access_log=None,
-        handle_signals=True,
-    )
+    try:
+        web.run_app(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            print=None,
+            access_log=None,
+            handle_signals=True,
+        )
+    except OSError as exc:  # the listen address is taken or not ours to bind
+        print(
+            f"specwatch run: server.port: cannot listen on "
+            f"{settings.server.host}:{settings.server.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     return 0
