@@ -62,6 +62,26 @@ def parse_duration(text: str) -> float:
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
+def split_list(v: Any) -> Any:
+    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``)."""
+    if isinstance(v, str):
+        v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+    return v
+
+
+def check_windows(v: tuple[str, ...]) -> tuple[str, ...]:
+    """Window names: positive durations, unique, ``since_start`` not listed (always present)."""
+    names = tuple(w.strip() for w in v)
+    for w in names:
+        if w == "since_start":
+            raise ValueError("since_start is always present; do not list it")
+        if parse_duration(w) <= 0:
+            raise ValueError(f"window {w!r} must be longer than 0 s")
+    if len(set(names)) != len(names):
+        raise ValueError("window names must be unique")
+    return names
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -215,22 +235,12 @@ class PairedSettings(_Frozen):
     @field_validator("windows", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
-        return v
+        return split_list(v)
 
     @field_validator("windows")
     @classmethod
     def _check(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        names = tuple(w.strip() for w in v)
-        for w in names:
-            if w == "since_start":
-                raise ValueError("since_start is always present; do not list it")
-            if parse_duration(w) <= 0:
-                raise ValueError(f"window {w!r} must be longer than 0 s")
-        if len(set(names)) != len(names):
-            raise ValueError("window names must be unique")
-        return names
+        return check_windows(v)
 
     @property
     def window_seconds(self) -> dict[str, float | None]:
@@ -329,22 +339,12 @@ class Settings(BaseSettings):
     @field_validator("windows", mode="before")
     @classmethod
     def _split_windows(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
-        return v
+        return split_list(v)
 
     @field_validator("windows")
     @classmethod
     def _windows(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        names = tuple(w.strip() for w in v)
-        for w in names:
-            if w == "since_start":
-                raise ValueError("since_start is always present; do not list it")
-            if parse_duration(w) <= 0:
-                raise ValueError(f"window {w!r} must be longer than 0 s")
-        if len(set(names)) != len(names):
-            raise ValueError("window names must be unique")
-        return names
+        return check_windows(v)
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Settings:
