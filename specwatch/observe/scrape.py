@@ -197,6 +197,7 @@ class Scraper:
         self._last_reason: dict[str, str | None] = dict.fromkeys(trackers)
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(trackers, ())
         self._last_conflicts: dict[str, int] = dict.fromkeys(trackers, 0)
+        self._last_invalid: dict[str, int] = dict.fromkeys(trackers, 0)
 
     async def scrape_once(self, target: TargetSettings) -> bool:
         """Scrape ``target`` once (waits if a scrape of it is in progress); True when good."""
@@ -240,6 +241,17 @@ class Scraper:
                     target=target.name,
                     reason="duplicate_conflict",
                     count=page.duplicate_conflicts,
+                )
+        if page.invalid_series != self._last_invalid[target.name]:
+            self._last_invalid[target.name] = page.invalid_series
+            if page.invalid_series:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "invalid series skipped",
+                    target=target.name,
+                    reason="invalid_series",
+                    count=page.invalid_series,
                 )
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:

@@ -70,6 +70,10 @@ class TargetTracker:
             self._errors["duplicate_conflict"] = (
                 self._errors.get("duplicate_conflict", 0) + page.duplicate_conflicts
             )
+        if page.invalid_series:
+            self._errors["invalid_series"] = (
+                self._errors.get("invalid_series", 0) + page.invalid_series
+            )
         resets = self._windows.add(t, page)
         for _model, engine in resets:
             self._resets[engine] = self._resets.get(engine, 0) + 1
