@@ -159,6 +159,8 @@ async def fetch_metrics(
         return fail("connect", str(exc))
     except aiohttp.ClientError as exc:
         return fail("http_error", f"{type(exc).__name__}: {exc}")
+    except ValueError as exc:  # a request aiohttp refuses to send (user info and a bearer token)
+        return fail("http_error", f"request not sent: {exc}")
     except zlib.error as exc:
         return fail("decode", f"bad {encoding} body: {exc}", 200)
     except _CutStream:

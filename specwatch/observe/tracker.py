@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from specwatch.logs import redact_url
 from specwatch.model import (
     Capacity,
     PageReading,
@@ -36,7 +37,7 @@ class TargetTracker:
         self._snap = TargetSnapshot(
             name=target.name,
             role=target.effective_role,
-            url=target.url,
+            url=redact_url(target.url),
             limits=target.limits,
             capacity=capacity(target.limits, []),
         )
