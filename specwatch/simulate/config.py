@@ -105,7 +105,6 @@ class SimConfig:
             "--time-scale": self.time_scale,
             "--target-sharpness": self.target_sharpness,
             "--draft-noise": self.draft_noise,
-            "--fly-entropy-threshold": self.fly_entropy_threshold,
             "--step-time-base-ms": self.step_time.base_s,
             "--step-time-per-token-us": self.step_time.token_s,
             "--step-time-per-seq-us": self.step_time.seq_s,
@@ -113,6 +112,8 @@ class SimConfig:
         for flag, value in numbers.items():
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{flag} must be a finite number >= 0, not {value}")
+        if math.isnan(self.fly_entropy_threshold):  # +inf is allowed: FLy never waives
+            raise ValueError("--fly-entropy-threshold must be a number, not nan")
         if self.draft_sample_method not in {"greedy", "random"}:
             raise ValueError("--draft-sample-method must be greedy or random")
         if self.per_request_spec_decode_metrics not in {"off", "summary", "detailed"}:

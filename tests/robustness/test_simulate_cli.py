@@ -22,6 +22,7 @@ from specwatch.__main__ import main as cli_main
         (["--target-sharpness", "inf"], "--target-sharpness must be a finite number >= 0, not inf"),
         (["--step-time-base-ms", "-3"], "--step-time-base-ms must be a finite number >= 0"),
         (["--port", "99999"], "cannot listen on 127.0.0.1:99999"),
+        (["--fly-entropy-threshold", "nan"], "--fly-entropy-threshold must be a number, not nan"),
     ],
 )
 def test_bad_flag_is_exit_2_one_line(
