@@ -29,6 +29,7 @@ KNOWN_REASONS: tuple[str, ...] = (
     "parse",
     "decode",
     "duplicate_conflict",
+    "invalid_series",
     "http_error",
 )
 

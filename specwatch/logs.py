@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from typing import Any, TextIO
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 _FIELDS = "specwatch_fields"
 
@@ -66,3 +67,26 @@ def setup_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | None 
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = True
+
+
+_HIDDEN = "**********"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user info and every query value replaced by
+    ``**********`` (aiohttp sends user info as HTTP basic auth, and tokens often ride in the
+    query), for logs, ``/api/v1/snapshot`` and anything else shown. Other parts are unchanged;
+    text that is not a URL is returned as it is."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    userinfo, at, where = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:{_HIDDEN}@{where}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, _HIDDEN) for k, _ in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -92,12 +92,15 @@ class PageReading:
     ``process_start_time_seconds``: from the page, ``None`` when absent (multiprocess mode).
     ``duplicate_conflicts``: series seen twice with different values (skipped, counted).
     ``families``: allow-listed family names present on the page (for stale detection).
+    ``invalid_series``: series skipped for a value or label no vLLM page carries (±Inf, a
+    negative counter, a bad ``position`` or ``le``); counted.
     """
 
     engines: Mapping[EngineKey, EngineReading]
     process_start_time_seconds: float | None = None
     duplicate_conflicts: int = 0
     families: frozenset[str] = frozenset()
+    invalid_series: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,13 +4,16 @@ One body: totals since server start. Two bodies: the window between them (restar
 ``--interval SECONDS`` gives rates per second. Output (``--format json``):
 ``{"server": {...}, "engines": {"0": {...}}}`` for one model (keys in ``docs/metrics.md``), or
 ``{"models": {NAME: {"server": ..., "engines": ...}}}`` for several; ``null`` where undefined.
-An unreadable or malformed file: exit code 2 and one line naming the file and the line.
+An unreadable or malformed file, a file without vLLM series or a bad ``--interval``: exit code
+2 and one line (naming the file and the line where there is one). Counters falling on every
+engine of one server process (files likely swapped): one warning line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,24 @@ def read_page(path: Path) -> PageReading:
         raise AnalyzeError(f"{where}: {exc.message}") from None
 
 
+def looks_swapped(before: PageReading, after: PageReading) -> bool:
+    """True when the same server process (same ``process_start_time_seconds``) shows a counter
+    drop on every engine of both pages: the files are likely in the wrong order. (An engine
+    restart inside a running server, as the simulator's restart fault does, looks the same, so
+    this is a warning, and the window is still computed as after a restart.)"""
+    start = before.process_start_time_seconds
+    if start is None or start != after.process_start_time_seconds:
+        return False
+    common = [k for k in after.engines if k in before.engines]
+    return bool(common) and all(
+        any(
+            v < before.engines[k].counters.get(name, v)
+            for name, v in after.engines[k].counters.items()
+        )
+        for k in common
+    )
+
+
 def _model_doc(mw: ModelWindow) -> dict[str, Any]:
     return {
         "server": health_json(mw.server),
@@ -68,7 +89,16 @@ def _model_doc(mw: ModelWindow) -> dict[str, Any]:
 def analyze(
     before: PageReading, after: PageReading | None, *, interval: float | None, model: str | None
 ) -> dict[str, Any]:
-    """The JSON document for one body (``after`` None) or the window between two."""
+    """The JSON document for one body (``after`` None) or the window between two.
+
+    :class:`AnalyzeError` when a page has no vLLM series or ``interval`` is not a positive
+    finite number.
+    """
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise AnalyzeError(f"--interval must be a positive number of seconds, not {interval}")
+    for page, which in ((before, "BEFORE"), (after, "AFTER")):
+        if page is not None and not page.engines:
+            raise AnalyzeError(f"{which} has no vLLM series (not a vLLM /metrics body?)")
     if after is None:
         models = model_windows(page_delta(None, before, interval))
     else:
@@ -122,6 +152,13 @@ def main(args: argparse.Namespace) -> int:
     except AnalyzeError as exc:
         print(f"specwatch analyze: {exc}", file=sys.stderr)
         return 2
+    if after is not None and looks_swapped(before, after):
+        print(
+            "specwatch analyze: warning: counters fall on every engine while"
+            " process_start_time_seconds is unchanged; read as an engine restart"
+            " (is BEFORE newer than AFTER?)",
+            file=sys.stderr,
+        )
     if args.format == "json":
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:

@@ -51,7 +51,7 @@ def read_outcomes(path: Path) -> dict[str, bool]:
     duplicate id.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from exc
     rows: list[tuple[str, Any]] = []

@@ -155,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
     except faults_mod.FaultError as exc:
         print(f"specwatch simulate: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
         print(
             f"specwatch simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )

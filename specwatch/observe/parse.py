@@ -14,7 +14,9 @@ line, at a fraction of the cost, since label parsing is most of the parser's tim
 :func:`_records_text` and ``docs/benchmarks.md``). New series always go through the full parser.
 
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
-series is treated as absent. The same series twice: identical copies count once; conflicting
+series is treated as absent. Values and labels no vLLM page carries (±Inf, negative counters,
+bad ``position``/``le`` labels) skip their series, counted in
+:attr:`PageReading.invalid_series`. The same series twice: identical copies count once; conflicting
 copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 """
 
@@ -290,8 +292,12 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     engines: dict[EngineKey, _Acc] = {}
     process_start: float | None = None
     families: set[str] = set()
+    invalid = 0
     for ident, (value, series) in seen.items():
         if value != value or (conflicts and ident in conflicts):  # NaN is unknown
+            continue
+        if _invalid(series, value):
+            invalid += 1
             continue
         fam = series.family
         families.add(fam.name)
@@ -307,7 +313,39 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
         process_start_time_seconds=process_start,
         duplicate_conflicts=len(conflicts),
         families=frozenset(families),
+        invalid_series=invalid,
     )
+
+
+#: Largest ``position`` label + 1 read (K); vLLM's K is a handful. A larger or non-canonical
+#: position (``01``, ``+1``, `` 1``, non-ASCII digits) would add a wrong per-position value or
+#: make K (and the per-position lists) huge.
+MAX_POSITIONS = 128
+
+
+def _invalid(series: _Series, value: float) -> bool:
+    """True for a value or label no vLLM page carries (the series is skipped and counted):
+    ±Inf anywhere; a negative counter or histogram sample; a per-position counter whose
+    ``position`` is not a canonical integer in ``[0, MAX_POSITIONS)``; a bucket whose ``le`` is
+    not a number."""
+    if math.isinf(value):
+        return True
+    fam = series.family
+    if fam.kind != "gauge" and value < 0:
+        return True
+    if fam.key == "per_position":
+        pos = series.labels.get("position", "")
+        return not (
+            0 < len(pos) <= 3
+            and pos.isascii()
+            and pos.isdigit()
+            and (pos == "0" or pos[0] != "0")
+            and int(pos) < MAX_POSITIONS
+        )
+    if series.role == "bucket":
+        le = _le(series.labels.get("le", ""))
+        return le is None or le != le
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,7 +508,7 @@ def _ingest(acc: _Acc, fam: _Family, role: str, labels: dict[str, str], value: f
     if fam.kind == "histogram":
         if role == "bucket":
             le = _le(labels.get("le", ""))
-            if le is None:
+            if le is None:  # not reached: _invalid skips such buckets
                 return
             b = acc.buckets.setdefault(key, {})
             b[le] = b.get(le, 0.0) + value

@@ -1,10 +1,11 @@
 """Fetch vLLM ``/metrics`` pages (the only I/O of the observe chain) and drive the trackers.
 
-:func:`fetch_metrics` does one HTTP GET with a timeout, gzip (aiohttp decompresses), a streamed
-body cap and an optional bearer token, and returns a :class:`ScrapeResult`; it never raises for
-expected failures. :class:`Scraper` runs one loop per target (never two scrapes of one target at
-once), parses each body, updates the :class:`~specwatch.observe.tracker.TargetTracker` and calls
-``on_update`` so the app can publish a new snapshot.
+:func:`fetch_metrics` does one HTTP GET with a timeout, gzip/deflate (inflated here, so the
+streamed body cap bounds the inflated size), an optional bearer token, and returns a
+:class:`ScrapeResult`; it never raises for expected failures. :class:`Scraper` runs one loop
+per target (never two scrapes of one target at once), parses each body, updates the
+:class:`~specwatch.observe.tracker.TargetTracker` and calls ``on_update`` so the app can
+publish a new snapshot.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -26,6 +28,63 @@ from specwatch.settings import Settings, TargetSettings
 logger = logging.getLogger("specwatch.scrape")
 
 _CHUNK = 64 * 1024
+
+#: Content-Encoding values read (decompressed here, never by aiohttp, so that the cap bounds
+#: the decompressed size while it is produced: a small gzip bomb cannot take memory).
+_ENCODINGS: dict[str, int] = {
+    "identity": 0,
+    "": 0,
+    "gzip": 16 + zlib.MAX_WBITS,
+    "x-gzip": 16 + zlib.MAX_WBITS,
+    "deflate": zlib.MAX_WBITS,
+}
+
+
+class _CutStream(Exception):
+    """A compressed body that ends before its compressed stream does."""
+
+
+class _Inflater:
+    """Collects a body, decompressing it chunk by chunk with at most ``cap + 1`` bytes out.
+
+    ``feed`` returns False as soon as the (decompressed) body is over ``cap`` bytes; ``finish``
+    returns None when it is, and raises :class:`_CutStream` when a compressed stream did not
+    end; ``zlib.error`` propagates.
+    """
+
+    def __init__(self, encoding: str, cap: int) -> None:
+        wbits = _ENCODINGS[encoding]
+        self._z = zlib.decompressobj(wbits) if wbits else None
+        self._cap = cap
+        self._size = 0
+        self._parts: list[bytes] = []
+
+    def _add(self, data: bytes) -> bool:
+        self._size += len(data)
+        if self._size > self._cap:
+            return False
+        self._parts.append(data)
+        return True
+
+    def feed(self, chunk: bytes) -> bool:
+        if self._z is None:
+            return self._add(chunk)
+        data = chunk
+        while data:
+            out = self._z.decompress(data, self._cap - self._size + 1)
+            if not self._add(out):
+                return False
+            data = self._z.unconsumed_tail
+        return True
+
+    def finish(self) -> bytes | None:
+        """The whole body, or None when it is over the cap."""
+        if self._z is not None:
+            if not self._add(self._z.flush()):
+                return None
+            if not self._z.eof:
+                raise _CutStream
+        return b"".join(self._parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +126,27 @@ async def fetch_metrics(
 
     try:
         async with asyncio.timeout(timeout_seconds):
-            async with session.get(url, headers=headers, allow_redirects=False) as resp:
+            async with session.get(
+                url, headers=headers, allow_redirects=False, auto_decompress=False
+            ) as resp:
                 if resp.status != 200:
                     return fail("http_status", f"HTTP {resp.status}", resp.status)
+                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding not in _ENCODINGS:
+                    return fail("decode", f"unsupported Content-Encoding {encoding!r}", 200)
                 if (
                     resp.content_length is not None
                     and resp.content_length > max_body_bytes
-                    and (resp.headers.get("Content-Encoding", "identity") == "identity")
+                    and encoding == "identity"
                 ):
                     return fail("too_large", f"Content-Length {resp.content_length}", 200)
-                chunks: list[bytes] = []
-                size = 0
+                inflater = _Inflater(encoding, max_body_bytes)
                 async for chunk in resp.content.iter_chunked(_CHUNK):
-                    size += len(chunk)
-                    if size > max_body_bytes:
+                    if not inflater.feed(chunk):
                         return fail("too_large", f"body over {max_body_bytes} bytes", 200)
-                    chunks.append(chunk)
-                raw = b"".join(chunks)
+                raw = inflater.finish()
+                if raw is None:
+                    return fail("too_large", f"body over {max_body_bytes} bytes", 200)
                 content_type = resp.headers.get("Content-Type", "text/plain")
                 charset = resp.charset or "utf-8"
     except TimeoutError:
@@ -96,6 +159,12 @@ async def fetch_metrics(
         return fail("connect", str(exc))
     except aiohttp.ClientError as exc:
         return fail("http_error", f"{type(exc).__name__}: {exc}")
+    except ValueError as exc:  # a request aiohttp refuses to send (user info and a bearer token)
+        return fail("http_error", f"request not sent: {exc}")
+    except zlib.error as exc:
+        return fail("decode", f"bad {encoding} body: {exc}", 200)
+    except _CutStream:
+        return fail("truncated", f"{encoding} stream ends early", 200)
     try:
         body = raw.decode(charset)
     except (UnicodeDecodeError, LookupError) as exc:
@@ -130,6 +199,7 @@ class Scraper:
         self._last_reason: dict[str, str | None] = dict.fromkeys(trackers)
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(trackers, ())
         self._last_conflicts: dict[str, int] = dict.fromkeys(trackers, 0)
+        self._last_invalid: dict[str, int] = dict.fromkeys(trackers, 0)
 
     async def scrape_once(self, target: TargetSettings) -> bool:
         """Scrape ``target`` once (waits if a scrape of it is in progress); True when good."""
@@ -173,6 +243,17 @@ class Scraper:
                     target=target.name,
                     reason="duplicate_conflict",
                     count=page.duplicate_conflicts,
+                )
+        if page.invalid_series != self._last_invalid[target.name]:
+            self._last_invalid[target.name] = page.invalid_series
+            if page.invalid_series:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "invalid series skipped",
+                    target=target.name,
+                    reason="invalid_series",
+                    count=page.invalid_series,
                 )
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:

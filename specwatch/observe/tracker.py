@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from specwatch.logs import redact_url
 from specwatch.model import (
     Capacity,
     PageReading,
@@ -36,7 +37,7 @@ class TargetTracker:
         self._snap = TargetSnapshot(
             name=target.name,
             role=target.effective_role,
-            url=target.url,
+            url=redact_url(target.url),
             limits=target.limits,
             capacity=capacity(target.limits, []),
         )
@@ -69,6 +70,10 @@ class TargetTracker:
         if page.duplicate_conflicts:
             self._errors["duplicate_conflict"] = (
                 self._errors.get("duplicate_conflict", 0) + page.duplicate_conflicts
+            )
+        if page.invalid_series:
+            self._errors["invalid_series"] = (
+                self._errors.get("invalid_series", 0) + page.invalid_series
             )
         resets = self._windows.add(t, page)
         for _model, engine in resets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -98,6 +99,21 @@ class SimConfig:
             raise ValueError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
         if self.data_parallel_size < 1:
             raise ValueError("--data-parallel-size must be >= 1")
+        if self.vocab_size < 32:
+            raise ValueError("--vocab-size must be >= 32")
+        numbers = {
+            "--time-scale": self.time_scale,
+            "--target-sharpness": self.target_sharpness,
+            "--draft-noise": self.draft_noise,
+            "--step-time-base-ms": self.step_time.base_s,
+            "--step-time-per-token-us": self.step_time.token_s,
+            "--step-time-per-seq-us": self.step_time.seq_s,
+        }
+        for flag, value in numbers.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{flag} must be a finite number >= 0, not {value}")
+        if math.isnan(self.fly_entropy_threshold):  # +inf is allowed: FLy never waives
+            raise ValueError("--fly-entropy-threshold must be a number, not nan")
         if self.draft_sample_method not in {"greedy", "random"}:
             raise ValueError("--draft-sample-method must be greedy or random")
         if self.per_request_spec_decode_metrics not in {"off", "summary", "detailed"}:

@@ -22,6 +22,7 @@ completion_error_rate      float      fraction of completions answered with HTTP
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from specwatch.simulate.config import FAULT_KEYS, Faults
@@ -65,6 +66,8 @@ def _coerce(key: str, value: Any) -> Any:
     if typ is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise FaultError(f"{key} must be a number")
+        if not math.isfinite(value):  # NaN/Infinity from a lax JSON client
+            raise FaultError(f"{key} must be a finite number")
         return float(value)
     if not isinstance(value, str):
         raise FaultError(f"{key} must be a string")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 import uuid
@@ -361,9 +362,14 @@ class SimServer:
             temperature = 1.0
         if top_p is None:
             top_p = 1.0
-        if not isinstance(temperature, int | float) or temperature < 0:
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not math.isfinite(temperature)
+            or temperature < 0
+        ):
             raise APIError(400, "temperature must be a number >= 0", "temperature")
-        if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
             raise APIError(400, "top_p must be in (0, 1]", "top_p")
         mt_key = (
             "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
