@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -38,6 +39,7 @@ from pydantic_settings import (
 
 from specwatch.alerting import AlertingSettings
 from specwatch.detect import DetectSettings
+from specwatch.logs import redact_url
 from specwatch.model import Limits, Role
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.specdecode import SPEC_METHODS, regime_for_version
@@ -157,6 +159,11 @@ class TargetSettings(_Frozen):
                     f"target {self.name!r}: role is required (standard|fly|baseline) "
                     "when the name is not a role"
                 ) from None
+        if self.bearer_token is not None and urlsplit(self.url).password is not None:
+            raise ValueError(
+                f"target {self.name!r}: bearer_token and a user:password in the url both set "
+                "(HTTP allows one Authorization header); keep one"
+            )
         return self
 
     @property
@@ -374,11 +381,31 @@ class Settings(BaseSettings):
         """The effective configuration as JSON-able data with secrets shown as ``**********``
         (target bearer tokens and shadow arm tokens)."""
         out = self.model_dump(mode="json")
+        _redact_urls(out)
         for arm in _ARMS:
             ep = out["shadow"].get(arm)
             if isinstance(ep, dict) and ep.get("token") is not None:
                 ep["token"] = "**********"
         return out
+
+
+#: Keys whose values are URLs (or lists of URLs) shown only through :func:`redact_url`.
+_URL_KEYS = frozenset({"url", "urls", "proxy_upstream", "generator_url"})
+
+
+def _redact_urls(node: Any) -> None:
+    """Replace, in place, URL passwords and query values under :data:`_URL_KEYS`."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _URL_KEYS and isinstance(value, str):
+                node[key] = redact_url(value)
+            elif key in _URL_KEYS and isinstance(value, list):
+                node[key] = [redact_url(v) if isinstance(v, str) else v for v in value]
+            else:
+                _redact_urls(value)
+    elif isinstance(node, list):
+        for item in node:
+            _redact_urls(item)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

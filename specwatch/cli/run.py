@@ -163,10 +163,11 @@ def main(args: argparse.Namespace) -> int:
             access_log=None,
             handle_signals=True,
         )
-    except OSError as exc:  # the listen address is taken or not ours to bind
+    except (OSError, OverflowError) as exc:  # address taken, not ours, or not an address
+        reason = getattr(exc, "strerror", None) or exc
         print(
             f"specwatch run: server.port: cannot listen on "
-            f"{settings.server.host}:{settings.server.port}: {exc.strerror or exc}",
+            f"{settings.server.host}:{settings.server.port}: {reason}",
             file=sys.stderr,
         )
         return 2

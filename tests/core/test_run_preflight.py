@@ -63,3 +63,41 @@ class TestRunPreflight:
             code, err = run(argv, capsys)
         assert code == 2
         assert err.splitlines()[-1].startswith("specwatch run: server.port: cannot listen on")
+
+
+class TestSecretsInConfig:
+    def test_effective_config_hides_url_passwords_and_query_tokens(self) -> None:
+        """The logged config shows URL passwords and query values as asterisks."""
+        from specwatch.settings import load_settings
+
+        s = load_settings(
+            overrides={
+                "targets": [
+                    {"name": "standard", "url": "http://bob:hunter2@h:8000/metrics?token=abc"}
+                ],
+                "alerting": {"urls": ["http://am:s3cret@am:9093/?k=v"]},
+            }
+        )
+        text = str(s.redacted())
+        assert "hunter2" not in text
+        assert "abc" not in text
+        assert "s3cret" not in text
+        assert "http://bob:**********@h:8000/metrics?token=**********" in text
+
+    def test_bearer_token_and_url_password_together_is_a_config_error(self) -> None:
+        """Two Authorization sources on one target are refused at start, naming the target."""
+        from specwatch.settings import ConfigError, load_settings
+
+        with pytest.raises(ConfigError, match="standard"):
+            load_settings(
+                overrides={
+                    "targets": [{"name": "standard", "url": "http://u:p@h:1", "bearer_token": "t"}]
+                }
+            )
+
+    def test_unresolvable_listen_host(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A listen host that is not an address is exit 2 with one line, not a traceback."""
+        argv = ["--target", "standard=http://127.0.0.1:9", "--host", "256.1.1.1"]
+        code, err = run([*argv, "--log-level", "ERROR"], capsys)
+        assert code == 2
+        assert err.splitlines()[-1].startswith("specwatch run: server.port: cannot listen on")
