@@ -241,6 +241,19 @@ class TestRender:
             ("Service", "vllm"),
         ]
 
+    def test_podmonitor_sets_role_on_vllm_endpoints(self, base: list[Obj]) -> None:
+        """The mixin groups vLLM series by ``role``: fixed per vLLM port, none on specwatch's."""
+        endpoints = one(base, "PodMonitor")["spec"]["podMetricsEndpoints"]
+        roles = {
+            e["port"]: [(r["targetLabel"], r["replacement"]) for r in e.get("relabelings", [])]
+            for e in endpoints
+        }
+        assert roles == {
+            "specwatch": [],
+            "std-http": [("role", "standard")],
+            "fly-http": [("role", "fly")],
+        }
+
     def test_generated_config_names_are_referenced(self, base: list[Obj], pod_spec: Obj) -> None:
         """The hashed ConfigMap names kustomize generates are the ones the pod mounts and reads."""
         names = {o["metadata"]["name"] for o in by_kind(base, "ConfigMap")}
