@@ -70,7 +70,7 @@ NO_DATA_HERE = {
     "vllm:admission_rejections_total": "real vLLM exports it; the simulator does not",
     "specwatch_ledger_write_errors_total": "needs a failing SQLite write",
     "specwatch_shadow_excluded_total": "needs an arm answering 400 (the simulator never does)",
-    "specwatch_paired_questions_needed": "absent while the discordant rate is below the margin",
+    "specwatch_paired_questions_needed": "absent while discordance is below detect_net_loss",
 }
 
 Obj = dict[str, Any]
