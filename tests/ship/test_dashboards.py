@@ -8,7 +8,7 @@ vLLM series (taken from a real vLLM ``/metrics`` capture in tests/fixtures);
 ``$__rate_interval`` in every range function;
 every PromQL expression accepted by ``promtool check rules`` (wrapped as throwaway recording
 rules after Grafana variables are substituted). Whether each panel returns data from a real
-Prometheus is a later, separate test.
+Prometheus is ``tests/ship/test_dashboards_prometheus.py``.
 """
 
 from __future__ import annotations

@@ -241,6 +241,19 @@ class TestRender:
             ("Service", "vllm"),
         ]
 
+    def test_podmonitor_sets_role_on_vllm_endpoints(self, base: list[Obj]) -> None:
+        """The mixin groups vLLM series by ``role``: fixed per vLLM port, none on specwatch's."""
+        endpoints = one(base, "PodMonitor")["spec"]["podMetricsEndpoints"]
+        roles = {
+            e["port"]: [(r["targetLabel"], r["replacement"]) for r in e.get("relabelings", [])]
+            for e in endpoints
+        }
+        assert roles == {
+            "specwatch": [],
+            "std-http": [("role", "standard")],
+            "fly-http": [("role", "fly")],
+        }
+
     def test_generated_config_names_are_referenced(self, base: list[Obj], pod_spec: Obj) -> None:
         """The hashed ConfigMap names kustomize generates are the ones the pod mounts and reads."""
         names = {o["metadata"]["name"] for o in by_kind(base, "ConfigMap")}
@@ -665,6 +678,40 @@ class TestAgreementWithSpecwatch:
                 for i in load_yaml_docs(BASE / "kustomization.yaml")[0]["images"]
             }
             assert t.limits.vllm_version == image_tag["vllm/vllm-openai"].removeprefix("v")
+
+    def test_shadow_ledger_paired_and_alerting_groups(
+        self, deployed_settings: Settings, pod_spec: Obj
+    ) -> None:
+        """config.yaml's shadow arms are the vLLM containers' ports and scrape targets, the
+        ledger sits on the state volume, and the alerting credentials named in its comments
+        are real Settings fields."""
+        s = deployed_settings
+        sh = s.shadow
+        assert sh.enabled
+        assert sh.modes == ("mirror",)
+        assert sh.standard is not None
+        assert sh.fly is not None
+        assert sh.noise is None
+        for arm, name in ((sh.standard, "vllm-standard"), (sh.fly, "vllm-fly")):
+            port = next(iter(port_by_name(container(pod_spec, name)).values()))
+            assert arm.url == f"http://127.0.0.1:{port}"
+            assert arm.target in {t.name for t in s.targets}
+        mounts = {
+            m["name"]: m["mountPath"] for m in container(pod_spec, "specwatch")["volumeMounts"]
+        }
+        assert Path(s.ledger.path).parent == Path(mounts["specwatch-state"])
+        assert "emptyDir" in next(v for v in pod_spec["volumes"] if v["name"] == "specwatch-state")
+        assert s.paired.windows == ("15m", "1h", "24h")
+        assert s.alerting.urls == []
+        text = (BASE / "config.yaml").read_text(encoding="utf-8")
+        names = set(re.findall(r"SPECWATCH_ALERTING__[A-Z_]+", text))
+        assert names == {
+            "SPECWATCH_ALERTING__BEARER_TOKEN",
+            "SPECWATCH_ALERTING__BASIC_USERNAME",
+            "SPECWATCH_ALERTING__BASIC_PASSWORD",
+        }
+        for name in names:
+            assert len(settings_field(name)) == 2
 
     def test_env_overrides_the_file(
         self, deployed_settings: Settings, monkeypatch: pytest.MonkeyPatch
