@@ -57,7 +57,8 @@ _SUMMARY_GAUGES: tuple[tuple[str, str, Callable[[PairedSummary], float | None]],
     (
         "specwatch_paired_questions_needed",
         "Labelled pairs still needed (Connor 1987, power 0.8) to detect the configured net loss "
-        "at the observed discordant rate; absent while the discordant rate is below it.",
+        "delta at discordant rate max(observed, delta); absent while there are no labelled "
+        "pairs.",
         lambda s: s.questions_still_needed,
     ),
     (
