@@ -226,6 +226,49 @@ def test_export_values() -> None:
     assert samples[("specwatch_paired_n", empty)] == 0
 
 
+def test_known_reasons_exported_from_zero() -> None:
+    """Known reasons are initialised at 0 (Prometheus practice); reasons seen are added."""
+
+    def reasons(stats: ShadowStats) -> dict[tuple[str, str], float]:
+        reg = CollectorRegistry()
+        reg.register(_Fixed(stats))
+        text = generate_latest(reg).decode()
+        return {
+            (s.name, s.labels["reason"]): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name in ("specwatch_shadow_excluded_total", "specwatch_ledger_write_errors_total")
+        }
+
+    fresh = reasons(build_shadow_stats({}, now=1.0))
+    ex, we = "specwatch_shadow_excluded_total", "specwatch_ledger_write_errors_total"
+    assert fresh == {
+        (ex, "unsupported_parameter"): 0,
+        (ex, "bad_request"): 0,
+        (ex, "bad_checker"): 0,
+        (we, "queue_full"): 0,
+        (we, "OperationalError"): 0,
+        (we, "IntegrityError"): 0,
+        (we, "DatabaseError"): 0,
+        (we, "OSError"): 0,
+    }
+    later = reasons(
+        build_shadow_stats(
+            {},
+            now=2.0,
+            excluded_total={"bad_checker": 2, "legacy_reason": 1},
+            ledger_write_errors={"queue_full": 5, "InterfaceError": 1},
+        )
+    )
+    assert later[(ex, "bad_checker")] == 2
+    assert later[(ex, "legacy_reason")] == 1
+    assert later[(ex, "bad_request")] == 0
+    assert later[(we, "queue_full")] == 5
+    assert later[(we, "InterfaceError")] == 1
+    assert later[(we, "OperationalError")] == 0
+    assert len(later) == len(fresh) + 2
+
+
 @pytest.mark.promtool
 def test_export_passes_promtool_check_metrics() -> None:
     res = subprocess.run(
