@@ -35,6 +35,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-scheduled-tokens", type=int, default=None)
+    p.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=None,
+        help="refuse (HTTP 503) a request when this many are unfinished (default: no limit)",
+    )
+    p.add_argument(
+        "--max-num-queued-tokens",
+        type=int,
+        default=None,
+        help="refuse (HTTP 503) a request when the prompts still in prefill hold this many "
+        "tokens (default: no limit)",
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--no-enable-chunked-prefill", action="store_true")
     p.add_argument("--fly-window-size", type=int, default=None)
@@ -88,6 +101,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_scheduled_tokens=args.max_num_scheduled_tokens,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
         max_model_len=args.max_model_len,
         enable_chunked_prefill=not args.no_enable_chunked_prefill,
         fly_window_size=args.fly_window_size,

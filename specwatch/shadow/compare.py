@@ -33,6 +33,10 @@ PairStatus = Literal["paired", "unpaired", "excluded"]
 #: pairs (gold known), agreement outcomes for unlabelled live traffic.
 CORRECTNESS_OUTCOMES = ("both_correct", "both_wrong", "lost", "gained")
 AGREEMENT_OUTCOMES = ("agree", "disagree")
+#: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
+#: an arm refused the request as one it does not support (400/422 naming a parameter) or as
+#: otherwise bad (other 400/422), or the request's checker spec is invalid.
+EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker")
 
 _MATH_MAX_CHARS = 4000
 
@@ -401,15 +405,22 @@ def _arm_outcome(
     )
 
 
-def _unsupported(r: ArmResult) -> bool:
-    return r.error == "unsupported_parameter" or (not r.ok and r.status == 400)
+def _refused(r: ArmResult) -> str | None:
+    """The exclusion reason when the arm refused the request as bad (the replayer's
+    ``unsupported_parameter`` / ``bad_request``; any other failed 400/422 is ``bad_request``)."""
+    if r.error in ("unsupported_parameter", "bad_request"):
+        return r.error
+    if not r.ok and r.status in (400, 422):
+        return "bad_request"
+    return None
 
 
 def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcome:
     """Compare every arm of ``pair`` with the standard arm; never raises on bad content.
 
-    Status rules: a 400 / ``unsupported_parameter`` on the standard or FLy arm excludes the
-    pair (reason ``unsupported_parameter``); an invalid checker excludes it (``bad_checker``);
+    Status rules: a refused request (400/422) on the standard or FLy arm excludes the pair
+    (reason ``unsupported_parameter`` or ``bad_request``, as the replayer classified it); an
+    invalid checker excludes it (``bad_checker``);
     otherwise a failed standard or FLy arm makes it unpaired (reason ``<arm>_<error>``, e.g.
     ``fly_timeout``). Math answers are compared without math-verify's signal timeout, so call
     from a worker thread when the ``math`` checker is used.
@@ -426,8 +437,9 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
     gold = req.gold
     has_checker = req.checker is not None and status == "paired"
     if status == "paired":
-        if _unsupported(pair.standard) or _unsupported(pair.fly):
-            status, reason = "excluded", "unsupported_parameter"
+        refused = _refused(pair.standard) or _refused(pair.fly)
+        if refused is not None:
+            status, reason = "excluded", refused
         elif not pair.standard.ok:
             status, reason = "unpaired", f"standard_{pair.standard.error or 'error'}"
         elif not pair.fly.ok:

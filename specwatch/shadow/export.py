@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from specwatch.shadow.compare import EXCLUDED_REASONS
+from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.state import PairedSummary, ShadowStats
 
 _WC = ["window", "category"]
@@ -57,7 +59,8 @@ _SUMMARY_GAUGES: tuple[tuple[str, str, Callable[[PairedSummary], float | None]],
     (
         "specwatch_paired_questions_needed",
         "Labelled pairs still needed (Connor 1987, power 0.8) to detect the configured net loss "
-        "at the observed discordant rate; absent while the discordant rate is below it.",
+        "delta at discordant rate max(observed, delta); absent while there are no labelled "
+        "pairs.",
         lambda s: s.questions_still_needed,
     ),
     (
@@ -76,8 +79,11 @@ def shadow_families(state: ShadowStats) -> Iterator[Metric]:
     """Yield the shadow/paired metric families for ``state``.
 
     Counters (fleet-summable): ``specwatch_shadow_pairs_total{category,arm,outcome}``,
-    ``specwatch_shadow_unpaired_total{reason}``, ``specwatch_shadow_excluded_total{reason}``,
-    ``specwatch_ledger_write_errors_total{reason}`` (reason = exception type) and, when the I/O
+    ``specwatch_shadow_unpaired_total{reason}``, ``specwatch_shadow_excluded_total{reason}``
+    (the known :data:`~specwatch.shadow.compare.EXCLUDED_REASONS` exported from 0),
+    ``specwatch_ledger_write_errors_total{reason}`` (reason = exception type or ``queue_full``;
+    the known :data:`~specwatch.shadow.ledger.WRITE_ERROR_REASONS` exported from 0; other
+    reasons are added as they occur) and, when the I/O
     state is present, ``specwatch_shadow_dropped_total{reason}``. Gauges per ``window`` and
     ``category`` (``_all`` = overall): lost, gained, n, net loss and its interval, McNemar p
     (``alternative="two_sided|loss"``), discordant ratio, e-value
@@ -96,25 +102,28 @@ def shadow_families(state: ShadowStats) -> Iterator[Metric]:
     for (cat, arm, outcome), n in sorted(state.pairs_total.items()):
         pairs.add_metric([cat, arm, outcome], n)
     yield pairs
-    for name, text, counts in (
+    for name, text, counts, known in (
         (
             "specwatch_shadow_unpaired",
             "Shadow requests where one arm failed.",
             state.unpaired_total,
+            (),
         ),
         (
             "specwatch_shadow_excluded",
             "Shadow requests excluded from comparison.",
             state.excluded_total,
+            EXCLUDED_REASONS,
         ),
         (
             "specwatch_ledger_write_errors",
-            "Ledger rows that failed to write, by exception type.",
+            "Ledger rows that failed to write, by exception type (queue_full: dropped unwritten).",
             state.ledger_write_errors,
+            WRITE_ERROR_REASONS,
         ),
     ):
         fam = CounterMetricFamily(name, text, labels=["reason"])
-        for reason, n in sorted(counts.items()):
+        for reason, n in sorted({**dict.fromkeys(known, 0), **counts}.items()):
             fam.add_metric([reason], n)
         yield fam
 

@@ -93,8 +93,11 @@ class PairedSummary:
     ``log_e_value`` / ``e_value`` the beta-binomial e-process on the discordant pairs (anytime
     valid only for the ``since_start`` window) and ``alarm`` = e >= 1/alpha;
     ``non_inferiority_*`` the Tango test against the margin; ``questions_needed`` (Connor 1987)
-    for detecting ``detect_net_loss`` at the observed discordant rate (``None`` when undefined)
-    and ``questions_still_needed`` = max(0, needed - n); flip ratios from answer agreement.
+    for detecting a net loss δ = ``detect_net_loss`` at the planning discordant rate
+    p_d = max(observed discordant rate, δ) (a net loss of δ implies at least δ discordance;
+    Connor's formula needs p_d >= δ), ``None`` only while there are no labelled pairs (the
+    discordant rate is undefined); ``questions_still_needed`` = max(0, needed - n); flip ratios
+    from answer agreement.
     """
 
     tally: PairTally
@@ -260,8 +263,12 @@ def summarize(
     log_e = beta_binomial_log_e_value(pc.lost, pc.gained, 0.5, prior_a, prior_b)
     disc = discordant_ratio(pc)
     needed: int | None = None
-    if math.isfinite(disc) and disc >= detect_net_loss > 0.0:
-        needed = questions_needed(detect_net_loss, disc, alpha=alpha, power=power)
+    if math.isfinite(disc) and 0.0 < detect_net_loss <= 1.0:
+        # A net loss of δ implies a discordant rate of at least δ, so below δ the planning
+        # discordance is δ itself (Connor's formula needs p_d >= δ).
+        needed = questions_needed(
+            detect_net_loss, max(disc, detect_net_loss), alpha=alpha, power=power
+        )
     ex = excess_flip(tally.flip_counts())
     fly_flip = tally.disagree / tally.paired if tally.paired else math.nan
     noise_n = tally.noise_agree + tally.noise_disagree

@@ -45,7 +45,10 @@ class SimConfig:
     """Everything one simulated vLLM server needs.
 
     Budget fields follow vLLM (``max_num_batched_tokens`` B, ``max_num_seqs`` N,
-    ``max_num_scheduled_tokens`` T, default B). ``vllm_version`` picks the budget regime
+    ``max_num_scheduled_tokens`` T, default B). ``max_num_queued_reqs`` and
+    ``max_num_queued_tokens`` are vLLM 0.33's frontend admission limits (``None`` = unlimited,
+    the default): see :meth:`specwatch.simulate.server.SimServer.admission_rejection`.
+    ``vllm_version`` picks the budget regime
     (:func:`specwatch.specdecode.regime_for_version`). ``time_scale`` multiplies simulated step
     durations in real-time mode (0 = as fast as the CPU allows).
     """
@@ -57,6 +60,8 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_num_scheduled_tokens: int | None = None
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     fly_window_size: int | None = None
@@ -97,6 +102,12 @@ class SimConfig:
             raise ValueError("--num-speculative-tokens must be >= 1")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        for flag, limit in (
+            ("--max-num-queued-reqs", self.max_num_queued_reqs),
+            ("--max-num-queued-tokens", self.max_num_queued_tokens),
+        ):
+            if limit is not None and limit < 0:
+                raise ValueError(f"{flag} must be >= 0 (or unset for no limit)")
         if self.data_parallel_size < 1:
             raise ValueError("--data-parallel-size must be >= 1")
         if self.vocab_size < 32:

@@ -41,6 +41,8 @@ ITERATION_TOKENS_BUCKETS = (
 PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+#: ``vllm:admission_rejections_total{reason}`` (vLLM ``loggers.py`` ``ADMISSION_REASONS``).
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -160,6 +162,16 @@ class SimMetrics:
             lab,
             registry=r,
         )
+        # frontend admission: one series per reason, no engine label, created at 0
+        admission = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            ["model_name", "reason"],
+            registry=r,
+        )
+        self.admission_rejections = {
+            reason: admission.labels(c.served_model_name, reason) for reason in ADMISSION_REASONS
+        }
         self.success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -315,6 +327,10 @@ class SimMetrics:
                 num_gpu_blocks=str(c.num_gpu_blocks),
                 num_cpu_blocks="None",
             ).set(1)
+
+    def on_admission_rejected(self, reason: str) -> None:
+        """The frontend refused a request (``reason`` in :data:`ADMISSION_REASONS`)."""
+        self.admission_rejections[reason].inc()
 
     # -- MetricsSink ------------------------------------------------------------------------
     def on_step(self, engine: int, stats: StepStats) -> None:

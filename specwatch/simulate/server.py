@@ -6,6 +6,14 @@ with ``data: [DONE]`` and a usage chunk when ``stream_options.include_usage``), 
 ``POST /admin/restart``, ``GET /admin/stats`` (ground truth). Errors use vLLM's body
 ``{"error": {"message", "type", "param", "code"}}``.
 
+Admission control (vLLM 0.33 ``--max-num-queued-reqs`` / ``--max-num-queued-tokens``, both off
+by default): a completion request that passes validation but finds a limit reached is refused
+before it is queued with vLLM's answer, HTTP 503 and
+``{"error": {"message": "The engine is currently busy ...", "type": "Service Unavailable",
+"param": null, "code": 503}}``, and ``vllm:admission_rejections_total{model_name, reason}``
+counts it (see :meth:`SimServer.admission_rejection`). Streaming requests are refused the same
+way, before the event stream starts.
+
 Per-request speculative-decoding metrics (``metrics.speculative_decoding`` in the response) are
 returned when the server runs with ``per_request_spec_decode_metrics`` ``summary|detailed`` or the
 request sets ``"spec_decode_metrics": "summary"|"detailed"``.
@@ -53,7 +61,20 @@ class APIError(Exception):
         self.param = param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    # vLLM's GracefulHTTPError (admission control) uses the status phrase as the type
+    503: "Service Unavailable",
+}
+#: vLLM 0.33's messages (``vllm/exceptions.py`` ``QueueOverflowError``, ``MaxQueuedTokensError``).
+ADMISSION_MESSAGES = {
+    "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance.",
+    "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
+    "Please try again later or on a different instance.",
+}
 
 
 def error_response(status: int, message: str, param: str | None = None) -> web.Response:
@@ -180,6 +201,31 @@ class SimServer:
         self.cores[i].add_request(req)
         self._wake[i].set()
         return self.cores[i]
+
+    def admission_rejection(self) -> str | None:
+        """The reason a new request would be refused now, or ``None`` to admit it.
+
+        vLLM 0.33's frontend check (``AsyncLLM.check_admission``), in its order:
+        ``max_num_queued_reqs`` refuses when unfinished requests (waiting + running, across
+        the data-parallel engines) + 1 would exceed the limit; ``max_num_queued_tokens``
+        refuses when the prompt tokens of requests still in prefill (no output yet; counted
+        in full, as vLLM's frontend does) are already >= the limit. ``None`` limits never
+        refuse.
+        """
+        c = self.config
+        unfinished = sum(core.load() for core in self.cores)
+        if c.max_num_queued_reqs is not None and unfinished + 1 > c.max_num_queued_reqs:
+            return "max_num_queued_reqs"
+        if c.max_num_queued_tokens is not None:
+            prefilling = sum(
+                r.prompt_len
+                for core in self.cores
+                for r in (*core.waiting, *core.running)
+                if r.first_token is None
+            )
+            if prefilling >= c.max_num_queued_tokens:
+                return "max_num_queued_tokens"
+        return None
 
     # -- handlers -------------------------------------------------------------------------------
     async def h_health(self, _r: web.Request) -> web.Response:
@@ -430,6 +476,10 @@ class SimServer:
             req, opts = self._parse(body, chat)
         except APIError as exc:
             return error_response(exc.status, exc.message, exc.param)
+        rejected = self.admission_rejection()
+        if rejected is not None:
+            self.metrics.on_admission_rejected(rejected)
+            return error_response(503, ADMISSION_MESSAGES[rejected])
         f = self.faults
         if f.completion_delay_s > 0:
             await asyncio.sleep(f.completion_delay_s)

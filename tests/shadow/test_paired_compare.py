@@ -113,6 +113,13 @@ def test_status_rules() -> None:
         "excluded",
         "unsupported_parameter",
     )
+    for fly in (
+        _arm(Arm.FLY, ok=False, status=400, error="bad_request"),
+        _arm(Arm.FLY, ok=False, status=422, error="bad_request"),
+        _arm(Arm.FLY, ok=False, status=400),
+    ):
+        refused = ReplayPair(request=_req(), standard=_arm(Arm.STANDARD, "x"), fly=fly)
+        assert (compare(refused).status, compare(refused).reason) == ("excluded", "bad_request")
     timeout = ReplayPair(
         request=_req(gold="4", checker="math"),
         standard=_arm(Arm.STANDARD, "4"),

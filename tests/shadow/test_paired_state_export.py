@@ -82,6 +82,28 @@ def test_summarize_by_hand() -> None:
     assert not empty.alarm
 
 
+def test_questions_needed_below_detect_net_loss_plans_at_delta() -> None:
+    """p_d = max(observed discordance, δ): below δ the planning discordance is δ.
+
+    By hand (Connor 1987, z 1.96 and 0.8416, δ = 0.02): at p_d = 0.02,
+    (1.96·√0.02 + 0.8416·√(0.02 − 0.0004))² / 0.0004 = 390.08 → 391; at p_d = 0.03,
+    (1.96·√0.03 + 0.8416·√(0.03 − 0.0004))² / 0.0004 = 586.31 → 587.
+    """
+
+    def tally(lost: int, gained: int) -> PairTally:
+        return PairTally(both_correct=200 - lost - gained, lost=lost, gained=gained)
+
+    below = summarize(tally(1, 1), detect_net_loss=0.02)  # observed p_d = 0.01 < δ
+    at = summarize(tally(3, 1), detect_net_loss=0.02)  # observed p_d = 0.02 = δ
+    above = summarize(tally(4, 2), detect_net_loss=0.02)  # observed p_d = 0.03 > δ
+    assert below.discordant_ratio == pytest.approx(0.01)
+    assert below.questions_needed == at.questions_needed == 391
+    assert below.questions_still_needed == 391 - 200
+    assert above.questions_needed == 587
+    none = summarize(tally(0, 0), detect_net_loss=0.02)  # no flips at all: still planned at δ
+    assert none.questions_needed == 391
+
+
 def test_windows_rows_counters_and_betting() -> None:
     outs = [
         _outcome(100.0, "a", True, False, noise="yes"),  # lost; fly flips, noise agrees
@@ -202,6 +224,49 @@ def test_export_values() -> None:
     empty = (("category", "empty"), ("window", "since_start"))
     assert ("specwatch_paired_net_loss_ratio", empty) not in samples
     assert samples[("specwatch_paired_n", empty)] == 0
+
+
+def test_known_reasons_exported_from_zero() -> None:
+    """Known reasons are initialised at 0 (Prometheus practice); reasons seen are added."""
+
+    def reasons(stats: ShadowStats) -> dict[tuple[str, str], float]:
+        reg = CollectorRegistry()
+        reg.register(_Fixed(stats))
+        text = generate_latest(reg).decode()
+        return {
+            (s.name, s.labels["reason"]): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name in ("specwatch_shadow_excluded_total", "specwatch_ledger_write_errors_total")
+        }
+
+    fresh = reasons(build_shadow_stats({}, now=1.0))
+    ex, we = "specwatch_shadow_excluded_total", "specwatch_ledger_write_errors_total"
+    assert fresh == {
+        (ex, "unsupported_parameter"): 0,
+        (ex, "bad_request"): 0,
+        (ex, "bad_checker"): 0,
+        (we, "queue_full"): 0,
+        (we, "OperationalError"): 0,
+        (we, "IntegrityError"): 0,
+        (we, "DatabaseError"): 0,
+        (we, "OSError"): 0,
+    }
+    later = reasons(
+        build_shadow_stats(
+            {},
+            now=2.0,
+            excluded_total={"bad_checker": 2, "legacy_reason": 1},
+            ledger_write_errors={"queue_full": 5, "InterfaceError": 1},
+        )
+    )
+    assert later[(ex, "bad_checker")] == 2
+    assert later[(ex, "legacy_reason")] == 1
+    assert later[(ex, "bad_request")] == 0
+    assert later[(we, "queue_full")] == 5
+    assert later[(we, "InterfaceError")] == 1
+    assert later[(we, "OperationalError")] == 0
+    assert len(later) == len(fresh) + 2
 
 
 @pytest.mark.promtool

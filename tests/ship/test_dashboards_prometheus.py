@@ -9,13 +9,19 @@ mixin (``deploy/prometheus/specwatch.rules.yaml``, time-scaled as in
 
 specwatch runs with shadow sampling in canary mode (the simulator's built-in canary items with
 their gold answers, looped) over standard, FLy and a noise arm, and with the alerting
-component. Grafana variables are substituted as Grafana would: ``$namespace``/``$job``/``$target``
-/``$category`` from their ``label_values`` query against this Prometheus (first value),
+component. The standard simulator runs with vLLM's ``--max-num-queued-reqs`` and the test sends
+it a burst above that limit, so ``vllm:admission_rejections_total`` counts real refusals (the
+burst's 503s, and any steady-load request refused while the burst's admitted requests still
+fill the queue). Grafana variables are substituted as Grafana would:
+``$namespace``/``$job``/``$target``/``$category`` from their ``label_values`` query against
+this Prometheus (first value),
 ``$window`` a value of its custom list, ``$__rate_interval`` 4 × the scrape interval. Once every
 non-alert panel has data, ``POST /admin/faults`` makes the noise simulator's ``/metrics`` fail,
 so ``SpecwatchTargetDown`` fires in both specwatch and Prometheus and the alert panels have data.
 
-Each query must parse (``status: success``) and return a non-empty result.
+Each query must parse (``status: success``) and return a non-empty result; no panel is exempt.
+Counters with known reasons (admission rejections, excluded pairs, ledger write errors) have
+data from their 0-valued series before any event.
 """
 
 from __future__ import annotations
@@ -65,13 +71,10 @@ CONDITIONAL = (
     "specwatch_engine_resets_total",
     "specwatch_shadow_unpaired_total",
 )
-#: Panel queries this test cannot give data, and why (each must still parse; they may have data).
-NO_DATA_HERE = {
-    "vllm:admission_rejections_total": "real vLLM exports it; the simulator does not",
-    "specwatch_ledger_write_errors_total": "needs a failing SQLite write",
-    "specwatch_shadow_excluded_total": "needs an arm answering 400 (the simulator never does)",
-    "specwatch_paired_questions_needed": "absent while discordance is below detect_net_loss",
-}
+#: The standard simulator's ``--max-num-queued-reqs``: well above the steady load (8 closed-loop
+#: clients plus the canary stream), below :data:`BURST` requests on top of it.
+QUEUE_LIMIT = 32
+BURST = QUEUE_LIMIT + 16
 
 Obj = dict[str, Any]
 
@@ -215,7 +218,9 @@ async def simulated_pair(
 ) -> AsyncIterator[dict[str, SimulatorHandle]]:
     """Standard, FLy and noise simulators; closed-loop load on standard and FLy."""
     sims = {
-        "standard": await start_simulator(SimConfig(role=Role.STANDARD, seed=1), port=0),
+        "standard": await start_simulator(
+            SimConfig(role=Role.STANDARD, seed=1, max_num_queued_reqs=QUEUE_LIMIT), port=0
+        ),
         "fly": await start_simulator(SimConfig(role=Role.FLY, seed=1), port=0),
         "noise": await start_simulator(SimConfig(role=Role.STANDARD, seed=2), port=0),
     }
@@ -234,6 +239,19 @@ async def simulated_pair(
             await task
         for sim in sims.values():
             await sim.stop()
+
+
+async def admission_burst(session: aiohttp.ClientSession, url: str) -> list[int]:
+    """:data:`BURST` concurrent long completions (256 tokens, ``ignore_eos``) to ``url``; their
+    HTTP statuses. More than ``QUEUE_LIMIT`` are in flight at once, so some are refused (503)."""
+
+    async def one(i: int) -> int:
+        body = {"prompt": f"burst {i}", "max_tokens": 256, "ignore_eos": True}
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            await resp.read()
+            return resp.status
+
+    return list(await asyncio.gather(*(one(i) for i in range(BURST))))
 
 
 async def faults(session: aiohttp.ClientSession, sims: dict[str, SimulatorHandle]) -> None:
@@ -303,13 +321,15 @@ async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
                 "vllm-fly": (sims["fly"].url, "fly"),
             }
             async with prometheus(tmp_path, session, targets) as prom:
+                statuses = await admission_burst(session, sims["standard"].url)
+                assert set(statuses) == {200, 503}, statuses
                 faulted = False
                 last: list[str] = []
 
                 async def all_have_data() -> bool | None:
                     nonlocal faulted, last
                     last = await empty_panels(session, prom)
-                    left = [e for e in last if not any(n in e for n in NO_DATA_HERE)]
+                    left = last
                     if not faulted and all(any(n in e for n in CONDITIONAL) for e in left):
                         await faults(session, sims)
                         faulted = True
@@ -320,5 +340,18 @@ async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
                 except AssertionError as err:
                     raise AssertionError(f"{err}; still empty: {last}") from None
                 assert faulted
+                refused = statuses.count(503)
+
+                async def rejections_scraped() -> float | None:
+                    query = (
+                        'vllm:admission_rejections_total{container="vllm-standard",'
+                        'reason="max_num_queued_reqs"}'
+                    )
+                    body = await api(session, prom, "/api/v1/query", {"query": query})
+                    result = body["data"]["result"]
+                    value = float(result[0]["value"][1]) if result else 0.0
+                    return value if value >= refused else None
+
+                assert await poll("rejections scraped", rejections_scraped, within=10) >= refused
         finally:
             await server.close()
