@@ -276,6 +276,7 @@ class EngineCore:
         if req.prefill_target == 0:
             req.prefill_target = req.prompt_len
         self.waiting.append(req)
+        self.publish_queue()
 
     def abort(self, req: SimRequest, now: float, reason: str = "abort") -> None:
         """Finish ``req`` early (client went away, or a stop string seen by the frontend)."""
@@ -286,6 +287,20 @@ class EngineCore:
         if req in self.running:
             self.running.remove(req)
         self._finish(req, reason, now)
+        self.publish_queue()
+
+    def publish_queue(self) -> None:
+        """Send the current running/waiting counts and KV usage to the sink (the
+        ``vllm:num_requests_running``/``waiting`` gauges).
+
+        Called after every step and whenever the queues change outside a step (a request
+        queued or aborted, a step that schedules nothing), so the gauges follow the queues
+        even while no step runs (e.g. admission stalled with nothing running).
+        """
+        if self.sink is not None:
+            self.sink.on_queue(
+                self.engine_index, len(self.running), len(self.waiting), self.kv_usage()
+            )
 
     def has_work(self) -> bool:
         return bool(self.running) or (bool(self.waiting) and not self.faults.stall_admission)
@@ -369,6 +384,7 @@ class EngineCore:
                 token_budget -= n_new
                 input_budget -= n_new + s
         if not sched:
+            self.publish_queue()  # e.g. admission stalled: the queue is still what it is
             return None  # (validation guarantees a lone request fits, so no preemption is lost)
         emit: list[tuple[SimRequest, int]] = []
         for req, n_new, kd in sched:
@@ -395,9 +411,7 @@ class EngineCore:
         self.truth.max_running_seen = max(self.truth.max_running_seen, len(self.running))
         if self.sink is not None:
             self.sink.on_step(self.engine_index, stats)
-            self.sink.on_queue(
-                self.engine_index, len(self.running), len(self.waiting), self.kv_usage()
-            )
+        self.publish_queue()
         return StepResult(end, outputs, stats)
 
     def kv_usage(self) -> float:

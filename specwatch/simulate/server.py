@@ -170,6 +170,7 @@ class SimServer:
         self.metrics.reset()
         for core in self.cores:
             core.reset_counters()
+            core.publish_queue()  # gauges are state, not counters: the new registry has them
         self.restarts += 1
 
     # -- request plumbing -----------------------------------------------------------------------
