@@ -75,11 +75,10 @@ class DemoConfig:
     (the simulator's 240 items × ``canary_variants``, at ``canary_temperature``) is replayed
     at ``canary_rate`` items/s; replays are capped at ``shadow_rps``/s and ``shadow_in_flight``
     in flight and pause while an arm's busiest engine runs ≥ ``shadow_pause_running_fraction``
-    × max_num_seqs, or (``shadow_pause_on_waiting``) while an arm has a request waiting: off by
-    default, because at the demo's arrival rate almost every scrape finds a request that arrived
-    during the current step and waits for the next one. ``ledger_path``: keep the ledger there (``None``:
-    a temporary directory removed at exit). Alerting (``alerts``): ``alertmanager_urls`` to
-    send to (none: detectors and gauges only), detectors evaluated every
+    × max_num_seqs, or (``shadow_pause_on_waiting``) while an arm has a request waiting.
+    ``ledger_path``: keep the ledger there (``None``: a temporary directory removed at exit).
+    Alerting (``alerts``): ``alertmanager_urls`` to send to (none: detectors and gauges
+    only), detectors evaluated every
     ``alert_interval_s`` with every ``for`` duration set to ``alert_for_s``.
     """
 
@@ -112,7 +111,7 @@ class DemoConfig:
     shadow_rps: float = 15.0
     shadow_in_flight: int = 8
     shadow_pause_running_fraction: float = 0.9
-    shadow_pause_on_waiting: bool = False
+    shadow_pause_on_waiting: bool = True
     ledger_path: str | None = None
     alerts: bool = True
     alertmanager_urls: tuple[str, ...] = ()

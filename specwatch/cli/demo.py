@@ -18,8 +18,9 @@ from specwatch.settings import ConfigError, parse_duration
 
 _DESCRIPTION = """\
 Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar
-(scraping, shadow pairing with paired statistics, alerting), all in this process (no GPU). Prints the URLs to open and a live view every ~2 s (plain text
-when stdout is not a terminal; none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
+(scraping, shadow pairing with paired statistics, alerting), all in this process (no GPU).
+Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
+none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
 stops everything; exit 0. See docs/demo.md.
 """
 

@@ -276,7 +276,6 @@ class EngineCore:
         if req.prefill_target == 0:
             req.prefill_target = req.prompt_len
         self.waiting.append(req)
-        self.publish_queue()
 
     def abort(self, req: SimRequest, now: float, reason: str = "abort") -> None:
         """Finish ``req`` early (client went away, or a stop string seen by the frontend)."""
@@ -287,15 +286,16 @@ class EngineCore:
         if req in self.running:
             self.running.remove(req)
         self._finish(req, reason, now)
-        self.publish_queue()
 
     def publish_queue(self) -> None:
         """Send the current running/waiting counts and KV usage to the sink (the
         ``vllm:num_requests_running``/``waiting`` gauges).
 
-        Called after every step and whenever the queues change outside a step (a request
-        queued or aborted, a step that schedules nothing), so the gauges follow the queues
-        even while no step runs (e.g. admission stalled with nothing running).
+        Called after every scheduler pass, as vLLM logs its scheduler stats once per step
+        (so a request that arrives during a step shows as waiting only if the next pass leaves
+        it waiting), including a pass that schedules nothing, and by the server's step loop
+        when it goes idle: with admission stalled and nothing running no step runs, and the
+        gauges must still show the queue.
         """
         if self.sink is not None:
             self.sink.on_queue(

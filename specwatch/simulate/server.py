@@ -153,6 +153,7 @@ class SimServer:
         scale = self.config.time_scale
         while True:
             if not core.has_work():
+                core.publish_queue()  # idle (or admission stalled): the gauges show the queue
                 wake.clear()
                 await wake.wait()
                 continue
