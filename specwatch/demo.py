@@ -9,8 +9,14 @@ then a live view rendered from the published snapshot (:func:`render_view`), unt
 SIGTERM or the end of ``duration_s``; it then stops the load, the sidecar and the simulators
 and returns 0.
 
-Components that other chains add (shadow sampling, alerting) are built in one place,
-:func:`demo_components`; the view shows their sections as soon as they publish under
+The sidecar runs the whole product (:func:`demo_components`, the same components as
+``specwatch run``): shadow sampling (the load generator mirrors its requests to the sidecar as
+Envoy would, and the simulator's 240 canary questions with gold answers are replayed at
+temperature 1; each sampled request goes to the standard arm, the FLy arm and a noise arm,
+and the pairs land in an SQLite ledger in a temporary directory, removed at exit unless
+``ledger_path`` is given) and alerting (the detectors over each snapshot and the shadow
+statistics, with ``for`` durations shortened to demo scale; sent to Alertmanager only when
+``alertmanager_urls`` are given). The view shows their sections from
 ``Snapshot.extras["shadow"]`` / ``["alerts"]``.
 """
 
@@ -19,19 +25,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
+import random
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
 
+from specwatch.alerting_component import alerting_components
 from specwatch.app import STORE_KEY, Component, build_app
 from specwatch.export import snapshot_json
 from specwatch.model import Snapshot
 from specwatch.settings import Settings, load_settings
+from specwatch.shadow.component import ShadowComponent, shadow_components
+from specwatch.shadow.state import OutcomeCounters
+from specwatch.simulate.canary import builtin_items
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
@@ -54,6 +69,17 @@ class DemoConfig:
     ``time_scale`` multiplies the simulated step times (a slower "GPU": requests stay longer,
     so running approaches max_num_seqs at a load the CPU sustains). ``scrape_interval_s``,
     ``windows``: the sidecar's settings. ``refresh_s``: view period.
+
+    Shadow (``shadow``): the load generator mirrors ``mirror_fraction`` of its requests to the
+    sidecar, which samples ``shadow_sample`` of them (hash of the request); the canary set
+    (the simulator's 240 items × ``canary_variants``, at ``canary_temperature``) is replayed
+    at ``canary_rate`` items/s; replays are capped at ``shadow_rps``/s and ``shadow_in_flight``
+    in flight and pause while an arm's busiest engine runs ≥ ``shadow_pause_running_fraction``
+    × max_num_seqs, or (``shadow_pause_on_waiting``) while an arm has a request waiting.
+    ``ledger_path``: keep the ledger there (``None``: a temporary directory removed at exit).
+    Alerting (``alerts``): ``alertmanager_urls`` to send to (none: detectors and gauges
+    only), detectors evaluated every
+    ``alert_interval_s`` with every ``for`` duration set to ``alert_for_s``.
     """
 
     duration_s: float | None = None
@@ -66,7 +92,7 @@ class DemoConfig:
     method: str = "eagle3"
     vllm_version: str = "0.33.0"
     fly_entropy_threshold: float = 0.3
-    time_scale: float = 8.0
+    time_scale: float = 4.0
     concurrency: int = 40
     rate: float | None = 60.0
     max_tokens: int = 64
@@ -76,6 +102,21 @@ class DemoConfig:
     windows: tuple[str, ...] = ("1m", "5m")
     refresh_s: float = 2.0
     ui: bool = True
+    shadow: bool = True
+    mirror_fraction: float = 1.0
+    shadow_sample: float = 0.1
+    canary_rate: float = 6.0
+    canary_variants: int = 40
+    canary_temperature: float = 1.0
+    shadow_rps: float = 15.0
+    shadow_in_flight: int = 8
+    shadow_pause_running_fraction: float = 0.9
+    shadow_pause_on_waiting: bool = True
+    ledger_path: str | None = None
+    alerts: bool = True
+    alertmanager_urls: tuple[str, ...] = ()
+    alert_interval_s: float = 2.0
+    alert_for_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +149,112 @@ def simulator_configs(cfg: DemoConfig) -> tuple[SimConfig, SimConfig]:
     return std, fly
 
 
-def demo_settings(cfg: DemoConfig, targets: DemoTargets, port: int) -> Settings:
+@dataclass(frozen=True, slots=True)
+class DemoFiles:
+    """Where the demo's shadow chain keeps its files.
+
+    ``ledger``: the SQLite ledger; ``canary``: the canary JSONL; ``tempdir``: the temporary
+    directory the demo created and removes at exit (:func:`remove_demo_files`); the ledger is
+    inside it unless the user chose its path.
+    """
+
+    ledger: Path
+    canary: Path
+    tempdir: Path
+
+
+def write_canary_file(path: Path, *, variants: int, temperature: float, seed: int) -> int:
+    """Write the simulator's 240 canary items (gold answers, the ``answer: N`` regex checker)
+    ``variants`` times as canary JSONL; returns the number of lines.
+
+    Variant ``v`` asks for ``max_tokens`` 64 + v, so every line is a different request and gets
+    its own replay seed (from the request hash): a fresh temperature-``temperature`` sample per
+    pair, not the same answer again. Each pass is shuffled (``seed``) so the categories mix.
+    Blocking (file write).
+    """
+    rng = random.Random(seed)
+    items = builtin_items()
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        for v in range(variants):
+            order = list(items)
+            rng.shuffle(order)
+            for it in order:
+                row = {
+                    "id": f"{it['id']}-v{v}",
+                    "prompt": it["prompt"],
+                    "gold": it["gold"],
+                    "category": it["category"],
+                    "checker": it["checker"],
+                    "max_tokens": 64 + v,
+                    "temperature": temperature,
+                }
+                f.write(json.dumps(row) + "\n")
+                n += 1
+    return n
+
+
+def prepare_demo_files(cfg: DemoConfig) -> DemoFiles:
+    """Create the temporary directory, the canary file in it and choose the ledger path
+    (``cfg.ledger_path``, else ``<tempdir>/ledger.sqlite``). Blocking; raises ``OSError``."""
+    tempdir = Path(tempfile.mkdtemp(prefix="specwatch-demo-"))
+    try:
+        canary = tempdir / "canary.jsonl"
+        write_canary_file(
+            canary,
+            variants=cfg.canary_variants,
+            temperature=cfg.canary_temperature,
+            seed=cfg.seed,
+        )
+    except OSError:
+        shutil.rmtree(tempdir, ignore_errors=True)
+        raise
+    ledger = Path(cfg.ledger_path) if cfg.ledger_path else tempdir / "ledger.sqlite"
+    return DemoFiles(ledger=ledger, canary=canary, tempdir=tempdir)
+
+
+def remove_demo_files(files: DemoFiles) -> None:
+    """Remove the demo's temporary directory (a ledger the user placed elsewhere is kept)."""
+    shutil.rmtree(files.tempdir, ignore_errors=True)
+
+
+def _detect_overrides(cfg: DemoConfig) -> dict[str, Any]:
+    """Detector settings at demo scale: the demo's windows, every ``for`` = ``alert_for_s``."""
+    short = cfg.windows[0] if cfg.windows else "1m"
+    long = cfg.windows[-1] if cfg.windows else "5m"
+    fors = (
+        "acceptance_drop_for",
+        "fly_gain_for",
+        "inactive_for",
+        "budget_for",
+        "stall_for",
+        "quality_e_value_for",
+        "quality_non_inferiority_for",
+        "flip_for",
+        "target_down_for",
+        "shadow_stalled_for",
+        "ledger_failing_for",
+    )
+    return {
+        **{f: cfg.alert_for_s for f in fors},
+        "acceptance_short_window": short,
+        "acceptance_baseline_window": long,
+        "rate_window": short,
+        "fly_gain_window": short,
+        "flip_window": long,
+        "shadow_stalled_window": short,
+        "ledger_errors_window": 60.0,
+    }
+
+
+def demo_settings(
+    cfg: DemoConfig, targets: DemoTargets, port: int, files: DemoFiles | None = None
+) -> Settings:
     """The sidecar's :class:`Settings`: both simulators with their limits (so the capacity and
-    budget gauges are populated), scrape every ``scrape_interval_s``, the demo's windows.
+    budget gauges are populated), scrape every ``scrape_interval_s``, the demo's windows;
+    alerting at demo scale (``cfg.alerts``); with ``files`` (and ``cfg.shadow``) the shadow
+    chain: mirror + canary ingest, arms = the two targets by name plus a noise arm (a second
+    replay to the standard server), the ledger at ``files.ledger``.
 
     Environment variables ``SPECWATCH_*`` still apply below these values.
     Raises :class:`specwatch.settings.ConfigError`.
@@ -122,32 +266,61 @@ def demo_settings(cfg: DemoConfig, targets: DemoTargets, port: int) -> Settings:
         "method": cfg.method,
         "vllm_version": cfg.vllm_version,
     }
-    return load_settings(
-        overrides={
-            "targets": [
-                {"name": "standard", "url": targets.standard_url, **limits},
-                {"name": "fly", "url": targets.fly_url, **limits},
-            ],
-            "windows": list(cfg.windows),
-            "scrape": {
-                "interval_seconds": cfg.scrape_interval_s,
-                "timeout_seconds": max(0.5, cfg.scrape_interval_s * 0.9),
-            },
-            "server": {"host": cfg.host, "port": port},
+    overrides: dict[str, Any] = {
+        "targets": [
+            {"name": "standard", "url": targets.standard_url, **limits},
+            {"name": "fly", "url": targets.fly_url, **limits},
+        ],
+        "windows": list(cfg.windows),
+        "scrape": {
+            "interval_seconds": cfg.scrape_interval_s,
+            "timeout_seconds": max(0.5, cfg.scrape_interval_s * 0.9),
+        },
+        "server": {"host": cfg.host, "port": port},
+    }
+    if cfg.alerts:
+        overrides["alerting"] = {
+            "urls": list(cfg.alertmanager_urls),
+            "evaluation_interval": cfg.alert_interval_s,
+            "resend_interval": max(10.0, cfg.alert_interval_s),
         }
-    )
+        overrides["detect"] = _detect_overrides(cfg)
+    if cfg.shadow and files is not None:
+        overrides["shadow"] = {
+            "enabled": True,
+            "modes": ["mirror", "canary"],
+            "standard": {"target": "standard"},
+            "fly": {"target": "fly"},
+            "noise_kind": "standard",
+            "sample_probability": cfg.shadow_sample,
+            "max_shadow_rps": cfg.shadow_rps,
+            "max_in_flight": cfg.shadow_in_flight,
+            "queue_size": 4 * cfg.shadow_in_flight,
+            "pause_running_fraction": cfg.shadow_pause_running_fraction,
+            "pause_on_waiting": cfg.shadow_pause_on_waiting,
+            "load_state_max_age_seconds": max(5.0, 5 * cfg.scrape_interval_s),
+            "max_queue_age_seconds": 10.0,
+            "pause_poll_seconds": 0.2,
+            "max_tokens_cap": 2 * cfg.max_tokens,
+            "mirror_require_shadow_host": True,
+            "canary_file": str(files.canary),
+            "canary_rate_per_second": cfg.canary_rate,
+            "canary_loop": True,
+        }
+        overrides["ledger"] = {"path": str(files.ledger)}
+        overrides["paired"] = {"windows": list(cfg.windows), "refresh_seconds": 1.0}
+    return load_settings(overrides=overrides)
 
 
-def demo_components(settings: Settings, targets: DemoTargets) -> list[Component]:
-    """The components plugged into the demo's sidecar (``build_app(components=...)``).
-
-    This is the single place where the demo adds other chains: shadow sampling (issue 4:
-    mirror the demo traffic through ``targets.standard_url`` / ``targets.fly_url`` and publish
-    ``extras["shadow"]``) and alerting (issue 5: detectors over the snapshot, publishing
-    ``extras["alerts"]``). The live view renders both sections as soon as they appear.
-    """
-    components: list[Component] = []
-    return components
+def demo_components(settings: Settings, *, alerts: bool = True) -> list[Component]:
+    """The components plugged into the demo's sidecar (``build_app(components=...)``), wired as
+    ``specwatch run`` wires them: the shadow chain when ``settings.shadow.enabled``, then (with
+    ``alerts``) the alerting component reading the shadow chain's latest statistics."""
+    shadow = shadow_components(settings)
+    if not alerts:
+        return [*shadow]
+    alerting = alerting_components(settings, shadow=shadow[0].latest_stats if shadow else None)
+    return [*shadow, *alerting]
 
 
 # -- the live view ------------------------------------------------------------------------------
@@ -213,26 +386,69 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
 
 
+def _ratio(num: Any, den: Any) -> str:
+    if not isinstance(num, int | float) or not isinstance(den, int | float) or den <= 0:
+        return "-"
+    return f"{round(num)}/{round(den)} ({num / den:.3f})"
+
+
+def _io_line(io: Mapping[str, Any], unpaired: Mapping[str, Any]) -> str:
+    paused = sorted(r for r, on in (io.get("paused") or {}).items() if on)
+    dropped = ", ".join(f"{r} {n}" for r, n in sorted((io.get("dropped_total") or {}).items()) if n)
+    lost = sum(v for v in unpaired.values() if isinstance(v, int | float))
+    return (
+        f"        replay: in flight {_int(io.get('in_flight'))}  "
+        f"queued {_int(io.get('queue_depth'))}  "
+        f"paused {','.join(paused) if paused else 'no'}  "
+        f"dropped {dropped or '0'}  unpaired {_int(lost)}"
+    )
+
+
 def _shadow_lines(shadow: Mapping[str, Any], window: str) -> list[str]:
-    """Paired quality: the overall summary of ``window`` (else ``since_start``) when the shadow
-    document has the ``windows → category → summary`` shape, else its scalar fields."""
+    """Paired quality, from the ``since_start`` overall summary (its e-value is the
+    anytime-valid one; else ``window``, else the first) when the shadow document has the
+    ``windows → category → summary`` shape, else its scalar fields.
+
+    Line 1: pairs replayed, pairs with a gold answer, lost/gained, the net loss with its
+    interval, McNemar's one-sided p and the e-value. Line 2: answers that differ from the
+    standard arm's (FLy and the noise arm: the noise floor), FLy's excess over the floor,
+    non-inferiority. Line 3 (when ``io`` is present): the replay queue, pauses, drops.
+    """
     windows = shadow.get("windows")
     if isinstance(windows, Mapping) and windows:
-        w = window if window in windows else ("since_start" if "since_start" in windows else None)
-        w = w or next(iter(windows))
+        w = next((c for c in ("since_start", window) if c in windows), next(iter(windows)))
         cats = windows[w] or {}
         cat = "_all" if "_all" in cats else next(iter(cats), None)
         s = cats.get(cat) if cat is not None else None
         if isinstance(s, Mapping):
-            return [
-                f"shadow ({w}): pairs {_int(s.get('n'))}  lost {_int(s.get('lost'))}  "
+            t = s.get("tally") if isinstance(s.get("tally"), Mapping) else None
+            if t is not None:
+                paired = (t.get("agree") or 0) + (t.get("disagree") or 0)
+                noise_n = (t.get("noise_agree") or 0) + (t.get("noise_disagree") or 0)
+                pairs = f"pairs {paired}  graded {_int(s.get('n'))}"
+                flips = (
+                    f"flips vs standard: fly {_ratio(t.get('disagree'), paired)}  "
+                    f"noise floor {_ratio(t.get('noise_disagree'), noise_n)}  "
+                    f"excess {_num(s.get('excess_flip_ratio'))}  "
+                )
+            else:
+                pairs = f"pairs {_int(s.get('n'))}"
+                flips = (
+                    f"flip ratio fly {_num(s.get('fly_flip_ratio'))}  "
+                    f"noise {_num(s.get('noise_flip_ratio'))}  "
+                )
+            lines = [
+                f"shadow ({w}): {pairs}  lost {_int(s.get('lost'))}  "
                 f"gained {_int(s.get('gained'))}  net loss {_num(s.get('net_loss_ratio'))} "
                 f"[{_num(s.get('ci_lower'))}, {_num(s.get('ci_upper'))}]  "
                 f"McNemar p(loss) {_num(s.get('p_loss'))}  e-value {_num(s.get('e_value'), '.3g')}",
-                f"        flip ratio fly {_num(s.get('fly_flip_ratio'))}  "
-                f"noise {_num(s.get('noise_flip_ratio'))}  "
-                f"non-inferior {_num(s.get('non_inferiority_pass'))}",
+                f"        {flips}non-inferior {_num(s.get('non_inferiority_pass'))}",
             ]
+            io = shadow.get("io")
+            if isinstance(io, Mapping):
+                unpaired = shadow.get("unpaired_total")
+                lines.append(_io_line(io, unpaired if isinstance(unpaired, Mapping) else {}))
+            return lines
     flat = [
         f"{k} {_num(v)}"
         for k, v in shadow.items()
@@ -304,8 +520,10 @@ def render_view(
         acc = "  ".join(
             f"{role} {c}/{g}" for role, (c, g) in sorted((load.get("canary") or {}).items())
         )
+        mirrored = load.get("mirrored")
         lines.append(
             f"load: sent {load.get('sent', 0)}  ok {load.get('ok', 0)}  errors {err}"
+            + (f"  mirrored {mirrored}" if mirrored is not None else "")
             + (f"  canary correct: {acc}" if acc else "")
         )
     shadow = doc.get("shadow")
@@ -327,9 +545,12 @@ def view_document(snap: Snapshot) -> dict[str, Any]:
     return doc
 
 
-def load_summary(stats: LoadStats, roles: Mapping[str, str]) -> dict[str, Any]:
-    """The ``load`` mapping :func:`render_view` shows; ``roles`` maps base URL → role name."""
-    return {
+def load_summary(
+    stats: LoadStats, roles: Mapping[str, str], *, mirror: bool = False
+) -> dict[str, Any]:
+    """The ``load`` mapping :func:`render_view` shows; ``roles`` maps base URL → role name;
+    ``mirror``: include the count of mirrored copies."""
+    out: dict[str, Any] = {
         "sent": stats.sent,
         "ok": stats.ok,
         "errors": dict(stats.errors),
@@ -338,6 +559,9 @@ def load_summary(stats: LoadStats, roles: Mapping[str, str]) -> dict[str, Any]:
             for url, role in roles.items()
         },
     }
+    if mirror:
+        out["mirrored"] = stats.mirrored
+    return out
 
 
 # -- running it ---------------------------------------------------------------------------------
@@ -387,7 +611,8 @@ async def run_demo(
 
     ``out``: where the URLs and the view go; ``tty``: redraw the view in place with ANSI
     escapes (else plain text blocks). Raises ``OSError`` when the sidecar's port cannot be
-    bound and :class:`specwatch.settings.ConfigError` on bad settings (nothing is left running).
+    bound or the demo's files cannot be written and :class:`specwatch.settings.ConfigError` on
+    bad settings (nothing is left running, the temporary directory is removed).
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -401,12 +626,18 @@ async def run_demo(
     runner: web.AppRunner | None = None
     tasks: list[asyncio.Task[Any]] = []
     gen: LoadGenerator | None = None
+    files: DemoFiles | None = None
+    shadow_pairs: Callable[[], int | None] = _no_pairs
     try:
+        if cfg.shadow:
+            files = await asyncio.to_thread(prepare_demo_files, cfg)
         sims.append(await start_simulator(std_cfg, host=cfg.host, port=0))
         sims.append(await start_simulator(fly_cfg, host=cfg.host, port=0))
         targets = DemoTargets(standard_url=sims[0].url, fly_url=sims[1].url)
-        settings = demo_settings(cfg, targets, port=cfg.port or 0)
-        app = build_app(settings, components=demo_components(settings, targets))
+        settings = demo_settings(cfg, targets, port=cfg.port or 0, files=files)
+        components = demo_components(settings, alerts=cfg.alerts)
+        shadow_pairs = _pairs_counter(components)
+        app = build_app(settings, components=components)
         latest = _Latest()
         app[STORE_KEY].add_listener(latest)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -424,6 +655,12 @@ async def run_demo(
             + json.dumps({"fly_entropy_threshold": 0.05})
             + "'",
         ]
+        if files is not None:
+            keep = "kept" if cfg.ledger_path else "removed at exit; --ledger PATH keeps it"
+            intro.append(f"  shadow ledger: {files.ledger}  ({keep})")
+        if cfg.alerts:
+            sent = ", ".join(cfg.alertmanager_urls) or "none (--alertmanager-url URL sends them)"
+            intro.append(f"  alerts to Alertmanager: {sent}")
         _print(
             out,
             "\n".join(intro)
@@ -440,6 +677,8 @@ async def run_demo(
                 temperature=cfg.temperature,
                 fanout=True,
                 seed=cfg.seed,
+                mirror_url=base if files is not None else None,
+                mirror_fraction=cfg.mirror_fraction,
             ),
         )
         tasks.append(asyncio.create_task(gen.run(), name="demo-load"))
@@ -448,7 +687,9 @@ async def run_demo(
         if cfg.ui:
             tasks.append(
                 asyncio.create_task(
-                    _view_loop(cfg, out, tty, intro, latest, gen, roles, started, clock),
+                    _view_loop(
+                        cfg, out, tty, intro, latest, gen, roles, started, clock, files is not None
+                    ),
                     name="demo-view",
                 )
             )
@@ -474,12 +715,42 @@ async def run_demo(
             await runner.cleanup()
         for h in reversed(sims):
             await h.stop()
+        if files is not None:
+            await asyncio.to_thread(remove_demo_files, files)
         for sig in installed:
             loop.remove_signal_handler(sig)
     if gen is not None:
         st = gen.stats
-        _print(out, f"specwatch demo: stopped; {st.sent} requests sent, {st.ok} answered")
+        pairs = shadow_pairs()
+        _print(
+            out,
+            f"specwatch demo: stopped; {st.sent} requests sent, {st.ok} answered"
+            + (f", {pairs} shadow pairs" if pairs is not None else "")
+            + (f"; ledger kept at {files.ledger}" if files is not None and cfg.ledger_path else ""),
+        )
     return 0
+
+
+def _no_pairs() -> int | None:
+    return None
+
+
+def paired_requests(counters: OutcomeCounters) -> int:
+    """Paired requests counted so far: FLy's ``agree`` + ``disagree`` outcomes, as
+    ``sum(specwatch_shadow_pairs_total{arm="fly",outcome=~"agree|disagree"})``."""
+    return sum(
+        n
+        for (_cat, arm, outcome), n in counters.pairs.items()
+        if arm == "fly" and outcome in ("agree", "disagree")
+    )
+
+
+def _pairs_counter(components: Sequence[Component]) -> Callable[[], int | None]:
+    """Reads the shadow component's paired requests (:func:`_no_pairs` without one)."""
+    for c in components:
+        if isinstance(c, ShadowComponent):
+            return functools.partial(paired_requests, c.counters)
+    return _no_pairs
 
 
 async def _view_loop(
@@ -492,6 +763,7 @@ async def _view_loop(
     roles: Mapping[str, str],
     started: float,
     clock: Callable[[], float],
+    mirror: bool,
 ) -> None:
     window = cfg.windows[0] if cfg.windows else "since_start"
     while True:
@@ -506,7 +778,7 @@ async def _view_loop(
         text = render_view(
             view_document(latest.snap),
             window=window,
-            load=load_summary(gen.stats, roles),
+            load=load_summary(gen.stats, roles, mirror=mirror),
             header=header,
             ansi=tty,
         )

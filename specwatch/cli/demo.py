@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from specwatch.demo import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
 from specwatch.logs import setup_logging
 from specwatch.settings import ConfigError, parse_duration
 
 _DESCRIPTION = """\
-Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar,
-all in this process (no GPU). Prints the URLs to open and a live view every ~2 s (plain text
-when stdout is not a terminal; none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
+Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar
+(scraping, shadow pairing with paired statistics, alerting), all in this process (no GPU).
+Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
+none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
 stops everything; exit 0. See docs/demo.md.
 """
 
@@ -64,6 +66,36 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--fly-entropy-threshold", type=float, default=0.3, metavar="T", help="FLy threshold, nats"
     )
     p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="keep the shadow ledger (SQLite) at PATH for `specwatch report` "
+        "(default: a temporary file removed at exit)",
+    )
+    p.add_argument(
+        "--alertmanager-url",
+        action="append",
+        metavar="URL",
+        help="also send the alerts to this Alertmanager (repeat for several)",
+    )
+    p.add_argument(
+        "--shadow-sample",
+        type=float,
+        default=0.1,
+        metavar="P",
+        help="share of the mirrored live requests replayed through the arms (0..1)",
+    )
+    p.add_argument(
+        "--canary-rate",
+        type=float,
+        default=6.0,
+        metavar="R",
+        help="canary questions (with gold answers) replayed per second",
+    )
+    p.add_argument(
+        "--no-shadow", action="store_true", help="no shadow sampling, paired statistics or ledger"
+    )
+    p.add_argument("--no-alerts", action="store_true", help="no alert detectors")
     p.set_defaults(handler=main)
 
 
@@ -80,6 +112,20 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         raise ValueError("--concurrency must be at least 1")
     if args.rate < 0:
         raise ValueError("--rate must be >= 0")
+    if not 0.0 <= args.shadow_sample <= 1.0:
+        raise ValueError("--shadow-sample must be in [0, 1]")
+    if args.canary_rate <= 0:
+        raise ValueError("--canary-rate must be > 0")
+    urls = tuple(args.alertmanager_url or ())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--alertmanager-url must be http(s)://...: {url!r}")
+    if args.ledger is not None:
+        ledger = Path(args.ledger)
+        if not args.ledger.strip() or ledger.is_dir():
+            raise ValueError(f"--ledger must be a file path: {args.ledger!r}")
+        if not ledger.parent.is_dir():
+            raise ValueError(f"--ledger: directory {str(ledger.parent)!r} does not exist")
     cfg = DemoConfig(
         duration_s=duration,
         host=args.host,
@@ -91,6 +137,12 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         rate=args.rate or None,
         seed=args.seed,
         ui=not args.no_ui,
+        shadow=not args.no_shadow,
+        shadow_sample=args.shadow_sample,
+        canary_rate=args.canary_rate,
+        ledger_path=args.ledger,
+        alerts=not args.no_alerts,
+        alertmanager_urls=urls,
     )
     simulator_configs(cfg)  # SimConfig.validate(): one sentence when the shape is invalid
     return cfg

@@ -6,6 +6,12 @@ Requests are drawn from categories: the canary categories (their items carry gol
 With ``fanout=True`` each request is sent to every target with the same seed (a paired arm
 comparison); otherwise targets are used round-robin.
 
+With ``mirror_url`` set, a share ``mirror_fraction`` of the requests is also copied to that
+server the way Envoy's request mirroring does it (Istio ``mirror`` / Gateway API
+``RequestMirror``): fire-and-forget (never awaited by the live request, at most
+``mirror_max_in_flight`` copies in flight, further copies dropped and counted), with ``-shadow``
+appended to the Host's name, and the request's category in ``X-Specwatch-Category``.
+
 Usage::
 
     gen = LoadGenerator(["http://127.0.0.1:8001"], LoadConfig(concurrency=16, duration_s=10))
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from specwatch.simulate.canary import builtin_items, is_correct
 
@@ -37,6 +44,18 @@ _CHAT_PROMPTS = (
 )
 
 
+#: The header a gateway (or this generator) sets on a mirrored copy to name its category.
+MIRROR_CATEGORY_HEADER = "X-Specwatch-Category"
+
+
+def shadow_host(url: str) -> str:
+    """The Host Envoy gives a mirrored copy of a request to ``url``: ``-shadow`` appended to the
+    host name, the port kept (``http://10.0.0.5:8000`` → ``10.0.0.5-shadow:8000``)."""
+    u = URL(url)
+    name = f"{u.host or 'localhost'}-shadow"
+    return f"{name}:{u.port}" if u.port is not None and not u.is_default_port() else name
+
+
 @dataclass(frozen=True, slots=True)
 class LoadConfig:
     """Load shape.
@@ -44,6 +63,11 @@ class LoadConfig:
     ``categories``: weight per category (``chat`` or a canary category); ``rate``: requests/s
     (None = closed loop); ``duration_s``/``max_requests``: stop conditions (either may be None);
     ``chat``: use ``/v1/chat/completions`` instead of ``/v1/completions``.
+    Mirroring: ``mirror_url`` (base URL of the mirror receiver, e.g. specwatch's sidecar; None =
+    off), ``mirror_fraction`` of requests copied (decided by a random source of its own, so the
+    live sequence does not change), ``mirror_host`` (Host header; None: the last target's host
+    with ``-shadow`` appended to its name, as Envoy does), ``mirror_max_in_flight`` copies in
+    flight, ``mirror_timeout_s`` per copy.
     """
 
     concurrency: int = 8
@@ -59,6 +83,11 @@ class LoadConfig:
     model: str | None = None
     timeout_s: float = 60.0
     seed: int = 0
+    mirror_url: str | None = None
+    mirror_fraction: float = 1.0
+    mirror_host: str | None = None
+    mirror_max_in_flight: int = 64
+    mirror_timeout_s: float = 5.0
     categories: dict[str, float] = field(
         default_factory=lambda: {
             "chat": 1.0,
@@ -73,7 +102,9 @@ class LoadConfig:
 @dataclass
 class LoadStats:
     """Counts so far. ``errors`` by reason (``http_<status>``, ``timeout``, ``connect``);
-    ``correct``/``graded`` count canary answers per target URL."""
+    ``correct``/``graded`` count canary answers per target URL. Mirror copies: ``mirrored``
+    (answered 2xx), ``mirror_failed`` (other status, timeout, connection error),
+    ``mirror_dropped`` (not sent: ``mirror_max_in_flight`` copies already in flight)."""
 
     sent: int = 0
     ok: int = 0
@@ -85,6 +116,9 @@ class LoadStats:
     latencies_s: list[float] = field(default_factory=list)
     started: float = 0.0
     elapsed_s: float = 0.0
+    mirrored: int = 0
+    mirror_failed: int = 0
+    mirror_dropped: int = 0
 
     def tokens_per_second(self) -> float:
         return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
@@ -131,6 +165,10 @@ class LoadGenerator:
             self._items.setdefault(str(item["category"]), []).append(item)
         self._rr = 0
         self._launched = 0
+        self._mirror_rng = random.Random(f"mirror:{self.config.seed}")
+        self._mirror_session: aiohttp.ClientSession | None = None
+        self._mirror_tasks: set[asyncio.Task[None]] = set()
+        self.mirror_host = self.config.mirror_host or shadow_host(self.targets[-1])
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish (requests in flight complete)."""
@@ -203,8 +241,40 @@ class LoadGenerator:
         if self.on_result is not None:
             self.on_result(url, job, result)
 
+    def _maybe_mirror(self, job: Job) -> None:
+        """Copy ``job`` to the mirror receiver (fire-and-forget) when drawn."""
+        c = self.config
+        session = self._mirror_session
+        if c.mirror_url is None or session is None:
+            return
+        if self._mirror_rng.random() >= c.mirror_fraction:
+            return
+        if len(self._mirror_tasks) >= c.mirror_max_in_flight:
+            self.stats.mirror_dropped += 1
+            return
+        t = asyncio.create_task(self._mirror(session, c.mirror_url.rstrip("/"), job))
+        self._mirror_tasks.add(t)
+        t.add_done_callback(self._mirror_tasks.discard)
+
+    async def _mirror(self, session: aiohttp.ClientSession, base: str, job: Job) -> None:
+        path, body = self._body(job)
+        headers = {"Host": self.mirror_host, MIRROR_CATEGORY_HEADER: job.category}
+        st = self.stats
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.config.mirror_timeout_s)
+            async with session.post(base + path, json=body, headers=headers, timeout=timeout) as r:
+                await r.read()
+                ok = 200 <= r.status < 300
+        except (TimeoutError, aiohttp.ClientError):
+            ok = False
+        if ok:
+            st.mirrored += 1
+        else:
+            st.mirror_failed += 1
+
     async def _one(self, session: aiohttp.ClientSession) -> None:
         job = self.next_job()
+        self._maybe_mirror(job)
         if self.config.fanout:
             await asyncio.gather(*(self._send(session, u, job) for u in self.targets))
         else:
@@ -225,6 +295,8 @@ class LoadGenerator:
         """Generate load until a stop condition; returns the final :class:`LoadStats`."""
         own = self.session is None
         session = self.session or aiohttp.ClientSession()
+        if self.config.mirror_url is not None:  # its own connection pool: never delays live
+            self._mirror_session = aiohttp.ClientSession()
         started = self.clock()
         self.stats.started = started
         sem = asyncio.Semaphore(self.config.concurrency)
@@ -255,6 +327,14 @@ class LoadGenerator:
         finally:
             for t in tasks:
                 t.cancel()
+            if self._mirror_tasks:  # copies are answered at once; give them a moment
+                await asyncio.wait(set(self._mirror_tasks), timeout=self.config.mirror_timeout_s)
+                for mt in self._mirror_tasks:
+                    mt.cancel()
+                await asyncio.gather(*self._mirror_tasks, return_exceptions=True)
+            if self._mirror_session is not None:
+                await self._mirror_session.close()
+                self._mirror_session = None
             if own:
                 await session.close()
         self.stats.elapsed_s = self.clock() - started

@@ -287,6 +287,21 @@ class EngineCore:
             self.running.remove(req)
         self._finish(req, reason, now)
 
+    def publish_queue(self) -> None:
+        """Send the current running/waiting counts and KV usage to the sink (the
+        ``vllm:num_requests_running``/``waiting`` gauges).
+
+        Called after every scheduler pass, as vLLM logs its scheduler stats once per step
+        (so a request that arrives during a step shows as waiting only if the next pass leaves
+        it waiting), including a pass that schedules nothing, and by the server's step loop
+        when it goes idle: with admission stalled and nothing running no step runs, and the
+        gauges must still show the queue.
+        """
+        if self.sink is not None:
+            self.sink.on_queue(
+                self.engine_index, len(self.running), len(self.waiting), self.kv_usage()
+            )
+
     def has_work(self) -> bool:
         return bool(self.running) or (bool(self.waiting) and not self.faults.stall_admission)
 
@@ -369,6 +384,7 @@ class EngineCore:
                 token_budget -= n_new
                 input_budget -= n_new + s
         if not sched:
+            self.publish_queue()  # e.g. admission stalled: the queue is still what it is
             return None  # (validation guarantees a lone request fits, so no preemption is lost)
         emit: list[tuple[SimRequest, int]] = []
         for req, n_new, kd in sched:
@@ -395,9 +411,7 @@ class EngineCore:
         self.truth.max_running_seen = max(self.truth.max_running_seen, len(self.running))
         if self.sink is not None:
             self.sink.on_step(self.engine_index, stats)
-            self.sink.on_queue(
-                self.engine_index, len(self.running), len(self.waiting), self.kv_usage()
-            )
+        self.publish_queue()
         return StepResult(end, outputs, stats)
 
     def kv_usage(self) -> float:

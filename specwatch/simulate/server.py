@@ -175,6 +175,7 @@ class SimServer:
         scale = self.config.time_scale
         while True:
             if not core.has_work():
+                core.publish_queue()  # idle (or admission stalled): the gauges show the queue
                 wake.clear()
                 await wake.wait()
                 continue
@@ -192,6 +193,7 @@ class SimServer:
         self.metrics.reset()
         for core in self.cores:
             core.reset_counters()
+            core.publish_queue()  # gauges are state, not counters: the new registry has them
         self.restarts += 1
 
     # -- request plumbing -----------------------------------------------------------------------

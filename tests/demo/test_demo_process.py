@@ -1,5 +1,6 @@
-"""``specwatch demo`` as a real process: it starts, serves both targets' acceptance gauges, and
-exits 0 leaving no process behind (end of --duration, SIGINT to its process group, SIGTERM)."""
+"""``specwatch demo`` as a real process: it starts, serves both targets' acceptance gauges, the
+shadow pairs and the alert gauges, and exits 0 leaving no process and no temporary ledger
+behind (end of --duration, SIGINT to its process group, SIGTERM)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_RE = re.compile(r"metrics:\s+(http://\S+/metrics)")
+LEDGER_RE = re.compile(r"shadow ledger:\s+(\S+)\s+\(removed at exit")
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -77,17 +79,24 @@ async def _start(*args: str) -> asyncio.subprocess.Process:
     )  # fmt: skip
 
 
-async def _metrics_url(proc: asyncio.subprocess.Process, seen: list[str]) -> str:
+async def _read_until(
+    proc: asyncio.subprocess.Process, seen: list[str], pattern: re.Pattern[str]
+) -> str:
+    """Read stdout lines (kept in ``seen``) until one matches ``pattern``; its group 1."""
     assert proc.stdout is not None
     async with asyncio.timeout(60):
         while True:
             raw = await proc.stdout.readline()
-            assert raw, f"demo exited before printing its URLs: {seen}"
+            assert raw, f"demo exited before printing {pattern.pattern!r}: {seen}"
             line = raw.decode()
             seen.append(line)
-            m = METRICS_RE.search(line)
+            m = pattern.search(line)
             if m:
                 return m.group(1)
+
+
+async def _metrics_url(proc: asyncio.subprocess.Process, seen: list[str]) -> str:
+    return await _read_until(proc, seen, METRICS_RE)
 
 
 def _acceptance(text: str) -> dict[str, float]:
@@ -119,6 +128,35 @@ async def _wait_for_acceptance(url: str) -> tuple[dict[str, float], dict[str, ob
     return values, snap
 
 
+def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Family name → [(labels, value)] of every sample (prometheus_client's parser)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        out.setdefault(fam.name, []).extend((dict(s.labels), s.value) for s in fam.samples)
+    return out
+
+
+def _paired(fams: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+    """Paired requests: ``specwatch_shadow_pairs_total`` summed over arm="fly" and
+    outcome agree|disagree."""
+    return sum(
+        v
+        for labels, v in fams.get("specwatch_shadow_pairs", [])
+        if labels.get("arm") == "fly" and labels.get("outcome") in ("agree", "disagree")
+    )
+
+
+async def _wait_for_pairs(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Poll /metrics until the shadow chain has counted a pair; returns the parsed families."""
+    async with aiohttp.ClientSession() as s, asyncio.timeout(40):
+        while True:
+            async with s.get(url) as r:
+                fams = _families(await r.text())
+            if _paired(fams) > 0:
+                return fams
+            await asyncio.sleep(0.5)
+
+
 def _check_serving(values: dict[str, float], snap: dict[str, object]) -> None:
     for target in ("standard", "fly"):
         assert 0.0 < values[target] < 1.0, values
@@ -136,7 +174,10 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
     lines: list[str] = []
     try:
         url = await _metrics_url(proc, lines)
+        ledger = Path(await _read_until(proc, lines, LEDGER_RE))
+        assert ledger.parent.is_dir()  # the temporary directory exists while the demo runs
         values, snap = await _wait_for_acceptance(url)
+        fams = await _wait_for_pairs(url)
         tree = _tree(proc.pid)
         async with asyncio.timeout(60):
             assert proc.stdout is not None
@@ -159,6 +200,17 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
     assert proc.pid in tree
     assert _alive(tree) == set()
     assert _group_members(proc.pid) == set()
+    # the shadow chain paired live/canary requests; the alerting component exports its family
+    assert _paired(fams) > 0
+    assert "specwatch_alert_firing" in fams
+    assert sum(v for _, v in fams["specwatch_alert_firing"]) >= 0
+    # the view showed the shadow section and the alerts section
+    assert re.search(r"^shadow \(since_start\): pairs [1-9]\d*", out, re.M), out[-2000:]
+    assert re.search(r"^alerts: ", out, re.M)
+    # the temporary ledger directory is gone
+    assert ledger.name == "ledger.sqlite"
+    assert ledger.parent.name.startswith("specwatch-demo-")
+    assert not ledger.parent.exists()
 
 
 async def _signal_mid_run(sig: signal.Signals) -> None:
@@ -166,6 +218,7 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
     lines: list[str] = []
     try:
         url = await _metrics_url(proc, lines)
+        ledger = Path(await _read_until(proc, lines, LEDGER_RE))
         values, snap = await _wait_for_acceptance(url)
         tree = _tree(proc.pid)
         assert proc.returncode is None  # still running: the signal lands mid-run
@@ -187,6 +240,7 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
     assert "target    role" not in out  # --no-ui: no view
     assert _alive(tree) == set()
     assert _group_members(proc.pid) == set()
+    assert not ledger.parent.exists()  # the temporary ledger directory is removed
 
 
 async def test_demo_sigint_mid_run_exits_0_leaving_no_process() -> None:
