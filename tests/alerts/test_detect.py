@@ -46,7 +46,8 @@ class TestRulesAgree:
     """Each default threshold appears in the matching rule's expression, `for` durations match."""
 
     @pytest.fixture(scope="class")
-    def rules(self) -> dict[str, list[dict[str, Any]]]:
+    @classmethod
+    def rules(cls) -> dict[str, list[dict[str, Any]]]:
         by_name: dict[str, list[dict[str, Any]]] = {}
         for rule in alert_rules(load_rules()):
             by_name.setdefault(rule["alert"], []).append(rule)
