@@ -43,11 +43,6 @@ SPECWATCH_PORT = 9400
 MIRROR_PATHS = {"/v1/completions", "/v1/chat/completions"}
 #: Issue 5 owns deploy/prometheus/; the overlay needs its kustomization to render.
 PROMETHEUS_KUSTOMIZATION = DEPLOY / "prometheus" / "kustomization.yaml"
-_PROMETHEUS_PENDING = pytest.mark.xfail(
-    not PROMETHEUS_KUSTOMIZATION.exists(),
-    reason="deploy/prometheus/kustomization.yaml (issue 5) is not on this branch yet",
-    strict=True,
-)
 
 Obj = dict[str, Any]
 
@@ -213,7 +208,6 @@ class TestKustomizationReferences:
         """Every resource, generator file and env file the kustomization names exists."""
         assert missing_references(directory) == []
 
-    @_PROMETHEUS_PENDING
     def test_overlay_references_resolve(self) -> None:
         """The example overlay's references exist, including deploy/prometheus (issue 5)."""
         assert missing_references(OVERLAY) == []
@@ -277,7 +271,6 @@ class TestRender:
             rendered[key] = text
         assert rendered == {f.name: f.read_text(encoding="utf-8") for f in files}
 
-    @_PROMETHEUS_PENDING
     def test_overlay_renders_everything_in_one_namespace(self) -> None:
         """The overlay adds dashboards, the PrometheusRule and the mirror; all in llm-serving."""
         objs = kustomize_build(OVERLAY)
