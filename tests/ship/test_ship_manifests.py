@@ -41,8 +41,6 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 K8S_VERSION = "1.34.0"
 SPECWATCH_PORT = 9400
 MIRROR_PATHS = {"/v1/completions", "/v1/chat/completions"}
-#: Issue 5 owns deploy/prometheus/; the overlay needs its kustomization to render.
-PROMETHEUS_KUSTOMIZATION = DEPLOY / "prometheus" / "kustomization.yaml"
 
 Obj = dict[str, Any]
 
