@@ -13,7 +13,6 @@ so the scaled ``window`` matchers select its series.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ import yaml
 from specwatch.alerting import AlertingSettings
 from specwatch.detect import DetectSettings
 from specwatch.mixin import load_rules
-from tests.alerts.e2e_stack import PROMETHEUS, Stack, free_port, poll, running_stack
+from tests.alerts.e2e_stack import Stack, poll, run_prometheus, running_stack
 
 pytestmark = pytest.mark.promtool
 
@@ -104,35 +103,8 @@ async def prometheus(tmp: Path, stack: Stack) -> AsyncIterator[str]:
             {"job_name": "specwatch", "static_configs": [{"targets": [host(stack.specwatch_url)]}]},
         ],
     }
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    with (tmp / "prometheus.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            PROMETHEUS,
-            f"--config.file={path}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        async def ready() -> bool | None:
-            assert proc.returncode is None, (tmp / "prometheus.log").read_text()[-2000:]
-            async with stack.session.get(f"{url}/-/ready") as resp:
-                return True if resp.status == 200 else None
-
-        await poll("prometheus ready", ready, within=30)
+    async with run_prometheus(tmp, config, stack.session) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 async def _alerts(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:

@@ -49,7 +49,7 @@ from specwatch.shadow.component import ShadowComponent
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
-from tests.alerts.e2e_stack import PROMETHEUS, free_port, poll
+from tests.alerts.e2e_stack import poll, run_prometheus
 from tests.alerts.test_e2e_prometheus import host, scaled_rules
 
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(150)]
@@ -180,36 +180,8 @@ async def prometheus(tmp: Path, session: aiohttp.ClientSession, targets: Obj) ->
             }
         ],
     }
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log_path = tmp / "prometheus.log"
-    with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            PROMETHEUS,
-            f"--config.file={path}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        async def ready() -> bool | None:
-            assert proc.returncode is None, log_path.read_text()[-2000:]
-            async with session.get(f"{url}/-/ready") as resp:
-                return True if resp.status == 200 else None
-
-        await poll("prometheus ready", ready, within=30)
+    async with run_prometheus(tmp, config, session) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 @contextlib.asynccontextmanager
