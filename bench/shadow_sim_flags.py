@@ -37,26 +37,14 @@ from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.sequential import BettingEProcess, beta_binomial_log_e_values
 from specwatch.shadow.state import OVERALL
-from specwatch.simulate.canary import builtin_items
+from specwatch.simulate.canary import builtin_items, write_canary_jsonl
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
 
 
 def write_canary(path: Path, pairs: int, temperature: float) -> None:
-    items = builtin_items()
-    with path.open("w", encoding="utf-8") as f:
-        for i in range(pairs):
-            it, v = items[i % len(items)], i // len(items)
-            row = {
-                "id": f"{it['id']}-v{v}",
-                "prompt": it["prompt"],
-                "gold": it["gold"],
-                "category": it["category"],
-                "checker": it["checker"],
-                "max_tokens": 64 + v,
-                "temperature": temperature,
-            }
-            f.write(json.dumps(row) + "\n")
+    variants = -(-pairs // len(builtin_items()))
+    write_canary_jsonl(path, variants=variants, temperature=temperature, limit=pairs)
 
 
 def first_crossing(log_e: np.ndarray[Any, np.dtype[np.float64]], alpha: float) -> int | None:

@@ -27,7 +27,6 @@ import contextlib
 import errno
 import functools
 import json
-import random
 import shutil
 import signal
 import tempfile
@@ -46,7 +45,7 @@ from specwatch.model import Snapshot
 from specwatch.settings import Settings, load_settings
 from specwatch.shadow.component import ShadowComponent, shadow_components
 from specwatch.shadow.state import OutcomeCounters
-from specwatch.simulate.canary import builtin_items
+from specwatch.simulate.canary import write_canary_jsonl
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
@@ -172,26 +171,7 @@ def write_canary_file(path: Path, *, variants: int, temperature: float, seed: in
     pair, not the same answer again. Each pass is shuffled (``seed``) so the categories mix.
     Blocking (file write).
     """
-    rng = random.Random(seed)
-    items = builtin_items()
-    n = 0
-    with path.open("w", encoding="utf-8") as f:
-        for v in range(variants):
-            order = list(items)
-            rng.shuffle(order)
-            for it in order:
-                row = {
-                    "id": f"{it['id']}-v{v}",
-                    "prompt": it["prompt"],
-                    "gold": it["gold"],
-                    "category": it["category"],
-                    "checker": it["checker"],
-                    "max_tokens": 64 + v,
-                    "temperature": temperature,
-                }
-                f.write(json.dumps(row) + "\n")
-                n += 1
-    return n
+    return write_canary_jsonl(path, variants=variants, temperature=temperature, seed=seed)
 
 
 def prepare_demo_files(cfg: DemoConfig) -> DemoFiles:

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specwatch.simulate.engine import MAX_ANSWER_DIGITS, SeqParams
@@ -212,3 +216,51 @@ def params_for_prompt(prompt: str, *, answer_mass: float = 0.85) -> SeqParams:
         reason_len=6 + (salt >> 8) % 25,
         tail_len=6 + (salt >> 16) % 11,
     )
+
+
+def canary_rows(
+    *, variants: int, temperature: float, seed: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The 240 built-in items as canary JSONL rows (``id, prompt, gold, category, checker,
+    max_tokens, temperature``), ``variants`` times over.
+
+    Variant ``v`` asks for ``max_tokens`` 64 + v, so every row is a different request and gets
+    its own replay seed (from the request hash): a fresh sample per pair at temperature > 0,
+    not the same answer again. With ``seed`` each pass is shuffled so categories mix.
+    """
+    rng = random.Random(seed) if seed is not None else None
+    items = builtin_items()
+    for v in range(variants):
+        order = list(items)
+        if rng is not None:
+            rng.shuffle(order)
+        for it in order:
+            yield {
+                "id": f"{it['id']}-v{v}",
+                "prompt": it["prompt"],
+                "gold": it["gold"],
+                "category": it["category"],
+                "checker": it["checker"],
+                "max_tokens": 64 + v,
+                "temperature": temperature,
+            }
+
+
+def write_canary_jsonl(
+    path: Path,
+    *,
+    variants: int,
+    temperature: float,
+    seed: int | None = None,
+    limit: int | None = None,
+) -> int:
+    """Write :func:`canary_rows` (at most ``limit`` rows) to ``path``; returns the row count.
+    Blocking (file write); raises ``OSError``."""
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        for row in canary_rows(variants=variants, temperature=temperature, seed=seed):
+            if limit is not None and n >= limit:
+                break
+            f.write(json.dumps(row) + "\n")
+            n += 1
+    return n

@@ -4,7 +4,6 @@ statistics worked out independently from the ledger rows (scipy)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ from specwatch.app import build_app
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.simulate.canary import builtin_items
+from specwatch.simulate.canary import write_canary_jsonl
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 
@@ -29,22 +28,7 @@ from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 def write_canary(path: Path, *, variants: int, temperature: float) -> int:
     """The simulator's 240 canary items, ``variants`` times (``max_tokens`` 64 + v makes each
     variant a different request, hence a different replay seed). Returns the item count."""
-    n = 0
-    with path.open("w", encoding="utf-8") as f:
-        for v in range(variants):
-            for it in builtin_items():
-                row = {
-                    "id": f"{it['id']}-v{v}",
-                    "prompt": it["prompt"],
-                    "gold": it["gold"],
-                    "category": it["category"],
-                    "checker": it["checker"],
-                    "max_tokens": 64 + v,
-                    "temperature": temperature,
-                }
-                f.write(json.dumps(row) + "\n")
-                n += 1
-    return n
+    return write_canary_jsonl(path, variants=variants, temperature=temperature)
 
 
 @asynccontextmanager
