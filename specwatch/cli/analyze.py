@@ -126,7 +126,11 @@ def _fmt(value: Any) -> str:
 
 
 def render_table(doc: dict[str, Any]) -> str:
-    """A plain text table: one row per key, columns server and each engine."""
+    """A plain text table: one row per key, columns server and each engine.
+
+    Each column is as wide as its widest cell (lists such as the per-position rates included),
+    cells right-aligned, columns separated by two spaces.
+    """
     parts: list[str] = []
     models = doc.get("models") or {doc.get("model_name", ""): doc}
     for name, md in models.items():
@@ -135,11 +139,16 @@ def render_table(doc: dict[str, Any]) -> str:
         ]
         keys = list(md["server"])
         width = max(len(k) for k in keys)
+        cells = [[_fmt(h.get(k)) for k in keys] for _, h in columns]
+        widths = [
+            max(len(c), *(len(v) for v in col)) for (c, _), col in zip(columns, cells, strict=True)
+        ]
         parts.append(f"model {name}")
-        parts.append(" ".join([" " * width] + [f"{c:>24}" for c, _ in columns]))
-        for k in keys:
-            cells = [f"{_fmt(h.get(k)):>24}" for _, h in columns]
-            parts.append(" ".join([k.ljust(width), *cells]))
+        header = [" " * width] + [c.rjust(w) for (c, _), w in zip(columns, widths, strict=True)]
+        parts.append("  ".join(header))
+        for i, k in enumerate(keys):
+            row = [col[i].rjust(w) for col, w in zip(cells, widths, strict=True)]
+            parts.append("  ".join([k.ljust(width), *row]))
     return "\n".join(parts)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,25 @@ class TestAnalyze:
         assert rc == 0
         row = next(line for line in out.splitlines() if line.startswith("acceptance_rate"))
         assert row.split()[1:] == ["0.100656", "0.100656"]
+
+    def test_table_columns_align(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """Every row, list-valued rows (per-position rates) included, ends each cell where the
+        header's column name ends: right edges of the server and engine columns line up."""
+        rc, out, _ = _run(capsys, NGRAM, "--format", "table")
+        assert rc == 0
+        lines = out.splitlines()
+        header = lines[1]
+        edges = [m.end() for m in re.finditer(r"server|engine 0", header)]
+        assert len(edges) == 2
+        rows = lines[2:]
+        assert len({len(line) for line in [header, *rows]}) == 1
+        for line in rows:
+            for edge in edges:
+                assert line[edge - 1] != " "
+                assert edge == len(line) or line[edge : edge + 2] == "  "
+        per_pos = next(r for r in rows if r.startswith("per_position_acceptance_rate "))
+        expected = "[" + ", ".join(f"{c / 488:.6g}" for c in (146, 18, 12, 8)) + "]"
+        assert re.split(r"\s{2,}", per_pos)[1:] == [expected, expected]
 
     def test_malformed_names_file_and_line(self, capsys: pytest.CaptureFixture[str]) -> None:
         """A malformed body: exit 2, one line with file and line number."""
