@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -18,29 +18,43 @@ import matplotlib
 matplotlib.use("Agg")
 
 from matplotlib.axes import Axes
-from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
 
 from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.state import OVERALL, PairedSummary
 
-#: Plot files written next to ``index.html``.
+#: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
+#: source that has per-position data).
 PLOTS: tuple[str, ...] = ("flips.png", "evalue.png", "net_loss.png", "per_position.png")
+
+#: Elapsed-time units of the over-time plots: (name, seconds, largest span shown in it).
+_UNITS: tuple[tuple[str, float, float], ...] = (
+    ("seconds", 1.0, 120.0),
+    ("minutes", 60.0, 2 * 3600.0),
+    ("hours", 3600.0, 2 * 86400.0),
+    ("days", 86400.0, math.inf),
+)
 
 _LOST, _GAINED, _NET, _FLY_ALT = "#c0392b", "#2e86c1", "#34495e", "#8e44ad"
 _DPI = 110
 
 
-def _dates(times: Iterable[float]) -> list[float]:
-    """Unix seconds → matplotlib date numbers (days since the epoch), UTC."""
-    return [float(date2num(dt.datetime.fromtimestamp(t, tz=dt.UTC))) for t in times]  # type: ignore[no-untyped-call]
+def elapsed_axis(times: Sequence[float], start: float) -> tuple[list[float], float, str]:
+    """Unix seconds → time elapsed since ``start``, in one unit chosen from the span.
+
+    Returns ``(x, seconds_per_unit, axis_label)``: seconds up to a 2-minute span, minutes up to
+    2 hours, hours up to 2 days, days beyond; the label names the unit and ``start`` in UTC, so
+    the axis reads the same way for a 40 s demo ledger and a 30-day one.
+    """
+    span = max(times, default=start) - start
+    unit, scale, _ = next(u for u in _UNITS if span <= u[2])
+    label = f"{unit} since the first labelled pair ({_when(start)})"
+    return [(t - start) / scale for t in times], scale, label
 
 
-def _time_axis(ax: Axes) -> None:
-    locator = AutoDateLocator(tz=dt.UTC)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=dt.UTC))  # type: ignore[no-untyped-call]
-    ax.set_xlabel("time (UTC)")
+def _first_pair(data: ReportData) -> float:
+    """Unix time of the first labelled pair (the e-value path has one point per pair)."""
+    return data.evalue.times[0] if data.evalue.times else data.flips.times[0]
 
 
 def _empty(ax: Axes, text: str) -> None:
@@ -55,14 +69,14 @@ def _save(fig: Figure, path: Path) -> None:
 def plot_flips(data: ReportData, path: Path) -> None:
     """Lost and gained labelled pairs per time bin (bars) and cumulative (lines, right axis)."""
     f = data.flips
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    fig = Figure(figsize=(9, 4.0), layout="constrained")
     ax = fig.add_subplot()
     if not f.times:
         _empty(ax, "no labelled pairs in the ledger")
     else:
-        x = _dates(f.times)
+        x, scale, xlabel = elapsed_axis(f.times, _first_pair(data))
         span = (f.times[-1] - f.times[0]) / max(len(f.times) - 1, 1) or 60.0
-        width = span * 0.4 / 86400.0  # date numbers are days
+        width = span * 0.4 / scale
         left = [t - width / 2 for t in x]
         right = [t + width / 2 for t in x]
         ax.bar(left, f.lost, width=width, color=_LOST, alpha=0.55, label="lost per bin")
@@ -73,18 +87,31 @@ def plot_flips(data: ReportData, path: Path) -> None:
         ax2.plot(x, f.cum_gained, color=_GAINED, lw=2, label="gained (cumulative)")
         ax2.set_ylabel("cumulative pairs")
         ax2.set_ylim(bottom=0)
-        _time_axis(ax)
+        ax.set_xlabel(xlabel)
         handles = ax.get_legend_handles_labels()
         handles2 = ax2.get_legend_handles_labels()
-        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper left", fontsize=8)
+        fig.legend(
+            handles[0] + handles2[0],
+            handles[1] + handles2[1],
+            loc="outside lower center",
+            ncols=4,
+            fontsize=8,
+            frameon=False,
+        )
     ax.set_title("Flips over time: lost (standard right, FLy wrong) and gained")
     _save(fig, path)
 
 
 def plot_evalue(data: ReportData, path: Path) -> None:
     """Both e-processes (log scale) against the alarm threshold 1/alpha, per labelled pair."""
+    _save(evalue_figure(data), path)
+
+
+def evalue_figure(data: ReportData) -> Figure:
+    """The e-value plot; its legend sits below the axes (``fig.legends[0]``), never over the
+    alarm line or the paths."""
     e = data.evalue
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
     if not e.times:
         _empty(ax, "no labelled pairs in the ledger")
@@ -123,20 +150,20 @@ def plot_evalue(data: ReportData, path: Path) -> None:
                 )
         ax.set_xlabel("labelled pairs (time order)")
         ax.set_ylabel("log10 e-value")
-        ax.legend(loc="best", fontsize=8, framealpha=0.9)
+        fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
     ax.set_title("Anytime-valid e-value path (alarm when it crosses the threshold)")
-    _save(fig, path)
+    return fig
 
 
 def plot_net_loss(data: ReportData, path: Path) -> None:
     """Cumulative net loss (points of accuracy) with its Tango score interval and the margin."""
     f = data.flips
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    fig = Figure(figsize=(9, 4.0), layout="constrained")
     ax = fig.add_subplot()
     if not f.times:
         _empty(ax, "no labelled pairs in the ledger")
     else:
-        x = _dates(f.times)
+        x, _, xlabel = elapsed_axis(f.times, _first_pair(data))
         pts = [100.0 * v for v in f.net_loss]
         ax.fill_between(
             x,
@@ -151,34 +178,36 @@ def plot_net_loss(data: ReportData, path: Path) -> None:
         margin = 100.0 * data.stats.margin
         ax.axhline(margin, color=_LOST, lw=1.2, ls=":", label=f"non-inferiority margin {margin:g}")
         ax.set_ylabel("accuracy points")
-        _time_axis(ax)
-        ax.legend(loc="upper right", fontsize=8)
+        ax.set_xlabel(xlabel)
+        fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     ax.set_title("Net loss over time (cumulative), with its confidence interval")
     _save(fig, path)
 
 
 def plot_per_position(data: ReportData, path: Path) -> None:
-    """Per-position acceptance rate p_i per arm (grouped bars)."""
+    """Per-position acceptance rate p_i per arm (grouped bars).
+
+    Raises ``ValueError`` when ``data`` has no per-position acceptance (no ``--metrics-url``,
+    or a source without it): :func:`render_report` then writes no plot at all.
+    """
     acc = data.acceptance
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
-    ax = fig.add_subplot()
     if acc is None or not acc.arms:
-        _empty(ax, "no per-position acceptance (pass --metrics-url)")
-    else:
-        k = max(len(v) for v in acc.arms.values())
-        width = 0.8 / len(acc.arms)
-        colors = [_NET, _FLY_ALT, _GAINED, _LOST]
-        for j, (label, values) in enumerate(acc.arms.items()):
-            xs = [i + (j - (len(acc.arms) - 1) / 2) * width for i in range(len(values))]
-            ys = [math.nan if v is None else v for v in values]
-            ax.bar(xs, ys, width=width, label=label, color=colors[j % len(colors)], alpha=0.8)
-        ax.set_xticks(range(k), [str(i + 1) for i in range(k)])
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("acceptance rate")
-        ax.set_ylim(0.0, 1.0)
-        ax.legend(loc="upper right", fontsize=8)
-    window = f" (window {acc.window})" if acc is not None else ""
-    ax.set_title(f"Per-position acceptance per arm{window}")
+        raise ValueError("no per-position acceptance to plot")
+    fig = Figure(figsize=(9, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    k = max(len(v) for v in acc.arms.values())
+    width = 0.8 / len(acc.arms)
+    colors = [_NET, _FLY_ALT, _GAINED, _LOST]
+    for j, (label, values) in enumerate(acc.arms.items()):
+        xs = [i + (j - (len(acc.arms) - 1) / 2) * width for i in range(len(values))]
+        ys = [math.nan if v is None else v for v in values]
+        ax.bar(xs, ys, width=width, label=label, color=colors[j % len(colors)], alpha=0.8)
+    ax.set_xticks(range(k), [str(i + 1) for i in range(k)])
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0.0, 1.0)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"Per-position acceptance per arm (window {acc.window})")
     _save(fig, path)
 
 
@@ -265,11 +294,11 @@ def _when(t: float | None) -> str:
 def _acceptance_table(data: ReportData) -> str:
     acc = data.acceptance
     if acc is None:
-        return "<p>No acceptance source given (<code>--metrics-url</code>).</p>"
+        return f"<p>No acceptance source given. {_NEEDS_METRICS}</p>"
     if not acc.arms:
         return (
             f"<p>{html.escape(acc.source)} has no per-position acceptance for window "
-            f"{html.escape(acc.window)}.</p>"
+            f"{html.escape(acc.window)}. {_NEEDS_METRICS}</p>"
         )
     k = max(len(v) for v in acc.arms.values())
     head = "".join(f"<th>p<sub>{i + 1}</sub></th>" for i in range(k))
@@ -287,6 +316,14 @@ def _acceptance_table(data: ReportData) -> str:
         + "</tbody></table>"
     )
 
+
+_NEEDS_METRICS = (
+    "Per-position acceptance needs <code>--metrics-url</code>: the sidecar's live URL "
+    "(<code>http://HOST:9400/metrics</code>) or a saved <code>/metrics</code> or "
+    "<code>/api/v1/snapshot</code> file, e.g. save <code>curl -s localhost:9400/metrics &gt; "
+    "metrics.txt</code> while the sidecar runs (during a demo) and pass "
+    "<code>--metrics-url metrics.txt</code>."
+)
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
@@ -372,18 +409,22 @@ at (Ville's inequality).</p>{imgs.get("evalue.png", "")}
 
 
 def render_report(data: ReportData, out_dir: Path) -> list[Path]:
-    """Write the plots and ``index.html`` into ``out_dir`` (created); returns the written paths.
+    """Write the plots and ``index.html`` into ``out_dir`` (created); returns the written paths,
+    ``index.html`` last. ``per_position.png`` is written only when ``data.acceptance`` has
+    per-position data; otherwise the page says how to get it.
 
     Raises ``OSError`` when ``out_dir`` cannot be written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in zip(
-        PLOTS, (plot_flips, plot_evalue, plot_net_loss, plot_per_position), strict=True
-    ):
+    draws = [plot_flips, plot_evalue, plot_net_loss]
+    if data.acceptance is not None and data.acceptance.arms:
+        draws.append(plot_per_position)
+    names = PLOTS[: len(draws)]
+    for name, draw in zip(names, draws, strict=True):
         draw(data, out_dir / name)
         written.append(out_dir / name)
     index = out_dir / "index.html"
-    index.write_text(render_html(data), encoding="utf-8")
+    index.write_text(render_html(data, names), encoding="utf-8")
     written.append(index)
     return written

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -24,7 +25,7 @@ from scipy.stats import binomtest
 
 from specwatch.__main__ import main
 from specwatch.report.data import build_report, evalue_path, flip_series, parse_acceptance
-from specwatch.report.render import render_html
+from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.sequential import beta_binomial_log_e_value
 from specwatch.shadow.state import tally_rows
@@ -322,8 +323,61 @@ class TestSeries:
         assert '<span data-field="rows">0</span>' in text
         assert int(parse_tables(text)["_all"]["n"]["data-value"]) == 0
         assert "No acceptance source given" in text
-        for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
+        for name in ("flips.png", "evalue.png", "net_loss.png"):
             assert png_size(out / name)[0] > 0
+
+    def test_no_metrics_url_writes_no_per_position_plot(
+        self, ledger_file: Path, tmp_path: Path
+    ) -> None:
+        """Without --metrics-url: no per_position.png and no image for it; the page says that
+        per-position acceptance needs --metrics-url and how to save a /metrics file."""
+        out = tmp_path / "out"
+        assert main(["report", "--ledger", str(ledger_file), "--out", str(out)]) == 0
+        assert sorted(p.name for p in out.iterdir()) == [
+            "evalue.png",
+            "flips.png",
+            "index.html",
+            "net_loss.png",
+        ]
+        text = (out / "index.html").read_text(encoding="utf-8")
+        assert "per_position.png" not in text
+        assert "Per-position acceptance needs <code>--metrics-url</code>" in text
+        assert "curl -s localhost:9400/metrics &gt; metrics.txt" in text
+        assert "/api/v1/snapshot" in text
+
+
+class TestPlotLayout:
+    @pytest.mark.parametrize(
+        ("span", "unit", "scale"),
+        [
+            (40.0, "seconds", 1.0),
+            (120.0, "seconds", 1.0),
+            (1800.0, "minutes", 60.0),
+            (6 * 3600.0, "hours", 3600.0),
+            (30 * 86400.0, "days", 86400.0),
+        ],
+    )
+    def test_elapsed_axis_one_unit(self, span: float, unit: str, scale: float) -> None:
+        """The over-time x axis is elapsed time in one unit picked from the span (no mix of
+        seconds and HH:MM ticks), labelled with the unit and the UTC start."""
+        x, got_scale, label = elapsed_axis([T0, T0 + span / 2, T0 + span], T0)
+        assert got_scale == scale
+        assert x == [0.0, span / 2 / scale, span / scale]
+        assert label == f"{unit} since the first labelled pair (2025-11-30 00:00:00 UTC)"
+
+    def test_evalue_legend_clear_of_the_alarm_line(self) -> None:
+        """The e-value legend is drawn outside the axes, so it cannot cover the alarm line."""
+        rows = [row(T0 + i, "x", True, False) for i in range(30)]
+        data = build_report("mem", rows, tally_rows(rows), {})
+        fig = evalue_figure(data)
+        fig.draw_without_rendering()
+        (ax,) = fig.axes
+        (legend,) = fig.legends
+        assert not ax.legend_
+        box, axes_box = legend.get_window_extent(), ax.get_window_extent()
+        assert box.y1 < axes_box.y0
+        (alarm_line,) = [ln for ln in ax.get_lines() if str(ln.get_label()).startswith("alarm")]
+        assert float(np.asarray(alarm_line.get_ydata())[0]) == pytest.approx(math.log10(20.0))
 
 
 def exposition() -> str:
