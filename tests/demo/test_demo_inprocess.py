@@ -4,10 +4,9 @@ port falls back to a free one, a taken explicit port is exit 2, and stopping lea
 from __future__ import annotations
 
 import asyncio
-import io
 import re
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -15,24 +14,9 @@ import pytest
 from specwatch import demo as demo_mod
 from specwatch.__main__ import main as cli_main
 from specwatch.demo import DemoConfig, run_demo
+from tests.demo.streams import WatchedOutput
 
-
-class _Out(io.StringIO):
-    """A text stream that wakes a waiter on every write."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = asyncio.Event()
-
-    def write(self, text: str) -> int:
-        self.written.set()
-        return super().write(text)
-
-    async def until(self, done: Callable[[str], bool]) -> str:
-        while not done(self.getvalue()):
-            self.written.clear()
-            await self.written.wait()
-        return self.getvalue()
+_Out = WatchedOutput
 
 
 async def _healthz(port: int) -> int:

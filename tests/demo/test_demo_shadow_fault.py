@@ -5,13 +5,12 @@ reports FLy losing canary answers and the SpecQualityDrift alert fires (e-value 
 from __future__ import annotations
 
 import asyncio
-import io
 import re
-from collections.abc import Callable
 
 import aiohttp
 
 from specwatch.demo import DemoConfig, run_demo
+from tests.demo.streams import WatchedOutput
 
 SHADOW_RE = re.compile(
     r"^shadow \(since_start\): pairs (\d+)  graded (\d+)  lost (\d+)  gained (\d+)", re.M
@@ -19,22 +18,7 @@ SHADOW_RE = re.compile(
 FLY_RE = re.compile(r"fly simulator:\s+(http://\S+)")
 
 
-class _Out(io.StringIO):
-    """A text stream that wakes a waiter on every write."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = asyncio.Event()
-
-    def write(self, text: str) -> int:
-        self.written.set()
-        return super().write(text)
-
-    async def until(self, done: Callable[[str], bool]) -> str:
-        while not done(self.getvalue()):
-            self.written.clear()
-            await self.written.wait()
-        return self.getvalue()
+_Out = WatchedOutput
 
 
 def _last_block(text: str) -> str:
