@@ -16,8 +16,6 @@ from specwatch.__main__ import main as cli_main
 from specwatch.demo import DemoConfig, run_demo
 from tests.demo.streams import WatchedOutput
 
-_Out = WatchedOutput
-
 
 async def _healthz(port: int) -> int:
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as r:
@@ -37,7 +35,7 @@ async def test_tty_view_redraws_and_default_port_falls_back(
     taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(demo_mod, "DEFAULT_PORT", taken_port)
-    out = _Out()
+    out = WatchedOutput()
     stop = asyncio.Event()
     cfg = DemoConfig(port=None, refresh_s=0.2, rate=20.0, concurrency=8)
     task = asyncio.create_task(run_demo(cfg, out=out, tty=True, stop=stop))

@@ -18,9 +18,6 @@ SHADOW_RE = re.compile(
 FLY_RE = re.compile(r"fly simulator:\s+(http://\S+)")
 
 
-_Out = WatchedOutput
-
-
 def _last_block(text: str) -> str:
     return text.rstrip().split("\n\n")[-1]
 
@@ -36,7 +33,7 @@ def _flagged(text: str, start: int) -> bool:
 
 
 async def test_fly_fault_shows_losses_and_fires_the_quality_alert() -> None:
-    out = _Out()
+    out = WatchedOutput()
     stop = asyncio.Event()
     cfg = DemoConfig(
         port=0,
