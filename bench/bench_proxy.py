@@ -89,7 +89,7 @@ def run_upstream(port: int, chunks: int) -> None:
 def run_specwatch(proxy_port: int, mirror_port: int, upstream: str, own_thread: bool) -> None:
     from specwatch.shadow.pipeline import ShadowPipeline
     from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-    from specwatch.shadow.types import ReplayPair
+    from specwatch.shadow.values import ReplayPair
 
     settings = ShadowSettings(
         enabled=True,

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.model import PageReading
 from specwatch.observe import parse as parse_mod
 from specwatch.observe.parse import parse_page
+from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker
-from specwatch.settings import TargetSettings
+from specwatch.observe.values import PageReading
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests/fixtures/vllm-metrics/real-cpu-draft-model.txt"

@@ -20,10 +20,10 @@ import time
 import aiohttp
 
 from specwatch.simulate.config import Role, SimConfig
+from specwatch.simulate.engine_core import RequestOutput, Simulation
 from specwatch.simulate.launcher import spawn_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from specwatch.simulate.metrics import SimMetrics
-from specwatch.simulate.scheduler import RequestOutput, Simulation
 
 
 def bench_engine(role: Role, seconds: float, concurrency: int = 64) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import Ledger
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 
 def _outcomes(n: int) -> list[PairOutcome]:

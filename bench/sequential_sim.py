@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import binom
 
-from specwatch.shadow.power import questions_needed
-from specwatch.shadow.sequential import beta_binomial_log_e_values
+from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.sequential import beta_binomial_log_e_values
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -16,14 +16,10 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,170 +33,25 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from specwatch.alerting import AlertingSettings
-from specwatch.detect import DetectSettings
-from specwatch.logs import redact_url
-from specwatch.model import Limits, Role
-from specwatch.shadow.settings import ShadowSettings
-from specwatch.specdecode import SPEC_METHODS, regime_for_version
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+from specwatch.core.logs import redact_url
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
 
 class ConfigError(ValueError):
     """A bad configuration value; ``str()`` is one line naming the field."""
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``"90"``, ``"30s"``, ``"1m"``, ``"1.5h"``, ``"500ms"`` → seconds. Raises ``ValueError``."""
-    m = _DURATION_RE.match(text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 1m, 1h)")
-    return float(m.group(1)) * _UNIT[m.group(2)]
-
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-
-
-def split_list(v: Any) -> Any:
-    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``)."""
-    if isinstance(v, str):
-        v = json.loads(v) if v.strip().startswith("[") else v.split(",")
-    return v
-
-
-def check_windows(v: tuple[str, ...]) -> tuple[str, ...]:
-    """Window names: positive durations, unique, ``since_start`` not listed (always present)."""
-    names = tuple(w.strip() for w in v)
-    for w in names:
-        if w == "since_start":
-            raise ValueError("since_start is always present; do not list it")
-        if parse_duration(w) <= 0:
-            raise ValueError(f"window {w!r} must be longer than 0 s")
-    if len(set(names)) != len(names):
-        raise ValueError("window names must be unique")
-    return names
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TargetSettings(_Frozen):
-    """One vLLM server to scrape.
-
-    ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
-    ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
-    ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
-    ``vllm_version``) feed the capacity / budget view. ``bearer_token`` is sent as
-    ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
-    :class:`ScrapeSettings` when set.
-    """
-
-    name: str
-    url: str
-    role: Role | None = None
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
-    num_speculative_tokens: int | None = Field(default=None, gt=0)
-    method: str | None = None
-    parallel_drafting: bool = False
-    vllm_version: str | None = None
-    bearer_token: SecretStr | None = None
-    scrape_interval_seconds: float | None = Field(default=None, gt=0)
-    scrape_timeout_seconds: float | None = Field(default=None, gt=0)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError("must be 1-64 characters of letters, digits, _ . : -")
-        return v
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        v = v.strip()
-        m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", v)
-        if m is None:
-            raise ValueError("must be an http:// or https:// URL")
-        if not m.group(3) or m.group(3) == "/":
-            return f"{m.group(1)}://{m.group(2)}/metrics"
-        return v
-
-    @field_validator("method")
-    @classmethod
-    def _method(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        v = v.strip().lower()
-        if v.endswith("_mtp"):
-            v = "mtp"
-        if v not in SPEC_METHODS:
-            raise ValueError(f"unknown method; one of {', '.join(sorted(SPEC_METHODS))}")
-        return v
-
-    @field_validator("vllm_version")
-    @classmethod
-    def _version(cls, v: str | None) -> str | None:
-        if v is not None:
-            regime_for_version(v)
-        return v
-
-    @model_validator(mode="after")
-    def _role(self) -> TargetSettings:
-        if self.role is None:
-            try:
-                object.__setattr__(self, "role", Role(self.name))
-            except ValueError:
-                raise ValueError(
-                    f"target {self.name!r}: role is required (standard|fly|baseline) "
-                    "when the name is not a role"
-                ) from None
-        if self.bearer_token is not None and urlsplit(self.url).password is not None:
-            raise ValueError(
-                f"target {self.name!r}: bearer_token and a user:password in the url both set "
-                "(HTTP allows one Authorization header); keep one"
-            )
-        return self
-
-    @property
-    def effective_role(self) -> Role:
-        """The role (inferred from the name when not given)."""
-        assert self.role is not None  # set by the validator
-        return self.role
-
-    @property
-    def limits(self) -> Limits:
-        """The configured scheduler limits as a :class:`~specwatch.model.Limits`."""
-        return Limits(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            num_speculative_tokens=self.num_speculative_tokens,
-            method=self.method,
-            parallel_drafting=self.parallel_drafting,
-            vllm_version=self.vllm_version,
-        )
-
-
-class ScrapeSettings(_Frozen):
-    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed)."""
-
-    interval_seconds: float = Field(default=5.0, gt=0)
-    timeout_seconds: float = Field(default=4.0, gt=0)
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
-
-
-class ServerSettings(_Frozen):
+class ServerSettings(Frozen):
     """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``."""
 
     host: str = "0.0.0.0"
     port: int = Field(default=9400, ge=0, le=65535)
 
 
-class LogSettings(_Frozen):
+class LogSettings(Frozen):
     """Log level and format (``json`` one object per line, or ``plain``)."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -210,51 +61,6 @@ class LogSettings(_Frozen):
     @classmethod
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
-
-
-class LedgerSettings(_Frozen):
-    """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
-    directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
-    ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
-    Prompt and completion text are stored only with ``shadow.store_text``."""
-
-    path: str = "specwatch-ledger.sqlite"
-    max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
-    max_rows: int | None = Field(default=5_000_000, gt=0)
-    synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
-
-
-class PairedSettings(_Frozen):
-    """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
-    ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
-    ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
-    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
-    ``refresh_seconds`` (how often statistics are rebuilt from the ledger)."""
-
-    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    margin: float = Field(default=0.01, ge=0.0, lt=1.0)
-    detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
-    power: float = Field(default=0.8, gt=0.0, lt=1.0)
-    windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
-    refresh_seconds: float = Field(default=2.0, gt=0)
-
-    @field_validator("windows", mode="before")
-    @classmethod
-    def _split(cls, v: Any) -> Any:
-        return split_list(v)
-
-    @field_validator("windows")
-    @classmethod
-    def _check(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_windows(v)
-
-    @property
-    def window_seconds(self) -> dict[str, float | None]:
-        """Window name → seconds, with ``since_start`` → ``None`` (every ledger row)."""
-        out: dict[str, float | None] = {w: parse_duration(w) for w in self.windows}
-        out["since_start"] = None
-        return out
 
 
 _ARMS = ("standard", "fly", "noise")

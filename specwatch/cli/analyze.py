@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specwatch.export import health_json
-from specwatch.model import ModelWindow, PageReading
+from specwatch.export.prometheus import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.values import ModelWindow, PageReading
 from specwatch.observe.window import page_delta
 
 

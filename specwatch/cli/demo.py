@@ -12,9 +12,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-from specwatch.demo import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
-from specwatch.logs import setup_logging
-from specwatch.settings import ConfigError, parse_duration
+from specwatch.core.config import parse_duration
+from specwatch.core.logs import setup_logging
+from specwatch.demo.run import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
+from specwatch.settings import ConfigError
 
 _DESCRIPTION = """\
 Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar

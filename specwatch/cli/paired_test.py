@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specwatch.shadow.sequential import beta_binomial_log_e_value
-from specwatch.shadow.stats import (
+from specwatch.shadow.stats.paired import (
     PairedCounts,
     discordant_ratio,
     mcnemar_exact_p,
@@ -24,6 +23,7 @@ from specwatch.shadow.stats import (
     net_loss_ratio,
     non_inferiority_test,
 )
+from specwatch.shadow.stats.sequential import beta_binomial_log_e_value
 
 
 class InputError(ValueError):

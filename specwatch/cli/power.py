@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specwatch.shadow.power import questions_needed
+from specwatch.shadow.stats.power import questions_needed
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,16 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
-from specwatch.alerting_component import alerting_components
-from specwatch.app import build_app
-from specwatch.logs import log_event, setup_logging
-from specwatch.settings import (
-    ConfigError,
-    Settings,
-    load_settings,
-    parse_duration,
-    parse_target_spec,
-)
+from specwatch.alerts.component import alerting_components
+from specwatch.core.config import parse_duration
+from specwatch.core.logs import log_event, setup_logging
+from specwatch.server.app import build_app
+from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 from specwatch.shadow.canary import CanaryFileError, load_canary
 from specwatch.shadow.component import shadow_components
 

@@ -1,4 +1,4 @@
-"""Parse a vLLM ``/metrics`` page into a :class:`~specwatch.model.PageReading` (pure).
+"""Parse a vLLM ``/metrics`` page into a :class:`~specwatch.observe.values.PageReading` (pure).
 
 Only allow-listed families are kept (catalogue in ``docs/metrics.md``), by *exact* sample name
 (never a substring; ``*_created`` never read). Lines of other families are dropped by a cheap
@@ -32,7 +32,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.model import EngineKey, EngineReading, Histogram, PageReading
+from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
 

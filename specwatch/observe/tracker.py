@@ -11,18 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from specwatch.logs import redact_url
-from specwatch.model import (
-    Capacity,
-    PageReading,
-    PairView,
-    Role,
-    Snapshot,
-    TargetSnapshot,
-)
+from specwatch.core.logs import redact_url
+from specwatch.core.roles import Role
 from specwatch.observe.health import capacity, model_windows, pair_view
+from specwatch.observe.settings import TargetSettings
+from specwatch.observe.values import Capacity, PageReading, PairView, Snapshot, TargetSnapshot
 from specwatch.observe.window import RollingWindows
-from specwatch.settings import TargetSettings
 
 
 class TargetTracker:

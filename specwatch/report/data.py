@@ -1,8 +1,8 @@
 """What the report shows, computed from the pair ledger and an optional acceptance source.
 
-Statistics come from :mod:`specwatch.shadow.state` (``summarize``, ``build_shadow_stats``,
-``betting_from_rows``), :mod:`specwatch.shadow.stats` (``net_loss_ci``) and
-:mod:`specwatch.shadow.sequential` (``beta_binomial_log_e_values``, ``BettingEProcess``); this
+Statistics come from :mod:`specwatch.shadow.summary` (``summarize``, ``build_shadow_stats``,
+``betting_from_rows``), :mod:`specwatch.shadow.stats.paired` (``net_loss_ci``) and
+:mod:`specwatch.shadow.stats.sequential` (``beta_binomial_log_e_values``, ``BettingEProcess``); this
 module only orders, bins and accumulates ledger rows. Ledger reads go through
 :class:`specwatch.shadow.ledger.Ledger` (SQLite in a worker thread).
 """
@@ -23,9 +23,13 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.shadow.sequential import BettingEProcess, alarm, beta_binomial_log_e_values
-from specwatch.shadow.state import OVERALL, PairTally, ShadowStats, build_shadow_stats
-from specwatch.shadow.stats import PairedCounts, net_loss_ci, net_loss_ratio
+from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
+from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
+    alarm,
+    beta_binomial_log_e_values,
+)
+from specwatch.shadow.summary import OVERALL, PairTally, ShadowStats, build_shadow_stats
 
 #: The window name the report's tables use (every row of the ledger).
 REPORT_WINDOW = "since_start"
@@ -41,7 +45,7 @@ class FlipSeries:
 
     ``lost``/``gained``/``n`` per bin; ``cum_*`` cumulative up to the bin end; ``net_loss`` the
     cumulative net loss ratio ``(lost - gained) / n`` and ``[ci_lower, ci_upper]`` its Tango score
-    interval at ``ci_level`` (``specwatch.shadow.stats.net_loss_ci``); NaN where n = 0.
+    interval at ``ci_level`` (``specwatch.shadow.stats.paired.net_loss_ci``); NaN where n = 0.
     """
 
     times: tuple[float, ...]
@@ -79,7 +83,7 @@ class EValuePath:
 
     def first_alarm(self, path: Sequence[float]) -> int | None:
         """Index of the first pair where ``path`` (one of the two log e-value paths) reaches
-        the alarm (``specwatch.shadow.sequential.alarm``), ``None`` if it never does."""
+        the alarm (``specwatch.shadow.stats.sequential.alarm``), ``None`` if it never does."""
         return next((i for i, v in enumerate(path) if alarm(v, self.alpha)), None)
 
 

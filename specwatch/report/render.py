@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from specwatch.report.data import REPORT_WINDOW, ReportData
-from specwatch.shadow.state import OVERALL, PairedSummary
+from specwatch.shadow.summary import OVERALL, PairedSummary
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).

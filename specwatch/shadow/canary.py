@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.shadow.sample import request_hash
-from specwatch.shadow.types import ShadowRequest, Source
+from specwatch.shadow.values import ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.canary")
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from rapidfuzz.distance import Indel
 
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, Source
 
 PairStatus = Literal["paired", "unpaired", "excluded"]
 

@@ -1,6 +1,6 @@
 """The shadow chain as one app component: ingest → sample → replay → compare → ledger → stats.
 
-``ShadowComponent(settings)`` is passed to :func:`specwatch.app.build_app` (``components=``;
+``ShadowComponent(settings)`` is passed to :func:`specwatch.server.app.build_app` (``components=``;
 :func:`shadow_components` returns the list for ``specwatch run``). On ``install`` it adds the
 mirror routes (mirror mode), a Prometheus collector and a background context that opens the
 :class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
@@ -11,12 +11,12 @@ mirror routes (mirror mode), a Prometheus collector and a background context tha
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
    :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker),
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
-3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.state.ShadowStats` from
+3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
    the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
    the pipeline's queue/drop/pause state, exports it (``shadow_families``) and publishes it as
    the snapshot's ``"shadow"`` extra.
 
-The load-aware pause reads the latest core :class:`~specwatch.model.Snapshot`: per arm the
+The load-aware pause reads the latest core :class:`~specwatch.observe.values.Snapshot`: per arm the
 running/waiting gauges of the target named by the arm's ``target`` (else the target whose base
 URL is the arm's URL), its ``max_num_seqs`` and the time of its last good scrape.
 """
@@ -37,30 +37,30 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from specwatch.app import LIVENESS_KEY
-from specwatch.logs import log_event
-from specwatch.model import Snapshot, TargetSnapshot
+from specwatch.core.logs import log_event
+from specwatch.export.shadow import shadow_families
+from specwatch.observe.values import Snapshot, TargetSnapshot
+from specwatch.server.app import LIVENESS_KEY
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
-from specwatch.shadow.export import shadow_families
 from specwatch.shadow.ingest import SHADOW_PATHS
 from specwatch.shadow.ledger import Ledger
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
-from specwatch.shadow.sequential import BettingEProcess
 from specwatch.shadow.settings import ArmEndpoint
-from specwatch.shadow.state import (
+from specwatch.shadow.stats.sequential import BettingEProcess
+from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowIO,
     ShadowStats,
     build_shadow_stats,
     shadow_stats_json,
 )
-from specwatch.shadow.types import ReplayPair
+from specwatch.shadow.values import ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
 
 if TYPE_CHECKING:
-    from specwatch.app import SnapshotStore
+    from specwatch.server.app import SnapshotStore
     from specwatch.settings import Settings
 
 

@@ -41,7 +41,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from specwatch.shadow.sample import request_hash
-from specwatch.shadow.types import ShadowRequest, Source
+from specwatch.shadow.values import ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.shadow.compare import ArmOutcome, PairOutcome
-from specwatch.shadow.state import PairTally
+from specwatch.shadow.summary import PairTally
 
 log = logging.getLogger("specwatch.shadow.ledger")
 

@@ -34,7 +34,7 @@ from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.types import Arm, ReplayPair, ShadowRequest
+from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
 
 log = logging.getLogger("specwatch.shadow.pipeline")
 

@@ -25,7 +25,7 @@ import aiohttp
 
 from specwatch.shadow.sample import seed_from_hash
 from specwatch.shadow.sse import CompletionStreamAccumulator, extract_mean_acceptance_length
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest
 
 #: Largest arm response body read (bytes); larger answers fail the arm with ``too_large``.
 MAX_RESPONSE_BYTES = 16 << 20

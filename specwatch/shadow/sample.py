@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specwatch.shadow.types import ShadowRequest
+from specwatch.shadow.values import ShadowRequest
 
 #: Body fields left out of the canonical form: transport and caller identity, not content.
 VOLATILE_FIELDS: frozenset[str] = frozenset({"stream", "stream_options", "user", "request_id"})

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+
 IngestMode = Literal["mirror", "proxy", "canary"]
 NoiseKind = Literal["off", "standard", "baseline"]
 
@@ -151,3 +153,66 @@ class ShadowSettings(BaseModel):
         if self.noise is not None:
             return self.noise
         return self.standard
+
+
+# --- moved from specwatch.settings
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    NoDecode,
+)
+
+from specwatch.shadow.settings import ShadowSettings
+
+
+class LedgerSettings(Frozen):
+    """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
+    directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
+    ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
+    Prompt and completion text are stored only with ``shadow.store_text``."""
+
+    path: str = "specwatch-ledger.sqlite"
+    max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
+    max_rows: int | None = Field(default=5_000_000, gt=0)
+    synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+
+
+class PairedSettings(Frozen):
+    """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
+    ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
+    ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
+    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
+    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
+    ``refresh_seconds`` (how often statistics are rebuilt from the ledger)."""
+
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    margin: float = Field(default=0.01, ge=0.0, lt=1.0)
+    detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
+    power: float = Field(default=0.8, gt=0.0, lt=1.0)
+    windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
+    refresh_seconds: float = Field(default=2.0, gt=0)
+
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return split_list(v)
+
+    @field_validator("windows")
+    @classmethod
+    def _check(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return check_windows(v)
+
+    @property
+    def window_seconds(self) -> dict[str, float | None]:
+        """Window name → seconds, with ``since_start`` → ``None`` (every ledger row)."""
+        out: dict[str, float | None] = {w: parse_duration(w) for w in self.windows}
+        out["since_start"] = None
+        return out

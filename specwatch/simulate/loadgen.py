@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from specwatch.simulate.canary import builtin_items, is_correct
+from specwatch.simulate.quiz import builtin_items, is_correct
 
 _CHAT_PROMPTS = (
     "Summarise the plot of a short story about a lighthouse keeper.",

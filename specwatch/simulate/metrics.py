@@ -21,7 +21,7 @@ from prometheus_client import (
 )
 
 from specwatch.simulate.config import SimConfig
-from specwatch.simulate.scheduler import SimRequest, StepStats
+from specwatch.simulate.engine_core import SimRequest, StepStats
 
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -62,7 +62,7 @@ def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
 class SimMetrics:
     """The simulator's ``/metrics``.
 
-    Implements :class:`specwatch.simulate.scheduler.MetricsSink`.
+    Implements :class:`specwatch.simulate.engine_core.MetricsSink`.
     """
 
     def __init__(self, config: SimConfig) -> None:

@@ -35,18 +35,18 @@ from typing import Any, cast
 from aiohttp import web
 
 from specwatch.simulate import faults as faults_mod
-from specwatch.simulate.canary import item_for_prompt
 from specwatch.simulate.config import Faults, Role, SimConfig
-from specwatch.simulate.engine import LMConfig, SyntheticLM
-from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
-from specwatch.simulate.scheduler import (
+from specwatch.simulate.engine_core import (
     EngineCore,
     RequestOutput,
     SimRequest,
     dispatch,
     tokenize_len,
 )
-from specwatch.specdecode import budget_limits
+from specwatch.simulate.lm import LMConfig, SyntheticLM
+from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
+from specwatch.simulate.quiz import item_for_prompt
+from specwatch.vllm.specdecode import budget_limits
 
 log = logging.getLogger("specwatch.simulate")
 

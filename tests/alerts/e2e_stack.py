@@ -20,11 +20,11 @@ import aiohttp
 import yaml
 from aiohttp.test_utils import TestServer
 
-from specwatch.alerting import AlertingSettings
-from specwatch.alerting_component import AlertingComponent
-from specwatch.app import build_app
-from specwatch.detect import DetectSettings
-from specwatch.settings import ScrapeSettings, Settings, TargetSettings
+from specwatch.alerts.component import AlertingComponent
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.server.app import build_app
+from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator

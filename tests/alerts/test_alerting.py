@@ -1,4 +1,4 @@
-"""Unit tests for specwatch.alerting against a fake Alertmanager (aiohttp on port 0)."""
+"""Unit tests for specwatch.alerts.alertmanager against a fake Alertmanager (aiohttp on port 0)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from specwatch.alerting import (
+from specwatch.alerts.alertmanager import (
     ActiveAlerts,
     Alert,
-    AlertingSettings,
     AlertingState,
     AlertLoop,
     Delivery,
     Outbox,
     Severity,
-    TLSSettings,
     alert_families,
     alerts_json,
     build_payload,
@@ -40,6 +38,7 @@ from specwatch.alerting import (
     sanitize_label_name,
     sanitize_labels,
 )
+from specwatch.alerts.settings import AlertingSettings, TLSSettings
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""specwatch.alerting against a real Alertmanager (Debian prometheus-alertmanager on loopback)."""
+"""specwatch.alerts.alertmanager against a real Alertmanager (Debian prometheus-alertmanager on loopback)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.alerting import Alert, AlertingSettings, AlertLoop, Severity, format_rfc3339
+from specwatch.alerts.alertmanager import Alert, AlertLoop, Severity, format_rfc3339
+from specwatch.alerts.settings import AlertingSettings
 
 pytestmark = pytest.mark.promtool
 

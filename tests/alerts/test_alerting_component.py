@@ -10,15 +10,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.alerting import AlertingSettings
-from specwatch.alerting_component import (
-    AlertingComponent,
-    alerting_components,
-    missing_windows,
-)
-from specwatch.detect import DetectSettings
-from specwatch.logs import event_fields
-from specwatch.settings import Settings, TargetSettings
+from specwatch.alerts.component import AlertingComponent, alerting_components, missing_windows
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.core.logs import event_fields
+from specwatch.observe.settings import TargetSettings
+from specwatch.settings import Settings
 from tests.alerts.e2e_stack import poll, running_stack
 
 
@@ -36,7 +32,7 @@ def test_missing_detector_windows_are_reported(caplog: pytest.LogCaptureFixture)
     detect = DetectSettings(acceptance_short_window="3s")
     assert missing_windows(detect, ("1m", "5m", "15m")) == {"acceptance_short_window": "3s"}
     target = TargetSettings(name="fly", url="http://127.0.0.1:1")
-    with caplog.at_level(logging.WARNING, logger="specwatch.alerting"):
+    with caplog.at_level(logging.WARNING, logger="specwatch.alerts.alertmanager"):
         AlertingComponent(Settings(targets=(target,), detect=detect))
     (record,) = caplog.records
     assert event_fields(record)["missing"] == {"acceptance_short_window": "3s"}

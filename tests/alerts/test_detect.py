@@ -1,4 +1,4 @@
-"""Detector conditions (specwatch.detect): the same cases as the promtool tests, same numbers,
+"""Detector conditions (specwatch.alerts.detect): the same cases as the promtool tests, same numbers,
 and the thresholds checked against the Prometheus rules file."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
-from specwatch.alerting import Alert, Severity
-from specwatch.detect import (
+from specwatch.alerts.alertmanager import Alert, Severity
+from specwatch.alerts.detect import (
     BudgetInputs,
-    DetectSettings,
     ForTracker,
     acceptance_drop,
     admission_stall,
@@ -25,8 +24,9 @@ from specwatch.detect import (
     quality_drift,
     two_proportion_z,
 )
+from specwatch.alerts.settings import DetectSettings
 from specwatch.mixin import alert_rules, load_rules
-from specwatch.specdecode import budget_limits
+from specwatch.vllm.specdecode import budget_limits
 
 S = DetectSettings()
 NAN = float("nan")

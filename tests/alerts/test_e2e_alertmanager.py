@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.alerting import DEFAULT_RUNBOOK_BASE_URL, AlertingSettings, format_rfc3339
-from specwatch.detect import DetectSettings
+from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL, format_rfc3339
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from tests.alerts.e2e_stack import Alertmanager, Stack, poll, running_stack
 
 pytestmark = pytest.mark.promtool

@@ -23,8 +23,7 @@ import aiohttp
 import pytest
 import yaml
 
-from specwatch.alerting import AlertingSettings
-from specwatch.detect import DetectSettings
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.mixin import load_rules
 from tests.alerts.e2e_stack import Stack, poll, run_prometheus, running_stack
 

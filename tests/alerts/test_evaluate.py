@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specwatch.alerting import Alert, Severity
-from specwatch.detect import Detector, DetectSettings, ForTracker, evaluate, for_seconds
-from specwatch.model import Snapshot
+from specwatch.alerts.alertmanager import Alert, Severity
+from specwatch.alerts.detect import Detector, ForTracker, evaluate, for_seconds
+from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.parse import parse_page
+from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_snapshot
-from specwatch.settings import Settings, TargetSettings, load_settings
-from specwatch.shadow.state import PairTally, ShadowStats, build_shadow_stats
+from specwatch.observe.values import Snapshot
+from specwatch.settings import Settings, load_settings
+from specwatch.shadow.summary import PairTally, ShadowStats, build_shadow_stats
 
 MODEL = "example-model"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specwatch.alerting import DEFAULT_RUNBOOK_BASE_URL
+from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.mixin import (
     DEFAULT_MANIFEST,
     DEFAULT_RULES,

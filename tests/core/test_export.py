@@ -15,12 +15,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specwatch.app import STORE_KEY, SnapshotStore, build_app
-from specwatch.export import CATALOGUE, SpecwatchCollector, snapshot_json
-from specwatch.model import SnapshotGetter
+from specwatch.export.prometheus import CATALOGUE, SpecwatchCollector, snapshot_json
 from specwatch.observe.parse import parse_page
+from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_snapshot
-from specwatch.settings import Settings, TargetSettings
+from specwatch.observe.values import SnapshotGetter
+from specwatch.server.app import STORE_KEY, SnapshotStore, build_app
+from specwatch.settings import Settings
 from tests.core.conftest import body
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from specwatch.model import Delta, Health, Limits
 from specwatch.observe.health import (
     capacity,
     derive_health,
@@ -16,6 +15,7 @@ from specwatch.observe.health import (
     pair_view,
 )
 from specwatch.observe.parse import parse_page
+from specwatch.observe.values import Delta, Health, Limits
 from specwatch.observe.window import page_delta
 from tests.core.conftest import FIXTURES, body
 

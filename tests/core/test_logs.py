@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from specwatch.logs import log_event, setup_logging
+from specwatch.core.logs import log_event, setup_logging
 
 
 @pytest.fixture(autouse=True)

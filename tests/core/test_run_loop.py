@@ -7,8 +7,9 @@ import contextlib
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from specwatch.app import STORE_KEY, build_app
-from specwatch.settings import Settings, TargetSettings
+from specwatch.observe.settings import TargetSettings
+from specwatch.server.app import STORE_KEY, build_app
+from specwatch.settings import Settings
 from tests.core.conftest import body
 from tests.core.fakes import FakeVllm, Reply
 
@@ -42,7 +43,7 @@ async def test_loop_scrapes_both_targets() -> None:
 
 async def test_healthz_fails_when_a_background_task_dies() -> None:
     """A task that dies unexpectedly turns /healthz to 503 (the pod gets restarted)."""
-    from specwatch.app import LIVENESS_KEY
+    from specwatch.server.app import LIVENESS_KEY
 
     settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:9"),))
     app = build_app(settings, scrape=False)

@@ -17,9 +17,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from specwatch.app import SCRAPER_KEY, STORE_KEY, build_app
-from specwatch.logs import event_fields
-from specwatch.settings import ScrapeSettings, Settings, TargetSettings
+from specwatch.core.logs import event_fields
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.settings import Settings
 from tests.core.conftest import FakeClock, body
 from tests.core.fakes import FakeVllm, Reply
 

@@ -12,8 +12,8 @@ import pytest
 from specwatch.__main__ import build_parser
 from specwatch.__main__ import main as cli_main
 from specwatch.cli.run import log_effective_config, settings_from_args
-from specwatch.logs import JsonFormatter
-from specwatch.model import Role
+from specwatch.core.logs import JsonFormatter
+from specwatch.core.roles import Role
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 
 

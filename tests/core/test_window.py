@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specwatch.model import EngineReading, PageReading
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import parse_page
+from specwatch.observe.values import EngineReading, PageReading
 from specwatch.observe.window import SINCE_START, RollingWindows, page_delta
 from tests.core.conftest import body
 

@@ -9,7 +9,7 @@ import re
 
 import aiohttp
 
-from specwatch.demo import DemoConfig, run_demo
+from specwatch.demo.run import DemoConfig, run_demo
 from tests.demo.streams import WatchedOutput
 
 SHADOW_RE = re.compile(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from specwatch.__main__ import main as cli_main
-from specwatch.alerting_component import AlertingComponent
-from specwatch.demo import (
+from specwatch.alerts.component import AlertingComponent
+from specwatch.core.roles import Role
+from specwatch.demo.run import (
     DemoConfig,
     DemoFiles,
     DemoTargets,
@@ -22,11 +23,11 @@ from specwatch.demo import (
     view_document,
     write_canary_file,
 )
-from specwatch.model import Role, Snapshot
+from specwatch.observe.values import Snapshot
 from specwatch.shadow.canary import load_canary
 from specwatch.shadow.component import ShadowComponent
-from specwatch.simulate.canary import builtin_items
 from specwatch.simulate.config import Role as SimRole
+from specwatch.simulate.quiz import builtin_items
 
 
 def _health(

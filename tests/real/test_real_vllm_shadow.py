@@ -47,10 +47,10 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ingest import CATEGORY_HEADER
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.sequential import beta_binomial_e_value
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.state import OVERALL, PairedSummary, ShadowStats, build_shadow_stats
-from specwatch.shadow.types import ReplayPair
+from specwatch.shadow.stats.sequential import beta_binomial_e_value
+from specwatch.shadow.summary import OVERALL, PairedSummary, ShadowStats, build_shadow_stats
+from specwatch.shadow.values import ReplayPair
 
 from .servers import VllmServer
 

@@ -19,10 +19,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.app import SCRAPER_KEY, STORE_KEY, build_app
-from specwatch.logs import event_fields
+from specwatch.core.logs import event_fields
 from specwatch.observe.parse import parse_page
-from specwatch.settings import ScrapeSettings, Settings, TargetSettings
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.settings import Settings
 from tests.core.conftest import FakeClock
 from tests.core.fakes import FakeVllm, Reply
 

@@ -18,9 +18,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from specwatch.app import SCRAPER_KEY, STORE_KEY, build_app
-from specwatch.logs import event_fields, redact_url
-from specwatch.settings import ScrapeSettings, Settings, TargetSettings
+from specwatch.core.logs import event_fields, redact_url
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.settings import Settings
 from tests.core.conftest import FakeClock
 from tests.core.fakes import FakeVllm, Reply
 

@@ -15,7 +15,7 @@ from specwatch.shadow.compare import (
     make_checker,
     similarity,
 )
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 
 def _req(

@@ -15,8 +15,8 @@ import pytest
 
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.shadow.state import tally_rows
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.summary import tally_rows
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 from scipy.integrate import quad
 from scipy.stats import beta as beta_dist
 
-from specwatch.shadow.sequential import (
+from specwatch.shadow.stats.sequential import (
     BettingEProcess,
     alarm,
     beta_binomial_e_value,

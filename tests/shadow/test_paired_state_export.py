@@ -14,12 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from scipy.stats import binomtest
 
+from specwatch.export.shadow import shadow_families
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.export import shadow_families
 from specwatch.shadow.ledger import LedgerRow
-from specwatch.shadow.power import questions_needed
-from specwatch.shadow.sequential import beta_binomial_e_value
-from specwatch.shadow.state import (
+from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.sequential import beta_binomial_e_value
+from specwatch.shadow.summary import (
     OVERALL,
     OutcomeCounters,
     PairTally,
@@ -32,7 +32,7 @@ from specwatch.shadow.state import (
     tally_rows,
     window_tallies,
 )
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 
 def _outcome(

@@ -9,8 +9,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import binomtest, norm
 
-from specwatch.shadow.power import questions_needed, questions_needed_z, z_quantile
-from specwatch.shadow.stats import (
+from specwatch.shadow.stats.paired import (
     FlipCounts,
     PairedCounts,
     discordant_ratio,
@@ -21,6 +20,7 @@ from specwatch.shadow.stats import (
     non_inferiority_test,
     tango_score_statistic,
 )
+from specwatch.shadow.stats.power import questions_needed, questions_needed_z, z_quantile
 
 
 def test_seed_example_428_items_25_lost_2_gained() -> None:

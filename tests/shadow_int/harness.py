@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import binomtest
 
-from specwatch.app import build_app
+from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.simulate.canary import write_canary_jsonl
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
+from specwatch.simulate.quiz import write_canary_jsonl
 
 
 def write_canary(path: Path, *, variants: int, temperature: float) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from specwatch.shadow.state import OVERALL, shadow_stats_json
+from specwatch.shadow.summary import OVERALL, shadow_stats_json
 
 from .harness import (
     canary_done,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from specwatch.shadow.state import OVERALL, ShadowStats
+from specwatch.shadow.summary import OVERALL, ShadowStats
 
 from .harness import canary_done, expected, read_rows, settings_for, sidecar, simulators, until
 

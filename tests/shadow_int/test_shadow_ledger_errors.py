@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.logs import event_fields
+from specwatch.core.logs import event_fields
 from specwatch.settings import Settings
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 from .harness import sidecar
 

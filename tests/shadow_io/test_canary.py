@@ -16,7 +16,7 @@ from specwatch.shadow.canary import (
     to_request,
 )
 from specwatch.shadow.sample import request_hash
-from specwatch.shadow.types import ShadowRequest, Source
+from specwatch.shadow.values import ShadowRequest, Source
 
 GOOD = [
     {"id": "a", "prompt": "2+2=", "gold": "4", "category": "math", "checker": "regex:\\d+"},

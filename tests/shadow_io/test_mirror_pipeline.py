@@ -16,7 +16,7 @@ from specwatch.shadow.ingest import build_shadow_request, is_shadow_host
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.types import ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
 
 from .fakes import FakeArm, serve_arm
 

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from specwatch.shadow.ingest import IngestCounters, ShadowProxy, hop_by_hop_names
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.types import ReplayPair, ShadowRequest
+from specwatch.shadow.values import ReplayPair, ShadowRequest
 
 from .fakes import FakeArm, serve_arm
 

@@ -10,7 +10,7 @@ import pytest
 
 from specwatch.shadow.replay import ArmTarget, Replayer, classify_pair, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
-from specwatch.shadow.types import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 from .fakes import FakeArm, serve_arm
 

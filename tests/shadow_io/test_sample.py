@@ -17,7 +17,7 @@ from specwatch.shadow.sample import (
     request_hash,
     seed_from_hash,
 )
-from specwatch.shadow.types import ShadowRequest, Source
+from specwatch.shadow.values import ShadowRequest, Source
 
 
 class Clock:

@@ -2,8 +2,8 @@
 
 Checks: valid JSON; fixed unique ``uid``; no dashboard ``id``; the ``datasource``, ``namespace``
 and ``job`` template variables; every panel on the ``${datasource}`` variable; every metric a
-name specwatch's code exports (the core's ``specwatch.export.CATALOGUE`` and the families
-``specwatch.shadow.export.shadow_families`` yields, as exposed: counters with ``_total``) or a
+name specwatch's code exports (the core's ``specwatch.export.prometheus.CATALOGUE`` and the families
+``specwatch.export.shadow.shadow_families`` yields, as exposed: counters with ``_total``) or a
 vLLM series (taken from a real vLLM ``/metrics`` capture in tests/fixtures);
 ``$__rate_interval`` in every range function;
 every PromQL expression accepted by ``promtool check rules`` (wrapped as throwaway recording
@@ -28,14 +28,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from specwatch.export import CATALOGUE
-from specwatch.shadow.export import shadow_families
-from specwatch.shadow.state import PairTally, ShadowIO, ShadowStats, build_shadow_stats
+from specwatch.export.prometheus import CATALOGUE
+from specwatch.export.shadow import shadow_families
+from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-ALERTING_MODULE = ROOT / "specwatch" / "alerting.py"
 VLLM_CAPTURE = ROOT / "tests" / "fixtures" / "vllm-metrics" / "real-cpu-draft-model.txt"
 DASHBOARD_FILES = sorted(GRAFANA.glob("*.json"))
 
@@ -105,16 +104,6 @@ def shadow_exported_names() -> frozenset[str]:
     )
 
 
-def pending_alert_names(markdown: str) -> frozenset[str]:
-    """Issue 5's names from the contract's "Alerts" paragraph, used only while
-    ``specwatch/alerting.py`` is not on this branch (then they must come from its code)."""
-    if ALERTING_MODULE.exists():
-        return frozenset()
-    section = markdown.split("## Exported metric names", 1)[1].split("\n## ", 1)[0]
-    alerts = section.split("Alerts (issue 5):", 1)[1].split("\n\n", 1)[0]
-    return frozenset(re.findall(r"\bspecwatch_[a-z0-9_]+", alerts))
-
-
 def vllm_sample_names(exposition: str) -> frozenset[str]:
     """Sample names (``vllm:*_total``, ``*_bucket``, ...) in a vLLM /metrics capture."""
     return frozenset(
@@ -127,7 +116,7 @@ def vllm_sample_names(exposition: str) -> frozenset[str]:
 
 def alert_exported_names() -> frozenset[str]:
     """Sample names of the alerting families (``alert_families``; counters get ``_total``)."""
-    from specwatch.alerting import AlertingState, alert_families
+    from specwatch.alerts.alertmanager import AlertingState, alert_families
 
     return frozenset(
         family.name + ("_total" if family.type == "counter" else "")
@@ -136,7 +125,6 @@ def alert_exported_names() -> frozenset[str]:
 
 
 EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
-PENDING_ALERTS = pending_alert_names(ARCHITECTURE.read_text(encoding="utf-8"))
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
 
 
@@ -237,16 +225,6 @@ class TestHelpers:
         documented = set(re.findall(r"\bspecwatch_[a-z0-9_]+", section))
         assert not EXPORTED - documented, sorted(EXPORTED - documented)
 
-    def test_pending_alert_names_only_without_alerting_code(self) -> None:
-        """Issue 5's names come from the contract only while specwatch/alerting.py is absent."""
-        expected: set[str] = set()
-        if not ALERTING_MODULE.exists():
-            expected = {
-                "specwatch_alert_firing", "specwatch_alertmanager_send_errors_total",
-                "specwatch_alertmanager_outbox_depth",
-            }  # fmt: skip
-        assert set(PENDING_ALERTS) == expected
-
     def test_vllm_names_from_capture(self) -> None:
         """The real capture yields spec-decode counters and histogram buckets."""
         assert "vllm:spec_decode_num_accepted_tokens_total" in VLLM
@@ -335,7 +313,7 @@ class TestDashboard:
         for where, expr in iter_exprs(dashboard):
             names = metric_names(expr)
             assert names, where
-            unknown = names - EXPORTED - PENDING_ALERTS - VLLM - PROMETHEUS_BUILTINS
+            unknown = names - EXPORTED - VLLM - PROMETHEUS_BUILTINS
             assert not unknown, f"{where}: {sorted(unknown)}"
 
     def test_rates_use_rate_interval(self, dashboard: Obj) -> None:

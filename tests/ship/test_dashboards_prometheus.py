@@ -39,11 +39,10 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
-from specwatch.alerting import AlertingSettings
-from specwatch.alerting_component import AlertingComponent
-from specwatch.app import build_app
-from specwatch.detect import DetectSettings
+from specwatch.alerts.component import AlertingComponent
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.mixin import load_rules
+from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.simulate.config import Role, SimConfig

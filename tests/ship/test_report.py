@@ -27,9 +27,9 @@ from specwatch.__main__ import main
 from specwatch.report.data import build_report, evalue_path, flip_series, parse_acceptance
 from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.shadow.sequential import beta_binomial_log_e_value
-from specwatch.shadow.state import tally_rows
-from specwatch.shadow.stats import PairedCounts, net_loss_ci, non_inferiority_test
+from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
+from specwatch.shadow.stats.sequential import beta_binomial_log_e_value
+from specwatch.shadow.summary import tally_rows
 
 T0 = 1_764_460_800.0
 #: category → (both_correct, lost, gained, both_wrong)

@@ -7,7 +7,7 @@ Custom resources (PodMonitor, PrometheusRule, VirtualService, HTTPRoute) are val
 CRDs' own OpenAPI schemas, committed under ``tests/ship/schemas/`` (see its README for sources).
 Kustomizations are rendered with ``kubectl kustomize`` (kustomize built into kubectl).
 Agreement with specwatch itself uses the real code: ``specwatch.settings.load_settings`` on the
-ConfigMap's config.yaml plus the env file, and the routes of ``specwatch.app.build_app``.
+ConfigMap's config.yaml plus the env file, and the routes of ``specwatch.server.app.build_app``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from specwatch.app import build_app
+from specwatch.server.app import build_app
 from specwatch.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

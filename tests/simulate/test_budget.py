@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from specwatch.simulate.config import Faults, SimConfig
-from specwatch.simulate.scheduler import EngineCore, Simulation
-from specwatch.specdecode import BudgetRegime, budget_limits
+from specwatch.simulate.engine_core import EngineCore, Simulation
+from specwatch.vllm.specdecode import BudgetRegime, budget_limits
 
 
 def _saturate(

@@ -7,15 +7,15 @@ import re
 
 from scipy import stats
 
-from specwatch.simulate.canary import (
+from specwatch.simulate.config import Role, SimConfig
+from specwatch.simulate.engine_core import Simulation
+from specwatch.simulate.quiz import (
     ANSWER_PATTERN,
     builtin_items,
     extract_answer,
     is_correct,
     item_for_prompt,
 )
-from specwatch.simulate.config import Role, SimConfig
-from specwatch.simulate.scheduler import Simulation
 
 ITEMS = builtin_items()
 

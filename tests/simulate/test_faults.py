@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.simulate.config import Faults, SimConfig, StepTimeModel
+from specwatch.simulate.engine_core import Simulation
 from specwatch.simulate.faults import FaultError, apply_patch, clear
 from specwatch.simulate.launcher import start_simulator
-from specwatch.simulate.scheduler import Simulation
 
 
 def test_patch_is_validated_all_or_nothing() -> None:

@@ -6,8 +6,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from specwatch.simulate.config import Role, SimConfig
+from specwatch.simulate.engine_core import SimRequest, Simulation
 from specwatch.simulate.metrics import SimMetrics, request_tokens_buckets
-from specwatch.simulate.scheduler import SimRequest, Simulation
 
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20,
         40, 80, 160, 640, 2560]  # fmt: skip

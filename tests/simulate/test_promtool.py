@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from specwatch.simulate.config import Role, SimConfig
+from specwatch.simulate.engine_core import Simulation
 from specwatch.simulate.faults import MALFORMED_METRICS_BODY
 from specwatch.simulate.metrics import SimMetrics
-from specwatch.simulate.scheduler import Simulation
 
 pytestmark = pytest.mark.promtool
 PROMTOOL = shutil.which("promtool")

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.simulate.canary import builtin_items
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
+from specwatch.simulate.quiz import builtin_items
 
 FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specwatch.simulate.canary import params_for_prompt
 from specwatch.simulate.config import Role, SimConfig
-from specwatch.simulate.engine import (
+from specwatch.simulate.engine_core import Simulation
+from specwatch.simulate.lm import (
     DraftSampleMethod,
     DynState,
     FlyParams,
@@ -22,7 +22,7 @@ from specwatch.simulate.engine import (
     verify,
     verify_arrays,
 )
-from specwatch.simulate.scheduler import Simulation
+from specwatch.simulate.quiz import params_for_prompt
 
 
 def _batch(lm: SyntheticLM, n: int, temperature: float, prompt: str) -> tuple[SeqTable, np.ndarray]:

@@ -2,37 +2,24 @@
 
 The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``window``
 (:class:`Delta` per window) → ``health`` (:class:`Health`, :class:`Capacity`, :class:`PairView`)
-→ one :class:`Snapshot` that :mod:`specwatch.export`, the JSON API, alerting and detectors read.
+→ one :class:`Snapshot` that :mod:`specwatch.export.prometheus`, the JSON API, alerting and detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
 Times are unix seconds from the injected clock, durations in seconds.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from specwatch.core.roles import Role
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 
 #: A window name (``"1m"``, ``"5m"``, ``"15m"``, ``"since_start"``).
 WindowName = str
-
-
-class Clock(Protocol):
-    """A wall clock returning unix seconds (``time.time`` in production, a fake in tests)."""
-
-    def __call__(self) -> float: ...
-
-
-class Role(enum.StrEnum):
-    """What a target is: the lossless reference, the lossy FLy replica, or a baseline."""
-
-    STANDARD = "standard"
-    FLY = "fly"
-    BASELINE = "baseline"
 
 
 #: One (model_name, engine) pair; ``engine`` is vLLM's data-parallel engine index as a string.
@@ -197,13 +184,13 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.specdecode`).
+    """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.vllm.specdecode`).
 
     ``limits_configured``: B, N, K and method all known (else the budget fields are ``None``).
     ``num_requests_running``: the most-loaded engine's running gauge (each engine schedules alone).
     ``running_to_max_seqs_ratio`` = running / max_num_seqs; ``running_gap_requests`` = N − running.
     ``admission_cap_requests`` R_max, ``decode_full_per_step_requests`` D_full, ``budget_bound``
-    (D_full < N) from :func:`specwatch.specdecode.budget_limits` for the configured vLLM version.
+    (D_full < N) from :func:`specwatch.vllm.specdecode.budget_limits` for the configured vLLM version.
     """
 
     limits_configured: bool

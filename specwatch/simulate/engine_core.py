@@ -25,9 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
-from specwatch.simulate.canary import params_for_prompt
 from specwatch.simulate.config import Faults, Role, SimConfig
-from specwatch.simulate.engine import (
+from specwatch.simulate.lm import (
     EOS,
     DraftSampleMethod,
     FlyParams,
@@ -37,7 +36,8 @@ from specwatch.simulate.engine import (
     commit_state,
     verify,
 )
-from specwatch.specdecode import (
+from specwatch.simulate.quiz import params_for_prompt
+from specwatch.vllm.specdecode import (
     ADMISSION_CAPPED_METHODS,
     BudgetRegime,
     method_slots,

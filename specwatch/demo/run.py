@@ -4,7 +4,7 @@ Everything runs in one asyncio event loop (no child process), so stopping the lo
 everything: :func:`run_demo` starts two in-process simulators
 (:func:`specwatch.simulate.launcher.start_simulator`), a :class:`LoadGenerator` sending the
 canary categories and chat prompts to both (same request, same seed: a paired comparison),
-and the sidecar (:func:`specwatch.app.build_app`) scraping both every second. It prints the URLs,
+and the sidecar (:func:`specwatch.server.app.build_app`) scraping both every second. It prints the URLs,
 then a live view rendered from the published snapshot (:func:`render_view`), until SIGINT,
 SIGTERM or the end of ``duration_s``; it then stops the load, the sidecar and the simulators
 and returns 0.
@@ -38,18 +38,18 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from specwatch.alerting_component import alerting_components
-from specwatch.app import STORE_KEY, Component, build_app
-from specwatch.export import snapshot_json
-from specwatch.model import Snapshot
+from specwatch.alerts.component import alerting_components
+from specwatch.export.prometheus import snapshot_json
+from specwatch.observe.values import Snapshot
+from specwatch.server.app import STORE_KEY, Component, build_app
 from specwatch.settings import Settings, load_settings
 from specwatch.shadow.component import ShadowComponent, shadow_components
-from specwatch.shadow.state import OutcomeCounters
-from specwatch.simulate.canary import write_canary_jsonl
+from specwatch.shadow.summary import OutcomeCounters
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator, LoadStats
+from specwatch.simulate.quiz import write_canary_jsonl
 
 #: The port the demo's sidecar tries first (falls back to a free port when it is taken).
 DEFAULT_PORT = 9400

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specwatch.simulate.engine import MAX_ANSWER_DIGITS, SeqParams
+from specwatch.simulate.lm import MAX_ANSWER_DIGITS, SeqParams
 
-#: Checker spec (``exact|regex:<pattern>|json:<path>|math``, as in ``specwatch.shadow.types``).
+#: Checker spec (``exact|regex:<pattern>|json:<path>|math``, as in ``specwatch.shadow.values``).
 ANSWER_PATTERN = r"answer:\s*(\d+)"
 CHECKER = "regex:" + ANSWER_PATTERN
 _ANSWER_RE = re.compile(ANSWER_PATTERN)

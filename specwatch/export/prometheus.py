@@ -17,7 +17,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
-from specwatch.model import QUANTILES, Health, Snapshot, SnapshotGetter, TargetSnapshot
+from specwatch.observe.values import QUANTILES, Health, Snapshot, SnapshotGetter, TargetSnapshot
 
 #: Scrape error reasons always exported (at 0) so ``rate()`` works from the start.
 KNOWN_REASONS: tuple[str, ...] = (
@@ -493,5 +493,5 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     return doc
 
 
-#: A collector factory a component may hand to :func:`specwatch.app.build_app`.
+#: A collector factory a component may hand to :func:`specwatch.server.app.build_app`.
 CollectorFactory = Callable[[SnapshotGetter], Collector]

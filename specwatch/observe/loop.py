@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from specwatch.logs import log_event
-from specwatch.model import Clock
+from specwatch.core.clock import Clock
+from specwatch.core.logs import log_event
 from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker
-from specwatch.settings import Settings, TargetSettings
+from specwatch.settings import Settings
 
 logger = logging.getLogger("specwatch.scrape")
 

@@ -9,9 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from specwatch.shadow.compare import PairOutcome
-from specwatch.shadow.power import questions_needed
-from specwatch.shadow.sequential import BettingEProcess, alarm, beta_binomial_log_e_value
-from specwatch.shadow.stats import (
+from specwatch.shadow.stats.paired import (
     FlipCounts,
     PairedCounts,
     discordant_ratio,
@@ -21,7 +19,13 @@ from specwatch.shadow.stats import (
     net_loss_ratio,
     non_inferiority_test,
 )
-from specwatch.shadow.types import Arm
+from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
+    alarm,
+    beta_binomial_log_e_value,
+)
+from specwatch.shadow.values import Arm
 
 #: Category label used for the overall (all categories) summary.
 OVERALL = "_all"

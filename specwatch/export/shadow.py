@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
-from specwatch.shadow.state import PairedSummary, ShadowStats
+from specwatch.shadow.summary import PairedSummary, ShadowStats
 
 _WC = ["window", "category"]
 

@@ -25,14 +25,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from specwatch.export import SpecwatchCollector, snapshot_json
-from specwatch.logs import log_event
-from specwatch.model import Clock, Snapshot, SnapshotGetter
-from specwatch.observe.scrape import Scraper
+from specwatch.core.clock import Clock
+from specwatch.core.logs import log_event
+from specwatch.export.prometheus import SpecwatchCollector, snapshot_json
+from specwatch.observe.loop import Scraper
 from specwatch.observe.tracker import TargetTracker, build_snapshot
+from specwatch.observe.values import Snapshot, SnapshotGetter
 from specwatch.settings import Settings
 
-logger = logging.getLogger("specwatch.app")
+logger = logging.getLogger("specwatch.server.app")
 
 
 class SnapshotStore:

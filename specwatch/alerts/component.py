@@ -2,11 +2,11 @@
 
 ``build_app(settings, components=[*alerting_components(settings)])`` plugs it in. Once the app
 starts, every ``alerting.evaluation_interval`` seconds it evaluates
-:class:`specwatch.detect.Detector` on the latest :class:`~specwatch.model.Snapshot` (and the
-shadow chain's :class:`~specwatch.shadow.state.ShadowStats` when a provider is given), keeps the
+:class:`specwatch.alerts.detect.Detector` on the latest :class:`~specwatch.observe.values.Snapshot` (and the
+shadow chain's :class:`~specwatch.shadow.summary.ShadowStats` when a provider is given), keeps the
 ``for`` durations, posts to every Alertmanager in ``alerting.urls`` (none: nothing is sent), and
 publishes the result twice: ``specwatch_alert_firing`` / ``specwatch_alertmanager_*`` families in
-the registry and ``Snapshot.extras["alerts"]`` (:func:`specwatch.alerting.alerts_json`).
+the registry and ``Snapshot.extras["alerts"]`` (:func:`specwatch.alerts.alertmanager.alerts_json`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,25 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from specwatch.alerting import Alert, AlertingState, AlertLoop, alert_families, alerts_json
-from specwatch.app import LIVENESS_KEY, SESSION_KEY, SnapshotStore
-from specwatch.detect import SINCE_START, Detector, DetectSettings
-from specwatch.logs import log_event
-from specwatch.model import Clock, Snapshot
+from specwatch.alerts.alertmanager import (
+    Alert,
+    AlertingState,
+    AlertLoop,
+    alert_families,
+    alerts_json,
+)
+from specwatch.alerts.detect import SINCE_START, Detector
+from specwatch.alerts.settings import DetectSettings
+from specwatch.core.clock import Clock
+from specwatch.core.logs import log_event
+from specwatch.observe.values import Snapshot
+from specwatch.server.app import LIVENESS_KEY, SESSION_KEY, SnapshotStore
 from specwatch.settings import Settings
-from specwatch.shadow.state import ShadowStats
+from specwatch.shadow.summary import ShadowStats
 
 __all__ = ["AlertingComponent", "ShadowProvider", "alerting_components", "missing_windows"]
 
-logger = logging.getLogger("specwatch.alerting")
+logger = logging.getLogger("specwatch.alerts.alertmanager")
 
 #: Returns the shadow chain's latest statistics, ``None`` while there are none (no I/O).
 ShadowProvider = Callable[[], ShadowStats | None]
@@ -62,7 +70,7 @@ class _AlertCollector(Collector):
 
 
 class AlertingComponent:
-    """Detectors + Alertmanager delivery as a :class:`specwatch.app.Component`.
+    """Detectors + Alertmanager delivery as a :class:`specwatch.server.app.Component`.
 
     ``clock`` (unix seconds) and ``sleep`` are injected (tests pass fakes); ``shadow`` returns
     the latest :class:`ShadowStats` or ``None``. :attr:`state` is the last published

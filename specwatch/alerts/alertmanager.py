@@ -31,13 +31,18 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from specwatch.alerts.settings import (
+    DEFAULT_RUNBOOK_BASE_URL,
+    LABEL_NAME_RE,
+    AlertingSettings,
+    TLSSettings,
+)
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -64,10 +69,9 @@ __all__ = [
     "sanitize_labels",
 ]
 
-log = logging.getLogger("specwatch.alerting")
+log = logging.getLogger("specwatch.alerts.alertmanager")
 
 #: Where ``docs/runbook.md`` is published; anchors are the lower-cased alert names.
-DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md"
 
 #: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
 SEND_ERROR_REASONS: tuple[str, ...] = (
@@ -81,7 +85,6 @@ SEND_ERROR_REASONS: tuple[str, ...] = (
 #: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
 _RETRYABLE_4XX = frozenset({408, 429})
 
-_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INVALID_CHAR_RE = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -104,7 +107,7 @@ def sanitize_label_name(name: str) -> str | None:
     Invalid characters become ``_`` and a leading digit gets a ``_`` prefix:
     ``"model.name"`` → ``"model_name"``, ``"0pos"`` → ``"_0pos"``, ``" "`` → ``None``.
     """
-    if _LABEL_NAME_RE.match(name):
+    if LABEL_NAME_RE.match(name):
         return name
     stripped = name.strip()
     if not stripped:
@@ -123,7 +126,7 @@ def sanitize_labels(labels: Mapping[str, str]) -> dict[str, str]:
     wins, otherwise the lexicographically first original name wins (deterministic).
     """
     out: dict[str, str] = {}
-    valid_first = sorted(labels.items(), key=lambda kv: (not _LABEL_NAME_RE.match(kv[0]), kv[0]))
+    valid_first = sorted(labels.items(), key=lambda kv: (not LABEL_NAME_RE.match(kv[0]), kv[0]))
     for name, value in valid_first:
         clean = sanitize_label_name(name)
         if clean is None or value == "" or clean in out:
@@ -341,79 +344,6 @@ class Outbox:
         for d in sent:
             if self._items.get(d.key) is d:
                 del self._items[d.key]
-
-
-class TLSSettings(BaseModel):
-    """TLS options for the Alertmanager connection."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    insecure_skip_verify: bool = False
-
-    @model_validator(mode="after")
-    def _cert_and_key(self) -> Self:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("tls.cert_file and tls.key_file must be set together")
-        return self
-
-
-class AlertingSettings(BaseModel):
-    """Settings group ``alerting`` (env ``SPECWATCH_ALERTING__*``). Durations in seconds.
-
-    ``urls`` empty disables delivery (detectors and gauges still run). ``lease_factor`` times
-    ``max(resend_interval, evaluation_interval)`` is the ``endsAt`` lease (Prometheus: 4).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    urls: list[str] = Field(default_factory=list)
-    bearer_token: SecretStr | None = None
-    basic_username: str | None = None
-    basic_password: SecretStr | None = None
-    tls: TLSSettings = Field(default_factory=TLSSettings)
-    evaluation_interval: float = Field(default=15.0, gt=0)
-    resend_interval: float = Field(default=60.0, gt=0)
-    lease_factor: float = Field(default=4.0, ge=2.0)
-    timeout: float = Field(default=10.0, gt=0)
-    max_attempts: int = Field(default=3, ge=1)
-    retry_initial_backoff: float = Field(default=0.5, ge=0)
-    retry_max_backoff: float = Field(default=8.0, ge=0)
-    outbox_size: int = Field(default=1000, ge=1)
-    external_labels: dict[str, str] = Field(default_factory=dict)
-    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
-    generator_url: str = ""
-
-    @field_validator("urls")
-    @classmethod
-    def _http_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"alertmanager url must be http(s): {url!r}")
-        return [u.rstrip("/") for u in urls]
-
-    @field_validator("external_labels")
-    @classmethod
-    def _valid_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for name, value in labels.items():
-            if not _LABEL_NAME_RE.match(name) or not value:
-                raise ValueError(f"external label {name!r}={value!r} is not a valid label")
-        return labels
-
-    @model_validator(mode="after")
-    def _one_auth(self) -> Self:
-        if self.bearer_token is not None and self.basic_username is not None:
-            raise ValueError("set either bearer_token or basic_username/password, not both")
-        if (self.basic_username is None) != (self.basic_password is None):
-            raise ValueError("basic_username and basic_password must be set together")
-        return self
-
-    @property
-    def lease(self) -> float:
-        """``endsAt`` lease in seconds."""
-        return self.lease_factor * max(self.resend_interval, self.evaluation_interval)
 
 
 def build_ssl_context(tls: TLSSettings) -> ssl.SSLContext | bool:

@@ -3,8 +3,8 @@
 The thresholds (:class:`DetectSettings`, defaults equal to the rules file, checked by
 ``tests/alerts/test_detect.py``), the pure conditions over plain numbers, the test statistics they
 use, :class:`ForTracker` (Prometheus' ``for:``), and :func:`evaluate` / :class:`Detector`, which
-read :class:`specwatch.model.Snapshot` (and the shadow chain's
-:class:`~specwatch.shadow.state.ShadowStats` when present) and call the conditions per target,
+read :class:`specwatch.observe.values.Snapshot` (and the shadow chain's
+:class:`~specwatch.shadow.summary.ShadowStats` when present) and call the conditions per target,
 model, engine, window and category.
 
 Every condition takes ``None`` for an undefined input (no drafts, stale target, too few pairs)
@@ -19,12 +19,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from specwatch.alerting import Alert, AlertKey, Severity
-from specwatch.model import Health, ModelWindow, Snapshot, TargetSnapshot
-from specwatch.shadow.state import OVERALL, PairedSummary, ShadowStats
-from specwatch.specdecode import method_slots, regime_for_version
+from specwatch.alerts.alertmanager import Alert, AlertKey, Severity
+from specwatch.alerts.settings import DetectSettings
+from specwatch.observe.values import Health, ModelWindow, Snapshot, TargetSnapshot
+from specwatch.shadow.summary import OVERALL, PairedSummary, ShadowStats
+from specwatch.vllm.specdecode import method_slots, regime_for_version
 
 __all__ = [
     "SINCE_START",
@@ -45,61 +44,6 @@ __all__ = [
     "quality_drift",
     "two_proportion_z",
 ]
-
-
-class DetectSettings(BaseModel):
-    """Settings group ``detect`` (env ``SPECWATCH_DETECT__*``); durations in seconds.
-
-    Defaults equal the Prometheus rules' constants; change both together.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # SpecAcceptanceDrop: short-window value below ratio x baseline (alpha, or tau - 1)
-    acceptance_drop_ratio: float = Field(default=0.8, gt=0, lt=1)
-    acceptance_min_drafts_per_second: float = Field(default=0.2, ge=0)
-    acceptance_drop_for: float = Field(default=600.0, ge=0)
-    # SpecFLyGainLost: alpha_fly - alpha_standard below this (15m window)
-    fly_gain_min: float = 0.02
-    fly_gain_min_drafts_per_second: float = Field(default=0.2, ge=0)
-    fly_gain_for: float = Field(default=1800.0, ge=0)
-    # SpecDecodeInactive: tokens flow (tokens/s above this) and zero drafts
-    inactive_min_generation_tokens_per_second: float = Field(default=1.0, ge=0)
-    inactive_for: float = Field(default=600.0, ge=0)
-    # SpecBudgetStarvation
-    budget_min_running: float = Field(default=8.0, ge=0)
-    budget_drafts_per_step_ratio: float = Field(default=0.5, gt=0, le=1)
-    budget_draft_length_ratio: float = Field(default=0.9, gt=0, le=1)
-    budget_for: float = Field(default=900.0, ge=0)
-    # SpecAdmissionStall
-    stall_min_waiting: float = Field(default=5.0, ge=0)
-    stall_max_running: float = Field(default=2.0, ge=0)
-    stall_max_kv_cache_usage: float = Field(default=0.5, gt=0, le=1)
-    stall_max_generation_tokens_per_second: float = Field(default=1.0, ge=0)
-    stall_for: float = Field(default=300.0, ge=0)
-    # SpecQualityDrift
-    quality_e_value_bound: float = Field(default=20.0, gt=1)
-    quality_min_pairs: int = Field(default=200, ge=1)
-    quality_e_value_for: float = Field(default=300.0, ge=0)
-    quality_non_inferiority_for: float = Field(default=900.0, ge=0)
-    # SpecFlipRateAboveNoise: pooled two-proportion z (one-sided p <= 0.001 at 3.09)
-    flip_z: float = Field(default=3.09, gt=0)
-    flip_min_compared: int = Field(default=50, ge=1)
-    flip_for: float = Field(default=900.0, ge=0)
-    # self-health
-    target_down_for: float = Field(default=300.0, ge=0)
-    shadow_min_generation_tokens_per_second: float = Field(default=10.0, ge=0)
-    shadow_stalled_for: float = Field(default=900.0, ge=0)
-    ledger_failing_for: float = Field(default=600.0, ge=0)
-    # Which of specwatch's windows each detector reads (names of ``Settings.windows`` or
-    # ``since_start``). A baseline window that is not configured falls back to ``since_start``.
-    acceptance_short_window: str = "5m"
-    acceptance_baseline_window: str = "1h"
-    rate_window: str = "5m"
-    fly_gain_window: str = "15m"
-    flip_window: str = "1h"
-    shadow_stalled_window: str = "15m"
-    ledger_errors_window: float = Field(default=300.0, gt=0)
 
 
 def _f(x: float | None) -> float | None:

@@ -1,0 +1,52 @@
+"""Building blocks shared by every settings group: durations, window names, list splitting, the frozen base model."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+)
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"30s"``, ``"1m"``, ``"1.5h"``, ``"500ms"`` → seconds. Raises ``ValueError``."""
+    m = _DURATION_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 1m, 1h)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def split_list(v: Any) -> Any:
+    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``)."""
+    if isinstance(v, str):
+        v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+    return v
+
+
+def check_windows(v: tuple[str, ...]) -> tuple[str, ...]:
+    """Window names: positive durations, unique, ``since_start`` not listed (always present)."""
+    names = tuple(w.strip() for w in v)
+    for w in names:
+        if w == "since_start":
+            raise ValueError("since_start is always present; do not list it")
+        if parse_duration(w) <= 0:
+            raise ValueError(f"window {w!r} must be longer than 0 s")
+    if len(set(names)) != len(names):
+        raise ValueError("window names must be unique")
+    return names
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")

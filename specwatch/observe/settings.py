@@ -1,0 +1,123 @@
+"""Settings the observe chain reads: the vLLM targets and the scrape defaults."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from pydantic import (
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from specwatch.core.config import NAME_RE, Frozen
+from specwatch.core.roles import Role
+from specwatch.observe.values import Limits
+from specwatch.vllm.specdecode import SPEC_METHODS, regime_for_version
+
+
+class TargetSettings(Frozen):
+    """One vLLM server to scrape.
+
+    ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
+    ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
+    ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
+    ``vllm_version``) feed the capacity / budget view. ``bearer_token`` is sent as
+    ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
+    :class:`ScrapeSettings` when set.
+    """
+
+    name: str
+    url: str
+    role: Role | None = None
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    num_speculative_tokens: int | None = Field(default=None, gt=0)
+    method: str | None = None
+    parallel_drafting: bool = False
+    vllm_version: str | None = None
+    bearer_token: SecretStr | None = None
+    scrape_interval_seconds: float | None = Field(default=None, gt=0)
+    scrape_timeout_seconds: float | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be 1-64 characters of letters, digits, _ . : -")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip()
+        m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", v)
+        if m is None:
+            raise ValueError("must be an http:// or https:// URL")
+        if not m.group(3) or m.group(3) == "/":
+            return f"{m.group(1)}://{m.group(2)}/metrics"
+        return v
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().lower()
+        if v.endswith("_mtp"):
+            v = "mtp"
+        if v not in SPEC_METHODS:
+            raise ValueError(f"unknown method; one of {', '.join(sorted(SPEC_METHODS))}")
+        return v
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None:
+            regime_for_version(v)
+        return v
+
+    @model_validator(mode="after")
+    def _role(self) -> TargetSettings:
+        if self.role is None:
+            try:
+                object.__setattr__(self, "role", Role(self.name))
+            except ValueError:
+                raise ValueError(
+                    f"target {self.name!r}: role is required (standard|fly|baseline) "
+                    "when the name is not a role"
+                ) from None
+        if self.bearer_token is not None and urlsplit(self.url).password is not None:
+            raise ValueError(
+                f"target {self.name!r}: bearer_token and a user:password in the url both set "
+                "(HTTP allows one Authorization header); keep one"
+            )
+        return self
+
+    @property
+    def effective_role(self) -> Role:
+        """The role (inferred from the name when not given)."""
+        assert self.role is not None  # set by the validator
+        return self.role
+
+    @property
+    def limits(self) -> Limits:
+        """The configured scheduler limits as a :class:`~specwatch.observe.values.Limits`."""
+        return Limits(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_speculative_tokens=self.num_speculative_tokens,
+            method=self.method,
+            parallel_drafting=self.parallel_drafting,
+            vllm_version=self.vllm_version,
+        )
+
+
+class ScrapeSettings(Frozen):
+    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed)."""
+
+    interval_seconds: float = Field(default=5.0, gt=0)
+    timeout_seconds: float = Field(default=4.0, gt=0)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
