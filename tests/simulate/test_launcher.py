@@ -115,7 +115,9 @@ def test_simulator_imports_nothing_from_the_sidecar_but_specdecode() -> None:
                 names = [node.module]
             for name in names:
                 if name.startswith("specwatch"):
-                    assert name.startswith(("specwatch.simulate", "specwatch.vllm", "specwatch.core")), (
+                    assert name.startswith(
+                        ("specwatch.simulate", "specwatch.vllm", "specwatch.core")
+                    ), (
                         path.name,
                         name,
                     )
