@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import enum
 import logging
-import re
 import ssl
 import time
 from collections import OrderedDict
@@ -37,9 +35,15 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from specwatch.alerts.alert import (
+    Alert,
+    AlertKey,
+    alert_key,
+    runbook_url,
+    sanitize_labels,
+)
 from specwatch.alerts.settings import (
     DEFAULT_RUNBOOK_BASE_URL,
-    LABEL_NAME_RE,
     AlertingSettings,
     TLSSettings,
 )
@@ -48,8 +52,6 @@ __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
     "SEND_ERROR_REASONS",
     "ActiveAlerts",
-    "Alert",
-    "AlertKey",
     "AlertLoop",
     "AlertSender",
     "AlertingSettings",
@@ -57,16 +59,12 @@ __all__ = [
     "Delivery",
     "FiringAlert",
     "Outbox",
-    "Severity",
     "TLSSettings",
     "alert_families",
     "alerts_json",
     "build_payload",
     "build_ssl_context",
     "format_rfc3339",
-    "runbook_url",
-    "sanitize_label_name",
-    "sanitize_labels",
 ]
 
 log = logging.getLogger("specwatch.alerts.alertmanager")
@@ -85,92 +83,11 @@ SEND_ERROR_REASONS: tuple[str, ...] = (
 #: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
 _RETRYABLE_4XX = frozenset({408, 429})
 
-_INVALID_CHAR_RE = re.compile(r"[^a-zA-Z0-9_]")
-
-
-class Severity(enum.StrEnum):
-    """``severity`` label values (the kubernetes-mixin convention)."""
-
-    CRITICAL = "critical"
-    WARNING = "warning"
-    INFO = "info"
-
-
-def runbook_url(base: str, alertname: str) -> str:
-    """``{base}#{alertname.lower()}``: the GitHub anchor of ``## AlertName`` in the runbook."""
-    return f"{base.rstrip('#')}#{alertname.lower()}"
-
-
-def sanitize_label_name(name: str) -> str | None:
-    """Map ``name`` to a valid Prometheus label name, or ``None`` if it is empty.
-
-    Invalid characters become ``_`` and a leading digit gets a ``_`` prefix:
-    ``"model.name"`` → ``"model_name"``, ``"0pos"`` → ``"_0pos"``, ``" "`` → ``None``.
-    """
-    if LABEL_NAME_RE.match(name):
-        return name
-    stripped = name.strip()
-    if not stripped:
-        return None
-    cleaned = _INVALID_CHAR_RE.sub("_", stripped)
-    if cleaned[0].isdigit():
-        cleaned = "_" + cleaned
-    return cleaned
-
-
-def sanitize_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """Return ``labels`` with valid names and no empty names or values.
-
-    Names are sanitised with :func:`sanitize_label_name`; entries whose name or value ends up
-    empty are dropped. When two names collide after sanitising, the one that was already valid
-    wins, otherwise the lexicographically first original name wins (deterministic).
-    """
-    out: dict[str, str] = {}
-    valid_first = sorted(labels.items(), key=lambda kv: (not LABEL_NAME_RE.match(kv[0]), kv[0]))
-    for name, value in valid_first:
-        clean = sanitize_label_name(name)
-        if clean is None or value == "" or clean in out:
-            continue
-        out[clean] = value
-    return out
-
 
 def format_rfc3339(ts: float) -> str:
     """Unix seconds → RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.250Z``."""
     dt = datetime.fromtimestamp(ts, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    """One finding: what a detector says is wrong right now.
-
-    ``alertname`` and ``severity`` become labels; ``labels`` are the other identifying labels
-    (``target``, ``role``, ``engine``, ``category``, ``reason``; bounded values only). Two
-    findings with the same final label set are the same alert. ``runbook_url`` empty means
-    "build it from the settings' runbook base and the alert name".
-    """
-
-    alertname: str
-    severity: Severity
-    summary: str
-    description: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    runbook_url: str = ""
-
-    def identity(self) -> dict[str, str]:
-        """Sanitised identifying labels: ``labels`` plus ``alertname`` and ``severity``."""
-        merged = dict(self.labels)
-        merged["alertname"] = self.alertname
-        merged["severity"] = str(self.severity)
-        return sanitize_labels(merged)
-
-
-AlertKey = tuple[tuple[str, str], ...]
-
-
-def _key(labels: Mapping[str, str]) -> AlertKey:
-    return tuple(sorted(labels.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +108,7 @@ class Delivery:
 
     @property
     def key(self) -> AlertKey:
-        return _key(self.labels)
+        return alert_key(self.labels)
 
     @property
     def resolved(self) -> bool:
@@ -273,7 +190,7 @@ class ActiveAlerts:
         seen: set[AlertKey] = set()
         for alert in findings:
             labels = self._labels(alert)
-            key = _key(labels)
+            key = alert_key(labels)
             if key in seen:
                 continue  # duplicate finding in one tick: first one wins
             seen.add(key)
@@ -487,8 +404,8 @@ class AlertLoop:
 
     ``current_findings`` is called once per tick and returns the findings of that moment
     (an empty sequence resolves everything active). ``clock`` returns unix seconds.
-    ``on_state`` is called with every newly published :class:`AlertingState` (e.g. to put
-    :func:`alerts_json` into ``Snapshot.extras["alerts"]``).
+    ``on_state`` is called with every newly published :class:`AlertingState` (the alerting
+    component hands it to the server, which publishes it as ``Snapshot.alerts``).
     With no ``urls`` configured nothing is sent, but :attr:`state` still tracks firing alerts.
     """
 

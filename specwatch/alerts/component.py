@@ -1,12 +1,13 @@
-"""The alerting component: detectors over each snapshot, the Alertmanager loop, alert gauges.
+"""The alerting component: detectors over the latest inputs, the Alertmanager loop, alert gauges.
 
-``build_app(settings, components=[*alerting_components(settings)])`` plugs it in. Once the app
-starts, every ``alerting.evaluation_interval`` seconds it evaluates
-:class:`specwatch.alerts.detect.Detector` on the latest :class:`~specwatch.observe.values.Snapshot` (and the
-shadow chain's :class:`~specwatch.shadow.summary.ShadowStats` when a provider is given), keeps the
-``for`` durations, posts to every Alertmanager in ``alerting.urls`` (none: nothing is sent), and
-publishes the result twice: ``specwatch_alert_firing`` / ``specwatch_alertmanager_*`` families in
-the registry and ``Snapshot.extras["alerts"]`` (:func:`specwatch.alerts.alertmanager.alerts_json`).
+:class:`AlertingComponent` takes its settings groups (``detect``, ``alerting``, the window
+names), an ``inputs`` callable returning the latest observe view and shadow statistics, and an
+``on_state`` callback. The server (:mod:`specwatch.server.wiring`) joins it to the published
+snapshot and enters :meth:`AlertingComponent.running` with the app. Every
+``alerting.evaluation_interval`` seconds the loop evaluates
+:class:`~specwatch.alerts.pending.Detector`, keeps the ``for`` durations, posts to every
+Alertmanager in ``alerting.urls`` (none: nothing is sent) and hands the resulting :class:`~specwatch.alerts.alertmanager.AlertingState` to
+``on_state``: the detectors never write into what they read.
 """
 
 from __future__ import annotations
@@ -18,33 +19,27 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CollectorRegistry
+import aiohttp
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from specwatch.alerts.alertmanager import (
-    Alert,
-    AlertingState,
-    AlertLoop,
-    alert_families,
-    alerts_json,
-)
-from specwatch.alerts.detect import SINCE_START, Detector
-from specwatch.alerts.settings import DetectSettings
+from specwatch.alerts.alert import Alert
+from specwatch.alerts.alertmanager import AlertingState, AlertLoop, alert_families
+from specwatch.alerts.pending import Detector
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
-from specwatch.observe.values import Snapshot
-from specwatch.server.app import LIVENESS_KEY, SESSION_KEY, SnapshotStore
-from specwatch.settings import Settings
+from specwatch.observe.values import ObserveView
+from specwatch.observe.window import SINCE_START
 from specwatch.shadow.summary import ShadowStats
 
-__all__ = ["AlertingComponent", "ShadowProvider", "alerting_components", "missing_windows"]
+__all__ = ["AlertInputs", "AlertingComponent", "missing_windows"]
 
 logger = logging.getLogger("specwatch.alerts.alertmanager")
 
-#: Returns the shadow chain's latest statistics, ``None`` while there are none (no I/O).
-ShadowProvider = Callable[[], ShadowStats | None]
+#: Returns what the detectors read now: the observe view (``None`` before the first one) and
+#: the shadow chain's latest statistics (``None`` while there are none). No I/O.
+AlertInputs = Callable[[], tuple[ObserveView | None, ShadowStats | None]]
 
 
 def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str, str]:
@@ -59,117 +54,98 @@ def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str,
     return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
 
 
-class _AlertCollector(Collector):
-    """Yields :func:`alert_families` of the component's current state (no I/O)."""
+class AlertingComponent(Collector):
+    """Detectors + Alertmanager delivery; a collector of ``specwatch_alert_*`` families.
 
-    def __init__(self, get_state: Callable[[], AlertingState]) -> None:
-        self._get = get_state
-
-    def collect(self) -> Iterator[Metric]:
-        yield from alert_families(self._get())
-
-
-class AlertingComponent:
-    """Detectors + Alertmanager delivery as a :class:`specwatch.server.app.Component`.
-
-    ``clock`` (unix seconds) and ``sleep`` are injected (tests pass fakes); ``shadow`` returns
-    the latest :class:`ShadowStats` or ``None``. :attr:`state` is the last published
-    :class:`AlertingState`; :meth:`tick` runs one evaluation (what the background task does
-    every ``evaluation_interval``).
+    ``detect``, ``alerting``: its settings groups; ``windows``: the observe chain's window
+    names (a detector window not among them is logged once: its detectors stay silent).
+    ``inputs``: see :data:`AlertInputs`. ``on_state``: called with each new
+    :class:`AlertingState` (the server publishes it). ``clock`` (unix seconds) and ``sleep``
+    are injected (tests pass fakes). :attr:`state` is the last state; :meth:`tick` runs one
+    evaluation (what the background task does every ``evaluation_interval``).
     """
 
     def __init__(
         self,
-        settings: Settings,
+        detect: DetectSettings,
+        alerting: AlertingSettings,
+        windows: Sequence[str],
         *,
+        inputs: AlertInputs,
+        on_state: Callable[[AlertingState], None] | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        shadow: ShadowProvider | None = None,
     ) -> None:
-        self._settings = settings
+        self._alerting = alerting
+        self._inputs = inputs
+        self._on_state_cb = on_state
         self._clock = clock
         self._sleep = sleep
-        self._shadow = shadow
-        self.detector = Detector(settings.detect)
-        missing = missing_windows(settings.detect, settings.windows)
+        self.detector = Detector(detect)
+        missing = missing_windows(detect, windows)
         if missing:
             log_event(
                 logger,
                 logging.WARNING,
                 "detector window not configured; its detectors stay silent",
                 missing=missing,
-                windows=list(settings.windows),
+                windows=list(windows),
             )
-        self._snapshot: Snapshot | None = None
-        self._store: SnapshotStore | None = None
         self._loop: AlertLoop | None = None
         self._state = AlertingState()
-        self._published: list[dict[str, Any]] | None = None
 
     @property
     def state(self) -> AlertingState:
-        """The last published alerting state (firing alerts, send errors, outbox depth)."""
+        """The last alerting state (firing alerts, send errors, outbox depth)."""
         return self._state
 
-    def install(
-        self, app: web.Application, store: SnapshotStore, registry: CollectorRegistry
-    ) -> None:
-        """Register the alert collector, listen to snapshots, start the loop with the app."""
-        self._store = store
-        self._snapshot = store.get()
-        store.add_listener(self._on_snapshot)
-        registry.register(_AlertCollector(lambda: self._state))
-        store.set_extra("alerts", [])
-        app.cleanup_ctx.append(self._ctx)
-
-    def _on_snapshot(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
+    def collect(self) -> Iterator[Metric]:
+        """:func:`alert_families` of the current state (no I/O)."""
+        yield from alert_families(self._state)
 
     def findings(self) -> Sequence[Alert]:
-        """Alerts firing now (after ``for``) on the latest snapshot."""
-        if self._snapshot is None:
+        """Alerts firing now (after ``for``) on the latest inputs; none before an observe view."""
+        observe, shadow = self._inputs()
+        if observe is None:
             return []
-        shadow = self._shadow() if self._shadow is not None else None
-        return self.detector.evaluate(self._snapshot, shadow, self._clock())
+        return self.detector.evaluate(observe, shadow, self._clock())
 
     def _on_state(self, state: AlertingState) -> None:
+        changed = state != self._state
         self._state = state
-        doc = alerts_json(state)
-        if self._store is not None and doc != self._published:
-            self._published = doc
-            self._store.set_extra("alerts", doc)
+        if changed and self._on_state_cb is not None:
+            self._on_state_cb(state)
 
     async def tick(self) -> None:
-        """One evaluation and delivery (needs the app started: the loop uses its session)."""
+        """One evaluation and delivery (needs :meth:`running`: the loop uses its session).
+
+        Raises ``RuntimeError`` when the component is not running."""
         if self._loop is None:
             raise RuntimeError("alerting component is not started")
         await self._loop.tick()
 
-    async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
+    @contextlib.asynccontextmanager
+    async def running(
+        self,
+        session: aiohttp.ClientSession,
+        watch: Callable[[asyncio.Task[Any]], None] | None = None,
+    ) -> AsyncIterator[None]:
+        """Start the alert loop on ``session`` (``watch`` gets its task); cancel it on exit."""
         self._loop = AlertLoop(
-            self._settings.alerting,
-            app[SESSION_KEY],
+            self._alerting,
+            session,
             self.findings,
             clock=self._clock,
             sleep=self._sleep,
             on_state=self._on_state,
         )
         task = asyncio.create_task(self._loop.run(), name="specwatch-alerting")
-        app[LIVENESS_KEY].watch(task)
+        if watch is not None:
+            watch(task)
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-def alerting_components(
-    settings: Settings,
-    *,
-    clock: Clock = time.time,
-    shadow: ShadowProvider | None = None,
-) -> list[AlertingComponent]:
-    """The components ``specwatch run`` adds for alerting (always one: the detectors and the
-    ``specwatch_alert_firing`` gauges run even without Alertmanager URLs)."""
-    return [AlertingComponent(settings, clock=clock, shadow=shadow)]
+            self._loop = None

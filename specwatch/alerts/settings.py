@@ -1,10 +1,12 @@
-"""Settings of the alerts chain: detector thresholds and windows, Alertmanager delivery and its TLS."""
+"""Settings of the alerts chain: detector thresholds and windows, Alertmanager and its TLS."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class DetectSettings(BaseModel):
@@ -37,8 +39,7 @@ class DetectSettings(BaseModel):
     stall_max_kv_cache_usage: float = Field(default=0.5, gt=0, le=1)
     stall_max_generation_tokens_per_second: float = Field(default=1.0, ge=0)
     stall_for: float = Field(default=300.0, ge=0)
-    # SpecQualityDrift
-    quality_e_value_bound: float = Field(default=20.0, gt=1)
+    # SpecQualityDrift: the e-value bound is 1/paired.alpha (the summary's alarm), not a knob here
     quality_min_pairs: int = Field(default=200, ge=1)
     quality_e_value_for: float = Field(default=300.0, ge=0)
     quality_non_inferiority_for: float = Field(default=900.0, ge=0)
@@ -61,13 +62,6 @@ class DetectSettings(BaseModel):
     shadow_stalled_window: str = "15m"
     ledger_errors_window: float = Field(default=300.0, gt=0)
 
-
-# --- moved from specwatch.alerts.alertmanager
-
-from pathlib import Path
-from typing import Self
-
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 #: Where runbook links point by default; teams set ``alerting.runbook_base_url`` to their copy.
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md"

@@ -16,13 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
-from specwatch.alerts.component import alerting_components
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.server.app import build_app
+from specwatch.server.wiring import alerting_components, shadow_components
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 from specwatch.shadow.canary import CanaryFileError, load_canary
-from specwatch.shadow.component import shadow_components
 
 logger = logging.getLogger("specwatch.run")
 
@@ -147,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(settings.log.level, settings.log.format)
     log_effective_config(settings)
     shadow = shadow_components(settings)
-    alerting = alerting_components(settings, shadow=shadow[0].latest_stats if shadow else None)
+    alerting = alerting_components(settings)
     app = build_app(settings, components=[*shadow, *alerting])
     try:
         web.run_app(

@@ -4,8 +4,8 @@ Everything runs in one asyncio event loop (no child process), so stopping the lo
 everything: :func:`run_demo` starts two in-process simulators
 (:func:`specwatch.simulate.launcher.start_simulator`), a :class:`LoadGenerator` sending the
 canary categories and chat prompts to both (same request, same seed: a paired comparison),
-and the sidecar (:func:`specwatch.server.app.build_app`) scraping both every second. It prints the URLs,
-then a live view rendered from the published snapshot (:func:`render_view`), until SIGINT,
+and the sidecar (:func:`specwatch.server.app.build_app`) scraping both every second. It prints
+the URLs, then a live view rendered from the published snapshot (:func:`render_view`), until SIGINT,
 SIGTERM or the end of ``duration_s``; it then stops the load, the sidecar and the simulators
 and returns 0.
 
@@ -17,7 +17,7 @@ and the pairs land in an SQLite ledger in a temporary directory, removed at exit
 ``ledger_path`` is given) and alerting (the detectors over each snapshot and the shadow
 statistics, with ``for`` durations shortened to demo scale; sent to Alertmanager only when
 ``alertmanager_urls`` are given). The view shows their sections from
-``Snapshot.extras["shadow"]`` / ``["alerts"]``.
+``Snapshot.shadow`` / ``Snapshot.alerts``.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from specwatch.alerts.component import alerting_components
 from specwatch.export.prometheus import snapshot_json
-from specwatch.observe.values import Snapshot
+from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
+from specwatch.server.wiring import ShadowPlug, alerting_components, shadow_components
 from specwatch.settings import Settings, load_settings
-from specwatch.shadow.component import ShadowComponent, shadow_components
 from specwatch.shadow.summary import OutcomeCounters
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
@@ -295,11 +294,11 @@ def demo_settings(
 def demo_components(settings: Settings, *, alerts: bool = True) -> list[Component]:
     """The components plugged into the demo's sidecar (``build_app(components=...)``), wired as
     ``specwatch run`` wires them: the shadow chain when ``settings.shadow.enabled``, then (with
-    ``alerts``) the alerting component reading the shadow chain's latest statistics."""
+    ``alerts``) the alerting component reading the shadow chain's published statistics."""
     shadow = shadow_components(settings)
     if not alerts:
         return [*shadow]
-    alerting = alerting_components(settings, shadow=shadow[0].latest_stats if shadow else None)
+    alerting = alerting_components(settings)
     return [*shadow, *alerting]
 
 
@@ -519,9 +518,10 @@ def view_document(snap: Snapshot) -> dict[str, Any]:
     """``snapshot_json(snap)`` without the ``shadow``/``alerts`` placeholders that no component
     has published yet (so the view shows those sections only once a component provides them)."""
     doc = snapshot_json(snap)
-    for key in ("shadow", "alerts"):
-        if key not in snap.extras:
-            doc.pop(key, None)
+    if snap.shadow is None:
+        doc.pop("shadow", None)
+    if snap.alerts is None:
+        doc.pop("alerts", None)
     return doc
 
 
@@ -619,7 +619,7 @@ async def run_demo(
         shadow_pairs = _pairs_counter(components)
         app = build_app(settings, components=components)
         latest = _Latest()
-        app[STORE_KEY].add_listener(latest)
+        app[STORE_KEY].subscribe(latest)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         port = await _start_site(runner, cfg.host, cfg.port)
@@ -728,8 +728,8 @@ def paired_requests(counters: OutcomeCounters) -> int:
 def _pairs_counter(components: Sequence[Component]) -> Callable[[], int | None]:
     """Reads the shadow component's paired requests (:func:`_no_pairs` without one)."""
     for c in components:
-        if isinstance(c, ShadowComponent):
-            return functools.partial(paired_requests, c.counters)
+        if isinstance(c, ShadowPlug):
+            return functools.partial(paired_requests, c.component.counters)
     return _no_pairs
 
 

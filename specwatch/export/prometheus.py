@@ -17,7 +17,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
-from specwatch.observe.values import QUANTILES, Health, Snapshot, SnapshotGetter, TargetSnapshot
+from specwatch.alerts.alertmanager import alerts_json
+from specwatch.export.snapshot import Snapshot, SnapshotGetter
+from specwatch.observe.values import QUANTILES, Health, TargetSnapshot
+from specwatch.shadow.summary import shadow_stats_json
 
 #: Scrape error reasons always exported (at 0) so ``rate()`` works from the start.
 KNOWN_REASONS: tuple[str, ...] = (
@@ -484,11 +487,9 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "generated_at": snap.generated_at,
         "targets": targets,
         "pair": pair,
-        "shadow": snap.extras.get("shadow", {}),
-        "alerts": snap.extras.get("alerts", []),
+        "shadow": shadow_stats_json(snap.shadow) if snap.shadow is not None else {},
+        "alerts": alerts_json(snap.alerts) if snap.alerts is not None else [],
     }
-    for key, value in snap.extras.items():
-        out.setdefault(key, value)
     doc: dict[str, Any] = _jsonable(out)
     return doc
 

@@ -4,7 +4,7 @@ quantiles, the FLy-vs-standard pair view and capacity / token budget.
 Formulas are vLLM's own (vllm-metrics.md §6): ``SpecDecodingLogging`` and the
 ``SpecDecodingProm`` docstring in ``vllm/v1/spec_decode/metrics.py``; quantiles follow PromQL
 ``histogram_quantile``; the budget follows ``vllm/config/vllm.py:_set_max_num_scheduled_tokens``
-through :func:`specwatch.vllm.specdecode.budget_limits`.
+through :func:`specwatch.vllm.budget.budget_limits`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from specwatch.observe.values import (
     ModelWindow,
     PairView,
 )
-from specwatch.vllm.specdecode import budget_limits, regime_for_version
+from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.methods import regime_for_version
 
 
 def _div(num: float | None, den: float | None) -> float | None:

@@ -1,11 +1,9 @@
-"""Fetch vLLM ``/metrics`` pages (the only I/O of the observe chain) and drive the trackers.
+"""Drive the trackers: one scrape loop per target = fetch → parse → tracker, with logging.
 
-:func:`fetch_metrics` does one HTTP GET with a timeout, gzip/deflate (inflated here, so the
-streamed body cap bounds the inflated size), an optional bearer token, and returns a
-:class:`ScrapeResult`; it never raises for expected failures. :class:`Scraper` runs one loop
-per target (never two scrapes of one target at once), parses each body, updates the
-:class:`~specwatch.observe.tracker.TargetTracker` and calls ``on_update`` so the app can
-publish a new snapshot.
+:class:`Scraper` runs one loop per target (never two scrapes of one target at once), fetches
+the page (:func:`specwatch.observe.fetch.fetch_metrics`), parses it, updates the
+:class:`~specwatch.observe.tracker.TargetTracker`, logs the changes worth a line, and calls
+``on_update`` so the server can publish a new view.
 """
 
 from __future__ import annotations
@@ -13,194 +11,79 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
+from specwatch.observe.fetch import fetch_metrics
 from specwatch.observe.parse import ParseError, parse_page
-from specwatch.observe.settings import TargetSettings
-from specwatch.observe.tracker import TargetTracker
-from specwatch.settings import Settings
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.observe.tracker import TargetTracker, build_view
+from specwatch.observe.values import ObserveView
+
+__all__ = ["Scraper"]
 
 logger = logging.getLogger("specwatch.scrape")
 
-_CHUNK = 64 * 1024
-
-#: Content-Encoding values read (decompressed here, never by aiohttp, so that the cap bounds
-#: the decompressed size while it is produced: a small gzip bomb cannot take memory).
-_ENCODINGS: dict[str, int] = {
-    "identity": 0,
-    "": 0,
-    "gzip": 16 + zlib.MAX_WBITS,
-    "x-gzip": 16 + zlib.MAX_WBITS,
-    "deflate": zlib.MAX_WBITS,
-}
-
-
-class _CutStream(Exception):
-    """A compressed body that ends before its compressed stream does."""
-
-
-class _Inflater:
-    """Collects a body, decompressing it chunk by chunk with at most ``cap + 1`` bytes out.
-
-    ``feed`` returns False as soon as the (decompressed) body is over ``cap`` bytes; ``finish``
-    returns None when it is, and raises :class:`_CutStream` when a compressed stream did not
-    end; ``zlib.error`` propagates.
-    """
-
-    def __init__(self, encoding: str, cap: int) -> None:
-        wbits = _ENCODINGS[encoding]
-        self._z = zlib.decompressobj(wbits) if wbits else None
-        self._cap = cap
-        self._size = 0
-        self._parts: list[bytes] = []
-
-    def _add(self, data: bytes) -> bool:
-        self._size += len(data)
-        if self._size > self._cap:
-            return False
-        self._parts.append(data)
-        return True
-
-    def feed(self, chunk: bytes) -> bool:
-        if self._z is None:
-            return self._add(chunk)
-        data = chunk
-        while data:
-            out = self._z.decompress(data, self._cap - self._size + 1)
-            if not self._add(out):
-                return False
-            data = self._z.unconsumed_tail
-        return True
-
-    def finish(self) -> bytes | None:
-        """The whole body, or None when it is over the cap."""
-        if self._z is not None:
-            if not self._add(self._z.flush()):
-                return None
-            if not self._z.eof:
-                raise _CutStream
-        return b"".join(self._parts)
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeResult:
-    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason``
-    (``timeout|connect|http_status|too_large|truncated|decode|http_error``) and ``detail``.
-    ``duration_seconds`` is wall time of the request (monotonic)."""
-
-    ok: bool
-    duration_seconds: float
-    body: str = ""
-    content_type: str = "text/plain"
-    reason: str | None = None
-    detail: str = ""
-    status: int | None = None
-
-
-async def fetch_metrics(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    timeout_seconds: float,
-    max_body_bytes: int,
-    bearer_token: str | None = None,
-    monotonic: Callable[[], float] = time.perf_counter,
-) -> ScrapeResult:
-    """GET ``url`` and read at most ``max_body_bytes`` (decompressed) of it.
-
-    Stops reading and returns ``too_large`` as soon as the cap is passed (or when
-    ``Content-Length`` already says so). Never raises for network or HTTP failures.
-    """
-    headers = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1", "Accept-Encoding": "gzip"}
-    if bearer_token:
-        headers["Authorization"] = f"Bearer {bearer_token}"
-    start = monotonic()
-
-    def fail(reason: str, detail: str, status: int | None = None) -> ScrapeResult:
-        return ScrapeResult(False, monotonic() - start, reason=reason, detail=detail, status=status)
-
-    try:
-        async with asyncio.timeout(timeout_seconds):
-            async with session.get(
-                url, headers=headers, allow_redirects=False, auto_decompress=False
-            ) as resp:
-                if resp.status != 200:
-                    return fail("http_status", f"HTTP {resp.status}", resp.status)
-                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
-                if encoding not in _ENCODINGS:
-                    return fail("decode", f"unsupported Content-Encoding {encoding!r}", 200)
-                if (
-                    resp.content_length is not None
-                    and resp.content_length > max_body_bytes
-                    and encoding == "identity"
-                ):
-                    return fail("too_large", f"Content-Length {resp.content_length}", 200)
-                inflater = _Inflater(encoding, max_body_bytes)
-                async for chunk in resp.content.iter_chunked(_CHUNK):
-                    if not inflater.feed(chunk):
-                        return fail("too_large", f"body over {max_body_bytes} bytes", 200)
-                raw = inflater.finish()
-                if raw is None:
-                    return fail("too_large", f"body over {max_body_bytes} bytes", 200)
-                content_type = resp.headers.get("Content-Type", "text/plain")
-                charset = resp.charset or "utf-8"
-    except TimeoutError:
-        return fail("timeout", f"no complete response within {timeout_seconds} s")
-    except aiohttp.ClientConnectorError as exc:
-        return fail("connect", str(exc.os_error) if exc.os_error else str(exc))
-    except aiohttp.ClientPayloadError as exc:
-        return fail("truncated", str(exc))
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        return fail("connect", str(exc))
-    except aiohttp.ClientError as exc:
-        return fail("http_error", f"{type(exc).__name__}: {exc}")
-    except ValueError as exc:  # a request aiohttp refuses to send (user info and a bearer token)
-        return fail("http_error", f"request not sent: {exc}")
-    except zlib.error as exc:
-        return fail("decode", f"bad {encoding} body: {exc}", 200)
-    except _CutStream:
-        return fail("truncated", f"{encoding} stream ends early", 200)
-    try:
-        body = raw.decode(charset)
-    except (UnicodeDecodeError, LookupError) as exc:
-        return fail("decode", str(exc), 200)
-    return ScrapeResult(True, monotonic() - start, body=body, content_type=content_type, status=200)
-
 
 class Scraper:
-    """Scrape every configured target on its own interval and feed its tracker.
+    """Scrape every target on its own interval and feed its tracker.
 
-    ``trackers`` maps target name → :class:`TargetTracker`; ``clock`` gives the unix time stamped
-    on each page; ``on_update`` is called (synchronously) after every scrape, good or bad.
+    ``targets``: the scraped servers; ``scrape``: the default interval, timeout (seconds) and
+    body cap (bytes); ``window_seconds``: window name → length in seconds for each
+    :class:`TargetTracker` (:attr:`trackers`, by target name). ``clock`` gives the unix time
+    stamped on each page; ``on_update`` is called (synchronously) after every scrape, good or
+    bad. The HTTP session is handed over with :meth:`use_session` when the app starts.
     """
 
     def __init__(
         self,
-        settings: Settings,
-        session: aiohttp.ClientSession,
-        trackers: Mapping[str, TargetTracker],
+        targets: Sequence[TargetSettings],
+        scrape: ScrapeSettings,
+        window_seconds: Mapping[str, float],
         *,
         clock: Clock,
         on_update: Callable[[], None],
         monotonic: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._settings = settings
-        self._session = session
-        self._trackers = trackers
+        self._targets = tuple(targets)
+        self._scrape_settings = scrape
+        self.trackers: dict[str, TargetTracker] = {
+            t.name: TargetTracker(t, window_seconds) for t in self._targets
+        }
+        self._session: aiohttp.ClientSession | None = None
         self._clock = clock
         self._on_update = on_update
         self._monotonic = monotonic
-        self._locks = {name: asyncio.Lock() for name in trackers}
-        self._last_reason: dict[str, str | None] = dict.fromkeys(trackers)
-        self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(trackers, ())
-        self._last_conflicts: dict[str, int] = dict.fromkeys(trackers, 0)
-        self._last_invalid: dict[str, int] = dict.fromkeys(trackers, 0)
+        names = list(self.trackers)
+        self._locks = {name: asyncio.Lock() for name in names}
+        self._last_reason: dict[str, str | None] = dict.fromkeys(names)
+        self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
+        self._last_conflicts: dict[str, int] = dict.fromkeys(names, 0)
+        self._last_invalid: dict[str, int] = dict.fromkeys(names, 0)
+
+    def use_session(self, session: aiohttp.ClientSession | None) -> None:
+        """The session the scrapes use (``None`` when the app stops)."""
+        self._session = session
+
+    def view(self, now: float) -> ObserveView:
+        """The observe chain's current :class:`ObserveView`, stamped ``now`` (pure)."""
+        return build_view([t.snapshot() for t in self.trackers.values()], now=now)
+
+    @property
+    def ready(self) -> bool:
+        """True once every target had a good scrape."""
+        return all(t.snapshot().ready for t in self.trackers.values())
+
+    def interval_for(self, target: TargetSettings) -> float:
+        """Scrape interval of ``target`` in seconds (its own, else the default)."""
+        return target.scrape_interval_seconds or self._scrape_settings.interval_seconds
+
+    def timeout_for(self, target: TargetSettings) -> float:
+        """Scrape timeout of ``target`` in seconds (its own, else the default)."""
+        return target.scrape_timeout_seconds or self._scrape_settings.timeout_seconds
 
     async def scrape_once(self, target: TargetSettings) -> bool:
         """Scrape ``target`` once (waits if a scrape of it is in progress); True when good."""
@@ -208,13 +91,15 @@ class Scraper:
             return await self._scrape(target)
 
     async def _scrape(self, target: TargetSettings) -> bool:
-        tracker = self._trackers[target.name]
+        if self._session is None:
+            raise RuntimeError("scraper has no session: the app is not started")
+        tracker = self.trackers[target.name]
         token = target.bearer_token.get_secret_value() if target.bearer_token else None
         result = await fetch_metrics(
             self._session,
             target.url,
-            timeout_seconds=self._settings.timeout_for(target),
-            max_body_bytes=self._settings.scrape.max_body_bytes,
+            timeout_seconds=self.timeout_for(target),
+            max_body_bytes=self._scrape_settings.max_body_bytes,
             bearer_token=token,
             monotonic=self._monotonic,
         )
@@ -294,7 +179,7 @@ class Scraper:
 
     async def run_target(self, target: TargetSettings) -> None:
         """Scrape ``target`` forever on its interval (cancel to stop)."""
-        interval = self._settings.interval_for(target)
+        interval = self.interval_for(target)
         while True:
             started = self._monotonic()
             await self.scrape_once(target)
@@ -304,5 +189,5 @@ class Scraper:
     async def run(self) -> None:
         """Run every target's loop until cancelled."""
         async with asyncio.TaskGroup() as tg:
-            for target in self._settings.targets:
+            for target in self._targets:
                 tg.create_task(self.run_target(target), name=f"scrape:{target.name}")

@@ -15,7 +15,7 @@ from pydantic import (
 from specwatch.core.config import NAME_RE, Frozen
 from specwatch.core.roles import Role
 from specwatch.observe.values import Limits
-from specwatch.vllm.specdecode import SPEC_METHODS, regime_for_version
+from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
 
 
 class TargetSettings(Frozen):

@@ -15,7 +15,13 @@ from specwatch.core.logs import redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.health import capacity, model_windows, pair_view
 from specwatch.observe.settings import TargetSettings
-from specwatch.observe.values import Capacity, PageReading, PairView, Snapshot, TargetSnapshot
+from specwatch.observe.values import (
+    Capacity,
+    ObserveView,
+    PageReading,
+    PairView,
+    TargetSnapshot,
+)
 from specwatch.observe.window import RollingWindows
 
 
@@ -108,11 +114,9 @@ class TargetTracker:
         return self._snap
 
 
-def build_snapshot(
-    targets: Sequence[TargetSnapshot], *, now: float, extras: Mapping[str, object] | None = None
-) -> Snapshot:
-    """Assemble the :class:`Snapshot`; the pair view uses the first ``fly`` and first ``standard``
-    target and each one's first model's server view."""
+def build_view(targets: Sequence[TargetSnapshot], *, now: float) -> ObserveView:
+    """Assemble the :class:`ObserveView` at unix time ``now``; the pair view uses the first
+    ``fly`` and first ``standard`` target and each one's first model's server view."""
     by_name = {t.name: t for t in targets}
     pair: dict[str, PairView] = {}
     std = next((t for t in targets if t.role is Role.STANDARD), None)
@@ -125,4 +129,4 @@ def build_snapshot(
             s_h = s_models[min(s_models)].server if s_models else None
             f_h = f_models[min(f_models)].server if f_models else None
             pair[w] = pair_view(std.name, s_h, fly.name, f_h)
-    return Snapshot(generated_at=now, targets=by_name, pair=pair, extras=dict(extras or {}))
+    return ObserveView(generated_at=now, targets=by_name, pair=pair)

@@ -2,16 +2,16 @@
 
 The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``window``
 (:class:`Delta` per window) → ``health`` (:class:`Health`, :class:`Capacity`, :class:`PairView`)
-→ one :class:`Snapshot` that :mod:`specwatch.export.prometheus`, the JSON API, alerting and detectors read.
+→ one :class:`ObserveView` that the server publishes in :class:`specwatch.export.snapshot.Snapshot`
+and the detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
 Times are unix seconds from the injected clock, durations in seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from specwatch.core.roles import Role
 
@@ -184,13 +184,13 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.vllm.specdecode`).
+    """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.vllm.budget`).
 
     ``limits_configured``: B, N, K and method all known (else the budget fields are ``None``).
     ``num_requests_running``: the most-loaded engine's running gauge (each engine schedules alone).
     ``running_to_max_seqs_ratio`` = running / max_num_seqs; ``running_gap_requests`` = N − running.
     ``admission_cap_requests`` R_max, ``decode_full_per_step_requests`` D_full, ``budget_bound``
-    (D_full < N) from :func:`specwatch.vllm.specdecode.budget_limits` for the configured vLLM version.
+    (D_full < N) from :func:`specwatch.vllm.budget.budget_limits` for the configured vLLM version.
     """
 
     limits_configured: bool
@@ -248,18 +248,14 @@ class PairView:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The one immutable view exporters read; replaced by swapping a single reference.
+class ObserveView:
+    """What the observe chain publishes: every scraped target and the FLy/standard pair views.
 
-    ``targets`` by name; ``pair`` by window (absent without both a fly and a standard target);
-    ``extras`` holds other components' published values by component name (shadow, alerts).
+    ``generated_at``: unix seconds of the last rebuild. ``targets`` by name; ``pair`` by window
+    (absent without both a fly and a standard target). Immutable; replaced by swapping one
+    reference.
     """
 
     generated_at: float
     targets: Mapping[str, TargetSnapshot] = field(default_factory=dict)
     pair: Mapping[WindowName, PairView] = field(default_factory=dict)
-    extras: Mapping[str, Any] = field(default_factory=dict)
-
-
-#: Returns the current snapshot (what collectors and routes call; no I/O).
-SnapshotGetter = Callable[[], Snapshot]

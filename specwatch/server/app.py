@@ -1,12 +1,14 @@
-"""Wiring: the aiohttp application that scrapes, publishes one Snapshot and serves it.
+"""The aiohttp application that scrapes, publishes one Snapshot and serves it.
 
 ``build_app(settings, clock=..., session=..., components=[...])`` returns a
 :class:`aiohttp.web.Application` with ``/metrics``, ``/healthz``, ``/readyz`` and
 ``/api/v1/snapshot``. Its ``cleanup_ctx`` opens the HTTP session (unless one is passed in) and
-starts and cancels the scrape loops. Other chains plug in as :class:`Component` objects, one line
-each: a component's ``install`` may add routes, ``cleanup_ctx`` entries (background tasks),
-collectors in the registry, and publish JSON-able values under its own name in
-``Snapshot.extras`` through :meth:`SnapshotStore.set_extra`.
+starts and cancels the scrape loops. The published value is one typed
+:class:`~specwatch.export.snapshot.Snapshot` in a :class:`~specwatch.core.store.Store`; after
+every scrape the observe part is replaced. Other chains plug in as :class:`Component` objects
+(built by :mod:`specwatch.server.wiring`): a component's ``install`` may add routes,
+``cleanup_ctx`` entries (background tasks) and collectors, and publishes its own typed part of
+the snapshot through the store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -27,57 +30,13 @@ from prometheus_client.registry import Collector
 
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
+from specwatch.core.store import Store
 from specwatch.export.prometheus import SpecwatchCollector, snapshot_json
+from specwatch.export.snapshot import Snapshot, SnapshotGetter
 from specwatch.observe.loop import Scraper
-from specwatch.observe.tracker import TargetTracker, build_snapshot
-from specwatch.observe.values import Snapshot, SnapshotGetter
 from specwatch.settings import Settings
 
 logger = logging.getLogger("specwatch.server.app")
-
-
-class SnapshotStore:
-    """Holds the current :class:`Snapshot`; :meth:`publish` swaps one reference.
-
-    ``get`` is safe to call from collectors (no I/O, no locking: the value is immutable).
-    """
-
-    def __init__(self, trackers: dict[str, TargetTracker], clock: Clock) -> None:
-        self.trackers = trackers
-        self._clock = clock
-        self._extras: dict[str, Any] = {}
-        self._listeners: list[Callable[[Snapshot], None]] = []
-        self._snap = Snapshot(generated_at=clock())
-        self.publish()
-
-    def get(self) -> Snapshot:
-        """The current snapshot."""
-        return self._snap
-
-    def publish(self) -> None:
-        """Rebuild the snapshot from the trackers and extras (called after every scrape)."""
-        self._snap = build_snapshot(
-            [t.snapshot() for t in self.trackers.values()],
-            now=self._clock(),
-            extras=self._extras,
-        )
-        for listener in self._listeners:
-            listener(self._snap)
-
-    def add_listener(self, listener: Callable[[Snapshot], None]) -> None:
-        """Call ``listener(snapshot)`` after every publish (detectors, alerting). It runs on the
-        event loop and must not block; an exception from it propagates to the scrape task."""
-        self._listeners.append(listener)
-
-    def set_extra(self, name: str, value: Any) -> None:
-        """Publish a component's JSON-able value (``"shadow"``, ``"alerts"``, ...)."""
-        self._extras[name] = value
-        self.publish()
-
-    @property
-    def ready(self) -> bool:
-        """True once every target had a good scrape."""
-        return all(t.snapshot().ready for t in self.trackers.values())
 
 
 class Liveness:
@@ -117,17 +76,21 @@ class Liveness:
 
 SETTINGS_KEY = web.AppKey("specwatch_settings", Settings)
 LIVENESS_KEY = web.AppKey("specwatch_liveness", Liveness)
-STORE_KEY = web.AppKey("specwatch_store", SnapshotStore)
+STORE_KEY = web.AppKey("specwatch_store", Store[Snapshot])
 REGISTRY_KEY = web.AppKey("specwatch_registry", CollectorRegistry)
 SESSION_KEY = web.AppKey("specwatch_session", aiohttp.ClientSession)
 SCRAPER_KEY = web.AppKey("specwatch_scraper", Scraper)
 
 
 class Component(Protocol):
-    """Something that plugs into the app (shadow, alerting): routes, tasks, collectors."""
+    """Something that plugs into the app (shadow, alerting): routes, tasks, collectors.
+
+    ``store`` holds the published :class:`Snapshot`; a component replaces only its own part
+    (``store.update(lambda s: replace(s, shadow=...))``) and never reads what it writes.
+    """
 
     def install(
-        self, app: web.Application, store: SnapshotStore, registry: CollectorRegistry
+        self, app: web.Application, store: Store[Snapshot], registry: CollectorRegistry
     ) -> None:
         """Add routes / ``app.cleanup_ctx`` entries / ``registry.register(...)`` collectors."""
         ...
@@ -146,8 +109,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    store = request.app[STORE_KEY]
-    waiting = [name for name, t in store.trackers.items() if not t.snapshot().ready]
+    scraper = request.app[SCRAPER_KEY]
+    waiting = [name for name, t in scraper.trackers.items() if not t.snapshot().ready]
     if waiting:
         return web.json_response({"ready": False, "waiting_for": waiting}, status=503)
     return web.json_response({"ready": True})
@@ -177,8 +140,18 @@ def build_app(
     :meth:`Scraper.scrape_once` themselves).
     """
     app = web.Application()
-    trackers = {t.name: TargetTracker(t, settings.window_seconds) for t in settings.targets}
-    store = SnapshotStore(trackers, clock)
+
+    def publish_observe() -> None:
+        store.update(lambda snap: replace(snap, observe=scraper.view(clock())))
+
+    scraper = Scraper(
+        settings.targets,
+        settings.scrape,
+        settings.window_seconds,
+        clock=clock,
+        on_update=publish_observe,
+    )
+    store: Store[Snapshot] = Store(Snapshot(observe=scraper.view(clock())))
     reg = registry if registry is not None else CollectorRegistry(auto_describe=False)
     reg.register(SpecwatchCollector(store.get))
     for factory in extra_collectors:
@@ -186,6 +159,7 @@ def build_app(
     app[SETTINGS_KEY] = settings
     app[LIVENESS_KEY] = Liveness()
     app[STORE_KEY] = store
+    app[SCRAPER_KEY] = scraper
     app[REGISTRY_KEY] = reg
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
@@ -199,8 +173,7 @@ def build_app(
             auto_decompress=True,
         )
         app[SESSION_KEY] = sess
-        scraper = Scraper(settings, sess, trackers, clock=clock, on_update=store.publish)
-        app[SCRAPER_KEY] = scraper
+        scraper.use_session(sess)
         task = asyncio.create_task(scraper.run(), name="specwatch-scrape") if scrape else None
         if task is not None:
             app[LIVENESS_KEY].watch(task)
@@ -211,6 +184,7 @@ def build_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            scraper.use_session(None)
             if own:
                 await sess.close()
 

@@ -1,8 +1,10 @@
-"""The shadow chain as one app component: ingest → sample → replay → compare → ledger → stats.
+"""The shadow chain as one unit: ingest → sample → replay → compare → ledger → stats.
 
-``ShadowComponent(settings)`` is passed to :func:`specwatch.server.app.build_app` (``components=``;
-:func:`shadow_components` returns the list for ``specwatch run``). On ``install`` it adds the
-mirror routes (mirror mode), a Prometheus collector and a background context that opens the
+:class:`ShadowComponent` takes its settings groups (``shadow``, ``paired``, ``ledger``), a
+:data:`~specwatch.shadow.sample.LoadState` callable (the arms' load, joined from the observe
+chain by the server) and an ``on_stats`` callback (the server publishes what it is given). The
+server (:mod:`specwatch.server.wiring`) mounts :meth:`ShadowComponent.routes`, registers it as a
+collector and enters :meth:`ShadowComponent.running` with the app. While running it opens the
 :class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
 ``/healthz``),
 
@@ -13,12 +15,8 @@ mirror routes (mirror mode), a Prometheus collector and a background context tha
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
 3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
    the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
-   the pipeline's queue/drop/pause state, exports it (``shadow_families``) and publishes it as
-   the snapshot's ``"shadow"`` extra.
-
-The load-aware pause reads the latest core :class:`~specwatch.observe.values.Snapshot`: per arm the
-running/waiting gauges of the target named by the arm's ``target`` (else the target whose base
-URL is the arm's URL), its ``max_num_seqs`` and the time of its last good scrape.
+   the pipeline's queue/drop/pause state, exports it (``shadow_families``) and hands it to
+   ``on_stats``.
 """
 
 from __future__ import annotations
@@ -28,130 +26,72 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
 
 from specwatch.core.logs import log_event
-from specwatch.export.shadow import shadow_families
-from specwatch.observe.values import Snapshot, TargetSnapshot
-from specwatch.server.app import LIVENESS_KEY
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
 from specwatch.shadow.ingest import SHADOW_PATHS
 from specwatch.shadow.ledger import Ledger
 from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.sample import ArmLoad
-from specwatch.shadow.settings import ArmEndpoint
+from specwatch.shadow.sample import ArmLoad, LoadState
+from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess
 from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowIO,
     ShadowStats,
     build_shadow_stats,
-    shadow_stats_json,
 )
 from specwatch.shadow.values import ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
 
-if TYPE_CHECKING:
-    from specwatch.server.app import SnapshotStore
-    from specwatch.settings import Settings
-
-
-def _base(url: str) -> str:
-    u = url.rstrip("/")
-    return u[: -len("/metrics")] if u.endswith("/metrics") else u
-
-
-def arm_targets(settings: Settings) -> dict[str, str]:
-    """``{arm: target name}`` for the arms whose server is also scraped (``standard``, ``fly``
-    and ``noise`` when the noise arm is on): the arm's ``target`` when set, else the target
-    whose base URL equals the arm's URL. Arms with no such target are left out (they cannot
-    pause the replays)."""
-    sh = settings.shadow
-    by_url = {_base(t.url): t.name for t in settings.targets}
-    arms: dict[str, ArmEndpoint | None] = {
-        "standard": sh.standard,
-        "fly": sh.fly,
-        "noise": sh.noise_endpoint(),
-    }
-    out: dict[str, str] = {}
-    for arm, ep in arms.items():
-        if ep is None:
-            continue
-        name = ep.target if ep.target is not None else by_url.get(_base(ep.url))
-        if name is not None:
-            out[arm] = name
-    return out
-
-
-def arm_load(target: TargetSnapshot | None, *, wall_now: float, mono_now: float) -> ArmLoad:
-    """The :class:`ArmLoad` of one scraped target (``observed_at`` on the monotonic clock).
-
-    ``waiting`` is ``vllm:num_requests_waiting`` summed over the target's models (server view),
-    ``running`` the most-loaded engine's running gauge (``Capacity.num_requests_running``, the
-    one that meets ``max_num_seqs``), ``max_num_seqs`` the configured limit. A target never
-    scraped gives ``observed_at=None`` (the sampler then pauses with reason ``load_stale``).
-    """
-    if target is None or target.last_success is None:
-        return ArmLoad(None, None, None, None)
-    waiting: float | None = None
-    running: float | None = target.capacity.num_requests_running
-    for models in target.windows.values():
-        for mw in models.values():
-            w, r = mw.server.num_requests_waiting, mw.server.num_requests_running
-            if w is not None:
-                waiting = (waiting or 0.0) + w
-            if running is None and r is not None:
-                running = r
-        break  # gauges are the latest page's in every window
-    max_seqs = target.capacity.max_num_seqs or target.limits.max_num_seqs
-    return ArmLoad(
-        running=running,
-        waiting=waiting,
-        max_num_seqs=max_seqs,
-        observed_at=mono_now - max(0.0, wall_now - target.last_success),
-    )
-
 
 class ShadowComponent:
-    """The shadow chain plugged into the app (see module docstring).
+    """The shadow chain (see module docstring).
 
-    ``clock``: unix seconds (ledger times, windows); ``monotonic``: the sampler's clock;
-    ``sleep``: async sleep (pipeline and refresh loop); ``session``: the replay session
-    (``None``: one is opened on startup and closed on cleanup). :meth:`latest_stats` is what
-    the alert detectors read (``None`` until the first refresh).
+    ``shadow``, ``paired``, ``ledger``: its settings groups. ``load_state``: per-arm load for the
+    sampler's load-aware pause (``None``: never pauses for load). ``on_stats``: called with each
+    new :class:`ShadowStats` (the server publishes it). ``clock``: unix seconds (ledger times,
+    windows); ``monotonic``: the sampler's clock; ``sleep``: async sleep (pipeline and refresh
+    loop); ``session``: the replay session (``None``: one is opened by :meth:`running` and closed
+    on exit). :meth:`latest_stats` is ``None`` until the first refresh.
     """
 
     def __init__(
         self,
-        settings: Settings,
+        shadow: ShadowSettings,
+        paired: PairedSettings,
+        ledger: LedgerSettings,
         *,
+        load_state: LoadState | None = None,
+        on_stats: Callable[[ShadowStats], None] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
-        self.settings = settings
+        self.shadow_settings = shadow
+        self.paired_settings = paired
+        self.ledger_settings = ledger
+        self._load_state = load_state
+        self._on_stats = on_stats
         self._clock = clock
         self._mono = monotonic
         self._sleep = sleep
         self._session = session
-        self._arm_targets = arm_targets(settings)
         self._compare_config = CompareConfig()
         self.counters = OutcomeCounters()
-        self.betting = BettingEProcess(margin=settings.paired.margin)
+        self.betting = BettingEProcess(margin=paired.margin)
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
-        self._snapshot: Snapshot | None = None
-        self._store: SnapshotStore | None = None
         self._ledger_failing = False
         self._errors_seen = 0
         self._rows_seen = 0
@@ -161,23 +101,26 @@ class ShadowComponent:
     # -- public ---------------------------------------------------------------------------
 
     def latest_stats(self) -> ShadowStats | None:
-        """The last published statistics (immutable), ``None`` before the first refresh."""
+        """The last statistics (immutable), ``None`` before the first refresh."""
         return self._stats
 
-    def install(
-        self, app: web.Application, store: SnapshotStore, registry: CollectorRegistry
-    ) -> None:
-        """Mirror routes (mirror mode), the collector, the snapshot listener and the lifecycle."""
-        self._store = store
-        store.add_listener(self._on_snapshot)
-        registry.register(self)
-        if "mirror" in self.settings.shadow.modes:
-            for path in sorted(SHADOW_PATHS):
-                app.router.add_post(path, self._mirror)
-        app.cleanup_ctx.append(self._ctx)
+    def routes(self) -> list[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
+        """``(path, POST handler)`` of the mirror routes in mirror mode, else ``[]``."""
+        if "mirror" not in self.shadow_settings.modes:
+            return []
+        return [(path, self._mirror) for path in sorted(SHADOW_PATHS)]
+
+    def pauses(self) -> Mapping[str, int] | None:
+        """Transitions into a load pause by reason, ``None`` while the pipeline is not built."""
+        return None if self.pipeline is None else dict(self.pipeline.sampler.pauses)
+
+    def load_state(self) -> Mapping[str, ArmLoad]:
+        """Per-arm load as the sampler reads it (``{}`` without a ``load_state`` callable)."""
+        return {} if self._load_state is None else self._load_state()
 
     async def refresh(self, *, flush: bool = False) -> ShadowStats:
-        """Rebuild and publish :class:`ShadowStats` now (``flush``: wait for queued rows first).
+        """Rebuild :class:`ShadowStats` now and hand it to ``on_stats`` (``flush``: wait for
+        queued rows first).
 
         Waits until the startup rebuild from the ledger is done. Raises ``RuntimeError`` when
         the component is not running.
@@ -188,7 +131,7 @@ class ShadowComponent:
         await self._ready.wait()
         if flush:
             await ledger.flush()
-        p = self.settings.paired
+        p = self.paired_settings
         now = self._clock()
         tallies = {
             name: await ledger.tally(since=None if secs is None else now - secs)
@@ -224,43 +167,11 @@ class ShadowComponent:
             io=io,
         )
         self._stats = stats
-        if self._store is not None:
-            self._store.set_extra("shadow", shadow_stats_json(stats))
+        if self._on_stats is not None:
+            self._on_stats(stats)
         return stats
 
-    # -- collector ------------------------------------------------------------------------
-
-    def collect(self) -> Iterator[Metric]:
-        """Prometheus families of the last statistics (no I/O), plus
-        ``specwatch_shadow_pauses_total{reason}`` (transitions into a load pause)."""
-        stats = self._stats
-        if stats is not None:
-            yield from shadow_families(stats)
-        if self.pipeline is not None:
-            fam = CounterMetricFamily(
-                "specwatch_shadow_pauses",
-                "Times shadow replay entered a load-aware pause, by reason.",
-                labels=["reason"],
-            )
-            for reason, n in sorted(self.pipeline.sampler.pauses.items()):
-                fam.add_metric([reason], n)
-            yield fam
-
     # -- internals ------------------------------------------------------------------------
-
-    def _on_snapshot(self, snap: Snapshot) -> None:
-        self._snapshot = snap
-
-    def load_state(self) -> Mapping[str, ArmLoad]:
-        """Per-arm load from the latest core snapshot (the sampler's ``load_state``)."""
-        snap = self._snapshot
-        wall, mono = self._clock(), self._mono()
-        return {
-            arm: arm_load(
-                None if snap is None else snap.targets.get(name), wall_now=wall, mono_now=mono
-            )
-            for arm, name in self._arm_targets.items()
-        }
 
     async def _mirror(self, request: web.Request) -> web.Response:
         pipe = self.pipeline
@@ -307,7 +218,7 @@ class ShadowComponent:
 
     async def _rebuild(self, ledger: Ledger) -> None:
         self.counters.seed(await ledger.tally(), await ledger.reason_counts())
-        margin = self.settings.paired.margin
+        margin = self.paired_settings.margin
         self.betting, n = await asyncio.to_thread(_replay_betting, ledger.path, margin)
         log_event(
             logger,
@@ -337,16 +248,24 @@ class ShadowComponent:
                     logger, logging.WARNING, "shadow statistics refresh failed", error=repr(exc)
                 )
             took = self._mono() - t0
-            await self._sleep(max(self.settings.paired.refresh_seconds, 4.0 * took))
+            await self._sleep(max(self.paired_settings.refresh_seconds, 4.0 * took))
 
-    async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
-        s = self.settings
+    @asynccontextmanager
+    async def running(
+        self, watch: Callable[[asyncio.Task[Any]], None] | None = None
+    ) -> AsyncIterator[None]:
+        """Open the ledger and the session, start the background task, and stop both on exit.
+
+        ``watch`` is handed the background task (the server marks the process failed when it
+        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened.
+        """
+        led = self.ledger_settings
         ledger = Ledger(
-            s.ledger.path,
-            store_text=s.shadow.store_text,
-            max_age_seconds=s.ledger.max_age_seconds,
-            max_rows=s.ledger.max_rows,
-            synchronous=s.ledger.synchronous,
+            led.path,
+            store_text=self.shadow_settings.store_text,
+            max_age_seconds=led.max_age_seconds,
+            max_rows=led.max_rows,
+            synchronous=led.synchronous,
             clock=self._clock,
         )
         await ledger.open()
@@ -358,17 +277,18 @@ class ShadowComponent:
         runner: asyncio.Task[None] | None = None
         try:
             pipeline = ShadowPipeline(
-                s.shadow,
+                self.shadow_settings,
                 session=session,
                 on_pair=self._on_pair,
-                load_state=self.load_state if self._arm_targets else None,
+                load_state=self._load_state,
                 clock=self._mono,
                 wall_clock=self._clock,
                 sleep=self._sleep,
             )
             self.pipeline = pipeline
             runner = asyncio.create_task(self._run(pipeline, ledger), name="shadow-stats")
-            app[LIVENESS_KEY].watch(runner)
+            if watch is not None:
+                watch(runner)
             yield
         finally:
             if runner is not None:
@@ -402,15 +322,3 @@ def _replay_betting(path: Path, margin: float) -> tuple[BettingEProcess, int]:
     finally:
         conn.close()
     return state, n
-
-
-def shadow_components(
-    settings: Settings,
-    *,
-    clock: Callable[[], float] = time.time,
-    monotonic: Callable[[], float] = time.monotonic,
-) -> list[ShadowComponent]:
-    """``[ShadowComponent]`` when ``settings.shadow.enabled``, else ``[]`` (for ``build_app``)."""
-    if not settings.shadow.enabled:
-        return []
-    return [ShadowComponent(settings, clock=clock, monotonic=monotonic)]

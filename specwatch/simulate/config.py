@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from specwatch.vllm.specdecode import (
+from specwatch.vllm.methods import (
     SPEC_METHODS,
     BudgetRegime,
     method_slots,
@@ -49,7 +49,7 @@ class SimConfig:
     ``max_num_queued_tokens`` are vLLM 0.33's frontend admission limits (``None`` = unlimited,
     the default): see :meth:`specwatch.simulate.server.SimServer.admission_rejection`.
     ``vllm_version`` picks the budget regime
-    (:func:`specwatch.vllm.specdecode.regime_for_version`). ``time_scale`` multiplies simulated step
+    (:func:`specwatch.vllm.methods.regime_for_version`). ``time_scale`` multiplies simulated step
     durations in real-time mode (0 = as fast as the CPU allows).
     """
 

@@ -37,7 +37,7 @@ from specwatch.simulate.lm import (
     verify,
 )
 from specwatch.simulate.quiz import params_for_prompt
-from specwatch.vllm.specdecode import (
+from specwatch.vllm.methods import (
     ADMISSION_CAPPED_METHODS,
     BudgetRegime,
     method_slots,

@@ -26,7 +26,7 @@ import math
 from typing import Any
 
 from specwatch.simulate.config import FAULT_KEYS, Faults
-from specwatch.vllm.specdecode import regime_for_version
+from specwatch.vllm.methods import regime_for_version
 
 METRICS_MODES = frozenset({"ok", "error", "malformed"})
 

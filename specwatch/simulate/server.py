@@ -46,7 +46,7 @@ from specwatch.simulate.engine_core import (
 from specwatch.simulate.lm import LMConfig, SyntheticLM
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
 from specwatch.simulate.quiz import item_for_prompt
-from specwatch.vllm.specdecode import budget_limits
+from specwatch.vllm.budget import budget_limits
 
 log = logging.getLogger("specwatch.simulate")
 

@@ -24,6 +24,7 @@ from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import build_app
+from specwatch.server.wiring import AlertingPlug
 from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
@@ -177,8 +178,9 @@ async def running_stack(
         alerting=alerting,
         detect=detect,
     )
-    component = AlertingComponent(settings)
-    server = TestServer(build_app(settings, components=[component]), port=0)
+    plug = AlertingPlug(settings)
+    component = plug.component
+    server = TestServer(build_app(settings, components=[plug]), port=0)
     await server.start_server()
     stack = Stack(std, fly, server, component, session)
     try:

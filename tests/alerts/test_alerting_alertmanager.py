@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.alerts.alertmanager import Alert, AlertLoop, Severity, format_rfc3339
+from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.alertmanager import AlertLoop, format_rfc3339
 from specwatch.alerts.settings import AlertingSettings
 
 pytestmark = pytest.mark.promtool

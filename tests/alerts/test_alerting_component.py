@@ -10,19 +10,21 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.alerts.component import AlertingComponent, alerting_components, missing_windows
+from specwatch.alerts.component import AlertingComponent, missing_windows
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.logs import event_fields
 from specwatch.observe.settings import TargetSettings
+from specwatch.server.wiring import AlertingPlug, alerting_components
 from specwatch.settings import Settings
 from tests.alerts.e2e_stack import poll, running_stack
 
 
 def test_alerting_components_for_run() -> None:
+    """``specwatch run`` gets one alerting plug whose detectors use the ``detect`` group."""
     settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
-    (component,) = alerting_components(settings)
-    assert isinstance(component, AlertingComponent)
-    assert component.detector.settings == settings.detect
+    (plug,) = alerting_components(settings)
+    assert isinstance(plug, AlertingPlug)
+    assert plug.component.detector.settings == settings.detect
 
 
 def test_missing_detector_windows_are_reported(caplog: pytest.LogCaptureFixture) -> None:
@@ -33,12 +35,16 @@ def test_missing_detector_windows_are_reported(caplog: pytest.LogCaptureFixture)
     assert missing_windows(detect, ("1m", "5m", "15m")) == {"acceptance_short_window": "3s"}
     target = TargetSettings(name="fly", url="http://127.0.0.1:1")
     with caplog.at_level(logging.WARNING, logger="specwatch.alerts.alertmanager"):
-        AlertingComponent(Settings(targets=(target,), detect=detect))
+        settings = Settings(targets=(target,), detect=detect)
+        AlertingComponent(
+            settings.detect, settings.alerting, settings.windows, inputs=lambda: (None, None)
+        )
     (record,) = caplog.records
     assert event_fields(record)["missing"] == {"acceptance_short_window": "3s"}
 
 
 async def test_gauges_and_snapshot_without_alertmanager() -> None:
+    """A down target fires SpecwatchTargetDown in the gauge and the snapshot, then resolves."""
     async with running_stack(
         alerting=AlertingSettings(evaluation_interval=0.2),
         detect=DetectSettings(target_down_for=0.0),

@@ -1,5 +1,5 @@
-"""Detector conditions (specwatch.alerts.detect): the same cases as the promtool tests, same numbers,
-and the thresholds checked against the Prometheus rules file."""
+"""Detector conditions (specwatch.alerts.conditions): the same cases as the promtool tests, same
+numbers, and the thresholds checked against the Prometheus rules file."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
-from specwatch.alerts.alertmanager import Alert, Severity
-from specwatch.alerts.detect import (
+from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.conditions import (
     BudgetInputs,
-    ForTracker,
     acceptance_drop,
     admission_stall,
     budget_starvation,
@@ -24,11 +23,15 @@ from specwatch.alerts.detect import (
     quality_drift,
     two_proportion_z,
 )
+from specwatch.alerts.pending import ForTracker
 from specwatch.alerts.settings import DetectSettings
 from specwatch.mixin import alert_rules, load_rules
-from specwatch.vllm.specdecode import budget_limits
+from specwatch.shadow.settings import PairedSettings
+from specwatch.vllm.budget import budget_limits
 
 S = DetectSettings()
+#: The default paired.alpha; the e-value bound everywhere is 1/alpha = 20.
+ALPHA = PairedSettings().alpha
 NAN = float("nan")
 
 
@@ -119,11 +122,19 @@ class TestRulesAgree:
 
     def test_quality_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
         by_check = {r["labels"]["check"]: r for r in rules["SpecQualityDrift"]}
-        assert _has(by_check["e_value"]["expr"], f">= {S.quality_e_value_bound:g}")
+        assert ALPHA == 0.05
+        assert _has(by_check["e_value"]["expr"], f">= {1 / ALPHA:g}")
         assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for
         assert _has(by_check["non_inferiority"]["expr"], f">= {S.quality_min_pairs}")
         assert _seconds(by_check["non_inferiority"]["for"]) == S.quality_non_inferiority_for
-        assert _has(by_check["mcnemar_fleet"]["expr"], f">= {S.flip_z:g}")
+        fleet = [
+            r
+            for group in rules.values()
+            for r in group
+            if r["labels"].get("check") == "mcnemar_fleet"
+        ]
+        assert len(fleet) == 1
+        assert _has(fleet[0]["expr"], f">= {S.flip_z:g}")
 
     def test_no_stray_thresholds(self, rules: dict[str, list[dict[str, Any]]]) -> None:
         """Every comparison constant in the alert expressions is one the tests above know."""
@@ -131,7 +142,7 @@ class TestRulesAgree:
             f"{v:g}"
             for v in S.model_dump().values()
             if isinstance(v, int | float) and not isinstance(v, bool)
-        } | {"0", "1", "20"}
+        } | {"0", "1", f"{1 / ALPHA:g}"}
         for name, group in rules.items():
             for rule in group:
                 for const in re.findall(r"[<>=]=?\s*(\d+(?:\.\d+)?)\b", rule["expr"]):
@@ -194,7 +205,7 @@ class TestOtherConditions:
         assert decode_inactive(10.0, 0.0, S) == 10.0
 
     def test_mtp_budget_case_is_budget_bound_not_stall(self) -> None:
-        """mtp, K=7, B=4096, N=1024: 8 slots a request, D_full 512 (specdecode); running 512
+        """mtp, K=7, B=4096, N=1024: 8 slots a request, D_full 512 (vllm.budget); running 512
         with 4 waiting is budget_cap, and not an admission stall."""
         limits = budget_limits(
             max_num_batched_tokens=4096, max_num_seqs=1024, num_speculative_tokens=7, method="mtp"
@@ -238,10 +249,28 @@ class TestOtherConditions:
         assert admission_stall(20, 0, None, 0.0, S) is None
 
     def test_quality_drift(self) -> None:
-        assert quality_drift(35.0, False, 250, S) == {"e_value": 35.0, "non_inferiority": 250}
-        assert quality_drift(4.0, False, 120, S) == {}
-        assert quality_drift(NAN, None, None, S) == {}
-        assert quality_drift(19.99, True, 500, S) == {}
+        """At alpha 0.05 the e-value bound is 1/0.05 = 20; non-inferiority needs 200 pairs."""
+        assert quality_drift(35.0, False, 250, ALPHA, S) == {
+            "e_value": 35.0,
+            "non_inferiority": 250,
+        }
+        assert quality_drift(4.0, False, 120, ALPHA, S) == {}
+        assert quality_drift(NAN, None, None, ALPHA, S) == {}
+        assert quality_drift(19.99, True, 500, ALPHA, S) == {}
+        assert quality_drift(20.0, True, 500, ALPHA, S) == {"e_value": 20.0}
+        assert quality_drift(math.inf, None, None, ALPHA, S) == {"e_value": math.inf}
+
+    def test_quality_drift_bound_follows_alpha(self) -> None:
+        """alpha 0.01 moves the bound to 1/0.01 = 100: e = 50 stays quiet, e = 120 fires."""
+        assert quality_drift(50.0, None, None, 0.01, S) == {}
+        assert quality_drift(120.0, None, None, 0.01, S) == {"e_value": 120.0}
+        assert quality_drift(100.0, None, None, 0.01, S) == {"e_value": 100.0}
+
+    def test_quality_drift_rejects_bad_alpha(self) -> None:
+        """alpha outside (0, 1) has no Ville bound: ValueError, as the summary's alarm."""
+        for alpha in (0.0, 1.0, -0.1):
+            with pytest.raises(ValueError, match="alpha"):
+                quality_drift(50.0, None, None, alpha, S)
 
 
 def _fields(b: BudgetInputs) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""detect.evaluate over Snapshots built by core's own pure chain (parse_page → TargetTracker →
-build_snapshot) from synthetic vLLM pages, and over ShadowStats from build_shadow_stats.
+"""alerts.pending.evaluate over ObserveViews built by the observe chain's own pure code
+(parse_page → TargetTracker → build_view) from synthetic vLLM pages, and over ShadowStats from
+build_shadow_stats.
 
 Every page is vLLM exposition text whose counters grow at fixed per-second rates, so the
 expected α, τ and ratios are worked out by hand in each test.
@@ -7,18 +8,19 @@ expected α, τ and ratios are worked out by hand in each test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pytest
 
-from specwatch.alerts.alertmanager import Alert, Severity
-from specwatch.alerts.detect import Detector, ForTracker, evaluate, for_seconds
+from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
-from specwatch.observe.tracker import TargetTracker, build_snapshot
-from specwatch.observe.values import Snapshot
+from specwatch.observe.tracker import TargetTracker, build_view
+from specwatch.observe.values import ObserveView
 from specwatch.settings import Settings, load_settings
 from specwatch.shadow.summary import PairTally, ShadowStats, build_shadow_stats
 
@@ -144,19 +146,19 @@ class Sim:
         self.t = 0.0
         self.start_time = 1.7e9
 
-    def scrape(self, dt: float) -> Snapshot:
+    def scrape(self, dt: float) -> ObserveView:
         self.t += dt
         for eng in self.engines.values():
             eng.advance(dt)
         self.tracker.record_page(
             self.t, parse_page(page(self.engines, self.start_time)), duration_seconds=0.01
         )
-        return build_snapshot([self.tracker.snapshot()], now=self.t)
+        return build_view([self.tracker.snapshot()], now=self.t)
 
-    def fail(self, dt: float) -> Snapshot:
+    def fail(self, dt: float) -> ObserveView:
         self.t += dt
         self.tracker.record_error("connect", duration_seconds=0.01)
-        return build_snapshot([self.tracker.snapshot()], now=self.t)
+        return build_view([self.tracker.snapshot()], now=self.t)
 
 
 WINDOWS = {"1m": 60.0}
@@ -300,7 +302,7 @@ def test_no_drafts_counter_at_all_fires_nothing() -> None:
             f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} {i * 1000.0}\n'
         )
         tracker.record_page(i * 10.0, parse_page(body), duration_seconds=0.01)
-    snap = build_snapshot([tracker.snapshot()], now=40.0)
+    snap = build_view([tracker.snapshot()], now=40.0)
     assert (
         snap.targets["baseline"].windows["1m"][MODEL].server.generation_tokens_per_second == 100.0
     )
@@ -403,7 +405,7 @@ def test_fly_gain_lost_from_the_pair_view() -> None:
         for engines, tr in ((a, std), (b, fly)):
             engines["0"].advance(10.0)
             tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
-    snap = build_snapshot([std.snapshot(), fly.snapshot()], now=70.0)
+    snap = build_view([std.snapshot(), fly.snapshot()], now=70.0)
     fired = evaluate(snap, None, s, 70.0)
     assert [(x.alertname, dict(x.labels)) for x in fired] == [
         ("SpecFLyGainLost", {"model_name": MODEL, "standard": "standard", "fly": "fly"})
@@ -413,7 +415,7 @@ def test_fly_gain_lost_from_the_pair_view() -> None:
         for engines, tr in ((a, std), (b, fly)):
             engines["0"].advance(10.0)
             tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
-    snap = build_snapshot([std.snapshot(), fly.snapshot()], now=140.0)
+    snap = build_view([std.snapshot(), fly.snapshot()], now=140.0)
     assert evaluate(snap, None, s, 140.0) == []
 
 
@@ -437,7 +439,7 @@ def test_quality_and_flip_from_shadow_stats() -> None:
         noise_disagree=10,
     )
     stats = _shadow({"since_start": {"math": bad}, "1h": {"math": bad}})
-    fired = evaluate(Snapshot(generated_at=0.0), stats, s, 0.0)
+    fired = evaluate(ObserveView(generated_at=0.0), stats, s, 0.0)
     got = sorted((a.alertname, tuple(sorted(a.labels.items()))) for a in fired)
     assert got == sorted(
         [
@@ -464,8 +466,25 @@ def test_quality_and_flip_from_shadow_stats() -> None:
         noise_disagree=4,
     )
     assert (
-        evaluate(Snapshot(generated_at=0.0), _shadow({"since_start": {"math": fine}}), s, 0.0) == []
+        evaluate(ObserveView(generated_at=0.0), _shadow({"since_start": {"math": fine}}), s, 0.0)
+        == []
     )
+
+
+def test_e_value_bound_is_one_over_paired_alpha() -> None:
+    """With paired.alpha 0.01 the margin e-process fires at 1/0.01 = 100, not at 20: e = 50 is
+    quiet and e = 120 fires SpecQualityDrift{check="e_value", hypothesis="margin"}."""
+    s = no_for()
+    quiet = build_shadow_stats({}, now=0.0, alpha=0.01, betting_log_e_value=math.log(50.0))
+    assert evaluate(ObserveView(generated_at=0.0), quiet, s, 0.0) == []
+    loud = build_shadow_stats({}, now=0.0, alpha=0.01, betting_log_e_value=math.log(120.0))
+    fired = evaluate(ObserveView(generated_at=0.0), loud, s, 0.0)
+    assert [(a.alertname, dict(a.labels)) for a in fired] == [
+        (
+            "SpecQualityDrift",
+            {"check": "e_value", "category": "_all", "hypothesis": "margin"},
+        )
+    ]
 
 
 def test_for_seconds_by_alert_and_check() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specwatch.core.store import Store
 from specwatch.export.prometheus import CATALOGUE, SpecwatchCollector, snapshot_json
+from specwatch.export.snapshot import Snapshot, SnapshotGetter
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
-from specwatch.observe.tracker import TargetTracker, build_snapshot
-from specwatch.observe.values import SnapshotGetter
-from specwatch.server.app import STORE_KEY, SnapshotStore, build_app
+from specwatch.observe.tracker import TargetTracker, build_view
+from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
+from specwatch.shadow.summary import build_shadow_stats
 from tests.core.conftest import body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +34,7 @@ def _exported_name(name: str, kind: str) -> str:
     return name + "_total" if kind == "counter" else name
 
 
-def _full_snapshot() -> Any:
+def _full_snapshot() -> Snapshot:
     """A standard and a fly target with limits, two pages each, every family populated."""
     mid = parse_page(body("vllm-metrics/real-cpu-draft-model-midflight.txt"))
     ngram = parse_page(body("vllm-metrics/real-cpu-ngram.txt"))
@@ -52,7 +55,7 @@ def _full_snapshot() -> Any:
         tracker.record_page(0.0, ngram, duration_seconds=0.01)
         tracker.record_page(30.0, mid, duration_seconds=0.01)
     fly.record_error("timeout", duration_seconds=4.0)
-    return build_snapshot([std.snapshot(), fly.snapshot()], now=31.0)
+    return Snapshot(observe=build_view([std.snapshot(), fly.snapshot()], now=31.0))
 
 
 class TestCatalogue:
@@ -163,15 +166,16 @@ class _Component:
         self.seen: list[Any] = []
 
     def install(
-        self, app: web.Application, store: SnapshotStore, registry: CollectorRegistry
+        self, app: web.Application, store: Store[Snapshot], registry: CollectorRegistry
     ) -> None:
         async def route(request: web.Request) -> web.Response:
             return web.json_response({"ok": True})
 
-        store.add_listener(self.seen.append)
+        store.subscribe(self.seen.append)
 
         async def ctx(app: web.Application) -> Any:
-            store.set_extra("shadow", {"pairs": 3})
+            stats = build_shadow_stats({}, now=0.0, ledger_rows=3)
+            store.update(lambda snap: replace(snap, shadow=stats))
             self.started.set()
             yield
             self.stopped = True
@@ -200,7 +204,8 @@ def _extra(get: SnapshotGetter) -> Collector:
 
 
 async def test_components_plug_in() -> None:
-    """A component adds a route, a background context and a family; extras reach the JSON."""
+    """A component adds a route, a background context and a family; the typed shadow part it
+    publishes reaches the JSON and every store listener."""
     comp = _Component()
     settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:9"),))
     app = build_app(settings, scrape=False, components=[comp], extra_collectors=[_extra])
@@ -211,7 +216,10 @@ async def test_components_plug_in() -> None:
         assert "specwatch_shadow_queue_depth 2.0" in text
         assert "specwatch_paired_n 1.0" in text
         snap = json.loads(await (await client.get("/api/v1/snapshot")).text())
-        assert snap["shadow"] == {"pairs": 3}
-        assert app[STORE_KEY].get().extras["shadow"] == {"pairs": 3}
-        assert comp.seen[-1].extras["shadow"] == {"pairs": 3}  # listeners see each publish
+        assert snap["shadow"]["ledger_rows"] == 3
+        assert snap["shadow"]["alpha"] == 0.05
+        published = app[STORE_KEY].get().shadow
+        assert published is not None
+        assert published.ledger_rows == 3
+        assert comp.seen[-1].shadow is published  # listeners see each publish
     assert comp.stopped

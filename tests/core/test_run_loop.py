@@ -33,10 +33,10 @@ async def test_loop_scrapes_both_targets() -> None:
                     break
                 await asyncio.sleep(0.02)
             assert (await client.get("/readyz")).status == 200
-            snap = app[STORE_KEY].get()
-            assert snap.targets["standard"].up
-            assert snap.targets["fly"].up
-            assert "1m" in snap.pair
+            view = app[STORE_KEY].get().observe
+            assert view.targets["standard"].up
+            assert view.targets["fly"].up
+            assert "1m" in view.pair
         assert std.max_in_flight == 1
         assert fly.max_in_flight == 1
 

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from specwatch.core.logs import event_fields
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.core.conftest import FakeClock, body
 from tests.core.fakes import FakeVllm, Reply
@@ -54,7 +54,7 @@ class Harness:
         self.clock = clock
 
     async def scrape(self) -> bool:
-        target = self.app[STORE_KEY].trackers["fly"].target
+        target = self.app[SCRAPER_KEY].trackers["fly"].target
         return await self.app[SCRAPER_KEY].scrape_once(target)
 
     async def metrics(self) -> str:
@@ -183,7 +183,7 @@ class TestBadInput:
         app = build_app(_settings(f"http://127.0.0.1:{port}/metrics"), clock=clock, scrape=False)
         caplog.set_level(logging.DEBUG, logger="specwatch")
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            target = app[STORE_KEY].trackers["fly"].target
+            target = app[SCRAPER_KEY].trackers["fly"].target
             assert not await app[SCRAPER_KEY].scrape_once(target)
             text = await (await client.get("/metrics")).text()
             assert (

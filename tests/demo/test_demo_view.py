@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specwatch.__main__ import main as cli_main
-from specwatch.alerts.component import AlertingComponent
+from specwatch.alerts.alertmanager import AlertingState
 from specwatch.core.roles import Role
 from specwatch.demo.run import (
     DemoConfig,
@@ -23,9 +23,11 @@ from specwatch.demo.run import (
     view_document,
     write_canary_file,
 )
-from specwatch.observe.values import Snapshot
+from specwatch.export.snapshot import Snapshot
+from specwatch.observe.values import ObserveView
+from specwatch.server.wiring import AlertingPlug, ShadowPlug
 from specwatch.shadow.canary import load_canary
-from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.summary import build_shadow_stats
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.quiz import builtin_items
 
@@ -131,13 +133,18 @@ def test_view_load_shadow_and_alert_sections() -> None:
 
 
 def test_view_document_hides_sections_no_component_published() -> None:
-    snap = Snapshot(generated_at=1.0)
+    snap = Snapshot(observe=ObserveView(generated_at=1.0))
     doc = view_document(snap)
     assert "shadow" not in doc
     assert "alerts" not in doc
-    snap2 = Snapshot(generated_at=1.0, extras={"alerts": [], "shadow": {"ledger_rows": 7}})
+    snap2 = Snapshot(
+        observe=ObserveView(generated_at=1.0),
+        shadow=build_shadow_stats({}, now=1.0, ledger_rows=7),
+        alerts=AlertingState(),
+    )
     doc2 = view_document(snap2)
     assert doc2["alerts"] == []
+    assert doc2["shadow"]["ledger_rows"] == 7
     assert render_view(doc2).splitlines()[-2:] == ["shadow: ledger_rows 7", "alerts: none firing"]
 
 
@@ -158,7 +165,7 @@ def test_demo_settings_configure_both_targets_with_limits() -> None:
         assert t.limits.method == "eagle3"
     assert not s.shadow.enabled  # no files: no shadow chain
     comps = demo_components(s)
-    assert [type(c) for c in comps] == [AlertingComponent]
+    assert [type(c) for c in comps] == [AlertingPlug]
     assert demo_components(s, alerts=False) == []
     std, fly = simulator_configs(cfg)
     assert (std.role, fly.role) == (SimRole.STANDARD, SimRole.FLY)
@@ -214,7 +221,7 @@ def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alert
     assert s.detect.fly_gain_window in s.windows
     assert s.detect.flip_window in s.paired.windows
     comps = demo_components(s)
-    assert [type(c) for c in comps] == [ShadowComponent, AlertingComponent]
+    assert [type(c) for c in comps] == [ShadowPlug, AlertingPlug]
 
 
 def test_canary_file_has_every_item_per_variant_with_distinct_requests(tmp_path: Path) -> None:

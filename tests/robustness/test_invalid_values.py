@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.core.logs import event_fields
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.core.conftest import FakeClock
 from tests.core.fakes import FakeVllm, Reply
@@ -112,7 +112,7 @@ async def test_inf_drafts_in_run_no_wrong_tau_strict_json_counter_and_one_log_li
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     app, client, fake, clock = app_and_fake
-    target = app[STORE_KEY].trackers["fly"].target
+    target = app[SCRAPER_KEY].trackers["fly"].target
     fake.push(
         Reply(page("10", "5", "20")),
         Reply(page("+Inf", "9", "28")),

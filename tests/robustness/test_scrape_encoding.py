@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specwatch.observe.loop import fetch_metrics
+from specwatch.observe.fetch import fetch_metrics
 
 GOOD = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n'
 CAP = 64 * 1024

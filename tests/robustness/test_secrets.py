@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from specwatch.core.logs import event_fields, redact_url
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
+from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.core.conftest import FakeClock
 from tests.core.fakes import FakeVllm, Reply
@@ -79,7 +79,7 @@ async def test_url_credentials_are_not_shown(
     )
     caplog.set_level(logging.DEBUG, logger="specwatch")
     async for app, client in _app(settings):
-        target = app[STORE_KEY].trackers["fly"].target
+        target = app[SCRAPER_KEY].trackers["fly"].target
         assert await app[SCRAPER_KEY].scrape_once(target)
         assert str(fake.auth_seen[-1]).startswith("Basic ")
         snap = await (await client.get("/api/v1/snapshot")).text()

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import binomtest
 
 from specwatch.server.app import build_app
+from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger import Ledger, LedgerRow
@@ -116,8 +117,9 @@ class Sidecar:
 @asynccontextmanager
 async def sidecar(settings: Settings) -> AsyncIterator[Sidecar]:
     """The specwatch app (scraping on) with the shadow component, served on port 0."""
-    comp = ShadowComponent(settings)
-    app = build_app(settings, components=[comp])
+    plug = ShadowPlug(settings)
+    comp = plug.component
+    app = build_app(settings, components=[plug])
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     try:

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from specwatch.server.wiring import arm_targets, shadow_components
 from specwatch.settings import ConfigError, Settings, load_settings
-from specwatch.shadow.component import arm_targets, shadow_components
 
 TARGETS = (
     '[{"name": "std", "url": "http://vllm-a:8000", "role": "standard"},'

@@ -39,12 +39,11 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
-from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.mixin import load_rules
 from specwatch.server.app import build_app
+from specwatch.server.wiring import AlertingPlug, ShadowPlug
 from specwatch.settings import Settings
-from specwatch.shadow.component import ShadowComponent
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
@@ -280,8 +279,8 @@ def sidecar_settings(sims: dict[str, SimulatorHandle], tmp: Path) -> Settings:
 async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
     async with aiohttp.ClientSession() as session, simulated_pair(session) as sims:
         settings = sidecar_settings(sims, tmp_path)
-        shadow = ShadowComponent(settings)
-        alerting = AlertingComponent(settings, shadow=shadow.latest_stats)
+        shadow = ShadowPlug(settings)
+        alerting = AlertingPlug(settings)
         server = TestServer(build_app(settings, components=[shadow, alerting]), port=0)
         await server.start_server()
         specwatch = f"http://127.0.0.1:{server.port}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from specwatch.simulate.config import Faults, SimConfig
 from specwatch.simulate.engine_core import EngineCore, Simulation
-from specwatch.vllm.specdecode import BudgetRegime, budget_limits
+from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.methods import BudgetRegime
 
 
 def _saturate(

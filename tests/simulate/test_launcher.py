@@ -98,7 +98,7 @@ async def test_loadgen_counts_errors_by_reason() -> None:
     assert stats.errors == {"http_500": 5}
 
 
-def test_simulator_imports_nothing_from_the_sidecar_but_specdecode() -> None:
+def test_simulator_imports_nothing_from_the_sidecar_but_core_and_vllm() -> None:
     import ast
     from pathlib import Path
 

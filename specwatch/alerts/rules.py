@@ -1,316 +1,38 @@
-"""Built-in detectors: the conditions of ``deploy/prometheus/specwatch.rules.yaml``, in Python.
+"""The built-in detectors' walkers and alert texts: :func:`candidates` over what they read.
 
-The thresholds (:class:`DetectSettings`, defaults equal to the rules file, checked by
-``tests/alerts/test_detect.py``), the pure conditions over plain numbers, the test statistics they
-use, :class:`ForTracker` (Prometheus' ``for:``), and :func:`evaluate` / :class:`Detector`, which
-read :class:`specwatch.observe.values.Snapshot` (and the shadow chain's
-:class:`~specwatch.shadow.summary.ShadowStats` when present) and call the conditions per target,
-model, engine, window and category.
-
-Every condition takes ``None`` for an undefined input (no drafts, stale target, too few pairs)
-and then returns ``None``: undefined inputs never fire a quality or acceptance alert.
-Conditions return the alert's value (what Prometheus calls ``$value``) when they hold.
+:func:`candidates` takes the observe chain's :class:`~specwatch.observe.values.ObserveView`
+(targets and FLy/standard pair views) and the shadow chain's
+:class:`~specwatch.shadow.summary.ShadowStats` (or ``None``), never the published snapshot, and
+calls the pure conditions of :mod:`specwatch.alerts.conditions` per target, model, engine,
+window and category. It is pure: values in, :class:`~specwatch.alerts.alert.Alert` list out.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from specwatch.alerts.alertmanager import Alert, AlertKey, Severity
+from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.conditions import (
+    BudgetInputs,
+    acceptance_drop,
+    admission_stall,
+    budget_starvation,
+    decode_inactive,
+    flip_rate_above_noise,
+    fly_gain_lost,
+    quality_drift,
+)
 from specwatch.alerts.settings import DetectSettings
-from specwatch.observe.values import Health, ModelWindow, Snapshot, TargetSnapshot
+from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
+from specwatch.observe.window import SINCE_START
 from specwatch.shadow.summary import OVERALL, PairedSummary, ShadowStats
-from specwatch.vllm.specdecode import method_slots, regime_for_version
+from specwatch.vllm.budget import required_batched_tokens
+from specwatch.vllm.methods import method_slots, regime_for_version
 
-__all__ = [
-    "SINCE_START",
-    "BudgetInputs",
-    "DetectSettings",
-    "Detector",
-    "ForTracker",
-    "acceptance_drop",
-    "admission_stall",
-    "budget_starvation",
-    "candidates",
-    "decode_inactive",
-    "evaluate",
-    "flip_rate_above_noise",
-    "fly_gain_lost",
-    "for_seconds",
-    "mcnemar_z",
-    "quality_drift",
-    "two_proportion_z",
-]
-
-
-def _f(x: float | None) -> float | None:
-    """``x`` when it is a finite number, else ``None`` (NaN and ±inf are undefined)."""
-    return x if x is not None and math.isfinite(x) else None
-
-
-def mcnemar_z(lost: float, gained: float) -> float | None:
-    """McNemar's normal approximation ``(lost − gained) / sqrt(lost + gained)``.
-
-    ``lost`` = pairs standard got right and FLy wrong (b), ``gained`` the reverse (c); positive
-    means FLy loses more than it gains. ``None`` with no discordant pairs. ``z²`` is McNemar's
-    chi-square without continuity correction (McNemar 1947). Raises ``ValueError`` on a
-    negative count.
-    """
-    if lost < 0 or gained < 0:
-        raise ValueError("counts must be >= 0")
-    n = lost + gained
-    if n == 0:
-        return None
-    return (lost - gained) / math.sqrt(n)
-
-
-def two_proportion_z(x1: float, n1: float, x2: float, n2: float) -> float | None:
-    """Pooled two-proportion z of ``x1/n1`` against ``x2/n2``.
-
-    ``z = (p1 − p2) / sqrt(p (1 − p) (1/n1 + 1/n2))`` with ``p = (x1 + x2) / (n1 + n2)``;
-    ``None`` when a sample is empty or the pooled proportion is 0 or 1 (no variance).
-    """
-    if n1 <= 0 or n2 <= 0:
-        return None
-    p = (x1 + x2) / (n1 + n2)
-    var = p * (1 - p) * (1 / n1 + 1 / n2)
-    if var <= 0:
-        return None
-    return (x1 / n1 - x2 / n2) / math.sqrt(var)
-
-
-def acceptance_drop(
-    alpha_short: float | None,
-    alpha_baseline: float | None,
-    tau_short: float | None,
-    tau_baseline: float | None,
-    drafts_per_second: float | None,
-    s: DetectSettings,
-) -> float | None:
-    """SpecAcceptanceDrop for one server or one engine.
-
-    Fires when drafts/s ≥ ``acceptance_min_drafts_per_second`` and α_short/α_baseline or
-    (τ_short − 1)/(τ_baseline − 1) is below ``acceptance_drop_ratio``; returns that ratio
-    (the α one when both hold, like the rule's ``or``). Callers judge the server first and
-    report an engine only when the server as a whole does not fire (the rule's ``unless``).
-    """
-    dps = _f(drafts_per_second)
-    if dps is None or dps < s.acceptance_min_drafts_per_second:
-        return None
-    a_s, a_b = _f(alpha_short), _f(alpha_baseline)
-    if a_s is not None and a_b is not None and a_b > 0 and a_s / a_b < s.acceptance_drop_ratio:
-        return a_s / a_b
-    t_s, t_b = _f(tau_short), _f(tau_baseline)
-    if t_s is not None and t_b is not None and t_b > 1:
-        ratio = (t_s - 1) / (t_b - 1)
-        if ratio < s.acceptance_drop_ratio:
-            return ratio
-    return None
-
-
-def fly_gain_lost(
-    gain: float | None,
-    drafts_per_second_standard: float | None,
-    drafts_per_second_fly: float | None,
-    s: DetectSettings,
-) -> float | None:
-    """SpecFLyGainLost: α_fly − α_standard (15m) below ``fly_gain_min`` with both sides drafting."""
-    g, d_std, d_fly = _f(gain), _f(drafts_per_second_standard), _f(drafts_per_second_fly)
-    if g is None or d_std is None or d_fly is None:
-        return None
-    if min(d_std, d_fly) < s.fly_gain_min_drafts_per_second:
-        return None
-    return g if g < s.fly_gain_min else None
-
-
-def decode_inactive(
-    generation_tokens_per_second: float | None,
-    drafts_per_second: float | None,
-    s: DetectSettings,
-) -> float | None:
-    """SpecDecodeInactive: tokens flow but zero drafts. ``drafts_per_second`` is ``None`` when
-    the server has no speculative decoding (no drafts counter): then nothing fires."""
-    gen, dps = _f(generation_tokens_per_second), _f(drafts_per_second)
-    if gen is None or dps is None:
-        return None
-    return gen if dps == 0 and gen > s.inactive_min_generation_tokens_per_second else None
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetInputs:
-    """What :func:`budget_starvation` reads for one target (``None`` = unknown).
-
-    ``running_most_loaded``: the most-loaded engine's running requests; ``d_full`` /
-    ``max_num_seqs`` from the configured limits; ``waiting`` server-wide;
-    ``drafts_per_second`` / ``mean_draft_length`` / ``running`` server-wide over 5m;
-    ``engines``: per engine ``(engine, drafts_per_step, running)``; ``k``:
-    num_speculative_tokens; ``short_draft_method``: the proposer returns short drafts by design
-    (ngram, suffix), so ``draft_truncation`` is not judged.
-    """
-
-    running_most_loaded: float | None = None
-    d_full: float | None = None
-    max_num_seqs: float | None = None
-    waiting: float | None = None
-    drafts_per_second: float | None = None
-    mean_draft_length: float | None = None
-    running: float | None = None
-    k: float | None = None
-    engines: tuple[tuple[str, float | None, float | None], ...] = ()
-    short_draft_method: bool = False
-
-
-def budget_starvation(b: BudgetInputs, s: DetectSettings) -> dict[str, float]:
-    """SpecBudgetStarvation by ``reason`` → value (empty when nothing holds).
-
-    - ``budget_cap``: D_full < max_num_seqs, drafts > 0, and running (most-loaded engine) > D_full
-      or = D_full with requests waiting; value = running.
-    - ``drafts_per_step:<engine>``: 0 < drafts per step < ratio × running, running ≥ min.
-    - ``draft_truncation``: 0 < ℓ < ratio × K, running ≥ min (not for short-draft methods).
-    """
-    out: dict[str, float] = {}
-    dps = _f(b.drafts_per_second)
-    r, d, n = _f(b.running_most_loaded), _f(b.d_full), _f(b.max_num_seqs)
-    if dps is not None and dps > 0 and r is not None and d is not None and n is not None:
-        waiting = _f(b.waiting) or 0.0
-        if d < n and (r > d or (r >= d and waiting > 0)):
-            out["budget_cap"] = r
-    for engine, per_step_raw, running_raw in b.engines:
-        per_step, running = _f(per_step_raw), _f(running_raw)
-        if per_step is None or running is None or running < s.budget_min_running:
-            continue
-        if 0 < per_step < s.budget_drafts_per_step_ratio * running:
-            out[f"drafts_per_step:{engine}"] = per_step
-    ell, k, running = _f(b.mean_draft_length), _f(b.k), _f(b.running)
-    if (
-        not b.short_draft_method
-        and ell is not None
-        and k is not None
-        and running is not None
-        and running >= s.budget_min_running
-        and 0 < ell < s.budget_draft_length_ratio * k
-    ):
-        out["draft_truncation"] = ell
-    return out
-
-
-def admission_stall(
-    waiting: float | None,
-    running: float | None,
-    kv_cache_usage: float | None,
-    generation_tokens_per_second: float | None,
-    s: DetectSettings,
-) -> float | None:
-    """SpecAdmissionStall: many waiting, few running, KV mostly free, no generation → waiting."""
-    w, r, kv, gen = _f(waiting), _f(running), _f(kv_cache_usage), _f(generation_tokens_per_second)
-    if w is None or r is None or kv is None or gen is None:
-        return None
-    if (
-        w >= s.stall_min_waiting
-        and r <= s.stall_max_running
-        and kv < s.stall_max_kv_cache_usage
-        and gen < s.stall_max_generation_tokens_per_second
-    ):
-        return w
-    return None
-
-
-def quality_drift(
-    e_value: float | None,
-    non_inferiority_pass: bool | None,
-    n_pairs: float | None,
-    s: DetectSettings,
-) -> dict[str, float]:
-    """SpecQualityDrift by ``check`` → value: ``e_value`` when the e-value reaches 1/α
-    (anytime-valid by Ville's inequality); ``non_inferiority`` when non-inferiority is not
-    shown after ``quality_min_pairs`` pairs (value = pairs)."""
-    out: dict[str, float] = {}
-    e = _f(e_value)
-    if e is not None and e >= s.quality_e_value_bound:
-        out["e_value"] = e
-    n = _f(n_pairs)
-    if non_inferiority_pass is False and n is not None and n >= s.quality_min_pairs:
-        out["non_inferiority"] = n
-    return out
-
-
-def flip_rate_above_noise(
-    disagree_fly: float,
-    compared_fly: float,
-    disagree_noise: float,
-    compared_noise: float,
-    s: DetectSettings,
-) -> float | None:
-    """SpecFlipRateAboveNoise: pooled two-proportion z of FLy's flip rate over the noise arm's
-    ≥ ``flip_z``, each arm with ≥ ``flip_min_compared`` compared pairs → z."""
-    if min(compared_fly, compared_noise) < s.flip_min_compared:
-        return None
-    z = two_proportion_z(disagree_fly, compared_fly, disagree_noise, compared_noise)
-    return z if z is not None and z >= s.flip_z else None
-
-
-class ForTracker:
-    """Prometheus' ``for:``: a candidate alert fires once it has held continuously for its
-    duration. A candidate missing from one update starts over (pending state is dropped), as a
-    rule whose expression returns nothing for one evaluation does.
-    """
-
-    def __init__(self, for_seconds: Callable[[Alert], float]) -> None:
-        self._for = for_seconds
-        self._since: dict[AlertKey, float] = {}
-
-    def update(self, candidates: Sequence[Alert], now: float) -> list[Alert]:
-        """Candidates true now → those that have been true for their ``for`` (input order)."""
-        seen: dict[AlertKey, float] = {}
-        firing: list[Alert] = []
-        for alert in candidates:
-            key = tuple(sorted(alert.identity().items()))
-            since = seen.get(key, self._since.get(key, now))
-            seen[key] = since
-            if now - since >= self._for(alert):
-                firing.append(alert)
-        self._since = seen
-        return firing
-
-    def pending(self) -> int:
-        """Candidates currently tracked (pending or firing)."""
-        return len(self._since)
-
-
-# -- evaluation over the snapshot ---------------------------------------------------------------
-
-#: specwatch's window that always exists: since its first good scrape of the target.
-SINCE_START = "since_start"
+__all__ = ["candidates"]
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
-
-
-def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
-    """The ``for`` duration of an alert (by name; ``SpecQualityDrift`` by its ``check``)."""
-    by_name = {
-        "SpecAcceptanceDrop": s.acceptance_drop_for,
-        "SpecFLyGainLost": s.fly_gain_for,
-        "SpecDecodeInactive": s.inactive_for,
-        "SpecBudgetStarvation": s.budget_for,
-        "SpecAdmissionStall": s.stall_for,
-        "SpecFlipRateAboveNoise": s.flip_for,
-        "SpecwatchTargetDown": s.target_down_for,
-        "SpecwatchShadowStalled": s.shadow_stalled_for,
-        "SpecwatchLedgerFailing": s.ledger_failing_for,
-    }
-
-    def get(alert: Alert) -> float:
-        if alert.alertname == "SpecQualityDrift":
-            if alert.labels.get("check") == "non_inferiority":
-                return s.quality_non_inferiority_for
-            return s.quality_e_value_for
-        return by_name.get(alert.alertname, 0.0)
-
-    return get
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -482,7 +204,7 @@ def _budget_finding(t: TargetSnapshot, k: int | None) -> str:
         parallel_drafting=lim.parallel_drafting,
         regime=regime_for_version(lim.vllm_version),
     )
-    need = cap.max_num_seqs * (1 + k + slots.extra_batch_slots)
+    need = required_batched_tokens(cap.max_num_seqs, k, slots.extra_batch_slots)
     return (
         f" Configuration finding, not a stall: raise --max-num-batched-tokens to at least "
         f"{need} (max_num_seqs {cap.max_num_seqs} x (1 + K {k} + S {slots.extra_batch_slots})),"
@@ -570,7 +292,7 @@ def _first_model(t: TargetSnapshot, window: str) -> tuple[str, Health] | None:
     return name, models[name].server
 
 
-def _fly_gain(snap: Snapshot, s: DetectSettings) -> list[Alert]:
+def _fly_gain(snap: ObserveView, s: DetectSettings) -> list[Alert]:
     pv = snap.pair.get(s.fly_gain_window)
     if pv is None:
         return []
@@ -606,7 +328,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
     since = _shadow_window(shadow, SINCE_START)
     for category, summ in sorted(since.items()):
-        found = quality_drift(summ.e_value, summ.non_inferiority_pass, summ.n, s)
+        found = quality_drift(summ.e_value, summ.non_inferiority_pass, summ.n, shadow.alpha, s)
         if "e_value" in found:
             out.append(_quality_alert("e_value", category, "no_net_loss", found["e_value"], summ))
         if "non_inferiority" in found:
@@ -616,7 +338,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
         e = math.inf if bet > 709.0 else math.exp(bet)
-        found = quality_drift(e if math.isfinite(e) else 1e308, None, None, s)
+        found = quality_drift(e, None, None, shadow.alpha, s)
         if "e_value" in found:
             out.append(_quality_alert("e_value", OVERALL, "margin", e, since.get(OVERALL)))
     return out
@@ -676,7 +398,7 @@ def _flip(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     ]
 
 
-def _shadow_stalled(snap: Snapshot, shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
+def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     summ = _shadow_window(shadow, s.shadow_stalled_window).get(OVERALL)
     if summ is None or summ.tally.paired > 0:
         return []
@@ -702,7 +424,7 @@ def _shadow_stalled(snap: Snapshot, shadow: ShadowStats, s: DetectSettings) -> l
 
 
 def candidates(
-    snapshot: Snapshot,
+    observe: ObserveView,
     shadow: ShadowStats | None,
     settings: DetectSettings,
     *,
@@ -710,16 +432,26 @@ def candidates(
 ) -> list[Alert]:
     """Every condition that holds now, before ``for`` (pure).
 
-    Per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed); for usable
-    targets only (up, not stale): ``SpecAcceptanceDrop`` (server, else per engine),
-    ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``), ``SpecAdmissionStall``. Pair:
-    ``SpecFLyGainLost``. From ``shadow`` when given: ``SpecQualityDrift`` (``check``,
-    ``category``, ``hypothesis``), ``SpecFlipRateAboveNoise``, ``SpecwatchShadowStalled``.
-    ``ledger_errors_increase``: ledger write errors over the last ``ledger_errors_window``
-    (``SpecwatchLedgerFailing`` when > 0). Windows missing from the snapshot give nothing.
+    The Python detector's check set (the rules file has the same alerts on the same evidence):
+
+    - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed); for
+      usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, else per
+      engine), ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
+      ``drafts_per_step``, ``draft_truncation``), ``SpecAdmissionStall``;
+    - pair (``observe.pair``): ``SpecFLyGainLost``;
+    - from ``shadow`` when given: ``SpecQualityDrift`` with ``check="e_value"`` (the
+      since-start paired e-value, per category with ``hypothesis="no_net_loss"`` and the
+      overall margin e-process with ``hypothesis="margin"``, reaching ``1/shadow.alpha``) and
+      ``check="non_inferiority"`` (not shown after ``quality_min_pairs`` pairs);
+      ``SpecFlipRateAboveNoise``; ``SpecwatchShadowStalled``;
+    - ``SpecwatchLedgerFailing`` when ``ledger_errors_increase`` (ledger write errors over the
+      last ``ledger_errors_window``) is > 0.
+
+    Not here: the fleet-wide McNemar check. Only Prometheus sees several sidecars, so it is the
+    rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
     """
     out: list[Alert] = []
-    for t in snapshot.targets.values():
+    for t in observe.targets.values():
         out += _target_down(t)
         if not _usable(t):
             continue
@@ -727,11 +459,11 @@ def candidates(
         out += _inactive(t, settings)
         out += _budget(t, settings)
         out += _stall(t, settings)
-    out += _fly_gain(snapshot, settings)
+    out += _fly_gain(observe, settings)
     if shadow is not None:
         out += _quality(shadow, settings)
         out += _flip(shadow, settings)
-        out += _shadow_stalled(snapshot, shadow, settings)
+        out += _shadow_stalled(observe, shadow, settings)
     if ledger_errors_increase is not None and ledger_errors_increase > 0:
         out.append(
             Alert(
@@ -744,54 +476,3 @@ def candidates(
             )
         )
     return out
-
-
-def evaluate(
-    snapshot: Snapshot,
-    shadow: ShadowStats | None,
-    settings: DetectSettings,
-    now: float,
-    *,
-    tracker: ForTracker | None = None,
-    ledger_errors_increase: float | None = None,
-) -> list[Alert]:
-    """The alerts firing at ``now``: :func:`candidates` that have held for their ``for``
-    duration according to ``tracker`` (keep one :class:`ForTracker` built with
-    :func:`for_seconds` across calls; :class:`Detector` does). Without a tracker, every
-    candidate is returned (``for`` = 0)."""
-    found = candidates(snapshot, shadow, settings, ledger_errors_increase=ledger_errors_increase)
-    return tracker.update(found, now) if tracker is not None else found
-
-
-class Detector:
-    """Stateful wrapper: one :class:`ForTracker` and the ledger-error history across calls.
-
-    ``evaluate(snapshot, shadow, now)`` → firing alerts (not thread-safe; call from one task).
-    """
-
-    def __init__(self, settings: DetectSettings) -> None:
-        self.settings = settings
-        self.tracker = ForTracker(for_seconds(settings))
-        self._ledger: deque[tuple[float, float]] = deque()
-
-    def _ledger_increase(self, shadow: ShadowStats | None, now: float) -> float | None:
-        if shadow is None:
-            return None
-        total = float(sum(shadow.ledger_write_errors.values()))
-        self._ledger.append((now, total))
-        while (
-            len(self._ledger) > 1 and self._ledger[1][0] <= now - self.settings.ledger_errors_window
-        ):
-            self._ledger.popleft()
-        return max(0.0, total - self._ledger[0][1])
-
-    def evaluate(self, snapshot: Snapshot, shadow: ShadowStats | None, now: float) -> list[Alert]:
-        """Firing alerts now (see :func:`evaluate`)."""
-        return evaluate(
-            snapshot,
-            shadow,
-            self.settings,
-            now,
-            tracker=self.tracker,
-            ledger_errors_increase=self._ledger_increase(shadow, now),
-        )

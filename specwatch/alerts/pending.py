@@ -1,0 +1,122 @@
+"""Prometheus' ``for:`` in Python and the stateful :class:`Detector`.
+
+:class:`ForTracker` keeps how long each candidate alert has held; :func:`for_seconds` gives each
+alert's duration from :class:`~specwatch.alerts.settings.DetectSettings`; :func:`evaluate` and
+:class:`Detector` run :func:`specwatch.alerts.rules.candidates` through the tracker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from specwatch.alerts.alert import Alert, AlertKey
+from specwatch.alerts.rules import candidates
+from specwatch.alerts.settings import DetectSettings
+from specwatch.observe.values import ObserveView
+from specwatch.shadow.summary import ShadowStats
+
+__all__ = ["Detector", "ForTracker", "evaluate", "for_seconds"]
+
+
+class ForTracker:
+    """Prometheus' ``for:``: a candidate alert fires once it has held continuously for its
+    duration. A candidate missing from one update starts over (pending state is dropped), as a
+    rule whose expression returns nothing for one evaluation does.
+    """
+
+    def __init__(self, for_seconds: Callable[[Alert], float]) -> None:
+        self._for = for_seconds
+        self._since: dict[AlertKey, float] = {}
+
+    def update(self, candidates: Sequence[Alert], now: float) -> list[Alert]:
+        """Candidates true now → those that have been true for their ``for`` (input order)."""
+        seen: dict[AlertKey, float] = {}
+        firing: list[Alert] = []
+        for alert in candidates:
+            key = tuple(sorted(alert.identity().items()))
+            since = seen.get(key, self._since.get(key, now))
+            seen[key] = since
+            if now - since >= self._for(alert):
+                firing.append(alert)
+        self._since = seen
+        return firing
+
+    def pending(self) -> int:
+        """Candidates currently tracked (pending or firing)."""
+        return len(self._since)
+
+
+def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
+    """The ``for`` duration of an alert (by name; ``SpecQualityDrift`` by its ``check``)."""
+    by_name = {
+        "SpecAcceptanceDrop": s.acceptance_drop_for,
+        "SpecFLyGainLost": s.fly_gain_for,
+        "SpecDecodeInactive": s.inactive_for,
+        "SpecBudgetStarvation": s.budget_for,
+        "SpecAdmissionStall": s.stall_for,
+        "SpecFlipRateAboveNoise": s.flip_for,
+        "SpecwatchTargetDown": s.target_down_for,
+        "SpecwatchShadowStalled": s.shadow_stalled_for,
+        "SpecwatchLedgerFailing": s.ledger_failing_for,
+    }
+
+    def get(alert: Alert) -> float:
+        if alert.alertname == "SpecQualityDrift":
+            if alert.labels.get("check") == "non_inferiority":
+                return s.quality_non_inferiority_for
+            return s.quality_e_value_for
+        return by_name.get(alert.alertname, 0.0)
+
+    return get
+
+
+def evaluate(
+    observe: ObserveView,
+    shadow: ShadowStats | None,
+    settings: DetectSettings,
+    now: float,
+    *,
+    tracker: ForTracker | None = None,
+    ledger_errors_increase: float | None = None,
+) -> list[Alert]:
+    """The alerts firing at ``now``: :func:`candidates` that have held for their ``for``
+    duration according to ``tracker`` (keep one :class:`ForTracker` built with
+    :func:`for_seconds` across calls; :class:`Detector` does). Without a tracker, every
+    candidate is returned (``for`` = 0)."""
+    found = candidates(observe, shadow, settings, ledger_errors_increase=ledger_errors_increase)
+    return tracker.update(found, now) if tracker is not None else found
+
+
+class Detector:
+    """Stateful wrapper: one :class:`ForTracker` and the ledger-error history across calls.
+
+    ``evaluate(observe, shadow, now)`` → firing alerts (not thread-safe; call from one task).
+    """
+
+    def __init__(self, settings: DetectSettings) -> None:
+        self.settings = settings
+        self.tracker = ForTracker(for_seconds(settings))
+        self._ledger: deque[tuple[float, float]] = deque()
+
+    def _ledger_increase(self, shadow: ShadowStats | None, now: float) -> float | None:
+        if shadow is None:
+            return None
+        total = float(sum(shadow.ledger_write_errors.values()))
+        self._ledger.append((now, total))
+        while (
+            len(self._ledger) > 1 and self._ledger[1][0] <= now - self.settings.ledger_errors_window
+        ):
+            self._ledger.popleft()
+        return max(0.0, total - self._ledger[0][1])
+
+    def evaluate(self, observe: ObserveView, shadow: ShadowStats | None, now: float) -> list[Alert]:
+        """Firing alerts now (see :func:`evaluate`)."""
+        return evaluate(
+            observe,
+            shadow,
+            self.settings,
+            now,
+            tracker=self.tracker,
+            ledger_errors_increase=self._ledger_increase(shadow, now),
+        )

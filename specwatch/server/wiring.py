@@ -1,0 +1,266 @@
+"""The cross-chain joins: the only place where observe, shadow and alerts meet.
+
+- arm ↔ target: :func:`arm_targets` names the scraped target of each shadow arm and
+  :func:`arm_loads` turns the published observe view into the shadow sampler's
+  :data:`~specwatch.shadow.sample.LoadState`;
+- shadow stats → detectors: :class:`AlertingPlug` feeds the detectors the published observe
+  view and shadow statistics, and publishes the
+  :class:`~specwatch.alerts.alertmanager.AlertingState` it gets back;
+- :class:`ShadowPlug` and :class:`AlertingPlug` are the :class:`~specwatch.server.app.Component`
+  objects ``specwatch run`` and the demo plug into :func:`~specwatch.server.app.build_app`
+  (:func:`shadow_components`, :func:`alerting_components`). Each replaces only its own part of
+  the :class:`~specwatch.export.snapshot.Snapshot`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import replace
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specwatch.alerts.alertmanager import AlertingState
+from specwatch.alerts.component import AlertingComponent
+from specwatch.core.clock import Clock
+from specwatch.core.store import Store
+from specwatch.export.shadow import shadow_families
+from specwatch.export.snapshot import Snapshot
+from specwatch.observe.values import ObserveView, TargetSnapshot
+from specwatch.server.app import LIVENESS_KEY, SESSION_KEY
+from specwatch.settings import Settings
+from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.sample import ArmLoad, LoadState
+from specwatch.shadow.settings import ArmEndpoint
+from specwatch.shadow.summary import ShadowStats
+
+__all__ = [
+    "AlertingPlug",
+    "ShadowPlug",
+    "alerting_components",
+    "arm_load",
+    "arm_loads",
+    "arm_targets",
+    "shadow_components",
+]
+
+
+def _base(url: str) -> str:
+    u = url.rstrip("/")
+    return u[: -len("/metrics")] if u.endswith("/metrics") else u
+
+
+def arm_targets(settings: Settings) -> dict[str, str]:
+    """``{arm: target name}`` for the arms whose server is also scraped (``standard``, ``fly``
+    and ``noise`` when the noise arm is on): the arm's ``target`` when set, else the target
+    whose base URL equals the arm's URL. Arms with no such target are left out (they cannot
+    pause the replays)."""
+    sh = settings.shadow
+    by_url = {_base(t.url): t.name for t in settings.targets}
+    arms: dict[str, ArmEndpoint | None] = {
+        "standard": sh.standard,
+        "fly": sh.fly,
+        "noise": sh.noise_endpoint(),
+    }
+    out: dict[str, str] = {}
+    for arm, ep in arms.items():
+        if ep is None:
+            continue
+        name = ep.target if ep.target is not None else by_url.get(_base(ep.url))
+        if name is not None:
+            out[arm] = name
+    return out
+
+
+def arm_load(target: TargetSnapshot | None, *, wall_now: float, mono_now: float) -> ArmLoad:
+    """The :class:`ArmLoad` of one scraped target (``observed_at`` on the monotonic clock).
+
+    ``waiting`` is ``vllm:num_requests_waiting`` summed over the target's models (server view),
+    ``running`` the most-loaded engine's running gauge (``Capacity.num_requests_running``, the
+    one that meets ``max_num_seqs``), ``max_num_seqs`` the configured limit. A target never
+    scraped gives ``observed_at=None`` (the sampler then pauses with reason ``load_stale``).
+    """
+    if target is None or target.last_success is None:
+        return ArmLoad(None, None, None, None)
+    waiting: float | None = None
+    running: float | None = target.capacity.num_requests_running
+    for models in target.windows.values():
+        for mw in models.values():
+            w, r = mw.server.num_requests_waiting, mw.server.num_requests_running
+            if w is not None:
+                waiting = (waiting or 0.0) + w
+            if running is None and r is not None:
+                running = r
+        break  # gauges are the latest page's in every window
+    max_seqs = target.capacity.max_num_seqs or target.limits.max_num_seqs
+    return ArmLoad(
+        running=running,
+        waiting=waiting,
+        max_num_seqs=max_seqs,
+        observed_at=mono_now - max(0.0, wall_now - target.last_success),
+    )
+
+
+def arm_loads(
+    observe: Callable[[], ObserveView | None],
+    arms: Mapping[str, str],
+    *,
+    clock: Clock,
+    monotonic: Callable[[], float],
+) -> LoadState:
+    """The sampler's :data:`LoadState`: per arm in ``arms`` (arm → target name), the
+    :func:`arm_load` of that target in the view ``observe()`` returns now (no I/O)."""
+
+    def state() -> Mapping[str, ArmLoad]:
+        view = observe()
+        wall, mono = clock(), monotonic()
+        return {
+            arm: arm_load(
+                None if view is None else view.targets.get(name), wall_now=wall, mono_now=mono
+            )
+            for arm, name in arms.items()
+        }
+
+    return state
+
+
+class _ShadowCollector(Collector):
+    """``shadow_families`` of the published shadow stats plus
+    ``specwatch_shadow_pauses_total{reason}`` (transitions into a load pause). No I/O."""
+
+    def __init__(self, store: Store[Snapshot], component: ShadowComponent) -> None:
+        self._store = store
+        self._component = component
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._store.get().shadow
+        if stats is not None:
+            yield from shadow_families(stats)
+        pauses = self._component.pauses()
+        if pauses is not None:
+            fam = CounterMetricFamily(
+                "specwatch_shadow_pauses",
+                "Times shadow replay entered a load-aware pause, by reason.",
+                labels=["reason"],
+            )
+            for reason, n in sorted(pauses.items()):
+                fam.add_metric([reason], n)
+            yield fam
+
+
+class ShadowPlug:
+    """The shadow chain as a :class:`~specwatch.server.app.Component`.
+
+    Builds :attr:`component` from ``settings`` (its ``shadow``, ``paired`` and ``ledger``
+    groups), with the arms' load read from the published observe view and its statistics
+    published as ``Snapshot.shadow``. ``clock``: unix seconds; ``monotonic``: the sampler's
+    clock; ``session``: the replay session (``None``: the component opens its own).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self._store: Store[Snapshot] | None = None
+        arms = arm_targets(settings)
+        loads = arm_loads(self._observe, arms, clock=clock, monotonic=monotonic)
+        self.component = ShadowComponent(
+            settings.shadow,
+            settings.paired,
+            settings.ledger,
+            load_state=loads if arms else None,
+            on_stats=self._publish,
+            clock=clock,
+            monotonic=monotonic,
+            session=session,
+        )
+
+    def _observe(self) -> ObserveView | None:
+        return None if self._store is None else self._store.get().observe
+
+    def _publish(self, stats: ShadowStats) -> None:
+        if self._store is not None:
+            self._store.update(lambda snap: replace(snap, shadow=stats))
+
+    def install(
+        self, app: web.Application, store: Store[Snapshot], registry: CollectorRegistry
+    ) -> None:
+        """Mirror routes (mirror mode), the collector and the component's lifetime."""
+        self._store = store
+        registry.register(_ShadowCollector(store, self.component))
+        for path, handler in self.component.routes():
+            app.router.add_post(path, handler)
+        app.cleanup_ctx.append(self._ctx)
+
+    async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
+        async with self.component.running(watch=app[LIVENESS_KEY].watch):
+            yield
+
+
+class AlertingPlug:
+    """The alerting chain as a :class:`~specwatch.server.app.Component`.
+
+    Builds :attr:`component` from ``settings`` (``detect``, ``alerting``, ``windows``); its
+    detectors read the published ``Snapshot.observe`` and ``Snapshot.shadow`` and its
+    :class:`AlertingState` is published as ``Snapshot.alerts`` (the detectors never read it).
+    """
+
+    def __init__(self, settings: Settings, *, clock: Clock = time.time) -> None:
+        self._store: Store[Snapshot] | None = None
+        self.component = AlertingComponent(
+            settings.detect,
+            settings.alerting,
+            settings.windows,
+            inputs=self._inputs,
+            on_state=self._publish,
+            clock=clock,
+        )
+
+    def _inputs(self) -> tuple[ObserveView | None, ShadowStats | None]:
+        if self._store is None:
+            return None, None
+        snap = self._store.get()
+        return snap.observe, snap.shadow
+
+    def _publish(self, state: AlertingState) -> None:
+        if self._store is not None:
+            self._store.update(lambda snap: replace(snap, alerts=state))
+
+    def install(
+        self, app: web.Application, store: Store[Snapshot], registry: CollectorRegistry
+    ) -> None:
+        """Register the alert collector, publish the empty state, run the loop with the app."""
+        self._store = store
+        registry.register(self.component)
+        self._publish(self.component.state)
+        app.cleanup_ctx.append(self._ctx)
+
+    async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
+        async with self.component.running(app[SESSION_KEY], watch=app[LIVENESS_KEY].watch):
+            yield
+
+
+def shadow_components(
+    settings: Settings,
+    *,
+    clock: Clock = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> list[ShadowPlug]:
+    """``[ShadowPlug]`` when ``settings.shadow.enabled``, else ``[]`` (for ``build_app``)."""
+    if not settings.shadow.enabled:
+        return []
+    return [ShadowPlug(settings, clock=clock, monotonic=monotonic)]
+
+
+def alerting_components(settings: Settings, *, clock: Clock = time.time) -> list[AlertingPlug]:
+    """The components ``specwatch run`` adds for alerting (always one: the detectors and the
+    ``specwatch_alert_firing`` gauges run even without Alertmanager URLs)."""
+    return [AlertingPlug(settings, clock=clock)]
