@@ -32,8 +32,8 @@ from aiohttp import web
 from scipy.stats import binomtest
 
 from specwatch.server.app import build_app
+from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
-from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.stats.sequential import BettingEProcess, beta_binomial_log_e_values
 from specwatch.shadow.summary import OVERALL
@@ -135,8 +135,9 @@ async def run_one(
                 "paired": {"windows": ["1h"], "refresh_seconds": 5.0},
             }
         )
-        comp = ShadowComponent(settings)
-        app = build_app(settings, components=[comp])
+        plug = ShadowPlug(settings)
+        comp = plug.component
+        app = build_app(settings, components=[plug])
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

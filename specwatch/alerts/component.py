@@ -6,8 +6,9 @@ names), an ``inputs`` callable returning the latest observe view and shadow stat
 snapshot and enters :meth:`AlertingComponent.running` with the app. Every
 ``alerting.evaluation_interval`` seconds the loop evaluates
 :class:`~specwatch.alerts.pending.Detector`, keeps the ``for`` durations, posts to every
-Alertmanager in ``alerting.urls`` (none: nothing is sent) and hands the resulting :class:`~specwatch.alerts.alertmanager.AlertingState` to
-``on_state``: the detectors never write into what they read.
+Alertmanager in ``alerting.urls`` (none: nothing is sent) and hands the resulting
+:class:`~specwatch.alerts.alertmanager.AlertingState` to ``on_state``: the detectors never
+write into what they read.
 """
 
 from __future__ import annotations

@@ -21,22 +21,24 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
+from specwatch.alerts.alert import (
+    Alert,
+    Severity,
+    runbook_url,
+    sanitize_label_name,
+    sanitize_labels,
+)
 from specwatch.alerts.alertmanager import (
     ActiveAlerts,
-    Alert,
     AlertingState,
     AlertLoop,
     Delivery,
     Outbox,
-    Severity,
     alert_families,
     alerts_json,
     build_payload,
     build_ssl_context,
     format_rfc3339,
-    runbook_url,
-    sanitize_label_name,
-    sanitize_labels,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
 

@@ -133,6 +133,7 @@ def test_view_load_shadow_and_alert_sections() -> None:
 
 
 def test_view_document_hides_sections_no_component_published() -> None:
+    """Shadow and alert sections appear only once their typed parts are published."""
     snap = Snapshot(observe=ObserveView(generated_at=1.0))
     doc = view_document(snap)
     assert "shadow" not in doc
@@ -145,7 +146,10 @@ def test_view_document_hides_sections_no_component_published() -> None:
     doc2 = view_document(snap2)
     assert doc2["alerts"] == []
     assert doc2["shadow"]["ledger_rows"] == 7
-    assert render_view(doc2).splitlines()[-2:] == ["shadow: ledger_rows 7", "alerts: none firing"]
+    assert render_view(doc2).splitlines()[-2:] == [
+        "shadow: alpha 0.050  margin 0.010  detect_net_loss 0.020  ledger_rows 7",
+        "alerts: none firing",
+    ]
 
 
 def test_demo_settings_configure_both_targets_with_limits() -> None:

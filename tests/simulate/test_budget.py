@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specwatch.simulate.config import Faults, SimConfig
 from specwatch.simulate.engine_core import EngineCore, Simulation
-from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.budget import budget_limits, required_batched_tokens
 from specwatch.vllm.methods import BudgetRegime
 
 
@@ -173,3 +175,25 @@ def test_kv_pressure_preempts_and_recomputes_without_changing_outputs() -> None:
     # greedy: a preempted request recomputes its context and continues token for token
     assert tight == roomy
     assert sum(truth.accepted_per_pos) == truth.num_accepted_tokens
+
+
+def test_required_batched_tokens_is_n_times_one_plus_k_plus_s() -> None:
+    """mtp K=7 (S=0), N=1024: 1024·(1+7+0) = 8192; eagle3 parallel K=3 (S=2), N=16: 16·6 = 96."""
+    assert required_batched_tokens(1024, 7, 0) == 8192
+    assert required_batched_tokens(16, 3, 2) == 96
+    with pytest.raises(ValueError, match=">= 0"):
+        required_batched_tokens(-1, 3, 0)
+
+
+def test_budget_limits_slots_per_request_uses_the_same_rule() -> None:
+    """budget_limits' per-request slots equal required_batched_tokens(1, K, S): dspark v0.32,
+    K=5 has S = K-1 = 4, so 1+5+4 = 10 slots and D_full = 512 // 10 = 51."""
+    lim = budget_limits(
+        max_num_batched_tokens=512,
+        max_num_seqs=128,
+        num_speculative_tokens=5,
+        method="dspark",
+        regime=BudgetRegime.V0_32,
+    )
+    assert lim.slots_per_request == required_batched_tokens(1, 5, 4) == 10
+    assert lim.decode_full_per_step == 51
