@@ -62,8 +62,9 @@ async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() ->
     seen: list[Snapshot] = []
     store.subscribe(seen.append)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        assert store.get().alerts is not None
-        assert store.get().alerts.firing == ()
+        initial = store.get().alerts
+        assert initial is not None
+        assert initial.firing == ()
         stats = build_shadow_stats({}, now=1000.0, alpha=0.01, betting_log_e_value=math.log(120))
         start = len(seen)
         store.update(lambda snap: replace(snap, shadow=stats))
