@@ -1,4 +1,4 @@
-"""Built-in detectors: the conditions of ``deploy/prometheus/specwatch.rules.yaml``, in Python.
+"""Built-in detectors: the conditions of ``deploy/mixin/specwatch.rules.yaml``, in Python.
 
 The thresholds (:class:`DetectSettings`, defaults equal to the rules file, checked by
 ``tests/alerts/test_detect.py``), the pure conditions over plain numbers, the test statistics they

@@ -25,7 +25,7 @@ from specwatch.alerts.detect import (
     two_proportion_z,
 )
 from specwatch.alerts.settings import DetectSettings
-from specwatch.mixin import alert_rules, load_rules
+from deploy.mixin.render import alert_rules, load_rules
 from specwatch.vllm.specdecode import budget_limits
 
 S = DetectSettings()
@@ -123,7 +123,6 @@ class TestRulesAgree:
         assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for
         assert _has(by_check["non_inferiority"]["expr"], f">= {S.quality_min_pairs}")
         assert _seconds(by_check["non_inferiority"]["for"]) == S.quality_non_inferiority_for
-        assert _has(by_check["mcnemar_fleet"]["expr"], f">= {S.flip_z:g}")
 
     def test_no_stray_thresholds(self, rules: dict[str, list[dict[str, Any]]]) -> None:
         """Every comparison constant in the alert expressions is one the tests above know."""

@@ -4,7 +4,7 @@ Prometheus (Debian ``prometheus``, 1 s scrape and evaluation, temp storage, free
 specwatch and the two simulated vLLM servers the way ``deploy/base/podmonitor.yaml`` does: one
 ``job`` (``<namespace>/vllm-pair``, prometheus-operator's PodMonitor job name) and ``namespace``
 on every target, ``container`` per endpoint and ``role`` on the vLLM endpoints. It loads the
-mixin (``deploy/prometheus/specwatch.rules.yaml``, time-scaled as in
+mixin (``deploy/mixin/specwatch.rules.yaml``, time-scaled as in
 ``tests/alerts/test_e2e_prometheus.py`` so ``for`` durations pass within the test).
 
 specwatch runs with shadow sampling in canary mode (the simulator's built-in canary items with
@@ -41,7 +41,7 @@ from aiohttp.test_utils import TestServer
 
 from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.mixin import load_rules
+from deploy.mixin.render import load_rules
 from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent

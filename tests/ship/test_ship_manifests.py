@@ -207,7 +207,7 @@ class TestKustomizationReferences:
         assert missing_references(directory) == []
 
     def test_overlay_references_resolve(self) -> None:
-        """The example overlay's references exist, including deploy/prometheus (issue 5)."""
+        """The example overlay's references exist, including deploy/mixin (rules and dashboards)."""
         assert missing_references(OVERLAY) == []
 
     def test_resolver_reports_a_file_outside_the_root(self, tmp_path: Path) -> None:
