@@ -14,8 +14,8 @@ Outputs (checked in; ``--check`` and a test keep them current): ``specwatch.rule
 ``groups:``, what Prometheus and promtool load) and ``prometheusrule.yaml`` (the same groups as a
 prometheus-operator ``PrometheusRule``). Run from the repository root::
 
-    python deploy/mixin/render.py          # rewrite both files
-    python deploy/mixin/render.py --check  # exit 1 if either is out of date
+    python -m deploy.mixin.render          # rewrite both files
+    python -m deploy.mixin.render --check  # exit 1 if either is out of date
 
 Exit codes: 0 ok, 1 out of date (``--check``), 2 unreadable or invalid template or config.
 """
@@ -68,7 +68,7 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 _HEADER = (
     "# Generated from deploy/mixin/rules/*.yaml.tmpl, deploy/mixin/config.yaml and specwatch's\n"
-    "# DetectSettings / PairedSettings defaults by `python deploy/mixin/render.py`.\n"
+    "# DetectSettings / PairedSettings defaults by `python -m deploy.mixin.render`.\n"
     "# Do not edit by hand; edit the templates or settings and regenerate.\n"
 )
 
@@ -87,7 +87,7 @@ _BlockDumper.add_representer(str, _str_representer)
 
 
 def prometheus_duration(seconds: float) -> str:
-    """Seconds as the shortest exact Prometheus duration: 600 → ``10m``, 3600 → ``1h``, 90 → ``90s``.
+    """Seconds as the shortest exact Prometheus duration: 600 → ``10m``, 3600 → ``1h``.
 
     Raises ``ValueError`` for a negative or fractional number of seconds.
     """
@@ -254,7 +254,7 @@ def rendered_files(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deploy/mixin/render.py", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deploy.mixin.render", description=__doc__)
     parser.add_argument("--templates", type=Path, default=TEMPLATES_DIR)
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--output-dir", type=Path, default=MIXIN_DIR)

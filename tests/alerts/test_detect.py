@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
+from deploy.mixin.render import alert_rules, load_rules
 from specwatch.alerts.alertmanager import Alert, Severity
 from specwatch.alerts.detect import (
     BudgetInputs,
@@ -25,7 +26,6 @@ from specwatch.alerts.detect import (
     two_proportion_z,
 )
 from specwatch.alerts.settings import DetectSettings
-from deploy.mixin.render import alert_rules, load_rules
 from specwatch.vllm.specdecode import budget_limits
 
 S = DetectSettings()

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 import yaml
 
-from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from deploy.mixin.render import load_rules
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from tests.alerts.e2e_stack import Stack, poll, run_prometheus, running_stack
 
 pytestmark = pytest.mark.promtool

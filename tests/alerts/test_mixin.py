@@ -1,4 +1,4 @@
-"""The Prometheus mixin (deploy/mixin): rendering, thresholds from settings, promtool, runbook links."""
+"""The mixin in deploy/mixin: rendering, thresholds from settings, promtool, runbook links."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class TestRender:
 
     @pytest.mark.parametrize(
         ("seconds", "text"),
-        [(600.0, "10m"), (1800.0, "30m"), (3600.0, "1h"), (5400.0, "90m"), (90.0, "90s"), (0, "0s")],
+        [(600, "10m"), (1800, "30m"), (3600, "1h"), (5400, "90m"), (90, "90s"), (0, "0s")],
     )
     def test_prometheus_duration(self, seconds: float, text: str) -> None:
         """Seconds become the largest whole unit: 1800 s is 30m, 5400 s is 90m, 90 s stays 90s."""
@@ -173,19 +173,24 @@ class TestRender:
         with pytest.raises(ValueError, match="whole"):
             prometheus_duration(1.5)
 
-    def test_templates_set_no_runbook_url(self) -> None:
-        """Runbook links come only from config.yaml's runbookURLPattern."""
+    def test_a_template_runbook_url_is_refused(self, tmp_path: Path) -> None:
+        """Runbook links come only from runbookURLPattern; a template's own link is refused."""
         for area in AREAS:
-            assert "runbook_url" not in (TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text(), area
+            (tmp_path / f"{area}.yaml.tmpl").write_text("groups: []\n")
+        (tmp_path / "self.yaml.tmpl").write_text(
+            "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n"
+            "        annotations:\n          runbook_url: https://example.invalid/#a\n"
+        )
+        with pytest.raises(ValueError, match="runbookURLPattern"):
+            render_rules(tmp_path)
 
 
 class TestThresholdsDefinedOnce:
     def test_every_placeholder_has_a_source_and_every_knob_is_used(self) -> None:
-        """Placeholders name settings fields, e_value_bound or config keys; each config knob is used."""
+        """Placeholders name settings fields, e_value_bound or config keys; each knob is used."""
         config = load_config()
-        used = {
-            n for area in AREAS for n in placeholders((TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text())
-        }
+        texts = [(TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text() for area in AREAS]
+        used = {n for text in texts for n in placeholders(text)}
         sources = set(DetectSettings.model_fields) | {"e_value_bound"} | set(config)
         assert used <= sources, used - sources
         knobs = {k for k, v in config.items() if not isinstance(v, dict)}
@@ -222,7 +227,7 @@ class TestThresholdsDefinedOnce:
         assert set(quality) == {"e_value", "non_inferiority"}
         assert quality["e_value"]["expr"] == 'specwatch_paired_e_value{window="since_start"} >= 20'
         (fleet,) = by_name["SpecQualityDriftFleet"]
-        assert "mcnemar_z:increase1h{arm=\"fly\"} >= 3.09\n" in fleet["expr"]
+        assert 'mcnemar_z:increase1h{arm="fly"} >= 3.09\n' in fleet["expr"]
         assert "discordant_pairs:increase1h >= 20\n" in fleet["expr"]
         assert fleet["for"] == "15m"
         assert fleet["labels"] == {"severity": "critical"}
@@ -239,7 +244,7 @@ class TestThresholdsDefinedOnce:
         assert ">= 3.09\n" in exprs["SpecQualityDriftFleet"]
 
     def test_quality_drift_reads_only_the_sidecar_gauges(self, rules: dict[str, Any]) -> None:
-        """SpecQualityDrift fires on the e-value or non-inferiority, never on the fleet McNemar z."""
+        """SpecQualityDrift fires on the e-value or non-inferiority, never on McNemar's z."""
         for rule in alert_rules(rules):
             if rule["alert"] == "SpecQualityDrift":
                 assert "mcnemar" not in rule["expr"], rule["labels"]

@@ -39,9 +39,9 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from deploy.mixin.render import load_rules
 from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from deploy.mixin.render import load_rules
 from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
