@@ -7,8 +7,11 @@ Inputs, each defined once:
 - thresholds: every numeric field of ``specwatch.alerts.settings.DetectSettings()`` under its
   field name (``*_for`` seconds as Prometheus durations, ``600.0`` → ``10m``), and
   ``e_value_bound`` = ``1 / specwatch.shadow.settings.PairedSettings().alpha`` (0.05 → 20).
-- ``config.yaml`` ``_config``: rule-only knobs (camelCase keys) and ``runbookURLPattern``, which
-  gives every alert its ``runbook_url`` (``%s`` = the alert name in lower case).
+- ``config.yaml`` ``_config``: rule-only knobs (camelCase keys), the PromQL selectors
+  ``vllmSelector`` / ``specwatchSelector`` (label matchers added to every ``vllm:*`` /
+  ``specwatch_*`` series; an empty one leaves the selector out, see :func:`drop_empty_matchers`)
+  and ``runbookURLPattern``, which gives every alert its ``runbook_url`` (``%s`` = the alert name
+  in lower case).
 
 Outputs (checked in; ``--check`` and a test keep them current): ``specwatch.rules.yaml`` (plain
 ``groups:``, what Prometheus and promtool load) and ``prometheusrule.yaml`` (the same groups as a
@@ -42,6 +45,7 @@ __all__ = [
     "MIXIN_DIR",
     "TEMPLATES_DIR",
     "alert_rules",
+    "drop_empty_matchers",
     "dump_yaml",
     "fill",
     "load_config",
@@ -156,6 +160,11 @@ def fill(template: str, params: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: params[m.group(1)], template)
 
 
+def drop_empty_matchers(text: str) -> str:
+    """Remove what an empty selector leaves: ``x{a="1", }`` → ``x{a="1"}``, ``x{}`` → ``x``."""
+    return re.sub(r"\{\}", "", re.sub(r",\s*\}", "}", text))
+
+
 def _add_runbook_links(groups: list[dict[str, Any]], pattern: str) -> None:
     """Set every alert's ``runbook_url`` from ``pattern``; ``ValueError`` if a template set one."""
     for group in groups:
@@ -183,7 +192,7 @@ def render_rules(
     groups: list[dict[str, Any]] = []
     for area in AREAS:
         path = templates_dir / f"{area}.yaml.tmpl"
-        doc = yaml.safe_load(fill(path.read_text(encoding="utf-8"), params))
+        doc = yaml.safe_load(drop_empty_matchers(fill(path.read_text(encoding="utf-8"), params)))
         if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
             raise ValueError(f"{path}: not a Prometheus rules template (no groups list)")
         groups.extend(doc["groups"])

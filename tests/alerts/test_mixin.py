@@ -19,6 +19,7 @@ from deploy.mixin.render import (
     MIXIN_DIR,
     TEMPLATES_DIR,
     alert_rules,
+    drop_empty_matchers,
     fill,
     load_config,
     load_rules,
@@ -51,6 +52,10 @@ EXPECTED_ALERTS = {
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
 }
+
+
+#: config.yaml's PromQL selector knobs.
+SELECTORS = ("vllmSelector", "specwatchSelector")
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +99,9 @@ def _filled_values() -> list[tuple[str, str]]:
     offset = 0
     for area in AREAS:
         text = (TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text()
+        for selector in SELECTORS:  # filled first: an empty one also drops its comma
+            text = text.replace(f"%({selector})s", str(load_config()[selector]))
+        text = drop_empty_matchers(text)
         names = placeholders(text)
         sentinels = {n: f"SENTINEL{i:04d}X" for i, n in enumerate(dict.fromkeys(names))}
         groups = yaml.safe_load(fill(text, sentinels))["groups"]
@@ -173,6 +181,25 @@ class TestRender:
         with pytest.raises(ValueError, match="whole"):
             prometheus_duration(1.5)
 
+    def test_drop_empty_matchers(self) -> None:
+        """An empty selector leaves no trace: no trailing comma, no empty braces."""
+        assert drop_empty_matchers('rate(x{a="1", }[5m]) / y{}') == 'rate(x{a="1"}[5m]) / y'
+        assert drop_empty_matchers('x{a="1", job="v"}') == 'x{a="1", job="v"}'
+
+    def test_selectors_reach_every_raw_series(self) -> None:
+        """With selectors set, every vllm:* and specwatch_* series read by a rule carries them."""
+        config = {**load_config(), "vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+        rules = render_rules(config=config)
+        series = re.compile(r"(?<![\w:])(vllm:[a-z_]+|specwatch_[a-z_]+)(\{[^}]*\})?")
+        seen = 0
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                for name, braces in series.findall(rule["expr"]):
+                    wanted = 'job="vllm"' if name.startswith("vllm:") else 'job="sw"'
+                    assert wanted in braces, (rule.get("alert") or rule.get("record"), name)
+                    seen += 1
+        assert seen >= 50
+
     def test_a_template_runbook_url_is_refused(self, tmp_path: Path) -> None:
         """Runbook links come only from runbookURLPattern; a template's own link is refused."""
         for area in AREAS:
@@ -194,7 +221,8 @@ class TestThresholdsDefinedOnce:
         sources = set(DetectSettings.model_fields) | {"e_value_bound"} | set(config)
         assert used <= sources, used - sources
         knobs = {k for k, v in config.items() if not isinstance(v, dict)}
-        knobs -= {"runbookURLPattern", "prometheusRuleName"}
+        knobs -= {"runbookURLPattern", "prometheusRuleName", *SELECTORS}
+        assert set(SELECTORS) <= used
         assert knobs <= used, knobs - used
 
     def test_each_rendered_threshold_equals_its_python_default(self) -> None:
@@ -310,18 +338,21 @@ class TestAlerts:
 
 @pytest.mark.promtool
 def test_promtool_check_rules(tmp_path: Path) -> None:
-    """promtool accepts the rules file and the manifest's spec (lint included)."""
+    """promtool accepts the rules file, the manifest's spec and a render with selectors set."""
     spec = tmp_path / "spec.rules.yaml"
     spec.write_text(yaml.safe_dump(yaml.safe_load(DEFAULT_MANIFEST.read_text())["spec"]))
+    selected = tmp_path / "selected.rules.yaml"
+    config = {**load_config(), "vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+    selected.write_text(yaml.safe_dump(render_rules(config=config)))
     out = subprocess.run(
-        [PROMTOOL, "check", "rules", str(DEFAULT_RULES), str(spec)],
+        [PROMTOOL, "check", "rules", str(DEFAULT_RULES), str(spec), str(selected)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 44 rules found") == 2
+    assert out.stdout.count("SUCCESS: 44 rules found") == 3
 
 
 @pytest.mark.promtool
