@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
+from deploy.mixin.render import alert_rules, load_rules
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.conditions import (
     BudgetInputs,
@@ -25,7 +26,6 @@ from specwatch.alerts.conditions import (
 )
 from specwatch.alerts.pending import ForTracker
 from specwatch.alerts.settings import DetectSettings
-from specwatch.mixin import alert_rules, load_rules
 from specwatch.shadow.settings import PairedSettings
 from specwatch.vllm.budget import budget_limits
 
@@ -127,14 +127,6 @@ class TestRulesAgree:
         assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for
         assert _has(by_check["non_inferiority"]["expr"], f">= {S.quality_min_pairs}")
         assert _seconds(by_check["non_inferiority"]["for"]) == S.quality_non_inferiority_for
-        fleet = [
-            r
-            for group in rules.values()
-            for r in group
-            if r["labels"].get("check") == "mcnemar_fleet"
-        ]
-        assert len(fleet) == 1
-        assert _has(fleet[0]["expr"], f">= {S.flip_z:g}")
 
     def test_no_stray_thresholds(self, rules: dict[str, list[dict[str, Any]]]) -> None:
         """Every comparison constant in the alert expressions is one the tests above know."""

@@ -1,6 +1,6 @@
 """End to end with a real Prometheus evaluating the mixin: Prometheus scrapes the two simulated
 vLLM servers (job ``vllm``, ``role`` label per target as the mixin requires) and specwatch (job
-``specwatch``), loads a time-scaled copy of ``deploy/prometheus/specwatch.rules.yaml``, and the
+``specwatch``), loads a time-scaled copy of ``deploy/mixin/specwatch.rules.yaml``, and the
 faults injected through ``POST /admin/faults`` fire the matching Prometheus alerts
 (``/api/v1/alerts``), which clear with the fault.
 
@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 import yaml
 
+from deploy.mixin.render import load_rules
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.mixin import load_rules
 from tests.alerts.e2e_stack import Stack, poll, run_prometheus, running_stack
 
 pytestmark = pytest.mark.promtool

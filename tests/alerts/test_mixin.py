@@ -1,4 +1,4 @@
-"""The Prometheus mixin: promtool check/test, the generated PrometheusRule, runbook links."""
+"""The mixin in deploy/mixin: rendering, thresholds from settings, promtool, runbook links."""
 
 from __future__ import annotations
 
@@ -11,25 +11,37 @@ from typing import Any
 import pytest
 import yaml
 
-from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
-from specwatch.mixin import (
+from deploy.mixin.render import (
+    AREAS,
+    CONFIG,
     DEFAULT_MANIFEST,
     DEFAULT_RULES,
+    MIXIN_DIR,
+    TEMPLATES_DIR,
     alert_rules,
-    dump_yaml,
+    drop_empty_matchers,
+    fill,
+    load_config,
     load_rules,
     main,
-    render_prometheusrule,
+    placeholders,
+    prometheus_duration,
+    render_rules,
+    rendered_files,
+    threshold_values,
 )
+from specwatch.alerts.settings import DEFAULT_RUNBOOK_BASE_URL, DetectSettings
+from specwatch.shadow.settings import PairedSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS_DIR = ROOT / "deploy" / "prometheus" / "tests"
+TESTS_DIR = MIXIN_DIR / "tests"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
-#: The alerts issue 5 asks for; the rules file must define exactly these.
+#: The alerts the mixin defines, exactly.
 EXPECTED_ALERTS = {
     "SpecQualityDrift",
+    "SpecQualityDriftFleet",
     "SpecFlipRateAboveNoise",
     "SpecAcceptanceDrop",
     "SpecFLyGainLost",
@@ -40,6 +52,10 @@ EXPECTED_ALERTS = {
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
 }
+
+
+#: config.yaml's PromQL selector knobs.
+SELECTORS = ("vllmSelector", "specwatchSelector")
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +74,285 @@ def _github_anchors(markdown: str) -> set[str]:
     return anchors
 
 
+def _seconds(duration: str) -> float:
+    """A one-unit Prometheus duration (``10m``) in seconds."""
+    return float(duration[:-1]) * {"s": 1, "m": 60, "h": 3600}[duration[-1]]
+
+
+def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    """Every string leaf of a parsed YAML tree with its key path."""
+    if isinstance(node, dict):
+        return [leaf for k, v in node.items() for leaf in _leaves(v, (*path, k))]
+    if isinstance(node, list):
+        return [leaf for i, v in enumerate(node) for leaf in _leaves(v, (*path, i))]
+    return [(path, str(node))]
+
+
+def _filled_values() -> list[tuple[str, str]]:
+    """(placeholder, text it became in the checked-in rules file), for every placeholder use.
+
+    Each template is parsed with its placeholders replaced by sentinels, walked in step with the
+    rendered groups, and each sentinel-bearing leaf is matched against the rendered leaf.
+    """
+    rendered_groups = load_rules(DEFAULT_RULES)["groups"]
+    found: list[tuple[str, str]] = []
+    offset = 0
+    for area in AREAS:
+        text = (TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text()
+        for selector in SELECTORS:  # filled first: an empty one also drops its comma
+            text = text.replace(f"%({selector})s", str(load_config()[selector]))
+        text = drop_empty_matchers(text)
+        names = placeholders(text)
+        sentinels = {n: f"SENTINEL{i:04d}X" for i, n in enumerate(dict.fromkeys(names))}
+        groups = yaml.safe_load(fill(text, sentinels))["groups"]
+        rendered = {"groups": rendered_groups[offset : offset + len(groups)]}
+        offset += len(groups)
+        by_path = dict(_leaves(rendered))
+        back = {s: n for n, s in sentinels.items()}
+        for path, leaf in _leaves({"groups": groups}):
+            used = re.findall(r"SENTINEL\d{4}X", leaf)
+            if not used:
+                continue
+            pattern = "".join(
+                f"(?P<g{i}>.+?)" if i % 2 else re.escape(part)
+                for i, part in enumerate(re.split(r"(SENTINEL\d{4}X)", leaf))
+            )
+            m = re.fullmatch(pattern, by_path[path], flags=re.DOTALL)
+            assert m is not None, (path, leaf)
+            found += [(back[s], m.group(f"g{2 * j + 1}")) for j, s in enumerate(used)]
+    assert offset == len(rendered_groups)
+    return found
+
+
+class TestRender:
+    def test_checked_in_files_equal_a_fresh_render(self) -> None:
+        """specwatch.rules.yaml and prometheusrule.yaml are exactly what render.py writes now."""
+        files = rendered_files()
+        assert set(files) == {"specwatch.rules.yaml", "prometheusrule.yaml"}
+        for name, text in files.items():
+            assert (MIXIN_DIR / name).read_text() == text, f"{name} is stale: run render.py"
+
+    def test_manifest_spec_is_the_rules_file(self, rules: dict[str, Any]) -> None:
+        """The PrometheusRule wraps the rules file's groups unchanged, with config.yaml metadata."""
+        manifest = yaml.safe_load(DEFAULT_MANIFEST.read_text())
+        assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+        assert manifest["kind"] == "PrometheusRule"
+        assert manifest["metadata"] == {
+            "name": "specwatch",
+            "labels": {
+                "app.kubernetes.io/name": "specwatch",
+                "app.kubernetes.io/component": "alerting",
+            },
+        }
+        assert manifest["spec"] == rules
+
+    def test_check_mode(self, tmp_path: Path) -> None:
+        """--check passes on fresh files, fails on a stale one; a bad template exits 2."""
+        assert main(["--output-dir", str(tmp_path)]) == 0
+        assert main(["--output-dir", str(tmp_path), "--check"]) == 0
+        out = tmp_path / "specwatch.rules.yaml"
+        out.write_text(out.read_text().replace("for: 10m", "for: 11m"))
+        assert main(["--output-dir", str(tmp_path), "--check"]) == 1
+        bad = tmp_path / "templates"
+        bad.mkdir()
+        for area in AREAS:
+            (bad / f"{area}.yaml.tmpl").write_text("groups: [{name: x, rules: []}]\n")
+        (bad / "self.yaml.tmpl").write_text("groups:\n  - name: %(no_such_knob)s\n")
+        assert main(["--templates", str(bad), "--output-dir", str(tmp_path)]) == 2
+
+    def test_fill_replaces_only_named_placeholders(self) -> None:
+        """``%(name)s`` is replaced; printf's ``%.3f`` is left as it is; an unknown name raises."""
+        text = 'x >= %(a)s and {{ printf "%.3f" $value }} for %(a)s'
+        assert fill(text, {"a": "20"}) == 'x >= 20 and {{ printf "%.3f" $value }} for 20'
+        assert placeholders(text) == ["a", "a"]
+        with pytest.raises(KeyError):
+            fill("%(b)s", {"a": "1"})
+
+    @pytest.mark.parametrize(
+        ("seconds", "text"),
+        [(600, "10m"), (1800, "30m"), (3600, "1h"), (5400, "90m"), (90, "90s"), (0, "0s")],
+    )
+    def test_prometheus_duration(self, seconds: float, text: str) -> None:
+        """Seconds become the largest whole unit: 1800 s is 30m, 5400 s is 90m, 90 s stays 90s."""
+        assert prometheus_duration(seconds) == text
+
+    def test_prometheus_duration_rejects_fractions(self) -> None:
+        """A fractional second has no Prometheus duration here."""
+        with pytest.raises(ValueError, match="whole"):
+            prometheus_duration(1.5)
+
+    def test_drop_empty_matchers(self) -> None:
+        """An empty selector leaves no trace: no trailing comma, no empty braces."""
+        assert drop_empty_matchers('rate(x{a="1", }[5m]) / y{}') == 'rate(x{a="1"}[5m]) / y'
+        assert drop_empty_matchers('x{a="1", job="v"}') == 'x{a="1", job="v"}'
+
+    def test_selectors_reach_every_raw_series(self) -> None:
+        """With selectors set, every vllm:* and specwatch_* series read by a rule carries them."""
+        config = {**load_config(), "vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+        rules = render_rules(config=config)
+        series = re.compile(r"(?<![\w:])(vllm:[a-z_]+|specwatch_[a-z_]+)(\{[^}]*\})?")
+        seen = 0
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                for name, braces in series.findall(rule["expr"]):
+                    wanted = 'job="vllm"' if name.startswith("vllm:") else 'job="sw"'
+                    assert wanted in braces, (rule.get("alert") or rule.get("record"), name)
+                    seen += 1
+        assert seen >= 50
+
+    def test_a_template_runbook_url_is_refused(self, tmp_path: Path) -> None:
+        """Runbook links come only from runbookURLPattern; a template's own link is refused."""
+        for area in AREAS:
+            (tmp_path / f"{area}.yaml.tmpl").write_text("groups: []\n")
+        (tmp_path / "self.yaml.tmpl").write_text(
+            "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n"
+            "        annotations:\n          runbook_url: https://example.invalid/#a\n"
+        )
+        with pytest.raises(ValueError, match="runbookURLPattern"):
+            render_rules(tmp_path)
+
+
+class TestThresholdsDefinedOnce:
+    def test_every_placeholder_has_a_source_and_every_knob_is_used(self) -> None:
+        """Placeholders name settings fields, e_value_bound or config keys; each knob is used."""
+        config = load_config()
+        texts = [(TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text() for area in AREAS]
+        used = {n for text in texts for n in placeholders(text)}
+        sources = set(DetectSettings.model_fields) | {"e_value_bound"} | set(config)
+        assert used <= sources, used - sources
+        knobs = {k for k, v in config.items() if not isinstance(v, dict)}
+        knobs -= {"runbookURLPattern", "prometheusRuleName", *SELECTORS}
+        assert set(SELECTORS) <= used
+        assert knobs <= used, knobs - used
+
+    def test_each_rendered_threshold_equals_its_python_default(self) -> None:
+        """Every number put into the rendered rules equals the default it came from."""
+        detect = DetectSettings()
+        config = load_config()
+        found = _filled_values()
+        assert len(found) >= 40
+        for name, text in found:
+            if name == "e_value_bound":
+                assert float(text) == 1 / PairedSettings().alpha == 20, text
+            elif name in config:
+                assert text == str(config[name]), name
+            elif name.endswith("_for"):
+                assert _seconds(text) == getattr(detect, name), name
+            else:
+                assert float(text) == getattr(detect, name), name
+        names = {n for n, _ in found}
+        assert {"acceptance_drop_ratio", "flip_z", "quality_min_pairs", "e_value_bound"} <= names
+
+    def test_hand_checked_values(self, rules: dict[str, Any]) -> None:
+        """Spot checks against the documented defaults: 0.8, 10m, e-value >= 20, fleet z 3.09."""
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for rule in alert_rules(rules):
+            by_name.setdefault(rule["alert"], []).append(rule)
+        drop = by_name["SpecAcceptanceDrop"][0]
+        assert "ratio_rate1h < 0.8\n" in drop["expr"]
+        assert drop["for"] == "10m"
+        quality = {r["labels"]["check"]: r for r in by_name["SpecQualityDrift"]}
+        assert set(quality) == {"e_value", "non_inferiority"}
+        assert quality["e_value"]["expr"] == 'specwatch_paired_e_value{window="since_start"} >= 20'
+        (fleet,) = by_name["SpecQualityDriftFleet"]
+        assert 'mcnemar_z:increase1h{arm="fly"} >= 3.09\n' in fleet["expr"]
+        assert "discordant_pairs:increase1h >= 20\n" in fleet["expr"]
+        assert fleet["for"] == "15m"
+        assert fleet["labels"] == {"severity": "critical"}
+
+    def test_e_value_bound_follows_alpha(self) -> None:
+        """alpha 0.01 renders the e-value alarm at 100; the fleet z stays the config's 3.09."""
+        rules = render_rules(thresholds=threshold_values(paired=PairedSettings(alpha=0.01)))
+        exprs = {
+            r["labels"].get("check", r["alert"]): r["expr"]
+            for r in alert_rules(rules)
+            if r["alert"].startswith("SpecQualityDrift")
+        }
+        assert exprs["e_value"] == 'specwatch_paired_e_value{window="since_start"} >= 100'
+        assert ">= 3.09\n" in exprs["SpecQualityDriftFleet"]
+
+    def test_quality_drift_reads_only_the_sidecar_gauges(self, rules: dict[str, Any]) -> None:
+        """SpecQualityDrift fires on the e-value or non-inferiority, never on McNemar's z."""
+        for rule in alert_rules(rules):
+            if rule["alert"] == "SpecQualityDrift":
+                assert "mcnemar" not in rule["expr"], rule["labels"]
+
+
+class TestAlerts:
+    def test_alert_set(self, rules: dict[str, Any]) -> None:
+        """The rules define exactly the expected alerts."""
+        assert {r["alert"] for r in alert_rules(rules)} == EXPECTED_ALERTS
+
+    def test_every_alert_has_metadata(self, rules: dict[str, Any]) -> None:
+        """Each alert has for, a severity label, summary, description and a runbook_url."""
+        for rule in alert_rules(rules):
+            name = rule["alert"]
+            assert re.fullmatch(r"\d+[smh]", rule["for"]), name
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+            ann = rule["annotations"]
+            assert ann["summary"], name
+            assert ann["description"], name
+            assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
+
+    def test_runbook_pattern_matches_the_python_default(self) -> None:
+        """config.yaml's runbook pattern points where specwatch's own alerts point by default."""
+        assert load_config(CONFIG)["runbookURLPattern"] == f"{DEFAULT_RUNBOOK_BASE_URL}#%s"
+
+    def test_recording_rule_names(self, rules: dict[str, Any]) -> None:
+        """Recording rules are named level:metric:operations, each once."""
+        records = [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
+        assert len(records) >= 20
+        for name in records:
+            assert re.fullmatch(r"[a-z_]*:[a-z0-9_]+:[a-z0-9_]+", name), name
+        assert len(records) == len(set(records))
+
+    def test_every_alert_fires_and_stays_quiet_in_promtool_tests(
+        self, rules: dict[str, Any]
+    ) -> None:
+        """Each alert has at least one promtool case where it fires and one where it is quiet."""
+        fires: set[str] = set()
+        quiet: set[str] = set()
+        for path in TESTS_DIR.glob("*.yaml"):
+            doc = yaml.safe_load(path.read_text())
+            for test in doc["tests"]:
+                for case in test.get("alert_rule_test", []):
+                    (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
+        names = {r["alert"] for r in alert_rules(rules)}
+        assert names <= fires, names - fires
+        assert names <= quiet, names - quiet
+
+    def test_runbook_has_every_anchor(self, rules: dict[str, Any]) -> None:
+        """Every alert's runbook_url fragment is a heading of docs/runbook.md."""
+        anchors = _github_anchors(RUNBOOK.read_text())
+        for rule in alert_rules(rules):
+            fragment = rule["annotations"]["runbook_url"].split("#", 1)[1]
+            assert fragment in anchors, fragment
+
+    def test_anchor_helper(self) -> None:
+        """Headings become GitHub anchors: lower case, punctuation dropped, spaces to hyphens."""
+        assert _github_anchors("## SpecFLyGainLost\n### What to look at (PromQL)\n") == {
+            "specflygainlost",
+            "what-to-look-at-promql",
+        }
+
+
 @pytest.mark.promtool
 def test_promtool_check_rules(tmp_path: Path) -> None:
-    """promtool accepts the rules file and the manifest's spec (lint included)."""
+    """promtool accepts the rules file, the manifest's spec and a render with selectors set."""
     spec = tmp_path / "spec.rules.yaml"
     spec.write_text(yaml.safe_dump(yaml.safe_load(DEFAULT_MANIFEST.read_text())["spec"]))
+    selected = tmp_path / "selected.rules.yaml"
+    config = {**load_config(), "vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+    selected.write_text(yaml.safe_dump(render_rules(config=config)))
     out = subprocess.run(
-        [PROMTOOL, "check", "rules", str(DEFAULT_RULES), str(spec)],
+        [PROMTOOL, "check", "rules", str(DEFAULT_RULES), str(spec), str(selected)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 44 rules found") == 2
+    assert out.stdout.count("SUCCESS: 44 rules found") == 3
 
 
 @pytest.mark.promtool
@@ -88,79 +369,3 @@ def test_promtool_test_rules() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("SUCCESS") == len(files)
-
-
-def test_alert_set(rules: dict[str, Any]) -> None:
-    assert {r["alert"] for r in alert_rules(rules)} == EXPECTED_ALERTS
-
-
-def test_every_alert_has_metadata(rules: dict[str, Any]) -> None:
-    """Each alert has for, a severity label, summary, description and a runbook_url."""
-    for rule in alert_rules(rules):
-        name = rule["alert"]
-        assert re.fullmatch(r"\d+[smh]", rule["for"]), name
-        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
-        ann = rule["annotations"]
-        assert ann["summary"], name
-        assert ann["description"], name
-        assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
-
-
-def test_recording_rule_names(rules: dict[str, Any]) -> None:
-    """Recording rules are named level:metric:operations."""
-    records = [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
-    assert len(records) >= 20
-    for name in records:
-        assert re.fullmatch(r"[a-z_]*:[a-z0-9_]+:[a-z0-9_]+", name), name
-    assert len(records) == len(set(records))
-
-
-def test_every_alert_fires_and_stays_quiet_in_promtool_tests(rules: dict[str, Any]) -> None:
-    """Each alert has at least one promtool case where it fires and one where it is quiet."""
-    fires: set[str] = set()
-    quiet: set[str] = set()
-    for path in TESTS_DIR.glob("*.yaml"):
-        doc = yaml.safe_load(path.read_text())
-        for test in doc["tests"]:
-            for case in test.get("alert_rule_test", []):
-                (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
-    names = {r["alert"] for r in alert_rules(rules)}
-    assert names <= fires, names - fires
-    assert names <= quiet, names - quiet
-
-
-def test_prometheusrule_is_generated_from_rules(rules: dict[str, Any]) -> None:
-    """The committed manifest is exactly what the generator writes, and its spec is the file."""
-    manifest_text = DEFAULT_MANIFEST.read_text()
-    assert manifest_text == dump_yaml(render_prometheusrule(rules))
-    manifest = yaml.safe_load(manifest_text)
-    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
-    assert manifest["kind"] == "PrometheusRule"
-    assert manifest["spec"] == rules
-
-
-def test_generator_check_mode(tmp_path: Path) -> None:
-    """--check passes on a fresh file, fails on a stale one; a broken rules file exits 2."""
-    out = tmp_path / "pr.yaml"
-    assert main(["--output", str(out)]) == 0
-    assert main(["--output", str(out), "--check"]) == 0
-    out.write_text(out.read_text().replace("for: 10m", "for: 11m"))
-    assert main(["--output", str(out), "--check"]) == 1
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("rules: []\n")
-    assert main(["--rules", str(bad), "--output", str(out)]) == 2
-
-
-def test_runbook_has_every_anchor(rules: dict[str, Any]) -> None:
-    """Every alert's runbook_url fragment is a heading of docs/runbook.md."""
-    anchors = _github_anchors(RUNBOOK.read_text())
-    for rule in alert_rules(rules):
-        fragment = rule["annotations"]["runbook_url"].split("#", 1)[1]
-        assert fragment in anchors, fragment
-
-
-def test_anchor_helper() -> None:
-    assert _github_anchors("## SpecFLyGainLost\n### What to look at (PromQL)\n") == {
-        "specflygainlost",
-        "what-to-look-at-promql",
-    }

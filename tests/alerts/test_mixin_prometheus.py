@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specwatch.mixin import DEFAULT_RULES
+from deploy.mixin.render import DEFAULT_RULES
 
 pytestmark = pytest.mark.promtool
 

@@ -4,7 +4,7 @@ Prometheus (Debian ``prometheus``, 1 s scrape and evaluation, temp storage, free
 specwatch and the two simulated vLLM servers the way ``deploy/base/podmonitor.yaml`` does: one
 ``job`` (``<namespace>/vllm-pair``, prometheus-operator's PodMonitor job name) and ``namespace``
 on every target, ``container`` per endpoint and ``role`` on the vLLM endpoints. It loads the
-mixin (``deploy/prometheus/specwatch.rules.yaml``, time-scaled as in
+mixin (``deploy/mixin/specwatch.rules.yaml``, time-scaled as in
 ``tests/alerts/test_e2e_prometheus.py`` so ``for`` durations pass within the test).
 
 specwatch runs with shadow sampling in canary mode (the simulator's built-in canary items with
@@ -39,8 +39,8 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from deploy.mixin.render import load_rules
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.mixin import load_rules
 from specwatch.server.app import build_app
 from specwatch.server.wiring import AlertingPlug, ShadowPlug
 from specwatch.settings import Settings

@@ -35,6 +35,7 @@ DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 OVERLAY = DEPLOY / "overlays" / "example"
 GRAFANA = ROOT / "grafana"
+MIXIN = DEPLOY / "mixin"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 #: Oldest Kubernetes the manifests target (resource.k8s.io/v1 is GA from 1.34).
@@ -201,13 +202,13 @@ def port_by_name(c: Obj) -> dict[str, int]:
 
 
 class TestKustomizationReferences:
-    @pytest.mark.parametrize("directory", [BASE, GRAFANA], ids=["base", "grafana"])
+    @pytest.mark.parametrize("directory", [BASE, GRAFANA, MIXIN], ids=["base", "grafana", "mixin"])
     def test_references_resolve(self, directory: Path) -> None:
         """Every resource, generator file and env file the kustomization names exists."""
         assert missing_references(directory) == []
 
     def test_overlay_references_resolve(self) -> None:
-        """The example overlay's references exist, including deploy/prometheus (issue 5)."""
+        """The example overlay's references exist, including deploy/mixin (rules and dashboards)."""
         assert missing_references(OVERLAY) == []
 
     def test_resolver_reports_a_file_outside_the_root(self, tmp_path: Path) -> None:
