@@ -15,25 +15,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from specwatch.alerts.alertmanager import (
     Alert,
     AlertingState,
     AlertLoop,
-    alert_families,
-    alerts_json,
 )
 from specwatch.alerts.detect import SINCE_START, Detector
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
+from specwatch.export.json import alerts_json
+from specwatch.export.prometheus import AlertsCollector
 from specwatch.observe.values import Snapshot
 from specwatch.server.app import LIVENESS_KEY, SESSION_KEY, SnapshotStore
 from specwatch.settings import Settings
@@ -57,16 +55,6 @@ def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str,
     kept = {*windows, SINCE_START}
     fields = ("acceptance_short_window", "rate_window", "fly_gain_window")
     return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
-
-
-class _AlertCollector(Collector):
-    """Yields :func:`alert_families` of the component's current state (no I/O)."""
-
-    def __init__(self, get_state: Callable[[], AlertingState]) -> None:
-        self._get = get_state
-
-    def collect(self) -> Iterator[Metric]:
-        yield from alert_families(self._get())
 
 
 class AlertingComponent:
@@ -118,7 +106,7 @@ class AlertingComponent:
         self._store = store
         self._snapshot = store.get()
         store.add_listener(self._on_snapshot)
-        registry.register(_AlertCollector(lambda: self._state))
+        registry.register(AlertsCollector(lambda: self._state))
         store.set_extra("alerts", [])
         app.cleanup_ctx.append(self._ctx)
 

@@ -39,7 +39,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from specwatch.alerts.component import alerting_components
-from specwatch.export.prometheus import snapshot_json
+from specwatch.export.json import snapshot_json
 from specwatch.observe.values import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
 from specwatch.settings import Settings, load_settings

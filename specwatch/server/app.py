@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
-from specwatch.export.prometheus import SpecwatchCollector, snapshot_json
+from specwatch.export.json import snapshot_json
+from specwatch.export.prometheus import SpecwatchCollector
 from specwatch.observe.loop import Scraper
 from specwatch.observe.tracker import TargetTracker, build_snapshot
 from specwatch.observe.values import Snapshot, SnapshotGetter
@@ -133,11 +134,6 @@ class Component(Protocol):
         ...
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY_KEY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 async def _healthz(request: web.Request) -> web.Response:
     failed = request.app[LIVENESS_KEY].failed
     if failed is not None:
@@ -172,14 +168,22 @@ def build_app(
 
     ``clock``: unix time source. ``session``: a shared :class:`aiohttp.ClientSession` (closed by
     the caller); ``None`` creates one on startup and closes it on cleanup. ``registry``: a fresh
-    :class:`CollectorRegistry` by default (never the global one). ``extra_collectors``: factories
-    called with the snapshot getter. ``scrape=False`` starts no scrape loops (tests drive
+    :class:`CollectorRegistry` by default (never the global one), built with ``auto_describe``
+    so a collector whose family name clashes with one already registered raises ``ValueError``
+    here; it gets :class:`ProcessCollector`, :class:`PlatformCollector` and :class:`GCCollector`
+    (``process_*``, ``python_*``). ``extra_collectors``: factories called with the snapshot
+    getter. ``/metrics`` is prometheus_client's own aiohttp handler: text format or OpenMetrics
+    by ``Accept``, gzip by ``Accept-Encoding``. ``scrape=False`` starts no scrape loops (tests drive
     :meth:`Scraper.scrape_once` themselves).
     """
     app = web.Application()
     trackers = {t.name: TargetTracker(t, settings.window_seconds) for t in settings.targets}
     store = SnapshotStore(trackers, clock)
-    reg = registry if registry is not None else CollectorRegistry(auto_describe=False)
+    reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    if registry is None:
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
     reg.register(SpecwatchCollector(store.get))
     for factory in extra_collectors:
         reg.register(factory(store.get))
@@ -187,7 +191,7 @@ def build_app(
     app[LIVENESS_KEY] = Liveness()
     app[STORE_KEY] = store
     app[REGISTRY_KEY] = reg
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", make_aiohttp_handler(reg))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/api/v1/snapshot", _snapshot)

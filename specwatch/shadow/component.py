@@ -13,7 +13,7 @@ mirror routes (mirror mode), a Prometheus collector and a background context tha
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
 3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
    the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
-   the pipeline's queue/drop/pause state, exports it (``shadow_families``) and publishes it as
+   the pipeline's I/O counters, exports it (``ShadowCollector``) and publishes it as
    the snapshot's ``"shadow"`` extra.
 
 The load-aware pause reads the latest core :class:`~specwatch.observe.values.Snapshot`: per arm the
@@ -28,17 +28,17 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
 
 from specwatch.core.logs import log_event
-from specwatch.export.shadow import shadow_families
+from specwatch.export.json import shadow_stats_json
+from specwatch.export.prometheus import ShadowCollector
 from specwatch.observe.values import Snapshot, TargetSnapshot
 from specwatch.server.app import LIVENESS_KEY
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
@@ -50,10 +50,8 @@ from specwatch.shadow.settings import ArmEndpoint
 from specwatch.shadow.stats.sequential import BettingEProcess
 from specwatch.shadow.summary import (
     OutcomeCounters,
-    ShadowIO,
     ShadowStats,
     build_shadow_stats,
-    shadow_stats_json,
 )
 from specwatch.shadow.values import ReplayPair
 
@@ -170,7 +168,7 @@ class ShadowComponent:
         """Mirror routes (mirror mode), the collector, the snapshot listener and the lifecycle."""
         self._store = store
         store.add_listener(self._on_snapshot)
-        registry.register(self)
+        registry.register(ShadowCollector(self.latest_stats))
         if "mirror" in self.settings.shadow.modes:
             for path in sorted(SHADOW_PATHS):
                 app.router.add_post(path, self._mirror)
@@ -200,15 +198,7 @@ class ShadowComponent:
         if health.dropped:
             errors["queue_full"] = health.dropped
         self._note_ledger_state(sum(errors.values()), health.rows_written, health.last_error)
-        io: ShadowIO | None = None
-        if self.pipeline is not None:
-            m = self.pipeline.metrics()
-            io = ShadowIO(
-                queue_depth=m.queue_depth,
-                in_flight=m.in_flight,
-                dropped_total=dict(m.dropped),
-                paused={r: bool(v) for r, v in m.paused.items()},
-            )
+        io = self.pipeline.metrics() if self.pipeline is not None else None
         stats = build_shadow_stats(
             tallies,
             now=now,
@@ -227,24 +217,6 @@ class ShadowComponent:
         if self._store is not None:
             self._store.set_extra("shadow", shadow_stats_json(stats))
         return stats
-
-    # -- collector ------------------------------------------------------------------------
-
-    def collect(self) -> Iterator[Metric]:
-        """Prometheus families of the last statistics (no I/O), plus
-        ``specwatch_shadow_pauses_total{reason}`` (transitions into a load pause)."""
-        stats = self._stats
-        if stats is not None:
-            yield from shadow_families(stats)
-        if self.pipeline is not None:
-            fam = CounterMetricFamily(
-                "specwatch_shadow_pauses",
-                "Times shadow replay entered a load-aware pause, by reason.",
-                labels=["reason"],
-            )
-            for reason, n in sorted(self.pipeline.sampler.pauses.items()):
-                fam.add_metric([reason], n)
-            yield fam
 
     # -- internals ------------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Golden ``/metrics``: specwatch's own families for one fixed scenario, compared byte for byte.
 
 The scenario: a standard and a FLy target scraped from the vLLM fixture captures at fixed times
-(``tests/fixtures/vllm-metrics``), one fixed :class:`ShadowStats` (ledger rows, I/O counters),
-load pauses, and one firing alert with a send error. Process/platform/GC series (``process_``,
-``python_``) are left out: their values vary from run to run.
+(``tests/fixtures/vllm-metrics``), one fixed :class:`ShadowStats` (ledger rows and every shadow
+I/O counter, load pauses included), and one firing alert with a send error. Process, platform
+and GC series (``process_``, ``python_``) are left out: their values vary from run to run.
 
 Regenerate after an intended change of the exposition with::
 
@@ -15,17 +15,12 @@ and review the diff of ``tests/fixtures/golden/metrics.prom`` before committing 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
-from specwatch.alerts.alertmanager import AlertingState, FiringAlert, alert_families
-from specwatch.export.prometheus import SpecwatchCollector
-from specwatch.export.shadow import shadow_families
+from specwatch.alerts.alertmanager import AlertingState, FiringAlert
+from specwatch.export.prometheus import AlertsCollector, ShadowCollector, SpecwatchCollector
 from tests.core.test_export import _full_snapshot
 from tests.ship.test_dashboards import full_shadow_stats
 
@@ -45,25 +40,15 @@ def _alerting() -> AlertingState:
     )
 
 
-class _Others(Collector):
-    def collect(self) -> Iterator[Metric]:
-        yield from shadow_families(full_shadow_stats())
-        pauses = CounterMetricFamily(
-            "specwatch_shadow_pauses",
-            "Times shadow replay entered a load-aware pause, by reason.",
-            labels=["reason"],
-        )
-        pauses.add_metric(["waiting"], 2)
-        yield pauses
-        yield from alert_families(_alerting())
-
-
 def scenario_text() -> str:
     """The exposition text of the scenario, only ``specwatch_`` families."""
     snap = _full_snapshot()
     reg = CollectorRegistry(auto_describe=False)
     reg.register(SpecwatchCollector(lambda: snap))
-    reg.register(_Others())
+    stats = full_shadow_stats()
+    alerting = _alerting()
+    reg.register(ShadowCollector(lambda: stats))
+    reg.register(AlertsCollector(lambda: alerting))
     return own_families(generate_latest(reg).decode())
 
 
