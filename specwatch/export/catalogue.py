@@ -380,17 +380,8 @@ SHADOW_CANARY_BAD_LINES = _c(
     "specwatch_shadow_canary_bad_lines", "Canary file lines skipped at load, by reason.", REASON
 )
 
-#: The shadow chain's families, in exposition order.
-SHADOW: tuple[MetricSpec, ...] = (
-    SHADOW_PAIRS,
-    SHADOW_UNPAIRED,
-    SHADOW_EXCLUDED,
-    LEDGER_WRITE_ERRORS,
-    *SUMMARY_GAUGES.values(),
-    MCNEMAR_P,
-    E_VALUE,
-    FLIP_RATIO,
-    LEDGER_ROWS,
+#: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
+SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_QUEUE_DEPTH,
     SHADOW_IN_FLIGHT,
     SHADOW_DROPPED,
@@ -410,6 +401,20 @@ SHADOW: tuple[MetricSpec, ...] = (
     SHADOW_PROXY_UPSTREAM_ERRORS,
     SHADOW_CANARY_OFFERED,
     SHADOW_CANARY_BAD_LINES,
+)
+
+#: The shadow chain's families, in exposition order.
+SHADOW: tuple[MetricSpec, ...] = (
+    SHADOW_PAIRS,
+    SHADOW_UNPAIRED,
+    SHADOW_EXCLUDED,
+    LEDGER_WRITE_ERRORS,
+    *SUMMARY_GAUGES.values(),
+    MCNEMAR_P,
+    E_VALUE,
+    FLIP_RATIO,
+    LEDGER_ROWS,
+    *SHADOW_IO,
 )
 
 # -- alerts -----------------------------------------------------------------------------------

@@ -293,8 +293,9 @@ class ShadowCollector(Collector):
     """The shadow chain's families (:data:`~specwatch.export.catalogue.SHADOW`) from
     ``get_stats()`` (``None`` before the first refresh: nothing is exported).
 
-    The counters, paired-statistics gauges and ledger families are exported even without
-    samples (``# TYPE`` lines from the first refresh); the I/O families need ``stats.io``.
+    The counters and paired-statistics gauges are exported even without samples (``# TYPE``
+    lines from the first refresh); ``specwatch_ledger_rows`` needs ``stats.ledger_rows`` and the
+    I/O families (:data:`~specwatch.export.catalogue.SHADOW_IO`) need ``stats.io``.
     NaN values (no pairs yet) are left out; an overflowed margin e-value is ``+Inf``.
     """
 
@@ -312,9 +313,11 @@ class ShadowCollector(Collector):
             return
         fam = _Families(cat.SHADOW)
         _shadow_rows(fam, state)
-        io_only = {s.name for s in cat.SHADOW[cat.SHADOW.index(cat.SHADOW_QUEUE_DEPTH) :]}
+        skip = set() if state.io is not None else {spec.name for spec in cat.SHADOW_IO}
+        if state.ledger_rows is None:
+            skip.add(cat.LEDGER_ROWS.name)
         for f in fam.families(keep_empty=True):
-            if state.io is not None or f.name not in io_only:
+            if f.name not in skip:
                 yield f
 
 

@@ -292,3 +292,20 @@ def test_snapshot_json_is_strict_json() -> None:
     assert doc["betting_e_value"] is None
     assert doc["betting_log_e_value"] == 1000.0
     assert doc["io"]["queue_depth"] == 1
+
+
+def test_families_before_io_and_ledger_are_known() -> None:
+    """Without I/O state and ledger rows: counters and gauges keep their TYPE lines, the I/O
+    families and specwatch_ledger_rows are absent, and the known reasons still start at 0."""
+    reg = CollectorRegistry()
+    reg.register(_fixed(build_shadow_stats({}, now=1.0)))
+    text = generate_latest(reg).decode()
+    assert "# TYPE specwatch_shadow_pairs_total counter" in text
+    assert "# TYPE specwatch_paired_n gauge" in text
+    assert 'specwatch_shadow_excluded_total{reason="bad_checker"} 0.0' in text
+    for absent in (
+        "specwatch_ledger_rows",
+        "specwatch_shadow_queue_depth",
+        "specwatch_shadow_received",
+    ):
+        assert absent not in text
