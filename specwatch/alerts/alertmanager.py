@@ -14,8 +14,8 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
 Pure parts (:class:`Alert`, :func:`sanitize_labels`, :func:`build_payload`, :class:`ActiveAlerts`,
 :class:`Outbox`) take values and return values. :class:`AlertSender` does the HTTP over an
 injected ``aiohttp.ClientSession``; :class:`AlertLoop` ties them to an injected clock and sleep.
-:func:`alert_families` turns the published :class:`AlertingState` into metric families for the
-export collector (no I/O).
+The published :class:`AlertingState` is exported by
+:class:`specwatch.export.prometheus.AlertsCollector` and :func:`specwatch.export.json.alerts_json`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
 
 from specwatch.alerts.alert import (
     Alert,
@@ -60,8 +58,6 @@ __all__ = [
     "FiringAlert",
     "Outbox",
     "TLSSettings",
-    "alert_families",
-    "alerts_json",
     "build_payload",
     "build_ssl_context",
     "format_rfc3339",
@@ -462,40 +458,3 @@ class AlertLoop:
         while True:
             await self.tick()
             await self._sleep(self._settings.evaluation_interval)
-
-
-def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
-    """The ``alerts`` list of ``/api/v1/snapshot``: ``[{"labels": {...}, "startsAt": RFC 3339,
-    "state": "firing"}]``, one per active alert, sorted by labels."""
-    return [
-        {"labels": dict(a.labels), "startsAt": format_rfc3339(a.starts_at), "state": "firing"}
-        for a in state.firing
-    ]
-
-
-def alert_families(state: AlertingState) -> list[Metric]:
-    """Metric families for the export collector (no I/O).
-
-    ``specwatch_alert_firing{alertname,severity,...}`` 1 per active alert (its identifying
-    labels, no external labels), ``specwatch_alertmanager_send_errors_total{reason}``,
-    ``specwatch_alertmanager_outbox_depth``.
-    """
-    firing = GaugeMetricFamily(
-        "specwatch_alert_firing",
-        "1 for each alert specwatch's detectors have active (labels: alertname, severity, ...).",
-    )
-    for alert in state.firing:
-        firing.samples.append(Sample("specwatch_alert_firing", dict(alert.labels), 1.0))
-    errors = CounterMetricFamily(
-        "specwatch_alertmanager_send_errors",
-        "Failed Alertmanager sends and dropped deliveries, by reason.",
-        labels=["reason"],
-    )
-    for reason in sorted(set(SEND_ERROR_REASONS) | set(state.send_errors)):
-        errors.add_metric([reason], float(state.send_errors.get(reason, 0)))
-    depth = GaugeMetricFamily(
-        "specwatch_alertmanager_outbox_depth",
-        "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
-        value=float(state.outbox_depth),
-    )
-    return [firing, errors, depth]

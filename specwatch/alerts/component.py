@@ -17,15 +17,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from specwatch.alerts.alert import Alert
-from specwatch.alerts.alertmanager import AlertingState, AlertLoop, alert_families
+from specwatch.alerts.alertmanager import AlertingState, AlertLoop
 from specwatch.alerts.pending import Detector
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import Clock
@@ -55,8 +53,8 @@ def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str,
     return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
 
 
-class AlertingComponent(Collector):
-    """Detectors + Alertmanager delivery; a collector of ``specwatch_alert_*`` families.
+class AlertingComponent:
+    """Detectors + Alertmanager delivery (the server exports its :attr:`state`).
 
     ``detect``, ``alerting``: its settings groups; ``windows``: the observe chain's window
     names (a detector window not among them is logged once: its detectors stay silent).
@@ -99,10 +97,6 @@ class AlertingComponent(Collector):
     def state(self) -> AlertingState:
         """The last alerting state (firing alerts, send errors, outbox depth)."""
         return self._state
-
-    def collect(self) -> Iterator[Metric]:
-        """:func:`alert_families` of the current state (no I/O)."""
-        yield from alert_families(self._state)
 
     def findings(self) -> Sequence[Alert]:
         """Alerts firing now (after ``for``) on the latest inputs; none before an observe view."""

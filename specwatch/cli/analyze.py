@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specwatch.export.prometheus import health_json
+from specwatch.export.json import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
 from specwatch.observe.values import ModelWindow, PageReading

@@ -1,4 +1,7 @@
-"""Clocks: the wall-clock protocol every time-dependent object takes (``time.time`` in production, a fake in tests)."""
+"""Clocks: the wall-clock protocol every time-dependent object takes.
+
+``time.time`` in production, a fake in tests.
+"""
 
 from __future__ import annotations
 

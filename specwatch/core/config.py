@@ -1,4 +1,7 @@
-"""Building blocks shared by every settings group: durations, window names, list splitting, the frozen base model."""
+"""Building blocks shared by every settings group.
+
+Durations, window names, list splitting and the frozen base model.
+"""
 
 from __future__ import annotations
 

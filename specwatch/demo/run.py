@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from specwatch.export.prometheus import snapshot_json
+from specwatch.export.json import snapshot_json
 from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
 from specwatch.server.wiring import ShadowPlug, alerting_components, shadow_components

@@ -1,26 +1,59 @@
-"""Prometheus export: one custom collector over the current immutable :class:`Snapshot`.
+"""Prometheus collectors: build metric families from immutable values at scrape time.
 
-``collect()`` reads one snapshot reference and builds metric families; it does no I/O and never
-awaits (prometheus_client runs it on the event loop). Every name, help text and label set is in
-:data:`CATALOGUE` (documented in ``docs/metrics.md``; the contract is ``docs/architecture.md``).
-``None`` values are not exported (no sample), never 0.
+Three collectors, one per publishing chain, all emitting only families of the catalogue
+(:mod:`specwatch.export.catalogue`; a family not in it raises ``KeyError``):
+
+* :class:`SpecwatchCollector` over the current observe :class:`Snapshot` (targets and pair view);
+* :class:`ShadowCollector` over the latest :class:`ShadowStats` (paired statistics, ledger and
+  the shadow I/O counters :class:`ShadowIO`);
+* :class:`AlertsCollector` over the latest :class:`AlertingState`.
+
+``collect()`` reads one reference and builds families; it does no I/O and never awaits
+(prometheus_client's handler runs it on the event loop). ``describe()`` yields the catalogue
+families of the collector without samples, so a registry built with ``auto_describe=True``
+rejects a second collector of the same name at registration. ``None`` and NaN values are not
+exported (no sample), never 0.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
-from specwatch.alerts.alertmanager import alerts_json
-from specwatch.export.snapshot import Snapshot, SnapshotGetter
-from specwatch.observe.values import QUANTILES, Health, TargetSnapshot
-from specwatch.shadow.summary import shadow_stats_json
+from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
+from specwatch.export import catalogue as cat
+from specwatch.export.catalogue import (
+    BUILD_INFO,
+    CAPACITY_GAUGES,
+    COUNTER_RESETS,
+    ITL,
+    LAST_SUCCESS,
+    LATEST_GAUGES,
+    LIMITS_CONFIGURED,
+    PAIR_GAUGES,
+    PER_POSITION,
+    PER_POSITION_CONDITIONAL,
+    SCRAPE_DURATION,
+    SCRAPE_ERRORS,
+    SCRAPES,
+    TARGET,
+    TARGET_STALE,
+    TARGET_UP,
+    TTFT,
+    WAITING_BY_REASON,
+    WINDOW_GAUGES,
+    WINDOWED,
+    MetricSpec,
+)
+from specwatch.export.snapshot import SnapshotGetter
+from specwatch.observe.values import QUANTILES, Health, PairView, TargetSnapshot
+from specwatch.shadow.compare import EXCLUDED_REASONS
+from specwatch.shadow.ledger import WRITE_ERROR_REASONS
+from specwatch.shadow.summary import ShadowStats
 
 #: Scrape error reasons always exported (at 0) so ``rate()`` works from the start.
 KNOWN_REASONS: tuple[str, ...] = (
@@ -36,213 +69,6 @@ KNOWN_REASONS: tuple[str, ...] = (
     "http_error",
 )
 
-TARGET = ("target", "role", "model_name")
-WINDOWED = ("target", "role", "model_name", "window")
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One exported family: ``name`` (counters without ``_total``), type, help, labels."""
-
-    name: str
-    kind: str
-    help: str
-    labels: tuple[str, ...]
-
-
-def _g(name: str, help_: str, labels: tuple[str, ...]) -> MetricSpec:
-    return MetricSpec(name, "gauge", help_, labels)
-
-
-def _c(name: str, help_: str, labels: tuple[str, ...]) -> MetricSpec:
-    return MetricSpec(name, "counter", help_, labels)
-
-
-#: Health fields exported per window: Health attribute → spec.
-WINDOW_GAUGES: dict[str, MetricSpec] = {
-    "acceptance_rate": _g(
-        "specwatch_acceptance_ratio",
-        "Draft acceptance rate alpha = increase(accepted)/increase(draft_tokens) over the window.",
-        WINDOWED,
-    ),
-    "mean_acceptance_length": _g(
-        "specwatch_mean_acceptance_length",
-        "Mean acceptance length tau = 1 + increase(accepted)/increase(drafts), tokens per step.",
-        WINDOWED,
-    ),
-    "mean_draft_length": _g(
-        "specwatch_mean_draft_length",
-        "Mean draft length = increase(draft_tokens)/increase(drafts).",
-        WINDOWED,
-    ),
-    "generation_tokens_per_second": _g(
-        "specwatch_generation_tokens_per_second",
-        "Generated tokens per second over the window.",
-        WINDOWED,
-    ),
-    "accepted_tokens_per_second": _g(
-        "specwatch_accepted_tokens_per_second",
-        "Accepted draft tokens per second over the window.",
-        WINDOWED,
-    ),
-    "drafts_per_second": _g(
-        "specwatch_drafts_per_second", "Drafts (verify steps of a request) per second.", WINDOWED
-    ),
-    "drafts_per_step": _g(
-        "specwatch_drafts_per_step",
-        "Drafts per engine step = increase(drafts)/increase(iteration_tokens_total_count).",
-        WINDOWED,
-    ),
-    "engine_steps_per_second": _g(
-        "specwatch_engine_steps_per_second", "Engine steps per second.", WINDOWED
-    ),
-    "preemptions_per_second": _g(
-        "specwatch_preemptions_per_second", "Preemptions per second over the window.", WINDOWED
-    ),
-}
-
-PER_POSITION = _g(
-    "specwatch_per_position_acceptance_ratio",
-    "Per-position acceptance = increase(accepted_per_pos[position])/increase(drafts).",
-    (*WINDOWED, "position"),
-)
-PER_POSITION_CONDITIONAL = _g(
-    "specwatch_per_position_conditional_acceptance_ratio",
-    "Conditional per-position acceptance = increase(per_pos[i])/increase(per_pos[i-1]); "
-    "position 0 over drafts.",
-    (*WINDOWED, "position"),
-)
-ITL = _g(
-    "specwatch_inter_token_latency_quantile_seconds",
-    "Inter-token latency quantile from bucket increases (histogram_quantile interpolation).",
-    (*WINDOWED, "q"),
-)
-TTFT = _g(
-    "specwatch_time_to_first_token_quantile_seconds",
-    "Time-to-first-token quantile from bucket increases (histogram_quantile interpolation).",
-    (*WINDOWED, "q"),
-)
-
-#: Window-free gauges: Health attribute → spec.
-LATEST_GAUGES: dict[str, MetricSpec] = {
-    "num_speculative_tokens": _g(
-        "specwatch_num_speculative_tokens",
-        "K: draft positions seen in the position labels, else configured.",
-        TARGET,
-    ),
-    "kv_cache_usage": _g(
-        "specwatch_kv_cache_usage_ratio",
-        "KV-cache usage fraction 0..1 (vllm:kv_cache_usage_perc; mean over engines server-wide).",
-        TARGET,
-    ),
-    "num_requests_running": _g(
-        "specwatch_num_requests_running", "Requests in RUNNING (vllm:num_requests_running).", TARGET
-    ),
-    "num_requests_waiting": _g(
-        "specwatch_num_requests_waiting", "Waiting requests (vllm:num_requests_waiting).", TARGET
-    ),
-}
-WAITING_BY_REASON = _g(
-    "specwatch_num_requests_waiting_by_reason",
-    "Waiting requests by reason (a breakdown of num_requests_waiting).",
-    (*TARGET, "reason"),
-)
-
-BUILD_INFO = _g("specwatch_build_info", "specwatch build information (always 1).", ("version",))
-TARGET_UP = _g(
-    "specwatch_target_up", "1 when the last scrape of the target succeeded.", ("target", "role")
-)
-SCRAPE_DURATION = _g(
-    "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
-)
-SCRAPES = _c("specwatch_scrapes", "Scrapes attempted per target.", ("target",))
-SCRAPE_ERRORS = _c(
-    "specwatch_scrape_errors", "Failed scrapes and skipped series by reason.", ("target", "reason")
-)
-LAST_SUCCESS = _g(
-    "specwatch_last_scrape_success_timestamp_seconds",
-    "Unix time of the last good scrape of the target.",
-    ("target",),
-)
-TARGET_STALE = _g(
-    "specwatch_target_stale",
-    "1 when the exported values of the target are the last good ones (scrape failed or "
-    "families missing).",
-    ("target",),
-)
-COUNTER_RESETS = _c(
-    "specwatch_engine_resets", "Engine counter resets (restarts) detected.", ("target", "engine")
-)
-
-PAIR = ("window", "standard", "fly")
-PAIR_GAUGES: dict[str, MetricSpec] = {
-    "acceptance_gain_ratio": _g(
-        "specwatch_fly_acceptance_gain_ratio", "FLy minus standard acceptance rate.", PAIR
-    ),
-    "mean_acceptance_length_ratio": _g(
-        "specwatch_fly_mean_acceptance_length_ratio", "tau of FLy divided by tau of standard.", PAIR
-    ),
-    "throughput_ratio": _g(
-        "specwatch_fly_throughput_ratio",
-        "Generation tokens/s of FLy divided by standard.",
-        PAIR,
-    ),
-}
-
-CAP = ("target", "role")
-LIMITS_CONFIGURED = _g(
-    "specwatch_limits_configured",
-    "1 when max_num_seqs, max_num_batched_tokens, K and method are configured for the target.",
-    CAP,
-)
-CAPACITY_GAUGES: dict[str, MetricSpec] = {
-    "max_num_seqs": _g("specwatch_max_num_seqs", "Configured max_num_seqs.", CAP),
-    "max_num_batched_tokens": _g(
-        "specwatch_max_num_batched_tokens", "Configured max_num_batched_tokens.", CAP
-    ),
-    "running_to_max_seqs_ratio": _g(
-        "specwatch_running_to_max_seqs_ratio",
-        "Most-loaded engine's running requests / max_num_seqs.",
-        CAP,
-    ),
-    "running_gap_requests": _g(
-        "specwatch_running_gap_requests", "max_num_seqs minus running (most-loaded engine).", CAP
-    ),
-    "admission_cap_requests": _g(
-        "specwatch_admission_cap_requests", "R_max: most requests that can be RUNNING.", CAP
-    ),
-    "decode_full_per_step_requests": _g(
-        "specwatch_decode_full_per_step_requests",
-        "D_full: decode requests whose K drafts are all verified per step.",
-        CAP,
-    ),
-    "budget_bound": _g(
-        "specwatch_budget_bound", "1 when the token budget, not max_num_seqs, limits D_full.", CAP
-    ),
-}
-
-#: Every exported family (for docs and tests).
-CATALOGUE: tuple[MetricSpec, ...] = (
-    BUILD_INFO,
-    TARGET_UP,
-    SCRAPE_DURATION,
-    SCRAPES,
-    SCRAPE_ERRORS,
-    LAST_SUCCESS,
-    TARGET_STALE,
-    COUNTER_RESETS,
-    *WINDOW_GAUGES.values(),
-    PER_POSITION,
-    PER_POSITION_CONDITIONAL,
-    ITL,
-    TTFT,
-    *LATEST_GAUGES.values(),
-    WAITING_BY_REASON,
-    *PAIR_GAUGES.values(),
-    LIMITS_CONFIGURED,
-    *CAPACITY_GAUGES.values(),
-)
-
 
 def _family(spec: MetricSpec) -> Metric:
     return Metric(spec.name, spec.help, spec.kind)
@@ -256,23 +82,62 @@ def _num(value: float | int | bool | None) -> float | None:
 
 
 class _Families:
-    """One family per catalogue name; samples carry their own label names (so server rows and
-    per-engine rows, which add ``engine``, share a family)."""
+    """One family per catalogue name in ``specs``; samples carry their own label names (so
+    server rows and per-engine rows, which add ``engine``, share a family).
 
-    def __init__(self) -> None:
-        self.f: dict[str, Metric] = {spec.name: _family(spec) for spec in CATALOGUE}
+    :meth:`add` raises ``KeyError`` for a family that is not in ``specs`` (so not in the
+    catalogue) and ``ValueError`` when the label values do not match the spec's label names.
+    """
+
+    def __init__(self, specs: Iterable[MetricSpec]) -> None:
+        self.f: dict[str, Metric] = {spec.name: _family(spec) for spec in specs}
 
     def add(
-        self, spec: MetricSpec, labels: Iterable[str], value: float | int | bool | None
+        self,
+        spec: MetricSpec,
+        labels: Iterable[str],
+        value: float | int | bool | None,
+        extra: Mapping[str, str] | None = None,
     ) -> None:
+        if cat.BY_NAME.get(spec.name) is None or spec.name not in self.f:
+            raise KeyError(f"{spec.name} is not a family of this collector's catalogue")
         v = _num(value)
         if v is None:
             return
         values = list(labels)
-        if len(values) != len(spec.labels):
+        if extra is not None:
+            if not spec.open_labels:
+                raise ValueError(f"{spec.name}: no labels beyond {spec.labels}")
+            names = {**extra, **dict(zip(spec.labels, values, strict=False))}
+        elif len(values) != len(spec.labels):
             raise ValueError(f"{spec.name}: labels {spec.labels} got {values}")
-        sample = spec.name + "_total" if spec.kind == "counter" else spec.name
-        self.f[spec.name].add_sample(sample, dict(zip(spec.labels, values, strict=True)), v)
+        else:
+            names = dict(zip(spec.labels, values, strict=True))
+        self.f[spec.name].add_sample(spec.sample_name, names, v)
+
+    def add_counts(
+        self,
+        spec: MetricSpec,
+        counts: Mapping[str, int] | Mapping[tuple[str, str], int],
+        known: Iterable[str] = (),
+    ) -> None:
+        """One sample per key of ``counts`` (a string or a tuple of label values), sorted;
+        ``known`` keys are exported at 0 when absent."""
+        rows: dict[tuple[str, ...], int] = {(k,): 0 for k in known}
+        for key, n in counts.items():
+            rows[key if isinstance(key, tuple) else (key,)] = n
+        for labels, count in sorted(rows.items()):
+            self.add(spec, labels, count)
+
+    def families(self, *, keep_empty: bool) -> Iterator[Metric]:
+        """The families in catalogue order (those without samples only with ``keep_empty``)."""
+        for f in self.f.values():
+            if keep_empty or f.samples:
+                yield f
+
+
+def _describe(specs: Iterable[MetricSpec]) -> Iterator[Metric]:
+    return iter([_family(spec) for spec in specs])
 
 
 def _health_rows(
@@ -347,151 +212,138 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(spec, (t.name, role), getattr(cap, attr))
 
 
+def _observe_view(
+    get_snapshot: SnapshotGetter,
+) -> tuple[Mapping[str, TargetSnapshot], Mapping[str, PairView]]:
+    """The parts of the current snapshot the observe families read: targets and pair view."""
+    snap = get_snapshot()
+    return snap.targets, snap.pair
+
+
 class SpecwatchCollector(Collector):
-    """Builds every ``specwatch_*`` family from ``get_snapshot()`` at scrape time (no I/O)."""
+    """The observe chain's families (:data:`~specwatch.export.catalogue.OBSERVE`) from
+    ``get_snapshot()`` at scrape time (no I/O); families without samples are left out."""
 
     def __init__(self, get_snapshot: SnapshotGetter) -> None:
         self._get = get_snapshot
 
+    def describe(self) -> Iterator[Metric]:
+        """The observe families, without samples (for the registry's name check)."""
+        return _describe(cat.OBSERVE)
+
     def collect(self) -> Iterator[Metric]:
-        """Yield the families of the current snapshot (empty families are skipped)."""
-        snap = self._get()
-        fam = _Families()
+        """Yield the families of the current snapshot."""
+        targets, pair = _observe_view(self._get)
+        fam = _Families(cat.OBSERVE)
         fam.add(BUILD_INFO, (__version__,), 1)
-        for t in snap.targets.values():
+        for t in targets.values():
             _target_rows(fam, t)
-        for window, pv in snap.pair.items():
+        for window, pv in pair.items():
             for attr, spec in PAIR_GAUGES.items():
                 fam.add(spec, (window, pv.standard, pv.fly), getattr(pv, attr))
-        for f in fam.f.values():
-            if f.samples:
+        yield from fam.families(keep_empty=False)
+
+
+def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
+    for (category, arm, outcome), n in sorted(state.pairs_total.items()):
+        fam.add(cat.SHADOW_PAIRS, (category, arm, outcome), n)
+    fam.add_counts(cat.SHADOW_UNPAIRED, state.unpaired_total)
+    fam.add_counts(cat.SHADOW_EXCLUDED, state.excluded_total, EXCLUDED_REASONS)
+    fam.add_counts(cat.LEDGER_WRITE_ERRORS, state.ledger_write_errors, WRITE_ERROR_REASONS)
+    for attr, spec in cat.SUMMARY_GAUGES.items():
+        for window, cats in state.windows.items():
+            for category, s in cats.items():
+                fam.add(spec, (window, category), getattr(s, attr))
+    for window, cats in state.windows.items():
+        for category, s in cats.items():
+            fam.add(cat.MCNEMAR_P, (window, category, "two_sided"), s.p_two_sided)
+            fam.add(cat.MCNEMAR_P, (window, category, "loss"), s.p_loss)
+            fam.add(cat.E_VALUE, (window, category, "no_net_loss"), s.e_value)
+            fam.add(cat.FLIP_RATIO, (window, category, "fly"), s.fly_flip_ratio)
+            fam.add(cat.FLIP_RATIO, (window, category, "noise"), s.noise_flip_ratio)
+    if state.betting_log_e_value is not None:
+        lw = state.betting_log_e_value
+        e = math.inf if lw > 709.0 else math.exp(lw)
+        fam.add(cat.E_VALUE, ("since_start", "_all", "margin"), e)
+    fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
+    io = state.io
+    if io is None:
+        return
+    fam.add(cat.SHADOW_QUEUE_DEPTH, (), io.queue_depth)
+    fam.add(cat.SHADOW_IN_FLIGHT, (), io.in_flight)
+    fam.add_counts(cat.SHADOW_DROPPED, io.dropped)
+    fam.add_counts(cat.SHADOW_PAUSED, io.paused)
+    fam.add_counts(cat.SHADOW_PAUSES, io.pauses_total)
+    fam.add_counts(cat.SHADOW_RECEIVED, io.received)
+    fam.add_counts(cat.SHADOW_INGEST_ERRORS, io.ingest_errors)
+    fam.add(cat.SHADOW_OFFERED, (), io.offered)
+    fam.add(cat.SHADOW_NOT_SAMPLED, (), io.not_sampled)
+    fam.add(cat.SHADOW_ADMITTED, (), io.admitted)
+    fam.add_counts(cat.SHADOW_REPLAYS, io.replays)
+    fam.add_counts(cat.SHADOW_ARM_ERRORS, io.arm_errors)
+    fam.add(cat.SHADOW_SINK_ERRORS, (), io.sink_errors)
+    fam.add(cat.SHADOW_PROXY_REQUESTS, (), io.proxy_requests)
+    fam.add(cat.SHADOW_PROXY_CLIENT_DISCONNECTS, (), io.proxy_client_disconnects)
+    fam.add(cat.SHADOW_PROXY_OFFER_LOST, (), io.proxy_offer_lost)
+    fam.add_counts(cat.SHADOW_PROXY_UPSTREAM_ERRORS, io.proxy_upstream_errors)
+    fam.add(cat.SHADOW_CANARY_OFFERED, (), io.canary_offered)
+    fam.add_counts(cat.SHADOW_CANARY_BAD_LINES, io.canary_bad_lines)
+
+
+class ShadowCollector(Collector):
+    """The shadow chain's families (:data:`~specwatch.export.catalogue.SHADOW`) from
+    ``get_stats()`` (``None`` before the first refresh: nothing is exported).
+
+    The counters and paired-statistics gauges are exported even without samples (``# TYPE``
+    lines from the first refresh); ``specwatch_ledger_rows`` needs ``stats.ledger_rows`` and the
+    I/O families (:data:`~specwatch.export.catalogue.SHADOW_IO`) need ``stats.io``.
+    NaN values (no pairs yet) are left out; an overflowed margin e-value is ``+Inf``.
+    """
+
+    def __init__(self, get_stats: Callable[[], ShadowStats | None]) -> None:
+        self._get = get_stats
+
+    def describe(self) -> Iterator[Metric]:
+        """The shadow families, without samples (for the registry's name check)."""
+        return _describe(cat.SHADOW)
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families of the latest statistics."""
+        state = self._get()
+        if state is None:
+            return
+        fam = _Families(cat.SHADOW)
+        _shadow_rows(fam, state)
+        skip = set() if state.io is not None else {spec.name for spec in cat.SHADOW_IO}
+        if state.ledger_rows is None:
+            skip.add(cat.LEDGER_ROWS.name)
+        for f in fam.families(keep_empty=True):
+            if f.name not in skip:
                 yield f
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
+class AlertsCollector(Collector):
+    """The alerting families (:data:`~specwatch.export.catalogue.ALERTS`) from ``get_state()``:
+    ``specwatch_alert_firing`` 1 per active alert (its identifying labels, no external labels),
+    ``specwatch_alertmanager_send_errors_total{reason}`` (the known reasons from 0) and
+    ``specwatch_alertmanager_outbox_depth``."""
 
+    def __init__(self, get_state: Callable[[], AlertingState]) -> None:
+        self._get = get_state
 
-def health_json(h: Health) -> dict[str, Any]:
-    """A :class:`Health` as the JSON object of ``/api/v1/snapshot`` and ``specwatch analyze``."""
-    doc: dict[str, Any] = _jsonable(
-        {
-            "interval_seconds": h.interval_seconds,
-            "acceptance_rate": h.acceptance_rate,
-            "mean_acceptance_length": h.mean_acceptance_length,
-            "mean_draft_length": h.mean_draft_length,
-            "per_position_acceptance_rate": list(h.per_position_acceptance_rate),
-            "per_position_conditional_acceptance_rate": list(
-                h.per_position_conditional_acceptance_rate
-            ),
-            "num_speculative_tokens": h.num_speculative_tokens,
-            "drafts": h.drafts,
-            "draft_tokens": h.draft_tokens,
-            "accepted_tokens": h.accepted_tokens,
-            "generation_tokens": h.generation_tokens,
-            "engine_steps": h.engine_steps,
-            "preemptions": h.preemptions,
-            "generation_tokens_per_second": h.generation_tokens_per_second,
-            "accepted_tokens_per_second": h.accepted_tokens_per_second,
-            "drafts_per_second": h.drafts_per_second,
-            "drafts_per_step": h.drafts_per_step,
-            "engine_steps_per_second": h.engine_steps_per_second,
-            "preemptions_per_second": h.preemptions_per_second,
-            "inter_token_latency_seconds": {
-                str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
-            },
-            "time_to_first_token_seconds": {
-                str(q): h.time_to_first_token_seconds.get(q) for q in QUANTILES
-            },
-            "num_requests_running": h.num_requests_running,
-            "num_requests_waiting": h.num_requests_waiting,
-            "num_requests_waiting_by_reason": dict(h.num_requests_waiting_by_reason),
-            "kv_cache_usage": h.kv_cache_usage,
-        }
-    )
-    return doc
+    def describe(self) -> Iterator[Metric]:
+        """The alerting families, without samples (for the registry's name check)."""
+        return _describe(cat.ALERTS)
 
-
-def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """The ``/api/v1/snapshot`` document (shape in ``docs/architecture.md``); NaN/missing → null.
-
-    Per window: ``server``/``engines`` of the target's only model (``null`` when it serves several
-    or none yet) and ``models`` with every model.
-    """
-    targets: dict[str, Any] = {}
-    for name, t in snap.targets.items():
-        windows: dict[str, Any] = {}
-        for w, models in t.windows.items():
-            per_model = {
-                m: {
-                    "server": health_json(mw.server),
-                    "engines": {e: health_json(h) for e, h in mw.engines.items()},
-                }
-                for m, mw in models.items()
-            }
-            only = next(iter(per_model.values())) if len(per_model) == 1 else None
-            windows[w] = {
-                "server": only["server"] if only else None,
-                "engines": only["engines"] if only else None,
-                "models": per_model,
-            }
-        lim, cap = t.limits, t.capacity
-        targets[name] = {
-            "role": t.role.value,
-            "url": t.url,
-            "up": t.up,
-            "stale": t.stale,
-            "ready": t.ready,
-            "last_success": t.last_success,
-            "last_scrape_duration_seconds": t.last_scrape_duration_seconds,
-            "scrapes_total": t.scrapes_total,
-            "scrape_errors": dict(t.scrape_errors),
-            "counter_resets": dict(t.counter_resets),
-            "missing_families": list(t.missing_families),
-            "limits": {
-                "max_num_seqs": lim.max_num_seqs,
-                "max_num_batched_tokens": lim.max_num_batched_tokens,
-                "num_speculative_tokens": lim.num_speculative_tokens,
-                "method": lim.method,
-                "parallel_drafting": lim.parallel_drafting,
-                "vllm_version": lim.vllm_version,
-            },
-            "capacity": {
-                "limits_configured": cap.limits_configured,
-                "num_requests_running": cap.num_requests_running,
-                "running_to_max_seqs_ratio": cap.running_to_max_seqs_ratio,
-                "running_gap_requests": cap.running_gap_requests,
-                "admission_cap_requests": cap.admission_cap_requests,
-                "decode_full_per_step_requests": cap.decode_full_per_step_requests,
-                "budget_bound": cap.budget_bound,
-            },
-            "windows": windows,
-        }
-    pair = {
-        w: {
-            "standard": pv.standard,
-            "fly": pv.fly,
-            "acceptance_gain_ratio": pv.acceptance_gain_ratio,
-            "mean_acceptance_length_ratio": pv.mean_acceptance_length_ratio,
-            "throughput_ratio": pv.throughput_ratio,
-        }
-        for w, pv in snap.pair.items()
-    }
-    out: dict[str, Any] = {
-        "generated_at": snap.generated_at,
-        "targets": targets,
-        "pair": pair,
-        "shadow": shadow_stats_json(snap.shadow) if snap.shadow is not None else {},
-        "alerts": alerts_json(snap.alerts) if snap.alerts is not None else [],
-    }
-    doc: dict[str, Any] = _jsonable(out)
-    return doc
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families of the current alerting state."""
+        state = self._get()
+        fam = _Families(cat.ALERTS)
+        for alert in state.firing:
+            fam.add(cat.ALERT_FIRING, (), 1, extra=alert.labels)
+        fam.add_counts(cat.ALERTMANAGER_SEND_ERRORS, state.send_errors, SEND_ERROR_REASONS)
+        fam.add(cat.ALERTMANAGER_OUTBOX_DEPTH, (), state.outbox_depth)
+        yield from fam.families(keep_empty=True)
 
 
 #: A collector factory a component may hand to :func:`specwatch.server.app.build_app`.

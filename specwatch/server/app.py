@@ -24,14 +24,15 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
 from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
 from specwatch.core.store import Store
-from specwatch.export.prometheus import SpecwatchCollector, snapshot_json
+from specwatch.export.json import snapshot_json
+from specwatch.export.prometheus import SpecwatchCollector
 from specwatch.export.snapshot import Snapshot, SnapshotGetter
 from specwatch.observe.loop import Scraper
 from specwatch.settings import Settings
@@ -96,11 +97,6 @@ class Component(Protocol):
         ...
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY_KEY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 async def _healthz(request: web.Request) -> web.Response:
     failed = request.app[LIVENESS_KEY].failed
     if failed is not None:
@@ -152,7 +148,11 @@ def build_app(
         on_update=publish_observe,
     )
     store: Store[Snapshot] = Store(Snapshot(observe=scraper.view(clock())))
-    reg = registry if registry is not None else CollectorRegistry(auto_describe=False)
+    reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    if registry is None:
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
     reg.register(SpecwatchCollector(store.get))
     for factory in extra_collectors:
         reg.register(factory(store.get))
@@ -161,7 +161,7 @@ def build_app(
     app[STORE_KEY] = store
     app[SCRAPER_KEY] = scraper
     app[REGISTRY_KEY] = reg
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", make_aiohttp_handler(reg))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/api/v1/snapshot", _snapshot)

@@ -15,20 +15,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from specwatch.alerts.alertmanager import AlertingState
 from specwatch.alerts.component import AlertingComponent
 from specwatch.core.clock import Clock
 from specwatch.core.store import Store
-from specwatch.export.shadow import shadow_families
+from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
 from specwatch.server.app import LIVENESS_KEY, SESSION_KEY
@@ -128,30 +126,6 @@ def arm_loads(
     return state
 
 
-class _ShadowCollector(Collector):
-    """``shadow_families`` of the published shadow stats plus
-    ``specwatch_shadow_pauses_total{reason}`` (transitions into a load pause). No I/O."""
-
-    def __init__(self, store: Store[Snapshot], component: ShadowComponent) -> None:
-        self._store = store
-        self._component = component
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._store.get().shadow
-        if stats is not None:
-            yield from shadow_families(stats)
-        pauses = self._component.pauses()
-        if pauses is not None:
-            fam = CounterMetricFamily(
-                "specwatch_shadow_pauses",
-                "Times shadow replay entered a load-aware pause, by reason.",
-                labels=["reason"],
-            )
-            for reason, n in sorted(pauses.items()):
-                fam.add_metric([reason], n)
-            yield fam
-
-
 class ShadowPlug:
     """The shadow chain as a :class:`~specwatch.server.app.Component`.
 
@@ -195,7 +169,7 @@ class ShadowPlug:
     ) -> None:
         """Mirror routes (mirror mode), the collector and the component's lifetime."""
         self._store = store
-        registry.register(_ShadowCollector(store, self.component))
+        registry.register(ShadowCollector(lambda: store.get().shadow))
         for path, handler in self.component.routes():
             app.router.add_post(path, handler)
         app.cleanup_ctx.append(self._ctx)
@@ -239,7 +213,7 @@ class AlertingPlug:
     ) -> None:
         """Register the alert collector, publish the empty state, run the loop with the app."""
         self._store = store
-        registry.register(self.component)
+        registry.register(AlertsCollector(lambda: self.component.state))
         self._publish(self.component.state)
         app.cleanup_ctx.append(self._ctx)
 

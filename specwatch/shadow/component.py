@@ -15,7 +15,7 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
 3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
    the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
-   the pipeline's queue/drop/pause state, exports it (``shadow_families``) and hands it to
+   the pipeline's queue/drop/pause state, exports it (``ShadowCollector``) and hands it to
    ``on_stats``.
 """
 
@@ -44,7 +44,6 @@ from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSett
 from specwatch.shadow.stats.sequential import BettingEProcess
 from specwatch.shadow.summary import (
     OutcomeCounters,
-    ShadowIO,
     ShadowStats,
     build_shadow_stats,
 )
@@ -143,15 +142,7 @@ class ShadowComponent:
         if health.dropped:
             errors["queue_full"] = health.dropped
         self._note_ledger_state(sum(errors.values()), health.rows_written, health.last_error)
-        io: ShadowIO | None = None
-        if self.pipeline is not None:
-            m = self.pipeline.metrics()
-            io = ShadowIO(
-                queue_depth=m.queue_depth,
-                in_flight=m.in_flight,
-                dropped_total=dict(m.dropped),
-                paused={r: bool(v) for r, v in m.paused.items()},
-            )
+        io = self.pipeline.metrics() if self.pipeline is not None else None
         stats = build_shadow_stats(
             tallies,
             now=now,

@@ -23,8 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -34,45 +33,12 @@ from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
+from specwatch.shadow.summary import ShadowIO
 from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
 
 log = logging.getLogger("specwatch.shadow.pipeline")
 
 PairSink = Callable[[ReplayPair], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class ShadowIOMetrics:
-    """Point-in-time copy of the shadow I/O counters (for ``export.py``; plain values, no I/O).
-
-    Suggested series: ``specwatch_shadow_queue_depth`` = ``queue_depth``,
-    ``specwatch_shadow_in_flight`` = ``in_flight``, ``specwatch_shadow_dropped_total{reason}`` =
-    ``dropped``, ``specwatch_shadow_paused{reason}`` = ``paused`` (0/1),
-    ``specwatch_shadow_unpaired_total{reason}`` = ``unpaired``,
-    ``specwatch_shadow_excluded_total{reason}`` = ``excluded``; the rest are self-health counters.
-    """
-
-    queue_depth: int
-    in_flight: int
-    offered: int
-    not_sampled: int
-    admitted: int
-    dropped: Mapping[str, int]
-    paused: Mapping[str, int]
-    pauses_total: Mapping[str, int]
-    received: Mapping[str, int]
-    ingest_errors: Mapping[tuple[str, str], int]
-    replays: Mapping[str, int]
-    unpaired: Mapping[str, int]
-    excluded: Mapping[str, int]
-    arm_errors: Mapping[tuple[str, str], int]
-    sink_errors: int
-    proxy_requests: int
-    proxy_client_disconnects: int
-    proxy_offer_lost: int
-    proxy_upstream_errors: Mapping[str, int]
-    canary_offered: int
-    canary_bad_lines: Mapping[str, int]
 
 
 def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarget:
@@ -277,10 +243,11 @@ class ShadowPipeline:
 
     # -- metrics ------------------------------------------------------------------------------
 
-    def metrics(self) -> ShadowIOMetrics:
+    def metrics(self) -> ShadowIO:
+        """The I/O counters now (a copy; no I/O)."""
         sm = self.sampler
         ic = self.ingest_counters
-        return ShadowIOMetrics(
+        return ShadowIO(
             queue_depth=sm.queue.qsize(),
             in_flight=self.in_flight,
             offered=sm.offered,

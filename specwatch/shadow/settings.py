@@ -7,9 +7,10 @@ Durations are seconds, rates per second, sizes bytes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
 
@@ -153,24 +154,6 @@ class ShadowSettings(BaseModel):
         if self.noise is not None:
             return self.noise
         return self.standard
-
-
-# --- moved from specwatch.settings
-
-from typing import Annotated, Literal
-
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import (
-    NoDecode,
-)
-
-from specwatch.shadow.settings import ShadowSettings
 
 
 class LedgerSettings(Frozen):

@@ -1,12 +1,12 @@
 """Immutable values the shadow statistics publish: per-window tallies and the ``ShadowStats``
-snapshot read by the exporter (``shadow_families``) and the alert detectors."""
+snapshot read by the exporter (``specwatch.export.prometheus``) and the alert detectors."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Protocol
 
 from specwatch.shadow.compare import PairOutcome
 from specwatch.shadow.stats.paired import (
@@ -133,15 +133,42 @@ class PairedSummary:
 
 @dataclass(frozen=True, slots=True)
 class ShadowIO:
-    """Shadow I/O health the ingest/sampler side reports (filled in by the app).
+    """The shadow I/O side's counters and state, one point-in-time copy (plain values, no I/O).
 
-    ``dropped_total`` and ``paused`` are keyed by reason.
+    Gauges: ``queue_depth`` (sampled requests waiting), ``in_flight`` (replays running),
+    ``paused[reason]`` (1 while paused). Counters since process start: ``offered`` /
+    ``not_sampled`` / ``admitted`` (sampler decisions), ``dropped[reason]``,
+    ``pauses_total[reason]`` (entries into a load pause), ``received[source]`` and
+    ``ingest_errors[(source, reason)]`` (requests seen by mirror/proxy/ingest; reasons include
+    ``too_large`` and ``invalid_json``), ``replays[status]``, ``unpaired[reason]`` and
+    ``excluded[reason]`` (this process only; the exported totals are the ledger-seeded ones of
+    :class:`ShadowStats`), ``arm_errors[(arm, reason)]`` (reasons include ``too_large`` and
+    ``invalid_body``), ``sink_errors``, ``proxy_requests``, ``proxy_client_disconnects``,
+    ``proxy_offer_lost``, ``proxy_upstream_errors[reason]``, ``canary_offered`` and
+    ``canary_bad_lines[reason]``. Exported by :mod:`specwatch.export.prometheus`.
     """
 
     queue_depth: int = 0
     in_flight: int = 0
-    dropped_total: Mapping[str, int] = field(default_factory=dict)
-    paused: Mapping[str, bool] = field(default_factory=dict)
+    offered: int = 0
+    not_sampled: int = 0
+    admitted: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    paused: Mapping[str, int] = field(default_factory=dict)
+    pauses_total: Mapping[str, int] = field(default_factory=dict)
+    received: Mapping[str, int] = field(default_factory=dict)
+    ingest_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    replays: Mapping[str, int] = field(default_factory=dict)
+    unpaired: Mapping[str, int] = field(default_factory=dict)
+    excluded: Mapping[str, int] = field(default_factory=dict)
+    arm_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    sink_errors: int = 0
+    proxy_requests: int = 0
+    proxy_client_disconnects: int = 0
+    proxy_offer_lost: int = 0
+    proxy_upstream_errors: Mapping[str, int] = field(default_factory=dict)
+    canary_offered: int = 0
+    canary_bad_lines: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,55 +431,3 @@ class OutcomeCounters:
         for (status, reason), n in reasons.items():
             target = self.unpaired if status == "unpaired" else self.excluded
             target[reason] = target.get(reason, 0) + n
-
-
-def _json_num(v: object) -> object:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
-    """JSON-safe dict of a snapshot for ``/api/v1/snapshot``'s ``"shadow"`` key.
-
-    Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
-    ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
-    list of ``{"category", "arm", "outcome", "count"}``.
-    """
-
-    def summary(s: PairedSummary) -> dict[str, object]:
-        d: dict[str, object] = {
-            f.name: _json_num(getattr(s, f.name)) for f in fields(s) if f.name != "tally"
-        }
-        d["tally"] = asdict(s.tally)
-        return d
-
-    io = stats.io
-    bet = stats.betting_log_e_value
-    return {
-        "generated_at": stats.generated_at,
-        "alpha": stats.alpha,
-        "margin": stats.margin,
-        "detect_net_loss": stats.detect_net_loss,
-        "windows": {
-            w: {cat: summary(s) for cat, s in cats.items()} for w, cats in stats.windows.items()
-        },
-        "pairs_total": [
-            {"category": c, "arm": a, "outcome": o, "count": n}
-            for (c, a, o), n in sorted(stats.pairs_total.items())
-        ],
-        "unpaired_total": dict(stats.unpaired_total),
-        "excluded_total": dict(stats.excluded_total),
-        "betting_e_value": None if bet is None or bet > 709.0 else math.exp(bet),
-        "betting_log_e_value": bet,
-        "ledger_rows": stats.ledger_rows,
-        "ledger_write_errors": dict(stats.ledger_write_errors),
-        "io": None
-        if io is None
-        else {
-            "queue_depth": io.queue_depth,
-            "in_flight": io.in_flight,
-            "dropped_total": dict(io.dropped_total),
-            "paused": dict(io.paused),
-        },
-    }

@@ -18,7 +18,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from specwatch.alerts.alert import (
@@ -34,13 +33,13 @@ from specwatch.alerts.alertmanager import (
     AlertLoop,
     Delivery,
     Outbox,
-    alert_families,
-    alerts_json,
     build_payload,
     build_ssl_context,
     format_rfc3339,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
+from specwatch.export.json import alerts_json
+from specwatch.export.prometheus import AlertsCollector
 
 
 @dataclass
@@ -437,19 +436,15 @@ async def test_on_state_and_alerts_json() -> None:
 
 class TestFamilies:
     def test_exposition(self) -> None:
-        """alert_families renders firing gauges, error counters and outbox depth."""
+        """AlertsCollector renders firing gauges, error counters and outbox depth."""
         aa = ActiveAlerts(resend_interval=60.0, external_labels={"cluster": "c"})
         aa.update([drop()], 0.0)
         state = AlertingState(
             firing=aa.firing(), send_errors={"http_5xx": 2, "timeout": 0}, outbox_depth=3
         )
 
-        class C(Collector):
-            def collect(self) -> Any:
-                return alert_families(state)
-
         reg = CollectorRegistry()
-        reg.register(C())
+        reg.register(AlertsCollector(lambda: state))
         text = generate_latest(reg).decode()
         assert (
             'specwatch_alert_firing{alertname="SpecAcceptanceDrop",engine="3",'

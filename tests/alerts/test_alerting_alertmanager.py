@@ -1,4 +1,7 @@
-"""specwatch.alerts.alertmanager against a real Alertmanager (Debian prometheus-alertmanager on loopback)."""
+"""specwatch.alerts.alertmanager against a real Alertmanager.
+
+Debian's prometheus-alertmanager on loopback.
+"""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from specwatch.demo import run as demo_mod
 from specwatch.__main__ import main as cli_main
+from specwatch.demo import run as demo_mod
 from specwatch.demo.run import DemoConfig, run_demo
 from tests.demo.streams import WatchedOutput
 

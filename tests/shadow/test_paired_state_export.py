@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-from collections.abc import Iterable
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 from scipy.stats import binomtest
 
-from specwatch.export.shadow import shadow_families
+from specwatch.export.json import shadow_stats_json
+from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.power import questions_needed
@@ -27,7 +25,6 @@ from specwatch.shadow.summary import (
     ShadowStats,
     betting_from_rows,
     build_shadow_stats,
-    shadow_stats_json,
     summarize,
     tally_rows,
     window_tallies,
@@ -143,12 +140,8 @@ def test_windows_rows_counters_and_betting() -> None:
     assert bet.n == 4
 
 
-class _Fixed(Collector):
-    def __init__(self, stats: ShadowStats) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterable[Metric]:
-        return shadow_families(self.stats)
+def _fixed(stats: ShadowStats) -> ShadowCollector:
+    return ShadowCollector(lambda: stats)
 
 
 def _exposition() -> str:
@@ -174,12 +167,12 @@ def _exposition() -> str:
         io=ShadowIO(
             queue_depth=4,
             in_flight=2,
-            dropped_total={"queue_full": 9},
-            paused={"waiting": True, "near_max_num_seqs": False},
+            dropped={"queue_full": 9},
+            paused={"waiting": 1, "running_near_max": 0},
         ),
     )
     reg = CollectorRegistry()
-    reg.register(_Fixed(stats))
+    reg.register(_fixed(stats))
     return generate_latest(reg).decode()
 
 
@@ -231,7 +224,7 @@ def test_known_reasons_exported_from_zero() -> None:
 
     def reasons(stats: ShadowStats) -> dict[tuple[str, str], float]:
         reg = CollectorRegistry()
-        reg.register(_Fixed(stats))
+        reg.register(_fixed(stats))
         text = generate_latest(reg).decode()
         return {
             (s.name, s.labels["reason"]): s.value
@@ -299,3 +292,20 @@ def test_snapshot_json_is_strict_json() -> None:
     assert doc["betting_e_value"] is None
     assert doc["betting_log_e_value"] == 1000.0
     assert doc["io"]["queue_depth"] == 1
+
+
+def test_families_before_io_and_ledger_are_known() -> None:
+    """Without I/O state and ledger rows: counters and gauges keep their TYPE lines, the I/O
+    families and specwatch_ledger_rows are absent, and the known reasons still start at 0."""
+    reg = CollectorRegistry()
+    reg.register(_fixed(build_shadow_stats({}, now=1.0)))
+    text = generate_latest(reg).decode()
+    assert "# TYPE specwatch_shadow_pairs_total counter" in text
+    assert "# TYPE specwatch_paired_n gauge" in text
+    assert 'specwatch_shadow_excluded_total{reason="bad_checker"} 0.0' in text
+    for absent in (
+        "specwatch_ledger_rows",
+        "specwatch_shadow_queue_depth",
+        "specwatch_shadow_received",
+    ):
+        assert absent not in text

@@ -2,8 +2,8 @@
 
 Checks: valid JSON; fixed unique ``uid``; no dashboard ``id``; the ``datasource``, ``namespace``
 and ``job`` template variables; every panel on the ``${datasource}`` variable; every metric a
-name specwatch's code exports (the core's ``specwatch.export.prometheus.CATALOGUE`` and the families
-``specwatch.export.shadow.shadow_families`` yields, as exposed: counters with ``_total``) or a
+name specwatch's code exports (``specwatch.export.catalogue.CATALOGUE``, read back from the
+collectors' exposition: counters with ``_total``) or a
 vLLM series (taken from a real vLLM ``/metrics`` capture in tests/fixtures);
 ``$__rate_interval`` in every range function;
 every PromQL expression accepted by ``promtool check rules`` (wrapped as throwaway recording
@@ -24,12 +24,11 @@ from typing import Any, cast
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
-from specwatch.export.prometheus import CATALOGUE
-from specwatch.export.shadow import shadow_families
+from specwatch.export import catalogue
+from specwatch.export.catalogue import CATALOGUE
+from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +56,8 @@ def load(path: Path) -> Obj:
 
 
 def core_exported_names() -> frozenset[str]:
-    """Sample names of the core collector's families (``CATALOGUE``; counters get ``_total``)."""
-    return frozenset(spec.name + ("_total" if spec.kind == "counter" else "") for spec in CATALOGUE)
+    """Sample names of the observe families (``OBSERVE``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.OBSERVE)
 
 
 def full_shadow_stats() -> ShadowStats:
@@ -78,23 +77,36 @@ def full_shadow_stats() -> ShadowStats:
         ledger_rows=68,
         ledger_write_errors={"OperationalError": 0},
         io=ShadowIO(
-            queue_depth=1, in_flight=1, dropped_total={"queue_full": 0}, paused={"waiting": False}
+            queue_depth=1,
+            in_flight=1,
+            offered=40,
+            not_sampled=30,
+            admitted=9,
+            dropped={"queue_full": 0, "paused": 1},
+            paused={"waiting": 0},
+            pauses_total={"waiting": 2},
+            received={"mirror": 38, "proxy": 4},
+            ingest_errors={("mirror", "too_large"): 1, ("proxy", "invalid_json"): 1},
+            replays={"paired": 7, "unpaired": 1, "excluded": 1},
+            unpaired={"fly_timeout": 1},
+            excluded={"unsupported_parameter": 1},
+            arm_errors={("fly", "timeout"): 1, ("noise", "invalid_body"): 1},
+            sink_errors=1,
+            proxy_requests=4,
+            proxy_client_disconnects=1,
+            proxy_offer_lost=1,
+            proxy_upstream_errors={"connect": 1},
+            canary_offered=3,
+            canary_bad_lines={"invalid_json": 2},
         ),
     )
-
-
-class _ShadowCollector(Collector):
-    def __init__(self, stats: ShadowStats) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        return shadow_families(self.stats)
 
 
 def shadow_exported_names() -> frozenset[str]:
     """Sample names the shadow exporter exposes, read back from real exposition text."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ShadowCollector(full_shadow_stats()))
+    stats = full_shadow_stats()
+    registry.register(ShadowCollector(lambda: stats))
     text = generate_latest(registry).decode()
     return frozenset(
         sample.name
@@ -115,13 +127,8 @@ def vllm_sample_names(exposition: str) -> frozenset[str]:
 
 
 def alert_exported_names() -> frozenset[str]:
-    """Sample names of the alerting families (``alert_families``; counters get ``_total``)."""
-    from specwatch.alerts.alertmanager import AlertingState, alert_families
-
-    return frozenset(
-        family.name + ("_total" if family.type == "counter" else "")
-        for family in alert_families(AlertingState())
-    )
+    """Sample names of the alerting families (``ALERTS``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.ALERTS)
 
 
 EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
@@ -207,14 +214,12 @@ class TestHelpers:
             assert name in EXPORTED
         for gone in ("specwatch_counter_resets_total", "specwatch_scrapes", "specwatch_"):
             assert gone not in EXPORTED
-        shadow = {f.name for f in shadow_families(full_shadow_stats())}
-        alerts = alert_exported_names()
         # no name exported twice
-        assert len(EXPORTED) == len(CATALOGUE) + len(shadow) + len(alerts)
+        assert len(EXPORTED) == len(CATALOGUE)
 
     def test_shadow_names_are_all_read_back(self) -> None:
-        """Every family shadow_families yields has samples in the full stats used above."""
-        families = {f.name for f in shadow_families(full_shadow_stats())}
+        """Every shadow family of the catalogue has samples in the full stats used above."""
+        families = {spec.name for spec in catalogue.SHADOW}
         exposed = {n.removesuffix("_total") for n in shadow_exported_names()}
         assert families <= exposed
 

@@ -1,0 +1,446 @@
+"""The metric catalogue: every ``specwatch_*`` family specwatch exports, in one table.
+
+Each :class:`MetricSpec` gives the family name (counters without ``_total``; the exposition adds
+it), type, help text and label names. The collectors in :mod:`specwatch.export.prometheus` emit
+only families listed here (:data:`BY_NAME`); ``docs/metrics.md`` lists the same names, types and
+labels (checked by a test). Order of :data:`CATALOGUE` = order of the exposition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One exported family: ``name`` (counters without ``_total``), ``kind`` (``gauge`` or
+    ``counter``), ``help``, ``labels`` (label names in order). ``open_labels``: samples carry
+    these labels plus their own (``specwatch_alert_firing`` carries each alert's labels)."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...]
+    open_labels: bool = False
+
+    @property
+    def sample_name(self) -> str:
+        """The exposed sample name: ``name`` plus ``_total`` for counters."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+
+def _g(name: str, help_: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_, labels)
+
+
+def _c(name: str, help_: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "counter", help_, labels)
+
+
+# -- observe chain ------------------------------------------------------------------------------
+
+TARGET = ("target", "role", "model_name")
+WINDOWED = ("target", "role", "model_name", "window")
+
+
+#: Health fields exported per window: Health attribute → spec.
+WINDOW_GAUGES: dict[str, MetricSpec] = {
+    "acceptance_rate": _g(
+        "specwatch_acceptance_ratio",
+        "Draft acceptance rate alpha = increase(accepted)/increase(draft_tokens) over the window.",
+        WINDOWED,
+    ),
+    "mean_acceptance_length": _g(
+        "specwatch_mean_acceptance_length",
+        "Mean acceptance length tau = 1 + increase(accepted)/increase(drafts), tokens per step.",
+        WINDOWED,
+    ),
+    "mean_draft_length": _g(
+        "specwatch_mean_draft_length",
+        "Mean draft length = increase(draft_tokens)/increase(drafts).",
+        WINDOWED,
+    ),
+    "generation_tokens_per_second": _g(
+        "specwatch_generation_tokens_per_second",
+        "Generated tokens per second over the window.",
+        WINDOWED,
+    ),
+    "accepted_tokens_per_second": _g(
+        "specwatch_accepted_tokens_per_second",
+        "Accepted draft tokens per second over the window.",
+        WINDOWED,
+    ),
+    "drafts_per_second": _g(
+        "specwatch_drafts_per_second", "Drafts (verify steps of a request) per second.", WINDOWED
+    ),
+    "drafts_per_step": _g(
+        "specwatch_drafts_per_step",
+        "Drafts per engine step = increase(drafts)/increase(iteration_tokens_total_count).",
+        WINDOWED,
+    ),
+    "engine_steps_per_second": _g(
+        "specwatch_engine_steps_per_second", "Engine steps per second.", WINDOWED
+    ),
+    "preemptions_per_second": _g(
+        "specwatch_preemptions_per_second", "Preemptions per second over the window.", WINDOWED
+    ),
+}
+
+PER_POSITION = _g(
+    "specwatch_per_position_acceptance_ratio",
+    "Per-position acceptance = increase(accepted_per_pos[position])/increase(drafts).",
+    (*WINDOWED, "position"),
+)
+PER_POSITION_CONDITIONAL = _g(
+    "specwatch_per_position_conditional_acceptance_ratio",
+    "Conditional per-position acceptance = increase(per_pos[i])/increase(per_pos[i-1]); "
+    "position 0 over drafts.",
+    (*WINDOWED, "position"),
+)
+ITL = _g(
+    "specwatch_inter_token_latency_quantile_seconds",
+    "Inter-token latency quantile from bucket increases (histogram_quantile interpolation).",
+    (*WINDOWED, "q"),
+)
+TTFT = _g(
+    "specwatch_time_to_first_token_quantile_seconds",
+    "Time-to-first-token quantile from bucket increases (histogram_quantile interpolation).",
+    (*WINDOWED, "q"),
+)
+
+#: Window-free gauges: Health attribute → spec.
+LATEST_GAUGES: dict[str, MetricSpec] = {
+    "num_speculative_tokens": _g(
+        "specwatch_num_speculative_tokens",
+        "K: draft positions seen in the position labels, else configured.",
+        TARGET,
+    ),
+    "kv_cache_usage": _g(
+        "specwatch_kv_cache_usage_ratio",
+        "KV-cache usage fraction 0..1 (vllm:kv_cache_usage_perc; mean over engines server-wide).",
+        TARGET,
+    ),
+    "num_requests_running": _g(
+        "specwatch_num_requests_running", "Requests in RUNNING (vllm:num_requests_running).", TARGET
+    ),
+    "num_requests_waiting": _g(
+        "specwatch_num_requests_waiting", "Waiting requests (vllm:num_requests_waiting).", TARGET
+    ),
+}
+WAITING_BY_REASON = _g(
+    "specwatch_num_requests_waiting_by_reason",
+    "Waiting requests by reason (a breakdown of num_requests_waiting).",
+    (*TARGET, "reason"),
+)
+
+BUILD_INFO = _g("specwatch_build_info", "specwatch build information (always 1).", ("version",))
+TARGET_UP = _g(
+    "specwatch_target_up", "1 when the last scrape of the target succeeded.", ("target", "role")
+)
+SCRAPE_DURATION = _g(
+    "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
+)
+SCRAPES = _c("specwatch_scrapes", "Scrapes attempted per target.", ("target",))
+SCRAPE_ERRORS = _c(
+    "specwatch_scrape_errors", "Failed scrapes and skipped series by reason.", ("target", "reason")
+)
+LAST_SUCCESS = _g(
+    "specwatch_last_scrape_success_timestamp_seconds",
+    "Unix time of the last good scrape of the target.",
+    ("target",),
+)
+TARGET_STALE = _g(
+    "specwatch_target_stale",
+    "1 when the exported values of the target are the last good ones (scrape failed or "
+    "families missing).",
+    ("target",),
+)
+COUNTER_RESETS = _c(
+    "specwatch_engine_resets", "Engine counter resets (restarts) detected.", ("target", "engine")
+)
+
+PAIR = ("window", "standard", "fly")
+PAIR_GAUGES: dict[str, MetricSpec] = {
+    "acceptance_gain_ratio": _g(
+        "specwatch_fly_acceptance_gain_ratio", "FLy minus standard acceptance rate.", PAIR
+    ),
+    "mean_acceptance_length_ratio": _g(
+        "specwatch_fly_mean_acceptance_length_ratio", "tau of FLy divided by tau of standard.", PAIR
+    ),
+    "throughput_ratio": _g(
+        "specwatch_fly_throughput_ratio",
+        "Generation tokens/s of FLy divided by standard.",
+        PAIR,
+    ),
+}
+
+CAP = ("target", "role")
+LIMITS_CONFIGURED = _g(
+    "specwatch_limits_configured",
+    "1 when max_num_seqs, max_num_batched_tokens, K and method are configured for the target.",
+    CAP,
+)
+CAPACITY_GAUGES: dict[str, MetricSpec] = {
+    "max_num_seqs": _g("specwatch_max_num_seqs", "Configured max_num_seqs.", CAP),
+    "max_num_batched_tokens": _g(
+        "specwatch_max_num_batched_tokens", "Configured max_num_batched_tokens.", CAP
+    ),
+    "running_to_max_seqs_ratio": _g(
+        "specwatch_running_to_max_seqs_ratio",
+        "Most-loaded engine's running requests / max_num_seqs.",
+        CAP,
+    ),
+    "running_gap_requests": _g(
+        "specwatch_running_gap_requests", "max_num_seqs minus running (most-loaded engine).", CAP
+    ),
+    "admission_cap_requests": _g(
+        "specwatch_admission_cap_requests", "R_max: most requests that can be RUNNING.", CAP
+    ),
+    "decode_full_per_step_requests": _g(
+        "specwatch_decode_full_per_step_requests",
+        "D_full: decode requests whose K drafts are all verified per step.",
+        CAP,
+    ),
+    "budget_bound": _g(
+        "specwatch_budget_bound", "1 when the token budget, not max_num_seqs, limits D_full.", CAP
+    ),
+}
+
+#: The observe chain's families, in exposition order.
+OBSERVE: tuple[MetricSpec, ...] = (
+    BUILD_INFO,
+    TARGET_UP,
+    SCRAPE_DURATION,
+    SCRAPES,
+    SCRAPE_ERRORS,
+    LAST_SUCCESS,
+    TARGET_STALE,
+    COUNTER_RESETS,
+    *WINDOW_GAUGES.values(),
+    PER_POSITION,
+    PER_POSITION_CONDITIONAL,
+    ITL,
+    TTFT,
+    *LATEST_GAUGES.values(),
+    WAITING_BY_REASON,
+    *PAIR_GAUGES.values(),
+    LIMITS_CONFIGURED,
+    *CAPACITY_GAUGES.values(),
+)
+
+
+# -- shadow and paired statistics ------------------------------------------------------------
+
+WC = ("window", "category")
+REASON = ("reason",)
+
+SHADOW_PAIRS = _c(
+    "specwatch_shadow_pairs",
+    "Compared shadow pairs by outcome versus the standard arm (correctness outcomes for "
+    "labelled pairs, agree/disagree for every paired request).",
+    ("category", "arm", "outcome"),
+)
+SHADOW_UNPAIRED = _c("specwatch_shadow_unpaired", "Shadow requests where one arm failed.", REASON)
+SHADOW_EXCLUDED = _c(
+    "specwatch_shadow_excluded", "Shadow requests excluded from comparison.", REASON
+)
+LEDGER_WRITE_ERRORS = _c(
+    "specwatch_ledger_write_errors",
+    "Ledger rows that failed to write, by exception type (queue_full: dropped unwritten).",
+    REASON,
+)
+
+#: PairedSummary attribute → per-window, per-category gauge.
+SUMMARY_GAUGES: dict[str, MetricSpec] = {
+    "lost": _g(
+        "specwatch_paired_lost", "Labelled pairs the standard arm got right and FLy wrong.", WC
+    ),
+    "gained": _g(
+        "specwatch_paired_gained", "Labelled pairs the standard arm got wrong and FLy right.", WC
+    ),
+    "n": _g("specwatch_paired_n", "Labelled pairs (both arms answered, gold known).", WC),
+    "net_loss_ratio": _g(
+        "specwatch_paired_net_loss_ratio",
+        "Paired accuracy difference acc(standard) - acc(FLy) = (lost - gained) / n.",
+        WC,
+    ),
+    "ci_lower": _g(
+        "specwatch_paired_net_loss_ci_lower_ratio",
+        "Lower bound of the Tango score interval (level 1 - alpha) for the net loss.",
+        WC,
+    ),
+    "ci_upper": _g(
+        "specwatch_paired_net_loss_ci_upper_ratio",
+        "Upper bound of the Tango score interval (level 1 - alpha) for the net loss.",
+        WC,
+    ),
+    "discordant_ratio": _g(
+        "specwatch_paired_discordant_ratio",
+        "Share of labelled pairs whose correctness flipped.",
+        WC,
+    ),
+    "non_inferiority_pass": _g(
+        "specwatch_paired_non_inferiority_pass",
+        "1 when the Tango non-inferiority test shows net loss < margin at level alpha.",
+        WC,
+    ),
+    "questions_still_needed": _g(
+        "specwatch_paired_questions_needed",
+        "Labelled pairs still needed (Connor 1987, power 0.8) to detect the configured net loss "
+        "delta at discordant rate max(observed, delta); absent while there are no labelled "
+        "pairs.",
+        WC,
+    ),
+    "excess_flip_ratio": _g(
+        "specwatch_excess_flip_ratio",
+        "FLy's answer-flip rate minus the noise arm's, on the same requests.",
+        WC,
+    ),
+}
+MCNEMAR_P = _g(
+    "specwatch_paired_mcnemar_p_value",
+    "Exact McNemar p-value on the discordant pairs (two-sided, or one-sided for FLy loss).",
+    (*WC, "alternative"),
+)
+E_VALUE = _g(
+    "specwatch_paired_e_value",
+    "Anytime-valid e-value against 'no net loss' (beta-binomial mixture on discordant "
+    "pairs; alarm at >= 1/alpha; anytime-valid for window since_start) and, since start, "
+    "against 'net loss <= margin' (betting).",
+    (*WC, "hypothesis"),
+)
+FLIP_RATIO = _g(
+    "specwatch_flip_ratio",
+    "Share of paired requests whose answer differs from the standard arm's.",
+    (*WC, "arm"),
+)
+LEDGER_ROWS = _g("specwatch_ledger_rows", "Rows in the pair ledger.")
+SHADOW_QUEUE_DEPTH = _g("specwatch_shadow_queue_depth", "Sampled requests waiting to replay.")
+SHADOW_IN_FLIGHT = _g("specwatch_shadow_in_flight", "Shadow replays in flight.")
+SHADOW_DROPPED = _c(
+    "specwatch_shadow_dropped", "Sampled shadow requests dropped, by reason.", REASON
+)
+SHADOW_PAUSED = _g(
+    "specwatch_shadow_paused", "1 while shadow replay is paused for this reason.", REASON
+)
+SHADOW_PAUSES = _c(
+    "specwatch_shadow_pauses", "Times shadow replay entered a load-aware pause, by reason.", REASON
+)
+
+# Shadow I/O self-health counters (ShadowIO), after the families above.
+SHADOW_RECEIVED = _c(
+    "specwatch_shadow_received",
+    "Requests the mirror/proxy/ingest paths considered for shadowing, by source.",
+    ("source",),
+)
+SHADOW_INGEST_ERRORS = _c(
+    "specwatch_shadow_ingest_errors",
+    "Requests not offered for shadowing, by source and reason (too_large, invalid_json, "
+    "not_object, unsupported_path, not_shadow_host, offer_error).",
+    ("source", "reason"),
+)
+SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")
+SHADOW_NOT_SAMPLED = _c(
+    "specwatch_shadow_not_sampled", "Offered requests the sampler did not pick."
+)
+SHADOW_ADMITTED = _c("specwatch_shadow_admitted", "Sampled requests admitted to the replay queue.")
+SHADOW_REPLAYS = _c(
+    "specwatch_shadow_replays",
+    "Finished shadow replays by status (paired, unpaired, excluded).",
+    ("status",),
+)
+SHADOW_ARM_ERRORS = _c(
+    "specwatch_shadow_arm_errors",
+    "Failed arm requests by arm and reason (timeout, http_500, too_large, invalid_body, ...).",
+    ("arm", "reason"),
+)
+SHADOW_SINK_ERRORS = _c(
+    "specwatch_shadow_sink_errors",
+    "Replayed pairs whose comparison/ledger sink raised (the pair is lost).",
+)
+SHADOW_PROXY_REQUESTS = _c("specwatch_shadow_proxy_requests", "Requests through the shadow proxy.")
+SHADOW_PROXY_CLIENT_DISCONNECTS = _c(
+    "specwatch_shadow_proxy_client_disconnects",
+    "Proxied requests whose client went away before the answer was sent.",
+)
+SHADOW_PROXY_OFFER_LOST = _c(
+    "specwatch_shadow_proxy_offer_lost",
+    "Proxied request copies not handed to shadowing because the shadow loop was gone.",
+)
+SHADOW_PROXY_UPSTREAM_ERRORS = _c(
+    "specwatch_shadow_proxy_upstream_errors",
+    "Proxied requests the upstream server failed, by reason (connect, timeout, "
+    "disconnected, client_error).",
+    REASON,
+)
+SHADOW_CANARY_OFFERED = _c(
+    "specwatch_shadow_canary_offered", "Canary items offered for shadow replay."
+)
+SHADOW_CANARY_BAD_LINES = _c(
+    "specwatch_shadow_canary_bad_lines", "Canary file lines skipped at load, by reason.", REASON
+)
+
+#: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
+SHADOW_IO: tuple[MetricSpec, ...] = (
+    SHADOW_QUEUE_DEPTH,
+    SHADOW_IN_FLIGHT,
+    SHADOW_DROPPED,
+    SHADOW_PAUSED,
+    SHADOW_PAUSES,
+    SHADOW_RECEIVED,
+    SHADOW_INGEST_ERRORS,
+    SHADOW_OFFERED,
+    SHADOW_NOT_SAMPLED,
+    SHADOW_ADMITTED,
+    SHADOW_REPLAYS,
+    SHADOW_ARM_ERRORS,
+    SHADOW_SINK_ERRORS,
+    SHADOW_PROXY_REQUESTS,
+    SHADOW_PROXY_CLIENT_DISCONNECTS,
+    SHADOW_PROXY_OFFER_LOST,
+    SHADOW_PROXY_UPSTREAM_ERRORS,
+    SHADOW_CANARY_OFFERED,
+    SHADOW_CANARY_BAD_LINES,
+)
+
+#: The shadow chain's families, in exposition order.
+SHADOW: tuple[MetricSpec, ...] = (
+    SHADOW_PAIRS,
+    SHADOW_UNPAIRED,
+    SHADOW_EXCLUDED,
+    LEDGER_WRITE_ERRORS,
+    *SUMMARY_GAUGES.values(),
+    MCNEMAR_P,
+    E_VALUE,
+    FLIP_RATIO,
+    LEDGER_ROWS,
+    *SHADOW_IO,
+)
+
+# -- alerts -----------------------------------------------------------------------------------
+
+ALERT_FIRING = MetricSpec(
+    "specwatch_alert_firing",
+    "gauge",
+    "1 for each alert specwatch's detectors have active (labels: alertname, severity, ...).",
+    ("alertname", "severity"),
+    open_labels=True,
+)
+ALERTMANAGER_SEND_ERRORS = _c(
+    "specwatch_alertmanager_send_errors",
+    "Failed Alertmanager sends and dropped deliveries, by reason.",
+    REASON,
+)
+ALERTMANAGER_OUTBOX_DEPTH = _g(
+    "specwatch_alertmanager_outbox_depth",
+    "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
+)
+
+#: The alerting families, in exposition order.
+ALERTS: tuple[MetricSpec, ...] = (ALERT_FIRING, ALERTMANAGER_SEND_ERRORS, ALERTMANAGER_OUTBOX_DEPTH)
+
+#: Every exported family, in exposition order.
+CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS)
+
+#: Family name (without ``_total``) → spec.
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -1,0 +1,204 @@
+"""JSON documents: ``/api/v1/snapshot`` and its parts, ``specwatch analyze --format json``.
+
+Every function returns plain JSON-able values (no NaN or infinity: those become ``null``) and
+does no I/O. Shapes are in ``docs/architecture.md`` and ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from typing import Any
+
+from specwatch.alerts.alertmanager import AlertingState, format_rfc3339
+from specwatch.export.snapshot import Snapshot
+from specwatch.observe.values import QUANTILES, Health
+from specwatch.shadow.summary import PairedSummary, ShadowStats
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def health_json(h: Health) -> dict[str, Any]:
+    """A :class:`Health` as the JSON object of ``/api/v1/snapshot`` and ``specwatch analyze``."""
+    doc: dict[str, Any] = _jsonable(
+        {
+            "interval_seconds": h.interval_seconds,
+            "acceptance_rate": h.acceptance_rate,
+            "mean_acceptance_length": h.mean_acceptance_length,
+            "mean_draft_length": h.mean_draft_length,
+            "per_position_acceptance_rate": list(h.per_position_acceptance_rate),
+            "per_position_conditional_acceptance_rate": list(
+                h.per_position_conditional_acceptance_rate
+            ),
+            "num_speculative_tokens": h.num_speculative_tokens,
+            "drafts": h.drafts,
+            "draft_tokens": h.draft_tokens,
+            "accepted_tokens": h.accepted_tokens,
+            "generation_tokens": h.generation_tokens,
+            "engine_steps": h.engine_steps,
+            "preemptions": h.preemptions,
+            "generation_tokens_per_second": h.generation_tokens_per_second,
+            "accepted_tokens_per_second": h.accepted_tokens_per_second,
+            "drafts_per_second": h.drafts_per_second,
+            "drafts_per_step": h.drafts_per_step,
+            "engine_steps_per_second": h.engine_steps_per_second,
+            "preemptions_per_second": h.preemptions_per_second,
+            "inter_token_latency_seconds": {
+                str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
+            },
+            "time_to_first_token_seconds": {
+                str(q): h.time_to_first_token_seconds.get(q) for q in QUANTILES
+            },
+            "num_requests_running": h.num_requests_running,
+            "num_requests_waiting": h.num_requests_waiting,
+            "num_requests_waiting_by_reason": dict(h.num_requests_waiting_by_reason),
+            "kv_cache_usage": h.kv_cache_usage,
+        }
+    )
+    return doc
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The ``/api/v1/snapshot`` document (shape in ``docs/architecture.md``); NaN/missing → null.
+
+    Per window: ``server``/``engines`` of the target's only model (``null`` when it serves several
+    or none yet) and ``models`` with every model.
+    """
+    targets: dict[str, Any] = {}
+    for name, t in snap.targets.items():
+        windows: dict[str, Any] = {}
+        for w, models in t.windows.items():
+            per_model = {
+                m: {
+                    "server": health_json(mw.server),
+                    "engines": {e: health_json(h) for e, h in mw.engines.items()},
+                }
+                for m, mw in models.items()
+            }
+            only = next(iter(per_model.values())) if len(per_model) == 1 else None
+            windows[w] = {
+                "server": only["server"] if only else None,
+                "engines": only["engines"] if only else None,
+                "models": per_model,
+            }
+        lim, cap = t.limits, t.capacity
+        targets[name] = {
+            "role": t.role.value,
+            "url": t.url,
+            "up": t.up,
+            "stale": t.stale,
+            "ready": t.ready,
+            "last_success": t.last_success,
+            "last_scrape_duration_seconds": t.last_scrape_duration_seconds,
+            "scrapes_total": t.scrapes_total,
+            "scrape_errors": dict(t.scrape_errors),
+            "counter_resets": dict(t.counter_resets),
+            "missing_families": list(t.missing_families),
+            "limits": {
+                "max_num_seqs": lim.max_num_seqs,
+                "max_num_batched_tokens": lim.max_num_batched_tokens,
+                "num_speculative_tokens": lim.num_speculative_tokens,
+                "method": lim.method,
+                "parallel_drafting": lim.parallel_drafting,
+                "vllm_version": lim.vllm_version,
+            },
+            "capacity": {
+                "limits_configured": cap.limits_configured,
+                "num_requests_running": cap.num_requests_running,
+                "running_to_max_seqs_ratio": cap.running_to_max_seqs_ratio,
+                "running_gap_requests": cap.running_gap_requests,
+                "admission_cap_requests": cap.admission_cap_requests,
+                "decode_full_per_step_requests": cap.decode_full_per_step_requests,
+                "budget_bound": cap.budget_bound,
+            },
+            "windows": windows,
+        }
+    pair = {
+        w: {
+            "standard": pv.standard,
+            "fly": pv.fly,
+            "acceptance_gain_ratio": pv.acceptance_gain_ratio,
+            "mean_acceptance_length_ratio": pv.mean_acceptance_length_ratio,
+            "throughput_ratio": pv.throughput_ratio,
+        }
+        for w, pv in snap.pair.items()
+    }
+    out: dict[str, Any] = {
+        "generated_at": snap.generated_at,
+        "targets": targets,
+        "pair": pair,
+        "shadow": shadow_stats_json(snap.shadow) if snap.shadow is not None else {},
+        "alerts": alerts_json(snap.alerts) if snap.alerts is not None else [],
+    }
+    doc: dict[str, Any] = _jsonable(out)
+    return doc
+
+
+def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
+    """The ``alerts`` list of ``/api/v1/snapshot``: ``[{"labels": {...}, "startsAt": RFC 3339,
+    "state": "firing"}]``, one per active alert, sorted by labels."""
+    return [
+        {"labels": dict(a.labels), "startsAt": format_rfc3339(a.starts_at), "state": "firing"}
+        for a in state.firing
+    ]
+
+
+def _json_num(v: object) -> object:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
+    """JSON-safe dict of a snapshot for ``/api/v1/snapshot``'s ``"shadow"`` key.
+
+    Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
+    ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
+    list of ``{"category", "arm", "outcome", "count"}``.
+    """
+
+    def summary(s: PairedSummary) -> dict[str, object]:
+        d: dict[str, object] = {
+            f.name: _json_num(getattr(s, f.name)) for f in fields(s) if f.name != "tally"
+        }
+        d["tally"] = asdict(s.tally)
+        return d
+
+    io = stats.io
+    bet = stats.betting_log_e_value
+    return {
+        "generated_at": stats.generated_at,
+        "alpha": stats.alpha,
+        "margin": stats.margin,
+        "detect_net_loss": stats.detect_net_loss,
+        "windows": {
+            w: {cat: summary(s) for cat, s in cats.items()} for w, cats in stats.windows.items()
+        },
+        "pairs_total": [
+            {"category": c, "arm": a, "outcome": o, "count": n}
+            for (c, a, o), n in sorted(stats.pairs_total.items())
+        ],
+        "unpaired_total": dict(stats.unpaired_total),
+        "excluded_total": dict(stats.excluded_total),
+        "betting_e_value": None if bet is None or bet > 709.0 else math.exp(bet),
+        "betting_log_e_value": bet,
+        "ledger_rows": stats.ledger_rows,
+        "ledger_write_errors": dict(stats.ledger_write_errors),
+        "io": None
+        if io is None
+        else {
+            "queue_depth": io.queue_depth,
+            "in_flight": io.in_flight,
+            "dropped_total": dict(io.dropped),
+            "paused": {r: bool(v) for r, v in io.paused.items()},
+        },
+    }
