@@ -47,6 +47,7 @@ from specwatch.simulate.lm import LMConfig, SyntheticLM
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
 from specwatch.simulate.quiz import item_for_prompt
 from specwatch.vllm.specdecode import budget_limits
+from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.simulate")
 
@@ -275,7 +276,7 @@ class SimServer:
             faults_mod.apply_patch(self.faults, patch)
         except faults_mod.FaultError as exc:
             return error_response(400, str(exc))
-        log.info("faults set: %s", json.dumps(patch, sort_keys=True))
+        log_event(log, logging.INFO, "faults set", faults=json.dumps(patch, sort_keys=True))
         for w in self._wake:
             w.set()
         return web.json_response(self.faults.as_dict())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from specwatch.alerts.alertmanager import Alert, AlertLoop, Severity, format_rfc3339
 from specwatch.alerts.settings import AlertingSettings
+from tests.fakes import free_port
 
 pytestmark = pytest.mark.promtool
 
@@ -30,18 +30,11 @@ receivers:
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Alertmanager:
     """One Alertmanager process on 127.0.0.1:<free port>, restartable on the same port/storage."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp / "alertmanager.yml"
         self.config.write_text(AM_CONFIG)

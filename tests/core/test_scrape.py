@@ -21,7 +21,8 @@ from specwatch.core.logs import event_fields
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
 from specwatch.settings import Settings
-from tests.core.conftest import FakeClock, body
+from tests.core.conftest import body
+from tests.fakes import FakeClock
 from tests.core.fakes import FakeVllm, Reply
 
 GOOD = body("vllm-metrics/real-cpu-ngram.txt")

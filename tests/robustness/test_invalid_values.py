@@ -24,7 +24,7 @@ from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
 from specwatch.settings import Settings
-from tests.core.conftest import FakeClock
+from tests.fakes import FakeClock
 from tests.core.fakes import FakeVllm, Reply
 
 LBL = 'engine="0",model_name="m"'
