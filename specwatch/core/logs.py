@@ -68,15 +68,15 @@ class PlainFormatter(logging.Formatter):
         return line.rstrip()
 
 
-def log_event(
-    logger: logging.Logger, level: int, event: str, *, exc_info: bool = False, **fields: Any
-) -> None:
+def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
     """Emit one structured event named ``event`` at ``level`` (``logging.WARNING``, ...) with
-    ``fields`` as keys of the line. ``exc_info=True`` appends the exception being handled
-    (as ``logger.exception`` does). ``fields`` must not contain secrets (pass URLs through
-    :func:`redact_url`); the keys ``ts``, ``level``, ``logger``, ``event`` and ``exc`` are taken
-    by the line itself and a field with one of those names is not shown."""
+    ``fields`` as keys of the line. The field ``exc_info=True`` is not shown as a key: it appends
+    the exception being handled under ``exc`` (as ``logger.exception`` does). ``fields`` must not
+    contain secrets (pass URLs through :func:`redact_url`); the keys ``ts``, ``level``,
+    ``logger``, ``event`` and ``exc`` are taken by the line itself and a field with one of those
+    names is not shown."""
     if logger.isEnabledFor(level):
+        exc_info = bool(fields.pop("exc_info", False))
         logger.log(level, event, exc_info=exc_info, extra={_FIELDS: fields})
 
 

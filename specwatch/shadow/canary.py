@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
-from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.shadow.canary")
 

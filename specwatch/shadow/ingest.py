@@ -40,9 +40,9 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
-from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.shadow.ingest")
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.compare import ArmOutcome, PairOutcome
 from specwatch.shadow.summary import PairTally
-from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.shadow.ledger")
 

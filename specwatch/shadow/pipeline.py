@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.canary import CanaryLoad, CanaryRunner, load_canary
 from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
-from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.shadow.pipeline")
 

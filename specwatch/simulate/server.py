@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from specwatch.core.logs import log_event
 from specwatch.simulate import faults as faults_mod
 from specwatch.simulate.config import Faults, Role, SimConfig
 from specwatch.simulate.engine_core import (
@@ -47,7 +48,6 @@ from specwatch.simulate.lm import LMConfig, SyntheticLM
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
 from specwatch.simulate.quiz import item_for_prompt
 from specwatch.vllm.specdecode import budget_limits
-from specwatch.core.logs import log_event
 
 log = logging.getLogger("specwatch.simulate")
 

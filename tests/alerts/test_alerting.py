@@ -243,7 +243,7 @@ class TestSettings:
 
 
 async def _loop(
-    url: str, findings: list[Alert], clock: Clock, sleeps: Sleeps, **kw: Any
+    url: str, findings: list[Alert], clock: FakeClock, sleeps: Sleeps, **kw: Any
 ) -> tuple[AlertLoop, aiohttp.ClientSession]:
     session = aiohttp.ClientSession()
     settings = AlertingSettings(urls=[url], resend_interval=60, evaluation_interval=15, **kw)
@@ -311,7 +311,7 @@ class TestSender:
         both with their original startsAt, the firing one with a fresh lease."""
         am, url = fake_am
         am.statuses = [503] * 3
-        clock, sleeps = Clock(1000.0), Sleeps()
+        clock, sleeps = FakeClock(1000.0), Sleeps()
         findings = [drop(engine="1"), drop(engine="2")]
         loop, session = await _loop(url, findings, clock, sleeps)
         async with session:
@@ -406,7 +406,7 @@ async def test_on_state_and_alerts_json() -> None:
             AlertingSettings(),
             session,
             lambda: [drop()],
-            clock=Clock(1_800_000_000.0),
+            clock=FakeClock(1_800_000_000.0),
             sleep=Sleeps(),
             on_state=seen.append,
         )
@@ -535,7 +535,9 @@ class TestTransport:
         try:
             async with aiohttp.ClientSession() as session:
                 settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
-                loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
+                loop = AlertLoop(
+                    settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps()
+                )
                 await loop.tick()
         finally:
             release.set()
@@ -548,7 +550,7 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
     """run() ticks, sleeps evaluation_interval, ticks again: with resend = evaluation = 15 s each
     tick re-sends the alert with the same startsAt and a lease renewed by 15 s."""
     am, url = fake_am
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:

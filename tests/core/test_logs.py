@@ -88,7 +88,11 @@ class TestLogs:
             raise ValueError("boom")
         except ValueError:
             log_event(
-                logging.getLogger("specwatch.test"), logging.ERROR, "sink failed", exc_info=True, h="x"
+                logging.getLogger("specwatch.test"),
+                logging.ERROR,
+                "sink failed",
+                exc_info=True,
+                h="x",
             )
         doc = json.loads(stream.getvalue())
         assert (doc["event"], doc["level"], doc["h"]) == ("sink failed", "error", "x")
@@ -171,7 +175,8 @@ async def test_proxy_listening_line_has_port() -> None:
         finally:
             await pipe.stop()
     (doc,) = [d for d in _json_lines(stream) if d["event"] == "shadow proxy listening"]
-    assert port is not None and port > 0
+    assert port is not None
+    assert port > 0
     assert doc["port"] == port
 
 

@@ -22,8 +22,8 @@ from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, STORE_KEY, build_app
 from specwatch.settings import Settings
 from tests.core.conftest import body
-from tests.fakes import FakeClock
 from tests.core.fakes import FakeVllm, Reply
+from tests.fakes import FakeClock
 
 GOOD = body("vllm-metrics/real-cpu-ngram.txt")
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 from tests.fakes import free_port
 
 SERVED_MODEL_NAME = "tiny"
