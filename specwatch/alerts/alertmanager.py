@@ -45,6 +45,7 @@ from specwatch.alerts.settings import (
     AlertingSettings,
     TLSSettings,
 )
+from specwatch.core.logs import log_event, redact_url
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -329,7 +330,13 @@ class AlertSender:
             dropped = outbox.add(deliveries)
             if dropped:
                 self.errors["outbox_overflow"] += dropped
-                log.warning("alertmanager outbox full", extra={"url": url, "dropped": dropped})
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "alertmanager outbox full",
+                    url=redact_url(url),
+                    dropped=dropped,
+                )
 
     async def flush(self, now: float) -> None:
         """Try to deliver every outbox (concurrently across Alertmanagers)."""
@@ -348,7 +355,9 @@ class AlertSender:
                 await self._attempts(endpoint, body, outbox, pending)
         except TimeoutError:
             self.errors["timeout"] += 1
-            log.warning("alertmanager flush ran out of time", extra={"url": endpoint})
+            log_event(
+                log, logging.WARNING, "alertmanager flush ran out of time", url=redact_url(endpoint)
+            )
 
     async def _attempts(
         self, endpoint: str, body: list[dict[str, Any]], outbox: Outbox, pending: list[Delivery]
@@ -378,20 +387,30 @@ class AlertSender:
                 text = (await resp.text())[:200]
                 reason = "http_4xx" if 400 <= resp.status < 500 else "http_5xx"
                 self.errors[reason] += 1
-                log.warning(
+                log_event(
+                    log,
+                    logging.WARNING,
                     "alertmanager rejected alerts",
-                    extra={"url": endpoint, "status": resp.status, "body": text},
+                    url=redact_url(endpoint),
+                    status=resp.status,
+                    body=text,
                 )
                 if resp.status in _RETRYABLE_4XX:
                     return "retry"
                 return reason
         except TimeoutError:
             self.errors["timeout"] += 1
-            log.warning("alertmanager send timed out", extra={"url": endpoint})
+            log_event(log, logging.WARNING, "alertmanager send timed out", url=redact_url(endpoint))
             return "timeout"
         except aiohttp.ClientError as exc:
             self.errors["connect"] += 1
-            log.warning("alertmanager send failed", extra={"url": endpoint, "error": str(exc)})
+            log_event(
+                log,
+                logging.WARNING,
+                "alertmanager send failed",
+                url=redact_url(endpoint),
+                error=str(exc),
+            )
             return "connect"
 
 

@@ -1,8 +1,11 @@
-"""Structured logging to stdout with the standard library: one JSON object (or a plain
+"""Structured logging to stderr with the standard library: one JSON object (or a plain
 ``event key=value`` line) per event.
 
 Log with ``log_event(logger, logging.WARNING, "scrape failed", target="fly", reason="timeout")``;
-the event name is the message and the keyword fields become keys.
+the event name is the message and the keyword fields become keys. ``log_event`` is the one
+logging call in specwatch (a test rejects ``extra=`` anywhere else); the formatters still emit
+any attribute a record carries beyond the standard ``LogRecord`` ones, so a field passed some
+other way is never dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +19,25 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 _FIELDS = "specwatch_fields"
 
+# Attributes every LogRecord has (plus those set by Formatter.format and by pytest's caplog);
+# anything else on a record was passed through ``extra`` and is a field.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    _FIELDS,
+}
+
+
+def event_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields of a record: those given to :func:`log_event`, then any other
+    non-standard attribute (``extra=`` keys) that does not clash with them."""
+    fields: dict[str, Any] = dict(getattr(record, _FIELDS, {}))
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD and not key.startswith("_"):
+            fields.setdefault(key, value)
+    return fields
+
 
 class JsonFormatter(logging.Formatter):
     """``{"ts": ..., "level": ..., "logger": ..., "event": ..., **fields}`` on one line."""
@@ -27,7 +49,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        out.update(getattr(record, _FIELDS, {}))
+        for key, value in event_fields(record).items():
+            out.setdefault(key, value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))
@@ -38,7 +61,7 @@ class PlainFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-        fields = " ".join(f"{k}={v}" for k, v in getattr(record, _FIELDS, {}).items())
+        fields = " ".join(f"{k}={v}" for k, v in event_fields(record).items())
         line = f"{ts} {record.levelname.lower()} {record.name} {record.getMessage()} {fields}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -46,23 +69,25 @@ class PlainFormatter(logging.Formatter):
 
 
 def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
-    """Emit one structured event; ``fields`` must not contain secrets."""
+    """Emit one structured event named ``event`` at ``level`` (``logging.WARNING``, ...) with
+    ``fields`` as keys of the line. The field ``exc_info=True`` is not shown as a key: it appends
+    the exception being handled under ``exc`` (as ``logger.exception`` does). ``fields`` must not
+    contain secrets (pass URLs through :func:`redact_url`); the keys ``ts``, ``level``,
+    ``logger``, ``event`` and ``exc`` are taken by the line itself and a field with one of those
+    names is not shown."""
     if logger.isEnabledFor(level):
-        logger.log(level, event, extra={_FIELDS: fields})
-
-
-def event_fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields of a record (for tests with ``caplog``)."""
-    fields: dict[str, Any] = getattr(record, _FIELDS, {})
-    return fields
+        exc_info = bool(fields.pop("exc_info", False))
+        logger.log(level, event, exc_info=exc_info, extra={_FIELDS: fields})
 
 
 def setup_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | None = None) -> None:
-    """Configure the ``specwatch`` logger tree (idempotent): one handler to ``stream`` (stdout)."""
+    """Configure the ``specwatch`` logger tree (idempotent): one handler writing to ``stream``
+    (default stderr, so stdout stays free for command output); ``fmt`` is ``json`` or ``plain``;
+    ``level`` a logging level name (``INFO``)."""
     logger = logging.getLogger("specwatch")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
     logger.addHandler(handler)
     logger.setLevel(level)

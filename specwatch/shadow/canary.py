@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
@@ -189,7 +190,7 @@ def parse_lines(lines: Iterable[str], *, source: str, model: str | None = None) 
                 continue
         bad[reason] += 1
         errors.append(f"{source}:{n}: {reason}")
-        log.warning("canary bad line", extra={"file": source, "line": n, "reason": reason})
+        log_event(log, logging.WARNING, "canary bad line", file=source, line=n, reason=reason)
     return CanaryLoad(tuple(items), bad, tuple(errors))
 
 

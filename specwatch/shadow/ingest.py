@@ -40,6 +40,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
@@ -161,7 +162,7 @@ def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
         try:
             uvloop = importlib.import_module("uvloop")
         except ImportError:
-            log.info("uvloop not installed; proxy uses the asyncio event loop")
+            log_event(log, logging.INFO, "uvloop not installed; proxy uses the asyncio event loop")
         else:
             loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
             return loop
@@ -196,13 +197,17 @@ class _Offerer:
         )
         if isinstance(built, str):
             c.errors[(source.value, built)] += 1
-            log.warning("shadow ingest rejected", extra={"source": source.value, "reason": built})
+            log_event(
+                log, logging.WARNING, "shadow ingest rejected", source=source.value, reason=built
+            )
             return built
         try:
             result = self._offer(built)
         except (RuntimeError, ValueError, TypeError, asyncio.QueueFull) as exc:
             c.errors[(source.value, "offer_error")] += 1
-            log.warning("shadow offer failed", extra={"source": source.value, "error": repr(exc)})
+            log_event(
+                log, logging.WARNING, "shadow offer failed", source=source.value, error=repr(exc)
+            )
             return "offer_error"
         c.outcomes[(source.value, result)] += 1
         return result
@@ -478,7 +483,7 @@ class ShadowProxy:
 
     def _fail(self, reason: str, status: int, prepared: bool) -> web.StreamResponse:
         self.counters.proxy_upstream_errors[reason] += 1
-        log.warning("proxy upstream failed", extra={"reason": reason, "prepared": prepared})
+        log_event(log, logging.WARNING, "proxy upstream failed", reason=reason, prepared=prepared)
         if prepared:
             # the status line is sent: abort the connection so the client sees a truncated body
             raise ConnectionResetError(f"upstream {reason} mid-response")

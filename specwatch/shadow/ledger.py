@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.compare import ArmOutcome, PairOutcome
 from specwatch.shadow.summary import PairTally
 
@@ -361,14 +362,13 @@ class Ledger:
             kind = type(exc).__name__
             self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
             self._last_error = f"{kind}: {exc}"
-            log.error(
+            log_event(
+                log,
+                logging.ERROR,
                 "ledger write failed",
-                extra={
-                    "event": "ledger_write_failed",
-                    "error_type": kind,
-                    "rows": len(batch),
-                    "error": str(exc),
-                },
+                error_type=kind,
+                rows=len(batch),
+                error=str(exc),
             )
             return
         self._rows_written += len(batch)

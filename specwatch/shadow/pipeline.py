@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.logs import log_event
 from specwatch.shadow.canary import CanaryLoad, CanaryRunner, load_canary
 from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
@@ -183,7 +184,7 @@ class ShadowPipeline:
                 self.proxy.start_in_thread if self.settings.proxy_own_thread else self.proxy.start
             )
             port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
-            log.info("shadow proxy listening", extra={"port": port})
+            log_event(log, logging.INFO, "shadow proxy listening", port=port)
         if self.canary is not None:
             self._tasks.append(asyncio.create_task(self.canary.run(), name="shadow-canary"))
 
@@ -239,7 +240,13 @@ class ShadowPipeline:
             raise
         except Exception:  # the sink is injected code: count, log, keep the workers alive
             self.sink_errors += 1
-            log.exception("shadow pair sink failed", extra={"request_hash": req.request_hash})
+            log_event(
+                log,
+                logging.ERROR,
+                "shadow pair sink failed",
+                exc_info=True,
+                request_hash=req.request_hash,
+            )
 
     # -- metrics ------------------------------------------------------------------------------
 

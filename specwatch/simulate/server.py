@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from specwatch.core.logs import log_event
 from specwatch.simulate import faults as faults_mod
 from specwatch.simulate.config import Faults, Role, SimConfig
 from specwatch.simulate.engine_core import (
@@ -275,7 +276,7 @@ class SimServer:
             faults_mod.apply_patch(self.faults, patch)
         except faults_mod.FaultError as exc:
             return error_response(400, str(exc))
-        log.info("faults set: %s", json.dumps(patch, sort_keys=True))
+        log_event(log, logging.INFO, "faults set", faults=json.dumps(patch, sort_keys=True))
         for w in self._wake:
             w.set()
         return web.json_response(self.faults.as_dict())

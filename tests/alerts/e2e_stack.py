@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -29,18 +28,12 @@ from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
+from tests.fakes import free_port
 
 AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def poll(

@@ -40,6 +40,7 @@ from specwatch.alerts.alertmanager import (
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
+from tests.fakes import FakeClock
 
 
 @dataclass
@@ -67,14 +68,6 @@ async def fake_am() -> AsyncIterator[tuple[FakeAM, str]]:
         yield am, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
-
-
-class Clock:
-    def __init__(self, t: float = 1_800_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Sleeps:
@@ -251,7 +244,7 @@ class TestSettings:
 
 
 async def _loop(
-    url: str, findings: list[Alert], clock: Clock, sleeps: Sleeps, **kw: Any
+    url: str, findings: list[Alert], clock: FakeClock, sleeps: Sleeps, **kw: Any
 ) -> tuple[AlertLoop, aiohttp.ClientSession]:
     session = aiohttp.ClientSession()
     settings = AlertingSettings(urls=[url], resend_interval=60, evaluation_interval=15, **kw)
@@ -264,7 +257,7 @@ class TestSender:
         """Two 503s then 200: three POSTs, sleeps 0.5 s then 1 s, outbox empty, 2 errors."""
         am, url = fake_am
         am.statuses = [503, 503]
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
@@ -277,7 +270,7 @@ class TestSender:
         """Backoff doubles up to retry_max_backoff."""
         am, url = fake_am
         am.statuses = [500] * 5
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(
             url, [drop()], clock, sleeps, max_attempts=5, retry_max_backoff=1.5
         )
@@ -290,7 +283,7 @@ class TestSender:
         """429 (too many requests) means later: retried, delivered on the second attempt."""
         am, url = fake_am
         am.statuses = [429]
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
@@ -303,11 +296,11 @@ class TestSender:
         """A 400 is counted once and the batch is dropped, not retried."""
         am, url = fake_am
         am.statuses = [400]
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
-            clock.t += 15
+            clock.advance(15)
             await loop.tick()  # within resend interval: nothing new to send
         assert len(am.requests) == 1
         assert sleeps.calls == []
@@ -319,7 +312,7 @@ class TestSender:
         both with their original startsAt, the firing one with a fresh lease."""
         am, url = fake_am
         am.statuses = [503] * 3
-        clock, sleeps = Clock(1000.0), Sleeps()
+        clock, sleeps = FakeClock(1000.0), Sleeps()
         findings = [drop(engine="1"), drop(engine="2")]
         loop, session = await _loop(url, findings, clock, sleeps)
         async with session:
@@ -342,7 +335,7 @@ class TestSender:
         await server.start_server()
         url = str(server.make_url("")).rstrip("/")
         await server.close()  # nothing listens there any more
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps, max_attempts=2)
         async with session:
             await loop.tick()
@@ -351,7 +344,7 @@ class TestSender:
 
     async def test_bearer_header(self, fake_am: tuple[FakeAM, str]) -> None:
         am, url = fake_am
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps, bearer_token="s3cret")
         async with session:
             await loop.tick()
@@ -361,7 +354,7 @@ class TestSender:
 
     async def test_basic_auth_header(self, fake_am: tuple[FakeAM, str]) -> None:
         am, url = fake_am
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(
             url, [drop()], clock, sleeps, basic_username="am", basic_password="pw"
         )
@@ -380,7 +373,7 @@ class TestSender:
             "d",
             labels={"category": "math", "model.name": "llama", "9x": "y", "blank": ""},
         )
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [odd], clock, sleeps)
         async with session:
             await loop.tick()
@@ -396,7 +389,7 @@ class TestSender:
     async def test_every_url_gets_the_alert(self, fake_am: tuple[FakeAM, str]) -> None:
         """With two Alertmanagers, one down: the up one gets it, the other keeps it queued."""
         am, url = fake_am
-        clock, sleeps = Clock(), Sleeps()
+        clock, sleeps = FakeClock(), Sleeps()
         session = aiohttp.ClientSession()
         settings = AlertingSettings(urls=[url, "http://127.0.0.1:9"], max_attempts=1)
         loop = AlertLoop(settings, session, lambda: [drop()], clock=clock, sleep=sleeps)
@@ -414,7 +407,7 @@ async def test_on_state_and_alerts_json() -> None:
             AlertingSettings(),
             session,
             lambda: [drop()],
-            clock=Clock(1_800_000_000.0),
+            clock=FakeClock(1_800_000_000.0),
             sleep=Sleeps(),
             on_state=seen.append,
         )
@@ -514,7 +507,7 @@ class TestTransport:
                 async with aiohttp.ClientSession() as session:
                     settings = AlertingSettings(urls=[url], tls=tls, max_attempts=1)
                     loop = AlertLoop(
-                        settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps()
+                        settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps()
                     )
                     await loop.tick()
                 assert (loop.state.outbox_depth == 0) is delivered
@@ -539,7 +532,9 @@ class TestTransport:
         try:
             async with aiohttp.ClientSession() as session:
                 settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
-                loop = AlertLoop(settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps())
+                loop = AlertLoop(
+                    settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps()
+                )
                 await loop.tick()
         finally:
             release.set()
@@ -552,14 +547,14 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
     """run() ticks, sleeps evaluation_interval, ticks again: with resend = evaluation = 15 s each
     tick re-sends the alert with the same startsAt and a lease renewed by 15 s."""
     am, url = fake_am
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         if len(slept) == 3:
             raise asyncio.CancelledError
-        clock.t += seconds
+        clock.advance(seconds)
 
     async with aiohttp.ClientSession() as session:
         settings = AlertingSettings(urls=[url], resend_interval=15, evaluation_interval=15)
@@ -591,7 +586,7 @@ async def test_flush_is_bounded_by_evaluation_interval() -> None:
             settings = AlertingSettings(
                 urls=[url], timeout=30, max_attempts=3, evaluation_interval=0.2
             )
-            loop = AlertLoop(settings, session, lambda: [drop()], clock=Clock(), sleep=Sleeps())
+            loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
             await asyncio.wait_for(loop.tick(), timeout=20)
     finally:
         release.set()

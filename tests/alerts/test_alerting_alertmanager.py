@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop, format_rfc3339
 from specwatch.alerts.settings import AlertingSettings
+from tests.fakes import FakeClock, free_port
 
 pytestmark = pytest.mark.promtool
 
@@ -34,18 +34,11 @@ receivers:
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Alertmanager:
     """One Alertmanager process on 127.0.0.1:<free port>, restartable on the same port/storage."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp / "alertmanager.yml"
         self.config.write_text(AM_CONFIG)
@@ -170,26 +163,26 @@ async def test_restart_loses_nothing(
     restart the outbox delivers engine 2 at once and the next resend brings engine 1 back
     with its original startsAt."""
     manager, session = am
-    now = [time.time()]
+    clock = FakeClock(time.time())
     findings = [_finding("1")]
     settings = AlertingSettings(
         urls=[manager.url], resend_interval=30, evaluation_interval=15, max_attempts=2
     )
-    loop = AlertLoop(settings, session, lambda: findings, clock=lambda: now[0], sleep=_no_sleep)
-    start_1 = now[0]
+    loop = AlertLoop(settings, session, lambda: findings, clock=clock, sleep=_no_sleep)
+    start_1 = clock.t
     await loop.tick()
     assert list(_by_engine(await manager.alerts(session))) == ["1"]
 
     await manager.stop()
-    now[0] += 15
+    clock.advance(15)
     findings.append(_finding("2"))
-    start_2 = now[0]
+    start_2 = clock.t
     await loop.tick()
     assert loop.state.outbox_depth == 1
     assert loop.state.send_errors["connect"] == 2
 
     await manager.start(session)
-    now[0] += 15  # resend interval for engine 1 reached: both go out
+    clock.advance(15)  # resend interval for engine 1 reached: both go out
     await loop.tick()
     assert loop.state.outbox_depth == 0
     listed = _by_engine(await manager.alerts(session))
@@ -205,15 +198,15 @@ async def test_outbox_delivers_before_resend(
     """An alert raised while Alertmanager is down arrives on the first tick after it is back,
     without waiting for the resend interval."""
     manager, session = am
-    now = [time.time()]
+    clock = FakeClock(time.time())
     findings: list[Alert] = []
     settings = AlertingSettings(urls=[manager.url], resend_interval=300, max_attempts=1)
-    loop = AlertLoop(settings, session, lambda: findings, clock=lambda: now[0], sleep=_no_sleep)
+    loop = AlertLoop(settings, session, lambda: findings, clock=clock, sleep=_no_sleep)
     await manager.stop()
     findings.append(_finding("5"))
     await loop.tick()
     await manager.start(session)
-    now[0] += 1
+    clock.advance(1)
     await loop.tick()
     assert list(_by_engine(await manager.alerts(session))) == ["5"]
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import math
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from deploy.mixin.render import DEFAULT_RULES
+from tests.fakes import free_port
 
 pytestmark = pytest.mark.promtool
 
@@ -58,13 +58,6 @@ class FakeVllm:
             "",
         ]
         return web.Response(text="\n".join(lines), content_type="text/plain")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _serve(fake: FakeVllm) -> TestServer:
@@ -100,7 +93,7 @@ async def prometheus(tmp_path: Path) -> AsyncIterator[str]:
         f"rule_files:\n  - {DEFAULT_RULES}\n"
         "scrape_configs:\n" + "".join(scrape_configs)
     )
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "prometheus.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         PROMETHEUS,

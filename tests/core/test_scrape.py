@@ -21,8 +21,9 @@ from specwatch.core.logs import event_fields
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.core.conftest import FakeClock, body
+from tests.core.conftest import body
 from tests.core.fakes import FakeVllm, Reply
+from tests.fakes import FakeClock
 
 GOOD = body("vllm-metrics/real-cpu-ngram.txt")
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.fakes import free_port
 
 SERVED_MODEL_NAME = "tiny"
 NUM_SPECULATIVE_TOKENS = 4
@@ -86,14 +87,6 @@ class VllmServer:
         }
         answer: dict[str, Any] = self.post_json("/v1/completions", payload)
         return answer
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _process_table() -> list[tuple[int, int, int]]:

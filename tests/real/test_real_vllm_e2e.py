@@ -33,7 +33,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from .servers import VllmServer, free_port
+from tests.fakes import free_port
+
+from .servers import VllmServer
 
 pytestmark = pytest.mark.real_vllm
 

@@ -24,8 +24,8 @@ from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.core.conftest import FakeClock
 from tests.core.fakes import FakeVllm, Reply
+from tests.fakes import FakeClock
 
 LBL = 'engine="0",model_name="m"'
 

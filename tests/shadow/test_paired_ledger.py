@@ -17,6 +17,7 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.fakes import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,8 +119,8 @@ async def test_sql_tally_matches_python_tally(tmp_path: Path) -> None:
 
 
 async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
-    now = [2000.0]
-    ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, clock=lambda: now[0])
+    clock = FakeClock(2000.0)
+    ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, clock=clock)
     await ledger.open()
     for i in range(1000):
         ledger.submit(make_outcome(i))  # times 1000 .. 1999
@@ -129,7 +130,7 @@ async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
     assert len(rows) == 300
     assert rows[0].request_hash == "h000700"
     assert rows[-1].request_hash == "h000999"
-    now[0] = 2300.0  # cutoff 1800: 100 more rows age out
+    clock.t = 2300.0  # cutoff 1800: 100 more rows age out
     assert await ledger.prune() == 100
     assert await ledger.row_count() == 200
     await ledger.close()
@@ -221,6 +222,7 @@ def test_kill_9_loses_no_committed_pair(tmp_path: Path) -> None:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     conn = sqlite3.connect(db)
     (count,) = conn.execute("SELECT COUNT(*) FROM pairs").fetchone()

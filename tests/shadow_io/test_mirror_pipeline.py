@@ -17,6 +17,7 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
+from tests.fakes import FakeClock
 
 from .fakes import FakeArm, serve_arm
 
@@ -169,13 +170,7 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
 
 
 async def test_worker_waits_while_paused_then_replays() -> None:
-    class Clock:
-        t = 0.0
-
-        def __call__(self) -> float:
-            return self.t
-
-    clock = Clock()
+    clock = FakeClock(0.0)
     loads = {"standard": ArmLoad(0, 0, 8, 0.0), "fly": ArmLoad(0, 0, 8, 0.0)}
     sleeps: list[float] = []
     std = FakeArm()
@@ -226,17 +221,11 @@ def _request() -> ShadowRequest:
 
 
 async def test_expired_requests_are_dropped() -> None:
-    class Clock:
-        t = 0.0
-
-        def __call__(self) -> float:
-            return self.t
-
-    clock = Clock()
+    clock = FakeClock(0.0)
     loads = {"standard": ArmLoad(0, 5, 8, 0.0)}
 
     async def fake_sleep(d: float) -> None:
-        clock.t += d
+        clock.advance(d)
         loads["standard"] = ArmLoad(0, 5, 8, clock.t)  # stays busy, fresh readings
         await asyncio.sleep(0)
 

@@ -18,14 +18,7 @@ from specwatch.shadow.sample import (
     seed_from_hash,
 )
 from specwatch.shadow.values import ShadowRequest, Source
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fakes import FakeClock
 
 
 def _req(i: int, category: str = "default", **extra: object) -> ShadowRequest:
@@ -62,7 +55,7 @@ def test_hash_fraction_and_seed_by_hand() -> None:
 
 
 def test_sampling_is_reproducible_and_matches_fraction() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     reqs = [_req(i) for i in range(2000)]
     expected = [hash_fraction(r.request_hash) < 0.25 for r in reqs]
     decisions = []
@@ -82,19 +75,19 @@ def test_sampling_is_reproducible_and_matches_fraction() -> None:
 
 
 def test_token_bucket_by_hand() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(rate=2.0, burst=3.0, clock=clock)
     assert [b.take() for _ in range(4)] == [True, True, True, False]
-    clock.t += 0.5  # +1 token
+    clock.advance(0.5)  # +1 token
     assert [b.take(), b.take()] == [True, False]
-    clock.t += 10.0  # refill capped at burst 3
+    clock.advance(10.0)  # refill capped at burst 3
     assert [b.take() for _ in range(4)] == [True, True, True, False]
     with pytest.raises(ValueError, match="rate"):
         TokenBucket(rate=0.0, burst=1.0, clock=clock)
 
 
 def test_category_quotas_are_per_category() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     s = Sampler(
         probability=1.0,
         clock=clock,
@@ -108,19 +101,19 @@ def test_category_quotas_are_per_category() -> None:
     other = [s.offer(_req(100 + i, "chat")) for i in range(4)]
     assert math == ["admitted", "admitted", "category_quota", "category_quota"]
     assert other == ["admitted"] * 4  # no quota for unlisted categories
-    clock.t += 1.0
+    clock.advance(1.0)
     assert s.offer(_req(50, "math")) == "admitted"
     assert s.dropped["category_quota"] == 2
 
 
 def test_rate_limit_and_queue_full() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     s = Sampler(probability=1.0, clock=clock, queue_size=3, max_rps=2.0)
     # burst = max(1, rps) = 2
     assert [s.offer(_req(i)) for i in range(3)] == ["admitted", "admitted", "rate_limit"]
-    clock.t += 0.5
+    clock.advance(0.5)
     assert s.offer(_req(10)) == "admitted"
-    clock.t += 0.5
+    clock.advance(0.5)
     assert s.offer(_req(11)) == "queue_full"  # queue holds 3
     assert s.queue.qsize() == 3
     assert s.dropped["rate_limit"] == 1
@@ -149,7 +142,7 @@ def test_pause_reasons_by_hand() -> None:
 
 
 def test_sampler_pauses_and_counts_transitions() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     loads = {"standard": ArmLoad(0, 0, 10, clock.t), "fly": ArmLoad(0, 0, 10, clock.t)}
     s = Sampler(probability=1.0, clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads)
     assert s.offer(_req(1)) == "admitted"
@@ -169,7 +162,7 @@ def test_sampler_pauses_and_counts_transitions() -> None:
 
 
 def test_force_skips_only_probability() -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     s = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=1e9)
     assert s.offer(_req(1), force=True) == "admitted"
     assert s.offer(_req(2), force=True) == "queue_full"

@@ -1,0 +1,45 @@
+"""The package layers hold: import-linter's contracts pass, and the observe chain stays light."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("aiohttp", "scipy", "rapidfuzz", "pydantic_settings")
+
+
+def test_import_contracts_hold() -> None:
+    """``lint-imports`` (contracts in pyproject.toml) exits 0; on failure its report is shown."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe is not None, "lint-imports is not installed (it is in the test extra)"
+    proc = subprocess.run(
+        [exe, "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_tracker_import_loads_no_io_or_stats_stack() -> None:
+    """``import specwatch.observe.tracker`` in a fresh interpreter loads none of aiohttp, scipy,
+    rapidfuzz or pydantic_settings (the observe chain is pure computation)."""
+    code = (
+        "import json, sys; import specwatch.observe.tracker; "
+        f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(proc.stdout) == []
