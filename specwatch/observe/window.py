@@ -6,9 +6,9 @@ post-reset value (never negative). An engine is reset when any of its counters (
 counters, per-position counters, token/step counters, histogram buckets) falls, or when the page's
 ``process_start_time_seconds`` changed. A window's :class:`~specwatch.observe.values.Delta` is
 the difference of accumulated values between the latest page and the newest page at or
-before ``latest − window`` (the oldest kept page while history is shorter than the window; pages older than twice the window
-are never used). ``since_start`` uses the first good page. A counter absent from either end gives
-``None`` (no value), never 0.
+before ``latest − window`` (the oldest kept page while history is shorter than the window;
+pages older than twice the window are never used). ``since_start`` uses the first good page.
+A counter absent from either end gives ``None`` (no value), never 0.
 """
 
 from __future__ import annotations
