@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specwatch.core.config import SINCE_START
+from specwatch.core.numbers import exp_or_inf
 from specwatch.alerts.alertmanager import Alert, AlertKey, Severity
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import Health, ModelWindow, Snapshot, TargetSnapshot
@@ -282,8 +284,6 @@ class ForTracker:
 
 # -- evaluation over the snapshot ---------------------------------------------------------------
 
-#: specwatch's window that always exists: since its first good scrape of the target.
-SINCE_START = "since_start"
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
@@ -615,7 +615,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
             )
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
-        e = math.inf if bet > 709.0 else math.exp(bet)
+        e = exp_or_inf(bet)
         found = quality_drift(e if math.isfinite(e) else 1e308, None, None, s)
         if "e_value" in found:
             out.append(_quality_alert("e_value", OVERALL, "margin", e, since.get(OVERALL)))

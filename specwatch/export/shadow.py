@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import PairedSummary, ShadowStats
@@ -164,7 +166,7 @@ def shadow_families(state: ShadowStats) -> Iterator[Metric]:
                 flip.add_metric([window, cat, "noise"], s.noise_flip_ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
-        e.add_metric(["since_start", "_all", "margin"], math.inf if lw > 709.0 else math.exp(lw))
+        e.add_metric([SINCE_START, OVERALL, "margin"], exp_or_inf(lw))
     yield p
     yield e
     yield flip

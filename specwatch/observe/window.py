@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specwatch.core.config import SINCE_START
 from specwatch.observe.values import (
     COUNTER_KEYS,
     Delta,
@@ -27,7 +28,6 @@ from specwatch.observe.values import (
     PageReading,
 )
 
-SINCE_START = "since_start"
 
 
 @dataclass(slots=True)

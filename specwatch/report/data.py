@@ -22,6 +22,7 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.core.config import SINCE_START
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
@@ -32,7 +33,7 @@ from specwatch.shadow.stats.sequential import (
 from specwatch.shadow.summary import OVERALL, PairTally, ShadowStats, build_shadow_stats
 
 #: The window name the report's tables use (every row of the ledger).
-REPORT_WINDOW = "since_start"
+REPORT_WINDOW = SINCE_START
 
 
 class ReportInputError(ValueError):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+from specwatch.core.config import SINCE_START, Frozen, check_windows, parse_duration, split_list
 
 IngestMode = Literal["mirror", "proxy", "canary"]
 NoiseKind = Literal["off", "standard", "baseline"]
@@ -95,7 +95,7 @@ class ShadowSettings(BaseModel):
 
     # proxy
     proxy_listen_host: str = "0.0.0.0"
-    proxy_listen_port: int = Field(default=8001, ge=0, le=65535)
+    proxy_listen_port: int = Field(default=9401, ge=0, le=65535)
     proxy_upstream: str | None = None
     proxy_max_body_bytes: int = Field(default=8 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
@@ -214,5 +214,5 @@ class PairedSettings(Frozen):
     def window_seconds(self) -> dict[str, float | None]:
         """Window name → seconds, with ``since_start`` → ``None`` (every ledger row)."""
         out: dict[str, float | None] = {w: parse_duration(w) for w in self.windows}
-        out["since_start"] = None
+        out[SINCE_START] = None
         return out

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from specwatch.core.config import OVERALL
+from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.shadow.compare import PairOutcome
 from specwatch.shadow.stats.paired import (
     FlipCounts,
@@ -27,8 +29,6 @@ from specwatch.shadow.stats.sequential import (
 )
 from specwatch.shadow.values import Arm
 
-#: Category label used for the overall (all categories) summary.
-OVERALL = "_all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +291,7 @@ def summarize(
         p_loss=mcnemar_exact_p(pc.lost, pc.gained, "loss"),
         discordant_ratio=disc,
         log_e_value=log_e,
-        e_value=math.inf if log_e > 709.0 else math.exp(log_e),
+        e_value=exp_or_inf(log_e),
         alarm=alarm(log_e, alpha),
         non_inferiority_p=ni.p_value,
         non_inferiority_upper=ni.upper_bound,
@@ -443,7 +443,7 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
         ],
         "unpaired_total": dict(stats.unpaired_total),
         "excluded_total": dict(stats.excluded_total),
-        "betting_e_value": None if bet is None or bet > 709.0 else math.exp(bet),
+        "betting_e_value": None if bet is None else finite_or_none(exp_or_inf(bet)),
         "betting_log_e_value": bet,
         "ledger_rows": stats.ledger_rows,
         "ledger_write_errors": dict(stats.ledger_write_errors),

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from specwatch.core.roles import Role
 from specwatch.vllm.specdecode import (
     SPEC_METHODS,
     BudgetRegime,
@@ -14,14 +15,6 @@ from specwatch.vllm.specdecode import (
     regime_for_version,
     static_reservation_slots,
 )
-
-
-class Role(enum.StrEnum):
-    """What the simulated server runs: lossless SD, FLy SD, or the target alone."""
-
-    STANDARD = "standard"
-    FLY = "fly"
-    BASELINE = "baseline"
 
 
 @dataclass(frozen=True, slots=True)

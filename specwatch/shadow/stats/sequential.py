@@ -22,6 +22,7 @@ Two tests are provided:
 
 from __future__ import annotations
 
+from specwatch.core.numbers import exp_or_inf
 import math
 from dataclasses import dataclass, replace
 
@@ -85,7 +86,7 @@ def beta_binomial_e_value(
 ) -> float:
     """The beta-binomial mixture e-value itself (``inf`` on overflow); see the log form."""
     log_e = beta_binomial_log_e_value(lost, gained, p0, prior_a, prior_b)
-    return math.inf if log_e > 709.0 else math.exp(log_e)
+    return exp_or_inf(log_e)
 
 
 def alarm(log_e_value: float, alpha: float) -> bool:
@@ -148,4 +149,4 @@ class BettingEProcess:
     @property
     def e_value(self) -> float:
         """Current wealth E_t (``inf`` on overflow)."""
-        return math.inf if self.log_wealth > 709.0 else math.exp(self.log_wealth)
+        return exp_or_inf(self.log_wealth)
