@@ -1,5 +1,5 @@
-"""Building blocks shared by every settings group: durations, window names (``SINCE_START``, ``OVERALL``),
-list splitting, the frozen base model."""
+"""Building blocks shared by every settings group: durations, window names and the two fixed
+names (``SINCE_START``, ``OVERALL``), list splitting, the frozen base model."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-#: The window that spans everything since the process (or the ledger) started; always present, never listed.
+#: The window that spans everything since the process (or the ledger) started; always present,
+#: never listed.
 SINCE_START = "since_start"
 
-#: The category name under which every category is summed (shadow statistics, exported as ``category="_all"``).
+#: The category name under which every category is summed (shadow statistics, exported as
+#: ``category="_all"``).
 OVERALL = "_all"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")

@@ -38,8 +38,8 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.alerts.component import alerting_components
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.export.prometheus import snapshot_json
 from specwatch.observe.values import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app

@@ -29,7 +29,6 @@ from specwatch.observe.values import (
 )
 
 
-
 @dataclass(slots=True)
 class _Acc:
     """Accumulated (reset-adjusted) values of one engine at one page."""

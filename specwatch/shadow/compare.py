@@ -21,22 +21,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any
 
 from rapidfuzz.distance import Indel
 
+from specwatch.shadow.classify import EXCLUDED_REASONS as EXCLUDED_REASONS
+from specwatch.shadow.classify import PairStatus, classify
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, Source
-
-PairStatus = Literal["paired", "unpaired", "excluded"]
 
 #: Outcome labels (``specwatch_shadow_pairs_total{outcome}``): correctness outcomes for labelled
 #: pairs (gold known), agreement outcomes for unlabelled live traffic.
 CORRECTNESS_OUTCOMES = ("both_correct", "both_wrong", "lost", "gained")
 AGREEMENT_OUTCOMES = ("agree", "disagree")
-#: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
-#: an arm refused the request as one it does not support (400/422 naming a parameter) or as
-#: otherwise bad (other 400/422), or the request's checker spec is invalid.
-EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker")
 
 _MATH_MAX_CHARS = 4000
 
@@ -405,45 +401,29 @@ def _arm_outcome(
     )
 
 
-def _refused(r: ArmResult) -> str | None:
-    """The exclusion reason when the arm refused the request as bad (the replayer's
-    ``unsupported_parameter`` / ``bad_request``; any other failed 400/422 is ``bad_request``)."""
-    if r.error in ("unsupported_parameter", "bad_request"):
-        return r.error
-    if not r.ok and r.status in (400, 422):
-        return "bad_request"
-    return None
-
-
 def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcome:
     """Compare every arm of ``pair`` with the standard arm; never raises on bad content.
 
-    Status rules: a refused request (400/422) on the standard or FLy arm excludes the pair
-    (reason ``unsupported_parameter`` or ``bad_request``, as the replayer classified it); an
-    invalid checker excludes it (``bad_checker``);
-    otherwise a failed standard or FLy arm makes it unpaired (reason ``<arm>_<error>``, e.g.
-    ``fly_timeout``). Math answers are compared without math-verify's signal timeout, so call
+    Status and reason come from :func:`specwatch.shadow.classify.classify` (the one rule: invalid
+    checker → ``excluded/bad_checker``; a 400/422 on the standard or FLy arm → ``excluded``; any
+    other
+    standard/FLy failure → ``unpaired/<arm>_<class>``, e.g. ``standard_http_5xx``, ``fly_timeout``;
+    a
+    failed noise arm never changes the status). Math answers are compared without math-verify's
+    signal timeout, so call
     from a worker thread when the ``math`` checker is used.
     """
     cfg = config or CompareConfig()
     req = pair.request
-    status: PairStatus = "paired"
-    reason: str | None = None
+    checker_ok = True
     try:
         checker = make_checker(req.checker)
     except CheckerError:
         checker = make_checker(None)
-        status, reason = "excluded", "bad_checker"
+        checker_ok = False
+    status, reason = classify(pair.standard, pair.fly, checker_ok=checker_ok)
     gold = req.gold
-    has_checker = req.checker is not None and status == "paired"
-    if status == "paired":
-        refused = _refused(pair.standard) or _refused(pair.fly)
-        if refused is not None:
-            status, reason = "excluded", refused
-        elif not pair.standard.ok:
-            status, reason = "unpaired", f"standard_{pair.standard.error or 'error'}"
-        elif not pair.fly.ok:
-            status, reason = "unpaired", f"fly_{pair.fly.error or 'error'}"
+    has_checker = req.checker is not None and checker_ok
     std_gold = gold if status == "paired" else None
     std_out = _arm_outcome(pair.standard, None, checker, std_gold, cfg, has_checker)
     fly_out = _arm_outcome(pair.fly, pair.standard, checker, std_gold, cfg, has_checker)

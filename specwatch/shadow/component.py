@@ -29,7 +29,6 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -38,16 +37,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from specwatch.core.logs import log_event
+from specwatch.core.wire import server_base
 from specwatch.export.shadow import shadow_families
 from specwatch.observe.values import Snapshot, TargetSnapshot
 from specwatch.server.app import LIVENESS_KEY
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
-from specwatch.shadow.ingest import SHADOW_PATHS
-from specwatch.shadow.ledger import Ledger
+from specwatch.shadow.ingest.offer import SHADOW_PATHS
+from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint
-from specwatch.shadow.stats.sequential import BettingEProcess
+from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowIO,
@@ -55,6 +55,7 @@ from specwatch.shadow.summary import (
     build_shadow_stats,
     shadow_stats_json,
 )
+from specwatch.shadow.tally import labelled_outcome
 from specwatch.shadow.values import ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
@@ -64,18 +65,13 @@ if TYPE_CHECKING:
     from specwatch.settings import Settings
 
 
-def _base(url: str) -> str:
-    u = url.rstrip("/")
-    return u[: -len("/metrics")] if u.endswith("/metrics") else u
-
-
 def arm_targets(settings: Settings) -> dict[str, str]:
     """``{arm: target name}`` for the arms whose server is also scraped (``standard``, ``fly``
     and ``noise`` when the noise arm is on): the arm's ``target`` when set, else the target
     whose base URL equals the arm's URL. Arms with no such target are left out (they cannot
     pause the replays)."""
     sh = settings.shadow
-    by_url = {_base(t.url): t.name for t in settings.targets}
+    by_url = {server_base(t.url): t.name for t in settings.targets}
     arms: dict[str, ArmEndpoint | None] = {
         "standard": sh.standard,
         "fly": sh.fly,
@@ -85,7 +81,7 @@ def arm_targets(settings: Settings) -> dict[str, str]:
     for arm, ep in arms.items():
         if ep is None:
             continue
-        name = ep.target if ep.target is not None else by_url.get(_base(ep.url))
+        name = ep.target if ep.target is not None else by_url.get(server_base(ep.url))
         if name is not None:
             out[arm] = name
     return out
@@ -283,9 +279,9 @@ class ShadowComponent:
         if self.ledger is not None:
             self.ledger.submit(outcome)
         self.counters.add(outcome)
-        s, f = outcome.standard.correct, outcome.fly.correct
-        if outcome.status == "paired" and s is not None and f is not None:
-            self.betting = self.betting.update(int(s) - int(f))
+        labelled = labelled_outcome(LedgerRow.from_outcome(outcome))
+        if labelled is not None:
+            self.betting = run_betting([labelled], self.betting.margin, self.betting)
 
     def _note_ledger_state(self, errors: int, rows_written: int, last_error: str | None) -> None:
         if errors > self._errors_seen and not self._ledger_failing:
@@ -308,7 +304,9 @@ class ShadowComponent:
     async def _rebuild(self, ledger: Ledger) -> None:
         self.counters.seed(await ledger.tally(), await ledger.reason_counts())
         margin = self.settings.paired.margin
-        self.betting, n = await asyncio.to_thread(_replay_betting, ledger.path, margin)
+        outcomes = await ledger.labelled_outcomes()
+        self.betting = await asyncio.to_thread(run_betting, outcomes, margin)
+        n = len(outcomes)
         log_event(
             logger,
             logging.INFO,
@@ -383,25 +381,6 @@ class ShadowComponent:
             self.ledger = None
             if own_session:
                 await session.close()
-
-
-def _replay_betting(path: Path, margin: float) -> tuple[BettingEProcess, int]:
-    """The since-start margin e-process replayed over the ledger's labelled pairs in time order
-    (blocking: run in a thread). Reads two columns on its own connection."""
-    conn = sqlite3.connect(path)
-    try:
-        cur = conn.execute(
-            "SELECT standard_correct, fly_correct FROM pairs WHERE status = 'paired' "
-            "AND standard_correct IS NOT NULL AND fly_correct IS NOT NULL ORDER BY time, id"
-        )
-        state = BettingEProcess(margin=margin)
-        n = 0
-        for std, fly in cur:
-            state = state.update(int(std) - int(fly))
-            n += 1
-    finally:
-        conn.close()
-    return state, n
 
 
 def shadow_components(

@@ -7,11 +7,13 @@ Durations are seconds, rates per second, sizes bytes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from specwatch.core.config import SINCE_START, Frozen, check_windows, parse_duration, split_list
+from specwatch.core.wire import SHADOW_MARKER_HEADER
 
 IngestMode = Literal["mirror", "proxy", "canary"]
 NoiseKind = Literal["off", "standard", "baseline"]
@@ -87,7 +89,7 @@ class ShadowSettings(BaseModel):
     stream_arms: tuple[Literal["standard", "fly", "noise"], ...] = ()
     max_tokens_cap: int = Field(default=512, ge=1)
     replay_extra_body: dict[str, Any] = Field(default_factory=dict)
-    marker_header: str = "X-Specwatch-Shadow"
+    marker_header: str = SHADOW_MARKER_HEADER
 
     # mirror
     mirror_max_body_bytes: int = Field(default=1 << 20, ge=1024)
@@ -153,24 +155,6 @@ class ShadowSettings(BaseModel):
         if self.noise is not None:
             return self.noise
         return self.standard
-
-
-# --- moved from specwatch.settings
-
-from typing import Annotated, Literal
-
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import (
-    NoDecode,
-)
-
-from specwatch.shadow.settings import ShadowSettings
 
 
 class LedgerSettings(Frozen):

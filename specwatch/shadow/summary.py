@@ -4,16 +4,14 @@ snapshot read by the exporter (``shadow_families``) and the alert detectors."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any
 
 from specwatch.core.config import OVERALL
 from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.shadow.compare import PairOutcome
 from specwatch.shadow.stats.paired import (
-    FlipCounts,
-    PairedCounts,
     discordant_ratio,
     excess_flip,
     mcnemar_exact_p,
@@ -23,69 +21,13 @@ from specwatch.shadow.stats.paired import (
 )
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
-    BettingEProcess,
     alarm,
     beta_binomial_log_e_value,
 )
+from specwatch.shadow.tally import PairTally as PairTally
+from specwatch.shadow.tally import tally_rows as tally_rows
+from specwatch.shadow.tally import window_tallies as window_tallies
 from specwatch.shadow.values import Arm
-
-
-
-@dataclass(frozen=True, slots=True)
-class PairTally:
-    """Counts over a set of ledger rows (one window and category).
-
-    FLy versus standard on labelled pairs: ``both_correct, lost, gained, both_wrong``; the noise
-    arm versus standard on labelled pairs: ``noise_*``; answer agreement with the standard arm on
-    all paired rows: ``agree, disagree`` (FLy) and ``noise_agree, noise_disagree``; the paired
-    flip table on rows where the noise arm answered: ``flip_fly_only, flip_noise_only,
-    flip_both, flip_neither``; plus ``unpaired`` and ``excluded`` rows.
-    """
-
-    both_correct: int = 0
-    lost: int = 0
-    gained: int = 0
-    both_wrong: int = 0
-    noise_both_correct: int = 0
-    noise_lost: int = 0
-    noise_gained: int = 0
-    noise_both_wrong: int = 0
-    agree: int = 0
-    disagree: int = 0
-    noise_agree: int = 0
-    noise_disagree: int = 0
-    flip_fly_only: int = 0
-    flip_noise_only: int = 0
-    flip_both: int = 0
-    flip_neither: int = 0
-    unpaired: int = 0
-    excluded: int = 0
-
-    def __add__(self, other: PairTally) -> PairTally:
-        return PairTally(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
-
-    def paired_counts(self) -> PairedCounts:
-        """FLy vs standard correctness table."""
-        return PairedCounts(self.both_correct, self.lost, self.gained, self.both_wrong)
-
-    def noise_paired_counts(self) -> PairedCounts:
-        """Noise arm vs standard correctness table (an A/A comparison)."""
-        return PairedCounts(
-            self.noise_both_correct, self.noise_lost, self.noise_gained, self.noise_both_wrong
-        )
-
-    def flip_counts(self) -> FlipCounts:
-        """FLy and noise flips on the same requests."""
-        return FlipCounts(
-            self.flip_fly_only, self.flip_noise_only, self.flip_both, self.flip_neither
-        )
-
-    @property
-    def paired(self) -> int:
-        """Rows where standard and FLy both answered."""
-        return self.agree + self.disagree
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,78 +115,6 @@ class ShadowStats:
 # -- building snapshots (pure) ------------------------------------------------------------------
 
 
-class TallyRow(Protocol):
-    """What :func:`tally_rows` reads from a row (``LedgerRow`` has all of it)."""
-
-    @property
-    def time(self) -> float: ...
-    @property
-    def category(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def standard_correct(self) -> bool | None: ...
-    @property
-    def fly_correct(self) -> bool | None: ...
-    @property
-    def noise_correct(self) -> bool | None: ...
-    @property
-    def fly_agrees(self) -> bool | None: ...
-    @property
-    def noise_agrees(self) -> bool | None: ...
-
-
-def _row_tally(r: TallyRow) -> PairTally:
-    if r.status == "unpaired":
-        return PairTally(unpaired=1)
-    if r.status != "paired":
-        return PairTally(excluded=1)
-    c: dict[str, int] = {}
-    s, f, z = r.standard_correct, r.fly_correct, r.noise_correct
-    table = {
-        (True, True): "both_correct",
-        (True, False): "lost",
-        (False, True): "gained",
-        (False, False): "both_wrong",
-    }
-    if s is not None and f is not None:
-        c[table[(s, f)]] = 1
-    if s is not None and z is not None:
-        c["noise_" + table[(s, z)]] = 1
-    if r.fly_agrees is not None:
-        c["agree" if r.fly_agrees else "disagree"] = 1
-    if r.noise_agrees is not None:
-        c["noise_agree" if r.noise_agrees else "noise_disagree"] = 1
-    if r.fly_agrees is not None and r.noise_agrees is not None:
-        flip = {
-            (False, True): "flip_fly_only",
-            (True, False): "flip_noise_only",
-            (False, False): "flip_both",
-            (True, True): "flip_neither",
-        }
-        c[flip[(r.fly_agrees, r.noise_agrees)]] = 1
-    return PairTally(**c)
-
-
-def tally_rows(rows: Iterable[TallyRow]) -> dict[str, PairTally]:
-    """Per-category :class:`PairTally` of ``rows`` (same rules as ``Ledger.tally``'s SQL)."""
-    out: dict[str, PairTally] = {}
-    for r in rows:
-        out[r.category] = out.get(r.category, PairTally()) + _row_tally(r)
-    return out
-
-
-def window_tallies(
-    rows: Sequence[TallyRow], now: float, windows: Mapping[str, float | None]
-) -> dict[str, dict[str, PairTally]]:
-    """``{window: {category: tally}}`` for rows with ``now - seconds <= time <= now``
-    (``None`` seconds = every row, e.g. ``since_start``)."""
-    return {
-        name: tally_rows(r for r in rows if secs is None or now - secs <= r.time <= now)
-        for name, secs in windows.items()
-    }
-
-
 def summarize(
     tally: PairTally,
     *,
@@ -304,17 +174,6 @@ def summarize(
         excess_flip_p=ex.p_value,
         noise_pairs=tally.flip_counts().n,
     )
-
-
-def betting_from_rows(rows: Iterable[TallyRow], margin: float) -> BettingEProcess:
-    """Run the margin e-process (``H0: net loss <= margin``) over labelled paired rows in the
-    given (time) order; ``d = +1`` lost, ``-1`` gained, ``0`` concordant."""
-    state = BettingEProcess(margin=margin)
-    for r in rows:
-        if r.status != "paired" or r.standard_correct is None or r.fly_correct is None:
-            continue
-        state = state.update(int(r.standard_correct) - int(r.fly_correct))
-    return state
 
 
 def build_shadow_stats(

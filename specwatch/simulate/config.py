@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from specwatch.core.roles import Role
+from specwatch.core.roles import Role as Role
 from specwatch.vllm.specdecode import (
     SPEC_METHODS,
     BudgetRegime,

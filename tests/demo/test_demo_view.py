@@ -24,8 +24,8 @@ from specwatch.demo.run import (
     write_canary_file,
 )
 from specwatch.observe.values import Snapshot
-from specwatch.shadow.canary import load_canary
 from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.ingest.canary import load_canary
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.quiz import builtin_items
 

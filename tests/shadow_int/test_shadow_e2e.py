@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from specwatch.shadow.summary import OVERALL, shadow_stats_json
+from specwatch.core.config import OVERALL
+from specwatch.shadow.summary import shadow_stats_json
 
 from .harness import (
     canary_done,
