@@ -42,7 +42,7 @@ from specwatch.export.shadow import shadow_families
 from specwatch.observe.values import Snapshot, TargetSnapshot
 from specwatch.server.app import LIVENESS_KEY
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
-from specwatch.shadow.ingest.offer import SHADOW_PATHS
+from specwatch.shadow.ingest.mirror import mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
@@ -168,8 +168,7 @@ class ShadowComponent:
         store.add_listener(self._on_snapshot)
         registry.register(self)
         if "mirror" in self.settings.shadow.modes:
-            for path in sorted(SHADOW_PATHS):
-                app.router.add_post(path, self._mirror)
+            app.add_routes(mirror_routes(self._mirror))
         app.cleanup_ctx.append(self._ctx)
 
     async def refresh(self, *, flush: bool = False) -> ShadowStats:

@@ -11,13 +11,22 @@ never awaits a replay. Requests already carrying the shadow marker header are ne
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER, is_shadow_host
 from specwatch.shadow.ingest.offer import SHADOW_PATHS, IngestCounters, Offer, Offerer
 from specwatch.shadow.values import Source
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def mirror_routes(handler: Handler) -> list[web.RouteDef]:
+    """The one mirror route table: ``POST`` on every path in ``SHADOW_PATHS`` (sorted), answered by
+    ``handler``. Used by :meth:`MirrorIngest.routes` (a pipeline mounted directly) and by the shadow
+    component, which mounts the routes before its pipeline exists and delegates to it."""
+    return [web.post(p, handler) for p in sorted(SHADOW_PATHS)]
 
 
 class MirrorIngest:
@@ -47,7 +56,8 @@ class MirrorIngest:
         self._marker = marker_header
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post(p, self.handle) for p in sorted(SHADOW_PATHS)]
+        """``POST`` routes for every shadowed path, answered by :meth:`handle`."""
+        return mirror_routes(self.handle)
 
     async def handle(self, request: web.Request) -> web.Response:
         src = Source.MIRROR.value
