@@ -1,5 +1,5 @@
-"""Pins for "one home per concept": each shared rule or constant is defined once, and the copies that
-used to exist cannot come back unnoticed."""
+"""Pins for "one home per concept": each shared rule or constant is defined once, and the
+copies that used to exist cannot come back unnoticed."""
 
 from __future__ import annotations
 
