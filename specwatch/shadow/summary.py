@@ -11,6 +11,7 @@ from typing import Any
 from specwatch.core.config import OVERALL
 from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.shadow.compare import PairOutcome
+from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
     excess_flip,
@@ -25,9 +26,9 @@ from specwatch.shadow.stats.sequential import (
     beta_binomial_log_e_value,
 )
 from specwatch.shadow.tally import PairTally as PairTally
+from specwatch.shadow.tally import arm_label_counts, row_tally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
-from specwatch.shadow.values import Arm
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,26 +241,20 @@ class OutcomeCounters:
             self.pairs[key] = self.pairs.get(key, 0) + n
 
     def add(self, o: PairOutcome) -> None:
-        """Count one compared pair."""
-        if o.status == "unpaired":
-            self.unpaired[o.reason or "unknown"] = self.unpaired.get(o.reason or "unknown", 0) + 1
-            return
-        if o.status == "excluded":
-            self.excluded[o.reason or "unknown"] = self.excluded.get(o.reason or "unknown", 0) + 1
-            return
-        for arm in (Arm.FLY, Arm.NOISE):
-            for label in (o.correctness_outcome(arm), o.agreement_outcome(arm)):
-                if label is not None:
-                    self._inc((o.category, str(arm), label))
+        """Count one compared pair by the same table as :meth:`seed` (:func:`row_tally` of its
+        ledger row), so counters rebuilt from the ledger equal counters kept live."""
+        reasons: dict[tuple[str, str], int] = (
+            {} if o.status == "paired" else {(o.status, o.reason or "unknown"): 1}
+        )
+        self.seed({o.category: row_tally(LedgerRow.from_outcome(o))}, reasons)
 
     def seed(
         self, by_category: Mapping[str, PairTally], reasons: Mapping[tuple[str, str], int]
     ) -> None:
-        """Start from a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``)."""
+        """Add a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``)."""
         for cat, t in by_category.items():
-            for label in ("both_correct", "lost", "gained", "both_wrong", "agree", "disagree"):
-                self._inc((cat, "fly", label), getattr(t, label))
-                self._inc((cat, "noise", label), getattr(t, "noise_" + label))
+            for arm, label, n in arm_label_counts(t):
+                self._inc((cat, arm, label), n)
         for (status, reason), n in reasons.items():
             target = self.unpaired if status == "unpaired" else self.excluded
             target[reason] = target.get(reason, 0) + n

@@ -14,7 +14,7 @@ and the e-processes: paired, with both the standard's and FLy's correctness know
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -120,6 +120,26 @@ class PairTally:
     def paired(self) -> int:
         """Rows where standard and FLy both answered."""
         return self.agree + self.disagree
+
+
+#: The ``specwatch_shadow_pairs_total{outcome}`` labels per arm, each with the tally field it
+#: counts: correctness outcomes on labelled pairs, agreement outcomes on every paired row.
+ARM_LABELS: Mapping[str, Mapping[str, str]] = {
+    arm: {
+        label: (label if arm == "fly" else "noise_" + label)
+        for label in ("both_correct", "lost", "gained", "both_wrong", "agree", "disagree")
+    }
+    for arm in ("fly", "noise")
+}
+
+
+def arm_label_counts(tally: PairTally) -> Iterator[tuple[str, str, int]]:
+    """``(arm, outcome label, count)`` for every non-zero per-arm count of ``tally``."""
+    for arm, labels in ARM_LABELS.items():
+        for label, name in labels.items():
+            n: int = getattr(tally, name)
+            if n:
+                yield arm, label, n
 
 
 class TallyRow(Protocol):
