@@ -31,12 +31,12 @@ import numpy as np
 from aiohttp import web
 from scipy.stats import binomtest
 
+from specwatch.core.config import OVERALL
 from specwatch.server.app import build_app
 from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.stats.sequential import BettingEProcess, beta_binomial_log_e_values
-from specwatch.shadow.summary import OVERALL
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
 from specwatch.simulate.quiz import builtin_items, write_canary_jsonl

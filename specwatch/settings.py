@@ -36,6 +36,7 @@ from pydantic_settings import (
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
 from specwatch.core.logs import redact_url
+from specwatch.core.wire import server_base
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
@@ -64,11 +65,6 @@ class LogSettings(Frozen):
 
 
 _ARMS = ("standard", "fly", "noise")
-
-
-def _metrics_base(url: str) -> str:
-    """A target's ``/metrics`` URL → the server's base URL (what replay arms are sent to)."""
-    return url[: -len("/metrics")] if url.endswith("/metrics") else url.rstrip("/")
 
 
 _FILE_DATA: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
@@ -135,7 +131,7 @@ class Settings(BaseSettings):
             if isinstance(ep, dict) and "url" not in ep and ep.get("target") is not None:
                 if ep["target"] not in urls:
                     raise ValueError(f"shadow.{arm}.target: no target named {ep['target']!r}")
-                shadow[arm] = {**ep, "url": _metrics_base(urls[ep["target"]])}
+                shadow[arm] = {**ep, "url": server_base(urls[ep["target"]])}
         return {**data, "shadow": shadow}
 
     @classmethod

@@ -27,9 +27,9 @@ from specwatch.alerts.alertmanager import AlertingState, AlertLoop
 from specwatch.alerts.pending import Detector
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import Clock
+from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.observe.values import ObserveView
-from specwatch.observe.window import SINCE_START
 from specwatch.shadow.summary import ShadowStats
 
 __all__ = ["AlertInputs", "AlertingComponent", "missing_windows"]

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from specwatch.alerts.settings import DetectSettings
+from specwatch.shadow.stats.paired import mcnemar_z, two_proportion_z
 
 __all__ = [
     "BudgetInputs",
@@ -33,37 +34,6 @@ __all__ = [
 def _f(x: float | None) -> float | None:
     """``x`` when it is a finite number, else ``None`` (NaN and ±inf are undefined)."""
     return x if x is not None and math.isfinite(x) else None
-
-
-def mcnemar_z(lost: float, gained: float) -> float | None:
-    """McNemar's normal approximation ``(lost − gained) / sqrt(lost + gained)``.
-
-    ``lost`` = pairs standard got right and FLy wrong (b), ``gained`` the reverse (c); positive
-    means FLy loses more than it gains. ``None`` with no discordant pairs. ``z²`` is McNemar's
-    chi-square without continuity correction (McNemar 1947). Raises ``ValueError`` on a
-    negative count.
-    """
-    if lost < 0 or gained < 0:
-        raise ValueError("counts must be >= 0")
-    n = lost + gained
-    if n == 0:
-        return None
-    return (lost - gained) / math.sqrt(n)
-
-
-def two_proportion_z(x1: float, n1: float, x2: float, n2: float) -> float | None:
-    """Pooled two-proportion z of ``x1/n1`` against ``x2/n2``.
-
-    ``z = (p1 − p2) / sqrt(p (1 − p) (1/n1 + 1/n2))`` with ``p = (x1 + x2) / (n1 + n2)``;
-    ``None`` when a sample is empty or the pooled proportion is 0 or 1 (no variance).
-    """
-    if n1 <= 0 or n2 <= 0:
-        return None
-    p = (x1 + x2) / (n1 + n2)
-    var = p * (1 - p) * (1 / n1 + 1 / n2)
-    if var <= 0:
-        return None
-    return (x1 / n1 - x2 / n2) / math.sqrt(var)
 
 
 def acceptance_drop(

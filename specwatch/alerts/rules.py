@@ -23,9 +23,10 @@ from specwatch.alerts.conditions import (
     quality_drift,
 )
 from specwatch.alerts.settings import DetectSettings
+from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.numbers import exp_or_inf
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
-from specwatch.observe.window import SINCE_START
-from specwatch.shadow.summary import OVERALL, PairedSummary, ShadowStats
+from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.vllm.budget import required_batched_tokens
 from specwatch.vllm.methods import method_slots, regime_for_version
 
@@ -337,7 +338,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
             )
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
-        e = math.inf if bet > 709.0 else math.exp(bet)
+        e = exp_or_inf(bet)
         found = quality_drift(e, None, None, shadow.alpha, s)
         if "e_value" in found:
             out.append(_quality_alert("e_value", OVERALL, "margin", e, since.get(OVERALL)))

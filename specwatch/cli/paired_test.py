@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.stats.paired import (
     PairedCounts,
     discordant_ratio,
@@ -134,7 +135,7 @@ def paired_report(counts: PairedCounts, margin: float, alpha: float) -> dict[str
             "upper_bound": num(ni.upper_bound),
             "verdict": "non_inferior" if ni.passed else "not_shown",
         },
-        "e_value": math.exp(min(log_e, 709.0)),
+        "e_value": exp_or_inf(log_e),
     }
 
 

@@ -21,7 +21,8 @@ from specwatch.core.logs import log_event, setup_logging
 from specwatch.server.app import build_app
 from specwatch.server.wiring import alerting_components, shadow_components
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
-from specwatch.shadow.canary import CanaryFileError, load_canary
+from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
+from specwatch.shadow.ledger import check_openable
 
 logger = logging.getLogger("specwatch.run")
 
@@ -116,11 +117,7 @@ def preflight(settings: Settings) -> None:
         return
     path = settings.ledger.path
     try:
-        conn = sqlite3.connect(path, timeout=5.0)
-        try:
-            conn.execute("PRAGMA schema_version").fetchone()
-        finally:
-            conn.close()
+        check_openable(path)
     except sqlite3.Error as exc:
         raise ConfigError(f"config error: ledger.path: cannot open {path!r}: {exc}") from exc
     shadow = settings.shadow

@@ -1,7 +1,5 @@
-"""Building blocks shared by every settings group.
-
-Durations, window names, list splitting and the frozen base model.
-"""
+"""Building blocks shared by every settings group: durations, window names and the two fixed
+names (``SINCE_START``, ``OVERALL``), list splitting, the frozen base model."""
 
 from __future__ import annotations
 
@@ -28,6 +26,14 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+#: The window that spans everything since the process (or the ledger) started; always present,
+#: never listed.
+SINCE_START = "since_start"
+
+#: The category name under which every category is summed (shadow statistics, exported as
+#: ``category="_all"``).
+OVERALL = "_all"
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -42,8 +48,8 @@ def check_windows(v: tuple[str, ...]) -> tuple[str, ...]:
     """Window names: positive durations, unique, ``since_start`` not listed (always present)."""
     names = tuple(w.strip() for w in v)
     for w in names:
-        if w == "since_start":
-            raise ValueError("since_start is always present; do not list it")
+        if w == SINCE_START:
+            raise ValueError(f"{SINCE_START} is always present; do not list it")
         if parse_duration(w) <= 0:
             raise ValueError(f"window {w!r} must be longer than 0 s")
     if len(set(names)) != len(names):

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.export.json import snapshot_json
 from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
@@ -395,9 +396,9 @@ def _shadow_lines(shadow: Mapping[str, Any], window: str) -> list[str]:
     """
     windows = shadow.get("windows")
     if isinstance(windows, Mapping) and windows:
-        w = next((c for c in ("since_start", window) if c in windows), next(iter(windows)))
+        w = next((c for c in (SINCE_START, window) if c in windows), next(iter(windows)))
         cats = windows[w] or {}
-        cat = "_all" if "_all" in cats else next(iter(cats), None)
+        cat = OVERALL if OVERALL in cats else next(iter(cats), None)
         s = cats.get(cat) if cat is not None else None
         if isinstance(s, Mapping):
             t = s.get("tally") if isinstance(s.get("tally"), Mapping) else None
@@ -745,7 +746,7 @@ async def _view_loop(
     clock: Callable[[], float],
     mirror: bool,
 ) -> None:
-    window = cfg.windows[0] if cfg.windows else "since_start"
+    window = cfg.windows[0] if cfg.windows else SINCE_START
     while True:
         await asyncio.sleep(cfg.refresh_s)
         if latest.snap is None:

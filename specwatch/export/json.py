@@ -12,6 +12,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from specwatch.alerts.alertmanager import AlertingState, format_rfc3339
+from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import QUANTILES, Health
 from specwatch.shadow.summary import PairedSummary, ShadowStats
@@ -189,7 +190,7 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
         ],
         "unpaired_total": dict(stats.unpaired_total),
         "excluded_total": dict(stats.excluded_total),
-        "betting_e_value": None if bet is None or bet > 709.0 else math.exp(bet),
+        "betting_e_value": None if bet is None else finite_or_none(exp_or_inf(bet)),
         "betting_log_e_value": bet,
         "ledger_rows": stats.ledger_rows,
         "ledger_write_errors": dict(stats.ledger_write_errors),

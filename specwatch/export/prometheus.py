@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
+from specwatch.core.numbers import exp_or_inf
 from specwatch.export import catalogue as cat
 from specwatch.export.catalogue import (
     BUILD_INFO,
@@ -263,7 +264,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
             fam.add(cat.FLIP_RATIO, (window, category, "noise"), s.noise_flip_ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
-        e = math.inf if lw > 709.0 else math.exp(lw)
+        e = exp_or_inf(lw)
         fam.add(cat.E_VALUE, ("since_start", "_all", "margin"), e)
     fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
     io = state.io

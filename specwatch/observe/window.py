@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specwatch.core.config import SINCE_START
 from specwatch.observe.values import (
     COUNTER_KEYS,
     Delta,
@@ -26,8 +27,6 @@ from specwatch.observe.values import (
     Histogram,
     PageReading,
 )
-
-SINCE_START = "since_start"
 
 
 @dataclass(slots=True)

@@ -1,8 +1,10 @@
 """What the report shows, computed from the pair ledger and an optional acceptance source.
 
-Statistics come from :mod:`specwatch.shadow.summary` (``summarize``, ``build_shadow_stats``,
-``betting_from_rows``), :mod:`specwatch.shadow.stats.paired` (``net_loss_ci``) and
-:mod:`specwatch.shadow.stats.sequential` (``beta_binomial_log_e_values``, ``BettingEProcess``); this
+Statistics come from :mod:`specwatch.shadow.summary` (``summarize``, ``build_shadow_stats``),
+:mod:`specwatch.shadow.stats.paired` (``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
+(``beta_binomial_log_e_values``, ``betting_path``, the one e-process driver); labelled rows are
+picked by
+:func:`specwatch.shadow.tally.labelled_outcome`; this
 module only orders, bins and accumulates ledger rows. Ledger reads go through
 :class:`specwatch.shadow.ledger.Ledger` (SQLite in a worker thread).
 """
@@ -22,17 +24,19 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.shadow.ledger import Ledger, LedgerFileError, LedgerRow, check_ledger_file
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
-    BettingEProcess,
     alarm,
     beta_binomial_log_e_values,
+    betting_path,
 )
-from specwatch.shadow.summary import OVERALL, PairTally, ShadowStats, build_shadow_stats
+from specwatch.shadow.summary import ShadowStats, build_shadow_stats
+from specwatch.shadow.tally import PairTally, labelled_outcome
 
 #: The window name the report's tables use (every row of the ledger).
-REPORT_WINDOW = "since_start"
+REPORT_WINDOW = SINCE_START
 
 
 class ReportInputError(ValueError):
@@ -123,11 +127,7 @@ class ReportData:
 
 
 def _labelled(rows: Sequence[LedgerRow]) -> list[LedgerRow]:
-    return [
-        r
-        for r in rows
-        if r.status == "paired" and r.standard_correct is not None and r.fly_correct is not None
-    ]
+    return [r for r in rows if labelled_outcome(r) is not None]
 
 
 def _ints(a: Iterable[Any]) -> tuple[int, ...]:
@@ -189,11 +189,8 @@ def evalue_path(rows: Sequence[LedgerRow], alpha: float, margin: float) -> EValu
     lost = np.cumsum([1 if r.standard_correct and not r.fly_correct else 0 for r in lab])
     gained = np.cumsum([1 if r.fly_correct and not r.standard_correct else 0 for r in lab])
     bb = beta_binomial_log_e_values(lost, gained) if lab else np.zeros(0)
-    state = BettingEProcess(margin=margin)
-    margin_path: list[float] = []
-    for r in lab:
-        state = state.update(int(bool(r.standard_correct)) - int(bool(r.fly_correct)))
-        margin_path.append(state.log_wealth)
+    outcomes = [(bool(r.standard_correct), bool(r.fly_correct)) for r in lab]
+    margin_path = [state.log_wealth for state in betting_path(outcomes, margin)]
     return EValuePath(
         times=tuple(r.time for r in lab),
         log_e_no_net_loss=tuple(float(v) for v in bb),
@@ -205,20 +202,10 @@ def evalue_path(rows: Sequence[LedgerRow], alpha: float, margin: float) -> EValu
 
 def _check_ledger_file(path: Path) -> None:
     """Fail with one line unless ``path`` is an SQLite file holding a ``pairs`` table."""
-    if not path.is_file():
-        raise ReportInputError(f"ledger {path}: no such file")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            found = conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'pairs'"
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        raise ReportInputError(f"ledger {path}: not a readable SQLite database ({exc})") from None
-    if found is None:
-        raise ReportInputError(f"ledger {path}: no 'pairs' table (not a specwatch ledger)")
+        check_ledger_file(path)
+    except LedgerFileError as exc:
+        raise ReportInputError(str(exc)) from None
 
 
 async def read_ledger(

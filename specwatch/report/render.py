@@ -20,8 +20,9 @@ matplotlib.use("Agg")
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from specwatch.core.config import OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
-from specwatch.shadow.summary import OVERALL, PairedSummary
+from specwatch.shadow.summary import PairedSummary
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).

@@ -26,6 +26,7 @@ from specwatch.alerts.alertmanager import AlertingState
 from specwatch.alerts.component import AlertingComponent
 from specwatch.core.clock import Clock
 from specwatch.core.store import Store
+from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
@@ -47,18 +48,13 @@ __all__ = [
 ]
 
 
-def _base(url: str) -> str:
-    u = url.rstrip("/")
-    return u[: -len("/metrics")] if u.endswith("/metrics") else u
-
-
 def arm_targets(settings: Settings) -> dict[str, str]:
     """``{arm: target name}`` for the arms whose server is also scraped (``standard``, ``fly``
     and ``noise`` when the noise arm is on): the arm's ``target`` when set, else the target
     whose base URL equals the arm's URL. Arms with no such target are left out (they cannot
     pause the replays)."""
     sh = settings.shadow
-    by_url = {_base(t.url): t.name for t in settings.targets}
+    by_url = {server_base(t.url): t.name for t in settings.targets}
     arms: dict[str, ArmEndpoint | None] = {
         "standard": sh.standard,
         "fly": sh.fly,
@@ -68,7 +64,7 @@ def arm_targets(settings: Settings) -> dict[str, str]:
     for arm, ep in arms.items():
         if ep is None:
             continue
-        name = ep.target if ep.target is not None else by_url.get(_base(ep.url))
+        name = ep.target if ep.target is not None else by_url.get(server_base(ep.url))
         if name is not None:
             out[arm] = name
     return out
@@ -170,8 +166,7 @@ class ShadowPlug:
         """Mirror routes (mirror mode), the collector and the component's lifetime."""
         self._store = store
         registry.register(ShadowCollector(lambda: store.get().shadow))
-        for path, handler in self.component.routes():
-            app.router.add_post(path, handler)
+        app.add_routes(self.component.routes())
         app.cleanup_ctx.append(self._ctx)
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -28,7 +28,6 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -36,17 +35,18 @@ from aiohttp import web
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
-from specwatch.shadow.ingest import SHADOW_PATHS
-from specwatch.shadow.ledger import Ledger
+from specwatch.shadow.ingest.mirror import mirror_routes
+from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.stats.sequential import BettingEProcess
+from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowStats,
     build_shadow_stats,
 )
+from specwatch.shadow.tally import labelled_outcome
 from specwatch.shadow.values import ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
@@ -103,11 +103,12 @@ class ShadowComponent:
         """The last statistics (immutable), ``None`` before the first refresh."""
         return self._stats
 
-    def routes(self) -> list[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
-        """``(path, POST handler)`` of the mirror routes in mirror mode, else ``[]``."""
+    def routes(self) -> list[web.RouteDef]:
+        """The mirror routes (:func:`~specwatch.shadow.ingest.mirror.mirror_routes`, delegating to
+        the pipeline once it runs) in mirror mode, else ``[]``."""
         if "mirror" not in self.shadow_settings.modes:
             return []
-        return [(path, self._mirror) for path in sorted(SHADOW_PATHS)]
+        return mirror_routes(self._mirror)
 
     def pauses(self) -> Mapping[str, int] | None:
         """Transitions into a load pause by reason, ``None`` while the pipeline is not built."""
@@ -185,9 +186,9 @@ class ShadowComponent:
         if self.ledger is not None:
             self.ledger.submit(outcome)
         self.counters.add(outcome)
-        s, f = outcome.standard.correct, outcome.fly.correct
-        if outcome.status == "paired" and s is not None and f is not None:
-            self.betting = self.betting.update(int(s) - int(f))
+        labelled = labelled_outcome(LedgerRow.from_outcome(outcome))
+        if labelled is not None:
+            self.betting = run_betting([labelled], self.betting.margin, self.betting)
 
     def _note_ledger_state(self, errors: int, rows_written: int, last_error: str | None) -> None:
         if errors > self._errors_seen and not self._ledger_failing:
@@ -210,7 +211,9 @@ class ShadowComponent:
     async def _rebuild(self, ledger: Ledger) -> None:
         self.counters.seed(await ledger.tally(), await ledger.reason_counts())
         margin = self.paired_settings.margin
-        self.betting, n = await asyncio.to_thread(_replay_betting, ledger.path, margin)
+        outcomes = await ledger.labelled_outcomes()
+        self.betting = await asyncio.to_thread(run_betting, outcomes, margin)
+        n = len(outcomes)
         log_event(
             logger,
             logging.INFO,
@@ -294,22 +297,3 @@ class ShadowComponent:
             self.ledger = None
             if own_session:
                 await session.close()
-
-
-def _replay_betting(path: Path, margin: float) -> tuple[BettingEProcess, int]:
-    """The since-start margin e-process replayed over the ledger's labelled pairs in time order
-    (blocking: run in a thread). Reads two columns on its own connection."""
-    conn = sqlite3.connect(path)
-    try:
-        cur = conn.execute(
-            "SELECT standard_correct, fly_correct FROM pairs WHERE status = 'paired' "
-            "AND standard_correct IS NOT NULL AND fly_correct IS NOT NULL ORDER BY time, id"
-        )
-        state = BettingEProcess(margin=margin)
-        n = 0
-        for std, fly in cur:
-            state = state.update(int(std) - int(fly))
-            n += 1
-    finally:
-        conn.close()
-    return state, n

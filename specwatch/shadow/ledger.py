@@ -24,7 +24,7 @@ from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import ArmOutcome, PairOutcome
-from specwatch.shadow.summary import PairTally
+from specwatch.shadow.tally import LABELLED, TALLY_RULES, Cell, PairTally, Rule
 
 log = logging.getLogger("specwatch.shadow.ledger")
 
@@ -144,28 +144,25 @@ _SCHEMA = (
 )
 _INSERT = f"INSERT INTO pairs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
-# SQL aggregate per PairTally field (categories grouped). `p` = paired rows.
-_P = "status = 'paired'"
-_TALLY_SQL: Mapping[str, str] = {
-    "both_correct": f"{_P} AND standard_correct = 1 AND fly_correct = 1",
-    "lost": f"{_P} AND standard_correct = 1 AND fly_correct = 0",
-    "gained": f"{_P} AND standard_correct = 0 AND fly_correct = 1",
-    "both_wrong": f"{_P} AND standard_correct = 0 AND fly_correct = 0",
-    "noise_both_correct": f"{_P} AND standard_correct = 1 AND noise_correct = 1",
-    "noise_lost": f"{_P} AND standard_correct = 1 AND noise_correct = 0",
-    "noise_gained": f"{_P} AND standard_correct = 0 AND noise_correct = 1",
-    "noise_both_wrong": f"{_P} AND standard_correct = 0 AND noise_correct = 0",
-    "agree": f"{_P} AND fly_agrees = 1",
-    "disagree": f"{_P} AND fly_agrees = 0",
-    "noise_agree": f"{_P} AND noise_agrees = 1",
-    "noise_disagree": f"{_P} AND noise_agrees = 0",
-    "flip_fly_only": f"{_P} AND fly_agrees = 0 AND noise_agrees = 1",
-    "flip_noise_only": f"{_P} AND fly_agrees = 1 AND noise_agrees = 0",
-    "flip_both": f"{_P} AND fly_agrees = 0 AND noise_agrees = 0",
-    "flip_neither": f"{_P} AND fly_agrees = 1 AND noise_agrees = 1",
-    "unpaired": "status = 'unpaired'",
-    "excluded": "status = 'excluded'",
-}
+
+def _condition_sql(column: str, want: str | bool | Cell) -> str:
+    if column not in _COLUMNS:
+        raise ValueError(f"tally rule names an unknown column {column!r}")
+    if want is Cell.NOT_NULL:
+        return f"{column} IS NOT NULL"
+    if isinstance(want, bool):
+        return f"{column} = {int(want)}"
+    return f"{column} = '{want}'"
+
+
+def rule_sql(rule: Rule) -> str:
+    """One :mod:`specwatch.shadow.tally` rule as an SQL condition over the ``pairs`` table."""
+    return " AND ".join(_condition_sql(c, v) for c, v in rule)
+
+
+# SQL aggregate per PairTally field, rendered from the one table in shadow/tally.py.
+_TALLY_SQL: Mapping[str, str] = {name: rule_sql(rule) for name, rule in TALLY_RULES.items()}
+_LABELLED_SQL = rule_sql(LABELLED)
 
 
 _GET_VALUES = operator.attrgetter(*_COLUMNS)
@@ -485,6 +482,18 @@ class Ledger:
             for r in raw
         }
 
+    async def labelled_outcomes(self) -> list[tuple[bool, bool]]:
+        """``(standard_correct, fly_correct)`` of every labelled pair
+        (:data:`~specwatch.shadow.tally.LABELLED`),
+        oldest first (``ORDER BY time, id``): the input of
+        :func:`specwatch.shadow.stats.sequential.run_betting` when an e-process is rebuilt."""
+        sql = (
+            f"SELECT standard_correct, fly_correct FROM pairs WHERE {_LABELLED_SQL} "
+            "ORDER BY time, id"
+        )
+        raw = await asyncio.to_thread(self._read, sql, ())
+        return [(bool(s), bool(f)) for s, f in raw]
+
     async def reason_counts(self) -> dict[tuple[str, str], int]:
         """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
         raw = await asyncio.to_thread(
@@ -512,3 +521,37 @@ class Ledger:
             last_error=self._last_error,
             queue_depth=self._queue.qsize(),
         )
+
+
+class LedgerFileError(Exception):
+    """A file that is not a readable specwatch ledger; the message is one line naming the file."""
+
+
+def check_ledger_file(path: Path) -> None:
+    """Fail unless ``path`` is an SQLite file holding a ``pairs`` table (opened read-only, blocking:
+    call from a thread). Raises :class:`LedgerFileError` (``ledger <path>: …``)."""
+    if not path.is_file():
+        raise LedgerFileError(f"ledger {path}: no such file")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'pairs'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise LedgerFileError(f"ledger {path}: not a readable SQLite database ({exc})") from None
+    if found is None:
+        raise LedgerFileError(f"ledger {path}: no 'pairs' table (not a specwatch ledger)")
+
+
+def check_openable(path: Path | str) -> None:
+    """Open (or create) ``path`` as SQLite and read its schema version (blocking, start-up only).
+
+    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database."""
+    conn = sqlite3.connect(path, timeout=5.0)
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()
+    finally:
+        conn.close()

@@ -28,9 +28,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.logs import log_event
-from specwatch.shadow.canary import CanaryLoad, CanaryRunner, load_canary
-from specwatch.shadow.ingest import IngestCounters, MirrorIngest, ShadowProxy
+from specwatch.shadow.classify import classify_pair
+from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
+from specwatch.shadow.ingest.mirror import MirrorIngest
+from specwatch.shadow.ingest.offer import IngestCounters
+from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
@@ -61,7 +65,7 @@ class ShadowPipeline:
     ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
     ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
     sleep. Raises ``ValueError`` if the settings lack the standard/FLy arms and
-    :class:`~specwatch.shadow.canary.CanaryFileError` if canary mode has no usable item.
+    :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
     """
 
     def __init__(
@@ -224,12 +228,11 @@ class ShadowPipeline:
             pair = await self.replayer.replay(req)
         finally:
             self.in_flight -= 1
-        status = str(pair.extra.get("status", "paired"))
-        reason = pair.extra.get("reason")
+        status, reason = classify_pair(pair)
         self.replays[status] += 1
-        if status == "unpaired" and isinstance(reason, str):
+        if status == "unpaired" and reason is not None:
             self.unpaired[reason] += 1
-        elif status == "excluded" and isinstance(reason, str):
+        elif status == "excluded" and reason is not None:
             self.excluded[reason] += 1
         for a in (pair.standard, pair.fly, pair.noise):
             if a is not None and not a.ok:

@@ -3,13 +3,10 @@
 Each arm gets the same body with: ``seed`` added when absent (from the request hash, so a replay is
 repeatable), ``stream`` off (or on with ``stream_options.include_usage`` for arms that only stream),
 ``max_tokens``/``max_completion_tokens`` capped, ``model`` overridden when the arm says so, and the
-shadow marker header set to ``1``. Outcomes (:func:`classify_pair`):
-
-* ``excluded``: an arm answered 400/422 (reason ``unsupported_parameter`` when the message says a
-  parameter is unknown/unsupported, else ``bad_request``): the request cannot be replayed as is;
-* ``unpaired``: the standard or FLy arm failed otherwise (reason ``<arm>_<error>``, e.g.
-  ``fly_timeout``); never counted as a mismatch;
-* ``paired``: both answered. A failed noise arm leaves the pair paired (``extra["noise_ok"]``).
+shadow marker header set to ``1``. The replayer only does HTTP: it returns each arm's
+:class:`~specwatch.shadow.values.ArmResult` (a 400/422 naming an unknown parameter is
+``unsupported_parameter``, another 400/422 ``bad_request``, other failures ``timeout``, ``connect``,
+``http_<status>``, …) and never classifies the pair; :mod:`specwatch.shadow.classify` does.
 """
 
 from __future__ import annotations
@@ -185,18 +182,13 @@ class Replayer:
         )
         targets = [self.standard, self.fly] + ([self.noise] if self.noise is not None else [])
         results = await asyncio.gather(*(self._one(t, req, seed) for t in targets))
-        pair = ReplayPair(
+        return ReplayPair(
             request=req,
             standard=results[0],
             fly=results[1],
             noise=results[2] if len(results) > 2 else None,
             seed=seed,
         )
-        status, reason = classify_pair(pair)
-        extra: dict[str, Any] = {"status": status, "reason": reason}
-        if pair.noise is not None:
-            extra["noise_ok"] = pair.noise.ok
-        return ReplayPair(pair.request, pair.standard, pair.fly, pair.noise, seed, extra)
 
     async def _one(self, t: ArmTarget, req: ShadowRequest, seed: int) -> ArmResult:
         body = prepare_body(
@@ -273,24 +265,3 @@ class Replayer:
             token_ids=tuple(r.token_ids) if r.token_ids is not None else None,
             mean_acceptance_length=r.mean_acceptance_length,
         )
-
-
-def classify_pair(pair: ReplayPair) -> tuple[str, str | None]:
-    """``("paired", None)``, ``("excluded", reason)`` or ``("unpaired", reason)``; see module doc.
-
-    Exclusion wins over unpaired: a request an arm rejects as a bad request says nothing about
-    either arm's quality.
-    """
-    arms = [pair.standard, pair.fly] + ([pair.noise] if pair.noise is not None else [])
-    for a in arms:
-        if a.error in ("unsupported_parameter", "bad_request"):
-            return "excluded", a.error
-    for a in (pair.standard, pair.fly):
-        if not a.ok:
-            err = a.error or "unknown"
-            if err.startswith("http_5"):
-                err = "http_5xx"
-            elif err.startswith("http_"):
-                err = "http_4xx"
-            return "unpaired", f"{a.arm.value}_{err}"
-    return "paired", None

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+from specwatch.core.config import SINCE_START, Frozen, check_windows, parse_duration, split_list
+from specwatch.core.wire import SHADOW_MARKER_HEADER
 
 IngestMode = Literal["mirror", "proxy", "canary"]
 NoiseKind = Literal["off", "standard", "baseline"]
@@ -88,7 +89,7 @@ class ShadowSettings(BaseModel):
     stream_arms: tuple[Literal["standard", "fly", "noise"], ...] = ()
     max_tokens_cap: int = Field(default=512, ge=1)
     replay_extra_body: dict[str, Any] = Field(default_factory=dict)
-    marker_header: str = "X-Specwatch-Shadow"
+    marker_header: str = SHADOW_MARKER_HEADER
 
     # mirror
     mirror_max_body_bytes: int = Field(default=1 << 20, ge=1024)
@@ -96,7 +97,7 @@ class ShadowSettings(BaseModel):
 
     # proxy
     proxy_listen_host: str = "0.0.0.0"
-    proxy_listen_port: int = Field(default=8001, ge=0, le=65535)
+    proxy_listen_port: int = Field(default=9401, ge=0, le=65535)
     proxy_upstream: str | None = None
     proxy_max_body_bytes: int = Field(default=8 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
@@ -197,5 +198,5 @@ class PairedSettings(Frozen):
     def window_seconds(self) -> dict[str, float | None]:
         """Window name → seconds, with ``since_start`` → ``None`` (every ledger row)."""
         out: dict[str, float | None] = {w: parse_duration(w) for w in self.windows}
-        out["since_start"] = None
+        out[SINCE_START] = None
         return out

@@ -4,14 +4,14 @@ snapshot read by the exporter (``specwatch.export.prometheus``) and the alert de
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from specwatch.core.config import OVERALL
+from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.compare import PairOutcome
+from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.paired import (
-    FlipCounts,
-    PairedCounts,
     discordant_ratio,
     excess_flip,
     mcnemar_exact_p,
@@ -21,71 +21,13 @@ from specwatch.shadow.stats.paired import (
 )
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
-    BettingEProcess,
     alarm,
     beta_binomial_log_e_value,
 )
-from specwatch.shadow.values import Arm
-
-#: Category label used for the overall (all categories) summary.
-OVERALL = "_all"
-
-
-@dataclass(frozen=True, slots=True)
-class PairTally:
-    """Counts over a set of ledger rows (one window and category).
-
-    FLy versus standard on labelled pairs: ``both_correct, lost, gained, both_wrong``; the noise
-    arm versus standard on labelled pairs: ``noise_*``; answer agreement with the standard arm on
-    all paired rows: ``agree, disagree`` (FLy) and ``noise_agree, noise_disagree``; the paired
-    flip table on rows where the noise arm answered: ``flip_fly_only, flip_noise_only,
-    flip_both, flip_neither``; plus ``unpaired`` and ``excluded`` rows.
-    """
-
-    both_correct: int = 0
-    lost: int = 0
-    gained: int = 0
-    both_wrong: int = 0
-    noise_both_correct: int = 0
-    noise_lost: int = 0
-    noise_gained: int = 0
-    noise_both_wrong: int = 0
-    agree: int = 0
-    disagree: int = 0
-    noise_agree: int = 0
-    noise_disagree: int = 0
-    flip_fly_only: int = 0
-    flip_noise_only: int = 0
-    flip_both: int = 0
-    flip_neither: int = 0
-    unpaired: int = 0
-    excluded: int = 0
-
-    def __add__(self, other: PairTally) -> PairTally:
-        return PairTally(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
-
-    def paired_counts(self) -> PairedCounts:
-        """FLy vs standard correctness table."""
-        return PairedCounts(self.both_correct, self.lost, self.gained, self.both_wrong)
-
-    def noise_paired_counts(self) -> PairedCounts:
-        """Noise arm vs standard correctness table (an A/A comparison)."""
-        return PairedCounts(
-            self.noise_both_correct, self.noise_lost, self.noise_gained, self.noise_both_wrong
-        )
-
-    def flip_counts(self) -> FlipCounts:
-        """FLy and noise flips on the same requests."""
-        return FlipCounts(
-            self.flip_fly_only, self.flip_noise_only, self.flip_both, self.flip_neither
-        )
-
-    @property
-    def paired(self) -> int:
-        """Rows where standard and FLy both answered."""
-        return self.agree + self.disagree
+from specwatch.shadow.tally import PairTally as PairTally
+from specwatch.shadow.tally import arm_label_counts, row_tally
+from specwatch.shadow.tally import tally_rows as tally_rows
+from specwatch.shadow.tally import window_tallies as window_tallies
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,78 +142,6 @@ class ShadowStats:
 # -- building snapshots (pure) ------------------------------------------------------------------
 
 
-class TallyRow(Protocol):
-    """What :func:`tally_rows` reads from a row (``LedgerRow`` has all of it)."""
-
-    @property
-    def time(self) -> float: ...
-    @property
-    def category(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def standard_correct(self) -> bool | None: ...
-    @property
-    def fly_correct(self) -> bool | None: ...
-    @property
-    def noise_correct(self) -> bool | None: ...
-    @property
-    def fly_agrees(self) -> bool | None: ...
-    @property
-    def noise_agrees(self) -> bool | None: ...
-
-
-def _row_tally(r: TallyRow) -> PairTally:
-    if r.status == "unpaired":
-        return PairTally(unpaired=1)
-    if r.status != "paired":
-        return PairTally(excluded=1)
-    c: dict[str, int] = {}
-    s, f, z = r.standard_correct, r.fly_correct, r.noise_correct
-    table = {
-        (True, True): "both_correct",
-        (True, False): "lost",
-        (False, True): "gained",
-        (False, False): "both_wrong",
-    }
-    if s is not None and f is not None:
-        c[table[(s, f)]] = 1
-    if s is not None and z is not None:
-        c["noise_" + table[(s, z)]] = 1
-    if r.fly_agrees is not None:
-        c["agree" if r.fly_agrees else "disagree"] = 1
-    if r.noise_agrees is not None:
-        c["noise_agree" if r.noise_agrees else "noise_disagree"] = 1
-    if r.fly_agrees is not None and r.noise_agrees is not None:
-        flip = {
-            (False, True): "flip_fly_only",
-            (True, False): "flip_noise_only",
-            (False, False): "flip_both",
-            (True, True): "flip_neither",
-        }
-        c[flip[(r.fly_agrees, r.noise_agrees)]] = 1
-    return PairTally(**c)
-
-
-def tally_rows(rows: Iterable[TallyRow]) -> dict[str, PairTally]:
-    """Per-category :class:`PairTally` of ``rows`` (same rules as ``Ledger.tally``'s SQL)."""
-    out: dict[str, PairTally] = {}
-    for r in rows:
-        out[r.category] = out.get(r.category, PairTally()) + _row_tally(r)
-    return out
-
-
-def window_tallies(
-    rows: Sequence[TallyRow], now: float, windows: Mapping[str, float | None]
-) -> dict[str, dict[str, PairTally]]:
-    """``{window: {category: tally}}`` for rows with ``now - seconds <= time <= now``
-    (``None`` seconds = every row, e.g. ``since_start``)."""
-    return {
-        name: tally_rows(r for r in rows if secs is None or now - secs <= r.time <= now)
-        for name, secs in windows.items()
-    }
-
-
 def summarize(
     tally: PairTally,
     *,
@@ -318,7 +188,7 @@ def summarize(
         p_loss=mcnemar_exact_p(pc.lost, pc.gained, "loss"),
         discordant_ratio=disc,
         log_e_value=log_e,
-        e_value=math.inf if log_e > 709.0 else math.exp(log_e),
+        e_value=exp_or_inf(log_e),
         alarm=alarm(log_e, alpha),
         non_inferiority_p=ni.p_value,
         non_inferiority_upper=ni.upper_bound,
@@ -331,17 +201,6 @@ def summarize(
         excess_flip_p=ex.p_value,
         noise_pairs=tally.flip_counts().n,
     )
-
-
-def betting_from_rows(rows: Iterable[TallyRow], margin: float) -> BettingEProcess:
-    """Run the margin e-process (``H0: net loss <= margin``) over labelled paired rows in the
-    given (time) order; ``d = +1`` lost, ``-1`` gained, ``0`` concordant."""
-    state = BettingEProcess(margin=margin)
-    for r in rows:
-        if r.status != "paired" or r.standard_correct is None or r.fly_correct is None:
-            continue
-        state = state.update(int(r.standard_correct) - int(r.fly_correct))
-    return state
 
 
 def build_shadow_stats(
@@ -408,26 +267,20 @@ class OutcomeCounters:
             self.pairs[key] = self.pairs.get(key, 0) + n
 
     def add(self, o: PairOutcome) -> None:
-        """Count one compared pair."""
-        if o.status == "unpaired":
-            self.unpaired[o.reason or "unknown"] = self.unpaired.get(o.reason or "unknown", 0) + 1
-            return
-        if o.status == "excluded":
-            self.excluded[o.reason or "unknown"] = self.excluded.get(o.reason or "unknown", 0) + 1
-            return
-        for arm in (Arm.FLY, Arm.NOISE):
-            for label in (o.correctness_outcome(arm), o.agreement_outcome(arm)):
-                if label is not None:
-                    self._inc((o.category, str(arm), label))
+        """Count one compared pair by the same table as :meth:`seed` (:func:`row_tally` of its
+        ledger row), so counters rebuilt from the ledger equal counters kept live."""
+        reasons: dict[tuple[str, str], int] = (
+            {} if o.status == "paired" else {(o.status, o.reason or "unknown"): 1}
+        )
+        self.seed({o.category: row_tally(LedgerRow.from_outcome(o))}, reasons)
 
     def seed(
         self, by_category: Mapping[str, PairTally], reasons: Mapping[tuple[str, str], int]
     ) -> None:
-        """Start from a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``)."""
+        """Add a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``)."""
         for cat, t in by_category.items():
-            for label in ("both_correct", "lost", "gained", "both_wrong", "agree", "disagree"):
-                self._inc((cat, "fly", label), getattr(t, label))
-                self._inc((cat, "noise", label), getattr(t, "noise_" + label))
+            for arm, label, n in arm_label_counts(t):
+                self._inc((cat, arm, label), n)
         for (status, reason), n in reasons.items():
             target = self.unpaired if status == "unpaired" else self.excluded
             target[reason] = target.get(reason, 0) + n

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from specwatch.core.roles import Role as Role
 from specwatch.vllm.methods import (
     SPEC_METHODS,
     BudgetRegime,
@@ -14,14 +14,6 @@ from specwatch.vllm.methods import (
     regime_for_version,
     static_reservation_slots,
 )
-
-
-class Role(enum.StrEnum):
-    """What the simulated server runs: lossless SD, FLy SD, or the target alone."""
-
-    STANDARD = "standard"
-    FLY = "fly"
-    BASELINE = "baseline"
 
 
 @dataclass(frozen=True, slots=True)

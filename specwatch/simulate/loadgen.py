@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from specwatch.core.wire import CATEGORY_HEADER, SHADOW_HOST_SUFFIX
 from specwatch.simulate.quiz import builtin_items, is_correct
 
 _CHAT_PROMPTS = (
@@ -45,14 +46,14 @@ _CHAT_PROMPTS = (
 
 
 #: The header a gateway (or this generator) sets on a mirrored copy to name its category.
-MIRROR_CATEGORY_HEADER = "X-Specwatch-Category"
+MIRROR_CATEGORY_HEADER = CATEGORY_HEADER
 
 
 def shadow_host(url: str) -> str:
     """The Host Envoy gives a mirrored copy of a request to ``url``: ``-shadow`` appended to the
     host name, the port kept (``http://10.0.0.5:8000`` → ``10.0.0.5-shadow:8000``)."""
     u = URL(url)
-    name = f"{u.host or 'localhost'}-shadow"
+    name = f"{u.host or 'localhost'}{SHADOW_HOST_SUFFIX}"
     return f"{name}:{u.port}" if u.port is not None and not u.is_default_port() else name
 
 

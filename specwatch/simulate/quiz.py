@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import random
 import re
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.core.canary_file import write_items
 from specwatch.simulate.lm import MAX_ANSWER_DIGITS, SeqParams
 
 #: Checker spec (``exact|regex:<pattern>|json:<path>|math``, as in ``specwatch.shadow.values``).
@@ -102,8 +102,9 @@ def _h(text: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class CanaryItem:
-    """One canary: ``p_correct`` is the calibrated probability that a temperature-1 sample
+class QuizItem:
+    """One of the synthetic LM's known questions (written out as a canary line by :meth:`as_dict`):
+    ``p_correct`` is the calibrated probability that a temperature-1 sample
     (standard or baseline) answers right; ``draft_confusion`` the draft's pull to a wrong digit."""
 
     id: str
@@ -139,14 +140,14 @@ def _calibrate(item_id: str) -> tuple[float, float, bool]:
 
 
 @functools.cache
-def _items() -> tuple[CanaryItem, ...]:
-    out: list[CanaryItem] = []
+def _items() -> tuple[QuizItem, ...]:
+    out: list[QuizItem] = []
 
     def add(category: str, idx: int, question: str, gold: int) -> None:
         item_id = f"{category}-{idx:03d}"
         p, conf, hard = _calibrate(item_id)
         p = round(p ** len(str(gold)) if hard else p, 6)
-        out.append(CanaryItem(item_id, question + _SUFFIX, str(gold), category, p, conf, hard))
+        out.append(QuizItem(item_id, question + _SUFFIX, str(gold), category, p, conf, hard))
 
     for i in range(60):
         a, b = 11 + (i * 37) % 480, 7 + (i * 53) % 490
@@ -172,11 +173,11 @@ def builtin_items() -> list[dict[str, Any]]:
 
 
 @functools.cache
-def _by_prompt() -> dict[str, CanaryItem]:
+def _by_prompt() -> dict[str, QuizItem]:
     return {item.prompt: item for item in _items()}
 
 
-def item_for_prompt(prompt: str) -> CanaryItem | None:
+def item_for_prompt(prompt: str) -> QuizItem | None:
     """The canary item whose prompt is exactly ``prompt`` (stripped), or None."""
     return _by_prompt().get(prompt.strip())
 
@@ -254,13 +255,8 @@ def write_canary_jsonl(
     seed: int | None = None,
     limit: int | None = None,
 ) -> int:
-    """Write :func:`canary_rows` (at most ``limit`` rows) to ``path``; returns the row count.
-    Blocking (file write); raises ``OSError``."""
-    n = 0
-    with path.open("w", encoding="utf-8") as f:
-        for row in canary_rows(variants=variants, temperature=temperature, seed=seed):
-            if limit is not None and n >= limit:
-                break
-            f.write(json.dumps(row) + "\n")
-            n += 1
-    return n
+    """Write :func:`canary_rows` (at most ``limit`` rows) to ``path`` in the canary JSONL format
+    (:mod:`specwatch.core.canary_file`); returns the row count. Blocking (file write); raises
+    ``OSError``."""
+    rows = canary_rows(variants=variants, temperature=temperature, seed=seed)
+    return write_items(path, rows, limit=limit)

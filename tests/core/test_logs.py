@@ -17,7 +17,7 @@ import specwatch
 from specwatch.alerts.alertmanager import AlertSender, Delivery
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.logs import log_event, setup_logging
-from specwatch.shadow.canary import parse_lines
+from specwatch.shadow.ingest.canary import parse_lines
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from specwatch.core.config import SINCE_START
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import parse_page
 from specwatch.observe.values import EngineReading, PageReading
-from specwatch.observe.window import SINCE_START, RollingWindows, page_delta
+from specwatch.observe.window import RollingWindows, page_delta
 from tests.core.conftest import body
 
 KEY = ("example-model", "0")

@@ -26,7 +26,7 @@ from specwatch.demo.run import (
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView
 from specwatch.server.wiring import AlertingPlug, ShadowPlug
-from specwatch.shadow.canary import load_canary
+from specwatch.shadow.ingest.canary import load_canary
 from specwatch.shadow.summary import build_shadow_stats
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.quiz import builtin_items

@@ -43,13 +43,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from specwatch.core.config import OVERALL
+from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ingest import CATEGORY_HEADER
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.stats.sequential import beta_binomial_e_value
-from specwatch.shadow.summary import OVERALL, PairedSummary, ShadowStats, build_shadow_stats
+from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
 from specwatch.shadow.values import ReplayPair
 
 from .servers import VllmServer

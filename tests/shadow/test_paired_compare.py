@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
+from specwatch.shadow.checkers import answers_equal, json_path_get, make_checker
 from specwatch.shadow.compare import (
     CompareConfig,
-    answers_equal,
+    PairOutcome,
     compare,
     first_divergence,
-    json_path_get,
-    make_checker,
     similarity,
 )
+from specwatch.shadow.summary import OutcomeCounters
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 
@@ -32,6 +32,14 @@ def _req(
         gold=gold,
         checker=checker,
     )
+
+
+def _labels(out: PairOutcome) -> set[tuple[str, str, str]]:
+    """The ``(category, arm, outcome)`` pair counters one outcome increments (each by 1)."""
+    counters = OutcomeCounters()
+    counters.add(out)
+    assert set(counters.pairs.values()) <= {1}
+    return set(counters.pairs)
 
 
 def _arm(arm: Arm, text: str = "", ok: bool = True, **kw: Any) -> ArmResult:
@@ -75,9 +83,7 @@ def test_labelled_lost_with_regex_checker() -> None:
     assert out.standard.correct is True
     assert out.fly.correct is False
     assert out.fly.answer == "1300"
-    assert out.correctness_outcome(Arm.FLY) == "lost"
-    assert out.outcome(Arm.FLY) == "lost"
-    assert out.agreement_outcome(Arm.FLY) == "disagree"
+    assert _labels(out) == {("gsm8k", "fly", "lost"), ("gsm8k", "fly", "disagree")}
     assert out.fly.first_divergence_char == 4
     assert out.fly.first_divergence_token == 2
     assert out.fly.exact_match is False
@@ -95,12 +101,11 @@ def test_unlabelled_agreement_and_noise_arm() -> None:
         noise=_arm(Arm.NOISE, "Paris is the capital city."),
     )
     out = compare(pair)
-    assert out.outcome(Arm.FLY) == "agree"  # whitespace-normalised
+    # whitespace-normalised agreement for FLy; no correctness label without a gold answer
+    assert _labels(out) == {("gsm8k", "fly", "agree"), ("gsm8k", "noise", "disagree")}
     assert out.fly.exact_match is False
-    assert out.outcome(Arm.NOISE) == "disagree"
-    assert out.correctness_outcome(Arm.FLY) is None
     loose = compare(pair, CompareConfig(similarity_threshold=0.8))
-    assert loose.outcome(Arm.NOISE) == "agree"
+    assert ("gsm8k", "noise", "agree") in _labels(loose)
 
 
 def test_status_rules() -> None:
@@ -127,7 +132,7 @@ def test_status_rules() -> None:
     )
     out = compare(timeout)
     assert (out.status, out.reason) == ("unpaired", "fly_timeout")
-    assert out.outcome(Arm.FLY) is None
+    assert _labels(out) == set()
     noise_failed = ReplayPair(
         request=_req(),
         standard=_arm(Arm.STANDARD, "a"),
@@ -136,14 +141,14 @@ def test_status_rules() -> None:
     )
     out = compare(noise_failed)
     assert out.status == "paired"
-    assert out.outcome(Arm.NOISE) is None
+    assert _labels(out) == {("gsm8k", "fly", "agree")}
     bad = ReplayPair(
         request=_req(gold="1", checker="regex:(["),
         standard=_arm(Arm.STANDARD, "1"),
         fly=_arm(Arm.FLY, "1"),
     )
     assert (compare(bad).status, compare(bad).reason) == ("excluded", "bad_checker")
-    assert compare(bad).outcome(Arm.FLY) is None
+    assert _labels(compare(bad)) == set()
 
 
 def test_json_path_checker() -> None:
@@ -176,9 +181,9 @@ def test_answers_equal_numbers() -> None:
 
 
 def test_math_checker_numeric_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specwatch.shadow.compare as compare_mod
+    import specwatch.shadow.checkers as checkers_mod
 
-    monkeypatch.setattr(compare_mod, "_math_verify_equal", lambda: None)
+    monkeypatch.setattr(checkers_mod, "_math_verify_equal", lambda: None)
     chk = make_checker("math")
     assert chk.equal_to_gold("1/2", "so x = \\boxed{0.5}")
     assert chk.equal_to_gold("72", "She sold 48 + 24 = 72 clips.")

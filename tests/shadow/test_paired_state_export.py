@@ -11,24 +11,24 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import binomtest
 
+from specwatch.core.config import OVERALL
 from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.power import questions_needed
-from specwatch.shadow.stats.sequential import beta_binomial_e_value
+from specwatch.shadow.stats.sequential import beta_binomial_e_value, run_betting
 from specwatch.shadow.summary import (
-    OVERALL,
     OutcomeCounters,
     PairTally,
     ShadowIO,
     ShadowStats,
-    betting_from_rows,
     build_shadow_stats,
     summarize,
     tally_rows,
     window_tallies,
 )
+from specwatch.shadow.tally import labelled_outcome
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
 
@@ -136,7 +136,8 @@ def test_windows_rows_counters_and_betting() -> None:
     seeded.seed(tally_rows(rows), {("unpaired", "fly_timeout"): 3})
     assert seeded.pairs == counters.pairs
     assert seeded.unpaired == {"fly_timeout": 3}
-    bet = betting_from_rows(rows, margin=0.0)
+    labelled = [o for o in map(labelled_outcome, rows) if o is not None]
+    bet = run_betting(labelled, margin=0.0)
     assert bet.n == 4
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from specwatch.core.config import OVERALL
 from specwatch.export.json import shadow_stats_json
-from specwatch.shadow.summary import OVERALL
 
 from .harness import (
     canary_done,

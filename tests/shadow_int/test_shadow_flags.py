@@ -13,7 +13,8 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from specwatch.shadow.summary import OVERALL, ShadowStats
+from specwatch.core.config import OVERALL
+from specwatch.shadow.summary import ShadowStats
 
 from .harness import canary_done, expected, read_rows, settings_for, sidecar, simulators, until
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.shadow.canary import (
+from specwatch.shadow.ingest.canary import (
     BUILTIN_ITEMS,
     CanaryFileError,
     CanaryRunner,
@@ -61,7 +61,7 @@ def test_bad_lines_are_counted_with_file_and_line(caplog: pytest.LogCaptureFixtu
         json.dumps({"id": "f", "prompt": "p"}),
         json.dumps({"id": "g", "prompt": "p", "gold": "x", "max_tokens": 0}),
     ]
-    with caplog.at_level("WARNING", logger="specwatch.shadow.canary"):
+    with caplog.at_level("WARNING", logger="specwatch.shadow.ingest.canary"):
         load = parse_lines(lines, source="set.jsonl")
     assert [i.item_id for i in load.items] == ["a"]
     assert load.bad_lines == {

@@ -12,7 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specwatch.shadow.ingest import build_shadow_request, is_shadow_host
+from specwatch.core.wire import is_shadow_host
+from specwatch.shadow.classify import classify_pair
+from specwatch.shadow.ingest.offer import build_shadow_request
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
@@ -107,7 +109,7 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
     pair = pairs[0]
     assert pair.request.source is Source.MIRROR
     assert pair.request.body == CHAT
-    assert pair.extra["status"] == "paired"
+    assert classify_pair(pair) == ("paired", None)
     assert pair.standard.text == pair.fly.text == "A"
     assert m.received == {"mirror": 1}
     assert m.replays["paired"] == 1
@@ -162,7 +164,7 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
             assert r.status == 202
         await _until(lambda: len(pairs) == 2)
         m = pipe.metrics()
-    assert [p.extra["status"] for p in pairs] == ["excluded", "unpaired"]
+    assert [classify_pair(p)[0] for p in pairs] == ["excluded", "unpaired"]
     assert m.excluded == {"unsupported_parameter": 1}
     assert m.unpaired == {"fly_http_5xx": 1}
     assert m.replays == {"paired": 0, "unpaired": 1, "excluded": 1}

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specwatch.shadow.ingest import IngestCounters, ShadowProxy, hop_by_hop_names
+from specwatch.shadow.ingest.offer import IngestCounters
+from specwatch.shadow.ingest.proxy import ShadowProxy, hop_by_hop_names
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest

@@ -8,7 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.shadow.replay import ArmTarget, Replayer, classify_pair, prepare_body
+from specwatch.shadow.classify import classify_pair
+from specwatch.shadow.replay import ArmTarget, Replayer, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 
@@ -81,7 +82,7 @@ async def test_both_arms_get_the_same_seeded_capped_body() -> None:
     pair = await _replay(std, fly, req)
     seed = seed_from_hash(req.request_hash)
     assert pair.seed == seed
-    assert pair.extra["status"] == "paired"
+    assert classify_pair(pair) == ("paired", None)
     s_body, f_body = std.seen[0].body, fly.seen[0].body
     assert s_body["seed"] == f_body["seed"] == seed
     assert s_body["stream"] is False
@@ -115,13 +116,13 @@ async def test_unsupported_parameter_400_excludes_the_pair() -> None:
     pair = await _replay(FakeArm(), fly, _req(CHAT))
     assert pair.fly.error == "unsupported_parameter"
     assert pair.fly.status == 400
-    assert pair.extra == {"status": "excluded", "reason": "unsupported_parameter"}
+    assert classify_pair(pair) == ("excluded", "unsupported_parameter")
 
 
 async def test_other_400_is_bad_request_exclusion() -> None:
     std = FakeArm(mode="status", status=400, message="prompt is too long")
     pair = await _replay(std, FakeArm(), _req(CHAT))
-    assert pair.extra == {"status": "excluded", "reason": "bad_request"}
+    assert classify_pair(pair) == ("excluded", "bad_request")
 
 
 async def test_one_failed_side_is_unpaired_never_a_mismatch() -> None:
@@ -130,14 +131,14 @@ async def test_one_failed_side_is_unpaired_never_a_mismatch() -> None:
     assert pair.standard.ok
     assert not pair.fly.ok
     assert pair.fly.error == "http_503"
-    assert pair.extra == {"status": "unpaired", "reason": "fly_http_5xx"}
+    assert classify_pair(pair) == ("unpaired", "fly_http_5xx")
 
 
 async def test_arm_timeout_is_unpaired() -> None:
     std = FakeArm(mode="hang")
     pair = await _replay(std, FakeArm(), _req(CHAT), arm_timeout=0.2)
     assert pair.standard.error == "timeout"
-    assert pair.extra == {"status": "unpaired", "reason": "standard_timeout"}
+    assert classify_pair(pair) == ("unpaired", "standard_timeout")
 
 
 async def test_connect_error_and_in_band_error() -> None:
@@ -153,9 +154,9 @@ async def test_connect_error_and_in_band_error() -> None:
         )
         pair = await r.replay(_req(CHAT))
     assert pair.standard.error == pair.fly.error == "connect"
-    assert pair.extra["reason"] == "standard_connect"
+    assert classify_pair(pair) == ("unpaired", "standard_connect")
     pair2 = await _replay(FakeArm(), FakeArm(mode="in_band_error"), _req(CHAT))
-    assert pair2.extra == {"status": "unpaired", "reason": "fly_in_band_error"}
+    assert classify_pair(pair2) == ("unpaired", "fly_in_band_error")
 
 
 async def test_streaming_arm_is_parsed_with_sse() -> None:
@@ -167,7 +168,7 @@ async def test_streaming_arm_is_parsed_with_sse() -> None:
     assert pair.fly.text == "Paris"
     assert pair.fly.finish_reason == "stop"
     assert (pair.fly.prompt_tokens, pair.fly.completion_tokens) == (3, 2)
-    assert pair.extra["status"] == "paired"
+    assert classify_pair(pair) == ("paired", None)
 
 
 async def test_completions_path_and_noise_arm() -> None:
@@ -180,7 +181,8 @@ async def test_completions_path_and_noise_arm() -> None:
     assert pair.noise is not None
     assert pair.noise.error == "http_500"
     assert noise.seen[0].body["seed"] == pair.seed
-    assert pair.extra == {"status": "paired", "reason": None, "noise_ok": False}
+    assert classify_pair(pair) == ("paired", None)
+    assert pair.extra == {}
 
 
 @pytest.mark.parametrize(

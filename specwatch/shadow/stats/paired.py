@@ -12,6 +12,10 @@ standard wrong     ``gained`` (c)       ``both_wrong``
 ``net = gained - lost`` (as in the seed's ``paired_gate``); the *net loss* is
 ``(lost - gained) / N`` = accuracy(standard) - accuracy(FLy), a fraction in [-1, 1];
 the *discordant rate* is ``(lost + gained) / N``.
+
+McNemar's test lives here in both forms: exact (:func:`mcnemar_exact_p`, binomial on the discordant
+pairs) and the normal approximation (:func:`mcnemar_z`, what the PromQL rule computes), next to the
+pooled :func:`two_proportion_z` the flip-rate detector uses.
 """
 
 from __future__ import annotations
@@ -94,6 +98,37 @@ def mcnemar_exact_p(lost: int, gained: int, alternative: Alternative = "two-side
     if alternative == "loss":
         return float(binom.sf(lost - 1, n, 0.5))
     raise ValueError(f"unknown alternative {alternative!r}")
+
+
+def mcnemar_z(lost: float, gained: float) -> float | None:
+    """McNemar's normal approximation ``(lost − gained) / sqrt(lost + gained)``.
+
+    ``lost`` = pairs standard got right and FLy wrong (b), ``gained`` the reverse (c); positive
+    means FLy loses more than it gains. ``None`` with no discordant pairs. ``z²`` is McNemar's
+    chi-square without continuity correction (McNemar 1947). Raises ``ValueError`` on a
+    negative count.
+    """
+    if lost < 0 or gained < 0:
+        raise ValueError("counts must be >= 0")
+    n = lost + gained
+    if n == 0:
+        return None
+    return (lost - gained) / math.sqrt(n)
+
+
+def two_proportion_z(x1: float, n1: float, x2: float, n2: float) -> float | None:
+    """Pooled two-proportion z of ``x1/n1`` against ``x2/n2``.
+
+    ``z = (p1 − p2) / sqrt(p (1 − p) (1/n1 + 1/n2))`` with ``p = (x1 + x2) / (n1 + n2)``;
+    ``None`` when a sample is empty or the pooled proportion is 0 or 1 (no variance).
+    """
+    if n1 <= 0 or n2 <= 0:
+        return None
+    p = (x1 + x2) / (n1 + n2)
+    var = p * (1 - p) * (1 / n1 + 1 / n2)
+    if var <= 0:
+        return None
+    return (x1 / n1 - x2 / n2) / math.sqrt(var)
 
 
 def _tango_restricted_q(b: int, c: int, n: int, delta: float) -> float:

@@ -23,11 +23,15 @@ Two tests are provided:
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 from scipy.special import betaincc, betaln
+
+from specwatch.core.numbers import exp_or_inf
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -85,7 +89,7 @@ def beta_binomial_e_value(
 ) -> float:
     """The beta-binomial mixture e-value itself (``inf`` on overflow); see the log form."""
     log_e = beta_binomial_log_e_value(lost, gained, p0, prior_a, prior_b)
-    return math.inf if log_e > 709.0 else math.exp(log_e)
+    return exp_or_inf(log_e)
 
 
 def alarm(log_e_value: float, alpha: float) -> bool:
@@ -148,4 +152,28 @@ class BettingEProcess:
     @property
     def e_value(self) -> float:
         """Current wealth E_t (``inf`` on overflow)."""
-        return math.inf if self.log_wealth > 709.0 else math.exp(self.log_wealth)
+        return exp_or_inf(self.log_wealth)
+
+
+def betting_path(
+    outcomes: Iterable[tuple[bool, bool]], margin: float, start: BettingEProcess | None = None
+) -> Iterator[BettingEProcess]:
+    """The margin e-process after each labelled pair ``(standard_correct, fly_correct)``, in order.
+
+    ``d = standard_correct - fly_correct`` (+1 lost, −1 gained, 0 concordant) drives
+    :meth:`BettingEProcess.update`; ``start`` (default: a fresh process at ``margin``) is the state
+    before the first pair. Lazy; raises what ``BettingEProcess`` raises for a bad margin."""
+    state = start if start is not None else BettingEProcess(margin=margin)
+    for standard_correct, fly_correct in outcomes:
+        state = state.update(int(standard_correct) - int(fly_correct))
+        yield state
+
+
+def run_betting(
+    outcomes: Iterable[tuple[bool, bool]], margin: float, start: BettingEProcess | None = None
+) -> BettingEProcess:
+    """The margin e-process after every labelled pair of ``outcomes`` (see :func:`betting_path`);
+    the one driver used by the live component's restart, the report and ``summary``. Pure."""
+    first = start if start is not None else BettingEProcess(margin=margin)
+    last = deque(betting_path(outcomes, margin, first), maxlen=1)
+    return last[0] if last else first

@@ -1,24 +1,18 @@
-"""Shadow ingest: mirrored copies (mesh mirroring) and a fail-open streaming reverse proxy.
+"""Proxy ingest: a fail-open streaming reverse proxy in front of the live upstream.
 
-Both turn a live OpenAI-compatible request into a :class:`ShadowRequest` and hand it to an
-injected synchronous ``offer(request) -> str`` (normally :meth:`Sampler.offer`, which only does a
-``put_nowait``), so ingest never waits on replay.
-
-* Mirror (:class:`MirrorIngest`): ``POST /v1/completions`` and ``POST /v1/chat/completions`` routes
-  to mount on the sidecar's app. Envoy/Istio/Gateway API send fire-and-forget copies with the Host
-  (``:authority``) suffixed ``-shadow`` (Envoy ``request_mirror_policies``). The handler answers
-  ``202 {"shadow": "<admitted|reason>"}`` at once; it never awaits a replay.
-* Proxy (:class:`ShadowProxy`): an aiohttp app on its own port in front of the live upstream.
-  Response bodies (including SSE) are relayed chunk by chunk as they arrive, byte for byte
-  (no decompression), hop-by-hop headers are removed in both directions (RFC 9110 §7.6.1:
-  ``Connection`` and every field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
-  ``Transfer-Encoding``, ``Upgrade``), and a client disconnect closes the upstream connection (the
-  server cancels the handler). The proxy can run on its own thread and event loop
-  (:meth:`ShadowProxy.start_in_thread`) so nothing on the sidecar's loop can delay it. The
-  shadow copy is handed to the shadow loop with ``call_soon``/``call_soon_threadsafe`` after the
-  body is read; any error there is counted and never reaches the live response (fail-open).
-
-Requests already carrying the shadow marker header are never re-ingested (no replay loops).
+:class:`ShadowProxy` is an aiohttp app on its own port. Response bodies (including SSE) are relayed
+chunk by chunk as they arrive, byte for byte (no decompression), hop-by-hop headers are removed in
+both
+directions (RFC 9110 §7.6.1: ``Connection`` and every field it lists, ``Keep-Alive``,
+``Proxy-Connection``, ``TE``, ``Transfer-Encoding``, ``Upgrade``), and a client disconnect closes
+the
+upstream connection (the server cancels the handler). The proxy can run on its own thread and event
+loop (:meth:`ShadowProxy.start_in_thread`) so nothing on the sidecar's loop can delay it. The shadow
+copy is handed to the shadow loop with ``call_soon``/``call_soon_threadsafe`` after the body is
+read;
+any error there is counted and never reaches the live response (fail-open). Requests already
+carrying
+the shadow marker header are never re-ingested (no replay loops).
 """
 
 from __future__ import annotations
@@ -26,13 +20,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
-import json
 import logging
-import re
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -41,14 +31,11 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.sample import request_hash
-from specwatch.shadow.values import ShadowRequest, Source
+from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
+from specwatch.shadow.ingest.offer import SHADOW_PATHS, IngestCounters, Offer, Offerer
+from specwatch.shadow.values import Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
-
-SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
-CATEGORY_HEADER = "X-Specwatch-Category"
-_CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 #: RFC 9110 §7.6.1 connection-specific fields, plus the legacy ``Proxy-Connection``.
 HOP_BY_HOP: frozenset[str] = frozenset(
@@ -62,29 +49,6 @@ HOP_BY_HOP: frozenset[str] = frozenset(
         "trailer",
     }
 )
-
-Offer = Callable[[ShadowRequest], str]
-
-
-@dataclass(slots=True)
-class IngestCounters:
-    """Ingest counters: ``received[source]`` (requests considered for shadowing),
-    ``errors[(source, reason)]`` (reason: ``too_large|invalid_json|not_object|unsupported_path|
-    not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what ``offer`` answered),
-    ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
-    (``connect|timeout|disconnected|client_error``), ``proxy_client_disconnects``,
-    ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
-    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
-    ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
-
-    received: Counter[str] = field(default_factory=Counter)
-    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
-    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
-    proxy_requests: int = 0
-    proxy_upstream_errors: Counter[str] = field(default_factory=Counter)
-    proxy_client_disconnects: int = 0
-    proxy_offer_lost: int = 0
-    skipped_marked: int = 0
 
 
 def hop_by_hop_names(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> set[str]:
@@ -113,48 +77,6 @@ def end_to_end_headers(headers: CIMultiDictProxy[str], *, drop: frozenset[str]) 
     return out
 
 
-def is_shadow_host(host: str | None) -> bool:
-    """True when the Host's name part (port removed) ends in ``-shadow`` (Envoy's mirror suffix)."""
-    if not host:
-        return False
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    return name.lower().endswith("-shadow")
-
-
-def build_shadow_request(
-    path: str,
-    raw: bytes,
-    *,
-    source: Source,
-    received_at: float,
-    salt: str = "",
-    category: str | None = None,
-) -> ShadowRequest | str:
-    """Parse one request body into a :class:`ShadowRequest`, or return an error reason
-    (``unsupported_path|invalid_json|not_object``). Pure."""
-    if path not in SHADOW_PATHS:
-        return "unsupported_path"
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return "invalid_json"
-    if not isinstance(body, dict):
-        return "not_object"
-    try:
-        digest = request_hash(path, body, salt)
-    except (TypeError, ValueError):
-        return "invalid_json"
-    cat = category if category is not None and _CATEGORY_RE.match(category) else "default"
-    return ShadowRequest(
-        path=path,
-        body=body,
-        request_hash=digest,
-        received_at=received_at,
-        source=source,
-        category=cat,
-    )
-
-
 def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     """A fresh event loop for the proxy thread: uvloop's when asked and installed (the ``proxy``
     extra), else asyncio's default loop."""
@@ -162,111 +84,11 @@ def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
         try:
             uvloop = importlib.import_module("uvloop")
         except ImportError:
-            log_event(log, logging.INFO, "uvloop not installed; proxy uses the asyncio event loop")
+            log.info("uvloop not installed; proxy uses the asyncio event loop")
         else:
             loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
             return loop
     return asyncio.new_event_loop()
-
-
-class _Offerer:
-    """Shared by mirror and proxy: build, offer, count; never raises."""
-
-    def __init__(
-        self,
-        offer: Offer,
-        counters: IngestCounters,
-        clock: Callable[[], float],
-        salt: str,
-    ) -> None:
-        self._offer = offer
-        self.counters = counters
-        self._clock = clock
-        self._salt = salt
-
-    def offer_raw(self, source: Source, path: str, raw: bytes, category: str | None) -> str:
-        c = self.counters
-        c.received[source.value] += 1
-        built = build_shadow_request(
-            path,
-            raw,
-            source=source,
-            received_at=self._clock(),
-            salt=self._salt,
-            category=category,
-        )
-        if isinstance(built, str):
-            c.errors[(source.value, built)] += 1
-            log_event(
-                log, logging.WARNING, "shadow ingest rejected", source=source.value, reason=built
-            )
-            return built
-        try:
-            result = self._offer(built)
-        except (RuntimeError, ValueError, TypeError, asyncio.QueueFull) as exc:
-            c.errors[(source.value, "offer_error")] += 1
-            log_event(
-                log, logging.WARNING, "shadow offer failed", source=source.value, error=repr(exc)
-            )
-            return "offer_error"
-        c.outcomes[(source.value, result)] += 1
-        return result
-
-
-class MirrorIngest:
-    """Receiver of mirrored requests. Mount with ``app.add_routes(mirror.routes())``.
-
-    Answers ``202`` with ``{"shadow": "<admitted|not_sampled|queue_full|...>"}``; ``413`` over
-    ``max_body_bytes``; ``400`` for a body that is not a JSON object; ``421`` when
-    ``require_shadow_host`` is set and the Host lacks the ``-shadow`` suffix; ``208`` for a request
-    already carrying the marker header (skipped). ``clock`` gives unix seconds for ``received_at``.
-    """
-
-    def __init__(
-        self,
-        offer: Offer,
-        *,
-        counters: IngestCounters,
-        clock: Callable[[], float],
-        salt: str = "",
-        max_body_bytes: int = 1 << 20,
-        require_shadow_host: bool = False,
-        marker_header: str = "X-Specwatch-Shadow",
-    ) -> None:
-        self._offerer = _Offerer(offer, counters, clock, salt)
-        self.counters = counters
-        self._max = max_body_bytes
-        self._require_host = require_shadow_host
-        self._marker = marker_header
-
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post(p, self.handle) for p in sorted(SHADOW_PATHS)]
-
-    async def handle(self, request: web.Request) -> web.Response:
-        src = Source.MIRROR.value
-        if request.headers.get(self._marker):
-            self.counters.skipped_marked += 1
-            return web.json_response({"shadow": "skipped_marked"}, status=208)
-        if self._require_host and not is_shadow_host(request.host):
-            self.counters.errors[(src, "not_shadow_host")] += 1
-            return web.json_response({"shadow": "not_shadow_host"}, status=421)
-        cl = request.content_length
-        if cl is not None and cl > self._max:
-            self.counters.received[src] += 1
-            self.counters.errors[(src, "too_large")] += 1
-            return web.json_response({"shadow": "too_large"}, status=413)
-        buf = bytearray()
-        async for chunk in request.content.iter_any():
-            buf += chunk
-            if len(buf) > self._max:
-                self.counters.received[src] += 1
-                self.counters.errors[(src, "too_large")] += 1
-                return web.json_response({"shadow": "too_large"}, status=413)
-        result = self._offerer.offer_raw(
-            Source.MIRROR, request.path, bytes(buf), request.headers.get(CATEGORY_HEADER)
-        )
-        status = 400 if result in ("invalid_json", "not_object") else 202
-        return web.json_response({"shadow": result}, status=status)
 
 
 class ShadowProxy:
@@ -290,7 +112,7 @@ class ShadowProxy:
         clock: Callable[[], float],
         salt: str = "",
         max_body_bytes: int = 8 << 20,
-        marker_header: str = "X-Specwatch-Shadow",
+        marker_header: str = SHADOW_MARKER_HEADER,
         connect_timeout_seconds: float = 10.0,
         total_timeout_seconds: float | None = None,
         use_uvloop: bool = True,
@@ -298,7 +120,7 @@ class ShadowProxy:
         self._use_uvloop = use_uvloop
         self.upstream = URL(upstream.rstrip("/"))
         self._base = upstream.rstrip("/")
-        self._offerer = _Offerer(offer, counters, clock, salt)
+        self._offerer = Offerer(offer, counters, clock, salt)
         self.counters = counters
         self._max = max_body_bytes
         self._marker = marker_header

@@ -1,17 +1,10 @@
 """Canary ingest: replay a labelled JSONL eval set through the shadow chain at a set rate.
 
-One JSON object per line::
-
-    {"id": "q1", "prompt": "...", "gold": "42", "category": "math", "checker": "regex:-?\\\\d+"}
-    {"id": "q2", "messages": [{"role": "user", "content": "..."}], "gold": "Paris"}
-
-``id`` (string or integer) and ``gold`` (string or number) are required, and exactly one of
-``prompt`` (string) or ``messages`` (list of ``{"role", "content"}``). Optional: ``category``
-(default ``canary``), ``checker`` (``exact|regex:<pattern>|json:<path>|math``, default ``exact``),
-``max_tokens`` (int), ``model`` (string). Blank lines and lines starting with ``#`` are skipped.
-A bad line is counted by reason (``invalid_json|not_object|missing_id|duplicate_id|missing_gold|
-missing_prompt|bad_messages|bad_checker|bad_field``) with one log line naming file and line number;
-the good lines are kept. A file with no good item raises :class:`CanaryFileError`.
+The file format (and its parser) is :mod:`specwatch.core.canary_file`. A bad line is counted by
+reason
+with one log line naming file and line number; the good lines are kept. A file with no good item
+raises
+:class:`~specwatch.core.canary_file.CanaryFileError`.
 
 Items become ``ShadowRequest(source=CANARY)``: ``prompt`` -> ``/v1/completions``, ``messages`` ->
 ``/v1/chat/completions``, ``temperature`` 0 unless the item sets one.
@@ -24,17 +17,19 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.core import canary_file
+from specwatch.core.canary_file import CanaryFileError as CanaryFileError
+from specwatch.core.canary_file import CanaryItem as CanaryItem
+from specwatch.core.canary_file import CanaryLineError, CanaryLoad
 from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
-log = logging.getLogger("specwatch.shadow.canary")
+log = logging.getLogger("specwatch.shadow.ingest.canary")
 
-CHECKER_KINDS: tuple[str, ...] = ("exact", "regex:", "json:", "math")
 
 #: A small built-in set (simple, unambiguous gold answers) for the simulator and smoke tests.
 BUILTIN_ITEMS: tuple[dict[str, Any], ...] = (
@@ -83,115 +78,15 @@ BUILTIN_ITEMS: tuple[dict[str, Any], ...] = (
 )
 
 
-class CanaryFileError(ValueError):
-    """The canary set cannot be used (unreadable, or no good item). ``str()`` is one clear line."""
-
-
-@dataclass(frozen=True, slots=True)
-class CanaryItem:
-    item_id: str
-    path: str
-    body: dict[str, Any]
-    gold: str
-    category: str
-    checker: str
-
-
-@dataclass(frozen=True, slots=True)
-class CanaryLoad:
-    """Parsed set: good ``items``, ``bad_lines`` by reason, ``errors`` as ``"file:line:
-    reason"``."""
-
-    items: tuple[CanaryItem, ...]
-    bad_lines: Counter[str]
-    errors: tuple[str, ...]
-
-
-def _checker_ok(checker: str) -> bool:
-    if checker in ("exact", "math"):
-        return True
-    return checker.startswith(("regex:", "json:")) and len(checker.split(":", 1)[1]) > 0
-
-
-def parse_item(obj: object, *, model: str | None = None) -> CanaryItem | str:
-    """One decoded line -> :class:`CanaryItem`, or the bad-line reason. Pure."""
-    if not isinstance(obj, dict):
-        return "not_object"
-    raw_id = obj.get("id")
-    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or raw_id == "":
-        return "missing_id"
-    gold = obj.get("gold")
-    if isinstance(gold, bool) or not isinstance(gold, str | int | float):
-        return "missing_gold"
-    category = obj.get("category", "canary")
-    checker = obj.get("checker", "exact")
-    if not isinstance(category, str) or not category:
-        return "bad_field"
-    if not isinstance(checker, str) or not _checker_ok(checker):
-        return "bad_checker"
-    prompt, messages = obj.get("prompt"), obj.get("messages")
-    body: dict[str, Any]
-    if isinstance(prompt, str) and prompt and messages is None:
-        path, body = "/v1/completions", {"prompt": prompt}
-    elif prompt is None and messages is not None:
-        if not (
-            isinstance(messages, list)
-            and messages
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            return "bad_messages"
-        path, body = "/v1/chat/completions", {"messages": messages}
-    else:
-        return "missing_prompt"
-    mt = obj.get("max_tokens")
-    if mt is not None:
-        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            return "bad_field"
-        body["max_tokens"] = mt
-    item_model = obj.get("model", model)
-    if item_model is not None:
-        if not isinstance(item_model, str):
-            return "bad_field"
-        body["model"] = item_model
-    temp = obj.get("temperature", 0)
-    if isinstance(temp, bool) or not isinstance(temp, int | float):
-        return "bad_field"
-    body["temperature"] = temp
-    return CanaryItem(str(raw_id), path, body, str(gold), category, checker)
+def _log_bad(exc: CanaryLineError) -> None:
+    log_event(
+        log, logging.WARNING, "canary bad line", file=exc.source, line=exc.line, reason=exc.reason
+    )
 
 
 def parse_lines(lines: Iterable[str], *, source: str, model: str | None = None) -> CanaryLoad:
-    """Parse JSONL lines; bad lines are counted and logged, never raised. Pure except logging."""
-    items: list[CanaryItem] = []
-    bad: Counter[str] = Counter()
-    errors: list[str] = []
-    seen: set[str] = set()
-    for n, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            reason: str | CanaryItem = "invalid_json"
-        else:
-            reason = parse_item(obj, model=model)
-        if isinstance(reason, CanaryItem):
-            if reason.item_id in seen:
-                reason = "duplicate_id"
-            else:
-                seen.add(reason.item_id)
-                items.append(reason)
-                continue
-        bad[reason] += 1
-        errors.append(f"{source}:{n}: {reason}")
-        log_event(log, logging.WARNING, "canary bad line", file=source, line=n, reason=reason)
-    return CanaryLoad(tuple(items), bad, tuple(errors))
+    """:func:`specwatch.core.canary_file.parse_lines` plus one log line per bad line."""
+    return canary_file.parse_lines(lines, source=source, model=model, on_bad=_log_bad)
 
 
 def load_canary(path: str | None, *, builtin: bool, model: str | None = None) -> CanaryLoad:

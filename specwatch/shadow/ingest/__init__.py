@@ -1,0 +1,1 @@
+"""Shadow ingest: how live requests enter the shadow chain (mirror, proxy, canary)."""

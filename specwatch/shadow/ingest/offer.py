@@ -1,0 +1,126 @@
+"""What mirror and proxy ingest share: the shadowed paths, the request builder, the counters and the
+offer step (build → offer → count, never raises).
+
+Both turn a live OpenAI-compatible request into a :class:`ShadowRequest` and hand it to an
+injected synchronous ``offer(request) -> str`` (normally :meth:`Sampler.offer`, which only does a
+``put_nowait``), so ingest never waits on replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specwatch.core.logs import log_event
+from specwatch.shadow.sample import request_hash
+from specwatch.shadow.values import ShadowRequest, Source
+
+log = logging.getLogger("specwatch.shadow.ingest")
+
+SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
+_CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+Offer = Callable[[ShadowRequest], str]
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    """Ingest counters: ``received[source]`` (requests considered for shadowing),
+    ``errors[(source, reason)]`` (reason: ``too_large|invalid_json|not_object|unsupported_path|
+    not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what ``offer`` answered),
+    ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
+    (``connect|timeout|disconnected|client_error``), ``proxy_client_disconnects``,
+    ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
+    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
+    ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
+
+    received: Counter[str] = field(default_factory=Counter)
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    proxy_requests: int = 0
+    proxy_upstream_errors: Counter[str] = field(default_factory=Counter)
+    proxy_client_disconnects: int = 0
+    proxy_offer_lost: int = 0
+    skipped_marked: int = 0
+
+
+def build_shadow_request(
+    path: str,
+    raw: bytes,
+    *,
+    source: Source,
+    received_at: float,
+    salt: str = "",
+    category: str | None = None,
+) -> ShadowRequest | str:
+    """Parse one request body into a :class:`ShadowRequest`, or return an error reason
+    (``unsupported_path|invalid_json|not_object``). Pure."""
+    if path not in SHADOW_PATHS:
+        return "unsupported_path"
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return "invalid_json"
+    if not isinstance(body, dict):
+        return "not_object"
+    try:
+        digest = request_hash(path, body, salt)
+    except (TypeError, ValueError):
+        return "invalid_json"
+    cat = category if category is not None and _CATEGORY_RE.match(category) else "default"
+    return ShadowRequest(
+        path=path,
+        body=body,
+        request_hash=digest,
+        received_at=received_at,
+        source=source,
+        category=cat,
+    )
+
+
+class Offerer:
+    """Shared by mirror and proxy: build, offer, count; never raises."""
+
+    def __init__(
+        self,
+        offer: Offer,
+        counters: IngestCounters,
+        clock: Callable[[], float],
+        salt: str,
+    ) -> None:
+        self._offer = offer
+        self.counters = counters
+        self._clock = clock
+        self._salt = salt
+
+    def offer_raw(self, source: Source, path: str, raw: bytes, category: str | None) -> str:
+        c = self.counters
+        c.received[source.value] += 1
+        built = build_shadow_request(
+            path,
+            raw,
+            source=source,
+            received_at=self._clock(),
+            salt=self._salt,
+            category=category,
+        )
+        if isinstance(built, str):
+            c.errors[(source.value, built)] += 1
+            log_event(
+                log, logging.WARNING, "shadow ingest rejected", source=source.value, reason=built
+            )
+            return built
+        try:
+            result = self._offer(built)
+        except (RuntimeError, ValueError, TypeError, asyncio.QueueFull) as exc:
+            c.errors[(source.value, "offer_error")] += 1
+            log_event(
+                log, logging.WARNING, "shadow offer failed", source=source.value, error=repr(exc)
+            )
+            return "offer_error"
+        c.outcomes[(source.value, result)] += 1
+        return result

@@ -1,0 +1,209 @@
+"""Row → tally: the one table of predicates that turns a stored pair into :class:`PairTally` counts.
+
+:data:`TALLY_RULES` maps every :class:`PairTally` field to a conjunction of column conditions on a
+ledger
+row. The Python path (:func:`row_tally`, :func:`tally_rows`, :func:`window_tallies`) evaluates the
+table
+on row objects; :mod:`specwatch.shadow.ledger` renders the same table into SQL (``SUM(CASE WHEN
+…)``), so
+the two paths cannot drift. :data:`LABELLED` is the rule for a pair that feeds the correctness
+statistics
+and the e-processes: paired, with both the standard's and FLy's correctness known.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+from specwatch.shadow.stats.paired import FlipCounts, PairedCounts
+
+
+class Cell(enum.Enum):
+    """A condition value that is not a constant: ``NOT_NULL`` matches any known value."""
+
+    NOT_NULL = "not null"
+
+
+#: One condition: ``(column, value)``; ``value`` is a status string, a bool, or
+#: :attr:`Cell.NOT_NULL`.
+Condition = tuple[str, str | bool | Cell]
+#: A conjunction of conditions (all must hold).
+Rule = tuple[Condition, ...]
+
+_PAIRED: Rule = (("status", "paired"),)
+
+#: Labelled pair: paired, both arms' correctness known (canary items with a gold answer).
+LABELLED: Rule = (*_PAIRED, ("standard_correct", Cell.NOT_NULL), ("fly_correct", Cell.NOT_NULL))
+
+
+def _correctness(prefix: str, other: str) -> dict[str, Rule]:
+    cells = {"both_correct": (True, True), "lost": (True, False), "gained": (False, True)}
+    cells["both_wrong"] = (False, False)
+    return {
+        prefix + name: (*_PAIRED, ("standard_correct", s), (other, o))
+        for name, (s, o) in cells.items()
+    }
+
+
+#: ``PairTally`` field → the condition a row must meet to count 1 in it (fields not met count 0).
+TALLY_RULES: Mapping[str, Rule] = {
+    **_correctness("", "fly_correct"),
+    **_correctness("noise_", "noise_correct"),
+    "agree": (*_PAIRED, ("fly_agrees", True)),
+    "disagree": (*_PAIRED, ("fly_agrees", False)),
+    "noise_agree": (*_PAIRED, ("noise_agrees", True)),
+    "noise_disagree": (*_PAIRED, ("noise_agrees", False)),
+    "flip_fly_only": (*_PAIRED, ("fly_agrees", False), ("noise_agrees", True)),
+    "flip_noise_only": (*_PAIRED, ("fly_agrees", True), ("noise_agrees", False)),
+    "flip_both": (*_PAIRED, ("fly_agrees", False), ("noise_agrees", False)),
+    "flip_neither": (*_PAIRED, ("fly_agrees", True), ("noise_agrees", True)),
+    "unpaired": (("status", "unpaired"),),
+    "excluded": (("status", "excluded"),),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PairTally:
+    """Counts over a set of ledger rows (one window and category).
+
+    FLy versus standard on labelled pairs: ``both_correct, lost, gained, both_wrong``; the noise
+    arm versus standard on labelled pairs: ``noise_*``; answer agreement with the standard arm on
+    all paired rows: ``agree, disagree`` (FLy) and ``noise_agree, noise_disagree``; the paired
+    flip table on rows where the noise arm answered: ``flip_fly_only, flip_noise_only,
+    flip_both, flip_neither``; plus ``unpaired`` and ``excluded`` rows.
+    """
+
+    both_correct: int = 0
+    lost: int = 0
+    gained: int = 0
+    both_wrong: int = 0
+    noise_both_correct: int = 0
+    noise_lost: int = 0
+    noise_gained: int = 0
+    noise_both_wrong: int = 0
+    agree: int = 0
+    disagree: int = 0
+    noise_agree: int = 0
+    noise_disagree: int = 0
+    flip_fly_only: int = 0
+    flip_noise_only: int = 0
+    flip_both: int = 0
+    flip_neither: int = 0
+    unpaired: int = 0
+    excluded: int = 0
+
+    def __add__(self, other: PairTally) -> PairTally:
+        return PairTally(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    def paired_counts(self) -> PairedCounts:
+        """FLy vs standard correctness table."""
+        return PairedCounts(self.both_correct, self.lost, self.gained, self.both_wrong)
+
+    def noise_paired_counts(self) -> PairedCounts:
+        """Noise arm vs standard correctness table (an A/A comparison)."""
+        return PairedCounts(
+            self.noise_both_correct, self.noise_lost, self.noise_gained, self.noise_both_wrong
+        )
+
+    def flip_counts(self) -> FlipCounts:
+        """FLy and noise flips on the same requests."""
+        return FlipCounts(
+            self.flip_fly_only, self.flip_noise_only, self.flip_both, self.flip_neither
+        )
+
+    @property
+    def paired(self) -> int:
+        """Rows where standard and FLy both answered."""
+        return self.agree + self.disagree
+
+
+#: The ``specwatch_shadow_pairs_total{outcome}`` labels per arm, each with the tally field it
+#: counts: correctness outcomes on labelled pairs, agreement outcomes on every paired row.
+ARM_LABELS: Mapping[str, Mapping[str, str]] = {
+    arm: {
+        label: (label if arm == "fly" else "noise_" + label)
+        for label in ("both_correct", "lost", "gained", "both_wrong", "agree", "disagree")
+    }
+    for arm in ("fly", "noise")
+}
+
+
+def arm_label_counts(tally: PairTally) -> Iterator[tuple[str, str, int]]:
+    """``(arm, outcome label, count)`` for every non-zero per-arm count of ``tally``."""
+    for arm, labels in ARM_LABELS.items():
+        for label, name in labels.items():
+            n: int = getattr(tally, name)
+            if n:
+                yield arm, label, n
+
+
+class TallyRow(Protocol):
+    """What the rules read from a row (``LedgerRow`` has all of it)."""
+
+    @property
+    def time(self) -> float: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def standard_correct(self) -> bool | None: ...
+    @property
+    def fly_correct(self) -> bool | None: ...
+    @property
+    def noise_correct(self) -> bool | None: ...
+    @property
+    def fly_agrees(self) -> bool | None: ...
+    @property
+    def noise_agrees(self) -> bool | None: ...
+
+
+def matches(row: TallyRow, rule: Rule) -> bool:
+    """True when every condition of ``rule`` holds for ``row`` (a bool condition needs exactly that
+    bool, so ``None`` never matches ``True`` or ``False``)."""
+    for column, want in rule:
+        got = getattr(row, column)
+        if want is Cell.NOT_NULL:
+            if got is None:
+                return False
+        elif got is None or got != want:
+            return False
+    return True
+
+
+def row_tally(row: TallyRow) -> PairTally:
+    """The :class:`PairTally` of one row: 1 in every field whose rule in :data:`TALLY_RULES` it
+    meets."""
+    return PairTally(**{name: 1 for name, rule in TALLY_RULES.items() if matches(row, rule)})
+
+
+def labelled_outcome(row: TallyRow) -> tuple[bool, bool] | None:
+    """``(standard_correct, fly_correct)`` for a :data:`LABELLED` row, else ``None``."""
+    if not matches(row, LABELLED):
+        return None
+    return bool(row.standard_correct), bool(row.fly_correct)
+
+
+def tally_rows(rows: Iterable[TallyRow]) -> dict[str, PairTally]:
+    """Per-category :class:`PairTally` of ``rows`` (the same table ``Ledger.tally`` renders as
+    SQL)."""
+    out: dict[str, PairTally] = {}
+    for r in rows:
+        out[r.category] = out.get(r.category, PairTally()) + row_tally(r)
+    return out
+
+
+def window_tallies(
+    rows: Sequence[TallyRow], now: float, windows: Mapping[str, float | None]
+) -> dict[str, dict[str, PairTally]]:
+    """``{window: {category: tally}}`` for rows with ``now - seconds <= time <= now``
+    (``None`` seconds = every row, e.g. ``since_start``)."""
+    return {
+        name: tally_rows(r for r in rows if secs is None or now - secs <= r.time <= now)
+        for name, secs in windows.items()
+    }
