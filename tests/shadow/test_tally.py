@@ -11,7 +11,7 @@ from pathlib import Path
 from specwatch.shadow.ledger import Ledger, LedgerRow, rule_sql
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.tally import LABELLED, TALLY_RULES, PairTally, labelled_outcome, row_tally
-from tests.shadow.test_paired_ledger import make_outcome
+from tests.shadow.test_ledger import make_outcome
 
 PKG = Path(__file__).resolve().parents[2] / "specwatch"
 

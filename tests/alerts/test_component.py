@@ -1,0 +1,96 @@
+"""The alerting component inside specwatch's app without any Alertmanager configured: detectors
+still run, ``specwatch_alert_firing`` and ``/api/v1/snapshot``'s ``alerts`` show what fires, and
+nothing is sent. Simulators in-process (no Debian tools needed)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.alerts.component import AlertingComponent, missing_windows
+from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.core.logs import event_fields
+from specwatch.observe.settings import TargetSettings
+from specwatch.server.wiring import AlertingPlug, alerting_components
+from specwatch.settings import Settings
+from tests.e2e.stack import poll, running_stack
+
+
+def test_alerting_components_for_run() -> None:
+    """``specwatch run`` gets one alerting plug whose detectors use the ``detect`` group."""
+    settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
+    (plug,) = alerting_components(settings)
+    assert isinstance(plug, AlertingPlug)
+    assert plug.component.detector.settings == settings.detect
+
+
+def test_missing_detector_windows_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Default windows (1m 5m 15m) hold every detector window except the 1h baselines, which
+    fall back to since_start; a short window of 3s is reported (logged once at start-up)."""
+    assert missing_windows(DetectSettings(), ("1m", "5m", "15m")) == {}
+    detect = DetectSettings(acceptance_short_window="3s")
+    assert missing_windows(detect, ("1m", "5m", "15m")) == {"acceptance_short_window": "3s"}
+    target = TargetSettings(name="fly", url="http://127.0.0.1:1")
+    with caplog.at_level(logging.WARNING, logger="specwatch.alerts.alertmanager"):
+        settings = Settings(targets=(target,), detect=detect)
+        AlertingComponent(
+            settings.detect, settings.alerting, settings.windows, inputs=lambda: (None, None)
+        )
+    (record,) = caplog.records
+    assert event_fields(record)["missing"] == {"acceptance_short_window": "3s"}
+
+
+async def test_gauges_and_snapshot_without_alertmanager() -> None:
+    """A down target fires SpecwatchTargetDown in the gauge and the snapshot, then resolves."""
+    async with running_stack(
+        alerting=AlertingSettings(evaluation_interval=0.2),
+        detect=DetectSettings(target_down_for=0.0),
+    ) as stack:
+
+        async def families() -> dict[str, Any]:
+            async with stack.session.get(f"{stack.specwatch_url}/metrics") as resp:
+                text = await resp.text()
+            return {f.name: f for f in text_string_to_metric_families(text)}
+
+        quiet = await families()
+        assert quiet["specwatch_alert_firing"].samples == []
+        assert quiet["specwatch_alertmanager_outbox_depth"].samples[0].value == 0.0
+        assert (await stack.snapshot())["alerts"] == []
+
+        await stack.fault(stack.fly, {"metrics_mode": "error"})
+
+        async def firing() -> list[dict[str, str]] | None:
+            samples = (await families())["specwatch_alert_firing"].samples
+            return [dict(s.labels) for s in samples] or None
+
+        labels = await poll("specwatch_alert_firing for the down target", firing)
+        assert labels == [
+            {
+                "alertname": "SpecwatchTargetDown",
+                "severity": "warning",
+                "target": "fly",
+                "role": "fly",
+            }
+        ]
+        doc = await stack.snapshot()
+        assert [a["labels"] for a in doc["alerts"]] == labels
+        assert doc["alerts"][0]["state"] == "firing"
+        errors = (await families())["specwatch_alertmanager_send_errors"].samples
+        assert {s.labels["reason"]: s.value for s in errors} == {
+            "timeout": 0.0,
+            "connect": 0.0,
+            "http_4xx": 0.0,
+            "http_5xx": 0.0,
+            "outbox_overflow": 0.0,
+        }
+
+        await stack.fault(stack.fly, None)
+
+        async def resolved() -> bool | None:
+            return True if (await stack.snapshot())["alerts"] == [] else None
+
+        await poll("alert resolved", resolved)
+        assert stack.component.state.firing == ()

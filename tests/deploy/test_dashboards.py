@@ -1,0 +1,387 @@
+"""Grafana dashboards under grafana/: reviewed JSON that keeps the mixin discipline.
+
+Checks: valid JSON; fixed unique ``uid``; no dashboard ``id``; the ``datasource``, ``namespace``
+and ``job`` template variables; every panel on the ``${datasource}`` variable; every metric a
+name specwatch's code exports (``specwatch.export.catalogue.CATALOGUE``, read back from the
+collectors' exposition: counters with ``_total``) or a
+vLLM series (taken from a real vLLM ``/metrics`` capture in tests/fixtures);
+``$__rate_interval`` in every range function;
+every PromQL expression accepted by ``promtool check rules`` (wrapped as throwaway recording
+rules after Grafana variables are substituted). Whether each panel returns data from a real
+Prometheus is ``tests/e2e/test_dashboards_prometheus.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.export import catalogue
+from specwatch.export.catalogue import CATALOGUE
+from specwatch.export.prometheus import ShadowCollector
+from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "grafana"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+VLLM_CAPTURE = ROOT / "tests" / "fixtures" / "vllm-metrics" / "real-cpu-draft-model.txt"
+DASHBOARD_FILES = sorted(GRAFANA.glob("*.json"))
+
+#: Series Prometheus itself makes for alerting rules.
+PROMETHEUS_BUILTINS = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
+#: Window label values of the contract (docs/architecture.md, "Exported metric names").
+WINDOWS = ["1m", "5m", "15m", "since_start"]
+GRAFANA_GLOBALS = frozenset({"__rate_interval", "__interval", "__range"})
+PROMQL_KEYWORDS = frozenset(
+    {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+     "group_left", "group_right", "inf", "nan", "atan2"}
+)  # fmt: skip
+RANGE_FUNCTIONS = ("rate", "irate", "increase", "delta", "idelta", "deriv")
+
+Obj = dict[str, Any]
+
+
+def load(path: Path) -> Obj:
+    return cast(Obj, json.loads(path.read_text(encoding="utf-8")))
+
+
+def core_exported_names() -> frozenset[str]:
+    """Sample names of the observe families (``OBSERVE``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.OBSERVE)
+
+
+def full_shadow_stats() -> ShadowStats:
+    """A ShadowStats with every optional part present, so every shadow family has samples."""
+    tally = PairTally(
+        both_correct=50, lost=6, gained=2, both_wrong=8, noise_both_correct=20, noise_lost=1,
+        agree=60, disagree=6, noise_agree=25, noise_disagree=2, flip_fly_only=3, flip_noise_only=1,
+        flip_both=1, flip_neither=20, unpaired=1, excluded=1,
+    )  # fmt: skip
+    return build_shadow_stats(
+        {"since_start": {"math": tally}},
+        now=1.0,
+        pairs_total={("math", "fly", "lost"): 6},
+        unpaired_total={"fly_timeout": 1},
+        excluded_total={"unsupported_parameter": 1},
+        betting_log_e_value=0.5,
+        ledger_rows=68,
+        ledger_write_errors={"OperationalError": 0},
+        io=ShadowIO(
+            queue_depth=1,
+            in_flight=1,
+            offered=40,
+            not_sampled=30,
+            admitted=9,
+            dropped={"queue_full": 0, "paused": 1},
+            paused={"waiting": 0},
+            pauses_total={"waiting": 2},
+            received={"mirror": 38, "proxy": 4},
+            ingest_errors={("mirror", "too_large"): 1, ("proxy", "invalid_json"): 1},
+            replays={"paired": 7, "unpaired": 1, "excluded": 1},
+            unpaired={"fly_timeout": 1},
+            excluded={"unsupported_parameter": 1},
+            arm_errors={("fly", "timeout"): 1, ("noise", "invalid_body"): 1},
+            sink_errors=1,
+            proxy_requests=4,
+            proxy_client_disconnects=1,
+            proxy_offer_lost=1,
+            proxy_upstream_errors={"connect": 1},
+            canary_offered=3,
+            canary_bad_lines={"invalid_json": 2},
+        ),
+    )
+
+
+def shadow_exported_names() -> frozenset[str]:
+    """Sample names the shadow exporter exposes, read back from real exposition text."""
+    registry = CollectorRegistry(auto_describe=False)
+    stats = full_shadow_stats()
+    registry.register(ShadowCollector(lambda: stats))
+    text = generate_latest(registry).decode()
+    return frozenset(
+        sample.name
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    )
+
+
+def vllm_sample_names(exposition: str) -> frozenset[str]:
+    """Sample names (``vllm:*_total``, ``*_bucket``, ...) in a vLLM /metrics capture."""
+    return frozenset(
+        sample.name
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name.startswith("vllm:")
+    )
+
+
+def alert_exported_names() -> frozenset[str]:
+    """Sample names of the alerting families (``ALERTS``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.ALERTS)
+
+
+EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
+VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
+
+
+def iter_panels(dashboard: Obj) -> Iterator[Obj]:
+    """Every panel, including panels nested in collapsed rows."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def iter_exprs(dashboard: Obj) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every query variable's selector."""
+    for panel in iter_panels(dashboard):
+        for target in panel.get("targets", []):
+            yield f"panel {panel['id']} {panel['title']!r} {target['refId']}", target["expr"]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
+            assert match, var["name"]
+            yield f"variable {var['name']}", match.group(1)
+
+
+def substitute_variables(expr: str, dashboard: Obj) -> str:
+    """Replace Grafana variables the way Grafana would at query time, with sample values."""
+    values = {name: "5m" for name in GRAFANA_GLOBALS}
+    for var in dashboard["templating"]["list"]:
+        values[var["name"]] = "5m" if var["name"] == "window" else "x"
+
+    def repl(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in values, f"undefined variable ${name}"
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", repl, expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (strings, matchers, ranges, groupings removed)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    names = set()
+    for match in re.finditer(r"(?<![\w.:])[A-Za-z_:][A-Za-z0-9_:]*", s):
+        rest = s[match.end() :].lstrip()
+        if rest.startswith("(") or match.group(0) in PROMQL_KEYWORDS:
+            continue
+        names.add(match.group(0))
+    return names
+
+
+def selectors(expr: str) -> list[str]:
+    """Label-matcher blocks ``{...}`` of an expression."""
+    return re.findall(r"\{([^}]*)\}", expr)
+
+
+@pytest.fixture(scope="module", params=DASHBOARD_FILES, ids=lambda p: p.stem)
+def dashboard(request: pytest.FixtureRequest) -> Obj:
+    return load(cast(Path, request.param))
+
+
+class TestHelpers:
+    def test_metric_names_skips_functions_labels_and_ranges(self) -> None:
+        """Only selected series are names: not functions, label names, durations or keywords."""
+        expr = (
+            'histogram_quantile(0.99, sum by (le, container) (rate(vllm:x_bucket{job="j", '
+            'q=~"a|b"}[5m]))) / on (container) group_left (pod) specwatch_a offset 1h '
+            "and specwatch_b > bool 1e3"
+        )
+        assert metric_names(expr) == {"vllm:x_bucket", "specwatch_a", "specwatch_b"}
+
+    def test_exported_names_come_from_the_code(self) -> None:
+        """Core and shadow names as exposed: counters with ``_total``, renamed ones gone."""
+        for name in ("specwatch_build_info", "specwatch_acceptance_ratio",
+                     "specwatch_fly_acceptance_gain_ratio", "specwatch_budget_bound",
+                     "specwatch_engine_resets_total", "specwatch_scrapes_total",
+                     "specwatch_shadow_pairs_total", "specwatch_paired_e_value",
+                     "specwatch_shadow_dropped_total", "specwatch_shadow_paused",
+                     "specwatch_ledger_write_errors_total", "specwatch_flip_ratio"):  # fmt: skip
+            assert name in EXPORTED
+        for gone in ("specwatch_counter_resets_total", "specwatch_scrapes", "specwatch_"):
+            assert gone not in EXPORTED
+        # no name exported twice
+        assert len(EXPORTED) == len(CATALOGUE)
+
+    def test_shadow_names_are_all_read_back(self) -> None:
+        """Every shadow family of the catalogue has samples in the full stats used above."""
+        families = {spec.name for spec in catalogue.SHADOW}
+        exposed = {n.removesuffix("_total") for n in shadow_exported_names()}
+        assert families <= exposed
+
+    def test_exported_names_are_in_the_contract(self) -> None:
+        """What the code exports is named in docs/architecture.md (no undocumented series)."""
+        text = ARCHITECTURE.read_text(encoding="utf-8")
+        section = text.split("## Exported metric names", 1)[1].split("\n## ", 1)[0]
+        documented = set(re.findall(r"\bspecwatch_[a-z0-9_]+", section))
+        assert not EXPORTED - documented, sorted(EXPORTED - documented)
+
+    def test_vllm_names_from_capture(self) -> None:
+        """The real capture yields spec-decode counters and histogram buckets."""
+        assert "vllm:spec_decode_num_accepted_tokens_total" in VLLM
+        assert "vllm:inter_token_latency_seconds_bucket" in VLLM
+
+
+class TestDashboardSet:
+    def test_overview_shows_engine_resets(self) -> None:
+        """The overview's self-health row charts the core's engine-resets counter."""
+        overview = load(GRAFANA / "specwatch-overview.json")
+        used = {n for _, expr in iter_exprs(overview) for n in metric_names(expr)}
+        assert "specwatch_engine_resets_total" in used
+
+    def test_four_dashboards_with_unique_fixed_uids(self) -> None:
+        """overview, capacity, quality and alerts exist; uids equal file stems and are unique."""
+        uids = [load(p)["uid"] for p in DASHBOARD_FILES]
+        assert uids == [p.stem for p in DASHBOARD_FILES]
+        assert sorted(uids) == [
+            "specwatch-alerts", "specwatch-capacity", "specwatch-overview", "specwatch-quality",
+        ]  # fmt: skip
+        assert all(len(uid) <= 40 for uid in uids)
+        titles = [load(p)["title"] for p in DASHBOARD_FILES]
+        assert len(set(titles)) == len(titles)
+
+    def test_files_are_canonical_json(self) -> None:
+        """Files are two-space-indented JSON with a final newline, so review diffs stay small."""
+        for path in DASHBOARD_FILES:
+            text = path.read_text(encoding="utf-8")
+            assert text == json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n"
+
+
+class TestDashboard:
+    def test_no_id_and_fixed_uid(self, dashboard: Obj) -> None:
+        """No numeric dashboard id (Grafana assigns it); uid fixed; not editable in place."""
+        assert "id" not in dashboard
+        assert re.fullmatch(r"specwatch-[a-z]+", dashboard["uid"])
+        assert dashboard["editable"] is False
+
+    def test_template_variables(self, dashboard: Obj) -> None:
+        """datasource (Prometheus), namespace and job come first, job filtered by namespace."""
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        names = [v["name"] for v in dashboard["templating"]["list"]]
+        assert names[:3] == ["datasource", "namespace", "job"]
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        assert "$namespace" in variables["job"]["query"]["query"]
+        if "window" in variables:
+            options = [o["value"] for o in variables["window"]["options"]]
+            assert options == WINDOWS
+            assert variables["window"]["query"] == ",".join(WINDOWS)
+
+    def test_every_query_uses_the_datasource_variable(self, dashboard: Obj) -> None:
+        """Panels, targets and query variables point at ${datasource}, never a fixed uid."""
+        expected = {"type": "prometheus", "uid": "${datasource}"}
+        for panel in iter_panels(dashboard):
+            if panel["type"] == "row":
+                continue
+            assert panel["datasource"] == expected, panel["title"]
+            assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                assert target["datasource"] == expected
+        for var in dashboard["templating"]["list"]:
+            if var["type"] == "query":
+                assert var["datasource"] == expected
+
+    def test_panel_ids_unique_and_grid_fits(self, dashboard: Obj) -> None:
+        """Panel ids are unique and panels stay inside 24 columns without overlapping."""
+        panels = list(iter_panels(dashboard))
+        ids = [p["id"] for p in panels]
+        assert len(set(ids)) == len(ids)
+        cells: set[tuple[int, int]] = set()
+        for p in panels:
+            g = p["gridPos"]
+            assert g["x"] >= 0, p["title"]
+            assert g["x"] + g["w"] <= 24, p["title"]
+            cover = {
+                (x, y)
+                for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])
+            }
+            assert not cells & cover, f"overlap at {p['title']}"
+            cells |= cover
+
+    def test_metric_names_are_exported_or_vllm(self, dashboard: Obj) -> None:
+        """Every selected series is exported by specwatch's code, a vLLM series, or ALERTS."""
+        for where, expr in iter_exprs(dashboard):
+            names = metric_names(expr)
+            assert names, where
+            unknown = names - EXPORTED - VLLM - PROMETHEUS_BUILTINS
+            assert not unknown, f"{where}: {sorted(unknown)}"
+
+    def test_rates_use_rate_interval(self, dashboard: Obj) -> None:
+        """rate/irate/increase/... take ``[$__rate_interval]`` so short scrapes still draw."""
+        for where, expr in iter_exprs(dashboard):
+            for fn in RANGE_FUNCTIONS:
+                for match in re.finditer(rf"\b{fn}\s*\(", expr):
+                    window = re.search(r"\[([^\]]*)\]", expr[match.end() :])
+                    assert window, where
+                    assert window.group(1) == "$__rate_interval", where
+
+    def test_queries_scoped_to_namespace_and_job(self, dashboard: Obj) -> None:
+        """Every selector names $namespace; all but ALERTS and the job variable name $job."""
+        for where, expr in iter_exprs(dashboard):
+            if where == "variable namespace":
+                continue  # the root of the chain lists every namespace
+            blocks = selectors(expr)
+            assert blocks, where
+            for block in blocks:
+                assert 'namespace="$namespace"' in block, where
+                if "ALERTS" not in expr and where != "variable job":
+                    assert 'job="$job"' in block, where
+
+    def test_variables_used_are_defined(self, dashboard: Obj) -> None:
+        """Each $var in a query is a template variable of this dashboard or a Grafana global."""
+        defined = {v["name"] for v in dashboard["templating"]["list"]} | GRAFANA_GLOBALS
+        for where, expr in iter_exprs(dashboard):
+            used = {a or b for a, b in re.findall(r"\$\{(\w+)\}|\$(\w+)", expr)}
+            assert used <= defined, where
+
+
+def promtool_check(rules: Obj, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool missing (Debian package prometheus)"
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False), encoding="utf-8")
+    return subprocess.run(
+        [promtool, "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def as_recording_rules(dashboard: Obj) -> Obj:
+    rules = [
+        {"record": f"dashboard:expr_{n}:check", "expr": substitute_variables(expr, dashboard)}
+        for n, (_, expr) in enumerate(iter_exprs(dashboard))
+    ]
+    return {"groups": [{"name": dashboard["uid"], "rules": rules}]}
+
+
+@pytest.mark.promtool
+class TestPromQL:
+    def test_every_expression_parses(self, dashboard: Obj, tmp_path: Path) -> None:
+        """promtool accepts all of the dashboard's PromQL wrapped as recording rules."""
+        rules = as_recording_rules(dashboard)
+        proc = promtool_check(rules, tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"SUCCESS: {len(rules['groups'][0]['rules'])} rules found" in proc.stdout
+
+    def test_a_broken_expression_is_caught(self, tmp_path: Path) -> None:
+        """The same harness fails on an unbalanced expression, so the check above can fail."""
+        bad = {"groups": [{"name": "x", "rules": [{"record": "a:b:c", "expr": "sum(rate(x[5m])"}]}]}
+        assert promtool_check(bad, tmp_path).returncode != 0

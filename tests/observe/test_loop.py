@@ -1,0 +1,357 @@
+"""Scraper and app against real aiohttp servers: every kind of bad input, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import re
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from specwatch.core.logs import event_fields
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.server.app import SCRAPER_KEY, build_app
+from specwatch.settings import Settings
+from tests.fake_vllm import FakeVllm, Reply
+from tests.fakes import FakeClock
+from tests.fixture_files import body
+
+GOOD = body("vllm-metrics/real-cpu-ngram.txt")
+
+
+def _settings(url: str, **scrape: Any) -> Settings:
+    return Settings(
+        targets=(TargetSettings(name="fly", url=url, bearer_token=SecretStr("s3cret-token")),),
+        scrape=ScrapeSettings(**{"timeout_seconds": 2.0, **scrape}),
+    )
+
+
+def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+class Harness:
+    """An app with scraping driven by hand, a fake vLLM and a fake clock."""
+
+    def __init__(
+        self, app: web.Application, client: TestClient[Any, Any], fake: FakeVllm, clock: FakeClock
+    ) -> None:
+        self.app = app
+        self.client = client
+        self.fake = fake
+        self.clock = clock
+
+    async def scrape(self) -> bool:
+        target = self.app[SCRAPER_KEY].trackers["fly"].target
+        return await self.app[SCRAPER_KEY].scrape_once(target)
+
+    async def metrics(self) -> str:
+        resp = await self.client.get("/metrics")
+        assert resp.status == 200
+        return await resp.text()
+
+    async def snapshot(self) -> dict[str, Any]:
+        resp = await self.client.get("/api/v1/snapshot")
+        assert resp.status == 200
+        doc: dict[str, Any] = json.loads(await resp.text())
+        return doc
+
+
+async def _harness(fake: FakeVllm, clock: FakeClock, **scrape: Any) -> AsyncIterator[Harness]:
+    app = build_app(_settings(fake.url, **scrape), clock=clock, scrape=False)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        yield Harness(app, client, fake, clock)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeVllm]:
+    async with FakeVllm(token="s3cret-token") as f:
+        yield f
+
+
+@pytest.fixture
+async def h(fake: FakeVllm, clock: FakeClock) -> AsyncIterator[Harness]:
+    async for harness in _harness(fake, clock, max_body_bytes=200_000):
+        yield harness
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "specwatch.scrape" and r.levelno >= logging.WARNING
+    ]
+
+
+async def _good_then(h: Harness, bad: Reply, caplog: pytest.LogCaptureFixture) -> str:
+    """One good scrape, then ``bad``: return /metrics after the bad one."""
+    h.fake.push(Reply(GOOD), bad)
+    assert await h.scrape()
+    h.clock.advance(5)
+    caplog.clear()
+    assert not await h.scrape()
+    return await h.metrics()
+
+
+def _assert_kept_and_stale(text: str) -> None:
+    assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 0
+    assert _sample(text, "specwatch_target_stale", {"target": "fly"}) == 1
+    alpha = _sample(text, "specwatch_acceptance_ratio", {"target": "fly", "window": "since_start"})
+    assert alpha is None  # only one good page: no window value, and no invented one
+    k = _sample(text, "specwatch_num_speculative_tokens", {"target": "fly", "model_name": "tiny"})
+    assert k == 4  # last good values kept
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("reply", "reason"),
+        [
+            (
+                Reply(
+                    "<html><body>502 Bad Gateway</body></html>",
+                    status=502,
+                    content_type="text/html",
+                ),
+                "http_status",
+            ),
+            (Reply(GOOD[:30000], kind="cut"), "truncated"),
+            (Reply(GOOD[: GOOD.index("1828.0") + 2]), "parse"),  # cut mid-number, length right
+            (Reply(body("cases/C11_escaped_labels_malformed.prom")), "parse"),
+            (Reply("<html>oops</html>\n", content_type="text/html"), "parse"),
+            (Reply(GOOD * 5), "too_large"),
+            (Reply(GOOD * 5, gzip=True), "too_large"),
+        ],
+        ids=[
+            "html502",
+            "cut_connection",
+            "cut_mid_number",
+            "unescaped_quote",
+            "html200",
+            "over_cap",
+            "over_cap_gzip",
+        ],
+    )
+    async def test_bad_reply(
+        self, h: Harness, reply: Reply, reason: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Each bad reply: up 0, its reason counted, one structured log line, last good kept."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        text = await _good_then(h, reply, caplog)
+        assert (
+            _sample(text, "specwatch_scrape_errors_total", {"target": "fly", "reason": reason}) == 1
+        )
+        assert _sample(text, "specwatch_scrapes_total", {"target": "fly"}) == 2
+        _assert_kept_and_stale(text)
+        warnings = _warnings(caplog)
+        assert len(warnings) == 1
+        assert warnings[0].getMessage() == "scrape failed"
+        assert event_fields(warnings[0])["reason"] == reason
+
+    async def test_timeout(
+        self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A server that never answers: reason timeout, last good values kept."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        async for h in _harness(fake, clock, timeout_seconds=0.2):
+            text = await _good_then(h, Reply(kind="hang"), caplog)
+            assert (
+                _sample(
+                    text, "specwatch_scrape_errors_total", {"target": "fly", "reason": "timeout"}
+                )
+                == 1
+            )
+            _assert_kept_and_stale(text)
+            assert len(_warnings(caplog)) == 1
+
+    async def test_connection_refused(
+        self, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Nobody listening: reason connect, up 0, not ready."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        app = build_app(_settings(f"http://127.0.0.1:{port}/metrics"), clock=clock, scrape=False)
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            target = app[SCRAPER_KEY].trackers["fly"].target
+            assert not await app[SCRAPER_KEY].scrape_once(target)
+            text = await (await client.get("/metrics")).text()
+            assert (
+                _sample(
+                    text, "specwatch_scrape_errors_total", {"target": "fly", "reason": "connect"}
+                )
+                == 1
+            )
+            assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 0
+            assert (
+                _sample(text, "specwatch_target_stale", {"target": "fly"}) == 0
+            )  # nothing to be stale
+            assert (await client.get("/readyz")).status == 503
+            assert len(_warnings(caplog)) == 1
+
+    async def test_repeated_failure_logs_warning_once(
+        self, h: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The same failure again is not a new warning (warnings on state changes only)."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        h.fake.push(Reply("x", status=502))
+        await h.scrape()
+        await h.scrape()
+        assert len(_warnings(caplog)) == 1
+
+
+class TestGoodInput:
+    async def test_window_values_and_auth(self, h: Harness) -> None:
+        """Two good pages 30 s apart: α and τ of the increase; the token is sent, never shown."""
+        first = (
+            GOOD.replace("} 488.0", "} 400.0")
+            .replace("} 1828.0", "} 1500.0")
+            .replace('model_name="tiny"} 184.0', 'model_name="tiny"} 150.0')
+        )
+        h.fake.push(Reply(first), Reply(GOOD))
+        assert (await h.client.get("/readyz")).status == 503
+        assert await h.scrape()
+        h.clock.advance(30)
+        assert await h.scrape()
+        assert (await h.client.get("/readyz")).status == 200
+        text = await h.metrics()
+        labels = {"target": "fly", "window": "1m", "model_name": "tiny"}
+        alpha = _sample(text, "specwatch_acceptance_ratio", labels)
+        assert alpha == pytest.approx((184 - 150) / (1828 - 1500))
+        tau = _sample(text, "specwatch_mean_acceptance_length", labels)
+        assert tau == pytest.approx(1 + (184 - 150) / (488 - 400))
+        assert _sample(text, "specwatch_drafts_per_second", labels) == pytest.approx(88 / 30)
+        assert _sample(text, "specwatch_target_up", {"target": "fly", "role": "fly"}) == 1
+        assert _sample(text, "specwatch_limits_configured", {"target": "fly"}) == 0
+        assert h.fake.auth_seen == ["Bearer s3cret-token", "Bearer s3cret-token"]
+        snap = await h.snapshot()
+        assert "s3cret" not in text
+        assert "s3cret" not in json.dumps(snap)
+        w = snap["targets"]["fly"]["windows"]["1m"]["server"]
+        assert w["acceptance_rate"] == pytest.approx(34 / 328)
+        assert w["generation_tokens_per_second"] == 0.0
+
+    async def test_gzip_body(self, h: Harness) -> None:
+        """A gzip-encoded body under the cap is read."""
+        h.fake.push(Reply(GOOD, gzip=True))
+        assert await h.scrape()
+        text = await h.metrics()
+        assert (
+            _sample(
+                text, "specwatch_num_speculative_tokens", {"target": "fly", "model_name": "tiny"}
+            )
+            == 4
+        )
+
+    async def test_restart_between_scrapes(
+        self, h: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """C03 a→b: reset counted per engine, α from post-reset values, one log line."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        h.fake.push(Reply(body("cases/C03_reset_a.prom")), Reply(body("cases/C03_reset_b.prom")))
+        await h.scrape()
+        h.clock.advance(30)
+        await h.scrape()
+        text = await h.metrics()
+        assert _sample(text, "specwatch_engine_resets_total", {"target": "fly", "engine": "0"}) == 1
+        labels = {"target": "fly", "window": "1m", "model_name": "example-model"}
+        assert _sample(text, "specwatch_acceptance_ratio", labels) == pytest.approx(700 / 1200)
+        assert _sample(text, "specwatch_mean_acceptance_length", labels) == pytest.approx(2.75)
+        assert [r.getMessage() for r in _warnings(caplog)] == ["counter reset"]
+
+    async def test_family_disappears(self, h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+        """C03 b→c: no vLLM families: stale, no acceptance value (never 0), up stays 1,
+        one log line naming the missing families (not repeated while they stay missing)."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        h.fake.push(*(Reply(body(f"cases/C03_reset_{x}.prom")) for x in "abcc"))
+        for _ in range(2):
+            await h.scrape()
+            h.clock.advance(30)
+        caplog.clear()
+        for _ in range(2):
+            await h.scrape()
+            h.clock.advance(30)
+        warnings = _warnings(caplog)
+        assert [r.getMessage() for r in warnings] == ["families missing"]
+        assert "vllm:spec_decode_num_drafts_total" in event_fields(warnings[0])["families"]
+        text = await h.metrics()
+        assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 1
+        assert _sample(text, "specwatch_target_stale", {"target": "fly"}) == 1
+        assert _sample(text, "specwatch_acceptance_ratio", {"target": "fly"}) is None
+        snap = await h.snapshot()
+        assert "vllm:spec_decode_num_drafts_total" in snap["targets"]["fly"]["missing_families"]
+        assert snap["targets"]["fly"]["windows"]["1m"]["server"] is None
+
+    async def test_duplicate_conflict_counted(
+        self, h: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Conflicting duplicate series: reason duplicate_conflict counted, page still used,
+        one log line while the conflict persists."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        dup = GOOD + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 1.0\n'
+        h.fake.push(Reply(dup))
+        assert await h.scrape()
+        assert await h.scrape()  # logged once, counted twice
+        assert [r.getMessage() for r in _warnings(caplog)] == ["duplicate series skipped"]
+        text = await h.metrics()
+        assert (
+            _sample(
+                text,
+                "specwatch_scrape_errors_total",
+                {"target": "fly", "reason": "duplicate_conflict"},
+            )
+            == 2
+        )
+        assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 1
+
+    async def test_healthz(self, h: Harness) -> None:
+        """/healthz answers while the process lives."""
+        resp = await h.client.get("/healthz")
+        assert resp.status == 200
+
+
+@pytest.mark.promtool
+async def test_promtool_check_metrics(h: Harness, tmp_path: Any) -> None:
+    """promtool check metrics accepts specwatch's exposition with every family populated."""
+
+    h.fake.push(Reply(body("vllm-metrics/real-cpu-draft-model-midflight.txt")), Reply(GOOD))
+    await h.scrape()
+    h.clock.advance(30)
+    await h.scrape()
+    text = await h.metrics()
+    assert re.search(r"^specwatch_per_position_acceptance_ratio\{", text, re.M)
+    proc = await asyncio.create_subprocess_exec(
+        "/usr/bin/promtool",
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate(text.encode())
+    assert proc.returncode == 0, out.decode() + err.decode()
+
+
+def test_gzip_helper_roundtrip() -> None:
+    """The fake's gzip encoding is real gzip (guards the gzip test above)."""
+    assert gzip.decompress(gzip.compress(GOOD.encode())).decode() == GOOD
+
+
+async def test_concurrent_requests_do_not_overlap(h: Harness) -> None:
+    """Three scrapes of one target asked at once run one after the other."""
+    h.fake.push(Reply(GOOD))
+    results = await asyncio.gather(h.scrape(), h.scrape(), h.scrape())
+    assert list(results) == [True, True, True]
+    assert h.fake.max_in_flight == 1
+    assert len(h.fake.auth_seen) == 3

@@ -1,0 +1,282 @@
+"""Mirror ingest and the whole pipeline (ingest -> sample -> replay -> sink) with fake arms."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from specwatch.core.wire import is_shadow_host
+from specwatch.shadow.classify import classify_pair
+from specwatch.shadow.ingest.offer import build_shadow_request
+from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.sample import ArmLoad
+from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
+from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
+from tests.fakes import FakeClock
+
+from tests.fake_arm import FakeArm, serve_arm
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _settings(su: str, fu: str, **kw: object) -> ShadowSettings:
+    base: dict[str, object] = {
+        "enabled": True,
+        "modes": ("mirror",),
+        "sample_probability": 1.0,
+        "max_shadow_rps": 1000.0,
+        "max_in_flight": 2,
+        "queue_size": 8,
+        "standard": ArmEndpoint(url=su, timeout_seconds=30),
+        "fly": ArmEndpoint(url=fu, timeout_seconds=30),
+        "mirror_max_body_bytes": 2048,
+    }
+    base.update(kw)
+    return ShadowSettings.model_validate(base)
+
+
+@asynccontextmanager
+async def sidecar(
+    settings: ShadowSettings, **kw: object
+) -> AsyncIterator[tuple[str, ShadowPipeline, list[ReplayPair], aiohttp.ClientSession]]:
+    """The sidecar's main app with the pipeline mounted, served on port 0."""
+    pairs: list[ReplayPair] = []
+
+    async def sink(p: ReplayPair) -> None:
+        pairs.append(p)
+
+    async with aiohttp.ClientSession() as replay_session:
+        pipe = ShadowPipeline(settings, session=replay_session, on_pair=sink, **kw)  # type: ignore[arg-type]
+        app = web.Application()
+
+        async def healthz(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app.router.add_get("/healthz", healthz)
+        pipe.mount(app)
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as client:
+                yield f"http://127.0.0.1:{server.port}", pipe, pairs, client
+        finally:
+            await server.close()
+
+
+async def _until(cond: object, limit: float = 20.0) -> None:
+    async def wait() -> None:
+        while not cond():  # type: ignore[operator]  # noqa: ASYNC110 (polls plain counters)
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(wait(), timeout=limit)
+
+
+def test_is_shadow_host() -> None:
+    assert is_shadow_host("api-shadow")
+    assert is_shadow_host("api-shadow:8000")
+    assert is_shadow_host("API-SHADOW")
+    assert not is_shadow_host("api")
+    assert not is_shadow_host("shadow-api:80")
+    assert not is_shadow_host(None)
+
+
+async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> None:
+    std, fly = FakeArm(mode="hang", text="A"), FakeArm(mode="hang", text="A")
+    async with (
+        serve_arm(std) as su,
+        serve_arm(fly) as fu,
+        sidecar(_settings(su, fu)) as (url, pipe, pairs, client),
+    ):
+        headers = {"Host": "llm-shadow:8000"}
+        async with client.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
+            assert r.status == 202
+            assert await r.json() == {"shadow": "admitted"}
+        # the answer came back although both arms are still hanging
+        await asyncio.wait_for(std.arrived.wait(), timeout=20)
+        assert pairs == []
+        assert pipe.in_flight == 1
+        std.release.set()
+        fly.release.set()
+        await _until(lambda: len(pairs) == 1)
+        m = pipe.metrics()
+    pair = pairs[0]
+    assert pair.request.source is Source.MIRROR
+    assert pair.request.body == CHAT
+    assert classify_pair(pair) == ("paired", None)
+    assert pair.standard.text == pair.fly.text == "A"
+    assert m.received == {"mirror": 1}
+    assert m.replays["paired"] == 1
+    assert m.in_flight == 0
+
+
+async def test_mirror_bad_inputs_are_counted() -> None:
+    async with (
+        serve_arm(FakeArm()) as su,
+        serve_arm(FakeArm()) as fu,
+        sidecar(_settings(su, fu, mirror_require_shadow_host=True)) as (url, pipe, _, client),
+    ):
+        sh = {"Host": "svc-shadow"}
+        async with client.post(url + "/v1/completions", data=b"{oops", headers=sh) as r:
+            assert r.status == 400
+            assert await r.json() == {"shadow": "invalid_json"}
+        async with client.post(url + "/v1/completions", data=b"[1]", headers=sh) as r:
+            assert r.status == 400
+        big = json.dumps({"prompt": "x" * 5000}).encode()
+        async with client.post(url + "/v1/completions", data=big, headers=sh) as r:
+            assert r.status == 413
+        async with client.post(url + "/v1/completions", json=CHAT, headers={"Host": "svc"}) as r:
+            assert r.status == 421
+        marked = {**sh, "X-Specwatch-Shadow": "1"}
+        async with client.post(url + "/v1/completions", json=CHAT, headers=marked) as r:
+            assert r.status == 208
+        async with client.get(url + "/healthz") as r:
+            assert await r.text() == "ok"  # other routes of the app still work
+        m = pipe.metrics()
+    assert m.ingest_errors == {
+        ("mirror", "invalid_json"): 1,
+        ("mirror", "not_object"): 1,
+        ("mirror", "too_large"): 1,
+        ("mirror", "not_shadow_host"): 1,
+    }
+    assert pipe.ingest_counters.skipped_marked == 1
+    assert m.admitted == 0
+
+
+async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
+    fly = FakeArm(mode="status", status=400, message="extra inputs are not permitted")
+    async with (
+        serve_arm(FakeArm()) as su,
+        serve_arm(fly) as fu,
+        sidecar(_settings(su, fu)) as (url, pipe, pairs, client),
+    ):
+        async with client.post(url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 202
+        await _until(lambda: len(pairs) == 1)
+        fly.message, fly.status = "overloaded", 503
+        async with client.post(url + "/v1/chat/completions", json={**CHAT, "n": 1}) as r:
+            assert r.status == 202
+        await _until(lambda: len(pairs) == 2)
+        m = pipe.metrics()
+    assert [classify_pair(p)[0] for p in pairs] == ["excluded", "unpaired"]
+    assert m.excluded == {"unsupported_parameter": 1}
+    assert m.unpaired == {"fly_http_5xx": 1}
+    assert m.replays == {"paired": 0, "unpaired": 1, "excluded": 1}
+    assert m.arm_errors == {("fly", "unsupported_parameter"): 1, ("fly", "http_503"): 1}
+
+
+async def test_worker_waits_while_paused_then_replays() -> None:
+    clock = FakeClock(0.0)
+    loads = {"standard": ArmLoad(0, 0, 8, 0.0), "fly": ArmLoad(0, 0, 8, 0.0)}
+    sleeps: list[float] = []
+    std = FakeArm()
+    pairs: list[ReplayPair] = []
+
+    async def sink(p: ReplayPair) -> None:
+        pairs.append(p)
+
+    async def fake_sleep(d: float) -> None:
+        sleeps.append(d)
+        if len(sleeps) == 3:  # load drains after three polls
+            loads["fly"] = ArmLoad(1, 0, 8, clock.t)
+        await asyncio.sleep(0)
+
+    async with (
+        serve_arm(std) as su,
+        serve_arm(FakeArm()) as fu,
+        aiohttp.ClientSession() as session,
+    ):
+        settings = _settings(su, fu, pause_poll_seconds=0.25, max_in_flight=1)
+        pipe = ShadowPipeline(
+            settings,
+            session=session,
+            on_pair=sink,
+            load_state=lambda: loads,
+            clock=clock,
+            wall_clock=clock,
+            sleep=fake_sleep,
+        )
+        assert pipe.offer(_request()) == "admitted"
+        loads["fly"] = ArmLoad(8, 3, 8, clock.t)  # load rises while the request is queued
+        await pipe.start()
+        await _until(lambda: len(pairs) == 1)
+        m = pipe.metrics()
+        await pipe.stop()
+    assert sleeps == [0.25, 0.25, 0.25]
+    assert m.pauses_total == {"waiting": 1, "running_near_max": 1, "load_stale": 0}
+    assert m.paused == {"waiting": 0, "running_near_max": 0, "load_stale": 0}
+    assert len(std.seen) == 1
+
+
+def _request() -> ShadowRequest:
+    req = build_shadow_request(
+        "/v1/completions", b'{"prompt":"p"}', source=Source.MIRROR, received_at=0.0
+    )
+    assert not isinstance(req, str)
+    return req
+
+
+async def test_expired_requests_are_dropped() -> None:
+    clock = FakeClock(0.0)
+    loads = {"standard": ArmLoad(0, 5, 8, 0.0)}
+
+    async def fake_sleep(d: float) -> None:
+        clock.advance(d)
+        loads["standard"] = ArmLoad(0, 5, 8, clock.t)  # stays busy, fresh readings
+        await asyncio.sleep(0)
+
+    async with serve_arm(FakeArm()) as su, serve_arm(FakeArm()) as fu:
+        settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
+        async with sidecar(
+            settings, load_state=lambda: loads, clock=clock, wall_clock=clock, sleep=fake_sleep
+        ) as (_, pipe, pairs, _c):
+            loads["standard"] = ArmLoad(0, 0, 8, 0.0)
+            assert pipe.offer(_request()) == "admitted"
+            loads["standard"] = ArmLoad(0, 5, 8, 0.0)
+            await _until(lambda: pipe.metrics().dropped["expired"] == 1)
+    assert pairs == []
+
+
+async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
+    async with serve_arm(FakeArm(text="42")) as su, serve_arm(FakeArm(text="42")) as fu:
+        settings = _settings(
+            su,
+            fu,
+            modes=("canary",),
+            canary_builtin=True,
+            canary_rate_per_second=1000.0,
+            canary_loop=False,
+            sample_probability=0.0,  # canary items are forced past the probability step
+        )
+        async with sidecar(settings) as (_, pipe, pairs, _c):
+            await _until(lambda: len(pairs) == 5)
+            m = pipe.metrics()
+    assert {p.request.item_id for p in pairs} == {
+        "builtin-add",
+        "builtin-mul",
+        "builtin-capital",
+        "builtin-json",
+        "builtin-copy",
+    }
+    assert all(p.request.source is Source.CANARY and p.request.gold for p in pairs)
+    assert m.canary_offered == 5
+    assert m.not_sampled == 0
+
+
+def test_settings_validation() -> None:
+    with pytest.raises(ValueError, match="needs both"):
+        ShadowSettings(enabled=True)
+    with pytest.raises(ValueError, match="proxy_upstream"):
+        _settings("http://a", "http://b", modes=("proxy",))
+    with pytest.raises(ValueError, match="http"):
+        ArmEndpoint(url="ftp://x")
+    s = _settings("http://a/", "http://b", noise_kind="standard")
+    assert s.noise_endpoint() == s.standard
+    assert s.standard is not None
+    assert s.standard.url == "http://a"

@@ -1,0 +1,202 @@
+"""Replay through fake arms (real aiohttp servers on port 0)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from specwatch.shadow.classify import classify_pair
+from specwatch.shadow.replay import ArmTarget, Replayer, prepare_body
+from specwatch.shadow.sample import request_hash, seed_from_hash
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+
+from tests.fake_arm import FakeArm, serve_arm
+
+
+def _req(body: dict[str, Any], path: str = "/v1/chat/completions") -> ShadowRequest:
+    return ShadowRequest(path, body, request_hash(path, body), 0.0, Source.MIRROR)
+
+
+CHAT = {"model": "live", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def test_prepare_body_by_hand() -> None:
+    body = {"model": "m", "prompt": "p", "max_tokens": 4000, "stream": True, "stream_options": {}}
+    out = prepare_body(body, seed=7, max_tokens_cap=256, stream=False, model="std")
+    assert out == {"model": "std", "prompt": "p", "max_tokens": 256, "stream": False, "seed": 7}
+    assert body["max_tokens"] == 4000  # input untouched
+    kept = prepare_body(
+        {"seed": 3, "max_completion_tokens": 10}, seed=7, max_tokens_cap=256, stream=True
+    )
+    assert kept == {
+        "seed": 3,
+        "max_completion_tokens": 10,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert prepare_body({}, seed=1, max_tokens_cap=5, stream=False)["max_tokens"] == 5
+    extra = {"return_token_ids": True, "stream": True}
+    got = prepare_body({"prompt": "p"}, seed=1, max_tokens_cap=5, stream=False, extra_body=extra)
+    assert got == {
+        "prompt": "p",
+        "return_token_ids": True,
+        "stream": False,
+        "seed": 1,
+        "max_tokens": 5,
+    }
+
+
+async def _replay(
+    std: FakeArm,
+    fly: FakeArm,
+    req: ShadowRequest,
+    noise: FakeArm | None = None,
+    *,
+    stream_fly: bool = False,
+    arm_timeout: float = 30.0,
+) -> ReplayPair:
+    async with (
+        serve_arm(std) as su,
+        serve_arm(fly) as fu,
+        serve_arm(noise or FakeArm()) as nu,
+        aiohttp.ClientSession() as session,
+    ):
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, su, arm_timeout, token="tok", model="std-model"),
+            fly=ArmTarget(Arm.FLY, fu, arm_timeout, stream=stream_fly),
+            noise=ArmTarget(Arm.NOISE, nu, arm_timeout) if noise is not None else None,
+            max_tokens_cap=64,
+            marker_header="X-Specwatch-Shadow",
+            clock=time.perf_counter,
+        )
+        return await r.replay(req)
+
+
+async def test_both_arms_get_the_same_seeded_capped_body() -> None:
+    std, fly = FakeArm(text="Paris", tau=2.5), FakeArm(text="Paris.")
+    req = _req(CHAT)
+    pair = await _replay(std, fly, req)
+    seed = seed_from_hash(req.request_hash)
+    assert pair.seed == seed
+    assert classify_pair(pair) == ("paired", None)
+    s_body, f_body = std.seen[0].body, fly.seen[0].body
+    assert s_body["seed"] == f_body["seed"] == seed
+    assert s_body["stream"] is False
+    assert f_body["stream"] is False
+    assert s_body["max_tokens"] == f_body["max_tokens"] == 64
+    assert s_body["model"] == "std-model"
+    assert f_body["model"] == "live"
+    assert std.seen[0].headers["X-Specwatch-Shadow"] == "1"
+    assert fly.seen[0].headers["X-Specwatch-Shadow"] == "1"
+    assert std.seen[0].headers["Authorization"] == "Bearer tok"
+    assert "Authorization" not in fly.seen[0].headers
+    assert pair.standard.ok
+    assert pair.standard.text == "Paris"
+    assert pair.standard.mean_acceptance_length == 2.5
+    assert pair.fly.mean_acceptance_length is None
+    assert pair.fly.text == "Paris."
+    assert (pair.fly.prompt_tokens, pair.fly.completion_tokens) == (3, 2)
+    assert pair.fly.finish_reason == "stop"
+    assert pair.standard.latency_seconds > 0
+
+
+async def test_existing_seed_is_kept() -> None:
+    std, fly = FakeArm(), FakeArm()
+    pair = await _replay(std, fly, _req({**CHAT, "seed": 11}))
+    assert pair.seed == 11
+    assert std.seen[0].body["seed"] == fly.seen[0].body["seed"] == 11
+
+
+async def test_unsupported_parameter_400_excludes_the_pair() -> None:
+    fly = FakeArm(mode="status", status=400, message="Unsupported parameter: 'logit_bias'")
+    pair = await _replay(FakeArm(), fly, _req(CHAT))
+    assert pair.fly.error == "unsupported_parameter"
+    assert pair.fly.status == 400
+    assert classify_pair(pair) == ("excluded", "unsupported_parameter")
+
+
+async def test_other_400_is_bad_request_exclusion() -> None:
+    std = FakeArm(mode="status", status=400, message="prompt is too long")
+    pair = await _replay(std, FakeArm(), _req(CHAT))
+    assert classify_pair(pair) == ("excluded", "bad_request")
+
+
+async def test_one_failed_side_is_unpaired_never_a_mismatch() -> None:
+    fly = FakeArm(mode="status", status=503, message="overloaded")
+    pair = await _replay(FakeArm(), fly, _req(CHAT))
+    assert pair.standard.ok
+    assert not pair.fly.ok
+    assert pair.fly.error == "http_503"
+    assert classify_pair(pair) == ("unpaired", "fly_http_5xx")
+
+
+async def test_arm_timeout_is_unpaired() -> None:
+    std = FakeArm(mode="hang")
+    pair = await _replay(std, FakeArm(), _req(CHAT), arm_timeout=0.2)
+    assert pair.standard.error == "timeout"
+    assert classify_pair(pair) == ("unpaired", "standard_timeout")
+
+
+async def test_connect_error_and_in_band_error() -> None:
+    async with aiohttp.ClientSession() as session:
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, "http://127.0.0.1:1", 5.0),
+            fly=ArmTarget(Arm.FLY, "http://127.0.0.1:1", 5.0),
+            noise=None,
+            max_tokens_cap=8,
+            marker_header="X-S",
+            clock=time.perf_counter,
+        )
+        pair = await r.replay(_req(CHAT))
+    assert pair.standard.error == pair.fly.error == "connect"
+    assert classify_pair(pair) == ("unpaired", "standard_connect")
+    pair2 = await _replay(FakeArm(), FakeArm(mode="in_band_error"), _req(CHAT))
+    assert classify_pair(pair2) == ("unpaired", "fly_in_band_error")
+
+
+async def test_streaming_arm_is_parsed_with_sse() -> None:
+    fly = FakeArm(text="Paris", mode="stream")
+    pair = await _replay(FakeArm(text="Paris"), fly, _req(CHAT), stream_fly=True)
+    assert fly.seen[0].body["stream"] is True
+    assert fly.seen[0].body["stream_options"] == {"include_usage": True}
+    assert pair.fly.ok, pair.fly
+    assert pair.fly.text == "Paris"
+    assert pair.fly.finish_reason == "stop"
+    assert (pair.fly.prompt_tokens, pair.fly.completion_tokens) == (3, 2)
+    assert classify_pair(pair) == ("paired", None)
+
+
+async def test_completions_path_and_noise_arm() -> None:
+    body = {"model": "m", "prompt": "2+2="}
+    noise = FakeArm(mode="status", status=500)
+    pair = await _replay(
+        FakeArm(text="4"), FakeArm(text="4"), _req(body, "/v1/completions"), noise=noise
+    )
+    assert pair.standard.text == pair.fly.text == "4"
+    assert pair.noise is not None
+    assert pair.noise.error == "http_500"
+    assert noise.seen[0].body["seed"] == pair.seed
+    assert classify_pair(pair) == ("paired", None)
+    assert pair.extra == {}
+
+
+@pytest.mark.parametrize(
+    ("std_err", "fly_err", "expected"),
+    [
+        (None, None, ("paired", None)),
+        ("timeout", None, ("unpaired", "standard_timeout")),
+        ("http_404", "timeout", ("unpaired", "standard_http_4xx")),
+        ("timeout", "unsupported_parameter", ("excluded", "unsupported_parameter")),
+    ],
+)
+def test_classify_pair(std_err: str | None, fly_err: str | None, expected: object) -> None:
+    def arm(a: Arm, err: str | None) -> ArmResult:
+        return ArmResult(a, err is None, 0.1, error=err)
+
+    pair = ReplayPair(_req(CHAT), arm(Arm.STANDARD, std_err), arm(Arm.FLY, fly_err))
+    assert classify_pair(pair) == expected

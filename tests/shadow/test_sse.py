@@ -1,0 +1,134 @@
+"""SSE decoding and completion-stream accumulation (C17 hard case and the whole kind)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specwatch.shadow.sse import (
+    CompletionStreamAccumulator,
+    SSEDecoder,
+    SSEEvent,
+    StreamResult,
+    extract_mean_acceptance_length,
+)
+from tests.fakes import REPO
+
+CASES = REPO / "fixtures" / "cases"
+RAW = (CASES / "C17_sse_stream.raw").read_bytes()
+BOUNDS: list[int] = json.loads((CASES / "C17_read_boundaries.json").read_text())["read_ends"]
+EXPECTED: dict[str, Any] = json.loads((CASES / "expected.json").read_text())["C17"]
+
+
+def _pieces(data: bytes, ends: list[int]) -> list[bytes]:
+    out, start = [], 0
+    for e in ends:
+        out.append(data[start:e])
+        start = e
+    if start < len(data):
+        out.append(data[start:])
+    return out
+
+
+def _check_c17(acc: CompletionStreamAccumulator, r: StreamResult) -> None:
+    assert r.text == EXPECTED["text"]
+    assert r.finish_reason == EXPECTED["finish_reason"]
+    usage = EXPECTED["usage"]
+    assert (r.prompt_tokens, r.completion_tokens, r.total_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        usage["total_tokens"],
+    )
+    assert r.done_seen is EXPECTED["done_seen"]
+    assert r.data_events == EXPECTED["data_events"]
+    assert acc.comment_lines == EXPECTED["comment_lines_ignored"]
+    assert r.invalid_json_events == 0
+    assert r.error is None
+    assert acc.decoder.discarded_at_close == 0
+
+
+def test_c17_given_read_boundaries() -> None:
+    assert BOUNDS[-1] == len(RAW)
+    acc = CompletionStreamAccumulator()
+    r = acc.feed_all(_pieces(RAW, BOUNDS))
+    _check_c17(acc, r)
+
+
+def test_c17_every_one_byte_read() -> None:
+    acc = CompletionStreamAccumulator()
+    r = acc.feed_all(RAW[i : i + 1] for i in range(len(RAW)))
+    _check_c17(acc, r)
+
+
+def test_c17_every_two_piece_split() -> None:
+    for cut in range(len(RAW) + 1):
+        acc = CompletionStreamAccumulator()
+        r = acc.feed_all([RAW[:cut], RAW[cut:]])
+        _check_c17(acc, r)
+
+
+def test_c17_split_is_inside_utf8_char_and_crlf() -> None:
+    # the fixture really exercises the hard spots: a read ends inside "é" and between CR and LF
+    e_acute = RAW.index("é".encode())
+    assert any(b == e_acute + 1 for b in BOUNDS)
+    crlf = RAW.index(b"\r\n")
+    assert any(b == crlf + 1 for b in BOUNDS)
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+def test_line_endings_every_split(eol: bytes) -> None:
+    stream = eol.join([b"event: x", b"data: a", b"data:b", b"id: 7", b"", b"data: c", b"", b""])
+    for cut in range(len(stream) + 1):
+        dec = SSEDecoder()
+        evs = dec.feed(stream[:cut]) + dec.feed(stream[cut:]) + dec.close()
+        assert evs == [SSEEvent(data="a\nb", event="x", id="7"), SSEEvent(data="c", id="7")]
+
+
+def test_pending_event_discarded_at_close_and_bad_utf8_counted() -> None:
+    dec = SSEDecoder()
+    assert dec.feed(b"data: \xff\xfe\n\ndata: tail") == [SSEEvent(data="\ufffd\ufffd")]
+    assert dec.close() == []
+    assert dec.discarded_at_close == 1
+    assert dec.decode_errors == 1
+
+
+def test_in_band_error_and_invalid_json() -> None:
+    chunks = [
+        b'data: {"choices":[{"index":0,"text":"ab","finish_reason":null}]}\n\n',
+        b"data: not json\n\n",
+        b'data: {"error":{"message":"boom","type":"BadRequestError","code":400}}\n\n',
+    ]
+    acc = CompletionStreamAccumulator()
+    r = acc.feed_all(chunks)
+    assert r.text == "ab"
+    assert r.invalid_json_events == 1
+    assert r.error is not None
+    assert r.error["message"] == "boom"
+    assert r.done_seen is False
+
+
+def test_completions_text_other_choices_token_ids_and_tau() -> None:
+    chunks = [
+        b'data: {"choices":[{"index":0,"text":"x","token_ids":[1,2]},'
+        b'{"index":1,"text":"IGNORED"}]}\n\n',
+        b'data: {"choices":[{"index":0,"text":"y","token_ids":[3],"finish_reason":"length"}],'
+        b'"metrics":{"speculative_decoding":{"num_drafts":4,"num_accepted_tokens":6}}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    r = CompletionStreamAccumulator().feed_all(chunks)
+    assert r.text == "xy"
+    assert r.token_ids == [1, 2, 3]
+    assert r.finish_reason == "length"
+    assert r.mean_acceptance_length == pytest.approx(1 + 6 / 4)
+    assert r.done_seen
+
+
+def test_extract_mean_acceptance_length() -> None:
+    ok = {"metrics": {"speculative_decoding": {"mean_acceptance_length": 2.5}}}
+    assert extract_mean_acceptance_length(ok) == 2.5
+    assert extract_mean_acceptance_length({"metrics": {"speculative_decoding": {}}}) is None
+    bad = {"metrics": {"speculative_decoding": {"mean_acceptance_length": 0.5}}}
+    assert extract_mean_acceptance_length(bad) is None
+    assert extract_mean_acceptance_length({"metrics": "x"}) is None
