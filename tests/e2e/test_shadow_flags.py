@@ -15,8 +15,15 @@ from scipy.stats import binomtest
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.summary import ShadowStats
-
-from tests.e2e.shadow_harness import canary_done, expected, read_rows, settings_for, sidecar, simulators, until
+from tests.e2e.shadow_harness import (
+    canary_done,
+    expected,
+    read_rows,
+    settings_for,
+    sidecar,
+    simulators,
+    until,
+)
 
 VARIANTS = 2  # 480 pairs per run
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from specwatch.core.config import OVERALL
 from specwatch.export.json import shadow_stats_json
-
 from tests.e2e.shadow_harness import (
     canary_done,
     close,

@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 
 from specwatch.simulate.config import Role, SimConfig
-
 from tests.e2e.shadow_harness import settings_for, sidecar, simulators, until, write_canary
 
 LIVE = {"prompt": "live", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}

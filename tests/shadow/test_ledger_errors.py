@@ -12,7 +12,6 @@ from specwatch.core.logs import event_fields
 from specwatch.settings import Settings
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-
 from tests.e2e.shadow_harness import sidecar
 
 METRICS_DOC = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()

@@ -19,9 +19,8 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
-from tests.fakes import FakeClock
-
 from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes import FakeClock
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

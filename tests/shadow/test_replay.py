@@ -12,7 +12,6 @@ from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.replay import ArmTarget, Replayer, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-
 from tests.fake_arm import FakeArm, serve_arm
 
 

@@ -21,7 +21,6 @@ from specwatch.shadow.ingest.proxy import ShadowProxy, hop_by_hop_names
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
-
 from tests.fake_arm import FakeArm, serve_arm
 
 
