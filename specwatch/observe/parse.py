@@ -382,6 +382,24 @@ _TYPE_OK: set[str] = set()
 _SHAPE_MEMO: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
+def _accepted_type_lines() -> frozenset[str]:
+    """The canonical TYPE line of every allow-listed family (``# TYPE <name> <type>``, as vLLM's
+    prometheus_client writes them), each accepted by prometheus_client's parser at import: a
+    page whose TYPE lines are these has none parsed again (a TYPE line's validity depends on
+    that line only). Lines the fast path never sees (counters without ``_total``) are left out."""
+    out: set[str] = set()
+    for fam in FAMILIES:
+        line = f"# TYPE {fam.name} {fam.kind}"
+        if _renames(line):
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue
+        out.add(line)
+    return frozenset(out)
+
+
 def clear_memo() -> None:
     """Forget every memoised labels part, shape and TYPE line (the next parse is cold, as the
     first scrape of a process)."""
@@ -459,8 +477,8 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
 
     A memo entry is only made from a line whose value parsed as a single token without
     timestamp (so no ``}`` follows its labels part) and whose name is followed by ``{``.
-    TYPE lines of kept families go to the parser unless accepted before (a TYPE line's validity
-    depends on that line only).
+    TYPE lines of kept families go to the parser unless accepted before, on an earlier page or
+    at import (:data:`_TYPE_KNOWN`; a TYPE line's validity depends on that line only).
     """
     memo = _SERIES_MEMO
     shapes = _SHAPE_MEMO
@@ -472,7 +490,7 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
     for raw in kept:
         line = raw.strip()
         if line[0] == "#":
-            if line not in _TYPE_OK:
+            if line not in _TYPE_KNOWN and line not in _TYPE_OK:
                 batch.append(line)
             continue
         end = line.rfind("}")
@@ -547,6 +565,10 @@ def _renames(type_line: str) -> bool:
     """True when a TYPE line may make prometheus_client rename samples (counter without _total)."""
     parts = type_line.split()
     return "counter" in type_line and (len(parts) < 3 or not parts[2].endswith("_total"))
+
+
+#: Canonical TYPE lines of the allow-listed families, accepted by prometheus_client at import.
+_TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
 
 
 def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
