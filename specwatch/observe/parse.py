@@ -400,12 +400,15 @@ def _accepted_type_lines() -> frozenset[str]:
     return frozenset(out)
 
 
-def clear_memo() -> None:
-    """Forget every memoised labels part, shape and TYPE line (the next parse is cold, as the
-    first scrape of a process)."""
+def clear_memo(*, seed: bool = True) -> None:
+    """Forget every memoised labels part, shape and TYPE line: the next parse is cold, as the
+    first scrape of a process (``seed``: with the shapes of vLLM's own pages memoised, as at
+    import; ``False``: none, as a page of shapes vLLM does not write)."""
     _SERIES_MEMO.clear()
     _SHAPE_MEMO.clear()
     _TYPE_OK.clear()
+    if seed:
+        _seed_shapes()
 
 
 def _malformed(exc: Exception, body: str, kept: list[str], index: int | None) -> ParseError:
@@ -534,11 +537,7 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
             if sample.timestamp is None and end > 0 and line[len(sample.name)] == "{":
                 head = line[: end + 1]
                 _remember(head, series)
-                split = _shape(head)
-                if split is not None and list(sample.labels.values()) == split[1]:
-                    if len(shapes) >= _SERIES_MEMO_MAX:
-                        shapes.clear()
-                    shapes[split[0]] = (sample.name, tuple(sample.labels))
+                _learn_shape(head, sample.name, sample.labels)
         if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
             _TYPE_OK.clear()
         _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
@@ -552,6 +551,48 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
         out[slot] = (series, value_of(line[line.rfind("}") + 1 :])[0])
         _remember(line[: line.rfind("}") + 1], series)
     return out
+
+
+def _learn_shape(head: str, name: str, labels: dict[str, str]) -> None:
+    """Memoise the shape of a labels part ``head`` that prometheus_client parsed whole into
+    ``name`` and ``labels``, when its label values are exactly its quoted texts in order."""
+    split = _shape(head)
+    if split is None or list(labels.values()) != split[1]:
+        return
+    if len(_SHAPE_MEMO) >= _SERIES_MEMO_MAX:
+        _SHAPE_MEMO.clear()
+    _SHAPE_MEMO[split[0]] = (name, tuple(labels))
+
+
+def _seed_shapes() -> None:
+    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus ``position``,
+    ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
+    them), each from a line of that shape with empty label values parsed by prometheus_client,
+    so that even the first page a process reads has one parse per series only for shapes vLLM
+    does not write. A seed line that does not parse as expected is left out."""
+    extra = {
+        "per_position": ("engine", "model_name", "position"),
+        "waiting_by_reason": ("engine", "model_name", "reason"),
+        "requests_finished": ("engine", "finished_reason", "model_name"),
+    }
+    for sample_name in sorted(_NAMES_TEXT):
+        fam, role = _SAMPLES[sample_name]
+        if fam.key == "process_start_time_seconds":
+            continue
+        keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key)
+        if keys is None:
+            keys = ("engine", "model_name")
+        head = sample_name + "{" + ",".join(f'{k}=""' for k in keys) + "}"
+        try:
+            samples = [s for m in text_string_to_metric_families(head + " 0\n") for s in m.samples]
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue
+        if (
+            len(samples) == 1
+            and samples[0].name == sample_name
+            and tuple(samples[0].labels) == keys
+        ):
+            _learn_shape(head, sample_name, samples[0].labels)
 
 
 def _remember(head: str, series: _Series) -> None:
@@ -569,6 +610,9 @@ def _renames(type_line: str) -> bool:
 
 #: Canonical TYPE lines of the allow-listed families, accepted by prometheus_client at import.
 _TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
+
+
+_seed_shapes()
 
 
 def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
