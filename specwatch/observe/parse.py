@@ -570,7 +570,7 @@ def _seed_shapes() -> None:
     them), each from a line of that shape with empty label values parsed by prometheus_client,
     so that even the first page a process reads has one parse per series only for shapes vLLM
     does not write. A seed line that does not parse as expected is left out."""
-    extra = {
+    extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
         "requests_finished": ("engine", "finished_reason", "model_name"),
@@ -579,9 +579,8 @@ def _seed_shapes() -> None:
         fam, role = _SAMPLES[sample_name]
         if fam.key == "process_start_time_seconds":
             continue
-        keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key)
-        if keys is None:
-            keys = ("engine", "model_name")
+        plain: tuple[str, ...] = ("engine", "model_name")
+        keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key, plain)
         head = sample_name + "{" + ",".join(f'{k}=""' for k in keys) + "}"
         try:
             samples = [s for m in text_string_to_metric_families(head + " 0\n") for s in m.samples]
