@@ -14,15 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from specwatch.alerts.component import alerting_components
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
-from specwatch.server.app import build_app
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 from specwatch.shadow.canary import CanaryFileError, load_canary
-from specwatch.shadow.component import shadow_components
 
 logger = logging.getLogger("specwatch.run")
 
@@ -136,6 +131,13 @@ def preflight(settings: Settings) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
+    # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from aiohttp import web
+
+    from specwatch.alerts.component import alerting_components
+    from specwatch.server.app import build_app
+    from specwatch.shadow.component import shadow_components
+
     try:
         settings = settings_from_args(args)
         if not settings.targets:
