@@ -9,11 +9,10 @@ for 320 handlers), as on a busy server with many families.
 Every call gets a new page whose counters grew since the previous one (as consecutive scrapes
 of a busy server), so the labels memo of ``parse_page`` is measured in its steady state, and also
 cold (every memo cleared before the call: ``parse_mod.clear_memo``). The reference and specwatch
-run interleaved in each round
-on the same page; a cold ``parse_page`` alone is timed too (the parse without the window update
-and health, the part this module owns), and cold without the shapes seeded at import
-(``clear_memo(seed=False)``: a page whose label shapes vLLM does not write). CPU time is ``time.process_time`` of one call, median
-of ``--repeat`` rounds.
+run interleaved in each round on the same page; a cold ``parse_page`` alone is timed too (the
+parse without the window update and health, the part this module owns), and cold without the
+shapes seeded at import (``clear_memo(seed=False)``: a page whose label shapes vLLM does not
+write). CPU time is ``time.process_time`` of one call, median of ``--repeat`` rounds.
 """
 
 from __future__ import annotations
