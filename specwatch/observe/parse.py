@@ -11,7 +11,10 @@ Between scrapes the labels part of each kept series (``name{...}`` exactly as on
 memoised with what prometheus_client parsed from it, and on later pages only the value text of
 such a line is parsed, by prometheus_client's own value parser: same result as parsing the whole
 line, at a fraction of the cost, since label parsing is most of the parser's time (see
-:func:`_records_text` and ``docs/benchmarks.md``). New series always go through the full parser.
+:func:`_records_fast` and ``docs/benchmarks.md``). A new series whose labels part has the *shape*
+of one parsed before (same text outside the quoted label values, :func:`_shape`) takes that
+line's label names with its own quoted values, so a cold page costs one library parse per shape;
+the shapes vLLM writes are learnt at import. Any error sends the page through the whole parse.
 
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
 series is treated as absent. Values and labels no vLLM page carries (±Inf, negative counters,
