@@ -19,6 +19,7 @@ from specwatch import __version__
 COMMANDS: tuple[str, ...] = (
     "run",
     "analyze",
+    "advise",
     "simulate",
     "demo",
     "paired_test",
