@@ -4,7 +4,9 @@ Reads pages as ``specwatch analyze`` does (one body: totals since start; two: th
 them). From the per-position acceptance of the window, τ for every K' <= K is exact; with
 ``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--method`` each K' also gets the
 scheduler limits of that vLLM version and the expected tokens per step at the observed
-concurrency. Output (``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
+concurrency. Limits, concurrency and tokens per step are per engine (each engine has its own
+scheduler); the acceptance rates are the server's (summed over engines). Output
+(``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
 "per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
 "assumptions": [...]}``. Exit 2 with one line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
