@@ -7,8 +7,13 @@ checked, which repeated fixed-n McNemar tests do not (Johari et al. 2017, "Peeki
 tests"; Ramdas, Grünwald, Vovk & Shafer 2023, "Game-theoretic statistics and safe anytime-valid
 inference", Statist. Sci. 38:576-601).
 
-Two tests are provided:
+Three tests are provided:
 
+* :func:`net_loss_log_e_value` / :func:`net_loss_mixture_log_e_values` — the design
+  ``specwatch run`` reports for "no net loss": a fixed discrete mixture of likelihood ratios
+  on the discordant pairs, centred on the loss q implied by ``detect_net_loss`` (see
+  :func:`net_loss_mixture_grid`); reaches 1/alpha sooner than the uniform-prior mixture at that
+  loss (``docs/benchmarks.md``). Depends only on the counts.
 * :func:`beta_binomial_log_e_value` — on the discordant pairs only. Each discordant pair is
   ``lost`` with probability θ; H0: θ <= p0 (p0 = 1/2: FLy does not lose more than it gains).
   The e-process is Robbins' mixture likelihood ratio with a Beta(a, b) prior truncated to
