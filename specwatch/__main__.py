@@ -25,6 +25,7 @@ from specwatch import __version__
 COMMANDS: tuple[str, ...] = (
     "run",
     "analyze",
+    "advise",
     "simulate",
     "demo",
     "paired_test",
