@@ -34,7 +34,8 @@ from pydantic_settings import (
 )
 
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+from specwatch.core.config import check_windows, parse_duration, split_list
+from specwatch.core.frozen import Frozen
 from specwatch.core.logs import redact_url
 from specwatch.core.wire import server_base
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
