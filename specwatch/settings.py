@@ -172,14 +172,6 @@ class Settings(BaseSettings):
         """Window name → length in seconds (without ``since_start``)."""
         return {w: parse_duration(w) for w in self.windows}
 
-    def interval_for(self, target: TargetSettings) -> float:
-        """Scrape interval of ``target`` (its own, else the default)."""
-        return target.scrape_interval_seconds or self.scrape.interval_seconds
-
-    def timeout_for(self, target: TargetSettings) -> float:
-        """Scrape timeout of ``target`` (its own, else the default)."""
-        return target.scrape_timeout_seconds or self.scrape.timeout_seconds
-
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as JSON-able data with secrets shown as ``**********``
         (target bearer tokens and shadow arm tokens)."""
