@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -19,9 +20,11 @@ from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
 from specwatch.observe.fetch import fetch_metrics
 from specwatch.observe.parse import ParseError, parse_page
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.observe.values import ObserveView
+
+if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings built
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
 __all__ = ["Scraper"]
 
