@@ -64,8 +64,8 @@ class Scraper:
         self._locks = {name: asyncio.Lock() for name in names}
         self._last_reason: dict[str, str | None] = dict.fromkeys(names)
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
-        self._last_conflicts: dict[str, int] = dict.fromkeys(names, 0)
-        self._last_invalid: dict[str, int] = dict.fromkeys(names, 0)
+        #: (target, reason) -> series skipped on the last page, so a count is logged once.
+        self._last_skipped: dict[tuple[str, str], int] = {}
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -122,28 +122,8 @@ class Scraper:
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
-        if page.duplicate_conflicts != self._last_conflicts[target.name]:
-            self._last_conflicts[target.name] = page.duplicate_conflicts
-            if page.duplicate_conflicts:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "duplicate series skipped",
-                    target=target.name,
-                    reason="duplicate_conflict",
-                    count=page.duplicate_conflicts,
-                )
-        if page.invalid_series != self._last_invalid[target.name]:
-            self._last_invalid[target.name] = page.invalid_series
-            if page.invalid_series:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "invalid series skipped",
-                    target=target.name,
-                    reason="invalid_series",
-                    count=page.invalid_series,
-                )
+        self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
+        self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:
             self._last_missing[target.name] = missing
@@ -171,6 +151,16 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_skipped(self, target: str, kind: str, reason: str, count: int) -> None:
+        """Log "<kind> series skipped" when a page's count for ``reason`` changes (once, not on
+        every page with the same count)."""
+        if count == self._last_skipped.get((target, reason), 0):
+            return
+        self._last_skipped[target, reason] = count
+        if count:
+            event = f"{kind} series skipped"
+            log_event(logger, logging.WARNING, event, target=target, reason=reason, count=count)
 
     def _failed(self, target: TargetSettings, reason: str, detail: str, line: int | None) -> None:
         level = logging.WARNING if self._last_reason[target.name] != reason else logging.DEBUG
