@@ -61,7 +61,6 @@ __all__ = [
     "TLSSettings",
     "build_payload",
     "build_ssl_context",
-    "format_rfc3339",
 ]
 
 log = logging.getLogger("specwatch.alerts.alertmanager")
