@@ -14,7 +14,9 @@ text: run :func:`compare` off the event loop
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rapidfuzz.distance import Indel
 
@@ -32,6 +34,7 @@ __all__ = [
     "PairOutcome",
     "compare",
     "first_divergence",
+    "is_greedy",
     "similarity",
 ]
 
@@ -88,12 +91,7 @@ def _arm_outcome(
         div_c = first_divergence(std.text, r.text)
         if std.token_ids is not None and r.token_ids is not None:
             div_t = first_divergence(std.token_ids, r.token_ids)
-        if has_checker:
-            agrees = checker.equal_texts(std.text, r.text)
-        elif cfg.similarity_threshold is not None:
-            agrees = sim >= cfg.similarity_threshold
-        else:
-            agrees = norm_ws(std.text) == norm_ws(r.text)
+        agrees = _agree_texts(std, r, checker, cfg, has_checker)
     return ArmOutcome(
         arm=r.arm,
         ok=r.ok,
@@ -113,6 +111,31 @@ def _arm_outcome(
         similarity=sim,
         text=r.text,
     )
+
+
+def is_greedy(body: Mapping[str, Any]) -> bool:
+    """True when the request body asks for greedy decoding: ``temperature`` given as 0, or
+    ``top_k`` 1. An absent temperature is not greedy (OpenAI and vLLM default to sampling)."""
+    t = body.get("temperature")
+    k = body.get("top_k")
+    num = (int, float)
+    return (isinstance(t, num) and not isinstance(t, bool) and t == 0) or (
+        isinstance(k, int) and not isinstance(k, bool) and k == 1
+    )
+
+
+def _agree_texts(
+    a: ArmResult | None, b: ArmResult | None, checker: Checker, cfg: CompareConfig, has: bool
+) -> bool | None:
+    """Agreement of two arms' answers by the same rule as :func:`_arm_outcome` (``None`` unless
+    both answered)."""
+    if a is None or b is None or not (a.ok and b.ok):
+        return None
+    if has:
+        return checker.equal_texts(a.text, b.text)
+    if cfg.similarity_threshold is not None:
+        return similarity(a.text, b.text) >= cfg.similarity_threshold
+    return norm_ws(a.text) == norm_ws(b.text)
 
 
 def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcome:
@@ -146,6 +169,11 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
         if pair.noise is not None
         else None
     )
+    base_out = (
+        _arm_outcome(pair.baseline, pair.standard, checker, std_gold, cfg, has_checker)
+        if pair.baseline is not None
+        else None
+    )
     return PairOutcome(
         time=req.received_at,
         request_hash=req.request_hash,
@@ -159,4 +187,8 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
         standard=std_out,
         fly=fly_out,
         noise=noise_out,
+        baseline=base_out,
+        noise_baseline_agrees=_agree_texts(pair.noise, pair.baseline, checker, cfg, has_checker),
+        greedy=is_greedy(req.body),
+        running=pair.running,
     )

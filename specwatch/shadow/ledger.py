@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.tally import LABELLED, TALLY_RULES, Cell, PairTally, Rule
+from specwatch.shadow.tally import (
+    LABELLED,
+    TALLY_RULES,
+    UNKNOWN_BAND,
+    ArmTotals,
+    Cell,
+    PairTally,
+    Rule,
+    load_band_labels,
+)
 from specwatch.shadow.values import ArmOutcome, PairOutcome
 
 log = logging.getLogger("specwatch.shadow.ledger")
@@ -47,7 +56,11 @@ WRITE_ERROR_REASONS = (
 class LedgerRow:
     """One stored pair (times in unix seconds, latencies in seconds, tokens = completion tokens,
     ``*_tau`` = per-request mean acceptance length). Booleans are ``None`` when not applicable;
-    ``noise_*`` are ``None`` when no noise arm was asked. ``id`` is set on rows read back."""
+    ``noise_*`` are ``None`` when no noise arm was asked. ``greedy`` (temperature 0 or top_k 1),
+    ``running_at_replay`` (running requests on the busiest arm's server when replayed),
+    ``baseline_agrees`` (standard arm = no-speculation baseline) and ``noise_baseline_agrees``
+    (noise arm = baseline) were added later: rows written before are ``None`` there. ``id`` is
+    set on rows read back."""
 
     time: float
     request_hash: str
@@ -80,6 +93,10 @@ class LedgerRow:
     standard_text: str | None = None
     fly_text: str | None = None
     noise_text: str | None = None
+    greedy: bool | None = None
+    running_at_replay: float | None = None
+    baseline_agrees: bool | None = None
+    noise_baseline_agrees: bool | None = None
     id: int | None = None
 
     @classmethod
@@ -122,6 +139,10 @@ class LedgerRow:
             standard_text=o.standard.text if store_text else None,
             fly_text=o.fly.text if store_text else None,
             noise_text=ok_only(n, n.text if n is not None else None) if store_text else None,
+            greedy=o.greedy,
+            running_at_replay=o.running,
+            baseline_agrees=o.baseline.agrees if o.baseline is not None else None,
+            noise_baseline_agrees=o.noise_baseline_agrees,
         )
 
 
@@ -252,6 +273,10 @@ class Ledger:
         self._wconn = self._connect()
         for stmt in _SCHEMA:
             self._wconn.execute(stmt)
+        have = {str(r[1]) for r in self._wconn.execute("PRAGMA table_info(pairs)")}
+        for f in fields(LedgerRow):  # columns added since the file was created: NULL in old rows
+            if f.name != "id" and f.name not in have:
+                self._wconn.execute(f"ALTER TABLE pairs ADD COLUMN {f.name} {_sql_type(f.type)}")
         self._rconn = self._connect()
 
     async def open(self) -> None:
@@ -472,9 +497,65 @@ class Ledger:
     ) -> dict[str, PairTally]:
         """Per-category :class:`PairTally` over ``since <= time < until``, aggregated in SQL
         (what the statistics are rebuilt from after a restart)."""
+        return await self._tally_by("category", since, until)
+
+    async def tally_by_load(
+        self, bands: Sequence[int], since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """:class:`PairTally` per running-request band (lower bounds ``bands``, labels from
+        :func:`~specwatch.shadow.tally.load_band_labels`; rows without a running count are
+        ``unknown``) over ``since <= time < until``, all categories together."""
+        labels = load_band_labels(bands)
+        cases = " ".join(
+            f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
+            for lo, label in reversed(list(zip(bands, labels, strict=True)))
+        )
+        expr = f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
+        return await self._tally_by(expr, since, until)
+
+    async def arm_totals(
+        self, since: float | None = None, until: float | None = None
+    ) -> dict[str, ArmTotals]:
+        """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
+        rows) over ``since <= time < until``, aggregated in SQL."""
+        where, params = self._where(since, until, None)
+        tau = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+        speed = (
+            "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
+            "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
+        )
+        cols = [
+            f"SUM(CASE WHEN {tau} THEN 1 ELSE 0 END)",
+            f"SUM(CASE WHEN {tau} THEN standard_tau ELSE 0 END)",
+            f"SUM(CASE WHEN {tau} THEN fly_tau ELSE 0 END)",
+            f"SUM(CASE WHEN {speed} THEN 1 ELSE 0 END)",
+            f"SUM(CASE WHEN {speed} THEN standard_tokens ELSE 0 END)",
+            f"SUM(CASE WHEN {speed} THEN fly_tokens ELSE 0 END)",
+            f"SUM(CASE WHEN {speed} THEN standard_latency_seconds ELSE 0 END)",
+            f"SUM(CASE WHEN {speed} THEN fly_latency_seconds ELSE 0 END)",
+        ]
+        sql = f"SELECT category, {', '.join(cols)} FROM pairs{where} GROUP BY category"
+        raw = await asyncio.to_thread(self._read, sql, params)
+        return {
+            str(r[0]): ArmTotals(
+                tau_pairs=int(r[1] or 0),
+                standard_tau_sum=float(r[2] or 0.0),
+                fly_tau_sum=float(r[3] or 0.0),
+                speed_pairs=int(r[4] or 0),
+                standard_tokens=int(r[5] or 0),
+                fly_tokens=int(r[6] or 0),
+                standard_seconds=float(r[7] or 0.0),
+                fly_seconds=float(r[8] or 0.0),
+            )
+            for r in raw
+        }
+
+    async def _tally_by(
+        self, group: str, since: float | None, until: float | None
+    ) -> dict[str, PairTally]:
         where, params = self._where(since, until, None)
         sums = ", ".join(f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END)" for cond in _TALLY_SQL.values())
-        sql = f"SELECT category, {sums} FROM pairs{where} GROUP BY category"
+        sql = f"SELECT {group} AS grp, {sums} FROM pairs{where} GROUP BY grp"
         raw = await asyncio.to_thread(self._read, sql, params)
         names = list(_TALLY_SQL)
         return {

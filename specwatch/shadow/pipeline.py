@@ -112,7 +112,11 @@ class ShadowPipeline:
             marker_header=s.marker_header,
             clock=clock,
             extra_body=s.replay_extra_body,
+            baseline=(
+                _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
+            ),
         )
+        self._load_state = load_state
         self.ingest_counters = IngestCounters()
         self.mirror = MirrorIngest(
             self.offer,
@@ -225,7 +229,7 @@ class ShadowPipeline:
             await self._sleep(self.settings.pause_poll_seconds)
         self.in_flight += 1
         try:
-            pair = await self.replayer.replay(req)
+            pair = await self.replayer.replay(req, running=self._running())
         finally:
             self.in_flight -= 1
         status, reason = classify_pair(pair)
@@ -250,6 +254,13 @@ class ShadowPipeline:
                 exc_info=True,
                 request_hash=req.request_hash,
             )
+
+    def _running(self) -> float | None:
+        """Running requests on the busiest arm's server now (``None`` when no load is known)."""
+        if self._load_state is None:
+            return None
+        known = [a.running for a in self._load_state().values() if a.running is not None]
+        return max(known) if known else None
 
     # -- metrics ------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Replay one sampled request through the standard, FLy and optional noise arms, concurrently.
+"""Replay one sampled request through the standard, FLy and optional noise and baseline arms,
+concurrently.
 
 Each arm gets the same body with: ``seed`` added when absent (from the request hash, so a replay is
 repeatable), ``stream`` off (or on with ``stream_options.include_usage`` for arms that only stream),
@@ -163,31 +164,38 @@ class Replayer:
         marker_header: str,
         clock: Callable[[], float],
         extra_body: Mapping[str, Any] | None = None,
+        baseline: ArmTarget | None = None,
     ) -> None:
         self._session = session
         self.standard = standard
         self.fly = fly
         self.noise = noise
+        self.baseline = baseline
         self._cap = max_tokens_cap
         self._extra = dict(extra_body or {})
         self._marker = marker_header
         self._clock = clock
 
-    async def replay(self, req: ShadowRequest) -> ReplayPair:
+    async def replay(self, req: ShadowRequest, *, running: float | None = None) -> ReplayPair:
+        """Send ``req`` to every arm at once (standard, FLy, then noise and baseline when set);
+        ``running`` (running requests at replay time) is carried into the pair."""
         given = req.body.get("seed")
         seed = (
             given
             if isinstance(given, int) and not isinstance(given, bool)
             else seed_from_hash(req.request_hash)
         )
-        targets = [self.standard, self.fly] + ([self.noise] if self.noise is not None else [])
-        results = await asyncio.gather(*(self._one(t, req, seed) for t in targets))
+        targets = [self.standard, self.fly, self.noise, self.baseline]
+        asked = [t for t in targets if t is not None]
+        got = dict(zip(asked, await asyncio.gather(*(self._one(t, req, seed) for t in asked))))
         return ReplayPair(
             request=req,
-            standard=results[0],
-            fly=results[1],
-            noise=results[2] if len(results) > 2 else None,
+            standard=got[self.standard],
+            fly=got[self.fly],
+            noise=got.get(self.noise) if self.noise is not None else None,
             seed=seed,
+            baseline=got.get(self.baseline) if self.baseline is not None else None,
+            running=running,
         )
 
     async def _one(self, t: ArmTarget, req: ShadowRequest, seed: int) -> ArmResult:

@@ -56,7 +56,10 @@ class ShadowSettings(BaseModel):
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
-    target-only endpoint given in ``noise``); ``max_tokens_cap`` caps
+    target-only endpoint given in ``noise``); ``baseline`` an optional server without
+    speculation: the standard arm is compared with it on greedy requests (the lossless check,
+    whose noise floor is the noise arm's agreement with the baseline, so point ``noise`` at a
+    second no-speculation server or at the baseline itself); ``max_tokens_cap`` caps
     ``max_tokens``/``max_completion_tokens``; ``marker_header`` is set to ``1`` on every shadow
     request; ``stream_arms`` names arms that only answer streams (their replay is parsed with
     :mod:`specwatch.shadow.sse`).
@@ -87,7 +90,8 @@ class ShadowSettings(BaseModel):
     fly: ArmEndpoint | None = None
     noise: ArmEndpoint | None = None
     noise_kind: NoiseKind = "off"
-    stream_arms: tuple[Literal["standard", "fly", "noise"], ...] = ()
+    baseline: ArmEndpoint | None = None
+    stream_arms: tuple[Literal["standard", "fly", "noise", "baseline"], ...] = ()
     max_tokens_cap: int = Field(default=512, ge=1)
     replay_extra_body: dict[str, Any] = Field(default_factory=dict)
     marker_header: str = SHADOW_MARKER_HEADER
@@ -176,7 +180,10 @@ class PairedSettings(Frozen):
     ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
     ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
     defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
-    ``refresh_seconds`` (how often statistics are rebuilt from the ledger)."""
+    ``refresh_seconds`` (how often statistics are rebuilt from the ledger),
+    ``max_categories`` (the decision table keeps the busiest categories and pools the rest as
+    ``other``, so traffic cannot grow the series count), ``load_bands`` (lower bounds of the
+    running-request bands flips are split by: ``0,8,32`` gives ``0-7``, ``8-31``, ``32+``)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
@@ -184,6 +191,20 @@ class PairedSettings(Frozen):
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
+    max_categories: int = Field(default=20, ge=1, le=1000)
+    load_bands: Annotated[tuple[int, ...], NoDecode] = (0, 8, 32)
+
+    @field_validator("load_bands", mode="before")
+    @classmethod
+    def _split_bands(cls, v: Any) -> Any:
+        return split_list(v)
+
+    @field_validator("load_bands")
+    @classmethod
+    def _check_bands(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or v[0] != 0 or any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("load_bands must start at 0 and increase (e.g. 0,8,32)")
+        return v
 
     @field_validator("windows", mode="before")
     @classmethod

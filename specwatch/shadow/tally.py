@@ -60,6 +60,22 @@ TALLY_RULES: Mapping[str, Rule] = {
     "flip_noise_only": (*_PAIRED, ("fly_agrees", True), ("noise_agrees", False)),
     "flip_both": (*_PAIRED, ("fly_agrees", False), ("noise_agrees", False)),
     "flip_neither": (*_PAIRED, ("fly_agrees", True), ("noise_agrees", True)),
+    "baseline_agree": (*_PAIRED, ("greedy", True), ("baseline_agrees", True)),
+    "baseline_disagree": (*_PAIRED, ("greedy", True), ("baseline_agrees", False)),
+    **{
+        "lossless_" + name: (
+            *_PAIRED,
+            ("greedy", True),
+            ("baseline_agrees", std_agrees),
+            ("noise_baseline_agrees", noise_agrees),
+        )
+        for name, (std_agrees, noise_agrees) in {
+            "spec_only": (False, True),
+            "noise_only": (True, False),
+            "both": (False, False),
+            "neither": (True, True),
+        }.items()
+    },
     "unpaired": (("status", "unpaired"),),
     "excluded": (("status", "excluded"),),
 }
@@ -73,7 +89,11 @@ class PairTally:
     arm versus standard on labelled pairs: ``noise_*``; answer agreement with the standard arm on
     all paired rows: ``agree, disagree`` (FLy) and ``noise_agree, noise_disagree``; the paired
     flip table on rows where the noise arm answered: ``flip_fly_only, flip_noise_only,
-    flip_both, flip_neither``; plus ``unpaired`` and ``excluded`` rows.
+    flip_both, flip_neither``; the lossless check on greedy paired rows with a baseline arm
+    (no speculation): the standard arm's agreement with it ``baseline_agree, baseline_disagree``
+    and the paired flip table against the baseline, standard arm versus noise arm,
+    ``lossless_spec_only, lossless_noise_only, lossless_both, lossless_neither``; plus
+    ``unpaired`` and ``excluded`` rows.
     """
 
     both_correct: int = 0
@@ -92,6 +112,12 @@ class PairTally:
     flip_noise_only: int = 0
     flip_both: int = 0
     flip_neither: int = 0
+    baseline_agree: int = 0
+    baseline_disagree: int = 0
+    lossless_spec_only: int = 0
+    lossless_noise_only: int = 0
+    lossless_both: int = 0
+    lossless_neither: int = 0
     unpaired: int = 0
     excluded: int = 0
 
@@ -108,6 +134,16 @@ class PairTally:
         """Noise arm vs standard correctness table (an A/A comparison)."""
         return PairedCounts(
             self.noise_both_correct, self.noise_lost, self.noise_gained, self.noise_both_wrong
+        )
+
+    def lossless_flip_counts(self) -> FlipCounts:
+        """Standard-arm and noise-arm flips against the no-speculation baseline, paired (greedy
+        requests only): ``fly_only`` here counts the standard (speculative) arm's flips."""
+        return FlipCounts(
+            self.lossless_spec_only,
+            self.lossless_noise_only,
+            self.lossless_both,
+            self.lossless_neither,
         )
 
     def flip_counts(self) -> FlipCounts:
@@ -161,6 +197,12 @@ class TallyRow(Protocol):
     def fly_agrees(self) -> bool | None: ...
     @property
     def noise_agrees(self) -> bool | None: ...
+    @property
+    def greedy(self) -> bool | None: ...
+    @property
+    def baseline_agrees(self) -> bool | None: ...
+    @property
+    def noise_baseline_agrees(self) -> bool | None: ...
 
 
 def matches(row: TallyRow, rule: Rule) -> bool:
@@ -207,3 +249,39 @@ def window_tallies(
         name: tally_rows(r for r in rows if secs is None or now - secs <= r.time <= now)
         for name, secs in windows.items()
     }
+
+
+def load_band_labels(bands: Sequence[int]) -> tuple[str, ...]:
+    """Labels of the running-request bands with lower bounds ``bands`` (``0, 8, 32`` ->
+    ``0-7``, ``8-31``, ``32+``)."""
+    out = [f"{lo}-{hi - 1}" for lo, hi in zip(bands, bands[1:], strict=False)]
+    return (*out, f"{bands[-1]}+")
+
+
+#: The band of a pair whose running count was not known at replay time.
+UNKNOWN_BAND = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTotals:
+    """Per-request speed and speculation sums over paired rows (one window and category).
+
+    ``tau_pairs`` rows where both the standard and FLy arm returned a per-request mean
+    acceptance length, with the sums ``standard_tau_sum`` / ``fly_tau_sum``; ``speed_pairs`` rows
+    where both arms reported completion tokens and a latency, with token sums and latency sums
+    (seconds). Additive, so categories can be pooled.
+    """
+
+    tau_pairs: int = 0
+    standard_tau_sum: float = 0.0
+    fly_tau_sum: float = 0.0
+    speed_pairs: int = 0
+    standard_tokens: int = 0
+    fly_tokens: int = 0
+    standard_seconds: float = 0.0
+    fly_seconds: float = 0.0
+
+    def __add__(self, other: ArmTotals) -> ArmTotals:
+        return ArmTotals(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )

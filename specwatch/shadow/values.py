@@ -28,6 +28,7 @@ class Arm(enum.StrEnum):
     STANDARD = "standard"
     FLY = "fly"
     NOISE = "noise"
+    BASELINE = "baseline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,12 @@ class ArmResult:
 
 @dataclass(frozen=True, slots=True)
 class ReplayPair:
-    """A request and the result of each arm that was asked (noise is optional)."""
+    """A request and the result of each arm that was asked (noise and baseline are optional).
+
+    ``running`` is the number of running requests (``vllm:num_requests_running``) on the busiest
+    arm's server when the replay started, as the sampler's load state last saw it (``None`` when
+    no load was known).
+    """
 
     request: ShadowRequest
     standard: ArmResult
@@ -84,6 +90,8 @@ class ReplayPair:
     noise: ArmResult | None = None
     seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    baseline: ArmResult | None = None
+    running: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,12 @@ class PairOutcome:
     never counted as a mismatch), ``excluded`` (e.g. a 400 for an unsupported parameter, or a
     checker that cannot run); ``reason`` says why for the last two. ``noise`` is ``None`` when no
     noise arm was asked; a failed noise arm leaves the pair paired with ``noise.ok`` False.
+    ``baseline`` (a server without speculation) is compared with the standard arm like the other
+    arms (its ``agrees`` = the standard arm's answer equals the baseline's);
+    ``noise_baseline_agrees`` is the noise arm's agreement with the baseline (the noise floor of
+    the lossless check), ``None`` unless both answered. ``greedy``: the request asked for greedy
+    decoding (temperature 0 or top_k 1), the only requests a lossless rule must reproduce
+    exactly. ``running``: running requests at replay time (see :class:`ReplayPair`).
     """
 
     time: float
@@ -139,7 +153,16 @@ class PairOutcome:
     standard: ArmOutcome
     fly: ArmOutcome
     noise: ArmOutcome | None
+    baseline: ArmOutcome | None = None
+    noise_baseline_agrees: bool | None = None
+    greedy: bool = False
+    running: float | None = None
 
     def arm(self, arm: Arm) -> ArmOutcome | None:
-        """The outcome of ``arm`` (``None`` for a noise arm that was not asked)."""
-        return {Arm.STANDARD: self.standard, Arm.FLY: self.fly, Arm.NOISE: self.noise}[arm]
+        """The outcome of ``arm`` (``None`` for a noise or baseline arm that was not asked)."""
+        return {
+            Arm.STANDARD: self.standard,
+            Arm.FLY: self.fly,
+            Arm.NOISE: self.noise,
+            Arm.BASELINE: self.baseline,
+        }[arm]
