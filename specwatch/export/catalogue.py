@@ -297,6 +297,84 @@ SUMMARY_GAUGES: dict[str, MetricSpec] = {
         WC,
     ),
 }
+LOSSLESS_FLIP_RATIO = _g(
+    "specwatch_lossless_flip_ratio",
+    "Greedy requests whose answer differs from the no-speculation baseline's: arm=standard "
+    "(the speculative standard arm) and arm=noise (the noise floor), on the same requests.",
+    (*WC, "arm"),
+)
+LOSSLESS_E_VALUE = _g(
+    "specwatch_lossless_e_value",
+    "Anytime-valid e-value (beta-binomial mixture, p0 = 1/2) that the standard arm flips greedy "
+    "answers against the baseline more often than the noise arm does (window since_start).",
+    WC,
+)
+LOSSLESS_PAIRS = _g(
+    "specwatch_lossless_pairs",
+    "Greedy paired requests where the baseline and the noise arm both answered.",
+    WC,
+)
+DC = ("category",)
+#: DecisionRow attribute -> per-category gauge (since start, bounded categories + overall).
+DECISION_GAUGES: dict[str, MetricSpec] = {
+    "tau_gain": _g(
+        "specwatch_decision_tau_gain",
+        "Mean per-request acceptance length (tau) of FLy minus the standard arm's.",
+        DC,
+    ),
+    "throughput_gain_ratio": _g(
+        "specwatch_decision_throughput_gain_ratio",
+        "FLy's replay decode throughput over the standard arm's, minus 1.",
+        DC,
+    ),
+    "net_loss_ratio": _g(
+        "specwatch_decision_net_loss_ratio",
+        "Net loss acc(standard) - acc(FLy) on labelled pairs since start.",
+        DC,
+    ),
+    "ci_lower": _g(
+        "specwatch_decision_net_loss_ci_lower_ratio",
+        "Lower bound of the net loss's Tango interval (level 1 - alpha).",
+        DC,
+    ),
+    "ci_upper": _g(
+        "specwatch_decision_net_loss_ci_upper_ratio",
+        "Upper bound of the net loss's Tango interval (level 1 - alpha).",
+        DC,
+    ),
+    "e_value": _g(
+        "specwatch_decision_e_value",
+        "Focused mixture e-value against 'no net loss' since start.",
+        DC,
+    ),
+    "noise_flip_ratio": _g(
+        "specwatch_decision_noise_flip_ratio",
+        "Noise floor: share of paired requests where the noise arm's answer differs.",
+        DC,
+    ),
+    "pairs_more": _g(
+        "specwatch_decision_pairs_needed",
+        "Labelled pairs still needed before the category is decided (Connor 1987).",
+        DC,
+    ),
+}
+DECISION_VERDICT = _g(
+    "specwatch_decision_verdict",
+    "1 on the category's current verdict (pays, costs_quality, not_faster, not_decided), "
+    "0 on the others.",
+    ("category", "verdict"),
+)
+LOAD_BAND_FLIP_RATIO = _g(
+    "specwatch_load_band_flip_ratio",
+    "Share of paired requests whose answer differs from the standard arm's, by the running "
+    "requests at replay time (band) and arm (fly, noise), since start.",
+    ("band", "arm"),
+)
+LOAD_BAND_PAIRS = _g(
+    "specwatch_load_band_pairs",
+    "Paired requests compared per running-request band and arm, since start.",
+    ("band", "arm"),
+)
 MCNEMAR_P = _g(
     "specwatch_paired_mcnemar_p_value",
     "Exact McNemar p-value on the discordant pairs (two-sided, or one-sided for FLy loss).",
@@ -413,6 +491,13 @@ SHADOW: tuple[MetricSpec, ...] = (
     MCNEMAR_P,
     E_VALUE,
     FLIP_RATIO,
+    LOSSLESS_FLIP_RATIO,
+    LOSSLESS_E_VALUE,
+    LOSSLESS_PAIRS,
+    *DECISION_GAUGES.values(),
+    DECISION_VERDICT,
+    LOAD_BAND_FLIP_RATIO,
+    LOAD_BAND_PAIRS,
     LEDGER_ROWS,
     *SHADOW_IO,
 )

@@ -167,7 +167,10 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
 
     Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
     ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
-    list of ``{"category", "arm", "outcome", "count"}``.
+    list of ``{"category", "arm", "outcome", "count"}``; ``decisions`` the per-category
+    decision table (one object per :class:`~specwatch.shadow.decision.DecisionRow`, categories
+    bounded, ``overall`` last) and ``by_load`` the flip rates per running-request band (one
+    object per :class:`~specwatch.shadow.summary.LoadBand`).
     """
 
     def summary(s: PairedSummary) -> dict[str, object]:
@@ -205,4 +208,10 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
             "dropped_total": dict(io.dropped),
             "paused": {r: bool(v) for r, v in io.paused.items()},
         },
+        "decisions": [
+            {f.name: _json_num(getattr(r, f.name)) for f in fields(r)} for r in stats.decisions
+        ],
+        "by_load": [
+            {f.name: _json_num(getattr(b, f.name)) for f in fields(b)} for b in stats.by_load
+        ],
     }

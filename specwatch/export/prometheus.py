@@ -54,6 +54,7 @@ from specwatch.export.catalogue import (
 from specwatch.export.snapshot import SnapshotGetter
 from specwatch.observe.values import QUANTILES, Health, PairView, TargetSnapshot
 from specwatch.shadow.compare import EXCLUDED_REASONS
+from specwatch.shadow.decision import VERDICTS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
 
@@ -263,6 +264,27 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
             fam.add(cat.E_VALUE, (window, category, "no_net_loss"), s.e_value)
             fam.add(cat.FLIP_RATIO, (window, category, "fly"), s.fly_flip_ratio)
             fam.add(cat.FLIP_RATIO, (window, category, "noise"), s.noise_flip_ratio)
+            if s.lossless_pairs:
+                fam.add(cat.LOSSLESS_FLIP_RATIO, (window, category, "standard"), s.spec_flip_ratio)
+                fam.add(
+                    cat.LOSSLESS_FLIP_RATIO,
+                    (window, category, "noise"),
+                    s.baseline_noise_flip_ratio,
+                )
+                fam.add(cat.LOSSLESS_E_VALUE, (window, category), s.lossless_e_value)
+            fam.add(cat.LOSSLESS_PAIRS, (window, category), s.lossless_pairs)
+    for row in state.decisions:
+        for attr, spec in cat.DECISION_GAUGES.items():
+            fam.add(spec, (row.category,), getattr(row, attr))
+        for verdict in VERDICTS:
+            fam.add(cat.DECISION_VERDICT, (row.category, verdict), row.verdict == verdict)
+    for band in state.by_load:
+        for arm, n, ratio in (
+            ("fly", band.pairs, band.fly_flip_ratio),
+            ("noise", band.noise_pairs, band.noise_flip_ratio),
+        ):
+            fam.add(cat.LOAD_BAND_PAIRS, (band.band, arm), n)
+            fam.add(cat.LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)

@@ -15,7 +15,9 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
 3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
    the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
-   the pipeline's queue/drop/pause state, exports it (``ShadowCollector``) and hands it to
+   the pipeline's queue/drop/pause state, the per-category decision table
+   (:func:`~specwatch.shadow.decision.decision_table`) and the flip rates per running-request
+   band, exports it (``ShadowCollector``) and hands it to
    ``on_stats``.
 """
 
@@ -33,8 +35,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
+from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ingest.mirror import mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
@@ -45,8 +49,9 @@ from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowStats,
     build_shadow_stats,
+    load_bands,
 )
-from specwatch.shadow.tally import labelled_outcome
+from specwatch.shadow.tally import labelled_outcome, load_band_labels
 from specwatch.shadow.values import PairOutcome, ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
@@ -137,6 +142,19 @@ class ShadowComponent:
             name: await ledger.tally(since=None if secs is None else now - secs)
             for name, secs in p.window_seconds.items()
         }
+        since_start = tallies.get(SINCE_START) or await ledger.tally()
+        decisions = decision_table(
+            since_start,
+            await ledger.arm_totals(),
+            alpha=p.alpha,
+            margin=p.margin,
+            detect_net_loss=p.detect_net_loss,
+            power=p.power,
+            max_categories=p.max_categories,
+        )
+        by_load = load_bands(
+            await ledger.tally_by_load(p.load_bands), load_band_labels(p.load_bands)
+        )
         rows = await ledger.row_count()
         health = ledger.health
         errors = dict(health.write_errors)
@@ -157,6 +175,8 @@ class ShadowComponent:
             ledger_rows=rows,
             ledger_write_errors=errors,
             io=io,
+            decisions=decisions,
+            by_load=by_load,
         )
         self._stats = stats
         if self._on_stats is not None:

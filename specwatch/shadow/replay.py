@@ -187,7 +187,11 @@ class Replayer:
         )
         targets = [self.standard, self.fly, self.noise, self.baseline]
         asked = [t for t in targets if t is not None]
-        got = dict(zip(asked, await asyncio.gather(*(self._one(t, req, seed) for t in asked))))
+        got = dict(
+            zip(
+                asked, await asyncio.gather(*(self._one(t, req, seed) for t in asked)), strict=False
+            )
+        )
         return ReplayPair(
             request=req,
             standard=got[self.standard],

@@ -7,6 +7,7 @@ Durations are seconds, rates per second, sizes bytes.
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -202,7 +203,7 @@ class PairedSettings(Frozen):
     @field_validator("load_bands")
     @classmethod
     def _check_bands(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or v[0] != 0 or any(b <= a for a, b in zip(v, v[1:], strict=False)):
+        if not v or v[0] != 0 or any(b <= a for a, b in itertools.pairwise(v)):
             raise ValueError("load_bands must start at 0 and increase (e.g. 0,8,32)")
         return v
 

@@ -4,8 +4,9 @@ snapshot read by the exporter (``specwatch.export.prometheus``) and the alert de
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specwatch.core.config import OVERALL
 from specwatch.core.numbers import exp_or_inf
@@ -21,6 +22,7 @@ from specwatch.shadow.stats.paired import (
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
     alarm,
+    beta_binomial_e_value,
     net_loss_log_e_value,
 )
 from specwatch.shadow.tally import PairTally as PairTally
@@ -28,6 +30,9 @@ from specwatch.shadow.tally import arm_label_counts, row_tally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
 from specwatch.shadow.values import PairOutcome
+
+if TYPE_CHECKING:
+    from specwatch.shadow.decision import DecisionRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,14 @@ class PairedSummary:
     Connor's formula needs p_d >= δ), ``None`` only while there are no labelled pairs (the
     discordant rate is undefined); ``questions_still_needed`` = max(0, needed - n); flip ratios
     from answer agreement.
+
+    The lossless check (greedy pairs with a baseline arm without speculation and a noise arm
+    that answered): ``spec_flip_ratio`` = share of them where the standard (speculative) arm's
+    answer differs from the baseline's, ``baseline_noise_flip_ratio`` the noise arm's share
+    (the floor), ``lossless_excess_flip_ratio`` their difference, ``lossless_p`` the one-sided
+    exact McNemar p of standard-only against noise-only flips, ``lossless_e_value`` the
+    beta-binomial mixture e-value on the same flips (p0 = 1/2; anytime valid for
+    ``since_start``), ``lossless_pairs`` the pairs counted.
     """
 
     tally: PairTally
@@ -71,6 +84,12 @@ class PairedSummary:
     excess_flip_ratio: float
     excess_flip_p: float
     noise_pairs: int
+    spec_flip_ratio: float = math.nan
+    baseline_noise_flip_ratio: float = math.nan
+    lossless_excess_flip_ratio: float = math.nan
+    lossless_p: float = 1.0
+    lossless_e_value: float = 1.0
+    lossless_pairs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +141,9 @@ class ShadowStats:
     ``excluded_total[reason]`` are monotonic counters since process start (seeded from the ledger
     at start); ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
     ``ledger_rows`` the rows in the ledger, ``ledger_write_errors[exception type]`` failed row
-    writes; ``io`` the I/O side's queue/pause state when known.
+    writes; ``io`` the I/O side's queue/pause state when known; ``decisions`` the per-category
+    decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
+    categories); ``by_load`` flip rates per running-request band (since start).
     """
 
     generated_at: float
@@ -137,6 +158,42 @@ class ShadowStats:
     ledger_rows: int | None = None
     ledger_write_errors: Mapping[str, int] = field(default_factory=dict)
     io: ShadowIO | None = None
+    decisions: tuple[DecisionRow, ...] = ()
+    by_load: tuple[LoadBand, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBand:
+    """Flip rates of the pairs replayed while ``band`` requests were running (since start, all
+    categories): ``pairs`` paired requests, ``fly_flip_ratio`` share where FLy's answer differs
+    from the standard's; ``noise_pairs`` those with a noise answer, ``noise_flip_ratio`` the
+    noise arm's share (NaN when there are none)."""
+
+    band: str
+    pairs: int
+    fly_flip_ratio: float
+    noise_pairs: int
+    noise_flip_ratio: float
+
+
+def load_bands(tallies: Mapping[str, PairTally], labels: Sequence[str]) -> tuple[LoadBand, ...]:
+    """One :class:`LoadBand` per label in ``labels`` (from ``Ledger.tally_by_load``; absent bands
+    count 0), then ``unknown`` when some pairs had no running count. Pure."""
+    names = [*labels, *(["unknown"] if tallies.get("unknown", PairTally()).paired else [])]
+    out = []
+    for name in names:
+        t = tallies.get(name, PairTally())
+        nn = t.noise_agree + t.noise_disagree
+        out.append(
+            LoadBand(
+                band=name,
+                pairs=t.paired,
+                fly_flip_ratio=t.disagree / t.paired if t.paired else math.nan,
+                noise_pairs=nn,
+                noise_flip_ratio=t.noise_disagree / nn if nn else math.nan,
+            )
+        )
+    return tuple(out)
 
 
 # -- building snapshots (pure) ------------------------------------------------------------------
@@ -170,6 +227,8 @@ def summarize(
             detect_net_loss, max(disc, detect_net_loss), alpha=alpha, power=power
         )
     ex = excess_flip(tally.flip_counts())
+    lf = tally.lossless_flip_counts()
+    lex = excess_flip(lf)
     fly_flip = tally.disagree / tally.paired if tally.paired else math.nan
     noise_n = tally.noise_agree + tally.noise_disagree
     noise_flip = tally.noise_disagree / noise_n if noise_n else math.nan
@@ -199,6 +258,12 @@ def summarize(
         excess_flip_ratio=ex.excess_flip_ratio,
         excess_flip_p=ex.p_value,
         noise_pairs=tally.flip_counts().n,
+        spec_flip_ratio=lex.fly_flip_ratio,
+        baseline_noise_flip_ratio=lex.noise_flip_ratio,
+        lossless_excess_flip_ratio=lex.excess_flip_ratio,
+        lossless_p=lex.p_value,
+        lossless_e_value=beta_binomial_e_value(lf.fly_only, lf.noise_only),
+        lossless_pairs=lf.n,
     )
 
 
@@ -216,6 +281,8 @@ def build_shadow_stats(
     ledger_rows: int | None = None,
     ledger_write_errors: Mapping[str, int] | None = None,
     io: ShadowIO | None = None,
+    decisions: tuple[DecisionRow, ...] = (),
+    by_load: tuple[LoadBand, ...] = (),
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category."""
@@ -243,6 +310,8 @@ def build_shadow_stats(
         ledger_rows=ledger_rows,
         ledger_write_errors=dict(ledger_write_errors or {}),
         io=io,
+        decisions=decisions,
+        by_load=by_load,
     )
 
 

@@ -14,6 +14,7 @@ and the e-processes: paired, with both the standard's and FLy's correctness know
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -254,7 +255,7 @@ def window_tallies(
 def load_band_labels(bands: Sequence[int]) -> tuple[str, ...]:
     """Labels of the running-request bands with lower bounds ``bands`` (``0, 8, 32`` ->
     ``0-7``, ``8-31``, ``32+``)."""
-    out = [f"{lo}-{hi - 1}" for lo, hi in zip(bands, bands[1:], strict=False)]
+    out = [f"{lo}-{hi - 1}" for lo, hi in itertools.pairwise(bands)]
     return (*out, f"{bands[-1]}+")
 
 

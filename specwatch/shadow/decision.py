@@ -1,0 +1,208 @@
+"""The per-category decision table: is FLy worth it for each kind of request? (pure)
+
+One row per request category (the busiest ``max_categories`` by paired volume, the rest pooled
+as ``other``) plus ``overall``, built from the ledger's since-start tallies
+(:class:`~specwatch.shadow.tally.PairTally`) and speed sums
+(:class:`~specwatch.shadow.tally.ArmTotals`). The same rows feed ``/api/v1/snapshot``
+(``shadow.decisions``), the ``specwatch_decision_*`` gauges and ``specwatch report``.
+
+Verdicts, first match wins (``alpha``, ``margin`` and ``detect_net_loss`` are the paired
+settings):
+
+1. ``costs_quality``, *FLy costs quality here*: the focused mixture e-value of FLy's net loss
+   reached ``1/alpha`` (anytime valid; the same alarm as ``SpecQualityDrift``).
+2. ``pays``, *FLy pays here*: the Tango non-inferiority test shows the net loss below
+   ``margin`` and FLy's decode throughput (completion tokens per second of replay) is higher
+   than the standard arm's over at least :data:`MIN_SPEED_PAIRS` pairs.
+3. ``not_faster``, *FLy is not faster here*: non-inferior, but FLy's throughput is not higher.
+4. ``not_decided``: otherwise, with "about N more pairs" from Connor's sample-size formula
+   (:func:`~specwatch.shadow.stats.power.questions_needed`) at the observed discordance, or why
+   no number can be given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from specwatch.core.config import OVERALL
+from specwatch.shadow.summary import PairedSummary, summarize
+from specwatch.shadow.tally import ArmTotals, PairTally
+
+Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
+
+#: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
+VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")
+
+#: The category the categories beyond ``max_categories`` are pooled into.
+OTHER = "other"
+
+#: Paired requests with tokens and latency on both arms needed before a throughput gain is
+#: reported (fewer: the gain is ``None`` with a reason).
+MIN_SPEED_PAIRS = 5
+
+#: Why the acceptance gain column is empty: the ledger stores per-request mean acceptance
+#: length (τ) only, not the drafted and accepted token counts an acceptance rate needs.
+NO_ACCEPTANCE = "per-request acceptance rate not recorded (the ledger keeps τ only)"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One category's decision (ratios are fractions; ``None`` = not measurable, with a reason).
+
+    ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
+    n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
+    requests where both returned it; ``acceptance_gain`` (always ``None`` for now, see
+    ``acceptance_gain_reason``); ``throughput_gain_ratio`` = FLy tokens/s ÷ standard tokens/s − 1
+    (completion tokens over replay seconds summed over ``speed_pairs`` requests);
+    ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
+    ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
+    ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
+    :data:`VERDICTS`, ``verdict_text`` the sentence; ``pairs_more`` the labelled pairs still
+    needed when not decided (``None`` otherwise or when it cannot be computed).
+    """
+
+    category: str
+    pairs: int
+    labelled: int
+    tau_pairs: int
+    tau_gain: float | None
+    tau_gain_reason: str | None
+    acceptance_gain: float | None
+    acceptance_gain_reason: str | None
+    speed_pairs: int
+    throughput_gain_ratio: float | None
+    throughput_gain_reason: str | None
+    net_loss_ratio: float
+    ci_lower: float
+    ci_upper: float
+    e_value: float
+    fly_flip_ratio: float
+    noise_flip_ratio: float
+    verdict: Verdict
+    verdict_text: str
+    pairs_more: int | None
+
+
+def bound_categories(tallies: Mapping[str, PairTally], max_categories: int) -> dict[str, str]:
+    """Category → the name it is shown under: the ``max_categories`` with the most paired
+    requests (ties by name) keep theirs, the rest become :data:`OTHER`. Raises ``ValueError``
+    for ``max_categories < 1``."""
+    if max_categories < 1:
+        raise ValueError("max_categories must be >= 1")
+    cats = [c for c in tallies if c != OVERALL]
+    ranked = sorted(cats, key=lambda c: (-tallies[c].paired, c))
+    keep = set(ranked[:max_categories])
+    return {c: (c if c in keep else OTHER) for c in cats}
+
+
+def _tau(t: ArmTotals) -> tuple[float | None, str | None]:
+    if t.tau_pairs == 0:
+        return None, "no reply carried per-request τ (metrics.speculative_decoding)"
+    return (t.fly_tau_sum - t.standard_tau_sum) / t.tau_pairs, None
+
+
+def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
+    if t.speed_pairs < MIN_SPEED_PAIRS:
+        return None, f"{t.speed_pairs} pairs with tokens and latency (need {MIN_SPEED_PAIRS})"
+    if t.standard_tokens <= 0 or t.fly_seconds <= 0 or t.standard_seconds <= 0:
+        return None, "the standard arm generated no tokens"
+    fly = t.fly_tokens / t.fly_seconds
+    std = t.standard_tokens / t.standard_seconds
+    return fly / std - 1.0, None
+
+
+def _verdict(
+    s: PairedSummary, speed_gain: float | None, alpha: float
+) -> tuple[Verdict, str, int | None]:
+    if s.e_value >= 1.0 / alpha:
+        return "costs_quality", "FLy costs quality here", None
+    if s.non_inferiority_pass:
+        if speed_gain is None:
+            return (
+                "not_decided",
+                "not decided: quality is within the margin but FLy's speed is not measured",
+                None,
+            )
+        if speed_gain > 0:
+            return "pays", "FLy pays here", None
+        return "not_faster", "FLy is not faster here", None
+    if s.questions_still_needed is None:
+        return "not_decided", "not decided: no labelled pairs yet", None
+    if s.questions_still_needed == 0:
+        return (
+            "not_decided",
+            "not decided: the planned sample size is reached but neither test has decided",
+            0,
+        )
+    more = s.questions_still_needed
+    return "not_decided", f"not decided: about {more} more pairs", more
+
+
+def decision_row(
+    category: str,
+    tally: PairTally,
+    totals: ArmTotals,
+    *,
+    alpha: float,
+    margin: float,
+    detect_net_loss: float,
+    power: float = 0.8,
+) -> DecisionRow:
+    """The :class:`DecisionRow` of one category's since-start tally and speed sums."""
+    s = summarize(tally, alpha=alpha, margin=margin, detect_net_loss=detect_net_loss, power=power)
+    tau, tau_why = _tau(totals)
+    speed, speed_why = _speed(totals)
+    verdict, text, more = _verdict(s, speed, alpha)
+    return DecisionRow(
+        category=category,
+        pairs=tally.paired,
+        labelled=s.n,
+        tau_pairs=totals.tau_pairs,
+        tau_gain=tau,
+        tau_gain_reason=tau_why,
+        acceptance_gain=None,
+        acceptance_gain_reason=NO_ACCEPTANCE,
+        speed_pairs=totals.speed_pairs,
+        throughput_gain_ratio=speed,
+        throughput_gain_reason=speed_why,
+        net_loss_ratio=s.net_loss_ratio,
+        ci_lower=s.ci_lower,
+        ci_upper=s.ci_upper,
+        e_value=s.e_value,
+        fly_flip_ratio=s.fly_flip_ratio,
+        noise_flip_ratio=s.noise_flip_ratio,
+        verdict=verdict,
+        verdict_text=text,
+        pairs_more=more,
+    )
+
+
+def decision_table(
+    tallies: Mapping[str, PairTally],
+    totals: Mapping[str, ArmTotals],
+    *,
+    alpha: float,
+    margin: float,
+    detect_net_loss: float,
+    power: float = 0.8,
+    max_categories: int = 20,
+) -> tuple[DecisionRow, ...]:
+    """The decision table: one row per bounded category (sorted, :data:`OTHER` last) and an
+    ``overall`` row, from since-start per-category tallies (``Ledger.tally()``) and speed sums
+    (``Ledger.arm_totals()``). Categories with no row in ``totals`` have no speed data. Pure;
+    raises ``ValueError`` for ``max_categories < 1``."""
+    names = bound_categories(tallies, max_categories)
+    pooled_t: dict[str, PairTally] = {}
+    pooled_a: dict[str, ArmTotals] = {}
+    for cat, shown in names.items():
+        pooled_t[shown] = pooled_t.get(shown, PairTally()) + tallies[cat]
+        pooled_a[shown] = pooled_a.get(shown, ArmTotals()) + totals.get(cat, ArmTotals())
+    order = sorted(pooled_t, key=lambda c: (c == OTHER, c))
+    all_t = sum(pooled_t.values(), PairTally())
+    all_a = sum(pooled_a.values(), ArmTotals())
+    kw = {"alpha": alpha, "margin": margin, "detect_net_loss": detect_net_loss, "power": power}
+    rows = [decision_row(c, pooled_t[c], pooled_a[c], **kw) for c in order]
+    rows.append(decision_row(OVERALL, all_t, all_a, **kw))
+    return tuple(rows)
