@@ -209,3 +209,18 @@ def flip_rate_above_noise(
         return None
     z = two_proportion_z(disagree_fly, compared_fly, disagree_noise, compared_noise)
     return z if z is not None and z >= s.flip_z else None
+
+
+def lossless_flips(
+    e_value: float | None, pairs: float | None, alpha: float, s: DetectSettings
+) -> float | None:
+    """SpecLosslessFlips: the since-start lossless e-value (standard-only against noise-only
+    flips of greedy answers versus the no-speculation baseline) reaches ``1/alpha`` on at least
+    ``lossless_min_pairs`` pairs → the e-value (``+inf`` counts). Raises ``ValueError`` unless
+    0 < ``alpha`` < 1."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError("alpha must be in (0, 1)")
+    n = _f(pairs)
+    if e_value is None or math.isnan(e_value) or n is None or n < s.lossless_min_pairs:
+        return None
+    return e_value if e_value >= 1.0 / alpha else None

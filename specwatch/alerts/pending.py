@@ -56,6 +56,7 @@ def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
         "SpecBudgetStarvation": s.budget_for,
         "SpecAdmissionStall": s.stall_for,
         "SpecFlipRateAboveNoise": s.flip_for,
+        "SpecLosslessFlips": s.lossless_for,
         "SpecwatchTargetDown": s.target_down_for,
         "SpecwatchShadowStalled": s.shadow_stalled_for,
         "SpecwatchLedgerFailing": s.ledger_failing_for,

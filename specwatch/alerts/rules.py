@@ -20,6 +20,7 @@ from specwatch.alerts.conditions import (
     decode_inactive,
     flip_rate_above_noise,
     fly_gain_lost,
+    lossless_flips,
     quality_drift,
 )
 from specwatch.alerts.settings import DetectSettings
@@ -399,6 +400,29 @@ def _flip(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     ]
 
 
+def _lossless(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
+    summ = _shadow_window(shadow, SINCE_START).get(OVERALL)
+    if summ is None:
+        return []
+    e = lossless_flips(summ.lossless_e_value, summ.lossless_pairs, shadow.alpha, s)
+    if e is None:
+        return []
+    lf = summ.tally.lossless_flip_counts()
+    return [
+        Alert(
+            "SpecLosslessFlips",
+            Severity.WARNING,
+            "Speculation on the standard arm changes greedy answers beyond the noise floor.",
+            f"Since start, on {lf.n} greedy requests the standard (speculative) arm's answer "
+            f"differs from the no-speculation baseline's in {lf.fly_only + lf.both} and the "
+            f"noise arm's in {lf.noise_only + lf.both} ({lf.fly_only} standard-only, "
+            f"{lf.noise_only} noise-only flips): e-value {e:.3g}, over its 1/alpha bound. "
+            f"The standard arm is not lossless here.",
+            {"category": OVERALL},
+        )
+    ]
+
+
 def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
     summ = _shadow_window(shadow, s.shadow_stalled_window).get(OVERALL)
     if summ is None or summ.tally.paired > 0:
@@ -444,7 +468,9 @@ def candidates(
       since-start paired e-value, per category with ``hypothesis="no_net_loss"`` and the
       overall margin e-process with ``hypothesis="margin"``, reaching ``1/shadow.alpha``) and
       ``check="non_inferiority"`` (not shown after ``quality_min_pairs`` pairs);
-      ``SpecFlipRateAboveNoise``; ``SpecwatchShadowStalled``;
+      ``SpecFlipRateAboveNoise``; ``SpecLosslessFlips`` (the since-start lossless e-value of
+      the standard arm against the no-speculation baseline reaching ``1/shadow.alpha`` on at
+      least ``lossless_min_pairs`` greedy pairs); ``SpecwatchShadowStalled``;
     - ``SpecwatchLedgerFailing`` when ``ledger_errors_increase`` (ledger write errors over the
       last ``ledger_errors_window``) is > 0.
 
@@ -464,6 +490,7 @@ def candidates(
     if shadow is not None:
         out += _quality(shadow, settings)
         out += _flip(shadow, settings)
+        out += _lossless(shadow, settings)
         out += _shadow_stalled(observe, shadow, settings)
     if ledger_errors_increase is not None and ledger_errors_increase > 0:
         out.append(

@@ -47,6 +47,10 @@ class DetectSettings(BaseModel):
     flip_z: float = Field(default=3.09, gt=0)
     flip_min_compared: int = Field(default=50, ge=1)
     flip_for: float = Field(default=900.0, ge=0)
+    # SpecLosslessFlips: since-start lossless e-value >= 1/paired.alpha on >= this many greedy
+    # pairs with a baseline (no speculation) and a noise answer
+    lossless_min_pairs: int = Field(default=10, ge=1)
+    lossless_for: float = Field(default=300.0, ge=0)
     # self-health
     target_down_for: float = Field(default=300.0, ge=0)
     shadow_min_generation_tokens_per_second: float = Field(default=10.0, ge=0)
