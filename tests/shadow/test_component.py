@@ -1,0 +1,177 @@
+"""The shadow component end to end over real HTTP: mirrored requests replayed to four fake
+OpenAI arms (standard, FLy, noise, baseline) on 127.0.0.1, stored in a real SQLite ledger, and
+turned into the decision table, the lossless check and the flips by load band.
+
+The arms answer fixed texts, so every count below follows from the traffic sent:
+
+- standard ``"alpha beta"`` (τ 2.0), FLy ``"alpha beta"`` (τ 3.5): FLy always agrees;
+- baseline (no speculation) ``"alpha gamma"`` and noise ``"alpha gamma"``: on every request the
+  standard arm differs from the baseline and the noise arm does not, so each greedy request is
+  a standard-only flip of the lossless check, and the noise arm differs from the standard arm.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.alerts.rules import candidates
+from specwatch.alerts.settings import DetectSettings
+from specwatch.export.json import shadow_stats_json
+from specwatch.export.prometheus import ShadowCollector
+from specwatch.observe.values import ObserveView
+from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.sample import ArmLoad
+from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
+from tests.e2e.shadow_harness import until
+from tests.fake_arm import FakeArm, serve_arm
+
+
+@asynccontextmanager
+async def _arms(arms: Mapping[str, FakeArm]) -> AsyncIterator[dict[str, str]]:
+    async with AsyncExitStack() as stack:
+        yield {name: await stack.enter_async_context(serve_arm(a)) for name, a in arms.items()}
+
+
+async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str, str]]], float]]:
+    """Send 12 greedy (category t0) and 4 temperature-1 (t1) requests, the first 8 while the
+    arms report 3 running requests and the last 8 while they report 40."""
+    arms = {
+        "standard": FakeArm(text="alpha beta", tau=2.0),
+        "fly": FakeArm(text="alpha beta", tau=3.5),
+        "noise": FakeArm(text="alpha gamma"),
+        "baseline": FakeArm(text="alpha gamma"),
+    }
+    running = {"now": 3.0}
+
+    def loads() -> dict[str, ArmLoad]:
+        now = time.monotonic()  # the sampler's clock: the reading is always fresh
+        load = ArmLoad(running=running["now"], waiting=0.0, max_num_seqs=None, observed_at=now)
+        return {"standard": load, "fly": load}
+
+    async with _arms(arms) as urls:
+        shadow = ShadowSettings.model_validate(
+            {
+                "enabled": True,
+                "modes": ["mirror"],
+                "sample_probability": 1.0,
+                "max_shadow_rps": 1000.0,
+                "max_in_flight": 1,
+                "pause_on_waiting": False,
+                "standard": {"url": urls["standard"]},
+                "fly": {"url": urls["fly"]},
+                "noise": {"url": urls["noise"]},
+                "noise_kind": "baseline",
+                "baseline": {"url": urls["baseline"]},
+            }
+        )
+        paired = PairedSettings(windows=("1h",), refresh_seconds=3600.0)
+        ledger = LedgerSettings(path=str(tmp_path / "ledger.sqlite"))
+        comp = ShadowComponent(shadow, paired, ledger, load_state=loads)
+        app = web.Application()
+        app.add_routes(comp.routes())
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            async with comp.running(), aiohttp.ClientSession() as client:
+                url = f"http://127.0.0.1:{server.port}/v1/completions"
+                await until(lambda: comp.pipeline is not None and comp._started)
+                for i in range(16):
+                    if i == 8:
+                        await until(lambda: sum(comp.pipeline.replays.values()) == 8)  # type: ignore[union-attr]
+                        running["now"] = 40.0
+                    greedy = i < 6 or 8 <= i < 14
+                    body = {
+                        "prompt": f"question {i}",
+                        "max_tokens": 8,
+                        "temperature": 0 if greedy else 1.0,
+                    }
+                    headers = {"X-Specwatch-Category": "t0" if greedy else "t1"}
+                    async with client.post(url, json=body, headers=headers) as r:
+                        assert r.status == 202
+                await until(lambda: sum(comp.pipeline.replays.values()) == 16)  # type: ignore[union-attr]
+                stats = await comp.refresh(flush=True)
+        finally:
+            await server.close()
+    registry = CollectorRegistry()
+    registry.register(ShadowCollector(lambda: stats))
+    metrics: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            metrics[(s.name, frozenset(s.labels.items()))] = s.value
+    return stats, metrics
+
+
+def _key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return name, frozenset(labels.items())
+
+
+async def test_baseline_arm_load_bands_and_decisions(tmp_path: Path) -> None:
+    """Greedy flips of the standard arm against the baseline fire SpecLosslessFlips with the
+    e-value (2^13 - 1)/13; flips split 8/8 into the 0-7 and 32+ bands; the decision table has
+    t0, t1 and _all with τ gain 1.5 and "no labelled pairs yet"."""
+    stats, m = await _run(tmp_path)
+    since = stats.windows["since_start"]["_all"]
+    # 12 greedy requests, each a standard-only flip against the baseline; t1 requests not counted
+    assert since.lossless_pairs == 12
+    assert since.tally.lossless_spec_only == 12
+    assert since.tally.lossless_noise_only == 0
+    assert since.spec_flip_ratio == 1.0
+    assert since.baseline_noise_flip_ratio == 0.0
+    assert math.isclose(since.lossless_e_value, (2**13 - 1) / 13, rel_tol=1e-9)
+    assert math.isclose(since.lossless_p, 0.5**12, rel_tol=1e-9)
+    assert m[_key("specwatch_lossless_pairs", window="since_start", category="_all")] == 12
+    assert math.isclose(
+        m[_key("specwatch_lossless_e_value", window="since_start", category="_all")],
+        8191 / 13,
+        rel_tol=1e-9,
+    )
+    assert (
+        m[_key("specwatch_lossless_flip_ratio", window="since_start", category="_all", arm="noise")]
+        == 0.0
+    )
+    alerts = candidates(ObserveView(generated_at=0.0, targets={}), stats, DetectSettings())
+    lossless = [a for a in alerts if a.alertname == "SpecLosslessFlips"]
+    assert len(lossless) == 1
+    assert "in 12 and the noise arm's in 0" in lossless[0].description
+    # load bands: 8 pairs at 3 running, 8 at 40; FLy never flips, the noise arm always does
+    bands = {b.band: b for b in stats.by_load}
+    assert list(bands) == ["0-7", "8-31", "32+"]
+    assert (bands["0-7"].pairs, bands["8-31"].pairs, bands["32+"].pairs) == (8, 0, 8)
+    assert bands["0-7"].fly_flip_ratio == 0.0
+    assert bands["32+"].noise_flip_ratio == 1.0
+    assert math.isnan(bands["8-31"].fly_flip_ratio)
+    assert m[_key("specwatch_load_band_pairs", band="32+", arm="noise")] == 8
+    assert m[_key("specwatch_load_band_flip_ratio", band="0-7", arm="fly")] == 0.0
+    # decision table: per category, then _all
+    rows = {r.category: r for r in stats.decisions}
+    assert list(rows) == ["t0", "t1", "_all"]
+    assert (rows["t0"].pairs, rows["t1"].pairs, rows["_all"].pairs) == (12, 4, 16)
+    assert rows["t0"].tau_gain == 1.5
+    assert rows["t0"].tau_pairs == 12
+    assert rows["t0"].acceptance_gain is None
+    assert rows["t0"].acceptance_gain_reason
+    assert rows["t1"].noise_flip_ratio == 1.0
+    assert rows["_all"].verdict == "not_decided"
+    assert rows["_all"].verdict_text == "not decided: no labelled pairs yet"
+    assert rows["t0"].speed_pairs == 12
+    assert rows["t0"].throughput_gain_ratio is not None
+    assert m[_key("specwatch_decision_tau_gain", category="t0")] == 1.5
+    assert m[_key("specwatch_decision_verdict", category="t1", verdict="not_decided")] == 1
+    assert m[_key("specwatch_decision_verdict", category="t1", verdict="pays")] == 0
+    doc = shadow_stats_json(stats)
+    assert [d["category"] for d in doc["decisions"]] == ["t0", "t1", "_all"]
+    assert doc["decisions"][0]["verdict_text"] == "not decided: no labelled pairs yet"
+    assert [b["band"] for b in doc["by_load"]] == ["0-7", "8-31", "32+"]
+    assert doc["by_load"][1]["fly_flip_ratio"] is None

@@ -1,0 +1,100 @@
+"""The decision table's verdicts, gains and category bound, on tallies worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from specwatch.shadow.decision import OTHER, bound_categories, decision_row, decision_table
+from specwatch.shadow.tally import ArmTotals, PairTally
+
+KW = {"alpha": 0.05, "margin": 0.01, "detect_net_loss": 0.02}
+
+#: 20 pairs, FLy twice the standard arm's tokens per second: 200 tokens in 10 s vs 200 in 5 s.
+FAST = ArmTotals(
+    speed_pairs=20, standard_tokens=200, fly_tokens=200, standard_seconds=10.0, fly_seconds=5.0
+)
+#: The same tokens, FLy slower: 200 tokens in 10 s vs 200 in 12.5 s.
+SLOW = ArmTotals(
+    speed_pairs=20, standard_tokens=200, fly_tokens=200, standard_seconds=10.0, fly_seconds=12.5
+)
+
+
+def _labelled(both_correct: int, lost: int, gained: int) -> PairTally:
+    n = both_correct + lost + gained
+    return PairTally(both_correct=both_correct, lost=lost, gained=gained, agree=n)
+
+
+def test_costs_quality_when_the_e_value_crosses() -> None:
+    """30 lost, 0 gained of 100: the mixture e-value is far above 20, whatever the speed."""
+    row = decision_row("math", _labelled(70, 30, 0), FAST, **KW)
+    assert row.verdict == "costs_quality"
+    assert row.verdict_text == "FLy costs quality here"
+    assert row.e_value >= 20
+    assert row.net_loss_ratio == 0.3
+    assert row.pairs_more is None
+
+
+def test_pays_when_non_inferior_and_faster() -> None:
+    """5,000 labelled pairs without a flip: net loss 0 with an upper bound below 1 point, and
+    FLy at 40 tokens/s against 20 (gain 1.0)."""
+    row = decision_row("chat", _labelled(5000, 0, 0), FAST, **KW)
+    assert row.throughput_gain_ratio == 1.0
+    assert row.ci_upper < 0.01
+    assert row.verdict == "pays"
+    assert row.verdict_text == "FLy pays here"
+
+
+def test_not_faster_when_non_inferior_but_slower() -> None:
+    """Non-inferior as above but FLy at 16 tokens/s against 20: gain -0.2, not faster."""
+    row = decision_row("chat", _labelled(5000, 0, 0), SLOW, **KW)
+    assert row.throughput_gain_ratio == pytest.approx(-0.2)
+    assert row.verdict == "not_faster"
+    assert row.verdict_text == "FLy is not faster here"
+
+
+def test_not_decided_gives_the_pairs_still_needed() -> None:
+    """1 lost, 1 gained of 10 (discordance 0.2): Connor's n for δ = 0.02 is
+    ceil((1.96·√0.2 + 0.8416·√0.1996)² / 0.0004) = ceil(3922.1) = 3923, so 3913 more."""
+    row = decision_row("code", _labelled(8, 1, 1), FAST, **KW)
+    assert row.verdict == "not_decided"
+    assert row.pairs_more == 3913
+    assert row.verdict_text == "not decided: about 3913 more pairs"
+
+
+def test_speed_needs_five_pairs_and_tau_needs_replies() -> None:
+    """Below 5 speed pairs the gain is None with a reason; τ gain is the mean difference."""
+    totals = ArmTotals(
+        tau_pairs=4,
+        standard_tau_sum=8.0,
+        fly_tau_sum=14.0,
+        speed_pairs=4,
+        standard_tokens=40,
+        fly_tokens=40,
+        standard_seconds=1.0,
+        fly_seconds=1.0,
+    )
+    row = decision_row("x", _labelled(10, 0, 0), totals, **KW)
+    assert row.tau_gain == 1.5
+    assert row.throughput_gain_ratio is None
+    assert row.throughput_gain_reason == "4 pairs with tokens and latency (need 5)"
+    none = decision_row("x", _labelled(10, 0, 0), ArmTotals(), **KW)
+    assert none.tau_gain is None
+    assert none.tau_gain_reason is not None
+
+
+def test_categories_beyond_the_bound_are_pooled_as_other() -> None:
+    """With 2 categories kept, the two busiest keep their names; the rest pool into `other`,
+    whose counts are the sums; the overall row counts everything."""
+    tallies = {
+        "a": PairTally(agree=50),
+        "b": PairTally(agree=30),
+        "c": PairTally(agree=10),
+        "d": PairTally(agree=5, disagree=5),
+    }
+    assert bound_categories(tallies, 2) == {"a": "a", "b": "b", "c": OTHER, "d": OTHER}
+    rows = decision_table(tallies, {}, max_categories=2, **KW)
+    assert [r.category for r in rows] == ["a", "b", OTHER, "_all"]
+    assert [r.pairs for r in rows] == [50, 30, 20, 100]
+    assert rows[2].fly_flip_ratio == 0.25
+    with pytest.raises(ValueError, match="max_categories"):
+        bound_categories(tallies, 0)
