@@ -22,6 +22,7 @@ from specwatch.report.data import (
     build_report,
     fetch_text,
     parse_acceptance,
+    read_decision_inputs,
     read_ledger,
 )
 
@@ -63,6 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
     rows, tallies, reasons = await read_ledger(args.ledger)
+    totals, load_tallies = await read_decision_inputs(args.ledger)
     acceptance: Acceptance | None = None
     if args.metrics_url:
         text = await fetch_text(args.metrics_url)
@@ -77,6 +79,8 @@ async def _gather(args: argparse.Namespace) -> ReportData:
         bins=args.bins,
         acceptance=acceptance,
         now=time.time(),
+        totals=totals,
+        load_tallies=load_tallies,
     )
 
 

@@ -24,7 +24,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger import Ledger, LedgerFileError, LedgerRow, check_ledger_file
+from specwatch.shadow.settings import PairedSettings
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     alarm,
@@ -32,10 +34,15 @@ from specwatch.shadow.stats.sequential import (
     net_loss_mixture_log_e_values,
 )
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
-from specwatch.shadow.tally import PairTally, labelled_outcome
+from specwatch.shadow.summary import load_bands as load_bands_of
+from specwatch.shadow.tally import ArmTotals, PairTally, labelled_outcome, load_band_labels
 
 #: The window name the report's tables use (every row of the ledger).
 REPORT_WINDOW = SINCE_START
+
+#: The running-request bands and category bound the report uses (the live defaults).
+DEFAULT_LOAD_BANDS: tuple[int, ...] = PairedSettings().load_bands
+DEFAULT_MAX_CATEGORIES: int = PairedSettings().max_categories
 
 
 class ReportInputError(ValueError):
@@ -231,6 +238,26 @@ async def read_ledger(
     return rows, dict(tallies), reasons
 
 
+async def read_decision_inputs(
+    path: Path, load_bands: Sequence[int] = DEFAULT_LOAD_BANDS
+) -> tuple[dict[str, ArmTotals], dict[str, PairTally]]:
+    """Per-category τ and speed sums (``Ledger.arm_totals``) and tallies per running-request
+    band (``Ledger.tally_by_load``): what the decision table and the flips-by-load table need
+    beyond :func:`read_ledger`. Raises :class:`ReportInputError` (one line) like it."""
+    await asyncio.to_thread(_check_ledger_file, path)
+    ledger = Ledger(path)
+    try:
+        await ledger.open()
+        try:
+            totals = await ledger.arm_totals()
+            by_load = await ledger.tally_by_load(load_bands)
+        finally:
+            await ledger.close()
+    except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
+        raise ReportInputError(f"ledger {path}: cannot read ({exc})") from None
+    return totals, by_load
+
+
 def build_report(
     ledger: str,
     rows: Sequence[LedgerRow],
@@ -243,8 +270,15 @@ def build_report(
     bins: int = 40,
     acceptance: Acceptance | None = None,
     now: float = 0.0,
+    totals: Mapping[str, ArmTotals] | None = None,
+    load_tallies: Mapping[str, PairTally] | None = None,
+    load_bands: Sequence[int] = DEFAULT_LOAD_BANDS,
+    max_categories: int = DEFAULT_MAX_CATEGORIES,
 ) -> ReportData:
-    """Assemble :class:`ReportData` from ledger contents (pure)."""
+    """Assemble :class:`ReportData` from ledger contents (pure). ``totals`` and
+    ``load_tallies`` (from :func:`read_decision_inputs`) feed the decision table
+    (:func:`specwatch.shadow.decision.decision_table`, always built; without totals no speed or τ
+    gain) and the flips by running-request band (empty without ``load_tallies``)."""
     evalue = evalue_path(rows, alpha, margin, detect_net_loss)
     first_alarm: dict[str, int | None] = {}
     for cat in [OVERALL, *sorted({r.category for r in rows})]:
@@ -263,6 +297,19 @@ def build_report(
         detect_net_loss=detect_net_loss,
         betting_log_e_value=evalue.log_e_margin[-1] if evalue.log_e_margin else None,
         ledger_rows=len(rows),
+        decisions=decision_table(
+            tallies,
+            totals or {},
+            alpha=alpha,
+            margin=margin,
+            detect_net_loss=detect_net_loss,
+            max_categories=max_categories,
+        ),
+        by_load=(
+            load_bands_of(load_tallies, load_band_labels(load_bands))
+            if load_tallies is not None
+            else ()
+        ),
     )
     return ReportData(
         ledger=ledger,

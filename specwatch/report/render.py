@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from specwatch.core.config import OVERALL
-from specwatch.report.data import REPORT_WINDOW, ReportData
+from specwatch.report.data import DEFAULT_MAX_CATEGORIES, REPORT_WINDOW, ReportData
 from specwatch.shadow.summary import PairedSummary
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
@@ -286,6 +286,84 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
     return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
 
 
+def _decision_table(data: ReportData) -> str:
+    """The per-category decision table (one row per :class:`DecisionRow`)."""
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "category",
+            "pairs",
+            "labelled",
+            "τ gain",
+            "acceptance gain",
+            "throughput gain (%)",
+            "net loss (points)",
+            "interval (points)",
+            "e-value",
+            "FLy flip",
+            "noise flip",
+            "verdict",
+        )
+    )
+    body = []
+    for r in data.stats.decisions:
+        shown = "all categories" if r.category == OVERALL else r.category
+        why = r.throughput_gain_reason
+        speed = _fmt(r.throughput_gain_ratio, "pct") if why is None else "–"
+        ci = f"{_fmt(r.ci_lower, 'pct')} … {_fmt(r.ci_upper, 'pct')}"
+        body.append(
+            f'<tr data-decision="{html.escape(r.category)}">'
+            f'<th scope="row">{html.escape(shown)}</th>'
+            f"{_cell('pairs', r.pairs)}{_cell('labelled', r.labelled)}"
+            f"{_cell('tau_gain', r.tau_gain, None if r.tau_gain is not None else '–')}"
+            f"{_cell('acceptance_gain', r.acceptance_gain)}"
+            f"{_cell('throughput_gain_ratio', r.throughput_gain_ratio, speed)}"
+            f"{_cell('net_loss_ratio', r.net_loss_ratio, _fmt(r.net_loss_ratio, 'pct'))}"
+            f"{_cell('ci', None, ci)}"
+            f"{_cell('e_value', r.e_value, _fmt(r.e_value, 'p'))}"
+            f"{_cell('fly_flip_ratio', r.fly_flip_ratio, _fmt(r.fly_flip_ratio, 'pct'))}"
+            f"{_cell('noise_flip_ratio', r.noise_flip_ratio, _fmt(r.noise_flip_ratio, 'pct'))}"
+            f'<td data-field="verdict" data-value="{r.verdict}">'
+            f"{html.escape(r.verdict_text)}</td></tr>"
+        )
+    notes = sorted(
+        {
+            f"{name}: {why}"
+            for r in data.stats.decisions
+            for name, why in (
+                ("τ gain", r.tau_gain_reason),
+                ("acceptance gain", r.acceptance_gain_reason),
+                ("throughput gain", r.throughput_gain_reason),
+            )
+            if why is not None
+        }
+    )
+    note_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return (
+        f'<table class="num" id="decisions"><thead><tr>{head}</tr></thead><tbody>'
+        f"{''.join(body)}</tbody></table>" + (f"<ul>{note_html}</ul>" if notes else "")
+    )
+
+
+def _load_table(data: ReportData) -> str:
+    """FLy and noise flip rates per running-request band."""
+    if not data.stats.by_load:
+        return "<p>No running-request counts in the ledger.</p>"
+    body = "".join(
+        f'<tr data-band="{html.escape(b.band)}"><th scope="row">{html.escape(b.band)}</th>'
+        f"{_cell('pairs', b.pairs)}"
+        f"{_cell('fly_flip_ratio', b.fly_flip_ratio, _fmt(b.fly_flip_ratio, 'pct'))}"
+        f"{_cell('noise_pairs', b.noise_pairs)}"
+        f"{_cell('noise_flip_ratio', b.noise_flip_ratio, _fmt(b.noise_flip_ratio, 'pct'))}</tr>"
+        for b in data.stats.by_load
+    )
+    return (
+        '<table class="num" id="by-load"><thead><tr><th>running requests</th><th>pairs</th>'
+        "<th>FLy flip (%)</th><th>noise pairs</th><th>noise flip (%)</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+
+
 def _when(t: float | None) -> str:
     if t is None:
         return "–"
@@ -397,6 +475,19 @@ category is tested at level α on its own (no correction across categories).</p>
 <table class="num" id="categories"><thead><tr>{head}</tr></thead><tbody>
 {"".join(rows)}
 </tbody></table>
+<h2>Decision per category</h2>
+<p>Since start; the {DEFAULT_MAX_CATEGORIES} busiest categories, the rest pooled as
+<code>other</code>. τ gain = mean per-request acceptance length of FLy minus the standard arm's;
+throughput gain = FLy's completion tokens per replay second over the standard arm's, minus 1.
+<em>FLy pays here</em>: non-inferior within the margin and faster; <em>FLy costs quality
+here</em>: the e-value reached 1/α; otherwise the labelled pairs still needed (Connor 1987 at
+the observed discordance).</p>
+{_decision_table(data)}
+<h2>Flips by load</h2>
+<p>Answer flips against the standard arm by the running requests on the busiest arm's server
+when the pair was replayed, so "FLy flips more" is not confused with "the server flips more
+when busy".</p>
+{_load_table(data)}
 <h2>Flips over time</h2>{imgs.get("flips.png", "")}
 <h2>E-value path</h2>
 <p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked

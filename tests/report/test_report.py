@@ -117,15 +117,17 @@ async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
 class TableParser(HTMLParser):
     """Collects ``<tr data-category>`` / ``<tr data-arm>`` rows' ``data-*`` cell attributes."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: tuple[str, ...] = ("data-category", "data-arm")) -> None:
         super().__init__()
         self.rows: dict[str, dict[str, dict[str, str]]] = {}
         self.current: str | None = None
+        self.keys = keys
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
-        if tag == "tr" and ("data-category" in a or "data-arm" in a):
-            self.current = a.get("data-category") or a["data-arm"]
+        found = [a[k] for k in self.keys if k in a]
+        if tag == "tr" and found:
+            self.current = found[0]
             self.rows[self.current] = {}
         elif tag == "td" and self.current is not None and "data-field" in a:
             self.rows[self.current][a["data-field"]] = a
@@ -135,8 +137,9 @@ class TableParser(HTMLParser):
             self.current = None
 
 
-def parse_tables(html_text: str) -> dict[str, dict[str, dict[str, str]]]:
-    p = TableParser()
+def parse_tables(html_text: str, key: str | None = None) -> dict[str, dict[str, dict[str, str]]]:
+    """Rows keyed by ``data-category``/``data-arm`` (or by the ``key`` attribute when given)."""
+    p = TableParser() if key is None else TableParser((key,))
     p.feed(html_text)
     return p.rows
 
@@ -233,6 +236,26 @@ class TestHtml:
         assert float(got["p_two_sided"]["data-value"]) == pytest.approx(2 * 67 / 2048)
         html_text = (rendered / "index.html").read_text(encoding="utf-8")
         assert f">{2 * 67 / 2048:.3g}<" in html_text
+
+    def test_decision_table_and_flips_by_load(self, rendered: Path) -> None:
+        """Every paired row has τ 2.0 (standard) and 2.5 (FLy) and 10 tokens in 1.0 s against
+        0.8 s: τ gain 0.5, throughput gain 12.5/10 − 1 = 0.25 in every category. code (3 lost,
+        3 gained of 50, discordance 0.12) is not decided: Connor's n for δ = 0.02 is
+        ceil((1.96·√0.12 + 0.8416·√0.1196)² / 0.0004) = ceil(2352.3) = 2353, 2303 more. No row
+        has a running count, so the load bands hold 0 pairs and `unknown` all 96."""
+        text = (rendered / "index.html").read_text(encoding="utf-8")
+        rows = parse_tables(text, key="data-decision")
+        assert list(rows) == ["code", "math", "_all"]
+        assert [int(rows[c]["pairs"]["data-value"]) for c in rows] == [50, 46, 96]
+        for got in rows.values():
+            assert float(got["tau_gain"]["data-value"]) == pytest.approx(0.5)
+            assert float(got["throughput_gain_ratio"]["data-value"]) == pytest.approx(0.25)
+            assert got["acceptance_gain"]["data-value"] == ""
+        assert rows["code"]["verdict"]["data-value"] == "not_decided"
+        assert "not decided: about 2303 more pairs" in text
+        bands = parse_tables(text, key="data-band")
+        assert list(bands) == ["0-7", "8-31", "32+", "unknown"]
+        assert [int(b["pairs"]["data-value"]) for b in bands.values()] == [0, 0, 0, 96]
 
     def test_page_summary_and_reasons(self, rendered: Path, ledger_file: Path) -> None:
         """Row count, ledger path, the verdict line, the unpaired/excluded reasons and the
