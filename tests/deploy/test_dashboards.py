@@ -31,7 +31,15 @@ from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.settings import Settings
-from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
+from specwatch.shadow.decision import decision_table
+from specwatch.shadow.summary import (
+    PairTally,
+    ShadowIO,
+    ShadowStats,
+    build_shadow_stats,
+    load_bands,
+)
+from specwatch.shadow.tally import ArmTotals
 from tests.fakes import REPO
 
 ROOT = REPO
@@ -67,7 +75,8 @@ def full_shadow_stats() -> ShadowStats:
     tally = PairTally(
         both_correct=50, lost=6, gained=2, both_wrong=8, noise_both_correct=20, noise_lost=1,
         agree=60, disagree=6, noise_agree=25, noise_disagree=2, flip_fly_only=3, flip_noise_only=1,
-        flip_both=1, flip_neither=20, unpaired=1, excluded=1,
+        flip_both=1, flip_neither=20, lossless_spec_only=3, lossless_neither=10, unpaired=1,
+        excluded=1,
     )  # fmt: skip
     return build_shadow_stats(
         {"since_start": {"math": tally}},
@@ -101,6 +110,14 @@ def full_shadow_stats() -> ShadowStats:
             canary_offered=3,
             canary_bad_lines={"invalid_json": 2},
         ),
+        decisions=decision_table(
+            {"math": tally},
+            {"math": ArmTotals(5, 10.0, 15.0, 10, 100, 100, 10.0, 8.0)},
+            alpha=0.05,
+            margin=0.01,
+            detect_net_loss=0.02,
+        ),
+        by_load=load_bands({"0-7": tally}, ("0-7", "8-31", "32+")),
     )
 
 
