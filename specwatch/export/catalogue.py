@@ -174,6 +174,23 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
     ),
 }
 
+SPECULATION_LIMIT_RUNNING = _g(
+    "specwatch_speculation_limit_running",
+    "Running requests from which FLy decodes no faster per request than the standard arm "
+    "(lowest such band); absent while not reached or without data.",
+)
+SPECULATION_LIMIT_STATE = _g(
+    "specwatch_speculation_limit_state",
+    "1 on the current state of the speculation limit (reached, not_reached, no_data).",
+    ("state",),
+)
+CONCURRENCY_SPEED_RATIO = _g(
+    "specwatch_concurrency_speed_ratio",
+    "FLy's per-request decode speed (generation tokens/s / running) over the standard arm's, "
+    "per running-request band seen on both.",
+    ("band",),
+)
+
 CAP = ("target", "role")
 LIMITS_CONFIGURED = _g(
     "specwatch_limits_configured",
@@ -224,6 +241,9 @@ OBSERVE: tuple[MetricSpec, ...] = (
     *LATEST_GAUGES.values(),
     WAITING_BY_REASON,
     *PAIR_GAUGES.values(),
+    SPECULATION_LIMIT_RUNNING,
+    SPECULATION_LIMIT_STATE,
+    CONCURRENCY_SPEED_RATIO,
     LIMITS_CONFIGURED,
     *CAPACITY_GAUGES.values(),
 )

@@ -74,8 +74,10 @@ def health_json(h: Health) -> dict[str, Any]:
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     """The ``/api/v1/snapshot`` document (shape in ``docs/architecture.md``); NaN/missing → null.
 
-    Per window: ``server``/``engines`` of the target's only model (``null`` when it serves several
-    or none yet) and ``models`` with every model.
+    ``speculation_limit``: where FLy stops decoding faster per request than the standard arm
+    (:class:`~specwatch.observe.concurrency.SpeculationLimit` as an object, ``null`` without
+    both targets). Per window: ``server``/``engines`` of the target's only model (``null`` when
+    it serves several or none yet) and ``models`` with every model.
     """
     targets: dict[str, Any] = {}
     for name, t in snap.targets.items():
@@ -136,10 +138,12 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         }
         for w, pv in snap.pair.items()
     }
+    limit = snap.observe.speculation_limit
     out: dict[str, Any] = {
         "generated_at": snap.generated_at,
         "targets": targets,
         "pair": pair,
+        "speculation_limit": None if limit is None else asdict(limit),
         "shadow": shadow_stats_json(snap.shadow) if snap.shadow is not None else {},
         "alerts": alerts_json(snap.alerts) if snap.alerts is not None else [],
     }

@@ -52,6 +52,7 @@ from specwatch.export.catalogue import (
     MetricSpec,
 )
 from specwatch.export.snapshot import SnapshotGetter
+from specwatch.observe.concurrency import SpeculationLimit
 from specwatch.observe.values import QUANTILES, Health, PairView, TargetSnapshot
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.decision import VERDICTS
@@ -217,10 +218,11 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
 
 def _observe_view(
     get_snapshot: SnapshotGetter,
-) -> tuple[Mapping[str, TargetSnapshot], Mapping[str, PairView]]:
-    """The parts of the current snapshot the observe families read: targets and pair view."""
+) -> tuple[Mapping[str, TargetSnapshot], Mapping[str, PairView], SpeculationLimit | None]:
+    """The parts of the current snapshot the observe families read: targets, pair view and
+    the speculation limit."""
     snap = get_snapshot()
-    return snap.targets, snap.pair
+    return snap.targets, snap.pair, snap.observe.speculation_limit
 
 
 class SpecwatchCollector(Collector):
@@ -236,7 +238,7 @@ class SpecwatchCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the families of the current snapshot."""
-        targets, pair = _observe_view(self._get)
+        targets, pair, limit = _observe_view(self._get)
         fam = _Families(cat.OBSERVE)
         fam.add(BUILD_INFO, (__version__,), 1)
         for t in targets.values():
@@ -244,6 +246,12 @@ class SpecwatchCollector(Collector):
         for window, pv in pair.items():
             for attr, spec in PAIR_GAUGES.items():
                 fam.add(spec, (window, pv.standard, pv.fly), getattr(pv, attr))
+        if limit is not None:
+            fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
+            for state in ("reached", "not_reached", "no_data"):
+                fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
+            for b in limit.bands:
+                fam.add(cat.CONCURRENCY_SPEED_RATIO, (b.band,), b.speed_ratio)
         yield from fam.families(keep_empty=False)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from specwatch.core.logs import redact_url
 from specwatch.core.roles import Role
+from specwatch.observe.concurrency import add_point, speculation_limit
 from specwatch.observe.health import capacity, model_windows, pair_view
 from specwatch.observe.values import (
     Capacity,
@@ -34,6 +35,8 @@ class TargetTracker:
     def __init__(self, target: TargetSettings, windows: Mapping[str, float]) -> None:
         self.target = target
         self._windows = RollingWindows(windows)
+        # the shortest window feeds the concurrency profile (None: no rolling window)
+        self._short = min(windows, key=lambda w: windows[w]) if windows else None
         self._seen_families: set[str] = set()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
@@ -96,8 +99,19 @@ class TargetTracker:
             default=None,
         )
         cap: Capacity = capacity(self.target.limits, running, observed_k=observed_k)
+        profile = self._snap.concurrency
+        short = windows.get(self._short) if self._short is not None else None
+        if short and running:
+            server = short[min(short)].server
+            profile = add_point(
+                profile,
+                sum(running),
+                server.generation_tokens_per_second,
+                server.inter_token_latency_seconds.get(0.5),
+            )
         self._snap = replace(
             self._snap,
+            concurrency=profile,
             up=True,
             stale=bool(missing),
             ready=True,
@@ -132,4 +146,9 @@ def build_view(targets: Sequence[TargetSnapshot], *, now: float) -> ObserveView:
             s_h = s_models[min(s_models)].server if s_models else None
             f_h = f_models[min(f_models)].server if f_models else None
             pair[w] = pair_view(std.name, s_h, fly.name, f_h)
-    return ObserveView(generated_at=now, targets=by_name, pair=pair)
+    limit = (
+        speculation_limit(std.concurrency, fly.concurrency)
+        if std is not None and fly is not None
+        else None
+    )
+    return ObserveView(generated_at=now, targets=by_name, pair=pair, speculation_limit=limit)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from specwatch.core.roles import Role
+from specwatch.observe.concurrency import ConcurrencyProfile, SpeculationLimit
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -212,7 +213,8 @@ class TargetSnapshot:
     failed, or families seen before are missing now). ``ready``: at least one good scrape.
     ``windows[window][model_name]`` → :class:`ModelWindow`. ``scrape_errors`` maps reason → count;
     ``counter_resets`` maps engine → count. ``missing_families``: allow-listed families seen on an
-    earlier page but absent from the latest good one.
+    earlier page but absent from the latest good one. ``concurrency``: decode speed per
+    running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
     """
 
     name: str
@@ -230,6 +232,7 @@ class TargetSnapshot:
     limits: Limits = field(default_factory=Limits)
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
     windows: Mapping[WindowName, Mapping[str, ModelWindow]] = field(default_factory=dict)
+    concurrency: ConcurrencyProfile = field(default_factory=ConcurrencyProfile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +255,12 @@ class ObserveView:
     """What the observe chain publishes: every scraped target and the FLy/standard pair views.
 
     ``generated_at``: unix seconds of the last rebuild. ``targets`` by name; ``pair`` by window
-    (absent without both a fly and a standard target). Immutable; replaced by swapping one
-    reference.
+    (absent without both a fly and a standard target); ``speculation_limit`` where FLy stops
+    being faster than the standard arm by running requests (``None`` without both targets).
+    Immutable; replaced by swapping one reference.
     """
 
     generated_at: float
     targets: Mapping[str, TargetSnapshot] = field(default_factory=dict)
     pair: Mapping[WindowName, PairView] = field(default_factory=dict)
+    speculation_limit: SpeculationLimit | None = None

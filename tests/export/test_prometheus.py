@@ -27,6 +27,7 @@ from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.json import snapshot_json
 from specwatch.export.prometheus import SpecwatchCollector
 from specwatch.export.snapshot import Snapshot, SnapshotGetter
+from specwatch.observe.concurrency import ConcurrencyProfile, add_point, speculation_limit
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
@@ -64,7 +65,13 @@ def _full_snapshot() -> Snapshot:
         tracker.record_page(0.0, ngram, duration_seconds=0.01)
         tracker.record_page(30.0, mid, duration_seconds=0.01)
     fly.record_error("timeout", duration_seconds=4.0)
-    return Snapshot(observe=build_view([std.snapshot(), fly.snapshot()], now=31.0))
+    view = build_view([std.snapshot(), fly.snapshot()], now=31.0)
+    # a speculation limit reached at 4 running: standard 100 tokens/s per request, FLy 75
+    std_p, fly_p = ConcurrencyProfile(), ConcurrencyProfile()
+    for _ in range(3):
+        std_p = add_point(std_p, 4, 400.0, 0.01)
+        fly_p = add_point(fly_p, 4, 300.0, 0.012)
+    return Snapshot(observe=replace(view, speculation_limit=speculation_limit(std_p, fly_p)))
 
 
 class TestCatalogue:

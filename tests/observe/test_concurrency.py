@@ -1,0 +1,87 @@
+"""Where speculation stops paying: per-band profiles and the crossover, on hand-made points,
+and the profile a tracker builds from real vLLM /metrics pages."""
+
+from __future__ import annotations
+
+import pytest
+
+from specwatch.observe.concurrency import (
+    ConcurrencyProfile,
+    add_point,
+    band_label,
+    band_of,
+    speculation_limit,
+)
+from specwatch.observe.parse import parse_page
+from specwatch.observe.settings import TargetSettings
+from specwatch.observe.tracker import TargetTracker, build_view
+from tests.fixture_files import body
+
+
+def _profile(points: list[tuple[float, float]], itl: float | None = None) -> ConcurrencyProfile:
+    p = ConcurrencyProfile()
+    for running, tps in points:
+        p = add_point(p, running, tps, itl)
+    return p
+
+
+def test_bands_are_powers_of_two() -> None:
+    """Running counts fall into 1, 2-3, 4-7, … 512+; below 1 nothing decodes."""
+    assert [band_of(x) for x in (0.5, 1, 3, 4, 7.9, 8, 600)] == [None, 1, 2, 4, 4, 8, 512]
+    assert [band_label(b) for b in (1, 2, 4, 512)] == ["1", "2-3", "4-7", "512+"]
+
+
+def test_limit_reached_where_fly_is_no_faster_per_request() -> None:
+    """Band 1-ish: standard 50 tokens/s per request, FLy 80 (1.6×); band 8-15: standard
+    400/8 = 50 per request, FLy 380/8 = 47.5 (0.95×): the limit is 8 running requests."""
+    std = _profile([(1, 50.0)] * 3 + [(8, 400.0)] * 3, itl=0.02)
+    fly = _profile([(1, 80.0)] * 3 + [(8, 380.0)] * 3, itl=0.0125)
+    lim = speculation_limit(std, fly)
+    assert lim.status == "reached"
+    assert lim.running == 8
+    assert [b.band for b in lim.bands] == ["1", "8-15"]
+    assert lim.bands[0].speed_ratio == pytest.approx(1.6)
+    assert lim.bands[1].speed_ratio == pytest.approx(0.95)
+    assert lim.bands[0].fly_itl_seconds == pytest.approx(0.0125)
+    assert lim.text.startswith("speculation stops paying from 8 running requests")
+
+
+def test_not_reached_and_no_data() -> None:
+    """FLy faster in every band seen → not reached; fewer than 3 points per arm → no data."""
+    std = _profile([(2, 100.0)] * 3)
+    fly = _profile([(2, 150.0)] * 3)
+    lim = speculation_limit(std, fly)
+    assert lim.status == "not_reached"
+    assert lim.running is None
+    assert "up to 2-3 running, 1.50×" in lim.text
+    few = speculation_limit(_profile([(2, 100.0)] * 2), fly)
+    assert few.status == "no_data"
+    assert few.bands == ()
+
+
+def test_tracker_builds_the_profile_from_real_pages() -> None:
+    """Two real vLLM CPU pages 30 s apart: the second page's running count (8) and the 1m
+    window's generation throughput give one point in band 8-15 (the first page has no window
+    yet); the view carries the limit (no data yet: 1 point < 3)."""
+    ngram = parse_page(body("vllm-metrics/real-cpu-ngram.txt"))
+    mid = parse_page(body("vllm-metrics/real-cpu-draft-model-midflight.txt"))
+    std = TargetTracker(TargetSettings(name="standard", url="http://s:1"), {"1m": 60.0})
+    fly = TargetTracker(TargetSettings(name="fly", url="http://f:1"), {"1m": 60.0})
+    for t in (std, fly):
+        t.record_page(0.0, ngram, duration_seconds=0.01)
+        t.record_page(30.0, mid, duration_seconds=0.01)
+    snap = std.snapshot()
+    running = snap.capacity.num_requests_running
+    tps = snap.windows["1m"][min(snap.windows["1m"])].server.generation_tokens_per_second
+    points = sum(b.points for _, b in snap.concurrency.bands)
+    # the mid-flight page has 8 running requests on its one engine: one point in band 8-15
+    assert running == 8
+    assert tps is not None
+    assert points == 1
+    assert [lo for lo, _ in snap.concurrency.bands] == [8]
+    sums = snap.concurrency.get(8)
+    assert sums.throughput_sum == pytest.approx(tps)
+    assert sums.speed_sum == pytest.approx(tps / 8)
+    view = build_view([std.snapshot(), fly.snapshot()], now=31.0)
+    assert view.speculation_limit is not None
+    assert view.speculation_limit.status == "no_data"
