@@ -8,7 +8,11 @@ concurrency. Limits, concurrency and tokens per step are per engine (each engine
 scheduler); the acceptance rates are the server's (summed over engines). Output
 (``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
 "per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
-"assumptions": [...]}``. Exit 2 with one line on an unreadable file, a page without vLLM series,
+"assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
+``--standard-series`` and ``--fly-series`` are given: saved pages of each server,
+``--series-interval`` seconds apart) says from how many running requests FLy decodes no faster
+per request than the standard arm (:mod:`specwatch.observe.concurrency`). Exit 2 with one
+line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
 """
 
@@ -22,6 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import AnalyzeError, read_page
+from specwatch.observe.concurrency import (
+    ConcurrencyProfile,
+    SpeculationLimit,
+    add_point,
+    speculation_limit,
+)
 from specwatch.observe.health import model_windows
 from specwatch.observe.values import ModelWindow
 from specwatch.observe.window import page_delta
@@ -50,6 +60,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="concurrency to plan for (default: the page's num_requests_running, max over "
         "engines; max_num_seqs when none are running)",
     )
+    p.add_argument(
+        "--standard-series",
+        type=Path,
+        nargs="+",
+        metavar="PAGE",
+        help="saved /metrics bodies of the standard server, oldest first, --series-interval "
+        "apart: with --fly-series, where speculation stops paying",
+    )
+    p.add_argument(
+        "--fly-series", type=Path, nargs="+", metavar="PAGE", help="the same for the FLy server"
+    )
+    p.add_argument(
+        "--series-interval",
+        type=float,
+        metavar="S",
+        help="seconds between successive series pages (required with the series)",
+    )
     p.add_argument("--model", help="model_name to use when a page serves several")
     p.add_argument("--format", choices=("json", "table"), default="json")
     p.set_defaults(handler=main)
@@ -71,6 +98,45 @@ def _window(args: argparse.Namespace) -> tuple[str, ModelWindow]:
             f"several models on the page, pick one with --model: {', '.join(models)}"
         )
     return next(iter(models.items()))
+
+
+def series_profile(paths: list[Path], interval: float, model: str | None) -> ConcurrencyProfile:
+    """The concurrency profile of saved pages ``interval`` seconds apart: one point per pair of
+    successive pages (running requests on the later page, summed over engines; generation
+    tokens/s and median ITL of the window between them), as the live tracker adds one per
+    scrape. :class:`AnalyzeError` on an unreadable page or an unknown model."""
+    profile = ConcurrencyProfile()
+    pages = [read_page(p) for p in paths]
+    for path, before, after in zip(paths[1:], pages, pages[1:], strict=False):
+        models = model_windows(page_delta(before, after, interval))
+        name = model if model is not None else (next(iter(models)) if len(models) == 1 else None)
+        if name is None or name not in models:
+            raise AnalyzeError(f"{path}: pick one model with --model (have: {', '.join(models)})")
+        h = models[name].server
+        running = sum(e.gauges.get("running", 0.0) for e in after.engines.values())
+        profile = add_point(
+            profile,
+            running,
+            h.generation_tokens_per_second,
+            h.inter_token_latency_seconds.get(0.5),
+        )
+    return profile
+
+
+def limit_doc(args: argparse.Namespace) -> SpeculationLimit | None:
+    """Where speculation stops paying, from ``--standard-series`` and ``--fly-series`` (``None``
+    when neither is given). :class:`AnalyzeError` when only one is, or without an interval."""
+    std, fly = args.standard_series, args.fly_series
+    if std is None and fly is None:
+        return None
+    if std is None or fly is None:
+        raise AnalyzeError("--standard-series and --fly-series go together")
+    if args.series_interval is None or args.series_interval <= 0:
+        raise AnalyzeError("the series need --series-interval > 0 (seconds between pages)")
+    return speculation_limit(
+        series_profile(std, args.series_interval, args.model),
+        series_profile(fly, args.series_interval, args.model),
+    )
 
 
 def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str, Any]:
@@ -116,6 +182,9 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     )
     if note is not None:
         words.append(note)
+    limit = limit_doc(args)
+    if limit is not None:
+        words.append(limit.text)
     if (n is not None or b is not None or args.method is not None) and not limits_given:
         words.append(
             "budget columns need all of --max-num-seqs, --max-num-batched-tokens and --method"
@@ -138,6 +207,7 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         "by_k": [asdict(r) for r in rows],
         "advice": words,
         "assumptions": list(ASSUMPTIONS),
+        "speculation_limit": None if limit is None else asdict(limit),
     }
 
 

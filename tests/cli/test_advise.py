@@ -166,3 +166,64 @@ def test_table_and_bad_input(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.startswith("specwatch advise:")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def _series(tmp_path: Path, name: str, points: list[tuple[float, float]]) -> list[str]:
+    """Saved pages: the mid-flight capture with its running gauge and generation-token counter
+    set to each ``(running, generation_tokens_total)``; every other counter stays put."""
+    base = (FIXTURES / "real-cpu-draft-model-midflight.txt").read_text(encoding="utf-8")
+    out = []
+    for i, (running, tokens) in enumerate(points):
+        text = base.replace(
+            'vllm:num_requests_running{engine="0",model_name="tiny"} 8.0',
+            f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}',
+        ).replace(
+            'vllm:generation_tokens_total{engine="0",model_name="tiny"} 1585.0',
+            f'vllm:generation_tokens_total{{engine="0",model_name="tiny"}} {tokens}',
+        )
+        path = tmp_path / f"{name}-{i}.txt"
+        path.write_text(text, encoding="utf-8")
+        out.append(str(path))
+    return out
+
+
+def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
+    """Pages 10 s apart. Standard: 3 windows at 1 running with 500 tokens (50 tokens/s per
+    request), then 3 at 8 running with 3,200 (320/8 = 40). FLy: 800 at 1 (80, 1.6×), then
+    2,800 at 8 (280/8 = 35, 35/40 = 0.875×): speculation stops paying from 8 running."""
+    std = _series(
+        tmp_path,
+        "std",
+        [(1, 0), (1, 500), (1, 1000), (1, 1500), (8, 4700), (8, 7900), (8, 11100)],
+    )
+    fly = _series(
+        tmp_path,
+        "fly",
+        [(1, 0), (1, 800), (1, 1600), (1, 2400), (8, 5200), (8, 8000), (8, 10800)],
+    )
+    doc = _json(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        "--standard-series",
+        *std,
+        "--fly-series",
+        *fly,
+        "--series-interval",
+        "10",
+    )
+    lim = doc["speculation_limit"]
+    assert lim["status"] == "reached"
+    assert lim["running"] == 8
+    assert [b["band"] for b in lim["bands"]] == ["1", "8-15"]
+    assert [round(b["speed_ratio"], 6) for b in lim["bands"]] == [1.6, 0.875]
+    assert [b["standard_speed"] for b in lim["bands"]] == [50.0, 40.0]
+    assert lim["text"] in doc["advice"]
+    assert lim["text"].startswith("speculation stops paying from 8 running requests")
+    # without the series: null; one series alone or no interval: exit 2, one line
+    assert _json(str(FIXTURES / "real-cpu-draft-model-midflight.txt"))["speculation_limit"] is None
+    bad = _advise(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"), "--fly-series", *fly, check=False
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "specwatch advise: --standard-series and --fly-series go together"
+    )
