@@ -38,6 +38,7 @@ from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
 from specwatch.shadow.ingest.mirror import mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
@@ -47,7 +48,7 @@ from specwatch.shadow.summary import (
     build_shadow_stats,
 )
 from specwatch.shadow.tally import labelled_outcome
-from specwatch.shadow.values import ReplayPair
+from specwatch.shadow.values import Arm, ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
 
@@ -165,6 +166,14 @@ class ShadowComponent:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _arm_sessions(self) -> dict[Arm, aiohttp.ClientSession]:
+        """One replay session per arm, idle keep-alive from the arm's ``keepalive_seconds``."""
+        s = self.shadow_settings
+        eps = {Arm.STANDARD: s.standard, Arm.FLY: s.fly, Arm.NOISE: s.noise_endpoint()}
+        return {
+            arm: open_arm_session(ep.keepalive_seconds) for arm, ep in eps.items() if ep is not None
+        }
+
     async def _mirror(self, request: web.Request) -> web.Response:
         pipe = self.pipeline
         if pipe is None:
@@ -265,9 +274,7 @@ class ShadowComponent:
         await ledger.open()
         self.ledger = ledger
         own_session = self._session is None
-        session = self._session or aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None)  # each arm has its own timeout
-        )
+        session = self._session or self._arm_sessions()
         runner: asyncio.Task[None] | None = None
         try:
             pipeline = ShadowPipeline(
@@ -295,5 +302,6 @@ class ShadowComponent:
             self._ready.clear()
             await ledger.close()
             self.ledger = None
-            if own_session:
-                await session.close()
+            if own_session and isinstance(session, Mapping):
+                for s in session.values():
+                    await s.close()

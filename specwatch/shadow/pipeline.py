@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -54,13 +54,15 @@ def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarge
         token=ep.token,
         model=ep.model,
         stream=arm.value in stream_arms,
+        keepalive_seconds=ep.keepalive_seconds,
     )
 
 
 class ShadowPipeline:
     """The shadow I/O component (see module docstring).
 
-    ``session``: an open ``aiohttp.ClientSession`` for replays (owned by the caller);
+    ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm: session}``,
+    see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the caller;
     ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
     ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
     ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
@@ -72,7 +74,7 @@ class ShadowPipeline:
         self,
         settings: ShadowSettings,
         *,
-        session: aiohttp.ClientSession,
+        session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
         on_pair: PairSink,
         load_state: LoadState | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -26,6 +26,10 @@ class ArmEndpoint(BaseModel):
     names the observe target of the same server (used by ``load_state`` for the load-aware pause);
     ``token`` is sent as ``Authorization: Bearer <token>`` when set; ``model`` overrides the
     request's ``model`` field when set (the two servers may serve the model under different names).
+    ``keepalive_seconds`` is how long the replay client keeps an idle connection to this arm: keep
+    it below the server's idle timeout (vLLM closes idle connections after
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the client never reuses a socket the
+    server is closing.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -35,6 +39,7 @@ class ArmEndpoint(BaseModel):
     token: str | None = Field(default=None, repr=False)
     model: str | None = None
     timeout_seconds: float = Field(default=120.0, gt=0)
+    keepalive_seconds: float = Field(default=4.0, gt=0)
 
     @field_validator("url")
     @classmethod

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specwatch.vllm.request_metrics import SpecDecodeReading
+
 
 class Source(enum.StrEnum):
     """How a request entered the shadow chain."""
@@ -55,7 +57,9 @@ class ArmResult:
     ``ok`` False means the arm failed (``error`` says why: ``timeout|connect|http_<status>|
     unsupported_parameter|in_band_error|invalid_body``); a failed arm makes the pair unpaired.
     ``text`` is the generated text (first choice); ``token_ids`` when the server returned them;
-    ``mean_acceptance_length`` from vLLM's per-request spec-decode metrics when returned.
+    ``spec_decode`` vLLM's per-request speculative-decoding counts when returned
+    (``--per-request-spec-decode-metrics``), ``mean_acceptance_length`` its τ when measured (never
+    vLLM's 1.0 placeholder for a reply without a verify step).
     """
 
     arm: Arm
@@ -69,6 +73,7 @@ class ArmResult:
     completion_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
     mean_acceptance_length: float | None = None
+    spec_decode: SpecDecodeReading | None = None
 
 
 @dataclass(frozen=True, slots=True)

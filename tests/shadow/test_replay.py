@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -76,7 +80,7 @@ async def _replay(
 
 
 async def test_both_arms_get_the_same_seeded_capped_body() -> None:
-    std, fly = FakeArm(text="Paris", tau=2.5), FakeArm(text="Paris.")
+    std, fly = FakeArm(text="Paris", spec_steps=[1, 2]), FakeArm(text="Paris.")
     req = _req(CHAT)
     pair = await _replay(std, fly, req)
     seed = seed_from_hash(req.request_hash)
@@ -199,3 +203,116 @@ def test_classify_pair(std_err: str | None, fly_err: str | None, expected: objec
 
     pair = ReplayPair(_req(CHAT), arm(Arm.STANDARD, std_err), arm(Arm.FLY, fly_err))
     assert classify_pair(pair) == expected
+
+
+VLLM_SPEC_400 = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+async def test_vllm_spec_decode_refusal_is_unsupported_parameter_on_its_arm() -> None:
+    """vLLM's own 400 wording for sampling parameters it cannot use with speculative decoding
+    ("... are not yet supported ...", ``SamplingParams._validate_spec_decode``) is
+    ``unsupported_parameter`` on the arm that sent it, and the pair is excluded for it."""
+    fly = FakeArm(mode="status", status=400, message=VLLM_SPEC_400)
+    pair = await _replay(FakeArm(), fly, _req({**CHAT, "min_p": 0.1}))
+    assert (pair.fly.error, pair.fly.status) == ("unsupported_parameter", 400)
+    assert pair.standard.ok
+    assert classify_pair(pair) == ("excluded", "unsupported_parameter")
+
+
+_OK_BODY = json.dumps(
+    {
+        "choices": [{"index": 0, "text": "4", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+
+
+@asynccontextmanager
+async def _raw_server(plan: list[str]) -> AsyncIterator[tuple[str, list[str]]]:
+    """A bare HTTP/1.1 server on 127.0.0.1 (faults aiohttp's server cannot produce). Connection
+    ``i`` follows ``plan[i]`` (the last entry repeats): ``close`` reads the request and closes
+    without a byte, ``cut`` sends the status line, headers (Content-Length 100) and 10 bytes then
+    closes, ``ok`` answers ``_OK_BODY``. Yields the base URL and the list of plans used."""
+    used: list[str] = []
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        kind = plan[min(len(used), len(plan) - 1)]
+        used.append(kind)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+        if kind == "ok":
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(_OK_BODY)}\r\n\r\n".encode()
+                + _OK_BODY
+            )
+        elif kind == "cut":
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n" + b'{"choices"'
+            )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", used
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def _replay_raw(std_plan: list[str]) -> tuple[ReplayPair, list[str], Replayer]:
+    async with (
+        _raw_server(std_plan) as (su, used),
+        serve_arm(FakeArm(text="4")) as fu,
+        aiohttp.ClientSession() as session,
+    ):
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, su, 10.0),
+            fly=ArmTarget(Arm.FLY, fu, 10.0),
+            noise=None,
+            max_tokens_cap=8,
+            marker_header="X-S",
+            clock=time.perf_counter,
+        )
+        pair = await r.replay(_req({"prompt": "2+2="}, "/v1/completions"))
+        return pair, used, r
+
+
+async def test_close_before_any_byte_is_retried_once_and_counted() -> None:
+    """The server closes the first connection without answering (vLLM's keep-alive close racing
+    a reused socket): the request is sent once more, answered, and ``retries`` counts it."""
+    pair, used, r = await _replay_raw(["close", "ok"])
+    assert used == ["close", "ok"]
+    assert pair.standard.ok and pair.standard.text == "4"
+    assert dict(r.retries) == {"standard": 1}
+    assert classify_pair(pair) == ("paired", None)
+
+
+async def test_second_close_before_any_byte_fails_the_arm() -> None:
+    """Two closes in a row: one retry only, then the arm fails as ``disconnected`` (unpaired)."""
+    pair, used, r = await _replay_raw(["close"])
+    assert used == ["close", "close"]
+    assert (pair.standard.ok, pair.standard.error) == (False, "disconnected")
+    assert dict(r.retries) == {"standard": 1}
+    assert classify_pair(pair) == ("unpaired", "standard_disconnected")
+
+
+async def test_close_mid_response_fails_the_arm_without_retry() -> None:
+    """A close after the status line (10 of 100 body bytes) is ``disconnected_mid_response``:
+    never retried (the server did the work), the pair unpaired."""
+    pair, used, r = await _replay_raw(["cut", "ok"])
+    assert used == ["cut"]
+    assert (pair.standard.ok, pair.standard.error) == (False, "disconnected_mid_response")
+    assert pair.standard.status == 200
+    assert dict(r.retries) == {}
+    assert classify_pair(pair) == ("unpaired", "standard_disconnected_mid_response")
