@@ -68,9 +68,7 @@ class FakeArm:
                 "choices": [],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2},
             }
-            if self.spec_steps is not None and body.get("stream_options", {}).get(
-                "include_usage"
-            ):
+            if self.spec_steps is not None and body.get("stream_options", {}).get("include_usage"):
                 usage["metrics"] = self._metrics(streamed=True)
             await resp.write(f"data: {json.dumps(usage)}\n\n: ping\n\ndata: [DONE]\n\n".encode())
             await resp.write_eof()

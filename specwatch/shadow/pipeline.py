@@ -159,6 +159,9 @@ class ShadowPipeline:
         self.unpaired: Counter[str] = Counter()
         self.excluded: Counter[str] = Counter()
         self.arm_errors: Counter[tuple[str, str]] = Counter()
+        self.spec_steps: Counter[tuple[str, str]] = Counter()
+        self.spec_drafted: Counter[tuple[str, str]] = Counter()
+        self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -237,8 +240,25 @@ class ShadowPipeline:
         elif status == "excluded" and reason is not None:
             self.excluded[reason] += 1
         for a in (pair.standard, pair.fly, pair.noise):
-            if a is not None and not a.ok:
+            if a is None:
+                continue
+            if not a.ok:
                 self.arm_errors[(a.arm.value, a.error or "unknown")] += 1
+                log_event(
+                    log,
+                    logging.INFO,
+                    "shadow arm failed",
+                    arm=a.arm.value,
+                    reason=a.error or "unknown",
+                    status=a.status,
+                    request_hash=req.request_hash,
+                )
+            sd = a.spec_decode
+            if a.ok and sd is not None and sd.num_spec_steps > 0:
+                key = (a.arm.value, req.category)
+                self.spec_steps[key] += sd.num_spec_steps
+                self.spec_drafted[key] += sd.num_draft_tokens
+                self.spec_accepted[key] += sd.num_accepted_draft_tokens
         try:
             await self._on_pair(pair)
         except asyncio.CancelledError:
@@ -281,4 +301,8 @@ class ShadowPipeline:
             proxy_upstream_errors=dict(ic.proxy_upstream_errors),
             canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},
+            replay_retries=dict(self.replayer.retries),
+            reply_spec_steps=dict(self.spec_steps),
+            reply_draft_tokens=dict(self.spec_drafted),
+            reply_accepted_tokens=dict(self.spec_accepted),
         )

@@ -293,7 +293,8 @@ async def test_close_before_any_byte_is_retried_once_and_counted() -> None:
     a reused socket): the request is sent once more, answered, and ``retries`` counts it."""
     pair, used, r = await _replay_raw(["close", "ok"])
     assert used == ["close", "ok"]
-    assert pair.standard.ok and pair.standard.text == "4"
+    assert pair.standard.ok
+    assert pair.standard.text == "4"
     assert dict(r.retries) == {"standard": 1}
     assert classify_pair(pair) == ("paired", None)
 
