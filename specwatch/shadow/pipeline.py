@@ -3,18 +3,19 @@
 Usage on the sidecar's aiohttp app::
 
     pipeline = ShadowPipeline(settings.shadow, session=session, on_pair=sink, load_state=loads)
-    pipeline.mount(app)          # mirror routes (if "mirror" in modes) + start/stop on app
-    lifecycle
+    pipeline.mount(app)          # start/stop with the app's lifecycle
 
 or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 
-``start`` launches ``max_in_flight`` replay workers, the proxy on its own port (if ``"proxy"`` in
-modes) and the canary runner (if ``"canary"``). Each worker takes one queued request, drops it as
-``expired`` if it waited longer than ``max_queue_age_seconds``, waits while the sampler reports a
-load pause (re-checked every ``pause_poll_seconds``), replays it through all arms and awaits
-``on_pair(pair)``. ``pair.extra`` holds ``status`` (``paired|unpaired|excluded``), ``reason`` and,
-with a noise arm, ``noise_ok``. Every pair is delivered (the sink decides what to store); the
-pipeline's own counters already count unpaired and excluded pairs by reason.
+``start`` launches ``max_in_flight`` replay workers, the mirror listener on its own port (if
+``"mirror"`` in modes and ``serve_mirror``; :attr:`mirror_port` is the bound port), the proxy on
+its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
+one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
+waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
+it through all arms and awaits ``on_pair(pair)``. ``pair.extra`` holds ``status``
+(``paired|unpaired|excluded``), ``reason`` and, with a noise arm, ``noise_ok``. Every pair is
+delivered (the sink decides what to store); the pipeline's own counters already count unpaired and
+excluded pairs by reason.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.logs import log_event
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
-from specwatch.shadow.ingest.mirror import MirrorIngest
+from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
@@ -66,7 +67,8 @@ class ShadowPipeline:
     ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
     ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
     ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
-    sleep. Raises ``ValueError`` if the settings lack the standard/FLy arms and
+    sleep; ``serve_mirror``: start the mirror listener (``False`` when the caller serves
+    :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the standard/FLy arms and
     :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
     """
 
@@ -80,6 +82,7 @@ class ShadowPipeline:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        serve_mirror: bool = True,
     ) -> None:
         std_ep, fly_ep = settings.standard, settings.fly
         if std_ep is None or fly_ep is None:
@@ -125,6 +128,11 @@ class ShadowPipeline:
             require_shadow_host=s.mirror_require_shadow_host,
             marker_header=s.marker_header,
         )
+        self.mirror_listener: MirrorListener | None = None
+        if serve_mirror and "mirror" in s.modes:
+            self.mirror_listener = MirrorListener(
+                self.mirror.routes(), max_body_bytes=s.mirror_max_body_bytes
+            )
         self.proxy: ShadowProxy | None = None
         if "proxy" in s.modes and s.proxy_upstream is not None:
             self.proxy = ShadowProxy(
@@ -174,10 +182,13 @@ class ShadowPipeline:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def mount(self, app: web.Application) -> None:
-        """Add the mirror routes (mirror mode) and tie :meth:`start`/:meth:`stop` to ``app``."""
-        if "mirror" in self.settings.modes:
-            app.add_routes(self.mirror.routes())
+        """Tie :meth:`start`/:meth:`stop` to ``app`` (no route is added to ``app``)."""
         app.cleanup_ctx.append(self._ctx)
+
+    @property
+    def mirror_port(self) -> int | None:
+        """The mirror listener's bound port (``None`` before :meth:`start` or without one)."""
+        return None if self.mirror_listener is None else self.mirror_listener.port
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
         await self.start()
@@ -186,6 +197,11 @@ class ShadowPipeline:
 
     async def start(self) -> None:
         """Start replay workers, the proxy listener and the canary runner (as configured)."""
+        if self.mirror_listener is not None:
+            port = await self.mirror_listener.start(
+                self.settings.mirror_listen_host, self.settings.mirror_listen_port
+            )
+            log_event(log, logging.INFO, "shadow mirror listening", port=port)
         for i in range(self.settings.max_in_flight):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
         if self.proxy is not None:
@@ -205,6 +221,8 @@ class ShadowPipeline:
         self._tasks.clear()
         if self.proxy is not None:
             await self.proxy.stop()
+        if self.mirror_listener is not None:
+            await self.mirror_listener.stop()
 
     # -- workers ------------------------------------------------------------------------------
 

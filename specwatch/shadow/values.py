@@ -36,7 +36,9 @@ class ShadowRequest:
     ``path`` is ``/v1/completions`` or ``/v1/chat/completions``; ``body`` the parsed JSON body;
     ``request_hash`` a hex digest of the canonical body (sampling and ledger key);
     ``gold`` and ``checker`` are set for canary items (``checker``: ``exact|regex:<pattern>|
-    json:<path>|math``), ``None`` for live traffic.
+    json:<path>|math``), ``None`` for live traffic. ``request_id`` is the live request's
+    ``x-request-id`` header (mirror and proxy; ``None`` when absent or not a printable token of at
+    most 200 characters), stored with the pair in the ledger.
     """
 
     path: str
@@ -48,6 +50,7 @@ class ShadowRequest:
     item_id: str | None = None
     gold: str | None = None
     checker: str | None = None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
