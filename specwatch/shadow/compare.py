@@ -79,6 +79,7 @@ class PairOutcome:
     never counted as a mismatch), ``excluded`` (e.g. a 400 for an unsupported parameter, or a
     checker that cannot run); ``reason`` says why for the last two. ``noise`` is ``None`` when no
     noise arm was asked; a failed noise arm leaves the pair paired with ``noise.ok`` False.
+    ``request_id`` is the live request's ``X-Request-Id`` (mirror/proxy), ``None`` otherwise.
     """
 
     time: float
@@ -93,6 +94,7 @@ class PairOutcome:
     standard: ArmOutcome
     fly: ArmOutcome
     noise: ArmOutcome | None
+    request_id: str | None = None
 
     def arm(self, arm: Arm) -> ArmOutcome | None:
         """The outcome of ``arm`` (``None`` for a noise arm that was not asked)."""
@@ -206,4 +208,5 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
         standard=std_out,
         fly=fly_out,
         noise=noise_out,
+        request_id=req.request_id,
     )
