@@ -165,7 +165,7 @@ async def test_long_sse_stream_passes_byte_for_byte_and_copy_is_offered() -> Non
     assert offered[0].body == body
     assert offered[0].path == "/v1/completions"
     assert offered[0].request_id == "live-7f3a"
-    assert up.seen_headers[0]["X-Request-Id"] == "live-7f3a"  # passed upstream unchanged
+    assert [h.get("X-Request-ID") for h in up.seen_headers] == ["live-7f3a", None]
     assert proxy.counters.outcomes[("proxy", "admitted")] == 1
 
 
