@@ -58,6 +58,14 @@ from specwatch.vllm.request_metrics import metrics_object
 log = logging.getLogger("specwatch.simulate")
 
 
+#: vLLM's 400 for sampling parameters it cannot use with speculative decoding (vllm 0.32
+#: ``SamplingParams._validate_spec_decode``).
+SPEC_DECODE_UNSUPPORTED = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+SAMPLING_EPS = 1e-5
+
+
 class APIError(Exception):
     """An error answered with vLLM's error body."""
 
@@ -427,6 +435,12 @@ class SimServer:
             raise APIError(400, "temperature must be a number >= 0", "temperature")
         if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
             raise APIError(400, "top_p must be in (0, 1]", "top_p")
+        min_p = body.get("min_p", 0.0)
+        if isinstance(min_p, bool) or not isinstance(min_p, int | float) or not 0 <= min_p <= 1:
+            raise APIError(400, "min_p must be in [0, 1]", "min_p")
+        if self.config.speculative and (min_p > SAMPLING_EPS or body.get("logit_bias")):
+            # vLLM SamplingParams._validate_spec_decode
+            raise APIError(400, SPEC_DECODE_UNSUPPORTED)
         mt_key = (
             "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
         )
