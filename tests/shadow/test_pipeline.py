@@ -286,3 +286,34 @@ def test_settings_validation() -> None:
     assert s.noise_endpoint() == s.standard
     assert s.standard is not None
     assert s.standard.url == "http://a"
+
+
+async def test_mirror_upload_cut_mid_body_is_counted_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A mirrored copy announcing 1500 bytes that stops after 40 and closes is one
+    ``incomplete_body`` rejection: counted (received + ingest error), one WARNING line naming
+    the reason, no record with a traceback, nothing offered."""
+    async with (
+        serve_arm(FakeArm()) as su,
+        serve_arm(FakeArm()) as fu,
+        sidecar(_settings(su, fu)) as (url, pipe, _, _c, _m),
+    ):
+        port = int(url.rsplit(":", 1)[1])
+        with caplog.at_level("DEBUG"):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x-shadow\r\nContent-Length: 1500\r\n"
+                b"X-Request-Id: cut-1\r\n\r\n" + b'{"prompt": "' + b"y" * 28
+            )
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+            await _until(lambda: pipe.metrics().ingest_errors != {})
+        m = pipe.metrics()
+    assert m.ingest_errors == {("mirror", "incomplete_body"): 1}
+    assert m.received == {"mirror": 1}
+    assert m.offered == 0
+    lines = [r for r in caplog.records if r.getMessage() == "shadow ingest rejected"]
+    assert len(lines) == 1
+    assert not [r for r in caplog.records if r.exc_info]
