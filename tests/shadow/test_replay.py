@@ -7,13 +7,16 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from specwatch.shadow.classify import classify_pair
-from specwatch.shadow.replay import ArmTarget, Replayer, prepare_body
+from specwatch.shadow.replay import ArmTarget, Replayer, open_arm_session, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, serve_arm
@@ -317,3 +320,53 @@ async def test_close_mid_response_fails_the_arm_without_retry() -> None:
     assert pair.standard.status == 200
     assert dict(r.retries) == {}
     assert classify_pair(pair) == ("unpaired", "standard_disconnected_mid_response")
+
+
+async def test_idle_connections_are_dropped_after_the_arms_keepalive() -> None:
+    """Each arm's pool keeps an idle connection ``keepalive_seconds``: two replays 0.8 s apart
+    reuse the FLy arm's connection (keep-alive 4 s, the default, below vLLM's 5 s) but open a new
+    one to the standard arm (keep-alive 0.1 s). Connections are told apart by client port."""
+    peers: dict[str, list[int]] = {"std": [], "fly": []}
+
+    def app(name: str) -> web.Application:
+        async def handle(request: web.Request) -> web.Response:
+            await request.read()
+            peers[name].append(request.transport.get_extra_info("peername")[1])  # type: ignore[union-attr]
+            return web.Response(body=_OK_BODY, content_type="application/json")
+
+        a = web.Application()
+        a.router.add_post("/v1/completions", handle)
+        return a
+
+    std_t = ArmTarget(Arm.STANDARD, "", 10.0, keepalive_seconds=0.1)
+    fly_t = ArmTarget(Arm.FLY, "", 10.0)
+    assert fly_t.keepalive_seconds == 4.0
+    async with (
+        TestServer(app("std"), host="127.0.0.1") as s1,
+        TestServer(app("fly"), host="127.0.0.1") as s2,
+    ):
+        std_t = replace(std_t, base_url=f"http://127.0.0.1:{s1.port}")
+        fly_t = replace(fly_t, base_url=f"http://127.0.0.1:{s2.port}")
+        sessions = {a.arm: open_arm_session(a.keepalive_seconds) for a in (std_t, fly_t)}
+        try:
+            r = Replayer(
+                sessions,
+                standard=std_t,
+                fly=fly_t,
+                noise=None,
+                max_tokens_cap=8,
+                marker_header="X-S",
+                clock=time.perf_counter,
+            )
+            req = _req({"prompt": "2+2="}, "/v1/completions")
+            first = await r.replay(req)
+            await asyncio.sleep(0.8)
+            second = await r.replay(req)
+        finally:
+            for s in sessions.values():
+                await s.close()
+    assert first.standard.ok
+    assert second.fly.ok
+    assert peers["fly"][0] == peers["fly"][1]
+    assert peers["std"][0] != peers["std"][1]
+    assert dict(r.retries) == {}
