@@ -191,4 +191,5 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
         noise_baseline_agrees=_agree_texts(pair.noise, pair.baseline, checker, cfg, has_checker),
         greedy=is_greedy(req.body),
         running=pair.running,
+        request_id=req.request_id,
     )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specwatch.core.config import OVERALL
-from specwatch.shadow.summary import PairedSummary, summarize
+from specwatch.shadow.summary import PairedSummary, ShadowIO, summarize
 from specwatch.shadow.tally import ArmTotals, PairTally
 
 Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
@@ -42,9 +42,52 @@ OTHER = "other"
 #: reported (fewer: the gain is ``None`` with a reason).
 MIN_SPEED_PAIRS = 5
 
-#: Why the acceptance gain column is empty: the ledger stores per-request mean acceptance
-#: length (τ) only, not the drafted and accepted token counts an acceptance rate needs.
-NO_ACCEPTANCE = "per-request acceptance rate not recorded (the ledger keeps τ only)"
+#: Why the acceptance gain (or the reply τ) is empty.
+NO_ACCEPTANCE = (
+    "no replies with per-request spec-decode counts on both arms "
+    "(vLLM --per-request-spec-decode-metrics)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyCounts:
+    """Per-request speculative-decoding counts summed over the replies of one arm (this
+    process, from :class:`~specwatch.shadow.summary.ShadowIO`): verify ``steps``, ``drafted``
+    and ``accepted`` draft tokens."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def __add__(self, other: ReplyCounts) -> ReplyCounts:
+        return ReplyCounts(
+            self.steps + other.steps, self.drafted + other.drafted, self.accepted + other.accepted
+        )
+
+    @property
+    def alpha(self) -> float | None:
+        """Accepted / drafted draft tokens, ``None`` without drafts."""
+        return self.accepted / self.drafted if self.drafted > 0 else None
+
+    @property
+    def tau(self) -> float | None:
+        """1 + accepted / verify steps (tokens per step), ``None`` without steps."""
+        return 1.0 + self.accepted / self.steps if self.steps > 0 else None
+
+
+def reply_counts(io: ShadowIO | None) -> dict[tuple[str, str], ReplyCounts]:
+    """``{(arm, category): ReplyCounts}`` from the I/O side's reply counters (``{}`` without)."""
+    if io is None:
+        return {}
+    keys = set(io.reply_spec_steps) | set(io.reply_draft_tokens) | set(io.reply_accepted_tokens)
+    return {
+        k: ReplyCounts(
+            io.reply_spec_steps.get(k, 0),
+            io.reply_draft_tokens.get(k, 0),
+            io.reply_accepted_tokens.get(k, 0),
+        )
+        for k in keys
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +96,11 @@ class DecisionRow:
 
     ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
     n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
-    requests where both returned it; ``acceptance_gain`` (always ``None`` for now, see
-    ``acceptance_gain_reason``); ``throughput_gain_ratio`` = FLy tokens/s ÷ standard tokens/s − 1
-    (completion tokens over replay seconds summed over ``speed_pairs`` requests);
+    requests where both returned it (else from the replies' summed counts: τ = 1 +
+    accepted / verify steps per arm); ``acceptance_gain`` = α_FLy − α_standard (accepted /
+    drafted draft tokens summed over the replies of this process); ``throughput_gain_ratio`` =
+    FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
+    ``speed_pairs`` requests);
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
     ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
@@ -97,10 +142,18 @@ def bound_categories(tallies: Mapping[str, PairTally], max_categories: int) -> d
     return {c: (c if c in keep else OTHER) for c in cats}
 
 
-def _tau(t: ArmTotals) -> tuple[float | None, str | None]:
-    if t.tau_pairs == 0:
-        return None, "no reply carried per-request τ (metrics.speculative_decoding)"
-    return (t.fly_tau_sum - t.standard_tau_sum) / t.tau_pairs, None
+def _tau(t: ArmTotals, std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str | None]:
+    if t.tau_pairs > 0:
+        return (t.fly_tau_sum - t.standard_tau_sum) / t.tau_pairs, None
+    if std.tau is not None and fly.tau is not None:
+        return fly.tau - std.tau, None
+    return None, NO_ACCEPTANCE
+
+
+def _acceptance(std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str | None]:
+    if std.alpha is not None and fly.alpha is not None:
+        return fly.alpha - std.alpha, None
+    return None, NO_ACCEPTANCE
 
 
 def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
@@ -149,10 +202,16 @@ def decision_row(
     margin: float,
     detect_net_loss: float,
     power: float = 0.8,
+    standard_reply: ReplyCounts | None = None,
+    fly_reply: ReplyCounts | None = None,
 ) -> DecisionRow:
-    """The :class:`DecisionRow` of one category's since-start tally and speed sums."""
+    """The :class:`DecisionRow` of one category's since-start tally and speed sums, and the
+    arms' reply counts (τ gain from the ledger's per-pair τ when it has them, else from the
+    reply counts; acceptance gain from the reply counts)."""
     s = summarize(tally, alpha=alpha, margin=margin, detect_net_loss=detect_net_loss, power=power)
-    tau, tau_why = _tau(totals)
+    std_r, fly_r = standard_reply or ReplyCounts(), fly_reply or ReplyCounts()
+    tau, tau_why = _tau(totals, std_r, fly_r)
+    acc, acc_why = _acceptance(std_r, fly_r)
     speed, speed_why = _speed(totals)
     verdict, text, more = _verdict(s, speed, alpha)
     return DecisionRow(
@@ -162,8 +221,8 @@ def decision_row(
         tau_pairs=totals.tau_pairs,
         tau_gain=tau,
         tau_gain_reason=tau_why,
-        acceptance_gain=None,
-        acceptance_gain_reason=NO_ACCEPTANCE,
+        acceptance_gain=acc,
+        acceptance_gain_reason=acc_why,
         speed_pairs=totals.speed_pairs,
         throughput_gain_ratio=speed,
         throughput_gain_reason=speed_why,
@@ -188,21 +247,51 @@ def decision_table(
     detect_net_loss: float,
     power: float = 0.8,
     max_categories: int = 20,
+    replies: Mapping[tuple[str, str], ReplyCounts] | None = None,
 ) -> tuple[DecisionRow, ...]:
     """The decision table: one row per bounded category (sorted, :data:`OTHER` last) and an
-    ``overall`` row, from since-start per-category tallies (``Ledger.tally()``) and speed sums
-    (``Ledger.arm_totals()``). Categories with no row in ``totals`` have no speed data. Pure;
-    raises ``ValueError`` for ``max_categories < 1``."""
+    ``overall`` row, from since-start per-category tallies (``Ledger.tally()``), speed sums
+    (``Ledger.arm_totals()``) and the reply counts ``{(arm, category): ReplyCounts}``
+    (:func:`reply_counts`; this process only). Categories with no row in ``totals`` have no
+    speed data. Pure; raises ``ValueError`` for ``max_categories < 1``."""
     names = bound_categories(tallies, max_categories)
+    got = replies or {}
     pooled_t: dict[str, PairTally] = {}
     pooled_a: dict[str, ArmTotals] = {}
+    pooled_r: dict[tuple[str, str], ReplyCounts] = {}
     for cat, shown in names.items():
         pooled_t[shown] = pooled_t.get(shown, PairTally()) + tallies[cat]
         pooled_a[shown] = pooled_a.get(shown, ArmTotals()) + totals.get(cat, ArmTotals())
+        for arm in ("standard", "fly"):
+            key = (arm, shown)
+            pooled_r[key] = pooled_r.get(key, ReplyCounts()) + got.get((arm, cat), ReplyCounts())
     order = sorted(pooled_t, key=lambda c: (c == OTHER, c))
     all_t = sum(pooled_t.values(), PairTally())
     all_a = sum(pooled_a.values(), ArmTotals())
     kw = {"alpha": alpha, "margin": margin, "detect_net_loss": detect_net_loss, "power": power}
-    rows = [decision_row(c, pooled_t[c], pooled_a[c], **kw) for c in order]
-    rows.append(decision_row(OVERALL, all_t, all_a, **kw))
+
+    def arm_total(arm: str) -> ReplyCounts:
+        return sum((r for (a, _), r in pooled_r.items() if a == arm), ReplyCounts())
+
+    rows = [
+        decision_row(
+            c,
+            pooled_t[c],
+            pooled_a[c],
+            standard_reply=pooled_r.get(("standard", c)),
+            fly_reply=pooled_r.get(("fly", c)),
+            **kw,
+        )
+        for c in order
+    ]
+    rows.append(
+        decision_row(
+            OVERALL,
+            all_t,
+            all_a,
+            standard_reply=arm_total("standard"),
+            fly_reply=arm_total("fly"),
+            **kw,
+        )
+    )
     return tuple(rows)

@@ -56,11 +56,14 @@ WRITE_ERROR_REASONS = (
 class LedgerRow:
     """One stored pair (times in unix seconds, latencies in seconds, tokens = completion tokens,
     ``*_tau`` = per-request mean acceptance length). Booleans are ``None`` when not applicable;
-    ``noise_*`` are ``None`` when no noise arm was asked. ``greedy`` (temperature 0 or top_k 1),
+    ``noise_*`` are ``None`` when no noise arm was asked. ``request_id`` is the live request's
+    ``X-Request-Id``; ``*_error`` the arm's failure reason (``timeout``, ``http_503``,
+    ``disconnected_mid_response``, ...; ``None`` when it answered), the noise arm's included
+    although it never decides the pair's status. ``greedy`` (temperature 0 or top_k 1),
     ``running_at_replay`` (running requests on the busiest arm's server when replayed),
     ``baseline_agrees`` (standard arm = no-speculation baseline) and ``noise_baseline_agrees``
-    (noise arm = baseline) were added later: rows written before are ``None`` there. ``id`` is
-    set on rows read back."""
+    (noise arm = baseline) are ``None`` in rows written before they existed. ``id`` is set on
+    rows read back."""
 
     time: float
     request_hash: str
@@ -97,6 +100,10 @@ class LedgerRow:
     running_at_replay: float | None = None
     baseline_agrees: bool | None = None
     noise_baseline_agrees: bool | None = None
+    request_id: str | None = None
+    standard_error: str | None = None
+    fly_error: str | None = None
+    noise_error: str | None = None
     id: int | None = None
 
     @classmethod
@@ -143,6 +150,10 @@ class LedgerRow:
             running_at_replay=o.running,
             baseline_agrees=o.baseline.agrees if o.baseline is not None else None,
             noise_baseline_agrees=o.noise_baseline_agrees,
+            request_id=o.request_id,
+            standard_error=o.standard.error,
+            fly_error=o.fly.error,
+            noise_error=n.error if n is not None else None,
         )
 
 
@@ -273,9 +284,9 @@ class Ledger:
         self._wconn = self._connect()
         for stmt in _SCHEMA:
             self._wconn.execute(stmt)
-        have = {str(r[1]) for r in self._wconn.execute("PRAGMA table_info(pairs)")}
-        for f in fields(LedgerRow):  # columns added since the file was created: NULL in old rows
-            if f.name != "id" and f.name not in have:
+        have = {row[1] for row in self._wconn.execute("PRAGMA table_info(pairs)")}
+        for f in fields(LedgerRow):
+            if f.name != "id" and f.name not in have:  # a ledger written by an older version
                 self._wconn.execute(f"ALTER TABLE pairs ADD COLUMN {f.name} {_sql_type(f.type)}")
         self._rconn = self._connect()
 

@@ -4,7 +4,9 @@ turned into the decision table, the lossless check and the flips by load band.
 
 The arms answer fixed texts, so every count below follows from the traffic sent:
 
-- standard ``"alpha beta"`` (τ 2.0), FLy ``"alpha beta"`` (τ 3.5): FLy always agrees;
+- standard ``"alpha beta"`` accepting 1 and 1 of 4 drafts in two verify steps (τ 1 + 2/2 = 2.0,
+  α 2/8), FLy ``"alpha beta"`` accepting 3 and 2 (τ 1 + 5/2 = 3.5, α 5/8): FLy always agrees,
+  τ gain 1.5, acceptance gain 3/8;
 - baseline (no speculation) ``"alpha gamma"`` and noise ``"alpha gamma"``: on every request the
   standard arm differs from the baseline and the noise arm does not, so each greedy request is
   a standard-only flip of the lossless check, and the noise arm differs from the standard arm.
@@ -20,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -48,8 +49,8 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
     """Send 12 greedy (category t0) and 4 temperature-1 (t1) requests, the first 8 while the
     arms report 3 running requests and the last 8 while they report 40."""
     arms = {
-        "standard": FakeArm(text="alpha beta", tau=2.0),
-        "fly": FakeArm(text="alpha beta", tau=3.5),
+        "standard": FakeArm(text="alpha beta", spec_steps=[1, 1]),
+        "fly": FakeArm(text="alpha beta", spec_steps=[3, 2]),
         "noise": FakeArm(text="alpha gamma"),
         "baseline": FakeArm(text="alpha gamma"),
     }
@@ -69,6 +70,8 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
                 "max_shadow_rps": 1000.0,
                 "max_in_flight": 1,
                 "pause_on_waiting": False,
+                "mirror_listen_host": "127.0.0.1",
+                "mirror_listen_port": 0,
                 "standard": {"url": urls["standard"]},
                 "fly": {"url": urls["fly"]},
                 "noise": {"url": urls["noise"]},
@@ -79,31 +82,24 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
         paired = PairedSettings(windows=("1h",), refresh_seconds=3600.0)
         ledger = LedgerSettings(path=str(tmp_path / "ledger.sqlite"))
         comp = ShadowComponent(shadow, paired, ledger, load_state=loads)
-        app = web.Application()
-        app.add_routes(comp.routes())
-        server = TestServer(app, host="127.0.0.1", port=0)
-        await server.start_server()
-        try:
-            async with comp.running(), aiohttp.ClientSession() as client:
-                url = f"http://127.0.0.1:{server.port}/v1/completions"
-                await until(lambda: comp.pipeline is not None and comp._started)
-                for i in range(16):
-                    if i == 8:
-                        await until(lambda: sum(comp.pipeline.replays.values()) == 8)  # type: ignore[union-attr]
-                        running["now"] = 40.0
-                    greedy = i < 6 or 8 <= i < 14
-                    body = {
-                        "prompt": f"question {i}",
-                        "max_tokens": 8,
-                        "temperature": 0 if greedy else 1.0,
-                    }
-                    headers = {"X-Specwatch-Category": "t0" if greedy else "t1"}
-                    async with client.post(url, json=body, headers=headers) as r:
-                        assert r.status == 202
-                await until(lambda: sum(comp.pipeline.replays.values()) == 16)  # type: ignore[union-attr]
-                stats = await comp.refresh(flush=True)
-        finally:
-            await server.close()
+        async with comp.running(), aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{comp.mirror_port}/v1/completions"
+            await until(lambda: comp.pipeline is not None and comp._started)
+            for i in range(16):
+                if i == 8:
+                    await until(lambda: sum(comp.pipeline.replays.values()) == 8)  # type: ignore[union-attr]
+                    running["now"] = 40.0
+                greedy = i < 6 or 8 <= i < 14
+                body = {
+                    "prompt": f"question {i}",
+                    "max_tokens": 8,
+                    "temperature": 0 if greedy else 1.0,
+                }
+                headers = {"X-Specwatch-Category": "t0" if greedy else "t1"}
+                async with client.post(url, json=body, headers=headers) as r:
+                    assert r.status == 202
+            await until(lambda: sum(comp.pipeline.replays.values()) == 16)  # type: ignore[union-attr]
+            stats = await comp.refresh(flush=True)
     registry = CollectorRegistry()
     registry.register(ShadowCollector(lambda: stats))
     metrics: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
@@ -160,8 +156,8 @@ async def test_baseline_arm_load_bands_and_decisions(tmp_path: Path) -> None:
     assert (rows["t0"].pairs, rows["t1"].pairs, rows["_all"].pairs) == (12, 4, 16)
     assert rows["t0"].tau_gain == 1.5
     assert rows["t0"].tau_pairs == 12
-    assert rows["t0"].acceptance_gain is None
-    assert rows["t0"].acceptance_gain_reason
+    assert rows["t0"].acceptance_gain == pytest.approx(3 / 8)
+    assert rows["_all"].acceptance_gain == pytest.approx(3 / 8)
     assert rows["t1"].noise_flip_ratio == 1.0
     assert rows["_all"].verdict == "not_decided"
     assert rows["_all"].verdict_text == "not decided: no labelled pairs yet"

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from specwatch.shadow.decision import OTHER, bound_categories, decision_row, decision_table
+from specwatch.shadow.decision import (
+    NO_ACCEPTANCE,
+    OTHER,
+    ReplyCounts,
+    bound_categories,
+    decision_row,
+    decision_table,
+)
 from specwatch.shadow.tally import ArmTotals, PairTally
 
 KW = {"alpha": 0.05, "margin": 0.01, "detect_net_loss": 0.02}
@@ -98,3 +105,27 @@ def test_categories_beyond_the_bound_are_pooled_as_other() -> None:
     assert rows[2].fly_flip_ratio == 0.25
     with pytest.raises(ValueError, match="max_categories"):
         bound_categories(tallies, 0)
+
+
+def test_acceptance_and_tau_gain_from_reply_counts() -> None:
+    """Reply counts: standard 20 of 40 drafts accepted over 10 verify steps (α 0.5, τ 3.0),
+    FLy 30 of 40 (α 0.75, τ 4.0): acceptance gain 0.25 and, with no per-pair τ in the
+    ledger, τ gain 1.0. Category b (10 of 40 on both arms) pools into `other` with c, which
+    has no replies; the overall row sums every category: α 30/80 vs 40/80."""
+    replies = {
+        ("standard", "a"): ReplyCounts(10, 40, 20),
+        ("fly", "a"): ReplyCounts(10, 40, 30),
+        ("standard", "b"): ReplyCounts(10, 40, 10),
+        ("fly", "b"): ReplyCounts(10, 40, 10),
+    }
+    tallies = {"a": PairTally(agree=9), "b": PairTally(agree=5), "c": PairTally(agree=1)}
+    rows = decision_table(tallies, {}, max_categories=1, replies=replies, **KW)
+    by = {r.category: r for r in rows}
+    assert by["a"].acceptance_gain == pytest.approx(0.25)
+    assert by["a"].tau_gain == pytest.approx(1.0)
+    assert by["a"].acceptance_gain_reason is None
+    assert by[OTHER].acceptance_gain == pytest.approx(0.0)
+    assert by["_all"].acceptance_gain == pytest.approx(40 / 80 - 30 / 80)
+    none = decision_table({"c": PairTally(agree=1)}, {}, replies=replies, **KW)[0]
+    assert none.acceptance_gain is None
+    assert none.acceptance_gain_reason == NO_ACCEPTANCE

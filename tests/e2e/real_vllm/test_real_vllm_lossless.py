@@ -88,6 +88,8 @@ async def lossless_run(
         noise_kind="baseline",
         baseline=ep,
         max_tokens_cap=MAX_TOKENS,
+        mirror_listen_host="127.0.0.1",
+        mirror_listen_port=0,
     )
     done = asyncio.Event()
     count = 0
@@ -106,12 +108,9 @@ async def lossless_run(
         runner = web.AppRunner(app)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
             for category, payload in traffic:
                 async with session.post(
-                    f"http://{host}:{port}/v1/completions",
+                    f"http://127.0.0.1:{pipeline.mirror_port}/v1/completions",
                     json=payload,
                     headers={CATEGORY_HEADER: category},
                 ) as resp:
