@@ -30,7 +30,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
 
 #: The specwatch listener: /metrics, /healthz, /readyz, API and mirror (docs/architecture.md).
-SPECWATCH_PORT = 9400
+SPECWATCH_PORT = 9477
 
 
 @dataclass(frozen=True)

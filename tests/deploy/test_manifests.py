@@ -40,7 +40,7 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 #: Oldest Kubernetes the manifests target (resource.k8s.io/v1 is GA from 1.34).
 K8S_VERSION = "1.34.0"
-SPECWATCH_PORT = 9400
+SPECWATCH_PORT = 9477
 MIRROR_PATHS = {"/v1/completions", "/v1/chat/completions"}
 
 Obj = dict[str, Any]
@@ -435,7 +435,7 @@ class TestSpecwatchSidecar:
         assert "emptyDir" in mounts["/var/lib/specwatch"]
 
     def test_probes_and_ports(self, pod_spec: Obj) -> None:
-        """Liveness and readiness both on /healthz of the 9400 listener, which the image EXPOSEs.
+        """Liveness and readiness both on /healthz of the 9477 listener, which the image EXPOSEs.
 
         Readiness must not be /readyz: the pod is Ready only when every container is, so a
         specwatch that cannot scrape would take vLLM out of the Service.
@@ -531,7 +531,7 @@ def _service_port(base: list[Obj], name: str, number: int) -> Obj:
 @pytest.mark.kubectl
 class TestMirror:
     def test_istio_mirror(self, base: list[Obj], pod_spec: Obj) -> None:
-        """The VirtualService mirrors only the completions paths, a share in (0, 100], to 9400."""
+        """The VirtualService mirrors only the completions paths, a share in (0, 100], to 9477."""
         (vs,) = load_yaml_docs(OVERLAY / "mirror-virtualservice.yaml")
         mirrored = [r for r in vs["spec"]["http"] if "mirrors" in r]
         assert len(mirrored) == 1
@@ -548,7 +548,7 @@ class TestMirror:
             assert live_port["targetPort"] == "std-http"
 
     def test_gateway_api_mirror(self, base: list[Obj], pod_spec: Obj) -> None:
-        """The HTTPRoute's RequestMirror sends the completions paths' share to specwatch:9400."""
+        """The HTTPRoute's RequestMirror sends the completions paths' share to specwatch:9477."""
         (route,) = load_yaml_docs(OVERLAY / "mirror-httproute.yaml")
         mirrored = [
             r for r in route["spec"]["rules"]
