@@ -48,6 +48,7 @@ Obj = dict[str, Any]
 CRD_SCHEMAS: dict[tuple[str, str], str] = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
     ("networking.istio.io/v1", "VirtualService"): "virtualservice-networking.istio.io-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
 }
