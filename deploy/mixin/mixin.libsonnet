@@ -25,18 +25,23 @@ local areas = [
   importstr 'rules/self.yaml.tmpl',
 ];
 
-// template text with every %(key)s of a string or number _config key replaced by its value,
-// then the matchers an empty selector leaves behind removed: x{a="1", } -> x{a="1"}, x{} -> x.
+// template text with every %(key)s replaced by the _config value of that key (a number as %g),
+// in one pass; any other % (printf "%.3f") is left alone. Then the matchers an empty selector
+// leaves behind are removed: x{a="1", } -> x{a="1"}, x{} -> x.
 local fill(text, config) =
-  local keys = [k for k in std.objectFields(config) if std.isString(config[k]) || std.isNumber(config[k])];
-  local filled = std.foldl(
-    function(acc, k) std.strReplace(acc, '%(' + k + ')s', if std.isNumber(config[k]) then '%g' % config[k] else config[k]), keys, text
-  );
-  local cleaned = std.strReplace(std.strReplace(std.strReplace(filled, ', }', '}'), ',}', '}'), '{}', '');
-  local left = std.findSubstr('%(', cleaned);
-  assert std.length(left) == 0 :
-         'unknown placeholder in a rule template: ' + cleaned[left[0]:left[0] + 40];
-  cleaned;
+  local pieces = std.split(text, '%(');
+  local value(key) =
+    assert std.objectHas(config, key) : 'unknown placeholder in a rule template: %(' + key + ')s';
+    local v = config[key];
+    if std.isNumber(v) then '%g' % v else if std.isString(v) then v
+    else error 'placeholder %(' + key + ')s names a _config key that is not a string or number';
+  local filled = pieces[0] + std.join('', [
+    local parts = std.splitLimit(p, ')s', 1);
+    assert std.length(parts) == 2 : 'unclosed placeholder in a rule template: %(' + parts[0];
+    value(parts[0]) + parts[1]
+    for p in pieces[1:]
+  ]);
+  std.strReplace(std.strReplace(filled, ', }', '}'), '{}', '');
 
 local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(r, 'alert')]) > 0;
 
