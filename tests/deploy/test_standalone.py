@@ -94,6 +94,7 @@ def test_specwatch_scrapes_services_by_url(config: Settings) -> None:
     ]:
         host = urlsplit(str(url)).hostname or ""
         assert host.endswith(".svc"), url
+
     def netloc(url: object) -> str:
         return urlsplit(str(url)).netloc
 
