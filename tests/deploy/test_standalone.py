@@ -87,19 +87,19 @@ def test_specwatch_scrapes_services_by_url(config: Settings) -> None:
     """Targets and both arms are cluster Service URLs (never 127.0.0.1: not the same pod), the
     arms name the targets, and the listener is the default port."""
     assert [t.name for t in config.targets] == ["standard", "fly"]
-    assert [t.role.value for t in config.targets] == ["standard", "fly"]
-    for url in [t.url for t in config.targets] + [
-        config.shadow.standard.url,
-        config.shadow.fly.url,
-    ]:
+    assert [str(t.role) for t in config.targets] == ["standard", "fly"]
+    standard, fly = config.shadow.standard, config.shadow.fly
+    assert standard is not None
+    assert fly is not None
+    for url in [t.url for t in config.targets] + [standard.url, fly.url]:
         host = urlsplit(str(url)).hostname or ""
         assert host.endswith(".svc"), url
 
     def netloc(url: object) -> str:
         return urlsplit(str(url)).netloc
 
-    assert netloc(config.shadow.standard.url) == netloc(config.targets[0].url)
-    assert netloc(config.shadow.fly.url) == netloc(config.targets[1].url)
+    assert netloc(standard.url) == netloc(config.targets[0].url)
+    assert netloc(fly.url) == netloc(config.targets[1].url)
     assert config.server.port == Settings().server.port
 
 
