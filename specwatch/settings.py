@@ -50,7 +50,7 @@ class ServerSettings(Frozen):
     """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``."""
 
     host: str = "0.0.0.0"
-    port: int = Field(default=9400, ge=0, le=65535)
+    port: int = Field(default=9477, ge=0, le=65535)
 
 
 class LogSettings(Frozen):

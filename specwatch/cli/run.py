@@ -44,7 +44,7 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
         help="a vLLM server; repeat per server (role inferred when NAME is standard|fly|baseline)",
     )
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="listen port (default 9400)")
+    p.add_argument("--port", type=int, help="listen port (default 9477)")
     p.add_argument("--scrape-interval", metavar="DURATION", help="default scrape interval (5s)")
     p.add_argument("--scrape-timeout", metavar="DURATION", help="default scrape timeout (4s)")
     p.add_argument("--max-body-bytes", type=int, help="largest /metrics body read (decompressed)")

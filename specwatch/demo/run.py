@@ -52,7 +52,7 @@ from specwatch.simulate.loadgen import LoadConfig, LoadGenerator, LoadStats
 from specwatch.simulate.quiz import write_canary_jsonl
 
 #: The port the demo's sidecar tries first (falls back to a free port when it is taken).
-DEFAULT_PORT = 9400
+DEFAULT_PORT = 9477
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class DemoConfig:
     """What the demo runs; every field has a demo-friendly default.
 
     ``duration_s``: stop after this many seconds (``None``: until SIGINT/SIGTERM).
-    ``port``: the sidecar's port (``None``: 9400, or a free port when 9400 is taken; 0: free).
+    ``port``: the sidecar's port (``None``: 9477, or a free port when 9477 is taken; 0: free).
     Simulator shape: ``data_parallel_size`` engines each with ``max_num_seqs`` N,
     ``max_num_batched_tokens`` B, ``num_speculative_tokens`` K of ``method``; FLy's threshold
     ``fly_entropy_threshold`` (nats). Load: ``concurrency`` requests in flight, each sent to

@@ -320,8 +320,8 @@ def _acceptance_table(data: ReportData) -> str:
 
 _NEEDS_METRICS = (
     "Per-position acceptance needs <code>--metrics-url</code>: the sidecar's live URL "
-    "(<code>http://HOST:9400/metrics</code>) or a saved <code>/metrics</code> or "
-    "<code>/api/v1/snapshot</code> file, e.g. save <code>curl -s localhost:9400/metrics &gt; "
+    "(<code>http://HOST:9477/metrics</code>) or a saved <code>/metrics</code> or "
+    "<code>/api/v1/snapshot</code> file, e.g. save <code>curl -s localhost:9477/metrics &gt; "
     "metrics.txt</code> while the sidecar runs (during a demo) and pass "
     "<code>--metrics-url metrics.txt</code>."
 )

@@ -342,7 +342,7 @@ class TestSeries:
         text = (out / "index.html").read_text(encoding="utf-8")
         assert "per_position.png" not in text
         assert "Per-position acceptance needs <code>--metrics-url</code>" in text
-        assert "curl -s localhost:9400/metrics &gt; metrics.txt" in text
+        assert "curl -s localhost:9477/metrics &gt; metrics.txt" in text
         assert "/api/v1/snapshot" in text
 
 
