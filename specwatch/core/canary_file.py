@@ -8,7 +8,8 @@ One JSON object per line::
 
 ``id`` (string or integer) and ``gold`` (string or number) are required, and exactly one of
 ``prompt`` (string) or ``messages`` (list of ``{"role", "content"}``). Optional: ``category``
-(default ``canary``), ``checker`` (``exact|regex:<pattern>|json:<path>|math``, default ``exact``),
+(default ``canary``), ``checker`` (``exact|regex:<pattern>|json:<path>|math|gsm8k_strict|
+gsm8k_flexible``, default ``exact``),
 ``max_tokens`` (int), ``model`` (string), ``temperature`` (number, default 0). Other keys are
 ignored
 (the simulator's quiz adds ``p_correct`` and ``draft_confusion``). Blank lines and lines starting
@@ -73,7 +74,7 @@ class CanaryLoad:
 
 
 def _checker_ok(checker: str) -> bool:
-    if checker in ("exact", "math"):
+    if checker in ("exact", "math", "gsm8k_strict", "gsm8k_flexible"):
         return True
     return checker.startswith(("regex:", "json:")) and len(checker.split(":", 1)[1]) > 0
 

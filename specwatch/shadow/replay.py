@@ -6,7 +6,8 @@ repeatable), ``stream`` off (or on with ``stream_options.include_usage`` for arm
 shadow marker header set to ``1``. The replayer only does HTTP: it returns each arm's
 :class:`~specwatch.shadow.values.ArmResult` (a 400/422 naming an unknown parameter is
 ``unsupported_parameter``, another 400/422 ``bad_request``, other failures ``timeout``, ``connect``,
-``http_<status>``, …) and never classifies the pair; :mod:`specwatch.shadow.classify` does.
+``http_<status>``, …) and never classifies the pair; :mod:`specwatch.shadow.classify` does, and
+also decides what a 200 reply means (complete, truncated, or failed and why).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import aiohttp
 
+from specwatch.shadow.classify import body_result, stream_result
 from specwatch.shadow.sample import seed_from_hash
-from specwatch.shadow.sse import CompletionStreamAccumulator, extract_mean_acceptance_length
+from specwatch.shadow.sse import CompletionStreamAccumulator
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest
 
 #: Largest arm response body read (bytes); larger answers fail the arm with ``too_large``.
@@ -91,49 +93,6 @@ def _error_message(obj: object) -> str:
             return str(err.get("message", err))
         return str(err)
     return str(obj)
-
-
-def _parse_completion(arm: Arm, status: int, obj: object, latency: float) -> ArmResult:
-    if not isinstance(obj, Mapping):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    if isinstance(obj.get("error"), Mapping):
-        return ArmResult(arm, False, latency, status=status, error="in_band_error")
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    ch = choices[0]
-    msg = ch.get("message")
-    text: object = msg.get("content") if isinstance(msg, Mapping) else ch.get("text")
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    fr = ch.get("finish_reason")
-    ids = ch.get("token_ids")
-    token_ids = (
-        tuple(ids)
-        if isinstance(ids, list)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
-        else None
-    )
-    usage = obj.get("usage")
-    pt = ct = None
-    if isinstance(usage, Mapping):
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        pt = p if isinstance(p, int) and not isinstance(p, bool) else None
-        ct = c if isinstance(c, int) and not isinstance(c, bool) else None
-    return ArmResult(
-        arm,
-        True,
-        latency,
-        status=status,
-        text=text,
-        finish_reason=fr if isinstance(fr, str) else None,
-        prompt_tokens=pt,
-        completion_tokens=ct,
-        token_ids=token_ids,
-        mean_acceptance_length=extract_mean_acceptance_length(obj),
-    )
 
 
 def client_error_kind(status: int, message: str) -> str:
@@ -225,11 +184,13 @@ class Replayer:
                 latency = self._clock() - t0
                 if len(raw) > MAX_RESPONSE_BYTES:
                     return ArmResult(t.arm, False, latency, status=200, error="too_large")
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    return ArmResult(t.arm, False, latency, status=200, error="invalid_body")
-                return _parse_completion(t.arm, 200, obj, latency)
+                return body_result(
+                    t.arm,
+                    raw,
+                    status=200,
+                    latency=latency,
+                    content_type=resp.headers.get("Content-Type"),
+                )
         except TimeoutError:
             return ArmResult(t.arm, False, self._clock() - t0, error="timeout")
         except aiohttp.ClientConnectorError:
@@ -247,21 +208,10 @@ class Replayer:
             if total > MAX_RESPONSE_BYTES:
                 return ArmResult(arm, False, self._clock() - t0, status=200, error="too_large")
             acc.feed(chunk)
-        r = acc.close()
-        latency = self._clock() - t0
-        if r.error is not None:
-            return ArmResult(arm, False, latency, status=200, error="in_band_error")
-        if not r.done_seen and r.finish_reason is None:
-            return ArmResult(arm, False, latency, status=200, error="truncated_stream")
-        return ArmResult(
+        return stream_result(
             arm,
-            True,
-            latency,
+            acc,
             status=200,
-            text=r.text,
-            finish_reason=r.finish_reason,
-            prompt_tokens=r.prompt_tokens,
-            completion_tokens=r.completion_tokens,
-            token_ids=tuple(r.token_ids) if r.token_ids is not None else None,
-            mean_acceptance_length=r.mean_acceptance_length,
+            latency=self._clock() - t0,
+            content_type=resp.headers.get("Content-Type"),
         )

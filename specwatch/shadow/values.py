@@ -49,12 +49,30 @@ class ShadowRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of a reply, as compared: the function ``name`` and its ``arguments``
+    JSON-normalised (parsed and re-serialised with sorted keys and no spaces, so ``{"a": 1,
+    "b": 2}`` and ``{"b":2,"a":1}`` are equal; arguments that are not valid JSON are kept as sent,
+    ends stripped). The call ``id`` is left out: servers make it up per reply."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ArmResult:
     """What one arm returned.
 
-    ``ok`` False means the arm failed (``error`` says why: ``timeout|connect|http_<status>|
-    unsupported_parameter|in_band_error|invalid_body``); a failed arm makes the pair unpaired.
-    ``text`` is the generated text (first choice); ``token_ids`` when the server returned them;
+    ``ok`` False means the arm failed (``error`` says why, see
+    :data:`specwatch.shadow.classify.ARM_FAILURES`: ``timeout|connect|http_<status>|
+    unsupported_parameter|in_band_5xx|aborted|empty_stream|invalid_json|...``); a failed arm makes
+    the pair unpaired. ``text`` is the generated text of the first choice (``message.content`` /
+    ``delta.content`` for chat, ``text`` for completions; ``""`` when absent; for a failed arm the
+    partial text received, never compared); ``tool_calls`` its tool calls in order (chat only);
+    ``reasoning`` the reasoning text (``reasoning_content`` or ``reasoning``; ``None`` when the
+    server sent none); ``finish_reason`` as the server sent it (also unknown values such as
+    ``cancelled``); ``error_code`` the code of an in-band error (``500``, ``400``; ``None`` when
+    there was none or it carried no code); ``token_ids`` when the server returned them;
     ``mean_acceptance_length`` from vLLM's per-request spec-decode metrics when returned.
     """
 
@@ -69,6 +87,9 @@ class ArmResult:
     completion_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
     mean_acceptance_length: float | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    error_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

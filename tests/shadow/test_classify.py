@@ -4,13 +4,22 @@ tally."""
 from __future__ import annotations
 
 import ast
+import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from specwatch.shadow.classify import EXCLUDED_REASONS, classify, classify_pair, failure_class
-from specwatch.shadow.compare import compare
+from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 
 _PKG = Path(__file__).resolve().parents[2] / "specwatch"
 
@@ -77,7 +86,12 @@ def test_rule_order_checker_then_refusal_then_failure() -> None:
     assert classify(std_timeout, fly_422) == ("excluded", "bad_request")
     assert classify(std_timeout, fly_conn) == ("unpaired", "standard_timeout")
     assert classify(_ok(Arm.STANDARD), fly_conn) == ("unpaired", "fly_connect")
-    assert set(EXCLUDED_REASONS) == {"unsupported_parameter", "bad_request", "bad_checker"}
+    assert set(EXCLUDED_REASONS) == {
+        "unsupported_parameter",
+        "bad_request",
+        "bad_checker",
+        "multiple_choices",
+    }
 
 
 def test_failure_class_maps_http_errors_to_their_class() -> None:
@@ -104,3 +118,189 @@ def test_no_other_module_assigns_a_pair_status() -> None:
             if isinstance(first, ast.Constant) and first.value in ("unpaired", "excluded"):
                 offenders.append(f"{path.relative_to(_PKG)}:{node.lineno}")
     assert offenders == []
+
+
+# -- the replay-outcome rule, through real HTTP on 127.0.0.1 ------------------------------------
+
+CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
+EXPECTED: dict[str, Any] = json.loads((CASES / "expected.json").read_text())
+C29: list[dict[str, Any]] = json.loads((CASES / "C29_replay_pairs.json").read_text())["pairs"]
+STOP_REPLY = RawReply(
+    200,
+    "application/json",
+    json.dumps(
+        {
+            "choices": [{"index": 0, "message": {"content": "Paris"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }
+    ).encode(),
+)
+
+
+def _chat(key: str, **extra: Any) -> ShadowRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": key}], **extra}
+    return ShadowRequest(
+        "/v1/chat/completions",
+        body,
+        request_hash("/v1/chat/completions", body),
+        0.0,
+        Source.MIRROR,
+    )
+
+
+async def _replay_scripted(
+    std: dict[str, RawReply],
+    fly: dict[str, RawReply],
+    req: ShadowRequest,
+    *,
+    stream_fly: bool = False,
+) -> ReplayPair:
+    a, b = FakeArm(mode="script", replies=std), FakeArm(mode="script", replies=fly)
+    async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, su, 30.0),
+            fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
+            noise=None,
+            max_tokens_cap=512,
+            marker_header="X-Specwatch-Shadow",
+            clock=time.perf_counter,
+        )
+        return await r.replay(req)
+
+
+def _json_reply(body: Mapping[str, Any], status: int = 200) -> RawReply:
+    return RawReply(status, "application/json", json.dumps(body).encode())
+
+
+async def _c16(name: str) -> ReplayPair:
+    reply = raw_reply_file(CASES / f"C16_sse_{name}.sse")
+    return await _replay_scripted({"q": STOP_REPLY}, {"q": reply}, _chat("q"), stream_fly=True)
+
+
+async def test_only_done_stream_is_a_failed_replay_not_a_flip() -> None:
+    """C16: a stream that is only ``data: [DONE]`` fails the FLy arm as ``empty_stream``: the pair
+    is unpaired, never an agreement or disagreement."""
+    pair = await _c16("only_done")
+    assert EXPECTED["C16"]["only_done"]["kind"] == "empty_stream_without_finish_reason"
+    assert (pair.fly.ok, pair.fly.error, pair.fly.text, pair.fly.finish_reason) == (
+        False,
+        "empty_stream",
+        "",
+        None,
+    )
+    out = compare(pair)
+    assert (out.status, out.reason) == ("unpaired", "fly_empty_stream")
+    assert out.fly.agrees is None
+    assert out.fly.exact_match is None
+    tally = tally_rows([LedgerRow.from_outcome(out)])["default"]
+    assert (tally.agree, tally.disagree, tally.unpaired) == (0, 0, 1)
+
+
+async def test_in_stream_500_and_400_are_told_apart() -> None:
+    """C16: ``data: {"error": {... "code": 500}}`` after "The capital of" is ``in_band_5xx`` with
+    code 500 and the partial text kept (never compared); ``event: error`` with ``code`` 400 is
+    ``in_band_4xx`` with code 400. Both pairs are unpaired, per arm."""
+    mid = await _c16("error_mid_stream")
+    exp = EXPECTED["C16"]["error_mid_stream"]
+    assert (mid.fly.ok, mid.fly.error, mid.fly.error_code) == (False, "in_band_5xx", exp["code"])
+    assert mid.fly.text == exp["partial_text"] == "The capital of"
+    ev = await _c16("event_error")
+    assert (ev.fly.ok, ev.fly.error, ev.fly.error_code) == (
+        False,
+        "in_band_4xx",
+        EXPECTED["C16"]["event_error"]["code"],
+    )
+    o1, o2 = compare(mid), compare(ev)
+    assert (o1.status, o1.reason) == ("unpaired", "fly_in_band_5xx")
+    assert (o2.status, o2.reason) == ("unpaired", "fly_in_band_4xx")
+    assert o1.fly.similarity is None
+    assert o1.fly.first_divergence_char is None
+
+
+def _c29_replies(arm: str) -> dict[str, RawReply]:
+    return {c["id"]: _json_reply(c[arm]["body"], c[arm]["status"]) for c in C29}
+
+
+async def _c29_outcomes() -> dict[str, PairOutcome]:
+    out = {}
+    for case in C29:
+        body = {
+            "messages": [{"role": "user", "content": case["id"]}],
+            "max_tokens": case["max_tokens"],
+        }
+        req = ShadowRequest(
+            "/v1/chat/completions",
+            body,
+            request_hash("/v1/chat/completions", body),
+            0.0,
+            Source.CANARY,
+            category="c29",
+            item_id=case["id"],
+            gold="42" if case["id"] == "F1" else "129",
+            checker="math",
+        )
+        pair = await _replay_scripted(_c29_replies("standard"), _c29_replies("fly"), req)
+        out[case["id"]] = compare(pair)
+    return out
+
+
+async def test_abort_cancelled_and_unknown_finish_reasons_are_failed_replays() -> None:
+    """C29 F2, F5, F6: ``abort`` (FLy, then standard) is ``aborted`` and ``cancelled`` is
+    ``unknown_finish_reason`` (the value kept in ``finish_reason``): unpaired with the failing
+    arm named, the partial text never compared; C29 totals: failures standard 1, FLy 2."""
+    out = await _c29_outcomes()
+    exp = EXPECTED["C29"]["pairs"]
+    assert (out["F2"].status, out["F2"].reason) == ("unpaired", "fly_aborted")
+    assert exp["F2"]["failed_arm"] == "fly"
+    assert exp["F2"]["reason"] == "aborted"
+    assert (out["F5"].status, out["F5"].reason) == ("unpaired", "fly_unknown_finish_reason")
+    assert out["F5"].fly.finish_reason == "cancelled"
+    assert exp["F5"]["reason"] == "unknown_finish_reason:cancelled"
+    assert (out["F6"].status, out["F6"].reason) == ("unpaired", "standard_aborted")
+    for k in ("F2", "F5", "F6"):
+        assert out[k].fly.agrees is None
+        assert out[k].fly.exact_match is None
+        assert out[k].fly.correct is None
+        assert out[k].standard.correct is None
+    failures = {
+        "standard": sum(not o.standard.ok for o in out.values()),
+        "fly": sum(not o.fly.ok for o in out.values()),
+    }
+    assert failures == EXPECTED["C29"]["totals"]["arm_failures"] == {"standard": 1, "fly": 2}
+
+
+async def test_length_is_compared_and_marked_truncated_never_graded() -> None:
+    """C29 F3 (both ``length``): compared, exact match, both truncated, correctness undetermined;
+    F4 (``length`` against ``stop``): a real divergence at character 0, not graded. F1 is graded
+    both correct. Totals: 3 compared, 3 unpaired, 2 exact, mismatch 1/3 (not 4/6)."""
+    out = await _c29_outcomes()
+    f1, f3, f4 = out["F1"], out["F3"], out["F4"]
+    assert (f1.status, f1.fly.exact_match, f1.standard.correct, f1.fly.correct) == (
+        "paired",
+        True,
+        True,
+        True,
+    )
+    assert (f3.status, f3.fly.exact_match, f3.fly.agrees) == ("paired", True, True)
+    assert (f3.standard.truncated, f3.fly.truncated) == (True, True)
+    assert (f3.standard.correct, f3.fly.correct) == (None, None)
+    assert (f4.status, f4.fly.exact_match, f4.fly.agrees) == ("paired", False, False)
+    assert f4.fly.first_divergence_char == EXPECTED["C29"]["pairs"]["F4"]["first_divergence"] == 0
+    assert (f4.standard.truncated, f4.fly.truncated) == (True, False)
+    assert (f4.standard.correct, f4.fly.correct) == (None, None)
+    rows = [LedgerRow.from_outcome(o) for o in out.values()]
+    tally = tally_rows(rows)["c29"]
+    totals = EXPECTED["C29"]["totals"]
+    assert (tally.paired, tally.unpaired) == (totals["compared"], totals["unpaired"]) == (3, 3)
+    assert sum(bool(o.fly.exact_match) for o in out.values()) == totals["exact_matches"] == 2
+    assert round(tally.disagree / tally.paired, 6) == totals["mismatch_rate"] == 0.333333
+    assert tally.paired_counts().n == 1  # only F1 is graded
+
+
+async def test_n_above_one_is_excluded_as_multiple_choices() -> None:
+    """A request asking for ``n: 2`` is excluded (``multiple_choices``): only choice 0 would be
+    read, so the pair is never half-compared."""
+    pair = await _replay_scripted({"q": STOP_REPLY}, {"q": STOP_REPLY}, _chat("q", n=2))
+    assert classify_pair(pair) == ("excluded", "multiple_choices")
+    assert (compare(pair).status, compare(pair).reason) == ("excluded", "multiple_choices")
