@@ -7,7 +7,6 @@ import ast
 import json
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,8 +19,9 @@ from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
+from tests.fakes import REPO
 
-_PKG = Path(__file__).resolve().parents[2] / "specwatch"
+_PKG = REPO / "specwatch"
 
 
 def _req(gold: str | None = None) -> ShadowRequest:
@@ -122,7 +122,7 @@ def test_no_other_module_assigns_a_pair_status() -> None:
 
 # -- the replay-outcome rule, through real HTTP on 127.0.0.1 ------------------------------------
 
-CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
+CASES = REPO / "tests" / "fixtures" / "cases"
 EXPECTED: dict[str, Any] = json.loads((CASES / "expected.json").read_text())
 C29: list[dict[str, Any]] = json.loads((CASES / "C29_replay_pairs.json").read_text())["pairs"]
 STOP_REPLY = RawReply(
