@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import pytest
 
+from specwatch.core.logs import event_fields
 from specwatch.shadow.classify import EXCLUDED_REASONS, classify, classify_pair, failure_class
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
@@ -304,3 +307,69 @@ async def test_n_above_one_is_excluded_as_multiple_choices() -> None:
     pair = await _replay_scripted({"q": STOP_REPLY}, {"q": STOP_REPLY}, _chat("q", n=2))
     assert classify_pair(pair) == ("excluded", "multiple_choices")
     assert (compare(pair).status, compare(pair).reason) == ("excluded", "multiple_choices")
+
+
+# -- bad input: one counted reason and one log line per malformed reply ------------------------
+
+_GOOD_DELTA = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"Paris"},"finish_reason":null}]}\n\n'
+)
+_GOOD_END = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+_SSE = "text/event-stream; charset=utf-8"
+
+BAD_STREAMS = {
+    "invalid_json": RawReply(
+        200, _SSE, b'data: {"choices":[{"index":0,"delta":{"content":"Par\n\n' + _GOOD_END
+    ),
+    "wrong_content_type": RawReply(200, "application/json", STOP_REPLY.body),
+    "data_after_done": RawReply(200, _SSE, _GOOD_DELTA + _GOOD_END + _GOOD_DELTA),
+    "empty_event": RawReply(200, _SSE, _GOOD_DELTA + b"event: error\n\n" + _GOOD_END),
+    "invalid_utf8": RawReply(
+        200,
+        _SSE,
+        b'data: {"choices":[{"index":0,"delta":{"content":"caf\xe9"},"finish_reason":null}]}\n\n'
+        + _GOOD_END,
+    ),
+}
+BAD_BODIES = {
+    "invalid_json": RawReply(200, "application/json", STOP_REPLY.body[:40]),
+    "wrong_content_type": RawReply(200, "text/html", b"<html>upstream error</html>"),
+    "invalid_utf8": RawReply(200, "application/json", STOP_REPLY.body.replace(b"Paris", b"\xff")),
+    "invalid_body": RawReply(200, "application/json", b'{"object": "list", "data": []}'),
+}
+
+
+def _reply_failures(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        dict(event_fields(r))
+        for r in caplog.records
+        if r.name == "specwatch.shadow.classify" and r.getMessage() == "shadow arm reply failed"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stream", "reason"), [(True, k) for k in BAD_STREAMS] + [(False, k) for k in BAD_BODIES]
+)
+async def test_malformed_reply_is_one_reason_one_log_line_and_unpaired(
+    stream: bool, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut JSON, a wrong content type, a chunk after ``[DONE]``, an event with no data and a
+    non-UTF-8 byte (streamed and not): the FLy arm fails with that one reason, one structured log
+    line names the arm and reason, the pair is unpaired ``fly_<reason>`` and the standard arm's
+    answer is kept; nothing raises."""
+    bad = (BAD_STREAMS if stream else BAD_BODIES)[reason]
+    caplog.set_level(logging.WARNING, logger="specwatch.shadow.classify")
+    pair = await _replay_scripted({"q": STOP_REPLY}, {"q": bad}, _chat("q"), stream_fly=stream)
+    assert (pair.fly.ok, pair.fly.error) == (False, reason)
+    out = compare(pair)
+    assert (out.status, out.reason) == ("unpaired", f"fly_{reason}")
+    assert (out.standard.ok, out.standard.text) == (True, "Paris")
+    row = LedgerRow.from_outcome(out, store_text=True)
+    assert (row.fly_error, row.standard_text, row.standard_finish_reason) == (
+        reason,
+        "Paris",
+        "stop",
+    )
+    lines = _reply_failures(caplog)
+    assert len(lines) == 1
+    assert (lines[0]["arm"], lines[0]["reason"], lines[0]["status"]) == ("fly", reason, 200)
