@@ -4,7 +4,11 @@ extractor turns a real loss into a fake gain."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +127,76 @@ def test_unknown_preset_is_a_checker_error() -> None:
     """A misspelt preset is a bad checker (the pair is excluded as ``bad_checker``)."""
     with pytest.raises(CheckerError):
         make_checker("gsm8k_lenient")
+
+
+# -- independent reference: lm-evaluation-harness itself ----------------------------------------
+
+_LM_EVAL_PROBE = r"""
+import json, os, sys
+import yaml
+import lm_eval
+from lm_eval.api.metrics import exact_match_hf_evaluate
+from lm_eval.filters.extraction import RegexFilter
+
+task = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "gsm8k", "gsm8k.yaml")
+cfg = yaml.safe_load(open(task))
+metric = cfg["metric_list"][0]
+items = json.load(sys.stdin)
+out = {}
+for f in cfg["filter_list"]:
+    rx = f["filter"][0]
+    filt = RegexFilter(rx["regex_pattern"], rx.get("group_select", 0))
+    preds = [r[0] for r in filt.apply([[resp] for _, resp in items], [{} for _ in items])]
+    out[f["name"]] = [
+        float(exact_match_hf_evaluate(
+            [p], [gold], regexes_to_ignore=metric["regexes_to_ignore"],
+            ignore_case=metric["ignore_case"], ignore_punctuation=metric["ignore_punctuation"],
+        )["exact_match"])
+        for p, (gold, _) in zip(preds, items)
+    ]
+print(json.dumps(out))
+"""
+
+# (gold as GSM8K stores it or as a user writes it, a model reply)
+GSM8K_CASES = [
+    ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "48 + 24 = 72.\n#### 72"),
+    ("72", "The answer is 72."),
+    ("1234", "so the total is\n#### 1,234."),
+    ("1234", "I get $1,234 in the end"),
+    ("18", "She earns $18."),
+    ("-5", "The change is -5 degrees, so #### -5"),
+    ("9500", "#### 9{,}500"),
+    ("3", "first 3 then #### 4 and #### 3"),
+    ("0.5", "half: 0.5"),
+    ("12", "no number here"),
+    ("100", "It costs \\$100 per unit, 7 units"),
+]
+
+
+def _lm_eval_python() -> Path | None:
+    env = os.environ.get("SPECWATCH_TEST_LM_EVAL_PYTHON")
+    path = Path(env) if env else Path.home() / ".cache/specwatch/venv-lm-eval/bin/python"
+    return path if path.exists() else None
+
+
+def test_gsm8k_presets_agree_with_lm_eval_itself() -> None:
+    """Every case is scored by lm-evaluation-harness (its installed ``gsm8k.yaml`` filters and
+    ``exact_match`` settings, run in its own venv) and by the presets: the same 0/1 per case and
+    filter. Skipped when no lm-eval venv is available (``SPECWATCH_TEST_LM_EVAL_PYTHON``)."""
+    python = _lm_eval_python()
+    if python is None:
+        pytest.skip("no lm-evaluation-harness venv (set SPECWATCH_TEST_LM_EVAL_PYTHON)")
+    done = subprocess.run(
+        [str(python), "-c", _LM_EVAL_PROBE],
+        input=json.dumps(GSM8K_CASES),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    ref = json.loads(done.stdout)
+    for name, spec in (("strict-match", "gsm8k_strict"), ("flexible-extract", "gsm8k_flexible")):
+        chk = make_checker(spec)
+        ours = [float(chk.equal_to_gold(gold, reply)) for gold, reply in GSM8K_CASES]
+        assert ours == ref[name], name
+    assert 0.0 < sum(ref["strict-match"]) < len(GSM8K_CASES)  # the cases tell right from wrong
