@@ -216,7 +216,7 @@ def reading_failure(r: StreamResult, *, streamed: bool) -> str | None:
 def _canonical_arguments(args: str) -> str:
     try:
         value = json.loads(args)
-    except ValueError:
+    except (ValueError, RecursionError):
         return args.strip()
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -288,7 +288,7 @@ def body_result(
         return _result(arm, empty, status=status, latency=latency, error="invalid_utf8")
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep
         return _result(arm, empty, status=status, latency=latency, error="invalid_json")
     if not isinstance(obj, dict):
         return _result(arm, empty, status=status, latency=latency, error="invalid_body")

@@ -411,7 +411,7 @@ class CompletionStreamAccumulator:
             return
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting too deep
             r.invalid_json_events += 1
             return
         if not isinstance(obj, dict):

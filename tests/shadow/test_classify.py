@@ -15,7 +15,14 @@ import aiohttp
 import pytest
 
 from specwatch.core.logs import event_fields
-from specwatch.shadow.classify import EXCLUDED_REASONS, classify, classify_pair, failure_class
+from specwatch.shadow.classify import (
+    EXCLUDED_REASONS,
+    body_result,
+    classify,
+    classify_pair,
+    failure_class,
+    truncated,
+)
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
@@ -339,6 +346,54 @@ BAD_BODIES = {
     "invalid_utf8": RawReply(200, "application/json", STOP_REPLY.body.replace(b"Paris", b"\xff")),
     "invalid_body": RawReply(200, "application/json", b'{"object": "list", "data": []}'),
 }
+
+
+async def test_json_nested_too_deep_is_invalid_json_not_a_dead_worker() -> None:
+    """A reply nested 100,000 levels deep (Python's JSON parser raises RecursionError, not
+    ValueError) fails the arm as ``invalid_json``, streamed and not; nothing raises."""
+    deep = b"[" * 100_000
+    body = await _replay_scripted(
+        {"q": STOP_REPLY}, {"q": RawReply(200, "application/json", deep)}, _chat("q")
+    )
+    streamed = await _replay_scripted(
+        {"q": STOP_REPLY},
+        {"q": RawReply(200, _SSE, b"data: " + deep + b"\n\n" + _GOOD_END)},
+        _chat("q"),
+        stream_fly=True,
+    )
+    assert (body.fly.error, streamed.fly.error) == ("invalid_json", "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("finish", "failure", "is_truncated"),
+    [
+        ("stop", None, False),
+        ("tool_calls", None, False),
+        ("function_call", None, False),
+        ("length", None, True),
+        ("content_filter", None, True),
+        ("abort", "aborted", False),
+        ("cancelled", "unknown_finish_reason", False),
+        ("error", "unknown_finish_reason", False),
+        (None, "no_finish_reason", False),
+    ],
+)
+def test_every_finish_reason_of_a_body(
+    finish: str | None, failure: str | None, is_truncated: bool
+) -> None:
+    """Each finish reason of a non-streamed reply: the OpenAI endings are answers (``length`` and
+    ``content_filter`` truncated), ``abort`` is ``aborted``, anything else (``cancelled``,
+    ``error``) ``unknown_finish_reason``, none at all ``no_finish_reason``."""
+    body = {"choices": [{"index": 0, "text": "x", "finish_reason": finish}]}
+    r = body_result(
+        Arm.FLY, json.dumps(body).encode(), status=200, latency=0.1, content_type="application/json"
+    )
+    assert (r.ok, r.error, r.finish_reason, truncated(r.finish_reason)) == (
+        failure is None,
+        failure,
+        finish,
+        is_truncated,
+    )
 
 
 def _reply_failures(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
