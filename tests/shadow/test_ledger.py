@@ -185,7 +185,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     sys.path.insert(0, sys.argv[3])
     from specwatch.shadow.ledger import Ledger
-    from test_paired_ledger import make_outcome
+    from test_ledger import make_outcome
 
     async def main() -> None:
         ledger = Ledger(sys.argv[1], batch_size=50)
