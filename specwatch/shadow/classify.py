@@ -2,7 +2,7 @@
 
 **Replay outcome** (what one arm's HTTP 200 reply means; :func:`body_result` for a JSON body,
 :func:`stream_result` for an SSE stream, both return an :class:`ArmResult`). Checked in order;
-the first that holds fails the arm with that reason (:data:`ARM_FAILURES`):
+the first that holds fails the arm with that reason (:data:`REPLY_FAILURES`):
 
 1. bad input: ``wrong_content_type`` (a JSON request answered with something other than
    ``application/json``, a stream with something other than ``text/event-stream``),

@@ -63,10 +63,11 @@ class ToolCall:
 class ArmResult:
     """What one arm returned.
 
-    ``ok`` False means the arm failed (``error`` says why, see
-    :data:`specwatch.shadow.classify.ARM_FAILURES`: ``timeout|connect|http_<status>|
-    unsupported_parameter|in_band_5xx|aborted|empty_stream|invalid_json|...``); a failed arm makes
-    the pair unpaired. ``text`` is the generated text of the first choice (``message.content`` /
+    ``ok`` False means the arm failed (``error`` says why: a transport or HTTP failure from the
+    replayer, ``timeout|connect|http_<status>|unsupported_parameter|bad_request|too_large|...``,
+    or a failed HTTP 200 reply, :data:`specwatch.shadow.classify.REPLY_FAILURES`:
+    ``aborted|in_band_5xx|empty_stream|invalid_json|...``); a failed arm makes the pair
+    unpaired. ``text`` is the generated text of the first choice (``message.content`` /
     ``delta.content`` for chat, ``text`` for completions; ``""`` when absent; for a failed arm the
     partial text received, never compared); ``tool_calls`` its tool calls in order (chat only);
     ``reasoning`` the reasoning text (``reasoning_content`` or ``reasoning``; ``None`` when the
