@@ -588,13 +588,8 @@ _TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
 _seed_shapes()
 
 
-def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
-    """(series, value) of the kept lines of a plain-text page, all parsed in one call."""
-    text = "\n".join(kept) + "\n"
-    try:
-        metrics = list(text_string_to_metric_families(text))
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise _malformed(exc, body, kept, None) from None
+def _kept_samples(metrics: Iterable[Metric]) -> list[tuple[_Series, float]]:
+    """(series, value) of every sample of ``metrics`` that is an allow-listed series."""
     out: list[tuple[_Series, float]] = []
     for metric in metrics:
         for s in metric.samples:
@@ -602,6 +597,16 @@ def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
             if series is not None:
                 out.append((series, s.value))
     return out
+
+
+def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
+    """(series, value) of the kept lines of a plain-text page, all parsed in one call."""
+    text = "\n".join(kept) + "\n"
+    try:
+        metrics = list(text_string_to_metric_families(text))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise _malformed(exc, body, kept, None) from None
+    return _kept_samples(metrics)
 
 
 def _records_openmetrics(body: str) -> list[tuple[_Series, float]]:
@@ -613,13 +618,7 @@ def _records_openmetrics(body: str) -> list[tuple[_Series, float]]:
         numbers = kept_line_numbers(body, openmetrics=True)
         line = _locate(text, numbers, True)
         raise ParseError(f"malformed exposition: {exc}", line=line) from None
-    out: list[tuple[_Series, float]] = []
-    for metric in metrics:
-        for s in metric.samples:
-            series = _series(s.name, s.labels)
-            if series is not None:
-                out.append((series, s.value))
-    return out
+    return _kept_samples(metrics)
 
 
 def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: float) -> None:

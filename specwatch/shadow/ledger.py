@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.compare import ArmOutcome, PairOutcome
 from specwatch.shadow.tally import LABELLED, TALLY_RULES, Cell, PairTally, Rule
-from specwatch.shadow.values import ToolCall
+from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
 log = logging.getLogger("specwatch.shadow.ledger")
 

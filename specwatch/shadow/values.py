@@ -8,7 +8,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specwatch.shadow.classify import PairStatus
 
 
 class Source(enum.StrEnum):
@@ -103,3 +106,74 @@ class ReplayPair:
     noise: ArmResult | None = None
     seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmOutcome:
+    """One arm's result after comparison with the standard arm.
+
+    ``exact_match``, ``first_divergence_*``, ``similarity`` and ``agrees`` are ``None`` for the
+    standard arm itself and whenever either side failed. ``first_divergence_char`` is the index of
+    the first differing character (``None`` when identical; the shorter length when one text is
+    a prefix of the other), likewise ``first_divergence_token`` over token ids. ``correct`` is
+    ``None`` when there is no gold answer or the pair is not graded (truncated). ``text``,
+    ``tool_calls`` and ``reasoning`` are the reply's comparison fields (see
+    :mod:`specwatch.shadow.compare`); ``truncated`` marks a ``length`` / ``content_filter``
+    finish; ``content_agrees``, ``tool_calls_agree`` and ``reasoning_agrees`` are the per-field
+    comparisons behind ``agrees`` (``None`` where ``agrees`` is, or where neither arm has the
+    field). ``error_code`` is an in-band error's code. Texts are kept only so a ledger with
+    ``store_text`` can save them.
+    """
+
+    arm: Arm
+    ok: bool
+    error: str | None
+    status: int | None
+    latency_seconds: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    mean_acceptance_length: float | None
+    finish_reason: str | None
+    answer: str | None
+    correct: bool | None
+    exact_match: bool | None
+    agrees: bool | None
+    first_divergence_char: int | None
+    first_divergence_token: int | None
+    similarity: float | None
+    text: str
+    truncated: bool = False
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    error_code: int | None = None
+    content_agrees: bool | None = None
+    tool_calls_agree: bool | None = None
+    reasoning_agrees: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PairOutcome:
+    """Everything the ledger and the statistics need about one replayed request.
+
+    ``status``: ``paired`` (standard and FLy both answered), ``unpaired`` (one side failed;
+    never counted as a mismatch), ``excluded`` (e.g. a 400 for an unsupported parameter, or a
+    checker that cannot run); ``reason`` says why for the last two. ``noise`` is ``None`` when no
+    noise arm was asked; a failed noise arm leaves the pair paired with ``noise.ok`` False.
+    """
+
+    time: float
+    request_hash: str
+    category: str
+    source: Source
+    item_id: str | None
+    seed: int | None
+    labelled: bool
+    status: PairStatus
+    reason: str | None
+    standard: ArmOutcome
+    fly: ArmOutcome
+    noise: ArmOutcome | None
+
+    def arm(self, arm: Arm) -> ArmOutcome | None:
+        """The outcome of ``arm`` (``None`` for a noise arm that was not asked)."""
+        return {Arm.STANDARD: self.standard, Arm.FLY: self.fly, Arm.NOISE: self.noise}[arm]
