@@ -29,6 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--role", choices=[r.value for r in Role], default="standard")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT exit within this many seconds (open requests get half of it)",
+    )
     p.add_argument("--served-model-name", default="sim-model")
     p.add_argument("--method", default="eagle3", help="speculative method (vLLM names)")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -128,8 +135,14 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
-async def _serve(server: SimServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -> None:
+    runner = web.AppRunner(
+        server.app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=grace / 2,
+        keepalive_timeout=15.0,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -147,7 +160,11 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        # stop accepting, give open requests grace/2, then close them and stop the engines;
+        # never longer than ``grace`` in all (Kubernetes kills at its grace period)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await runner.cleanup()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -163,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
     async def run() -> None:
         server = SimServer(cfg)
         faults_mod.apply_patch(server.faults, server_faults)
-        await _serve(server, args.host, args.port)
+        await _serve(server, args.host, args.port, args.shutdown_timeout)
 
     try:
         asyncio.run(run())

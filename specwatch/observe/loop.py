@@ -27,6 +27,15 @@ __all__ = ["Scraper"]
 
 logger = logging.getLogger("specwatch.scrape")
 
+#: What a page rejected by the tracker means (the ``error`` field of its log line).
+_REJECTED: dict[str, str] = {
+    "no_vllm_families": "the page has no vllm:* series: not a vLLM /metrics page",
+    "counters_alternate": (
+        "counters fall and rise in turn across scrapes: this URL is not one server "
+        "(a load balancer or cache in front of several)"
+    ),
+}
+
 
 class Scraper:
     """Scrape every target on its own interval and feed its tracker.
@@ -51,7 +60,14 @@ class Scraper:
         self._targets = tuple(targets)
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
-            t.name: TargetTracker(t, window_seconds) for t in self._targets
+            t.name: TargetTracker(
+                t,
+                window_seconds,
+                max_models=scrape.max_models_per_target,
+                max_engines=scrape.max_engines_per_target,
+                stale_seconds=scrape.stale_series_seconds,
+            )
+            for t in self._targets
         }
         self._session: aiohttp.ClientSession | None = None
         self._clock = clock
@@ -63,6 +79,7 @@ class Scraper:
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
         self._last_conflicts: dict[str, int] = dict.fromkeys(names, 0)
         self._last_invalid: dict[str, int] = dict.fromkeys(names, 0)
+        self._last_capped: dict[str, int] = dict.fromkeys(names, 0)
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -119,6 +136,23 @@ class Scraper:
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
+        if tracker.rejected is not None:
+            self._failed(target, tracker.rejected, _REJECTED[tracker.rejected], None)
+            self._on_update()
+            return False
+        if tracker.capped != self._last_capped[target.name]:
+            self._last_capped[target.name] = tracker.capped
+            if tracker.capped:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "series over the cap dropped",
+                    target=target.name,
+                    reason="model_cap|engine_cap",
+                    dropped=tracker.capped,
+                    max_models=self._scrape_settings.max_models_per_target,
+                    max_engines=self._scrape_settings.max_engines_per_target,
+                )
         if page.duplicate_conflicts != self._last_conflicts[target.name]:
             self._last_conflicts[target.name] = page.duplicate_conflicts
             if page.duplicate_conflicts:

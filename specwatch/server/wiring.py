@@ -30,7 +30,7 @@ from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
-from specwatch.server.app import LIVENESS_KEY, SESSION_KEY
+from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, SESSION_KEY
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.sample import ArmLoad, LoadState
@@ -151,6 +151,8 @@ class ShadowPlug:
             clock=clock,
             monotonic=monotonic,
             session=session,
+            listen=settings.server.limits,
+            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds / 2,
         )
 
     def _observe(self) -> ObserveView | None:
@@ -166,6 +168,8 @@ class ShadowPlug:
         """Mirror routes (mirror mode), the collector and the component's lifetime."""
         self._store = store
         registry.register(ShadowCollector(lambda: store.get().shadow))
+        if "proxy" in self.component.shadow_settings.modes:
+            app[LISTENERS_KEY].append(self.component.proxy_listener)
         app.add_routes(self.component.routes())
         app.cleanup_ctx.append(self._ctx)
 

@@ -82,5 +82,5 @@ class MirrorIngest:
         result = self._offerer.offer_raw(
             Source.MIRROR, request.path, bytes(buf), request.headers.get(CATEGORY_HEADER)
         )
-        status = 400 if result in ("invalid_json", "not_object") else 202
+        status = 400 if result in ("invalid_json", "too_deep", "not_object") else 202
         return web.json_response({"shadow": result}, status=status)

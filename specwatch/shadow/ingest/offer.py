@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specwatch.core.logs import log_event
+from specwatch.core.listen import ListenLimits, json_too_deep
+from specwatch.core.logs import RateLimitedLog, log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
@@ -25,6 +26,8 @@ log = logging.getLogger("specwatch.shadow.ingest")
 SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
 _CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 Offer = Callable[[ShadowRequest], str]
+#: Deepest JSON nesting of a shadowed body (a chat request nests a handful of levels).
+JSON_MAX_DEPTH = ListenLimits().json_max_depth
 
 
 @dataclass(slots=True)
@@ -56,15 +59,21 @@ def build_shadow_request(
     received_at: float,
     salt: str = "",
     category: str | None = None,
+    max_depth: int = JSON_MAX_DEPTH,
 ) -> ShadowRequest | str:
     """Parse one request body into a :class:`ShadowRequest`, or return an error reason
-    (``unsupported_path|invalid_json|not_object``). Pure."""
+    (``unsupported_path|invalid_json|too_deep|not_object``; ``too_deep``: JSON nested deeper
+    than ``max_depth``, refused before parsing). Pure."""
     if path not in SHADOW_PATHS:
         return "unsupported_path"
+    if json_too_deep(raw, max_depth):
+        return "too_deep"
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return "invalid_json"
+    except RecursionError:
+        return "too_deep"
     if not isinstance(body, dict):
         return "not_object"
     try:
@@ -96,6 +105,7 @@ class Offerer:
         self.counters = counters
         self._clock = clock
         self._salt = salt
+        self._rejects = RateLimitedLog(log)
 
     def offer_raw(self, source: Source, path: str, raw: bytes, category: str | None) -> str:
         c = self.counters
@@ -110,9 +120,7 @@ class Offerer:
         )
         if isinstance(built, str):
             c.errors[(source.value, built)] += 1
-            log_event(
-                log, logging.WARNING, "shadow ingest rejected", source=source.value, reason=built
-            )
+            self._rejects.warning("shadow ingest rejected", source=source.value, reason=built)
             return built
         try:
             result = self._offer(built)
