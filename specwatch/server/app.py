@@ -30,7 +30,8 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
 from specwatch.core.clock import Clock
-from specwatch.core.listen import GuardedSite, ListenerStats, body_timeout_middleware
+from specwatch.core.listen import ListenerStats
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.store import Store
 from specwatch.export.json import snapshot_json

@@ -30,7 +30,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from specwatch.core.listen import GuardedSite, ListenerStats, ListenLimits, body_timeout_middleware
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.shadow.ingest.offer import SHADOW_PATHS, IngestCounters, Offer, Offerer
