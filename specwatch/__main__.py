@@ -38,6 +38,10 @@ COMMANDS: tuple[str, ...] = (
 HELP: dict[str, tuple[str, str]] = {
     "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
     "analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
+    "advise": (
+        "advise",
+        "τ for every smaller K and the token budget per K, from saved /metrics bodies",
+    ),
     "simulate": (
         "simulate",
         "run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",

@@ -118,8 +118,10 @@ class TargetTracker:
         ``stale_seconds`` are pruned."""
         self.rejected = None
         if not any(f.startswith("vllm:") for f in page.families):
+            # not a vLLM page: no value at all is shown (never the last good ones, never 0)
             self.rejected = "no_vllm_families"
             self.record_error(self.rejected, duration_seconds=duration_seconds)
+            self._snap = replace(self._snap, windows={})
             return []
         self._windows.prune(t, self._stale_seconds)
         page, by_model, by_engine = self.bound(page)
