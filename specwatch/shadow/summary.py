@@ -325,10 +325,10 @@ class OutcomeCounters:
         self, by_category: Mapping[str, PairTally], reasons: Mapping[tuple[str, str], int]
     ) -> None:
         """Add a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``); with a
-        category bound, categories it does not keep are counted as ``other``."""
+        category bound, a category it cannot keep is counted as ``other``."""
         for cat, t in by_category.items():
-            if self._categories is not None and cat != OTHER_CATEGORY:
-                cat = cat if cat in self._categories.kept else OTHER_CATEGORY
+            if self._categories is not None:
+                cat = self._categories(cat)
             for arm, label, n in arm_label_counts(t):
                 self._inc((cat, arm, label), n)
         for (status, reason), n in reasons.items():
