@@ -169,7 +169,6 @@ def setup_logging(
         lib = logging.getLogger(name)
         if lib.level == logging.NOTSET:
             lib.setLevel(logging.WARNING)
-        lib.propagate = False
 
 
 _SECRET_PATTERNS: tuple[re.Pattern[str], ...] = (
