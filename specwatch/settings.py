@@ -59,7 +59,7 @@ class ServerSettings(Frozen):
     ``body_timeout_seconds``; at most ``max_connections`` are open at once (more get 503);
     JSON bodies nest at most ``json_max_depth`` deep (deeper: 400 ``too_deep``); idle
     keep-alive connections close after ``keepalive_timeout_seconds``. On SIGTERM specwatch stops
-    accepting, gives open requests up to half of ``shutdown_timeout_seconds`` and exits within
+    accepting, gives open requests up to 40 % of ``shutdown_timeout_seconds`` and exits within
     ``shutdown_timeout_seconds`` (below Kubernetes' default 30 s grace period)."""
 
     host: str = "0.0.0.0"

@@ -205,12 +205,19 @@ def build_app(
     return app
 
 
+#: Shares of ``server.shutdown_timeout_seconds``: open requests may finish within the first
+#: share; the whole cleanup (requests, in-flight replays cancelled, ledger flushed, sessions
+#: closed) is cut off at the second, which leaves the rest for the interpreter to exit.
+OPEN_REQUESTS_SHARE = 0.4
+CLEANUP_SHARE = 0.8
+
+
 def serve(app: web.Application, settings: Settings) -> None:
     """Serve ``app`` on ``settings.server`` until SIGTERM or SIGINT, then shut down within
-    ``server.shutdown_timeout_seconds``: stop accepting, give open requests up to half of it
-    (then close them), run the app's cleanup (cancel in-flight replays, flush the ledger,
-    close sessions) in what is left, and return. Raises ``OSError`` when the address cannot be
-    bound."""
+    ``server.shutdown_timeout_seconds``: stop accepting, give open requests up to
+    :data:`OPEN_REQUESTS_SHARE` of it (then close them), run the app's cleanup (cancel
+    in-flight replays, flush the ledger, close sessions) until :data:`CLEANUP_SHARE` of it,
+    and return. Raises ``OSError`` when the address cannot be bound."""
     asyncio.run(_serve(app, settings))
 
 
@@ -221,7 +228,7 @@ async def _serve(app: web.Application, settings: Settings) -> None:
         app,
         access_log=None,
         handle_signals=False,
-        shutdown_timeout=grace / 2,
+        shutdown_timeout=grace * OPEN_REQUESTS_SHARE,
         keepalive_timeout=srv.keepalive_timeout_seconds,
     )
     await runner.setup()
@@ -239,7 +246,7 @@ async def _serve(app: web.Application, settings: Settings) -> None:
     finally:
         started = loop.time()
         try:
-            async with asyncio.timeout(grace):
+            async with asyncio.timeout(grace * CLEANUP_SHARE):
                 await runner.cleanup()
         except TimeoutError:
             log_event(

@@ -30,7 +30,7 @@ from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
-from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, SESSION_KEY
+from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, OPEN_REQUESTS_SHARE, SESSION_KEY
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.sample import ArmLoad, LoadState
@@ -152,7 +152,7 @@ class ShadowPlug:
             monotonic=monotonic,
             session=session,
             listen=settings.server.limits,
-            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds / 2,
+            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds * OPEN_REQUESTS_SHARE,
         )
 
     def _observe(self) -> ObserveView | None:
