@@ -482,6 +482,7 @@ LABEL_BOUNDS: dict[str, str] = {
     'dropped and counted in specwatch_scrape_errors_total{reason="engine_cap"}',
     "window": "the configured windows + since_start",
     "position": "num_speculative_tokens K, at most 128 (parse.MAX_POSITIONS)",
+    "q": "the fixed latency quantiles (observe.values.QUANTILES)",
     "reason": "a fixed list per family in code (see docs/metrics.md), plus http_<status> of "
     "specwatch_shadow_arm_errors_total (three-digit codes: at most 900) and the exception types "
     "the ledger writer catches; vLLM's waiting reasons at most 16 per engine, the rest summed "
