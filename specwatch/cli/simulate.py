@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 
 if TYPE_CHECKING:
@@ -156,18 +157,25 @@ async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -
     print(f"specwatch simulate: listening on http://{host}:{bound}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    deadline = ShutdownDeadline(grace * 0.95)  # the same shares as ``specwatch run``
+
+    def on_signal() -> None:
+        deadline.start()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     try:
         await stop.wait()
     finally:
         # stop accepting, give open requests 40 % of the grace, then close them and stop the
-        # engines; cut off at 80 %, leaving the rest for the interpreter to exit (Kubernetes
-        # kills at its grace period); the same shares as ``specwatch run``
+        # engines; cut off at 70 %, leaving the rest for the interpreter to exit; ended at 95 %
+        # if that hangs (Kubernetes kills at its grace period)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace * 0.8):
+            async with asyncio.timeout(grace * 0.7):
                 await runner.cleanup()
+            deadline.cleaned()
 
 
 def main(args: argparse.Namespace) -> int:

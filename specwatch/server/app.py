@@ -33,6 +33,7 @@ from specwatch.core.clock import Clock
 from specwatch.core.listen import ListenerStats
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
+from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.core.store import Store
 from specwatch.export.json import snapshot_json
 from specwatch.export.prometheus import ListenerCollector, SpecwatchCollector
@@ -207,9 +208,11 @@ def build_app(
 
 #: Shares of ``server.shutdown_timeout_seconds``: open requests may finish within the first
 #: share; the whole cleanup (requests, in-flight replays cancelled, ledger flushed, sessions
-#: closed) is cut off at the second, which leaves the rest for the interpreter to exit.
+#: closed) is cut off at the second; at the third the process ends whatever is still running
+#: (:class:`~specwatch.core.shutdown.ShutdownDeadline`), so it is gone before the grace period.
 OPEN_REQUESTS_SHARE = 0.4
-CLEANUP_SHARE = 0.8
+CLEANUP_SHARE = 0.7
+DEADLINE_SHARE = 0.95
 
 
 def serve(app: web.Application, settings: Settings) -> None:
@@ -217,11 +220,16 @@ def serve(app: web.Application, settings: Settings) -> None:
     ``server.shutdown_timeout_seconds``: stop accepting, give open requests up to
     :data:`OPEN_REQUESTS_SHARE` of it (then close them), run the app's cleanup (cancel
     in-flight replays, flush the ledger, close sessions) until :data:`CLEANUP_SHARE` of it,
-    and return. Raises ``OSError`` when the address cannot be bound."""
-    asyncio.run(_serve(app, settings))
+    and return; the process is ended at :data:`DEADLINE_SHARE` of it if its teardown hangs.
+    Raises ``OSError`` when the address cannot be bound."""
+    deadline = ShutdownDeadline(settings.server.shutdown_timeout_seconds * DEADLINE_SHARE)
+    try:
+        asyncio.run(_serve(app, settings, deadline))
+    finally:
+        deadline.cancel()
 
 
-async def _serve(app: web.Application, settings: Settings) -> None:
+async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDeadline) -> None:
     srv = settings.server
     grace = srv.shutdown_timeout_seconds
     runner = web.AppRunner(
@@ -234,8 +242,13 @@ async def _serve(app: web.Application, settings: Settings) -> None:
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        deadline.start()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         site = GuardedSite(
             runner, srv.host, srv.port, limits=srv.limits, stats=app[LISTENERS_KEY][0]
@@ -248,6 +261,7 @@ async def _serve(app: web.Application, settings: Settings) -> None:
         try:
             async with asyncio.timeout(grace * CLEANUP_SHARE):
                 await runner.cleanup()
+            deadline.cleaned()
         except TimeoutError:
             log_event(
                 logger,
