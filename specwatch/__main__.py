@@ -21,19 +21,8 @@ from typing import Protocol, cast
 
 from specwatch import __version__
 
-#: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS: tuple[str, ...] = (
-    "run",
-    "analyze",
-    "advise",
-    "simulate",
-    "demo",
-    "paired_test",
-    "power",
-    "report",
-)
-
-#: Subcommand module → (command name, one-line help), exactly as the module's ``add_parser``
+#: The one table of subcommands, in the order ``--help`` lists them: module under
+#: :mod:`specwatch.cli` → (command name, one-line help), exactly as the module's ``add_parser``
 #: registers it (a test checks they agree), so ``--help`` lists every command without imports.
 HELP: dict[str, tuple[str, str]] = {
     "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
@@ -60,6 +49,9 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
 }
+
+#: Subcommand modules, in the order ``--help`` lists them (the keys of :data:`HELP`).
+COMMANDS: tuple[str, ...] = tuple(HELP)
 
 
 class _CommandModule(Protocol):

@@ -137,24 +137,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -> None:
-    from aiohttp import web  # the server stack loads only when serving
+    from specwatch.simulate.launcher import serve  # the server stack loads only when serving
 
-    runner = web.AppRunner(
-        server.app,
-        access_log=None,
-        handle_signals=False,
-        shutdown_timeout=grace * 0.4,
-        keepalive_timeout=15.0,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = port
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            bound = int(addr[1])
-            break
-    print(f"specwatch simulate: listening on http://{host}:{bound}", flush=True)
+    handle = await serve(server, host=host, port=port, shutdown_timeout=grace * 0.4)
+    print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     deadline = ShutdownDeadline(grace * 0.95)  # the same shares as ``specwatch run``
@@ -174,7 +160,7 @@ async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -
         # if that hangs (Kubernetes kills at its grace period)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace * 0.7):
-                await runner.cleanup()
+                await handle.stop()
             deadline.cleaned()
 
 

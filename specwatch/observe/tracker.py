@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from specwatch.core.logs import redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.health import capacity, model_windows, pair_view
-from specwatch.observe.settings import TargetSettings
 from specwatch.observe.values import (
     Capacity,
     EngineKey,
@@ -24,6 +24,9 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.observe.window import RollingWindows
+
+if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
+    from specwatch.observe.settings import TargetSettings
 
 
 class TargetTracker:
@@ -45,8 +48,8 @@ class TargetTracker:
         self._windows = RollingWindows(windows)
         #: Why the last page was rejected (``no_vllm_families``, ``counters_alternate``), else None.
         self.rejected: str | None = None
-        #: (model_name, engine) pairs dropped from the last page for the caps.
-        self.capped = 0
+        #: (model_name, engine) pairs dropped from the last page, by ``model_cap`` / ``engine_cap``.
+        self.capped: dict[str, int] = {"model_cap": 0, "engine_cap": 0}
         self._seen_families: set[str] = set()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
@@ -125,8 +128,8 @@ class TargetTracker:
             return []
         self._windows.prune(t, self._stale_seconds)
         page, by_model, by_engine = self.bound(page)
-        self.capped = by_model + by_engine
-        for reason, n in (("model_cap", by_model), ("engine_cap", by_engine)):
+        self.capped = {"model_cap": by_model, "engine_cap": by_engine}
+        for reason, n in self.capped.items():
             if n:
                 self._errors[reason] = self._errors.get(reason, 0) + n
         if self._windows.alternating(page):
