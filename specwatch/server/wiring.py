@@ -171,6 +171,8 @@ class ShadowPlug:
         registry.register(ShadowCollector(lambda: store.get().shadow))
         if "proxy" in self.component.shadow_settings.modes:
             app[LISTENERS_KEY].append(self.component.proxy_listener)
+        if "mirror" in self.component.shadow_settings.modes:
+            app[LISTENERS_KEY].append(self.component.mirror_listener)
         app.cleanup_ctx.append(self._ctx)
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -87,6 +87,8 @@ class ShadowComponent:
         self._shutdown_timeout = shutdown_timeout_seconds
         #: Counters of the proxy listener (proxy mode).
         self.proxy_listener = ListenerStats("proxy")
+        #: Counters of the mirror listener (mirror mode).
+        self.mirror_listener = ListenerStats("mirror")
         self.paired_settings = paired
         self.ledger_settings = ledger
         self._load_state = load_state
@@ -311,7 +313,11 @@ class ShadowComponent:
             sh = self.shadow_settings
             if "mirror" in sh.modes:
                 listener = MirrorListener(
-                    mirror_routes(self._mirror), max_body_bytes=sh.mirror_max_body_bytes
+                    mirror_routes(self._mirror),
+                    max_body_bytes=sh.mirror_max_body_bytes,
+                    listen=self._listen,
+                    listener=self.mirror_listener,
+                    shutdown_timeout_seconds=self._shutdown_timeout,
                 )
                 port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
                 self._mirror_listener = listener

@@ -43,12 +43,14 @@ async def _open_connections(port: int) -> list[asyncio.StreamWriter]:
 async def test_run_exits_within_the_default_grace_with_open_connections(tmp_path: Path) -> None:
     """``specwatch run`` (shadow on, mirror) with 5 open connections and 4 replays done:
     SIGTERM → exit code 0 in under 10 s, and the 4 replayed pairs are in the ledger."""
-    port = free_port()
+    port, mirror = free_port(), free_port()
     cfg = run_config(
         tmp_path,
         port,
         server=HOLD,
         shadow={
+            "mirror_listen_host": "127.0.0.1",
+            "mirror_listen_port": mirror,
             "enabled": True,
             "sample_probability": 1.0,
             "standard": {"url": "http://127.0.0.1:7"},  # not a target: never load-paused
@@ -59,7 +61,7 @@ async def test_run_exits_within_the_default_grace_with_open_connections(tmp_path
         async with aiohttp.ClientSession() as s:
             for i in range(4):
                 body = {"model": "m", "prompt": f"p{i}", "max_tokens": 1}
-                async with s.post(p.url + "/v1/completions", json=body) as r:
+                async with s.post(f"http://127.0.0.1:{mirror}/v1/completions", json=body) as r:
                     assert (r.status, await r.json()) == (202, {"shadow": "admitted"})
         writers = await _open_connections(port)
         await asyncio.sleep(1.0)  # let the four replays fail against the closed arms

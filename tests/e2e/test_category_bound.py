@@ -28,6 +28,8 @@ def _settings(ledger: Path) -> Settings:
                 "sample_probability": 1.0,
                 "max_shadow_rps": 5.0,
                 "max_categories": 20,
+                "mirror_listen_host": "127.0.0.1",
+                "mirror_listen_port": 0,
                 "standard": arm,
                 "fly": arm,
             },
@@ -88,7 +90,7 @@ async def test_ten_thousand_categories_stay_bounded_across_restart_and_live(
             async with (
                 sem,
                 sc.client.post(
-                    sc.url + "/v1/completions",
+                    sc.mirror_url + "/v1/completions",
                     json=body,
                     headers={CATEGORY_HEADER: f"user-{i:05d}"},
                 ) as r,

@@ -98,7 +98,7 @@ async def test_no_secret_in_logs_metrics_snapshot_ledger_or_alerts(tmp_path: Pat
     """Every output is searched for every secret after the bad-input cases; alerts were sent."""
     rec = Receivers()
     await rec.server.start_server()
-    port = free_port()
+    port, mirror = free_port(), free_port()
     base = rec.url("/").rstrip("/")
     host = base.removeprefix("http://")
     cfg = run_config(
@@ -115,6 +115,8 @@ async def test_no_secret_in_logs_metrics_snapshot_ledger_or_alerts(tmp_path: Pat
         shadow={
             "enabled": True,
             "sample_probability": 1.0,
+            "mirror_listen_host": "127.0.0.1",
+            "mirror_listen_port": mirror,
             "standard": {"url": "http://127.0.0.1:9", "token": ARM_TOKEN},
             "fly": {"url": "http://127.0.0.1:9", "token": ARM_TOKEN},
         },
@@ -131,7 +133,7 @@ async def test_no_secret_in_logs_metrics_snapshot_ledger_or_alerts(tmp_path: Pat
             await _bad_requests(port)
             async with aiohttp.ClientSession() as s:
                 async with s.post(
-                    p.url + "/v1/completions",
+                    f"http://127.0.0.1:{mirror}/v1/completions",
                     data=b'{"prompt": "Authorization: Bearer ' + TARGET_TOKEN.encode() + b'"',
                 ) as r:
                     assert r.status == 400

@@ -31,13 +31,22 @@ SHADOW = {
 }
 
 
+MIRROR_PORT: dict[str, int] = {}
+
+
 @pytest.fixture
 async def sidecar(tmp_path: Path) -> AsyncIterator[Process]:
-    port = free_port()
-    cfg = run_config(tmp_path, port, server=SERVER, shadow=SHADOW)
+    port, mirror = free_port(), free_port()
+    MIRROR_PORT["port"] = mirror
+    shadow = {**SHADOW, "mirror_listen_host": "127.0.0.1", "mirror_listen_port": mirror}
+    cfg = run_config(tmp_path, port, server=SERVER, shadow=shadow)
     async with specwatch_process(tmp_path, ["run", "--config", str(cfg)], port=port) as p:
         yield p
         await p.stop(signal.SIGTERM)
+
+
+def _mirror() -> str:
+    return f"http://127.0.0.1:{MIRROR_PORT['port']}"
 
 
 async def _metric(url: str, name: str, **labels: str) -> float | None:
@@ -78,8 +87,8 @@ async def test_half_open_connection_is_closed_and_counted(sidecar: Process) -> N
 
 async def test_drip_fed_body_gets_408(sidecar: Process) -> None:
     """A mirror request that announces 1,000 body bytes, sends 10 and stops: answered 408,
-    connection closed, counted as ``body_timeout``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+    connection closed, counted as ``body_timeout`` on the ``mirror`` listener."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", MIRROR_PORT["port"])
     writer.write(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000\r\n\r\n" + b'{"prompt":'
@@ -90,7 +99,10 @@ async def test_drip_fed_body_gets_408(sidecar: Process) -> None:
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert (
         await _metric(
-            sidecar.url, "specwatch_listener_refused_total", listener="main", reason="body_timeout"
+            sidecar.url,
+            "specwatch_listener_refused_total",
+            listener="mirror",
+            reason="body_timeout",
         )
         == 1
     )
@@ -125,13 +137,13 @@ async def test_deep_json_is_a_clear_400_without_traceback(sidecar: Process) -> N
     ok = {"prompt": json.loads("[" * 62 + "1" + "]" * 62)}  # object + 63 arrays = 64 levels
     async with aiohttp.ClientSession() as s:
         async with s.post(
-            sidecar.url + "/v1/completions",
+            _mirror() + "/v1/completions",
             data=deep,
             headers={"Content-Type": "application/json"},
         ) as r:
             assert r.status == 400
             assert await r.json() == {"shadow": "too_deep"}
-        async with s.post(sidecar.url + "/v1/completions", json=ok) as r:
+        async with s.post(_mirror() + "/v1/completions", json=ok) as r:
             assert r.status == 202
     assert "Traceback" not in sidecar.log_text()
 
@@ -142,7 +154,7 @@ async def test_bad_requests_log_at_most_ten_lines_a_minute(sidecar: Process) -> 
     async with aiohttp.ClientSession() as s:
         for _ in range(50):
             async with s.post(
-                sidecar.url + "/v1/completions",
+                _mirror() + "/v1/completions",
                 data=b"{not json",
                 headers={"Content-Type": "application/json"},
             ) as r:
