@@ -30,6 +30,15 @@ __all__ = ["Scraper"]
 
 logger = logging.getLogger("specwatch.scrape")
 
+#: What a page rejected by the tracker means (the ``error`` field of its log line).
+_REJECTED: dict[str, str] = {
+    "no_vllm_families": "the page has no vllm:* series: not a vLLM /metrics page",
+    "counters_alternate": (
+        "counters fall and rise in turn across scrapes: this URL is not one server "
+        "(a load balancer or cache in front of several)"
+    ),
+}
+
 
 class Scraper:
     """Scrape every target on its own interval and feed its tracker.
@@ -54,7 +63,14 @@ class Scraper:
         self._targets = tuple(targets)
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
-            t.name: TargetTracker(t, window_seconds) for t in self._targets
+            t.name: TargetTracker(
+                t,
+                window_seconds,
+                max_models=scrape.max_models_per_target,
+                max_engines=scrape.max_engines_per_target,
+                stale_seconds=scrape.stale_series_seconds,
+            )
+            for t in self._targets
         }
         self._session: aiohttp.ClientSession | None = None
         self._clock = clock
@@ -122,6 +138,12 @@ class Scraper:
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
+        if tracker.rejected is not None:
+            self._failed(target, tracker.rejected, _REJECTED[tracker.rejected], None)
+            self._on_update()
+            return False
+        for reason, count in tracker.capped.items():
+            self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
         self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
         missing = tracker.snapshot().missing_families

@@ -27,9 +27,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import SINCE_START
+from specwatch.core.listen import ListenerStats
 from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
-from specwatch.export.prometheus import ShadowCollector
+from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
 from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
 from tests.fakes import REPO
@@ -137,7 +138,20 @@ def alert_exported_names() -> frozenset[str]:
     return frozenset(spec.sample_name for spec in catalogue.ALERTS)
 
 
-EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
+def listener_exported_names() -> frozenset[str]:
+    """Sample names of the listener families, exposed by a real collector over two listeners."""
+    reg = CollectorRegistry()
+    reg.register(ListenerCollector(lambda: [ListenerStats("main"), ListenerStats("proxy")]))
+    text = generate_latest(reg).decode()
+    return frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+EXPORTED = (
+    core_exported_names()
+    | shadow_exported_names()
+    | alert_exported_names()
+    | listener_exported_names()
+)
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
 
 

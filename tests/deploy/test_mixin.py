@@ -50,6 +50,7 @@ EXPECTED_ALERTS = {
     "SpecBudgetStarvation",
     "SpecAdmissionStall",
     "SpecwatchTargetDown",
+    "SpecwatchTargetNotOneServer",
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
 }
@@ -470,7 +471,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 44 rules found") == 3
+    assert out.stdout.count("SUCCESS: 45 rules found") == 3
 
 
 @pytest.mark.promtool
