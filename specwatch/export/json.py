@@ -12,10 +12,10 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from specwatch.alerts.alertmanager import AlertingState, format_rfc3339
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import QUANTILES, Health
-from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.shadow.verdict import (
     Verdict,

@@ -154,7 +154,7 @@ def verdict_line(v: Verdict) -> str:
     threshold = 1.0 / v.alpha
     evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
     margin = f"{100.0 * v.margin:g} pt"
-    if math.isfinite(v.e_value) and v.e_value >= threshold or math.isinf(v.e_value):
+    if (math.isfinite(v.e_value) and v.e_value >= threshold) or math.isinf(v.e_value):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
         end = f"shown within {margin}"
@@ -176,9 +176,10 @@ def per_request_speed_ratio(
     each server, so a server that receives more traffic (e.g. the noise arm's replays to the
     standard server) does not look faster for it. ``None`` when any value is missing or a
     server runs nothing."""
-    vals = (fly_tokens_per_second, fly_running, standard_tokens_per_second, standard_running)
-    if any(x is None or not math.isfinite(x) or x <= 0 for x in vals):
-        return None
-    assert fly_tokens_per_second and fly_running and standard_tokens_per_second
-    assert standard_running
-    return (fly_tokens_per_second / fly_running) / (standard_tokens_per_second / standard_running)
+    vals: list[float] = []
+    for x in (fly_tokens_per_second, fly_running, standard_tokens_per_second, standard_running):
+        if x is None or not math.isfinite(x) or x <= 0:
+            return None
+        vals.append(x)
+    fly_tps, fly_run, std_tps, std_run = vals
+    return (fly_tps / fly_run) / (std_tps / std_run)

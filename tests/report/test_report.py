@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import random
+import re
 import sqlite3
 import struct
 import sys
