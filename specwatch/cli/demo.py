@@ -14,7 +14,8 @@ from pathlib import Path
 
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
-from specwatch.demo.run import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
+from specwatch.demo.config import DEFAULT_PORT, DemoConfig, simulator_configs
+from specwatch.demo.run import run_demo
 from specwatch.settings import ConfigError
 
 _DESCRIPTION = """\

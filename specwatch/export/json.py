@@ -155,9 +155,10 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
 def snapshot_verdict(snap: Snapshot) -> str | None:
     """The verdict sentence (:func:`specwatch.shadow.verdict.verdict_line`) for a snapshot.
 
-    τ ratio from the first pair window; throughput as per-request generation speed of the same
-    window (:func:`specwatch.shadow.verdict.per_request_speed_ratio`: equal traffic, whatever
-    share of the load each server gets); quality from the ``since_start`` overall shadow summary
+    τ ratio from the first pair window; throughput as per-request generation speed in the same
+    window (τ ÷ median inter-token latency of each server, by
+    :func:`specwatch.shadow.verdict.per_request_speed_ratio`: equal traffic, whatever share of
+    the load each server gets); quality from the ``since_start`` overall shadow summary
     (its e-value is the anytime-valid one). ``None`` with neither a pair view nor shadow stats.
     """
     tau: float | None = None
@@ -174,10 +175,10 @@ def snapshot_verdict(snap: Snapshot) -> str | None:
         std, fly = server(pv.standard), server(pv.fly)
         if std is not None and fly is not None:
             speed = per_request_speed_ratio(
-                fly.generation_tokens_per_second,
-                fly.num_requests_running,
-                std.generation_tokens_per_second,
-                std.num_requests_running,
+                fly.mean_acceptance_length,
+                fly.inter_token_latency_seconds.get(0.5),
+                std.mean_acceptance_length,
+                std.inter_token_latency_seconds.get(0.5),
             )
     st = snap.shadow
     overall = None

@@ -167,19 +167,20 @@ def verdict_line(v: Verdict) -> str:
 
 
 def per_request_speed_ratio(
-    fly_tokens_per_second: float | None,
-    fly_running: float | None,
-    standard_tokens_per_second: float | None,
-    standard_running: float | None,
+    fly_tau: float | None,
+    fly_step_gap_seconds: float | None,
+    standard_tau: float | None,
+    standard_step_gap_seconds: float | None,
 ) -> float | None:
-    """FLy / standard generation speed per running request: (tokens/s ÷ requests running) of
-    each server, so a server that receives more traffic (e.g. the noise arm's replays to the
-    standard server) does not look faster for it. ``None`` when any value is missing or a
-    server runs nothing."""
+    """FLy / standard generation speed of one request: τ (tokens per step) ÷ the median gap
+    between a request's output events (``vllm:inter_token_latency_seconds``, one event per step
+    with speculative decoding) for each server. A per-request rate, so a server that receives
+    more traffic (e.g. the noise arm's replays to the standard server) does not look faster for
+    it, as total tokens/s would. ``None`` when a value is missing or not positive."""
     vals: list[float] = []
-    for x in (fly_tokens_per_second, fly_running, standard_tokens_per_second, standard_running):
+    for x in (fly_tau, fly_step_gap_seconds, standard_tau, standard_step_gap_seconds):
         if x is None or not math.isfinite(x) or x <= 0:
             return None
         vals.append(x)
-    fly_tps, fly_run, std_tps, std_run = vals
-    return (fly_tps / fly_run) / (std_tps / std_run)
+    fly_t, fly_gap, std_t, std_gap = vals
+    return (fly_t / fly_gap) / (std_t / std_gap)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from specwatch.shadow.verdict import (
     Verdict,
     e_value_text,
@@ -70,8 +72,8 @@ def test_no_pairs_and_number_formats() -> None:
 
 
 def test_per_request_speed_ignores_the_share_of_traffic() -> None:
-    """Standard: 1000 tok/s over 20 running (50 each); FLy: 600 tok/s over 10 running (60 each):
-    FLy is 1.2× faster per request although its total throughput is 0.6× (less traffic)."""
-    assert per_request_speed_ratio(600.0, 10.0, 1000.0, 20.0) == 1.2
-    assert per_request_speed_ratio(600.0, 0.0, 1000.0, 20.0) is None
-    assert per_request_speed_ratio(None, 10.0, 1000.0, 20.0) is None
+    """Standard: τ 3.0 tokens per step, median step gap 0.060 s (50 tok/s per request); FLy:
+    τ 3.6, gap 0.060 s (60 tok/s): 1.2× per request, however many requests each server runs."""
+    assert per_request_speed_ratio(3.6, 0.060, 3.0, 0.060) == pytest.approx(1.2, rel=1e-12)
+    assert per_request_speed_ratio(3.6, 0.0, 3.0, 0.060) is None
+    assert per_request_speed_ratio(None, 0.060, 3.0, 0.060) is None
