@@ -90,10 +90,17 @@ class DemoConfig:
 
 @dataclass(frozen=True, slots=True)
 class DemoTargets:
-    """Where the demo's simulators listen (base URLs, no trailing slash)."""
+    """Where the demo's simulators listen (base URLs, no trailing slash).
+
+    ``noise_url``: a second standard simulator serving only the noise arm's replays, so the
+    standard and the FLy servers receive exactly the same traffic (live requests and one
+    replay each) and their throughput compares equal traffic; ``None``: the noise arm replays
+    to the standard server (which then serves more than FLy).
+    """
 
     standard_url: str
     fly_url: str
+    noise_url: str | None = None
 
 
 def simulator_configs(cfg: DemoConfig) -> tuple[SimConfig, SimConfig]:
@@ -204,7 +211,8 @@ def demo_settings(
     budget gauges are populated), scrape every ``scrape_interval_s``, the demo's windows;
     alerting at demo scale (``cfg.alerts``); with ``files`` (and ``cfg.shadow``) the shadow
     chain: mirror + canary ingest, arms = the two targets by name plus a noise arm (a second
-    replay to the standard server), the ledger at ``files.ledger``.
+    standard replay, to ``targets.noise_url`` when given, else to the standard server), the
+    ledger at ``files.ledger``.
 
     Environment variables ``SPECWATCH_*`` still apply below these values.
     Raises :class:`specwatch.settings.ConfigError`.
@@ -242,6 +250,7 @@ def demo_settings(
             "standard": {"target": "standard"},
             "fly": {"target": "fly"},
             "noise_kind": "standard",
+            **({"noise": {"url": targets.noise_url}} if targets.noise_url else {}),
             "sample_probability": cfg.shadow_sample,
             "max_shadow_rps": cfg.shadow_rps,
             "max_in_flight": cfg.shadow_in_flight,

@@ -128,7 +128,13 @@ async def run_demo(
             files = await asyncio.to_thread(prepare_demo_files, cfg)
         sims.append(await start_simulator(std_cfg, host=cfg.host, port=0))
         sims.append(await start_simulator(fly_cfg, host=cfg.host, port=0))
-        targets = DemoTargets(standard_url=sims[0].url, fly_url=sims[1].url)
+        if cfg.shadow:  # the noise arm's own server: standard and FLy get equal traffic
+            sims.append(await start_simulator(std_cfg, host=cfg.host, port=0))
+        targets = DemoTargets(
+            standard_url=sims[0].url,
+            fly_url=sims[1].url,
+            noise_url=sims[2].url if len(sims) > 2 else None,
+        )
         settings = demo_settings(cfg, targets, port=cfg.port or 0, files=files)
         components = demo_components(settings, alerts=cfg.alerts)
         shadow_pairs = _pairs_counter(components)

@@ -233,7 +233,8 @@ def build_view(
     ``ctx.notes``; one table row per target (up, α, τ, generation tokens/s of ``window`` — the
     first window the target has when ``window`` is missing — most-loaded engine's running /
     max_num_seqs, waiting; α per engine when ``width`` >= :data:`NARROW_BELOW`); the pair line
-    (α gain, τ and speed changes in ``%``); the verdict sentence (``doc["verdict"]``); the shadow
+    (α gain, τ and total tokens/s changes in ``%``: the demo sends both servers the same
+    traffic); the verdict sentence (``doc["verdict"]``); the shadow
     lines (pairs, e-value against 1/α, flip rates, the fixed-n p-value; replay state) when
     ``doc["shadow"]`` has windows; ``load`` (sent, ok, errors, canary right/graded per role);
     the alerts (``doc["alerts"]``) with ``ctx.alert_notes`` when the document has that key.
@@ -257,7 +258,8 @@ def build_view(
             _line(
                 f"FLy vs standard ({pw}): α "
                 f"{'-' if not isinstance(gain, int | float) else format(gain, '+.3f')}, "
-                f"τ {change_percent(p.get('mean_acceptance_length_ratio'))}"
+                f"τ {change_percent(p.get('mean_acceptance_length_ratio'))}, "
+                f"tok/s {change_percent(p.get('throughput_ratio'))} (equal traffic)"
             )
         )
     verdict = doc.get("verdict")

@@ -3,7 +3,7 @@
 One pure function, :func:`verdict_line`, builds the sentence shown by the demo's live view,
 ``/api/v1/snapshot`` (``"verdict"``) and ``specwatch report``, e.g.::
 
-    FLy: τ +13 %, throughput +9 % (equal traffic), net loss 3.5 pts (95 % CI 0.7 to 6.5) on
+    FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) on
     351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: about 2,100 more
     pairs
 
@@ -138,7 +138,7 @@ def verdict_line(v: Verdict) -> str:
     if _finite(v.tau_ratio):
         speed.append(f"τ {change_percent(v.tau_ratio)}")
     if _finite(v.throughput_ratio):
-        speed.append(f"throughput {change_percent(v.throughput_ratio)} (equal traffic)")
+        speed.append(f"speed per request {change_percent(v.throughput_ratio)}")
     head = "FLy: " + (", ".join(speed) + ", " if speed else "")
     if v.n <= 0 or not math.isfinite(v.net_loss):
         return head + "no labelled pairs yet (quality unknown)"

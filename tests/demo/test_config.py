@@ -88,6 +88,11 @@ def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alert
     # the noise arm is a second replay to the standard server
     assert sh.noise_kind == "standard"
     assert sh.noise_endpoint() == sh.standard
+    # with its own server the standard and FLy servers get the same traffic
+    own = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    sh3 = demo_settings(cfg, own, port=0, files=files).shadow
+    assert sh3.noise_kind == "standard"
+    assert sh3.noise_endpoint().url == "http://127.0.0.1:3"  # type: ignore[union-attr]
     assert sh.mirror_require_shadow_host
     assert sh.canary_file == str(files.canary)
     assert sh.sample_probability == cfg.shadow_sample

@@ -87,7 +87,7 @@ def test_wide_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
         "standard", "up", "0.650", "3.50", "1,234", "11/16", "3", "e0=0.600", "e1=0.700",
     ]  # fmt: skip
     assert lines[8].split()[:7] == ["fly", "up", "0.750", "3.50", "1,234", "12/16", "3"]
-    assert lines[9] == "FLy vs standard (1m): α +0.100, τ +12 %"
+    assert lines[9] == "FLy vs standard (1m): α +0.100, τ +12 %, tok/s n/a (equal traffic)"
     assert len(lines) == 10  # no verdict, load, shadow or alerts given: no such sections
 
 

@@ -18,7 +18,7 @@ from specwatch.shadow.verdict import (
 def test_the_worked_example_reads_in_points_and_percent() -> None:
     """351 labelled pairs, net loss 0.035 (CI 0.007..0.065), e-value 8.27, α 0.05, margin 0.01,
     4 % discordant. Connor one-sided: (1.6449·√0.04 + 0.8416·√0.0399)² / 0.01² = 2,471 pairs,
-    so 2,120 more, said as "about 2,100"; τ 1.13 → +13 %, throughput 1.09 → +9 %."""
+    so 2,120 more, said as "about 2,100"; τ 1.13 → +13 %, speed per request 1.09 → +9 %."""
     v = Verdict(
         tau_ratio=1.13,
         throughput_ratio=1.09,
@@ -34,7 +34,7 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
     )
     assert more_pairs_needed(v) == 2471 - 351
     assert verdict_line(v) == (
-        "FLy: τ +13 %, throughput +9 % (equal traffic), net loss 3.5 pts (95 % CI 0.7 to 6.5) "
+        "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) "
         "on 351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: "
         "about 2,100 more pairs"
     )
