@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import TextIO, cast
 
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
@@ -150,6 +151,16 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return cfg
 
 
+class _CurrentStderr:
+    """A text stream writing to whatever ``sys.stderr`` is at the time of the write."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the demo; 0 after a clean stop, 2 on a bad flag or an unusable port."""
     try:
@@ -157,7 +168,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
-    setup_logging("WARNING", "plain", stream=sys.stderr)
+    # Logs go to stderr; looked up at each write, so under the live view (which redirects
+    # stderr) a warning prints above the view instead of tearing it.
+    setup_logging("WARNING", "plain", stream=cast(TextIO, _CurrentStderr()))
     try:
         return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up

@@ -16,6 +16,7 @@ from typing import Any
 from specwatch.server.app import Component
 from specwatch.server.wiring import alerting_components, shadow_components
 from specwatch.settings import Settings, load_settings
+from specwatch.shadow.stats.power import questions_needed
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.quiz import write_canary_jsonl
@@ -175,6 +176,17 @@ def remove_demo_files(files: DemoFiles) -> None:
     shutil.rmtree(files.tempdir, ignore_errors=True)
 
 
+def non_inferiority_min_pairs(
+    margin: float = 0.01, discordant: float = 0.2, alpha: float = 0.05
+) -> int:
+    """Labelled pairs after which the demo lets "non-inferiority not shown" alert: Connor's
+    (1987) one-sided sample size to show non-inferiority at ``margin`` with power 0.8 when FLy
+    truly loses nothing, at a pessimistic ``discordant`` rate (0.2: the simulator's canary
+    replays flip about 15 %). 12,364 with the defaults: hours of demo traffic, so the demo's
+    quality alert fires on the e-value's evidence, not on too few pairs."""
+    return questions_needed(margin, discordant, alpha=alpha, power=0.8, two_sided=False)
+
+
 def _detect_overrides(cfg: DemoConfig) -> dict[str, Any]:
     """Detector settings at demo scale: the demo's windows, every ``for`` = ``alert_for_s``."""
     short = cfg.windows[0] if cfg.windows else "1m"
@@ -194,6 +206,9 @@ def _detect_overrides(cfg: DemoConfig) -> dict[str, Any]:
     )
     return {
         **{f: cfg.alert_for_s for f in fors},
+        # No page from a lack of evidence: "non-inferiority not shown" only after as many
+        # pairs as would show it for a FLy that loses nothing (see non_inferiority_min_pairs).
+        "quality_min_pairs": non_inferiority_min_pairs(),
         "acceptance_short_window": short,
         "acceptance_baseline_window": long,
         "rate_window": short,

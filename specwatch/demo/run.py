@@ -351,7 +351,7 @@ async def _view_loop(
         auto_refresh=False,
         vertical_overflow="ellipsis",
         redirect_stdout=False,
-        redirect_stderr=False,
+        redirect_stderr=True,  # log lines print above the view instead of tearing it
     ) as live:
         while True:
             await asyncio.sleep(cfg.refresh_s)

@@ -100,6 +100,9 @@ def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alert
     assert s.paired.windows == ("1m", "5m")
     assert s.alerting.urls == ["http://am:9093"]
     assert s.detect.flip_for == s.detect.quality_e_value_for == cfg.alert_for_s
+    # no page from a lack of evidence: Connor one-sided, margin 0.01, 20 % discordance:
+    # (1.6449·0.447214 + 0.8416·0.447102)² / 0.0001 = 1.1119120² / 0.0001 = 12,363.5 → 12,364
+    assert s.detect.quality_min_pairs == 12_364
     # every detector window is one the sidecar keeps (no silent detector)
     assert s.detect.fly_gain_window in s.windows
     assert s.detect.flip_window in s.paired.windows
