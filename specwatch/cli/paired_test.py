@@ -25,6 +25,7 @@ from specwatch.shadow.stats.paired import (
     non_inferiority_test,
 )
 from specwatch.shadow.stats.sequential import beta_binomial_log_e_value
+from specwatch.shadow.verdict import Verdict, verdict_line
 
 
 class InputError(ValueError):
@@ -136,6 +137,20 @@ def paired_report(counts: PairedCounts, margin: float, alpha: float) -> dict[str
             "verdict": "non_inferior" if ni.passed else "not_shown",
         },
         "e_value": exp_or_inf(log_e),
+        "verdict": verdict_line(
+            Verdict(
+                n=counts.n,
+                net_loss=net_loss_ratio(counts),
+                ci_lower=ci.lower,
+                ci_upper=ci.upper,
+                ci_level=ci.level,
+                e_value=exp_or_inf(log_e),
+                alpha=alpha,
+                margin=margin,
+                non_inferior=ni.passed,
+                discordant=discordant_ratio(counts),
+            )
+        ),
     }
 
 
@@ -154,8 +169,8 @@ def _table(report: dict[str, Any]) -> str:
             f"{100 * ci['level']:g}% CI ({ci['method']})",
             f"[{pct(ci['lower'])}, {pct(ci['upper'])}]",
         ),
-        ("exact McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
-        ("exact McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
+        ("fixed-n McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
+        ("fixed-n McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
         (
             "discordant",
             "n/a"
@@ -163,10 +178,10 @@ def _table(report: dict[str, Any]) -> str:
             else f"{100 * report['discordant_ratio']:.2f}%",
         ),
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
-        ("e-value (loss)", f"{report['e_value']:.3g}"),
+        (f"e-value (loss; {1 / ni['alpha']:g} needed)", f"{report['e_value']:.3g}"),
     ]
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+    return "\n".join([report["verdict"], *(f"{k:<{width}}  {v}" for k, v in lines)])
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -153,7 +153,8 @@ def verdict_line(v: Verdict) -> str:
     quality = f"{word} {points(abs(v.net_loss))} pts{ci} on {v.n:,} labelled {pairs}"
     threshold = 1.0 / v.alpha
     evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
-    margin = f"{100.0 * v.margin:g} pt"
+    margin_pts = 100.0 * v.margin
+    margin = f"{margin_pts:g} pt" + ("" if margin_pts == 1 else "s")
     if (math.isfinite(v.e_value) and v.e_value >= threshold) or math.isinf(v.e_value):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
