@@ -27,6 +27,8 @@ from specwatch.simulate.quiz import builtin_items
 
 
 def test_demo_settings_configure_both_targets_with_limits() -> None:
+    """Both simulators are targets with their limits (so capacity gauges have values);
+    without files there is no shadow chain, only alerting."""
     cfg = DemoConfig()
     targets = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2")
     s = demo_settings(cfg, targets, port=0)
@@ -66,6 +68,7 @@ def test_demo_settings_configure_both_targets_with_limits() -> None:
 def test_bad_demo_flags_exit_2_with_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Each bad flag value exits 2 with one line naming the flag."""
     assert cli_main(["demo", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err
@@ -75,6 +78,8 @@ def test_bad_demo_flags_exit_2_with_one_line(
 def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alerts(
     tmp_path: Path,
 ) -> None:
+    """With files the shadow chain runs: mirror + canary, arms by target name, a noise arm,
+    the ledger, alerts at demo scale."""
     cfg = DemoConfig(alertmanager_urls=("http://am:9093",))
     targets = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2")
     files = DemoFiles(tmp_path / "l.sqlite", tmp_path / "c.jsonl", tmp_path)
@@ -111,6 +116,8 @@ def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alert
 
 
 def test_canary_file_has_every_item_per_variant_with_distinct_requests(tmp_path: Path) -> None:
+    """The canary file holds the 240 items once per variant, each variant a distinct
+    request, shuffled."""
     path = tmp_path / "c.jsonl"
     n = write_canary_file(path, variants=3, temperature=1.0, seed=5)
     items = builtin_items()
@@ -132,6 +139,7 @@ def test_canary_file_has_every_item_per_variant_with_distinct_requests(tmp_path:
 
 
 def test_prepare_and_remove_demo_files(tmp_path: Path) -> None:
+    """The temporary directory is removed at exit; a ledger the user placed elsewhere is kept."""
     files = prepare_demo_files(DemoConfig(canary_variants=1))
     try:
         assert files.canary.parent == files.tempdir
