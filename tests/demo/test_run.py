@@ -43,7 +43,7 @@ async def test_tty_view_redraws_and_default_port_falls_back(
     cfg = DemoConfig(port=None, refresh_s=0.2, rate=20.0, concurrency=8)
     task = asyncio.create_task(run_demo(cfg, out=out, tty=True, stop=stop))
     async with asyncio.timeout(30):
-        text = await out.until(lambda t: t.count("\x1b[2K") >= 40 and "fly " in t)
+        text = await out.until(lambda t: t.count("\x1b[2K") >= 40 and "FLy: τ " in t)
     m = re.search(r"sidecar on http://127\.0\.0\.1:(\d+) \(port (\d+) was taken\)", text)
     assert m is not None
     port = int(m.group(1))
@@ -51,6 +51,13 @@ async def test_tty_view_redraws_and_default_port_falls_back(
     assert int(m.group(2)) == taken_port
     assert "\x1b[H\x1b[2J" not in text  # redrawn in place, never by clearing the screen
     assert await _healthz(port) == 200
+    # the verdict the view shows is the snapshot's (one function builds it)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}/api/v1/snapshot") as r,
+    ):
+        verdict = (await r.json())["verdict"]
+    assert verdict.startswith("FLy: τ ")
     assert "\x1b[1mspecwatch demo" in text  # bold title on a TTY
     stop.set()
     async with asyncio.timeout(30):
