@@ -147,7 +147,7 @@ async def run_demo(
         base = f"http://{cfg.host}:{port}"
         notes: list[str] = []
         if files is not None:
-            keep = "kept" if cfg.ledger_path else "removed at exit; --ledger PATH keeps it"
+            keep = "kept" if cfg.ledger_path else "removed at exit"
             notes.append(f"ledger {files.ledger} ({keep})")
         if cfg.alerts:
             sent = ", ".join(cfg.alertmanager_urls) or "none (--alertmanager-url URL)"

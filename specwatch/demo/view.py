@@ -162,7 +162,7 @@ def _shadow_lines(shadow: Mapping[str, Any], window: str) -> list[Text]:
         _line(
             f"flips vs standard: FLy {_rate(t.get('disagree'), paired)}, "
             f"noise floor {_rate(t.get('noise_disagree'), noise_n)}; "
-            f"fixed-n McNemar p {_num(s.get('p_loss'), '.2g')} (one look only)"
+            f"fixed-n McNemar p {_num(s.get('p_loss'), '.2g')}"
         ),
     ]
     io_state = shadow.get("io")

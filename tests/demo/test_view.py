@@ -147,7 +147,7 @@ def test_view_shadow_load_and_alert_sections() -> None:
     lines = render_text(build_view(doc, ctx, width=100, load=load), width=100).splitlines()
     assert lines[9:] == [
         "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 20",
-        "flips vs standard: FLy 25.0 %, noise floor 1.0 %; fixed-n McNemar p 0.073 (one look only)",
+        "flips vs standard: FLy 25.0 %, noise floor 1.0 %; fixed-n McNemar p 0.073",
         "replay: in flight 3, queued 1, paused load_stale, dropped 9, unpaired 3",
         "load: sent 10, ok 9, errors 1; canary right: fly 3/4",
         "alerts: 1 firing",
