@@ -22,7 +22,7 @@ from specwatch.shadow.stats import paired
 from specwatch.shadow.stats.paired import PairedCounts
 from specwatch.simulate import config as sim_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specwatch"
 
 
