@@ -111,6 +111,16 @@ def render_png(text: str, cols: int, rows: int, path: Path) -> None:
     plt.close(fig)
 
 
+def pick_frame(texts: list[str]) -> str:
+    """The frame for a screenshot: the last one showing the verdict while the demo runs, with
+    no log line printed above the view (its first line is the demo's own); else the last."""
+
+    def clean(t: str) -> bool:
+        return t.startswith("specwatch demo: sidecar") and "FLy: " in t and "stopped" not in t
+
+    return next((t for t in reversed(texts) if clean(t)), texts[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags, capture, optionally render; see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.png is not None:
         cols, rows = (int(x) for x in args.size.lower().split("x"))
         texts = [(args.out / str(f["file"])).read_text(encoding="utf-8") for f in frames]
-        best = next((t for t in reversed(texts) if "FLy: " in t and "stopped" not in t), texts[-1])
+        best = pick_frame(texts)
         render_png(best, cols, rows, args.png)
     return 0
 
