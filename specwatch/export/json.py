@@ -9,20 +9,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specwatch.alerts.alertmanager import AlertingState, format_rfc3339
+from specwatch.core.clock import format_rfc3339
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf, finite_or_none
-from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import QUANTILES, Health
-from specwatch.shadow.summary import PairedSummary, ShadowStats
-from specwatch.shadow.verdict import (
-    Verdict,
-    per_request_speed_ratio,
-    verdict_from_summary,
-    verdict_line,
-)
+
+if TYPE_CHECKING:  # annotations only: `specwatch analyze` loads neither aiohttp nor scipy
+    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.export.snapshot import Snapshot
+    from specwatch.shadow.summary import PairedSummary, ShadowStats
 
 
 def _jsonable(value: Any) -> Any:
@@ -161,6 +158,14 @@ def snapshot_verdict(snap: Snapshot) -> str | None:
     the load each server gets); quality from the ``since_start`` overall shadow summary
     (its e-value is the anytime-valid one). ``None`` with neither a pair view nor shadow stats.
     """
+    # imported here: the verdict's sample size needs scipy, which `specwatch analyze` never loads
+    from specwatch.shadow.verdict import (
+        Verdict,
+        per_request_speed_ratio,
+        verdict_from_summary,
+        verdict_line,
+    )
+
     tau: float | None = None
     speed: float | None = None
     window, pv = next(iter(snap.pair.items()), (None, None))

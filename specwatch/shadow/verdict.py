@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specwatch.shadow.stats.power import questions_needed
-from specwatch.shadow.summary import PairedSummary
+
+if TYPE_CHECKING:  # annotations only
+    from specwatch.shadow.summary import PairedSummary
 
 
 @dataclass(frozen=True, slots=True)
