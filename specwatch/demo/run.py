@@ -23,6 +23,7 @@ import errno
 import functools
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,20 +73,25 @@ class _Latest:
         self.snap = snap
 
 
-async def _start_site(runner: web.AppRunner, host: str, port: int | None) -> int:
-    """Bind the sidecar; ``None``: the default port, or a free one when it is taken."""
-    try:
-        site = web.TCPSite(runner, host, demo_config.DEFAULT_PORT if port is None else port)
-        await site.start()
-    except OSError as exc:
-        if port is not None or exc.errno != errno.EADDRINUSE:
-            raise
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    raise RuntimeError("sidecar bound no TCP address")
+def bind_sidecar(host: str, port: int | None) -> socket.socket:
+    """A listening socket for the sidecar, bound before anything starts (so a taken port fails
+    first, with nothing to stop and nothing logged): ``port`` (0: a free one), or ``None``: the
+    default port, or a free one when it is taken. Raises ``OSError``; no blocking wait."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    want = demo_config.DEFAULT_PORT if port is None else port
+    for attempt in (want, 0):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, attempt))
+            sock.listen(128)
+            sock.setblocking(False)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if port is not None or exc.errno != errno.EADDRINUSE or attempt == 0:
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def _print(out: TextIO, text: str) -> None:
@@ -123,7 +129,10 @@ async def run_demo(
     gen: LoadGenerator | None = None
     files: DemoFiles | None = None
     shadow_pairs: Callable[[], int | None] = _no_pairs
+    sock: socket.socket | None = None
     try:
+        sock = bind_sidecar(cfg.host, cfg.port)
+        port = int(sock.getsockname()[1])
         if cfg.shadow:
             files = await asyncio.to_thread(prepare_demo_files, cfg)
         sims.append(await start_simulator(std_cfg, host=cfg.host, port=0))
@@ -135,7 +144,7 @@ async def run_demo(
             fly_url=sims[1].url,
             noise_url=sims[2].url if len(sims) > 2 else None,
         )
-        settings = demo_settings(cfg, targets, port=cfg.port or 0, files=files)
+        settings = demo_settings(cfg, targets, port=port, files=files)
         components = demo_components(settings, alerts=cfg.alerts)
         shadow_pairs = _pairs_counter(components)
         app = build_app(settings, components=components)
@@ -143,12 +152,12 @@ async def run_demo(
         app[STORE_KEY].subscribe(latest)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        port = await _start_site(runner, cfg.host, cfg.port)
+        await web.SockSite(runner, sock).start()
         base = f"http://{cfg.host}:{port}"
         notes: list[str] = []
         if files is not None:
             keep = "kept" if cfg.ledger_path else "removed at exit"
-            notes.append(f"ledger {files.ledger} ({keep})")
+            notes.append(f"shadow ledger: {files.ledger} ({keep})")
         if cfg.alerts:
             sent = ", ".join(cfg.alertmanager_urls) or "none (--alertmanager-url URL)"
             notes.append(f"alerts to Alertmanager: {sent}")
@@ -206,6 +215,8 @@ async def run_demo(
                 await t
         if runner is not None:
             await runner.cleanup()
+        if sock is not None:
+            sock.close()
         for h in reversed(sims):
             await h.stop()
         if files is not None:

@@ -20,7 +20,7 @@ CTX = ViewContext(
     base="http://127.0.0.1:9400",
     standard_url="http://127.0.0.1:41231",
     fly_url="http://127.0.0.1:41232",
-    notes=("ledger /tmp/x/ledger.sqlite (removed at exit)",),
+    notes=("shadow ledger: /tmp/x/ledger.sqlite (removed at exit)",),
 )
 
 
