@@ -10,16 +10,18 @@ each on :class:`Settings`.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
+    BaseModel,
     Field,
     ValidationError,
     field_validator,
@@ -286,12 +288,24 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         line = _error_line(exc)
-        raise ConfigError(f"config file {path}{f':{line}' if line else ''}: not valid") from None
+        where = f"{path}:{line}" if line else str(path)
+        raise ConfigError(f"config file {where}: {_error_reason(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
     return data
+
+
+def _error_reason(exc: Exception) -> str:
+    """What the parser found wrong, in its words, one line without the position."""
+    if isinstance(exc, json.JSONDecodeError):
+        reason = exc.msg
+    elif isinstance(exc, yaml.MarkedYAMLError):
+        reason = ": ".join(p for p in (exc.context, exc.problem) if p) or "not valid YAML"
+    else:
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+    return " ".join(reason.split()) or "not valid"
 
 
 def _error_line(exc: Exception) -> int | None:
@@ -327,10 +341,53 @@ def _loc(loc: Sequence[int | str]) -> str:
     return ".".join(str(p) for p in loc) or "settings"
 
 
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at ``loc`` (list indexes skipped), or ``None``."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        found = _first_model(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def close_field(loc: Sequence[int | str], root: type[BaseModel] | None = None) -> str | None:
+    """The known setting closest to the unknown one at ``loc`` (``targt`` → ``targets``), by
+    :func:`difflib.get_close_matches` among the fields of the model holding it; ``None`` when
+    nothing is close."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    model = _model_at(root or Settings, loc[:-1])
+    if model is None:
+        return None
+    names = list(model.model_fields)
+    match = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
 def format_validation_error(exc: ValidationError) -> str:
-    """One line naming the first failing field: ``config error: targets.0.url: must be ...``."""
+    """One line naming the first failing field: ``config error: targets.0.url: must be ...``;
+    an unknown field names the closest known one (``did you mean 'targets'?``)."""
     first = exc.errors()[0]
     msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        near = close_field(first["loc"])
+        msg = "unknown setting" + (f"; did you mean {near!r}?" if near else "")
     return f"config error: {_loc(first['loc'])}: {msg}"
 
 

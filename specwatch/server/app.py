@@ -118,6 +118,31 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": True})
 
 
+#: What the well-known endpoints are for (``/`` lists every route, described or not).
+ENDPOINT_HELP: dict[str, str] = {
+    "/": "this list",
+    "/metrics": "Prometheus metrics (specwatch_*)",
+    "/healthz": "liveness: ok, or 503 when a component failed",
+    "/readyz": "readiness: 200 once every target was scraped",
+    "/api/v1/snapshot": "everything specwatch knows now, as JSON (with the verdict)",
+}
+
+
+async def _index(request: web.Request) -> web.Response:
+    """``GET /``: every route of the app as JSON, ``{"endpoints": [{"path", "methods",
+    "about"}]}``, sorted by path (components' routes included, e.g. the shadow mirror)."""
+    routes: dict[str, set[str]] = {}
+    for route in request.app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path and route.method != "HEAD":
+            routes.setdefault(path, set()).add(route.method)
+    endpoints = [
+        {"path": p, "methods": sorted(m), "about": ENDPOINT_HELP.get(p, "")}
+        for p, m in sorted(routes.items())
+    ]
+    return web.json_response({"service": "specwatch", "endpoints": endpoints})
+
+
 async def _snapshot(request: web.Request) -> web.Response:
     doc = snapshot_json(request.app[STORE_KEY].get())
     return web.Response(text=json.dumps(doc, allow_nan=False), content_type="application/json")
@@ -173,6 +198,7 @@ def build_app(
     app[SCRAPER_KEY] = scraper
     app[REGISTRY_KEY] = reg
     app[LISTENERS_KEY] = listeners
+    app.router.add_get("/", _index)
     app.router.add_get("/metrics", make_aiohttp_handler(reg))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

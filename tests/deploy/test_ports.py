@@ -11,14 +11,14 @@ says which of the two it is, and every match must equal the settings; the old de
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 
 from specwatch.settings import Settings
 from specwatch.shadow.settings import ShadowSettings
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PORT = Settings().server.port
 PROXY_PORT = ShadowSettings().proxy_listen_port
 

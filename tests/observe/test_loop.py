@@ -156,7 +156,32 @@ class TestBadInput:
         warnings = _warnings(caplog)
         assert len(warnings) == 1
         assert warnings[0].getMessage() == "scrape failed"
-        assert event_fields(warnings[0])["reason"] == reason
+        fields = event_fields(warnings[0])
+        assert fields["reason"] == reason
+        assert fields["url"] == h.fake.url  # every failed-scrape line names the URL
+        if reply.content_type == "text/html" and reply.status == 200:
+            assert fields["hint"] == (
+                "the server answered with HTML, not metrics; give the vLLM server's /metrics URL"
+            )
+        else:
+            assert "hint" not in fields
+
+    async def test_openai_base_url_gets_a_hint(
+        self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A target given as the OpenAI base URL (``…/v1``): the failed scrape's log line names
+        that URL and says which URL specwatch wants instead."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        base = fake.url.removesuffix("/metrics")
+        app = build_app(_settings(base + "/v1"), clock=clock, scrape=False)
+        async with TestClient(TestServer(app, host="127.0.0.1")):
+            target = app[SCRAPER_KEY].trackers["fly"].target
+            assert not await app[SCRAPER_KEY].scrape_once(target)
+        fields = event_fields(_warnings(caplog)[0])
+        assert fields["url"] == base + "/v1"
+        assert fields["hint"] == (
+            f"this looks like the OpenAI API URL; specwatch scrapes {base}/metrics"
+        )
 
     async def test_timeout(
         self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
