@@ -34,6 +34,7 @@ from specwatch.shadow.stats.sequential import (
     betting_path,
     net_loss_mixture_log_e_values,
 )
+from specwatch.shadow.verdict import Verdict, verdict_line
 
 
 class InputError(ValueError):
@@ -190,6 +191,20 @@ def paired_report(
             "verdict": "non_inferior" if ni.passed else "not_shown",
         },
         "e_value": exp_or_inf(log_e),
+        "verdict": verdict_line(
+            Verdict(
+                n=counts.n,
+                net_loss=net_loss_ratio(counts),
+                ci_lower=ci.lower,
+                ci_upper=ci.upper,
+                ci_level=ci.level,
+                e_value=exp_or_inf(log_e),
+                alpha=alpha,
+                margin=margin,
+                non_inferior=ni.passed,
+                discordant=discordant_ratio(counts),
+            )
+        ),
     }
     if d is not None:
         out["first_crossing"] = first_crossings(d, margin, alpha)
@@ -211,8 +226,8 @@ def _table(report: dict[str, Any]) -> str:
             f"{100 * ci['level']:g}% CI ({ci['method']})",
             f"[{pct(ci['lower'])}, {pct(ci['upper'])}]",
         ),
-        ("exact McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
-        ("exact McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
+        ("fixed-n McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
+        ("fixed-n McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
         (
             "discordant",
             "n/a"
@@ -220,12 +235,12 @@ def _table(report: dict[str, Any]) -> str:
             else f"{100 * report['discordant_ratio']:.2f}%",
         ),
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
-        ("e-value (loss)", f"{report['e_value']:.3g}"),
+        (f"e-value (loss; {1 / ni['alpha']:g} needed)", f"{report['e_value']:.3g}"),
     ]
     for name, pair in report.get("first_crossing", {}).items():
         lines.append((f"first crossing ({name})", "never" if pair is None else f"pair {pair}"))
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+    return "\n".join([report["verdict"], *(f"{k:<{width}}  {v}" for k, v in lines)])
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -413,6 +413,17 @@ FLIP_RATIO = _g(
     (*WC, "arm"),
 )
 LEDGER_ROWS = _g("specwatch_ledger_rows", "Rows in the pair ledger.")
+LEDGER_PAIRS = _g(
+    "specwatch_ledger_pairs",
+    "Compared pairs the ledger holds now, by outcome (as specwatch_shadow_pairs_total, over the "
+    "retained rows: retention pruning lowers it).",
+    ("category", "arm", "outcome"),
+)
+SHADOW_CATEGORIES_FOLDED = _c(
+    "specwatch_shadow_categories_folded",
+    "Requests whose category was counted as 'other' (more distinct categories than "
+    "shadow.max_categories).",
+)
 SHADOW_QUEUE_DEPTH = _g("specwatch_shadow_queue_depth", "Sampled requests waiting to replay.")
 SHADOW_IN_FLIGHT = _g("specwatch_shadow_in_flight", "Shadow replays in flight.")
 SHADOW_DROPPED = _c(
@@ -562,6 +573,8 @@ SHADOW: tuple[MetricSpec, ...] = (
     LOAD_BAND_FLIP_RATIO,
     LOAD_BAND_PAIRS,
     LEDGER_ROWS,
+    LEDGER_PAIRS,
+    SHADOW_CATEGORIES_FOLDED,
     *SHADOW_IO,
 )
 
@@ -587,8 +600,58 @@ ALERTMANAGER_OUTBOX_DEPTH = _g(
 #: The alerting families, in exposition order.
 ALERTS: tuple[MetricSpec, ...] = (ALERT_FIRING, ALERTMANAGER_SEND_ERRORS, ALERTMANAGER_OUTBOX_DEPTH)
 
+# -- listeners --------------------------------------------------------------------------------
+
+LISTENER_REFUSED = _c(
+    "specwatch_listener_refused",
+    "Connections and requests a listener refused, by reason (header_timeout, body_timeout, "
+    "connection_limit).",
+    ("listener", "reason"),
+)
+LISTENER_OPEN = _g(
+    "specwatch_listener_open_connections", "Open connections of a listener.", ("listener",)
+)
+
+#: The listener families, in exposition order.
+LISTENERS: tuple[MetricSpec, ...] = (LISTENER_REFUSED, LISTENER_OPEN)
+
 #: Every exported family, in exposition order.
-CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS)
+CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS)
+
+#: Every label of an exported family → what bounds its values (the number of distinct values
+#: is fixed by configuration or by code, never by traffic or by what a target serves).
+LABEL_BOUNDS: dict[str, str] = {
+    "version": "1 (the running version)",
+    "target": "the configured targets",
+    "role": "3: standard, fly, baseline",
+    "model_name": "scrape.max_models_per_target per target (default 8); further models are "
+    'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',
+    "engine": "scrape.max_engines_per_target per target (default 64); further engines are "
+    'dropped and counted in specwatch_scrape_errors_total{reason="engine_cap"}',
+    "window": "the configured windows + since_start",
+    "position": "num_speculative_tokens K, at most 128 (parse.MAX_POSITIONS)",
+    "q": "the fixed latency quantiles (observe.values.QUANTILES)",
+    "reason": "a fixed list per family in code (see docs/metrics.md), plus http_<status> of "
+    "specwatch_shadow_arm_errors_total (three-digit codes: at most 900) and the exception types "
+    "the ledger writer catches; vLLM's waiting reasons at most 16 per engine, the rest summed "
+    "into 'other'",
+    "standard": "the configured targets",
+    "fly": "the configured targets",
+    "category": "shadow.max_categories (default 20) + 'other' + '_all'",
+    "arm": "3: standard, fly, noise",
+    "outcome": "6: both_correct, lost, gained, both_wrong, agree, disagree",
+    "alternative": "2: two_sided, loss",
+    "hypothesis": "2: no_net_loss, margin",
+    "verdict": "4: pays, costs_quality, not_faster, not_decided",
+    "band": "paired.load_bands (default 3) + unknown; the speed ratio's 10 powers-of-two bands "
+    "(observe.concurrency.BANDS)",
+    "state": "3: reached, not_reached, no_data",
+    "source": "3: mirror, proxy, canary",
+    "status": "3: paired, unpaired, excluded",
+    "alertname": "the detectors' alerts (fixed in code)",
+    "severity": "the detectors' severities (fixed in code)",
+    "listener": "3: main, proxy, simulator",
+}
 
 #: Family name (without ``_total``) → spec.
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

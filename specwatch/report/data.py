@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger import Ledger, LedgerFileError, LedgerRow, check_ledger_file
-from specwatch.shadow.settings import PairedSettings
+from specwatch.shadow.settings import PairedSettings, ShadowSettings
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     alarm,
@@ -42,7 +42,7 @@ REPORT_WINDOW = SINCE_START
 
 #: The running-request bands and category bound the report uses (the live defaults).
 DEFAULT_LOAD_BANDS: tuple[int, ...] = PairedSettings().load_bands
-DEFAULT_MAX_CATEGORIES: int = PairedSettings().max_categories
+DEFAULT_MAX_CATEGORIES: int = ShadowSettings().max_categories
 
 
 class ReportInputError(ValueError):

@@ -1,8 +1,8 @@
 """The per-category decision table: is FLy worth it for each kind of request? (pure)
 
-One row per request category (the busiest ``max_categories`` by paired volume, the rest pooled
-as ``other``) plus ``overall``, built from the ledger's since-start tallies
-(:class:`~specwatch.shadow.tally.PairTally`) and speed sums
+One row per request category (the categories the sampler's category bound keeps,
+``shadow.max_categories``; the rest pooled as ``other``) plus ``overall``, built from the
+ledger's since-start tallies (:class:`~specwatch.shadow.tally.PairTally`) and speed sums
 (:class:`~specwatch.shadow.tally.ArmTotals`). The same rows feed ``/api/v1/snapshot``
 (``shadow.decisions``), the ``specwatch_decision_*`` gauges and ``specwatch report``.
 
@@ -22,12 +22,13 @@ settings):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from specwatch.core.config import OVERALL
-from specwatch.shadow.summary import PairedSummary, ShadowIO, summarize
+from specwatch.shadow.sample import OTHER_CATEGORY
+from specwatch.shadow.summary import PairedSummary, ShadowIO, categories_by_volume, summarize
 from specwatch.shadow.tally import ArmTotals, PairTally
 
 Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
@@ -35,8 +36,8 @@ Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
 #: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
 VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")
 
-#: The category the categories beyond ``max_categories`` are pooled into.
-OTHER = "other"
+#: The category the categories beyond the bound are pooled into (the sampler's ``other``).
+OTHER = OTHER_CATEGORY
 
 #: Paired requests with tokens and latency on both arms needed before a throughput gain is
 #: reported (fewer: the gain is ``None`` with a reason).
@@ -130,15 +131,21 @@ class DecisionRow:
     pairs_more: int | None
 
 
-def bound_categories(tallies: Mapping[str, PairTally], max_categories: int) -> dict[str, str]:
-    """Category → the name it is shown under: the ``max_categories`` with the most paired
-    requests (ties by name) keep theirs, the rest become :data:`OTHER`. Raises ``ValueError``
-    for ``max_categories < 1``."""
-    if max_categories < 1:
-        raise ValueError("max_categories must be >= 1")
-    cats = [c for c in tallies if c != OVERALL]
-    ranked = sorted(cats, key=lambda c: (-tallies[c].paired, c))
-    keep = set(ranked[:max_categories])
+def bound_categories(
+    tallies: Mapping[str, PairTally],
+    max_categories: int,
+    kept: Collection[str] | None = None,
+) -> dict[str, str]:
+    """Category → the name it is shown under. With ``kept`` (the live
+    :class:`~specwatch.shadow.sample.CategoryBound`'s admitted set) those keep their name;
+    without it the ``max_categories`` with the most rows
+    (:func:`~specwatch.shadow.summary.categories_by_volume`, the order the bound is seeded in)
+    do. Every other category becomes :data:`OTHER`. Raises ``ValueError`` for
+    ``max_categories < 0``."""
+    if max_categories < 0:
+        raise ValueError("max_categories must be >= 0")
+    cats = {c: t for c, t in tallies.items() if c != OVERALL}
+    keep = set(kept) if kept is not None else set(categories_by_volume(cats)[:max_categories])
     return {c: (c if c in keep else OTHER) for c in cats}
 
 
@@ -248,13 +255,15 @@ def decision_table(
     power: float = 0.8,
     max_categories: int = 20,
     replies: Mapping[tuple[str, str], ReplyCounts] | None = None,
+    kept: Collection[str] | None = None,
 ) -> tuple[DecisionRow, ...]:
     """The decision table: one row per bounded category (sorted, :data:`OTHER` last) and an
     ``overall`` row, from since-start per-category tallies (``Ledger.tally()``), speed sums
     (``Ledger.arm_totals()``) and the reply counts ``{(arm, category): ReplyCounts}``
     (:func:`reply_counts`; this process only). Categories with no row in ``totals`` have no
-    speed data. Pure; raises ``ValueError`` for ``max_categories < 1``."""
-    names = bound_categories(tallies, max_categories)
+    speed data. ``kept``/``max_categories``: the category bound (:func:`bound_categories`).
+    Pure; raises ``ValueError`` for ``max_categories < 0``."""
+    names = bound_categories(tallies, max_categories, kept)
     got = replies or {}
     pooled_t: dict[str, PairTally] = {}
     pooled_a: dict[str, ArmTotals] = {}

@@ -56,6 +56,8 @@ class ShadowSettings(BaseModel):
 
     Sampler: ``sample_probability`` p in [0, 1] decided by the request hash;
     ``category_quota_per_second`` (token bucket per category, burst ``category_quota_burst``);
+    ``max_categories`` distinct request categories keep their own series (the ledger's largest
+    at start, then first come), every other category is counted as ``other``;
     ``queue_size`` bounded queue; ``max_shadow_rps`` and ``max_in_flight`` caps; load-aware pause
     when any arm has waiting > 0 (``pause_on_waiting``) or running >= ``pause_running_fraction`` *
     max_num_seqs.
@@ -87,6 +89,7 @@ class ShadowSettings(BaseModel):
     category_quota_per_second: dict[str, float] = Field(default_factory=dict)
     default_category_quota_per_second: float | None = Field(default=None, gt=0)
     category_quota_burst: float = Field(default=5.0, ge=1.0)
+    max_categories: int = Field(default=20, ge=0, le=1000)
     queue_size: int = Field(default=256, ge=1)
     max_shadow_rps: float = Field(default=5.0, gt=0)
     max_in_flight: int = Field(default=4, ge=1)
@@ -194,10 +197,9 @@ class PairedSettings(Frozen):
     ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
     ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
     defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
-    ``refresh_seconds`` (how often statistics are rebuilt from the ledger),
-    ``max_categories`` (the decision table keeps the busiest categories and pools the rest as
-    ``other``, so traffic cannot grow the series count), ``load_bands`` (lower bounds of the
-    running-request bands flips are split by: ``0,8,32`` gives ``0-7``, ``8-31``, ``32+``)."""
+    ``refresh_seconds`` (how often statistics are rebuilt from the ledger), ``load_bands``
+    (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
+    ``8-31``, ``32+``)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
@@ -205,7 +207,6 @@ class PairedSettings(Frozen):
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
-    max_categories: int = Field(default=20, ge=1, le=1000)
     load_bands: Annotated[tuple[int, ...], NoDecode] = (0, 8, 32)
 
     @field_validator("load_bands", mode="before")

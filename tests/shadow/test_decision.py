@@ -91,7 +91,8 @@ def test_speed_needs_five_pairs_and_tau_needs_replies() -> None:
 
 def test_categories_beyond_the_bound_are_pooled_as_other() -> None:
     """With 2 categories kept, the two busiest keep their names; the rest pool into `other`,
-    whose counts are the sums; the overall row counts everything."""
+    whose counts are the sums; the overall row counts everything. Given the live bound's kept
+    set, exactly those keep their names."""
     tallies = {
         "a": PairTally(agree=50),
         "b": PairTally(agree=30),
@@ -103,8 +104,15 @@ def test_categories_beyond_the_bound_are_pooled_as_other() -> None:
     assert [r.category for r in rows] == ["a", "b", OTHER, "_all"]
     assert [r.pairs for r in rows] == [50, 30, 20, 100]
     assert rows[2].fly_flip_ratio == 0.25
+    # the live bound's kept set wins over volume
+    assert bound_categories(tallies, 2, kept={"c"}) == {
+        "a": OTHER,
+        "b": OTHER,
+        "c": "c",
+        "d": OTHER,
+    }
     with pytest.raises(ValueError, match="max_categories"):
-        bound_categories(tallies, 0)
+        bound_categories(tallies, -1)
 
 
 def test_acceptance_and_tau_gain_from_reply_counts() -> None:
