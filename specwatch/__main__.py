@@ -24,6 +24,9 @@ COMMANDS: tuple[str, ...] = (
     "paired_test",
     "power",
     "report",
+    "fleet",
+    "doctor",
+    "bench_result",
 )
 
 
