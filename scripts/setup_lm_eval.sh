@@ -13,7 +13,7 @@
 # Prints the venv's python path as the last line of stdout.
 set -euo pipefail
 
-LM_EVAL_REQUIREMENT="lm-eval==0.4.13"
+LM_EVAL_REQUIREMENT="lm-eval[api]==0.4.13"
 LM_EVAL_VERSION="0.4.13"
 VENV="${SPECWATCH_LM_EVAL_VENV:-$HOME/.cache/specwatch/venv-lm-eval}"
 BASE_PYTHON="${SPECWATCH_LM_EVAL_BASE_PYTHON:-python3}"
@@ -28,6 +28,7 @@ import importlib.metadata
 import sys
 
 import lm_eval  # noqa: F401
+import tenacity  # noqa: F401  (the [api] extra, for local-completions)
 from lm_eval.models import openai_completions  # noqa: F401
 
 sys.exit(0 if importlib.metadata.version("lm_eval") == sys.argv[1] else 1)
