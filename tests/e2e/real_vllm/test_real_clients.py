@@ -13,6 +13,7 @@ the vLLM venv and the tiny models' tokenizer come from this folder's conftest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -83,31 +84,37 @@ class Simulated:
     url: str
     proc: subprocess.Popen[str]
 
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
 
 def _simulate(tmp: Path, role: str) -> Simulated:
     port = free_port()
-    log = (tmp / f"sim-{role}.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specwatch",
-            "simulate",
-            "--role",
-            role,
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-            "--time-scale",
-            "0",
-            "--fly-entropy-threshold",
-            "0.0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
+    with (tmp / f"sim-{role}.log").open("w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specwatch",
+                "simulate",
+                "--role",
+                role,
+                "--port",
+                str(port),
+                "--served-model-name",
+                "tiny",
+                "--time-scale",
+                "0",
+                "--fly-entropy-threshold",
+                "0.0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "specwatch simulate: listening on http://127.0.0.1:PORT"
     assert "listening on" in line, (tmp / f"sim-{role}.log").read_text()
@@ -121,8 +128,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Si
     sims = {role: _simulate(tmp, role) for role in ("standard", "fly")}
     yield sims
     for s in sims.values():
-        s.proc.terminate()
-        s.proc.wait(timeout=20)
+        s.stop()
 
 
 @pytest.fixture(scope="session")
@@ -147,38 +153,39 @@ def lm_eval_samples(
     tasks = tmp / "tasks"
     tasks.mkdir()
     (tasks / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=data))
-    procs = {}
-    for role, sim in simulated.items():
-        args = (
-            f"base_url={sim.url}/v1/completions,model=tiny,tokenizer_backend=none,"
-            "num_concurrent=4,max_retries=1"
-        )
-        procs[role] = subprocess.Popen(
-            [
-                python,
-                "-m",
-                "lm_eval",
-                "--model",
-                "local-completions",
-                "--model_args",
-                args,
-                "--tasks",
-                TASK,
-                "--include_path",
-                str(tasks),
-                "--output_path",
-                str(tmp / role),
-                "--log_samples",
-            ],
-            stdout=(tmp / f"{role}.log").open("w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
-        )
-    out: dict[str, Path] = {}
-    for role, proc in procs.items():
-        assert proc.wait(timeout=600) == 0, (tmp / f"{role}.log").read_text()[-3000:]
-        (found,) = sorted((tmp / role).rglob(f"samples_{TASK}_*.jsonl"))
-        out[role] = found
+    with contextlib.ExitStack() as logs:
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        for role, sim in simulated.items():
+            args = (
+                f"base_url={sim.url}/v1/completions,model=tiny,tokenizer_backend=none,"
+                "num_concurrent=4,max_retries=1"
+            )
+            procs[role] = subprocess.Popen(
+                [
+                    python,
+                    "-m",
+                    "lm_eval",
+                    "--model",
+                    "local-completions",
+                    "--model_args",
+                    args,
+                    "--tasks",
+                    TASK,
+                    "--include_path",
+                    str(tasks),
+                    "--output_path",
+                    str(tmp / role),
+                    "--log_samples",
+                ],
+                stdout=logs.enter_context((tmp / f"{role}.log").open("w")),
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+            )
+        out: dict[str, Path] = {}
+        for role, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, (tmp / f"{role}.log").read_text()[-3000:]
+            (found,) = sorted((tmp / role).rglob(f"samples_{TASK}_*.jsonl"))
+            out[role] = found
     return out
 
 
@@ -228,11 +235,10 @@ def bench_result(
     """A result file saved by ``vllm bench serve`` (8 random prompts, concurrency 2, greedy)
     against the simulated FLy server."""
     tmp = tmp_path_factory.mktemp("bench")
-    vllm = vllm_python.parent / "vllm"
     cmd = [
-        str(vllm), "bench", "serve", "--backend", "openai", "--base-url", simulated["fly"].url,
-        "--endpoint", "/v1/completions", "--model", "tiny", "--tokenizer",
-        str(tiny_models.target), "--dataset-name", "random", "--random-input-len", "16",
+        str(vllm_python), "-c", VLLM_BENCH_SERVE, "--backend", "openai",
+        "--base-url", simulated["fly"].url, "--endpoint", "/v1/completions", "--model", "tiny",
+        "--tokenizer", str(tiny_models.target), "--dataset-name", "random", "--random-input-len", "16",
         "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "2",
         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,90,99",
         "--temperature", "0", "--metadata", "temperature=0", "--save-result",
