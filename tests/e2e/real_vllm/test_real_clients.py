@@ -236,13 +236,24 @@ def bench_result(
     against the simulated FLy server."""
     tmp = tmp_path_factory.mktemp("bench")
     cmd = [
-        str(vllm_python), "-c", VLLM_BENCH_SERVE, "--backend", "openai",
-        "--base-url", simulated["fly"].url, "--endpoint", "/v1/completions", "--model", "tiny",
-        "--tokenizer", str(tiny_models.target), "--dataset-name", "random",
-        "--random-input-len", "16", "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "2",
-        "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,90,99",
-        "--temperature", "0", "--metadata", "temperature=0", "--save-result",
-        "--result-dir", str(tmp), "--result-filename", "result.json",
+        str(vllm_python), "-c", VLLM_BENCH_SERVE,
+        "--backend", "openai",
+        "--base-url", simulated["fly"].url,
+        "--endpoint", "/v1/completions",
+        "--model", "tiny",
+        "--tokenizer", str(tiny_models.target),
+        "--dataset-name", "random",
+        "--random-input-len", "16",
+        "--random-output-len", "16",
+        "--num-prompts", "8",
+        "--max-concurrency", "2",
+        "--percentile-metrics", "ttft,tpot,itl",
+        "--metric-percentiles", "50,90,99",
+        "--temperature", "0",
+        "--metadata", "temperature=0",
+        "--save-result",
+        "--result-dir", str(tmp),
+        "--result-filename", "result.json",
     ]  # fmt: skip
     log = tmp / "bench.log"
     with log.open("w") as f:
