@@ -4,7 +4,7 @@ sidecars' counters in Prometheus (or Thanos Querier).
 Queries ``specwatch_shadow_pairs_total{arm="fly"}`` (each sidecar's since-start 2x2 table),
 sums it per model (the series' ``--model-label``, default ``model_name``: set it with the scrape
 config's target labels) and category, and computes what one sidecar would compute on the union
-of the pairs: exact McNemar, the Tango interval and non-inferiority test, and the beta-binomial
+of the pairs: exact McNemar, the Tango interval and non-inferiority test, and the focused-mixture
 ``no_net_loss`` e-value. The order-dependent margin e-process is combined from each sidecar's own
 since-start value (mean: valid under any dependence; product: valid for independent traffic).
 

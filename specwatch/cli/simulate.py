@@ -12,12 +12,12 @@ import contextlib
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from specwatch.simulate import faults as faults_mod
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
-from specwatch.simulate.server import SimServer
+
+if TYPE_CHECKING:
+    from specwatch.simulate.server import SimServer
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,16 +129,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def _serve(server: SimServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = port
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            bound = int(addr[1])
-            break
-    print(f"specwatch simulate: listening on http://{host}:{bound}", flush=True)
+    from specwatch.simulate.launcher import serve  # the server stack loads only when serving
+
+    handle = await serve(server, host=host, port=port)
+    print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,10 +141,14 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await handle.stop()
 
 
 def main(args: argparse.Namespace) -> int:
+    # The simulator's server stack (aiohttp, numpy) loads only here.
+    from specwatch.simulate import faults as faults_mod
+    from specwatch.simulate.server import SimServer
+
     try:
         cfg = config_from_args(args)
         server_faults: dict[str, object] = json.loads(args.faults) if args.faults else {}

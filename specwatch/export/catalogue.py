@@ -490,7 +490,7 @@ FLEET_MCNEMAR_P = _g(
 )
 FLEET_E_VALUE = _g(
     "specwatch_fleet_paired_e_value",
-    "Beta-binomial mixture e-value against 'no net loss' on the fleet's discordant pairs "
+    "The sidecars' e-value against 'no net loss' (focused mixture) on the fleet's discordant pairs "
     "(a function of the counts, so exact for the pooled pairs).",
     (*FLEET_MC, "hypothesis"),
 )

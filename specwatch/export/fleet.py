@@ -9,8 +9,8 @@ would compute on the union of the pairs, exactly:
 
 * exact McNemar p-values (two-sided and one-sided for a FLy loss), the net loss and its Tango
   score interval, the Tango non-inferiority test, the discordant ratio;
-* the ``no_net_loss`` e-value: the beta-binomial mixture of
-  :func:`specwatch.shadow.stats.sequential.beta_binomial_log_e_value` depends only on
+* the ``no_net_loss`` e-value: the focused mixture a sidecar reports
+  (:func:`specwatch.shadow.stats.sequential.net_loss_log_e_value`) depends only on
   ``(lost, gained)``, so the fleet value is the e-process of the pooled discordant pairs.
 
 The ``margin`` e-process (testing by betting) depends on the order of the pairs, which the
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from specwatch.core.config import OVERALL
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
 from specwatch.export.prometheus import _describe, _Families
@@ -46,11 +46,11 @@ log = logging.getLogger("specwatch.fleet")
 #: The correctness outcomes of ``specwatch_shadow_pairs_total`` that make the FLy 2x2 table.
 CORRECTNESS_OUTCOMES: tuple[str, ...] = ("both_correct", "lost", "gained", "both_wrong")
 #: The window name of the fleet statistics: the counters count since each ledger began.
-FLEET_WINDOW = "since_start"
+FLEET_WINDOW = SINCE_START
 #: Labels of a ``specwatch_shadow_pairs_total`` series that are not the sidecar's identity.
 _PAIR_LABELS = frozenset({"__name__", "category", "arm", "outcome"})
 #: Label values that name a whole-fleet group when no model label is used.
-ALL_MODELS = "_all"
+ALL_MODELS = OVERALL
 
 Row = tuple[Mapping[str, str], float]
 

@@ -105,12 +105,16 @@ class TestRulesAgree:
         fragments: list[str],
         for_field: str,
     ) -> None:
+        """Each single-rule alert's expression holds its thresholds and its `for` equals the
+        setting."""
         for rule in rules[alert]:
             for fragment in fragments:
                 assert _has(rule["expr"], fragment), (alert, fragment)
             assert _seconds(rule["for"]) == getattr(S, for_field), alert
 
     def test_budget_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
+        """SpecBudgetStarvation has one rule per reason, with the ratios, minimum running and
+        `for` of the settings."""
         by_reason = {r["labels"]["reason"]: r for r in rules["SpecBudgetStarvation"]}
         assert set(by_reason) == {"budget_cap", "drafts_per_step", "draft_truncation"}
         assert f"({S.budget_drafts_per_step_ratio:g} *" in by_reason["drafts_per_step"]["expr"]
@@ -121,6 +125,8 @@ class TestRulesAgree:
             assert _seconds(rule["for"]) == S.budget_for
 
     def test_quality_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
+        """SpecQualityDrift fires at e >= 1/alpha and on non-inferiority after the minimum pairs,
+        each with its own `for`."""
         by_check = {r["labels"]["check"]: r for r in rules["SpecQualityDrift"]}
         assert ALPHA == 0.05
         assert _has(by_check["e_value"]["expr"], f">= {1 / ALPHA:g}")
@@ -165,12 +171,15 @@ class TestAcceptanceDrop:
 
 class TestOtherConditions:
     def test_fly_gain(self) -> None:
+        """fly_gain_lost returns the gain only when it is below the threshold and FLy is
+        drafting."""
         assert fly_gain_lost(0.51 - 0.5, 1.0, 1.0, S) == pytest.approx(0.01)
         assert fly_gain_lost(0.1, 1.0, 1.0, S) is None
         assert fly_gain_lost(0.0, 1.0, 0.0, S) is None  # FLy not drafting
         assert fly_gain_lost(None, 1.0, 1.0, S) is None
 
     def test_decode_inactive(self) -> None:
+        """decode_inactive fires only with traffic, spec decode configured and no drafts."""
         assert decode_inactive(10.0, 0.0, S) == 10.0
         assert decode_inactive(10.0, None, S) is None  # no speculative decoding configured
         assert decode_inactive(10.0, 1.0, S) is None
@@ -221,6 +230,8 @@ class TestOtherConditions:
         assert budget_starvation(idle_queue, S) == {}
 
     def test_budget_other_reasons(self) -> None:
+        """Budget starvation reports drafts-per-step per engine and draft truncation, the latter
+        not for short-draft methods."""
         b = BudgetInputs(
             running_most_loaded=16,
             d_full=1024,
@@ -236,6 +247,8 @@ class TestOtherConditions:
         assert budget_starvation(ngram, S) == {"drafts_per_step:0": 3.0}
 
     def test_admission_stall(self) -> None:
+        """admission_stall fires on waiting requests with none running, unless the KV cache is
+        full."""
         assert admission_stall(20, 0, 0.05, 0.0, S) == 20
         assert admission_stall(20, 1, 0.95, 0.0, S) is None  # KV full: memory, not a stall
         assert admission_stall(20, 0, None, 0.0, S) is None
@@ -289,6 +302,8 @@ class TestStatistics:
         assert two_proportion_z(1, 0, 1, 10) is None
 
     def test_flip_rate(self) -> None:
+        """The flip-rate check fires on a z-score above the noise arm, not at equal rates or
+        under 50 per arm."""
         assert flip_rate_above_noise(120, 600, 60, 600, S) == pytest.approx(4.8507125, rel=1e-6)
         assert flip_rate_above_noise(120, 600, 120, 600, S) is None
         assert flip_rate_above_noise(20, 40, 2, 40, S) is None  # under 50 compared per arm

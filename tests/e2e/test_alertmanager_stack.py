@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL, format_rfc3339
+from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.core.clock import format_rfc3339
 from tests.e2e.stack import Alertmanager, Stack, poll, running_stack
 
 pytestmark = pytest.mark.promtool
@@ -61,6 +62,8 @@ async def _baseline_ready(stack: Stack) -> bool | None:
 
 
 async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Path) -> None:
+    """An injected acceptance drop reaches a real Alertmanager, survives a sidecar restart and
+    resolves."""
     async with aiohttp.ClientSession() as session:
         am = Alertmanager(tmp_path)
         await am.start(session)
@@ -150,6 +153,8 @@ async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Pat
 
 
 async def test_target_down_fires_and_resolves(tmp_path: Path) -> None:
+    """A target whose /metrics fails fires SpecwatchTargetDown for it alone, which resolves once
+    it recovers."""
     async with aiohttp.ClientSession() as session:
         am = Alertmanager(tmp_path)
         await am.start(session)

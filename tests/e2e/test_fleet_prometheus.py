@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from scipy.integrate import quad
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.stats.sequential import net_loss_mixture_grid
 from specwatch.shadow.summary import PairTally, summarize
 from specwatch.shadow.tally import tally_rows
 from tests.e2e.shadow_harness import (
@@ -42,10 +42,13 @@ SIDECARS = (("a1", "model-a", 0.0), ("a2", "model-a", 0.3), ("b1", "model-b", 0.
 
 
 def mixture_e_value(lost: int, gained: int) -> float:
-    """The beta-binomial (uniform prior truncated to [1/2, 1]) e-value by numerical integration:
-    2 * integral_{1/2}^{1} t^lost (1-t)^gained dt / (1/2)^(lost+gained)."""
-    integral, _ = quad(lambda t: t**lost * (1 - t) ** gained, 0.5, 1.0, epsabs=0, epsrel=1e-12)
-    return float(2 * integral / 0.5 ** (lost + gained))
+    """The focused-mixture no_net_loss e-value from its formula, term by term in plain Python:
+    sum_j w_j (2 q_j)^lost (2 (1 - q_j))^gained over the sidecar's grid (detect_net_loss 0.02)."""
+    q, w = net_loss_mixture_grid(0.02)
+    return math.fsum(
+        wj * (2 * qj) ** lost * (2 * (1 - qj)) ** gained
+        for qj, wj in zip(q.tolist(), w.tolist(), strict=True)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -98,7 +101,7 @@ def _fly_series(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> int:
 async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
     """Per model, the fleet n/lost/gained equal the union of the ledgers, the exact McNemar p
     equals scipy's binomial test on the union, the interval and e-value equal a single
-    sidecar's computation on the union (the e-value also a numerical integral), the margin
+    sidecar's computation on the union (the e-value also from its formula), the margin
     e-values combine the sidecars' own; a scrape job without the model label is skipped and
     counted; ``--listen`` serves the same numbers on /metrics."""
     async with contextlib.AsyncExitStack() as stack:

@@ -16,6 +16,16 @@ from specwatch.export.fleet import (
     margin_e_selector,
     pairs_selector,
 )
+from specwatch.shadow.stats.sequential import net_loss_mixture_grid
+
+
+def _mixture(lost: int, gained: int) -> float:
+    """The focused mixture e-value from its formula, summed term by term in plain Python."""
+    q, w = net_loss_mixture_grid(0.02)
+    return math.fsum(
+        wj * (2 * qj) ** lost * (2 * (1 - qj)) ** gained
+        for qj, wj in zip(q.tolist(), w.tolist(), strict=True)
+    )
 
 
 def _rows(instance: str, model: str | None, **counts: float) -> list[tuple[dict[str, str], float]]:
@@ -36,8 +46,8 @@ PAIRS = [
 
 def test_union_table_and_hand_worked_statistics() -> None:
     """Two sidecars of model m: union 15/5/1/3 (n=24). Exact McNemar on 5 of 6 discordant:
-    P(X>=5 | 6, 1/2) = 7/64 (loss), 14/64 (two-sided); net loss 4/24; the beta-binomial e-value
-    2*int_{1/2}^{1} t^5 (1-t) dt / 2^-6 = 20/7."""
+    P(X>=5 | 6, 1/2) = 7/64 (loss), 14/64 (two-sided); net loss 4/24; the no_net_loss e-value is
+    the focused mixture sum_j w_j (2 q_j)^5 (2 (1 - q_j))^1 over the sidecar's grid."""
     stats = fleet_stats(PAIRS, now=100.0)
     m = stats.models["m"]
     assert m.sidecars == 2
@@ -53,7 +63,7 @@ def test_union_table_and_hand_worked_statistics() -> None:
         assert s.p_loss == pytest.approx(7 / 64, rel=1e-12)
         assert s.p_two_sided == pytest.approx(14 / 64, rel=1e-12)
         assert s.net_loss_ratio == pytest.approx(4 / 24, rel=1e-12)
-        assert s.e_value == pytest.approx(20 / 7, rel=1e-9)
+        assert s.e_value == pytest.approx(_mixture(5, 1), rel=1e-9)
         assert s.ci_lower < 4 / 24 < s.ci_upper
     assert stats.bad_series == {}
 

@@ -7,7 +7,6 @@ import gzip
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,9 +33,10 @@ from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
 from specwatch.shadow.summary import build_shadow_stats
+from tests.fakes import REPO
 from tests.fixture_files import body
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def _exported_name(name: str, kind: str) -> str:
@@ -69,13 +69,11 @@ def _full_snapshot() -> Snapshot:
 
 class TestCatalogue:
     def test_every_family_documented(self) -> None:
-        """Each exported family appears in docs/metrics.md and in the architecture contract."""
+        """Each exported family appears in docs/metrics.md (the one written list of names)."""
         metrics_doc = (ROOT / "docs/metrics.md").read_text()
-        contract = (ROOT / "docs/architecture.md").read_text()
         for spec in CATALOGUE:
             name = _exported_name(spec.name, spec.kind)
             assert f"`{name}`" in metrics_doc, name
-            assert name in contract, name
 
     def test_names_follow_conventions(self) -> None:
         """specwatch_ prefix, snake case, no _total on gauges."""
