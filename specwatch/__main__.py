@@ -50,6 +50,15 @@ HELP: dict[str, tuple[str, str]] = {
         "questions needed to detect a net accuracy loss with a paired McNemar test",
     ),
     "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
+    "fleet": (
+        "fleet",
+        "fleet-wide paired statistics per model from the sidecars' counters in Prometheus",
+    ),
+    "doctor": ("doctor", "say why a specwatch dashboard would be empty"),
+    "bench_result": (
+        "bench-result",
+        "the minimum spec-decode table from vllm bench serve result files",
+    ),
 }
 
 #: Subcommand modules, in the order ``--help`` lists them (the keys of :data:`HELP`).

@@ -1,9 +1,12 @@
 """``specwatch paired-test BASE CAND``: exact McNemar and non-inferiority on two eval runs.
 
 BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files of rows
-``{"id": ..., "correct": 0|1}`` over the same items. Exit 0 with the result, 2 on bad input
-(one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which each
-e-process first reached 1/alpha (null when never).
+``{"id": ..., "correct": 0|1}`` over the same items, or lm-evaluation-harness
+``samples_*.jsonl`` files (``lm_eval --log_samples``; recognised by content, joined on
+``doc_id``, scored by the sample's own 0/1 metric; ``--filter NAME`` when the task wrote
+several filters, ``--metric NAME`` when it scored several metrics). Exit 0 with the result, 2 on
+bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
+each e-process first reached 1/alpha (null when never).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specwatch.core.numbers import exp_or_inf
+from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
 from specwatch.shadow.stats.paired import (
     PairedCounts,
     discordant_ratio,
@@ -36,9 +40,7 @@ from specwatch.shadow.stats.sequential import (
 )
 from specwatch.shadow.verdict import Verdict, verdict_line
 
-
-class InputError(ValueError):
-    """Bad input file or contents (reported as one line, exit code 2)."""
+__all__ = ["InputError", "pair_outcomes", "pair_sequence", "paired_report", "read_outcomes"]
 
 
 _TRUE = {"1", "true", "yes", "correct"}
@@ -55,8 +57,13 @@ def _as_bool(value: object, where: str) -> bool:
     raise InputError(f"{where}: 'correct' must be 0/1 or true/false, got {value!r}")
 
 
-def read_outcomes(path: Path) -> dict[str, bool]:
-    """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``).
+def read_outcomes(
+    path: Path, *, filter_name: str | None = None, metric: str | None = None
+) -> dict[str, bool]:
+    """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``), or
+    from lm-evaluation-harness ``samples_*.jsonl`` (recognised by content; joined on ``doc_id``;
+    ``filter_name``/``metric`` pick the filter and metric, see
+    :func:`specwatch.shadow.inputs.lm_eval_outcomes`).
 
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
     duplicate id.
@@ -81,6 +88,10 @@ def read_outcomes(path: Path) -> dict[str, bool]:
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
             rows.append((f"{path}:{lineno}", rec))
+    if rows and looks_like_lm_eval(rows[0][1]):
+        return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))
+    if filter_name is not None or metric is not None:
+        raise InputError(f"{path}: --filter/--metric apply to lm-eval samples files only")
     out: dict[str, bool] = {}
     for where, rec in rows:
         if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
@@ -259,6 +270,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="non-inferiority margin: FLy may lose at most this fraction (default 0.01)",
     )
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument(
+        "--filter",
+        dest="filter_name",
+        metavar="NAME",
+        help="lm-eval samples: the filter to use when the task wrote several (e.g. strict-match)",
+    )
+    p.add_argument(
+        "--metric", metavar="NAME", help="lm-eval samples: the 0/1 metric when several are scored"
+    )
     p.add_argument("--format", choices=("json", "table"), default="table")
     p.set_defaults(handler=main)
 
@@ -270,7 +290,8 @@ def main(args: argparse.Namespace) -> int:
             raise InputError("--margin must be in [0, 1)")
         if not 0.0 < args.alpha < 0.5:
             raise InputError("--alpha must be in (0, 0.5)")
-        base, cand = read_outcomes(args.base), read_outcomes(args.cand)
+        pick = {"filter_name": args.filter_name, "metric": args.metric}
+        base, cand = read_outcomes(args.base, **pick), read_outcomes(args.cand, **pick)
         counts = pair_outcomes(base, cand)
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)

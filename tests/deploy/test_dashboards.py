@@ -163,11 +163,17 @@ def listener_exported_names() -> frozenset[str]:
     return frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
 
 
+def fleet_exported_names() -> frozenset[str]:
+    """Sample names of the fleet view's families (``FLEET``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.FLEET)
+
+
 EXPORTED = (
     core_exported_names()
     | shadow_exported_names()
     | alert_exported_names()
     | listener_exported_names()
+    | fleet_exported_names()
 )
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
 
