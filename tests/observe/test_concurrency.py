@@ -3,6 +3,8 @@ and the profile a tracker builds from real vLLM /metrics pages."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from specwatch.observe.concurrency import (
@@ -18,7 +20,7 @@ from specwatch.observe.tracker import TargetTracker, build_view
 from tests.fixture_files import body
 
 
-def _profile(points: list[tuple[float, float]], itl: float | None = None) -> ConcurrencyProfile:
+def _profile(points: Sequence[tuple[float, float]], itl: float | None = None) -> ConcurrencyProfile:
     p = ConcurrencyProfile()
     for running, tps in points:
         p = add_point(p, running, tps, itl)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from specwatch.shadow.decision import (
@@ -14,7 +16,7 @@ from specwatch.shadow.decision import (
 )
 from specwatch.shadow.tally import ArmTotals, PairTally
 
-KW = {"alpha": 0.05, "margin": 0.01, "detect_net_loss": 0.02}
+KW: dict[str, Any] = {"alpha": 0.05, "margin": 0.01, "detect_net_loss": 0.02}
 
 #: 20 pairs, FLy twice the standard arm's tokens per second: 200 tokens in 10 s vs 200 in 5 s.
 FAST = ArmTotals(
