@@ -48,7 +48,7 @@ class ForTracker:
 
 
 def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
-    """The ``for`` duration of an alert (by name; ``SpecQualityDrift`` by its ``check``)."""
+    """The ``for`` duration of an alert (by name)."""
     by_name = {
         "SpecAcceptanceDrop": s.acceptance_drop_for,
         "SpecFLyGainLost": s.fly_gain_for,
@@ -59,12 +59,12 @@ def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
         "SpecwatchTargetDown": s.target_down_for,
         "SpecwatchShadowStalled": s.shadow_stalled_for,
         "SpecwatchLedgerFailing": s.ledger_failing_for,
+        "SpecNonInferiorityNotShown": s.quality_non_inferiority_for,
+        "SpecTokenBudgetBound": s.budget_finding_for,
     }
 
     def get(alert: Alert) -> float:
         if alert.alertname == "SpecQualityDrift":
-            if alert.labels.get("check") == "non_inferiority":
-                return s.quality_non_inferiority_for
             return s.quality_e_value_for
         return by_name.get(alert.alertname, 0.0)
 

@@ -21,6 +21,7 @@ from specwatch.alerts.conditions import (
     flip_rate_above_noise,
     fly_gain_lost,
     quality_drift,
+    token_budget_bound,
 )
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
@@ -144,7 +145,8 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
-        v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, s)
+        k = h.num_speculative_tokens or t.limits.num_speculative_tokens
+        v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, k, s)
         if v is not None:
             out.append(
                 Alert(
@@ -152,8 +154,8 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                     Severity.WARNING,
                     f"{t.name} generates tokens but drafts nothing.",
                     f"{t.name} (role {t.role.value}, model {model}) generated {v:.3g} tokens/s "
-                    f"over {s.rate_window} with speculative decoding configured, but not one "
-                    "draft was verified.",
+                    f"over {s.rate_window} with speculative decoding configured (K {k}), but "
+                    "not one draft was verified.",
                     _base(t, model),
                 )
             )
@@ -236,7 +238,10 @@ def _budget_alert(
             f"max_num_seqs {cap.max_num_seqs}."
         )
     elif reason == "drafts_per_step":
-        summary = f"{t.name} verifies drafts for under half of its running requests."
+        summary = (
+            f"{t.name} verifies drafts for under {s.budget_drafts_per_step_ratio:.0%} of its "
+            "running requests per step."
+        )
         text = (
             f"Over {s.rate_window}, engine {engine} of {t.name} verified {value:.3g} drafts per "
             "step while at least twice as many requests run: running requests are skipped by "
@@ -258,14 +263,28 @@ def _budget_alert(
     )
 
 
+def _stall_ceiling(t: TargetSnapshot) -> float | None:
+    """Most requests one engine can run: min(max_num_seqs, R_max) (``None``: N unknown)."""
+    cap = t.capacity
+    if cap.max_num_seqs is None:
+        return None
+    if cap.admission_cap_requests is None:
+        return float(cap.max_num_seqs)
+    return float(min(cap.max_num_seqs, cap.admission_cap_requests))
+
+
 def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
+    ceiling = _stall_ceiling(t)
+    running = t.capacity.num_requests_running
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
         v = admission_stall(
             h.num_requests_waiting,
-            h.num_requests_running,
+            running,
+            ceiling,
             h.kv_cache_usage,
+            h.requests_finished,
             h.generation_tokens_per_second,
             s,
         )
@@ -274,15 +293,62 @@ def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 Alert(
                     "SpecAdmissionStall",
                     Severity.CRITICAL,
-                    f"{t.name} admits nothing: requests wait, KV cache is free.",
-                    f"{v:g} requests wait on {t.name} (model {model}) while "
-                    f"{_fmt(h.num_requests_running, 'g')} run, KV-cache usage is "
-                    f"{_fmt(h.kv_cache_usage, '.0%')} and generation is "
+                    f"{t.name} admits no work: requests wait, running is far below capacity "
+                    "and nothing finishes.",
+                    f"{_fmt(h.num_requests_waiting, 'g')} requests wait on {t.name} (model "
+                    f"{model}) while its most-loaded engine runs {_fmt(running, 'g')} of the "
+                    f"{_fmt(ceiling, 'g')} its limits allow ({v:.2%}), KV-cache usage is "
+                    f"{_fmt(h.kv_cache_usage, '.0%')}, no request finished over "
+                    f"{s.rate_window} and generation is "
                     f"{_fmt(h.generation_tokens_per_second)} tokens/s.",
                     _base(t, model),
                 )
             )
     return out
+
+
+def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
+    """The token-budget configuration finding, as soon as the limits are known (no traffic)."""
+    cap, lim = t.capacity, t.limits
+    d_full = token_budget_bound(cap.max_num_seqs, cap.decode_full_per_step_requests)
+    if d_full is None or cap.max_num_seqs is None or lim.method is None:
+        return []
+    k = lim.num_speculative_tokens
+    if k is None:
+        k = next(
+            (
+                mw.server.num_speculative_tokens
+                for w in t.windows.values()
+                for mw in w.values()
+                if mw.server.num_speculative_tokens is not None
+            ),
+            None,
+        )
+    if k is None:
+        return []
+    slots = method_slots(
+        lim.method,
+        k,
+        parallel_drafting=lim.parallel_drafting,
+        regime=regime_for_version(lim.vllm_version),
+    ).extra_batch_slots
+    need = required_batched_tokens(cap.max_num_seqs, k, slots)
+    n = cap.max_num_seqs
+    return [
+        Alert(
+            "SpecTokenBudgetBound",
+            Severity.INFO,
+            f"max_num_batched_tokens {cap.max_num_batched_tokens} is below N {n} x "
+            f"(1 + K {k} + S {slots}) = {need}, so at most {d_full:g} requests can decode per "
+            f"step on {t.name}.",
+            f"Configuration finding for {t.name} (role {t.role.value}, method {lim.method}): "
+            f"with max_num_seqs {n} and num_speculative_tokens {k}, the token budget verifies "
+            f"full drafts for only {d_full:g} requests per step. Raise "
+            f"--max-num-batched-tokens to at least {need}, lower num_speculative_tokens, or "
+            f"lower --max-num-seqs to {d_full:g}.",
+            {"target": t.name, "role": t.role.value},
+        )
+    ]
 
 
 def _first_model(t: TargetSnapshot, window: str) -> tuple[str, Health] | None:
@@ -313,8 +379,8 @@ def _fly_gain(snap: ObserveView, s: DetectSettings) -> list[Alert]:
             f"FLy no longer raises acceptance over standard for {b[0]}.",
             f"Over {s.fly_gain_window}, FLy target {fly.name} accepts {_fmt(b[1].acceptance_rate)}"
             f" of draft tokens and standard target {std.name} {_fmt(a[1].acceptance_rate)}: a "
-            f"gain of {v:+.3f} (threshold {s.fly_gain_min:g}); FLy is lossy for almost no "
-            "speed-up.",
+            f"gain of {v:+.3f} (threshold {s.fly_gain_min:g}): FLy's relaxed verification buys "
+            "almost no extra acceptance.",
             {"model_name": b[0], "standard": std.name, "fly": fly.name},
         )
     ]
@@ -333,9 +399,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
         if "e_value" in found:
             out.append(_quality_alert("e_value", category, "no_net_loss", found["e_value"], summ))
         if "non_inferiority" in found:
-            out.append(
-                _quality_alert("non_inferiority", category, None, found["non_inferiority"], summ)
-            )
+            out.append(_non_inferiority_alert(category, found["non_inferiority"], summ, s))
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
         e = exp_or_inf(bet)
@@ -348,31 +412,47 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
 def _quality_alert(
     check: str, category: str, hypothesis: str | None, value: float, summ: PairedSummary | None
 ) -> Alert:
-    labels = {"check": check, "category": category}
+    """Critical: the anytime-valid e-value reached ``1/alpha``, i.e. evidence of a loss."""
+    labels = {"check": check, "category": category, "hypothesis": hypothesis or "no_net_loss"}
     counts = (
         f"lost {summ.lost}, gained {summ.gained} of {summ.n} labelled pairs"
         if summ is not None
         else "no labelled pairs summary"
     )
-    if check == "e_value":
-        labels["hypothesis"] = hypothesis or "no_net_loss"
-        text = (
-            f"Since start, the paired e-value of FLy against standard (hypothesis "
-            f"{labels['hypothesis']}, category {category}) is {value:.3g}, over its 1/alpha "
-            f"bound ({counts})."
-        )
-    else:
-        text = (
-            f"After {value:g} labelled pairs since start (category {category}), the upper "
-            f"confidence bound of FLy's net loss is still above the non-inferiority margin "
-            f"({counts})."
-        )
+    what = (
+        "FLy loses more answers than standard"
+        if labels["hypothesis"] == "no_net_loss"
+        else "FLy's net loss exceeds the non-inferiority margin"
+    )
     return Alert(
         "SpecQualityDrift",
         Severity.CRITICAL,
-        f"FLy loses answers against standard (category {category}, check {check}).",
-        text,
+        f"Evidence that {what} (category {category}): the sequential e-value crossed 1/alpha.",
+        f"Since start, the paired e-value of FLy against standard (hypothesis "
+        f"{labels['hypothesis']}, category {category}) is {value:.3g}, at or over its 1/alpha "
+        f"bound ({counts}); anytime-valid, so this is evidence of a loss, not noise.",
         labels,
+    )
+
+
+def _non_inferiority_alert(
+    category: str, value: float, summ: PairedSummary | None, s: DetectSettings
+) -> Alert:
+    """Info: non-inferiority is not shown yet; a lack of evidence, never a loss by itself."""
+    counts = (
+        f"lost {summ.lost}, gained {summ.gained} of {summ.n} labelled pairs"
+        if summ is not None
+        else "no labelled pairs summary"
+    )
+    return Alert(
+        "SpecNonInferiorityNotShown",
+        Severity.INFO,
+        f"FLy is not yet shown non-inferior to standard (category {category}).",
+        f"After {value:g} labelled pairs since start (at least {s.quality_min_pairs}), the upper "
+        f"confidence bound of FLy's net loss is still above the non-inferiority margin "
+        f"({counts}). This is a lack of evidence, not evidence of a loss: more pairs may show "
+        "non-inferiority; SpecQualityDrift fires on evidence of a loss.",
+        {"category": category},
     )
 
 
@@ -435,7 +515,8 @@ def candidates(
 
     The Python detector's check set (the rules file has the same alerts on the same evidence):
 
-    - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed); for
+    - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed);
+      ``SpecTokenBudgetBound`` (info, from configuration alone: D_full < max_num_seqs); for
       usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, else per
       engine), ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
       ``drafts_per_step``, ``draft_truncation``), ``SpecAdmissionStall``;
@@ -443,7 +524,8 @@ def candidates(
     - from ``shadow`` when given: ``SpecQualityDrift`` with ``check="e_value"`` (the
       since-start paired e-value, per category with ``hypothesis="no_net_loss"`` and the
       overall margin e-process with ``hypothesis="margin"``, reaching ``1/shadow.alpha``) and
-      ``check="non_inferiority"`` (not shown after ``quality_min_pairs`` pairs);
+      ``SpecNonInferiorityNotShown`` (info: not shown after ``quality_min_pairs`` pairs, a
+      lack of evidence, never critical);
       ``SpecFlipRateAboveNoise``; ``SpecwatchShadowStalled``;
     - ``SpecwatchLedgerFailing`` when ``ledger_errors_increase`` (ledger write errors over the
       last ``ledger_errors_window``) is > 0.
@@ -454,6 +536,7 @@ def candidates(
     out: list[Alert] = []
     for t in observe.targets.values():
         out += _target_down(t)
+        out += _budget_bound(t, settings)
         if not _usable(t):
             continue
         out += _acceptance(t, settings)

@@ -33,10 +33,14 @@ class DetectSettings(BaseModel):
     budget_drafts_per_step_ratio: float = Field(default=0.5, gt=0, le=1)
     budget_draft_length_ratio: float = Field(default=0.9, gt=0, le=1)
     budget_for: float = Field(default=900.0, ge=0)
-    # SpecAdmissionStall
-    stall_min_waiting: float = Field(default=5.0, ge=0)
-    stall_max_running: float = Field(default=2.0, ge=0)
-    stall_max_kv_cache_usage: float = Field(default=0.5, gt=0, le=1)
+    # SpecTokenBudgetBound (info): a configuration finding, reported once limits are known
+    budget_finding_for: float = Field(default=0.0, ge=0)
+    # SpecAdmissionStall: requests wait while running is far below the ceiling the limits allow
+    # (min of max_num_seqs and the token budget's R_max, most-loaded engine), the KV cache is not
+    # saturated, no request finished over rate_window and generation is near zero
+    stall_min_waiting: float = Field(default=1.0, ge=0)
+    stall_max_running_ratio: float = Field(default=0.1, gt=0, le=1)
+    stall_max_kv_cache_usage: float = Field(default=0.9, gt=0, le=1)
     stall_max_generation_tokens_per_second: float = Field(default=1.0, ge=0)
     stall_for: float = Field(default=300.0, ge=0)
     # SpecQualityDrift: the e-value bound is 1/paired.alpha (the summary's alarm), not a knob here

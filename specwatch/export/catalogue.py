@@ -84,6 +84,17 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
     "preemptions_per_second": _g(
         "specwatch_preemptions_per_second", "Preemptions per second over the window.", WINDOWED
     ),
+    "requests_finished_per_second": _g(
+        "specwatch_requests_finished_per_second",
+        "Finished requests per second over the window (vllm:request_success_total, every "
+        "finished_reason).",
+        WINDOWED,
+    ),
+    "prompt_tokens_per_second": _g(
+        "specwatch_prompt_tokens_per_second",
+        "Prompt (prefill) tokens per second over the window (vllm:prompt_tokens_total).",
+        WINDOWED,
+    ),
 }
 
 PER_POSITION = _g(

@@ -114,7 +114,8 @@ class Health:
     """Derived spec-decode and serving health over one window (vLLM's own definitions).
 
     Counts (increases over the window): ``drafts``, ``draft_tokens``, ``accepted_tokens``,
-    ``generation_tokens``, ``engine_steps``, ``preemptions``.
+    ``generation_tokens``, ``engine_steps``, ``preemptions``, ``requests_finished`` (every
+    ``finished_reason`` of ``vllm:request_success_total``).
     Ratios (``None`` when the denominator is 0 or unknown; source ``SpecDecodingLogging`` /
     ``SpecDecodingProm`` in ``vllm/v1/spec_decode/metrics.py``):
 
@@ -125,7 +126,9 @@ class Health:
     - ``per_position_conditional_acceptance_rate[i]`` = Δper_pos[i] / Δper_pos[i-1]
       (position 0: Δper_pos[0] / Δdrafts)
     - ``drafts_per_step`` = Δdrafts / Δengine_steps
-    - rates ``*_per_second`` = Δcount / ``interval_seconds``
+    - rates ``*_per_second`` = Δcount / ``interval_seconds`` (``requests_finished_per_second``
+      from ``vllm:request_success_total``, ``prompt_tokens_per_second`` from
+      ``vllm:prompt_tokens_total``)
     - ``inter_token_latency_seconds`` / ``time_to_first_token_seconds``: quantile → seconds, from
       bucket increases with PromQL ``histogram_quantile`` interpolation.
 
@@ -142,6 +145,7 @@ class Health:
     generation_tokens: float | None = None
     engine_steps: float | None = None
     preemptions: float | None = None
+    requests_finished: float | None = None
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     mean_draft_length: float | None = None
@@ -154,6 +158,8 @@ class Health:
     drafts_per_step: float | None = None
     engine_steps_per_second: float | None = None
     preemptions_per_second: float | None = None
+    requests_finished_per_second: float | None = None
+    prompt_tokens_per_second: float | None = None
     inter_token_latency_seconds: Mapping[float, float | None] = field(default_factory=dict)
     time_to_first_token_seconds: Mapping[float, float | None] = field(default_factory=dict)
     num_requests_running: float | None = None
