@@ -39,6 +39,8 @@ class Engine:
     running: float = 4.0
     waiting: float = 0.0
     kv: float = 0.2
+    finished_per_s: float = 2.0
+    finished: float = 0.0
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
@@ -52,6 +54,7 @@ class Engine:
         self.accepted += self.accepted_per_s * dt
         self.generation += self.generation_per_s * dt
         self.steps += self.steps_per_s * dt
+        self.finished += self.finished_per_s * dt
         if not self.per_pos:
             self.per_pos = [0.0] * self.k
         # spread accepted tokens over positions, earlier positions first (sums to accepted)
@@ -125,6 +128,11 @@ def page(engines: Mapping[str, Engine], start_time: float = 1.7e9) -> str:
             f"vllm:num_requests_waiting{{{lab}}} {eng.waiting}",
         )
         add("vllm:kv_cache_usage_perc", "gauge", f"vllm:kv_cache_usage_perc{{{lab}}} {eng.kv}")
+        add(
+            "vllm:request_success",
+            "counter",
+            f'vllm:request_success_total{{{lab},finished_reason="stop"}} {eng.finished}',
+        )
     lines = [
         "# TYPE process_start_time_seconds gauge",
         f"process_start_time_seconds {start_time}",
@@ -312,7 +320,8 @@ def test_no_drafts_counter_at_all_fires_nothing() -> None:
 def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     """mtp, K = 7, B = 4096, N = 1024: D_full = 4096 // (1 + 7) = 512 < 1024. Running steady at
     512 with 300 waiting, full drafts (ℓ = 7), KV 35%: SpecBudgetStarvation{reason=budget_cap}
-    with the configuration finding (B ≥ 1024 · 8 = 8192); no SpecAdmissionStall, nothing else."""
+    with the configuration finding (B ≥ 1024 · 8 = 8192), and the info-level
+    SpecTokenBudgetBound from configuration; no SpecAdmissionStall, nothing else."""
     s = no_for(acceptance_short_window="1m", rate_window="1m")
     target = TargetSettings(
         name="standard",
@@ -343,8 +352,13 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     assert h.drafts_per_step == pytest.approx(512.0)
     assert h.mean_draft_length == pytest.approx(7.0)
     fired = evaluate(snap, None, s, sim.t)
-    assert _names(fired) == ["SpecBudgetStarvation"]
-    (alert,) = fired
+    assert _names(fired) == ["SpecTokenBudgetBound", "SpecBudgetStarvation"]
+    finding, alert = fired
+    assert finding.severity is Severity.INFO
+    assert finding.summary == (
+        "max_num_batched_tokens 4096 is below N 1024 x (1 + K 7 + S 0) = 8192, so at most 512 "
+        "requests can decode per step on standard."
+    )
     assert dict(alert.labels) == {
         "target": "standard",
         "role": "standard",
@@ -357,21 +371,44 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
 
 
 def test_stall_fires_on_a_real_stall() -> None:
-    """The same server admitting nothing (2 running, 40 waiting, no tokens) is a stall."""
+    """A server admitting nothing relative to its capacity: 4 of max_num_seqs 256 running
+    (4/256 = 0.015625 <= 0.1), 492 waiting, KV 20 %, no tokens, no request finishing — the
+    public report's numbers — is a stall; the same server with requests finishing is not."""
     s = no_for(rate_window="1m")
     eng = Engine(
         drafts_per_s=0,
         accepted_per_s=0,
         generation_per_s=0,
         steps_per_s=1,
-        running=2,
-        waiting=40,
-        kv=0.05,
+        running=4,
+        waiting=492,
+        kv=0.2,
+        finished_per_s=0,
     )
+    target = TargetSettings(name="fly", url="http://h:1", max_num_seqs=256)
+    sim = Sim(target, {"0": eng}, WINDOWS)
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+    fired = evaluate(snap, None, s, sim.t)
+    assert _names(fired) == ["SpecAdmissionStall"]
+    assert "runs 4 of the 256 its limits allow (1.56%)" in fired[0].description
+    eng.finished_per_s = 0.5
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+    assert evaluate(snap, None, s, sim.t) == []
+
+
+def test_no_stall_without_max_num_seqs() -> None:
+    """Without max_num_seqs the ceiling is unknown: no stall is claimed (no absolute count)."""
+    s = no_for(rate_window="1m")
+    eng = Engine(
+        drafts_per_s=0, accepted_per_s=0, generation_per_s=0, running=0, waiting=40, kv=0.05
+    )
+    eng.finished_per_s = 0
     sim = Sim(TargetSettings(name="fly", url="http://h:1"), {"0": eng}, WINDOWS)
     for _ in range(8):
         snap = sim.scrape(10.0)
-    assert _names(evaluate(snap, None, s, sim.t)) == ["SpecAdmissionStall"]
+    assert "SpecAdmissionStall" not in _names(evaluate(snap, None, s, sim.t))
 
 
 def test_stale_or_down_target_fires_no_acceptance_alert() -> None:
@@ -424,9 +461,9 @@ def _shadow(tallies: Mapping[str, Mapping[str, PairTally]]) -> ShadowStats:
 
 
 def test_quality_and_flip_from_shadow_stats() -> None:
-    """FLy loses 40 and gains 5 of 215 math pairs: the e-value and non-inferiority checks fire
-    for `math` and `_all`; flips 40/200 against noise 10/200 give z = 0.15 / sqrt(0.125 · 0.875 ·
-    0.01) = 4.54 ≥ 3.09."""
+    """FLy loses 40 and gains 5 of 215 math pairs: the e-value (critical, evidence) and the
+    info-level non-inferiority state fire for `math` and `_all`; flips 40/200 against noise
+    10/200 give z = 0.15 / sqrt(0.125 · 0.875 · 0.01) = 4.54 ≥ 3.09."""
     s = no_for()
     bad = PairTally(
         both_correct=150,
@@ -449,10 +486,7 @@ def test_quality_and_flip_from_shadow_stats() -> None:
             )
             for c in ("_all", "math")
         ]
-        + [
-            ("SpecQualityDrift", (("category", c), ("check", "non_inferiority")))
-            for c in ("_all", "math")
-        ]
+        + [("SpecNonInferiorityNotShown", (("category", c),)) for c in ("_all", "math")]
         + [("SpecFlipRateAboveNoise", (("category", "_all"),))]
     )
     fine = PairTally(
@@ -490,10 +524,9 @@ def test_e_value_bound_is_one_over_paired_alpha() -> None:
 def test_for_seconds_by_alert_and_check() -> None:
     s = DetectSettings()
     get = for_seconds(s)
-    assert (
-        get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "non_inferiority"}))
-        == 900.0
-    )
+    """Each alert's `for` comes from its settings field."""
+    assert get(Alert("SpecNonInferiorityNotShown", Severity.INFO, "", "")) == 900.0
+    assert get(Alert("SpecTokenBudgetBound", Severity.INFO, "", "")) == 0.0
     assert get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "e_value"})) == 300.0
     assert get(Alert("SpecwatchTargetDown", Severity.WARNING, "", "")) == 300.0
 

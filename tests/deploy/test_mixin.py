@@ -51,6 +51,8 @@ EXPECTED_ALERTS = {
     "SpecwatchTargetDown",
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
+    "SpecNonInferiorityNotShown",
+    "SpecTokenBudgetBound",
 }
 
 
@@ -252,7 +254,9 @@ class TestThresholdsDefinedOnce:
         assert "ratio_rate1h < 0.8\n" in drop["expr"]
         assert drop["for"] == "10m"
         quality = {r["labels"]["check"]: r for r in by_name["SpecQualityDrift"]}
-        assert set(quality) == {"e_value", "non_inferiority"}
+        assert set(quality) == {"e_value"}
+        (ni,) = by_name["SpecNonInferiorityNotShown"]
+        assert ni["labels"] == {"severity": "info"}
         assert quality["e_value"]["expr"] == 'specwatch_paired_e_value{window="since_start"} >= 20'
         (fleet,) = by_name["SpecQualityDriftFleet"]
         assert 'mcnemar_z:increase1h{arm="fly"} >= 3.09\n' in fleet["expr"]
@@ -352,7 +356,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 44 rules found") == 3
+    assert out.stdout.count("SUCCESS: 45 rules found") == 3
 
 
 @pytest.mark.promtool
