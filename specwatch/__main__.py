@@ -19,6 +19,7 @@ from specwatch import __version__
 COMMANDS: tuple[str, ...] = (
     "run",
     "analyze",
+    "replay",
     "simulate",
     "demo",
     "paired_test",

@@ -138,6 +138,7 @@ def _drop_alert(
         f"{_fmt(b.mean_acceptance_length)} in the baseline: {value:.0%} of it (threshold "
         f"{s.acceptance_drop_ratio:.0%}).",
         labels,
+        value=value,
     )
 
 
@@ -157,6 +158,7 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                     f"over {s.rate_window} with speculative decoding configured (K {k}), but "
                     "not one draft was verified.",
                     _base(t, model),
+                    value=v,
                 )
             )
     return out
@@ -260,6 +262,7 @@ def _budget_alert(
         summary,
         text + _budget_finding(t, k),
         labels,
+        value=value,
     )
 
 
@@ -302,6 +305,7 @@ def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                     f"{s.rate_window} and generation is "
                     f"{_fmt(h.generation_tokens_per_second)} tokens/s.",
                     _base(t, model),
+                    value=v,
                 )
             )
     return out
@@ -347,6 +351,7 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             f"--max-num-batched-tokens to at least {need}, lower num_speculative_tokens, or "
             f"lower --max-num-seqs to {d_full:g}.",
             {"target": t.name, "role": t.role.value},
+            value=d_full,
         )
     ]
 
@@ -382,6 +387,7 @@ def _fly_gain(snap: ObserveView, s: DetectSettings) -> list[Alert]:
             f"gain of {v:+.3f} (threshold {s.fly_gain_min:g}): FLy's relaxed verification buys "
             "almost no extra acceptance.",
             {"model_name": b[0], "standard": std.name, "fly": fly.name},
+            value=v,
         )
     ]
 
@@ -432,6 +438,7 @@ def _quality_alert(
         f"{labels['hypothesis']}, category {category}) is {value:.3g}, at or over its 1/alpha "
         f"bound ({counts}); anytime-valid, so this is evidence of a loss, not noise.",
         labels,
+        value=value,
     )
 
 
@@ -453,6 +460,7 @@ def _non_inferiority_alert(
         f"({counts}). This is a lack of evidence, not evidence of a loss: more pairs may show "
         "non-inferiority; SpecQualityDrift fires on evidence of a loss.",
         {"category": category},
+        value=value,
     )
 
 
@@ -475,6 +483,7 @@ def _flip(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
             f"{t.paired} pairs and the noise arm's in {t.noise_disagree} of {noise_n}: "
             f"two-proportion z {z:.3g} (threshold {s.flip_z:g}).",
             {"category": OVERALL},
+            value=z,
         )
     ]
 
@@ -500,6 +509,7 @@ def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -
             f"The watched servers generate {sum(known):.3g} tokens/s but specwatch completed "
             f"no shadow pair over {s.shadow_stalled_window}; quality drift cannot be detected.",
             {},
+            value=sum(known),
         )
     ]
 
@@ -557,6 +567,7 @@ def candidates(
                 f"{ledger_errors_increase:g} ledger writes failed in the last "
                 f"{settings.ledger_errors_window:g} s; paired statistics stop advancing.",
                 {},
+                value=ledger_errors_increase,
             )
         )
     return out
