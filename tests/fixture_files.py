@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.fakes import REPO
 
-FIXTURES = REPO / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def body(name: str) -> str:
