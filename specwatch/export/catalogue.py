@@ -166,6 +166,12 @@ TARGET_STALE = _g(
     "families missing).",
     ("target",),
 )
+INVALID_VALUES = _c(
+    "specwatch_invalid_values",
+    "Good pages on which a derived value was withheld because it cannot be right, by reason "
+    "(acceptance_above_one, tau_above_k_plus_one, draft_length_above_k, negative_rate).",
+    ("target", "reason"),
+)
 COUNTER_RESETS = _c(
     "specwatch_engine_resets", "Engine counter resets (restarts) detected.", ("target", "engine")
 )
@@ -227,6 +233,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     LAST_SUCCESS,
     TARGET_STALE,
     COUNTER_RESETS,
+    INVALID_VALUES,
     *WINDOW_GAUGES.values(),
     PER_POSITION,
     PER_POSITION_CONDITIONAL,

@@ -53,6 +53,9 @@ def health_json(h: Health) -> dict[str, Any]:
             "drafts_per_step": h.drafts_per_step,
             "engine_steps_per_second": h.engine_steps_per_second,
             "preemptions_per_second": h.preemptions_per_second,
+            "requests_finished": h.requests_finished,
+            "requests_finished_per_second": h.requests_finished_per_second,
+            "prompt_tokens_per_second": h.prompt_tokens_per_second,
             "inter_token_latency_seconds": {
                 str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
             },
@@ -63,6 +66,7 @@ def health_json(h: Health) -> dict[str, Any]:
             "num_requests_waiting": h.num_requests_waiting,
             "num_requests_waiting_by_reason": dict(h.num_requests_waiting_by_reason),
             "kv_cache_usage": h.kv_cache_usage,
+            "withheld": list(h.withheld),
         }
     )
     return doc

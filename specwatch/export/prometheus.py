@@ -31,6 +31,7 @@ from specwatch.export.catalogue import (
     BUILD_INFO,
     CAPACITY_GAUGES,
     COUNTER_RESETS,
+    INVALID_VALUES,
     ITL,
     LAST_SUCCESS,
     LATEST_GAUGES,
@@ -51,7 +52,13 @@ from specwatch.export.catalogue import (
     MetricSpec,
 )
 from specwatch.export.snapshot import SnapshotGetter
-from specwatch.observe.values import QUANTILES, Health, PairView, TargetSnapshot
+from specwatch.observe.values import (
+    INVALID_REASONS,
+    QUANTILES,
+    Health,
+    PairView,
+    TargetSnapshot,
+)
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
@@ -192,6 +199,8 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     fam.add(TARGET_STALE, (t.name,), t.stale)
     for engine, n in sorted(t.counter_resets.items()):
         fam.add(COUNTER_RESETS, (t.name, engine), n)
+    for reason in INVALID_REASONS:
+        fam.add(INVALID_VALUES, (t.name, reason), t.invalid_values.get(reason, 0))
     for window, models in t.windows.items():
         for model, mw in models.items():
             base = (t.name, role, model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import accumulate
 
 from specwatch.observe.values import (
@@ -117,7 +118,7 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         return _div(c.get(name), interval)
 
     g = delta.gauges
-    return Health(
+    h = Health(
         interval_seconds=interval,
         drafts=drafts,
         draft_tokens=draft_tokens,
@@ -147,6 +148,66 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         num_requests_waiting_by_reason=dict(delta.waiting_by_reason),
         kv_cache_usage=g.get("kv_cache_usage"),
     )
+    return withhold_invalid(h)
+
+
+_COUNT_FIELDS = (
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "generation_tokens",
+    "engine_steps",
+    "preemptions",
+    "requests_finished",
+)
+_RATE_FIELDS = (
+    "generation_tokens_per_second",
+    "accepted_tokens_per_second",
+    "drafts_per_second",
+    "drafts_per_step",
+    "engine_steps_per_second",
+    "preemptions_per_second",
+    "requests_finished_per_second",
+    "prompt_tokens_per_second",
+)
+
+
+def withhold_invalid(h: Health) -> Health:
+    """``h`` with every value that cannot be right set to ``None`` and its reason recorded in
+    ``withheld``: α > 1 (``acceptance_above_one``; per-position rates above 1 too), τ > K + 1
+    (``tau_above_k_plus_one``), ℓ > K (``draft_length_above_k``), a negative count or rate
+    (``negative_rate``). K unknown: τ and ℓ are not judged. Returns ``h`` itself when valid."""
+    changes: dict[str, object] = {}
+    reasons: set[str] = set()
+    eps = 1e-9
+    if h.acceptance_rate is not None and h.acceptance_rate > 1 + eps:
+        changes["acceptance_rate"] = None
+        reasons.add("acceptance_above_one")
+    if any(v is not None and v > 1 + eps for v in h.per_position_acceptance_rate):
+        changes["per_position_acceptance_rate"] = tuple(
+            None if v is not None and v > 1 + eps else v for v in h.per_position_acceptance_rate
+        )
+        reasons.add("acceptance_above_one")
+    k = h.num_speculative_tokens
+    tau = h.mean_acceptance_length
+    if k is not None and tau is not None and tau > k + 1 + eps:
+        changes["mean_acceptance_length"] = None
+        reasons.add("tau_above_k_plus_one")
+    ell = h.mean_draft_length
+    if k is not None and ell is not None and ell > k + eps:
+        changes["mean_draft_length"] = None
+        reasons.add("draft_length_above_k")
+    for name in (*_COUNT_FIELDS, *_RATE_FIELDS):
+        v = getattr(h, name)
+        if v is not None and v < 0:
+            changes[name] = None
+            reasons.add("negative_rate")
+    if tau is not None and tau < 1:
+        changes["mean_acceptance_length"] = None
+        reasons.add("negative_rate")
+    if not reasons:
+        return h
+    return replace(h, withheld=tuple(sorted(reasons)), **changes)  # type: ignore[arg-type]
 
 
 def _sum_opt(values: Iterable[float | None]) -> float | None:

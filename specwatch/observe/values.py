@@ -136,6 +136,8 @@ class Health:
     ``num_requests_waiting_by_reason`` (a breakdown of waiting, not added to it),
     ``kv_cache_usage`` (fraction 0..1; mean over engines in a server view).
     ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
+    ``withheld``: reasons (:data:`INVALID_REASONS`, sorted) for values set to ``None`` because
+    they cannot be right (α > 1, τ > K + 1, ℓ > K, a negative count or rate); empty normally.
     """
 
     interval_seconds: float | None = None
@@ -166,6 +168,18 @@ class Health:
     num_requests_waiting: float | None = None
     num_requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
     kv_cache_usage: float | None = None
+    withheld: tuple[str, ...] = ()
+
+
+#: Why a derived value was withheld (``None``) instead of published: numbers that cannot be
+#: right. ``acceptance_above_one``: α > 1; ``tau_above_k_plus_one``: τ > K + 1;
+#: ``negative_rate``: a negative count or rate; ``draft_length_above_k``: ℓ > K.
+INVALID_REASONS: tuple[str, ...] = (
+    "acceptance_above_one",
+    "draft_length_above_k",
+    "negative_rate",
+    "tau_above_k_plus_one",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +231,9 @@ class TargetSnapshot:
     ``up``: last scrape succeeded. ``stale``: the values shown are the last good ones (last scrape
     failed, or families seen before are missing now). ``ready``: at least one good scrape.
     ``windows[window][model_name]`` → :class:`ModelWindow`. ``scrape_errors`` maps reason → count;
-    ``counter_resets`` maps engine → count. ``missing_families``: allow-listed families seen on an
+    ``counter_resets`` maps engine → count. ``invalid_values`` maps a reason of
+    :data:`INVALID_REASONS` → good pages on which some derived value was withheld for it.
+    ``missing_families``: allow-listed families seen on an
     earlier page but absent from the latest good one.
     """
 
@@ -232,6 +248,7 @@ class TargetSnapshot:
     scrapes_total: int = 0
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     counter_resets: Mapping[str, int] = field(default_factory=dict)
+    invalid_values: Mapping[str, int] = field(default_factory=dict)
     missing_families: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
