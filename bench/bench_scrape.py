@@ -8,8 +8,11 @@ same page padded to about 1 MB with series specwatch does not read (API-server `
 for 320 handlers), as on a busy server with many families.
 Every call gets a new page whose counters grew since the previous one (as consecutive scrapes
 of a busy server), so the labels memo of ``parse_page`` is measured in its steady state, and also
-cold (memo cleared before the call). The reference and specwatch run interleaved in each round
-on the same page; CPU time is ``time.process_time`` of one call, median of ``--repeat`` rounds.
+cold (every memo cleared before the call: ``parse_mod.clear_memo``). The reference and specwatch
+run interleaved in each round on the same page; a cold ``parse_page`` alone is timed too (the
+parse without the window update and health, the part this module owns), and cold without the
+shapes seeded at import (``clear_memo(seed=False)``: a page whose label shapes vLLM does not
+write). CPU time is ``time.process_time`` of one call, median of ``--repeat`` rounds.
 """
 
 from __future__ import annotations
@@ -104,9 +107,9 @@ def drift_real(drift: int) -> str:
 
 
 def clear_memo() -> None:
-    """Forget every memoised labels part and TYPE line (a cold parse, as at the first scrape)."""
-    parse_mod._SERIES_MEMO.clear()
-    parse_mod._TYPE_OK.clear()
+    """Forget every memoised labels part, shape and TYPE line (a cold parse, as at the first
+    scrape)."""
+    parse_mod.clear_memo()
 
 
 def load_parse_page(rev: str) -> Callable[[str], PageReading]:
@@ -168,6 +171,8 @@ def bench(
     cold: list[float] = []
     steady: list[float] = []
     parse_only: list[float] = []
+    parse_cold: list[float] = []
+    parse_unseeded: list[float] = []
     size = len(make(0).encode())
     for _ in range(repeat):
         page = next_page()
@@ -190,12 +195,24 @@ def bench(
         start = time.process_time()
         parse_page(page)
         parse_only.append(time.process_time() - start)
+        page = next_page()
+        clear_memo()
+        start = time.process_time()
+        parse_page(page)
+        parse_cold.append(time.process_time() - start)
+        page = next_page()
+        parse_mod.clear_memo(seed=False)
+        start = time.process_time()
+        parse_page(page)
+        parse_unseeded.append(time.process_time() - start)
     r = {
         "bytes": size,
         "full": statistics.median(full),
         "cold": statistics.median(cold),
         "steady": statistics.median(steady),
         "parse": statistics.median(parse_only),
+        "parse_cold": statistics.median(parse_cold),
+        "parse_unseeded": statistics.median(parse_unseeded),
     }
     if old:
         r["before"] = statistics.median(old)
@@ -205,7 +222,10 @@ def bench(
         f"{name:>14}: {size / 1024:6.1f} KiB  full parse {r['full'] * 1e3:7.2f} ms  "
         f"cycle cold {r['cold'] * 1e3:6.2f} ms ({r['full'] / r['cold']:4.1f}x)  "
         f"steady {r['steady'] * 1e3:6.2f} ms ({r['full'] / r['steady']:4.1f}x)  "
-        f"[steady parse {r['parse'] * 1e3:5.2f} ms]"
+        f"[steady parse {r['parse'] * 1e3:5.2f} ms ({r['full'] / r['parse']:4.1f}x)  "
+        f"cold parse {r['parse_cold'] * 1e3:5.2f} ms ({r['full'] / r['parse_cold']:4.1f}x)  "
+        f"unseeded {r['parse_unseeded'] * 1e3:5.2f} ms "
+        f"({r['full'] / r['parse_unseeded']:4.1f}x)]"
     )
     return r
 

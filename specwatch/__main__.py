@@ -3,12 +3,18 @@
 Each subcommand lives in its own module under :mod:`specwatch.cli` and exposes
 ``add_parser(subparsers) -> None`` and ``main(args: argparse.Namespace) -> int``.
 A module that is not importable (an optional extra missing) is skipped with a note.
+
+Start-up is kept short: :func:`main` imports only the module of the subcommand on the command
+line (its statistics, plotting or simulator stacks load with it, not before); the other
+subcommands appear in ``--help`` from :data:`HELP`, without importing their modules. ``--version``
+and ``--help`` import no subcommand module at all (``bench/bench_startup.py`` measures it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Protocol, cast
@@ -20,12 +26,38 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "analyze",
     "replay",
+    "advise",
     "simulate",
     "demo",
     "paired_test",
     "power",
     "report",
 )
+
+#: Subcommand module → (command name, one-line help), exactly as the module's ``add_parser``
+#: registers it (a test checks they agree), so ``--help`` lists every command without imports.
+HELP: dict[str, tuple[str, str]] = {
+    "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
+    "analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
+    "replay": ("replay", "run every detector over saved /metrics timelines (offline)"),
+    "simulate": (
+        "simulate",
+        "run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",
+    ),
+    "demo": (
+        "demo",
+        "run a simulated standard + FLy pair with live traffic and the sidecar (no GPU)",
+    ),
+    "paired_test": (
+        "paired-test",
+        "exact McNemar + non-inferiority on per-item correctness of two runs",
+    ),
+    "power": (
+        "power",
+        "questions needed to detect a net accuracy loss with a paired McNemar test",
+    ),
+    "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
+}
 
 
 class _CommandModule(Protocol):
@@ -36,8 +68,19 @@ class _CommandModule(Protocol):
     def main(self, args: argparse.Namespace) -> int: ...
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every available subcommand."""
+def _import_command(name: str) -> _CommandModule | None:
+    """The module ``specwatch.cli.<name>``; ``None`` when it does not exist (not built yet)."""
+    try:
+        return cast(_CommandModule, importlib.import_module(f"specwatch.cli.{name}"))
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("specwatch.cli"):
+            return None
+        raise
+
+
+def _top_parser() -> tuple[
+    argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]
+]:
     parser = argparse.ArgumentParser(
         prog="specwatch",
         description=(
@@ -46,21 +89,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, sub
+
+
+def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
+    """Build the top-level parser.
+
+    ``load``: ``"*"`` (default) imports every subcommand module and registers its full parser;
+    a module name from :data:`COMMANDS` imports only that one; ``None`` imports none. A command
+    whose module is not imported gets a stub entry (name and help from :data:`HELP`, so
+    ``--help`` lists it the same way), which is only valid for listing, never for parsing its
+    arguments. Modules that do not exist are left out.
+    """
+    parser, sub = _top_parser()
     for name in COMMANDS:
-        try:
-            module = cast(_CommandModule, importlib.import_module(f"specwatch.cli.{name}"))
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.startswith("specwatch.cli"):
-                continue  # subcommand not built yet
-            raise
-        module.add_parser(sub)
+        if load == "*" or load == name:
+            module = _import_command(name)
+            if module is not None:
+                module.add_parser(sub)
+            continue
+        if importlib.util.find_spec(f"specwatch.cli.{name}") is None:
+            continue  # subcommand not built yet
+        command, help_text = HELP[name]
+        sub.add_parser(command, help=help_text)
     return parser
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The module name of the subcommand ``argv`` names, or ``None`` (no command, ``--help``,
+    ``--version``, an unknown word). The top-level parser has no options taking values, so the
+    first argument not starting with ``-`` is the command word."""
+    by_command = {command: name for name, (command, _) in HELP.items()}
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return by_command.get(arg)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(load=chosen_command(args_list))
+    args = parser.parse_args(args_list)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fakes import REPO
+
 HEAVY = ("aiohttp", "scipy", "rapidfuzz", "pydantic_settings")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import math
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,8 +20,9 @@ from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.stats import paired
 from specwatch.shadow.stats.paired import PairedCounts
 from specwatch.simulate import config as sim_config
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PKG = ROOT / "specwatch"
 
 

@@ -6,13 +6,13 @@ import re
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import pytest
 
 from specwatch import __version__
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def readme_bash_blocks() -> list[str]:

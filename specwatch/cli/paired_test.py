@@ -2,7 +2,8 @@
 
 BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files of rows
 ``{"id": ..., "correct": 0|1}`` over the same items. Exit 0 with the result, 2 on bad input
-(one line on stderr).
+(one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which each
+e-process first reached 1/alpha (null when never).
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.stats.paired import (
@@ -24,7 +29,11 @@ from specwatch.shadow.stats.paired import (
     net_loss_ratio,
     non_inferiority_test,
 )
-from specwatch.shadow.stats.sequential import beta_binomial_log_e_value
+from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
+    beta_binomial_log_e_values,
+    net_loss_mixture_log_e_values,
+)
 
 
 class InputError(ValueError):
@@ -102,16 +111,58 @@ def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
     return PairedCounts(both_correct=cells[0], lost=cells[1], gained=cells[2], both_wrong=cells[3])
 
 
-def paired_report(counts: PairedCounts, margin: float, alpha: float) -> dict[str, Any]:
-    """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value."""
+def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
+    """Per pair in BASE file order, ``d = lost - gained``: 1 lost, -1 gained, 0 concordant.
+
+    Call after :func:`pair_outcomes` (which checks that the id sets match).
+    """
+    return [int(b) - int(cand[item]) for item, b in base.items()]
+
+
+def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, int | None]:
+    """The 1-based pair at which each e-process first reached ``1/alpha`` (``None``: never).
+
+    ``no_net_loss``: the focused mixture ``specwatch run`` uses (detect_net_loss 0.02);
+    ``no_net_loss_beta_binomial``: the uniform-prior mixture behind ``e_value``;
+    ``margin``: the betting e-process for net loss <= ``margin``. Pairs in the order given.
+    """
+    threshold = -math.log(alpha)
+    lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
+    gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
+
+    def first(path: npt.NDArray[np.float64]) -> int | None:
+        hit = np.flatnonzero(path >= threshold)
+        return int(hit[0]) + 1 if hit.size else None
+
+    state = BettingEProcess(margin=margin)
+    betting: int | None = None
+    for i, x in enumerate(d, start=1):
+        state = state.update(x)
+        if betting is None and state.log_wealth >= threshold:
+            betting = i
+    return {
+        "no_net_loss": first(net_loss_mixture_log_e_values(lost, gained)) if d else None,
+        "no_net_loss_beta_binomial": first(beta_binomial_log_e_values(lost, gained)) if d else None,
+        "margin": betting,
+    }
+
+
+def paired_report(
+    counts: PairedCounts, margin: float, alpha: float, d: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value.
+
+    With ``d`` (see :func:`pair_sequence`) it also has ``first_crossing`` (see
+    :func:`first_crossings`).
+    """
     ci = net_loss_ci(counts, level=1.0 - alpha)
     ni = non_inferiority_test(counts, margin=margin, alpha=alpha)
-    log_e = beta_binomial_log_e_value(counts.lost, counts.gained)
+    log_e = float(beta_binomial_log_e_values(counts.lost, counts.gained))
 
     def num(x: float) -> float | None:
         return None if math.isnan(x) else x
 
-    return {
+    out: dict[str, Any] = {
         "n": counts.n,
         "both_correct": counts.both_correct,
         "lost": counts.lost,
@@ -137,6 +188,9 @@ def paired_report(counts: PairedCounts, margin: float, alpha: float) -> dict[str
         },
         "e_value": exp_or_inf(log_e),
     }
+    if d is not None:
+        out["first_crossing"] = first_crossings(d, margin, alpha)
+    return out
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -165,6 +219,8 @@ def _table(report: dict[str, Any]) -> str:
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
         ("e-value (loss)", f"{report['e_value']:.3g}"),
     ]
+    for name, pair in report.get("first_crossing", {}).items():
+        lines.append((f"first crossing ({name})", "never" if pair is None else f"pair {pair}"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
@@ -196,10 +252,11 @@ def main(args: argparse.Namespace) -> int:
             raise InputError("--margin must be in [0, 1)")
         if not 0.0 < args.alpha < 0.5:
             raise InputError("--alpha must be in (0, 0.5)")
-        counts = pair_outcomes(read_outcomes(args.base), read_outcomes(args.cand))
+        base, cand = read_outcomes(args.base), read_outcomes(args.cand)
+        counts = pair_outcomes(base, cand)
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)
         return 2
-    report = paired_report(counts, args.margin, args.alpha)
+    report = paired_report(counts, args.margin, args.alpha, pair_sequence(base, cand))
     print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
     return 0

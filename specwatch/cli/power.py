@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from specwatch.shadow.stats.power import questions_needed
-
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``power``."""
@@ -36,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def main(args: argparse.Namespace) -> int:
     """Print ``questions_needed``; 2 on out-of-range input."""
+    from specwatch.shadow.stats.power import questions_needed  # scipy loads only here
+
     try:
         n = questions_needed(args.net_loss, args.discordant, alpha=args.alpha, power=args.power)
     except ValueError as exc:

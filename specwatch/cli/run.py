@@ -14,12 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
-from specwatch.server.app import build_app
-from specwatch.server.wiring import alerting_components, shadow_components
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
 from specwatch.shadow.ledger import check_openable
@@ -132,6 +128,12 @@ def preflight(settings: Settings) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
+    # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from aiohttp import web
+
+    from specwatch.server.app import build_app
+    from specwatch.server.wiring import alerting_components, shadow_components
+
     try:
         settings = settings_from_args(args)
         if not settings.targets:

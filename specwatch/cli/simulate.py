@@ -12,12 +12,12 @@ import contextlib
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from specwatch.simulate import faults as faults_mod
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
-from specwatch.simulate.server import SimServer
+
+if TYPE_CHECKING:
+    from specwatch.simulate.server import SimServer
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,6 +129,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def _serve(server: SimServer, host: str, port: int) -> None:
+    from aiohttp import web  # the server stack loads only when serving
+
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -151,6 +153,10 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # The simulator's server stack (aiohttp, numpy) loads only here.
+    from specwatch.simulate import faults as faults_mod
+    from specwatch.simulate.server import SimServer
+
     try:
         cfg = config_from_args(args)
         server_faults: dict[str, object] = json.loads(args.faults) if args.faults else {}

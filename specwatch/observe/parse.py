@@ -11,7 +11,10 @@ Between scrapes the labels part of each kept series (``name{...}`` exactly as on
 memoised with what prometheus_client parsed from it, and on later pages only the value text of
 such a line is parsed, by prometheus_client's own value parser: same result as parsing the whole
 line, at a fraction of the cost, since label parsing is most of the parser's time (see
-:func:`_records_text` and ``docs/benchmarks.md``). New series always go through the full parser.
+:func:`_records_fast` and ``docs/benchmarks.md``). A new series whose labels part has the *shape*
+of one parsed before (same text outside the quoted label values, :func:`_shape`) takes that
+line's label names with its own quoted values, so a cold page costs one library parse per shape;
+the shapes vLLM writes are learnt at import. Any error sends the page through the whole parse.
 
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
 series is treated as absent. Values and labels no vLLM page carries (±Inf, negative counters,
@@ -377,6 +380,38 @@ _PLACEHOLDER = _Series(("", ()), {}, FAMILIES[0], "", ("", ""))
 #: TYPE lines of kept families that prometheus_client already accepted (a TYPE line's validity
 #: depends on that line only).
 _TYPE_OK: set[str] = set()
+#: Memo of sample line shapes (:func:`_shape`) → (sample name, label names in order), taken
+#: from a whole line prometheus_client parsed. Bounded; cleared when full.
+_SHAPE_MEMO: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+
+def _accepted_type_lines() -> frozenset[str]:
+    """The canonical TYPE line of every allow-listed family (``# TYPE <name> <type>``, as vLLM's
+    prometheus_client writes them), each accepted by prometheus_client's parser at import: a
+    page whose TYPE lines are these has none parsed again (a TYPE line's validity depends on
+    that line only). Lines the fast path never sees (counters without ``_total``) are left out."""
+    out: set[str] = set()
+    for fam in FAMILIES:
+        line = f"# TYPE {fam.name} {fam.kind}"
+        if _renames(line):
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue
+        out.add(line)
+    return frozenset(out)
+
+
+def clear_memo(*, seed: bool = True) -> None:
+    """Forget every memoised labels part, shape and TYPE line: the next parse is cold, as the
+    first scrape of a process (``seed``: with the shapes of vLLM's own pages memoised, as at
+    import; ``False``: none, as a page of shapes vLLM does not write)."""
+    _SERIES_MEMO.clear()
+    _SHAPE_MEMO.clear()
+    _TYPE_OK.clear()
+    if seed:
+        _seed_shapes()
 
 
 def _malformed(exc: Exception, body: str, kept: list[str], index: int | None) -> ParseError:
@@ -390,83 +425,196 @@ def _malformed(exc: Exception, body: str, kept: list[str], index: int | None) ->
 def _records_text(body: str) -> list[tuple[_Series, float]]:
     """(series, value) of the kept sample lines of a plain-text page, in page order.
 
-    Every kept line is parsed by prometheus_client: a line whose labels part (``name{...}``, up
-    to its last ``}``) was parsed before from a whole line by ``text_string_to_metric_families``
-    reuses that result and has only its value part parsed, by the same library function the
-    parser applies to the text after the labels (``_parse_value_and_timestamp``); all other
-    kept lines (new series, lines without labels, TYPE lines not seen before) go through
-    ``text_string_to_metric_families`` together. The result is the same as parsing all kept
-    lines at once: the labels part is scanned left to right, so its end and its labels do not
-    depend on what follows, and a memo entry is only made from a line whose value parsed as a
-    single token (so no ``}`` follows the labels part). The one context effect of the text
-    parser, renaming the samples of a ``counter`` TYPE whose name lacks ``_total``, cannot be
-    reproduced line by line: a page with such a kept TYPE line is parsed whole, without memo.
+    Every kept line is parsed by prometheus_client, whole or in part (see :func:`_records_fast`);
+    a page the fast path cannot take, or one with an error anywhere, is parsed whole by
+    :func:`_records_whole` (all kept lines in one ``text_string_to_metric_families`` call), so
+    errors are always the whole parse's. The one context effect of the text parser, renaming
+    the samples of a ``counter`` TYPE whose name lacks ``_total``, cannot be reproduced line by
+    line: a page with such a kept TYPE line is parsed whole.
     """
     kept = _kept_text_lines(body)
     value_of = _VALUE_PARSER
     if value_of is None or any(_renames(ln) for ln in kept if ln[0] == "#"):
         return _records_whole(body, kept)
+    try:
+        got = _records_fast(kept, value_of)
+    except (ValueError, IndexError, KeyError, TypeError):
+        got = None
+    return _records_whole(body, kept) if got is None else got
+
+
+def _shape(head: str) -> tuple[str, list[str]] | None:
+    """Split the labels part ``name{...}`` of a sample line into its shape (every quoted label
+    value emptied) and the label values, left to right; ``None`` when it holds a backslash or an
+    odd number of double quotes (then quotes are not plain toggles and no shape is taken).
+
+    Without backslashes prometheus_client's label parser treats each ``"`` as opening or
+    closing a quoted string, so two lines of the same shape differ only inside quoted strings
+    that hold no ``"``: the parser splits them at the same places, reads the same label names,
+    and the label values are exactly the quoted texts (no unescaping without ``\\``).
+    """
+    if "\\" in head:
+        return None
+    parts = head.split('"')
+    if len(parts) % 2 == 0:
+        return None
+    return '""'.join(parts[0::2]), parts[1::2]
+
+
+def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series, float]] | None:
+    """(series, value) of the kept lines, parsing as little as possible with prometheus_client;
+    ``None`` when a line does not fit (the caller parses the page whole). Errors propagate.
+
+    Per sample line, the first that applies:
+
+    1. the labels part (``name{...}``, up to the last ``}``) was parsed before from a whole line
+       (memo between scrapes): only the value text is parsed, by prometheus_client's value parser
+       (``_parse_value_and_timestamp``, what the line parser applies to the text after the
+       labels);
+    2. a line of the same *shape* (:func:`_shape`: same text outside the quoted label values)
+       was parsed whole, here or on an earlier page, and its label values were exactly its
+       quoted texts in order: the labels are the shape's label names with this line's quoted
+       texts; the value as in 1. This is how a cold page is cheap: the buckets of one histogram,
+       the engines of a data-parallel server, the positions of the per-position counter share
+       one shape, so one line of each is parsed whole;
+    3. otherwise the line is parsed whole, with the other such lines, in one
+       ``text_string_to_metric_families`` call (the first line of a shape new to this page;
+       later lines of that shape wait for its result).
+
+    A memo entry is only made from a line whose value parsed as a single token without
+    timestamp (so no ``}`` follows its labels part) and whose name is followed by ``{``.
+    TYPE lines of kept families go to the parser unless accepted before, on an earlier page or
+    at import (:data:`_TYPE_KNOWN`; a TYPE line's validity depends on that line only).
+    """
     memo = _SERIES_MEMO
+    shapes = _SHAPE_MEMO
     out: list[tuple[_Series, float]] = []
-    slots: list[int] = []  # index in ``out`` of each line sent to the parser
+    slots: list[tuple[int, str]] = []  # (index in out, line) of sample lines sent to the parser
+    waiting: list[tuple[int, str, str, list[str]]] = []  # (index, line, shape, values)
     batch: list[str] = []
-    batch_index: list[int] = []  # index in ``kept`` of each sample line sent to the parser
-    for i, raw in enumerate(kept):
+    new_shapes: set[str] = set()
+    for raw in kept:
         line = raw.strip()
         if line[0] == "#":
-            if line not in _TYPE_OK:
+            if line not in _TYPE_KNOWN and line not in _TYPE_OK:
                 batch.append(line)
             continue
         end = line.rfind("}")
-        hit = memo.get(line[: end + 1]) if end > 0 else None
-        if hit is not None:
-            try:
-                value = value_of(line[end + 1 :])[0]
-            except (ValueError, IndexError) as exc:
-                raise _malformed(exc, body, kept, i) from None
-            out.append((hit, value))
-            continue
-        slots.append(len(out))
+        if end > 0:
+            head = line[: end + 1]
+            hit = memo.get(head)
+            if hit is not None:
+                out.append((hit, value_of(line[end + 1 :])[0]))
+                continue
+            split = _shape(head)
+            if split is not None:
+                shape, values = split
+                known = shapes.get(shape)
+                if known is not None:
+                    series = _series(known[0], dict(zip(known[1], values, strict=True)))
+                    if series is None:
+                        return None
+                    out.append((series, value_of(line[end + 1 :])[0]))
+                    _remember(head, series)
+                    continue
+                if shape in new_shapes:
+                    waiting.append((len(out), line, shape, values))
+                    out.append((_PLACEHOLDER, 0.0))
+                    continue
+                new_shapes.add(shape)
+        slots.append((len(out), line))
         out.append((_PLACEHOLDER, 0.0))
         batch.append(line)
-        batch_index.append(i)
     if batch:
-        try:
-            samples = [
-                s
-                for m in text_string_to_metric_families("\n".join(batch) + "\n")
-                for s in m.samples
-            ]
-        except (ValueError, IndexError, KeyError, TypeError) as exc:
-            raise _malformed(exc, body, kept, None) from None
-        if len(samples) != len(slots):  # one sample per sample line; anything else: no memo
-            return _records_whole(body, kept)
-        if len(memo) >= _SERIES_MEMO_MAX:
-            memo.clear()
-        for slot, k, sample in zip(slots, batch_index, samples, strict=True):
+        samples = [
+            s for m in text_string_to_metric_families("\n".join(batch) + "\n") for s in m.samples
+        ]
+        if len(samples) != len(slots):  # one sample per sample line; anything else: parse whole
+            return None
+        for (slot, line), sample in zip(slots, samples, strict=True):
             series = _series(sample.name, sample.labels)
             if series is None:
-                continue
+                return None
             out[slot] = (series, sample.value)
-            line = kept[k].strip()
             end = line.rfind("}")
-            if (
-                sample.timestamp is None
-                and end > 0
-                and line[len(sample.name)] == "{"
-                and len(memo) < _SERIES_MEMO_MAX
-            ):
-                memo[line[: end + 1]] = series
+            if sample.timestamp is None and end > 0 and line[len(sample.name)] == "{":
+                head = line[: end + 1]
+                _remember(head, series)
+                _learn_shape(head, sample.name, sample.labels)
         if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
             _TYPE_OK.clear()
         _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
-    return [r for r in out if r[0] is not _PLACEHOLDER]
+    for slot, line, shape, values in waiting:
+        known = shapes.get(shape)
+        if known is None:
+            return None
+        series = _series(known[0], dict(zip(known[1], values, strict=True)))
+        if series is None:
+            return None
+        out[slot] = (series, value_of(line[line.rfind("}") + 1 :])[0])
+        _remember(line[: line.rfind("}") + 1], series)
+    return out
+
+
+def _learn_shape(head: str, name: str, labels: dict[str, str]) -> None:
+    """Memoise the shape of a labels part ``head`` that prometheus_client parsed whole into
+    ``name`` and ``labels``, when its label values are exactly its quoted texts in order."""
+    split = _shape(head)
+    if split is None or list(labels.values()) != split[1]:
+        return
+    if len(_SHAPE_MEMO) >= _SERIES_MEMO_MAX:
+        _SHAPE_MEMO.clear()
+    _SHAPE_MEMO[split[0]] = (name, tuple(labels))
+
+
+def _seed_shapes() -> None:
+    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus ``position``,
+    ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
+    them), each from a line of that shape with empty label values parsed by prometheus_client,
+    so that even the first page a process reads has one parse per series only for shapes vLLM
+    does not write. A seed line that does not parse as expected is left out."""
+    extra: dict[str, tuple[str, ...]] = {
+        "per_position": ("engine", "model_name", "position"),
+        "waiting_by_reason": ("engine", "model_name", "reason"),
+        "requests_finished": ("engine", "finished_reason", "model_name"),
+    }
+    for sample_name in sorted(_NAMES_TEXT):
+        fam, role = _SAMPLES[sample_name]
+        if fam.key == "process_start_time_seconds":
+            continue
+        plain: tuple[str, ...] = ("engine", "model_name")
+        keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key, plain)
+        head = sample_name + "{" + ",".join(f'{k}=""' for k in keys) + "}"
+        try:
+            samples = [s for m in text_string_to_metric_families(head + " 0\n") for s in m.samples]
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue
+        if (
+            len(samples) == 1
+            and samples[0].name == sample_name
+            and tuple(samples[0].labels) == keys
+        ):
+            _learn_shape(head, sample_name, samples[0].labels)
+
+
+def _remember(head: str, series: _Series) -> None:
+    """Memoise a labels part (bounded: cleared when full)."""
+    if len(_SERIES_MEMO) >= _SERIES_MEMO_MAX:
+        _SERIES_MEMO.clear()
+    _SERIES_MEMO[head] = series
 
 
 def _renames(type_line: str) -> bool:
     """True when a TYPE line may make prometheus_client rename samples (counter without _total)."""
     parts = type_line.split()
     return "counter" in type_line and (len(parts) < 3 or not parts[2].endswith("_total"))
+
+
+#: Canonical TYPE lines of the allow-listed families, accepted by prometheus_client at import.
+_TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
+
+
+_seed_shapes()
 
 
 def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:

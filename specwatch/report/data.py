@@ -2,11 +2,10 @@
 
 Statistics come from :mod:`specwatch.shadow.summary` (``summarize``, ``build_shadow_stats``),
 :mod:`specwatch.shadow.stats.paired` (``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
-(``beta_binomial_log_e_values``, ``betting_path``, the one e-process driver); labelled rows are
-picked by
-:func:`specwatch.shadow.tally.labelled_outcome`; this
-module only orders, bins and accumulates ledger rows. Ledger reads go through
-:class:`specwatch.shadow.ledger.Ledger` (SQLite in a worker thread).
+(``net_loss_mixture_log_e_values``, ``betting_path``, the one e-process driver); labelled rows are
+picked by :func:`specwatch.shadow.tally.labelled_outcome`; this module only orders, bins and
+accumulates ledger rows. Ledger reads go through :class:`specwatch.shadow.ledger.Ledger` (SQLite
+in a worker thread).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from specwatch.shadow.ledger import Ledger, LedgerFileError, LedgerRow, check_le
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     alarm,
-    beta_binomial_log_e_values,
     betting_path,
+    net_loss_mixture_log_e_values,
 )
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
 from specwatch.shadow.tally import PairTally, labelled_outcome
@@ -182,13 +181,15 @@ def flip_series(rows: Sequence[LedgerRow], bins: int = 40, level: float = 0.95) 
     )
 
 
-def evalue_path(rows: Sequence[LedgerRow], alpha: float, margin: float) -> EValuePath:
+def evalue_path(
+    rows: Sequence[LedgerRow], alpha: float, margin: float, detect_net_loss: float = 0.02
+) -> EValuePath:
     """Both e-processes after every labelled pair of ``rows`` in time order (see
-    :class:`EValuePath`)."""
+    :class:`EValuePath`); the no-net-loss one is the focused mixture at ``detect_net_loss``."""
     lab = sorted(_labelled(rows), key=lambda r: (r.time, r.id or 0))
     lost = np.cumsum([1 if r.standard_correct and not r.fly_correct else 0 for r in lab])
     gained = np.cumsum([1 if r.fly_correct and not r.standard_correct else 0 for r in lab])
-    bb = beta_binomial_log_e_values(lost, gained) if lab else np.zeros(0)
+    bb = net_loss_mixture_log_e_values(lost, gained, detect_net_loss) if lab else np.zeros(0)
     outcomes = [(bool(r.standard_correct), bool(r.fly_correct)) for r in lab]
     margin_path = [state.log_wealth for state in betting_path(outcomes, margin)]
     return EValuePath(
@@ -244,13 +245,13 @@ def build_report(
     now: float = 0.0,
 ) -> ReportData:
     """Assemble :class:`ReportData` from ledger contents (pure)."""
-    evalue = evalue_path(rows, alpha, margin)
+    evalue = evalue_path(rows, alpha, margin, detect_net_loss)
     first_alarm: dict[str, int | None] = {}
     for cat in [OVERALL, *sorted({r.category for r in rows})]:
         path = (
             evalue
             if cat == OVERALL
-            else evalue_path([r for r in rows if r.category == cat], alpha, margin)
+            else evalue_path([r for r in rows if r.category == cat], alpha, margin, detect_net_loss)
         )
         idx = path.first_alarm(path.log_e_no_net_loss)
         first_alarm[cat] = None if idx is None else idx + 1

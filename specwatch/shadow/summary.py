@@ -22,7 +22,7 @@ from specwatch.shadow.stats.paired import (
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
     alarm,
-    beta_binomial_log_e_value,
+    net_loss_log_e_value,
 )
 from specwatch.shadow.tally import PairTally as PairTally
 from specwatch.shadow.tally import arm_label_counts, row_tally
@@ -36,7 +36,7 @@ class PairedSummary:
 
     ``net_loss_ratio`` = acc(standard) - acc(FLy) with its Tango score interval
     ``[ci_lower, ci_upper]`` at ``ci_level``; ``p_two_sided`` / ``p_loss`` exact McNemar;
-    ``log_e_value`` / ``e_value`` the beta-binomial e-process on the discordant pairs (anytime
+    ``log_e_value`` / ``e_value`` the focused mixture e-process on the discordant pairs (anytime
     valid only for the ``since_start`` window) and ``alarm`` = e >= 1/alpha;
     ``non_inferiority_*`` the Tango test against the margin; ``questions_needed`` (Connor 1987)
     for detecting a net loss δ = ``detect_net_loss`` at the planning discordant rate
@@ -149,19 +149,18 @@ def summarize(
     margin: float = 0.01,
     detect_net_loss: float = 0.02,
     power: float = 0.8,
-    prior_a: float = 1.0,
-    prior_b: float = 1.0,
 ) -> PairedSummary:
     """All paired statistics for one tally (see :class:`PairedSummary`).
 
     Sources: exact McNemar (McNemar 1947), Tango (1998) score interval and non-inferiority test,
-    beta-binomial mixture e-value (Robbins 1970; Ville 1939), Connor (1987) sample size, excess
-    flip test (one-sided exact McNemar on the FLy/noise discordant flips).
+    focused mixture e-value centred on ``detect_net_loss`` (Robbins 1970; Ville 1939;
+    :func:`~specwatch.shadow.stats.sequential.net_loss_mixture_log_e_values`), Connor (1987)
+    sample size, excess flip test (one-sided exact McNemar on the FLy/noise discordant flips).
     """
     pc = tally.paired_counts()
     ci = net_loss_ci(pc, level=1.0 - alpha)
     ni = non_inferiority_test(pc, margin=margin, alpha=alpha)
-    log_e = beta_binomial_log_e_value(pc.lost, pc.gained, 0.5, prior_a, prior_b)
+    log_e = net_loss_log_e_value(pc.lost, pc.gained, detect_net_loss)
     disc = discordant_ratio(pc)
     needed: int | None = None
     if math.isfinite(disc) and 0.0 < detect_net_loss <= 1.0:

@@ -18,8 +18,9 @@ from specwatch.core.canary_file import (
 )
 from specwatch.shadow.ingest.canary import load_canary
 from specwatch.simulate.quiz import builtin_items, write_canary_jsonl
+from tests.fakes import REPO
 
-PKG = Path(__file__).resolve().parents[2] / "specwatch"
+PKG = REPO / "specwatch"
 
 
 def test_a_bad_line_names_file_and_line() -> None:

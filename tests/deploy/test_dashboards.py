@@ -30,8 +30,9 @@ from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 GRAFANA = ROOT / "grafana"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 VLLM_CAPTURE = ROOT / "tests" / "fixtures" / "vllm-metrics" / "real-cpu-draft-model.txt"

@@ -23,8 +23,9 @@ import pytest
 from aiohttp import web
 
 import specwatch
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"

@@ -29,8 +29,9 @@ from pydantic import BaseModel
 
 from specwatch.server.app import build_app
 from specwatch.settings import Settings, load_settings
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 OVERLAY = DEPLOY / "overlays" / "example"

@@ -32,8 +32,9 @@ from deploy.mixin.render import (
 )
 from specwatch.alerts.settings import DEFAULT_RUNBOOK_BASE_URL, DetectSettings
 from specwatch.shadow.settings import PairedSettings
+from tests.fakes import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 TESTS_DIR = MIXIN_DIR / "tests"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

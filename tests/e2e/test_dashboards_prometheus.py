@@ -49,10 +49,11 @@ from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.e2e.stack import poll, run_prometheus
 from tests.e2e.test_prometheus_stack import host, scaled_rules
+from tests.fakes import REPO
 
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(150)]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
 NAMESPACE = "specwatch-ci"
 JOB = f"{NAMESPACE}/vllm-pair"

@@ -15,7 +15,9 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fakes import REPO
+
+ROOT = REPO
 METRICS_RE = re.compile(r"metrics:\s+(http://\S+/metrics)")
 LEDGER_RE = re.compile(r"shadow ledger:\s+(\S+)\s+\(removed at exit")
 

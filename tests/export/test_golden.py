@@ -24,7 +24,7 @@ from tests.deploy.test_dashboards import full_shadow_stats
 from tests.export.test_prometheus import _full_snapshot
 from tests.fakes import REPO
 
-GOLDEN = REPO / "fixtures" / "golden" / "metrics.prom"
+GOLDEN = REPO / "tests" / "fixtures" / "golden" / "metrics.prom"
 
 
 def _alerting() -> AlertingState:

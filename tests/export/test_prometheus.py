@@ -7,7 +7,6 @@ import gzip
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,9 +33,10 @@ from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
 from specwatch.shadow.summary import build_shadow_stats
+from tests.fakes import REPO
 from tests.fixture_files import body
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def _exported_name(name: str, kind: str) -> str:

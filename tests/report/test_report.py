@@ -28,7 +28,7 @@ from specwatch.report.data import build_report, evalue_path, flip_series, parse_
 from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
-from specwatch.shadow.stats.sequential import beta_binomial_log_e_value
+from specwatch.shadow.stats.sequential import net_loss_log_e_value
 from specwatch.shadow.summary import tally_rows
 
 T0 = 1_764_460_800.0
@@ -187,7 +187,7 @@ def expected_first_alarms() -> dict[str, int | None]:
         for n, r in enumerate((r for r in lab if cat in ("_all", r.category)), start=1):
             lost += int(bool(r.standard_correct) and not r.fly_correct)
             gained += int(bool(r.fly_correct) and not r.standard_correct)
-            if beta_binomial_log_e_value(lost, gained) >= math.log(20.0):
+            if net_loss_log_e_value(lost, gained) >= math.log(20.0):
                 out[cat] = n
                 break
     return out
@@ -223,7 +223,7 @@ class TestHtml:
             assert float(got["ci"]["data-upper"]) == pytest.approx(ci.upper, abs=1e-9)
             ni = non_inferiority_test(pc, margin=0.01, alpha=0.05)
             assert got["non_inferiority_pass"]["data-value"] == ("true" if ni.passed else "false")
-            e = math.exp(beta_binomial_log_e_value(pc.lost, pc.gained))
+            e = math.exp(net_loss_log_e_value(pc.lost, pc.gained))
             assert float(got["e_value"]["data-value"]) == pytest.approx(e, rel=1e-9)
 
     def test_hand_worked_values(self, rendered: Path) -> None:
@@ -287,7 +287,7 @@ class TestSeries:
         rows = known_rows()
         path = evalue_path(rows, alpha=0.05, margin=0.01)
         assert len(path.log_e_no_net_loss) == 96
-        assert path.log_e_no_net_loss[-1] == pytest.approx(beta_binomial_log_e_value(12, 5))
+        assert path.log_e_no_net_loss[-1] == pytest.approx(net_loss_log_e_value(12, 5))
         first = expected_first_alarms()["_all"]
         assert path.first_alarm(path.log_e_no_net_loss) == (None if first is None else first - 1)
 
@@ -295,7 +295,7 @@ class TestSeries:
         """30 losses in a row: the first alarm is the first n with e(n, 0) >= 20."""
         rows = [row(T0 + i, "x", True, False) for i in range(30)]
         path = evalue_path(rows, alpha=0.05, margin=0.01)
-        first = next(n for n in range(1, 31) if beta_binomial_log_e_value(n, 0) >= math.log(20))
+        first = next(n for n in range(1, 31) if net_loss_log_e_value(n, 0) >= math.log(20))
         assert path.first_alarm(path.log_e_no_net_loss) == first - 1
 
     def test_alarm_stands_after_the_e_value_falls(self) -> None:
@@ -304,8 +304,8 @@ class TestSeries:
         rows = [row(T0 + i, "x", True, False) for i in range(12)]
         rows += [row(T0 + 12 + i, "x", False, True) for i in range(30)]
         pc = PairedCounts(0, 12, 30, 0)
-        assert beta_binomial_log_e_value(pc.lost, pc.gained) < math.log(20.0)
-        first = next(n for n in range(1, 13) if beta_binomial_log_e_value(n, 0) >= math.log(20))
+        assert net_loss_log_e_value(pc.lost, pc.gained) < math.log(20.0)
+        first = next(n for n in range(1, 13) if net_loss_log_e_value(n, 0) >= math.log(20))
         tally = tally_rows(rows)
         page = render_html(build_report("mem", rows, tally, {}))
         assert 'data-alarm="true"' in page

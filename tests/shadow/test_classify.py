@@ -4,15 +4,15 @@ tally."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from specwatch.shadow.classify import EXCLUDED_REASONS, classify, classify_pair, failure_class
 from specwatch.shadow.compare import compare
 from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.fakes import REPO
 
-_PKG = Path(__file__).resolve().parents[2] / "specwatch"
+_PKG = REPO / "specwatch"
 
 
 def _req(gold: str | None = None) -> ShadowRequest:

@@ -17,9 +17,9 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-from tests.fakes import FakeClock
+from tests.fakes import REPO, FakeClock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def make_outcome(i: int, *, t: float | None = None, category: str = "math") -> PairOutcome:

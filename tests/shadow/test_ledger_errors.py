@@ -13,8 +13,9 @@ from specwatch.settings import Settings
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import sidecar
+from tests.fakes import REPO
 
-METRICS_DOC = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+METRICS_DOC = (REPO / "docs" / "metrics.md").read_text()
 SHADOW_PREFIXES = (
     "specwatch_shadow_",
     "specwatch_paired_",

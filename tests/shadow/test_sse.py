@@ -16,7 +16,7 @@ from specwatch.shadow.sse import (
 )
 from tests.fakes import REPO
 
-CASES = REPO / "fixtures" / "cases"
+CASES = REPO / "tests" / "fixtures" / "cases"
 RAW = (CASES / "C17_sse_stream.raw").read_bytes()
 BOUNDS: list[int] = json.loads((CASES / "C17_read_boundaries.json").read_text())["read_ends"]
 EXPECTED: dict[str, Any] = json.loads((CASES / "expected.json").read_text())["C17"]

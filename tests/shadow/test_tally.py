@@ -11,9 +11,10 @@ from pathlib import Path
 from specwatch.shadow.ledger import Ledger, LedgerRow, rule_sql
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.tally import LABELLED, TALLY_RULES, PairTally, labelled_outcome, row_tally
+from tests.fakes import REPO
 from tests.shadow.test_ledger import make_outcome
 
-PKG = Path(__file__).resolve().parents[2] / "specwatch"
+PKG = REPO / "specwatch"
 
 
 def test_every_tally_field_has_exactly_one_rule() -> None:

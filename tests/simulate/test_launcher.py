@@ -9,6 +9,7 @@ from specwatch.__main__ import main as cli_main
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.simulate.launcher import spawn_simulator, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
+from tests.fakes import REPO
 
 FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
 
@@ -100,9 +101,8 @@ async def test_loadgen_counts_errors_by_reason() -> None:
 
 def test_simulator_imports_nothing_from_the_sidecar_but_core_and_vllm() -> None:
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "specwatch"
+    root = REPO / "specwatch"
     files = [*sorted((root / "simulate").glob("*.py")), root / "cli" / "simulate.py"]
     assert len(files) >= 10
     for path in files:

@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.fakes import free_port
+from tests.fakes import REPO, free_port
 
 from .servers import VllmServer
 
 pytestmark = pytest.mark.real_vllm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = REPO
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"

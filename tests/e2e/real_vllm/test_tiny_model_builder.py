@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import REPO
+
 from .servers import TinyModels
 
 pytestmark = pytest.mark.real_vllm
 
-BUILDER = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"
+BUILDER = REPO / "scripts" / "make_tiny_model.py"
 
 
 def _build(python: Path, out: Path) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""``specwatch advise BEFORE [AFTER]``: which K and token budget to run, from saved ``/metrics``.
+
+Reads pages as ``specwatch analyze`` does (one body: totals since start; two: the window between
+them). From the per-position acceptance of the window, τ for every K' <= K is exact; with
+``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--method`` each K' also gets the
+scheduler limits of that vLLM version and the expected tokens per step at the observed
+concurrency. Limits, concurrency and tokens per step are per engine (each engine has its own
+scheduler); the acceptance rates are the server's (summed over engines). Output
+(``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
+"per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
+"assumptions": [...]}``. Exit 2 with one line on an unreadable file, a page without vLLM series,
+several models without ``--model``, or bad limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specwatch.cli.analyze import AnalyzeError, read_page
+from specwatch.observe.health import model_windows
+from specwatch.observe.values import ModelWindow
+from specwatch.observe.window import page_delta
+from specwatch.vllm.advisor import ASSUMPTIONS, advice, rows_by_k
+from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``advise``."""
+    p = subparsers.add_parser(
+        "advise",
+        help="τ for every smaller K and the token budget per K, from saved /metrics bodies",
+        description=__doc__,
+    )
+    p.add_argument("before", type=Path, metavar="BEFORE")
+    p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
+    p.add_argument("--max-num-seqs", type=int, metavar="N")
+    p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
+    p.add_argument("--method", choices=sorted(SPEC_METHODS))
+    p.add_argument("--vllm-version", metavar="V", help="e.g. 0.33.0 (default: current rules)")
+    p.add_argument("--parallel-drafting", action="store_true")
+    p.add_argument(
+        "--running",
+        type=float,
+        metavar="R",
+        help="concurrency to plan for (default: the page's num_requests_running, max over "
+        "engines; max_num_seqs when none are running)",
+    )
+    p.add_argument("--model", help="model_name to use when a page serves several")
+    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.set_defaults(handler=main)
+
+
+def _window(args: argparse.Namespace) -> tuple[str, ModelWindow]:
+    before = read_page(args.before)
+    after = read_page(args.after) if args.after is not None else None
+    for page, which in ((before, "BEFORE"), (after, "AFTER")):
+        if page is not None and not page.engines:
+            raise AnalyzeError(f"{which} has no vLLM series (not a vLLM /metrics body?)")
+    models = model_windows(page_delta(before if after else None, after or before, None))
+    if args.model is not None:
+        if args.model not in models:
+            raise AnalyzeError(f"model {args.model!r} not on the page (have: {', '.join(models)})")
+        return args.model, models[args.model]
+    if len(models) != 1:
+        raise AnalyzeError(
+            f"several models on the page, pick one with --model: {', '.join(models)}"
+        )
+    return next(iter(models.items()))
+
+
+def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON document (see the module docstring); :class:`AnalyzeError` on bad limits."""
+    h = mw.server
+    n, b = args.max_num_seqs, args.max_num_batched_tokens
+    if (n is not None and n <= 0) or (b is not None and b <= 0):
+        raise AnalyzeError("--max-num-seqs and --max-num-batched-tokens must be > 0")
+    try:
+        regime = regime_for_version(args.vllm_version)
+    except ValueError as exc:
+        raise AnalyzeError(str(exc)) from None
+    rates = list(h.per_position_acceptance_rate)
+    k = h.num_speculative_tokens
+    usable = bool(rates) and all(r is not None for r in rates)
+    per_pos = [float(r) for r in rates if r is not None] if usable else []
+    running = [e.num_requests_running for e in mw.engines.values()]
+    observed = max((r for r in running if r is not None), default=None)
+    concurrency = args.running
+    note: str | None = None
+    if concurrency is None:
+        if observed:
+            concurrency = observed
+        elif n is not None:
+            concurrency = float(n)
+            note = "no requests running on the page: planning for max_num_seqs"
+    limits_given = n is not None and b is not None and args.method is not None
+    rows = rows_by_k(
+        per_pos,
+        max_num_seqs=n,
+        max_num_batched_tokens=b,
+        method=args.method,
+        regime=regime,
+        parallel_drafting=args.parallel_drafting,
+        concurrency=concurrency,
+    )
+    words = advice(
+        rows,
+        drafts=h.drafts,
+        configured_k=k if usable else None,
+        max_num_seqs=n,
+        max_num_batched_tokens=b,
+    )
+    if note is not None:
+        words.append(note)
+    if (n is not None or b is not None or args.method is not None) and not limits_given:
+        words.append(
+            "budget columns need all of --max-num-seqs, --max-num-batched-tokens and --method"
+        )
+    return {
+        "model_name": name,
+        "drafts": h.drafts,
+        "num_speculative_tokens": k,
+        "per_position_acceptance_rate": rates,
+        "concurrency": concurrency,
+        "limits": {
+            "max_num_seqs": n,
+            "max_num_batched_tokens": b,
+            "method": args.method,
+            "regime": regime.value,
+            "parallel_drafting": args.parallel_drafting,
+        }
+        if limits_given
+        else None,
+        "by_k": [asdict(r) for r in rows],
+        "advice": words,
+        "assumptions": list(ASSUMPTIONS),
+    }
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """Plain text: a header line, one row per K (columns sized to their widest cell), advice."""
+    cols = [
+        ("k", "k"),
+        ("mean_acceptance_length", "tau"),
+        ("admission_cap_requests", "admission cap"),
+        ("decode_full_per_step_requests", "decode full/step"),
+        ("served_full_requests", "served full"),
+        ("expected_tokens_per_step", "tokens/step"),
+        ("budget_for_max_num_seqs", "budget for N"),
+    ]
+    cells = [[_fmt(r[key]) for key, _ in cols] for r in doc["by_k"]]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(cols)]
+    lines = [
+        f"model {doc['model_name']}: drafts {_fmt(doc['drafts'])}, "
+        f"K {_fmt(doc['num_speculative_tokens'])}, concurrency {_fmt(doc['concurrency'])}",
+        "  ".join(h.rjust(w) for (_, h), w in zip(cols, widths, strict=True)),
+    ]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines += ["", *(f"- {a}" for a in doc["advice"]), "assumptions:"]
+    lines += [f"  {a}" for a in doc["assumptions"]]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the advice; 2 on bad input (one line on stderr)."""
+    try:
+        name, mw = _window(args)
+        doc = advise_doc(name, mw, args)
+    except AnalyzeError as exc:
+        print(f"specwatch advise: {exc}", file=sys.stderr)
+        return 2
+    print(
+        json.dumps(doc, indent=2, allow_nan=False) if args.format == "json" else render_table(doc)
+    )
+    return 0

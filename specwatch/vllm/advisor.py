@@ -1,0 +1,239 @@
+"""Speculation advisor math (pure): τ for every smaller K and the token budget per K.
+
+From vLLM's per-position acceptance counters, the mean acceptance length with only the first
+K' <= K draft positions is exact: a draft token at position i is accepted only when every
+earlier one was, so ``rate[i] = Δaccepted_per_pos[i] / Δdrafts`` is already the probability
+that the first i+1 tokens are all accepted, and ``τ(K') = 1 + Σ_{i<K'} rate[i]`` (vLLM
+``SpecDecodingLogging``: τ = 1 + Δaccepted / Δdrafts). The token-budget limits per K' come from
+:func:`specwatch.vllm.budget.budget_limits` (vllm-metrics.md §9).
+
+Throughput model (stated with every recommendation): steady pure decode; each running request
+drafts K tokens per step; per-position rates do not change when K shrinks (the drafter proposes
+left to right, so the first K' proposals are the same); requests the budget cannot serve with
+full drafts count as 1 token per step (a lower bound); step time does not depend on K (drafter
+and verify cost ignored), so tokens per step stand for throughput.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.methods import BudgetRegime
+
+#: Fewest drafts for per-position rates to support a claim (binomial SE <= 0.025 per rate).
+MIN_DRAFTS: int = 400
+
+#: Smallest relative gain in tokens per step worth recommending a change for.
+MIN_GAIN: float = 0.02
+
+ASSUMPTIONS: tuple[str, ...] = (
+    "steady pure decode: every running request drafts K tokens each engine step",
+    "per-position acceptance rates stay the same when K shrinks (left-to-right drafting)",
+    "requests the token budget cannot serve with full drafts count as 1 token per step "
+    "(a lower bound)",
+    "engine step time does not depend on K: drafter and verification cost are not modelled",
+)
+
+
+def mean_acceptance_length(per_position: Sequence[float], k: int) -> float:
+    """τ(K') = 1 + Σ of the first ``k`` per-position acceptance rates (tokens per verify step).
+
+    ``per_position[i]`` is Δaccepted_per_pos[i] / Δdrafts (0..1). Raises ``ValueError`` when
+    ``k`` is not in ``1..len(per_position)``.
+    """
+    if not 1 <= k <= len(per_position):
+        raise ValueError(f"k must be in 1..{len(per_position)}, got {k}")
+    return 1.0 + float(sum(per_position[:k]))
+
+
+def budget_for_full_decode(
+    max_num_seqs: int,
+    k: int,
+    method: str,
+    *,
+    parallel_drafting: bool = False,
+    regime: BudgetRegime = BudgetRegime.V0_33,
+) -> int:
+    """Smallest ``max_num_batched_tokens`` B (tokens) at which all ``max_num_seqs`` requests are
+    admitted and decoded with all K drafts per step (``admission_cap`` and
+    ``decode_full_per_step`` both reach N under :func:`budget_limits`).
+
+    Closed forms it reproduces: v0.33 ``N · max(1 + K + S, L)`` for dflash/dspark,
+    ``N · (1 + K + S)`` otherwise; static ``N · (1 + K + S_old)``. Found by bisection on the
+    (monotone) limits. Raises ``ValueError`` as :func:`budget_limits`.
+    """
+    lo, hi = 1, max_num_seqs * (2 * k + 4)
+
+    def ok(b: int) -> bool:
+        lim = budget_limits(
+            max_num_batched_tokens=b,
+            max_num_seqs=max_num_seqs,
+            num_speculative_tokens=k,
+            method=method,
+            parallel_drafting=parallel_drafting,
+            regime=regime,
+        )
+        return lim.decode_full_per_step >= max_num_seqs and lim.admission_cap >= max_num_seqs
+
+    if not ok(hi):
+        raise ValueError("no budget serves max_num_seqs in full")  # pragma: no cover
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass(frozen=True, slots=True)
+class KRow:
+    """One candidate K: ``k``, ``mean_acceptance_length`` τ(K) (tokens per verify step).
+
+    With limits (else ``None``): ``admission_cap_requests`` (most requests RUNNING),
+    ``decode_full_per_step_requests`` (requests served with all K drafts per step),
+    ``served_full_requests`` = min(concurrency, decode_full_per_step),
+    ``expected_tokens_per_step`` = served_full · τ(K) + (requests served below full drafts) · 1,
+    ``budget_for_max_num_seqs`` (tokens; see :func:`budget_for_full_decode`).
+    """
+
+    k: int
+    mean_acceptance_length: float
+    admission_cap_requests: int | None = None
+    decode_full_per_step_requests: int | None = None
+    served_full_requests: int | None = None
+    expected_tokens_per_step: float | None = None
+    budget_for_max_num_seqs: int | None = None
+
+
+def rows_by_k(
+    per_position: Sequence[float],
+    *,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    method: str | None = None,
+    regime: BudgetRegime = BudgetRegime.V0_33,
+    parallel_drafting: bool = False,
+    concurrency: float | None = None,
+) -> list[KRow]:
+    """One :class:`KRow` per K' in ``1..len(per_position)``.
+
+    Budget columns need ``max_num_seqs``, ``max_num_batched_tokens`` and ``method``;
+    ``concurrency`` (requests wanting a step) defaults to ``max_num_seqs`` and is capped by the
+    admission cap. Requests past ``decode_full_per_step`` but within ``decode_any_per_step``
+    count 1 token each. Raises ``ValueError`` from :func:`budget_limits`.
+    """
+    out: list[KRow] = []
+    for k in range(1, len(per_position) + 1):
+        tau = mean_acceptance_length(per_position, k)
+        if max_num_seqs is None or max_num_batched_tokens is None or method is None:
+            out.append(KRow(k, tau))
+            continue
+        lim = budget_limits(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            num_speculative_tokens=k,
+            method=method,
+            parallel_drafting=parallel_drafting,
+            regime=regime,
+        )
+        want = float(max_num_seqs) if concurrency is None else float(concurrency)
+        running = min(want, float(lim.admission_cap), float(max_num_seqs))
+        full = min(running, float(lim.decode_full_per_step))
+        partial = max(0.0, min(running, float(lim.decode_any_per_step)) - full)
+        out.append(
+            KRow(
+                k,
+                tau,
+                admission_cap_requests=lim.admission_cap,
+                decode_full_per_step_requests=lim.decode_full_per_step,
+                served_full_requests=int(full),
+                expected_tokens_per_step=full * tau + partial,
+                budget_for_max_num_seqs=budget_for_full_decode(
+                    max_num_seqs, k, method, parallel_drafting=parallel_drafting, regime=regime
+                ),
+            )
+        )
+    return out
+
+
+def advice(
+    rows: Sequence[KRow],
+    *,
+    drafts: float | None,
+    configured_k: int | None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> list[str]:
+    """Recommendations in words (or why none can be made) for the rows of :func:`rows_by_k`.
+
+    No claim below :data:`MIN_DRAFTS` drafts or without per-position data; a smaller K or a
+    larger budget is recommended only when it raises expected tokens per step by at least
+    :data:`MIN_GAIN` under the model in :data:`ASSUMPTIONS`.
+    """
+    if not rows or configured_k is None:
+        return [
+            "K unknown: the page has no per-position acceptance counters, so τ for a smaller K "
+            "cannot be computed; no recommendation."
+        ]
+    if drafts is None or drafts < MIN_DRAFTS:
+        n = 0 if drafts is None else int(drafts)
+        return [
+            f"only {n} drafts in the window (< {MIN_DRAFTS}): per-position rates are too noisy "
+            "to compare K values; collect a longer window before changing K."
+        ]
+    cur = next((r for r in rows if r.k == configured_k), rows[-1])
+    lines: list[str] = []
+    if cur.expected_tokens_per_step is None:
+        lines.append(
+            f"without --max-num-seqs, --max-num-batched-tokens and --method a smaller K only "
+            f"lowers τ (K={cur.k}: τ={cur.mean_acceptance_length:.3f}); whether it still pays "
+            "depends on drafter cost, which /metrics does not show."
+        )
+        tail = [r for r in rows if r.k > 1]
+        for r in tail:
+            prev = rows[r.k - 2]
+            gain = r.mean_acceptance_length - prev.mean_acceptance_length
+            if gain < 0.01:
+                lines.append(
+                    f"position {r.k} onward adds under 0.01 tokens per step each: "
+                    f"K={r.k - 1} keeps τ={prev.mean_acceptance_length:.3f}."
+                )
+                break
+        return lines
+    best = max(rows, key=lambda r: (r.expected_tokens_per_step or 0.0, -r.k))
+    cur_tok = cur.expected_tokens_per_step or 0.0
+    best_tok = best.expected_tokens_per_step or 0.0
+    if best.k < cur.k and best_tok > cur_tok * (1 + MIN_GAIN):
+        lines.append(
+            f"K={best.k} should give more throughput than K={cur.k}: "
+            f"{best_tok:.1f} vs {cur_tok:.1f} expected tokens per step "
+            f"({100 * (best_tok / cur_tok - 1):+.1f}%) because the token budget serves "
+            f"{best.served_full_requests} instead of {cur.served_full_requests} requests with "
+            "full drafts."
+            if cur_tok > 0
+            else f"K={best.k} should give more throughput than K={cur.k}."
+        )
+    else:
+        lines.append(
+            f"K={cur.k} is the best K up to {rows[-1].k} under this model "
+            f"({cur_tok:.1f} expected tokens per step)."
+        )
+    if (
+        max_num_seqs is not None
+        and max_num_batched_tokens is not None
+        and cur.budget_for_max_num_seqs is not None
+        and cur.budget_for_max_num_seqs > max_num_batched_tokens
+        and (cur.served_full_requests or 0) < max_num_seqs
+    ):
+        full_tok = max_num_seqs * cur.mean_acceptance_length
+        if full_tok > cur_tok * (1 + MIN_GAIN):
+            lines.append(
+                f"a larger budget should give more throughput: max_num_batched_tokens="
+                f"{cur.budget_for_max_num_seqs} (now {max_num_batched_tokens}) lets all "
+                f"{max_num_seqs} max_num_seqs decode with K={cur.k} full drafts "
+                f"({full_tok:.1f} vs {cur_tok:.1f} tokens per step at that concurrency)."
+            )
+    return lines

@@ -1,0 +1,168 @@
+"""``specwatch advise``: τ for smaller K on real captures, budget formulas, the CLI as run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specwatch.vllm.advisor import (
+    MIN_DRAFTS,
+    advice,
+    budget_for_full_decode,
+    mean_acceptance_length,
+    rows_by_k,
+)
+from specwatch.vllm.methods import BudgetRegime
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-metrics"
+
+
+def _advise(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specwatch", "advise", *argv],
+        capture_output=True,
+        text=True,
+        check=check,
+    )
+
+
+def _json(*argv: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(_advise(*argv, "--format", "json").stdout)
+    return doc
+
+
+def test_tau_for_smaller_k_on_the_draft_model_pair() -> None:
+    """Captures real-cpu-draft-model-midflight -> real-cpu-draft-model (a restart between them,
+    so the window is AFTER's totals): 2603 drafts, per-position accepted 33, 0, 0, 0. By hand:
+    τ(K') = 1 + 33/2603 = 1.0126777 for every K' in 1..4."""
+    doc = _json(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        str(FIXTURES / "real-cpu-draft-model.txt"),
+    )
+    assert doc["drafts"] == 2603
+    assert doc["num_speculative_tokens"] == 4
+    assert [r["k"] for r in doc["by_k"]] == [1, 2, 3, 4]
+    for r in doc["by_k"]:
+        assert r["mean_acceptance_length"] == pytest.approx(1 + 33 / 2603)
+        assert r["expected_tokens_per_step"] is None
+    assert any("K=1 keeps" in a for a in doc["advice"])
+
+
+def test_tau_for_smaller_k_on_the_ngram_capture() -> None:
+    """real-cpu-ngram: 488 drafts, per-position accepted 146, 18, 12, 8. By hand:
+    τ = 1 + 146/488, 1 + 164/488, 1 + 176/488, 1 + 184/488."""
+    doc = _json(str(FIXTURES / "real-cpu-ngram.txt"))
+    taus = [r["mean_acceptance_length"] for r in doc["by_k"]]
+    assert taus == pytest.approx([1 + 146 / 488, 1 + 164 / 488, 1 + 176 / 488, 1 + 184 / 488])
+
+
+def test_ngram_budget_rows_and_advice() -> None:
+    """ngram (S = 0), N = 128, B = 512, no requests running on the page, so concurrency 128.
+    K=4: D_full = 512 // 5 = 102, the other 26 requests get 1 token: 102·(1 + 184/488) + 26 =
+    166.45; K=3: 512 // 4 = 128 in full: 128·(1 + 176/488) = 174.16 (+4.6%), so K=3 is advised;
+    the budget for all 128 at K=4 is 128·5 = 640."""
+    doc = _json(
+        str(FIXTURES / "real-cpu-ngram.txt"),
+        "--max-num-seqs",
+        "128",
+        "--max-num-batched-tokens",
+        "512",
+        "--method",
+        "ngram",
+    )
+    by_k = {r["k"]: r for r in doc["by_k"]}
+    assert doc["concurrency"] == 128
+    assert by_k[4]["decode_full_per_step_requests"] == 102
+    assert by_k[4]["expected_tokens_per_step"] == pytest.approx(102 * (1 + 184 / 488) + 26)
+    assert by_k[3]["expected_tokens_per_step"] == pytest.approx(128 * (1 + 176 / 488))
+    assert [by_k[k]["budget_for_max_num_seqs"] for k in (1, 2, 3, 4)] == [256, 384, 512, 640]
+    assert doc["advice"][0].startswith("K=3 should give more throughput than K=4")
+    assert any("max_num_batched_tokens=640" in a for a in doc["advice"])
+
+
+@pytest.mark.parametrize(
+    ("version", "d_full", "budget"),
+    [("0.33.0", 85, 768), ("0.30.0", 51, 1280)],
+)
+def test_dspark_worked_example(version: str, d_full: int, budget: int) -> None:
+    """dspark, K = 5, B = 512, N = 128. v0.33: S = 0, L = K + 1 = 6, admission cap 512 // 6 =
+    85, D_full = min(85, 512 // 6) = 85; full budget 128·6 = 768. v0.26-v0.32: S = K - 1 = 4,
+    D_full = 512 // (1 + 5 + 4) = 51; full budget 128·10 = 1280."""
+    regime = BudgetRegime.V0_33 if version == "0.33.0" else BudgetRegime.V0_32
+    rows = rows_by_k(
+        [0.7, 0.5, 0.35, 0.25, 0.15],
+        max_num_seqs=128,
+        max_num_batched_tokens=512,
+        method="dspark",
+        regime=regime,
+    )
+    assert rows[4].decode_full_per_step_requests == d_full
+    assert rows[4].budget_for_max_num_seqs == budget
+    assert rows[4].expected_tokens_per_step == pytest.approx(d_full * 2.95)
+    assert budget_for_full_decode(128, 5, "dspark", regime=regime) == budget
+
+
+def test_dspark_worked_example_through_the_cli(tmp_path: Path) -> None:
+    """The same example driven as a user runs it (--vllm-version 0.33.0 vs 0.30.0) on the
+    ngram capture's acceptance: K=4 is the largest K there, so check the K=4 dspark row:
+    v0.33: L = 5, cap 512 // 5 = 102 = D_full; v0.30: S = 3, 512 // 8 = 64."""
+    for version, expected in (("0.33.0", 102), ("0.30.0", 64)):
+        doc = _json(
+            str(FIXTURES / "real-cpu-ngram.txt"),
+            "--max-num-seqs",
+            "128",
+            "--max-num-batched-tokens",
+            "512",
+            "--method",
+            "dspark",
+            "--vllm-version",
+            version,
+        )
+        assert doc["by_k"][3]["decode_full_per_step_requests"] == expected
+
+
+def test_static_regime_budget() -> None:
+    """v0.20-v0.25 static reservation, dspark K = 3, N = 16: S_old = K - 1 = 2, so
+    B = N·(1 + K + S_old) = 16·6 = 96."""
+    assert budget_for_full_decode(16, 3, "dspark", regime=BudgetRegime.STATIC) == 96
+
+
+def test_smaller_k_tau_and_errors() -> None:
+    """τ(2) of [0.6, 0.3, 0.1] = 1.9; k outside 1..3 raises."""
+    assert mean_acceptance_length([0.6, 0.3, 0.1], 2) == pytest.approx(1.9)
+    with pytest.raises(ValueError, match="k must be"):
+        mean_acceptance_length([0.6], 2)
+
+
+def test_no_claim_on_few_drafts_or_unknown_k() -> None:
+    """Below MIN_DRAFTS drafts, or without per-position data, advice says so and claims
+    nothing."""
+    rows = rows_by_k([0.5, 0.2])
+    few = advice(rows, drafts=MIN_DRAFTS - 1, configured_k=2)
+    assert len(few) == 1
+    assert "too noisy" in few[0]
+    unknown = advice([], drafts=10_000, configured_k=None)
+    assert "K unknown" in unknown[0]
+
+
+def test_page_without_spec_decode_says_k_unknown() -> None:
+    """real-cpu-nospec has no spec-decode counters: no rows, advice says K is unknown."""
+    doc = _json(str(FIXTURES / "real-cpu-nospec.txt"))
+    assert doc["by_k"] == []
+    assert "K unknown" in doc["advice"][0]
+
+
+def test_table_and_bad_input(tmp_path: Path) -> None:
+    """--format table prints one line per K; a missing file exits 2 with one stderr line."""
+    out = _advise(str(FIXTURES / "real-cpu-ngram.txt"), "--format", "table").stdout
+    assert out.splitlines()[0].startswith("model tiny: drafts 488, K 4")
+    assert sum(1 for line in out.splitlines() if line.lstrip()[:2] in {"1 ", "2 ", "3 ", "4 "}) >= 4
+    bad = _advise(str(tmp_path / "missing.txt"), check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("specwatch advise:")
+    assert len(bad.stderr.strip().splitlines()) == 1
