@@ -21,25 +21,17 @@ from typing import Protocol, cast
 
 from specwatch import __version__
 
-#: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS: tuple[str, ...] = (
-    "run",
-    "analyze",
-    "replay",
-    "advise",
-    "simulate",
-    "demo",
-    "paired_test",
-    "power",
-    "report",
-)
-
-#: Subcommand module → (command name, one-line help), exactly as the module's ``add_parser``
+#: The one table of subcommands, in the order ``--help`` lists them: module under
+#: :mod:`specwatch.cli` → (command name, one-line help), exactly as the module's ``add_parser``
 #: registers it (a test checks they agree), so ``--help`` lists every command without imports.
 HELP: dict[str, tuple[str, str]] = {
     "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
     "analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
     "replay": ("replay", "run every detector over saved /metrics timelines (offline)"),
+    "advise": (
+        "advise",
+        "τ for every smaller K and the token budget per K, from saved /metrics bodies",
+    ),
     "simulate": (
         "simulate",
         "run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",
@@ -58,6 +50,9 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
 }
+
+#: Subcommand modules, in the order ``--help`` lists them (the keys of :data:`HELP`).
+COMMANDS: tuple[str, ...] = tuple(HELP)
 
 
 class _CommandModule(Protocol):

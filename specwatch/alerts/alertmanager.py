@@ -28,7 +28,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -45,6 +44,7 @@ from specwatch.alerts.settings import (
     AlertingSettings,
     TLSSettings,
 )
+from specwatch.core.clock import format_rfc3339
 from specwatch.core.logs import log_event, redact_url
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "TLSSettings",
     "build_payload",
     "build_ssl_context",
-    "format_rfc3339",
 ]
 
 log = logging.getLogger("specwatch.alerts.alertmanager")
@@ -79,12 +78,6 @@ SEND_ERROR_REASONS: tuple[str, ...] = (
 
 #: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
 _RETRYABLE_4XX = frozenset({408, 429})
-
-
-def format_rfc3339(ts: float) -> str:
-    """Unix seconds → RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.250Z``."""
-    dt = datetime.fromtimestamp(ts, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
 @dataclass(frozen=True, slots=True)

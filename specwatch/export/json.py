@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specwatch.alerts.alertmanager import AlertingState, format_rfc3339
+from specwatch.core.clock import format_rfc3339
 from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import QUANTILES, Health
-from specwatch.shadow.summary import PairedSummary, ShadowStats
+
+if TYPE_CHECKING:
+    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.shadow.summary import PairedSummary, ShadowStats
 
 
 def _jsonable(value: Any) -> Any:

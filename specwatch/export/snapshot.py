@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from specwatch.alerts.alertmanager import AlertingState
 from specwatch.observe.values import ObserveView, PairView, TargetSnapshot, WindowName
-from specwatch.shadow.summary import ShadowStats
+
+if TYPE_CHECKING:
+    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.shadow.summary import ShadowStats
 
 __all__ = ["Snapshot", "SnapshotGetter"]
 

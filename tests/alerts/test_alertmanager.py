@@ -35,9 +35,9 @@ from specwatch.alerts.alertmanager import (
     Outbox,
     build_payload,
     build_ssl_context,
-    format_rfc3339,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
+from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
 from tests.fakes import FakeClock

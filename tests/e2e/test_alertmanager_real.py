@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 
 from specwatch.alerts.alert import Alert, Severity
-from specwatch.alerts.alertmanager import AlertLoop, format_rfc3339
+from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
+from specwatch.core.clock import format_rfc3339
 from tests.fakes import FakeClock, free_port
 
 pytestmark = pytest.mark.promtool

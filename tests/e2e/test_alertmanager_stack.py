@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL, format_rfc3339
+from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.core.clock import format_rfc3339
 from tests.e2e.stack import Alertmanager, Stack, poll, running_stack
 
 pytestmark = pytest.mark.promtool
