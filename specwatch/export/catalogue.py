@@ -90,6 +90,16 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "finished_reason).",
         WINDOWED,
     ),
+    "inter_token_latency_mean_seconds": _g(
+        "specwatch_inter_token_latency_mean_seconds",
+        "Mean inter-token latency over the window = increase(_sum)/increase(_count).",
+        WINDOWED,
+    ),
+    "time_to_first_token_mean_seconds": _g(
+        "specwatch_time_to_first_token_mean_seconds",
+        "Mean time to first token over the window = increase(_sum)/increase(_count).",
+        WINDOWED,
+    ),
     "prompt_tokens_per_second": _g(
         "specwatch_prompt_tokens_per_second",
         "Prompt (prefill) tokens per second over the window (vllm:prompt_tokens_total).",

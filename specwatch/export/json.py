@@ -69,6 +69,9 @@ def health_json(h: Health) -> dict[str, Any]:
             "num_requests_waiting": h.num_requests_waiting,
             "num_requests_waiting_by_reason": dict(h.num_requests_waiting_by_reason),
             "kv_cache_usage": h.kv_cache_usage,
+            "inter_token_latency_mean_seconds": h.inter_token_latency_mean_seconds,
+            "time_to_first_token_mean_seconds": h.time_to_first_token_mean_seconds,
+            "spec_decode_schema": h.spec_decode_schema,
             "withheld": list(h.withheld),
         }
     )

@@ -104,6 +104,12 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
     steps = c.get("engine_steps")
     interval = delta.interval_seconds
     k = delta.num_speculative_tokens if delta.num_speculative_tokens is not None else configured_k
+    schema = _schema(c)
+    if schema == "v0":
+        if k is None:
+            k = _v0_k(c, delta.gauges.get("spec_decode_efficiency"))
+        # V0 has no drafts counter: every draft is K tokens, so drafts = draft tokens / K
+        drafts = None if k is None or draft_tokens is None else draft_tokens / k
     positions = max(delta.per_position) + 1 if delta.per_position else 0
     per_pos: list[float | None] = []
     cond: list[float | None] = []
@@ -113,9 +119,17 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         prev = drafts if i == 0 else delta.per_position.get(i - 1)
         cond.append(_div(value, prev))
     tau_num = _div(accepted, drafts)
+    if schema == "v0":
+        # V0: tau = emitted / drafts (emitted = accepted + one bonus token per draft that
+        # reached it); 1 + accepted / drafts would overcount
+        tau = _div(c.get("emitted_tokens"), drafts)
+        tau_num = None if tau is None else tau - 1.0
 
     def rate(name: str) -> float | None:
         return _div(c.get(name), interval)
+
+    def drafts_rate() -> float | None:
+        return _div(drafts, interval)
 
     g = delta.gauges
     h = Health(
@@ -135,7 +149,7 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         num_speculative_tokens=k,
         generation_tokens_per_second=rate("generation_tokens"),
         accepted_tokens_per_second=rate("accepted_tokens"),
-        drafts_per_second=rate("drafts"),
+        drafts_per_second=drafts_rate(),
         drafts_per_step=_div(drafts, steps),
         engine_steps_per_second=rate("engine_steps"),
         preemptions_per_second=rate("preemptions"),
@@ -147,8 +161,39 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         num_requests_waiting=g.get("waiting"),
         num_requests_waiting_by_reason=dict(delta.waiting_by_reason),
         kv_cache_usage=g.get("kv_cache_usage"),
+        inter_token_latency_mean_seconds=_div(c.get("itl_sum"), c.get("itl_count")),
+        time_to_first_token_mean_seconds=_div(c.get("ttft_sum"), c.get("ttft_count")),
+        spec_decode_schema=schema,
     )
     return withhold_invalid(h)
+
+
+def _schema(c: Mapping[str, float | None]) -> str | None:
+    """``"v1"`` with a drafts counter, ``"v0"`` with V0's emitted-tokens counter and none,
+    ``None`` without spec-decode counters."""
+    if c.get("drafts") is not None:
+        return "v1"
+    if c.get("emitted_tokens") is not None:
+        return "v0"
+    return None
+
+
+def _v0_k(c: Mapping[str, float | None], efficiency: float | None) -> int | None:
+    """K of a V0 server from its ``vllm:spec_decode_efficiency`` gauge, when not configured.
+
+    V0: efficiency = emitted / (drafts (K + 1)) with drafts = draft tokens / K, so
+    K / (K + 1) = efficiency · draft tokens / emitted. The gauge is rounded (3 digits), so K is
+    accepted only within 0.1 of a whole number ≥ 1; otherwise ``None`` (τ unknown).
+    """
+    emitted, draft_tokens = c.get("emitted_tokens"), c.get("draft_tokens")
+    if efficiency is None or not emitted or not draft_tokens:
+        return None
+    x = efficiency * draft_tokens / emitted
+    if not 0 < x < 1:
+        return None
+    k = x / (1 - x)
+    whole = round(k)
+    return whole if whole >= 1 and abs(k - whole) <= 0.1 else None
 
 
 _COUNT_FIELDS = (

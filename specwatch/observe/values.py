@@ -56,6 +56,8 @@ class EngineReading:
 
 #: Counter keys in :attr:`EngineReading.counters` and :class:`Delta`.
 #: ``engine_steps`` is ``vllm:iteration_tokens_total_count`` (one observation per engine step).
+#: ``emitted_tokens`` is V0's ``vllm:spec_decode_num_emitted_tokens_total``; ``itl_sum`` /
+#: ``itl_count`` / ``ttft_sum`` / ``ttft_count`` are the latency histograms' ``_sum`` / ``_count``.
 COUNTER_KEYS: tuple[str, ...] = (
     "drafts",
     "draft_tokens",
@@ -65,6 +67,11 @@ COUNTER_KEYS: tuple[str, ...] = (
     "preemptions",
     "engine_steps",
     "requests_finished",
+    "emitted_tokens",
+    "itl_sum",
+    "itl_count",
+    "ttft_sum",
+    "ttft_count",
 )
 
 #: Counters whose fall marks a reset of the engine (vLLM spec-decode counters).
@@ -136,6 +143,12 @@ class Health:
     ``num_requests_waiting_by_reason`` (a breakdown of waiting, not added to it),
     ``kv_cache_usage`` (fraction 0..1; mean over engines in a server view).
     ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
+    ``inter_token_latency_mean_seconds`` / ``time_to_first_token_mean_seconds``: Δ``_sum`` /
+    Δ``_count`` of the histograms (seconds; beside the quantiles).
+    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"v0"`` (vLLM V0:
+    ``..._num_emitted_tokens_total`` and no drafts counter; drafts = draft tokens / K and
+    τ = emitted / drafts, vLLM V0's ``SpecDecodeWorkerMetrics``), ``None`` without spec-decode
+    counters. The two are never mixed in one window (:mod:`specwatch.observe.window`).
     ``withheld``: reasons (:data:`INVALID_REASONS`, sorted) for values set to ``None`` because
     they cannot be right (α > 1, τ > K + 1, ℓ > K, a negative count or rate); empty normally.
     """
@@ -168,6 +181,9 @@ class Health:
     num_requests_waiting: float | None = None
     num_requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
     kv_cache_usage: float | None = None
+    inter_token_latency_mean_seconds: float | None = None
+    time_to_first_token_mean_seconds: float | None = None
+    spec_decode_schema: str | None = None
     withheld: tuple[str, ...] = ()
 
 
