@@ -49,7 +49,12 @@ def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str,
     not checked here. A detector whose window is missing never fires.
     """
     kept = {*windows, SINCE_START}
-    fields = ("acceptance_short_window", "rate_window", "fly_gain_window")
+    fields = (
+        "acceptance_short_window",
+        "acceptance_sustained_window",
+        "rate_window",
+        "fly_gain_window",
+    )
     return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
 
 

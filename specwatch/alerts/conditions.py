@@ -19,6 +19,7 @@ from specwatch.shadow.stats.paired import mcnemar_z, two_proportion_z
 
 __all__ = [
     "BudgetInputs",
+    "acceptance_decay",
     "acceptance_drop",
     "admission_stall",
     "budget_starvation",
@@ -64,6 +65,26 @@ def acceptance_drop(
         if ratio < s.acceptance_drop_ratio:
             return ratio
     return None
+
+
+def acceptance_decay(
+    alpha_short: float | None,
+    alpha_best: float | None,
+    drafts_per_second: float | None,
+    s: DetectSettings,
+) -> float | None:
+    """SpecAcceptanceDecay: α over the short window below ``acceptance_drop_ratio`` × the best
+    sustained α (the highest ``acceptance_sustained_window`` value over the last
+    ``acceptance_decay_lookback`` seconds), drafts/s ≥ ``acceptance_min_drafts_per_second`` →
+    the ratio α_short / α_best. The baseline is a maximum, so a slow decay does not drag it
+    down, and it spans restarts, so an engine that comes back lower after a restart fires."""
+    dps, a_s, a_b = _f(drafts_per_second), _f(alpha_short), _f(alpha_best)
+    if dps is None or dps < s.acceptance_min_drafts_per_second:
+        return None
+    if a_s is None or a_b is None or a_b <= 0:
+        return None
+    ratio = a_s / a_b
+    return ratio if ratio < s.acceptance_drop_ratio else None
 
 
 def fly_gain_lost(

@@ -10,10 +10,12 @@ window and category. It is pure: values in, :class:`~specwatch.alerts.alert.Aler
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.conditions import (
     BudgetInputs,
+    acceptance_decay,
     acceptance_drop,
     admission_stall,
     budget_starvation,
@@ -31,7 +33,7 @@ from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.vllm.budget import required_batched_tokens
 from specwatch.vllm.methods import method_slots, regime_for_version
 
-__all__ = ["candidates"]
+__all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
@@ -93,7 +95,11 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
         )
         if v is not None:
             out.append(_drop_alert(t, model, None, v, h, b, s))
-            continue  # the rule's `unless`: engines are reported only when the server is fine
+        if len(mw.engines) < 2:
+            continue  # one engine is the server: its alert is the server's
+        # every engine that dropped keeps its own alert, also when the server dropped too;
+        # only when every engine dropped is the server alert alone enough
+        found: list[Alert] = []
         for engine, eh in sorted(mw.engines.items()):
             ebh = bw.engines.get(engine)
             if ebh is None:
@@ -107,7 +113,70 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 s,
             )
             if ev is not None:
-                out.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+        if len(found) < len(mw.engines):
+            out += found
+    return out
+
+
+#: Key of a best-sustained-level series: (target, model_name, engine; "" = the server).
+SustainedKey = tuple[str, str, str]
+
+
+def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, float]) -> list[Alert]:
+    out: list[Alert] = []
+    for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+        rows: list[tuple[str, Health]] = [("", mw.server)]
+        if len(mw.engines) > 1:
+            rows += sorted(mw.engines.items())
+        for engine, h in rows:
+            peak = best.get((t.name, model, engine))
+            v = acceptance_decay(h.acceptance_rate, peak, h.drafts_per_second, s)
+            if v is None or peak is None:
+                continue
+            labels = _base(t, model)
+            where = t.name
+            labels["scope"] = "engine" if engine else "server"
+            if engine:
+                labels["engine"] = engine
+                where = f"engine {engine} of {t.name}"
+            restarts = sum(t.counter_resets.values())
+            out.append(
+                Alert(
+                    "SpecAcceptanceDecay",
+                    Severity.WARNING,
+                    f"Acceptance on {where} is below {s.acceptance_drop_ratio:.0%} of its best "
+                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h.",
+                    f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
+                    f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)}, {v:.0%} of the "
+                    f"best {s.acceptance_sustained_window} level {_fmt(peak)} seen in the last "
+                    f"{s.acceptance_decay_lookback / 3600:g}h (threshold "
+                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: {restarts}. "
+                    "A slow decay or a restart that came back lower (new image, weights, "
+                    "config) looks like this.",
+                    labels,
+                    value=v,
+                )
+            )
+    return out
+
+
+def sustained_levels(observe: ObserveView, s: DetectSettings) -> dict[SustainedKey, float]:
+    """α in ``acceptance_sustained_window`` per usable target, model and engine ("" = server;
+    engines only on multi-engine servers): what :class:`~specwatch.alerts.pending.Detector`
+    keeps the maximum of over ``acceptance_decay_lookback``."""
+    out: dict[SustainedKey, float] = {}
+    for t in observe.targets.values():
+        if not _usable(t):
+            continue
+        for model, mw in _window(t, s.acceptance_sustained_window).items():
+            rows: list[tuple[str, Health]] = [("", mw.server)]
+            if len(mw.engines) > 1:
+                rows += list(mw.engines.items())
+            for engine, h in rows:
+                a = h.acceptance_rate
+                if a is not None and math.isfinite(a):
+                    out[(t.name, model, engine)] = a
     return out
 
 
@@ -520,6 +589,7 @@ def candidates(
     settings: DetectSettings,
     *,
     ledger_errors_increase: float | None = None,
+    sustained_best: Mapping[SustainedKey, float] | None = None,
 ) -> list[Alert]:
     """Every condition that holds now, before ``for`` (pure).
 
@@ -527,8 +597,11 @@ def candidates(
 
     - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed);
       ``SpecTokenBudgetBound`` (info, from configuration alone: D_full < max_num_seqs); for
-      usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, else per
-      engine), ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
+      usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, and each
+      engine that dropped on a multi-engine server, also when the server dropped too),
+      ``SpecAcceptanceDecay`` (short-window α below the ratio × ``sustained_best``, the best
+      sustained α over the lookback that :class:`~specwatch.alerts.pending.Detector` keeps),
+      ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
       ``drafts_per_step``, ``draft_truncation``), ``SpecAdmissionStall``;
     - pair (``observe.pair``): ``SpecFLyGainLost``;
     - from ``shadow`` when given: ``SpecQualityDrift`` with ``check="e_value"`` (the
@@ -550,6 +623,7 @@ def candidates(
         if not _usable(t):
             continue
         out += _acceptance(t, settings)
+        out += _decay(t, settings, sustained_best or {})
         out += _inactive(t, settings)
         out += _budget(t, settings)
         out += _stall(t, settings)

@@ -21,6 +21,12 @@ class DetectSettings(BaseModel):
     acceptance_drop_ratio: float = Field(default=0.8, gt=0, lt=1)
     acceptance_min_drafts_per_second: float = Field(default=0.2, ge=0)
     acceptance_drop_for: float = Field(default=600.0, ge=0)
+    # SpecAcceptanceDecay: short-window alpha below acceptance_drop_ratio x the best sustained
+    # alpha (the acceptance_sustained_window value, at its highest over the last
+    # acceptance_decay_lookback seconds); a baseline that does not decay with the signal, and
+    # that spans restarts, so a restarted engine that comes back lower fires too
+    acceptance_decay_lookback: float = Field(default=21600.0, gt=0)
+    acceptance_decay_for: float = Field(default=900.0, ge=0)
     # SpecFLyGainLost: alpha_fly - alpha_standard below this (15m window)
     fly_gain_min: float = 0.02
     fly_gain_min_drafts_per_second: float = Field(default=0.2, ge=0)
@@ -60,6 +66,7 @@ class DetectSettings(BaseModel):
     # ``since_start``). A baseline window that is not configured falls back to ``since_start``.
     acceptance_short_window: str = "5m"
     acceptance_baseline_window: str = "1h"
+    acceptance_sustained_window: str = "15m"
     rate_window: str = "5m"
     fly_gain_window: str = "15m"
     flip_window: str = "1h"

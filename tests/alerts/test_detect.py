@@ -99,6 +99,15 @@ class TestRulesAgree:
             ("SpecwatchLedgerFailing", ["> 0"], "ledger_failing_for"),
             ("SpecTokenBudgetBound", ["<"], "budget_finding_for"),
             (
+                "SpecAcceptanceDecay",
+                [
+                    f"< {S.acceptance_drop_ratio:g}",
+                    f">= {S.acceptance_min_drafts_per_second:g}",
+                    f"[{S.acceptance_decay_lookback:g}s]",
+                ],
+                "acceptance_decay_for",
+            ),
+            (
                 "SpecNonInferiorityNotShown",
                 [f">= {S.quality_min_pairs}", "== 0"],
                 "quality_non_inferiority_for",
@@ -112,9 +121,17 @@ class TestRulesAgree:
         fragments: list[str],
         for_field: str,
     ) -> None:
+        records = {
+            r["record"]: r["expr"]
+            for g in load_rules()["groups"]
+            for r in g["rules"]
+            if "record" in r
+        }
         for rule in rules[alert]:
+            # an alert reading a recording rule of its own condition is checked through it
+            expr = rule["expr"] + "".join(e for n, e in records.items() if n in rule["expr"])
             for fragment in fragments:
-                assert _has(rule["expr"], fragment), (alert, fragment)
+                assert _has(expr, fragment), (alert, fragment)
             assert _seconds(rule["for"]) == getattr(S, for_field), alert
 
     def test_budget_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:

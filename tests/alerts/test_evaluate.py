@@ -17,6 +17,7 @@ import pytest
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
 from specwatch.alerts.settings import DetectSettings
+from specwatch.core.config import SINCE_START
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
@@ -543,3 +544,63 @@ def test_settings_groups_from_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("SPECWATCH_ALERTING__URLS")
     assert load_settings().alerting.urls == []
     assert Settings.model_fields["detect"].default == DetectSettings()
+
+
+def test_engine_keeps_its_label_when_the_server_drops_too() -> None:
+    """Four engines at α 0.6 (180 accepted of 300 draft tokens a second) for 10 minutes; then
+    engine 3 accepts nothing and the others 160/s (α 0.5333). 1m window against since-start
+    (from the first scrape at t = 10 s): server α_1m = 3·160/1200 = 0.4, since-start α =
+    (4·590·180 + 3·60·160)/(4·650·300) = 453600/780000 = 0.5815, ratio 0.6878 < 0.8: the
+    server fires. Engines 0-2: 0.5333 / ((590·180 + 60·160)/195000 = 0.5938) = 0.898: quiet.
+    Engine 3: 0 < 0.8: fires with its engine label although the server fired too."""
+    s = no_for(acceptance_short_window="1m")
+    engines = {str(e): Engine() for e in range(4)}
+    sim = Sim(TargetSettings(name="standard", url="http://h:1"), engines, WINDOWS)
+    for _ in range(60):
+        sim.scrape(10.0)
+    engines["3"].accepted_per_s = 0.0
+    for e in ("0", "1", "2"):
+        engines[e].accepted_per_s = 160.0
+    for _ in range(6):
+        snap = sim.scrape(10.0)
+    server = snap.targets["standard"].windows[SINCE_START][MODEL].server
+    assert server.acceptance_rate == pytest.approx(453600 / 780000)
+    fired = [a for a in evaluate(snap, None, s, sim.t) if a.alertname == "SpecAcceptanceDrop"]
+    assert [(a.labels.get("scope"), a.labels.get("engine"), a.value) for a in fired] == [
+        ("server", None, pytest.approx(0.4 / (453600 / 780000))),
+        ("engine", "3", 0.0),
+    ]
+    assert fired[1].summary == "Speculative-decoding acceptance dropped on engine 3 of standard."
+
+
+def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
+    """α 0.6 for 20 minutes (scrapes every minute, 15m window), then the engine restarts
+    (counters to 0) and comes back at α 0.4 (120 of 300 draft tokens a second). The best 15m
+    level seen is 0.6, kept across the restart: 0.4 / 0.6 = 0.6667 < 0.8 → SpecAcceptanceDecay
+    with value 0.6667 on the first evaluation after the restart has a full 1m window."""
+    s = no_for(acceptance_short_window="1m", acceptance_sustained_window="15m")
+    engines = {"0": Engine()}
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), engines, {"1m": 60.0, "15m": 900.0})
+    detector = Detector(s)
+    for _ in range(20):
+        fired = detector.evaluate(sim.scrape(60.0), None, sim.t)
+        assert "SpecAcceptanceDecay" not in _names(fired)
+    engines["0"].reset()
+    engines["0"].accepted_per_s = 120.0
+    sim.start_time += 1300.0  # the new process
+    snap = sim.scrape(60.0)
+    snap = sim.scrape(60.0)
+    fired = [
+        a for a in detector.evaluate(snap, None, sim.t) if a.alertname == "SpecAcceptanceDecay"
+    ]
+    (alert,) = fired
+    assert dict(alert.labels) == {
+        "target": "fly",
+        "role": "fly",
+        "model_name": MODEL,
+        "scope": "server",
+    }
+    assert alert.value == pytest.approx(0.4 / 0.6)
+    assert alert.summary == (
+        "Acceptance on fly is below 80% of its best sustained level in the last 6h."
+    )

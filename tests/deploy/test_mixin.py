@@ -54,6 +54,7 @@ EXPECTED_ALERTS = {
     "SpecwatchLedgerFailing",
     "SpecNonInferiorityNotShown",
     "SpecTokenBudgetBound",
+    "SpecAcceptanceDecay",
 }
 
 
@@ -357,7 +358,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 45 rules found") == 3
+    assert out.stdout.count("SUCCESS: 50 rules found") == 3
 
 
 @pytest.mark.promtool
