@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.conditions import (
@@ -628,12 +629,13 @@ def candidates(
         out += _budget(t, settings)
         out += _stall(t, settings)
     out += _fly_gain(observe, settings)
+    shadow_found: list[Alert] = []
     if shadow is not None:
-        out += _quality(shadow, settings)
-        out += _flip(shadow, settings)
-        out += _shadow_stalled(observe, shadow, settings)
+        shadow_found += _quality(shadow, settings)
+        shadow_found += _flip(shadow, settings)
+        shadow_found += _shadow_stalled(observe, shadow, settings)
     if ledger_errors_increase is not None and ledger_errors_increase > 0:
-        out.append(
+        shadow_found.append(
             Alert(
                 "SpecwatchLedgerFailing",
                 Severity.WARNING,
@@ -644,4 +646,21 @@ def candidates(
                 value=ledger_errors_increase,
             )
         )
+    pair = _pair_labels(observe)
+    out += [replace(a, labels={**pair, **a.labels}) for a in shadow_found]
+    return out
+
+
+def _pair_labels(observe: ObserveView) -> dict[str, str]:
+    """Where a shadow alert comes from: the FLy target (``target``, ``role="fly"``, its first
+    model's ``model_name``) and the ``standard`` target it is compared with; empty without a
+    pair."""
+    pv = next(iter(observe.pair.values()), None)
+    if pv is None:
+        return {}
+    out = {"target": pv.fly, "role": "fly", "standard": pv.standard}
+    fly = observe.targets.get(pv.fly)
+    models = sorted({m for w in fly.windows.values() for m in w}) if fly is not None else []
+    if models:
+        out["model_name"] = models[0]
     return out

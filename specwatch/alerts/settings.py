@@ -81,6 +81,12 @@ DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/doc
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+def default_generator_url(host: str, port: int) -> str:
+    """The sidecar's snapshot, the ``generatorURL`` of its alerts when none is configured:
+    ``http://{host}:{port}/api/v1/snapshot``."""
+    return f"http://{host}:{port}/api/v1/snapshot"
+
+
 class TLSSettings(BaseModel):
     """TLS options for the Alertmanager connection."""
 
@@ -103,6 +109,13 @@ class AlertingSettings(BaseModel):
 
     ``urls`` empty disables delivery (detectors and gauges still run). ``lease_factor`` times
     ``max(resend_interval, evaluation_interval)`` is the ``endsAt`` lease (Prometheus: 4).
+
+    Provenance of every pushed alert: ``namespace`` and ``pod`` become labels (set them from the
+    downward API: ``SPECWATCH_ALERTING__NAMESPACE`` from ``metadata.namespace`` and
+    ``SPECWATCH_ALERTING__POD`` from ``metadata.name``, as ``deploy/base/deployment.yaml`` does),
+    so two FLy pairs in one cluster never merge into one alert; ``generator_url`` is the
+    ``generatorURL`` (the sidecar's ``/api/v1/snapshot``; empty: built from ``pod`` or the host
+    name and the server port by the caller); ``runbook_base_url`` the runbook link base.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -123,6 +136,8 @@ class AlertingSettings(BaseModel):
     external_labels: dict[str, str] = Field(default_factory=dict)
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     generator_url: str = ""
+    namespace: str = ""
+    pod: str = ""
 
     @field_validator("urls")
     @classmethod
@@ -131,6 +146,15 @@ class AlertingSettings(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"alertmanager url must be http(s): {url!r}")
         return [u.rstrip("/") for u in urls]
+
+    def provenance_labels(self) -> dict[str, str]:
+        """``external_labels`` plus ``namespace`` and ``pod`` when set."""
+        out = dict(self.external_labels)
+        if self.namespace:
+            out["namespace"] = self.namespace
+        if self.pod:
+            out["pod"] = self.pod
+        return out
 
     @field_validator("external_labels")
     @classmethod

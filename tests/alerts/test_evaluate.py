@@ -604,3 +604,27 @@ def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
     assert alert.summary == (
         "Acceptance on fly is below 80% of its best sustained level in the last 6h."
     )
+
+
+def test_shadow_alerts_name_the_pair_they_come_from() -> None:
+    """With a standard and a FLy target scraped, a quality alert carries the FLy target, its
+    role and model and the standard target it was compared with (two pairs never merge)."""
+    std = TargetTracker(TargetSettings(name="std-a", url="http://h:1", role="standard"), WINDOWS)
+    fly = TargetTracker(TargetSettings(name="fly-a", url="http://h:2", role="fly"), WINDOWS)
+    engines = {"0": Engine()}
+    for i in range(1, 4):
+        engines["0"].advance(10.0)
+        for tr in (std, fly):
+            tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
+    view = build_view([std.snapshot(), fly.snapshot()], now=30.0)
+    loud = build_shadow_stats({}, now=0.0, alpha=0.05, betting_log_e_value=math.log(50.0))
+    (alert,) = evaluate(view, loud, no_for(), 30.0)
+    assert dict(alert.labels) == {
+        "target": "fly-a",
+        "role": "fly",
+        "standard": "std-a",
+        "model_name": MODEL,
+        "check": "e_value",
+        "category": "_all",
+        "hypothesis": "margin",
+    }
