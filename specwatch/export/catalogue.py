@@ -187,6 +187,12 @@ COUNTER_RESETS = _c(
 )
 
 PAIR = ("window", "standard", "fly")
+THROUGHPUT_WITHHELD = _g(
+    "specwatch_fly_throughput_ratio_withheld",
+    "1 when the FLy / standard throughput ratio is withheld for this reason (request_rates_differ, "
+    "request_rates_unknown, no_requests), else 0: the arms do not serve the same traffic.",
+    (*PAIR, "reason"),
+)
 PAIR_GAUGES: dict[str, MetricSpec] = {
     "acceptance_gain_ratio": _g(
         "specwatch_fly_acceptance_gain_ratio", "FLy minus standard acceptance rate.", PAIR
@@ -196,7 +202,8 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
     ),
     "throughput_ratio": _g(
         "specwatch_fly_throughput_ratio",
-        "Generation tokens/s of FLy divided by standard.",
+        "Generation tokens/s of FLy divided by standard; only when both arms finish requests at "
+        "rates within 10% of each other (same traffic), else withheld.",
         PAIR,
     ),
 }
@@ -252,6 +259,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     *LATEST_GAUGES.values(),
     WAITING_BY_REASON,
     *PAIR_GAUGES.values(),
+    THROUGHPUT_WITHHELD,
     LIMITS_CONFIGURED,
     *CAPACITY_GAUGES.values(),
 )

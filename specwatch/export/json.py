@@ -140,6 +140,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "acceptance_gain_ratio": pv.acceptance_gain_ratio,
             "mean_acceptance_length_ratio": pv.mean_acceptance_length_ratio,
             "throughput_ratio": pv.throughput_ratio,
+            "throughput_ratio_withheld": pv.throughput_ratio_withheld,
         }
         for w, pv in snap.pair.items()
     }

@@ -45,6 +45,7 @@ from specwatch.export.catalogue import (
     TARGET,
     TARGET_STALE,
     TARGET_UP,
+    THROUGHPUT_WITHHELD,
     TTFT,
     WAITING_BY_REASON,
     WINDOW_GAUGES,
@@ -55,6 +56,7 @@ from specwatch.export.snapshot import SnapshotGetter
 from specwatch.observe.values import (
     INVALID_REASONS,
     QUANTILES,
+    THROUGHPUT_WITHHELD_REASONS,
     Health,
     PairView,
     TargetSnapshot,
@@ -251,6 +253,9 @@ class SpecwatchCollector(Collector):
         for window, pv in pair.items():
             for attr, spec in PAIR_GAUGES.items():
                 fam.add(spec, (window, pv.standard, pv.fly), getattr(pv, attr))
+            for reason in THROUGHPUT_WITHHELD_REASONS:
+                labels = (window, pv.standard, pv.fly, reason)
+                fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         yield from fam.families(keep_empty=False)
 
 

@@ -18,6 +18,7 @@ from itertools import accumulate
 from specwatch.observe.values import (
     COUNTER_KEYS,
     QUANTILES,
+    THROUGHPUT_RATE_TOLERANCE,
     Capacity,
     Delta,
     EngineKey,
@@ -331,16 +332,42 @@ def model_windows(
 def pair_view(
     standard_name: str, standard: Health | None, fly_name: str, fly: Health | None
 ) -> PairView:
-    """FLy minus standard α, τ_fly / τ_std, generation-throughput ratio (``None``: undefined)."""
+    """FLy minus standard α, τ_fly / τ_std and the generation-throughput ratio (``None``:
+    undefined). The throughput ratio compares like with like only: it is given when both arms
+    finished requests at rates within :data:`THROUGHPUT_RATE_TOLERANCE` of each other (the same
+    traffic; prompt tokens per second when neither finished a request), else withheld with the
+    reason in ``throughput_ratio_withheld``."""
     gain = None
     tau_ratio = None
     tput = None
+    withheld = None
     if standard is not None and fly is not None:
         if standard.acceptance_rate is not None and fly.acceptance_rate is not None:
             gain = fly.acceptance_rate - standard.acceptance_rate
         tau_ratio = _div(fly.mean_acceptance_length, standard.mean_acceptance_length)
-        tput = _div(fly.generation_tokens_per_second, standard.generation_tokens_per_second)
-    return PairView(standard_name, fly_name, gain, tau_ratio, tput)
+        withheld = _traffic_differs(standard, fly)
+        if withheld is None:
+            tput = _div(fly.generation_tokens_per_second, standard.generation_tokens_per_second)
+    return PairView(standard_name, fly_name, gain, tau_ratio, tput, withheld)
+
+
+def _traffic_differs(standard: Health, fly: Health) -> str | None:
+    """``None`` when both arms serve the same traffic: finished requests per second within
+    :data:`THROUGHPUT_RATE_TOLERANCE` of each other (when neither finished any request in the
+    window, prompt tokens per second instead); else the reason the ratio is withheld."""
+    pairs = (
+        (standard.requests_finished_per_second, fly.requests_finished_per_second),
+        (standard.prompt_tokens_per_second, fly.prompt_tokens_per_second),
+    )
+    for a, b in pairs:
+        if a is None or b is None:
+            return "request_rates_unknown"
+        if a <= 0 and b <= 0:
+            continue  # nothing finished on either arm: judge by admitted prompt tokens
+        if abs(a - b) > THROUGHPUT_RATE_TOLERANCE * max(a, b):
+            return "request_rates_differ"
+        return None
+    return "no_requests"
 
 
 def capacity(

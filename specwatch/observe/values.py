@@ -276,7 +276,11 @@ class PairView:
     """FLy vs standard in one window (server views of each target's first model).
 
     ``acceptance_gain_ratio`` = α_fly − α_std; ``mean_acceptance_length_ratio`` = τ_fly / τ_std;
-    ``throughput_ratio`` = generation tokens/s fly / standard. ``None`` when undefined.
+    ``throughput_ratio`` = generation tokens/s fly / standard, only when both arms serve the
+    same traffic (finished requests per second within :data:`THROUGHPUT_RATE_TOLERANCE` of
+    each other); otherwise ``None`` with ``throughput_ratio_withheld`` saying why
+    (``request_rates_unknown``, ``no_requests``, ``request_rates_differ``). ``None`` when
+    undefined.
     """
 
     standard: str
@@ -284,6 +288,19 @@ class PairView:
     acceptance_gain_ratio: float | None = None
     mean_acceptance_length_ratio: float | None = None
     throughput_ratio: float | None = None
+    throughput_ratio_withheld: str | None = None
+
+
+#: Largest relative difference of the two arms' finished requests per second for which the
+#: throughput ratio compares like with like (10 %).
+THROUGHPUT_RATE_TOLERANCE = 0.1
+
+#: Why the throughput ratio is withheld (:attr:`PairView.throughput_ratio_withheld`).
+THROUGHPUT_WITHHELD_REASONS: tuple[str, ...] = (
+    "no_requests",
+    "request_rates_differ",
+    "request_rates_unknown",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,14 +190,54 @@ class TestPair:
     def test_pair_view(self) -> None:
         """Gain is a difference of rates; τ and throughput are ratios."""
         std = Health(
-            acceptance_rate=0.5, mean_acceptance_length=2.0, generation_tokens_per_second=100.0
+            acceptance_rate=0.5,
+            mean_acceptance_length=2.0,
+            generation_tokens_per_second=100.0,
+            requests_finished_per_second=2.0,
         )
         fly = Health(
-            acceptance_rate=0.6, mean_acceptance_length=2.5, generation_tokens_per_second=120.0
+            acceptance_rate=0.6,
+            mean_acceptance_length=2.5,
+            generation_tokens_per_second=120.0,
+            requests_finished_per_second=2.1,
         )
         pv = pair_view("s", std, "f", fly)
         assert pv.acceptance_gain_ratio == pytest.approx(0.1)
         assert pv.mean_acceptance_length_ratio == pytest.approx(1.25)
         assert pv.throughput_ratio == pytest.approx(1.2)
+        assert pv.throughput_ratio_withheld is None
         empty = pair_view("s", Health(), "f", fly)
         assert empty.acceptance_gain_ratio is None
+
+    def test_throughput_ratio_only_like_with_like(self) -> None:
+        """Requests finishing at 2.0/s and 2.1/s (5 % apart, within 10 %): the ratio 1.2 is
+        given; at 2.0/s and 3.0/s (33 % apart) the arms serve different loads and it is
+        withheld with a reason; unknown or zero rates are withheld too; with no request
+        finished on either arm, prompt tokens per second decide."""
+        std = Health(generation_tokens_per_second=100.0, requests_finished_per_second=2.0)
+
+        def fly(rate: float | None) -> Health:
+            return Health(generation_tokens_per_second=120.0, requests_finished_per_second=rate)
+
+        assert pair_view("s", std, "f", fly(2.1)).throughput_ratio == pytest.approx(1.2)
+        differ = pair_view("s", std, "f", fly(3.0))
+        assert (differ.throughput_ratio, differ.throughput_ratio_withheld) == (
+            None,
+            "request_rates_differ",
+        )
+        unknown = pair_view("s", std, "f", fly(None))
+        assert unknown.throughput_ratio_withheld == "request_rates_unknown"
+        none = Health(requests_finished_per_second=0.0, prompt_tokens_per_second=0.0)
+        idle = pair_view("s", none, "f", none)
+        assert idle.throughput_ratio_withheld == "no_requests"
+
+        def long(prompt: float, gen: float) -> Health:
+            """Long requests, none finished yet: judged by admitted prompt tokens."""
+            return Health(
+                generation_tokens_per_second=gen,
+                requests_finished_per_second=0.0,
+                prompt_tokens_per_second=prompt,
+            )
+
+        # 500 against 520 prompt tokens/s (4 % apart): 90 / 100 tokens/s = 0.9
+        assert pair_view("s", long(500, 100), "f", long(520, 90)).throughput_ratio == 0.9
