@@ -332,3 +332,64 @@ def test_rules_fire_what_replay_fires(
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _sample(text: str, name: str) -> float:
+    """Sum of a family's samples on a page (the raw vLLM numbers, not specwatch's)."""
+    total = 0.0
+    for ln in text.splitlines():
+        m = _SAMPLE.match(ln)
+        if m and m["series"].split("{")[0] == name:
+            total += float(m["value"])
+    return total
+
+
+@pytest.mark.usefixtures("every_minute")
+def test_each_fired_summary_is_true_on_the_raw_pages(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Whatever replay fires on the C08 scenario (with the tight budget too), its summary's
+    claims hold on the raw pages at the time it fired, read straight from vLLM's numbers:
+    "requests wait" (waiting > 0), "running is far below capacity" (running / 256 <= 0.1),
+    "nothing finishes" (request_success unchanged over the 5m window, here 0 -> fired_at),
+    near-zero generation (< 1 token/s); the budget finding's arithmetic
+    B < N (1 + K + S) and "at most R" with R = B // (1 + K) for eagle3 (S = 0)."""
+    d = c08_timeline(tmp_path / "c08")
+    rc, doc, _ = _replay(
+        capsys,
+        "--target",
+        f"c08={d},{C08_LIMITS}",
+        "--target",
+        f"tight={d},{TIGHT_LIMITS}",
+        "--format",
+        "json",
+    )
+    assert rc == 0
+    assert isinstance(doc, dict)
+    names = sorted({a["alertname"] for a in doc["alerts"]})
+    assert names == ["SpecAdmissionStall", "SpecTokenBudgetBound"]
+    for a in doc["alerts"]:
+        t = a["fired_at"]
+        page = (d / f"{t:g}.prom").read_text(encoding="utf-8")
+        if a["alertname"] == "SpecAdmissionStall":
+            start = (d / f"{max(0.0, t - 300):g}.prom").read_text(encoding="utf-8")
+            assert "requests wait" in a["summary"]
+            assert _sample(page, "vllm:num_requests_waiting") > 0
+            assert "running is far below capacity" in a["summary"]
+            assert _sample(page, "vllm:num_requests_running") / 256 <= 0.1
+            assert "nothing finishes" in a["summary"]
+            done = _sample(page, "vllm:request_success_total")
+            assert done - _sample(start, "vllm:request_success_total") == 0
+            generated = _sample(page, "vllm:generation_tokens_total")
+            assert (generated - _sample(start, "vllm:generation_tokens_total")) / 300 < 1
+        else:
+            m = re.fullmatch(
+                r"max_num_batched_tokens (\d+) is below N (\d+) x \(1 \+ K (\d+) \+ S (\d+)\) = "
+                r"(\d+), so at most (\d+) requests can decode per step on (\w+)\.",
+                a["summary"],
+            )
+            assert m is not None
+            b, n, k, s, need, most = (int(m[i]) for i in range(1, 7))
+            assert (m[7], b, n, k, s) == ("tight", 512, 256, 3, 0)
+            assert need == n * (1 + k + s) > b
+            assert most == b // (1 + k + s) == a["value"]

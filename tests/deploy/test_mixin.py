@@ -300,6 +300,25 @@ class TestAlerts:
             assert ann["description"], name
             assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
 
+    def test_critical_only_on_evidence(self, rules: dict[str, Any]) -> None:
+        """A page (critical) fires only on evidence of harm: the anytime-valid e-value, the
+        fleet McNemar z, or a stall; "non-inferiority not shown yet" and configuration findings
+        are info and their summaries claim no loss."""
+        by_sev: dict[str, set[str]] = {}
+        for rule in alert_rules(rules):
+            by_sev.setdefault(rule["labels"]["severity"], set()).add(rule["alert"])
+        assert by_sev["critical"] == {
+            "SpecQualityDrift",
+            "SpecQualityDriftFleet",
+            "SpecAdmissionStall",
+        }
+        assert by_sev["info"] == {"SpecNonInferiorityNotShown", "SpecTokenBudgetBound"}
+        for rule in alert_rules(rules):
+            if rule["alert"] == "SpecQualityDrift":
+                assert rule["expr"].startswith("specwatch_paired_e_value{")
+            if rule["labels"]["severity"] == "info":
+                assert "loses" not in rule["annotations"]["summary"]
+
     def test_runbook_pattern_matches_the_python_default(self) -> None:
         """config.yaml's runbook pattern points where specwatch's own alerts point by default."""
         assert load_config(CONFIG)["runbookURLPattern"] == f"{DEFAULT_RUNBOOK_BASE_URL}#%s"
