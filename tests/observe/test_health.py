@@ -241,3 +241,20 @@ class TestPair:
 
         # 500 against 520 prompt tokens/s (4 % apart): 90 / 100 tokens/s = 0.9
         assert pair_view("s", long(500, 100), "f", long(520, 90)).throughput_ratio == 0.9
+
+
+def test_c08_stall_rates() -> None:
+    """The public admission-stall report (cases/C08, pages 60 s apart): waiting 492 (the
+    by-reason gauges 19 + 473 are a breakdown, never added: not 984), KV 0.20, 29 generated
+    tokens / 60 s = 0.483333 tokens/s, 116760 prompt tokens / 60 s = 1946 tokens/s and no
+    request finished in the window (0 /s)."""
+    before = parse_page(body("cases/C08_stall_t000.prom"))
+    after = parse_page(body("cases/C08_stall_t060.prom"))
+    h = model_windows(page_delta(before, after, 60.0))["example-model"].server
+    expected = json.loads((FIXTURES / "cases/expected.json").read_text())["C08"]
+    assert h.num_requests_waiting == expected["waiting"] == 492
+    assert h.kv_cache_usage == pytest.approx(expected["kv_cache_usage"])
+    assert h.generation_tokens_per_second == pytest.approx(expected["generation_tokens_per_s"])
+    assert h.prompt_tokens_per_second == pytest.approx(expected["prompt_tokens_per_s"])
+    assert h.requests_finished == expected["requests_finished_in_window"] == 0
+    assert h.requests_finished_per_second == 0.0
