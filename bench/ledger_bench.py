@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from specwatch.shadow.compare import PairOutcome, compare
+from specwatch.shadow.compare import compare
 from specwatch.shadow.ledger import Ledger
-from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, PairOutcome, ReplayPair, ShadowRequest, Source
 
 
 def _outcomes(n: int) -> list[PairOutcome]:

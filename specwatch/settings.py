@@ -34,7 +34,8 @@ from pydantic_settings import (
 )
 
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.core.config import Frozen, check_windows, parse_duration, split_list
+from specwatch.core.config import check_windows, parse_duration, split_list
+from specwatch.core.frozen import Frozen
 from specwatch.core.logs import redact_url
 from specwatch.core.wire import server_base
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
@@ -170,14 +171,6 @@ class Settings(BaseSettings):
     def window_seconds(self) -> dict[str, float]:
         """Window name → length in seconds (without ``since_start``)."""
         return {w: parse_duration(w) for w in self.windows}
-
-    def interval_for(self, target: TargetSettings) -> float:
-        """Scrape interval of ``target`` (its own, else the default)."""
-        return target.scrape_interval_seconds or self.scrape.interval_seconds
-
-    def timeout_for(self, target: TargetSettings) -> float:
-        """Scrape timeout of ``target`` (its own, else the default)."""
-        return target.scrape_timeout_seconds or self.scrape.timeout_seconds
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as JSON-able data with secrets shown as ``**********``

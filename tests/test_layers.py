@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from tests.fakes import REPO
@@ -44,3 +45,34 @@ def test_tracker_import_loads_no_io_or_stats_stack() -> None:
         check=True,
     )
     assert json.loads(proc.stdout) == []
+
+
+def test_tracker_import_loads_no_pydantic() -> None:
+    """The observe chain alone does not load pydantic: settings types are annotations only."""
+    code = "import sys; import specwatch.observe.tracker; print('pydantic' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.strip() == "False"
+
+
+def test_architecture_note_states_the_contracts() -> None:
+    """docs/architecture.md names the layer order and both forbidden lists of pyproject.toml."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    note = " ".join((REPO / "docs" / "architecture.md").read_text().split())
+
+    def short(module: str) -> str:
+        return module.removeprefix("specwatch.")
+
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    order = " > ".join(
+        " | ".join(f"`{short(m)}`" for m in layer.split(" | ")) for layer in layers
+    ).replace("`observe` | `shadow`", "`observe | shadow` (independent)")
+    assert order in note
+    for c in contracts:
+        if c["type"] == "forbidden":
+            (source,) = c["source_modules"]
+            listed = ", ".join(short(m) for m in c["forbidden_modules"])
+            assert f"`{short(source)}` (forbidden: {listed})" in note, source

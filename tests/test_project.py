@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -66,3 +67,18 @@ class TestPackaging:
             timeout=60,
         )
         assert out.stdout.strip() == f"specwatch {__version__}"
+
+
+def test_every_test_has_a_docstring() -> None:
+    """Every test function under tests/ has a docstring saying what it shows."""
+    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert len(files) > 50
+    missing = [
+        f"{path.relative_to(ROOT)}::{node.name}"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test")
+        and ast.get_docstring(node) is None
+    ]
+    assert missing == [], "tests without a docstring:\n" + "\n".join(missing)

@@ -30,8 +30,8 @@ from specwatch.shadow.stats.paired import (
     non_inferiority_test,
 )
 from specwatch.shadow.stats.sequential import (
-    BettingEProcess,
     beta_binomial_log_e_values,
+    betting_path,
     net_loss_mixture_log_e_values,
 )
 
@@ -134,12 +134,15 @@ def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, 
         hit = np.flatnonzero(path >= threshold)
         return int(hit[0]) + 1 if hit.size else None
 
-    state = BettingEProcess(margin=margin)
-    betting: int | None = None
-    for i, x in enumerate(d, start=1):
-        state = state.update(x)
-        if betting is None and state.log_wealth >= threshold:
-            betting = i
+    outcomes = [(x == 1, x == -1) for x in d]  # d = standard - fly: +1 lost, -1 gained
+    betting = next(
+        (
+            i
+            for i, state in enumerate(betting_path(outcomes, margin), start=1)
+            if state.log_wealth >= threshold
+        ),
+        None,
+    )
     return {
         "no_net_loss": first(net_loss_mixture_log_e_values(lost, gained)) if d else None,
         "no_net_loss_beta_binomial": first(beta_binomial_log_e_values(lost, gained)) if d else None,

@@ -129,18 +129,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def _serve(server: SimServer, host: str, port: int) -> None:
-    from aiohttp import web  # the server stack loads only when serving
+    from specwatch.simulate.launcher import serve  # the server stack loads only when serving
 
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = port
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            bound = int(addr[1])
-            break
-    print(f"specwatch simulate: listening on http://{host}:{bound}", flush=True)
+    handle = await serve(server, host=host, port=port)
+    print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -149,7 +141,7 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await handle.stop()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Clocks: the wall-clock protocol every time-dependent object takes.
+"""Clocks: the wall-clock protocol every time-dependent object takes, and the one timestamp
+format sent to Alertmanager and shown in ``/api/v1/snapshot``.
 
 ``time.time`` in production, a fake in tests.
 """

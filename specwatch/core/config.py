@@ -1,16 +1,14 @@
 """Building blocks shared by every settings group: durations, window names and the two fixed
-names (``SINCE_START``, ``OVERALL``), list splitting, the frozen base model."""
+names (``SINCE_START``, ``OVERALL``), list splitting.
+
+Plain Python only, so the observe chain can read the window names without loading pydantic;
+the frozen pydantic base of the settings groups is :class:`specwatch.core.frozen.Frozen`."""
 
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
-
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-)
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
@@ -55,7 +53,3 @@ def check_windows(v: tuple[str, ...]) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError("window names must be unique")
     return names
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")

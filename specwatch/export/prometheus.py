@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.export import catalogue as cat
 from specwatch.export.catalogue import (
@@ -279,7 +280,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)
-        fam.add(cat.E_VALUE, ("since_start", "_all", "margin"), e)
+        fam.add(cat.E_VALUE, (SINCE_START, OVERALL, "margin"), e)
     fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
     io = state.io
     if io is None:

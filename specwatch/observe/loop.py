@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -19,9 +20,11 @@ from specwatch.core.clock import Clock
 from specwatch.core.logs import log_event
 from specwatch.observe.fetch import fetch_metrics
 from specwatch.observe.parse import ParseError, parse_page
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.observe.values import ObserveView
+
+if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings built
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
 __all__ = ["Scraper"]
 
@@ -61,8 +64,8 @@ class Scraper:
         self._locks = {name: asyncio.Lock() for name in names}
         self._last_reason: dict[str, str | None] = dict.fromkeys(names)
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
-        self._last_conflicts: dict[str, int] = dict.fromkeys(names, 0)
-        self._last_invalid: dict[str, int] = dict.fromkeys(names, 0)
+        #: (target, reason) -> series skipped on the last page, so a count is logged once.
+        self._last_skipped: dict[tuple[str, str], int] = {}
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -119,28 +122,8 @@ class Scraper:
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
-        if page.duplicate_conflicts != self._last_conflicts[target.name]:
-            self._last_conflicts[target.name] = page.duplicate_conflicts
-            if page.duplicate_conflicts:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "duplicate series skipped",
-                    target=target.name,
-                    reason="duplicate_conflict",
-                    count=page.duplicate_conflicts,
-                )
-        if page.invalid_series != self._last_invalid[target.name]:
-            self._last_invalid[target.name] = page.invalid_series
-            if page.invalid_series:
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "invalid series skipped",
-                    target=target.name,
-                    reason="invalid_series",
-                    count=page.invalid_series,
-                )
+        self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
+        self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:
             self._last_missing[target.name] = missing
@@ -168,6 +151,16 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_skipped(self, target: str, kind: str, reason: str, count: int) -> None:
+        """Log "<kind> series skipped" when a page's count for ``reason`` changes (once, not on
+        every page with the same count)."""
+        if count == self._last_skipped.get((target, reason), 0):
+            return
+        self._last_skipped[target, reason] = count
+        if count:
+            event = f"{kind} series skipped"
+            log_event(logger, logging.WARNING, event, target=target, reason=reason, count=count)
 
     def _failed(self, target: TargetSettings, reason: str, detail: str, line: int | None) -> None:
         level = logging.WARNING if self._last_reason[target.name] != reason else logging.DEBUG

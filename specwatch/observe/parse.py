@@ -36,6 +36,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
+from specwatch.vllm.families import FAMILIES, Family
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
 
@@ -69,40 +70,7 @@ class ParseError(ValueError):
         self.line = line
 
 
-@dataclass(frozen=True, slots=True)
-class _Family:
-    name: str  # exposition family name (as in # TYPE), counters with _total
-    kind: str  # counter | gauge | histogram
-    key: str  # key in EngineReading
-
-
-#: Allow-listed vLLM families: exposition name → (type, key). Old names are fallbacks.
-FAMILIES: tuple[_Family, ...] = (
-    _Family("vllm:spec_decode_num_drafts_total", "counter", "drafts"),
-    _Family("vllm:spec_decode_num_draft_tokens_total", "counter", "draft_tokens"),
-    _Family("vllm:spec_decode_num_accepted_tokens_total", "counter", "accepted_tokens"),
-    _Family("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "per_position"),
-    # vLLM V0's spec-decode schema: emitted tokens (accepted + bonus) and efficiency; no drafts
-    _Family("vllm:spec_decode_num_emitted_tokens_total", "counter", "emitted_tokens"),
-    _Family("vllm:spec_decode_efficiency", "gauge", "spec_decode_efficiency"),
-    _Family("vllm:generation_tokens_total", "counter", "generation_tokens"),
-    _Family("vllm:prompt_tokens_total", "counter", "prompt_tokens"),
-    _Family("vllm:num_preemptions_total", "counter", "preemptions"),
-    _Family("vllm:request_success_total", "counter", "requests_finished"),
-    _Family("vllm:num_requests_running", "gauge", "running"),
-    _Family("vllm:num_requests_waiting", "gauge", "waiting"),
-    _Family("vllm:num_requests_waiting_by_reason", "gauge", "waiting_by_reason"),
-    _Family("vllm:kv_cache_usage_perc", "gauge", "kv_cache_usage"),
-    _Family("vllm:gpu_cache_usage_perc", "gauge", "kv_cache_usage_old"),
-    _Family("vllm:iteration_tokens_total", "histogram", "engine_steps"),
-    _Family("vllm:inter_token_latency_seconds", "histogram", "itl"),
-    _Family("vllm:time_per_output_token_seconds", "histogram", "itl_old"),
-    _Family("vllm:time_to_first_token_seconds", "histogram", "ttft"),
-    _Family("process_start_time_seconds", "gauge", "process_start_time_seconds"),
-)
-
-
-def _sample_names(fam: _Family) -> dict[str, str]:
+def _sample_names(fam: Family) -> dict[str, str]:
     """Exact sample names of a family → suffix role (``value``/``bucket``/``count``/``sum``)."""
     if fam.kind == "histogram":
         return {
@@ -114,7 +82,7 @@ def _sample_names(fam: _Family) -> dict[str, str]:
 
 
 #: Exact sample name → (family, role).
-_SAMPLES: dict[str, tuple[_Family, str]] = {
+_SAMPLES: dict[str, tuple[Family, str]] = {
     sample: (fam, role) for fam in FAMILIES for sample, role in _sample_names(fam).items()
 }
 
@@ -359,7 +327,7 @@ class _Series:
 
     ident: _Ident
     labels: dict[str, str]
-    family: _Family
+    family: Family
     role: str
     engine: EngineKey
 
@@ -619,13 +587,8 @@ _TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
 _seed_shapes()
 
 
-def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
-    """(series, value) of the kept lines of a plain-text page, all parsed in one call."""
-    text = "\n".join(kept) + "\n"
-    try:
-        metrics = list(text_string_to_metric_families(text))
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise _malformed(exc, body, kept, None) from None
+def _kept_samples(metrics: Iterable[Metric]) -> list[tuple[_Series, float]]:
+    """(series, value) of every sample of ``metrics`` that is an allow-listed series."""
     out: list[tuple[_Series, float]] = []
     for metric in metrics:
         for s in metric.samples:
@@ -633,6 +596,16 @@ def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
             if series is not None:
                 out.append((series, s.value))
     return out
+
+
+def _records_whole(body: str, kept: list[str]) -> list[tuple[_Series, float]]:
+    """(series, value) of the kept lines of a plain-text page, all parsed in one call."""
+    text = "\n".join(kept) + "\n"
+    try:
+        metrics = list(text_string_to_metric_families(text))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise _malformed(exc, body, kept, None) from None
+    return _kept_samples(metrics)
 
 
 def _records_openmetrics(body: str) -> list[tuple[_Series, float]]:
@@ -644,16 +617,10 @@ def _records_openmetrics(body: str) -> list[tuple[_Series, float]]:
         numbers = kept_line_numbers(body, openmetrics=True)
         line = _locate(text, numbers, True)
         raise ParseError(f"malformed exposition: {exc}", line=line) from None
-    out: list[tuple[_Series, float]] = []
-    for metric in metrics:
-        for s in metric.samples:
-            series = _series(s.name, s.labels)
-            if series is not None:
-                out.append((series, s.value))
-    return out
+    return _kept_samples(metrics)
 
 
-def _ingest(acc: _Acc, fam: _Family, role: str, labels: dict[str, str], value: float) -> None:
+def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: float) -> None:
     key = fam.key
     if fam.kind == "histogram":
         if role == "bucket":

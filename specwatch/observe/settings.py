@@ -12,7 +12,8 @@ from pydantic import (
     model_validator,
 )
 
-from specwatch.core.config import NAME_RE, Frozen
+from specwatch.core.config import NAME_RE
+from specwatch.core.frozen import Frozen
 from specwatch.core.roles import Role
 from specwatch.observe.values import Limits
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.health import capacity, model_windows, pair_view
-from specwatch.observe.settings import TargetSettings
 from specwatch.observe.values import (
     Capacity,
     ModelWindow,
@@ -25,6 +25,9 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.observe.window import RollingWindows
+
+if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
+    from specwatch.observe.settings import TargetSettings
 
 logger = logging.getLogger("specwatch.scrape")
 

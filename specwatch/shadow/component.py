@@ -34,7 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.compare import CompareConfig, PairOutcome, compare
+from specwatch.shadow.compare import CompareConfig, compare
 from specwatch.shadow.ingest.mirror import mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
@@ -47,7 +47,7 @@ from specwatch.shadow.summary import (
     build_shadow_stats,
 )
 from specwatch.shadow.tally import labelled_outcome
-from specwatch.shadow.values import ReplayPair
+from specwatch.shadow.values import PairOutcome, ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.compare import ArmOutcome, PairOutcome
 from specwatch.shadow.tally import LABELLED, TALLY_RULES, Cell, PairTally, Rule
+from specwatch.shadow.values import ArmOutcome, PairOutcome
 
 log = logging.getLogger("specwatch.shadow.ledger")
 

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from specwatch.core.config import SINCE_START, Frozen, check_windows, parse_duration, split_list
+from specwatch.core.config import SINCE_START, check_windows, parse_duration, split_list
+from specwatch.core.frozen import Frozen
 from specwatch.core.wire import SHADOW_MARKER_HEADER
 
 IngestMode = Literal["mirror", "proxy", "canary"]

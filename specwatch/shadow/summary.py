@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from specwatch.core.config import OVERALL
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.compare import PairOutcome
 from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
@@ -28,6 +27,7 @@ from specwatch.shadow.tally import PairTally as PairTally
 from specwatch.shadow.tally import arm_label_counts, row_tally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
+from specwatch.shadow.values import PairOutcome
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specwatch.shadow.classify import PairStatus
 
 
 class Source(enum.StrEnum):
@@ -81,3 +84,62 @@ class ReplayPair:
     noise: ArmResult | None = None
     seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmOutcome:
+    """One arm's result after comparison with the standard arm.
+
+    ``exact_match``, ``first_divergence_*``, ``similarity`` and ``agrees`` are ``None`` for the
+    standard arm itself and whenever either side failed. ``first_divergence_char`` is the index of
+    the first differing character (``None`` when identical; the shorter length when one text is
+    a prefix of the other), likewise ``first_divergence_token`` over token ids. ``correct`` is
+    ``None`` when there is no gold answer. ``text`` is kept only so a ledger with ``store_text``
+    can save it.
+    """
+
+    arm: Arm
+    ok: bool
+    error: str | None
+    status: int | None
+    latency_seconds: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    mean_acceptance_length: float | None
+    finish_reason: str | None
+    answer: str | None
+    correct: bool | None
+    exact_match: bool | None
+    agrees: bool | None
+    first_divergence_char: int | None
+    first_divergence_token: int | None
+    similarity: float | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairOutcome:
+    """Everything the ledger and the statistics need about one replayed request.
+
+    ``status``: ``paired`` (standard and FLy both answered), ``unpaired`` (one side failed;
+    never counted as a mismatch), ``excluded`` (e.g. a 400 for an unsupported parameter, or a
+    checker that cannot run); ``reason`` says why for the last two. ``noise`` is ``None`` when no
+    noise arm was asked; a failed noise arm leaves the pair paired with ``noise.ok`` False.
+    """
+
+    time: float
+    request_hash: str
+    category: str
+    source: Source
+    item_id: str | None
+    seed: int | None
+    labelled: bool
+    status: PairStatus
+    reason: str | None
+    standard: ArmOutcome
+    fly: ArmOutcome
+    noise: ArmOutcome | None
+
+    def arm(self, arm: Arm) -> ArmOutcome | None:
+        """The outcome of ``arm`` (``None`` for a noise arm that was not asked)."""
+        return {Arm.STANDARD: self.standard, Arm.FLY: self.fly, Arm.NOISE: self.noise}[arm]

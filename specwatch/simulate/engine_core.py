@@ -198,6 +198,18 @@ class MetricsSink(Protocol):
     def on_queue(self, engine: int, running: int, waiting: int, kv_usage: float) -> None: ...
 
 
+def synthetic_lm(config: SimConfig) -> SyntheticLM:
+    """The synthetic LM of a simulated server (shared by its engines), from its config."""
+    return SyntheticLM(
+        LMConfig(
+            vocab_size=config.vocab_size,
+            seed=config.seed,
+            target_sharpness=config.target_sharpness,
+            draft_noise=config.draft_noise,
+        )
+    )
+
+
 def tokenize_len(prompt: str) -> int:
     """Prompt length in tokens of the synthetic tokenizer (one per whitespace word, plus BOS)."""
     return 1 + len(prompt.split())
@@ -246,14 +258,7 @@ class EngineCore:
         config.validate()
         self.config = config
         self.engine_index = engine_index
-        self.lm = lm or SyntheticLM(
-            LMConfig(
-                vocab_size=config.vocab_size,
-                seed=config.seed,
-                target_sharpness=config.target_sharpness,
-                draft_noise=config.draft_noise,
-            )
-        )
+        self.lm = lm or synthetic_lm(config)
         self.faults = faults or Faults()
         self.sink = sink
         self.table = SeqTable()
@@ -587,14 +592,7 @@ class Simulation:
     ) -> None:
         self.config = config
         self.faults = faults or Faults()
-        lm = SyntheticLM(
-            LMConfig(
-                vocab_size=config.vocab_size,
-                seed=config.seed,
-                target_sharpness=config.target_sharpness,
-                draft_noise=config.draft_noise,
-            )
-        )
+        lm = synthetic_lm(config)
         self.cores = [
             EngineCore(config, engine_index=i, lm=lm, faults=self.faults, sink=sink)
             for i in range(config.data_parallel_size)

@@ -53,7 +53,12 @@ async def start_simulator(
     config: SimConfig, *, host: str = "127.0.0.1", port: int = 0
 ) -> SimulatorHandle:
     """Serve ``config`` on ``host:port`` (0 = free port) in the running loop."""
-    server = SimServer(config)
+    return await serve(SimServer(config), host=host, port=port)
+
+
+async def serve(server: SimServer, *, host: str, port: int) -> SimulatorHandle:
+    """Serve ``server`` on ``host:port`` (0 = free port) in the running loop; the handle has the
+    port actually bound (``specwatch simulate`` and the in-process simulators both start here)."""
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -22,6 +22,7 @@ from prometheus_client import (
 
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.engine_core import SimRequest, StepStats
+from specwatch.vllm.families import BY_KEY
 
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -84,28 +85,28 @@ class SimMetrics:
         r = self.registry
         lab = ["model_name", "engine"]
         self.running = Gauge(
-            "vllm:num_requests_running",
+            BY_KEY["running"].base,
             "Number of requests in model execution batches.",
             lab,
             registry=r,
             multiprocess_mode="mostrecent",
         )
         self.waiting = Gauge(
-            "vllm:num_requests_waiting",
+            BY_KEY["waiting"].base,
             "Number of requests waiting to be processed.",
             lab,
             registry=r,
             multiprocess_mode="mostrecent",
         )
         self.waiting_by_reason = Gauge(
-            "vllm:num_requests_waiting_by_reason",
+            BY_KEY["waiting_by_reason"].base,
             "Number of requests waiting, by reason.",
             [*lab, "reason"],
             registry=r,
             multiprocess_mode="mostrecent",
         )
         self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc",
+            BY_KEY["kv_cache_usage"].base,
             "KV-cache usage. 1 means 100 percent usage.",
             lab,
             registry=r,
@@ -127,13 +128,13 @@ class SimMetrics:
             multiprocess_mode="mostrecent",
         )
         self.preemptions = Counter(
-            "vllm:num_preemptions",
+            BY_KEY["preemptions"].base,
             "Cumulative number of preemption from the engine.",
             lab,
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", lab, registry=r
+            BY_KEY["prompt_tokens"].base, "Number of prefill tokens processed.", lab, registry=r
         )
         self.prompt_by_source = Counter(
             "vllm:prompt_tokens_by_source",
@@ -148,7 +149,10 @@ class SimMetrics:
             registry=r,
         )
         self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", lab, registry=r
+            BY_KEY["generation_tokens"].base,
+            "Number of generation tokens processed.",
+            lab,
+            registry=r,
         )
         self.prefix_queries = Counter(
             "vllm:prefix_cache_queries",
@@ -173,7 +177,7 @@ class SimMetrics:
             reason: admission.labels(c.served_model_name, reason) for reason in ADMISSION_REASONS
         }
         self.success = Counter(
-            "vllm:request_success",
+            BY_KEY["requests_finished"].base,
             "Count of successfully processed requests.",
             [*lab, "finished_reason"],
             registry=r,
@@ -194,7 +198,7 @@ class SimMetrics:
             registry=r,
         )
         self.h_iter = Histogram(
-            "vllm:iteration_tokens_total",
+            BY_KEY["engine_steps"].base,
             "Histogram of number of tokens per engine_step.",
             lab,
             buckets=ITERATION_TOKENS_BUCKETS,
@@ -222,14 +226,14 @@ class SimMetrics:
             registry=r,
         )
         self.h_ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            BY_KEY["ttft"].base,
             "Histogram of time to first token in seconds.",
             lab,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.h_itl = Histogram(
-            "vllm:inter_token_latency_seconds",
+            BY_KEY["itl"].base,
             "Histogram of inter-token latency in seconds.",
             lab,
             buckets=ITL_BUCKETS,
@@ -298,19 +302,19 @@ class SimMetrics:
         self.spec = c.speculative
         if self.spec:
             self.sd_drafts = Counter(
-                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab, registry=r
+                BY_KEY["drafts"].base, "Number of spec decoding drafts.", lab, registry=r
             )
             self.sd_draft_tokens = Counter(
-                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, registry=r
+                BY_KEY["draft_tokens"].base, "Number of draft tokens.", lab, registry=r
             )
             self.sd_accepted = Counter(
-                "vllm:spec_decode_num_accepted_tokens",
+                BY_KEY["accepted_tokens"].base,
                 "Number of accepted tokens.",
                 lab,
                 registry=r,
             )
             self.sd_per_pos = Counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                BY_KEY["per_position"].base,
                 "Accepted tokens per draft position.",
                 [*lab, "position"],
                 registry=r,

@@ -42,9 +42,9 @@ from specwatch.simulate.engine_core import (
     RequestOutput,
     SimRequest,
     dispatch,
+    synthetic_lm,
     tokenize_len,
 )
-from specwatch.simulate.lm import LMConfig, SyntheticLM
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
 from specwatch.simulate.quiz import item_for_prompt
 from specwatch.vllm.budget import budget_limits
@@ -110,14 +110,7 @@ class SimServer:
         self.rng = rng or random.Random(config.seed)
         self.faults = Faults()
         self.metrics = SimMetrics(config)
-        lm = SyntheticLM(
-            LMConfig(
-                vocab_size=config.vocab_size,
-                seed=config.seed,
-                target_sharpness=config.target_sharpness,
-                draft_noise=config.draft_noise,
-            )
-        )
+        lm = synthetic_lm(config)
         self.lm = lm
         self.cores = [
             EngineCore(config, engine_index=i, lm=lm, faults=self.faults, sink=self.metrics)

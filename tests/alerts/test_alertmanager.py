@@ -109,6 +109,7 @@ class TestLabels:
         assert a.identity() == {"alertname": "X", "severity": "critical", "model_name": "m"}
 
     def test_runbook_url_anchor(self) -> None:
+        """The runbook URL ends in the alert name lower-cased as the anchor."""
         assert runbook_url("https://h/docs/runbook.md", "SpecAcceptanceDrop") == (
             "https://h/docs/runbook.md#specacceptancedrop"
         )
@@ -229,6 +230,7 @@ class TestSettings:
         ],
     )
     def test_rejects_bad_config(self, kwargs: dict[str, Any]) -> None:
+        """AlertingSettings rejects each invalid combination of fields."""
         with pytest.raises(ValidationError):
             AlertingSettings(**kwargs)
 
@@ -343,6 +345,7 @@ class TestSender:
         assert loop.state.outbox_depth == 1
 
     async def test_bearer_header(self, fake_am: tuple[FakeAM, str]) -> None:
+        """A configured bearer token is sent as the Authorization header with a JSON body."""
         am, url = fake_am
         clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps, bearer_token="s3cret")
@@ -353,6 +356,7 @@ class TestSender:
         assert headers["Content-Type"].startswith("application/json")
 
     async def test_basic_auth_header(self, fake_am: tuple[FakeAM, str]) -> None:
+        """A configured user and password are sent as HTTP basic auth."""
         am, url = fake_am
         clock, sleeps = FakeClock(), Sleeps()
         loop, session = await _loop(

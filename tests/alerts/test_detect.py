@@ -121,6 +121,8 @@ class TestRulesAgree:
         fragments: list[str],
         for_field: str,
     ) -> None:
+        """Each single-rule alert's expression holds its thresholds and its `for` equals the
+        setting."""
         records = {
             r["record"]: r["expr"]
             for g in load_rules()["groups"]
@@ -135,6 +137,8 @@ class TestRulesAgree:
             assert _seconds(rule["for"]) == getattr(S, for_field), alert
 
     def test_budget_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
+        """SpecBudgetStarvation has one rule per reason, with the ratios, minimum running and
+        `for` of the settings."""
         by_reason = {r["labels"]["reason"]: r for r in rules["SpecBudgetStarvation"]}
         assert set(by_reason) == {"budget_cap", "drafts_per_step", "draft_truncation"}
         assert f"({S.budget_drafts_per_step_ratio:g} *" in by_reason["drafts_per_step"]["expr"]
@@ -193,6 +197,8 @@ class TestAcceptanceDrop:
 
 class TestOtherConditions:
     def test_fly_gain(self) -> None:
+        """fly_gain_lost returns the gain only when it is below the threshold and FLy is
+        drafting."""
         assert fly_gain_lost(0.51 - 0.5, 1.0, 1.0, S) == pytest.approx(0.01)
         assert fly_gain_lost(0.1, 1.0, 1.0, S) is None
         assert fly_gain_lost(0.0, 1.0, 0.0, S) is None  # FLy not drafting
@@ -252,6 +258,8 @@ class TestOtherConditions:
         assert budget_starvation(idle_queue, S) == {}
 
     def test_budget_other_reasons(self) -> None:
+        """Budget starvation reports drafts-per-step per engine and draft truncation, the latter
+        not for short-draft methods."""
         b = BudgetInputs(
             running_most_loaded=16,
             d_full=1024,
@@ -333,6 +341,8 @@ class TestStatistics:
         assert two_proportion_z(1, 0, 1, 10) is None
 
     def test_flip_rate(self) -> None:
+        """The flip-rate check fires on a z-score above the noise arm, not at equal rates or
+        under 50 per arm."""
         assert flip_rate_above_noise(120, 600, 60, 600, S) == pytest.approx(4.8507125, rel=1e-6)
         assert flip_rate_above_noise(120, 600, 120, 600, S) is None
         assert flip_rate_above_noise(20, 40, 2, 40, S) is None  # under 50 compared per arm

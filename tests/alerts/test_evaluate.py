@@ -523,6 +523,7 @@ def test_e_value_bound_is_one_over_paired_alpha() -> None:
 
 
 def test_for_seconds_by_alert_and_check() -> None:
+    """for_seconds picks the hold time per alert and, for quality drift, per check."""
     s = DetectSettings()
     get = for_seconds(s)
     """Each alert's `for` comes from its settings field."""
@@ -533,6 +534,8 @@ def test_for_seconds_by_alert_and_check() -> None:
 
 
 def test_settings_groups_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECWATCH_ALERTING__ and SPECWATCH_DETECT__ variables fill the alert groups; unset, the
+    defaults return."""
     monkeypatch.setenv("SPECWATCH_ALERTING__URLS", '["http://am:9093/"]')
     monkeypatch.setenv("SPECWATCH_ALERTING__RESEND_INTERVAL", "30")
     monkeypatch.setenv("SPECWATCH_DETECT__ACCEPTANCE_DROP_FOR", "120")

@@ -40,6 +40,7 @@ def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def test_file_without_vllm_series_is_exit_2_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, fmt: str
 ) -> None:
+    """A file with no vLLM series exits 2 with one line on stderr and nothing on stdout."""
     f = tmp_path / "empty.prom"
     f.write_text(text)
     rc, out, err = _run([str(f), "--format", fmt], capsys)
@@ -51,6 +52,7 @@ def test_file_without_vllm_series_is_exit_2_one_line(
 def test_interval_not_positive_finite_is_exit_2_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], interval: str
 ) -> None:
+    """An --interval that is not a positive finite number exits 2 with one line."""
     a, b = tmp_path / "a.prom", tmp_path / "b.prom"
     a.write_text(page(100.0, 10, 40, 20))
     b.write_text(page(100.0, 20, 80, 30))
@@ -61,6 +63,7 @@ def test_interval_not_positive_finite_is_exit_2_one_line(
 
 
 def test_swapped_files_warn_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files given newer-first warn in one line; the right order prints no warning."""
     older, newer = tmp_path / "older.prom", tmp_path / "newer.prom"
     older.write_text(page(100.0, 10, 40, 20))
     newer.write_text(page(100.0, 20, 80, 30))
@@ -75,6 +78,8 @@ def test_swapped_files_warn_in_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 def test_restart_with_new_process_start_does_not_warn(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A restart (new process start time) between files counts from the restart, without a
+    warning."""
     a, b = tmp_path / "a.prom", tmp_path / "b.prom"
     a.write_text(page(100.0, 20, 80, 30))
     b.write_text(page(200.0, 4, 16, 8))
@@ -87,6 +92,7 @@ def test_restart_with_new_process_start_does_not_warn(
 def test_unreadable_paths_are_exit_2_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
+    """A missing, directory or binary path exits 2 with one line naming it."""
     target = tmp_path / "x"
     if kind == "directory":
         target.mkdir()

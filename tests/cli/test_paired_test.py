@@ -27,6 +27,8 @@ def _seed_example(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_paired_test_seed_example_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """paired-test on the seed example gives the hand-checked counts, exact McNemar p-values and
+    CI in JSON."""
     base, cand = _seed_example(tmp_path)
     assert main(["paired-test", str(base), str(cand), "--margin", "0.01", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -42,6 +44,8 @@ def test_paired_test_seed_example_json(tmp_path: Path, capsys: pytest.CaptureFix
 def test_paired_test_csv_table_and_non_inferior(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """CSV files in any column order are read; 20 lost / 22 gained is non-inferior at 2 points,
+    in JSON and table."""
     # 2,000 items, 20 lost, 22 gained: non-inferior at a 2-point margin.
     cells = [(1, 1)] * 1700 + [(1, 0)] * 20 + [(0, 1)] * 22 + [(0, 0)] * 258
     base = tmp_path / "b.csv"
@@ -64,6 +68,7 @@ def test_paired_test_csv_table_and_non_inferior(
 def test_paired_test_unmatched_ids_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Ids missing from either file exit 2, naming the count and an example on each side."""
     base = _write_jsonl(tmp_path / "b.jsonl", [("a", 1), ("b", 0), ("c", 1)])
     cand = _write_jsonl(tmp_path / "c.jsonl", [("a", 1), ("b", 1), ("d", 1)])
     assert main(["paired-test", str(base), str(cand)]) == 2
@@ -86,6 +91,7 @@ def test_paired_test_unmatched_ids_exit_2(
 def test_paired_test_bad_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
 ) -> None:
+    """Each malformed input file exits 2 with its message in one line."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
     good = _write_jsonl(tmp_path / "good.jsonl", [("1", 1)])
@@ -102,11 +108,14 @@ def test_paired_test_bad_input(
 def test_power_cli(
     capsys: pytest.CaptureFixture[str], net_loss: str, discordant: str, expected: int
 ) -> None:
+    """`specwatch power` prints the Connor sample size for the given net loss and discordant
+    rate."""
     argv = ["power", "--net-loss", net_loss, "--discordant", discordant, "--format", "json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["questions_needed"] == expected
 
 
 def test_power_cli_bad_range(capsys: pytest.CaptureFixture[str]) -> None:
+    """A discordant rate below the net loss exits 2 naming the discordant rate."""
     assert main(["power", "--net-loss", "0.1", "--discordant", "0.05"]) == 2
     assert "discordant" in capsys.readouterr().err

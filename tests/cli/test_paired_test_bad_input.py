@@ -42,6 +42,7 @@ def test_bom_file_reads_like_the_same_file_without_bom(
     suffix: str,
     render: Callable[[dict[str, int]], str],
 ) -> None:
+    """A file with a UTF-8 byte-order mark gives the same result as the same file without one."""
     plain = tmp_path / f"base{suffix}"
     bom = tmp_path / f"base_bom{suffix}"
     cand = tmp_path / f"cand{suffix}"

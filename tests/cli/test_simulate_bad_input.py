@@ -28,6 +28,7 @@ from specwatch.__main__ import main as cli_main
 def test_bad_flag_is_exit_2_one_line(
     capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
+    """Each bad simulate flag exits 2 with one line on stderr and nothing on stdout."""
     capsys.readouterr()
     rc = cli_main(["simulate", "--host", "127.0.0.1", "--port", "0", *flags])
     out, err = capsys.readouterr()

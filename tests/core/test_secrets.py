@@ -44,6 +44,7 @@ SECRETS = ("PWLEAK42", "QLEAK42", "TOKLEAK42")
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
+    """redact_url masks the password and query values of a URL."""
     assert redact_url(url) == shown
 
 
@@ -72,6 +73,7 @@ async def _app(settings: Settings) -> AsyncIterator[tuple[web.Application, TestC
 async def test_url_credentials_are_not_shown(
     fake: FakeVllm, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """URL credentials are sent to the target but never appear in the snapshot, /metrics or logs."""
     url = fake.url.replace("http://", "http://bob:PWLEAK42@") + "?token=QLEAK42"
     settings = Settings(
         targets=(TargetSettings(name="fly", url=url),),

@@ -34,6 +34,8 @@ def taken_port() -> Iterator[int]:
 async def test_tty_view_redraws_and_default_port_falls_back(
     taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a TTY the view redraws; a taken default port falls back to a free one; stop leaves no
+    task."""
     monkeypatch.setattr(demo_mod, "DEFAULT_PORT", taken_port)
     out = WatchedOutput()
     stop = asyncio.Event()
@@ -61,6 +63,7 @@ async def test_tty_view_redraws_and_default_port_falls_back(
 def test_taken_explicit_port_is_exit_2_with_one_line(
     taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A taken --port exits 2 with one line naming the address."""
     assert cli_main(["demo", "--port", str(taken_port), "--no-ui"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"specwatch demo: cannot listen on 127.0.0.1:{taken_port}:")

@@ -76,6 +76,8 @@ def _doc() -> dict[str, object]:
 
 
 def test_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
+    """The view shows one row per target (alpha, tau, tok/s, running/max, waiting, per-engine
+    alpha) and the pair line."""
     text = render_view(_doc(), window="1m", header="HEAD")
     lines = text.splitlines()
     assert lines[0] == "HEAD"
@@ -94,6 +96,8 @@ def test_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
 
 
 def test_view_falls_back_to_the_first_window_and_marks_unknowns() -> None:
+    """A missing window falls back to the first one; a stale target shows "stale" and "-" for
+    unknowns."""
     doc = _doc()
     t = doc["targets"]["fly"]  # type: ignore[index]
     t["up"] = False
@@ -106,6 +110,8 @@ def test_view_falls_back_to_the_first_window_and_marks_unknowns() -> None:
 
 
 def test_view_load_shadow_and_alert_sections() -> None:
+    """Load, shadow and alert sections appear when given, with the shadow counts and test
+    results."""
     doc = _doc()
     summary = {
         "n": 40, "lost": 5, "gained": 1, "net_loss_ratio": 0.1, "ci_lower": -0.02,
@@ -153,6 +159,8 @@ def test_view_document_hides_sections_no_component_published() -> None:
 
 
 def test_demo_settings_configure_both_targets_with_limits() -> None:
+    """demo_settings configures both simulated targets with their limits, short windows and no
+    shadow without files."""
     cfg = DemoConfig()
     targets = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2")
     s = demo_settings(cfg, targets, port=0)
@@ -192,6 +200,7 @@ def test_demo_settings_configure_both_targets_with_limits() -> None:
 def test_bad_demo_flags_exit_2_with_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Each bad demo flag exits 2 with its message in one line."""
     assert cli_main(["demo", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err
@@ -201,6 +210,8 @@ def test_bad_demo_flags_exit_2_with_one_line(
 def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alerts(
     tmp_path: Path,
 ) -> None:
+    """With files, the demo enables the shadow chain (arms, standard noise arm, ledger, canary)
+    and its alerting."""
     cfg = DemoConfig(alertmanager_urls=("http://am:9093",))
     targets = DemoTargets("http://127.0.0.1:1", "http://127.0.0.1:2")
     files = DemoFiles(tmp_path / "l.sqlite", tmp_path / "c.jsonl", tmp_path)
@@ -229,6 +240,8 @@ def test_demo_settings_with_files_enable_shadow_arms_noise_ledger_and_demo_alert
 
 
 def test_canary_file_has_every_item_per_variant_with_distinct_requests(tmp_path: Path) -> None:
+    """The demo canary file holds every built-in item once per variant, shuffled, each variant
+    with its own max_tokens."""
     path = tmp_path / "c.jsonl"
     n = write_canary_file(path, variants=3, temperature=1.0, seed=5)
     items = builtin_items()
@@ -250,6 +263,8 @@ def test_canary_file_has_every_item_per_variant_with_distinct_requests(tmp_path:
 
 
 def test_prepare_and_remove_demo_files(tmp_path: Path) -> None:
+    """Demo files live in a temporary directory that removal deletes; a user-placed ledger is
+    kept."""
     files = prepare_demo_files(DemoConfig(canary_variants=1))
     try:
         assert files.canary.parent == files.tempdir
@@ -268,6 +283,8 @@ def test_prepare_and_remove_demo_files(tmp_path: Path) -> None:
 
 
 def test_view_shadow_section_counts_flips_against_the_noise_floor_and_replay_state() -> None:
+    """The shadow section uses since_start, counts flips against the noise floor and shows the
+    replay state."""
     doc = _doc()
     tally = {"agree": 150, "disagree": 50, "noise_agree": 198, "noise_disagree": 2}
     summary = {

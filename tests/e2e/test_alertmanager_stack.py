@@ -62,6 +62,8 @@ async def _baseline_ready(stack: Stack) -> bool | None:
 
 
 async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Path) -> None:
+    """An injected acceptance drop reaches a real Alertmanager, survives a sidecar restart and
+    resolves."""
     async with aiohttp.ClientSession() as session:
         am = Alertmanager(tmp_path)
         await am.start(session)
@@ -151,6 +153,8 @@ async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Pat
 
 
 async def test_target_down_fires_and_resolves(tmp_path: Path) -> None:
+    """A target whose /metrics fails fires SpecwatchTargetDown for it alone, which resolves once
+    it recovers."""
     async with aiohttp.ClientSession() as session:
         am = Alertmanager(tmp_path)
         await am.start(session)

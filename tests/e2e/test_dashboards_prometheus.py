@@ -278,6 +278,8 @@ def sidecar_settings(sims: dict[str, SimulatorHandle], tmp: Path) -> Settings:
 
 
 async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
+    """Every Grafana panel query returns data from a real Prometheus scraping the sidecar and
+    simulators."""
     async with aiohttp.ClientSession() as session, simulated_pair(session) as sims:
         settings = sidecar_settings(sims, tmp_path)
         shadow = ShadowPlug(settings)

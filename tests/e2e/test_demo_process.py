@@ -172,6 +172,8 @@ def _check_serving(values: dict[str, float], snap: dict[str, object]) -> None:
 
 
 async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
+    """`specwatch demo --duration` serves metrics and pairs, then exits 0 leaving no child
+    process or directory."""
     proc = await _start("--duration", "20")
     lines: list[str] = []
     try:
@@ -246,8 +248,10 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
 
 
 async def test_demo_sigint_mid_run_exits_0_leaving_no_process() -> None:
+    """SIGINT mid-run stops the demo with exit 0 and no process left."""
     await _signal_mid_run(signal.SIGINT)
 
 
 async def test_demo_sigterm_mid_run_exits_0_leaving_no_process() -> None:
+    """SIGTERM mid-run stops the demo with exit 0 and no process left."""
     await _signal_mid_run(signal.SIGTERM)

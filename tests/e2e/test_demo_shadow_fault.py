@@ -33,6 +33,7 @@ def _flagged(text: str, start: int) -> bool:
 
 
 async def test_fly_fault_shows_losses_and_fires_the_quality_alert() -> None:
+    """A FLy fault in the demo shows paired losses and fires SpecQualityDrift."""
     out = WatchedOutput()
     stop = asyncio.Event()
     cfg = DemoConfig(

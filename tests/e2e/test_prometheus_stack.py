@@ -59,6 +59,7 @@ def _durations_blanked(expr: str) -> str:
 
 
 def test_scaling_changes_only_durations() -> None:
+    """Scaling the rules for the test stack changes only durations, never the rest of a rule."""
     rules = load_rules()
     scaled = scaled_rules(rules)
     pairs = [
@@ -138,6 +139,8 @@ async def _query(session: aiohttp.ClientSession, url: str, expr: str) -> list[di
 
 
 async def test_mixin_alerts_fire_on_injected_faults(tmp_path: Path) -> None:
+    """The mixin's alerts fire in a real Prometheus on injected simulator faults, for the faulted
+    role only."""
     async with (
         running_stack(
             alerting=AlertingSettings(evaluation_interval=0.5),

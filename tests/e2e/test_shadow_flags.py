@@ -45,6 +45,8 @@ async def _run(tmp_path: Path, threshold: float) -> tuple[ShadowStats, int]:
 
 
 async def test_low_entropy_threshold_is_flagged(tmp_path: Path) -> None:
+    """With threshold 0 FLy loses answers: the ledger counts match, the e-value alarms and non-
+    inferiority fails."""
     stats, items = await _run(tmp_path, 0.0)
     s = stats.windows["since_start"][OVERALL]
     exp = expected(await read_rows(tmp_path / "ledger-0.0.sqlite"))
@@ -67,6 +69,8 @@ async def test_low_entropy_threshold_is_flagged(tmp_path: Path) -> None:
 
 
 async def test_infinite_entropy_threshold_is_not_flagged(tmp_path: Path) -> None:
+    """With an infinite threshold FLy matches the standard: no flips, no alarm, non-inferiority
+    passes."""
     stats, items = await _run(tmp_path, math.inf)
     s = stats.windows["since_start"][OVERALL]
     assert s.n >= items * 0.9

@@ -25,6 +25,7 @@ def _key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
 
 
 async def test_canary_pairs_reach_ledger_and_metrics_then_survive_restart(tmp_path: Path) -> None:
+    """Canary pairs reach the ledger, the pair counters and the snapshot, and survive a restart."""
     canary = tmp_path / "canary.jsonl"
     items = write_canary(canary, variants=1, temperature=0.0)
     ledger = tmp_path / "ledger.sqlite"
@@ -135,6 +136,7 @@ async def test_canary_pairs_reach_ledger_and_metrics_then_survive_restart(tmp_pa
 
 
 async def test_mirror_pairs_are_counted_as_agreement(tmp_path: Path) -> None:
+    """Mirrored requests are replayed once each and counted as agreement, not correctness."""
     ledger = tmp_path / "ledger.sqlite"
     async with simulators(fly_threshold=0.0) as sims:
         settings = settings_for(sims, ledger, modes=["mirror"])

@@ -49,6 +49,8 @@ def _outcome(
 
 
 def test_summarize_by_hand() -> None:
+    """summarize on a hand-made tally gives the exact McNemar, e-value, alarm and questions
+    needed."""
     t = PairTally(
         both_correct=354,
         lost=25,
@@ -105,6 +107,7 @@ def test_questions_needed_below_detect_net_loss_plans_at_delta() -> None:
 
 
 def test_windows_rows_counters_and_betting() -> None:
+    """Ledger rows fold into per-window, per-category tallies and the stats built from them."""
     outs = [
         _outcome(100.0, "a", True, False, noise="yes"),  # lost; fly flips, noise agrees
         _outcome(150.0, "a", True, True, noise="no"),  # both correct; noise flips
@@ -181,6 +184,7 @@ def _exposition() -> str:
 
 
 def test_export_values() -> None:
+    """The exported shadow and paired series carry the values of the summary."""
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(_exposition())
@@ -268,6 +272,7 @@ def test_known_reasons_exported_from_zero() -> None:
 
 @pytest.mark.promtool
 def test_export_passes_promtool_check_metrics() -> None:
+    """The shadow exposition passes `promtool check metrics`."""
     res = subprocess.run(
         ["promtool", "check", "metrics"],
         input=_exposition(),
@@ -279,6 +284,7 @@ def test_export_passes_promtool_check_metrics() -> None:
 
 
 def test_snapshot_json_is_strict_json() -> None:
+    """The shadow JSON is strict JSON: an overflowing e-value is null, not Infinity."""
     t = PairTally(both_correct=10, lost=3, gained=1, both_wrong=2, agree=14, disagree=2)
     stats = build_shadow_stats(
         {"since_start": {"a": t, "b": PairTally()}},

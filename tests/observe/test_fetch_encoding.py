@@ -73,11 +73,13 @@ async def _fetch(base: str, path: str) -> tuple[bool, str | None, str, int]:
 
 @pytest.mark.parametrize("path", ["/gzip", "/x-gzip", "/deflate"])
 async def test_compressed_bodies_are_read(base: str, path: str) -> None:
+    """gzip and deflate bodies are inflated and read."""
     ok, reason, text, _ = await _fetch(base, path)
     assert (ok, reason, text) == (True, None, GOOD)
 
 
 async def test_body_exactly_at_cap_after_inflating_is_read(base: str) -> None:
+    """A body exactly at the size cap after inflating is read."""
     ok, reason, text, size = await _fetch(base, "/at-cap")
     assert (ok, reason, size) == (True, None, CAP)
     assert text.endswith(GOOD)
@@ -85,6 +87,7 @@ async def test_body_exactly_at_cap_after_inflating_is_read(base: str) -> None:
 
 @pytest.mark.parametrize("path", ["/bomb", "/just-over"])
 async def test_inflated_size_over_cap_is_too_large(base: str, path: str) -> None:
+    """A body over the cap once inflated fails as too_large."""
     ok, reason, text, _ = await _fetch(base, path)
     assert (ok, reason, text) == (False, "too_large", "")
 
@@ -107,5 +110,6 @@ async def test_wrong_or_unknown_encoding_is_decode_error(base: str, path: str, d
 
 
 async def test_gzip_stream_without_its_end_is_truncated(base: str) -> None:
+    """A gzip stream cut before its end fails as truncated."""
     ok, reason, text, _ = await _fetch(base, "/gzip-cut")
     assert (ok, reason, text) == (False, "truncated", "")

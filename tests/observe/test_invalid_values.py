@@ -49,6 +49,7 @@ def pos(p: str, v: float) -> str:
     [("+Inf", "drafts"), ("-Inf", "accepted_tokens"), ("1e400", "draft_tokens"), ("-3", "drafts")],
 )
 def test_infinite_or_negative_counter_is_skipped_and_counted(value: str, field: str) -> None:
+    """An infinite or negative counter is skipped and counted as one invalid series."""
     values = {"drafts": "10", "accepted_tokens": "5", "draft_tokens": "20", field: value}
     reading = parse_page(page(values["drafts"], values["accepted_tokens"], values["draft_tokens"]))
     counters = reading.engines[("m", "0")].counters
@@ -59,18 +60,21 @@ def test_infinite_or_negative_counter_is_skipped_and_counted(value: str, field: 
 
 @pytest.mark.parametrize("label", ["01", "+1", " 1", "١", "1.0", "-1", "128", "9" * 5000, ""])
 def test_bad_position_label_is_skipped_and_counted(label: str) -> None:
+    """A per-position series with a bad position label is skipped and counted."""
     reading = parse_page(page("10", "5", "20", pos("0", 4) + pos("1", 1) + pos(label, 7)))
     assert reading.engines[("m", "0")].per_position == {0: 4.0, 1: 1.0}
     assert reading.invalid_series == 1
 
 
 def test_sparse_and_largest_positions_are_kept() -> None:
+    """Sparse and large position labels are kept as given."""
     reading = parse_page(page("10", "5", "20", pos("0", 4) + pos("3", 1) + pos("127", 2)))
     assert reading.engines[("m", "0")].per_position == {0: 4.0, 3: 1.0, 127: 2.0}
     assert reading.invalid_series == 0
 
 
 def test_bucket_with_nan_le_is_skipped_and_counted() -> None:
+    """A histogram bucket with le="NaN" is skipped and counted."""
     itl = "vllm:inter_token_latency_seconds_bucket"
     extra = f'{itl}{{{LBL},le="NaN"}} 1\n{itl}{{{LBL},le="0.1"}} 2\n{itl}{{{LBL},le="+Inf"}} 3\n'
     reading = parse_page(page("10", "5", "20", extra))
@@ -112,6 +116,7 @@ async def test_inf_drafts_in_run_no_wrong_tau_strict_json_counter_and_one_log_li
     app_and_fake: tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeClock],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Infinite drafts in a run give no wrong tau, strict JSON, a counted error and one log line."""
     app, client, fake, clock = app_and_fake
     target = app[SCRAPER_KEY].trackers["fly"].target
     fake.push(

@@ -443,6 +443,7 @@ class TestErrors:
         return rc, err
 
     def test_missing_ledger(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A missing ledger exits 2 with one "no such file" line and is not created."""
         rc, err = self.run(
             ["report", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "o")],
             capsys,
@@ -453,6 +454,7 @@ class TestErrors:
         assert not (tmp_path / "nope.db").exists()  # not created by the report
 
     def test_corrupt_ledger(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A file that is not SQLite exits 2 with one line saying so."""
         bad = tmp_path / "bad.db"
         bad.write_bytes(b"this is not sqlite" * 100)
         rc, err = self.run(["report", "--ledger", str(bad), "--out", str(tmp_path / "o")], capsys)
@@ -461,6 +463,7 @@ class TestErrors:
         assert "not a readable SQLite database" in err
 
     def test_sqlite_without_pairs(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A SQLite file without a pairs table exits 2 naming the missing table."""
         other = tmp_path / "other.db"
         conn = sqlite3.connect(other)
         conn.execute("CREATE TABLE t (x)")
@@ -472,6 +475,7 @@ class TestErrors:
     def test_missing_metrics_file(
         self, ledger_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
+        """A --metrics-url file that does not exist exits 2 with one line."""
         argv = ["report", "--ledger", str(ledger_file), "--out", str(tmp_path / "o")]
         rc, err = self.run([*argv, "--metrics-url", str(tmp_path / "none.json")], capsys)
         assert rc == 2

@@ -47,6 +47,7 @@ def _arm(arm: Arm, text: str = "", ok: bool = True, **kw: Any) -> ArmResult:
 
 
 def test_first_divergence_and_similarity_by_hand() -> None:
+    """first_divergence and the indel similarity give hand-computed values."""
     assert first_divergence("The answer is 42", "The answer is 43") == 15
     assert first_divergence("abc", "abcdef") == 3
     assert first_divergence("same", "same") is None
@@ -57,6 +58,8 @@ def test_first_divergence_and_similarity_by_hand() -> None:
 
 
 def test_labelled_lost_with_regex_checker() -> None:
+    """A gold item answered right by the standard and wrong by FLy is paired and lost, with its
+    token facts."""
     pair = ReplayPair(
         request=_req(gold="1,200", checker=r"regex:####\s*([-\d,.]+)"),
         standard=_arm(
@@ -94,6 +97,8 @@ def test_labelled_lost_with_regex_checker() -> None:
 
 
 def test_unlabelled_agreement_and_noise_arm() -> None:
+    """Without gold, FLy agrees after whitespace normalisation and the noise arm agrees only
+    under a looser threshold."""
     pair = ReplayPair(
         request=_req(),
         standard=_arm(Arm.STANDARD, "Paris is the capital."),
@@ -109,6 +114,7 @@ def test_unlabelled_agreement_and_noise_arm() -> None:
 
 
 def test_status_rules() -> None:
+    """Arm errors map to excluded or unpaired with the shared reason vocabulary."""
     unsupported = ReplayPair(
         request=_req(),
         standard=_arm(Arm.STANDARD, "x"),
@@ -152,6 +158,7 @@ def test_status_rules() -> None:
 
 
 def test_json_path_checker() -> None:
+    """The json: checker follows a JSON path into the answer, also inside a code fence."""
     doc = {"answer": {"items": [{"v": 3}, {"v": "x"}]}}
     assert json_path_get(doc, "$.answer.items[1].v") == "x"
     assert json_path_get(doc, "answer.items.0.v") == 3
@@ -165,6 +172,7 @@ def test_json_path_checker() -> None:
 
 
 def test_math_checker_equivalences() -> None:
+    """The math checker treats equivalent fractions, decimals and boxed answers as equal."""
     chk = make_checker("math")
     assert chk.equal_to_gold("\\frac{1}{2}", "so the answer is $\\boxed{\\frac{1}{2}}$")
     assert chk.equal_to_gold("0.5", "The answer is \\boxed{1/2}")
@@ -173,6 +181,7 @@ def test_math_checker_equivalences() -> None:
 
 
 def test_answers_equal_numbers() -> None:
+    """answers_equal compares numbers across commas, currency, decimals and fractions."""
     assert answers_equal("1,000", "1000.0")
     assert answers_equal("$12", "12")
     assert answers_equal("3/4", "0.75")
@@ -181,6 +190,7 @@ def test_answers_equal_numbers() -> None:
 
 
 def test_math_checker_numeric_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without math_verify the math checker falls back to comparing the last number."""
     import specwatch.shadow.checkers as checkers_mod
 
     monkeypatch.setattr(checkers_mod, "_math_verify_equal", lambda: None)

@@ -24,6 +24,7 @@ async def _live(client: aiohttp.ClientSession, url: str) -> int:
 
 
 async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Path) -> None:
+    """Replays pause while a simulator has waiting requests and resume once it drains."""
     canary = tmp_path / "canary.jsonl"
     write_canary(canary, variants=1, temperature=0.0)
     slow_std = SimConfig(role=Role.STANDARD, time_scale=1.0, max_num_seqs=1)

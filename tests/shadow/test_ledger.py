@@ -60,6 +60,8 @@ def make_outcome(i: int, *, t: float | None = None, category: str = "math") -> P
 
 
 async def test_round_trip_without_text(tmp_path: Path) -> None:
+    """Outcomes written to the ledger read back equal, without text, and filter by time and
+    category."""
     async with Ledger(tmp_path / "l.db", clock=lambda: 5000.0) as ledger:
         outs = [make_outcome(i) for i in range(60)]
         for o in outs:
@@ -87,6 +89,7 @@ async def test_round_trip_without_text(tmp_path: Path) -> None:
 
 
 async def test_store_text(tmp_path: Path) -> None:
+    """With store_text the ledger keeps both arms' texts."""
     async with Ledger(tmp_path / "l.db", store_text=True) as ledger:
         ledger.submit(make_outcome(7))
         await ledger.flush()
@@ -96,6 +99,7 @@ async def test_store_text(tmp_path: Path) -> None:
 
 
 async def test_sql_tally_matches_python_tally(tmp_path: Path) -> None:
+    """The ledger's SQL tally equals the Python tally of the same rows, also for a time range."""
     async with Ledger(tmp_path / "l.db") as ledger:
         outs = [make_outcome(i, category="a" if i % 4 else "b") for i in range(500)]
         for o in outs:
@@ -119,6 +123,7 @@ async def test_sql_tally_matches_python_tally(tmp_path: Path) -> None:
 
 
 async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
+    """Retention keeps rows younger than the maximum age and at most the maximum row count."""
     clock = FakeClock(2000.0)
     ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, clock=clock)
     await ledger.open()
@@ -137,6 +142,7 @@ async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
 
 
 async def test_rebuild_after_restart(tmp_path: Path) -> None:
+    """A reopened ledger holds every row and the same tally."""
     path = tmp_path / "l.db"
     async with Ledger(path) as first:
         for i in range(120):
@@ -150,6 +156,7 @@ async def test_rebuild_after_restart(tmp_path: Path) -> None:
 
 
 async def test_failed_write_is_counted_and_surfaced(tmp_path: Path) -> None:
+    """A failing write is counted by exception type and its last error is kept."""
     path = tmp_path / "l.db"
     async with Ledger(path) as ledger:
         ledger.submit(make_outcome(1))
@@ -169,6 +176,7 @@ async def test_failed_write_is_counted_and_surfaced(tmp_path: Path) -> None:
 
 
 async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    """Submissions beyond the queue size are refused and counted as dropped."""
     ledger = Ledger(tmp_path / "l.db", queue_size=3)
     await ledger.open()
     results = [ledger.submit(make_outcome(i)) for i in range(5)]  # writer has not run yet
@@ -185,7 +193,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     sys.path.insert(0, sys.argv[3])
     from specwatch.shadow.ledger import Ledger
-    from test_paired_ledger import make_outcome
+    from test_ledger import make_outcome
 
     async def main() -> None:
         ledger = Ledger(sys.argv[1], batch_size=50)
@@ -204,6 +212,7 @@ WRITER = textwrap.dedent(
 
 
 def test_kill_9_loses_no_committed_pair(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL loses no pair it reported as committed."""
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     db = tmp_path / "l.db"
@@ -234,11 +243,13 @@ def test_kill_9_loses_no_committed_pair(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["WAL", "sometimes"])
 def test_bad_synchronous(tmp_path: Path, bad: str) -> None:
+    """An unknown synchronous mode is rejected."""
     with pytest.raises(ValueError, match="synchronous"):
         Ledger(tmp_path / "x.db", synchronous=bad)
 
 
 async def test_flush_before_open_raises(tmp_path: Path) -> None:
+    """Flushing a ledger that is not open raises."""
     ledger = Ledger(tmp_path / "l.db")
     ledger.submit(make_outcome(1))
     with pytest.raises(RuntimeError, match="not open"):

@@ -57,6 +57,7 @@ def _trigger(path: Path, sql: str) -> None:
 async def test_write_errors_counted_exported_and_logged_per_state_change(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Ledger write errors are counted, exported and logged once per change of state."""
     ledger = tmp_path / "ledger.sqlite"
     settings = Settings.model_validate(
         {

@@ -78,6 +78,7 @@ async def _until(cond: object, limit: float = 20.0) -> None:
 
 
 def test_is_shadow_host() -> None:
+    """is_shadow_host matches a host whose first label ends in -shadow, with or without port."""
     assert is_shadow_host("api-shadow")
     assert is_shadow_host("api-shadow:8000")
     assert is_shadow_host("API-SHADOW")
@@ -87,6 +88,8 @@ def test_is_shadow_host() -> None:
 
 
 async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> None:
+    """The mirror route answers 202 at once while both arms hang; the pair arrives once they
+    answer."""
     std, fly = FakeArm(mode="hang", text="A"), FakeArm(mode="hang", text="A")
     async with (
         serve_arm(std) as su,
@@ -116,6 +119,7 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
 
 
 async def test_mirror_bad_inputs_are_counted() -> None:
+    """Bad mirror inputs get 400, 413, 421 or 208 and are counted; other routes still work."""
     async with (
         serve_arm(FakeArm()) as su,
         serve_arm(FakeArm()) as fu,
@@ -149,6 +153,8 @@ async def test_mirror_bad_inputs_are_counted() -> None:
 
 
 async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
+    """An unsupported-parameter refusal is excluded and a FLy 503 unpaired; both are counted and
+    delivered."""
     fly = FakeArm(mode="status", status=400, message="extra inputs are not permitted")
     async with (
         serve_arm(FakeArm()) as su,
@@ -171,6 +177,7 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
 
 
 async def test_worker_waits_while_paused_then_replays() -> None:
+    """A worker waits, polling, while the arms are loaded, then replays."""
     clock = FakeClock(0.0)
     loads = {"standard": ArmLoad(0, 0, 8, 0.0), "fly": ArmLoad(0, 0, 8, 0.0)}
     sleeps: list[float] = []
@@ -222,6 +229,7 @@ def _request() -> ShadowRequest:
 
 
 async def test_expired_requests_are_dropped() -> None:
+    """A request older than the maximum queue age is dropped as expired, never replayed."""
     clock = FakeClock(0.0)
     loads = {"standard": ArmLoad(0, 5, 8, 0.0)}
 
@@ -243,6 +251,7 @@ async def test_expired_requests_are_dropped() -> None:
 
 
 async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
+    """Canary mode replays each built-in item once, past the sampling probability."""
     async with serve_arm(FakeArm(text="42")) as su, serve_arm(FakeArm(text="42")) as fu:
         settings = _settings(
             su,
@@ -269,6 +278,8 @@ async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
 
 
 def test_settings_validation() -> None:
+    """ShadowSettings rejects missing arms, proxy without upstream and non-HTTP URLs, and strips
+    a trailing slash."""
     with pytest.raises(ValueError, match="needs both"):
         ShadowSettings(enabled=True)
     with pytest.raises(ValueError, match="proxy_upstream"):

@@ -23,6 +23,8 @@ CHAT = {"model": "live", "messages": [{"role": "user", "content": "hi"}], "strea
 
 
 def test_prepare_body_by_hand() -> None:
+    """prepare_body sets seed, model, stream and the max_tokens cap without touching the input,
+    keeping a given seed."""
     body = {"model": "m", "prompt": "p", "max_tokens": 4000, "stream": True, "stream_options": {}}
     out = prepare_body(body, seed=7, max_tokens_cap=256, stream=False, model="std")
     assert out == {"model": "std", "prompt": "p", "max_tokens": 256, "stream": False, "seed": 7}
@@ -76,6 +78,8 @@ async def _replay(
 
 
 async def test_both_arms_get_the_same_seeded_capped_body() -> None:
+    """Both arms get the same seeded, capped, non-streaming body with the marker header and their
+    own model and token."""
     std, fly = FakeArm(text="Paris", tau=2.5), FakeArm(text="Paris.")
     req = _req(CHAT)
     pair = await _replay(std, fly, req)
@@ -104,6 +108,7 @@ async def test_both_arms_get_the_same_seeded_capped_body() -> None:
 
 
 async def test_existing_seed_is_kept() -> None:
+    """A request's own seed is kept and sent to both arms."""
     std, fly = FakeArm(), FakeArm()
     pair = await _replay(std, fly, _req({**CHAT, "seed": 11}))
     assert pair.seed == 11
@@ -111,6 +116,7 @@ async def test_existing_seed_is_kept() -> None:
 
 
 async def test_unsupported_parameter_400_excludes_the_pair() -> None:
+    """A 400 naming an unsupported parameter excludes the pair as unsupported_parameter."""
     fly = FakeArm(mode="status", status=400, message="Unsupported parameter: 'logit_bias'")
     pair = await _replay(FakeArm(), fly, _req(CHAT))
     assert pair.fly.error == "unsupported_parameter"
@@ -119,12 +125,14 @@ async def test_unsupported_parameter_400_excludes_the_pair() -> None:
 
 
 async def test_other_400_is_bad_request_exclusion() -> None:
+    """Any other 400 excludes the pair as bad_request."""
     std = FakeArm(mode="status", status=400, message="prompt is too long")
     pair = await _replay(std, FakeArm(), _req(CHAT))
     assert classify_pair(pair) == ("excluded", "bad_request")
 
 
 async def test_one_failed_side_is_unpaired_never_a_mismatch() -> None:
+    """One arm failing with a 503 makes the pair unpaired (fly_http_5xx), never a mismatch."""
     fly = FakeArm(mode="status", status=503, message="overloaded")
     pair = await _replay(FakeArm(), fly, _req(CHAT))
     assert pair.standard.ok
@@ -134,6 +142,7 @@ async def test_one_failed_side_is_unpaired_never_a_mismatch() -> None:
 
 
 async def test_arm_timeout_is_unpaired() -> None:
+    """An arm that times out makes the pair unpaired with reason standard_timeout."""
     std = FakeArm(mode="hang")
     pair = await _replay(std, FakeArm(), _req(CHAT), arm_timeout=0.2)
     assert pair.standard.error == "timeout"
@@ -141,6 +150,7 @@ async def test_arm_timeout_is_unpaired() -> None:
 
 
 async def test_connect_error_and_in_band_error() -> None:
+    """A connect error and an in-band error each make the pair unpaired with the arm's reason."""
     async with aiohttp.ClientSession() as session:
         r = Replayer(
             session,
@@ -159,6 +169,7 @@ async def test_connect_error_and_in_band_error() -> None:
 
 
 async def test_streaming_arm_is_parsed_with_sse() -> None:
+    """A streaming arm asks for usage and is read through the SSE accumulator."""
     fly = FakeArm(text="Paris", mode="stream")
     pair = await _replay(FakeArm(text="Paris"), fly, _req(CHAT), stream_fly=True)
     assert fly.seen[0].body["stream"] is True
@@ -171,6 +182,8 @@ async def test_streaming_arm_is_parsed_with_sse() -> None:
 
 
 async def test_completions_path_and_noise_arm() -> None:
+    """The completions path replays to the noise arm with the same seed; a failed noise arm
+    leaves the pair paired."""
     body = {"model": "m", "prompt": "2+2="}
     noise = FakeArm(mode="status", status=500)
     pair = await _replay(
@@ -194,6 +207,8 @@ async def test_completions_path_and_noise_arm() -> None:
     ],
 )
 def test_classify_pair(std_err: str | None, fly_err: str | None, expected: object) -> None:
+    """classify_pair gives each combination of arm errors its status and reason."""
+
     def arm(a: Arm, err: str | None) -> ArmResult:
         return ArmResult(a, err is None, 0.1, error=err)
 

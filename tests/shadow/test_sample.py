@@ -34,6 +34,8 @@ def _req(i: int, category: str = "default", **extra: object) -> ShadowRequest:
 
 
 def test_request_hash_matches_independent_sha256_and_ignores_volatile_fields() -> None:
+    """request_hash is SHA-256 of the canonical request, ignoring key order and volatile fields,
+    changed by path and salt."""
     body = {"prompt": "é", "model": "m", "stream": True, "user": "u1"}
     # independent construction of the canonical form
     canon = '{"body":{"model":"m","prompt":"é"},"path":"/v1/completions"}'.encode()
@@ -47,6 +49,7 @@ def test_request_hash_matches_independent_sha256_and_ignores_volatile_fields() -
 
 
 def test_hash_fraction_and_seed_by_hand() -> None:
+    """hash_fraction and seed_from_hash give hand-computed values."""
     assert hash_fraction("8" + "0" * 63) == 0.5
     assert hash_fraction("0" * 64) == 0.0
     assert hash_fraction("f" * 16 + "0" * 48) == pytest.approx(1.0 - 2.0**-64)
@@ -55,6 +58,8 @@ def test_hash_fraction_and_seed_by_hand() -> None:
 
 
 def test_sampling_is_reproducible_and_matches_fraction() -> None:
+    """Sampling by hash fraction is reproducible, near the probability, and takes none at 0 and
+    all at 1."""
     clock = FakeClock(1000.0)
     reqs = [_req(i) for i in range(2000)]
     expected = [hash_fraction(r.request_hash) < 0.25 for r in reqs]
@@ -75,6 +80,8 @@ def test_sampling_is_reproducible_and_matches_fraction() -> None:
 
 
 def test_token_bucket_by_hand() -> None:
+    """The token bucket allows its burst, refills at its rate up to the burst and rejects a zero
+    rate."""
     clock = FakeClock(1000.0)
     b = TokenBucket(rate=2.0, burst=3.0, clock=clock)
     assert [b.take() for _ in range(4)] == [True, True, True, False]
@@ -87,6 +94,7 @@ def test_token_bucket_by_hand() -> None:
 
 
 def test_category_quotas_are_per_category() -> None:
+    """Category quotas limit only the listed categories, each with its own bucket."""
     clock = FakeClock(1000.0)
     s = Sampler(
         probability=1.0,
@@ -107,6 +115,8 @@ def test_category_quotas_are_per_category() -> None:
 
 
 def test_rate_limit_and_queue_full() -> None:
+    """The sampler drops for rate_limit beyond the burst and queue_full beyond the queue,
+    counting each."""
     clock = FakeClock(1000.0)
     s = Sampler(probability=1.0, clock=clock, queue_size=3, max_rps=2.0)
     # burst = max(1, rps) = 2
@@ -121,6 +131,7 @@ def test_rate_limit_and_queue_full() -> None:
 
 
 def test_pause_reasons_by_hand() -> None:
+    """pause_reasons names waiting, running near max and stale load readings."""
     fresh = 100.0
 
     def pr(loads: dict[str, ArmLoad], now: float, on_waiting: bool = True) -> frozenset[str]:
@@ -142,6 +153,7 @@ def test_pause_reasons_by_hand() -> None:
 
 
 def test_sampler_pauses_and_counts_transitions() -> None:
+    """The sampler drops while paused and counts one pause per transition into a reason."""
     clock = FakeClock(1000.0)
     loads = {"standard": ArmLoad(0, 0, 10, clock.t), "fly": ArmLoad(0, 0, 10, clock.t)}
     s = Sampler(probability=1.0, clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads)
@@ -162,6 +174,7 @@ def test_sampler_pauses_and_counts_transitions() -> None:
 
 
 def test_force_skips_only_probability() -> None:
+    """A forced offer skips the probability step but not the queue limit."""
     clock = FakeClock(1000.0)
     s = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=1e9)
     assert s.offer(_req(1), force=True) == "admitted"
@@ -169,6 +182,7 @@ def test_force_skips_only_probability() -> None:
 
 
 def test_canonical_rejects_nan() -> None:
+    """The canonical form rejects NaN, which is not JSON."""
     with pytest.raises(ValueError, match="JSON"):
         canonical_request_bytes("/v1/completions", {"x": float("nan")})
     assert json.loads(canonical_request_bytes("/p", {"a": 1}))["body"] == {"a": 1}

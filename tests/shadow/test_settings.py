@@ -23,6 +23,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_defaults_shadow_off_and_ledger_in_working_dir() -> None:
+    """By default the shadow chain is off, the ledger is in the working directory and paired
+    defaults hold."""
     s = Settings()
     assert s.shadow.enabled is False
     assert s.ledger.path == "specwatch-ledger.sqlite"
@@ -39,6 +41,7 @@ def test_defaults_shadow_off_and_ledger_in_working_dir() -> None:
 
 
 def test_env_turns_shadow_on_with_arms_by_target_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Environment variables enable the shadow chain with arms resolved by target name."""
     monkeypatch.setenv("SPECWATCH_TARGETS", TARGETS)
     monkeypatch.setenv("SPECWATCH_SHADOW__ENABLED", "true")
     monkeypatch.setenv("SPECWATCH_SHADOW__MODES", '["mirror", "canary"]')
@@ -67,6 +70,8 @@ def test_env_turns_shadow_on_with_arms_by_target_name(monkeypatch: pytest.Monkey
 
 
 def test_arm_without_target_maps_by_url_and_noise_uses_standard() -> None:
+    """An arm without a target maps to the target with its URL; a standard noise arm maps like
+    the standard arm."""
     s = load_settings(
         overrides={
             "targets": [
@@ -84,6 +89,7 @@ def test_arm_without_target_maps_by_url_and_noise_uses_standard() -> None:
 
 
 def test_unknown_arm_target_is_one_line_error() -> None:
+    """An arm naming an unknown target is a one-line ConfigError."""
     with pytest.raises(ConfigError, match=r"shadow.fly.target: no target named 'nope'"):
         load_settings(
             overrides={
@@ -94,11 +100,13 @@ def test_unknown_arm_target_is_one_line_error() -> None:
 
 
 def test_enabled_without_arms_is_rejected() -> None:
+    """Enabling the shadow chain without arms is a ConfigError."""
     with pytest.raises(ConfigError, match="shadow"):
         load_settings(overrides={"shadow": {"enabled": True}})
 
 
 def test_arm_token_redacted_in_effective_config() -> None:
+    """An arm's token is redacted in the effective configuration."""
     s = load_settings(
         overrides={
             "shadow": {
@@ -114,5 +122,6 @@ def test_arm_token_redacted_in_effective_config() -> None:
 
 
 def test_bad_paired_window_named() -> None:
+    """A bad paired window is a ConfigError naming paired.windows."""
     with pytest.raises(ConfigError, match=r"paired\.windows"):
         load_settings(overrides={"paired": {"windows": ["since_start"]}})

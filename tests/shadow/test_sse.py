@@ -50,6 +50,8 @@ def _check_c17(acc: CompletionStreamAccumulator, r: StreamResult) -> None:
 
 
 def test_c17_given_read_boundaries() -> None:
+    """The recorded stream, fed at its recorded read boundaries, decodes to the expected
+    completion."""
     assert BOUNDS[-1] == len(RAW)
     acc = CompletionStreamAccumulator()
     r = acc.feed_all(_pieces(RAW, BOUNDS))
@@ -57,12 +59,14 @@ def test_c17_given_read_boundaries() -> None:
 
 
 def test_c17_every_one_byte_read() -> None:
+    """The recorded stream fed one byte at a time decodes the same."""
     acc = CompletionStreamAccumulator()
     r = acc.feed_all(RAW[i : i + 1] for i in range(len(RAW)))
     _check_c17(acc, r)
 
 
 def test_c17_every_two_piece_split() -> None:
+    """The recorded stream split in two at every byte decodes the same."""
     for cut in range(len(RAW) + 1):
         acc = CompletionStreamAccumulator()
         r = acc.feed_all([RAW[:cut], RAW[cut:]])
@@ -70,6 +74,7 @@ def test_c17_every_two_piece_split() -> None:
 
 
 def test_c17_split_is_inside_utf8_char_and_crlf() -> None:
+    """The recorded read boundaries fall inside a UTF-8 character and between CR and LF."""
     # the fixture really exercises the hard spots: a read ends inside "é" and between CR and LF
     e_acute = RAW.index("é".encode())
     assert any(b == e_acute + 1 for b in BOUNDS)
@@ -79,6 +84,8 @@ def test_c17_split_is_inside_utf8_char_and_crlf() -> None:
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
 def test_line_endings_every_split(eol: bytes) -> None:
+    """Each line ending, split at every byte, gives the same events with multi-line data and
+    sticky id."""
     stream = eol.join([b"event: x", b"data: a", b"data:b", b"id: 7", b"", b"data: c", b"", b""])
     for cut in range(len(stream) + 1):
         dec = SSEDecoder()
@@ -87,6 +94,7 @@ def test_line_endings_every_split(eol: bytes) -> None:
 
 
 def test_pending_event_discarded_at_close_and_bad_utf8_counted() -> None:
+    """An unterminated event is discarded at close and bad UTF-8 is replaced and counted."""
     dec = SSEDecoder()
     assert dec.feed(b"data: \xff\xfe\n\ndata: tail") == [SSEEvent(data="\ufffd\ufffd")]
     assert dec.close() == []
@@ -95,6 +103,7 @@ def test_pending_event_discarded_at_close_and_bad_utf8_counted() -> None:
 
 
 def test_in_band_error_and_invalid_json() -> None:
+    """An in-band error event is kept and an invalid JSON event counted, without [DONE]."""
     chunks = [
         b'data: {"choices":[{"index":0,"text":"ab","finish_reason":null}]}\n\n',
         b"data: not json\n\n",
@@ -110,6 +119,8 @@ def test_in_band_error_and_invalid_json() -> None:
 
 
 def test_completions_text_other_choices_token_ids_and_tau() -> None:
+    """The accumulator keeps choice 0's text and token ids, the finish reason and tau from the
+    metrics."""
     chunks = [
         b'data: {"choices":[{"index":0,"text":"x","token_ids":[1,2]},'
         b'{"index":1,"text":"IGNORED"}]}\n\n',
@@ -126,6 +137,8 @@ def test_completions_text_other_choices_token_ids_and_tau() -> None:
 
 
 def test_extract_mean_acceptance_length() -> None:
+    """extract_mean_acceptance_length reads a valid tau and ignores missing, below-1 or malformed
+    values."""
     ok = {"metrics": {"speculative_decoding": {"mean_acceptance_length": 2.5}}}
     assert extract_mean_acceptance_length(ok) == 2.5
     assert extract_mean_acceptance_length({"metrics": {"speculative_decoding": {}}}) is None

@@ -81,6 +81,7 @@ async def _wait_unfinished(sim: SimulatorHandle, n: int) -> None:
 
 
 async def test_counter_exported_at_zero_like_vllm(session: aiohttp.ClientSession) -> None:
+    """The admission rejection counter is exported at 0 for both reasons, labelled like vLLM's."""
     sim = await _sim()
     try:
         got = await _rejections(session, sim)
@@ -96,6 +97,8 @@ async def test_counter_exported_at_zero_like_vllm(session: aiohttp.ClientSession
 async def test_max_num_queued_reqs_refuses_with_503_and_counts(
     session: aiohttp.ClientSession,
 ) -> None:
+    """Past max_num_queued_reqs the simulator answers 503 like vLLM, counts it and never queues
+    the request."""
     sim = await _sim(max_num_queued_reqs=3, data_parallel_size=2)
     url = sim.url + "/v1/completions"
     try:
@@ -127,6 +130,8 @@ async def test_max_num_queued_reqs_refuses_with_503_and_counts(
 async def test_max_num_queued_tokens_counts_prompts_in_prefill(
     session: aiohttp.ClientSession,
 ) -> None:
+    """max_num_queued_tokens counts the prompt tokens of waiting requests and refuses past the
+    limit."""
     # limit 10 prompt tokens: 5 waiting (4 words + BOS) < 10 admits; 5 + 5 = 10 >= 10 refuses
     sim = await _sim(max_num_queued_tokens=10)
     url = sim.url + "/v1/completions"
@@ -152,6 +157,7 @@ async def test_max_num_queued_tokens_counts_prompts_in_prefill(
 async def test_request_limit_is_checked_first_and_restart_resets(
     session: aiohttp.ClientSession,
 ) -> None:
+    """With both limits reached the request limit is named; a restart resets the counters."""
     sim = await _sim(max_num_queued_reqs=1, max_num_queued_tokens=1)
     url = sim.url + "/v1/completions"
     try:
@@ -173,6 +179,7 @@ async def test_request_limit_is_checked_first_and_restart_resets(
 
 
 def test_flags_default_unlimited_and_validate() -> None:
+    """The queue limits default to unlimited, are read from flags and reject negatives."""
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     default = config_from_args(parser.parse_args(["simulate"]))

@@ -128,6 +128,8 @@ async def sim() -> Any:
 async def test_analyze_of_two_scrapes_equals_ground_truth_per_engine(
     sim: SimulatorHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`specwatch analyze` of two simulator scrapes equals the simulator's ground truth per
+    engine and server."""
     async with aiohttp.ClientSession() as s:
         await _load(sim, 40, seed=1)
         page_a, stats_a = await _capture(s, sim)
@@ -151,6 +153,7 @@ async def test_analyze_of_two_scrapes_equals_ground_truth_per_engine(
 async def test_analyze_across_a_restart_equals_ground_truth_since_the_restart(
     sim: SimulatorHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Across a restart, analyze equals the ground truth since the restart."""
     async with aiohttp.ClientSession() as s:
         await _load(sim, 60, seed=3)
         page_a, stats_a = await _capture(s, sim)

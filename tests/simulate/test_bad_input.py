@@ -45,6 +45,7 @@ async def _post_raw(url: str, text: str) -> tuple[int, Any]:
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "true"])
 async def test_non_finite_or_bool_temperature_is_400(sim: SimulatorHandle, value: str) -> None:
+    """A non-finite or boolean temperature is a 400 naming the temperature parameter."""
     body = f'{{"model": "sim-a", "prompt": "hi", "max_tokens": 2, "temperature": {value}}}'
     status, doc = await _post_raw(sim.url + "/v1/completions", body)
     assert status == 400
@@ -58,6 +59,8 @@ async def test_non_finite_or_bool_temperature_is_400(sim: SimulatorHandle, value
 async def test_non_finite_fault_values_are_400_and_faults_stay_strict_json(
     sim: SimulatorHandle, key: str, value: str
 ) -> None:
+    """A non-finite fault value is a 400, and the faults document stays unchanged and strict
+    JSON."""
     async with aiohttp.ClientSession() as s, s.get(sim.url + "/admin/faults") as r:
         before = json.loads(await r.text(), parse_constant=_strict)
     status, doc = await _post_raw(sim.url + "/admin/faults", f'{{"{key}": {value}}}')

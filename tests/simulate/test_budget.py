@@ -33,6 +33,8 @@ def _saturate(
 
 
 def test_dspark_v033_admission_cap_plateau_85() -> None:
+    """Under v0.33 accounting a 512-token budget caps admission at 85 running requests, all
+    verified in full."""
     # v0.33: S = 0, L = K + 1 = 6, admission cap B // L = 512 // 6 = 85; 85 * 6 = 510 <= 512
     running, waiting, dps, core = _saturate("0.33.0", 512)
     assert max(running) == 85
@@ -43,6 +45,7 @@ def test_dspark_v033_admission_cap_plateau_85() -> None:
 
 
 def test_dspark_v032_walk_plateau_51() -> None:
+    """Under v0.32 accounting the budget walk plateaus at 51 running requests."""
     # v0.32: no cap, S = K - 1 = 4: each decode costs 6 + 4 = 10 of B; 51 * 10 = 510, then
     # input_budget 2 <= S stops the walk and leaves nothing to admit a waiting request
     running, waiting, dps, _ = _saturate("0.32.0", 512)
@@ -53,6 +56,7 @@ def test_dspark_v032_walk_plateau_51() -> None:
 
 
 def test_plateaus_match_the_closed_form() -> None:
+    """The simulated plateaus equal decode_full_per_step from the closed-form budget limits."""
     for version, regime in (("0.33.0", BudgetRegime.V0_33), ("0.32.0", BudgetRegime.V0_32)):
         running, _, _, _ = _saturate(version, 512, steps=80)
         lim = budget_limits(max_num_batched_tokens=512, max_num_seqs=128,
@@ -61,6 +65,7 @@ def test_plateaus_match_the_closed_form() -> None:
 
 
 def test_big_budget_reaches_max_num_seqs() -> None:
+    """A large token budget lets running reach max_num_seqs."""
     running, waiting, dps, _ = _saturate("0.33.0", 8192, steps=60)
     assert max(running) == 128
     assert running[-1] == 128
@@ -69,6 +74,7 @@ def test_big_budget_reaches_max_num_seqs() -> None:
 
 
 def test_static_reservation_truncates_the_tail() -> None:
+    """v0.25's static reservation admits one extra request whose drafts are truncated."""
     # v0.25: T = B - S_old * N = 1024 - 4 * 128 = 512; 85 full decodes (510) and the 86th gets
     # the 2 tokens left: one draft instead of five (truncation shows as mean draft length < K)
     running, _, dps, core = _saturate("0.25.0", 1024)
@@ -81,6 +87,7 @@ def test_static_reservation_truncates_the_tail() -> None:
 
 
 def test_fault_shrinks_the_budget_and_truncates_drafts() -> None:
+    """A budget fault cuts the decodes per step and truncates the last request's drafts."""
     faults = Faults()
     _running, _, dps, core = _saturate("0.33.0", 8192, steps=40, faults=faults)
     assert dps[-1] == 128
@@ -97,6 +104,7 @@ def test_fault_shrinks_the_budget_and_truncates_drafts() -> None:
 
 
 def test_fault_switches_to_old_accounting() -> None:
+    """A vLLM-version fault switches the engine to the old budget accounting at the next step."""
     faults = Faults()
     running, _, _, core = _saturate("0.33.0", 512, steps=30, faults=faults)
     assert running[-1] == 85
@@ -107,6 +115,7 @@ def test_fault_switches_to_old_accounting() -> None:
 
 
 def test_stalled_admission_keeps_requests_waiting() -> None:
+    """A stalled admission keeps every request waiting until it is lifted."""
     faults = Faults(stall_admission=True)
     sim = Simulation(SimConfig(), faults=faults)
     for i in range(10):
@@ -122,6 +131,8 @@ def test_stalled_admission_keeps_requests_waiting() -> None:
 
 
 def test_chunked_prefill_splits_a_long_prompt() -> None:
+    """A prompt longer than the budget is prefilled in chunks, emitting its first token at the
+    last chunk."""
     cfg = SimConfig(max_num_batched_tokens=64, max_num_seqs=8)
     sim = Simulation(cfg)
     long_prompt = " ".join(f"w{i}" for i in range(199))  # 200 tokens with BOS
@@ -136,6 +147,7 @@ def test_chunked_prefill_splits_a_long_prompt() -> None:
 
 
 def test_data_parallel_engines_share_load() -> None:
+    """Data-parallel engines share requests evenly and all draft."""
     cfg = SimConfig(data_parallel_size=3)
     sim = Simulation(cfg)
     for i in range(30):
@@ -147,6 +159,8 @@ def test_data_parallel_engines_share_load() -> None:
 
 
 def test_kv_pressure_preempts_and_recomputes_without_changing_outputs() -> None:
+    """KV pressure preempts and recomputes requests without changing their outputs, and counts
+    preemptions."""
     from specwatch.simulate.metrics import SimMetrics
 
     def run(blocks: int) -> tuple[list[list[int]], Simulation, SimMetrics]:

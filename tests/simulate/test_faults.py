@@ -15,6 +15,8 @@ from specwatch.simulate.launcher import start_simulator
 
 
 def test_patch_is_validated_all_or_nothing() -> None:
+    """A fault patch is validated as a whole: one bad field applies nothing; clear restores the
+    defaults."""
     f = Faults()
     with pytest.raises(FaultError, match="metrics_mode"):
         apply_patch(f, {"stall_admission": True, "metrics_mode": "sometimes"})
@@ -33,6 +35,7 @@ def test_patch_is_validated_all_or_nothing() -> None:
 
 
 def test_degrade_one_engine_drops_only_its_acceptance() -> None:
+    """Degrading one engine's drafts lowers only that engine's acceptance."""
     faults = Faults(draft_noise_multiplier=4.0, draft_noise_engine=1)
     sim = Simulation(SimConfig(data_parallel_size=2), faults=faults)
     for i in range(40):
@@ -51,6 +54,7 @@ def test_degrade_one_engine_drops_only_its_acceptance() -> None:
 
 
 async def test_real_time_server_records_latency_histograms() -> None:
+    """At real time the simulator records TTFT, end-to-end and inter-token latency histograms."""
     # time_scale 1: each step sleeps its simulated duration (a few ms here)
     cfg = SimConfig(step_time=StepTimeModel(base_s=0.002, token_s=1e-5, seq_s=1e-5))
     h = await start_simulator(cfg)

@@ -29,6 +29,7 @@ FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
 def test_bad_flags_exit_2_with_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Each bad simulate flag exits 2 with its message in one line."""
     assert cli_main(["simulate", "--port", "0", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err
@@ -36,6 +37,7 @@ def test_bad_flags_exit_2_with_one_line(
 
 
 async def test_spawned_simulator_serves_and_stops_cleanly() -> None:
+    """A spawned simulator process serves its model name and faults, then stops with exit 0."""
     proc = await spawn_simulator(
         ["--role", "fly", "--time-scale", "0", "--served-model-name", "spawned",
          "--data-parallel-size", "2", "--faults", '{"fly_entropy_threshold": 0.1}']
@@ -57,6 +59,8 @@ async def test_spawned_simulator_serves_and_stops_cleanly() -> None:
 
 
 async def test_loadgen_fanout_to_two_in_process_simulators() -> None:
+    """With fanout the load generator sends each job to both simulators and counts results per
+    URL."""
     common = {"time_scale": 0.0, "step_time": FAST}
     std = await start_simulator(SimConfig(role=Role.STANDARD, **common))  # type: ignore[arg-type]
     fly = await start_simulator(SimConfig(role=Role.FLY, **common))  # type: ignore[arg-type]
@@ -86,6 +90,7 @@ async def test_loadgen_fanout_to_two_in_process_simulators() -> None:
 
 
 async def test_loadgen_counts_errors_by_reason() -> None:
+    """The load generator counts failed requests by reason."""
     h = await start_simulator(SimConfig(time_scale=0.0, step_time=FAST))
     try:
         h.server.faults.completion_error_rate = 1.0
@@ -100,6 +105,7 @@ async def test_loadgen_counts_errors_by_reason() -> None:
 
 
 def test_simulator_imports_nothing_from_the_sidecar_but_core_and_vllm() -> None:
+    """The simulator modules import only simulate, vllm and core from specwatch."""
     import ast
 
     root = REPO / "specwatch"

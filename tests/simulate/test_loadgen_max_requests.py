@@ -14,6 +14,7 @@ FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
 
 @pytest.mark.parametrize(("fanout", "sent"), [(False, 5), (True, 10)])
 async def test_max_requests_is_exact_with_more_concurrency(fanout: bool, sent: int) -> None:
+    """max_requests is exact even with more concurrency than requests, with and without fanout."""
     a = await start_simulator(SimConfig(time_scale=0.0, step_time=FAST))
     b = await start_simulator(SimConfig(time_scale=0.0, step_time=FAST))
     try:

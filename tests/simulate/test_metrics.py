@@ -37,6 +37,7 @@ def _value(samples: list[Sample], name: str, **labels: str) -> float:
 
 
 def test_names_types_labels_and_buckets() -> None:
+    """The simulator exports vLLM's metric names, types, labels and buckets."""
     cfg = SimConfig(role=Role.FLY, data_parallel_size=2, num_speculative_tokens=4,
                     served_model_name="m1")  # fmt: skip
     m, _, _ = _run(cfg)
@@ -95,6 +96,8 @@ def test_names_types_labels_and_buckets() -> None:
 
 
 def test_counter_identities_match_ground_truth() -> None:
+    """The exported spec-decode counters equal the ground truth per engine, with per-position
+    counts summing to accepted."""
     cfg = SimConfig(role=Role.STANDARD, data_parallel_size=2, num_speculative_tokens=4)
     m, sim, reqs = _run(cfg)
     fams = _families(m.exposition().decode())
@@ -142,6 +145,7 @@ def test_counter_identities_match_ground_truth() -> None:
 
 
 def test_baseline_has_no_spec_decode_series() -> None:
+    """A baseline server exports no spec_decode series and counts its generated tokens."""
     m, sim, reqs = _run(SimConfig(role=Role.BASELINE), n=5)
     fams = _families(m.exposition().decode())
     assert not any(name.startswith("vllm:spec_decode") for name in fams)
@@ -151,6 +155,7 @@ def test_baseline_has_no_spec_decode_series() -> None:
 
 
 def test_reset_starts_counters_from_zero() -> None:
+    """A metrics reset starts the counters from zero."""
     m, _, _ = _run(SimConfig(), n=5)
     before = _families(m.exposition().decode())
     assert _value(before["vllm:spec_decode_num_drafts"][1],

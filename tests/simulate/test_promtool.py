@@ -24,6 +24,7 @@ def _check(body: bytes) -> subprocess.CompletedProcess[str]:
 
 
 def test_promtool_parses_the_page_and_finds_only_vllm_naming_lints() -> None:
+    """promtool parses the simulator's page and finds only vLLM's own naming lints."""
     cfg = SimConfig(role=Role.FLY, data_parallel_size=2)
     m = SimMetrics(cfg)
     sim = Simulation(cfg, sink=m)
@@ -42,6 +43,7 @@ def test_promtool_parses_the_page_and_finds_only_vllm_naming_lints() -> None:
 
 
 def test_promtool_rejects_the_malformed_fault_body() -> None:
+    """promtool rejects the malformed /metrics body of the fault mode."""
     res = _check(MALFORMED_METRICS_BODY)
     assert res.returncode == 1
     assert "parsing error" in res.stdout + res.stderr

@@ -30,6 +30,8 @@ def _answers(role: Role, prompts: list[str], temperature: float, seeds: list[int
 
 
 def test_builtin_items_shape() -> None:
+    """The built-in quiz has at least 200 unique items, each with digit gold and the answer regex
+    checker."""
     assert len(ITEMS) >= 200
     assert len({i["id"] for i in ITEMS}) == len(ITEMS)
     assert len({i["prompt"] for i in ITEMS}) == len(ITEMS)
@@ -48,6 +50,7 @@ def test_builtin_items_shape() -> None:
 
 
 def test_greedy_standard_and_baseline_answer_alike_and_only_hard_items_fail() -> None:
+    """Greedy standard and baseline answer alike, and fail exactly the hard items."""
     prompts = [i["prompt"] for i in ITEMS]
     seeds = list(range(len(ITEMS)))
     base = _answers(Role.BASELINE, prompts, 0.0, seeds)
@@ -60,6 +63,8 @@ def test_greedy_standard_and_baseline_answer_alike_and_only_hard_items_fail() ->
 
 
 def test_fly_waivers_flip_answers_and_a_lower_threshold_flips_more() -> None:
+    """FLy waivers flip some answers, more at a lower threshold, only on items with draft
+    confusion."""
     prompts = [i["prompt"] for i in ITEMS]
     seeds = list(range(len(ITEMS)))
     std_texts = _answers(Role.STANDARD, prompts, 0.0, seeds)
@@ -82,6 +87,7 @@ def test_fly_waivers_flip_answers_and_a_lower_threshold_flips_more() -> None:
 
 
 def test_per_item_calibration_at_temperature_one() -> None:
+    """At temperature 1 an item is answered correctly at its calibrated rate."""
     item = next(i for i in ITEMS if 0.6 < i["p_correct"] < 0.8)
     n = 300
     for role in (Role.BASELINE, Role.STANDARD):
@@ -91,6 +97,7 @@ def test_per_item_calibration_at_temperature_one() -> None:
 
 
 def test_standard_and_baseline_agree_in_distribution_over_the_set() -> None:
+    """At temperature 1 standard and baseline score the set's expected total within 4 sd."""
     prompts = [i["prompt"] for i in ITEMS]
     expected = sum(i["p_correct"] for i in ITEMS)
     sd = math.sqrt(sum(i["p_correct"] * (1 - i["p_correct"]) for i in ITEMS))

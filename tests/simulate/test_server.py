@@ -63,6 +63,7 @@ def _sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: st
 
 
 async def test_models_health_version(sim: SimulatorHandle, session: aiohttp.ClientSession) -> None:
+    """The simulator serves /v1/models, /health and /version like vLLM."""
     async with session.get(sim.url + "/v1/models") as r:
         body = await r.json()
     assert body["object"] == "list"
@@ -77,6 +78,7 @@ async def test_models_health_version(sim: SimulatorHandle, session: aiohttp.Clie
 async def test_completion_is_deterministic_per_seed_and_streams_the_same_text(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """A seeded completion repeats exactly, with usage and token ids, and streams the same text."""
     body = {"model": "sim-a", "prompt": "Tell me a story", "max_tokens": 40, "seed": 5,
             "temperature": 1.0, "ignore_eos": True}  # fmt: skip
     st1, r1 = await _post(session, sim.url + "/v1/completions", body)
@@ -107,6 +109,7 @@ async def test_completion_is_deterministic_per_seed_and_streams_the_same_text(
 async def test_chat_stream_and_non_stream(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """Streamed chat chunks join to the non-streamed message, with no usage chunk unless asked."""
     body = {"model": "sim-a", "messages": [{"role": "user", "content": "hello there"}],
             "max_tokens": 30, "temperature": 0}  # fmt: skip
     st, r = await _post(session, sim.url + "/v1/chat/completions", body)
@@ -127,6 +130,7 @@ async def test_chat_stream_and_non_stream(
 async def test_stop_string_cuts_the_text(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """A stop string cuts the text before it and finishes with reason stop."""
     body = {"prompt": "What is 11 + 7? Think briefly, then finish with 'answer: <number>'.",
             "max_tokens": 200, "temperature": 0}  # fmt: skip
     _, full = await _post(session, sim.url + "/v1/completions", body)
@@ -138,6 +142,7 @@ async def test_stop_string_cuts_the_text(
 
 
 async def test_error_bodies(sim: SimulatorHandle, session: aiohttp.ClientSession) -> None:
+    """Unknown model, too-long request, bad temperature and bad JSON get vLLM's error bodies."""
     st, r = await _post(session, sim.url + "/v1/completions", {"model": "nope", "prompt": "x"})
     assert st == 404
     assert r["error"]["type"] == "NotFoundError"
@@ -157,6 +162,8 @@ async def test_error_bodies(sim: SimulatorHandle, session: aiohttp.ClientSession
 async def test_per_request_spec_decode_metrics(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """Detailed per-request spec-decode metrics are consistent with tau and the acceptance
+    histogram."""
     body = {"prompt": "some words here", "max_tokens": 60, "ignore_eos": True,
             "spec_decode_metrics": "detailed", "seed": 3}  # fmt: skip
     _, r = await _post(session, sim.url + "/v1/completions", body)
@@ -179,6 +186,7 @@ async def test_per_request_spec_decode_metrics(
 async def test_metrics_over_http_agree_with_admin_stats(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """The /metrics counters equal the simulator's /admin/stats ground truth."""
     for i in range(12):
         await _post(session, sim.url + "/v1/completions",
                     {"prompt": f"load {i}", "max_tokens": 50, "ignore_eos": True})  # fmt: skip
@@ -208,6 +216,8 @@ async def test_metrics_over_http_agree_with_admin_stats(
 async def test_admin_faults_and_restart(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """The admin fault modes break /metrics and completions as named, and restart resets the
+    counters."""
     async with session.get(sim.url + "/admin/faults") as r:
         f = await r.json()
     assert f["metrics_mode"] == "ok"
@@ -246,6 +256,8 @@ async def test_admin_faults_and_restart(
 async def test_lower_fly_threshold_fault_adds_waivers_and_degrade_drops_acceptance(
     sim: SimulatorHandle, session: aiohttp.ClientSession
 ) -> None:
+    """Lowering FLy's threshold adds waivers and raises acceptance; degrading drafts lowers it."""
+
     async def window() -> tuple[int, float]:
         await _post(session, sim.url + "/admin/restart", {})
         await asyncio.gather(*(

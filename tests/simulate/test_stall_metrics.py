@@ -36,6 +36,7 @@ async def _queues(s: aiohttp.ClientSession, url: str) -> tuple[float, float, int
 
 
 async def test_stalled_admission_shows_waiting_requests_on_metrics() -> None:
+    """Requests held by a stalled admission show as waiting on /metrics until released."""
     h = await start_simulator(SimConfig(data_parallel_size=2, time_scale=0.0))
     n = 7
     sent: list[asyncio.Task[int]] = []

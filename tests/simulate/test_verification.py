@@ -67,6 +67,8 @@ def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 def test_standard_rejection_sampling_preserves_target_distribution(
     method: DraftSampleMethod, temperature: float
 ) -> None:
+    """Standard rejection sampling keeps the target distribution (chi-square) for each draft
+    sampling method."""
     # draft noise high so that many drafts are rejected and recovered tokens matter
     lm = SyntheticLM(LMConfig(seed=3, target_sharpness=3.0, draft_noise=1.5))
     table, rows = _batch(lm, 6000, temperature, "a plain prompt for the chi square test")
@@ -78,6 +80,7 @@ def test_standard_rejection_sampling_preserves_target_distribution(
 
 
 def test_chi_square_has_power_against_fly() -> None:
+    """The same chi-square test rejects FLy at threshold 0, which is lossy."""
     # the same test rejects FLy (threshold 0: waive whenever the window passes), which is lossy
     lm = SyntheticLM(LMConfig(seed=3, target_sharpness=3.0, draft_noise=1.5))
     table, rows = _batch(lm, 6000, 1.0, "a plain prompt for the chi square test")
@@ -103,6 +106,7 @@ PROMPTS = [f"tell me about item {i} in the list" for i in range(24)]
 
 
 def test_greedy_standard_equals_baseline_token_for_token() -> None:
+    """Greedy standard decoding equals the baseline token for token."""
     std = _run(Role.STANDARD, PROMPTS, 0.0)
     base = _run(Role.BASELINE, PROMPTS, 0.0)
     assert std == base
@@ -111,6 +115,7 @@ def test_greedy_standard_equals_baseline_token_for_token() -> None:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fly_with_infinite_threshold_equals_standard(temperature: float) -> None:
+    """FLy with an infinite threshold equals standard decoding, with no waivers."""
     cfg_std = SimConfig(role=Role.STANDARD)
     cfg_fly = SimConfig(role=Role.FLY, fly_entropy_threshold=math.inf)
     outs = []
@@ -128,6 +133,8 @@ def test_fly_with_infinite_threshold_equals_standard(temperature: float) -> None
 
 
 def test_fly_acceptance_never_below_standard_on_the_same_drafts() -> None:
+    """On the same drafts FLy accepts at least as many tokens as standard, never more than
+    drafted."""
     rng = np.random.default_rng(11)
     n, k, v = 4000, 5, 6
     logits = rng.standard_normal((n, k + 1, v)) * 1.5
@@ -155,6 +162,7 @@ def test_fly_acceptance_never_below_standard_on_the_same_drafts() -> None:
 
 
 def test_topk_entropy_by_hand() -> None:
+    """topk_entropy equals the hand-computed top-3 entropy without renormalising."""
     p = np.array([[0.6, 0.25, 0.15, 0.0], [0.97, 0.02, 0.01, 0.0], [0.5, 0.2, 0.1, 0.1]])
     h = topk_entropy(p, 3)
     by_hand = [
@@ -200,6 +208,7 @@ def test_fly_hand_worked_greedy(
     native: list[int], high: list[int], window: int, expected_fly: int, expected_std: int,
     expected_waived: int,
 ) -> None:  # fmt: skip
+    """Hand-worked greedy cases give the expected standard and FLy acceptances and waivers."""
     p, drafts = _greedy_case([bool(a) for a in native], [bool(h) for h in high])
     q = np.zeros((1, 5, 4))
     q[0, np.arange(5), drafts[0]] = 1.0
@@ -213,6 +222,8 @@ def test_fly_hand_worked_greedy(
 
 
 def test_fly_hand_worked_random_request() -> None:
+    """A hand-worked random request is waived as expected, not with q(x) = 0 nor above the
+    entropy gate."""
     # K_d = 4, W = 2, random request: native iff p(x) >= u * q(x)
     p = np.array([[[0.5, 0.3, 0.2]] * 5])  # top-3 entropy 1.0297 nats >= 0.3
     q = np.array([[[0.2, 0.6, 0.2]] * 4])

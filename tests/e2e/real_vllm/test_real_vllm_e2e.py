@@ -213,6 +213,8 @@ def _specwatch_env() -> dict[str, str]:
 def test_analyze_two_real_captures_matches_independent_values(
     vllm_spec_server: VllmServer, tmp_path: Path
 ) -> None:
+    """`specwatch analyze` over two real vLLM captures matches values computed independently from
+    the counters."""
     body_a = quiescent_metrics(vllm_spec_server)
     drive_traffic(vllm_spec_server)
     body_b = quiescent_metrics(vllm_spec_server)
@@ -329,6 +331,7 @@ def _target(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
 def test_run_since_start_matches_two_bracketing_captures(
     vllm_spec_server: VllmServer, tmp_path: Path
 ) -> None:
+    """`specwatch run`'s since_start values equal those of two captures bracketing the traffic."""
     server = vllm_spec_server
     before = quiescent_metrics(server)  # no traffic from here until capture A
     with specwatch_run(server.url, tmp_path / "specwatch.log") as sw:

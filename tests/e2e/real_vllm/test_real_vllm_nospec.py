@@ -25,6 +25,7 @@ def _metric_names(body: str) -> set[str]:
 def test_nospec_server_exports_scheduler_gauges_and_no_spec_decode(
     vllm_nospec_server: VllmServer,
 ) -> None:
+    """A vLLM server without speculation exports the scheduler gauges and no spec_decode series."""
     vllm_nospec_server.complete("The server accepts", max_tokens=8)
     names = _metric_names(vllm_nospec_server.metrics())
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting"} <= names
@@ -39,6 +40,8 @@ def test_nospec_server_exports_scheduler_gauges_and_no_spec_decode(
 def test_nospec_server_output_is_reproducible(
     vllm_nospec_server: VllmServer, sampling: dict[str, float]
 ) -> None:
+    """Without speculation the same request gives the same text twice."""
+
     def text() -> str:
         answer = vllm_nospec_server.complete(
             "Each engine drafts four tokens", max_tokens=24, ignore_eos=True, **sampling

@@ -239,6 +239,7 @@ def check_pairing(run: ShadowRun, n: int) -> None:
 async def test_shadow_run_greedy_only_no_flips(
     vllm_nospec_server: VllmServer, vllm_spec_server: VllmServer, tmp_path: Path
 ) -> None:
+    """On all-greedy traffic, every request pairs and neither arm flips."""
     n = 16
     traffic = [("t0", body(p, 0.0, seed=i)) for i, p in enumerate(prompts(n, 0))]
     run = await shadow_run(
@@ -256,6 +257,8 @@ async def test_shadow_run_greedy_only_no_flips(
 async def test_shadow_run_mixed_temperatures(
     vllm_nospec_server: VllmServer, vllm_spec_server: VllmServer, tmp_path: Path
 ) -> None:
+    """In mixed batches the no-spec server never flips, while sampled requests flip on the
+    speculating arm."""
     n_per_class = 12
     traffic: list[tuple[str, dict[str, Any]]] = []
     for i, (p0, p1) in enumerate(

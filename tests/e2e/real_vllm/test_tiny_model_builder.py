@@ -52,6 +52,8 @@ def _config(model_dir: Path) -> dict[str, Any]:
 def test_builder_is_deterministic_and_matches_the_models_under_test(
     vllm_python: Path, tiny_models: TinyModels, tmp_path: Path
 ) -> None:
+    """A fresh build of the tiny models equals, byte for byte, the models under test and its
+    manifest."""
     # The models under test were built earlier, in another process, by this same builder
     # (scripts/test.sh keys them by the builder's sha256): a fresh build must equal them.
     fresh = _build(vllm_python, tmp_path / "fresh")
@@ -65,6 +67,8 @@ def test_builder_is_deterministic_and_matches_the_models_under_test(
 
 
 def test_models_fit_vllm_cpu_draft_model_constraints(tiny_models: TinyModels) -> None:
+    """The tiny target and draft models meet vLLM's CPU draft-model constraints (vocab, head
+    size, tokens)."""
     target, draft, same = (
         _config(p) for p in (tiny_models.target, tiny_models.draft, tiny_models.draft_same)
     )

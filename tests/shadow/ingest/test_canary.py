@@ -25,6 +25,8 @@ GOOD = [
 
 
 def test_parse_good_lines() -> None:
+    """Good canary lines parse into items with path, category, checker, gold and the served
+    model."""
     load = parse_lines((json.dumps(o) for o in GOOD), source="t", model="served")
     a, b = load.items
     assert (a.item_id, a.path, a.category, a.checker, a.gold) == (
@@ -46,6 +48,7 @@ def test_parse_good_lines() -> None:
 
 
 def test_bad_lines_are_counted_with_file_and_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Each kind of bad canary line is skipped, counted by reason and logged with file and line."""
     lines = [
         json.dumps(GOOD[0]),
         "",
@@ -81,6 +84,8 @@ def test_bad_lines_are_counted_with_file_and_line(caplog: pytest.LogCaptureFixtu
 
 
 def test_load_file_builtin_and_errors(tmp_path: Path) -> None:
+    """load_canary adds the built-in set; an unreadable file or one with no usable item raises
+    CanaryFileError."""
     f = tmp_path / "set.jsonl"
     f.write_text(json.dumps(GOOD[0]) + "\nbroken\n", encoding="utf-8")
     load = load_canary(str(f), builtin=True)
@@ -95,6 +100,8 @@ def test_load_file_builtin_and_errors(tmp_path: Path) -> None:
 
 
 def test_to_request() -> None:
+    """to_request turns a canary item into a canary ShadowRequest with its hash, gold and
+    checker."""
     item = parse_lines([json.dumps(GOOD[0])], source="t").items[0]
     req = to_request(item, received_at=5.0, salt="s")
     assert req.source is Source.CANARY
@@ -103,6 +110,7 @@ def test_to_request() -> None:
 
 
 async def test_runner_paces_and_loops() -> None:
+    """CanaryRunner offers items at its rate, counts offer results and rejects a zero rate."""
     items = parse_lines((json.dumps(o) for o in GOOD), source="t").items
     got: list[ShadowRequest] = []
     sleeps: list[float] = []

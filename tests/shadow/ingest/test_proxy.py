@@ -142,6 +142,8 @@ def _session() -> aiohttp.ClientSession:
 
 
 async def test_long_sse_stream_passes_byte_for_byte_and_copy_is_offered() -> None:
+    """A long SSE stream passes through the proxy byte for byte and one copy of the request is
+    offered."""
     up = Upstream()
     offered: list[ShadowRequest] = []
 
@@ -167,6 +169,7 @@ async def test_long_sse_stream_passes_byte_for_byte_and_copy_is_offered() -> Non
 
 
 async def test_stream_is_relayed_before_upstream_finishes() -> None:
+    """The proxy relays the first chunk before the upstream sends the rest."""
     up = Upstream()
     async with (
         running(up.app()) as base,
@@ -183,6 +186,7 @@ async def test_stream_is_relayed_before_upstream_finishes() -> None:
 
 
 async def test_gzip_body_and_content_length_pass_unchanged() -> None:
+    """A gzip body and its Content-Length pass through unchanged."""
     up = Upstream()
     async with (
         running(up.app()) as base,
@@ -197,6 +201,7 @@ async def test_gzip_body_and_content_length_pass_unchanged() -> None:
 
 
 async def test_hop_by_hop_headers_removed_both_ways() -> None:
+    """Hop-by-hop headers, including those named in Connection, are dropped in both directions."""
     up = Upstream()
     async with (
         running(up.app()) as base,
@@ -225,6 +230,7 @@ async def test_hop_by_hop_headers_removed_both_ways() -> None:
 
 
 def test_hop_by_hop_names_reads_every_connection_field() -> None:
+    """hop_by_hop_names reads every Connection header field plus the fixed hop-by-hop names."""
     from multidict import CIMultiDict, CIMultiDictProxy
 
     h = CIMultiDict([("Connection", "close, X-A"), ("Connection", " x-b ,")])
@@ -233,6 +239,7 @@ def test_hop_by_hop_names_reads_every_connection_field() -> None:
 
 
 async def test_client_disconnect_is_propagated_upstream() -> None:
+    """A client dropping mid-stream closes the upstream connection and is counted."""
     up = Upstream()
     async with running(up.app()) as base, proxy_for(base, lambda r: "x") as (purl, proxy):
         async with _session() as s:
@@ -244,6 +251,7 @@ async def test_client_disconnect_is_propagated_upstream() -> None:
 
 
 async def test_upstream_down_answers_502_json() -> None:
+    """An unreachable upstream answers 502 with a JSON error and counts a connect error."""
     async with (
         proxy_for("http://127.0.0.1:1", lambda r: "x") as (purl, proxy),
         _session() as s,
@@ -255,6 +263,7 @@ async def test_upstream_down_answers_502_json() -> None:
 
 
 async def test_failing_offer_never_touches_the_live_response() -> None:
+    """An offer that raises leaves live responses unchanged and is counted as an offer error."""
     up = Upstream()
 
     def broken(r: ShadowRequest) -> str:
@@ -275,6 +284,7 @@ async def test_failing_offer_never_touches_the_live_response() -> None:
 
 
 async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() -> None:
+    """Hanging shadow arms, then a stopped shadow side, change nothing on the live proxy path."""
     up = Upstream()
     std, fly = FakeArm(mode="hang"), FakeArm(mode="hang")
     pairs: list[ReplayPair] = []
@@ -330,6 +340,8 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
 
 
 async def test_thread_mode_relays_and_hands_copy_to_the_shadow_loop() -> None:
+    """In thread mode the proxy relays on its own thread and hands the copy to the shadow loop's
+    thread."""
     up = Upstream()
     offered_on: list[int] = []
 
@@ -364,6 +376,9 @@ async def _until_true(cond: Callable[[], bool]) -> None:
 
 
 async def test_upstream_dying_mid_stream_truncates_the_client_response() -> None:
+    """An upstream dying mid-stream ends the client's stream with an error and counts a
+    disconnect."""
+
     async def dying(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)

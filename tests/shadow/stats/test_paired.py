@@ -24,6 +24,8 @@ from specwatch.shadow.stats.power import questions_needed, questions_needed_z, z
 
 
 def test_seed_example_428_items_25_lost_2_gained() -> None:
+    """The seed example (428 items, 25 lost, 2 gained) gives the hand-computed McNemar p-values
+    and ratios."""
     # 2 * P[X <= 2], X ~ Bin(27, 1/2) = 2 * (1 + 27 + 351) / 2**27
     assert mcnemar_exact_p(25, 2) == pytest.approx(2 * 379 / 2**27, rel=1e-12)
     assert mcnemar_exact_p(25, 2) == pytest.approx(5.6e-6, rel=0.01)
@@ -39,6 +41,7 @@ def test_seed_example_428_items_25_lost_2_gained() -> None:
     ("lost", "gained"), [(0, 1), (1, 0), (3, 3), (7, 2), (2, 7), (10, 0), (13, 4), (40, 31)]
 )
 def test_mcnemar_matches_scipy_binomtest(lost: int, gained: int) -> None:
+    """The exact McNemar p-values equal scipy's two-sided and one-sided binomial tests."""
     n = lost + gained
     two = binomtest(lost, n, 0.5, alternative="two-sided").pvalue
     one = binomtest(lost, n, 0.5, alternative="greater").pvalue
@@ -47,6 +50,7 @@ def test_mcnemar_matches_scipy_binomtest(lost: int, gained: int) -> None:
 
 
 def test_mcnemar_no_discordant_and_bad_input() -> None:
+    """No discordant pairs give p = 1; a negative count raises."""
     assert mcnemar_exact_p(0, 0) == 1.0
     with pytest.raises(ValueError, match=">= 0"):
         mcnemar_exact_p(-1, 2)
@@ -73,11 +77,13 @@ def _independent_tango(lost: int, gained: int, n: int, delta: float) -> float:
 def test_tango_statistic_matches_numeric_restricted_mle(
     lost: int, gained: int, n: int, delta: float
 ) -> None:
+    """The Tango score statistic equals one computed with a numeric restricted MLE."""
     got = tango_score_statistic(lost, gained, n, delta)
     assert got == pytest.approx(_independent_tango(lost, gained, n, delta), rel=1e-5, abs=1e-6)
 
 
 def test_tango_ci_bounds_invert_the_score_test() -> None:
+    """The Tango CI bounds are where the score statistic equals +-z."""
     c = PairedCounts(354, 25, 2, 47)
     ci = net_loss_ci(c, 0.95)
     z = norm.ppf(0.975)
@@ -87,6 +93,7 @@ def test_tango_ci_bounds_invert_the_score_test() -> None:
 
 
 def test_tango_ci_symmetric_and_edges() -> None:
+    """The Tango CI is symmetric for equal lost and gained, capped at 1, and NaN with no pairs."""
     sym = net_loss_ci(PairedCounts(50, 5, 5, 40))
     assert sym.lower == pytest.approx(-sym.upper, abs=1e-9)
     assert net_loss_ci(PairedCounts(0, 10, 0, 0)).upper == 1.0
@@ -96,6 +103,7 @@ def test_tango_ci_symmetric_and_edges() -> None:
 
 
 def test_tango_ci_coverage_by_simulation() -> None:
+    """The 95% Tango CI covers the true net loss about 95% of the time in simulation."""
     # Cell probabilities: lost 0.04, gained 0.02 -> true net loss 0.02; n = 300, 400 draws.
     rng = np.random.default_rng(7)
     probs = [0.80, 0.04, 0.02, 0.14]
@@ -111,6 +119,7 @@ def test_tango_ci_coverage_by_simulation() -> None:
 
 
 def test_non_inferiority_consistent_with_upper_bound() -> None:
+    """Non-inferiority passes exactly when the one-sided upper bound is below the margin."""
     clear_loss = non_inferiority_test(PairedCounts(354, 25, 2, 47), margin=0.01)
     assert not clear_loss.passed
     assert clear_loss.upper_bound > 0.01
@@ -127,6 +136,7 @@ def test_non_inferiority_consistent_with_upper_bound() -> None:
 
 
 def test_excess_flip() -> None:
+    """excess_flip gives both flip ratios, their difference and the one-sided binomial p-value."""
     f = FlipCounts(fly_only=30, noise_only=10, both=5, neither=955)
     r = excess_flip(f)
     assert r.fly_flip_ratio == pytest.approx(35 / 1000)
@@ -137,6 +147,7 @@ def test_excess_flip() -> None:
 
 
 def test_power_reproduces_the_seed_numbers() -> None:
+    """questions_needed reproduces the seed's sample sizes with its rounded z values."""
     assert questions_needed(0.02, 0.06) == 1175
     assert questions_needed(0.01, 0.06) == 4708
     assert questions_needed(0.02, 0.08) == 1568
@@ -148,6 +159,8 @@ def test_power_reproduces_the_seed_numbers() -> None:
 
 
 def test_power_by_hand_and_errors() -> None:
+    """questions_needed equals Connor's formula by hand, is smaller one-sided, and rejects
+    discordant < net loss."""
     # δ = 0.1, ψ = 0.2, z = 1.96 / 0.8416: (1.96*sqrt(.2) + .8416*sqrt(.19))^2 / .01
     by_hand = (1.96 * math.sqrt(0.2) + 0.8416 * math.sqrt(0.19)) ** 2 / 0.01
     assert questions_needed(0.1, 0.2) == math.ceil(by_hand)

@@ -23,6 +23,7 @@ from specwatch.shadow.stats.sequential import (
 def test_closed_form_matches_quadrature(
     lost: int, gained: int, p0: float, a: float, b: float
 ) -> None:
+    """The beta-binomial e-value's closed form equals numeric integration over the prior."""
     prior_mass = beta_dist.sf(p0, a, b)
 
     def integrand(t: float) -> float:
@@ -55,10 +56,12 @@ def _exact_crossing_probability(theta: float, horizon: int, alpha: float, p0: fl
 
 @pytest.mark.parametrize(("alpha", "theta"), [(0.05, 0.5), (0.2, 0.5), (0.2, 0.4)])
 def test_ville_bound_holds_exactly_under_null(alpha: float, theta: float) -> None:
+    """Under the null the exact probability of ever crossing 1/alpha is at most alpha."""
     assert _exact_crossing_probability(theta, 400, alpha, 0.5) <= alpha
 
 
 def test_power_under_loss_and_margin_variant() -> None:
+    """Under a real loss the alarm is near certain; under a wider margin it stays within alpha."""
     # θ = 2/3 (lost 4%, gained 2%): after 400 discordant pairs the alarm is near certain.
     assert _exact_crossing_probability(2 / 3, 400, 0.05, 0.5) > 0.9
     # A conditional margin p0 = 0.7 is not crossed often when θ = 2/3.
@@ -66,6 +69,7 @@ def test_power_under_loss_and_margin_variant() -> None:
 
 
 def test_alarm_rule() -> None:
+    """The alarm fires at e >= 1/alpha, and the seed example crosses it; p0 = 1 raises."""
     assert alarm(math.log(20.0), 0.05)
     assert not alarm(math.log(19.9), 0.05)
     assert beta_binomial_log_e_value(25, 2) > math.log(20)
@@ -80,6 +84,8 @@ def test_alarm_rule() -> None:
 def test_betting_e_process_exact_ville_bound(
     margin: float, probs: dict[int, float], alpha: float
 ) -> None:
+    """Over every length-9 path with mean at the margin, the betting e-process crosses 1/alpha
+    with probability <= alpha."""
     # Enumerate every path of d in {-1, 0, 1} of length 9 with E[d] = margin exactly
     # (crossing probabilities are about 0.02 and 0.15: the bound is exercised, not vacuous).
     total = 0.0
@@ -97,6 +103,7 @@ def test_betting_e_process_exact_ville_bound(
 
 
 def test_betting_e_process_grows_under_loss() -> None:
+    """Under a net loss above the margin the betting e-process reaches 20; a bad step raises."""
     rng = np.random.default_rng(3)
     d = rng.choice([1, 0, -1], size=3000, p=[0.06, 0.9, 0.04])  # net loss 0.02 > margin 0
     state = BettingEProcess(margin=0.0)
