@@ -163,14 +163,15 @@ def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, flo
 
 
 def sustained_levels(observe: ObserveView, s: DetectSettings) -> dict[SustainedKey, float]:
-    """α in ``acceptance_sustained_window`` per usable target, model and engine ("" = server;
+    """α in ``acceptance_sustained_window`` (``since_start`` when not configured) per usable
+    target, model and engine ("" = server;
     engines only on multi-engine servers): what :class:`~specwatch.alerts.pending.Detector`
     keeps the maximum of over ``acceptance_decay_lookback``."""
     out: dict[SustainedKey, float] = {}
     for t in observe.targets.values():
         if not _usable(t):
             continue
-        for model, mw in _window(t, s.acceptance_sustained_window).items():
+        for model, mw in _window(t, s.acceptance_sustained_window, fallback=True).items():
             rows: list[tuple[str, Health]] = [("", mw.server)]
             if len(mw.engines) > 1:
                 rows += list(mw.engines.items())
