@@ -61,9 +61,9 @@ WORKDIR /var/lib/specwatch
 VOLUME ["/var/lib/specwatch"]
 USER 10001:10001
 
-# 9400: /metrics, /healthz, /readyz, /api/v1/* and the mirror listener (/v1/completions,
-# /v1/chat/completions with a "-shadow" Host). 9401: the optional streaming proxy.
-EXPOSE 9400 9401
+# 9400: /metrics, /healthz, /readyz, /api/v1/*. 9401: the optional streaming proxy. 9402: the
+# mirror listener (/v1/completions, /v1/chat/completions with a "-shadow" Host; mesh only).
+EXPOSE 9400 9401 9402
 
 # Liveness only (process serves HTTP); python stdlib, no curl in the image.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \

@@ -12,6 +12,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from specwatch.vllm.request_metrics import metrics_object, spec_decode_object
+
 
 @dataclass
 class Seen:
@@ -24,13 +26,17 @@ class Seen:
 
 @dataclass
 class FakeArm:
-    """Behaviour of one fake arm: ``mode`` is ``ok|hang|status|stream|in_band_error``."""
+    """Behaviour of one fake arm: ``mode`` is ``ok|hang|status|stream|in_band_error``.
+
+    ``spec_steps``: tokens accepted at each verify step (K = 4 drafted per step); when set the
+    reply carries vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics
+    summary`` shape; in a stream only on the usage chunk, when ``include_usage`` was asked)."""
 
     text: str = "hello"
     mode: str = "ok"
     status: int = 200
     message: str = ""
-    tau: float | None = None
+    spec_steps: list[int] | None = None
     seen: list[Seen] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
@@ -58,7 +64,12 @@ class FakeArm:
                 await resp.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
             fin = {"choices": [{"index": 0, "finish_reason": "stop", "text": ""}]}
             await resp.write(f"data: {json.dumps(fin)}\n\n".encode())
-            usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            usage: dict[str, Any] = {
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            }
+            if self.spec_steps is not None and body.get("stream_options", {}).get("include_usage"):
+                usage["metrics"] = self._metrics(streamed=True)
             await resp.write(f"data: {json.dumps(usage)}\n\n: ping\n\ndata: [DONE]\n\n".encode())
             await resp.write_eof()
             return resp
@@ -71,9 +82,20 @@ class FakeArm:
             "choices": [choice],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
         }
-        if self.tau is not None:
-            out["metrics"] = {"speculative_decoding": {"mean_acceptance_length": self.tau}}
+        if self.spec_steps is not None:
+            out["metrics"] = self._metrics(streamed=False)
         return web.json_response(out)
+
+    def _metrics(self, *, streamed: bool) -> dict[str, Any]:
+        steps = self.spec_steps or []
+        spec = spec_decode_object(
+            num_spec_tokens=4,
+            per_step_accepted=steps,
+            per_step_drafted=[4] * len(steps),
+            detailed=False,
+            streamed=streamed,
+        )
+        return metrics_object(spec, streamed=streamed)
 
 
 @asynccontextmanager

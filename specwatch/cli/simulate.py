@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
+from specwatch.vllm.request_metrics import MODES
 
 if TYPE_CHECKING:
     from specwatch.simulate.server import SimServer
@@ -80,7 +81,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="multiply simulated step durations (0 = as fast as possible)",
     )
     p.add_argument(
-        "--per-request-spec-decode-metrics", choices=["off", "summary", "detailed"], default="off"
+        "--per-request-spec-decode-metrics",
+        choices=list(MODES),
+        default="none",
+        help="vLLM's flag: add metrics.speculative_decoding to replies (summary or detailed)",
     )
     p.add_argument("--num-gpu-blocks", type=int, default=16384)
     p.add_argument(

@@ -9,13 +9,17 @@ One JSON object per line::
 ``id`` (string or integer) and ``gold`` (string or number) are required, and exactly one of
 ``prompt`` (string) or ``messages`` (list of ``{"role", "content"}``). Optional: ``category``
 (default ``canary``), ``checker`` (``exact|regex:<pattern>|json:<path>|math``, default ``exact``),
-``max_tokens`` (int), ``model`` (string), ``temperature`` (number, default 0). Other keys are
-ignored
-(the simulator's quiz adds ``p_correct`` and ``draft_confusion``). Blank lines and lines starting
-with
-``#`` are skipped. A bad line has a reason (``invalid_json|not_object|missing_id|duplicate_id|
-missing_gold|missing_prompt|bad_messages|bad_checker|bad_field``), reported as ``<file>:<line>:
-<reason>``.
+``model`` (string), ``temperature`` (number, default 0) and every other sampling field vLLM's
+OpenAI server accepts (:data:`SAMPLING_FIELDS`: ``seed``, ``ignore_eos``, ``top_p``, ``top_k``,
+``min_p``, ``max_tokens``, ``stop``, penalties, ...; ``max_completion_tokens``, ``top_logprobs``,
+``tools`` and the other :data:`CHAT_FIELDS` with ``messages`` only), copied into the request body
+as given after a type check. The simulator's quiz keys ``p_correct`` and ``draft_confusion`` are
+read by the simulator and left out of the body. Any other key fails the line (``unknown_key``, its
+message names the key, so a typo such as ``temperatur`` never silently makes a greedy item). Blank
+lines and lines starting with ``#`` are skipped. A bad line has a reason (``invalid_json|
+not_object|missing_id|duplicate_id|missing_gold|missing_prompt|bad_messages|bad_checker|bad_field|
+unknown_key``), reported as ``<file>:<line>: <reason>`` (``<file>:<line>: unknown_key '<key>'``
+for an unknown key).
 
 Readers: :mod:`specwatch.shadow.ingest.canary` (the live canary mode); writers:
 :func:`write_items` (used by :mod:`specwatch.simulate.quiz` for the simulator's known questions).
@@ -33,26 +37,128 @@ from typing import Any
 CHECKER_KINDS: tuple[str, ...] = ("exact", "regex:", "json:", "math")
 
 
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _pos_int(v: object) -> bool:
+    return _int(v) and isinstance(v, int) and v >= 1
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _bool(v: object) -> bool:
+    return isinstance(v, bool)
+
+
+def _str_or_strs(v: object) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+def _ints(v: object) -> bool:
+    return isinstance(v, list) and all(_int(x) for x in v)
+
+
+def _strs(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _obj(v: object) -> bool:
+    return isinstance(v, dict)
+
+
+def _any(v: object) -> bool:
+    return True
+
+
+#: Sampling fields of vLLM's ``/v1/completions`` and ``/v1/chat/completions`` requests
+#: (vllm 0.32 ``CompletionRequest`` / ``ChatCompletionRequest``, ``SamplingParams``) a canary
+#: item may set, with the type check applied to each.
+SAMPLING_FIELDS: dict[str, Callable[[object], bool]] = {
+    "max_tokens": _pos_int,
+    "temperature": _number,
+    "top_p": _number,
+    "top_k": _int,
+    "min_p": _number,
+    "seed": _int,
+    "n": _pos_int,
+    "presence_penalty": _number,
+    "frequency_penalty": _number,
+    "repetition_penalty": _number,
+    "length_penalty": _number,
+    "stop": _str_or_strs,
+    "stop_token_ids": _ints,
+    "bad_words": _strs,
+    "ignore_eos": _bool,
+    "min_tokens": _int,
+    "logprobs": _int,
+    "prompt_logprobs": _int,
+    "logit_bias": _obj,
+    "allowed_token_ids": _ints,
+    "include_stop_str_in_output": _bool,
+    "skip_special_tokens": _bool,
+    "spaces_between_special_tokens": _bool,
+    "truncate_prompt_tokens": _int,
+    "use_beam_search": _bool,
+    "response_format": _obj,
+    "structured_outputs": _obj,
+    "thinking_token_budget": _int,
+    "echo": _bool,
+    "user": lambda v: isinstance(v, str),
+}
+
+#: Fields only ``/v1/chat/completions`` takes (an item with ``messages``).
+CHAT_FIELDS: dict[str, Callable[[object], bool]] = {
+    "max_completion_tokens": _pos_int,
+    "top_logprobs": _int,
+    "tools": lambda v: isinstance(v, list),
+    "tool_choice": _any,
+    "parallel_tool_calls": _bool,
+    "chat_template_kwargs": _obj,
+    "include_reasoning": _bool,
+    "reasoning_effort": lambda v: isinstance(v, str),
+}
+
+#: Keys of the canary format itself (not sent as they are).
+ITEM_KEYS: frozenset[str] = frozenset(
+    {"id", "gold", "prompt", "messages", "category", "checker", "model"}
+)
+
+#: Keys the simulator's quiz writes and reads; never sent to an arm.
+SIMULATOR_KEYS: frozenset[str] = frozenset({"p_correct", "draft_confusion"})
+
+
 class CanaryFileError(ValueError):
     """The canary set cannot be used (unreadable, or no good item). ``str()`` is one clear line."""
 
 
 class CanaryLineError(CanaryFileError):
-    """One bad line: ``str()`` is ``<file>:<line>: <reason>``; ``reason`` is the bare reason."""
+    """One bad line: ``str()`` is ``<file>:<line>: <reason>`` (``... unknown_key '<key>'`` when
+    ``key`` is set); ``reason`` is the bare reason, ``key`` the unknown key."""
 
-    def __init__(self, source: str, line: int, reason: str) -> None:
-        super().__init__(f"{source}:{line}: {reason}")
+    def __init__(self, source: str, line: int, reason: str, key: str | None = None) -> None:
+        detail = reason if key is None else f"{reason} {key!r}"
+        super().__init__(f"{source}:{line}: {detail}")
         self.source = source
         self.line = line
         self.reason = reason
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownKey:
+    """:func:`parse_item`'s answer for a line with a key the format does not know."""
+
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
 class CanaryItem:
     """One parsed line as a request: ``path`` ``/v1/completions`` (``prompt``) or
     ``/v1/chat/completions`` (``messages``), ``body`` the request body (``temperature`` set,
-    ``model``
-    and ``max_tokens`` when given), ``gold`` the expected answer as text."""
+    ``model`` and the sampling fields when given), ``gold`` the expected answer as text."""
 
     item_id: str
     path: str
@@ -78,10 +184,22 @@ def _checker_ok(checker: str) -> bool:
     return checker.startswith(("regex:", "json:")) and len(checker.split(":", 1)[1]) > 0
 
 
-def parse_item(obj: object, *, model: str | None = None) -> CanaryItem | str:
-    """One decoded line -> :class:`CanaryItem`, or the bad-line reason. Pure."""
+def parse_item(obj: object, *, model: str | None = None) -> CanaryItem | UnknownKey | str:
+    """One decoded line -> :class:`CanaryItem`, :class:`UnknownKey` (the first key, in line
+    order, that is neither a format key, a sampling field nor a simulator key), or the bad-line
+    reason. Pure."""
     if not isinstance(obj, dict):
         return "not_object"
+    chat = "messages" in obj
+    for key in obj:
+        known = (
+            key in ITEM_KEYS
+            or key in SIMULATOR_KEYS
+            or key in SAMPLING_FIELDS
+            or (chat and key in CHAT_FIELDS)
+        )
+        if not known:
+            return UnknownKey(key)
     raw_id = obj.get("id")
     if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or raw_id == "":
         return "missing_id"
@@ -113,11 +231,11 @@ def parse_item(obj: object, *, model: str | None = None) -> CanaryItem | str:
         path, body = "/v1/chat/completions", {"messages": messages}
     else:
         return "missing_prompt"
-    mt = obj.get("max_tokens")
-    if mt is not None:
-        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            return "bad_field"
-        body["max_tokens"] = mt
+    for key, ok in (SAMPLING_FIELDS | CHAT_FIELDS).items():
+        if key in obj and key != "temperature":
+            if not ok(obj[key]):
+                return "bad_field"
+            body[key] = obj[key]
     item_model = obj.get("model", model)
     if item_model is not None:
         if not isinstance(item_model, str):
@@ -144,6 +262,8 @@ def parse_line(text: str, *, source: str, line: int, model: str | None = None) -
     parsed = parse_item(obj, model=model)
     if isinstance(parsed, str):
         raise CanaryLineError(source, line, parsed)
+    if isinstance(parsed, UnknownKey):
+        raise CanaryLineError(source, line, "unknown_key", parsed.key)
     return parsed
 
 

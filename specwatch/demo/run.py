@@ -283,6 +283,8 @@ def demo_settings(
             "pause_poll_seconds": 0.2,
             "max_tokens_cap": 2 * cfg.max_tokens,
             "mirror_require_shadow_host": True,
+            "mirror_listen_host": cfg.host,
+            "mirror_listen_port": 0,
             "canary_file": str(files.canary),
             "canary_rate_per_second": cfg.canary_rate,
             "canary_loop": True,
@@ -658,7 +660,7 @@ async def run_demo(
                 temperature=cfg.temperature,
                 fanout=True,
                 seed=cfg.seed,
-                mirror_url=base if files is not None else None,
+                mirror_url=_mirror_url(components, cfg.host) if files is not None else None,
                 mirror_fraction=cfg.mirror_fraction,
             ),
         )
@@ -724,6 +726,14 @@ def paired_requests(counters: OutcomeCounters) -> int:
         for (_cat, arm, outcome), n in counters.pairs.items()
         if arm == "fly" and outcome in ("agree", "disagree")
     )
+
+
+def _mirror_url(components: Sequence[Component], host: str) -> str | None:
+    """The shadow component's mirror listener (its own port, bound when the app started)."""
+    for c in components:
+        if isinstance(c, ShadowPlug) and c.component.mirror_port is not None:
+            return f"http://{host}:{c.component.mirror_port}"
+    return None
 
 
 def _pairs_counter(components: Sequence[Component]) -> Callable[[], int | None]:

@@ -371,8 +371,8 @@ SHADOW_RECEIVED = _c(
 )
 SHADOW_INGEST_ERRORS = _c(
     "specwatch_shadow_ingest_errors",
-    "Requests not offered for shadowing, by source and reason (too_large, invalid_json, "
-    "not_object, unsupported_path, not_shadow_host, offer_error).",
+    "Requests not offered for shadowing, by source and reason (too_large, incomplete_body, "
+    "invalid_json, not_object, unsupported_path, not_shadow_host, offer_error).",
     ("source", "reason"),
 )
 SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")
@@ -415,6 +415,43 @@ SHADOW_CANARY_OFFERED = _c(
 SHADOW_CANARY_BAD_LINES = _c(
     "specwatch_shadow_canary_bad_lines", "Canary file lines skipped at load, by reason.", REASON
 )
+SHADOW_REPLAY_RETRIES = _c(
+    "specwatch_shadow_replay_retries",
+    "Replay requests sent once more after the arm closed the connection before any response "
+    "byte (a reused idle connection), by arm.",
+    ("arm",),
+)
+ARM_CATEGORY = ("arm", "category")
+SHADOW_REPLY_SPEC_STEPS = _c(
+    "specwatch_shadow_reply_spec_steps",
+    "Speculative-decoding verify steps reported in replayed replies (vLLM per-request metrics "
+    "num_spec_steps), by arm and category.",
+    ARM_CATEGORY,
+)
+SHADOW_REPLY_DRAFT_TOKENS = _c(
+    "specwatch_shadow_reply_draft_tokens",
+    "Draft tokens reported in replayed replies (num_draft_tokens), by arm and category.",
+    ARM_CATEGORY,
+)
+SHADOW_REPLY_ACCEPTED_TOKENS = _c(
+    "specwatch_shadow_reply_accepted_tokens",
+    "Accepted draft tokens reported in replayed replies (num_accepted_draft_tokens), by arm and "
+    "category.",
+    ARM_CATEGORY,
+)
+SHADOW_REPLY_ACCEPTANCE = _g(
+    "specwatch_shadow_reply_acceptance_ratio",
+    "Draft acceptance rate alpha (accepted / drafted) over replayed replies since start, by arm "
+    "and category; absent until a reply with drafts.",
+    ARM_CATEGORY,
+)
+SHADOW_REPLY_TAU = _g(
+    "specwatch_shadow_reply_mean_acceptance_length",
+    "Mean acceptance length tau (1 + accepted / verify steps, tokens per step) over replayed "
+    "replies since start, by arm and category; replies without a verify step (vLLM's 1.0 "
+    "placeholder) are left out.",
+    ARM_CATEGORY,
+)
 
 #: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
 SHADOW_IO: tuple[MetricSpec, ...] = (
@@ -437,6 +474,12 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_PROXY_UPSTREAM_ERRORS,
     SHADOW_CANARY_OFFERED,
     SHADOW_CANARY_BAD_LINES,
+    SHADOW_REPLAY_RETRIES,
+    SHADOW_REPLY_SPEC_STEPS,
+    SHADOW_REPLY_DRAFT_TOKENS,
+    SHADOW_REPLY_ACCEPTED_TOKENS,
+    SHADOW_REPLY_ACCEPTANCE,
+    SHADOW_REPLY_TAU,
 )
 
 #: The shadow chain's families, in exposition order.

@@ -304,6 +304,14 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add_counts(cat.SHADOW_PROXY_UPSTREAM_ERRORS, io.proxy_upstream_errors)
     fam.add(cat.SHADOW_CANARY_OFFERED, (), io.canary_offered)
     fam.add_counts(cat.SHADOW_CANARY_BAD_LINES, io.canary_bad_lines)
+    fam.add_counts(cat.SHADOW_REPLAY_RETRIES, io.replay_retries)
+    fam.add_counts(cat.SHADOW_REPLY_SPEC_STEPS, io.reply_spec_steps)
+    fam.add_counts(cat.SHADOW_REPLY_DRAFT_TOKENS, io.reply_draft_tokens)
+    fam.add_counts(cat.SHADOW_REPLY_ACCEPTED_TOKENS, io.reply_accepted_tokens)
+    for key, alpha in sorted(io.reply_alpha().items()):
+        fam.add(cat.SHADOW_REPLY_ACCEPTANCE, key, alpha)
+    for key, tau in sorted(io.reply_tau().items()):
+        fam.add(cat.SHADOW_REPLY_TAU, key, tau)
 
 
 class ShadowCollector(Collector):

@@ -165,10 +165,10 @@ class ShadowPlug:
     def install(
         self, app: web.Application, store: Store[Snapshot], registry: CollectorRegistry
     ) -> None:
-        """Mirror routes (mirror mode), the collector and the component's lifetime."""
+        """The collector and the component's lifetime (the mirror listener has its own port,
+        never this app's)."""
         self._store = store
         registry.register(ShadowCollector(lambda: store.get().shadow))
-        app.add_routes(self.component.routes())
         app.cleanup_ctx.append(self._ctx)
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -29,6 +29,7 @@ agreement: the noise-floor tallies only see noise arms that answered.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from specwatch.shadow.values import ArmResult, ReplayPair
@@ -98,3 +99,17 @@ def classify(
 def classify_pair(pair: ReplayPair) -> tuple[PairStatus, str | None]:
     """:func:`classify` of the pair's standard and FLy arms (the noise arm never decides); pure."""
     return classify(pair.standard, pair.fly)
+
+
+_UNSUPPORTED_PARAMETER = re.compile(
+    r"not (?:yet )?supported|unsupported|unknown (?:field|param)|unrecognized"
+    r"|extra (?:inputs|fields)|not permitted|not allowed|extra_forbidden",
+    re.IGNORECASE,
+)
+
+
+def is_unsupported_parameter_message(message: str) -> bool:
+    """True when a 400/422 error message says a request parameter is not supported: vLLM's
+    "... are not yet supported ..." (sampling parameters it cannot honour with speculative
+    decoding), "not supported", "unknown field", pydantic's "extra inputs are not permitted"."""
+    return _UNSUPPORTED_PARAMETER.search(message) is not None

@@ -159,4 +159,5 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
         standard=std_out,
         fly=fly_out,
         noise=noise_out,
+        request_id=req.request_id,
     )

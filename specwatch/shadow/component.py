@@ -35,9 +35,10 @@ from aiohttp import web
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.ingest.mirror import mirror_routes
+from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
@@ -47,7 +48,7 @@ from specwatch.shadow.summary import (
     build_shadow_stats,
 )
 from specwatch.shadow.tally import labelled_outcome
-from specwatch.shadow.values import PairOutcome, ReplayPair
+from specwatch.shadow.values import Arm, PairOutcome, ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
 
@@ -96,6 +97,7 @@ class ShadowComponent:
         self._rows_seen = 0
         self._ready = asyncio.Event()
         self._started = False
+        self._mirror_listener: MirrorListener | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -103,12 +105,10 @@ class ShadowComponent:
         """The last statistics (immutable), ``None`` before the first refresh."""
         return self._stats
 
-    def routes(self) -> list[web.RouteDef]:
-        """The mirror routes (:func:`~specwatch.shadow.ingest.mirror.mirror_routes`, delegating to
-        the pipeline once it runs) in mirror mode, else ``[]``."""
-        if "mirror" not in self.shadow_settings.modes:
-            return []
-        return mirror_routes(self._mirror)
+    @property
+    def mirror_port(self) -> int | None:
+        """The mirror listener's bound port while running in mirror mode, else ``None``."""
+        return None if self._mirror_listener is None else self._mirror_listener.port
 
     def pauses(self) -> Mapping[str, int] | None:
         """Transitions into a load pause by reason, ``None`` while the pipeline is not built."""
@@ -164,6 +164,14 @@ class ShadowComponent:
         return stats
 
     # -- internals ------------------------------------------------------------------------
+
+    def _arm_sessions(self) -> dict[Arm, aiohttp.ClientSession]:
+        """One replay session per arm, idle keep-alive from the arm's ``keepalive_seconds``."""
+        s = self.shadow_settings
+        eps = {Arm.STANDARD: s.standard, Arm.FLY: s.fly, Arm.NOISE: s.noise_endpoint()}
+        return {
+            arm: open_arm_session(ep.keepalive_seconds) for arm, ep in eps.items() if ep is not None
+        }
 
     async def _mirror(self, request: web.Request) -> web.Response:
         pipe = self.pipeline
@@ -248,10 +256,13 @@ class ShadowComponent:
     async def running(
         self, watch: Callable[[asyncio.Task[Any]], None] | None = None
     ) -> AsyncIterator[None]:
-        """Open the ledger and the session, start the background task, and stop both on exit.
+        """Open the ledger and the sessions, bind the mirror listener (mirror mode; it answers
+        ``503 not_started`` until the pipeline runs), start the background task, and stop all on
+        exit.
 
         ``watch`` is handed the background task (the server marks the process failed when it
-        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened.
+        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
+        ``OSError`` when the mirror port cannot be bound.
         """
         led = self.ledger_settings
         ledger = Ledger(
@@ -265,9 +276,7 @@ class ShadowComponent:
         await ledger.open()
         self.ledger = ledger
         own_session = self._session is None
-        session = self._session or aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None)  # each arm has its own timeout
-        )
+        session = self._session or self._arm_sessions()
         runner: asyncio.Task[None] | None = None
         try:
             pipeline = ShadowPipeline(
@@ -278,8 +287,17 @@ class ShadowComponent:
                 clock=self._mono,
                 wall_clock=self._clock,
                 sleep=self._sleep,
+                serve_mirror=False,
             )
             self.pipeline = pipeline
+            sh = self.shadow_settings
+            if "mirror" in sh.modes:
+                listener = MirrorListener(
+                    mirror_routes(self._mirror), max_body_bytes=sh.mirror_max_body_bytes
+                )
+                port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
+                self._mirror_listener = listener
+                log_event(logger, logging.INFO, "shadow mirror listening", port=port)
             runner = asyncio.create_task(self._run(pipeline, ledger), name="shadow-stats")
             if watch is not None:
                 watch(runner)
@@ -293,7 +311,11 @@ class ShadowComponent:
                 await self.pipeline.stop()
             self._started = False
             self._ready.clear()
+            if self._mirror_listener is not None:
+                await self._mirror_listener.stop()
+                self._mirror_listener = None
             await ledger.close()
             self.ledger = None
-            if own_session:
-                await session.close()
+            if own_session and isinstance(session, Mapping):
+                for s in session.values():
+                    await s.close()

@@ -47,7 +47,10 @@ WRITE_ERROR_REASONS = (
 class LedgerRow:
     """One stored pair (times in unix seconds, latencies in seconds, tokens = completion tokens,
     ``*_tau`` = per-request mean acceptance length). Booleans are ``None`` when not applicable;
-    ``noise_*`` are ``None`` when no noise arm was asked. ``id`` is set on rows read back."""
+    ``noise_*`` are ``None`` when no noise arm was asked. ``request_id`` is the live request's
+    ``X-Request-Id``; ``*_error`` the arm's failure reason (``timeout``, ``http_503``,
+    ``disconnected_mid_response``, ...; ``None`` when it answered), the noise arm's included
+    although it never decides the pair's status. ``id`` is set on rows read back."""
 
     time: float
     request_hash: str
@@ -80,6 +83,10 @@ class LedgerRow:
     standard_text: str | None = None
     fly_text: str | None = None
     noise_text: str | None = None
+    request_id: str | None = None
+    standard_error: str | None = None
+    fly_error: str | None = None
+    noise_error: str | None = None
     id: int | None = None
 
     @classmethod
@@ -122,6 +129,10 @@ class LedgerRow:
             standard_text=o.standard.text if store_text else None,
             fly_text=o.fly.text if store_text else None,
             noise_text=ok_only(n, n.text if n is not None else None) if store_text else None,
+            request_id=o.request_id,
+            standard_error=o.standard.error,
+            fly_error=o.fly.error,
+            noise_error=n.error if n is not None else None,
         )
 
 
@@ -252,6 +263,10 @@ class Ledger:
         self._wconn = self._connect()
         for stmt in _SCHEMA:
             self._wconn.execute(stmt)
+        have = {row[1] for row in self._wconn.execute("PRAGMA table_info(pairs)")}
+        for f in fields(LedgerRow):
+            if f.name != "id" and f.name not in have:  # a ledger written by an older version
+                self._wconn.execute(f"ALTER TABLE pairs ADD COLUMN {f.name} {_sql_type(f.type)}")
         self._rconn = self._connect()
 
     async def open(self) -> None:

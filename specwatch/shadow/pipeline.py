@@ -3,18 +3,19 @@
 Usage on the sidecar's aiohttp app::
 
     pipeline = ShadowPipeline(settings.shadow, session=session, on_pair=sink, load_state=loads)
-    pipeline.mount(app)          # mirror routes (if "mirror" in modes) + start/stop on app
-    lifecycle
+    pipeline.mount(app)          # start/stop with the app's lifecycle
 
 or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 
-``start`` launches ``max_in_flight`` replay workers, the proxy on its own port (if ``"proxy"`` in
-modes) and the canary runner (if ``"canary"``). Each worker takes one queued request, drops it as
-``expired`` if it waited longer than ``max_queue_age_seconds``, waits while the sampler reports a
-load pause (re-checked every ``pause_poll_seconds``), replays it through all arms and awaits
-``on_pair(pair)``. ``pair.extra`` holds ``status`` (``paired|unpaired|excluded``), ``reason`` and,
-with a noise arm, ``noise_ok``. Every pair is delivered (the sink decides what to store); the
-pipeline's own counters already count unpaired and excluded pairs by reason.
+``start`` launches ``max_in_flight`` replay workers, the mirror listener on its own port (if
+``"mirror"`` in modes and ``serve_mirror``; :attr:`mirror_port` is the bound port), the proxy on
+its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
+one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
+waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
+it through all arms and awaits ``on_pair(pair)``. ``pair.extra`` holds ``status``
+(``paired|unpaired|excluded``), ``reason`` and, with a noise arm, ``noise_ok``. Every pair is
+delivered (the sink decides what to store); the pipeline's own counters already count unpaired and
+excluded pairs by reason.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -32,7 +33,7 @@ from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.logs import log_event
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
-from specwatch.shadow.ingest.mirror import MirrorIngest
+from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
@@ -54,17 +55,20 @@ def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarge
         token=ep.token,
         model=ep.model,
         stream=arm.value in stream_arms,
+        keepalive_seconds=ep.keepalive_seconds,
     )
 
 
 class ShadowPipeline:
     """The shadow I/O component (see module docstring).
 
-    ``session``: an open ``aiohttp.ClientSession`` for replays (owned by the caller);
+    ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm: session}``,
+    see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the caller;
     ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
     ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
     ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
-    sleep. Raises ``ValueError`` if the settings lack the standard/FLy arms and
+    sleep; ``serve_mirror``: start the mirror listener (``False`` when the caller serves
+    :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the standard/FLy arms and
     :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
     """
 
@@ -72,12 +76,13 @@ class ShadowPipeline:
         self,
         settings: ShadowSettings,
         *,
-        session: aiohttp.ClientSession,
+        session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
         on_pair: PairSink,
         load_state: LoadState | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        serve_mirror: bool = True,
     ) -> None:
         std_ep, fly_ep = settings.standard, settings.fly
         if std_ep is None or fly_ep is None:
@@ -123,6 +128,11 @@ class ShadowPipeline:
             require_shadow_host=s.mirror_require_shadow_host,
             marker_header=s.marker_header,
         )
+        self.mirror_listener: MirrorListener | None = None
+        if serve_mirror and "mirror" in s.modes:
+            self.mirror_listener = MirrorListener(
+                self.mirror.routes(), max_body_bytes=s.mirror_max_body_bytes
+            )
         self.proxy: ShadowProxy | None = None
         if "proxy" in s.modes and s.proxy_upstream is not None:
             self.proxy = ShadowProxy(
@@ -157,6 +167,9 @@ class ShadowPipeline:
         self.unpaired: Counter[str] = Counter()
         self.excluded: Counter[str] = Counter()
         self.arm_errors: Counter[tuple[str, str]] = Counter()
+        self.spec_steps: Counter[tuple[str, str]] = Counter()
+        self.spec_drafted: Counter[tuple[str, str]] = Counter()
+        self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -169,10 +182,13 @@ class ShadowPipeline:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def mount(self, app: web.Application) -> None:
-        """Add the mirror routes (mirror mode) and tie :meth:`start`/:meth:`stop` to ``app``."""
-        if "mirror" in self.settings.modes:
-            app.add_routes(self.mirror.routes())
+        """Tie :meth:`start`/:meth:`stop` to ``app`` (no route is added to ``app``)."""
         app.cleanup_ctx.append(self._ctx)
+
+    @property
+    def mirror_port(self) -> int | None:
+        """The mirror listener's bound port (``None`` before :meth:`start` or without one)."""
+        return None if self.mirror_listener is None else self.mirror_listener.port
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:
         await self.start()
@@ -181,6 +197,11 @@ class ShadowPipeline:
 
     async def start(self) -> None:
         """Start replay workers, the proxy listener and the canary runner (as configured)."""
+        if self.mirror_listener is not None:
+            port = await self.mirror_listener.start(
+                self.settings.mirror_listen_host, self.settings.mirror_listen_port
+            )
+            log_event(log, logging.INFO, "shadow mirror listening", port=port)
         for i in range(self.settings.max_in_flight):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
         if self.proxy is not None:
@@ -200,6 +221,8 @@ class ShadowPipeline:
         self._tasks.clear()
         if self.proxy is not None:
             await self.proxy.stop()
+        if self.mirror_listener is not None:
+            await self.mirror_listener.stop()
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -235,8 +258,25 @@ class ShadowPipeline:
         elif status == "excluded" and reason is not None:
             self.excluded[reason] += 1
         for a in (pair.standard, pair.fly, pair.noise):
-            if a is not None and not a.ok:
+            if a is None:
+                continue
+            if not a.ok:
                 self.arm_errors[(a.arm.value, a.error or "unknown")] += 1
+                log_event(
+                    log,
+                    logging.INFO,
+                    "shadow arm failed",
+                    arm=a.arm.value,
+                    reason=a.error or "unknown",
+                    status=a.status,
+                    request_hash=req.request_hash,
+                )
+            sd = a.spec_decode
+            if a.ok and sd is not None and sd.num_spec_steps > 0:
+                key = (a.arm.value, req.category)
+                self.spec_steps[key] += sd.num_spec_steps
+                self.spec_drafted[key] += sd.num_draft_tokens
+                self.spec_accepted[key] += sd.num_accepted_draft_tokens
         try:
             await self._on_pair(pair)
         except asyncio.CancelledError:
@@ -279,4 +319,8 @@ class ShadowPipeline:
             proxy_upstream_errors=dict(ic.proxy_upstream_errors),
             canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},
+            replay_retries=dict(self.replayer.retries),
+            reply_spec_steps=dict(self.spec_steps),
+            reply_draft_tokens=dict(self.spec_drafted),
+            reply_accepted_tokens=dict(self.spec_accepted),
         )

@@ -4,39 +4,50 @@ Each arm gets the same body with: ``seed`` added when absent (from the request h
 repeatable), ``stream`` off (or on with ``stream_options.include_usage`` for arms that only stream),
 ``max_tokens``/``max_completion_tokens`` capped, ``model`` overridden when the arm says so, and the
 shadow marker header set to ``1``. The replayer only does HTTP: it returns each arm's
-:class:`~specwatch.shadow.values.ArmResult` (a 400/422 naming an unknown parameter is
-``unsupported_parameter``, another 400/422 ``bad_request``, other failures ``timeout``, ``connect``,
-``http_<status>``, …) and never classifies the pair; :mod:`specwatch.shadow.classify` does.
+:class:`~specwatch.shadow.values.ArmResult` (a 400/422 whose message says a parameter is not
+supported, vLLM's "... are not yet supported ..." included, is ``unsupported_parameter``, another
+400/422 ``bad_request``, other failures ``timeout``, ``connect``, ``disconnected``,
+``disconnected_mid_response``, ``http_<status>``, …) and never classifies the pair;
+:mod:`specwatch.shadow.classify` does.
+
+Connections: each arm has its own pool (:func:`open_arm_session`) whose idle keep-alive is the arm's
+``keepalive_seconds``, below the server's idle timeout (vLLM's uvicorn closes idle connections after
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` = 5 s), so the client drops a socket before the server does. If the
+server closes a reused socket anyway before any response byte came back (the request never reached
+vLLM's handler), the request is sent once more on a fresh connection and counted in
+:attr:`Replayer.retries`; a second close is ``disconnected``. A close after the response started is
+``disconnected_mid_response`` (the arm failed; never retried: the server did the work).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from specwatch.shadow.classify import is_unsupported_parameter_message
 from specwatch.shadow.sample import seed_from_hash
-from specwatch.shadow.sse import CompletionStreamAccumulator, extract_mean_acceptance_length
+from specwatch.shadow.sse import CompletionStreamAccumulator
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest
+from specwatch.vllm.request_metrics import SpecDecodeReading, read_spec_decode
 
 #: Largest arm response body read (bytes); larger answers fail the arm with ``too_large``.
 MAX_RESPONSE_BYTES = 16 << 20
 
-_UNSUPPORTED = re.compile(
-    r"unsupported|not supported|unknown (?:field|param)|unrecognized|extra (?:inputs|fields)"
-    r"|not permitted|not allowed|extra_forbidden",
-    re.IGNORECASE,
-)
+#: Default idle keep-alive of an arm's pooled connections (seconds): below vLLM's 5 s.
+DEFAULT_KEEPALIVE_SECONDS = 4.0
 
 
 @dataclass(frozen=True, slots=True)
 class ArmTarget:
-    """One arm's endpoint: ``base_url`` without ``/v1``; ``stream`` for arms that only stream."""
+    """One arm's endpoint: ``base_url`` without ``/v1``; ``stream`` for arms that only stream;
+    ``keepalive_seconds`` how long an idle pooled connection is kept (below the server's idle
+    timeout)."""
 
     arm: Arm
     base_url: str
@@ -44,6 +55,20 @@ class ArmTarget:
     token: str | None = None
     model: str | None = None
     stream: bool = False
+    keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
+
+
+def open_arm_session(keepalive_seconds: float) -> aiohttp.ClientSession:
+    """A client session for one arm: pooled connections idle at most ``keepalive_seconds``,
+    no total timeout (each request sets the arm's own). The caller closes it."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(keepalive_timeout=keepalive_seconds),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+class _ClosedBeforeResponse(Exception):
+    """The connection closed before any response byte (internal: the request may be retried)."""
 
 
 def prepare_body(
@@ -132,29 +157,40 @@ def _parse_completion(arm: Arm, status: int, obj: object, latency: float) -> Arm
         prompt_tokens=pt,
         completion_tokens=ct,
         token_ids=token_ids,
-        mean_acceptance_length=extract_mean_acceptance_length(obj),
+        **_spec_fields(read_spec_decode(obj)),
     )
 
 
+def _spec_fields(sd: SpecDecodeReading | None) -> dict[str, Any]:
+    """``ArmResult`` keyword arguments for a reply's spec-decode reading (τ only when measured)."""
+    return {"spec_decode": sd, "mean_acceptance_length": sd.tau if sd is not None else None}
+
+
 def client_error_kind(status: int, message: str) -> str:
-    """``unsupported_parameter`` for a 400/422 whose message names an unsupported parameter,
-    ``bad_request`` for other 400/422, else ``http_<status>``."""
+    """``unsupported_parameter`` for a 400/422 whose message says a parameter is not supported
+    (:func:`~specwatch.shadow.classify.is_unsupported_parameter_message`), ``bad_request`` for
+    other 400/422, else ``http_<status>``."""
     if status in (400, 422):
-        return "unsupported_parameter" if _UNSUPPORTED.search(message) else "bad_request"
+        if is_unsupported_parameter_message(message):
+            return "unsupported_parameter"
+        return "bad_request"
     return f"http_{status}"
 
 
 class Replayer:
     """Sends a :class:`ShadowRequest` to every arm concurrently and returns the :class:`ReplayPair`.
 
-    ``session`` is an open ``aiohttp.ClientSession`` owned by the caller; ``clock`` gives monotonic
-    seconds for latencies (``time.perf_counter`` in production). Never raises for arm failures
-    (they become ``ArmResult(ok=False)``); ``asyncio.CancelledError`` propagates.
+    ``session`` is an open ``aiohttp.ClientSession`` for every arm, or one per arm (a mapping
+    ``{Arm: session}``, normally from :func:`open_arm_session` with the arm's keep-alive), owned by
+    the caller; ``clock`` gives monotonic seconds for latencies (``time.perf_counter`` in
+    production). ``retries[arm]`` counts requests sent again after a close before any response
+    byte. Never raises for arm failures (they become ``ArmResult(ok=False)``);
+    ``asyncio.CancelledError`` propagates.
     """
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
         *,
         standard: ArmTarget,
         fly: ArmTarget,
@@ -164,7 +200,7 @@ class Replayer:
         clock: Callable[[], float],
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        self._session = session
+        self._sessions = session
         self.standard = standard
         self.fly = fly
         self.noise = noise
@@ -172,6 +208,11 @@ class Replayer:
         self._extra = dict(extra_body or {})
         self._marker = marker_header
         self._clock = clock
+        self.retries: Counter[str] = Counter()
+
+    def _session(self, arm: Arm) -> aiohttp.ClientSession:
+        s = self._sessions
+        return s if isinstance(s, aiohttp.ClientSession) else s[arm]
 
     async def replay(self, req: ShadowRequest) -> ReplayPair:
         given = req.body.get("seed")
@@ -204,40 +245,77 @@ class Replayer:
             headers["Authorization"] = f"Bearer {t.token}"
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         t0 = self._clock()
-        timeout = aiohttp.ClientTimeout(total=t.timeout_seconds)
         try:
-            async with self._session.post(
-                t.base_url + req.path, data=data, headers=headers, timeout=timeout
-            ) as resp:
-                if resp.status != 200:
-                    raw = await resp.content.read(64 << 10)
-                    msg = raw.decode("utf-8", errors="replace")
-                    return ArmResult(
-                        t.arm,
-                        False,
-                        self._clock() - t0,
-                        status=resp.status,
-                        error=client_error_kind(resp.status, msg),
-                    )
-                if t.stream:
-                    return await self._read_stream(t.arm, resp, t0)
-                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
-                latency = self._clock() - t0
-                if len(raw) > MAX_RESPONSE_BYTES:
-                    return ArmResult(t.arm, False, latency, status=200, error="too_large")
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    return ArmResult(t.arm, False, latency, status=200, error="invalid_body")
-                return _parse_completion(t.arm, 200, obj, latency)
+            try:
+                return await self._send(t, req.path, data, headers, t0)
+            except _ClosedBeforeResponse:
+                self.retries[t.arm.value] += 1
+            try:
+                return await self._send(t, req.path, data, headers, t0)
+            except _ClosedBeforeResponse:
+                return ArmResult(t.arm, False, self._clock() - t0, error="disconnected")
         except TimeoutError:
             return ArmResult(t.arm, False, self._clock() - t0, error="timeout")
-        except aiohttp.ClientConnectorError:
-            return ArmResult(t.arm, False, self._clock() - t0, error="connect")
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-            return ArmResult(t.arm, False, self._clock() - t0, error="disconnected")
         except aiohttp.ClientError:
             return ArmResult(t.arm, False, self._clock() - t0, error="connect")
+
+    async def _send(
+        self, t: ArmTarget, path: str, data: bytes, headers: Mapping[str, str], t0: float
+    ) -> ArmResult:
+        """One attempt. Raises :class:`_ClosedBeforeResponse` when the connection closed before
+        the response status line; ``TimeoutError`` / ``aiohttp.ClientError`` for other failures
+        before the response."""
+        timeout = aiohttp.ClientTimeout(total=t.timeout_seconds)
+        try:
+            resp = await self._session(t.arm).post(
+                t.base_url + path, data=data, headers=headers, timeout=timeout
+            )
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise _ClosedBeforeResponse from exc
+        try:
+            result = await self._read(t, resp, t0)
+        except TimeoutError:
+            resp.close()
+            return ArmResult(t.arm, False, self._clock() - t0, status=resp.status, error="timeout")
+        except aiohttp.ClientError:
+            resp.close()
+            return ArmResult(
+                t.arm,
+                False,
+                self._clock() - t0,
+                status=resp.status,
+                error="disconnected_mid_response",
+            )
+        resp.release()
+        return result
+
+    async def _read(self, t: ArmTarget, resp: aiohttp.ClientResponse, t0: float) -> ArmResult:
+        if resp.status != 200:
+            raw = await resp.content.read(64 << 10)
+            msg = raw.decode("utf-8", errors="replace")
+            return ArmResult(
+                t.arm,
+                False,
+                self._clock() - t0,
+                status=resp.status,
+                error=client_error_kind(resp.status, msg),
+            )
+        if t.stream:
+            return await self._read_stream(t.arm, resp, t0)
+        buf = bytearray()
+        async for chunk in resp.content.iter_any():
+            buf += chunk
+            if len(buf) > MAX_RESPONSE_BYTES:
+                return ArmResult(t.arm, False, self._clock() - t0, status=200, error="too_large")
+        raw = bytes(buf)
+        latency = self._clock() - t0
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return ArmResult(t.arm, False, latency, status=200, error="invalid_body")
+        return _parse_completion(t.arm, 200, obj, latency)
 
     async def _read_stream(self, arm: Arm, resp: aiohttp.ClientResponse, t0: float) -> ArmResult:
         acc = CompletionStreamAccumulator()
@@ -263,5 +341,5 @@ class Replayer:
             prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens,
             token_ids=tuple(r.token_ids) if r.token_ids is not None else None,
-            mean_acceptance_length=r.mean_acceptance_length,
+            **_spec_fields(r.spec_decode),
         )

@@ -27,6 +27,10 @@ class ArmEndpoint(BaseModel):
     names the observe target of the same server (used by ``load_state`` for the load-aware pause);
     ``token`` is sent as ``Authorization: Bearer <token>`` when set; ``model`` overrides the
     request's ``model`` field when set (the two servers may serve the model under different names).
+    ``keepalive_seconds`` is how long the replay client keeps an idle connection to this arm: keep
+    it below the server's idle timeout (vLLM closes idle connections after
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the client never reuses a socket the
+    server is closing.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -36,6 +40,7 @@ class ArmEndpoint(BaseModel):
     token: str | None = Field(default=None, repr=False)
     model: str | None = None
     timeout_seconds: float = Field(default=120.0, gt=0)
+    keepalive_seconds: float = Field(default=4.0, gt=0)
 
     @field_validator("url")
     @classmethod
@@ -53,6 +58,11 @@ class ShadowSettings(BaseModel):
     ``queue_size`` bounded queue; ``max_shadow_rps`` and ``max_in_flight`` caps; load-aware pause
     when any arm has waiting > 0 (``pause_on_waiting``) or running >= ``pause_running_fraction`` *
     max_num_seqs.
+
+    Mirror: mirrored copies are received on their own listener, ``mirror_listen_host``:
+    ``mirror_listen_port`` (default 9402; 0 = any free port), never on the ``/metrics`` port;
+    bodies over ``mirror_max_body_bytes`` (16 MiB) are refused (``too_large``). The proxy's body
+    limit ``proxy_max_body_bytes`` is 16 MiB as well.
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
@@ -92,15 +102,18 @@ class ShadowSettings(BaseModel):
     replay_extra_body: dict[str, Any] = Field(default_factory=dict)
     marker_header: str = SHADOW_MARKER_HEADER
 
-    # mirror
-    mirror_max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    # mirror: its own listener, never the /metrics port (anyone who can scrape must not be able
+    # to inject requests that are replayed to the GPU arms)
+    mirror_listen_host: str = "0.0.0.0"
+    mirror_listen_port: int = Field(default=9402, ge=0, le=65535)
+    mirror_max_body_bytes: int = Field(default=16 << 20, ge=1024)
     mirror_require_shadow_host: bool = False
 
     # proxy
     proxy_listen_host: str = "0.0.0.0"
     proxy_listen_port: int = Field(default=9401, ge=0, le=65535)
     proxy_upstream: str | None = None
-    proxy_max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
     proxy_own_thread: bool = True

@@ -18,10 +18,11 @@ Two layers:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from specwatch.vllm.request_metrics import SpecDecodeReading, read_spec_decode
 
 DONE_SENTINEL = "[DONE]"
 
@@ -139,34 +140,10 @@ class SSEDecoder:
 
 
 def extract_mean_acceptance_length(obj: Mapping[str, Any]) -> float | None:
-    """Per-request τ from a vLLM response or chunk, ``None`` when absent or malformed.
-
-    Reads ``metrics.speculative_decoding.mean_acceptance_length`` (vLLM
-    ``--per-request-spec-decode-metrics``); when only counts are given, τ = 1 + accepted / drafts
-    (``num_accepted_tokens``, ``num_drafts``; vLLM ``vllm/v1/metrics/stats.py``). τ must be finite
-    and >= 1.
-    """
-    metrics = obj.get("metrics")
-    if not isinstance(metrics, Mapping):
-        return None
-    sd = metrics.get("speculative_decoding")
-    if not isinstance(sd, Mapping):
-        return None
-    tau = sd.get("mean_acceptance_length")
-    if isinstance(tau, int | float) and not isinstance(tau, bool):
-        value = float(tau)
-        return value if math.isfinite(value) and value >= 1.0 else None
-    drafts = sd.get("num_drafts")
-    accepted = sd.get("num_accepted_tokens")
-    if (
-        isinstance(drafts, int)
-        and isinstance(accepted, int)
-        and not isinstance(drafts, bool)
-        and drafts > 0
-        and accepted >= 0
-    ):
-        return 1.0 + accepted / drafts
-    return None
+    """Measured per-request τ from a vLLM reply or chunk, ``None`` when absent, malformed or
+    vLLM's placeholder (no verify step); see :mod:`specwatch.vllm.request_metrics`."""
+    sd = read_spec_decode(obj)
+    return sd.tau if sd is not None else None
 
 
 def _int_or_none(v: object) -> int | None:
@@ -188,6 +165,7 @@ class StreamResult:
     error: Mapping[str, Any] | None = None
     token_ids: list[int] | None = None
     mean_acceptance_length: float | None = None
+    spec_decode: SpecDecodeReading | None = None
     model: str | None = None
     _parts: list[str] = field(default_factory=list)
 
@@ -278,6 +256,7 @@ class CompletionStreamAccumulator:
             r.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             r.completion_tokens = _int_or_none(usage.get("completion_tokens"))
             r.total_tokens = _int_or_none(usage.get("total_tokens"))
-        tau = extract_mean_acceptance_length(obj)
-        if tau is not None:
-            r.mean_acceptance_length = tau
+        sd = read_spec_decode(obj)
+        if sd is not None:
+            r.spec_decode = sd
+            r.mean_acceptance_length = sd.tau

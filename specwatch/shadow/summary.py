@@ -87,7 +87,11 @@ class ShadowIO:
     :class:`ShadowStats`), ``arm_errors[(arm, reason)]`` (reasons include ``too_large`` and
     ``invalid_body``), ``sink_errors``, ``proxy_requests``, ``proxy_client_disconnects``,
     ``proxy_offer_lost``, ``proxy_upstream_errors[reason]``, ``canary_offered`` and
-    ``canary_bad_lines[reason]``. Exported by :mod:`specwatch.export.prometheus`.
+    ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent again after a close
+    before any response byte), and from vLLM's per-request speculative-decoding metrics in the
+    replies, by ``(arm, category)``: ``reply_spec_steps`` (verify steps), ``reply_draft_tokens``,
+    ``reply_accepted_tokens`` (replies without a verify step add nothing). Exported by
+    :mod:`specwatch.export.prometheus`.
     """
 
     queue_depth: int = 0
@@ -111,6 +115,26 @@ class ShadowIO:
     proxy_upstream_errors: Mapping[str, int] = field(default_factory=dict)
     canary_offered: int = 0
     canary_bad_lines: Mapping[str, int] = field(default_factory=dict)
+    replay_retries: Mapping[str, int] = field(default_factory=dict)
+    reply_spec_steps: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    reply_draft_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    reply_accepted_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def reply_alpha(self) -> dict[tuple[str, str], float]:
+        """α (accepted / drafted draft tokens) per ``(arm, category)`` with drafts."""
+        return {
+            k: self.reply_accepted_tokens.get(k, 0) / d
+            for k, d in self.reply_draft_tokens.items()
+            if d > 0
+        }
+
+    def reply_tau(self) -> dict[tuple[str, str], float]:
+        """τ (1 + accepted / verify steps, tokens per step) per ``(arm, category)`` with steps."""
+        return {
+            k: 1.0 + self.reply_accepted_tokens.get(k, 0) / n
+            for k, n in self.reply_spec_steps.items()
+            if n > 0
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specwatch.shadow.classify import PairStatus
 
+from specwatch.vllm.request_metrics import SpecDecodeReading
+
 
 class Source(enum.StrEnum):
     """How a request entered the shadow chain."""
@@ -37,7 +39,9 @@ class ShadowRequest:
     ``path`` is ``/v1/completions`` or ``/v1/chat/completions``; ``body`` the parsed JSON body;
     ``request_hash`` a hex digest of the canonical body (sampling and ledger key);
     ``gold`` and ``checker`` are set for canary items (``checker``: ``exact|regex:<pattern>|
-    json:<path>|math``), ``None`` for live traffic.
+    json:<path>|math``), ``None`` for live traffic. ``request_id`` is the live request's
+    ``x-request-id`` header (mirror and proxy; ``None`` when absent or not a printable token of at
+    most 200 characters), stored with the pair in the ledger.
     """
 
     path: str
@@ -49,6 +53,7 @@ class ShadowRequest:
     item_id: str | None = None
     gold: str | None = None
     checker: str | None = None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,9 @@ class ArmResult:
     ``ok`` False means the arm failed (``error`` says why: ``timeout|connect|http_<status>|
     unsupported_parameter|in_band_error|invalid_body``); a failed arm makes the pair unpaired.
     ``text`` is the generated text (first choice); ``token_ids`` when the server returned them;
-    ``mean_acceptance_length`` from vLLM's per-request spec-decode metrics when returned.
+    ``spec_decode`` vLLM's per-request speculative-decoding counts when returned
+    (``--per-request-spec-decode-metrics``), ``mean_acceptance_length`` its τ when measured (never
+    vLLM's 1.0 placeholder for a reply without a verify step).
     """
 
     arm: Arm
@@ -72,6 +79,7 @@ class ArmResult:
     completion_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
     mean_acceptance_length: float | None = None
+    spec_decode: SpecDecodeReading | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,7 @@ class PairOutcome:
     never counted as a mismatch), ``excluded`` (e.g. a 400 for an unsupported parameter, or a
     checker that cannot run); ``reason`` says why for the last two. ``noise`` is ``None`` when no
     noise arm was asked; a failed noise arm leaves the pair paired with ``noise.ok`` False.
+    ``request_id`` is the live request's ``X-Request-Id`` (mirror/proxy), ``None`` otherwise.
     """
 
     time: float
@@ -139,6 +148,7 @@ class PairOutcome:
     standard: ArmOutcome
     fly: ArmOutcome
     noise: ArmOutcome | None
+    request_id: str | None = None
 
     def arm(self, arm: Arm) -> ArmOutcome | None:
         """The outcome of ``arm`` (``None`` for a noise arm that was not asked)."""

@@ -14,6 +14,7 @@ from specwatch.vllm.methods import (
     regime_for_version,
     static_reservation_slots,
 )
+from specwatch.vllm.request_metrics import MODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class SimConfig:
     draft_noise: float = 0.8
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     time_scale: float = 1.0
-    per_request_spec_decode_metrics: str = "off"
+    per_request_spec_decode_metrics: str = "none"
     num_gpu_blocks: int = 16384
     block_size: int = 16
 
@@ -119,8 +120,8 @@ class SimConfig:
             raise ValueError("--fly-entropy-threshold must be a number, not nan")
         if self.draft_sample_method not in {"greedy", "random"}:
             raise ValueError("--draft-sample-method must be greedy or random")
-        if self.per_request_spec_decode_metrics not in {"off", "summary", "detailed"}:
-            raise ValueError("--per-request-spec-decode-metrics must be off, summary or detailed")
+        if self.per_request_spec_decode_metrics not in MODES:
+            raise ValueError("--per-request-spec-decode-metrics must be none, summary or detailed")
         regime_for_version(self.vllm_version)
         if self.num_gpu_blocks * self.block_size < self.max_model_len + k + 1:
             raise ValueError("--num-gpu-blocks too small to hold one max_model_len request")

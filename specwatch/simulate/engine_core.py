@@ -21,7 +21,7 @@ import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,33 +44,32 @@ from specwatch.vllm.methods import (
     regime_for_version,
     static_reservation_slots,
 )
+from specwatch.vllm.request_metrics import spec_decode_object
 
 
 @dataclass(slots=True)
 class SpecStats:
-    """Per-request speculative-decoding counts (vLLM per-request metrics).
+    """One request's verify steps, for vLLM's per-request metrics
+    (:mod:`specwatch.vllm.request_metrics`): ``per_step_accepted[i]`` of ``per_step_drafted[i]``
+    draft tokens accepted at step ``i``."""
 
-    ``acceptance_hist[j]``: number of verify steps that accepted exactly j drafts.
-    """
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
 
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    acceptance_hist: list[int] = field(default_factory=list)
+    def add_step(self, drafted: int, accepted: int) -> None:
+        """Record one verify step."""
+        self.per_step_drafted.append(drafted)
+        self.per_step_accepted.append(accepted)
 
-    def as_dict(self, detailed: bool = False) -> dict[str, object]:
-        mal = 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
-        rate = self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-        out: dict[str, object] = {
-            "mean_acceptance_length": mal,
-            "draft_acceptance_rate": rate,
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-        }
-        if detailed:
-            out["acceptance_length_histogram"] = list(self.acceptance_hist)
-        return out
+    def as_dict(self, num_spec_tokens: int, *, detailed: bool, streamed: bool) -> dict[str, Any]:
+        """vLLM's ``metrics.speculative_decoding`` object for this request."""
+        return spec_decode_object(
+            num_spec_tokens=num_spec_tokens,
+            per_step_accepted=self.per_step_accepted,
+            per_step_drafted=self.per_step_drafted,
+            detailed=detailed,
+            streamed=streamed,
+        )
 
 
 @dataclass(slots=True)
@@ -518,13 +517,7 @@ class EngineCore:
         for i, (req, _) in enumerate(emit):
             toks = res.tokens[i]
             if kd_list[i] > 0:
-                sp = req.spec
-                sp.num_drafts += 1
-                sp.num_draft_tokens += kd_list[i]
-                sp.num_accepted_tokens += acc_list[i]
-                while len(sp.acceptance_hist) <= acc_list[i]:
-                    sp.acceptance_hist.append(0)
-                sp.acceptance_hist[acc_list[i]] += 1
+                req.spec.add_step(kd_list[i], acc_list[i])
             finish: str | None = None
             room = req.max_tokens - len(req.output)
             if len(toks) >= room:

@@ -14,9 +14,14 @@ before it is queued with vLLM's answer, HTTP 503 and
 counts it (see :meth:`SimServer.admission_rejection`). Streaming requests are refused the same
 way, before the event stream starts.
 
-Per-request speculative-decoding metrics (``metrics.speculative_decoding`` in the response) are
-returned when the server runs with ``per_request_spec_decode_metrics`` ``summary|detailed`` or the
-request sets ``"spec_decode_metrics": "summary"|"detailed"``.
+Response bodies follow vLLM 0.32's field for field (``tests/fixtures/vllm-responses/``, checked
+against the real server by ``tests/e2e/real_vllm/test_conformance.py``): ``null`` for what the
+simulator does not compute (``logprobs``, ``service_tier``, ``kv_transfer_params``, ...),
+``system_fingerprint`` ``vllm-<version>-<8 hex>``. Per-request speculative-decoding metrics are
+returned as vLLM returns them under the same flag, ``--per-request-spec-decode-metrics
+none|summary|detailed`` (:mod:`specwatch.vllm.request_metrics`): a non-streamed reply carries
+``metrics`` (``null`` at ``none``), a stream carries them only on the final usage chunk and only
+with ``stream_options.include_usage``.
 """
 
 from __future__ import annotations
@@ -48,8 +53,17 @@ from specwatch.simulate.engine_core import (
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
 from specwatch.simulate.quiz import item_for_prompt
 from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.request_metrics import metrics_object
 
 log = logging.getLogger("specwatch.simulate")
+
+
+#: vLLM's 400 for sampling parameters it cannot use with speculative decoding (vllm 0.32
+#: ``SamplingParams._validate_spec_decode``).
+SPEC_DECODE_UNSUPPORTED = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+SAMPLING_EPS = 1e-5
 
 
 class APIError(Exception):
@@ -119,6 +133,7 @@ class SimServer:
         self._wake = [asyncio.Event() for _ in self.cores]
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = time.time()
+        self._fingerprint = uuid.uuid4().hex[:8]
         self.restarts = 0
         self.app = self._make_app()
 
@@ -413,6 +428,16 @@ class SimServer:
             raise APIError(400, "temperature must be a number >= 0", "temperature")
         if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
             raise APIError(400, "top_p must be in (0, 1]", "top_p")
+        min_p = body.get("min_p", 0.0)
+        if isinstance(min_p, bool) or not isinstance(min_p, int | float) or not 0 <= min_p <= 1:
+            raise APIError(400, "min_p must be in [0, 1]", "min_p")
+        sampled = isinstance(temperature, int | float) and temperature >= SAMPLING_EPS
+        if self.config.speculative and (
+            (sampled and min_p > SAMPLING_EPS) or body.get("logit_bias")
+        ):
+            # vLLM SamplingParams._validate_spec_decode; a greedy request has min_p reset to 0
+            # first (SamplingParams.__post_init__), so greedy + min_p is accepted
+            raise APIError(400, SPEC_DECODE_UNSUPPORTED)
         mt_key = (
             "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
         )
@@ -458,7 +483,7 @@ class SimServer:
         opts = {
             "stream": bool(body.get("stream", False)),
             "include_usage": bool((body.get("stream_options") or {}).get("include_usage", False)),
-            "spec_metrics": body.get("spec_decode_metrics", c.per_request_spec_decode_metrics),
+            "spec_metrics": c.per_request_spec_decode_metrics,
             "return_token_ids": bool(body.get("return_token_ids", False)),
         }
         return req, opts
@@ -497,31 +522,55 @@ class SimServer:
             raise
         return web.json_response(self._final_body(req, opts, chat, created))
 
-    def _usage(self, req: SimRequest) -> dict[str, Any]:
-        return {
+    def _usage(self, req: SimRequest, *, streamed: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "prompt_tokens": req.prompt_len,
             "total_tokens": req.prompt_len + len(req.output),
             "completion_tokens": len(req.output),
-            "prompt_tokens_details": None,
         }
+        if not streamed:
+            out["prompt_tokens_details"] = None
+            out["completion_tokens_details"] = None
+        return out
 
-    def _spec_metrics(self, req: SimRequest, opts: dict[str, Any]) -> dict[str, Any] | None:
+    @property
+    def system_fingerprint(self) -> str:
+        """``vllm-<version>-<8 hex>``, as vLLM stamps replies."""
+        return f"vllm-{self.config.vllm_version}-{self._fingerprint}"
+
+    def _spec_metrics(
+        self, req: SimRequest, opts: dict[str, Any], *, streamed: bool
+    ) -> dict[str, Any] | None:
         mode = opts["spec_metrics"]
         if mode not in ("summary", "detailed") or not self.config.speculative:
             return None
-        return {"speculative_decoding": req.spec.as_dict(detailed=mode == "detailed")}
+        spec = req.spec.as_dict(
+            self.config.num_speculative_tokens, detailed=mode == "detailed", streamed=streamed
+        )
+        return metrics_object(spec, streamed=streamed)
 
     def _final_body(
         self, req: SimRequest, opts: dict[str, Any], chat: bool, created: int
     ) -> dict[str, Any]:
         choice: dict[str, Any]
+        ids = list(req.output) if opts["return_token_ids"] else None
         if chat:
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": req.text, "tool_calls": []},
+                "message": {
+                    "role": "assistant",
+                    "content": req.text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                },
                 "logprobs": None,
                 "finish_reason": req.finish_reason,
                 "stop_reason": None,
+                "token_ids": ids,
+                "routed_experts": None,
             }
         else:
             choice = {
@@ -530,21 +579,25 @@ class SimServer:
                 "logprobs": None,
                 "finish_reason": req.finish_reason,
                 "stop_reason": None,
+                "token_ids": ids,
                 "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
             }
-        if opts["return_token_ids"]:
-            choice["token_ids"] = list(req.output)
         body: dict[str, Any] = {
             "id": req.request_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": self.config.served_model_name,
             "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.system_fingerprint,
             "usage": self._usage(req),
         }
-        sm = self._spec_metrics(req, opts)
-        if sm is not None:
-            body["metrics"] = sm
+        if chat:
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None)
+        body["metrics"] = self._spec_metrics(req, opts, streamed=False)
         return body
 
     async def _stream(
@@ -583,33 +636,38 @@ class SimServer:
                     "logprobs": None,
                     "finish_reason": None,
                 }
-                await resp.write(chunk([first]))
+                await resp.write(chunk([first], prompt_token_ids=None, prompt_text=None))
             while True:
                 out = await queue.get()
                 if not out.text and out.finish_reason is None:
                     continue
-                c: dict[str, Any] = {
-                    "index": 0,
-                    "logprobs": None,
-                    "finish_reason": out.finish_reason,
-                    "stop_reason": None,
-                }
+                c: dict[str, Any] = {"index": 0}
                 if chat:
-                    c["delta"] = {"content": out.text} if out.text else {}
+                    c["delta"] = {"content": out.text}
                 else:
                     c["text"] = out.text
-                if opts["return_token_ids"]:
-                    c["token_ids"] = out.token_ids
+                c["logprobs"] = None
+                c["finish_reason"] = out.finish_reason
+                if out.finish_reason is not None or not chat:
+                    c["stop_reason"] = None
+                if not chat:
+                    c["prompt_token_ids"] = None
+                c["token_ids"] = out.token_ids if opts["return_token_ids"] else None
                 extra: dict[str, Any] = {}
-                if out.finish_reason is not None:
-                    sm = self._spec_metrics(req, opts)
-                    if sm is not None:
-                        extra["metrics"] = sm
+                if out.finish_reason is not None and not opts["include_usage"]:
+                    extra["system_fingerprint"] = self.system_fingerprint
                 await resp.write(chunk([c], **extra))
                 if out.finish_reason is not None:
                     break
             if opts["include_usage"]:
-                await resp.write(chunk([], usage=self._usage(req)))
+                extra = {
+                    "usage": self._usage(req, streamed=True),
+                    "system_fingerprint": self.system_fingerprint,
+                }
+                sm = self._spec_metrics(req, opts, streamed=True)
+                if sm is not None:
+                    extra["metrics"] = sm
+                await resp.write(chunk([], **extra))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):

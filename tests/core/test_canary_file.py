@@ -90,3 +90,85 @@ def test_canary_item_and_parser_are_defined_once() -> None:
         if re.search(r"^(class CanaryItem\b|def parse_item\()", p.read_text(), re.M)
     ]
     assert defs == ["core/canary_file.py"]
+
+
+def test_every_sampling_field_reaches_the_body(tmp_path: Path) -> None:
+    """``seed``, ``ignore_eos``, ``top_p``, ``top_k``, ``stop`` and the chat-only
+    ``max_completion_tokens`` are copied into the request body as written; the simulator's
+    ``p_correct`` stays out of it."""
+    path = tmp_path / "set.jsonl"
+    path.write_text(
+        json.dumps(
+            {
+                "id": "q1",
+                "prompt": "2+2=",
+                "gold": "4",
+                "temperature": 0.7,
+                "seed": 11,
+                "ignore_eos": True,
+                "top_p": 0.9,
+                "top_k": 20,
+                "stop": ["\n"],
+                "max_tokens": 8,
+                "p_correct": 0.5,
+            }
+        )
+        + "\n"
+        + json.dumps(
+            {
+                "id": "q2",
+                "messages": [{"role": "user", "content": "hi"}],
+                "gold": "x",
+                "max_completion_tokens": 5,
+                "min_p": 0.1,
+            }
+        )
+        + "\n"
+    )
+    load = load_canary(str(path), builtin=False)
+    assert load.errors == ()
+    assert load.items[0].body == {
+        "prompt": "2+2=",
+        "seed": 11,
+        "ignore_eos": True,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop": ["\n"],
+        "max_tokens": 8,
+        "temperature": 0.7,
+    }
+    assert load.items[1].body == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_completion_tokens": 5,
+        "min_p": 0.1,
+        "temperature": 0,
+    }
+
+
+def test_an_unknown_key_fails_its_line_naming_file_line_and_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo (``temperatur``) is never a greedy item: line 2 fails as ``unknown_key`` with one
+    WARNING line naming the file, the line and the key; line 1 loads; a chat-only field on a
+    ``prompt`` item is unknown too; a wrongly typed ``seed`` is ``bad_field``."""
+    path = tmp_path / "set.jsonl"
+    path.write_text(
+        '{"id": 1, "prompt": "a", "gold": "1"}\n'
+        '{"id": 2, "prompt": "b", "gold": "2", "temperatur": 0.8}\n'
+        '{"id": 3, "prompt": "c", "gold": "3", "max_completion_tokens": 4}\n'
+        '{"id": 4, "prompt": "d", "gold": "4", "seed": "7"}\n'
+    )
+    with caplog.at_level("WARNING", logger="specwatch"):
+        load = load_canary(str(path), builtin=False)
+    assert [i.item_id for i in load.items] == ["1"]
+    assert load.errors == (
+        f"{path}:2: unknown_key 'temperatur'",
+        f"{path}:3: unknown_key 'max_completion_tokens'",
+        f"{path}:4: bad_field",
+    )
+    assert dict(load.bad_lines) == {"unknown_key": 2, "bad_field": 1}
+    lines = [r for r in caplog.records if r.getMessage() == "canary bad line"]
+    assert len(lines) == 3
+    fields = lines[0].__dict__
+    found = [v for v in fields.values() if isinstance(v, dict) and v.get("key") == "temperatur"]
+    assert found == [{"file": str(path), "line": 2, "reason": "unknown_key", "key": "temperatur"}]

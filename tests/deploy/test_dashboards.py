@@ -100,6 +100,10 @@ def full_shadow_stats() -> ShadowStats:
             proxy_upstream_errors={"connect": 1},
             canary_offered=3,
             canary_bad_lines={"invalid_json": 2},
+            replay_retries={"noise": 1},
+            reply_spec_steps={("fly", "math"): 5},
+            reply_draft_tokens={("fly", "math"): 20},
+            reply_accepted_tokens={("fly", "math"): 12},
         ),
     )
 

@@ -175,9 +175,10 @@ class TestImageLayout:
         assert _only(_final_stage(instructions), "WORKDIR").args == "/var/lib/specwatch"
 
     def test_exposes_the_specwatch_listener(self, instructions: list[Instruction]) -> None:
-        """EXPOSE lists the metrics/API/mirror port and the proxy port."""
+        """EXPOSE lists the metrics/API port, the proxy port and the mirror listener's port."""
         ports = _only(_final_stage(instructions), "EXPOSE").args.split()
-        assert ports == [str(SPECWATCH_PORT), str(SPECWATCH_PORT + 1)]
+        assert ports == ["9400", "9401", "9402"]
+        assert int(ports[0]) == SPECWATCH_PORT
 
     def test_entrypoint_and_cmd(self, instructions: list[Instruction]) -> None:
         """ENTRYPOINT is the console script and CMD the ``run`` subcommand, both exec form."""

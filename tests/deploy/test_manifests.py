@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from specwatch.server.app import build_app
 from specwatch.settings import Settings, load_settings
+from specwatch.shadow.settings import ShadowSettings
 from tests.fakes import REPO
 
 ROOT = REPO
@@ -42,6 +43,7 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 #: Oldest Kubernetes the manifests target (resource.k8s.io/v1 is GA from 1.34).
 K8S_VERSION = "1.34.0"
 SPECWATCH_PORT = 9400
+MIRROR_PORT = ShadowSettings().mirror_listen_port
 MIRROR_PATHS = {"/v1/completions", "/v1/chat/completions"}
 
 Obj = dict[str, Any]
@@ -229,6 +231,7 @@ class TestRender:
             ("ConfigMap", "specwatch"),
             ("ConfigMap", "specwatch"),
             ("Deployment", "vllm"),
+            ("NetworkPolicy", "vllm"),
             ("PodMonitor", "vllm"),
             ("ResourceClaimTemplate", "vllm"),
             ("Service", "specwatch"),
@@ -532,7 +535,8 @@ def _service_port(base: list[Obj], name: str, number: int) -> Obj:
 @pytest.mark.kubectl
 class TestMirror:
     def test_istio_mirror(self, base: list[Obj], pod_spec: Obj) -> None:
-        """The VirtualService mirrors only the completions paths, a share in (0, 100], to 9400."""
+        """The VirtualService mirrors only the completions paths, a share in (0, 100], to the
+        mirror listener's port (9402, not the /metrics port)."""
         (vs,) = load_yaml_docs(OVERLAY / "mirror-virtualservice.yaml")
         mirrored = [r for r in vs["spec"]["http"] if "mirrors" in r]
         assert len(mirrored) == 1
@@ -542,14 +546,14 @@ class TestMirror:
         assert 0 < mirror["percentage"]["value"] <= 100
         dest = mirror["destination"]
         port = _service_port(base, dest["host"], dest["port"]["number"])
-        assert port_by_name(container(pod_spec, "specwatch"))[port["targetPort"]] == SPECWATCH_PORT
+        assert port_by_name(container(pod_spec, "specwatch"))[port["targetPort"]] == MIRROR_PORT
         for r in vs["spec"]["http"]:
             (live,) = r["route"]
             live_port = _service_port(base, live["destination"]["host"], 8000)
             assert live_port["targetPort"] == "std-http"
 
     def test_gateway_api_mirror(self, base: list[Obj], pod_spec: Obj) -> None:
-        """The HTTPRoute's RequestMirror sends the completions paths' share to specwatch:9400."""
+        """The HTTPRoute's RequestMirror sends the completions paths' share to specwatch:9402."""
         (route,) = load_yaml_docs(OVERLAY / "mirror-httproute.yaml")
         mirrored = [
             r for r in route["spec"]["rules"]
@@ -563,7 +567,42 @@ class TestMirror:
         assert 0 < flt["requestMirror"]["percent"] <= 100
         ref = flt["requestMirror"]["backendRef"]
         port = _service_port(base, ref["name"], ref["port"])
-        assert port_by_name(container(pod_spec, "specwatch"))[port["targetPort"]] == SPECWATCH_PORT
+        assert port_by_name(container(pod_spec, "specwatch"))[port["targetPort"]] == MIRROR_PORT
+
+    def test_only_the_mesh_reaches_the_mirror_port(self, base: list[Obj], pod_spec: Obj) -> None:
+        """The NetworkPolicy selects the pod; the mirror port (9402) is allowed only from pods
+        Istio injected (``security.istio.io/tlsMode: istio``, any namespace), while the live,
+        /metrics and proxy ports stay open to all; the specwatch settings listen on 9402."""
+        pol = one(base, "NetworkPolicy")
+        labels = one(base, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert pol["spec"]["policyTypes"] == ["Ingress"]
+        numbers = {n: p for c in pod_spec["containers"] for n, p in port_by_name(c).items()}
+        open_ports: set[int] = set()
+        mesh_ports: set[int] = set()
+        for rule in pol["spec"]["ingress"]:
+            ports = {numbers[p["port"]] for p in rule["ports"]}
+            if "from" not in rule:
+                open_ports |= ports
+            else:
+                assert rule["from"] == [
+                    {
+                        "namespaceSelector": {},
+                        "podSelector": {"matchLabels": {"security.istio.io/tlsMode": "istio"}},
+                    }
+                ]
+                mesh_ports |= ports
+        assert mesh_ports == {MIRROR_PORT} == {9402}
+        assert open_ports == {8000, 8001, SPECWATCH_PORT, 9401}
+        cfg = yaml.safe_load((ROOT / "deploy/base/config.yaml").read_text())
+        assert cfg["shadow"]["mirror_listen_port"] == MIRROR_PORT
+        assert cfg["server"]["port"] == SPECWATCH_PORT != MIRROR_PORT
+
+    def test_both_servers_return_per_request_spec_decode_metrics(self, pod_spec: Obj) -> None:
+        """Both vLLM containers run with ``--per-request-spec-decode-metrics=summary`` (replies
+        carry ``metrics.speculative_decoding``, read for alpha and tau per arm)."""
+        for name in ("vllm-standard", "vllm-fly"):
+            assert "--per-request-spec-decode-metrics=summary" in container(pod_spec, name)["args"]
 
 
 def test_speculative_config_flags_are_one_line_json() -> None:

@@ -34,17 +34,26 @@ def write_canary(path: Path, *, variants: int, temperature: float) -> int:
 
 @asynccontextmanager
 async def simulators(
-    fly_threshold: float = 0.3, *, noise: bool = False, standard: SimConfig | None = None
+    fly_threshold: float = 0.3,
+    *,
+    noise: bool = False,
+    standard: SimConfig | None = None,
+    spec_metrics: str = "summary",
 ) -> AsyncIterator[dict[str, SimulatorHandle]]:
     """In-process standard and FLy simulators (time_scale 0), and a second standard one as the
-    noise arm when ``noise``; ``standard`` replaces the standard simulator's config."""
-    std = standard or SimConfig(role=Role.STANDARD, time_scale=0.0)
-    sims = {
-        "standard": await start_simulator(std),
-        "fly": await start_simulator(
-            SimConfig(role=Role.FLY, time_scale=0.0, fly_entropy_threshold=fly_threshold)
-        ),
-    }
+    noise arm when ``noise``; ``standard`` replaces the standard simulator's config;
+    ``spec_metrics`` is the FLy simulator's ``--per-request-spec-decode-metrics`` (as the shipped
+    deployment runs vLLM) and the standard one's unless ``standard`` is given."""
+    std = standard or SimConfig(
+        role=Role.STANDARD, time_scale=0.0, per_request_spec_decode_metrics=spec_metrics
+    )
+    fly = SimConfig(
+        role=Role.FLY,
+        time_scale=0.0,
+        fly_entropy_threshold=fly_threshold,
+        per_request_spec_decode_metrics=spec_metrics,
+    )
+    sims = {"standard": await start_simulator(std), "fly": await start_simulator(fly)}
     if noise:
         sims["noise"] = await start_simulator(SimConfig(role=Role.STANDARD, time_scale=0.0))
     try:
@@ -81,6 +90,8 @@ def settings_for(
         "canary_loop": False,
         "standard": {"target": "standard"},
         "fly": {"target": "fly"},
+        "mirror_listen_host": "127.0.0.1",
+        "mirror_listen_port": 0,
     }
     if "noise" in sims:
         sh["noise"] = {"target": "noise"}
@@ -102,6 +113,11 @@ class Sidecar:
     url: str
     component: ShadowComponent
     client: aiohttp.ClientSession
+
+    @property
+    def mirror_url(self) -> str:
+        """The mirror listener's base URL (its own port, not :attr:`url`'s)."""
+        return f"http://127.0.0.1:{self.component.mirror_port}"
 
     async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """``/metrics`` parsed with prometheus_client's parser: (sample name, labels) → value."""

@@ -147,9 +147,13 @@ async def test_mirror_pairs_are_counted_as_agreement(tmp_path: Path) -> None:
             sent = 0
             for i in range(60):
                 body = {"prompt": f"Tell me about item {i}.", "max_tokens": 40, "temperature": 0}
-                headers = {"Host": "llm-shadow", "X-Specwatch-Category": "live"}
+                headers = {
+                    "Host": "llm-shadow",
+                    "X-Specwatch-Category": "live",
+                    "X-Request-Id": f"req-{i}",
+                }
                 async with sc.client.post(
-                    sc.url + "/v1/completions", json=body, headers=headers
+                    sc.mirror_url + "/v1/completions", json=body, headers=headers
                 ) as r:
                     assert r.status == 202
                     sent += (await r.json())["shadow"] == "admitted"
@@ -162,6 +166,24 @@ async def test_mirror_pairs_are_counted_as_agreement(tmp_path: Path) -> None:
     disagree = sum(1 for r in rows if r.status == "paired" and r.fly_agrees is False)
     assert agree + disagree == sent
     assert all(not r.labelled and r.source == "mirror" for r in rows)
+    ids = [r.request_id for r in rows]  # each admitted copy's X-Request-Id, once
+    assert len(set(ids)) == len(ids)
+    assert set(ids) <= {f"req-{i}" for i in range(60)}
+    # per-request spec-decode metrics (simulators run with the flag at summary) reach the
+    # ledger's tau columns, and alpha / tau per arm and category on /metrics are the ratios of
+    # the exported counters
+    assert all(r.standard_tau is not None and r.fly_tau is not None for r in rows)
+    for arm in ("standard", "fly"):
+        lab = {"arm": arm, "category": "live"}
+        steps = m[_key("specwatch_shadow_reply_spec_steps_total", **lab)]
+        drafted = m[_key("specwatch_shadow_reply_draft_tokens_total", **lab)]
+        accepted = m[_key("specwatch_shadow_reply_accepted_tokens_total", **lab)]
+        assert steps > 0
+        assert drafted == 4 * steps  # K = 4 drafted at every verify step
+        assert close(m[_key("specwatch_shadow_reply_acceptance_ratio", **lab)], accepted / drafted)
+        assert close(
+            m[_key("specwatch_shadow_reply_mean_acceptance_length", **lab)], 1 + accepted / steps
+        )
     assert (
         m.get(
             _key("specwatch_shadow_pairs_total", category="live", arm="fly", outcome="agree"), 0.0

@@ -36,6 +36,8 @@ def _settings(su: str, fu: str, **kw: object) -> ShadowSettings:
         "standard": ArmEndpoint(url=su, timeout_seconds=30),
         "fly": ArmEndpoint(url=fu, timeout_seconds=30),
         "mirror_max_body_bytes": 2048,
+        "mirror_listen_host": "127.0.0.1",
+        "mirror_listen_port": 0,
     }
     base.update(kw)
     return ShadowSettings.model_validate(base)
@@ -44,8 +46,10 @@ def _settings(su: str, fu: str, **kw: object) -> ShadowSettings:
 @asynccontextmanager
 async def sidecar(
     settings: ShadowSettings, **kw: object
-) -> AsyncIterator[tuple[str, ShadowPipeline, list[ReplayPair], aiohttp.ClientSession]]:
-    """The sidecar's main app with the pipeline mounted, served on port 0."""
+) -> AsyncIterator[tuple[str, ShadowPipeline, list[ReplayPair], aiohttp.ClientSession, str]]:
+    """The sidecar's main app with the pipeline mounted, served on port 0; yields the mirror
+    listener's URL (its own port), the pipeline, the delivered pairs, a client session and the
+    main app's URL."""
     pairs: list[ReplayPair] = []
 
     async def sink(p: ReplayPair) -> None:
@@ -64,7 +68,8 @@ async def sidecar(
         await server.start_server()
         try:
             async with aiohttp.ClientSession() as client:
-                yield f"http://127.0.0.1:{server.port}", pipe, pairs, client
+                mirror = f"http://127.0.0.1:{pipe.mirror_port}"
+                yield mirror, pipe, pairs, client, f"http://127.0.0.1:{server.port}"
         finally:
             await server.close()
 
@@ -94,7 +99,7 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
     async with (
         serve_arm(std) as su,
         serve_arm(fly) as fu,
-        sidecar(_settings(su, fu)) as (url, pipe, pairs, client),
+        sidecar(_settings(su, fu)) as (url, pipe, pairs, client, _),
     ):
         headers = {"Host": "llm-shadow:8000"}
         async with client.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
@@ -123,7 +128,7 @@ async def test_mirror_bad_inputs_are_counted() -> None:
     async with (
         serve_arm(FakeArm()) as su,
         serve_arm(FakeArm()) as fu,
-        sidecar(_settings(su, fu, mirror_require_shadow_host=True)) as (url, pipe, _, client),
+        sidecar(_settings(su, fu, mirror_require_shadow_host=True)) as (url, pipe, _, client, main),
     ):
         sh = {"Host": "svc-shadow"}
         async with client.post(url + "/v1/completions", data=b"{oops", headers=sh) as r:
@@ -139,8 +144,10 @@ async def test_mirror_bad_inputs_are_counted() -> None:
         marked = {**sh, "X-Specwatch-Shadow": "1"}
         async with client.post(url + "/v1/completions", json=CHAT, headers=marked) as r:
             assert r.status == 208
-        async with client.get(url + "/healthz") as r:
-            assert await r.text() == "ok"  # other routes of the app still work
+        async with client.get(main + "/healthz") as r:
+            assert await r.text() == "ok"  # the main app serves its own routes
+        async with client.post(main + "/v1/completions", json=CHAT, headers=sh) as r:
+            assert r.status == 404  # and never the mirror's
         m = pipe.metrics()
     assert m.ingest_errors == {
         ("mirror", "invalid_json"): 1,
@@ -159,7 +166,7 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
     async with (
         serve_arm(FakeArm()) as su,
         serve_arm(fly) as fu,
-        sidecar(_settings(su, fu)) as (url, pipe, pairs, client),
+        sidecar(_settings(su, fu)) as (url, pipe, pairs, client, _),
     ):
         async with client.post(url + "/v1/chat/completions", json=CHAT) as r:
             assert r.status == 202
@@ -242,7 +249,7 @@ async def test_expired_requests_are_dropped() -> None:
         settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
         async with sidecar(
             settings, load_state=lambda: loads, clock=clock, wall_clock=clock, sleep=fake_sleep
-        ) as (_, pipe, pairs, _c):
+        ) as (_, pipe, pairs, _c, _m):
             loads["standard"] = ArmLoad(0, 0, 8, 0.0)
             assert pipe.offer(_request()) == "admitted"
             loads["standard"] = ArmLoad(0, 5, 8, 0.0)
@@ -262,7 +269,7 @@ async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
             canary_loop=False,
             sample_probability=0.0,  # canary items are forced past the probability step
         )
-        async with sidecar(settings) as (_, pipe, pairs, _c):
+        async with sidecar(settings) as (_, pipe, pairs, _c, _m):
             await _until(lambda: len(pairs) == 5)
             m = pipe.metrics()
     assert {p.request.item_id for p in pairs} == {
@@ -290,3 +297,34 @@ def test_settings_validation() -> None:
     assert s.noise_endpoint() == s.standard
     assert s.standard is not None
     assert s.standard.url == "http://a"
+
+
+async def test_mirror_upload_cut_mid_body_is_counted_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A mirrored copy announcing 1500 bytes that stops after 40 and closes is one
+    ``incomplete_body`` rejection: counted (received + ingest error), one WARNING line naming
+    the reason, no record with a traceback, nothing offered."""
+    async with (
+        serve_arm(FakeArm()) as su,
+        serve_arm(FakeArm()) as fu,
+        sidecar(_settings(su, fu)) as (url, pipe, _, _c, _m),
+    ):
+        port = int(url.rsplit(":", 1)[1])
+        with caplog.at_level("DEBUG"):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x-shadow\r\nContent-Length: 1500\r\n"
+                b"X-Request-Id: cut-1\r\n\r\n" + b'{"prompt": "' + b"y" * 28
+            )
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+            await _until(lambda: pipe.metrics().ingest_errors != {})
+        m = pipe.metrics()
+    assert m.ingest_errors == {("mirror", "incomplete_body"): 1}
+    assert m.received == {"mirror": 1}
+    assert m.offered == 0
+    lines = [r for r in caplog.records if r.getMessage() == "shadow ingest rejected"]
+    assert len(lines) == 1
+    assert not [r for r in caplog.records if r.exc_info]

@@ -125,3 +125,22 @@ def test_bad_paired_window_named() -> None:
     """A bad paired window is a ConfigError naming paired.windows."""
     with pytest.raises(ConfigError, match=r"paired\.windows"):
         load_settings(overrides={"paired": {"windows": ["since_start"]}})
+
+
+def test_arm_keepalive_defaults_below_vllms_idle_timeout_and_is_per_arm() -> None:
+    """An arm keeps idle connections 4 s unless told otherwise (vLLM closes them at 5 s); each
+    arm sets its own; the mirror listens on 9402 with a 16 MiB body limit, the proxy too."""
+    from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
+
+    s = ShadowSettings.model_validate(
+        {
+            "standard": {"url": "http://std:8000", "keepalive_seconds": 2.5},
+            "fly": {"url": "http://fly:8000"},
+        }
+    )
+    assert s.standard is not None
+    assert s.fly is not None
+    assert (s.standard.keepalive_seconds, s.fly.keepalive_seconds) == (2.5, 4.0)
+    assert ArmEndpoint(url="http://x").keepalive_seconds < 5.0
+    assert (s.mirror_listen_port, s.mirror_max_body_bytes) == (9402, 16 * 1024 * 1024)
+    assert s.proxy_max_body_bytes == 16 * 1024 * 1024

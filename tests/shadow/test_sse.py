@@ -125,7 +125,8 @@ def test_completions_text_other_choices_token_ids_and_tau() -> None:
         b'data: {"choices":[{"index":0,"text":"x","token_ids":[1,2]},'
         b'{"index":1,"text":"IGNORED"}]}\n\n',
         b'data: {"choices":[{"index":0,"text":"y","token_ids":[3],"finish_reason":"length"}],'
-        b'"metrics":{"speculative_decoding":{"num_drafts":4,"num_accepted_tokens":6}}}\n\n',
+        b'"metrics":{"speculative_decoding":{"mean_acceptance_length":2.5,"num_spec_steps":4,'
+        b'"num_accepted_draft_tokens":6,"num_draft_tokens":16}}}\n\n',
         b"data: [DONE]\n\n",
     ]
     r = CompletionStreamAccumulator().feed_all(chunks)
@@ -137,11 +138,19 @@ def test_completions_text_other_choices_token_ids_and_tau() -> None:
 
 
 def test_extract_mean_acceptance_length() -> None:
-    """extract_mean_acceptance_length reads a valid tau and ignores missing, below-1 or malformed
-    values."""
-    ok = {"metrics": {"speculative_decoding": {"mean_acceptance_length": 2.5}}}
-    assert extract_mean_acceptance_length(ok) == 2.5
-    assert extract_mean_acceptance_length({"metrics": {"speculative_decoding": {}}}) is None
-    bad = {"metrics": {"speculative_decoding": {"mean_acceptance_length": 0.5}}}
-    assert extract_mean_acceptance_length(bad) is None
+    """extract_mean_acceptance_length reads vLLM's per-request counts (tau = 1 + accepted /
+    verify steps: 1 + 6 / 4 = 2.5), gives None for vLLM's placeholder (no verify step, reported
+    1.0), for missing counts, a reported tau below 1, accepted > drafted, or a malformed object."""
+
+    def sd(**kw: object) -> dict[str, object]:
+        return {"metrics": {"speculative_decoding": kw}}
+
+    counts = {"num_spec_steps": 4, "num_accepted_draft_tokens": 6, "num_draft_tokens": 16}
+    assert extract_mean_acceptance_length(sd(mean_acceptance_length=2.5, **counts)) == 2.5
+    placeholder = {"num_spec_steps": 0, "num_accepted_draft_tokens": 0, "num_draft_tokens": 0}
+    assert extract_mean_acceptance_length(sd(mean_acceptance_length=1.0, **placeholder)) is None
+    assert extract_mean_acceptance_length(sd(mean_acceptance_length=2.5)) is None
+    assert extract_mean_acceptance_length(sd(mean_acceptance_length=0.5, **counts)) is None
+    too_many = {**counts, "num_accepted_draft_tokens": 17}
+    assert extract_mean_acceptance_length(sd(**too_many)) is None
     assert extract_mean_acceptance_length({"metrics": "x"}) is None

@@ -128,8 +128,8 @@ def test_counter_identities_match_ground_truth() -> None:
         mine = [r for r in reqs if r.engine == core.engine_index]
         assert gen == sum(len(r.output) for r in mine) == t.generation_tokens
         # per-request spec metrics reconcile with the counters (vLLM acceptance_metrics.md)
-        assert sum(r.spec.num_drafts for r in mine) == drafts
-        assert sum(r.spec.num_accepted_tokens for r in mine) == acc
+        assert sum(len(r.spec.per_step_accepted) for r in mine) == drafts
+        assert sum(sum(r.spec.per_step_accepted) for r in mine) == acc
         ok = _value(fams["vllm:request_success"][1], "vllm:request_success_total", engine=e,
                     finished_reason="length") + _value(
             fams["vllm:request_success"][1], "vllm:request_success_total", engine=e,

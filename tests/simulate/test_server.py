@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.quiz import builtin_items
+from tests.shapes import differences, shape, stream_shape
 
 FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
 
@@ -159,28 +162,102 @@ async def test_error_bodies(sim: SimulatorHandle, session: aiohttp.ClientSession
         assert (await resp.json())["error"]["code"] == 400
 
 
-async def test_per_request_spec_decode_metrics(
-    sim: SimulatorHandle, session: aiohttp.ClientSession
+VLLM_REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-responses"
+
+
+@asynccontextmanager
+async def _sim_with(mode: str) -> AsyncIterator[SimulatorHandle]:
+    cfg = SimConfig(role=Role.STANDARD, served_model_name="tiny", time_scale=0.0, step_time=FAST,
+                    per_request_spec_decode_metrics=mode)  # fmt: skip
+    handle = await start_simulator(cfg)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+COMPLETION = {"model": "tiny", "prompt": "some words here", "max_tokens": 24, "ignore_eos": True,
+              "seed": 3, "temperature": 0}  # fmt: skip
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 16,
+        "ignore_eos": True, "seed": 3, "temperature": 0}  # fmt: skip
+USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+NO_USAGE = {"stream": True}
+
+
+@pytest.mark.parametrize(
+    ("mode", "path", "body", "fixture"),
+    [
+        ("summary", "/v1/completions", COMPLETION, "summary-nonstream.json"),
+        ("summary", "/v1/chat/completions", CHAT, "summary-chat-nonstream.json"),
+        ("detailed", "/v1/completions", COMPLETION, "detailed-nonstream.json"),
+        ("summary", "/v1/completions", {**COMPLETION, **USAGE}, "summary-stream-usage.sse"),
+        (
+            "summary",
+            "/v1/completions",
+            {**COMPLETION, "stream": True},
+            "summary-stream-nousage.sse",
+        ),
+        ("summary", "/v1/chat/completions", {**CHAT, **USAGE}, "summary-chat-stream.sse"),
+        ("detailed", "/v1/completions", {**COMPLETION, **USAGE}, "detailed-stream-usage.sse"),
+        (
+            "detailed",
+            "/v1/completions",
+            {**COMPLETION, "stream": True},
+            "detailed-stream-nousage.sse",
+        ),
+    ],
+)
+async def test_replies_have_real_vllm_shape_under_the_flag(
+    session: aiohttp.ClientSession, mode: str, path: str, body: dict[str, Any], fixture: str
 ) -> None:
-    """Detailed per-request spec-decode metrics are consistent with tau and the acceptance
-    histogram."""
-    body = {"prompt": "some words here", "max_tokens": 60, "ignore_eos": True,
-            "spec_decode_metrics": "detailed", "seed": 3}  # fmt: skip
-    _, r = await _post(session, sim.url + "/v1/completions", body)
+    """Under ``--per-request-spec-decode-metrics summary|detailed`` the simulator's replies have
+    the shape of real vLLM 0.32.0's captured replies, key for key and type for type (streams:
+    the event sequence; metrics only on the usage chunk, none without ``include_usage``)."""
+    want_raw = (VLLM_REPLIES / fixture).read_text()
+    async with _sim_with(mode) as sim, session.post(sim.url + path, json=body) as r:
+        assert r.status == 200
+        got_raw = await r.text()
+    if fixture.endswith(".sse"):
+        assert differences(stream_shape(want_raw), stream_shape(got_raw)) == []
+    else:
+        assert differences(shape(json.loads(want_raw)), shape(json.loads(got_raw))) == []
+
+
+async def test_spec_decode_counts_add_up(session: aiohttp.ClientSession) -> None:
+    """At ``detailed`` the per-step lists carry the counts: accepted = sum(per_step_accepted),
+    drafted = sum(per_step_drafted) = 4 per step (K = 4), τ = 1 + accepted / steps, α = accepted /
+    drafted, the histogram counts each step once at its accepted count; emitted tokens are at
+    most accepted + one per step + one (prefill)."""
+    async with _sim_with("detailed") as sim:
+        _, r = await _post(session, sim.url + "/v1/completions", {**COMPLETION, "max_tokens": 60})
     sd = r["metrics"]["speculative_decoding"]
-    assert sd["num_drafts"] > 0
-    assert sd["mean_acceptance_length"] == pytest.approx(
-        1 + sd["num_accepted_tokens"] / sd["num_drafts"]
+    steps, acc, drafted = (
+        sd["num_spec_steps"],
+        sd["num_accepted_draft_tokens"],
+        sd["num_draft_tokens"],
     )
-    hist = sd["acceptance_length_histogram"]
-    assert sum(hist) == sd["num_drafts"]
-    assert sum(j * c for j, c in enumerate(hist)) == sd["num_accepted_tokens"]
-    # emitted tokens = accepted + one per verify step (+ 1 for the prefill step), cut at max_tokens
-    assert r["usage"]["completion_tokens"] <= 1 + sd["num_drafts"] + sd["num_accepted_tokens"]
-    _, plain = await _post(
-        session, sim.url + "/v1/completions", {**body, "spec_decode_metrics": "off"}
-    )
-    assert "metrics" not in plain
+    assert steps == len(sd["per_step_accepted"]) > 0
+    assert acc == sum(sd["per_step_accepted"])
+    assert drafted == sum(sd["per_step_drafted"]) == 4 * steps
+    assert sd["num_spec_tokens"] == 4
+    assert sd["mean_acceptance_length"] == pytest.approx(1 + acc / steps)
+    assert sd["draft_acceptance_rate"] == pytest.approx(acc / drafted)
+    hist = sd["acceptance_histogram"]
+    assert len(hist) == 5
+    assert sum(hist) == steps
+    assert sum(j * c for j, c in enumerate(hist)) == acc
+    assert r["usage"]["completion_tokens"] <= 1 + steps + acc
+
+
+async def test_flag_none_and_the_old_body_toggle(session: aiohttp.ClientSession) -> None:
+    """At ``none`` (the default) a reply's ``metrics`` is null and no stream chunk carries
+    metrics; a request-body ``spec_decode_metrics`` (not a vLLM parameter) turns nothing on."""
+    async with _sim_with("none") as sim:
+        _, r = await _post(session, sim.url + "/v1/completions",
+                           {**COMPLETION, "spec_decode_metrics": "detailed"})  # fmt: skip
+        events = await _sse(session, sim.url + "/v1/completions", {**COMPLETION, **USAGE})
+    assert r["metrics"] is None
+    assert all("metrics" not in json.loads(e) for e in events if e != "[DONE]")
 
 
 async def test_metrics_over_http_agree_with_admin_stats(

@@ -80,7 +80,13 @@ BUILTIN_ITEMS: tuple[dict[str, Any], ...] = (
 
 def _log_bad(exc: CanaryLineError) -> None:
     log_event(
-        log, logging.WARNING, "canary bad line", file=exc.source, line=exc.line, reason=exc.reason
+        log,
+        logging.WARNING,
+        "canary bad line",
+        file=exc.source,
+        line=exc.line,
+        reason=exc.reason,
+        key=exc.key,
     )
 
 

@@ -1,23 +1,36 @@
 """Mirror ingest: fire-and-forget copies sent by the mesh (Envoy/Istio/Gateway API).
 
-:class:`MirrorIngest` gives ``POST /v1/completions`` and ``POST /v1/chat/completions`` routes to
-mount
-on the sidecar's app. The mesh sends copies with the Host (``:authority``) suffixed ``-shadow``
-(Envoy
+:class:`MirrorIngest` answers ``POST /v1/completions`` and ``POST /v1/chat/completions`` on the
+mirror's own listener (:class:`MirrorListener`, ``shadow.mirror_listen_port``, default 9402),
+never on the sidecar's ``/metrics`` port: whoever can scrape must not be able to inject requests
+that are replayed to the GPU arms (the shipped NetworkPolicy lets only the mesh reach the mirror
+port). The mesh sends copies with the Host (``:authority``) suffixed ``-shadow`` (Envoy
 ``request_mirror_policies``). The handler answers ``202 {"shadow": "<admitted|reason>"}`` at once;
-it
-never awaits a replay. Requests already carrying the shadow marker header are never re-ingested.
+it never awaits a replay. Requests already carrying the shadow marker header are never
+re-ingested. The live request's ``X-Request-Id`` is kept with the pair.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 
+from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER, is_shadow_host
-from specwatch.shadow.ingest.offer import SHADOW_PATHS, IngestCounters, Offer, Offerer
+from specwatch.shadow.ingest.offer import (
+    REQUEST_ID_HEADER,
+    SHADOW_PATHS,
+    IngestCounters,
+    Offer,
+    Offerer,
+    clean_request_id,
+)
 from specwatch.shadow.values import Source
+
+log = logging.getLogger("specwatch.shadow.ingest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -33,7 +46,9 @@ class MirrorIngest:
     """Receiver of mirrored requests. Mount with ``app.add_routes(mirror.routes())``.
 
     Answers ``202`` with ``{"shadow": "<admitted|not_sampled|queue_full|...>"}``; ``413`` over
-    ``max_body_bytes``; ``400`` for a body that is not a JSON object; ``421`` when
+    ``max_body_bytes`` (``too_large``); ``400`` for a body cut before its end
+    (``incomplete_body``: counted, one WARNING line, no traceback) or one that is not a JSON
+    object; ``421`` when
     ``require_shadow_host`` is set and the Host lacks the ``-shadow`` suffix; ``208`` for a request
     already carrying the marker header (skipped). ``clock`` gives unix seconds for ``received_at``.
     """
@@ -45,7 +60,7 @@ class MirrorIngest:
         counters: IngestCounters,
         clock: Callable[[], float],
         salt: str = "",
-        max_body_bytes: int = 1 << 20,
+        max_body_bytes: int = 16 << 20,
         require_shadow_host: bool = False,
         marker_header: str = SHADOW_MARKER_HEADER,
     ) -> None:
@@ -67,20 +82,76 @@ class MirrorIngest:
         if self._require_host and not is_shadow_host(request.host):
             self.counters.errors[(src, "not_shadow_host")] += 1
             return web.json_response({"shadow": "not_shadow_host"}, status=421)
+        rid = clean_request_id(request.headers.get(REQUEST_ID_HEADER))
         cl = request.content_length
         if cl is not None and cl > self._max:
-            self.counters.received[src] += 1
-            self.counters.errors[(src, "too_large")] += 1
-            return web.json_response({"shadow": "too_large"}, status=413)
+            return self._reject(src, "too_large", 413, rid)
         buf = bytearray()
-        async for chunk in request.content.iter_any():
-            buf += chunk
-            if len(buf) > self._max:
-                self.counters.received[src] += 1
-                self.counters.errors[(src, "too_large")] += 1
-                return web.json_response({"shadow": "too_large"}, status=413)
+        try:
+            async for chunk in request.content.iter_any():
+                buf += chunk
+                if len(buf) > self._max:
+                    return self._reject(src, "too_large", 413, rid)
+        except (aiohttp.ClientPayloadError, ConnectionError) as exc:
+            return self._reject(src, "incomplete_body", 400, rid, error=type(exc).__name__)
+        if cl is not None and len(buf) < cl:
+            return self._reject(src, "incomplete_body", 400, rid)
         result = self._offerer.offer_raw(
-            Source.MIRROR, request.path, bytes(buf), request.headers.get(CATEGORY_HEADER)
+            Source.MIRROR,
+            request.path,
+            bytes(buf),
+            request.headers.get(CATEGORY_HEADER),
+            request.headers.get(REQUEST_ID_HEADER),
         )
         status = 400 if result in ("invalid_json", "not_object") else 202
         return web.json_response({"shadow": result}, status=status)
+
+    def _reject(
+        self, src: str, reason: str, status: int, request_id: str | None, error: str | None = None
+    ) -> web.Response:
+        self.counters.received[src] += 1
+        self.counters.errors[(src, reason)] += 1
+        log_event(
+            log,
+            logging.WARNING,
+            "shadow ingest rejected",
+            source=src,
+            reason=reason,
+            request_id=request_id,
+            error=error,
+        )
+        return web.json_response({"shadow": reason}, status=status)
+
+
+class MirrorListener:
+    """The mirror's own HTTP listener: ``routes`` (normally :func:`mirror_routes`) served on
+    ``host:port`` (0 = any free port) by their own ``AppRunner``; :attr:`port` is the bound port
+    once :meth:`start` returned. ``max_body_bytes`` bounds what aiohttp itself buffers."""
+
+    def __init__(self, routes: list[web.RouteDef], *, max_body_bytes: int) -> None:
+        self._routes = routes
+        self._max = max_body_bytes
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind and serve on the running loop; returns the port. Raises ``OSError`` when the
+        address cannot be bound."""
+        app = web.Application(client_max_size=self._max)
+        app.add_routes(self._routes)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, host, port).start()
+        except OSError:
+            await self.stop()
+            raise
+        addrs = self._runner.addresses
+        self.port = int(addrs[0][1]) if addrs else port
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -26,14 +26,25 @@ SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completio
 _CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 Offer = Callable[[ShadowRequest], str]
 
+#: The header carrying a live request's id (Envoy, nginx, vLLM's own ``X-Request-Id``).
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+def clean_request_id(value: str | None) -> str | None:
+    """``value`` when it is 1-200 printable ASCII characters without spaces, else ``None``."""
+    return value if value is not None and _REQUEST_ID_RE.match(value) else None
+
 
 @dataclass(slots=True)
 class IngestCounters:
     """Ingest counters: ``received[source]`` (requests considered for shadowing),
-    ``errors[(source, reason)]`` (reason: ``too_large|invalid_json|not_object|unsupported_path|
-    not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what ``offer`` answered),
+    ``errors[(source, reason)]`` (reason: ``too_large|incomplete_body|invalid_json|not_object|
+    unsupported_path|not_shadow_host|offer_error``), ``outcomes[(source, result)]`` (what
+    ``offer`` answered),
     ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
-    (``connect|timeout|disconnected|client_error``), ``proxy_client_disconnects``,
+    (``connect|timeout|disconnected|client_error``; never a client that went away),
+    ``proxy_client_disconnects`` (clients that went away before the whole answer was sent),
     ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
     ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
     ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
@@ -56,9 +67,11 @@ def build_shadow_request(
     received_at: float,
     salt: str = "",
     category: str | None = None,
+    request_id: str | None = None,
 ) -> ShadowRequest | str:
     """Parse one request body into a :class:`ShadowRequest`, or return an error reason
-    (``unsupported_path|invalid_json|not_object``). Pure."""
+    (``unsupported_path|invalid_json|not_object``); ``request_id`` is kept when
+    :func:`clean_request_id` accepts it. Pure."""
     if path not in SHADOW_PATHS:
         return "unsupported_path"
     try:
@@ -79,6 +92,7 @@ def build_shadow_request(
         received_at=received_at,
         source=source,
         category=cat,
+        request_id=clean_request_id(request_id),
     )
 
 
@@ -97,7 +111,16 @@ class Offerer:
         self._clock = clock
         self._salt = salt
 
-    def offer_raw(self, source: Source, path: str, raw: bytes, category: str | None) -> str:
+    def offer_raw(
+        self,
+        source: Source,
+        path: str,
+        raw: bytes,
+        category: str | None,
+        request_id: str | None = None,
+    ) -> str:
+        """Build the request from ``raw``, offer it, count the outcome; returns the outcome or
+        the rejection reason (also logged once)."""
         c = self.counters
         c.received[source.value] += 1
         built = build_shadow_request(
@@ -107,11 +130,17 @@ class Offerer:
             received_at=self._clock(),
             salt=self._salt,
             category=category,
+            request_id=request_id,
         )
         if isinstance(built, str):
             c.errors[(source.value, built)] += 1
             log_event(
-                log, logging.WARNING, "shadow ingest rejected", source=source.value, reason=built
+                log,
+                logging.WARNING,
+                "shadow ingest rejected",
+                source=source.value,
+                reason=built,
+                request_id=clean_request_id(request_id),
             )
             return built
         try:

@@ -32,7 +32,13 @@ from yarl import URL
 
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
-from specwatch.shadow.ingest.offer import SHADOW_PATHS, IngestCounters, Offer, Offerer
+from specwatch.shadow.ingest.offer import (
+    REQUEST_ID_HEADER,
+    SHADOW_PATHS,
+    IngestCounters,
+    Offer,
+    Offerer,
+)
 from specwatch.shadow.values import Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
@@ -48,6 +54,12 @@ HOP_BY_HOP: frozenset[str] = frozenset(
         "upgrade",
         "trailer",
     }
+)
+
+
+#: Credentials meant for a proxy, never for the next hop (RFC 9110 §11.7): dropped both ways.
+PROXY_CREDENTIALS: frozenset[str] = frozenset(
+    {"proxy-authorization", "proxy-authenticate", "proxy-authentication-info"}
 )
 
 
@@ -223,12 +235,29 @@ class ShadowProxy:
         except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
             self.counters.proxy_offer_lost += 1
 
+    def _incomplete_body(self, shadow: bool) -> None:
+        """The client's upload stopped before its end: nothing is sent upstream; counted (for a
+        shadowed path) as ``incomplete_body`` on the shadow loop, logged once, no traceback."""
+        log_event(log, logging.WARNING, "proxy client body incomplete")
+        if shadow:
+            self._schedule(self._count_error, "incomplete_body")
+
+    def _count_error(self, reason: str) -> None:
+        self.counters.received[Source.PROXY.value] += 1
+        self.counters.errors[(Source.PROXY.value, reason)] += 1
+
     def _count_too_large(self) -> None:
         self.counters.received[Source.PROXY.value] += 1
         self.counters.errors[(Source.PROXY.value, "too_large")] += 1
 
-    def _offer_copy(self, path: str, raw: bytes, category: str | None) -> None:
-        self._offerer.offer_raw(Source.PROXY, path, raw, category)
+    def _offer_copy(self, path: str, raw: bytes, headers: CIMultiDictProxy[str]) -> None:
+        self._offerer.offer_raw(
+            Source.PROXY,
+            path,
+            raw,
+            headers.get(CATEGORY_HEADER),
+            headers.get(REQUEST_ID_HEADER),
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         c = self.counters
@@ -236,7 +265,9 @@ class ShadowProxy:
         session = self._session
         if session is None:
             return web.json_response({"error": "proxy not started"}, status=503)
-        headers = end_to_end_headers(request.headers, drop=frozenset({"host", "content-length"}))
+        headers = end_to_end_headers(
+            request.headers, drop=PROXY_CREDENTIALS | {"host", "content-length"}
+        )
         peer = request.remote
         if peer:
             prior = request.headers.get("X-Forwarded-For")
@@ -249,22 +280,28 @@ class ShadowProxy:
         if request.method == "POST" and request.path in SHADOW_PATHS and not shadow:
             c.skipped_marked += 1
         data: Any
+        cut = [False]
         cl = request.content_length
         if not request.body_exists:
             data = None
         elif cl is not None and cl <= self._max:
-            data = await request.read()
+            try:
+                data = await request.read()
+            except asyncio.CancelledError:
+                self._incomplete_body(shadow)
+                raise
+            except (aiohttp.ClientPayloadError, ConnectionError):
+                self._incomplete_body(shadow)
+                return web.Response(status=400)
             headers["Content-Length"] = str(len(data))
             if shadow:
-                self._schedule(
-                    self._offer_copy, request.path, data, request.headers.get(CATEGORY_HEADER)
-                )
+                self._schedule(self._offer_copy, request.path, data, request.headers)
         else:
             # unknown or large length: stream the body through; the shadow copy is kept only
             # while it stays under the cap.
             if cl is not None:
                 headers["Content-Length"] = str(cl)
-            data = self._tee(request, shadow)
+            data = self._tee(request, shadow, cut)
         url = URL(self._base + request.raw_path, encoded=True)
         prepared = False
         try:
@@ -277,33 +314,58 @@ class ShadowProxy:
                 compress=None,
             ) as up:
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in end_to_end_headers(up.headers, drop=frozenset()).items():
+                for k, v in end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS).items():
                     resp.headers.add(k, v)
                 if up.content_length is not None and request.method != "HEAD":
                     resp.content_length = up.content_length
+                await resp.prepare(request)
+                prepared = True
                 try:
-                    await resp.prepare(request)
-                    prepared = True
                     async for chunk in up.content.iter_any():
-                        await resp.write(chunk)
-                    await resp.write_eof()
-                except (asyncio.CancelledError, ConnectionResetError):
-                    # client went away: close (not release) the upstream connection so the
-                    # upstream sees the disconnect and stops generating
-                    c.proxy_client_disconnects += 1
-                    up.close()
+                        if not await self._relay(resp, chunk, up):
+                            return resp
+                    await self._relay(resp, None, up)
+                except asyncio.CancelledError:
+                    self._client_gone(up)
                     raise
                 return resp
         except TimeoutError:
-            return self._fail("timeout", 504, prepared)
+            return self._fail("timeout", 504, prepared, cut[0])
         except aiohttp.ClientConnectorError:
-            return self._fail("connect", 502, prepared)
+            return self._fail("connect", 502, prepared, cut[0])
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-            return self._fail("disconnected", 502, prepared)
+            return self._fail("disconnected", 502, prepared, cut[0])
         except aiohttp.ClientError:
-            return self._fail("client_error", 502, prepared)
+            return self._fail("client_error", 502, prepared, cut[0])
 
-    def _fail(self, reason: str, status: int, prepared: bool) -> web.StreamResponse:
+    async def _relay(
+        self, resp: web.StreamResponse, chunk: bytes | None, up: aiohttp.ClientResponse
+    ) -> bool:
+        """Write ``chunk`` (``None``: end of body) to the client; ``False`` when the client went
+        away. Then the upstream connection is closed (not released) so the upstream sees the
+        disconnect and stops generating; it is counted as a client disconnect, never as an
+        upstream error, and logged once without a traceback (a cancelled handler, the server's
+        answer to a disconnect, is counted the same way by the caller)."""
+        try:
+            if chunk is None:
+                await resp.write_eof()
+            else:
+                await resp.write(chunk)
+        except ConnectionError:
+            self._client_gone(up)
+            return False
+        return True
+
+    def _client_gone(self, up: aiohttp.ClientResponse) -> None:
+        self.counters.proxy_client_disconnects += 1
+        up.close()
+        log_event(log, logging.INFO, "proxy client disconnected")
+
+    def _fail(
+        self, reason: str, status: int, prepared: bool, client_cut: bool = False
+    ) -> web.StreamResponse:
+        if client_cut:  # the client's upload stopped: counted by _tee, not an upstream error
+            return web.Response(status=400)
         self.counters.proxy_upstream_errors[reason] += 1
         log_event(log, logging.WARNING, "proxy upstream failed", reason=reason, prepared=prepared)
         if prepared:
@@ -311,16 +373,21 @@ class ShadowProxy:
             raise ConnectionResetError(f"upstream {reason} mid-response")
         return web.json_response({"error": {"message": f"upstream {reason}"}}, status=status)
 
-    async def _tee(self, request: web.Request, shadow: bool) -> Any:
+    async def _tee(self, request: web.Request, shadow: bool, cut: list[bool]) -> Any:
+        """Stream the client's body upstream, keeping the shadow copy under the cap; a body cut
+        by the client sets ``cut[0]`` (the handler then answers without blaming the upstream)."""
         copy: bytearray | None = bytearray() if shadow else None
-        async for chunk in request.content.iter_any():
-            if copy is not None:
-                copy += chunk
-                if len(copy) > self._max:
-                    copy = None
-                    self._schedule(self._count_too_large)
-            yield chunk
+        try:
+            async for chunk in request.content.iter_any():
+                if copy is not None:
+                    copy += chunk
+                    if len(copy) > self._max:
+                        copy = None
+                        self._schedule(self._count_too_large)
+                yield chunk
+        except (aiohttp.ClientPayloadError, ConnectionError):
+            cut[0] = True
+            self._incomplete_body(shadow)
+            raise
         if copy is not None:
-            self._schedule(
-                self._offer_copy, request.path, bytes(copy), request.headers.get(CATEGORY_HEADER)
-            )
+            self._schedule(self._offer_copy, request.path, bytes(copy), request.headers)

@@ -15,7 +15,8 @@ the servers (about 1.5 GB of memory each) are up only while they are needed.
 Session fixtures (each server starts once, on first use, ~30-40 s, and is stopped at the end):
 
 - ``vllm_spec_server -> VllmServer``: ``draft_model`` speculation, draft = copy of the target,
-  ``num_speculative_tokens`` 4.
+  ``num_speculative_tokens`` 4 (speculative servers run with
+  ``--per-request-spec-decode-metrics summary``).
 - ``vllm_nospec_server -> VllmServer``: the same target, no speculation (deterministic output).
 - ``vllm_random_draft_server -> VllmServer``: ``draft_model`` with the unrelated random draft.
 
@@ -38,6 +39,8 @@ from .servers import NUM_SPECULATIVE_TOKENS, TinyModels, VllmServer, launch_vllm
 VLLM_PYTHON_ENV = "SPECWATCH_TEST_VLLM_PYTHON"
 MODEL_DIR_ENV = "SPECWATCH_TEST_MODEL_DIR"
 REAL_TEST_TIMEOUT_S = 900
+#: vLLM's per-request speculative-decoding metrics flag, on for every speculative server.
+SPEC_METRICS_ARGS = ("--per-request-spec-decode-metrics", "summary")
 
 
 def in_ci() -> bool:
@@ -107,12 +110,15 @@ def vllm_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _server(
     python: Path, models: TinyModels, runtime: Path, name: str, spec: dict[str, Any] | None
 ) -> Iterator[VllmServer]:
+    """Speculative servers run with ``--per-request-spec-decode-metrics summary``, as the
+    shipped deployment runs vLLM (replies carry ``metrics.speculative_decoding``)."""
     with launch_vllm(
         python,
         models.target,
         log_path=runtime / f"{name}.log",
         cache_dir=runtime / "cache",
         speculative_config=spec,
+        extra_args=SPEC_METRICS_ARGS if spec is not None else (),
     ) as server:
         yield server
 

@@ -140,6 +140,8 @@ async def shadow_run(
         fly=ArmEndpoint(url=fly.url, timeout_seconds=120.0),
         noise_kind="standard",
         max_tokens_cap=MAX_TOKENS,
+        mirror_listen_host="127.0.0.1",
+        mirror_listen_port=0,
     )
     outcomes: list[PairOutcome] = []
     all_done = asyncio.Event()
@@ -159,12 +161,9 @@ async def shadow_run(
         runner = web.AppRunner(app)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
             for category, payload in traffic:
                 async with session.post(
-                    f"http://{host}:{port}/v1/completions",
+                    f"http://127.0.0.1:{pipeline.mirror_port}/v1/completions",
                     json=payload,
                     headers={CATEGORY_HEADER: category},
                 ) as resp:

@@ -153,7 +153,8 @@ async def test_long_sse_stream_passes_byte_for_byte_and_copy_is_offered() -> Non
 
     body = {"model": "m", "prompt": "x", "stream": True}
     async with running(up.app()) as base, proxy_for(base, offer) as (purl, proxy), _session() as s:
-        async with s.post(purl + "/v1/completions?x=1", json=body) as r:
+        rid = {"X-Request-Id": "live-7f3a"}
+        async with s.post(purl + "/v1/completions?x=1", json=body, headers=rid) as r:
             got = await r.read()
             assert r.status == 200
             assert r.headers["Content-Type"] == "text/event-stream"
@@ -165,6 +166,8 @@ async def test_long_sse_stream_passes_byte_for_byte_and_copy_is_offered() -> Non
     assert len(offered) == 1
     assert offered[0].body == body
     assert offered[0].path == "/v1/completions"
+    assert offered[0].request_id == "live-7f3a"
+    assert [h.get("X-Request-ID") for h in up.seen_headers] == ["live-7f3a", None]
     assert proxy.counters.outcomes[("proxy", "admitted")] == 1
 
 
@@ -400,3 +403,77 @@ async def test_upstream_dying_mid_stream_truncates_the_client_response() -> None
         with pytest.raises(aiohttp.ClientPayloadError):
             await r.content.read()  # never a clean end of a short stream
     assert proxy.counters.proxy_upstream_errors["disconnected"] == 1
+
+
+async def test_proxy_credentials_never_pass_either_way() -> None:
+    """``Proxy-Authorization`` sent by the client and ``Proxy-Authenticate`` sent by the upstream
+    are credentials for the proxy hop: neither reaches the other side; ``Authorization`` (for
+    the upstream) does."""
+    up = Upstream()
+
+    async def creds(request: web.Request) -> web.StreamResponse:
+        up.seen_headers.append(dict(request.headers))
+        resp = web.Response(text="c")
+        resp.headers["Proxy-Authenticate"] = 'Basic realm="upstream-proxy"'
+        resp.headers["X-Up-End"] = "kept"
+        return resp
+
+    app = up.app()
+    app.router.add_get("/creds", creds)
+    async with running(app) as base, proxy_for(base, lambda r: "x") as (purl, _), _session() as s:
+        hdrs = {"Proxy-Authorization": "Basic c2VjcmV0", "Authorization": "Bearer live"}
+        async with s.get(purl + "/creds", headers=hdrs) as r:
+            assert await r.text() == "c"
+            assert "Proxy-Authenticate" not in r.headers
+            assert r.headers["X-Up-End"] == "kept"
+    seen = up.seen_headers[0]
+    assert "Proxy-Authorization" not in seen
+    assert seen["Authorization"] == "Bearer live"
+
+
+async def test_client_leaving_mid_stream_is_not_an_upstream_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that reads one event and drops the connection is one client disconnect: no
+    upstream error is counted, nothing is logged as ``proxy upstream failed`` and no record
+    carries a traceback."""
+    up = Upstream()
+    with caplog.at_level("DEBUG"):
+        async with running(up.app()) as base, proxy_for(base, lambda r: "x") as (purl, proxy):
+            async with _session() as s:
+                r = await s.get(purl + "/endless")
+                assert await r.content.readuntil(b"\n\n") == b"data: tick\n\n"
+                r.close()
+            await asyncio.wait_for(up.saw_disconnect.wait(), timeout=20)
+            await asyncio.sleep(0.2)  # let the proxy's handler finish
+    assert proxy.counters.proxy_client_disconnects == 1
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
+    assert not [x for x in caplog.records if x.getMessage() == "proxy upstream failed"]
+    assert not [x for x in caplog.records if x.exc_info]
+
+
+async def test_upload_cut_mid_body_is_counted_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client announcing 5000 body bytes that sends 100 and closes: the copy is counted as
+    ``incomplete_body`` (source ``proxy``), no upstream error, no record with a traceback."""
+    up = Upstream()
+    with caplog.at_level("DEBUG"):
+        async with running(up.app()) as base, proxy_for(base, lambda r: "x") as (purl, proxy):
+            port = int(purl.rsplit(":", 1)[1])
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 5000\r\n\r\n" + b'{"prompt": "' + b"x" * 88
+            )
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+            for _ in range(200):
+                if proxy.counters.errors:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+    assert dict(proxy.counters.errors) == {("proxy", "incomplete_body"): 1}
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
+    assert not [x for x in caplog.records if x.exc_info]
