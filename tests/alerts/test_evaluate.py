@@ -18,6 +18,7 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import SINCE_START
+from specwatch.core.roles import Role
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
@@ -612,8 +613,8 @@ def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
 def test_shadow_alerts_name_the_pair_they_come_from() -> None:
     """With a standard and a FLy target scraped, a quality alert carries the FLy target, its
     role and model and the standard target it was compared with (two pairs never merge)."""
-    std = TargetTracker(TargetSettings(name="std-a", url="http://h:1", role="standard"), WINDOWS)
-    fly = TargetTracker(TargetSettings(name="fly-a", url="http://h:2", role="fly"), WINDOWS)
+    std = TargetTracker(TargetSettings(name="std-a", url="http://h:1", role=Role.STANDARD), WINDOWS)
+    fly = TargetTracker(TargetSettings(name="fly-a", url="http://h:2", role=Role.FLY), WINDOWS)
     engines = {"0": Engine()}
     for i in range(1, 4):
         engines["0"].advance(10.0)

@@ -259,7 +259,7 @@ def _exported_series(pages: Mapping[float, str], target: TargetSettings) -> dict
         row: dict[str, float] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                labels = {"job": "specwatch", "instance": "sw:9400", **s.labels}
+                labels = {"job": "specwatch", "instance": "sw:9477", **s.labels}
                 body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
                 row[f"{s.name}{{{body}}}"] = s.value
         per_page.append(row)

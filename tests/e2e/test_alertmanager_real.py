@@ -251,14 +251,14 @@ async def test_two_fly_pairs_in_one_cluster_never_merge(
         description="e-value 35 over 1/alpha 20",
         labels={"check": "e_value", "category": "_all", "target": "fly", "role": "fly"},
     )
-    loops = []
+    loops: list[AlertLoop] = []
     for ns in ("team-a", "team-b"):
         settings = AlertingSettings(
             urls=[manager.url],
             namespace=ns,
             pod=f"vllm-pair-{ns}-0",
             runbook_base_url="https://wiki.example/specwatch-runbook",
-            generator_url=f"http://10.0.0.{len(loops) + 1}:9400/api/v1/snapshot",
+            generator_url=f"http://10.0.0.{len(loops) + 1}:9477/api/v1/snapshot",
         )
         loops.append(
             AlertLoop(settings, session, lambda: [finding], clock=time.time, sleep=_no_sleep)
@@ -271,8 +271,8 @@ async def test_two_fly_pairs_in_one_cluster_never_merge(
         ("team-b", "vllm-pair-team-b-0"),
     ]
     assert [a["generatorURL"] for a in listed] == [
-        "http://10.0.0.1:9400/api/v1/snapshot",
-        "http://10.0.0.2:9400/api/v1/snapshot",
+        "http://10.0.0.1:9477/api/v1/snapshot",
+        "http://10.0.0.2:9477/api/v1/snapshot",
     ]
     for a in listed:
         assert a["labels"]["target"] == "fly"
