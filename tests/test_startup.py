@@ -110,7 +110,9 @@ def test_unknown_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None
     assert info.value.code == 2
     err = capsys.readouterr().err
     names = ", ".join(name for name, _ in entry.HELP.values())
-    assert names.startswith("run, analyze, advise, simulate, demo, paired-test, power, report")
+    assert names.startswith(
+        "run, analyze, replay, advise, simulate, demo, paired-test, power, report"
+    )
     assert err.splitlines() == [f"specwatch: unknown command 'nonsense'; one of {names}"]
 
 

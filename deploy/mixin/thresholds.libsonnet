@@ -4,11 +4,14 @@
 // change the settings and regenerate,
 // or override a key in _config when importing the mixin.
 {
+  "acceptance_decay_for": "15m",
+  "acceptance_decay_lookback": 21600.0,
   "acceptance_drop_for": "10m",
   "acceptance_drop_ratio": 0.8,
   "acceptance_min_drafts_per_second": 0.2,
   "budget_draft_length_ratio": 0.9,
   "budget_drafts_per_step_ratio": 0.5,
+  "budget_finding_for": "0s",
   "budget_for": "15m",
   "budget_min_running": 8.0,
   "e_value_bound": 20.0,
@@ -31,8 +34,8 @@
   "shadow_stalled_for": "15m",
   "stall_for": "5m",
   "stall_max_generation_tokens_per_second": 1.0,
-  "stall_max_kv_cache_usage": 0.5,
-  "stall_max_running": 2.0,
-  "stall_min_waiting": 5.0,
+  "stall_max_kv_cache_usage": 0.9,
+  "stall_max_running_ratio": 0.1,
+  "stall_min_waiting": 1.0,
   "target_down_for": "5m"
 }

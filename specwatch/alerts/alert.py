@@ -80,7 +80,9 @@ class Alert:
     ``alertname`` and ``severity`` become labels; ``labels`` are the other identifying labels
     (``target``, ``role``, ``engine``, ``category``, ``reason``; bounded values only). Two
     findings with the same final label set are the same alert. ``runbook_url`` empty means
-    "build it from the settings' runbook base and the alert name".
+    "build it from the settings' runbook base and the alert name". ``value`` is what Prometheus
+    calls ``$value``: the number the condition compared (a ratio, tokens/s, an e-value, a count;
+    the unit is the alert's, see ``docs/runbook.md``), ``None`` when the alert has none.
     """
 
     alertname: str
@@ -89,6 +91,7 @@ class Alert:
     description: str
     labels: Mapping[str, str] = field(default_factory=dict)
     runbook_url: str = ""
+    value: float | None = None
 
     def identity(self) -> dict[str, str]:
         """Sanitised identifying labels: ``labels`` plus ``alertname`` and ``severity``."""

@@ -435,7 +435,7 @@ class AlertLoop:
         self._sleep = sleep
         self._active = ActiveAlerts(
             resend_interval=settings.resend_interval,
-            external_labels=settings.external_labels,
+            external_labels=settings.provenance_labels(),
             runbook_base_url=settings.runbook_base_url,
             generator_url=settings.generator_url,
         )

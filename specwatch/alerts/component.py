@@ -44,7 +44,8 @@ AlertInputs = Callable[[], tuple[ObserveView | None, ShadowStats | None]]
 def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str, str]:
     """Detector window fields naming a window specwatch does not keep → that name.
 
-    Baseline windows (``acceptance_baseline_window``, ``flip_window``) fall back to
+    Baseline windows (``acceptance_baseline_window``, ``acceptance_sustained_window``,
+    ``flip_window``) fall back to
     ``since_start`` and are not reported; ``shadow_stalled_window`` is a shadow window and is
     not checked here. A detector whose window is missing never fires.
     """

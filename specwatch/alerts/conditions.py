@@ -19,6 +19,7 @@ from specwatch.shadow.stats.paired import mcnemar_z, two_proportion_z
 
 __all__ = [
     "BudgetInputs",
+    "acceptance_decay",
     "acceptance_drop",
     "admission_stall",
     "budget_starvation",
@@ -27,6 +28,7 @@ __all__ = [
     "fly_gain_lost",
     "mcnemar_z",
     "quality_drift",
+    "token_budget_bound",
     "two_proportion_z",
 ]
 
@@ -65,6 +67,26 @@ def acceptance_drop(
     return None
 
 
+def acceptance_decay(
+    alpha_short: float | None,
+    alpha_best: float | None,
+    drafts_per_second: float | None,
+    s: DetectSettings,
+) -> float | None:
+    """SpecAcceptanceDecay: α over the short window below ``acceptance_drop_ratio`` × the best
+    sustained α (the highest ``acceptance_sustained_window`` value over the last
+    ``acceptance_decay_lookback`` seconds), drafts/s ≥ ``acceptance_min_drafts_per_second`` →
+    the ratio α_short / α_best. The baseline is a maximum, so a slow decay does not drag it
+    down, and it spans restarts, so an engine that comes back lower after a restart fires."""
+    dps, a_s, a_b = _f(drafts_per_second), _f(alpha_short), _f(alpha_best)
+    if dps is None or dps < s.acceptance_min_drafts_per_second:
+        return None
+    if a_s is None or a_b is None or a_b <= 0:
+        return None
+    ratio = a_s / a_b
+    return ratio if ratio < s.acceptance_drop_ratio else None
+
+
 def fly_gain_lost(
     gain: float | None,
     drafts_per_second_standard: float | None,
@@ -83,12 +105,19 @@ def fly_gain_lost(
 def decode_inactive(
     generation_tokens_per_second: float | None,
     drafts_per_second: float | None,
+    num_speculative_tokens: float | None,
     s: DetectSettings,
 ) -> float | None:
-    """SpecDecodeInactive: tokens flow but zero drafts. ``drafts_per_second`` is ``None`` when
-    the server has no speculative decoding (no drafts counter): then nothing fires."""
-    gen, dps = _f(generation_tokens_per_second), _f(drafts_per_second)
-    if gen is None or dps is None:
+    """SpecDecodeInactive: speculation is configured (K > 0, from configuration or the page's
+    ``position`` labels), tokens flow, and zero drafts. ``drafts_per_second`` is ``None`` when
+    the server has no drafts counter, K ``None`` or 0 when it does not speculate: then nothing
+    fires."""
+    gen, dps, k = (
+        _f(generation_tokens_per_second),
+        _f(drafts_per_second),
+        _f(num_speculative_tokens),
+    )
+    if gen is None or dps is None or k is None or k <= 0:
         return None
     return gen if dps == 0 and gen > s.inactive_min_generation_tokens_per_second else None
 
@@ -153,23 +182,49 @@ def budget_starvation(b: BudgetInputs, s: DetectSettings) -> dict[str, float]:
 
 def admission_stall(
     waiting: float | None,
-    running: float | None,
+    running_most_loaded: float | None,
+    ceiling: float | None,
     kv_cache_usage: float | None,
+    requests_finished: float | None,
     generation_tokens_per_second: float | None,
     s: DetectSettings,
 ) -> float | None:
-    """SpecAdmissionStall: many waiting, few running, KV mostly free, no generation → waiting."""
-    w, r, kv, gen = _f(waiting), _f(running), _f(kv_cache_usage), _f(generation_tokens_per_second)
-    if w is None or r is None or kv is None or gen is None:
+    """SpecAdmissionStall → running / ceiling (a ratio 0..1) when it holds.
+
+    Holds when ``waiting`` ≥ ``stall_min_waiting``, the most-loaded engine's running requests are
+    at most ``stall_max_running_ratio`` of ``ceiling`` (min of max_num_seqs and the token
+    budget's R_max), KV-cache usage (0..1) is below ``stall_max_kv_cache_usage`` (not
+    saturated), not one request finished over the window and generation is below
+    ``stall_max_generation_tokens_per_second``. Relative to capacity, never an absolute running
+    count. Any input unknown (``ceiling`` when max_num_seqs is not configured) → ``None``.
+    """
+    w, r, cap = _f(waiting), _f(running_most_loaded), _f(ceiling)
+    kv, done, gen = _f(kv_cache_usage), _f(requests_finished), _f(generation_tokens_per_second)
+    if w is None or r is None or cap is None or kv is None or done is None or gen is None:
         return None
+    if cap <= 0:
+        return None
+    ratio = r / cap
     if (
         w >= s.stall_min_waiting
-        and r <= s.stall_max_running
+        and ratio <= s.stall_max_running_ratio
         and kv < s.stall_max_kv_cache_usage
+        and done == 0
         and gen < s.stall_max_generation_tokens_per_second
     ):
-        return w
+        return ratio
     return None
+
+
+def token_budget_bound(
+    max_num_seqs: float | None, decode_full_per_step: float | None
+) -> float | None:
+    """SpecTokenBudgetBound: the token budget lets fewer requests decode with full drafts per
+    step (D_full) than ``max_num_seqs`` admits → D_full; ``None`` when either is unknown."""
+    n, d = _f(max_num_seqs), _f(decode_full_per_step)
+    if n is None or d is None:
+        return None
+    return d if d < n else None
 
 
 def quality_drift(

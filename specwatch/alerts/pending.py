@@ -8,10 +8,10 @@ alert's duration from :class:`~specwatch.alerts.settings.DetectSettings`; :func:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from specwatch.alerts.alert import Alert, AlertKey
-from specwatch.alerts.rules import candidates
+from specwatch.alerts.rules import SustainedKey, candidates, sustained_levels
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import ObserveView
 from specwatch.shadow.summary import ShadowStats
@@ -48,9 +48,10 @@ class ForTracker:
 
 
 def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
-    """The ``for`` duration of an alert (by name; ``SpecQualityDrift`` by its ``check``)."""
+    """The ``for`` duration of an alert (by name)."""
     by_name = {
         "SpecAcceptanceDrop": s.acceptance_drop_for,
+        "SpecAcceptanceDecay": s.acceptance_decay_for,
         "SpecFLyGainLost": s.fly_gain_for,
         "SpecDecodeInactive": s.inactive_for,
         "SpecBudgetStarvation": s.budget_for,
@@ -60,12 +61,12 @@ def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
         "SpecwatchTargetDown": s.target_down_for,
         "SpecwatchShadowStalled": s.shadow_stalled_for,
         "SpecwatchLedgerFailing": s.ledger_failing_for,
+        "SpecNonInferiorityNotShown": s.quality_non_inferiority_for,
+        "SpecTokenBudgetBound": s.budget_finding_for,
     }
 
     def get(alert: Alert) -> float:
         if alert.alertname == "SpecQualityDrift":
-            if alert.labels.get("check") == "non_inferiority":
-                return s.quality_non_inferiority_for
             return s.quality_e_value_for
         return by_name.get(alert.alertname, 0.0)
 
@@ -80,12 +81,19 @@ def evaluate(
     *,
     tracker: ForTracker | None = None,
     ledger_errors_increase: float | None = None,
+    sustained_best: Mapping[SustainedKey, float] | None = None,
 ) -> list[Alert]:
     """The alerts firing at ``now``: :func:`candidates` that have held for their ``for``
     duration according to ``tracker`` (keep one :class:`ForTracker` built with
     :func:`for_seconds` across calls; :class:`Detector` does). Without a tracker, every
     candidate is returned (``for`` = 0)."""
-    found = candidates(observe, shadow, settings, ledger_errors_increase=ledger_errors_increase)
+    found = candidates(
+        observe,
+        shadow,
+        settings,
+        ledger_errors_increase=ledger_errors_increase,
+        sustained_best=sustained_best,
+    )
     return tracker.update(found, now) if tracker is not None else found
 
 
@@ -99,6 +107,7 @@ class Detector:
         self.settings = settings
         self.tracker = ForTracker(for_seconds(settings))
         self._ledger: deque[tuple[float, float]] = deque()
+        self._sustained: dict[SustainedKey, deque[tuple[float, float]]] = {}
 
     def _ledger_increase(self, shadow: ShadowStats | None, now: float) -> float | None:
         if shadow is None:
@@ -111,6 +120,23 @@ class Detector:
             self._ledger.popleft()
         return max(0.0, total - self._ledger[0][1])
 
+    def _sustained_best(self, observe: ObserveView, now: float) -> dict[SustainedKey, float]:
+        """Highest sustained-window α of each series over the lookback (PromQL
+        ``max_over_time`` of the recorded 15m ratio, sampled at each evaluation)."""
+        cutoff = now - self.settings.acceptance_decay_lookback
+        for key, value in sustained_levels(observe, self.settings).items():
+            self._sustained.setdefault(key, deque()).append((now, value))
+        best: dict[SustainedKey, float] = {}
+        for key in list(self._sustained):
+            q = self._sustained[key]
+            while q and q[0][0] < cutoff:
+                q.popleft()
+            if not q:
+                del self._sustained[key]
+                continue
+            best[key] = max(v for _, v in q)
+        return best
+
     def evaluate(self, observe: ObserveView, shadow: ShadowStats | None, now: float) -> list[Alert]:
         """Firing alerts now (see :func:`evaluate`)."""
         return evaluate(
@@ -120,4 +146,5 @@ class Detector:
             now,
             tracker=self.tracker,
             ledger_errors_increase=self._ledger_increase(shadow, now),
+            sustained_best=self._sustained_best(observe, now),
         )

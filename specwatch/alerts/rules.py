@@ -10,10 +10,13 @@ window and category. It is pure: values in, :class:`~specwatch.alerts.alert.Aler
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import replace
 
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.conditions import (
     BudgetInputs,
+    acceptance_decay,
     acceptance_drop,
     admission_stall,
     budget_starvation,
@@ -22,6 +25,7 @@ from specwatch.alerts.conditions import (
     fly_gain_lost,
     lossless_flips,
     quality_drift,
+    token_budget_bound,
 )
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
@@ -31,7 +35,7 @@ from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.vllm.budget import required_batched_tokens
 from specwatch.vllm.methods import method_slots, regime_for_version
 
-__all__ = ["candidates"]
+__all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
@@ -93,7 +97,11 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
         )
         if v is not None:
             out.append(_drop_alert(t, model, None, v, h, b, s))
-            continue  # the rule's `unless`: engines are reported only when the server is fine
+        if len(mw.engines) < 2:
+            continue  # one engine is the server: its alert is the server's
+        # every engine that dropped keeps its own alert, also when the server dropped too;
+        # only when every engine dropped is the server alert alone enough
+        found: list[Alert] = []
         for engine, eh in sorted(mw.engines.items()):
             ebh = bw.engines.get(engine)
             if ebh is None:
@@ -107,7 +115,71 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 s,
             )
             if ev is not None:
-                out.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+        if len(found) < len(mw.engines):
+            out += found
+    return out
+
+
+#: Key of a best-sustained-level series: (target, model_name, engine; "" = the server).
+SustainedKey = tuple[str, str, str]
+
+
+def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, float]) -> list[Alert]:
+    out: list[Alert] = []
+    for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+        rows: list[tuple[str, Health]] = [("", mw.server)]
+        if len(mw.engines) > 1:
+            rows += sorted(mw.engines.items())
+        for engine, h in rows:
+            peak = best.get((t.name, model, engine))
+            v = acceptance_decay(h.acceptance_rate, peak, h.drafts_per_second, s)
+            if v is None or peak is None:
+                continue
+            labels = _base(t, model)
+            where = t.name
+            labels["scope"] = "engine" if engine else "server"
+            if engine:
+                labels["engine"] = engine
+                where = f"engine {engine} of {t.name}"
+            restarts = sum(t.counter_resets.values())
+            out.append(
+                Alert(
+                    "SpecAcceptanceDecay",
+                    Severity.WARNING,
+                    f"Acceptance on {where} is below {s.acceptance_drop_ratio:.0%} of its best "
+                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h.",
+                    f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
+                    f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)}, {v:.0%} of the "
+                    f"best {s.acceptance_sustained_window} level {_fmt(peak)} seen in the last "
+                    f"{s.acceptance_decay_lookback / 3600:g}h (threshold "
+                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: {restarts}. "
+                    "A slow decay or a restart that came back lower (new image, weights, "
+                    "config) looks like this.",
+                    labels,
+                    value=v,
+                )
+            )
+    return out
+
+
+def sustained_levels(observe: ObserveView, s: DetectSettings) -> dict[SustainedKey, float]:
+    """α in ``acceptance_sustained_window`` (``since_start`` when not configured) per usable
+    target, model and engine ("" = server;
+    engines only on multi-engine servers): what :class:`~specwatch.alerts.pending.Detector`
+    keeps the maximum of over ``acceptance_decay_lookback``."""
+    out: dict[SustainedKey, float] = {}
+    for t in observe.targets.values():
+        if not _usable(t):
+            continue
+        for model, mw in _window(t, s.acceptance_sustained_window, fallback=True).items():
+            rows: list[tuple[str, Health]] = [("", mw.server)]
+            if len(mw.engines) > 1:
+                rows += list(mw.engines.items())
+            for engine, h in rows:
+                a = h.acceptance_rate
+                if a is not None and math.isfinite(a):
+                    out[(t.name, model, engine)] = a
     return out
 
 
@@ -138,6 +210,7 @@ def _drop_alert(
         f"{_fmt(b.mean_acceptance_length)} in the baseline: {value:.0%} of it (threshold "
         f"{s.acceptance_drop_ratio:.0%}).",
         labels,
+        value=value,
     )
 
 
@@ -145,7 +218,8 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
-        v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, s)
+        k = h.num_speculative_tokens or t.limits.num_speculative_tokens
+        v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, k, s)
         if v is not None:
             out.append(
                 Alert(
@@ -153,9 +227,10 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                     Severity.WARNING,
                     f"{t.name} generates tokens but drafts nothing.",
                     f"{t.name} (role {t.role.value}, model {model}) generated {v:.3g} tokens/s "
-                    f"over {s.rate_window} with speculative decoding configured, but not one "
-                    "draft was verified.",
+                    f"over {s.rate_window} with speculative decoding configured (K {k}), but "
+                    "not one draft was verified.",
                     _base(t, model),
+                    value=v,
                 )
             )
     return out
@@ -237,7 +312,10 @@ def _budget_alert(
             f"max_num_seqs {cap.max_num_seqs}."
         )
     elif reason == "drafts_per_step":
-        summary = f"{t.name} verifies drafts for under half of its running requests."
+        summary = (
+            f"{t.name} verifies drafts for under {s.budget_drafts_per_step_ratio:.0%} of its "
+            "running requests per step."
+        )
         text = (
             f"Over {s.rate_window}, engine {engine} of {t.name} verified {value:.3g} drafts per "
             "step while at least twice as many requests run: running requests are skipped by "
@@ -256,17 +334,32 @@ def _budget_alert(
         summary,
         text + _budget_finding(t, k),
         labels,
+        value=value,
     )
+
+
+def _stall_ceiling(t: TargetSnapshot) -> float | None:
+    """Most requests one engine can run: min(max_num_seqs, R_max) (``None``: N unknown)."""
+    cap = t.capacity
+    if cap.max_num_seqs is None:
+        return None
+    if cap.admission_cap_requests is None:
+        return float(cap.max_num_seqs)
+    return float(min(cap.max_num_seqs, cap.admission_cap_requests))
 
 
 def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
+    ceiling = _stall_ceiling(t)
+    running = t.capacity.num_requests_running
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
         v = admission_stall(
             h.num_requests_waiting,
-            h.num_requests_running,
+            running,
+            ceiling,
             h.kv_cache_usage,
+            h.requests_finished,
             h.generation_tokens_per_second,
             s,
         )
@@ -275,15 +368,64 @@ def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 Alert(
                     "SpecAdmissionStall",
                     Severity.CRITICAL,
-                    f"{t.name} admits nothing: requests wait, KV cache is free.",
-                    f"{v:g} requests wait on {t.name} (model {model}) while "
-                    f"{_fmt(h.num_requests_running, 'g')} run, KV-cache usage is "
-                    f"{_fmt(h.kv_cache_usage, '.0%')} and generation is "
+                    f"{t.name} admits no work: requests wait, running is far below capacity "
+                    "and nothing finishes.",
+                    f"{_fmt(h.num_requests_waiting, 'g')} requests wait on {t.name} (model "
+                    f"{model}) while its most-loaded engine runs {_fmt(running, 'g')} of the "
+                    f"{_fmt(ceiling, 'g')} its limits allow ({v:.2%}), KV-cache usage is "
+                    f"{_fmt(h.kv_cache_usage, '.0%')}, no request finished over "
+                    f"{s.rate_window} and generation is "
                     f"{_fmt(h.generation_tokens_per_second)} tokens/s.",
                     _base(t, model),
+                    value=v,
                 )
             )
     return out
+
+
+def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
+    """The token-budget configuration finding, as soon as the limits are known (no traffic)."""
+    cap, lim = t.capacity, t.limits
+    d_full = token_budget_bound(cap.max_num_seqs, cap.decode_full_per_step_requests)
+    if d_full is None or cap.max_num_seqs is None or lim.method is None:
+        return []
+    k = lim.num_speculative_tokens
+    if k is None:
+        k = next(
+            (
+                mw.server.num_speculative_tokens
+                for w in t.windows.values()
+                for mw in w.values()
+                if mw.server.num_speculative_tokens is not None
+            ),
+            None,
+        )
+    if k is None:
+        return []
+    slots = method_slots(
+        lim.method,
+        k,
+        parallel_drafting=lim.parallel_drafting,
+        regime=regime_for_version(lim.vllm_version),
+    ).extra_batch_slots
+    need = required_batched_tokens(cap.max_num_seqs, k, slots)
+    n = cap.max_num_seqs
+    return [
+        Alert(
+            "SpecTokenBudgetBound",
+            Severity.INFO,
+            f"max_num_batched_tokens {cap.max_num_batched_tokens} is below N {n} x "
+            f"(1 + K {k} + S {slots}) = {need}, so at most {d_full:g} requests can decode per "
+            f"step on {t.name}.",
+            f"Configuration finding for {t.name} (role {t.role.value}, method {lim.method}): "
+            f"with max_num_seqs {n} and num_speculative_tokens {k}, the token budget verifies "
+            f"full drafts for only {d_full:g} requests per step. Raise "
+            f"--max-num-batched-tokens to at least {need}, lower num_speculative_tokens, or "
+            f"lower --max-num-seqs to {d_full:g}.",
+            {"target": t.name, "role": t.role.value},
+            value=d_full,
+        )
+    ]
 
 
 def _first_model(t: TargetSnapshot, window: str) -> tuple[str, Health] | None:
@@ -314,9 +456,10 @@ def _fly_gain(snap: ObserveView, s: DetectSettings) -> list[Alert]:
             f"FLy no longer raises acceptance over standard for {b[0]}.",
             f"Over {s.fly_gain_window}, FLy target {fly.name} accepts {_fmt(b[1].acceptance_rate)}"
             f" of draft tokens and standard target {std.name} {_fmt(a[1].acceptance_rate)}: a "
-            f"gain of {v:+.3f} (threshold {s.fly_gain_min:g}); FLy is lossy for almost no "
-            "speed-up.",
+            f"gain of {v:+.3f} (threshold {s.fly_gain_min:g}): FLy's relaxed verification buys "
+            "almost no extra acceptance.",
             {"model_name": b[0], "standard": std.name, "fly": fly.name},
+            value=v,
         )
     ]
 
@@ -334,9 +477,7 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
         if "e_value" in found:
             out.append(_quality_alert("e_value", category, "no_net_loss", found["e_value"], summ))
         if "non_inferiority" in found:
-            out.append(
-                _quality_alert("non_inferiority", category, None, found["non_inferiority"], summ)
-            )
+            out.append(_non_inferiority_alert(category, found["non_inferiority"], summ, s))
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
         e = exp_or_inf(bet)
@@ -349,31 +490,49 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
 def _quality_alert(
     check: str, category: str, hypothesis: str | None, value: float, summ: PairedSummary | None
 ) -> Alert:
-    labels = {"check": check, "category": category}
+    """Critical: the anytime-valid e-value reached ``1/alpha``, i.e. evidence of a loss."""
+    labels = {"check": check, "category": category, "hypothesis": hypothesis or "no_net_loss"}
     counts = (
         f"lost {summ.lost}, gained {summ.gained} of {summ.n} labelled pairs"
         if summ is not None
         else "no labelled pairs summary"
     )
-    if check == "e_value":
-        labels["hypothesis"] = hypothesis or "no_net_loss"
-        text = (
-            f"Since start, the paired e-value of FLy against standard (hypothesis "
-            f"{labels['hypothesis']}, category {category}) is {value:.3g}, over its 1/alpha "
-            f"bound ({counts})."
-        )
-    else:
-        text = (
-            f"After {value:g} labelled pairs since start (category {category}), the upper "
-            f"confidence bound of FLy's net loss is still above the non-inferiority margin "
-            f"({counts})."
-        )
+    what = (
+        "FLy loses more answers than standard"
+        if labels["hypothesis"] == "no_net_loss"
+        else "FLy's net loss exceeds the non-inferiority margin"
+    )
     return Alert(
         "SpecQualityDrift",
         Severity.CRITICAL,
-        f"FLy loses answers against standard (category {category}, check {check}).",
-        text,
+        f"Evidence that {what} (category {category}): the sequential e-value crossed 1/alpha.",
+        f"Since start, the paired e-value of FLy against standard (hypothesis "
+        f"{labels['hypothesis']}, category {category}) is {value:.3g}, at or over its 1/alpha "
+        f"bound ({counts}); anytime-valid, so this is evidence of a loss, not noise.",
         labels,
+        value=value,
+    )
+
+
+def _non_inferiority_alert(
+    category: str, value: float, summ: PairedSummary | None, s: DetectSettings
+) -> Alert:
+    """Info: non-inferiority is not shown yet; a lack of evidence, never a loss by itself."""
+    counts = (
+        f"lost {summ.lost}, gained {summ.gained} of {summ.n} labelled pairs"
+        if summ is not None
+        else "no labelled pairs summary"
+    )
+    return Alert(
+        "SpecNonInferiorityNotShown",
+        Severity.INFO,
+        f"FLy is not yet shown non-inferior to standard (category {category}).",
+        f"After {value:g} labelled pairs since start (at least {s.quality_min_pairs}), the upper "
+        f"confidence bound of FLy's net loss is still above the non-inferiority margin "
+        f"({counts}). This is a lack of evidence, not evidence of a loss: more pairs may show "
+        "non-inferiority; SpecQualityDrift fires on evidence of a loss.",
+        {"category": category},
+        value=value,
     )
 
 
@@ -396,6 +555,7 @@ def _flip(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
             f"{t.paired} pairs and the noise arm's in {t.noise_disagree} of {noise_n}: "
             f"two-proportion z {z:.3g} (threshold {s.flip_z:g}).",
             {"category": OVERALL},
+            value=z,
         )
     ]
 
@@ -444,6 +604,7 @@ def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -
             f"The watched servers generate {sum(known):.3g} tokens/s but specwatch completed "
             f"no shadow pair over {s.shadow_stalled_window}; quality drift cannot be detected.",
             {},
+            value=sum(known),
         )
     ]
 
@@ -454,20 +615,26 @@ def candidates(
     settings: DetectSettings,
     *,
     ledger_errors_increase: float | None = None,
+    sustained_best: Mapping[SustainedKey, float] | None = None,
 ) -> list[Alert]:
     """Every condition that holds now, before ``for`` (pure).
 
     The Python detector's check set (the rules file has the same alerts on the same evidence):
 
-    - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed); for
-      usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, else per
-      engine), ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
+    - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed);
+      ``SpecTokenBudgetBound`` (info, from configuration alone: D_full < max_num_seqs); for
+      usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, and each
+      engine that dropped on a multi-engine server, also when the server dropped too),
+      ``SpecAcceptanceDecay`` (short-window α below the ratio × ``sustained_best``, the best
+      sustained α over the lookback that :class:`~specwatch.alerts.pending.Detector` keeps),
+      ``SpecDecodeInactive``, ``SpecBudgetStarvation`` (``reason``: ``budget_cap``,
       ``drafts_per_step``, ``draft_truncation``), ``SpecAdmissionStall``;
     - pair (``observe.pair``): ``SpecFLyGainLost``;
     - from ``shadow`` when given: ``SpecQualityDrift`` with ``check="e_value"`` (the
       since-start paired e-value, per category with ``hypothesis="no_net_loss"`` and the
       overall margin e-process with ``hypothesis="margin"``, reaching ``1/shadow.alpha``) and
-      ``check="non_inferiority"`` (not shown after ``quality_min_pairs`` pairs);
+      ``SpecNonInferiorityNotShown`` (info: not shown after ``quality_min_pairs`` pairs, a
+      lack of evidence, never critical);
       ``SpecFlipRateAboveNoise``; ``SpecLosslessFlips`` (the since-start lossless e-value of
       the standard arm against the no-speculation baseline reaching ``1/shadow.alpha`` on at
       least ``lossless_min_pairs`` greedy pairs); ``SpecwatchShadowStalled``;
@@ -480,20 +647,23 @@ def candidates(
     out: list[Alert] = []
     for t in observe.targets.values():
         out += _target_down(t)
+        out += _budget_bound(t, settings)
         if not _usable(t):
             continue
         out += _acceptance(t, settings)
+        out += _decay(t, settings, sustained_best or {})
         out += _inactive(t, settings)
         out += _budget(t, settings)
         out += _stall(t, settings)
     out += _fly_gain(observe, settings)
+    shadow_found: list[Alert] = []
     if shadow is not None:
-        out += _quality(shadow, settings)
-        out += _flip(shadow, settings)
-        out += _lossless(shadow, settings)
-        out += _shadow_stalled(observe, shadow, settings)
+        shadow_found += _quality(shadow, settings)
+        shadow_found += _flip(shadow, settings)
+        shadow_found += _lossless(shadow, settings)
+        shadow_found += _shadow_stalled(observe, shadow, settings)
     if ledger_errors_increase is not None and ledger_errors_increase > 0:
-        out.append(
+        shadow_found.append(
             Alert(
                 "SpecwatchLedgerFailing",
                 Severity.WARNING,
@@ -501,6 +671,24 @@ def candidates(
                 f"{ledger_errors_increase:g} ledger writes failed in the last "
                 f"{settings.ledger_errors_window:g} s; paired statistics stop advancing.",
                 {},
+                value=ledger_errors_increase,
             )
         )
+    pair = _pair_labels(observe)
+    out += [replace(a, labels={**pair, **a.labels}) for a in shadow_found]
+    return out
+
+
+def _pair_labels(observe: ObserveView) -> dict[str, str]:
+    """Where a shadow alert comes from: the FLy target (``target``, ``role="fly"``, its first
+    model's ``model_name``) and the ``standard`` target it is compared with; empty without a
+    pair."""
+    pv = next(iter(observe.pair.values()), None)
+    if pv is None:
+        return {}
+    out = {"target": pv.fly, "role": "fly", "standard": pv.standard}
+    fly = observe.targets.get(pv.fly)
+    models = sorted({m for w in fly.windows.values() for m in w}) if fly is not None else []
+    if models:
+        out["model_name"] = models[0]
     return out

@@ -23,6 +23,12 @@ class DetectSettings(BaseModel):
     acceptance_drop_ratio: float = Field(default=0.8, gt=0, lt=1)
     acceptance_min_drafts_per_second: float = Field(default=0.2, ge=0)
     acceptance_drop_for: float = Field(default=600.0, ge=0)
+    # SpecAcceptanceDecay: short-window alpha below acceptance_drop_ratio x the best sustained
+    # alpha (the acceptance_sustained_window value, at its highest over the last
+    # acceptance_decay_lookback seconds); a baseline that does not decay with the signal, and
+    # that spans restarts, so a restarted engine that comes back lower fires too
+    acceptance_decay_lookback: float = Field(default=21600.0, gt=0)
+    acceptance_decay_for: float = Field(default=900.0, ge=0)
     # SpecFLyGainLost: alpha_fly - alpha_standard below this (15m window)
     fly_gain_min: float = 0.02
     fly_gain_min_drafts_per_second: float = Field(default=0.2, ge=0)
@@ -35,10 +41,14 @@ class DetectSettings(BaseModel):
     budget_drafts_per_step_ratio: float = Field(default=0.5, gt=0, le=1)
     budget_draft_length_ratio: float = Field(default=0.9, gt=0, le=1)
     budget_for: float = Field(default=900.0, ge=0)
-    # SpecAdmissionStall
-    stall_min_waiting: float = Field(default=5.0, ge=0)
-    stall_max_running: float = Field(default=2.0, ge=0)
-    stall_max_kv_cache_usage: float = Field(default=0.5, gt=0, le=1)
+    # SpecTokenBudgetBound (info): a configuration finding, reported once limits are known
+    budget_finding_for: float = Field(default=0.0, ge=0)
+    # SpecAdmissionStall: requests wait while running is far below the ceiling the limits allow
+    # (min of max_num_seqs and the token budget's R_max, most-loaded engine), the KV cache is not
+    # saturated, no request finished over rate_window and generation is near zero
+    stall_min_waiting: float = Field(default=1.0, ge=0)
+    stall_max_running_ratio: float = Field(default=0.1, gt=0, le=1)
+    stall_max_kv_cache_usage: float = Field(default=0.9, gt=0, le=1)
     stall_max_generation_tokens_per_second: float = Field(default=1.0, ge=0)
     stall_for: float = Field(default=300.0, ge=0)
     # SpecQualityDrift: the e-value bound is 1/paired.alpha (the summary's alarm), not a knob here
@@ -62,6 +72,7 @@ class DetectSettings(BaseModel):
     # ``since_start``). A baseline window that is not configured falls back to ``since_start``.
     acceptance_short_window: str = "5m"
     acceptance_baseline_window: str = "1h"
+    acceptance_sustained_window: str = "15m"
     rate_window: str = "5m"
     fly_gain_window: str = "15m"
     flip_window: str = "1h"
@@ -74,6 +85,12 @@ DEFAULT_RUNBOOK_BASE_URL = "https://github.com/specwatch/specwatch/blob/main/doc
 
 #: A valid Prometheus label name.
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def default_generator_url(host: str, port: int) -> str:
+    """The sidecar's snapshot, the ``generatorURL`` of its alerts when none is configured:
+    ``http://{host}:{port}/api/v1/snapshot``."""
+    return f"http://{host}:{port}/api/v1/snapshot"
 
 
 class TLSSettings(BaseModel):
@@ -98,6 +115,13 @@ class AlertingSettings(BaseModel):
 
     ``urls`` empty disables delivery (detectors and gauges still run). ``lease_factor`` times
     ``max(resend_interval, evaluation_interval)`` is the ``endsAt`` lease (Prometheus: 4).
+
+    Provenance of every pushed alert: ``namespace`` and ``pod`` become labels (set them from the
+    downward API: ``SPECWATCH_ALERTING__NAMESPACE`` from ``metadata.namespace`` and
+    ``SPECWATCH_ALERTING__POD`` from ``metadata.name``, as ``deploy/base/deployment.yaml`` does),
+    so two FLy pairs in one cluster never merge into one alert; ``generator_url`` is the
+    ``generatorURL`` (the sidecar's ``/api/v1/snapshot``; empty: built from ``pod`` or the host
+    name and the server port by the caller); ``runbook_base_url`` the runbook link base.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -118,6 +142,8 @@ class AlertingSettings(BaseModel):
     external_labels: dict[str, str] = Field(default_factory=dict)
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     generator_url: str = ""
+    namespace: str = ""
+    pod: str = ""
 
     @field_validator("urls")
     @classmethod
@@ -126,6 +152,15 @@ class AlertingSettings(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"alertmanager url must be http(s): {redact_url(url)!r}")
         return [u.rstrip("/") for u in urls]
+
+    def provenance_labels(self) -> dict[str, str]:
+        """``external_labels`` plus ``namespace`` and ``pod`` when set."""
+        out = dict(self.external_labels)
+        if self.namespace:
+            out["namespace"] = self.namespace
+        if self.pod:
+            out["pod"] = self.pod
+        return out
 
     @field_validator("external_labels")
     @classmethod

@@ -84,6 +84,27 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
     "preemptions_per_second": _g(
         "specwatch_preemptions_per_second", "Preemptions per second over the window.", WINDOWED
     ),
+    "requests_finished_per_second": _g(
+        "specwatch_requests_finished_per_second",
+        "Finished requests per second over the window (vllm:request_success_total, every "
+        "finished_reason).",
+        WINDOWED,
+    ),
+    "inter_token_latency_mean_seconds": _g(
+        "specwatch_inter_token_latency_mean_seconds",
+        "Mean inter-token latency over the window = increase(_sum)/increase(_count).",
+        WINDOWED,
+    ),
+    "time_to_first_token_mean_seconds": _g(
+        "specwatch_time_to_first_token_mean_seconds",
+        "Mean time to first token over the window = increase(_sum)/increase(_count).",
+        WINDOWED,
+    ),
+    "prompt_tokens_per_second": _g(
+        "specwatch_prompt_tokens_per_second",
+        "Prompt (prefill) tokens per second over the window (vllm:prompt_tokens_total).",
+        WINDOWED,
+    ),
 }
 
 PER_POSITION = _g(
@@ -155,11 +176,23 @@ TARGET_STALE = _g(
     "families missing).",
     ("target",),
 )
+INVALID_VALUES = _c(
+    "specwatch_invalid_values",
+    "Good pages on which a derived value was withheld because it cannot be right, by reason "
+    "(acceptance_above_one, tau_above_k_plus_one, draft_length_above_k, negative_rate).",
+    ("target", "reason"),
+)
 COUNTER_RESETS = _c(
     "specwatch_engine_resets", "Engine counter resets (restarts) detected.", ("target", "engine")
 )
 
 PAIR = ("window", "standard", "fly")
+THROUGHPUT_WITHHELD = _g(
+    "specwatch_fly_throughput_ratio_withheld",
+    "1 when the FLy / standard throughput ratio is withheld for this reason (request_rates_differ, "
+    "request_rates_unknown, no_requests), else 0: the arms do not serve the same traffic.",
+    (*PAIR, "reason"),
+)
 PAIR_GAUGES: dict[str, MetricSpec] = {
     "acceptance_gain_ratio": _g(
         "specwatch_fly_acceptance_gain_ratio", "FLy minus standard acceptance rate.", PAIR
@@ -169,7 +202,8 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
     ),
     "throughput_ratio": _g(
         "specwatch_fly_throughput_ratio",
-        "Generation tokens/s of FLy divided by standard.",
+        "Generation tokens/s of FLy divided by standard; only when both arms finish requests at "
+        "rates within 10% of each other (same traffic), else withheld.",
         PAIR,
     ),
 }
@@ -233,6 +267,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     LAST_SUCCESS,
     TARGET_STALE,
     COUNTER_RESETS,
+    INVALID_VALUES,
     *WINDOW_GAUGES.values(),
     PER_POSITION,
     PER_POSITION_CONDITIONAL,
@@ -244,6 +279,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     SPECULATION_LIMIT_RUNNING,
     SPECULATION_LIMIT_STATE,
     CONCURRENCY_SPEED_RATIO,
+    THROUGHPUT_WITHHELD,
     LIMITS_CONFIGURED,
     *CAPACITY_GAUGES.values(),
 )

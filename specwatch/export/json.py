@@ -57,6 +57,9 @@ def health_json(h: Health) -> dict[str, Any]:
             "drafts_per_step": h.drafts_per_step,
             "engine_steps_per_second": h.engine_steps_per_second,
             "preemptions_per_second": h.preemptions_per_second,
+            "requests_finished": h.requests_finished,
+            "requests_finished_per_second": h.requests_finished_per_second,
+            "prompt_tokens_per_second": h.prompt_tokens_per_second,
             "inter_token_latency_seconds": {
                 str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
             },
@@ -67,6 +70,10 @@ def health_json(h: Health) -> dict[str, Any]:
             "num_requests_waiting": h.num_requests_waiting,
             "num_requests_waiting_by_reason": dict(h.num_requests_waiting_by_reason),
             "kv_cache_usage": h.kv_cache_usage,
+            "inter_token_latency_mean_seconds": h.inter_token_latency_mean_seconds,
+            "time_to_first_token_mean_seconds": h.time_to_first_token_mean_seconds,
+            "spec_decode_schema": h.spec_decode_schema,
+            "withheld": list(h.withheld),
         }
     )
     return doc
@@ -136,6 +143,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "acceptance_gain_ratio": pv.acceptance_gain_ratio,
             "mean_acceptance_length_ratio": pv.mean_acceptance_length_ratio,
             "throughput_ratio": pv.throughput_ratio,
+            "throughput_ratio_withheld": pv.throughput_ratio_withheld,
         }
         for w, pv in snap.pair.items()
     }

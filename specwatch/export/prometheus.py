@@ -33,6 +33,7 @@ from specwatch.export.catalogue import (
     BUILD_INFO,
     CAPACITY_GAUGES,
     COUNTER_RESETS,
+    INVALID_VALUES,
     ITL,
     LAST_SUCCESS,
     LATEST_GAUGES,
@@ -46,6 +47,7 @@ from specwatch.export.catalogue import (
     TARGET,
     TARGET_STALE,
     TARGET_UP,
+    THROUGHPUT_WITHHELD,
     TTFT,
     WAITING_BY_REASON,
     WINDOW_GAUGES,
@@ -54,7 +56,14 @@ from specwatch.export.catalogue import (
 )
 from specwatch.export.snapshot import SnapshotGetter
 from specwatch.observe.concurrency import SpeculationLimit
-from specwatch.observe.values import QUANTILES, Health, PairView, TargetSnapshot
+from specwatch.observe.values import (
+    INVALID_REASONS,
+    QUANTILES,
+    THROUGHPUT_WITHHELD_REASONS,
+    Health,
+    PairView,
+    TargetSnapshot,
+)
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.decision import VERDICTS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
@@ -200,6 +209,8 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     fam.add(TARGET_STALE, (t.name,), t.stale)
     for engine, n in sorted(t.counter_resets.items()):
         fam.add(COUNTER_RESETS, (t.name, engine), n)
+    for reason in INVALID_REASONS:
+        fam.add(INVALID_VALUES, (t.name, reason), t.invalid_values.get(reason, 0))
     for window, models in t.windows.items():
         for model, mw in models.items():
             base = (t.name, role, model)
@@ -251,6 +262,9 @@ class SpecwatchCollector(Collector):
         for window, pv in pair.items():
             for attr, spec in PAIR_GAUGES.items():
                 fam.add(spec, (window, pv.standard, pv.fly), getattr(pv, attr))
+            for reason in THROUGHPUT_WITHHELD_REASONS:
+                labels = (window, pv.standard, pv.fly, reason)
+                fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
             fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
             for state in ("reached", "not_reached", "no_data"):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import accumulate
 
 from specwatch.observe.values import (
     COUNTER_KEYS,
     QUANTILES,
+    THROUGHPUT_RATE_TOLERANCE,
     Capacity,
     Delta,
     EngineKey,
@@ -103,6 +105,12 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
     steps = c.get("engine_steps")
     interval = delta.interval_seconds
     k = delta.num_speculative_tokens if delta.num_speculative_tokens is not None else configured_k
+    schema = _schema(c)
+    if schema == "v0":
+        if k is None:
+            k = _v0_k(c, delta.gauges.get("spec_decode_efficiency"))
+        # V0 has no drafts counter: every draft is K tokens, so drafts = draft tokens / K
+        drafts = None if k is None or draft_tokens is None else draft_tokens / k
     positions = max(delta.per_position) + 1 if delta.per_position else 0
     per_pos: list[float | None] = []
     cond: list[float | None] = []
@@ -112,12 +120,20 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         prev = drafts if i == 0 else delta.per_position.get(i - 1)
         cond.append(_div(value, prev))
     tau_num = _div(accepted, drafts)
+    if schema == "v0":
+        # V0: tau = emitted / drafts (emitted = accepted + one bonus token per draft that
+        # reached it); 1 + accepted / drafts would overcount
+        tau = _div(c.get("emitted_tokens"), drafts)
+        tau_num = None if tau is None else tau - 1.0
 
     def rate(name: str) -> float | None:
         return _div(c.get(name), interval)
 
+    def drafts_rate() -> float | None:
+        return _div(drafts, interval)
+
     g = delta.gauges
-    return Health(
+    h = Health(
         interval_seconds=interval,
         drafts=drafts,
         draft_tokens=draft_tokens,
@@ -125,6 +141,7 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         generation_tokens=c.get("generation_tokens"),
         engine_steps=steps,
         preemptions=c.get("preemptions"),
+        requests_finished=c.get("requests_finished"),
         acceptance_rate=_div(accepted, draft_tokens),
         mean_acceptance_length=None if tau_num is None else 1.0 + tau_num,
         mean_draft_length=_div(draft_tokens, drafts),
@@ -133,17 +150,110 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         num_speculative_tokens=k,
         generation_tokens_per_second=rate("generation_tokens"),
         accepted_tokens_per_second=rate("accepted_tokens"),
-        drafts_per_second=rate("drafts"),
+        drafts_per_second=drafts_rate(),
         drafts_per_step=_div(drafts, steps),
         engine_steps_per_second=rate("engine_steps"),
         preemptions_per_second=rate("preemptions"),
+        requests_finished_per_second=rate("requests_finished"),
+        prompt_tokens_per_second=rate("prompt_tokens"),
         inter_token_latency_seconds=_quantiles(delta.histograms.get("itl")),
         time_to_first_token_seconds=_quantiles(delta.histograms.get("ttft")),
         num_requests_running=g.get("running"),
         num_requests_waiting=g.get("waiting"),
         num_requests_waiting_by_reason=dict(delta.waiting_by_reason),
         kv_cache_usage=g.get("kv_cache_usage"),
+        inter_token_latency_mean_seconds=_div(c.get("itl_sum"), c.get("itl_count")),
+        time_to_first_token_mean_seconds=_div(c.get("ttft_sum"), c.get("ttft_count")),
+        spec_decode_schema=schema,
     )
+    return withhold_invalid(h)
+
+
+def _schema(c: Mapping[str, float | None]) -> str | None:
+    """``"v1"`` with a drafts counter, ``"v0"`` with V0's emitted-tokens counter and none,
+    ``None`` without spec-decode counters."""
+    if c.get("drafts") is not None:
+        return "v1"
+    if c.get("emitted_tokens") is not None:
+        return "v0"
+    return None
+
+
+def _v0_k(c: Mapping[str, float | None], efficiency: float | None) -> int | None:
+    """K of a V0 server from its ``vllm:spec_decode_efficiency`` gauge, when not configured.
+
+    V0: efficiency = emitted / (drafts (K + 1)) with drafts = draft tokens / K, so
+    K / (K + 1) = efficiency · draft tokens / emitted. The gauge is rounded (3 digits), so K is
+    accepted only within 0.1 of a whole number ≥ 1; otherwise ``None`` (τ unknown).
+    """
+    emitted, draft_tokens = c.get("emitted_tokens"), c.get("draft_tokens")
+    if efficiency is None or not emitted or not draft_tokens:
+        return None
+    x = efficiency * draft_tokens / emitted
+    if not 0 < x < 1:
+        return None
+    k = x / (1 - x)
+    whole = round(k)
+    return whole if whole >= 1 and abs(k - whole) <= 0.1 else None
+
+
+_COUNT_FIELDS = (
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "generation_tokens",
+    "engine_steps",
+    "preemptions",
+    "requests_finished",
+)
+_RATE_FIELDS = (
+    "generation_tokens_per_second",
+    "accepted_tokens_per_second",
+    "drafts_per_second",
+    "drafts_per_step",
+    "engine_steps_per_second",
+    "preemptions_per_second",
+    "requests_finished_per_second",
+    "prompt_tokens_per_second",
+)
+
+
+def withhold_invalid(h: Health) -> Health:
+    """``h`` with every value that cannot be right set to ``None`` and its reason recorded in
+    ``withheld``: α > 1 (``acceptance_above_one``; per-position rates above 1 too), τ > K + 1
+    (``tau_above_k_plus_one``), ℓ > K (``draft_length_above_k``), a negative count or rate
+    (``negative_rate``). K unknown: τ and ℓ are not judged. Returns ``h`` itself when valid."""
+    changes: dict[str, object] = {}
+    reasons: set[str] = set()
+    eps = 1e-9
+    if h.acceptance_rate is not None and h.acceptance_rate > 1 + eps:
+        changes["acceptance_rate"] = None
+        reasons.add("acceptance_above_one")
+    if any(v is not None and v > 1 + eps for v in h.per_position_acceptance_rate):
+        changes["per_position_acceptance_rate"] = tuple(
+            None if v is not None and v > 1 + eps else v for v in h.per_position_acceptance_rate
+        )
+        reasons.add("acceptance_above_one")
+    k = h.num_speculative_tokens
+    tau = h.mean_acceptance_length
+    if k is not None and tau is not None and tau > k + 1 + eps:
+        changes["mean_acceptance_length"] = None
+        reasons.add("tau_above_k_plus_one")
+    ell = h.mean_draft_length
+    if k is not None and ell is not None and ell > k + eps:
+        changes["mean_draft_length"] = None
+        reasons.add("draft_length_above_k")
+    for name in (*_COUNT_FIELDS, *_RATE_FIELDS):
+        v = getattr(h, name)
+        if v is not None and v < 0:
+            changes[name] = None
+            reasons.add("negative_rate")
+    if tau is not None and tau < 1:
+        changes["mean_acceptance_length"] = None
+        reasons.add("negative_rate")
+    if not reasons:
+        return h
+    return replace(h, withheld=tuple(sorted(reasons)), **changes)  # type: ignore[arg-type]
 
 
 def _sum_opt(values: Iterable[float | None]) -> float | None:
@@ -222,16 +332,42 @@ def model_windows(
 def pair_view(
     standard_name: str, standard: Health | None, fly_name: str, fly: Health | None
 ) -> PairView:
-    """FLy minus standard α, τ_fly / τ_std, generation-throughput ratio (``None``: undefined)."""
+    """FLy minus standard α, τ_fly / τ_std and the generation-throughput ratio (``None``:
+    undefined). The throughput ratio compares like with like only: it is given when both arms
+    finished requests at rates within :data:`THROUGHPUT_RATE_TOLERANCE` of each other (the same
+    traffic; prompt tokens per second when neither finished a request), else withheld with the
+    reason in ``throughput_ratio_withheld``."""
     gain = None
     tau_ratio = None
     tput = None
+    withheld = None
     if standard is not None and fly is not None:
         if standard.acceptance_rate is not None and fly.acceptance_rate is not None:
             gain = fly.acceptance_rate - standard.acceptance_rate
         tau_ratio = _div(fly.mean_acceptance_length, standard.mean_acceptance_length)
-        tput = _div(fly.generation_tokens_per_second, standard.generation_tokens_per_second)
-    return PairView(standard_name, fly_name, gain, tau_ratio, tput)
+        withheld = _traffic_differs(standard, fly)
+        if withheld is None:
+            tput = _div(fly.generation_tokens_per_second, standard.generation_tokens_per_second)
+    return PairView(standard_name, fly_name, gain, tau_ratio, tput, withheld)
+
+
+def _traffic_differs(standard: Health, fly: Health) -> str | None:
+    """``None`` when both arms serve the same traffic: finished requests per second within
+    :data:`THROUGHPUT_RATE_TOLERANCE` of each other (when neither finished any request in the
+    window, prompt tokens per second instead); else the reason the ratio is withheld."""
+    pairs = (
+        (standard.requests_finished_per_second, fly.requests_finished_per_second),
+        (standard.prompt_tokens_per_second, fly.prompt_tokens_per_second),
+    )
+    for a, b in pairs:
+        if a is None or b is None:
+            return "request_rates_unknown"
+        if a <= 0 and b <= 0:
+            continue  # nothing finished on either arm: judge by admitted prompt tokens
+        if abs(a - b) > THROUGHPUT_RATE_TOLERANCE * max(a, b):
+            return "request_rates_differ"
+        return None
+    return "no_requests"
 
 
 def capacity(

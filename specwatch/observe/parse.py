@@ -87,18 +87,12 @@ _SAMPLES: dict[str, tuple[Family, str]] = {
 }
 
 #: Samples not needed in the plain text format (validated by the full page only in OpenMetrics,
-#: whose parser needs whole histograms): engine steps need only ``_count``; quantiles need only
-#: ``_bucket`` (the ``+Inf`` bucket is the count).
+#: whose parser needs whole histograms): engine steps need only ``_count``. ITL and TTFT keep
+#: ``_bucket`` (quantiles) and ``_sum`` / ``_count`` (means).
 _TEXT_SKIP: frozenset[str] = frozenset(
     {
         "vllm:iteration_tokens_total_bucket",
         "vllm:iteration_tokens_total_sum",
-        *(
-            f"{f.name}_{suffix}"
-            for f in FAMILIES
-            if f.key in ("itl", "itl_old", "ttft")
-            for suffix in ("count", "sum")
-        ),
     }
 )
 
@@ -221,6 +215,11 @@ class _Acc:
         old_itl = hists.pop("itl_old", None)
         if "itl" not in hists and old_itl is not None:
             hists["itl"] = old_itl
+        # _sum and _count as counters, so windows give means (reset-safe like every counter)
+        for name, src in (("itl", "itl" if "itl" in self.hcount else "itl_old"), ("ttft", "ttft")):
+            if src in self.hsum and src in self.hcount:
+                counters[f"{name}_sum"] = self.hsum[src]
+                counters[f"{name}_count"] = self.hcount[src]
         return EngineReading(
             counters=counters,
             per_position=dict(sorted(self.per_position.items())),

@@ -8,17 +8,19 @@ stay and are marked stale. Families seen before and missing now also mark the ta
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from specwatch.core.logs import redact_url
+from specwatch.core.logs import log_event, redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.concurrency import add_point, speculation_limit
 from specwatch.observe.health import capacity, model_windows, pair_view
 from specwatch.observe.values import (
     Capacity,
     EngineKey,
+    ModelWindow,
     ObserveView,
     PageReading,
     PairView,
@@ -28,6 +30,8 @@ from specwatch.observe.window import RollingWindows
 
 if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
     from specwatch.observe.settings import TargetSettings
+
+logger = logging.getLogger("specwatch.scrape")
 
 
 class TargetTracker:
@@ -56,6 +60,8 @@ class TargetTracker:
         self._seen_families: set[str] = set()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
+        self._invalid: dict[str, int] = {}
+        self._last_withheld: frozenset[str] = frozenset()
         self._snap = TargetSnapshot(
             name=target.name,
             role=target.effective_role,
@@ -159,6 +165,7 @@ class TargetTracker:
             name: model_windows(self._windows.deltas(name), configured_k=k_cfg)
             for name in self._windows.window_names
         }
+        self._count_withheld(t, windows)
         running = [
             eng.gauges["running"] for eng in page.engines.values() if "running" in eng.gauges
         ]
@@ -188,11 +195,38 @@ class TargetTracker:
             scrapes_total=self._snap.scrapes_total + 1,
             scrape_errors=dict(self._errors),
             counter_resets=dict(self._resets),
+            invalid_values=dict(self._invalid),
             missing_families=missing,
             capacity=cap,
             windows=windows,
         )
         return [engine for _model, engine in resets]
+
+    def _count_withheld(self, t: float, windows: Mapping[str, Mapping[str, ModelWindow]]) -> None:
+        """Count, per reason, this page if any window's value was withheld; one log line when
+        the set of reasons changes (not on every scrape)."""
+        where: dict[str, list[str]] = {}
+        for wname, models in windows.items():
+            for model, mw in models.items():
+                for engine, h in [("", mw.server), *mw.engines.items()]:
+                    for reason in h.withheld:
+                        where.setdefault(reason, []).append(
+                            f"{wname}/{model}" + (f"/engine {engine}" if engine else "")
+                        )
+        for reason in where:
+            self._invalid[reason] = self._invalid.get(reason, 0) + 1
+        now = frozenset(where)
+        if now and now != self._last_withheld:
+            log_event(
+                logger,
+                logging.WARNING,
+                "derived values withheld: they cannot be right",
+                target=self.target.name,
+                reasons=sorted(now),
+                where={r: sorted(w)[:5] for r, w in sorted(where.items())},
+                t=t,
+            )
+        self._last_withheld = now
 
     def snapshot(self) -> TargetSnapshot:
         """The current immutable view."""

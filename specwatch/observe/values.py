@@ -57,6 +57,8 @@ class EngineReading:
 
 #: Counter keys in :attr:`EngineReading.counters` and :class:`Delta`.
 #: ``engine_steps`` is ``vllm:iteration_tokens_total_count`` (one observation per engine step).
+#: ``emitted_tokens`` is V0's ``vllm:spec_decode_num_emitted_tokens_total``; ``itl_sum`` /
+#: ``itl_count`` / ``ttft_sum`` / ``ttft_count`` are the latency histograms' ``_sum`` / ``_count``.
 COUNTER_KEYS: tuple[str, ...] = (
     "drafts",
     "draft_tokens",
@@ -66,6 +68,11 @@ COUNTER_KEYS: tuple[str, ...] = (
     "preemptions",
     "engine_steps",
     "requests_finished",
+    "emitted_tokens",
+    "itl_sum",
+    "itl_count",
+    "ttft_sum",
+    "ttft_count",
 )
 
 #: Counters whose fall marks a reset of the engine (vLLM spec-decode counters).
@@ -115,7 +122,8 @@ class Health:
     """Derived spec-decode and serving health over one window (vLLM's own definitions).
 
     Counts (increases over the window): ``drafts``, ``draft_tokens``, ``accepted_tokens``,
-    ``generation_tokens``, ``engine_steps``, ``preemptions``.
+    ``generation_tokens``, ``engine_steps``, ``preemptions``, ``requests_finished`` (every
+    ``finished_reason`` of ``vllm:request_success_total``).
     Ratios (``None`` when the denominator is 0 or unknown; source ``SpecDecodingLogging`` /
     ``SpecDecodingProm`` in ``vllm/v1/spec_decode/metrics.py``):
 
@@ -126,7 +134,9 @@ class Health:
     - ``per_position_conditional_acceptance_rate[i]`` = Δper_pos[i] / Δper_pos[i-1]
       (position 0: Δper_pos[0] / Δdrafts)
     - ``drafts_per_step`` = Δdrafts / Δengine_steps
-    - rates ``*_per_second`` = Δcount / ``interval_seconds``
+    - rates ``*_per_second`` = Δcount / ``interval_seconds`` (``requests_finished_per_second``
+      from ``vllm:request_success_total``, ``prompt_tokens_per_second`` from
+      ``vllm:prompt_tokens_total``)
     - ``inter_token_latency_seconds`` / ``time_to_first_token_seconds``: quantile → seconds, from
       bucket increases with PromQL ``histogram_quantile`` interpolation.
 
@@ -134,6 +144,14 @@ class Health:
     ``num_requests_waiting_by_reason`` (a breakdown of waiting, not added to it),
     ``kv_cache_usage`` (fraction 0..1; mean over engines in a server view).
     ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
+    ``inter_token_latency_mean_seconds`` / ``time_to_first_token_mean_seconds``: Δ``_sum`` /
+    Δ``_count`` of the histograms (seconds; beside the quantiles).
+    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"v0"`` (vLLM V0:
+    ``..._num_emitted_tokens_total`` and no drafts counter; drafts = draft tokens / K and
+    τ = emitted / drafts, vLLM V0's ``SpecDecodeWorkerMetrics``), ``None`` without spec-decode
+    counters. The two are never mixed in one window (:mod:`specwatch.observe.window`).
+    ``withheld``: reasons (:data:`INVALID_REASONS`, sorted) for values set to ``None`` because
+    they cannot be right (α > 1, τ > K + 1, ℓ > K, a negative count or rate); empty normally.
     """
 
     interval_seconds: float | None = None
@@ -143,6 +161,7 @@ class Health:
     generation_tokens: float | None = None
     engine_steps: float | None = None
     preemptions: float | None = None
+    requests_finished: float | None = None
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     mean_draft_length: float | None = None
@@ -155,12 +174,29 @@ class Health:
     drafts_per_step: float | None = None
     engine_steps_per_second: float | None = None
     preemptions_per_second: float | None = None
+    requests_finished_per_second: float | None = None
+    prompt_tokens_per_second: float | None = None
     inter_token_latency_seconds: Mapping[float, float | None] = field(default_factory=dict)
     time_to_first_token_seconds: Mapping[float, float | None] = field(default_factory=dict)
     num_requests_running: float | None = None
     num_requests_waiting: float | None = None
     num_requests_waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
     kv_cache_usage: float | None = None
+    inter_token_latency_mean_seconds: float | None = None
+    time_to_first_token_mean_seconds: float | None = None
+    spec_decode_schema: str | None = None
+    withheld: tuple[str, ...] = ()
+
+
+#: Why a derived value was withheld (``None``) instead of published: numbers that cannot be
+#: right. ``acceptance_above_one``: α > 1; ``tau_above_k_plus_one``: τ > K + 1;
+#: ``negative_rate``: a negative count or rate; ``draft_length_above_k``: ℓ > K.
+INVALID_REASONS: tuple[str, ...] = (
+    "acceptance_above_one",
+    "draft_length_above_k",
+    "negative_rate",
+    "tau_above_k_plus_one",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +248,9 @@ class TargetSnapshot:
     ``up``: last scrape succeeded. ``stale``: the values shown are the last good ones (last scrape
     failed, or families seen before are missing now). ``ready``: at least one good scrape.
     ``windows[window][model_name]`` → :class:`ModelWindow`. ``scrape_errors`` maps reason → count;
-    ``counter_resets`` maps engine → count. ``missing_families``: allow-listed families seen on an
+    ``counter_resets`` maps engine → count. ``invalid_values`` maps a reason of
+    :data:`INVALID_REASONS` → good pages on which some derived value was withheld for it.
+    ``missing_families``: allow-listed families seen on an
     earlier page but absent from the latest good one. ``concurrency``: decode speed per
     running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
     """
@@ -228,6 +266,7 @@ class TargetSnapshot:
     scrapes_total: int = 0
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     counter_resets: Mapping[str, int] = field(default_factory=dict)
+    invalid_values: Mapping[str, int] = field(default_factory=dict)
     missing_families: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
@@ -240,7 +279,11 @@ class PairView:
     """FLy vs standard in one window (server views of each target's first model).
 
     ``acceptance_gain_ratio`` = α_fly − α_std; ``mean_acceptance_length_ratio`` = τ_fly / τ_std;
-    ``throughput_ratio`` = generation tokens/s fly / standard. ``None`` when undefined.
+    ``throughput_ratio`` = generation tokens/s fly / standard, only when both arms serve the
+    same traffic (finished requests per second within :data:`THROUGHPUT_RATE_TOLERANCE` of
+    each other); otherwise ``None`` with ``throughput_ratio_withheld`` saying why
+    (``request_rates_unknown``, ``no_requests``, ``request_rates_differ``). ``None`` when
+    undefined.
     """
 
     standard: str
@@ -248,6 +291,19 @@ class PairView:
     acceptance_gain_ratio: float | None = None
     mean_acceptance_length_ratio: float | None = None
     throughput_ratio: float | None = None
+    throughput_ratio_withheld: str | None = None
+
+
+#: Largest relative difference of the two arms' finished requests per second for which the
+#: throughput ratio compares like with like (10 %).
+THROUGHPUT_RATE_TOLERANCE = 0.1
+
+#: Why the throughput ratio is withheld (:attr:`PairView.throughput_ratio_withheld`).
+THROUGHPUT_WITHHELD_REASONS: tuple[str, ...] = (
+    "no_requests",
+    "request_rates_differ",
+    "request_rates_unknown",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,14 @@ Every good page is folded into *accumulated* counters per (model_name, engine): 
 between two pages is ``current − previous``, except after a reset of the engine, where it is the
 post-reset value (never negative). An engine is reset when any of its counters (spec-decode
 counters, per-position counters, token/step counters, histogram buckets) falls, or when the page's
-``process_start_time_seconds`` changed. A window's :class:`~specwatch.observe.values.Delta` is
-the difference of accumulated values between the latest page and the newest page at or
-before ``latest − window`` (the oldest kept page while history is shorter than the window;
-pages older than twice the window are never used). ``since_start`` uses the first good page.
-A counter absent from either end gives ``None`` (no value), never 0.
+``process_start_time_seconds`` changed, or its spec-decode schema switched between vLLM V0
+(emitted tokens, no drafts counter) and V1 (drafts counter); a switch also starts the engine's
+history again, so no window or baseline mixes the two schemas. A window's
+:class:`~specwatch.observe.values.Delta` is the difference of accumulated values between the
+latest page and the newest page at or before ``latest − window`` (the oldest kept page while
+history is shorter than the window; pages older than twice the window are never used).
+``since_start`` uses the first good page. A counter absent from either end gives ``None`` (no
+value), never 0.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ class _Point:
     t: float
     acc: Mapping[EngineKey, _Acc]
     raw: Mapping[EngineKey, EngineReading]
+
+
+def _schema(r: EngineReading) -> str | None:
+    """vLLM's spec-decode schema of one engine's page: ``"v1"`` (drafts counter), ``"v0"``
+    (emitted-tokens counter, no drafts counter) or ``None`` (no spec-decode counters)."""
+    if "drafts" in r.counters:
+        return "v1"
+    if "emitted_tokens" in r.counters:
+        return "v0"
+    return None
 
 
 def _fell(prev: EngineReading, cur: EngineReading) -> bool:
@@ -107,6 +120,8 @@ class RollingWindows:
         self._acc: dict[EngineKey, _Acc] = {}
         self._last_seen: dict[EngineKey, float] = {}
         self._process_start: float | None = None
+        self._schema: dict[EngineKey, str] = {}
+        self._schema_since: dict[EngineKey, float] = {}
         self._history: dict[EngineKey, deque[EngineReading]] = {}
         self._starts: deque[float] = deque(maxlen=ALTERNATION_HISTORY)
 
@@ -124,6 +139,8 @@ class RollingWindows:
             for table in (self._last_seen, self._acc, self._last_raw, self._first_seen):
                 table.pop(key, None)
             self._history.pop(key, None)
+            self._schema.pop(key, None)
+            self._schema_since.pop(key, None)
         return gone
 
     def alternating(self, page: PageReading) -> bool:
@@ -171,7 +188,11 @@ class RollingWindows:
         acc_now: dict[EngineKey, _Acc] = {}
         for key, cur in page.engines.items():
             prev = self._last_raw.get(key)
-            reset = prev is not None and (restarted or _fell(prev, cur))
+            schema = _schema(cur)
+            switched = schema is not None and self._schema.get(key, schema) != schema
+            if schema is not None:
+                self._schema[key] = schema
+            reset = prev is not None and (restarted or switched or _fell(prev, cur))
             if reset:
                 resets.append(key)
             acc = self._acc.setdefault(key, _Acc())
@@ -209,8 +230,12 @@ class RollingWindows:
             self._last_raw[key] = merged_raw
             acc_now[key] = new
             self._last_seen[key] = t
-            if key not in self._first_seen:
+            if key not in self._first_seen or switched:
+                # a V0 <-> V1 schema switch starts the engine's history again: no window or
+                # baseline mixes the two schemas
                 self._first_seen[key] = (t, new)
+            if switched:
+                self._schema_since[key] = t
         point = _Point(t, acc_now, dict(page.engines))
         if self._first is None:
             self._first = point
@@ -246,6 +271,11 @@ class RollingWindows:
                     base_t, old = seen
             elif base is not None:
                 old, base_t = base.acc.get(key), base.t
+                since = self._schema_since.get(key)
+                if since is not None and base_t < since:
+                    # the window starts before a schema switch: shorten it to the switch
+                    seen = self._first_seen.get(key)
+                    old, base_t = (seen[1], seen[0]) if seen and seen[0] < latest.t else (None, 0)
             k = max(raw.per_position) + 1 if raw.per_position else None
             if old is None:
                 out[key] = Delta(

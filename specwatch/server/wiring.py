@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from specwatch.alerts.alertmanager import AlertingState
 from specwatch.alerts.component import AlertingComponent
+from specwatch.alerts.settings import default_generator_url
 from specwatch.core.clock import Clock
 from specwatch.core.store import Store
 from specwatch.core.wire import server_base
@@ -190,9 +192,14 @@ class AlertingPlug:
 
     def __init__(self, settings: Settings, *, clock: Clock = time.time) -> None:
         self._store: Store[Snapshot] | None = None
+        alerting = settings.alerting
+        if not alerting.generator_url:
+            host = alerting.pod or socket.gethostname()
+            url = default_generator_url(host, settings.server.port)
+            alerting = alerting.model_copy(update={"generator_url": url})
         self.component = AlertingComponent(
             settings.detect,
-            settings.alerting,
+            alerting,
             settings.windows,
             inputs=self._inputs,
             on_state=self._publish,

@@ -32,6 +32,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:spec_decode_num_draft_tokens_total", "counter", "draft_tokens"),
     Family("vllm:spec_decode_num_accepted_tokens_total", "counter", "accepted_tokens"),
     Family("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "per_position"),
+    # vLLM V0's spec-decode schema: emitted tokens (accepted + bonus) and efficiency; no drafts
+    Family("vllm:spec_decode_num_emitted_tokens_total", "counter", "emitted_tokens"),
+    Family("vllm:spec_decode_efficiency", "gauge", "spec_decode_efficiency"),
     Family("vllm:generation_tokens_total", "counter", "generation_tokens"),
     Family("vllm:prompt_tokens_total", "counter", "prompt_tokens"),
     Family("vllm:num_preemptions_total", "counter", "preemptions"),

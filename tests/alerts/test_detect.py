@@ -22,6 +22,7 @@ from specwatch.alerts.conditions import (
     fly_gain_lost,
     mcnemar_z,
     quality_drift,
+    token_budget_bound,
     two_proportion_z,
 )
 from specwatch.alerts.pending import ForTracker
@@ -78,7 +79,7 @@ class TestRulesAgree:
                 "SpecAdmissionStall",
                 [
                     f">= {S.stall_min_waiting:g}",
-                    f"<= {S.stall_max_running:g}",
+                    f"<= {S.stall_max_running_ratio:g}",
                     f"< {S.stall_max_kv_cache_usage:g}",
                     f"< {S.stall_max_generation_tokens_per_second:g}",
                 ],
@@ -96,6 +97,21 @@ class TestRulesAgree:
                 "shadow_stalled_for",
             ),
             ("SpecwatchLedgerFailing", ["> 0"], "ledger_failing_for"),
+            ("SpecTokenBudgetBound", ["<"], "budget_finding_for"),
+            (
+                "SpecAcceptanceDecay",
+                [
+                    f"< {S.acceptance_drop_ratio:g}",
+                    f">= {S.acceptance_min_drafts_per_second:g}",
+                    f"[{S.acceptance_decay_lookback:g}s]",
+                ],
+                "acceptance_decay_for",
+            ),
+            (
+                "SpecNonInferiorityNotShown",
+                [f">= {S.quality_min_pairs}", "== 0"],
+                "quality_non_inferiority_for",
+            ),
         ],
     )
     def test_single_rule_alerts(
@@ -107,9 +123,17 @@ class TestRulesAgree:
     ) -> None:
         """Each single-rule alert's expression holds its thresholds and its `for` equals the
         setting."""
+        records = {
+            r["record"]: r["expr"]
+            for g in load_rules()["groups"]
+            for r in g["rules"]
+            if "record" in r
+        }
         for rule in rules[alert]:
+            # an alert reading a recording rule of its own condition is checked through it
+            expr = rule["expr"] + "".join(e for n, e in records.items() if n in rule["expr"])
             for fragment in fragments:
-                assert _has(rule["expr"], fragment), (alert, fragment)
+                assert _has(expr, fragment), (alert, fragment)
             assert _seconds(rule["for"]) == getattr(S, for_field), alert
 
     def test_budget_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
@@ -125,14 +149,16 @@ class TestRulesAgree:
             assert _seconds(rule["for"]) == S.budget_for
 
     def test_quality_rules(self, rules: dict[str, list[dict[str, Any]]]) -> None:
-        """SpecQualityDrift fires at e >= 1/alpha and on non-inferiority after the minimum pairs,
-        each with its own `for`."""
+        """The critical quality alert reads only the e-value (evidence); the non-inferiority
+        state is a separate info alert."""
         by_check = {r["labels"]["check"]: r for r in rules["SpecQualityDrift"]}
+        assert set(by_check) == {"e_value"}
         assert ALPHA == 0.05
         assert _has(by_check["e_value"]["expr"], f">= {1 / ALPHA:g}")
         assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for
-        assert _has(by_check["non_inferiority"]["expr"], f">= {S.quality_min_pairs}")
-        assert _seconds(by_check["non_inferiority"]["for"]) == S.quality_non_inferiority_for
+        assert by_check["e_value"]["labels"]["severity"] == "critical"
+        (ni,) = rules["SpecNonInferiorityNotShown"]
+        assert ni["labels"]["severity"] == "info"
 
     def test_no_stray_thresholds(self, rules: dict[str, list[dict[str, Any]]]) -> None:
         """Every comparison constant in the alert expressions is one the tests above know."""
@@ -179,11 +205,13 @@ class TestOtherConditions:
         assert fly_gain_lost(None, 1.0, 1.0, S) is None
 
     def test_decode_inactive(self) -> None:
-        """decode_inactive fires only with traffic, spec decode configured and no drafts."""
-        assert decode_inactive(10.0, 0.0, S) == 10.0
-        assert decode_inactive(10.0, None, S) is None  # no speculative decoding configured
-        assert decode_inactive(10.0, 1.0, S) is None
-        assert decode_inactive(0.5, 0.0, S) is None
+        """Fires only with K > 0 (speculation configured), tokens flowing and zero drafts."""
+        assert decode_inactive(10.0, 0.0, 3, S) == 10.0
+        assert decode_inactive(10.0, None, 3, S) is None  # no drafts counter
+        assert decode_inactive(10.0, 0.0, None, S) is None  # K unknown: does not speculate
+        assert decode_inactive(10.0, 0.0, 0, S) is None  # K = 0: does not speculate
+        assert decode_inactive(10.0, 1.0, 3, S) is None
+        assert decode_inactive(0.5, 0.0, 3, S) is None
 
     def test_zero_drafts_fires_only_inactive(self) -> None:
         """The promtool zero-drafts case: 16 running over D_full 8 would look budget-bound,
@@ -202,8 +230,8 @@ class TestOtherConditions:
         assert budget_starvation(budget, S) == {}
         assert acceptance_drop(None, None, None, None, 0.0, S) is None
         assert fly_gain_lost(None, 1.0, 0.0, S) is None
-        assert admission_stall(0, 16, 0.3, 10.0, S) is None
-        assert decode_inactive(10.0, 0.0, S) == 10.0
+        assert admission_stall(0, 16, 256, 0.3, 5, 10.0, S) is None
+        assert decode_inactive(10.0, 0.0, 3, S) == 10.0
 
     def test_mtp_budget_case_is_budget_bound_not_stall(self) -> None:
         """mtp, K=7, B=4096, N=1024: 8 slots a request, D_full 512 (vllm.budget); running 512
@@ -225,7 +253,7 @@ class TestOtherConditions:
             engines=(("0", 512.0, 512.0),),
         )
         assert budget_starvation(budget, S) == {"budget_cap": 512}
-        assert admission_stall(4, 512, 0.6, 10000.0, S) is None
+        assert admission_stall(4, 512, 1024, 0.6, 100, 10000.0, S) is None
         idle_queue = BudgetInputs(**{**_fields(budget), "waiting": 0})
         assert budget_starvation(idle_queue, S) == {}
 
@@ -247,11 +275,22 @@ class TestOtherConditions:
         assert budget_starvation(ngram, S) == {"drafts_per_step:0": 3.0}
 
     def test_admission_stall(self) -> None:
-        """admission_stall fires on waiting requests with none running, unless the KV cache is
-        full."""
-        assert admission_stall(20, 0, 0.05, 0.0, S) == 20
-        assert admission_stall(20, 1, 0.95, 0.0, S) is None  # KV full: memory, not a stall
-        assert admission_stall(20, 0, None, 0.0, S) is None
+        """Relative to capacity: the public report's 4 of 256 running (0.015625 <= 0.1) with
+        492 waiting, KV 0.2, no request finished and 0.483 tokens/s is a stall; an absolute
+        "running <= 2" would have missed it."""
+        assert admission_stall(492, 4, 256, 0.2, 0, 0.483333, S) == 4 / 256
+        assert admission_stall(492, 4, 256, 0.95, 0, 0.0, S) is None  # KV saturated: memory
+        assert admission_stall(492, 4, 256, 0.2, 3, 0.0, S) is None  # requests finish
+        assert admission_stall(492, 30, 256, 0.2, 0, 0.0, S) is None  # 30/256 = 0.117 > 0.1
+        assert admission_stall(0, 4, 256, 0.2, 0, 0.0, S) is None  # nothing waits
+        assert admission_stall(492, 4, None, 0.2, 0, 0.0, S) is None  # ceiling unknown
+        assert admission_stall(492, 4, 256, None, 0, 0.0, S) is None
+
+    def test_token_budget_bound(self) -> None:
+        """D_full below max_num_seqs is the finding (value D_full); equal or unknown is not."""
+        assert token_budget_bound(256, 64) == 64
+        assert token_budget_bound(256, 256) is None
+        assert token_budget_bound(None, 64) is None
 
     def test_quality_drift(self) -> None:
         """At alpha 0.05 the e-value bound is 1/0.05 = 20; non-inferiority needs 200 pairs."""

@@ -17,6 +17,8 @@ import pytest
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
 from specwatch.alerts.settings import DetectSettings
+from specwatch.core.config import SINCE_START
+from specwatch.core.roles import Role
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
@@ -39,6 +41,8 @@ class Engine:
     running: float = 4.0
     waiting: float = 0.0
     kv: float = 0.2
+    finished_per_s: float = 2.0
+    finished: float = 0.0
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
@@ -52,6 +56,7 @@ class Engine:
         self.accepted += self.accepted_per_s * dt
         self.generation += self.generation_per_s * dt
         self.steps += self.steps_per_s * dt
+        self.finished += self.finished_per_s * dt
         if not self.per_pos:
             self.per_pos = [0.0] * self.k
         # spread accepted tokens over positions, earlier positions first (sums to accepted)
@@ -125,6 +130,11 @@ def page(engines: Mapping[str, Engine], start_time: float = 1.7e9) -> str:
             f"vllm:num_requests_waiting{{{lab}}} {eng.waiting}",
         )
         add("vllm:kv_cache_usage_perc", "gauge", f"vllm:kv_cache_usage_perc{{{lab}}} {eng.kv}")
+        add(
+            "vllm:request_success",
+            "counter",
+            f'vllm:request_success_total{{{lab},finished_reason="stop"}} {eng.finished}',
+        )
     lines = [
         "# TYPE process_start_time_seconds gauge",
         f"process_start_time_seconds {start_time}",
@@ -312,7 +322,8 @@ def test_no_drafts_counter_at_all_fires_nothing() -> None:
 def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     """mtp, K = 7, B = 4096, N = 1024: D_full = 4096 // (1 + 7) = 512 < 1024. Running steady at
     512 with 300 waiting, full drafts (ℓ = 7), KV 35%: SpecBudgetStarvation{reason=budget_cap}
-    with the configuration finding (B ≥ 1024 · 8 = 8192); no SpecAdmissionStall, nothing else."""
+    with the configuration finding (B ≥ 1024 · 8 = 8192), and the info-level
+    SpecTokenBudgetBound from configuration; no SpecAdmissionStall, nothing else."""
     s = no_for(acceptance_short_window="1m", rate_window="1m")
     target = TargetSettings(
         name="standard",
@@ -343,8 +354,13 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     assert h.drafts_per_step == pytest.approx(512.0)
     assert h.mean_draft_length == pytest.approx(7.0)
     fired = evaluate(snap, None, s, sim.t)
-    assert _names(fired) == ["SpecBudgetStarvation"]
-    (alert,) = fired
+    assert _names(fired) == ["SpecTokenBudgetBound", "SpecBudgetStarvation"]
+    finding, alert = fired
+    assert finding.severity is Severity.INFO
+    assert finding.summary == (
+        "max_num_batched_tokens 4096 is below N 1024 x (1 + K 7 + S 0) = 8192, so at most 512 "
+        "requests can decode per step on standard."
+    )
     assert dict(alert.labels) == {
         "target": "standard",
         "role": "standard",
@@ -357,21 +373,44 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
 
 
 def test_stall_fires_on_a_real_stall() -> None:
-    """The same server admitting nothing (2 running, 40 waiting, no tokens) is a stall."""
+    """A server admitting nothing relative to its capacity: 4 of max_num_seqs 256 running
+    (4/256 = 0.015625 <= 0.1), 492 waiting, KV 20 %, no tokens, no request finishing — the
+    public report's numbers — is a stall; the same server with requests finishing is not."""
     s = no_for(rate_window="1m")
     eng = Engine(
         drafts_per_s=0,
         accepted_per_s=0,
         generation_per_s=0,
         steps_per_s=1,
-        running=2,
-        waiting=40,
-        kv=0.05,
+        running=4,
+        waiting=492,
+        kv=0.2,
+        finished_per_s=0,
     )
+    target = TargetSettings(name="fly", url="http://h:1", max_num_seqs=256)
+    sim = Sim(target, {"0": eng}, WINDOWS)
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+    fired = evaluate(snap, None, s, sim.t)
+    assert _names(fired) == ["SpecAdmissionStall"]
+    assert "runs 4 of the 256 its limits allow (1.56%)" in fired[0].description
+    eng.finished_per_s = 0.5
+    for _ in range(8):
+        snap = sim.scrape(10.0)
+    assert evaluate(snap, None, s, sim.t) == []
+
+
+def test_no_stall_without_max_num_seqs() -> None:
+    """Without max_num_seqs the ceiling is unknown: no stall is claimed (no absolute count)."""
+    s = no_for(rate_window="1m")
+    eng = Engine(
+        drafts_per_s=0, accepted_per_s=0, generation_per_s=0, running=0, waiting=40, kv=0.05
+    )
+    eng.finished_per_s = 0
     sim = Sim(TargetSettings(name="fly", url="http://h:1"), {"0": eng}, WINDOWS)
     for _ in range(8):
         snap = sim.scrape(10.0)
-    assert _names(evaluate(snap, None, s, sim.t)) == ["SpecAdmissionStall"]
+    assert "SpecAdmissionStall" not in _names(evaluate(snap, None, s, sim.t))
 
 
 def test_stale_or_down_target_fires_no_acceptance_alert() -> None:
@@ -424,9 +463,9 @@ def _shadow(tallies: Mapping[str, Mapping[str, PairTally]]) -> ShadowStats:
 
 
 def test_quality_and_flip_from_shadow_stats() -> None:
-    """FLy loses 40 and gains 5 of 215 math pairs: the e-value and non-inferiority checks fire
-    for `math` and `_all`; flips 40/200 against noise 10/200 give z = 0.15 / sqrt(0.125 · 0.875 ·
-    0.01) = 4.54 ≥ 3.09."""
+    """FLy loses 40 and gains 5 of 215 math pairs: the e-value (critical, evidence) and the
+    info-level non-inferiority state fire for `math` and `_all`; flips 40/200 against noise
+    10/200 give z = 0.15 / sqrt(0.125 · 0.875 · 0.01) = 4.54 ≥ 3.09."""
     s = no_for()
     bad = PairTally(
         both_correct=150,
@@ -449,10 +488,7 @@ def test_quality_and_flip_from_shadow_stats() -> None:
             )
             for c in ("_all", "math")
         ]
-        + [
-            ("SpecQualityDrift", (("category", c), ("check", "non_inferiority")))
-            for c in ("_all", "math")
-        ]
+        + [("SpecNonInferiorityNotShown", (("category", c),)) for c in ("_all", "math")]
         + [("SpecFlipRateAboveNoise", (("category", "_all"),))]
     )
     fine = PairTally(
@@ -491,10 +527,9 @@ def test_for_seconds_by_alert_and_check() -> None:
     """for_seconds picks the hold time per alert and, for quality drift, per check."""
     s = DetectSettings()
     get = for_seconds(s)
-    assert (
-        get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "non_inferiority"}))
-        == 900.0
-    )
+    """Each alert's `for` comes from its settings field."""
+    assert get(Alert("SpecNonInferiorityNotShown", Severity.INFO, "", "")) == 900.0
+    assert get(Alert("SpecTokenBudgetBound", Severity.INFO, "", "")) == 0.0
     assert get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "e_value"})) == 300.0
     assert get(Alert("SpecwatchTargetDown", Severity.WARNING, "", "")) == 300.0
 
@@ -513,3 +548,87 @@ def test_settings_groups_from_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("SPECWATCH_ALERTING__URLS")
     assert load_settings().alerting.urls == []
     assert Settings.model_fields["detect"].default == DetectSettings()
+
+
+def test_engine_keeps_its_label_when_the_server_drops_too() -> None:
+    """Four engines at α 0.6 (180 accepted of 300 draft tokens a second) for 10 minutes; then
+    engine 3 accepts nothing and the others 160/s (α 0.5333). 1m window against since-start
+    (from the first scrape at t = 10 s): server α_1m = 3·160/1200 = 0.4, since-start α =
+    (4·590·180 + 3·60·160)/(4·650·300) = 453600/780000 = 0.5815, ratio 0.6878 < 0.8: the
+    server fires. Engines 0-2: 0.5333 / ((590·180 + 60·160)/195000 = 0.5938) = 0.898: quiet.
+    Engine 3: 0 < 0.8: fires with its engine label although the server fired too."""
+    s = no_for(acceptance_short_window="1m")
+    engines = {str(e): Engine() for e in range(4)}
+    sim = Sim(TargetSettings(name="standard", url="http://h:1"), engines, WINDOWS)
+    for _ in range(60):
+        sim.scrape(10.0)
+    engines["3"].accepted_per_s = 0.0
+    for e in ("0", "1", "2"):
+        engines[e].accepted_per_s = 160.0
+    for _ in range(6):
+        snap = sim.scrape(10.0)
+    server = snap.targets["standard"].windows[SINCE_START][MODEL].server
+    assert server.acceptance_rate == pytest.approx(453600 / 780000)
+    fired = [a for a in evaluate(snap, None, s, sim.t) if a.alertname == "SpecAcceptanceDrop"]
+    assert [(a.labels.get("scope"), a.labels.get("engine"), a.value) for a in fired] == [
+        ("server", None, pytest.approx(0.4 / (453600 / 780000))),
+        ("engine", "3", 0.0),
+    ]
+    assert fired[1].summary == "Speculative-decoding acceptance dropped on engine 3 of standard."
+
+
+def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
+    """α 0.6 for 20 minutes (scrapes every minute, 15m window), then the engine restarts
+    (counters to 0) and comes back at α 0.4 (120 of 300 draft tokens a second). The best 15m
+    level seen is 0.6, kept across the restart: 0.4 / 0.6 = 0.6667 < 0.8 → SpecAcceptanceDecay
+    with value 0.6667 on the first evaluation after the restart has a full 1m window."""
+    s = no_for(acceptance_short_window="1m", acceptance_sustained_window="15m")
+    engines = {"0": Engine()}
+    sim = Sim(TargetSettings(name="fly", url="http://h:1"), engines, {"1m": 60.0, "15m": 900.0})
+    detector = Detector(s)
+    for _ in range(20):
+        fired = detector.evaluate(sim.scrape(60.0), None, sim.t)
+        assert "SpecAcceptanceDecay" not in _names(fired)
+    engines["0"].reset()
+    engines["0"].accepted_per_s = 120.0
+    sim.start_time += 1300.0  # the new process
+    snap = sim.scrape(60.0)
+    snap = sim.scrape(60.0)
+    fired = [
+        a for a in detector.evaluate(snap, None, sim.t) if a.alertname == "SpecAcceptanceDecay"
+    ]
+    (alert,) = fired
+    assert dict(alert.labels) == {
+        "target": "fly",
+        "role": "fly",
+        "model_name": MODEL,
+        "scope": "server",
+    }
+    assert alert.value == pytest.approx(0.4 / 0.6)
+    assert alert.summary == (
+        "Acceptance on fly is below 80% of its best sustained level in the last 6h."
+    )
+
+
+def test_shadow_alerts_name_the_pair_they_come_from() -> None:
+    """With a standard and a FLy target scraped, a quality alert carries the FLy target, its
+    role and model and the standard target it was compared with (two pairs never merge)."""
+    std = TargetTracker(TargetSettings(name="std-a", url="http://h:1", role=Role.STANDARD), WINDOWS)
+    fly = TargetTracker(TargetSettings(name="fly-a", url="http://h:2", role=Role.FLY), WINDOWS)
+    engines = {"0": Engine()}
+    for i in range(1, 4):
+        engines["0"].advance(10.0)
+        for tr in (std, fly):
+            tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
+    view = build_view([std.snapshot(), fly.snapshot()], now=30.0)
+    loud = build_shadow_stats({}, now=0.0, alpha=0.05, betting_log_e_value=math.log(50.0))
+    (alert,) = evaluate(view, loud, no_for(), 30.0)
+    assert dict(alert.labels) == {
+        "target": "fly-a",
+        "role": "fly",
+        "standard": "std-a",
+        "model_name": MODEL,
+        "check": "e_value",
+        "category": "_all",
+        "hypothesis": "margin",
+    }

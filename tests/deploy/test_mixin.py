@@ -54,6 +54,9 @@ EXPECTED_ALERTS = {
     "SpecwatchTargetNotOneServer",
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
+    "SpecNonInferiorityNotShown",
+    "SpecTokenBudgetBound",
+    "SpecAcceptanceDecay",
 }
 
 
@@ -280,7 +283,9 @@ class TestThresholdsDefinedOnce:
         assert "ratio_rate1h < 0.8\n" in drop["expr"]
         assert drop["for"] == "10m"
         quality = {r["labels"]["check"]: r for r in by_name["SpecQualityDrift"]}
-        assert set(quality) == {"e_value", "non_inferiority"}
+        assert set(quality) == {"e_value"}
+        (ni,) = by_name["SpecNonInferiorityNotShown"]
+        assert ni["labels"] == {"severity": "info"}
         assert quality["e_value"]["expr"] == 'specwatch_paired_e_value{window="since_start"} >= 20'
         (fleet,) = by_name["SpecQualityDriftFleet"]
         assert 'mcnemar_z:increase1h{arm="fly"} >= 3.09\n' in fleet["expr"]
@@ -321,6 +326,25 @@ class TestAlerts:
             assert ann["summary"], name
             assert ann["description"], name
             assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
+
+    def test_critical_only_on_evidence(self, rules: dict[str, Any]) -> None:
+        """A page (critical) fires only on evidence of harm: the anytime-valid e-value, the
+        fleet McNemar z, or a stall; "non-inferiority not shown yet" and configuration findings
+        are info and their summaries claim no loss."""
+        by_sev: dict[str, set[str]] = {}
+        for rule in alert_rules(rules):
+            by_sev.setdefault(rule["labels"]["severity"], set()).add(rule["alert"])
+        assert by_sev["critical"] == {
+            "SpecQualityDrift",
+            "SpecQualityDriftFleet",
+            "SpecAdmissionStall",
+        }
+        assert by_sev["info"] == {"SpecNonInferiorityNotShown", "SpecTokenBudgetBound"}
+        for rule in alert_rules(rules):
+            if rule["alert"] == "SpecQualityDrift":
+                assert rule["expr"].startswith("specwatch_paired_e_value{")
+            if rule["labels"]["severity"] == "info":
+                assert "loses" not in rule["annotations"]["summary"]
 
     def test_runbook_pattern_matches_the_python_default(self) -> None:
         """config.libsonnet's runbook pattern points where specwatch's alerts point by default."""
@@ -472,7 +496,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 46 rules found") == 3
+    assert out.stdout.count("SUCCESS: 52 rules found") == 3
 
 
 @pytest.mark.promtool

@@ -55,6 +55,12 @@ class FakeVllm:
             f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {n * self.accepted}",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{{{lab}}} {n * self.generation}",
+            # a speculating server exposes its K per-position counters (here K 3), at 0 when idle
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+            *(
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} 0'
+                for i in range(3)
+            ),
             "",
         ]
         return web.Response(text="\n".join(lines), content_type="text/plain")

@@ -234,3 +234,49 @@ async def test_resends_never_flap(am: tuple[Alertmanager, aiohttp.ClientSession]
     assert ends == sorted(ends)
     assert len(set(ends)) > 1  # the lease really was renewed by the resends
     assert sum(loop.state.send_errors.values()) == 0
+
+
+async def test_two_fly_pairs_in_one_cluster_never_merge(
+    am: tuple[Alertmanager, aiohttp.ClientSession],
+) -> None:
+    """Two sidecars (namespaces team-a and team-b, as the downward API sets them) raise the same
+    quality finding for FLy targets of the same name: Alertmanager lists two alerts, each with
+    its namespace, pod, target, role and model, its own generatorURL and the configured runbook
+    base."""
+    manager, session = am
+    finding = Alert(
+        alertname="SpecQualityDrift",
+        severity=Severity.CRITICAL,
+        summary="Evidence that FLy loses more answers than standard (category _all)",
+        description="e-value 35 over 1/alpha 20",
+        labels={"check": "e_value", "category": "_all", "target": "fly", "role": "fly"},
+    )
+    loops: list[AlertLoop] = []
+    for ns in ("team-a", "team-b"):
+        settings = AlertingSettings(
+            urls=[manager.url],
+            namespace=ns,
+            pod=f"vllm-pair-{ns}-0",
+            runbook_base_url="https://wiki.example/specwatch-runbook",
+            generator_url=f"http://10.0.0.{len(loops) + 1}:9477/api/v1/snapshot",
+        )
+        loops.append(
+            AlertLoop(settings, session, lambda: [finding], clock=time.time, sleep=_no_sleep)
+        )
+    for loop in loops:
+        await loop.tick()
+    listed = sorted(await manager.alerts(session), key=lambda a: a["labels"]["namespace"])
+    assert [(a["labels"]["namespace"], a["labels"]["pod"]) for a in listed] == [
+        ("team-a", "vllm-pair-team-a-0"),
+        ("team-b", "vllm-pair-team-b-0"),
+    ]
+    assert [a["generatorURL"] for a in listed] == [
+        "http://10.0.0.1:9477/api/v1/snapshot",
+        "http://10.0.0.2:9477/api/v1/snapshot",
+    ]
+    for a in listed:
+        assert a["labels"]["target"] == "fly"
+        assert a["labels"]["role"] == "fly"
+        assert a["annotations"]["runbook_url"] == (
+            "https://wiki.example/specwatch-runbook#specqualitydrift"
+        )

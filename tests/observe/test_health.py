@@ -190,14 +190,71 @@ class TestPair:
     def test_pair_view(self) -> None:
         """Gain is a difference of rates; τ and throughput are ratios."""
         std = Health(
-            acceptance_rate=0.5, mean_acceptance_length=2.0, generation_tokens_per_second=100.0
+            acceptance_rate=0.5,
+            mean_acceptance_length=2.0,
+            generation_tokens_per_second=100.0,
+            requests_finished_per_second=2.0,
         )
         fly = Health(
-            acceptance_rate=0.6, mean_acceptance_length=2.5, generation_tokens_per_second=120.0
+            acceptance_rate=0.6,
+            mean_acceptance_length=2.5,
+            generation_tokens_per_second=120.0,
+            requests_finished_per_second=2.1,
         )
         pv = pair_view("s", std, "f", fly)
         assert pv.acceptance_gain_ratio == pytest.approx(0.1)
         assert pv.mean_acceptance_length_ratio == pytest.approx(1.25)
         assert pv.throughput_ratio == pytest.approx(1.2)
+        assert pv.throughput_ratio_withheld is None
         empty = pair_view("s", Health(), "f", fly)
         assert empty.acceptance_gain_ratio is None
+
+    def test_throughput_ratio_only_like_with_like(self) -> None:
+        """Requests finishing at 2.0/s and 2.1/s (5 % apart, within 10 %): the ratio 1.2 is
+        given; at 2.0/s and 3.0/s (33 % apart) the arms serve different loads and it is
+        withheld with a reason; unknown or zero rates are withheld too; with no request
+        finished on either arm, prompt tokens per second decide."""
+        std = Health(generation_tokens_per_second=100.0, requests_finished_per_second=2.0)
+
+        def fly(rate: float | None) -> Health:
+            return Health(generation_tokens_per_second=120.0, requests_finished_per_second=rate)
+
+        assert pair_view("s", std, "f", fly(2.1)).throughput_ratio == pytest.approx(1.2)
+        differ = pair_view("s", std, "f", fly(3.0))
+        assert (differ.throughput_ratio, differ.throughput_ratio_withheld) == (
+            None,
+            "request_rates_differ",
+        )
+        unknown = pair_view("s", std, "f", fly(None))
+        assert unknown.throughput_ratio_withheld == "request_rates_unknown"
+        none = Health(requests_finished_per_second=0.0, prompt_tokens_per_second=0.0)
+        idle = pair_view("s", none, "f", none)
+        assert idle.throughput_ratio_withheld == "no_requests"
+
+        def long(prompt: float, gen: float) -> Health:
+            """Long requests, none finished yet: judged by admitted prompt tokens."""
+            return Health(
+                generation_tokens_per_second=gen,
+                requests_finished_per_second=0.0,
+                prompt_tokens_per_second=prompt,
+            )
+
+        # 500 against 520 prompt tokens/s (4 % apart): 90 / 100 tokens/s = 0.9
+        assert pair_view("s", long(500, 100), "f", long(520, 90)).throughput_ratio == 0.9
+
+
+def test_c08_stall_rates() -> None:
+    """The public admission-stall report (cases/C08, pages 60 s apart): waiting 492 (the
+    by-reason gauges 19 + 473 are a breakdown, never added: not 984), KV 0.20, 29 generated
+    tokens / 60 s = 0.483333 tokens/s, 116760 prompt tokens / 60 s = 1946 tokens/s and no
+    request finished in the window (0 /s)."""
+    before = parse_page(body("cases/C08_stall_t000.prom"))
+    after = parse_page(body("cases/C08_stall_t060.prom"))
+    h = model_windows(page_delta(before, after, 60.0))["example-model"].server
+    expected = json.loads((FIXTURES / "cases/expected.json").read_text())["C08"]
+    assert h.num_requests_waiting == expected["waiting"] == 492
+    assert h.kv_cache_usage == pytest.approx(expected["kv_cache_usage"])
+    assert h.generation_tokens_per_second == pytest.approx(expected["generation_tokens_per_s"])
+    assert h.prompt_tokens_per_second == pytest.approx(expected["prompt_tokens_per_s"])
+    assert h.requests_finished == expected["requests_finished_in_window"] == 0
+    assert h.requests_finished_per_second == 0.0

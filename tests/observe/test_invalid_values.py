@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.core.logs import event_fields
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.observe.tracker import TargetTracker
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
@@ -147,3 +148,57 @@ async def test_inf_drafts_in_run_no_wrong_tau_strict_json_counter_and_one_log_li
     assert _sample(text, "specwatch_scrape_errors_total", labels) == 2
     tau = _sample(text, "specwatch_mean_acceptance_length", {"target": "fly"})
     assert tau is None
+
+
+def _spec_page(drafts: float, draft_tokens: float, accepted: float, k: int = 3) -> str:
+    """A page with K per-position series (all 0) and the three spec-decode counters."""
+    pos = "\n".join(
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LBL},position="{i}"}} 0'
+        for i in range(k)
+    )
+    return (
+        "# TYPE vllm:spec_decode_num_drafts counter\n"
+        f"vllm:spec_decode_num_drafts_total{{{LBL}}} {drafts}\n"
+        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+        f"vllm:spec_decode_num_draft_tokens_total{{{LBL}}} {draft_tokens}\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+        f"vllm:spec_decode_num_accepted_tokens_total{{{LBL}}} {accepted}\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
+        f"{pos}\n"
+    )
+
+
+def test_impossible_ratios_are_withheld_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Over the window 0 → 10 s: 10 drafts, 30 draft tokens, 45 accepted (K 3 from the position
+    labels). α = 45/30 = 1.5 > 1 and τ = 1 + 45/10 = 5.5 > K + 1 = 4: both withheld (None),
+    ℓ = 30/10 = 3 kept; the page is counted once per reason, with one warning line; a second
+    such page counts again without a second line."""
+    tracker = TargetTracker(TargetSettings(name="fly", url="http://h:1"), {"1m": 60.0})
+    tracker.record_page(0.0, parse_page(_spec_page(0, 0, 0)), duration_seconds=None)
+    with caplog.at_level(logging.WARNING, logger="specwatch"):
+        tracker.record_page(10.0, parse_page(_spec_page(10, 30, 45)), duration_seconds=None)
+        snap = tracker.snapshot()
+        h = snap.windows["1m"]["m"].server
+        assert (h.acceptance_rate, h.mean_acceptance_length) == (None, None)
+        assert h.mean_draft_length == 3.0
+        assert h.withheld == ("acceptance_above_one", "tau_above_k_plus_one")
+        # both windows (1m and since_start) withheld on this page: the page counts once
+        assert dict(snap.invalid_values) == {"acceptance_above_one": 1, "tau_above_k_plus_one": 1}
+        tracker.record_page(20.0, parse_page(_spec_page(20, 60, 90)), duration_seconds=None)
+    assert dict(tracker.snapshot().invalid_values) == {
+        "acceptance_above_one": 2,
+        "tau_above_k_plus_one": 2,
+    }
+    lines = [r for r in caplog.records if r.getMessage().startswith("derived values withheld")]
+    assert len(lines) == 1
+    assert event_fields(lines[0])["reasons"] == ["acceptance_above_one", "tau_above_k_plus_one"]
+
+
+def test_valid_values_are_published() -> None:
+    """α = 18/30 = 0.6, τ = 1 + 18/10 = 2.8 ≤ 4: published, nothing withheld or counted."""
+    tracker = TargetTracker(TargetSettings(name="fly", url="http://h:1"), {"1m": 60.0})
+    tracker.record_page(0.0, parse_page(_spec_page(0, 0, 0)), duration_seconds=None)
+    tracker.record_page(10.0, parse_page(_spec_page(10, 30, 18)), duration_seconds=None)
+    h = tracker.snapshot().windows["1m"]["m"].server
+    assert (h.acceptance_rate, h.mean_acceptance_length, h.withheld) == (0.6, 2.8, ())
+    assert dict(tracker.snapshot().invalid_values) == {}

@@ -178,7 +178,11 @@ class TestBadAndOddInput:
             "vllm:kv_cache_usage_perc",
             "vllm:iteration_tokens_total_count",
             "vllm:inter_token_latency_seconds_bucket",
+            "vllm:inter_token_latency_seconds_count",
+            "vllm:inter_token_latency_seconds_sum",
             "vllm:time_to_first_token_seconds_bucket",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:time_to_first_token_seconds_sum",
             "process_start_time_seconds",
         }
 

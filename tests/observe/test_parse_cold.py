@@ -140,16 +140,17 @@ def test_cold_real_capture_parses_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_unseeded_real_capture_parses_one_line_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without seeds: one line per shape goes to the library parser, 16 on the real capture
-    (counted by hand): ``process_start_time_seconds``; 10 series labelled ``engine,
+    """Without seeds: one line per shape goes to the library parser, 20 on the real capture
+    (counted by hand): ``process_start_time_seconds``; 14 series labelled ``engine,
     model_name`` (drafts, draft tokens, accepted tokens, running, waiting, KV cache usage,
-    preemptions, prompt and generation tokens, ``iteration_tokens_total_count``); the
-    per-position, waiting-by-reason and finished-reason counters; the TTFT and ITL buckets."""
+    preemptions, prompt and generation tokens, ``iteration_tokens_total_count``, the TTFT and
+    ITL ``_sum`` and ``_count``); the per-position, waiting-by-reason and finished-reason
+    counters; the TTFT and ITL buckets."""
     parse_mod.clear_memo(seed=False)
     seen = _spy(monkeypatch)
     parse_page(REAL)
     names = [ln.split("{")[0].split(" ")[0] for ln in seen]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 20
     assert "vllm:time_to_first_token_seconds_bucket" in names
     assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in names
 
@@ -259,9 +260,11 @@ def test_openmetrics_unchanged() -> None:
 def test_seeded_shapes_and_type_lines() -> None:
     """At import (and after ``clear_memo()``) the shapes of vLLM's pages are known, one per
     allow-listed text-format sample except the unlabelled ``process_start_time_seconds``
-    (17 = 18 sample names kept in the text format minus 1), and the 18 canonical TYPE lines."""
-    assert len(parse_mod._NAMES_TEXT) == 18
-    assert len(parse_mod._SHAPE_MEMO) == 17
+    (25 = 26 sample names kept in the text format minus 1: the 18 before, V0's emitted-tokens
+    and efficiency, and the ``_sum``/``_count`` of ITL, its old name and TTFT), and the 20
+    canonical TYPE lines (18 and V0's two families)."""
+    assert len(parse_mod._NAMES_TEXT) == 26
+    assert len(parse_mod._SHAPE_MEMO) == 25
     assert parse_mod._SHAPE_MEMO[
         'vllm:request_success_total{engine="",finished_reason="",model_name=""}'
     ] == (
@@ -269,7 +272,7 @@ def test_seeded_shapes_and_type_lines() -> None:
         ("engine", "finished_reason", "model_name"),
     )
     assert "# TYPE vllm:spec_decode_num_drafts_total counter" in parse_mod._TYPE_KNOWN
-    assert len(parse_mod._TYPE_KNOWN) == 18
+    assert len(parse_mod._TYPE_KNOWN) == 20
     parse_mod.clear_memo(seed=False)
     assert not parse_mod._SHAPE_MEMO
 

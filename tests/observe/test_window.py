@@ -188,3 +188,95 @@ class TestSinceStart:
         assert d[("m", "1")].interval_seconds == 5.0
         assert d[("m", "0")].counters["drafts"] == 0
         assert d[("m", "0")].interval_seconds == 10.0
+
+
+def _scaled(text: str, factor: float) -> str:
+    """``text`` with every spec-decode counter multiplied by ``factor`` (a later page)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode_num_") and " " in line:
+            series, value = line.rsplit(" ", 1)
+            line = f"{series} {float(value) * factor!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+class TestV0Schema:
+    """vLLM's V0 spec-decode schema, from the public-report pages in ``cases/C10_*``."""
+
+    def test_v0_page_alone(self) -> None:
+        """V0 (no drafts counter): α = 8547/13311 = 0.642101; K from the efficiency gauge
+        (0.598 · 13311 / 10616 = 0.7498 = K/(K+1) → K 3), drafts = 13311/3 = 4437,
+        τ = emitted / drafts = 10616/4437 = 2.392608 (not 1 + 8547/4437 = 2.926302)."""
+        got = model_windows(page_delta(None, parse_page(body("cases/C10_v0_page.prom")), None))
+        h = got["example-model"].server
+        assert h.spec_decode_schema == "v0"
+        assert h.acceptance_rate == pytest.approx(0.642101, abs=1e-6)
+        assert h.num_speculative_tokens == 3
+        assert h.drafts == pytest.approx(4437)
+        assert h.mean_acceptance_length == pytest.approx(2.392608, abs=1e-6)
+        assert h.kv_cache_usage == pytest.approx(0.42)
+
+    def test_configured_k_wins_and_v1_pages(self) -> None:
+        """K configured (3) is used as is; the V1 pages give α 6179/13311 = 0.464203 and
+        τ = 1 + 6179/4437 = 2.392608, KV 0.42 from whichever name exists (never 0.84)."""
+        v0 = parse_page(body("cases/C10_v0_page.prom"))
+        h0 = model_windows(page_delta(None, v0, None), configured_k=3)["example-model"].server
+        assert h0.mean_acceptance_length == pytest.approx(2.392608, abs=1e-6)
+        for name in ("cases/C10_transition_page.prom", "cases/C10_v1_page.prom"):
+            h = model_windows(page_delta(None, parse_page(body(name)), None))
+            s = h["example-model"].server
+            assert s.spec_decode_schema == "v1"
+            assert s.acceptance_rate == pytest.approx(0.464203, abs=1e-6)
+            assert s.mean_acceptance_length == pytest.approx(2.392608, abs=1e-6)
+            assert s.kv_cache_usage == pytest.approx(0.42)
+
+    def test_never_mixed_in_a_window_or_baseline(self) -> None:
+        """V0 at 0 s and 60 s (counters doubled), then the upgrade: V1 at 120 s and at 180 s
+        (counters doubled). At 120 s no window spans the switch: the 5m window and since_start
+        have no values (one V1 page only). At 180 s both give the V1 increase only:
+        α = 6179/13311 = 0.464203, τ = 1 + 6179/4437 = 2.392608."""
+        v0 = body("cases/C10_v0_page.prom").replace(
+            'model_name="example-model"', 'engine="0",model_name="example-model"'
+        )
+        v1 = body("cases/C10_v1_page.prom")
+        w = RollingWindows({"5m": 300.0})
+        w.add(0.0, parse_page(v0))
+        w.add(60.0, parse_page(_scaled(v0, 2.0)))
+        assert model_windows(w.deltas("5m"))["example-model"].server.spec_decode_schema == "v0"
+        assert w.add(120.0, parse_page(v1)) == [KEY]  # the switch counts as a reset
+        for name in ("5m", SINCE_START):
+            h = model_windows(w.deltas(name))["example-model"].server
+            assert (h.acceptance_rate, h.mean_acceptance_length) == (None, None)
+        w.add(180.0, parse_page(_scaled(v1, 2.0)))
+        for name in ("5m", SINCE_START):
+            h = model_windows(w.deltas(name))["example-model"].server
+            assert h.spec_decode_schema == "v1"
+            assert h.interval_seconds == 60.0
+            assert h.acceptance_rate == pytest.approx(0.464203, abs=1e-6)
+            assert h.mean_acceptance_length == pytest.approx(2.392608, abs=1e-6)
+
+
+def test_latency_means_from_sum_and_count() -> None:
+    """TTFT: 4 requests with _sum 2.0 s → 6 requests with _sum 2.9 s: mean over the window
+    0.9 / 2 = 0.45 s; ITL 100 → 300 tokens, _sum 3.0 → 5.0 s: mean 2.0 / 200 = 0.01 s."""
+
+    def page(n_ttft: float, s_ttft: float, n_itl: float, s_itl: float) -> PageReading:
+        lab = 'engine="0",model_name="m"'
+        return parse_page(
+            "# TYPE vllm:time_to_first_token_seconds histogram\n"
+            f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {n_ttft}\n'
+            f"vllm:time_to_first_token_seconds_count{{{lab}}} {n_ttft}\n"
+            f"vllm:time_to_first_token_seconds_sum{{{lab}}} {s_ttft}\n"
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {n_itl}\n'
+            f"vllm:inter_token_latency_seconds_count{{{lab}}} {n_itl}\n"
+            f"vllm:inter_token_latency_seconds_sum{{{lab}}} {s_itl}\n"
+        )
+
+    w = RollingWindows({"1m": 60.0})
+    w.add(0.0, page(4, 2.0, 100, 3.0))
+    w.add(30.0, page(6, 2.9, 300, 5.0))
+    h = model_windows(w.deltas("1m"))["m"].server
+    assert h.time_to_first_token_mean_seconds == pytest.approx(0.45)
+    assert h.inter_token_latency_mean_seconds == pytest.approx(0.01)
