@@ -92,6 +92,13 @@ class AlertingSettings(BaseModel):
 
     ``urls`` empty disables delivery (detectors and gauges still run). ``lease_factor`` times
     ``max(resend_interval, evaluation_interval)`` is the ``endsAt`` lease (Prometheus: 4).
+
+    Restarts: ``specwatch run`` saves its ``for`` timers and active alerts every evaluation to
+    ``state_file`` (``None``: ``<ledger.path>-alerts.json``, next to the ledger; ``""``: not
+    saved). A file written less than ``restore_max_age`` seconds ago is restored at start
+    (Prometheus' ``for-outage-tolerance``: 1 h); a restored alert the detectors do not find
+    again stays firing for at most ``restore_grace`` seconds after the start (their windows
+    refill meanwhile; Prometheus' ``for-grace-period``: 10 min).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -112,6 +119,9 @@ class AlertingSettings(BaseModel):
     external_labels: dict[str, str] = Field(default_factory=dict)
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     generator_url: str = ""
+    state_file: str | None = None
+    restore_max_age: float = Field(default=3600.0, gt=0)
+    restore_grace: float = Field(default=600.0, ge=0)
 
     @field_validator("urls")
     @classmethod

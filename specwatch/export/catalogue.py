@@ -479,8 +479,19 @@ ALERTMANAGER_OUTBOX_DEPTH = _g(
     "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
 )
 
+ALERT_STATE_ERRORS = _c(
+    "specwatch_alert_state_errors",
+    "Alert state (for timers, active alerts) not restored at start or not saved, by reason.",
+    REASON,
+)
+
 #: The alerting families, in exposition order.
-ALERTS: tuple[MetricSpec, ...] = (ALERT_FIRING, ALERTMANAGER_SEND_ERRORS, ALERTMANAGER_OUTBOX_DEPTH)
+ALERTS: tuple[MetricSpec, ...] = (
+    ALERT_FIRING,
+    ALERTMANAGER_SEND_ERRORS,
+    ALERTMANAGER_OUTBOX_DEPTH,
+    ALERT_STATE_ERRORS,
+)
 
 #: Every exported family, in exposition order.
 CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS)
