@@ -19,7 +19,6 @@ import json
 import pstats
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import aiohttp
@@ -30,7 +29,7 @@ from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
 
 
-def load(port: int, n: int, done: threading.Event) -> None:
+def load(port: int, n: int) -> None:
     async def run() -> None:
         body = json.dumps(PLAIN_BODY).encode()
         url = f"http://127.0.0.1:{port}/v1/completions"
@@ -40,46 +39,40 @@ def load(port: int, n: int, done: threading.Event) -> None:
                     await r.read()
 
     asyncio.run(run())
-    done.set()
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    up_port = free_port()
-    me = Path(__file__).resolve().parent / "bench_proxy.py"
-    up = subprocess.Popen([sys.executable, str(me), "_upstream", str(up_port), "16"])
-    try:
-        await wait_port(up_port)
+async def main_async(args: argparse.Namespace, up_port: int) -> None:
+    await wait_port(up_port)
 
-        def offer(r: ShadowRequest) -> str:
-            return "admitted"
+    def offer(r: ShadowRequest) -> str:
+        return "admitted"
 
-        proxy = ShadowProxy(
-            f"http://127.0.0.1:{up_port}", offer, counters=IngestCounters(), clock=lambda: 0.0
-        )
-        port = await proxy.start("127.0.0.1", 0)
-        done = threading.Event()
-        prof = cProfile.Profile()
-        prof.enable()
-        t = threading.Thread(target=load, args=(port, args.requests, done))
-        t.start()
-        while not done.is_set():
-            await asyncio.sleep(0.05)
-        prof.disable()
-        t.join()
-        await proxy.stop()
-        stats = pstats.Stats(prof)
-        stats.sort_stats("tottime").print_stats(args.top)
-        stats.sort_stats("cumulative").print_stats(args.top)
-    finally:
-        up.terminate()
-        up.wait()
+    proxy = ShadowProxy(
+        f"http://127.0.0.1:{up_port}", offer, counters=IngestCounters(), clock=lambda: 0.0
+    )
+    port = await proxy.start("127.0.0.1", 0)
+    prof = cProfile.Profile()
+    prof.enable()
+    await asyncio.to_thread(load, port, args.requests)
+    prof.disable()
+    await proxy.stop()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--top", type=int, default=25)
-    asyncio.run(main_async(ap.parse_args()))
+    up_port = free_port()
+    me = Path(__file__).resolve().parent / "bench_proxy.py"
+    up = subprocess.Popen([sys.executable, str(me), "_upstream", str(up_port), "16"])
+    try:
+        asyncio.run(main_async(ap.parse_args(), up_port))
+    finally:
+        up.terminate()
+        up.wait()
     return 0
 
 
