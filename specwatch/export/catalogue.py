@@ -365,7 +365,7 @@ SHADOW_PROXY_CLIENT_DISCONNECTS = _c(
 )
 SHADOW_PROXY_OFFER_LOST = _c(
     "specwatch_shadow_proxy_offer_lost",
-    "Proxied request copies not handed to shadowing because the shadow loop was gone.",
+    "Proxied request copies not handed to shadowing (shadow loop gone or too far behind).",
 )
 SHADOW_PROXY_UPSTREAM_ERRORS = _c(
     "specwatch_shadow_proxy_upstream_errors",
