@@ -50,6 +50,15 @@ from specwatch.shadow.values import ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
 
+#: Answers of known length up to this many bytes (not event streams) are read whole and sent
+#: with their headers in one write; larger or unknown-length ones are relayed chunk by chunk.
+WHOLE_BODY_BYTES = 64 << 10
+
+
+def _is_event_stream(headers: CIMultiDictProxy[str]) -> bool:
+    return headers.get("Content-Type", "").lower().startswith("text/event-stream")
+
+
 #: How often the proxy process sends its ``proxy_*`` counters to the main process (seconds).
 COUNTER_SYNC_SECONDS = 0.5
 #: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
@@ -514,8 +523,18 @@ class ShadowProxy:
                 allow_redirects=False,
                 compress=None,
             ) as up:
+                out_headers = end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS)
+                small = up.content_length is not None and up.content_length <= WHOLE_BODY_BYTES
+                if small and request.method != "HEAD" and not _is_event_stream(up.headers):
+                    # a small answer of known length (a JSON completion): read it whole and send
+                    # status, headers and body in one write (one send() instead of two)
+                    body = await up.read()
+                    out_headers.popall("Content-Length", None)
+                    return web.Response(
+                        status=up.status, reason=up.reason, body=body, headers=out_headers
+                    )
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS).items():
+                for k, v in out_headers.items():
                     resp.headers.add(k, v)
                 if up.content_length is not None and request.method != "HEAD":
                     resp.content_length = up.content_length
