@@ -3,7 +3,7 @@
 #
 # Build:  docker build -t specwatch:0.1.0 .
 # Run:    docker run --read-only --tmpfs /tmp -v specwatch-data:/var/lib/specwatch \
-#           -p 9400:9400 specwatch:0.1.0 run --config /etc/specwatch/config.yaml
+#           -p 9477:9477 specwatch:0.1.0 run --config /etc/specwatch/config.yaml
 #
 # Base pinned by tag and digest (Debian bookworm, CPython 3.11.10). Bump both together.
 ARG PYTHON_IMAGE=python:3.11.10-slim-bookworm@sha256:5148c0e4bbb64271bca1d3322360ebf4bfb7564507ae32dd639322e4952a6b16
@@ -55,19 +55,19 @@ ENV PATH=/opt/venv/bin:$PATH \
     TMPDIR=/tmp \
     HOME=/var/lib/specwatch \
     MPLCONFIGDIR=/tmp/matplotlib \
-    SPECWATCH_SERVER__PORT=9400
+    SPECWATCH_SERVER__PORT=9477
 
 WORKDIR /var/lib/specwatch
 VOLUME ["/var/lib/specwatch"]
 USER 10001:10001
 
-# 9400: /metrics, /healthz, /readyz, /api/v1/*. 9401: the optional streaming proxy. 9402: the
+# 9477: /metrics, /healthz, /readyz, /api/v1/*. 9401: the optional streaming proxy. 9402: the
 # mirror listener (/v1/completions, /v1/chat/completions with a "-shadow" Host; mesh only).
-EXPOSE 9400 9401 9402
+EXPOSE 9477 9401 9402
 
 # Liveness only (process serves HTTP); python stdlib, no curl in the image.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('SPECWATCH_SERVER__PORT', '9400'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4).status == 200 else 1)"]
+  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('SPECWATCH_SERVER__PORT', '9477'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4).status == 200 else 1)"]
 
 ENTRYPOINT ["specwatch"]
 CMD ["run"]

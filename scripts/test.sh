@@ -8,11 +8,13 @@
 #      pip only when one is missing from the interpreter ($PYTHON, default `python3`).
 #   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool) and nginx-light,
 #      installed with apt-get only when a binary is missing; services are not started.
-#   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports.
+#   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports, and the
+#      separate lm-eval venv (scripts/setup_lm_eval.sh) for the lm-eval-harness test.
 #   4. The tiny local models (scripts/make_tiny_model.py), rebuilt only when the builder changes.
 # It exports, for the tests in tests/e2e/real_vllm/:
 #   SPECWATCH_TEST_VLLM_PYTHON  the vLLM venv's python
 #   SPECWATCH_TEST_MODEL_DIR    directory with target/, draft/, draft-same/ (see make_tiny_model.py)
+#   SPECWATCH_TEST_LM_EVAL_PYTHON  the lm-eval venv's python
 # and then runs `python -m pytest` on every test, real_vllm ones included.
 # Pytest exit 5 (no tests collected) is a failure: a test command that ran nothing must not pass.
 set -euo pipefail
@@ -99,6 +101,12 @@ SPECWATCH_TEST_VLLM_PYTHON=$(bash scripts/setup_vllm.sh | tail -n 1)
 export SPECWATCH_TEST_VLLM_PYTHON
 t_venv=$(date +%s)
 
+# 3b. The separate lm-eval venv (scripts/setup_lm_eval.sh), reused while it imports.
+export SPECWATCH_LM_EVAL_VENV="${SPECWATCH_LM_EVAL_VENV:-$CACHE_ROOT/venv-lm-eval}"
+SPECWATCH_TEST_LM_EVAL_PYTHON=$(bash scripts/setup_lm_eval.sh | tail -n 1)
+export SPECWATCH_TEST_LM_EVAL_PYTHON
+t_venv=$(date +%s)
+
 # 4. The tiny models, keyed by the builder's content --------------------------------------
 builder_hash=$(sha256sum scripts/make_tiny_model.py | cut -c1-16)
 if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]]; then
@@ -119,6 +127,7 @@ t_model=$(date +%s)
 # 5. Every test -----------------------------------------------------------------------------
 say "SPECWATCH_TEST_VLLM_PYTHON=$SPECWATCH_TEST_VLLM_PYTHON"
 say "SPECWATCH_TEST_MODEL_DIR=$SPECWATCH_TEST_MODEL_DIR"
+say "SPECWATCH_TEST_LM_EVAL_PYTHON=$SPECWATCH_TEST_LM_EVAL_PYTHON"
 say "setup took $((t_model - t0)) s (requirements and apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
 rc=0
 "$PYTHON" -m pytest --durations=10 "$@" || rc=$?

@@ -13,11 +13,13 @@ and ``--help`` import no subcommand module at all (``bench/bench_startup.py`` me
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import NoReturn, Protocol, cast
 
 from specwatch import __version__
 
@@ -48,10 +50,66 @@ HELP: dict[str, tuple[str, str]] = {
         "questions needed to detect a net accuracy loss with a paired McNemar test",
     ),
     "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
+    "fleet": (
+        "fleet",
+        "fleet-wide paired statistics per model from the sidecars' counters in Prometheus",
+    ),
+    "doctor": ("doctor", "say why a specwatch dashboard would be empty"),
+    "bench_result": (
+        "bench-result",
+        "the minimum spec-decode table from vllm bench serve result files",
+    ),
 }
 
 #: Subcommand modules, in the order ``--help`` lists them (the keys of :data:`HELP`).
 COMMANDS: tuple[str, ...] = tuple(HELP)
+
+
+class Parser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors are one line on stderr and exit 2:
+    ``specwatch run: unrecognized argument --targt; did you mean --target?`` (the closest
+    option of the command, by :func:`difflib.get_close_matches`), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: <message>[; did you mean ...?]`` on stderr and exit 2."""
+        command = getattr(self, "_specwatch_command", None)
+        prog = f"{self.prog} {command}" if command and " " not in self.prog else self.prog
+        if message.startswith("argument COMMAND"):
+            prog = self.prog
+        self.exit(2, f"{prog}: {_with_suggestion(self, message)}\n")
+
+
+def _options(parser: argparse.ArgumentParser, command: str | None) -> tuple[list[str], list[str]]:
+    """(option strings of ``command``'s parser, or the top parser's; command names)."""
+    commands: list[str] = []
+    target = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands = list(action.choices)
+            if command in action.choices:
+                target = action.choices[command]
+    opts = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
+    return opts, commands
+
+
+def _with_suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    command = getattr(parser, "_specwatch_command", None)
+    opts, commands = _options(parser, command)
+    m = re.match(r"unrecognized arguments: (.*)", message)
+    if m:
+        words = m.group(1).split()
+        bad = [w.split("=", 1)[0] for w in words if w.startswith("-")] or words[:1]
+        for word in bad:
+            near = difflib.get_close_matches(word, opts, n=1, cutoff=0.6)
+            if near:
+                return f"unrecognized argument {word}; did you mean {near[0]}?"
+        return f"unrecognized arguments: {m.group(1)} (see --help)"
+    m = re.match(r"argument (COMMAND|command): invalid choice: '([^']*)'", message)
+    if m:
+        near = difflib.get_close_matches(m.group(2), commands, n=1, cutoff=0.5)
+        hint = f"did you mean {near[0]}?" if near else f"one of {', '.join(commands)}"
+        return f"unknown command {m.group(2)!r}; {hint}"
+    return message
 
 
 class _CommandModule(Protocol):
@@ -75,14 +133,17 @@ def _import_command(name: str) -> _CommandModule | None:
 def _top_parser() -> tuple[
     argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]
 ]:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specwatch",
         description=(
             "Watch vLLM speculative decoding: acceptance, budget starvation, paired quality."
         ),
     )
     parser.add_argument("--version", action="version", version=f"specwatch {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND"),
+    )
     return parser, sub
 
 
@@ -126,10 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(load=chosen_command(args_list))
+    word = next((a for a in args_list if not a.startswith("-")), None)
+    parser._specwatch_command = word  # type: ignore[attr-defined]  # for error messages
     args = parser.parse_args(args_list)
     handler = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help()
+        names = ", ".join(command for command, _ in HELP.values())
+        print(f"specwatch: a command is needed, one of {names} (specwatch --help)", file=sys.stderr)
         return 2
     return int(handler(args))
 

@@ -10,15 +10,18 @@ each on :class:`Settings`.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
+    BaseModel,
     Field,
     ValidationError,
     field_validator,
@@ -36,21 +39,51 @@ from pydantic_settings import (
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.config import check_windows, parse_duration, split_list
 from specwatch.core.frozen import Frozen
-from specwatch.core.logs import redact_url
+from specwatch.core.listen import ListenLimits
+from specwatch.core.logs import mask_secrets, redact_url
 from specwatch.core.wire import server_base
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
 
 class ConfigError(ValueError):
-    """A bad configuration value; ``str()`` is one line naming the field."""
+    """A bad configuration value; ``str()`` is one line naming the field, with credentials
+    (URL passwords, tokens) masked as ``**********`` (:func:`~specwatch.core.logs.mask_secrets`)
+    since it is printed to the terminal and to logs."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(mask_secrets(message))
 
 
 class ServerSettings(Frozen):
-    """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``."""
+    """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``,
+    and the limits of its listeners (main, mirror, proxy): a connection must send its request
+    head within ``header_timeout_seconds`` and may pause its body at most
+    ``body_timeout_seconds``; at most ``max_connections`` are open at once (more get 503);
+    JSON bodies nest at most ``json_max_depth`` deep (deeper: 400 ``too_deep``); idle
+    keep-alive connections close after ``keepalive_timeout_seconds``. On SIGTERM specwatch stops
+    accepting, gives open requests up to 40 % of ``shutdown_timeout_seconds`` and exits within
+    ``shutdown_timeout_seconds`` (below Kubernetes' default 30 s grace period)."""
 
     host: str = "0.0.0.0"
-    port: int = Field(default=9400, ge=0, le=65535)
+    port: int = Field(default=9477, ge=0, le=65535)
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=1024, ge=1)
+    json_max_depth: int = Field(default=64, ge=1, le=10000)
+    keepalive_timeout_seconds: float = Field(default=15.0, gt=0)
+    shutdown_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @property
+    def limits(self) -> ListenLimits:
+        """The listener limits as a :class:`~specwatch.core.listen.ListenLimits`."""
+        return ListenLimits(
+            header_timeout_seconds=self.header_timeout_seconds,
+            body_timeout_seconds=self.body_timeout_seconds,
+            max_connections=self.max_connections,
+            json_max_depth=self.json_max_depth,
+            keepalive_timeout_seconds=self.keepalive_timeout_seconds,
+        )
 
 
 class LogSettings(Frozen):
@@ -172,6 +205,31 @@ class Settings(BaseSettings):
         """Window name → length in seconds (without ``since_start``)."""
         return {w: parse_duration(w) for w in self.windows}
 
+    def secret_values(self) -> list[str]:
+        """Every configured credential as plain text (target bearer tokens and URL passwords,
+        shadow arm tokens and URL passwords, Alertmanager token, password and URL passwords, URL
+        query values), for
+        :class:`~specwatch.core.logs.SecretFilter`; never log or export the result."""
+        out: list[str] = []
+        urls: list[str] = [t.url for t in self.targets] + list(self.alerting.urls)
+        for t in self.targets:
+            if t.bearer_token is not None:
+                out.append(t.bearer_token.get_secret_value())
+        for secret in (self.alerting.bearer_token, self.alerting.basic_password):
+            if secret is not None:
+                out.append(secret.get_secret_value())
+        for arm in _ARMS:
+            ep = getattr(self.shadow, arm)
+            if ep is not None:
+                urls.append(ep.url)
+                if ep.token:
+                    out.append(ep.token)
+        if self.shadow.proxy_upstream:
+            urls.append(self.shadow.proxy_upstream)
+        for url in urls:
+            out.extend(_url_secrets(url))
+        return [s for s in dict.fromkeys(out) if len(s) >= 4]
+
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as JSON-able data with secrets shown as ``**********``
         (target bearer tokens and shadow arm tokens)."""
@@ -203,6 +261,18 @@ def _redact_urls(node: Any) -> None:
             _redact_urls(item)
 
 
+def _url_secrets(url: str) -> list[str]:
+    """The password and query values of ``url`` (what :func:`redact_url` hides)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return []
+    found = [password] if password else []
+    found += [v for _, v in parse_qsl(parts.query, keep_blank_values=False)]
+    return found
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON config file into a dict; :class:`ConfigError` if bad."""
     try:
@@ -218,12 +288,24 @@ def read_config_file(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         line = _error_line(exc)
-        raise ConfigError(f"config file {path}{f':{line}' if line else ''}: not valid") from None
+        where = f"{path}:{line}" if line else str(path)
+        raise ConfigError(f"config file {where}: {_error_reason(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
     return data
+
+
+def _error_reason(exc: Exception) -> str:
+    """What the parser found wrong, in its words, one line without the position."""
+    if isinstance(exc, json.JSONDecodeError):
+        reason = exc.msg
+    elif isinstance(exc, yaml.MarkedYAMLError):
+        reason = ": ".join(p for p in (exc.context, exc.problem) if p) or "not valid YAML"
+    else:
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+    return " ".join(reason.split()) or "not valid"
 
 
 def _error_line(exc: Exception) -> int | None:
@@ -259,10 +341,53 @@ def _loc(loc: Sequence[int | str]) -> str:
     return ".".join(str(p) for p in loc) or "settings"
 
 
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at ``loc`` (list indexes skipped), or ``None``."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        found = _first_model(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def close_field(loc: Sequence[int | str], root: type[BaseModel] | None = None) -> str | None:
+    """The known setting closest to the unknown one at ``loc`` (``targt`` → ``targets``), by
+    :func:`difflib.get_close_matches` among the fields of the model holding it; ``None`` when
+    nothing is close."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    model = _model_at(root or Settings, loc[:-1])
+    if model is None:
+        return None
+    names = list(model.model_fields)
+    match = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
 def format_validation_error(exc: ValidationError) -> str:
-    """One line naming the first failing field: ``config error: targets.0.url: must be ...``."""
+    """One line naming the first failing field: ``config error: targets.0.url: must be ...``;
+    an unknown field names the closest known one (``did you mean 'targets'?``)."""
     first = exc.errors()[0]
     msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        near = close_field(first["loc"])
+        msg = "unknown setting" + (f"; did you mean {near!r}?" if near else "")
     return f"config error: {_loc(first['loc'])}: {msg}"
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -24,9 +25,40 @@ class Seen:
     body: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class RawReply:
+    """Exact reply bytes: HTTP ``status``, ``Content-Type`` and ``body`` sent as given."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+def raw_reply_file(path: Path) -> RawReply:
+    """A reply saved as ``HTTP/1.1 <status> ...``, header lines, a blank line, then the body
+    bytes (the ``.sse`` hard-case files)."""
+    data = path.read_bytes()
+    head, _, body = data.partition(b"\n\n")
+    lines = head.decode("ascii").splitlines()
+    status = int(lines[0].split()[1])
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    ctype = next(v for k, v in headers.items() if k.lower() == "content-type")
+    return RawReply(status, ctype, body)
+
+
+def request_key(body: dict[str, Any]) -> str:
+    """What a scripted arm looks its reply up by: the prompt, or the last message's content."""
+    msgs = body.get("messages")
+    if isinstance(msgs, list) and msgs:
+        return str(msgs[-1].get("content", ""))
+    return str(body.get("prompt", ""))
+
+
 @dataclass
 class FakeArm:
-    """Behaviour of one fake arm: ``mode`` is ``ok|hang|status|stream|in_band_error``.
+    """Behaviour of one fake arm: ``mode`` is ``ok|hang|status|stream|in_band_error``, or
+    ``script``: the :class:`RawReply` in ``replies`` under :func:`request_key` of the request
+    (bytes exactly as given; an unknown key gets a 404).
 
     ``spec_steps``: tokens accepted at each verify step (K = 4 drafted per step); when set the
     reply carries vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics
@@ -40,11 +72,22 @@ class FakeArm:
     seen: list[Seen] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    replies: dict[str, RawReply] = field(default_factory=dict)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append(Seen(request.path, dict(request.headers), body))
         self.arrived.set()
+        if self.mode == "script":
+            reply = self.replies.get(request_key(body))
+            if reply is None:
+                return web.Response(status=404, text="no scripted reply")
+            resp = web.StreamResponse(status=reply.status)
+            resp.headers["Content-Type"] = reply.content_type
+            await resp.prepare(request)
+            await resp.write(reply.body)
+            await resp.write_eof()
+            return resp
         if self.mode == "hang":
             await self.release.wait()
         if self.mode == "status":

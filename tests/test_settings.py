@@ -32,9 +32,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class TestDefaults:
     def test_defaults(self) -> None:
-        """Port 9400, 5 s interval, windows 1m/5m/15m, JSON logs."""
+        """Port 9477, 5 s interval, windows 1m/5m/15m, JSON logs."""
         s = Settings()
-        assert s.server.port == 9400
+        assert s.server.port == 9477
         assert s.scrape.interval_seconds == 5.0
         assert s.windows == ("1m", "5m", "15m")
         assert s.window_seconds == {"1m": 60.0, "5m": 300.0, "15m": 900.0}

@@ -1,37 +1,42 @@
-"""Render specwatch's Prometheus mixin: rule templates + thresholds → rules file and PrometheusRule.
+"""Render specwatch's monitoring mixin (``mixin.libsonnet``) with jsonnet into checked-in files.
 
 Inputs, each defined once:
 
-- ``rules/<area>.yaml.tmpl`` (areas in :data:`AREAS` order): plain ``groups:`` YAML with
-  ``%(name)s`` placeholders; any other ``%`` (``printf "%.3f"``) is left alone.
-- thresholds: every numeric field of ``specwatch.alerts.settings.DetectSettings()`` under its
-  field name (``*_for`` seconds as Prometheus durations, ``600.0`` → ``10m``), and
-  ``e_value_bound`` = ``1 / specwatch.shadow.settings.PairedSettings().alpha`` (0.05 → 20).
-- ``config.yaml`` ``_config``: rule-only knobs (camelCase keys), the PromQL selectors
-  ``vllmSelector`` / ``specwatchSelector`` (label matchers added to every ``vllm:*`` /
-  ``specwatch_*`` series; an empty one leaves the selector out, see :func:`drop_empty_matchers`)
-  and ``runbookURLPattern``, which gives every alert its ``runbook_url`` (``%s`` = the alert name
-  in lower case).
+- ``rules/<area>.yaml.tmpl``: the rule texts, plain ``groups:`` YAML with ``%(name)s``
+  placeholders filled from the mixin's ``_config``; any other ``%`` (``printf "%.3f"``) is left
+  alone.
+- ``config.libsonnet``: the ``_config`` defaults a user overrides (selectors, ``clusterLabel``,
+  ``runbookURLPattern``, rules-only knobs).
+- thresholds: every numeric field of ``specwatch.alerts.settings.DetectSettings()`` under its field
+  name (``*_for`` seconds as Prometheus durations, ``600.0`` → ``"10m"``) and ``e_value_bound`` =
+  ``1 / specwatch.shadow.settings.PairedSettings().alpha`` (0.05 → 20). This module writes them
+  to ``thresholds.libsonnet``, which ``mixin.libsonnet`` merges into ``_config``: the detectors
+  and the rules read the same numbers.
 
-Outputs (checked in; ``--check`` and a test keep them current): ``specwatch.rules.yaml`` (plain
-``groups:``, what Prometheus and promtool load) and ``prometheusrule.yaml`` (the same groups as a
-prometheus-operator ``PrometheusRule``). Run from the repository root::
+The jsonnet implementation is the ``jsonnet`` wheel from PyPI (module ``_jsonnet``).
 
-    python -m deploy.mixin.render          # rewrite both files
-    python -m deploy.mixin.render --check  # exit 1 if either is out of date
+Outputs (checked in; ``--check`` and a test keep them equal to a fresh render):
+``thresholds.libsonnet``, ``specwatch.rules.yaml`` (``prometheusRules`` groups then
+``prometheusAlerts`` groups, what Prometheus and promtool load) and ``prometheusrule.yaml`` (the
+same groups as a prometheus-operator ``PrometheusRule``). Run from the repository root::
 
-Exit codes: 0 ok, 1 out of date (``--check``), 2 unreadable or invalid template or config.
+    python -m deploy.mixin.render          # rewrite the three files
+    python -m deploy.mixin.render --check  # exit 1 if one is out of date
+
+Exit codes: 0 ok, 1 out of date (``--check``), 2 a template, ``config.libsonnet`` or the mixin
+does not evaluate (jsonnet's message on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import _jsonnet
 import yaml
 
 from specwatch.alerts.settings import DetectSettings
@@ -42,38 +47,46 @@ __all__ = [
     "CONFIG",
     "DEFAULT_MANIFEST",
     "DEFAULT_RULES",
+    "DEFAULT_THRESHOLDS",
+    "MIXIN",
     "MIXIN_DIR",
     "TEMPLATES_DIR",
     "alert_rules",
-    "drop_empty_matchers",
     "dump_yaml",
-    "fill",
+    "evaluate_mixin",
     "load_config",
     "load_rules",
     "main",
-    "placeholders",
     "prometheus_duration",
     "render_prometheusrule",
     "render_rules",
     "rendered_files",
     "threshold_values",
+    "thresholds_libsonnet",
 ]
 
 MIXIN_DIR = Path(__file__).resolve().parent
+MIXIN = MIXIN_DIR / "mixin.libsonnet"
 TEMPLATES_DIR = MIXIN_DIR / "rules"
-CONFIG = MIXIN_DIR / "config.yaml"
+CONFIG = MIXIN_DIR / "config.libsonnet"
+DEFAULT_THRESHOLDS = MIXIN_DIR / "thresholds.libsonnet"
 DEFAULT_RULES = MIXIN_DIR / "specwatch.rules.yaml"
 DEFAULT_MANIFEST = MIXIN_DIR / "prometheusrule.yaml"
 
-#: Rule template areas, in the order their groups appear in the rendered file.
+#: Rule template areas, in the order mixin.libsonnet imports them.
 AREAS = ("spec_decode", "fly", "quality", "self")
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
 _HEADER = (
-    "# Generated from deploy/mixin/rules/*.yaml.tmpl, deploy/mixin/config.yaml and specwatch's\n"
-    "# DetectSettings / PairedSettings defaults by `python -m deploy.mixin.render`.\n"
-    "# Do not edit by hand; edit the templates or settings and regenerate.\n"
+    "# Generated from deploy/mixin/mixin.libsonnet (rules/*.yaml.tmpl, config.libsonnet,\n"
+    "# thresholds.libsonnet) by `python -m deploy.mixin.render` with jsonnet.\n"
+    "# Do not edit by hand; edit the templates, config.libsonnet or the settings and regenerate.\n"
+)
+_THRESHOLDS_HEADER = (
+    "// Generated by `python -m deploy.mixin.render` from the defaults of\n"
+    "// specwatch.alerts.settings.DetectSettings and specwatch.shadow.settings.PairedSettings\n"
+    "// (e_value_bound = 1 / alpha): the numbers specwatch's own detectors use. Do not edit;\n"
+    "// change the settings and regenerate,\n"
+    "// or override a key in _config when importing the mixin.\n"
 )
 
 
@@ -104,100 +117,91 @@ def prometheus_duration(seconds: float) -> str:
     return f"{whole}s"
 
 
-def _number(value: float) -> str:
-    """A threshold as PromQL text: ``0.8``, ``20``, ``3.09`` (``%g``, no trailing ``.0``)."""
-    return f"{value:g}"
-
-
 def threshold_values(
     detect: DetectSettings | None = None, paired: PairedSettings | None = None
-) -> dict[str, float]:
-    """Placeholder name → number taken from the Python settings (defaults when not given).
+) -> dict[str, float | str]:
+    """``_config`` key → value taken from the Python settings (defaults when not given).
 
-    Keys: every int/float field of ``DetectSettings`` (seconds for ``*_for``) and
-    ``e_value_bound`` = 1 / ``PairedSettings.alpha``.
+    Keys: every int/float field of ``DetectSettings`` (``*_for`` as a duration string such as
+    ``"10m"``, the others as numbers) and ``e_value_bound`` = 1 / ``PairedSettings.alpha``.
     """
     detect = detect if detect is not None else DetectSettings()
     paired = paired if paired is not None else PairedSettings()
-    values: dict[str, float] = {}
+    values: dict[str, float | str] = {}
     for name in type(detect).model_fields:
         value = getattr(detect, name)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            values[name] = float(value)
+            values[name] = prometheus_duration(value) if name.endswith("_for") else float(value)
     values["e_value_bound"] = 1.0 / paired.alpha
     return values
 
 
-def load_config(path: Path = CONFIG) -> dict[str, Any]:
-    """The ``_config`` mapping of ``config.yaml``; ``ValueError`` when absent or not a mapping."""
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config = doc.get("_config") if isinstance(doc, dict) else None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: no _config mapping")
+def thresholds_libsonnet(thresholds: Mapping[str, float | str] | None = None) -> str:
+    """Text of ``thresholds.libsonnet``: a header and one JSON object (valid jsonnet)."""
+    values = thresholds if thresholds is not None else threshold_values()
+    return _THRESHOLDS_HEADER + json.dumps(dict(values), indent=2, sort_keys=True) + "\n"
+
+
+def _importer(templates_dir: Path) -> Any:
+    """A jsonnet import callback reading ``rules/*`` from ``templates_dir``, the rest as usual."""
+
+    def load(base: str, rel: str) -> tuple[str, bytes]:
+        path = Path(base) / rel
+        if Path(base).resolve() == MIXIN_DIR and rel.startswith("rules/"):
+            path = templates_dir / rel.removeprefix("rules/")
+        return str(path), path.read_bytes()
+
+    return load
+
+
+def evaluate_mixin(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    templates_dir: Path = TEMPLATES_DIR,
+    thresholds: Mapping[str, float | str] | None = None,
+) -> dict[str, Any]:
+    """``mixin.libsonnet`` evaluated by jsonnet: ``{"_config", "prometheusRules",
+    "prometheusAlerts", "grafanaDashboards"}``.
+
+    ``thresholds`` (default :func:`threshold_values`) replace those of ``thresholds.libsonnet``,
+    ``overrides`` are merged into ``_config`` last, as a user's ``_config+::`` would be.
+    Raises ``RuntimeError`` (jsonnet's message) when the mixin, a template or a key does not
+    evaluate, ``OSError`` for a missing file.
+    """
+    values = thresholds if thresholds is not None else threshold_values()
+    generated = json.dumps(dict(values))
+    user = json.dumps(dict(overrides or {}))
+    snippet = (
+        f"local m = (import 'mixin.libsonnet') + {{ _config+:: {generated} }}"
+        f" + {{ _config+:: {user} }};\n"
+        "{ _config: m._config, prometheusRules: m.prometheusRules,\n"
+        "  prometheusAlerts: m.prometheusAlerts, grafanaDashboards: m.grafanaDashboards }\n"
+    )
+    text = _jsonnet.evaluate_snippet(
+        str(MIXIN_DIR / "render.jsonnet"), snippet, import_callback=_importer(templates_dir)
+    )
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def load_config() -> dict[str, Any]:
+    """The mixin's default ``_config`` (``config.libsonnet`` merged with the thresholds)."""
+    config: dict[str, Any] = evaluate_mixin()["_config"]
     return config
-
-
-def _params(config: Mapping[str, Any], thresholds: Mapping[str, float]) -> dict[str, str]:
-    """Placeholder name → replacement text; ``ValueError`` if a config key shadows a threshold."""
-    clash = set(config) & set(thresholds)
-    if clash:
-        raise ValueError(f"config.yaml keys {sorted(clash)} clash with settings fields")
-    params = {
-        name: prometheus_duration(v) if name.endswith("_for") else _number(v)
-        for name, v in thresholds.items()
-    }
-    params.update({k: str(v) for k, v in config.items() if isinstance(v, str | int | float)})
-    return params
-
-
-def placeholders(template: str) -> list[str]:
-    """Names of the ``%(name)s`` placeholders of a template, in order of appearance."""
-    return _PLACEHOLDER.findall(template)
-
-
-def fill(template: str, params: Mapping[str, str]) -> str:
-    """``template`` with each ``%(name)s`` replaced by ``params[name]``; ``KeyError`` if unknown."""
-    return _PLACEHOLDER.sub(lambda m: params[m.group(1)], template)
-
-
-def drop_empty_matchers(text: str) -> str:
-    """Remove what an empty selector leaves: ``x{a="1", }`` → ``x{a="1"}``, ``x{}`` → ``x``."""
-    return re.sub(r"\{\}", "", re.sub(r",\s*\}", "}", text))
-
-
-def _add_runbook_links(groups: list[dict[str, Any]], pattern: str) -> None:
-    """Set every alert's ``runbook_url`` from ``pattern``; ``ValueError`` if a template set one."""
-    for group in groups:
-        for rule in group.get("rules", []):
-            if "alert" not in rule:
-                continue
-            annotations = rule.setdefault("annotations", {})
-            if "runbook_url" in annotations:
-                raise ValueError(f"{rule['alert']}: runbook_url comes from runbookURLPattern")
-            annotations["runbook_url"] = pattern % rule["alert"].lower()
 
 
 def render_rules(
     templates_dir: Path = TEMPLATES_DIR,
     config: Mapping[str, Any] | None = None,
-    thresholds: Mapping[str, float] | None = None,
+    thresholds: Mapping[str, float | str] | None = None,
 ) -> dict[str, Any]:
-    """The rules document ``{"groups": [...]}`` from the area templates, in :data:`AREAS` order.
+    """The rules document ``{"groups": [...]}``: ``prometheusRules`` groups, then
+    ``prometheusAlerts`` groups, of the mixin evaluated with ``config`` overrides.
 
-    Raises ``KeyError`` for an unknown placeholder, ``ValueError`` for a template that is not a
-    ``groups:`` document or sets its own ``runbook_url``, ``OSError`` for a missing template.
+    Raises ``RuntimeError`` as :func:`evaluate_mixin` does.
     """
-    config = config if config is not None else load_config()
-    params = _params(config, thresholds if thresholds is not None else threshold_values())
-    groups: list[dict[str, Any]] = []
-    for area in AREAS:
-        path = templates_dir / f"{area}.yaml.tmpl"
-        doc = yaml.safe_load(drop_empty_matchers(fill(path.read_text(encoding="utf-8"), params)))
-        if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
-            raise ValueError(f"{path}: not a Prometheus rules template (no groups list)")
-        groups.extend(doc["groups"])
-    _add_runbook_links(groups, str(config["runbookURLPattern"]))
-    return {"groups": groups}
+    mixin = evaluate_mixin(config, templates_dir=templates_dir, thresholds=thresholds)
+    return {"groups": [*mixin["prometheusRules"]["groups"], *mixin["prometheusAlerts"]["groups"]]}
 
 
 def load_rules(path: Path = DEFAULT_RULES) -> dict[str, Any]:
@@ -248,31 +252,34 @@ def dump_yaml(doc: Mapping[str, Any]) -> str:
     return _HEADER + body
 
 
-def rendered_files(
-    templates_dir: Path = TEMPLATES_DIR, config_path: Path = CONFIG
-) -> dict[str, str]:
-    """File name → text of both outputs: ``specwatch.rules.yaml`` and ``prometheusrule.yaml``."""
-    config = load_config(config_path)
-    rules = render_rules(templates_dir, config)
+def rendered_files(templates_dir: Path = TEMPLATES_DIR) -> dict[str, str]:
+    """File name → text of the three outputs: ``thresholds.libsonnet``, ``specwatch.rules.yaml``
+    and ``prometheusrule.yaml``. Raises as :func:`evaluate_mixin` does."""
+    mixin = evaluate_mixin(templates_dir=templates_dir)
+    config = mixin["_config"]
+    rules = {"groups": [*mixin["prometheusRules"]["groups"], *mixin["prometheusAlerts"]["groups"]]}
     manifest = render_prometheusrule(
         rules,
         name=str(config.get("prometheusRuleName", "specwatch")),
         labels=config.get("prometheusRuleLabels"),
     )
-    return {DEFAULT_RULES.name: dump_yaml(rules), DEFAULT_MANIFEST.name: dump_yaml(manifest)}
+    return {
+        DEFAULT_THRESHOLDS.name: thresholds_libsonnet(),
+        DEFAULT_RULES.name: dump_yaml(rules),
+        DEFAULT_MANIFEST.name: dump_yaml(manifest),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.mixin.render", description=__doc__)
     parser.add_argument("--templates", type=Path, default=TEMPLATES_DIR)
-    parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--output-dir", type=Path, default=MIXIN_DIR)
     parser.add_argument("--check", action="store_true", help="fail if an output is stale")
     args = parser.parse_args(argv)
     try:
-        files = rendered_files(args.templates, args.config)
-    except (OSError, KeyError, yaml.YAMLError, ValueError) as exc:
-        print(f"render.py: {exc!r}", file=sys.stderr)
+        files = rendered_files(args.templates)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"render.py: {exc}", file=sys.stderr)
         return 2
     stale = False
     for name, text in files.items():

@@ -8,6 +8,8 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from specwatch.core.logs import redact_url
+
 
 class DetectSettings(BaseModel):
     """Settings group ``detect`` (env ``SPECWATCH_DETECT__*``); durations in seconds.
@@ -128,7 +130,7 @@ class AlertingSettings(BaseModel):
     def _http_urls(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"alertmanager url must be http(s): {url!r}")
+                raise ValueError(f"alertmanager url must be http(s): {redact_url(url)!r}")
         return [u.rstrip("/") for u in urls]
 
     @field_validator("external_labels")

@@ -11,10 +11,12 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import TextIO, cast
 
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
-from specwatch.demo.run import DEFAULT_PORT, DemoConfig, run_demo, simulator_configs
+from specwatch.demo.config import DEFAULT_PORT, DemoConfig, simulator_configs
+from specwatch.demo.run import run_demo
 from specwatch.settings import ConfigError
 
 _DESCRIPTION = """\
@@ -149,6 +151,16 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return cfg
 
 
+class _CurrentStderr:
+    """A text stream writing to whatever ``sys.stderr`` is at the time of the write."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the demo; 0 after a clean stop, 2 on a bad flag or an unusable port."""
     try:
@@ -156,7 +168,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
-    setup_logging("WARNING", "plain", stream=sys.stderr)
+    # Logs go to stderr; looked up at each write, so under the live view (which redirects
+    # stderr) a warning prints above the view instead of tearing it.
+    setup_logging("WARNING", "plain", stream=cast(TextIO, _CurrentStderr()))
     try:
         return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up

@@ -1,9 +1,12 @@
 """``specwatch paired-test BASE CAND``: exact McNemar and non-inferiority on two eval runs.
 
 BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files of rows
-``{"id": ..., "correct": 0|1}`` over the same items. Exit 0 with the result, 2 on bad input
-(one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which each
-e-process first reached 1/alpha (null when never).
+``{"id": ..., "correct": 0|1}`` over the same items, or lm-evaluation-harness
+``samples_*.jsonl`` files (``lm_eval --log_samples``; recognised by content, joined on
+``doc_id``, scored by the sample's own 0/1 metric; ``--filter NAME`` when the task wrote
+several filters, ``--metric NAME`` when it scored several metrics). Exit 0 with the result, 2 on
+bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
+each e-process first reached 1/alpha (null when never).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specwatch.core.numbers import exp_or_inf
+from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
 from specwatch.shadow.stats.paired import (
     PairedCounts,
     discordant_ratio,
@@ -34,10 +38,9 @@ from specwatch.shadow.stats.sequential import (
     betting_path,
     net_loss_mixture_log_e_values,
 )
+from specwatch.shadow.verdict import Verdict, verdict_line
 
-
-class InputError(ValueError):
-    """Bad input file or contents (reported as one line, exit code 2)."""
+__all__ = ["InputError", "pair_outcomes", "pair_sequence", "paired_report", "read_outcomes"]
 
 
 _TRUE = {"1", "true", "yes", "correct"}
@@ -54,8 +57,13 @@ def _as_bool(value: object, where: str) -> bool:
     raise InputError(f"{where}: 'correct' must be 0/1 or true/false, got {value!r}")
 
 
-def read_outcomes(path: Path) -> dict[str, bool]:
-    """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``).
+def read_outcomes(
+    path: Path, *, filter_name: str | None = None, metric: str | None = None
+) -> dict[str, bool]:
+    """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``), or
+    from lm-evaluation-harness ``samples_*.jsonl`` (recognised by content; joined on ``doc_id``;
+    ``filter_name``/``metric`` pick the filter and metric, see
+    :func:`specwatch.shadow.inputs.lm_eval_outcomes`).
 
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
     duplicate id.
@@ -80,6 +88,10 @@ def read_outcomes(path: Path) -> dict[str, bool]:
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
             rows.append((f"{path}:{lineno}", rec))
+    if rows and looks_like_lm_eval(rows[0][1]):
+        return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))
+    if filter_name is not None or metric is not None:
+        raise InputError(f"{path}: --filter/--metric apply to lm-eval samples files only")
     out: dict[str, bool] = {}
     for where, rec in rows:
         if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
@@ -190,6 +202,20 @@ def paired_report(
             "verdict": "non_inferior" if ni.passed else "not_shown",
         },
         "e_value": exp_or_inf(log_e),
+        "verdict": verdict_line(
+            Verdict(
+                n=counts.n,
+                net_loss=net_loss_ratio(counts),
+                ci_lower=ci.lower,
+                ci_upper=ci.upper,
+                ci_level=ci.level,
+                e_value=exp_or_inf(log_e),
+                alpha=alpha,
+                margin=margin,
+                non_inferior=ni.passed,
+                discordant=discordant_ratio(counts),
+            )
+        ),
     }
     if d is not None:
         out["first_crossing"] = first_crossings(d, margin, alpha)
@@ -211,8 +237,8 @@ def _table(report: dict[str, Any]) -> str:
             f"{100 * ci['level']:g}% CI ({ci['method']})",
             f"[{pct(ci['lower'])}, {pct(ci['upper'])}]",
         ),
-        ("exact McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
-        ("exact McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
+        ("fixed-n McNemar p (two-sided)", f"{report['exact_p']:.3g}"),
+        ("fixed-n McNemar p (loss)", f"{report['exact_p_loss']:.3g}"),
         (
             "discordant",
             "n/a"
@@ -220,12 +246,12 @@ def _table(report: dict[str, Any]) -> str:
             else f"{100 * report['discordant_ratio']:.2f}%",
         ),
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
-        ("e-value (loss)", f"{report['e_value']:.3g}"),
+        (f"e-value (loss; {1 / ni['alpha']:g} needed)", f"{report['e_value']:.3g}"),
     ]
     for name, pair in report.get("first_crossing", {}).items():
         lines.append((f"first crossing ({name})", "never" if pair is None else f"pair {pair}"))
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+    return "\n".join([report["verdict"], *(f"{k:<{width}}  {v}" for k, v in lines)])
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -244,6 +270,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="non-inferiority margin: FLy may lose at most this fraction (default 0.01)",
     )
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument(
+        "--filter",
+        dest="filter_name",
+        metavar="NAME",
+        help="lm-eval samples: the filter to use when the task wrote several (e.g. strict-match)",
+    )
+    p.add_argument(
+        "--metric", metavar="NAME", help="lm-eval samples: the 0/1 metric when several are scored"
+    )
     p.add_argument("--format", choices=("json", "table"), default="table")
     p.set_defaults(handler=main)
 
@@ -255,7 +290,8 @@ def main(args: argparse.Namespace) -> int:
             raise InputError("--margin must be in [0, 1)")
         if not 0.0 < args.alpha < 0.5:
             raise InputError("--alpha must be in (0, 0.5)")
-        base, cand = read_outcomes(args.base), read_outcomes(args.cand)
+        pick = {"filter_name": args.filter_name, "metric": args.metric}
+        base, cand = read_outcomes(args.base, **pick), read_outcomes(args.cand, **pick)
         counts = pair_outcomes(base, cand)
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)

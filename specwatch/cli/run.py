@@ -44,7 +44,7 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
         help="a vLLM server; repeat per server (role inferred when NAME is standard|fly|baseline)",
     )
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="listen port (default 9400)")
+    p.add_argument("--port", type=int, help="listen port (default 9477)")
     p.add_argument("--scrape-interval", metavar="DURATION", help="default scrape interval (5s)")
     p.add_argument("--scrape-timeout", metavar="DURATION", help="default scrape timeout (4s)")
     p.add_argument("--max-body-bytes", type=int, help="largest /metrics body read (decompressed)")
@@ -129,9 +129,7 @@ def preflight(settings: Settings) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
-    from aiohttp import web
-
-    from specwatch.server.app import build_app
+    from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
 
     try:
@@ -142,20 +140,13 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"specwatch run: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log.level, settings.log.format)
+    setup_logging(settings.log.level, settings.log.format, secrets=settings.secret_values())
     log_effective_config(settings)
     shadow = shadow_components(settings)
     alerting = alerting_components(settings)
     app = build_app(settings, components=[*shadow, *alerting])
     try:
-        web.run_app(
-            app,
-            host=settings.server.host,
-            port=settings.server.port,
-            print=None,
-            access_log=None,
-            handle_signals=True,
-        )
+        serve(app, settings)
     except (OSError, OverflowError) as exc:  # address taken, not ours, or not an address
         reason = getattr(exc, "strerror", None) or exc
         print(

@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.vllm.request_metrics import MODES
 
@@ -30,6 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--role", choices=[r.value for r in Role], default="standard")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT exit within this many seconds (open requests get 40%% of it)",
+    )
     p.add_argument("--served-model-name", default="sim-model")
     p.add_argument("--method", default="eagle3", help="speculative method (vLLM names)")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -132,20 +140,32 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
-async def _serve(server: SimServer, host: str, port: int) -> None:
+async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -> None:
     from specwatch.simulate.launcher import serve  # the server stack loads only when serving
 
-    handle = await serve(server, host=host, port=port)
+    handle = await serve(server, host=host, port=port, shutdown_timeout=grace * 0.4)
     print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    deadline = ShutdownDeadline(grace * 0.95)  # the same shares as ``specwatch run``
+
+    def on_signal() -> None:
+        deadline.start()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     try:
         await stop.wait()
     finally:
-        await handle.stop()
+        # stop accepting, give open requests 40 % of the grace, then close them and stop the
+        # engines; cut off at 70 %, leaving the rest for the interpreter to exit; ended at 95 %
+        # if that hangs (Kubernetes kills at its grace period)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace * 0.7):
+                await handle.stop()
+            deadline.cleaned()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -165,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     async def run() -> None:
         server = SimServer(cfg)
         faults_mod.apply_patch(server.faults, server_faults)
-        await _serve(server, args.host, args.port)
+        await _serve(server, args.host, args.port, args.shutdown_timeout)
 
     try:
         asyncio.run(run())

@@ -8,7 +8,8 @@ One JSON object per line::
 
 ``id`` (string or integer) and ``gold`` (string or number) are required, and exactly one of
 ``prompt`` (string) or ``messages`` (list of ``{"role", "content"}``). Optional: ``category``
-(default ``canary``), ``checker`` (``exact|regex:<pattern>|json:<path>|math``, default ``exact``),
+(default ``canary``), ``checker``
+(``exact|regex:<pattern>|json:<path>|math|gsm8k_strict|gsm8k_flexible``, default ``exact``),
 ``model`` (string), ``temperature`` (number, default 0) and every other sampling field vLLM's
 OpenAI server accepts (:data:`SAMPLING_FIELDS`: ``seed``, ``ignore_eos``, ``top_p``, ``top_k``,
 ``min_p``, ``max_tokens``, ``stop``, penalties, ...; ``max_completion_tokens``, ``top_logprobs``,
@@ -34,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CHECKER_KINDS: tuple[str, ...] = ("exact", "regex:", "json:", "math")
+CHECKER_KINDS: tuple[str, ...] = (
+    "exact",
+    "regex:",
+    "json:",
+    "math",
+    "gsm8k_strict",
+    "gsm8k_flexible",
+)
 
 
 def _int(v: object) -> bool:
@@ -179,7 +187,7 @@ class CanaryLoad:
 
 
 def _checker_ok(checker: str) -> bool:
-    if checker in ("exact", "math"):
+    if checker in ("exact", "math", "gsm8k_strict", "gsm8k_flexible"):
         return True
     return checker.startswith(("regex:", "json:")) and len(checker.split(":", 1)[1]) > 0
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
+import traceback
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -53,6 +56,8 @@ class JsonFormatter(logging.Formatter):
             out.setdefault(key, value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
@@ -65,6 +70,8 @@ class PlainFormatter(logging.Formatter):
         line = f"{ts} {record.levelname.lower()} {record.name} {record.getMessage()} {fields}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
+        elif record.exc_text:
+            line += "\n" + record.exc_text
         return line.rstrip()
 
 
@@ -80,18 +87,169 @@ def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> 
         logger.log(level, event, exc_info=exc_info, extra={_FIELDS: fields})
 
 
-def setup_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | None = None) -> None:
+class RateLimitedLog:
+    """:func:`log_event` for events that outside input can repeat at will (bad requests,
+    refused connections): at most ``burst`` lines per ``period_seconds`` for each (event,
+    ``reason`` field); the lines over that are not written but counted, and the next line
+    written for that key carries ``suppressed=N`` (how many were left out since the last one).
+    ``suppressed_total`` counts every line left out. ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        burst: int = 10,
+        period_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._burst = burst
+        self._period = period_seconds
+        self._clock = clock
+        self._state: dict[tuple[str, str], list[float]] = {}  # [period start, lines, suppressed]
+        self.suppressed_total = 0
+
+    def log(self, level: int, event: str, **fields: Any) -> bool:
+        """Write the line unless over the limit; True when written."""
+        key = (event, str(fields.get("reason", "")))
+        now = self._clock()
+        st = self._state.get(key)
+        if st is None or now - st[0] >= self._period:
+            suppressed = int(st[2]) if st is not None else 0
+            st = self._state[key] = [now, 0.0, float(suppressed)]
+        if st[1] >= self._burst:
+            st[2] += 1
+            self.suppressed_total += 1
+            return False
+        st[1] += 1
+        if st[2]:
+            fields["suppressed"] = int(st[2])
+            st[2] = 0
+        log_event(self._logger, level, event, **fields)
+        return True
+
+    def warning(self, event: str, **fields: Any) -> bool:
+        """:meth:`log` at WARNING."""
+        return self.log(logging.WARNING, event, **fields)
+
+
+#: Loggers of the libraries specwatch serves and fetches with; their records go through the
+#: same handler (and :class:`SecretFilter`) as specwatch's own.
+LIBRARY_LOGGERS = ("aiohttp", "asyncio")
+
+
+def setup_logging(
+    level: str = "INFO",
+    fmt: str = "json",
+    stream: TextIO | None = None,
+    *,
+    secrets: Iterable[str] = (),
+) -> None:
     """Configure the ``specwatch`` logger tree (idempotent): one handler writing to ``stream``
     (default stderr, so stdout stays free for command output); ``fmt`` is ``json`` or ``plain``;
-    ``level`` a logging level name (``INFO``)."""
-    logger = logging.getLogger("specwatch")
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
+    ``level`` a logging level name (``INFO``). The handler masks credentials in every record
+    (:class:`SecretFilter`, with the configured ``secrets`` masked wherever they appear) and
+    also writes aiohttp's and asyncio's records (:data:`LIBRARY_LOGGERS`, level WARNING), which
+    otherwise reach stderr unformatted and unmasked (aiohttp echoes a bad request's header
+    lines, ``Authorization`` included)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
-    logger.addHandler(handler)
+    handler.addFilter(SecretFilter(secrets))
+    for name in ("specwatch", *LIBRARY_LOGGERS):
+        lg = logging.getLogger(name)
+        for old in list(lg.handlers):
+            if getattr(old, "_specwatch", False):
+                lg.removeHandler(old)
+        lg.addHandler(handler)
+    handler._specwatch = True  # type: ignore[attr-defined]
+    logger = logging.getLogger("specwatch")
     logger.setLevel(level)
     logger.propagate = True
+    for name in LIBRARY_LOGGERS:
+        lib = logging.getLogger(name)
+        if lib.level == logging.NOTSET:
+            lib.setLevel(logging.WARNING)
+
+
+_SECRET_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # user info of a URL: scheme://user:PASSWORD@host
+    re.compile(r"(?P<keep>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*:)[^/\s@'\"]+(?=@)"),
+    # an Authorization header line or mapping entry: keep the scheme word, hide the rest
+    re.compile(
+        r"(?i)(?P<keep>\b(?:proxy-)?authorization['\"]?\s*[:=,]\s*['\"]?(?:(?:bearer|basic|token)\s+)?)"
+        r"[^\s'\",;\\]+"
+    ),
+    # a bare "Bearer xxx" / "Basic xxx" credential
+    re.compile(r"(?i)(?P<keep>\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    # key=value / "key": "value" with a secret-looking key (query strings, JSON, headers)
+    re.compile(
+        r"(?i)(?P<keep>\b(?:api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|token|password|"
+        r"passwd|secret)['\"]?\s*[:=]\s*['\"]?)(?!\*{10})[^\s'\",;&\\]+"
+    ),
+)
+
+
+def mask_secrets(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with credentials replaced by ``**********``: each of ``secrets`` (configured
+    tokens and passwords, masked wherever they appear), URL passwords, ``Authorization`` values,
+    ``Bearer``/``Basic`` credentials and the values of ``token=``/``password=``-like keys."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, _HIDDEN)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group("keep") + _HIDDEN, text)
+    return text
+
+
+def _mask_value(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return mask_secrets(value, secrets)
+    if isinstance(value, dict):
+        return {k: _mask_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask_value(v, secrets) for v in value]
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    return mask_secrets(str(value), secrets)
+
+
+class SecretFilter(logging.Filter):
+    """A handler filter that masks credentials (:func:`mask_secrets`) in a record's message,
+    fields and exception text before any formatter sees them; never drops a record.
+
+    ``secrets``: literal values to mask (configured bearer tokens, passwords); more can be
+    added with :meth:`add`.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._secrets: tuple[str, ...] = tuple(s for s in secrets if s)
+
+    def add(self, secret: str) -> None:
+        """Mask ``secret`` from now on."""
+        if secret and secret not in self._secrets:
+            self._secrets = (*self._secrets, secret)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Mask ``record`` in place; always True."""
+        secrets = self._secrets
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # bad %-args: show the template and the args as text
+            message = f"{record.msg} {record.args}"
+        masked = mask_secrets(message, secrets)
+        if masked != message or record.args:
+            record.msg, record.args = masked, None
+        for key, value in list(record.__dict__.items()):
+            if key == _FIELDS or (key not in _STANDARD and not key.startswith("_")):
+                record.__dict__[key] = _mask_value(value, secrets)
+        if record.exc_info and record.exc_info[0] is not None:
+            text = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            record.exc_text = mask_secrets(text, secrets)
+            record.exc_info = None
+        elif record.exc_text:
+            record.exc_text = mask_secrets(record.exc_text, secrets)
+        return True
 
 
 _HIDDEN = "**********"

@@ -315,6 +315,17 @@ FLIP_RATIO = _g(
     (*WC, "arm"),
 )
 LEDGER_ROWS = _g("specwatch_ledger_rows", "Rows in the pair ledger.")
+LEDGER_PAIRS = _g(
+    "specwatch_ledger_pairs",
+    "Compared pairs the ledger holds now, by outcome (as specwatch_shadow_pairs_total, over the "
+    "retained rows: retention pruning lowers it).",
+    ("category", "arm", "outcome"),
+)
+SHADOW_CATEGORIES_FOLDED = _c(
+    "specwatch_shadow_categories_folded",
+    "Requests whose category was counted as 'other' (more distinct categories than "
+    "shadow.max_categories).",
+)
 SHADOW_QUEUE_DEPTH = _g("specwatch_shadow_queue_depth", "Sampled requests waiting to replay.")
 SHADOW_IN_FLIGHT = _g("specwatch_shadow_in_flight", "Shadow replays in flight.")
 SHADOW_DROPPED = _c(
@@ -457,6 +468,8 @@ SHADOW: tuple[MetricSpec, ...] = (
     E_VALUE,
     FLIP_RATIO,
     LEDGER_ROWS,
+    LEDGER_PAIRS,
+    SHADOW_CATEGORIES_FOLDED,
     *SHADOW_IO,
 )
 
@@ -493,8 +506,150 @@ ALERTS: tuple[MetricSpec, ...] = (
     ALERT_STATE_ERRORS,
 )
 
+# -- fleet (``specwatch fleet --listen``: one process over the sidecars' counters in Prometheus) --
+
+FLEET_MODEL = ("model_name",)
+FLEET_MC = ("model_name", "category")
+FLEET_SIDECARS = _g(
+    "specwatch_fleet_sidecars",
+    "Sidecars whose specwatch_shadow_pairs_total series Prometheus returned for this model.",
+    FLEET_MODEL,
+)
+FLEET_N = _g(
+    "specwatch_fleet_paired_n",
+    "Labelled pairs of the model summed over its sidecars (the union of their ledgers).",
+    FLEET_MC,
+)
+FLEET_LOST = _g(
+    "specwatch_fleet_paired_lost",
+    "Fleet labelled pairs the standard arm got right and FLy wrong.",
+    FLEET_MC,
+)
+FLEET_GAINED = _g(
+    "specwatch_fleet_paired_gained",
+    "Fleet labelled pairs the standard arm got wrong and FLy right.",
+    FLEET_MC,
+)
+FLEET_NET_LOSS = _g(
+    "specwatch_fleet_paired_net_loss_ratio",
+    "Fleet paired accuracy difference acc(standard) - acc(FLy) = (lost - gained) / n.",
+    FLEET_MC,
+)
+FLEET_CI_LOWER = _g(
+    "specwatch_fleet_paired_net_loss_ci_lower_ratio",
+    "Lower bound of the Tango score interval (level 1 - alpha) for the fleet net loss.",
+    FLEET_MC,
+)
+FLEET_CI_UPPER = _g(
+    "specwatch_fleet_paired_net_loss_ci_upper_ratio",
+    "Upper bound of the Tango score interval (level 1 - alpha) for the fleet net loss.",
+    FLEET_MC,
+)
+FLEET_NON_INFERIORITY = _g(
+    "specwatch_fleet_paired_non_inferiority_pass",
+    "1 when the Tango non-inferiority test on the fleet table shows net loss < margin.",
+    FLEET_MC,
+)
+FLEET_MCNEMAR_P = _g(
+    "specwatch_fleet_paired_mcnemar_p_value",
+    "Exact McNemar p-value on the fleet's discordant pairs (two-sided, or one-sided for loss).",
+    (*FLEET_MC, "alternative"),
+)
+FLEET_E_VALUE = _g(
+    "specwatch_fleet_paired_e_value",
+    "The sidecars' e-value against 'no net loss' (focused mixture) on the fleet's discordant pairs "
+    "(a function of the counts, so exact for the pooled pairs).",
+    (*FLEET_MC, "hypothesis"),
+)
+FLEET_MARGIN_E_VALUE = _g(
+    "specwatch_fleet_paired_margin_e_value",
+    "The sidecars' since-start margin e-values combined: mean (valid under any dependence) or "
+    "product (valid for sidecars with independent traffic).",
+    (*FLEET_MODEL, "combination"),
+)
+FLEET_QUERY_ERRORS = _c(
+    "specwatch_fleet_query_errors",
+    "Failed Prometheus queries of the fleet view, by reason.",
+    REASON,
+)
+FLEET_BAD_SERIES = _g(
+    "specwatch_fleet_bad_series",
+    "Series skipped in the latest fleet snapshot, by reason (missing model label, not a count).",
+    REASON,
+)
+FLEET_LAST_SUCCESS = _g(
+    "specwatch_fleet_last_success_timestamp_seconds",
+    "Unix time of the latest fleet snapshot built from successful queries.",
+)
+
+#: The fleet view's families, in exposition order.
+FLEET: tuple[MetricSpec, ...] = (
+    FLEET_SIDECARS,
+    FLEET_N,
+    FLEET_LOST,
+    FLEET_GAINED,
+    FLEET_NET_LOSS,
+    FLEET_CI_LOWER,
+    FLEET_CI_UPPER,
+    FLEET_NON_INFERIORITY,
+    FLEET_MCNEMAR_P,
+    FLEET_E_VALUE,
+    FLEET_MARGIN_E_VALUE,
+    FLEET_QUERY_ERRORS,
+    FLEET_BAD_SERIES,
+    FLEET_LAST_SUCCESS,
+)
+
+
+# -- listeners --------------------------------------------------------------------------------
+
+LISTENER_REFUSED = _c(
+    "specwatch_listener_refused",
+    "Connections and requests a listener refused, by reason (header_timeout, body_timeout, "
+    "connection_limit).",
+    ("listener", "reason"),
+)
+LISTENER_OPEN = _g(
+    "specwatch_listener_open_connections", "Open connections of a listener.", ("listener",)
+)
+
+#: The listener families, in exposition order.
+LISTENERS: tuple[MetricSpec, ...] = (LISTENER_REFUSED, LISTENER_OPEN)
+
 #: Every exported family, in exposition order.
-CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS)
+CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS, *FLEET)
+
+#: Every label of an exported family → what bounds its values (the number of distinct values
+#: is fixed by configuration or by code, never by traffic or by what a target serves).
+LABEL_BOUNDS: dict[str, str] = {
+    "version": "1 (the running version)",
+    "target": "the configured targets",
+    "role": "3: standard, fly, baseline",
+    "model_name": "scrape.max_models_per_target per target (default 8); further models are "
+    'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',
+    "engine": "scrape.max_engines_per_target per target (default 64); further engines are "
+    'dropped and counted in specwatch_scrape_errors_total{reason="engine_cap"}',
+    "window": "the configured windows + since_start",
+    "position": "num_speculative_tokens K, at most 128 (parse.MAX_POSITIONS)",
+    "q": "the fixed latency quantiles (observe.values.QUANTILES)",
+    "reason": "a fixed list per family in code (see docs/metrics.md), plus http_<status> of "
+    "specwatch_shadow_arm_errors_total (three-digit codes: at most 900) and the exception types "
+    "the ledger writer catches; vLLM's waiting reasons at most 16 per engine, the rest summed "
+    "into 'other'",
+    "standard": "the configured targets",
+    "fly": "the configured targets",
+    "category": "shadow.max_categories (default 20) + 'other' + '_all'",
+    "arm": "3: standard, fly, noise",
+    "outcome": "6: both_correct, lost, gained, both_wrong, agree, disagree",
+    "alternative": "2: two_sided, loss",
+    "hypothesis": "2: no_net_loss, margin",
+    "source": "3: mirror, proxy, canary",
+    "status": "3: paired, unpaired, excluded",
+    "alertname": "the detectors' alerts (fixed in code)",
+    "severity": "the detectors' severities (fixed in code)",
+    "listener": "3: main, proxy, simulator",
+    "combination": "2: mean, product (the fleet margin e-value)",
+}
 
 #: Family name (without ``_total``) → spec.
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -12,6 +12,7 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from specwatch.core.clock import format_rfc3339
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.observe.values import QUANTILES, Health
 
@@ -142,9 +143,62 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "pair": pair,
         "shadow": shadow_stats_json(snap.shadow) if snap.shadow is not None else {},
         "alerts": alerts_json(snap.alerts) if snap.alerts is not None else [],
+        "verdict": snapshot_verdict(snap),
     }
     doc: dict[str, Any] = _jsonable(out)
     return doc
+
+
+def snapshot_verdict(snap: Snapshot) -> str | None:
+    """The verdict sentence (:func:`specwatch.shadow.verdict.verdict_line`) for a snapshot.
+
+    τ ratio from the first pair window; throughput as per-request generation speed in the same
+    window (τ ÷ median inter-token latency of each server, by
+    :func:`specwatch.shadow.verdict.per_request_speed_ratio`: equal traffic, whatever share of
+    the load each server gets); quality from the ``since_start`` overall shadow summary
+    (its e-value is the anytime-valid one). ``None`` with neither a pair view nor shadow stats.
+    """
+    # imported here: the verdict's sample size needs scipy, which `specwatch analyze` never loads
+    from specwatch.shadow.verdict import (
+        Verdict,
+        per_request_speed_ratio,
+        verdict_from_summary,
+        verdict_line,
+    )
+
+    tau: float | None = None
+    speed: float | None = None
+    window, pv = next(iter(snap.pair.items()), (None, None))
+    if window is not None and pv is not None:
+        tau = pv.mean_acceptance_length_ratio
+
+        def server(name: str) -> Health | None:
+            t = snap.targets.get(name)
+            models = t.windows.get(window, {}) if t is not None else {}
+            return next(iter(models.values())).server if len(models) == 1 else None
+
+        std, fly = server(pv.standard), server(pv.fly)
+        if std is not None and fly is not None:
+            speed = per_request_speed_ratio(
+                fly.mean_acceptance_length,
+                fly.inter_token_latency_seconds.get(0.5),
+                std.mean_acceptance_length,
+                std.inter_token_latency_seconds.get(0.5),
+            )
+    st = snap.shadow
+    overall = None
+    if st is not None:
+        cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
+        overall = cats.get(OVERALL)
+    if overall is None or st is None:
+        if pv is None:
+            return None
+        return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
+    return verdict_line(
+        verdict_from_summary(
+            overall, alpha=st.alpha, margin=st.margin, tau_ratio=tau, throughput_ratio=speed
+        )
+    )
 
 
 def alerts_json(state: AlertingState) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ exported (no sample), never 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -27,6 +27,7 @@ from specwatch import __version__
 from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
 from specwatch.alerts.saved import STATE_ERROR_REASONS
 from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.listen import ListenerStats
 from specwatch.core.numbers import exp_or_inf
 from specwatch.export import catalogue as cat
 from specwatch.export.catalogue import (
@@ -70,6 +71,10 @@ KNOWN_REASONS: tuple[str, ...] = (
     "duplicate_conflict",
     "invalid_series",
     "http_error",
+    "no_vllm_families",
+    "counters_alternate",
+    "model_cap",
+    "engine_cap",
 )
 
 
@@ -269,6 +274,9 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         e = exp_or_inf(lw)
         fam.add(cat.E_VALUE, (SINCE_START, OVERALL, "margin"), e)
     fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
+    for (category, arm, outcome), n in sorted(state.ledger_pairs.items()):
+        fam.add(cat.LEDGER_PAIRS, (category, arm, outcome), n)
+    fam.add(cat.SHADOW_CATEGORIES_FOLDED, (), state.categories_folded)
     io = state.io
     if io is None:
         return
@@ -357,6 +365,32 @@ class AlertsCollector(Collector):
         fam.add(cat.ALERTMANAGER_OUTBOX_DEPTH, (), state.outbox_depth)
         fam.add_counts(cat.ALERT_STATE_ERRORS, state.state_errors, STATE_ERROR_REASONS)
         yield from fam.families(keep_empty=True)
+
+
+class ListenerCollector(Collector):
+    """The listener families (:data:`~specwatch.export.catalogue.LISTENERS`) from
+    ``get_listeners()``: refused connections and requests by listener and reason (the known
+    reasons from 0) and open connections."""
+
+    def __init__(self, get_listeners: Callable[[], Sequence[ListenerStats]]) -> None:
+        self._get = get_listeners
+
+    def describe(self) -> Iterator[Metric]:
+        """The listener families, without samples."""
+        return _describe(cat.LISTENERS)
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families of the current listener counters."""
+        fam = _Families(cat.LISTENERS)
+        for stats in self._get():
+            for reason in sorted(set(LISTENER_REASONS) | set(stats.refused)):
+                fam.add(cat.LISTENER_REFUSED, (stats.name, reason), stats.refused.get(reason, 0))
+            fam.add(cat.LISTENER_OPEN, (stats.name,), stats.open)
+        yield from fam.families(keep_empty=True)
+
+
+#: Listener refusal reasons always exported (at 0).
+LISTENER_REASONS: tuple[str, ...] = ("body_timeout", "connection_limit", "header_timeout")
 
 
 #: A collector factory a component may hand to :func:`specwatch.server.app.build_app`.

@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from specwatch.core.clock import Clock
-from specwatch.core.logs import log_event
+from specwatch.core.logs import log_event, redact_url
 from specwatch.observe.fetch import fetch_metrics
 from specwatch.observe.parse import ParseError, parse_page
 from specwatch.observe.tracker import TargetTracker, build_view
@@ -29,6 +30,28 @@ if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings
 __all__ = ["Scraper"]
 
 logger = logging.getLogger("specwatch.scrape")
+
+#: What a page rejected by the tracker means (the ``error`` field of its log line).
+_REJECTED: dict[str, str] = {
+    "no_vllm_families": "the page has no vllm:* series: not a vLLM /metrics page",
+    "counters_alternate": (
+        "counters fall and rise in turn across scrapes: this URL is not one server "
+        "(a load balancer or cache in front of several)"
+    ),
+}
+
+
+def scrape_hint(url: str, content_type: str | None) -> str | None:
+    """A fix for the two common wrong target URLs, or ``None``: the OpenAI base URL (path
+    ending in ``/v1``: specwatch wants the server's ``/metrics``) and a page served as HTML
+    (a UI or proxy, not a Prometheus text page)."""
+    path = urlsplit(url).path.rstrip("/")
+    if path.endswith("/v1") or "/v1/" in path:
+        base = url[: url.rfind("/v1")]
+        return f"this looks like the OpenAI API URL; specwatch scrapes {base}/metrics"
+    if content_type is not None and "html" in content_type.lower():
+        return "the server answered with HTML, not metrics; give the vLLM server's /metrics URL"
+    return None
 
 
 class Scraper:
@@ -54,7 +77,14 @@ class Scraper:
         self._targets = tuple(targets)
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
-            t.name: TargetTracker(t, window_seconds) for t in self._targets
+            t.name: TargetTracker(
+                t,
+                window_seconds,
+                max_models=scrape.max_models_per_target,
+                max_engines=scrape.max_engines_per_target,
+                stale_seconds=scrape.stale_series_seconds,
+            )
+            for t in self._targets
         }
         self._session: aiohttp.ClientSession | None = None
         self._clock = clock
@@ -110,7 +140,7 @@ class Scraper:
         if not result.ok:
             assert result.reason is not None
             tracker.record_error(result.reason, duration_seconds=result.duration_seconds)
-            self._failed(target, result.reason, result.detail, None)
+            self._failed(target, result.reason, result.detail, None, result.content_type)
             self._on_update()
             return False
         start = self._monotonic()
@@ -118,10 +148,16 @@ class Scraper:
             page = parse_page(result.body, content_type=result.content_type)
         except ParseError as exc:
             tracker.record_error("parse", duration_seconds=result.duration_seconds)
-            self._failed(target, "parse", exc.message, exc.line)
+            self._failed(target, "parse", exc.message, exc.line, result.content_type)
             self._on_update()
             return False
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
+        if tracker.rejected is not None:
+            self._failed(target, tracker.rejected, _REJECTED[tracker.rejected], None)
+            self._on_update()
+            return False
+        for reason, count in tracker.capped.items():
+            self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
         self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
         missing = tracker.snapshot().missing_families
@@ -162,11 +198,26 @@ class Scraper:
             event = f"{kind} series skipped"
             log_event(logger, logging.WARNING, event, target=target, reason=reason, count=count)
 
-    def _failed(self, target: TargetSettings, reason: str, detail: str, line: int | None) -> None:
+    def _failed(
+        self,
+        target: TargetSettings,
+        reason: str,
+        detail: str,
+        line: int | None,
+        content_type: str | None = None,
+    ) -> None:
         level = logging.WARNING if self._last_reason[target.name] != reason else logging.DEBUG
-        fields: dict[str, object] = {"target": target.name, "reason": reason, "error": detail}
+        fields: dict[str, object] = {
+            "target": target.name,
+            "url": redact_url(target.url),
+            "reason": reason,
+            "error": detail,
+        }
         if line:
             fields["line"] = line
+        hint = scrape_hint(target.url, content_type)
+        if hint:
+            fields["hint"] = hint
         log_event(logger, level, "scrape failed", **fields)
         self._last_reason[target.name] = reason
 

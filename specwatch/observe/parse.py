@@ -296,6 +296,10 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
 #: make K (and the per-position lists) huge.
 MAX_POSITIONS = 128
 
+#: Distinct ``reason`` labels of ``vllm:num_requests_waiting_by_reason`` kept per engine (vLLM
+#: has a handful); further reasons are summed into ``other``.
+MAX_WAITING_REASONS = 16
+
 
 def _invalid(series: _Series, value: float) -> bool:
     """True for a value or label no vLLM page carries (the series is skipped and counted):
@@ -643,6 +647,8 @@ def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: fl
         acc.per_position[pos] = acc.per_position.get(pos, 0.0) + value
     elif key == "waiting_by_reason":
         reason = labels.get("reason", "")
+        if reason not in acc.waiting and len(acc.waiting) >= MAX_WAITING_REASONS:
+            reason = "other"
         acc.waiting[reason] = acc.waiting.get(reason, 0.0) + value
     elif fam.kind == "gauge":
         acc.gauges[key] = acc.gauges.get(key, 0.0) + value

@@ -117,8 +117,18 @@ class TargetSettings(Frozen):
 
 
 class ScrapeSettings(Frozen):
-    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed)."""
+    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed).
+
+    Bounds on what one target may make specwatch keep: ``max_models_per_target`` distinct
+    ``model_name`` values and ``max_engines_per_target`` (model_name, engine) pairs (series
+    already tracked keep their place; further ones are dropped from each page and counted as
+    ``model_cap`` / ``engine_cap``); state of a (model_name, engine) absent for
+    ``stale_series_seconds`` is dropped, freeing its place.
+    """
 
     interval_seconds: float = Field(default=5.0, gt=0)
     timeout_seconds: float = Field(default=4.0, gt=0)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_models_per_target: int = Field(default=8, ge=1, le=1000)
+    max_engines_per_target: int = Field(default=64, ge=1, le=10000)
+    stale_series_seconds: float = Field(default=1800.0, gt=0)

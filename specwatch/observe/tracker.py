@@ -17,6 +17,7 @@ from specwatch.core.roles import Role
 from specwatch.observe.health import capacity, model_windows, pair_view
 from specwatch.observe.values import (
     Capacity,
+    EngineKey,
     ObserveView,
     PageReading,
     PairView,
@@ -31,9 +32,24 @@ if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
 class TargetTracker:
     """State of one target between scrapes; :meth:`snapshot` returns an immutable view."""
 
-    def __init__(self, target: TargetSettings, windows: Mapping[str, float]) -> None:
+    def __init__(
+        self,
+        target: TargetSettings,
+        windows: Mapping[str, float],
+        *,
+        max_models: int = 8,
+        max_engines: int = 64,
+        stale_seconds: float = 1800.0,
+    ) -> None:
         self.target = target
+        self._max_models = max_models
+        self._max_engines = max_engines
+        self._stale_seconds = stale_seconds
         self._windows = RollingWindows(windows)
+        #: Why the last page was rejected (``no_vllm_families``, ``counters_alternate``), else None.
+        self.rejected: str | None = None
+        #: (model_name, engine) pairs dropped from the last page, by ``model_cap`` / ``engine_cap``.
+        self.capped: dict[str, int] = {"model_cap": 0, "engine_cap": 0}
         self._seen_families: set[str] = set()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
@@ -66,10 +82,62 @@ class TargetTracker:
             last_scrape_duration_seconds=duration_seconds,
         )
 
+    def bound(self, page: PageReading) -> tuple[PageReading, int, int]:
+        """``page`` with at most ``max_models`` models and ``max_engines`` (model, engine) pairs:
+        tracked ones first, then new ones in sorted order while there is room. Returns the kept
+        page and how many (model, engine) pairs were dropped for the model cap and for the
+        engine cap (pure in the tracked set)."""
+        tracked = self._windows.tracked
+        new = [k for k in page.engines if k not in tracked]
+        if not new:
+            return page, 0, 0
+        models = {m for m, _ in tracked}
+        room = self._max_engines - len(tracked)
+        if len(new) <= room and len(models | {m for m, _ in new}) <= self._max_models:
+            return page, 0, 0
+        kept: set[EngineKey] = set()
+        by_model = by_engine = 0
+        for key in sorted(new):
+            if key[0] not in models and len(models) >= self._max_models:
+                by_model += 1
+            elif len(kept) >= room:
+                by_engine += 1
+            else:
+                models.add(key[0])
+                kept.add(key)
+        engines = {k: v for k, v in page.engines.items() if k in tracked or k in kept}
+        return replace(page, engines=engines), by_model, by_engine
+
     def record_page(
         self, t: float, page: PageReading, *, duration_seconds: float | None
     ) -> list[str]:
-        """A good page taken at ``t``: update windows and health; return reset engines' labels."""
+        """A good page taken at ``t``: update windows and health; return reset engines' labels.
+
+        A page without any ``vllm:*`` family (an error page served as text, another exporter)
+        is a failed scrape (``no_vllm_families``); a page whose counters continue an older
+        page's after falling (several servers behind one URL) is one too
+        (``counters_alternate``): neither changes the windows. Engines over the model/engine
+        caps are dropped and counted (``model_cap``, ``engine_cap``); engines absent for
+        ``stale_seconds`` are pruned."""
+        self.rejected = None
+        if not any(f.startswith("vllm:") for f in page.families):
+            # not a vLLM page: no value at all is shown (never the last good ones, never 0)
+            self.rejected = "no_vllm_families"
+            self.record_error(self.rejected, duration_seconds=duration_seconds)
+            self._snap = replace(self._snap, windows={})
+            return []
+        self._windows.prune(t, self._stale_seconds)
+        page, by_model, by_engine = self.bound(page)
+        self.capped = {"model_cap": by_model, "engine_cap": by_engine}
+        for reason, n in self.capped.items():
+            if n:
+                self._errors[reason] = self._errors.get(reason, 0) + n
+        if self._windows.alternating(page):
+            self.rejected = "counters_alternate"
+            self.record_error(self.rejected, duration_seconds=duration_seconds)
+            return []
+        for gone in [e for e in self._resets if e not in {k[1] for k in self._windows.tracked}]:
+            del self._resets[gone]
         if page.duplicate_conflicts:
             self._errors["duplicate_conflict"] = (
                 self._errors.get("duplicate_conflict", 0) + page.duplicate_conflicts

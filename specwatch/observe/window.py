@@ -67,6 +67,23 @@ def _fell(prev: EngineReading, cur: EngineReading) -> bool:
     return False
 
 
+#: Pages per engine remembered to recognise counters that alternate (several servers, one URL).
+ALTERNATION_HISTORY = 8
+
+
+def _continues(old: EngineReading, cur: EngineReading) -> bool:
+    """True when every counter ``cur`` shares with ``old`` is >= it (at least one shared)."""
+    shared = 0
+    for key, value in cur.counters.items():
+        before = old.counters.get(key)
+        if before is None:
+            continue
+        if value < before:
+            return False
+        shared += 1
+    return shared > 0
+
+
 def _inc(prev: float | None, cur: float, reset: bool) -> float:
     if reset or prev is None:
         return cur if reset else 0.0
@@ -88,7 +105,53 @@ class RollingWindows:
         self._first_seen: dict[EngineKey, tuple[float, _Acc]] = {}
         self._last_raw: dict[EngineKey, EngineReading] = {}
         self._acc: dict[EngineKey, _Acc] = {}
+        self._last_seen: dict[EngineKey, float] = {}
         self._process_start: float | None = None
+        self._history: dict[EngineKey, deque[EngineReading]] = {}
+        self._starts: deque[float] = deque(maxlen=ALTERNATION_HISTORY)
+
+    @property
+    def tracked(self) -> frozenset[EngineKey]:
+        """The (model_name, engine) pairs whose state is kept (seen and not pruned)."""
+        return frozenset(self._last_seen)
+
+    def prune(self, now: float, stale_seconds: float) -> list[EngineKey]:
+        """Drop all state of engines not seen on a good page since ``now - stale_seconds``;
+        return them. A pruned engine that comes back starts afresh (its ``since_start`` too)."""
+        cutoff = now - stale_seconds
+        gone = [key for key, t in self._last_seen.items() if t < cutoff]
+        for key in gone:
+            for table in (self._last_seen, self._acc, self._last_raw, self._first_seen):
+                table.pop(key, None)
+            self._history.pop(key, None)
+        return gone
+
+    def alternating(self, page: PageReading) -> bool:
+        """True when ``page`` reads as a second server behind the same URL, then remember it.
+
+        Several servers behind one URL (a load balancer, a cache) give pages whose counters
+        fall and rise in turn. A page is *alternating* when, for some engine, it continues a
+        series seen on an older page but not on the latest one: its counters fell below the
+        latest page's, yet none is below those of one of the earlier pages (at most
+        :data:`ALTERNATION_HISTORY`), with at least one counter in common; or its
+        ``process_start_time_seconds`` differs from the latest page's and equals an earlier one.
+        A true restart starts near zero (below every earlier page) with a new start time, so
+        it is never alternating. Every page (alternating or not) enters the history."""
+        start = page.process_start_time_seconds
+        found = False
+        if start is not None and self._starts:
+            older = list(self._starts)[:-1]
+            found = start != self._starts[-1] and start in older
+        for key, cur in page.engines.items():
+            hist = self._history.get(key)
+            if not found and hist and len(hist) >= 2 and _fell(hist[-1], cur):
+                found = any(_continues(old, cur) for old in list(hist)[:-1])
+            if hist is None:
+                hist = self._history[key] = deque(maxlen=ALTERNATION_HISTORY)
+            hist.append(cur)
+        if start is not None:
+            self._starts.append(start)
+        return found
 
     @property
     def window_names(self) -> tuple[str, ...]:
@@ -145,6 +208,7 @@ class RollingWindows:
             )
             self._last_raw[key] = merged_raw
             acc_now[key] = new
+            self._last_seen[key] = t
             if key not in self._first_seen:
                 self._first_seen[key] = (t, new)
         point = _Point(t, acc_now, dict(page.engines))

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from specwatch.core.config import OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.summary import PairedSummary
+from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).
@@ -220,6 +221,10 @@ def _fmt(v: float | int | None, kind: str = "g") -> str:
         return "–"
     if kind == "pct":
         return f"{100.0 * v:.2f}"
+    if kind == "pts":
+        return f"{100.0 * v:.2f} pts"
+    if kind == "rate":
+        return f"{100.0 * v:.1f} %"
     if kind == "p":
         return f"{v:.3g}"
     if kind == "int":
@@ -246,13 +251,13 @@ _HEADERS: tuple[str, ...] = (
     "net (gained − lost)",
     "net loss (points)",
     "interval (points)",
-    "exact McNemar p (two-sided)",
-    "p (loss)",
+    "fixed-n McNemar p (two-sided)",
+    "fixed-n p (loss)",
     "e-value (now)",
     "alarm: e ≥ 1/α reached",
     "non-inferiority",
-    "FLy flip",
-    "noise flip",
+    "FLy flip (% of pairs)",
+    "noise flip (% of pairs)",
 )
 
 
@@ -266,7 +271,7 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
         _cell("lost", s.lost),
         _cell("gained", s.gained),
         _cell("net", s.net),
-        _cell("net_loss_ratio", s.net_loss_ratio, _fmt(s.net_loss_ratio, "pct")),
+        _cell("net_loss_ratio", s.net_loss_ratio, _fmt(s.net_loss_ratio, "pts")),
         f'<td data-field="ci" data-lower="{s.ci_lower!r}" data-upper="{s.ci_upper!r}">'
         f"{html.escape(ci)}</td>",
         _cell("p_two_sided", s.p_two_sided, _fmt(s.p_two_sided, "p")),
@@ -278,10 +283,10 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
         _cell(
             "non_inferiority_pass",
             s.non_inferiority_pass,
-            f"{verdict} (upper {_fmt(s.non_inferiority_upper, 'pct')} vs {100 * margin:g})",
+            f"{verdict} (upper {_fmt(s.non_inferiority_upper, 'pts')} vs {100 * margin:g} pts)",
         ),
-        _cell("fly_flip_ratio", s.fly_flip_ratio, _fmt(s.fly_flip_ratio, "pct")),
-        _cell("noise_flip_ratio", s.noise_flip_ratio, _fmt(s.noise_flip_ratio, "pct")),
+        _cell("fly_flip_ratio", s.fly_flip_ratio, _fmt(s.fly_flip_ratio, "rate")),
+        _cell("noise_flip_ratio", s.noise_flip_ratio, _fmt(s.noise_flip_ratio, "rate")),
     ]
     return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
 
@@ -320,8 +325,8 @@ def _acceptance_table(data: ReportData) -> str:
 
 _NEEDS_METRICS = (
     "Per-position acceptance needs <code>--metrics-url</code>: the sidecar's live URL "
-    "(<code>http://HOST:9400/metrics</code>) or a saved <code>/metrics</code> or "
-    "<code>/api/v1/snapshot</code> file, e.g. save <code>curl -s localhost:9400/metrics &gt; "
+    "(<code>http://HOST:9477/metrics</code>) or a saved <code>/metrics</code> or "
+    "<code>/api/v1/snapshot</code> file, e.g. save <code>curl -s localhost:9477/metrics &gt; "
     "metrics.txt</code> while the sidecar runs (during a demo) and pass "
     "<code>--metrics-url metrics.txt</code>."
 )
@@ -377,6 +382,11 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         if reasons
         else "<p>None.</p>"
     )
+    verdict_text = (
+        verdict_line(verdict_from_summary(overall, alpha=st.alpha, margin=st.margin))
+        if overall is not None
+        else verdict_line(Verdict())
+    )
     imgs = {p: f'<img src="{html.escape(p)}" alt="{html.escape(p)}">' for p in plots}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADERS)
     return f"""<!DOCTYPE html>
@@ -388,6 +398,7 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
 from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
 non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
 intervals at {1 - st.alpha:.0%}.</p>
+<p class="verdict-line" data-field="verdict">{html.escape(verdict_text)}</p>
 {verdict}
 <h2>Per category</h2>
 <p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;

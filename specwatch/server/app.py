@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
@@ -29,10 +30,13 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
 from specwatch.core.clock import Clock
+from specwatch.core.listen import ListenerStats
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
+from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.core.store import Store
 from specwatch.export.json import snapshot_json
-from specwatch.export.prometheus import SpecwatchCollector
+from specwatch.export.prometheus import ListenerCollector, SpecwatchCollector
 from specwatch.export.snapshot import Snapshot, SnapshotGetter
 from specwatch.observe.loop import Scraper
 from specwatch.settings import Settings
@@ -81,6 +85,8 @@ STORE_KEY = web.AppKey("specwatch_store", Store[Snapshot])
 REGISTRY_KEY = web.AppKey("specwatch_registry", CollectorRegistry)
 SESSION_KEY = web.AppKey("specwatch_session", aiohttp.ClientSession)
 SCRAPER_KEY = web.AppKey("specwatch_scraper", Scraper)
+#: Counters of specwatch's listeners (``main``; a component adds its own, e.g. ``proxy``).
+LISTENERS_KEY = web.AppKey("specwatch_listeners", list[ListenerStats])
 
 
 class Component(Protocol):
@@ -112,6 +118,31 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": True})
 
 
+#: What the well-known endpoints are for (``/`` lists every route, described or not).
+ENDPOINT_HELP: dict[str, str] = {
+    "/": "this list",
+    "/metrics": "Prometheus metrics (specwatch_*)",
+    "/healthz": "liveness: ok, or 503 when a component failed",
+    "/readyz": "readiness: 200 once every target was scraped",
+    "/api/v1/snapshot": "everything specwatch knows now, as JSON (with the verdict)",
+}
+
+
+async def _index(request: web.Request) -> web.Response:
+    """``GET /``: every route of the app as JSON, ``{"endpoints": [{"path", "methods",
+    "about"}]}``, sorted by path (components' routes included, e.g. the shadow mirror)."""
+    routes: dict[str, set[str]] = {}
+    for route in request.app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path and route.method != "HEAD":
+            routes.setdefault(path, set()).add(route.method)
+    endpoints = [
+        {"path": p, "methods": sorted(m), "about": ENDPOINT_HELP.get(p, "")}
+        for p, m in sorted(routes.items())
+    ]
+    return web.json_response({"service": "specwatch", "endpoints": endpoints})
+
+
 async def _snapshot(request: web.Request) -> web.Response:
     doc = snapshot_json(request.app[STORE_KEY].get())
     return web.Response(text=json.dumps(doc, allow_nan=False), content_type="application/json")
@@ -135,7 +166,10 @@ def build_app(
     called with the snapshot getter. ``scrape=False`` starts no scrape loops (tests drive
     :meth:`Scraper.scrape_once` themselves).
     """
-    app = web.Application()
+    main_listener = ListenerStats("main")
+    app = web.Application(
+        middlewares=[body_timeout_middleware(settings.server.limits, main_listener)]
+    )
 
     def publish_observe() -> None:
         store.update(lambda snap: replace(snap, observe=scraper.view(clock())))
@@ -154,6 +188,8 @@ def build_app(
         PlatformCollector(registry=reg)
         GCCollector(registry=reg)
     reg.register(SpecwatchCollector(store.get))
+    listeners = [main_listener]
+    reg.register(ListenerCollector(lambda: listeners))
     for factory in extra_collectors:
         reg.register(factory(store.get))
     app[SETTINGS_KEY] = settings
@@ -161,6 +197,8 @@ def build_app(
     app[STORE_KEY] = store
     app[SCRAPER_KEY] = scraper
     app[REGISTRY_KEY] = reg
+    app[LISTENERS_KEY] = listeners
+    app.router.add_get("/", _index)
     app.router.add_get("/metrics", make_aiohttp_handler(reg))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -192,3 +230,72 @@ def build_app(
     for component in components:
         component.install(app, store, reg)
     return app
+
+
+#: Shares of ``server.shutdown_timeout_seconds``: open requests may finish within the first
+#: share; the whole cleanup (requests, in-flight replays cancelled, ledger flushed, sessions
+#: closed) is cut off at the second; at the third the process ends whatever is still running
+#: (:class:`~specwatch.core.shutdown.ShutdownDeadline`), so it is gone before the grace period.
+OPEN_REQUESTS_SHARE = 0.4
+CLEANUP_SHARE = 0.7
+DEADLINE_SHARE = 0.95
+
+
+def serve(app: web.Application, settings: Settings) -> None:
+    """Serve ``app`` on ``settings.server`` until SIGTERM or SIGINT, then shut down within
+    ``server.shutdown_timeout_seconds``: stop accepting, give open requests up to
+    :data:`OPEN_REQUESTS_SHARE` of it (then close them), run the app's cleanup (cancel
+    in-flight replays, flush the ledger, close sessions) until :data:`CLEANUP_SHARE` of it,
+    and return; the process is ended at :data:`DEADLINE_SHARE` of it if its teardown hangs.
+    Raises ``OSError`` when the address cannot be bound."""
+    deadline = ShutdownDeadline(settings.server.shutdown_timeout_seconds * DEADLINE_SHARE)
+    try:
+        asyncio.run(_serve(app, settings, deadline))
+    finally:
+        deadline.cancel()
+
+
+async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDeadline) -> None:
+    srv = settings.server
+    grace = srv.shutdown_timeout_seconds
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=grace * OPEN_REQUESTS_SHARE,
+        keepalive_timeout=srv.keepalive_timeout_seconds,
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        deadline.start()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        site = GuardedSite(
+            runner, srv.host, srv.port, limits=srv.limits, stats=app[LISTENERS_KEY][0]
+        )
+        await site.start()
+        await stop.wait()
+        log_event(logger, logging.INFO, "shutting down", grace_seconds=grace)
+    finally:
+        started = loop.time()
+        try:
+            async with asyncio.timeout(grace * CLEANUP_SHARE):
+                await runner.cleanup()
+            deadline.cleaned()
+        except TimeoutError:
+            log_event(
+                logger,
+                logging.WARNING,
+                "shutdown grace exceeded",
+                reason="shutdown_timeout",
+                grace_seconds=grace,
+            )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        log_event(logger, logging.INFO, "stopped", seconds=round(loop.time() - started, 3))

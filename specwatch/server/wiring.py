@@ -31,7 +31,7 @@ from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
-from specwatch.server.app import LIVENESS_KEY, SESSION_KEY
+from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, OPEN_REQUESTS_SHARE, SESSION_KEY
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.sample import ArmLoad, LoadState
@@ -153,6 +153,8 @@ class ShadowPlug:
             clock=clock,
             monotonic=monotonic,
             session=session,
+            listen=settings.server.limits,
+            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds * OPEN_REQUESTS_SHARE,
         )
 
     def _observe(self) -> ObserveView | None:
@@ -169,6 +171,10 @@ class ShadowPlug:
         never this app's)."""
         self._store = store
         registry.register(ShadowCollector(lambda: store.get().shadow))
+        if "proxy" in self.component.shadow_settings.modes:
+            app[LISTENERS_KEY].append(self.component.proxy_listener)
+        if "mirror" in self.component.shadow_settings.modes:
+            app[LISTENERS_KEY].append(self.component.mirror_listener)
         app.cleanup_ctx.append(self._ctx)
 
     async def _ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -2,8 +2,13 @@
 
 Checkers (``ShadowRequest.checker``): ``None``/``exact`` (whitespace-normalised text),
 ``regex:<pattern>`` (last match; group 1 when the pattern has groups), ``json:<path>``
-(``$.a.b[0]`` or ``a.b.0`` into the first JSON value of the text), ``math`` (math-verify when the
-``math`` extra is installed, else exact rational comparison of the last number or ``\\boxed{}``).
+(``$.a.b[0]`` or ``a.b.0`` into the first JSON value of the text), ``math`` (the last
+``\\boxed{}`` with balanced braces, else the last number, after :func:`normalise_numbers`;
+math-verify, when the ``math`` extra is installed, reads the same normalised text), and the
+lm-evaluation-harness GSM8K presets ``gsm8k_strict`` and ``gsm8k_flexible`` (:data:`GSM8K_STRICT`,
+:data:`GSM8K_FLEXIBLE`: the same extraction regexes, match selection and ``exact_match``
+normalisation as lm-eval's ``gsm8k`` task, so a score matches the one users get from lm-eval,
+including its blind spots: ``#### 9{,}500`` reads as ``9``; use ``math`` for TeX output).
 An unknown or invalid spec raises :class:`CheckerError` (the pair is excluded as ``bad_checker``).
 Math checking can be slow on adversarial text: call it off the event loop.
 """
@@ -29,11 +34,39 @@ def norm_ws(text: str) -> str:
     return " ".join(text.split())
 
 
-_NUMBER = re.compile(r"[-+]?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
+
+# TeX and typographic spacing between digit groups: "1\,234", "1\;234", "1~234", "1 234" (thin
+# or no-break space) -> "1234"; only when exactly three digits follow (a digit group).
+_GROUP_SPACE = re.compile(r"(?<=\d)(?:\\[,;:! ]|~|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))")
+# "9{,}500" (TeX's way to stop a comma adding space) -> "9,500"
+_TEX_COMMA = re.compile(r"\{,\}")
+# "8,000" / "1,234,567" -> digits; "2, 3" and "1,23" are left alone
+_THOUSANDS = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d]|,\d)")
+_CURRENCY = re.compile(r"\\\$|[$€£¥]|\\(?:euro|pounds?|yen)\b\s*")
+_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}")
+_TEXT_WRAP = re.compile(r"\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}")
+
+
+def normalise_numbers(text: str) -> str:
+    """``text`` with numbers written the way a grader reads them (pure).
+
+    ``9{,}500`` → ``9500``, ``8,000`` → ``8000``, ``1\\,234`` / ``1~234`` / thin-space groups →
+    ``1234``, currency signs (``$``, ``\\$``, ``€``, ``£``, ``¥``) dropped, ``\\frac{3}{4}`` →
+    ``3/4``, ``\\text{...}`` unwrapped, the minus sign U+2212 → ``-``. A comma that is not a
+    thousands separator (``2, 3``; ``1,23``) is kept.
+    """
+    t = text.replace("\u2212", "-")
+    t = _TEX_COMMA.sub(",", t)
+    t = _GROUP_SPACE.sub("", t)
+    t = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), t)
+    t = _CURRENCY.sub("", t)
+    t = _TEXT_WRAP.sub(lambda m: m.group(1), t)
+    return _FRAC.sub(lambda m: f"{m.group(1)}/{m.group(2)}", t)
 
 
 def _to_fraction(text: str) -> Fraction | None:
-    s = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    s = normalise_numbers(text).strip().replace(",", "").rstrip(".").strip()
     try:
         return Fraction(s)
     except (ValueError, ZeroDivisionError):
@@ -140,11 +173,67 @@ def _math_verify_equal() -> Callable[[str, str], bool] | None:
 
 
 def _numeric_math_answer(text: str) -> str | None:
+    """The last ``\\boxed{}`` (balanced braces; its number when it holds one), else the last
+    number of ``text``, after :func:`normalise_numbers`."""
     boxed = _last_boxed(text)
     if boxed is not None:
-        return boxed.strip()
-    nums = _NUMBER.findall(text[-_MATH_MAX_CHARS:])
-    return nums[-1] if nums else None
+        inner = normalise_numbers(boxed).strip()
+        nums = _NUMBER.fullmatch(inner.rstrip("."))
+        return nums.group(0) if nums else inner
+    found = _NUMBER.findall(normalise_numbers(text[-_MATH_MAX_CHARS:]))
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class LmEvalPreset:
+    """One lm-evaluation-harness answer filter: ``pattern`` (``regex`` filter), ``select`` (its
+    ``group_select``: 0 first match, -1 last; a match with several groups gives its first
+    non-empty group) and the ``exact_match`` settings of the ``gsm8k`` task
+    (``ignore_case``, ``regexes_to_ignore``), applied to the extracted answer and to the gold
+    answer alike (so a gold of ``... #### 72`` or ``72`` both read ``72``)."""
+
+    pattern: str
+    select: int
+    regexes_to_ignore: tuple[str, ...] = (",", "\\$", "(?s).*#### ", "\\.$")
+    ignore_case: bool = True
+
+    def extract(self, text: str) -> str | None:
+        """The filtered answer, ``None`` where lm-eval gives its ``[invalid]`` fallback."""
+        matches = re.findall(self.pattern, text)
+        if not matches:
+            return None
+        m = matches[self.select]
+        if isinstance(m, tuple):
+            m = next((g for g in m if g), "")
+        return str(m).strip()
+
+    def normalise(self, answer: str) -> str:
+        """lm-eval's ``exact_match`` normalisation: ignored regexes removed, case folded,
+        ends stripped."""
+        for rx in self.regexes_to_ignore:
+            answer = re.sub(rx, "", answer)
+        return (answer.lower() if self.ignore_case else answer).strip()
+
+
+#: lm-eval ``gsm8k`` "strict-match": ``#### <number>``, first match.
+GSM8K_STRICT = LmEvalPreset(r"#### (\-?[0-9\.\,]+)", 0)
+#: lm-eval ``gsm8k`` "flexible-extract": the last number-like run (``$``, ``,`` and ``.`` allowed).
+GSM8K_FLEXIBLE = LmEvalPreset(r"(-?[$0-9.,]{2,})|(-?[0-9]+)", -1)
+PRESETS: dict[str, LmEvalPreset] = {"gsm8k_strict": GSM8K_STRICT, "gsm8k_flexible": GSM8K_FLEXIBLE}
+
+
+def _preset_checker(kind: str, preset: LmEvalPreset) -> Checker:
+    def gold_eq(gold: str, text: str) -> bool:
+        got = preset.extract(text)
+        return got is not None and preset.normalise(got) == preset.normalise(gold)
+
+    def texts_eq(a: str, b: str) -> bool:
+        ea, eb = preset.extract(a), preset.extract(b)
+        if ea is None or eb is None:
+            return ea is None and eb is None and norm_ws(a) == norm_ws(b)
+        return preset.normalise(ea) == preset.normalise(eb)
+
+    return Checker(kind, preset.extract, gold_eq, texts_eq)
 
 
 def make_checker(spec: str | None) -> Checker:
@@ -203,15 +292,22 @@ def make_checker(spec: str | None) -> Checker:
             return ea == eb if ea is not None or eb is not None else a == b
 
         return Checker("json", js, js_gold, js_texts)
+    if spec in PRESETS:
+        return _preset_checker(spec, PRESETS[spec])
     if spec == "math":
         verifier = _math_verify_equal()
         if verifier is not None:
             mv = verifier
 
-            def mv_texts(a: str, b: str) -> bool:
-                return mv(a, b) or answers_equal(_numeric_math_answer(a), _numeric_math_answer(b))
+            def mv_gold(gold: str, text: str) -> bool:
+                return mv(normalise_numbers(gold), normalise_numbers(text))
 
-            return Checker("math", _numeric_math_answer, mv, mv_texts)
+            def mv_texts(a: str, b: str) -> bool:
+                return mv(normalise_numbers(a), normalise_numbers(b)) or answers_equal(
+                    _numeric_math_answer(a), _numeric_math_answer(b)
+                )
+
+            return Checker("math", _numeric_math_answer, mv_gold, mv_texts)
 
         def num_gold(gold: str, text: str) -> bool:
             return answers_equal(_numeric_math_answer(gold) or gold, _numeric_math_answer(text))

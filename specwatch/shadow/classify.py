@@ -1,25 +1,52 @@
-"""The one pair-status rule: is a replayed pair ``paired``, ``unpaired`` or ``excluded``, and why.
+"""The one pair-status rule, and the one replay-outcome rule it rests on.
 
-Used by :func:`specwatch.shadow.compare.compare` (what the ledger stores and the outcome counters
-export), by the pipeline's replay counters, and documented in ``docs/architecture.md``. Rules, in
+**Replay outcome** (what one arm's HTTP 200 reply means; :func:`body_result` for a JSON body,
+:func:`stream_result` for an SSE stream, both return an :class:`ArmResult`). Checked in order;
+the first that holds fails the arm with that reason (:data:`REPLY_FAILURES`):
+
+1. bad input: ``wrong_content_type`` (a JSON request answered with something other than
+   ``application/json``, a stream with something other than ``text/event-stream``),
+   ``invalid_utf8`` (a byte that is not UTF-8), ``invalid_json`` (cut or broken JSON, also one
+   bad stream event), ``invalid_body`` (JSON that is not a completion: no ``choices[0]``);
+2. an in-band error (``{"error": {...}}`` body or chunk, ``event: error``): ``in_band_5xx`` /
+   ``in_band_4xx`` by its code (``in_band_error`` when it has none); the partial text before it is
+   kept on the arm but never compared;
+3. stream framing: ``data_after_done`` (an event after ``[DONE]``), ``empty_event`` (``data:``
+   with nothing, or an ``event:`` with no data), ``truncated_stream`` (ended with neither
+   ``[DONE]`` nor a finish reason), ``empty_stream`` (``[DONE]`` with no content, tool call,
+   reasoning or finish reason: the request failed before its first token), ``no_finish_reason``
+   (text but no finish reason; a non-streamed body without one);
+4. the finish reason: ``aborted`` for ``abort`` (vLLM on scale-down, shutdown or sleep),
+   ``unknown_finish_reason`` for any value outside :data:`COMPLETE_FINISH_REASONS` and
+   :data:`TRUNCATED_FINISH_REASONS` (``cancelled``, ``capacity``, ...; the value itself is kept in
+   ``finish_reason`` and the log line).
+
+Otherwise the arm answered: ``stop``, ``tool_calls`` and ``function_call`` are complete answers;
+``length`` (cut at ``max_tokens``) and ``content_filter`` are *truncated* (:func:`truncated`):
+compared with the other arm, but never graded right or wrong against a gold answer. Every failed
+reply is logged as one structured line (``shadow arm reply failed``) naming arm, reason, status,
+finish reason and error code.
+
+**Pair status** (:func:`classify`, used by :func:`specwatch.shadow.compare.compare` (what the
+ledger stores and the outcome counters export) and by the pipeline's replay counters). Rules, in
 order:
 
 1. ``excluded`` / ``bad_checker``: the request's checker spec is invalid (compare passes
    ``checker_ok=False``); nothing about either arm can be judged.
-2. ``excluded`` / ``unsupported_parameter`` or ``bad_request``: the **standard or FLy** arm refused
-the
-   request (400/422; ``unsupported_parameter`` when the replayer saw the message name an unknown
-   parameter, any other failed 400/422 is ``bad_request``). Such a request says nothing about
-   quality.
-3. ``unpaired`` / ``<arm>_<class>``: the standard arm (checked first) or the FLy arm failed
-otherwise.
-   ``<class>`` is the HTTP class for status failures, ``http_5xx`` or ``http_4xx`` (a 503 is
-   ``standard_http_5xx``, never ``standard_http_503``, so the reason set stays small and fixed),
-   else
-   the replayer's error name (``timeout``, ``connect``, ``in_band_error``, ``too_large``,
-   ``truncated_stream``, ``invalid_body``; ``error`` when none was given). Never counted as a
-   mismatch.
-4. ``paired``: both the standard and the FLy arm answered.
+2. ``excluded`` / ``multiple_choices``: the request asks for ``n > 1`` choices. Only choice 0 is
+   read, and choice ``i > 0`` of two servers is not a like-for-like pair, so such requests are
+   refused rather than half-compared.
+3. ``excluded`` / ``unsupported_parameter`` or ``bad_request``: the **standard or FLy** arm refused
+   the request (HTTP 400/422; ``unsupported_parameter`` when the replayer saw the message name an
+   unsupported parameter, any other failed 400/422 is ``bad_request``). Such a request says
+   nothing about quality.
+4. ``unpaired`` / ``<arm>_<class>``: the standard arm (checked first) or the FLy arm failed
+   otherwise. ``<class>`` is the HTTP class for status failures, ``http_5xx`` or ``http_4xx`` (a
+   503 is ``standard_http_5xx``, never ``standard_http_503``, so the reason set stays small and
+   fixed), else the arm's failure reason (``timeout``, ``connect``, ``aborted``,
+   ``in_band_5xx``, ``empty_stream``, ``invalid_json``, ...; ``error`` when none was given).
+   Never counted as a mismatch; the other arm's reply is still stored.
+5. ``paired``: both the standard and the FLy arm answered (truncated answers included).
 
 The noise arm never decides the pair's status: a noise arm that fails (a 400 included) leaves the
 fly/standard pair ``paired`` (its quality evidence is intact), and the noise arm's ``correct`` and
@@ -29,17 +56,48 @@ agreement: the noise-floor tallies only see noise arms that answered.
 
 from __future__ import annotations
 
+import json
+import logging
 import re
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
-from specwatch.shadow.values import ArmResult, ReplayPair
+from specwatch.core.logs import log_event
+from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ToolCall
+
+log = logging.getLogger("specwatch.shadow.classify")
 
 PairStatus = Literal["paired", "unpaired", "excluded"]
 
 #: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
 #: an arm refused the request as one it does not support (400/422 naming a parameter) or as
 #: otherwise bad (other 400/422), or the request's checker spec is invalid.
-EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker")
+EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker", "multiple_choices")
+
+#: Finish reasons of a complete answer.
+COMPLETE_FINISH_REASONS = ("stop", "tool_calls", "function_call")
+#: Finish reasons of an answer that was cut short by a limit: compared, never graded.
+TRUNCATED_FINISH_REASONS = ("length", "content_filter")
+
+#: Why a 200 reply is a failed replay (``specwatch_shadow_arm_errors_total{arm,reason}`` and the
+#: ``<arm>_<reason>`` unpaired reasons), in the order the rule checks them.
+REPLY_FAILURES = (
+    "wrong_content_type",
+    "invalid_utf8",
+    "invalid_json",
+    "invalid_body",
+    "in_band_5xx",
+    "in_band_4xx",
+    "in_band_error",
+    "data_after_done",
+    "empty_event",
+    "truncated_stream",
+    "empty_stream",
+    "no_finish_reason",
+    "aborted",
+    "unknown_finish_reason",
+)
 
 _REFUSED = ("unsupported_parameter", "bad_request")
 
@@ -77,16 +135,24 @@ def _status_of(err: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+def choices_requested(body: Mapping[str, Any]) -> int:
+    """The request's ``n`` (choices asked for); 1 when absent or not a positive integer."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
 def classify(
-    standard: ArmResult, fly: ArmResult, *, checker_ok: bool = True
+    standard: ArmResult, fly: ArmResult, *, checker_ok: bool = True, choices: int = 1
 ) -> tuple[PairStatus, str | None]:
     """``("paired", None)``, ``("excluded", reason)`` or ``("unpaired", reason)`` by the module's
     rules.
 
-    ``checker_ok=False`` excludes the pair as ``bad_checker`` before the arms are looked at.
-    Pure."""
+    ``checker_ok=False`` excludes the pair as ``bad_checker`` before the arms are looked at;
+    ``choices`` > 1 (the request's ``n``) as ``multiple_choices``. Pure."""
     if not checker_ok:
         return "excluded", "bad_checker"
+    if choices > 1:
+        return "excluded", "multiple_choices"
     refused = refusal(standard) or refusal(fly)
     if refused is not None:
         return "excluded", refused
@@ -98,7 +164,165 @@ def classify(
 
 def classify_pair(pair: ReplayPair) -> tuple[PairStatus, str | None]:
     """:func:`classify` of the pair's standard and FLy arms (the noise arm never decides); pure."""
-    return classify(pair.standard, pair.fly)
+    return classify(pair.standard, pair.fly, choices=choices_requested(pair.request.body))
+
+
+# -- the replay-outcome rule -------------------------------------------------------------------
+
+
+def truncated(finish_reason: str | None) -> bool:
+    """True for an answer cut short by a limit (``length``, ``content_filter``)."""
+    return finish_reason in TRUNCATED_FINISH_REASONS
+
+
+def _media_type(content_type: str | None) -> str | None:
+    if content_type is None:
+        return None
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _in_band_class(code: int | None) -> str:
+    if code is not None and 500 <= code <= 599:
+        return "in_band_5xx"
+    if code is not None and 400 <= code <= 499:
+        return "in_band_4xx"
+    return "in_band_error"
+
+
+def reading_failure(r: StreamResult, *, streamed: bool) -> str | None:
+    """Rules 2-4 of the replay outcome for a reading: the failure reason, or ``None`` when the
+    reply is an answer (complete or truncated). Pure."""
+    if r.error is not None:
+        return _in_band_class(r.error_code)
+    if streamed:
+        if r.invalid_json_events:
+            return "invalid_json"
+        if r.data_after_done:
+            return "data_after_done"
+        if r.empty_events:
+            return "empty_event"
+    if r.finish_reason is None:
+        if streamed and not r.done_seen:
+            return "truncated_stream"
+        if streamed and not (r.text or r.tool_calls or r.reasoning):
+            return "empty_stream"
+        return "no_finish_reason"
+    if r.finish_reason == "abort":
+        return "aborted"
+    if r.finish_reason not in COMPLETE_FINISH_REASONS + TRUNCATED_FINISH_REASONS:
+        return "unknown_finish_reason"
+    return None
+
+
+def _canonical_arguments(args: str) -> str:
+    try:
+        value = json.loads(args)
+    except (ValueError, RecursionError):
+        return args.strip()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def normalise_tool_calls(calls: Sequence[tuple[str, str]]) -> tuple[ToolCall, ...]:
+    """``(name, arguments)`` pairs as :class:`ToolCall` values with JSON-normalised arguments."""
+    return tuple(ToolCall(name, _canonical_arguments(args)) for name, args in calls)
+
+
+def _result(
+    arm: Arm, r: StreamResult, *, status: int, latency: float, error: str | None
+) -> ArmResult:
+    if error is not None:
+        log_event(
+            log,
+            logging.WARNING,
+            "shadow arm reply failed",
+            arm=arm.value,
+            reason=error,
+            status=status,
+            finish_reason=r.finish_reason,
+            error_code=r.error_code,
+            partial_chars=len(r.text),
+        )
+    return ArmResult(
+        arm,
+        error is None,
+        latency,
+        status=status,
+        error=error,
+        text=r.text,
+        finish_reason=r.finish_reason,
+        prompt_tokens=r.prompt_tokens,
+        completion_tokens=r.completion_tokens,
+        token_ids=tuple(r.token_ids) if r.token_ids is not None else None,
+        mean_acceptance_length=r.mean_acceptance_length,
+        spec_decode=r.spec_decode,
+        tool_calls=normalise_tool_calls(r.tool_calls),
+        reasoning=r.reasoning,
+        error_code=r.error_code,
+    )
+
+
+def _completion_shaped(obj: Mapping[str, Any]) -> bool:
+    """A mapping ``choices[0]`` whose content (``message.content`` / ``text``) is a string or
+    absent."""
+    choices = obj.get("choices")
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], Mapping)):
+        return False
+    ch = choices[0]
+    msg = ch.get("message")
+    content = msg.get("content") if isinstance(msg, Mapping) else ch.get("text")
+    return content is None or isinstance(content, str)
+
+
+def body_result(
+    arm: Arm, raw: bytes, *, status: int, latency: float, content_type: str | None
+) -> ArmResult:
+    """The :class:`ArmResult` of a non-streamed reply body with HTTP ``status`` (pure except for
+    the one log line of a failed reply; never raises).
+
+    ``content_type`` is the reply's ``Content-Type`` header (``None`` when absent: not checked)."""
+    empty = StreamResult()
+    media = _media_type(content_type)
+    if media is not None and media != "application/json":
+        return _result(arm, empty, status=status, latency=latency, error="wrong_content_type")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _result(arm, empty, status=status, latency=latency, error="invalid_utf8")
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep
+        return _result(arm, empty, status=status, latency=latency, error="invalid_json")
+    if not isinstance(obj, dict):
+        return _result(arm, empty, status=status, latency=latency, error="invalid_body")
+    reading = read_completion_body(obj)
+    if reading.error is None and not _completion_shaped(obj):
+        return _result(arm, reading, status=status, latency=latency, error="invalid_body")
+    error = reading_failure(reading, streamed=False)
+    return _result(arm, reading, status=status, latency=latency, error=error)
+
+
+def stream_result(
+    arm: Arm,
+    acc: CompletionStreamAccumulator,
+    *,
+    status: int,
+    latency: float,
+    content_type: str | None,
+) -> ArmResult:
+    """The :class:`ArmResult` of a whole SSE stream read into ``acc`` (closed here), with HTTP
+    ``status`` (pure except for the one log line of a failed reply; never raises).
+
+    ``content_type`` is the reply's ``Content-Type`` header (``None`` when absent: not checked)."""
+    r = acc.close()
+    media = _media_type(content_type)
+    error: str | None
+    if media is not None and media != "text/event-stream":
+        error = "wrong_content_type"
+    elif acc.decode_errors:
+        error = "invalid_utf8"
+    else:
+        error = reading_failure(r, streamed=True)
+    return _result(arm, r, status=status, latency=latency, error=error)
 
 
 _UNSUPPORTED_PARAMETER = re.compile(

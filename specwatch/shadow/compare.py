@@ -6,6 +6,29 @@ similarity, 1 - InDel distance / (len a + len b)), the extracted answer, correct
 gold answer (canary items) and agreement with the standard arm (all traffic). Latency, tokens and
 per-request τ (mean acceptance length) are carried through.
 
+A reply is three comparison fields, each compared on its own and kept separately
+(:class:`ArmOutcome`):
+
+* ``content``: ``message.content`` (chat) or ``text`` (completions), judged by the request's
+  checker (``content_agrees``);
+* ``tool_calls``: function names and JSON-normalised arguments, in order (``tool_calls_agree``;
+  ``None`` when neither arm made a tool call);
+* ``reasoning``: ``reasoning_content`` / ``reasoning`` text, whitespace-normalised
+  (``reasoning_agrees``; ``None`` when neither arm sent any).
+
+``agrees`` (what the flip and agreement counts use) is: when neither arm has content or tool calls
+(a reasoning model cut at the token cap returns only reasoning) the reasoning comparison, so two
+empty answers never agree for free; otherwise content and tool calls must both agree, and without
+a checker (live traffic, exact comparison) the reasoning text too. A checker grades the final
+answer, so with a checker differing reasoning alone is not a disagreement. ``exact_match`` is
+all three fields identical; divergence and similarity are over the content text, or over the
+reasoning text when both contents are empty.
+
+Truncated answers (``finish_reason`` ``length`` / ``content_filter``, see
+:mod:`specwatch.shadow.classify`) are compared like any other, but a pair in which the standard or
+FLy arm was truncated is never graded: ``correct`` is ``None`` on every arm, so it never enters
+the lost / gained table. A noise arm that was truncated is likewise not graded.
+
 Answers are extracted and judged by the request's checker (:mod:`specwatch.shadow.checkers`);
 the pair's status by :mod:`specwatch.shadow.classify`. Math checking can be slow on adversarial
 text: run :func:`compare` off the event loop
@@ -20,7 +43,7 @@ from rapidfuzz.distance import Indel
 
 from specwatch.shadow.checkers import Checker, CheckerError, make_checker, norm_ws
 from specwatch.shadow.classify import EXCLUDED_REASONS as EXCLUDED_REASONS
-from specwatch.shadow.classify import classify
+from specwatch.shadow.classify import choices_requested, classify, truncated
 from specwatch.shadow.values import ArmOutcome, ArmResult, PairOutcome, ReplayPair
 
 __all__ = [
@@ -71,6 +94,13 @@ def similarity(a: str, b: str) -> float:
     return float(Indel.normalized_similarity(a, b))
 
 
+def _compared_text(r: ArmResult, other: ArmResult) -> str:
+    """Content, or the reasoning text when both arms' contents are empty."""
+    if r.text or other.text:
+        return r.text
+    return r.reasoning or ""
+
+
 def _arm_outcome(
     r: ArmResult,
     std: ArmResult | None,
@@ -82,18 +112,34 @@ def _arm_outcome(
     answer = checker.extract(r.text) if r.ok else None
     correct = checker.equal_to_gold(gold, r.text) if (r.ok and gold is not None) else None
     exact = agrees = sim = div_c = div_t = None
+    content = tools = reasoning = None
     if std is not None and std.ok and r.ok:
-        exact = r.text == std.text
-        sim = similarity(std.text, r.text)
-        div_c = first_divergence(std.text, r.text)
+        a, b = _compared_text(std, r), _compared_text(r, std)
+        exact = (
+            r.text == std.text
+            and r.tool_calls == std.tool_calls
+            and (norm_ws(r.reasoning or "") == norm_ws(std.reasoning or ""))
+        )
+        sim = similarity(a, b)
+        div_c = first_divergence(a, b)
         if std.token_ids is not None and r.token_ids is not None:
             div_t = first_divergence(std.token_ids, r.token_ids)
         if has_checker:
-            agrees = checker.equal_texts(std.text, r.text)
+            content = checker.equal_texts(std.text, r.text)
         elif cfg.similarity_threshold is not None:
-            agrees = sim >= cfg.similarity_threshold
+            content = similarity(std.text, r.text) >= cfg.similarity_threshold
         else:
-            agrees = norm_ws(std.text) == norm_ws(r.text)
+            content = norm_ws(std.text) == norm_ws(r.text)
+        if r.tool_calls or std.tool_calls:
+            tools = r.tool_calls == std.tool_calls
+        if r.reasoning is not None or std.reasoning is not None:
+            reasoning = norm_ws(r.reasoning or "") == norm_ws(std.reasoning or "")
+        if not (r.text.strip() or std.text.strip() or r.tool_calls or std.tool_calls):
+            agrees = reasoning if reasoning is not None else content
+        else:
+            agrees = content and tools is not False
+            if not has_checker:
+                agrees = agrees and reasoning is not False
     return ArmOutcome(
         arm=r.arm,
         ok=r.ok,
@@ -112,6 +158,13 @@ def _arm_outcome(
         first_divergence_token=div_t,
         similarity=sim,
         text=r.text,
+        truncated=truncated(r.finish_reason),
+        tool_calls=r.tool_calls,
+        reasoning=r.reasoning,
+        error_code=r.error_code,
+        content_agrees=content,
+        tool_calls_agree=tools,
+        reasoning_agrees=reasoning,
     )
 
 
@@ -119,11 +172,10 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
     """Compare every arm of ``pair`` with the standard arm; never raises on bad content.
 
     Status and reason come from :func:`specwatch.shadow.classify.classify` (the one rule: invalid
-    checker → ``excluded/bad_checker``; a 400/422 on the standard or FLy arm → ``excluded``; any
-    other
-    standard/FLy failure → ``unpaired/<arm>_<class>``, e.g. ``standard_http_5xx``, ``fly_timeout``;
-    a
-    failed noise arm never changes the status). Math answers are compared without math-verify's
+    checker → ``excluded/bad_checker``; ``n > 1`` → ``excluded/multiple_choices``; a 400/422 on
+    the standard or FLy arm → ``excluded``; any other standard/FLy failure →
+    ``unpaired/<arm>_<class>``, e.g. ``standard_http_5xx``, ``fly_aborted``; a failed noise arm
+    never changes the status). Math answers are compared without math-verify's
     signal timeout, so call
     from a worker thread when the ``math`` checker is used.
     """
@@ -135,17 +187,23 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
     except CheckerError:
         checker = make_checker(None)
         checker_ok = False
-    status, reason = classify(pair.standard, pair.fly, checker_ok=checker_ok)
+    status, reason = classify(
+        pair.standard, pair.fly, checker_ok=checker_ok, choices=choices_requested(req.body)
+    )
     gold = req.gold
     has_checker = req.checker is not None and checker_ok
-    std_gold = gold if status == "paired" else None
+    graded = (
+        status == "paired"
+        and not truncated(pair.standard.finish_reason)
+        and not truncated(pair.fly.finish_reason)
+    )
+    std_gold = gold if graded else None
     std_out = _arm_outcome(pair.standard, None, checker, std_gold, cfg, has_checker)
     fly_out = _arm_outcome(pair.fly, pair.standard, checker, std_gold, cfg, has_checker)
-    noise_out = (
-        _arm_outcome(pair.noise, pair.standard, checker, std_gold, cfg, has_checker)
-        if pair.noise is not None
-        else None
-    )
+    noise_out = None
+    if pair.noise is not None:
+        noise_gold = None if truncated(pair.noise.finish_reason) else std_gold
+        noise_out = _arm_outcome(pair.noise, pair.standard, checker, noise_gold, cfg, has_checker)
     return PairOutcome(
         time=req.received_at,
         request_hash=req.request_hash,

@@ -8,8 +8,9 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
 :class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
 ``/healthz``),
 
-1. rebuilds the monotonic counters and the since-start margin e-process from the ledger's rows
-   (a restart keeps the statistics);
+1. rebuilds the since-start margin e-process from the ledger's rows (a restart keeps the
+   statistics; the ledger's totals are exported as gauges, while the counters start at 0 with
+   the process) and seeds the category bound with the ledger's categories, most rows first;
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
    :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker),
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
@@ -33,19 +34,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.replay import open_arm_session
-from specwatch.shadow.sample import ArmLoad, LoadState
+from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
     OutcomeCounters,
     ShadowStats,
     build_shadow_stats,
+    categories_by_volume,
 )
 from specwatch.shadow.tally import labelled_outcome
 from specwatch.shadow.values import Arm, PairOutcome, ReplayPair
@@ -76,8 +79,16 @@ class ShadowComponent:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: aiohttp.ClientSession | None = None,
+        listen: ListenLimits | None = None,
+        shutdown_timeout_seconds: float = 5.0,
     ) -> None:
         self.shadow_settings = shadow
+        self._listen = listen if listen is not None else ListenLimits()
+        self._shutdown_timeout = shutdown_timeout_seconds
+        #: Counters of the proxy listener (proxy mode).
+        self.proxy_listener = ListenerStats("proxy")
+        #: Counters of the mirror listener (mirror mode).
+        self.mirror_listener = ListenerStats("mirror")
         self.paired_settings = paired
         self.ledger_settings = ledger
         self._load_state = load_state
@@ -87,7 +98,8 @@ class ShadowComponent:
         self._sleep = sleep
         self._session = session
         self._compare_config = CompareConfig()
-        self.counters = OutcomeCounters()
+        self.categories = CategoryBound(shadow.max_categories)
+        self.counters = OutcomeCounters(self.categories)
         self.betting = BettingEProcess(margin=paired.margin)
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
@@ -157,6 +169,8 @@ class ShadowComponent:
             ledger_rows=rows,
             ledger_write_errors=errors,
             io=io,
+            categories=self.categories.kept,
+            categories_folded=self.categories.overflowed,
         )
         self._stats = stats
         if self._on_stats is not None:
@@ -217,7 +231,9 @@ class ShadowComponent:
         self._rows_seen = rows_written
 
     async def _rebuild(self, ledger: Ledger) -> None:
-        self.counters.seed(await ledger.tally(), await ledger.reason_counts())
+        # The counters start at 0 with the process (a restart is a true counter reset); the
+        # ledger only chooses which categories keep their own series (most rows first).
+        self.categories.seed(categories_by_volume(await ledger.tally()))
         margin = self.paired_settings.margin
         outcomes = await ledger.labelled_outcomes()
         self.betting = await asyncio.to_thread(run_betting, outcomes, margin)
@@ -287,13 +303,21 @@ class ShadowComponent:
                 clock=self._mono,
                 wall_clock=self._clock,
                 sleep=self._sleep,
+                categories=self.categories,
+                listen=self._listen,
+                listener=self.proxy_listener,
+                shutdown_timeout_seconds=self._shutdown_timeout,
                 serve_mirror=False,
             )
             self.pipeline = pipeline
             sh = self.shadow_settings
             if "mirror" in sh.modes:
                 listener = MirrorListener(
-                    mirror_routes(self._mirror), max_body_bytes=sh.mirror_max_body_bytes
+                    mirror_routes(self._mirror),
+                    max_body_bytes=sh.mirror_max_body_bytes,
+                    listen=self._listen,
+                    listener=self.mirror_listener,
+                    shutdown_timeout_seconds=self._shutdown_timeout,
                 )
                 port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
                 self._mirror_listener = listener

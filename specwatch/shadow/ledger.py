@@ -12,6 +12,7 @@ logged as one structured line. No prompt or completion text is stored unless ``s
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import operator
 import sqlite3
@@ -24,7 +25,7 @@ from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import LABELLED, TALLY_RULES, Cell, PairTally, Rule
-from specwatch.shadow.values import ArmOutcome, PairOutcome
+from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
 log = logging.getLogger("specwatch.shadow.ledger")
 
@@ -48,9 +49,16 @@ class LedgerRow:
     """One stored pair (times in unix seconds, latencies in seconds, tokens = completion tokens,
     ``*_tau`` = per-request mean acceptance length). Booleans are ``None`` when not applicable;
     ``noise_*`` are ``None`` when no noise arm was asked. ``request_id`` is the live request's
-    ``X-Request-Id``; ``*_error`` the arm's failure reason (``timeout``, ``http_503``,
-    ``disconnected_mid_response``, ...; ``None`` when it answered), the noise arm's included
-    although it never decides the pair's status. ``id`` is set on rows read back."""
+    ``X-Request-Id``. ``id`` is set on rows read back.
+
+    Per arm, whether it answered or not: ``*_error`` (the arm's failure reason, e.g. ``aborted``,
+    ``in_band_5xx``; ``None`` when it answered), ``*_error_code`` (an in-band error's code),
+    ``*_finish_reason`` (as the server sent it, unknown values included) and ``*_truncated``
+    (``length`` / ``content_filter``). The comparison fields behind ``*_agrees``:
+    ``*_content_agrees``, ``*_tool_calls_agree`` and ``*_reasoning_agrees`` (see
+    :mod:`specwatch.shadow.compare`). Texts (``*_text``, ``*_reasoning``, and ``*_tool_calls`` as a
+    JSON list of ``{"name", "arguments"}``) only with ``store_text``, also of an arm that failed
+    (its partial text), so the other side of an unpaired pair can be read back."""
 
     time: float
     request_hash: str
@@ -87,6 +95,27 @@ class LedgerRow:
     standard_error: str | None = None
     fly_error: str | None = None
     noise_error: str | None = None
+    standard_error_code: int | None = None
+    fly_error_code: int | None = None
+    noise_error_code: int | None = None
+    standard_finish_reason: str | None = None
+    fly_finish_reason: str | None = None
+    noise_finish_reason: str | None = None
+    standard_truncated: bool | None = None
+    fly_truncated: bool | None = None
+    noise_truncated: bool | None = None
+    fly_content_agrees: bool | None = None
+    noise_content_agrees: bool | None = None
+    fly_tool_calls_agree: bool | None = None
+    noise_tool_calls_agree: bool | None = None
+    fly_reasoning_agrees: bool | None = None
+    noise_reasoning_agrees: bool | None = None
+    standard_tool_calls: str | None = None
+    fly_tool_calls: str | None = None
+    noise_tool_calls: str | None = None
+    standard_reasoning: str | None = None
+    fly_reasoning: str | None = None
+    noise_reasoning: str | None = None
     id: int | None = None
 
     @classmethod
@@ -96,6 +125,16 @@ class LedgerRow:
 
         def ok_only(a: ArmOutcome | None, v: Any) -> Any:
             return v if a is not None and a.ok else None
+
+        def noise(get: Callable[[ArmOutcome], Any]) -> Any:
+            return get(n) if n is not None else None
+
+        def text(get: Callable[[ArmOutcome], Any]) -> Any:
+            return (get(o.standard), get(o.fly), noise(get)) if store_text else (None,) * 3
+
+        texts = text(operator.attrgetter("text"))
+        reasonings = text(operator.attrgetter("reasoning"))
+        tools = text(lambda a: _tool_calls_json(a.tool_calls) if a.tool_calls else None)
 
         return cls(
             time=o.time,
@@ -126,14 +165,41 @@ class LedgerRow:
             standard_tau=o.standard.mean_acceptance_length,
             fly_tau=o.fly.mean_acceptance_length,
             noise_tau=n.mean_acceptance_length if n is not None else None,
-            standard_text=o.standard.text if store_text else None,
-            fly_text=o.fly.text if store_text else None,
-            noise_text=ok_only(n, n.text if n is not None else None) if store_text else None,
-            request_id=o.request_id,
+            standard_text=texts[0],
+            fly_text=texts[1],
+            noise_text=texts[2],
             standard_error=o.standard.error,
             fly_error=o.fly.error,
-            noise_error=n.error if n is not None else None,
+            noise_error=noise(operator.attrgetter("error")),
+            standard_error_code=o.standard.error_code,
+            fly_error_code=o.fly.error_code,
+            noise_error_code=noise(operator.attrgetter("error_code")),
+            standard_finish_reason=o.standard.finish_reason,
+            fly_finish_reason=o.fly.finish_reason,
+            noise_finish_reason=noise(operator.attrgetter("finish_reason")),
+            standard_truncated=ok_only(o.standard, o.standard.truncated),
+            fly_truncated=ok_only(o.fly, o.fly.truncated),
+            noise_truncated=ok_only(n, noise(operator.attrgetter("truncated"))),
+            fly_content_agrees=o.fly.content_agrees,
+            noise_content_agrees=noise(operator.attrgetter("content_agrees")),
+            fly_tool_calls_agree=o.fly.tool_calls_agree,
+            noise_tool_calls_agree=noise(operator.attrgetter("tool_calls_agree")),
+            fly_reasoning_agrees=o.fly.reasoning_agrees,
+            noise_reasoning_agrees=noise(operator.attrgetter("reasoning_agrees")),
+            standard_tool_calls=tools[0],
+            fly_tool_calls=tools[1],
+            noise_tool_calls=tools[2],
+            standard_reasoning=reasonings[0],
+            fly_reasoning=reasonings[1],
+            noise_reasoning=reasonings[2],
+            request_id=o.request_id,
         )
+
+
+def _tool_calls_json(calls: Sequence[ToolCall]) -> str:
+    return json.dumps(
+        [{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False
+    )
 
 
 _COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow) if f.name != "id")
@@ -153,6 +219,23 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS pairs_time ON pairs(time)",
     "CREATE INDEX IF NOT EXISTS pairs_category_time ON pairs(category, time)",
 )
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> list[str]:
+    """Additive schema migration: ``ALTER TABLE pairs ADD COLUMN`` for every :class:`LedgerRow`
+    column a ledger written by an older specwatch lacks (old rows read them as ``NULL``: not
+    known). Returns the names added; never drops or changes a column."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(pairs)")}
+    added = []
+    for f in fields(LedgerRow):
+        if f.name != "id" and f.name not in have:
+            conn.execute(f"ALTER TABLE pairs ADD COLUMN {f.name} {_sql_type(f.type)}")
+            added.append(f.name)
+    if added:
+        log_event(log, logging.INFO, "ledger columns added", columns=",".join(added))
+    return added
+
+
 _INSERT = f"INSERT INTO pairs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -263,10 +346,7 @@ class Ledger:
         self._wconn = self._connect()
         for stmt in _SCHEMA:
             self._wconn.execute(stmt)
-        have = {row[1] for row in self._wconn.execute("PRAGMA table_info(pairs)")}
-        for f in fields(LedgerRow):
-            if f.name != "id" and f.name not in have:  # a ledger written by an older version
-                self._wconn.execute(f"ALTER TABLE pairs ADD COLUMN {f.name} {_sql_type(f.type)}")
+        _add_missing_columns(self._wconn)
         self._rconn = self._connect()
 
     async def open(self) -> None:

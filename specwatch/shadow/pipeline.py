@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import web
 
 from specwatch.core.canary_file import CanaryLoad
+from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
@@ -37,7 +38,7 @@ from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
-from specwatch.shadow.sample import PAUSE_REASONS, LoadState, Sampler
+from specwatch.shadow.sample import PAUSE_REASONS, CategoryBound, LoadState, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.summary import ShadowIO
 from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
@@ -82,6 +83,10 @@ class ShadowPipeline:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        categories: CategoryBound | None = None,
+        listen: ListenLimits | None = None,
+        listener: ListenerStats | None = None,
+        shutdown_timeout_seconds: float = 5.0,
         serve_mirror: bool = True,
     ) -> None:
         std_ep, fly_ep = settings.standard, settings.fly
@@ -106,6 +111,7 @@ class ShadowPipeline:
             pause_on_waiting=s.pause_on_waiting,
             pause_running_fraction=s.pause_running_fraction,
             load_state_max_age_seconds=s.load_state_max_age_seconds,
+            categories=categories if categories is not None else CategoryBound(s.max_categories),
         )
         noise_ep = s.noise_endpoint()
         self.replayer = Replayer(
@@ -146,6 +152,9 @@ class ShadowPipeline:
                 connect_timeout_seconds=s.proxy_connect_timeout_seconds,
                 total_timeout_seconds=s.proxy_total_timeout_seconds,
                 use_uvloop=s.proxy_uvloop,
+                listen=listen,
+                listener=listener,
+                shutdown_timeout_seconds=shutdown_timeout_seconds,
             )
         self.canary: CanaryRunner | None = None
         self.canary_load: CanaryLoad | None = None

@@ -8,7 +8,8 @@ shadow marker header set to ``1``. The replayer only does HTTP: it returns each 
 supported, vLLM's "... are not yet supported ..." included, is ``unsupported_parameter``, another
 400/422 ``bad_request``, other failures ``timeout``, ``connect``, ``disconnected``,
 ``disconnected_mid_response``, ``http_<status>``, …) and never classifies the pair;
-:mod:`specwatch.shadow.classify` does.
+:mod:`specwatch.shadow.classify` does, and also decides what a 200 reply means (complete,
+truncated, or failed and why).
 
 Connections: each arm has its own pool (:func:`open_arm_session`) whose idle keep-alive is the arm's
 ``keepalive_seconds``, below the server's idle timeout (vLLM's uvicorn closes idle connections after
@@ -30,11 +31,10 @@ from typing import Any
 
 import aiohttp
 
-from specwatch.shadow.classify import is_unsupported_parameter_message
+from specwatch.shadow.classify import body_result, is_unsupported_parameter_message, stream_result
 from specwatch.shadow.sample import seed_from_hash
 from specwatch.shadow.sse import CompletionStreamAccumulator
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest
-from specwatch.vllm.request_metrics import SpecDecodeReading, read_spec_decode
 
 #: Largest arm response body read (bytes); larger answers fail the arm with ``too_large``.
 MAX_RESPONSE_BYTES = 16 << 20
@@ -116,54 +116,6 @@ def _error_message(obj: object) -> str:
             return str(err.get("message", err))
         return str(err)
     return str(obj)
-
-
-def _parse_completion(arm: Arm, status: int, obj: object, latency: float) -> ArmResult:
-    if not isinstance(obj, Mapping):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    if isinstance(obj.get("error"), Mapping):
-        return ArmResult(arm, False, latency, status=status, error="in_band_error")
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    ch = choices[0]
-    msg = ch.get("message")
-    text: object = msg.get("content") if isinstance(msg, Mapping) else ch.get("text")
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        return ArmResult(arm, False, latency, status=status, error="invalid_body")
-    fr = ch.get("finish_reason")
-    ids = ch.get("token_ids")
-    token_ids = (
-        tuple(ids)
-        if isinstance(ids, list)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
-        else None
-    )
-    usage = obj.get("usage")
-    pt = ct = None
-    if isinstance(usage, Mapping):
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        pt = p if isinstance(p, int) and not isinstance(p, bool) else None
-        ct = c if isinstance(c, int) and not isinstance(c, bool) else None
-    return ArmResult(
-        arm,
-        True,
-        latency,
-        status=status,
-        text=text,
-        finish_reason=fr if isinstance(fr, str) else None,
-        prompt_tokens=pt,
-        completion_tokens=ct,
-        token_ids=token_ids,
-        **_spec_fields(read_spec_decode(obj)),
-    )
-
-
-def _spec_fields(sd: SpecDecodeReading | None) -> dict[str, Any]:
-    """``ArmResult`` keyword arguments for a reply's spec-decode reading (τ only when measured)."""
-    return {"spec_decode": sd, "mean_acceptance_length": sd.tau if sd is not None else None}
 
 
 def client_error_kind(status: int, message: str) -> str:
@@ -309,13 +261,13 @@ class Replayer:
             buf += chunk
             if len(buf) > MAX_RESPONSE_BYTES:
                 return ArmResult(t.arm, False, self._clock() - t0, status=200, error="too_large")
-        raw = bytes(buf)
-        latency = self._clock() - t0
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            return ArmResult(t.arm, False, latency, status=200, error="invalid_body")
-        return _parse_completion(t.arm, 200, obj, latency)
+        return body_result(
+            t.arm,
+            bytes(buf),
+            status=200,
+            latency=self._clock() - t0,
+            content_type=resp.headers.get("Content-Type"),
+        )
 
     async def _read_stream(self, arm: Arm, resp: aiohttp.ClientResponse, t0: float) -> ArmResult:
         acc = CompletionStreamAccumulator()
@@ -325,21 +277,10 @@ class Replayer:
             if total > MAX_RESPONSE_BYTES:
                 return ArmResult(arm, False, self._clock() - t0, status=200, error="too_large")
             acc.feed(chunk)
-        r = acc.close()
-        latency = self._clock() - t0
-        if r.error is not None:
-            return ArmResult(arm, False, latency, status=200, error="in_band_error")
-        if not r.done_seen and r.finish_reason is None:
-            return ArmResult(arm, False, latency, status=200, error="truncated_stream")
-        return ArmResult(
+        return stream_result(
             arm,
-            True,
-            latency,
+            acc,
             status=200,
-            text=r.text,
-            finish_reason=r.finish_reason,
-            prompt_tokens=r.prompt_tokens,
-            completion_tokens=r.completion_tokens,
-            token_ids=tuple(r.token_ids) if r.token_ids is not None else None,
-            **_spec_fields(r.spec_decode),
+            latency=self._clock() - t0,
+            content_type=resp.headers.get("Content-Type"),
         )

@@ -20,8 +20,8 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specwatch.shadow.values import ShadowRequest
@@ -148,6 +148,49 @@ def pause_reasons(
     return frozenset(out)
 
 
+#: The category every request outside the bounded set is counted under.
+OTHER_CATEGORY = "other"
+
+
+class CategoryBound:
+    """At most ``limit`` distinct request categories; any other category reads as ``other``.
+
+    The category comes from traffic (``X-Specwatch-Category``, copied by Envoy/Istio from end
+    users), so its values are unbounded; every per-category series (sampler buckets, ledger
+    rows, ``specwatch_shadow_*{category}``) goes through this bound first. ``known``: the
+    categories kept at start, in priority order (the ledger's categories by volume); the first
+    ``limit`` of them are kept, later new categories are admitted first come while there is room.
+    ``other`` itself is always allowed and takes no slot. ``overflowed`` counts requests whose
+    category was folded into ``other``; ``kept`` is the admitted set (size <= ``limit``).
+    """
+
+    def __init__(self, limit: int, known: Iterable[str] = ()) -> None:
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        self.limit = limit
+        self.kept: set[str] = set()
+        self.overflowed = 0
+        self.seed(known)
+
+    def seed(self, known: Iterable[str]) -> None:
+        """Keep the categories of ``known`` in order while there is room (no overflow counted)."""
+        for cat in known:
+            if len(self.kept) >= self.limit:
+                break
+            if cat != OTHER_CATEGORY:
+                self.kept.add(cat)
+
+    def __call__(self, category: str) -> str:
+        """``category`` when kept (or room is left to keep it), else ``other`` (counted)."""
+        if category == OTHER_CATEGORY or category in self.kept:
+            return category
+        if len(self.kept) < self.limit:
+            self.kept.add(category)
+            return category
+        self.overflowed += 1
+        return OTHER_CATEGORY
+
+
 class Sampler:
     """Admits offered requests into a bounded ``asyncio.Queue`` (see module docstring for order).
 
@@ -171,6 +214,7 @@ class Sampler:
         pause_on_waiting: bool = True,
         pause_running_fraction: float = 0.8,
         load_state_max_age_seconds: float = 30.0,
+        categories: CategoryBound | None = None,
     ) -> None:
         if not 0.0 <= probability <= 1.0:
             raise ValueError("probability must be in [0, 1]")
@@ -183,6 +227,7 @@ class Sampler:
         self._default_quota = default_category_quota_per_second
         self._quota_burst = category_quota_burst
         self._buckets: dict[str, TokenBucket | None] = {}
+        self.categories = categories if categories is not None else CategoryBound(20)
         self._load_state = load_state
         self._on_waiting = pause_on_waiting
         self._running_fraction = pause_running_fraction
@@ -230,6 +275,9 @@ class Sampler:
         quotas, pauses, rate limit or the queue bound.
         """
         self.offered += 1
+        bounded = self.categories(req.category)
+        if bounded != req.category:
+            req = replace(req, category=bounded)
         if not force and not self.is_sampled(req):
             self.not_sampled += 1
             return "not_sampled"

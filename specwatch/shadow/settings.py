@@ -55,6 +55,8 @@ class ShadowSettings(BaseModel):
 
     Sampler: ``sample_probability`` p in [0, 1] decided by the request hash;
     ``category_quota_per_second`` (token bucket per category, burst ``category_quota_burst``);
+    ``max_categories`` distinct request categories keep their own series (the ledger's largest
+    at start, then first come), every other category is counted as ``other``;
     ``queue_size`` bounded queue; ``max_shadow_rps`` and ``max_in_flight`` caps; load-aware pause
     when any arm has waiting > 0 (``pause_on_waiting``) or running >= ``pause_running_fraction`` *
     max_num_seqs.
@@ -85,6 +87,7 @@ class ShadowSettings(BaseModel):
     category_quota_per_second: dict[str, float] = Field(default_factory=dict)
     default_category_quota_per_second: float | None = Field(default=None, gt=0)
     category_quota_burst: float = Field(default=5.0, ge=1.0)
+    max_categories: int = Field(default=20, ge=0, le=1000)
     queue_size: int = Field(default=256, ge=1)
     max_shadow_rps: float = Field(default=5.0, gt=0)
     max_in_flight: int = Field(default=4, ge=1)

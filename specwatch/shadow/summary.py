@@ -4,12 +4,13 @@ snapshot read by the exporter (``specwatch.export.prometheus``) and the alert de
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from specwatch.core.config import OVERALL
+from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
     excess_flip,
@@ -143,8 +144,12 @@ class ShadowStats:
 
     ``windows[window][category]`` (category :data:`OVERALL` = all categories);
     ``pairs_total[(category, arm, outcome)]``, ``unpaired_total[reason]`` and
-    ``excluded_total[reason]`` are monotonic counters since process start (seeded from the ledger
-    at start); ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
+    ``excluded_total[reason]`` are monotonic counters of this process's pairs (they start at 0
+    with the process and never fall while it runs; never recomputed from the pruned ledger);
+    ``ledger_pairs[(category, arm, outcome)]`` the same counts over the rows the ledger holds
+    now (a gauge: retention pruning lowers it); ``categories_folded`` requests whose
+    category was counted as ``other`` (the category bound);
+    ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
     ``ledger_rows`` the rows in the ledger, ``ledger_write_errors[exception type]`` failed row
     writes; ``io`` the I/O side's queue/pause state when known.
     """
@@ -161,6 +166,8 @@ class ShadowStats:
     ledger_rows: int | None = None
     ledger_write_errors: Mapping[str, int] = field(default_factory=dict)
     io: ShadowIO | None = None
+    ledger_pairs: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    categories_folded: int = 0
 
 
 # -- building snapshots (pure) ------------------------------------------------------------------
@@ -240,10 +247,26 @@ def build_shadow_stats(
     ledger_rows: int | None = None,
     ledger_write_errors: Mapping[str, int] | None = None,
     io: ShadowIO | None = None,
+    categories: Collection[str] | None = None,
+    categories_folded: int = 0,
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
-    :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category."""
+    :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
+
+    ``categories``: the kept categories (:class:`~specwatch.shadow.sample.CategoryBound`); the
+    tallies of any other category (rows written before the bound, or by another configuration)
+    are added into ``other``, so a ledger with thousands of categories still gives at most
+    ``len(categories) + 2`` categories per window. ``None``: no folding. ``ledger_pairs`` is
+    built from the ``since_start`` window (the whole ledger) when it is present."""
     windows: dict[str, dict[str, PairedSummary]] = {}
+    if categories is not None:
+        tallies = {w: fold_categories(by_cat, categories) for w, by_cat in tallies.items()}
+    ledger_pairs: dict[tuple[str, str, str], int] = {}
+    for cat, t in tallies.get(SINCE_START, {}).items():
+        if cat == OVERALL:
+            continue
+        for arm, label, n in arm_label_counts(t):
+            ledger_pairs[(cat, arm, label)] = n
     for wname, by_cat in tallies.items():
         total = PairTally()
         out: dict[str, PairedSummary] = {}
@@ -267,7 +290,31 @@ def build_shadow_stats(
         ledger_rows=ledger_rows,
         ledger_write_errors=dict(ledger_write_errors or {}),
         io=io,
+        ledger_pairs=ledger_pairs,
+        categories_folded=categories_folded,
     )
+
+
+def fold_categories(
+    by_category: Mapping[str, PairTally], keep: Collection[str]
+) -> dict[str, PairTally]:
+    """``by_category`` with every category not in ``keep`` (nor ``other``) added into
+    ``other`` (pure)."""
+    out: dict[str, PairTally] = {}
+    for cat, t in by_category.items():
+        name = cat if cat in keep or cat in (OTHER_CATEGORY, OVERALL) else OTHER_CATEGORY
+        out[name] = out[name] + t if name in out else t
+    return out
+
+
+def categories_by_volume(by_category: Mapping[str, PairTally]) -> list[str]:
+    """Category names, most rows first (ties by name): the order a
+    :class:`~specwatch.shadow.sample.CategoryBound` is seeded in from the ledger."""
+
+    def rows(t: PairTally) -> int:
+        return t.paired + t.unpaired + t.excluded
+
+    return [c for c, _ in sorted(by_category.items(), key=lambda kv: (-rows(kv[1]), kv[0]))]
 
 
 class OutcomeCounters:
@@ -280,7 +327,8 @@ class OutcomeCounters:
     ``sum(outcome=~"both_.*|lost|gained")`` labelled ones.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, categories: CategoryBound | None = None) -> None:
+        self._categories = categories
         self.pairs: dict[tuple[str, str, str], int] = {}
         self.unpaired: dict[str, int] = {}
         self.excluded: dict[str, int] = {}
@@ -300,8 +348,11 @@ class OutcomeCounters:
     def seed(
         self, by_category: Mapping[str, PairTally], reasons: Mapping[tuple[str, str], int]
     ) -> None:
-        """Add a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``)."""
+        """Add a ledger's totals (``Ledger.tally()`` and ``Ledger.reason_counts()``); with a
+        category bound, a category it cannot keep is counted as ``other``."""
         for cat, t in by_category.items():
+            if self._categories is not None:
+                cat = self._categories(cat)
             for arm, label, n in arm_label_counts(t):
                 self._inc((cat, arm, label), n)
         for (status, reason), n in reasons.items():

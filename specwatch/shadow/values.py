@@ -57,12 +57,31 @@ class ShadowRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of a reply, as compared: the function ``name`` and its ``arguments``
+    JSON-normalised (parsed and re-serialised with sorted keys and no spaces, so ``{"a": 1,
+    "b": 2}`` and ``{"b":2,"a":1}`` are equal; arguments that are not valid JSON are kept as sent,
+    ends stripped). The call ``id`` is left out: servers make it up per reply."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ArmResult:
     """What one arm returned.
 
-    ``ok`` False means the arm failed (``error`` says why: ``timeout|connect|http_<status>|
-    unsupported_parameter|in_band_error|invalid_body``); a failed arm makes the pair unpaired.
-    ``text`` is the generated text (first choice); ``token_ids`` when the server returned them;
+    ``ok`` False means the arm failed (``error`` says why: a transport or HTTP failure from the
+    replayer, ``timeout|connect|http_<status>|unsupported_parameter|bad_request|too_large|...``,
+    or a failed HTTP 200 reply, :data:`specwatch.shadow.classify.REPLY_FAILURES`:
+    ``aborted|in_band_5xx|empty_stream|invalid_json|...``); a failed arm makes the pair
+    unpaired. ``text`` is the generated text of the first choice (``message.content`` /
+    ``delta.content`` for chat, ``text`` for completions; ``""`` when absent; for a failed arm the
+    partial text received, never compared); ``tool_calls`` its tool calls in order (chat only);
+    ``reasoning`` the reasoning text (``reasoning_content`` or ``reasoning``; ``None`` when the
+    server sent none); ``finish_reason`` as the server sent it (also unknown values such as
+    ``cancelled``); ``error_code`` the code of an in-band error (``500``, ``400``; ``None`` when
+    there was none or it carried no code); ``token_ids`` when the server returned them;
     ``spec_decode`` vLLM's per-request speculative-decoding counts when returned
     (``--per-request-spec-decode-metrics``), ``mean_acceptance_length`` its τ when measured (never
     vLLM's 1.0 placeholder for a reply without a verify step).
@@ -80,6 +99,9 @@ class ArmResult:
     token_ids: tuple[int, ...] | None = None
     mean_acceptance_length: float | None = None
     spec_decode: SpecDecodeReading | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    error_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +124,13 @@ class ArmOutcome:
     standard arm itself and whenever either side failed. ``first_divergence_char`` is the index of
     the first differing character (``None`` when identical; the shorter length when one text is
     a prefix of the other), likewise ``first_divergence_token`` over token ids. ``correct`` is
-    ``None`` when there is no gold answer. ``text`` is kept only so a ledger with ``store_text``
-    can save it.
+    ``None`` when there is no gold answer or the pair is not graded (truncated). ``text``,
+    ``tool_calls`` and ``reasoning`` are the reply's comparison fields (see
+    :mod:`specwatch.shadow.compare`); ``truncated`` marks a ``length`` / ``content_filter``
+    finish; ``content_agrees``, ``tool_calls_agree`` and ``reasoning_agrees`` are the per-field
+    comparisons behind ``agrees`` (``None`` where ``agrees`` is, or where neither arm has the
+    field). ``error_code`` is an in-band error's code. Texts are kept only so a ledger with
+    ``store_text`` can save them.
     """
 
     arm: Arm
@@ -123,6 +150,13 @@ class ArmOutcome:
     first_divergence_token: int | None
     similarity: float | None
     text: str
+    truncated: bool = False
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    error_code: int | None = None
+    content_agrees: bool | None = None
+    tool_calls_agree: bool | None = None
+    reasoning_agrees: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,10 +56,20 @@ async def start_simulator(
     return await serve(SimServer(config), host=host, port=port)
 
 
-async def serve(server: SimServer, *, host: str, port: int) -> SimulatorHandle:
+async def serve(
+    server: SimServer, *, host: str, port: int, shutdown_timeout: float = 10.0
+) -> SimulatorHandle:
     """Serve ``server`` on ``host:port`` (0 = free port) in the running loop; the handle has the
-    port actually bound (``specwatch simulate`` and the in-process simulators both start here)."""
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    port actually bound (``specwatch simulate`` and the in-process simulators both start here).
+    ``shutdown_timeout``: seconds :meth:`SimulatorHandle.stop` lets open requests finish before
+    closing them (aiohttp's own default is 60 s)."""
+    runner = web.AppRunner(
+        server.app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=15.0,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -16,12 +16,13 @@ import pytest
 import specwatch
 from specwatch.alerts.alertmanager import AlertSender, Delivery
 from specwatch.alerts.settings import AlertingSettings
-from specwatch.core.logs import log_event, setup_logging
+from specwatch.core.listen import json_too_deep
+from specwatch.core.logs import RateLimitedLog, log_event, setup_logging
 from specwatch.shadow.ingest.canary import parse_lines
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair
-from tests.fakes import free_port
+from tests.fakes import FakeClock, free_port
 
 
 @pytest.fixture(autouse=True)
@@ -188,3 +189,38 @@ def test_canary_bad_line_has_file_line_and_reason() -> None:
     parse_lines(lines, source="set.jsonl")
     (doc,) = [d for d in _json_lines(stream) if d["event"] == "canary bad line"]
     assert (doc["file"], doc["line"], doc["reason"]) == ("set.jsonl", 2, "invalid_json")
+
+
+def test_rate_limited_log_counts_what_it_leaves_out(clock: FakeClock) -> None:
+    """Burst 10 a minute per (event, reason): 25 lines in one minute write 10 and leave out 15;
+    the first line of the next minute carries ``suppressed=15``; another reason has its own
+    budget."""
+    stream = io.StringIO()
+    setup_logging("INFO", "json", stream)
+    limited = RateLimitedLog(logging.getLogger("specwatch.test"), clock=clock.monotonic)
+    written = [limited.warning("bad request", reason="invalid_json", n=i) for i in range(25)]
+    assert written == [True] * 10 + [False] * 15
+    assert limited.warning("bad request", reason="too_deep")
+    clock.advance(60)
+    assert limited.warning("bad request", reason="invalid_json", n=25)
+    docs = [d for d in _json_lines(stream) if d["event"] == "bad request"]
+    assert len(docs) == 12
+    assert "suppressed" not in docs[9]
+    assert (docs[-1]["n"], docs[-1]["suppressed"]) == (25, 15)
+    assert limited.suppressed_total == 15
+
+
+@pytest.mark.parametrize(
+    ("text", "deep"),
+    [
+        ("[" * 64 + "]" * 64, False),
+        ("[" * 65 + "]" * 65, True),
+        ('{"a": "' + "[" * 500 + '"}', False),  # brackets inside a string do not nest
+        ('{"a": "\\"' + "{" * 500 + '"}', False),  # nor after an escaped quote
+        ('{"a":' * 65 + "1" + "}" * 65, True),
+    ],
+)
+def test_json_too_deep(text: str, deep: bool) -> None:
+    """Nesting is counted over arrays and objects, outside strings; the limit is inclusive."""
+    assert json_too_deep(text, 64) is deep
+    assert json_too_deep(text.encode(), 64) is deep

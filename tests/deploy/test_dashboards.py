@@ -27,9 +27,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import SINCE_START
+from specwatch.core.listen import ListenerStats
 from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
-from specwatch.export.prometheus import ShadowCollector
+from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
 from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, build_shadow_stats
 from tests.fakes import REPO
@@ -137,7 +138,26 @@ def alert_exported_names() -> frozenset[str]:
     return frozenset(spec.sample_name for spec in catalogue.ALERTS)
 
 
-EXPORTED = core_exported_names() | shadow_exported_names() | alert_exported_names()
+def listener_exported_names() -> frozenset[str]:
+    """Sample names of the listener families, exposed by a real collector over two listeners."""
+    reg = CollectorRegistry()
+    reg.register(ListenerCollector(lambda: [ListenerStats("main"), ListenerStats("proxy")]))
+    text = generate_latest(reg).decode()
+    return frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+def fleet_exported_names() -> frozenset[str]:
+    """Sample names of the fleet view's families (``FLEET``; counters get ``_total``)."""
+    return frozenset(spec.sample_name for spec in catalogue.FLEET)
+
+
+EXPORTED = (
+    core_exported_names()
+    | shadow_exported_names()
+    | alert_exported_names()
+    | listener_exported_names()
+    | fleet_exported_names()
+)
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
 
 
@@ -268,17 +288,62 @@ class TestDashboard:
         assert dashboard["editable"] is False
 
     def test_template_variables(self, dashboard: Obj) -> None:
-        """datasource (Prometheus), namespace and job come first, job filtered by namespace."""
+        """datasource, cluster, namespace, job and pod come first, each filtered by the ones
+        before it; cluster and pod default to All (``.*``, which also matches a series without
+        the label), namespace and job to the first value Prometheus has."""
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
         names = [v["name"] for v in dashboard["templating"]["list"]]
-        assert names[:3] == ["datasource", "namespace", "job"]
+        assert names[:5] == ["datasource", "cluster", "namespace", "job", "pod"]
         assert variables["datasource"]["type"] == "datasource"
         assert variables["datasource"]["query"] == "prometheus"
+        assert "$cluster" in variables["namespace"]["query"]["query"]
         assert "$namespace" in variables["job"]["query"]["query"]
-        if "window" in variables:
-            options = [o["value"] for o in variables["window"]["options"]]
-            assert options == WINDOWS
-            assert variables["window"]["query"] == ",".join(WINDOWS)
+        assert "$job" in variables["pod"]["query"]["query"]
+        for name in ("cluster", "pod"):
+            assert variables[name]["includeAll"] is True
+            assert variables[name]["allValue"] == ".*"
+            assert variables[name]["current"]["value"] == "$__all"
+
+    def test_model_variable_where_series_have_model_name(self, dashboard: Obj) -> None:
+        """A dashboard reading per-target series (labels ``model_name``) offers a ``model``
+        variable, and every selector of such a series filters by it."""
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        with_model = {s.sample_name for s in CATALOGUE if "model_name" in s.labels}
+        selectors = [
+            (name, body)
+            for where, expr in iter_exprs(dashboard)
+            if where.startswith("panel")
+            for name, body in re.findall(r"([a-z_:]+)\{([^}]*)\}", expr)
+        ]
+        read = [(n, b) for n, b in selectors if n in with_model or n.startswith("vllm:")]
+        assert ("model" in variables) == any(n in with_model for n, _ in read)
+        if "model" in variables:
+            assert variables["model"]["allValue"] == ".*"
+            for name, body in read:
+                if name.startswith("vllm:") or "$job" in body:
+                    assert 'model_name=~"$model"' in body, name
+
+    def test_window_options_are_the_windows_the_series_have(self, dashboard: Obj) -> None:
+        """The window variable offers exactly the windows its series are exported for under the
+        default settings, and defaults to one of them: the paired statistics' windows
+        (``paired.windows`` + since_start) on the Quality dashboard, the core rolling windows
+        (``windows`` + since_start) elsewhere."""
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        if "window" not in variables:
+            return
+        settings = Settings()
+        if dashboard["uid"] == "specwatch-quality":
+            expected = [*settings.paired.windows, SINCE_START]
+            assert expected == ["15m", "1h", "24h", "since_start"]
+        else:
+            expected = [*settings.windows, SINCE_START]
+            assert expected == WINDOWS
+        window = variables["window"]
+        assert [o["value"] for o in window["options"]] == expected
+        assert window["query"] == ",".join(expected)
+        assert window["current"]["value"] in expected
+        selected = [o["value"] for o in window["options"] if o["selected"]]
+        assert selected == [window["current"]["value"]]
 
     def test_every_query_uses_the_datasource_variable(self, dashboard: Obj) -> None:
         """Panels, targets and query variables point at ${datasource}, never a fixed uid."""
@@ -329,17 +394,25 @@ class TestDashboard:
                     assert window, where
                     assert window.group(1) == "$__rate_interval", where
 
-    def test_queries_scoped_to_namespace_and_job(self, dashboard: Obj) -> None:
-        """Every selector names $namespace; all but ALERTS and the job variable name $job."""
+    def test_queries_scoped_to_cluster_namespace_and_job(self, dashboard: Obj) -> None:
+        """Every selector names $cluster and $namespace; all but ALERTS and the namespace and
+        job variables name $job; every specwatch_* selector of a panel names $pod."""
         for where, expr in iter_exprs(dashboard):
-            if where == "variable namespace":
-                continue  # the root of the chain lists every namespace
+            if where == "variable cluster":
+                continue  # the root of the chain lists every cluster
             blocks = selectors(expr)
             assert blocks, where
             for block in blocks:
+                assert 'cluster=~"$cluster"' in block, where
+                if where == "variable namespace":
+                    continue
                 assert 'namespace="$namespace"' in block, where
                 if "ALERTS" not in expr and where != "variable job":
                     assert 'job="$job"' in block, where
+            if where.startswith("panel"):
+                for name, body in re.findall(r"([a-z_:]+)\{([^}]*)\}", expr):
+                    if name.startswith("specwatch_"):
+                        assert 'pod=~"$pod"' in body, where
 
     def test_variables_used_are_defined(self, dashboard: Obj) -> None:
         """Each $var in a query is a template variable of this dashboard or a Grafana global."""

@@ -31,7 +31,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
 
 #: The specwatch listener: /metrics, /healthz, /readyz, API and mirror (docs/architecture.md).
-SPECWATCH_PORT = 9400
+SPECWATCH_PORT = 9477
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class TestImageLayout:
     def test_exposes_the_specwatch_listener(self, instructions: list[Instruction]) -> None:
         """EXPOSE lists the metrics/API port, the proxy port and the mirror listener's port."""
         ports = _only(_final_stage(instructions), "EXPOSE").args.split()
-        assert ports == ["9400", "9401", "9402"]
+        assert ports == ["9477", "9401", "9402"]
         assert int(ports[0]) == SPECWATCH_PORT
 
     def test_entrypoint_and_cmd(self, instructions: list[Instruction]) -> None:

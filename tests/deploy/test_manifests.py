@@ -42,7 +42,7 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 #: Oldest Kubernetes the manifests target (resource.k8s.io/v1 is GA from 1.34).
 K8S_VERSION = "1.34.0"
-SPECWATCH_PORT = 9400
+SPECWATCH_PORT = 9477
 MIRROR_PORT = ShadowSettings().mirror_listen_port
 MIRROR_PATHS = {"/v1/completions", "/v1/chat/completions"}
 
@@ -51,6 +51,7 @@ Obj = dict[str, Any]
 CRD_SCHEMAS: dict[tuple[str, str], str] = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
     ("networking.istio.io/v1", "VirtualService"): "virtualservice-networking.istio.io-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
 }
@@ -439,7 +440,7 @@ class TestSpecwatchSidecar:
         assert "emptyDir" in mounts["/var/lib/specwatch"]
 
     def test_probes_and_ports(self, pod_spec: Obj) -> None:
-        """Liveness and readiness both on /healthz of the 9400 listener, which the image EXPOSEs.
+        """Liveness and readiness both on /healthz of the 9477 listener, which the image EXPOSEs.
 
         Readiness must not be /readyz: the pod is Ready only when every container is, so a
         specwatch that cannot scrape would take vLLM out of the Service.

@@ -1,7 +1,9 @@
-"""The mixin in deploy/mixin: rendering, thresholds from settings, promtool, runbook links."""
+"""The mixin in deploy/mixin: jsonnet rendering, thresholds from settings, the monitoring-mixins
+lint rules, promtool, runbook links."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,18 +15,16 @@ import yaml
 
 from deploy.mixin.render import (
     AREAS,
-    CONFIG,
     DEFAULT_MANIFEST,
     DEFAULT_RULES,
+    DEFAULT_THRESHOLDS,
     MIXIN_DIR,
     TEMPLATES_DIR,
     alert_rules,
-    drop_empty_matchers,
-    fill,
+    evaluate_mixin,
     load_config,
     load_rules,
     main,
-    placeholders,
     prometheus_duration,
     render_rules,
     rendered_files,
@@ -50,13 +50,28 @@ EXPECTED_ALERTS = {
     "SpecBudgetStarvation",
     "SpecAdmissionStall",
     "SpecwatchTargetDown",
+    "SpecwatchTargetNotOneServer",
     "SpecwatchShadowStalled",
     "SpecwatchLedgerFailing",
 }
 
 
-#: config.yaml's PromQL selector knobs.
+#: config.libsonnet's PromQL selector knobs and the aggregation labels (structural placeholders).
 SELECTORS = ("vllmSelector", "specwatchSelector")
+STRUCTURAL = (*SELECTORS, "groupLabels")
+GRAFANA = ROOT / "grafana"
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def placeholders(template: str) -> list[str]:
+    """Names of the ``%(name)s`` placeholders of a template, in order of appearance."""
+    return _PLACEHOLDER.findall(template)
+
+
+def own_config() -> dict[str, Any]:
+    """The keys config.libsonnet sets (the mixin's _config without the generated thresholds)."""
+    thresholds = threshold_values()
+    return {k: v for k, v in load_config().items() if k not in thresholds}
 
 
 @pytest.fixture(scope="module")
@@ -92,22 +107,25 @@ def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...]
 def _filled_values() -> list[tuple[str, str]]:
     """(placeholder, text it became in the checked-in rules file), for every placeholder use.
 
-    Each template is parsed with its placeholders replaced by sentinels, walked in step with the
-    rendered groups, and each sentinel-bearing leaf is matched against the rendered leaf.
+    Each template is parsed with its structural placeholders (selectors, ``groupLabels``) filled
+    from the config and the others replaced by sentinels, walked in step with the rendered group
+    of the same name, and each sentinel-bearing leaf is matched against the rendered leaf.
     """
-    rendered_groups = load_rules(DEFAULT_RULES)["groups"]
+    rendered_groups = {g["name"]: g for g in load_rules(DEFAULT_RULES)["groups"]}
+    config = load_config()
     found: list[tuple[str, str]] = []
-    offset = 0
+    seen = 0
     for area in AREAS:
         text = (TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text()
-        for selector in SELECTORS:  # filled first: an empty one also drops its comma
-            text = text.replace(f"%({selector})s", str(load_config()[selector]))
-        text = drop_empty_matchers(text)
+        for name in STRUCTURAL:  # filled first: an empty selector also drops its comma
+            text = text.replace(f"%({name})s", str(config[name]))
+        text = text.replace(", }", "}").replace("{}", "")
         names = placeholders(text)
         sentinels = {n: f"SENTINEL{i:04d}X" for i, n in enumerate(dict.fromkeys(names))}
-        groups = yaml.safe_load(fill(text, sentinels))["groups"]
-        rendered = {"groups": rendered_groups[offset : offset + len(groups)]}
-        offset += len(groups)
+        filled = _PLACEHOLDER.sub(lambda m, s=sentinels: s[m[1]], text)  # type: ignore[misc]
+        groups = yaml.safe_load(filled)["groups"]
+        seen += len(groups)
+        rendered = {"groups": [rendered_groups[g["name"]] for g in groups]}
         by_path = dict(_leaves(rendered))
         back = {s: n for n, s in sentinels.items()}
         for path, leaf in _leaves({"groups": groups}):
@@ -121,20 +139,22 @@ def _filled_values() -> list[tuple[str, str]]:
             m = re.fullmatch(pattern, by_path[path], flags=re.DOTALL)
             assert m is not None, (path, leaf)
             found += [(back[s], m.group(f"g{2 * j + 1}")) for j, s in enumerate(used)]
-    assert offset == len(rendered_groups)
+    assert seen == len(rendered_groups)
     return found
 
 
 class TestRender:
     def test_checked_in_files_equal_a_fresh_render(self) -> None:
-        """specwatch.rules.yaml and prometheusrule.yaml are exactly what render.py writes now."""
+        """thresholds.libsonnet, specwatch.rules.yaml and prometheusrule.yaml are exactly what
+        render.py writes now (jsonnet evaluating mixin.libsonnet)."""
         files = rendered_files()
-        assert set(files) == {"specwatch.rules.yaml", "prometheusrule.yaml"}
+        assert set(files) == {"thresholds.libsonnet", "specwatch.rules.yaml", "prometheusrule.yaml"}
         for name, text in files.items():
             assert (MIXIN_DIR / name).read_text() == text, f"{name} is stale: run render.py"
 
     def test_manifest_spec_is_the_rules_file(self, rules: dict[str, Any]) -> None:
-        """The PrometheusRule wraps the rules file's groups unchanged, with config.yaml metadata."""
+        """The PrometheusRule wraps the rules file's groups unchanged, with config.libsonnet's
+        metadata."""
         manifest = yaml.safe_load(DEFAULT_MANIFEST.read_text())
         assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
         assert manifest["kind"] == "PrometheusRule"
@@ -161,13 +181,18 @@ class TestRender:
         (bad / "self.yaml.tmpl").write_text("groups:\n  - name: %(no_such_knob)s\n")
         assert main(["--templates", str(bad), "--output-dir", str(tmp_path)]) == 2
 
-    def test_fill_replaces_only_named_placeholders(self) -> None:
-        """``%(name)s`` is replaced; printf's ``%.3f`` is left as it is; an unknown name raises."""
-        text = 'x >= %(a)s and {{ printf "%.3f" $value }} for %(a)s'
-        assert fill(text, {"a": "20"}) == 'x >= 20 and {{ printf "%.3f" $value }} for 20'
-        assert placeholders(text) == ["a", "a"]
-        with pytest.raises(KeyError):
-            fill("%(b)s", {"a": "1"})
+    def test_other_percent_signs_are_left_alone(self, rules: dict[str, Any]) -> None:
+        """Only ``%(name)s`` is filled: Go template's ``printf "%.3f"`` reaches the rules as is."""
+        (ledger,) = [r for r in alert_rules(rules) if r["alert"] == "SpecwatchLedgerFailing"]
+        assert '{{ printf "%.3f" $value }}' in ledger["annotations"]["description"]
+
+    def test_an_unknown_placeholder_is_refused(self, tmp_path: Path) -> None:
+        """A placeholder that names no _config key stops the render with jsonnet's error."""
+        for area in AREAS:
+            (tmp_path / f"{area}.yaml.tmpl").write_text("groups: []\n")
+        (tmp_path / "self.yaml.tmpl").write_text("groups:\n  - name: %(no_such_knob)s\n")
+        with pytest.raises(RuntimeError, match="unknown placeholder"):
+            render_rules(tmp_path)
 
     @pytest.mark.parametrize(
         ("seconds", "text"),
@@ -182,14 +207,15 @@ class TestRender:
         with pytest.raises(ValueError, match="whole"):
             prometheus_duration(1.5)
 
-    def test_drop_empty_matchers(self) -> None:
-        """An empty selector leaves no trace: no trailing comma, no empty braces."""
-        assert drop_empty_matchers('rate(x{a="1", }[5m]) / y{}') == 'rate(x{a="1"}[5m]) / y'
-        assert drop_empty_matchers('x{a="1", job="v"}') == 'x{a="1", job="v"}'
+    def test_empty_selectors_leave_no_trace(self, rules: dict[str, Any]) -> None:
+        """With the default empty selectors no expression has ``{}`` or a dangling comma."""
+        for rule in (r for g in rules["groups"] for r in g["rules"]):
+            assert "{}" not in rule["expr"], rule
+            assert not re.search(r",\s*\}", rule["expr"]), rule
 
     def test_selectors_reach_every_raw_series(self) -> None:
         """With selectors set, every vllm:* and specwatch_* series read by a rule carries them."""
-        config = {**load_config(), "vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+        config = {"vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
         rules = render_rules(config=config)
         series = re.compile(r"(?<![\w:])(vllm:[a-z_]+|specwatch_[a-z_]+)(\{[^}]*\})?")
         seen = 0
@@ -209,27 +235,27 @@ class TestRender:
             "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n"
             "        annotations:\n          runbook_url: https://example.invalid/#a\n"
         )
-        with pytest.raises(ValueError, match="runbookURLPattern"):
+        with pytest.raises(RuntimeError, match="runbookURLPattern"):
             render_rules(tmp_path)
 
 
 class TestThresholdsDefinedOnce:
     def test_every_placeholder_has_a_source_and_every_knob_is_used(self) -> None:
         """Placeholders name settings fields, e_value_bound or config keys; each knob is used."""
-        config = load_config()
+        config = own_config()
         texts = [(TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text() for area in AREAS]
         used = {n for text in texts for n in placeholders(text)}
         sources = set(DetectSettings.model_fields) | {"e_value_bound"} | set(config)
         assert used <= sources, used - sources
         knobs = {k for k, v in config.items() if not isinstance(v, dict)}
-        knobs -= {"runbookURLPattern", "prometheusRuleName", *SELECTORS}
-        assert set(SELECTORS) <= used
+        knobs -= {"runbookURLPattern", "prometheusRuleName", "clusterLabel", *SELECTORS}
+        assert set(STRUCTURAL) <= used
         assert knobs <= used, knobs - used
 
     def test_each_rendered_threshold_equals_its_python_default(self) -> None:
         """Every number put into the rendered rules equals the default it came from."""
         detect = DetectSettings()
-        config = load_config()
+        config = own_config()
         found = _filled_values()
         assert len(found) >= 40
         for name, text in found:
@@ -296,8 +322,8 @@ class TestAlerts:
             assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
 
     def test_runbook_pattern_matches_the_python_default(self) -> None:
-        """config.yaml's runbook pattern points where specwatch's own alerts point by default."""
-        assert load_config(CONFIG)["runbookURLPattern"] == f"{DEFAULT_RUNBOOK_BASE_URL}#%s"
+        """config.libsonnet's runbook pattern points where specwatch's alerts point by default."""
+        assert load_config()["runbookURLPattern"] == f"{DEFAULT_RUNBOOK_BASE_URL}#%s"
 
     def test_recording_rule_names(self, rules: dict[str, Any]) -> None:
         """Recording rules are named level:metric:operations, each once."""
@@ -337,6 +363,98 @@ class TestAlerts:
         }
 
 
+class TestMixinStructure:
+    def test_fields_and_group_kinds(self) -> None:
+        """mixin.libsonnet exposes _config, prometheusRules (recording groups only) and
+        prometheusAlerts (alerting groups only); together they are the rendered rules file."""
+        mixin = evaluate_mixin()
+        assert set(mixin) == {"_config", "prometheusRules", "prometheusAlerts", "grafanaDashboards"}
+        recording = mixin["prometheusRules"]["groups"]
+        alerting = mixin["prometheusAlerts"]["groups"]
+        assert all("record" in r for g in recording for r in g["rules"])
+        assert all("alert" in r for g in alerting for r in g["rules"])
+        assert load_rules(DEFAULT_RULES) == {"groups": recording + alerting}
+        assert len(recording) == 3
+        assert len(alerting) == 3
+
+    def test_dashboards_are_the_grafana_files(self) -> None:
+        """grafanaDashboards holds every dashboard of grafana/, equal to the checked-in JSON."""
+        dashboards = evaluate_mixin()["grafanaDashboards"]
+        files = {p.name: json.loads(p.read_text()) for p in sorted(GRAFANA.glob("*.json"))}
+        assert dashboards == files
+        assert len(files) == 4
+
+    def test_thresholds_file_holds_the_settings_defaults(self) -> None:
+        """thresholds.libsonnet, read by jsonnet, is DetectSettings/PairedSettings' defaults:
+        0.8 for acceptance_drop_ratio, 10m for acceptance_drop_for, 20 = 1/0.05 e-value bound."""
+        import _jsonnet
+
+        values = json.loads(_jsonnet.evaluate_file(str(DEFAULT_THRESHOLDS)))
+        assert values == threshold_values()
+        assert values["acceptance_drop_ratio"] == 0.8
+        assert values["acceptance_drop_for"] == "10m"
+        assert values["e_value_bound"] == 20
+
+    def test_cluster_label_and_runbook_pattern_are_configurable(self) -> None:
+        """_config overrides reach every aggregation and every runbook link."""
+        overrides = {
+            "clusterLabel": "k8s_cluster",
+            "runbookURLPattern": "https://runbooks.example/specwatch/%s",
+        }
+        rules = render_rules(config=overrides)
+        clauses = [
+            m
+            for g in rules["groups"]
+            for r in g["rules"]
+            for m in re.findall(r"\b(?:by|on) \(([^)]*)\)", r["expr"])
+        ]
+        assert len(clauses) >= 20
+        for clause in clauses:
+            assert clause.startswith("k8s_cluster, namespace"), clause
+        for rule in alert_rules(rules):
+            url = rule["annotations"]["runbook_url"]
+            assert url == f"https://runbooks.example/specwatch/{rule['alert'].lower()}"
+
+    def test_default_aggregations_keep_cluster_and_namespace(self, rules: dict[str, Any]) -> None:
+        """Every by/on list of the rendered rules starts with cluster, namespace: two clusters or
+        namespaces are never summed (promtool case in tests/aggregation_test.yaml)."""
+        clauses = [
+            m
+            for g in rules["groups"]
+            for r in g["rules"]
+            for m in re.findall(r"\b(?:by|on) \(([^)]*)\)", r["expr"])
+        ]
+        assert clauses
+        assert all(c.startswith("cluster, namespace, ") for c in clauses), clauses
+
+
+class TestMixinLint:
+    """The monitoring-mixins lint rules (mixtool lint), as tests."""
+
+    def test_summary_is_a_plain_sentence(self, rules: dict[str, Any]) -> None:
+        """A summary has no template ({{ }}, $labels, $value): it is true for every firing
+        series; it starts with a capital letter (or specwatch's name) and ends with a full stop."""
+        for rule in alert_rules(rules):
+            summary = rule["annotations"]["summary"]
+            assert "{{" not in summary, rule["alert"]
+            assert "$" not in summary, rule["alert"]
+            assert summary.endswith("."), summary
+            assert summary[0].isupper() or summary.startswith("specwatch "), summary
+
+    def test_description_severity_and_runbook(self, rules: dict[str, Any]) -> None:
+        """Every alert has a description, a known severity and an https runbook_url."""
+        for rule in alert_rules(rules):
+            ann = rule["annotations"]
+            assert ann["description"].strip(), rule["alert"]
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+            assert ann["runbook_url"].startswith("https://"), rule["alert"]
+
+    def test_alert_names_are_camel_case(self, rules: dict[str, Any]) -> None:
+        """Alert names are UpperCamelCase (mixtool's naming rule)."""
+        for rule in alert_rules(rules):
+            assert re.fullmatch(r"(?:[A-Z][a-zA-Z0-9]*)+", rule["alert"]), rule["alert"]
+
+
 @pytest.mark.promtool
 def test_promtool_check_rules(tmp_path: Path) -> None:
     """promtool accepts the rules file, the manifest's spec and a render with selectors set."""
@@ -353,7 +471,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 44 rules found") == 3
+    assert out.stdout.count("SUCCESS: 45 rules found") == 3
 
 
 @pytest.mark.promtool

@@ -9,11 +9,12 @@ import re
 
 import aiohttp
 
-from specwatch.demo.run import DemoConfig, run_demo
+from specwatch.demo.config import DemoConfig
+from specwatch.demo.run import run_demo
 from tests.demo.streams import WatchedOutput
 
 SHADOW_RE = re.compile(
-    r"^shadow \(since_start\): pairs (\d+)  graded (\d+)  lost (\d+)  gained (\d+)", re.M
+    r"^pairs \(since_start\) ([\d,]+), labelled ([\d,]+): lost ([\d,]+) gained ([\d,]+)", re.M
 )
 FLY_RE = re.compile(r"fly simulator:\s+(http://\S+)")
 
@@ -28,7 +29,7 @@ def _flagged(text: str, start: int) -> bool:
     m = SHADOW_RE.search(block) if block else None
     if m is None:
         return False
-    lost, gained = int(m.group(3)), int(m.group(4))
+    lost, gained = int(m.group(3).replace(",", "")), int(m.group(4).replace(",", ""))
     return lost >= 2 * gained + 10 and "SpecQualityDrift" in block
 
 
@@ -69,6 +70,8 @@ async def test_fly_fault_shows_losses_and_fires_the_quality_alert() -> None:
     block = _last_block(text[start:])
     m2 = SHADOW_RE.search(block)
     assert m2 is not None
-    pairs, graded, lost, gained = (int(g) for g in m2.groups())
+    pairs, graded, lost, gained = (int(g.replace(",", "")) for g in m2.groups())
     assert pairs >= graded >= lost + gained
     assert "check=e_value" in block
+    # the view says after how many labelled pairs and seconds it saw the alert fire
+    assert re.search(r"SpecQualityDrift \[\w+\] fired after [\d,]+ labelled pairs, \d+ s", block)

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from specwatch.core.store import Store
 from specwatch.export import catalogue
-from specwatch.export.catalogue import CATALOGUE
+from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
 from specwatch.export.json import snapshot_json
 from specwatch.export.prometheus import SpecwatchCollector
 from specwatch.export.snapshot import Snapshot, SnapshotGetter
@@ -68,6 +68,13 @@ def _full_snapshot() -> Snapshot:
 
 
 class TestCatalogue:
+    def test_every_label_states_its_bound(self) -> None:
+        """Every label of every exported family has a bound in ``LABEL_BOUNDS``, and every bound
+        names a label in use; ``docs/metrics.md`` has the label bounds section."""
+        used = {label for spec in CATALOGUE for label in spec.labels}
+        assert used == set(LABEL_BOUNDS)
+        assert "## Label bounds" in (ROOT / "docs/metrics.md").read_text()
+
     def test_every_family_documented(self) -> None:
         """Each exported family appears in docs/metrics.md (the one written list of names)."""
         metrics_doc = (ROOT / "docs/metrics.md").read_text()

@@ -247,6 +247,7 @@ def test_known_reasons_exported_from_zero() -> None:
         (ex, "unsupported_parameter"): 0,
         (ex, "bad_request"): 0,
         (ex, "bad_checker"): 0,
+        (ex, "multiple_choices"): 0,
         (we, "queue_full"): 0,
         (we, "OperationalError"): 0,
         (we, "IntegrityError"): 0,

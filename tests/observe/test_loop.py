@@ -156,7 +156,32 @@ class TestBadInput:
         warnings = _warnings(caplog)
         assert len(warnings) == 1
         assert warnings[0].getMessage() == "scrape failed"
-        assert event_fields(warnings[0])["reason"] == reason
+        fields = event_fields(warnings[0])
+        assert fields["reason"] == reason
+        assert fields["url"] == h.fake.url  # every failed-scrape line names the URL
+        if reply.content_type == "text/html" and reply.status == 200:
+            assert fields["hint"] == (
+                "the server answered with HTML, not metrics; give the vLLM server's /metrics URL"
+            )
+        else:
+            assert "hint" not in fields
+
+    async def test_openai_base_url_gets_a_hint(
+        self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A target given as the OpenAI base URL (``…/v1``): the failed scrape's log line names
+        that URL and says which URL specwatch wants instead."""
+        caplog.set_level(logging.DEBUG, logger="specwatch")
+        base = fake.url.removesuffix("/metrics")
+        app = build_app(_settings(base + "/v1"), clock=clock, scrape=False)
+        async with TestClient(TestServer(app, host="127.0.0.1")):
+            target = app[SCRAPER_KEY].trackers["fly"].target
+            assert not await app[SCRAPER_KEY].scrape_once(target)
+        fields = event_fields(_warnings(caplog)[0])
+        assert fields["url"] == base + "/v1"
+        assert fields["hint"] == (
+            f"this looks like the OpenAI API URL; specwatch scrapes {base}/metrics"
+        )
 
     async def test_timeout(
         self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
@@ -270,9 +295,12 @@ class TestGoodInput:
         assert _sample(text, "specwatch_mean_acceptance_length", labels) == pytest.approx(2.75)
         assert [r.getMessage() for r in _warnings(caplog)] == ["counter reset"]
 
-    async def test_family_disappears(self, h: Harness, caplog: pytest.LogCaptureFixture) -> None:
-        """C03 b→c: no vLLM families: stale, no acceptance value (never 0), up stays 1,
-        one log line naming the missing families (not repeated while they stay missing)."""
+    async def test_page_without_vllm_families_is_a_failed_scrape(
+        self, h: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """C03 b→c: a 200 page with no vLLM family is a failed scrape (reason
+        ``no_vllm_families``, up 0, not ready-making), stale, no acceptance value (never 0),
+        one warning line (not repeated while it lasts)."""
         caplog.set_level(logging.DEBUG, logger="specwatch")
         h.fake.push(*(Reply(body(f"cases/C03_reset_{x}.prom")) for x in "abcc"))
         for _ in range(2):
@@ -283,15 +311,16 @@ class TestGoodInput:
             await h.scrape()
             h.clock.advance(30)
         warnings = _warnings(caplog)
-        assert [r.getMessage() for r in warnings] == ["families missing"]
-        assert "vllm:spec_decode_num_drafts_total" in event_fields(warnings[0])["families"]
+        assert [r.getMessage() for r in warnings] == ["scrape failed"]
+        assert event_fields(warnings[0])["reason"] == "no_vllm_families"
         text = await h.metrics()
-        assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 1
+        assert _sample(text, "specwatch_target_up", {"target": "fly"}) == 0
         assert _sample(text, "specwatch_target_stale", {"target": "fly"}) == 1
+        errors = {"target": "fly", "reason": "no_vllm_families"}
+        assert _sample(text, "specwatch_scrape_errors_total", errors) == 2
         assert _sample(text, "specwatch_acceptance_ratio", {"target": "fly"}) is None
         snap = await h.snapshot()
-        assert "vllm:spec_decode_num_drafts_total" in snap["targets"]["fly"]["missing_families"]
-        assert snap["targets"]["fly"]["windows"]["1m"]["server"] is None
+        assert snap["targets"]["fly"]["up"] is False
 
     async def test_duplicate_conflict_counted(
         self, h: Harness, caplog: pytest.LogCaptureFixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 import sqlite3
 import struct
 import sys
@@ -252,6 +253,16 @@ class TestHtml:
         for name in ("flips.png", "evalue.png", "net_loss.png", "per_position.png"):
             assert f'src="{name}"' in text
 
+    def test_verdict_line_in_points(self, rendered: Path) -> None:
+        """The one verdict sentence: math + code = 96 labelled pairs, 12 lost and 5 gained, so
+        a net loss of 7/96 = 7.3 points; the e-value is read against 1/α = 20."""
+        text = (rendered / "index.html").read_text(encoding="utf-8")
+        line = re.search(r'<p class="verdict-line" data-field="verdict">([^<]*)</p>', text)
+        assert line is not None
+        assert line.group(1).startswith("FLy: net loss 7.3 pts (95 % CI ")
+        assert "on 96 labelled pairs; e-value " in line.group(1)
+        assert " of 20 needed; " in line.group(1)
+
     def test_plots_are_valid_non_trivial_pngs(self, rendered: Path) -> None:
         """Each plot is a PNG with real pixels: decodes, sensible size, not one flat colour."""
         from matplotlib.image import imread
@@ -342,7 +353,7 @@ class TestSeries:
         text = (out / "index.html").read_text(encoding="utf-8")
         assert "per_position.png" not in text
         assert "Per-position acceptance needs <code>--metrics-url</code>" in text
-        assert "curl -s localhost:9400/metrics &gt; metrics.txt" in text
+        assert "curl -s localhost:9477/metrics &gt; metrics.txt" in text
         assert "/api/v1/snapshot" in text
 
 

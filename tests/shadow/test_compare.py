@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
+import aiohttp
 import pytest
 
 from specwatch.shadow.checkers import answers_equal, json_path_get, make_checker
@@ -14,8 +17,11 @@ from specwatch.shadow.compare import (
     first_divergence,
     similarity,
 )
+from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import OutcomeCounters
-from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source, ToolCall
+from tests.fake_arm import FakeArm, RawReply, serve_arm
 
 
 def _req(
@@ -198,3 +204,157 @@ def test_math_checker_numeric_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chk.equal_to_gold("1/2", "so x = \\boxed{0.5}")
     assert chk.equal_to_gold("72", "She sold 48 + 24 = 72 clips.")
     assert not chk.equal_to_gold("72", "She sold 70 clips.")
+
+
+# -- what the answer is: content, tool calls, reasoning (through real HTTP on 127.0.0.1) -------
+
+
+def _chat_reply(message: dict[str, Any], finish: str = "stop") -> RawReply:
+    body = {
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16},
+    }
+    return RawReply(200, "application/json", json.dumps(body).encode())
+
+
+def _sse(chunks: list[dict[str, Any]]) -> RawReply:
+    data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return RawReply(200, "text/event-stream; charset=utf-8", data + b"data: [DONE]\n\n")
+
+
+def _tool(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+async def _pair(
+    std: RawReply, fly: RawReply, *, stream_fly: bool = False, checker: str | None = None
+) -> PairOutcome:
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+    path = "/v1/chat/completions"
+    req = ShadowRequest(path, body, request_hash(path, body), 0.0, Source.MIRROR, checker=checker)
+    a, b = FakeArm(mode="script", replies={"q": std}), FakeArm(mode="script", replies={"q": fly})
+    async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, su, 30.0),
+            fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
+            noise=None,
+            max_tokens_cap=64,
+            marker_header="X-Specwatch-Shadow",
+            clock=time.perf_counter,
+        )
+        return compare(await r.replay(req))
+
+
+WEATHER_PARIS = _tool("get_weather", '{"city": "Paris", "unit": "c"}', "call_1")
+
+
+async def test_tool_calls_are_compared_not_always_agreeing() -> None:
+    """Tool-call replies (``content: null``) agree only when function names and JSON-normalised
+    arguments agree: key order and spacing differ but the call is the same → agree; another city
+    → disagree (it used to read both contents as "" and agree)."""
+    std = _chat_reply({"content": None, "tool_calls": [WEATHER_PARIS]}, "tool_calls")
+    same = _chat_reply(
+        {"content": None, "tool_calls": [_tool("get_weather", '{"unit":"c","city":"Paris"}', "x")]},
+        "tool_calls",
+    )
+    other = _chat_reply(
+        {
+            "content": None,
+            "tool_calls": [_tool("get_weather", '{"city": "Lyon", "unit": "c"}', "y")],
+        },
+        "tool_calls",
+    )
+    agree = await _pair(std, same)
+    assert (agree.status, agree.fly.agrees, agree.fly.tool_calls_agree) == ("paired", True, True)
+    assert agree.fly.tool_calls == (ToolCall("get_weather", '{"city":"Paris","unit":"c"}'),)
+    assert agree.fly.content_agrees is True
+    assert agree.fly.reasoning_agrees is None
+    differ = await _pair(std, other)
+    assert (differ.fly.agrees, differ.fly.tool_calls_agree, differ.fly.exact_match) == (
+        False,
+        False,
+        False,
+    )
+    assert differ.fly.content_agrees is True  # both contents empty: only the tool call differs
+
+
+async def test_streamed_tool_call_arguments_are_joined_per_index() -> None:
+    """A streamed tool call (name in the first delta, arguments cut across three deltas) reads
+    the same as the non-streamed call: agree."""
+    std = _chat_reply({"content": None, "tool_calls": [WEATHER_PARIS]}, "tool_calls")
+
+    def delta(d: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+    first = {
+        "index": 0,
+        "id": "c9",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    chunks = [
+        delta({"role": "assistant", "tool_calls": [first]}),
+        delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+        delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris", "un'}}]}),
+        delta({"tool_calls": [{"index": 0, "function": {"arguments": 'it": "c"}'}}]}),
+        delta({}, "tool_calls"),
+    ]
+    out = await _pair(std, _sse(chunks), stream_fly=True)
+    assert out.fly.tool_calls == (ToolCall("get_weather", '{"city":"Paris","unit":"c"}'),)
+    assert (out.status, out.fly.agrees, out.fly.exact_match) == ("paired", True, True)
+
+
+async def test_empty_reasoning_model_content_does_not_agree_for_free() -> None:
+    """A reasoning model cut at the token cap answers ``content: ""`` (or null) with only
+    ``reasoning_content`` on both arms: the reasoning texts are compared (different → disagree,
+    same → agree), the pair is truncated and never graded."""
+    std = _chat_reply(
+        {"content": "", "reasoning_content": "Let me add 17 and 25: that is 42"}, "length"
+    )
+    fly = _chat_reply(
+        {"content": None, "reasoning_content": "Let me add 17 and 25: that is 41"}, "length"
+    )
+    twin = _chat_reply({"content": None, "reasoning": "Let me add 17 and 25: that is 42"}, "length")
+    out = await _pair(std, fly, checker="math")
+    assert (out.status, out.fly.agrees, out.fly.reasoning_agrees) == ("paired", False, False)
+    assert out.fly.first_divergence_char == len("Let me add 17 and 25: that is 4")
+    assert (out.standard.truncated, out.fly.truncated, out.fly.correct) == (True, True, None)
+    same = await _pair(std, twin, checker="math")
+    assert (same.fly.agrees, same.fly.reasoning_agrees, same.fly.exact_match) == (True, True, True)
+
+
+async def test_reasoning_counts_without_a_checker_but_not_with_one() -> None:
+    """Same content, different reasoning: live traffic (no checker, exact comparison) disagrees;
+    with a checker (the final answer is graded) it agrees, and ``reasoning_agrees`` is False."""
+    std = _chat_reply({"content": "42", "reasoning_content": "17 + 25 = 42"})
+    fly = _chat_reply({"content": "42", "reasoning_content": "25 + 17 = 42"})
+    live = await _pair(std, fly)
+    assert (live.fly.content_agrees, live.fly.reasoning_agrees, live.fly.agrees) == (
+        True,
+        False,
+        False,
+    )
+    graded = await _pair(std, fly, checker="math")
+    assert (graded.fly.content_agrees, graded.fly.reasoning_agrees, graded.fly.agrees) == (
+        True,
+        False,
+        True,
+    )
+
+
+async def test_completions_text_is_the_content() -> None:
+    """``/v1/completions`` replies: ``choices[0].text`` is the content, no tool calls, no
+    reasoning."""
+    body = {"choices": [{"index": 0, "text": " Paris", "finish_reason": "stop"}]}
+    reply = RawReply(200, "application/json", json.dumps(body).encode())
+    out = await _pair(reply, reply)
+    assert (out.fly.text, out.fly.tool_calls, out.fly.reasoning, out.fly.agrees) == (
+        " Paris",
+        (),
+        None,
+        True,
+    )

@@ -254,3 +254,49 @@ async def test_flush_before_open_raises(tmp_path: Path) -> None:
     ledger.submit(make_outcome(1))
     with pytest.raises(RuntimeError, match="not open"):
         await ledger.flush()
+
+
+# The pairs table as an older specwatch wrote it (before per-arm errors, finish reasons and the
+# comparison fields): the additive migration must open it, keep its rows and add the columns.
+OLD_COLUMNS = (
+    "time REAL, request_hash TEXT, category TEXT, source TEXT, item_id TEXT, status TEXT, "
+    "reason TEXT, labelled INTEGER, noise_asked INTEGER, standard_correct INTEGER, "
+    "fly_correct INTEGER, noise_correct INTEGER, fly_agrees INTEGER, noise_agrees INTEGER, "
+    "fly_divergence_char INTEGER, fly_divergence_token INTEGER, fly_similarity REAL, "
+    "noise_divergence_char INTEGER, noise_similarity REAL, standard_latency_seconds REAL, "
+    "fly_latency_seconds REAL, noise_latency_seconds REAL, standard_tokens INTEGER, "
+    "fly_tokens INTEGER, noise_tokens INTEGER, standard_tau REAL, fly_tau REAL, noise_tau REAL, "
+    "standard_text TEXT, fly_text TEXT, noise_text TEXT"
+)
+
+
+async def test_old_ledger_gets_the_new_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A ledger written before the per-arm failure columns opens: the old row reads back with
+    the new columns ``None``, and a new unpaired pair keeps both arms' failure reason, finish
+    reason and (with ``store_text``) the answering arm's text."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"CREATE TABLE pairs (id INTEGER PRIMARY KEY, {OLD_COLUMNS})")
+        conn.execute(
+            "INSERT INTO pairs (time, request_hash, category, source, status, labelled, "
+            "noise_asked) VALUES (1.0, 'old', 'c', 'mirror', 'paired', 0, 0)"
+        )
+    std = ArmResult(Arm.STANDARD, True, 0.2, status=200, text="Yes.", finish_reason="stop")
+    fly = ArmResult(
+        Arm.FLY, False, 0.1, status=200, error="aborted", text="Ye", finish_reason="abort"
+    )
+    req = ShadowRequest("/v1/completions", {"prompt": "q"}, "new", 2.0, Source.MIRROR)
+    async with Ledger(path, store_text=True) as led:
+        led.submit(compare(ReplayPair(req, std, fly)))
+        await led.flush()
+        rows = await led.query()
+    old, new = rows
+    assert (old.request_hash, old.fly_error, old.standard_finish_reason) == ("old", None, None)
+    assert (new.status, new.reason) == ("unpaired", "fly_aborted")
+    assert (new.fly_error, new.fly_finish_reason, new.fly_truncated) == ("aborted", "abort", None)
+    assert (new.standard_error, new.standard_finish_reason, new.standard_truncated) == (
+        None,
+        "stop",
+        False,
+    )
+    assert (new.standard_text, new.fly_text) == ("Yes.", "Ye")

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from specwatch.shadow.sample import (
+    OTHER_CATEGORY,
     ArmLoad,
+    CategoryBound,
     Sampler,
     TokenBucket,
     canonical_request_bytes,
@@ -112,6 +114,42 @@ def test_category_quotas_are_per_category() -> None:
     clock.advance(1.0)
     assert s.offer(_req(50, "math")) == "admitted"
     assert s.dropped["category_quota"] == 2
+
+
+def test_ten_thousand_categories_keep_twenty_and_fold_the_rest() -> None:
+    """10,000 distinct categories offered once each (quota 1/s on every category): 20 are kept
+    (first come), the other 9,980 are queued as ``other`` and counted; the per-category token
+    buckets number 21 (20 + ``other``), so ``other`` hits its quota after its burst of 2."""
+    clock = FakeClock(1000.0)
+    bound = CategoryBound(20)
+    s = Sampler(
+        probability=1.0,
+        clock=clock,
+        queue_size=20_000,
+        max_rps=1e9,
+        default_category_quota_per_second=1.0,
+        category_quota_burst=2.0,
+        categories=bound,
+    )
+    results = [s.offer(_req(i, f"user-{i:05d}")) for i in range(10_000)]
+    assert bound.kept == {f"user-{i:05d}" for i in range(20)}
+    assert bound.overflowed == 9_980
+    assert results[:22] == ["admitted"] * 22
+    assert results[22:] == ["category_quota"] * (10_000 - 22)
+    queued = [s.queue.get_nowait().category for _ in range(s.queue.qsize())]
+    assert queued == [f"user-{i:05d}" for i in range(20)] + [OTHER_CATEGORY] * 2
+    assert len(s._buckets) == 21
+
+
+def test_category_bound_seeded_by_volume_keeps_room_for_nothing_else() -> None:
+    """Seeded with 25 categories (largest first) and a limit of 20: the first 20 are kept,
+    ``other`` never takes a place, a 26th category reads as ``other``."""
+    bound = CategoryBound(20, [OTHER_CATEGORY, *(f"c{i}" for i in range(25))])
+    assert bound.kept == {f"c{i}" for i in range(20)}
+    assert bound("c3") == "c3"
+    assert bound("c22") == OTHER_CATEGORY
+    assert bound(OTHER_CATEGORY) == OTHER_CATEGORY
+    assert bound.overflowed == 1
 
 
 def test_rate_limit_and_queue_full() -> None:

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER, is_shadow_host
 from specwatch.shadow.ingest.offer import (
@@ -103,7 +105,7 @@ class MirrorIngest:
             request.headers.get(CATEGORY_HEADER),
             request.headers.get(REQUEST_ID_HEADER),
         )
-        status = 400 if result in ("invalid_json", "not_object") else 202
+        status = 400 if result in ("invalid_json", "too_deep", "not_object") else 202
         return web.json_response({"shadow": result}, status=status)
 
     def _reject(
@@ -128,21 +130,43 @@ class MirrorListener:
     ``host:port`` (0 = any free port) by their own ``AppRunner``; :attr:`port` is the bound port
     once :meth:`start` returned. ``max_body_bytes`` bounds what aiohttp itself buffers."""
 
-    def __init__(self, routes: list[web.RouteDef], *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        routes: list[web.RouteDef],
+        *,
+        max_body_bytes: int,
+        listen: ListenLimits | None = None,
+        listener: ListenerStats | None = None,
+        shutdown_timeout_seconds: float = 4.0,
+    ) -> None:
         self._routes = routes
         self._max = max_body_bytes
+        self._listen = listen if listen is not None else ListenLimits()
+        #: Counters of this listener (``mirror``): refused connections and requests.
+        self.listener = listener if listener is not None else ListenerStats("mirror")
+        self._shutdown_timeout = shutdown_timeout_seconds
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve on the running loop; returns the port. Raises ``OSError`` when the
         address cannot be bound."""
-        app = web.Application(client_max_size=self._max)
+        app = web.Application(
+            client_max_size=self._max,
+            middlewares=[body_timeout_middleware(self._listen, self.listener)],
+        )
         app.add_routes(self._routes)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=self._shutdown_timeout,
+            keepalive_timeout=self._listen.keepalive_timeout_seconds,
+        )
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, host, port).start()
+            await GuardedSite(
+                self._runner, host, port, limits=self._listen, stats=self.listener
+            ).start()
         except OSError:
             await self.stop()
             raise

@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specwatch.core.logs import log_event
+from specwatch.core.listen import ListenLimits, json_too_deep
+from specwatch.core.logs import RateLimitedLog, log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
@@ -25,6 +26,8 @@ log = logging.getLogger("specwatch.shadow.ingest")
 SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
 _CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 Offer = Callable[[ShadowRequest], str]
+#: Deepest JSON nesting of a shadowed body (a chat request nests a handful of levels).
+JSON_MAX_DEPTH = ListenLimits().json_max_depth
 
 #: The header carrying a live request's id (Envoy, nginx, vLLM's own ``X-Request-Id``).
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -68,16 +71,22 @@ def build_shadow_request(
     salt: str = "",
     category: str | None = None,
     request_id: str | None = None,
+    max_depth: int = JSON_MAX_DEPTH,
 ) -> ShadowRequest | str:
     """Parse one request body into a :class:`ShadowRequest`, or return an error reason
-    (``unsupported_path|invalid_json|not_object``); ``request_id`` is kept when
+    (``unsupported_path|invalid_json|too_deep|not_object``; ``too_deep``: JSON nested deeper
+    than ``max_depth``, refused before parsing); ``request_id`` is kept when
     :func:`clean_request_id` accepts it. Pure."""
     if path not in SHADOW_PATHS:
         return "unsupported_path"
+    if json_too_deep(raw, max_depth):
+        return "too_deep"
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return "invalid_json"
+    except RecursionError:
+        return "too_deep"
     if not isinstance(body, dict):
         return "not_object"
     try:
@@ -110,6 +119,7 @@ class Offerer:
         self.counters = counters
         self._clock = clock
         self._salt = salt
+        self._rejects = RateLimitedLog(log)
 
     def offer_raw(
         self,
@@ -134,9 +144,7 @@ class Offerer:
         )
         if isinstance(built, str):
             c.errors[(source.value, built)] += 1
-            log_event(
-                log,
-                logging.WARNING,
+            self._rejects.warning(
                 "shadow ingest rejected",
                 source=source.value,
                 reason=built,

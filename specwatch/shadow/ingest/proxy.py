@@ -37,6 +37,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.shadow.ingest.offer import (
@@ -250,8 +252,14 @@ class ShadowProxy:
         connect_timeout_seconds: float = 10.0,
         total_timeout_seconds: float | None = None,
         use_uvloop: bool = True,
+        listen: ListenLimits | None = None,
+        listener: ListenerStats | None = None,
+        shutdown_timeout_seconds: float = 5.0,
     ) -> None:
         self._use_uvloop = use_uvloop
+        self._listen = listen if listen is not None else ListenLimits()
+        self.listener = listener if listener is not None else ListenerStats("proxy")
+        self._shutdown_timeout = shutdown_timeout_seconds
         self.upstream = URL(upstream.rstrip("/"))
         self._base = upstream.rstrip("/")
         self._offerer = Offerer(offer, counters, clock, salt)
@@ -272,7 +280,10 @@ class ShadowProxy:
         self.port: int | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self._max)
+        app = web.Application(
+            client_max_size=self._max,
+            middlewares=[body_timeout_middleware(self._listen, self.listener)],
+        )
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.cleanup_ctx.append(self._session_ctx)
         return app
@@ -294,9 +305,15 @@ class ShadowProxy:
         return await self._serve(host, port)
 
     async def _serve(self, host: str, port: int) -> int:
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            self.app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self._shutdown_timeout,
+            keepalive_timeout=self._listen.keepalive_timeout_seconds,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = GuardedSite(self._runner, host, port, limits=self._listen, stats=self.listener)
         await site.start()
         addrs = self._runner.addresses
         self.port = int(addrs[0][1]) if addrs else port

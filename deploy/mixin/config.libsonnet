@@ -1,0 +1,44 @@
+// The mixin's _config defaults: what the rules need that specwatch's Python detectors do not have.
+// Override any key when importing the mixin:
+//
+//   (import 'specwatch/deploy/mixin/mixin.libsonnet') + { _config+:: { vllmSelector: 'job="vllm"' } }
+//
+// Thresholds shared with the detectors are NOT here: they are in thresholds.libsonnet, which
+// `python -m deploy.mixin.render` writes from specwatch.alerts.settings.DetectSettings and
+// specwatch.shadow.settings.PairedSettings defaults (e-value bound = 1 / alpha), so each is
+// defined once. Both files are merged into _config; a key may not be in both.
+{
+  // Label matchers added to every vLLM series (vllm:*) the rules read, e.g. 'job="vllm"'; empty
+  // (the default) reads every vLLM server Prometheus scrapes.
+  vllmSelector: '',
+  // Label matchers added to every specwatch series (specwatch_*) the rules read, e.g.
+  // 'job="specwatch"'; empty (the default) reads every specwatch sidecar.
+  specwatchSelector: '',
+  // The label that names a cluster when one Prometheus (or Thanos) holds several. Recording
+  // rules and alerts aggregate by it and by namespace, so two clusters or two namespaces are
+  // never summed together; a series without the label is its own group (empty value).
+  clusterLabel: 'cluster',
+  // Labels every aggregation keeps (derived; override only to add more, e.g. 'cluster, namespace, env').
+  groupLabels: '%s, namespace' % self.clusterLabel,
+  // Runbook link of every alert; %s is the alert name in lower case (the GitHub anchor of its
+  // heading in docs/runbook.md). Point it at your own copy of the runbook if you keep one.
+  runbookURLPattern: 'https://github.com/specwatch/specwatch/blob/main/docs/runbook.md#%s',
+  // SpecQualityDriftFleet (rules only: only Prometheus sees every sidecar): McNemar's normal z of
+  // lost against gained answers summed over every specwatch replica over 1h. 3.09 is the
+  // one-sided p <= 0.001 quantile of the standard normal.
+  mcnemarFleetZ: 3.09,
+  // ... and at least this many discordant (lost + gained) pairs, so the normal approximation holds.
+  mcnemarFleetMinDiscordant: 20,
+  // ... held for this long before firing.
+  mcnemarFleetFor: '15m',
+  // ... at this severity.
+  mcnemarFleetSeverity: 'critical',
+  // metadata.name of the rendered PrometheusRule (prometheusrule.yaml).
+  prometheusRuleName: 'specwatch',
+  // metadata.labels of the rendered PrometheusRule; add your Prometheus ruleSelector's label
+  // (kube-prometheus-stack: release: <name>) with a kustomize patch, as deploy/overlays/example does.
+  prometheusRuleLabels: {
+    'app.kubernetes.io/name': 'specwatch',
+    'app.kubernetes.io/component': 'alerting',
+  },
+}

@@ -1,0 +1,84 @@
+// specwatch monitoring mixin: Prometheus recording rules, alerts and Grafana dashboards for vLLM
+// speculative decoding (standard and FLy) and the specwatch sidecar.
+//
+//   local specwatch = (import 'specwatch/deploy/mixin/mixin.libsonnet') + {
+//     _config+:: { vllmSelector: 'job="vllm"', runbookURLPattern: 'https://runbooks.example/%s' },
+//   };
+//   { 'rules.yaml': std.manifestYamlDoc(specwatch.prometheusRules),
+//     'alerts.yaml': std.manifestYamlDoc(specwatch.prometheusAlerts) }
+//
+// Fields:
+//   _config              config.libsonnet (selectors, cluster label, runbook URL pattern, rules-only
+//                        knobs) merged with thresholds.libsonnet (generated from the detectors'
+//                        Python defaults; do not edit).
+//   prometheusRules      {groups: [...]}: the recording rule groups.
+//   prometheusAlerts     {groups: [...]}: the alerting rule groups, every alert with a runbook_url.
+//   grafanaDashboards    file name -> dashboard JSON (the dashboards of the repository's grafana/).
+//
+// The rule texts live once, in rules/<area>.yaml.tmpl: YAML with %(name)s placeholders filled
+// from _config (a string or number key). Grafana reads the dashboards from ../../grafana, so
+// vendor the whole repository with jsonnet-bundler (see README.md), not only this directory.
+local areas = [
+  importstr 'rules/spec_decode.yaml.tmpl',
+  importstr 'rules/fly.yaml.tmpl',
+  importstr 'rules/quality.yaml.tmpl',
+  importstr 'rules/self.yaml.tmpl',
+];
+
+// template text with every %(key)s replaced by the _config value of that key (a number as %g),
+// in one pass; any other % (printf "%.3f") is left alone. Then the matchers an empty selector
+// leaves behind are removed: x{a="1", } -> x{a="1"}, x{} -> x.
+local fill(text, config) =
+  local pieces = std.split(text, '%(');
+  local value(key) =
+    assert std.objectHas(config, key) : 'unknown placeholder in a rule template: %(' + key + ')s';
+    local v = config[key];
+    if std.isNumber(v) then '%g' % v else if std.isString(v) then v
+    else error 'placeholder %(' + key + ')s names a _config key that is not a string or number';
+  local filled = pieces[0] + std.join('', [
+    local parts = std.splitLimit(p, ')s', 1);
+    assert std.length(parts) == 2 : 'unclosed placeholder in a rule template: %(' + parts[0];
+    value(parts[0]) + parts[1]
+    for p in pieces[1:]
+  ]);
+  std.strReplace(std.strReplace(filled, ', }', '}'), '{}', '');
+
+local isAlertGroup(group) = std.length([r for r in group.rules if std.objectHas(r, 'alert')]) > 0;
+
+local withRunbook(rule, pattern) =
+  if std.objectHas(rule, 'alert') then
+    assert !std.objectHas(std.get(rule, 'annotations', {}), 'runbook_url') :
+           rule.alert + ': runbook_url comes from runbookURLPattern';
+    rule { annotations+: { runbook_url: pattern % std.asciiLower(rule.alert) } }
+  else rule;
+
+{
+  _config+:: (import 'config.libsonnet') + (import 'thresholds.libsonnet'),
+
+  local groups = std.flattenArrays([std.parseYaml(fill(area, $._config)).groups for area in areas]),
+  local pure = [
+    assert !isAlertGroup(g) || std.length([r for r in g.rules if std.objectHas(r, 'record')]) == 0 :
+           g.name + ': mixes recording and alerting rules';
+    g
+    for g in groups
+  ],
+
+  prometheusRules+:: {
+    groups+: [g for g in pure if !isAlertGroup(g)],
+  },
+
+  prometheusAlerts+:: {
+    groups+: [
+      g { rules: [withRunbook(r, $._config.runbookURLPattern) for r in g.rules] }
+      for g in pure
+      if isAlertGroup(g)
+    ],
+  },
+
+  grafanaDashboards+:: {
+    'specwatch-alerts.json': import '../../grafana/specwatch-alerts.json',
+    'specwatch-capacity.json': import '../../grafana/specwatch-capacity.json',
+    'specwatch-overview.json': import '../../grafana/specwatch-overview.json',
+    'specwatch-quality.json': import '../../grafana/specwatch-quality.json',
+  },
+}

@@ -1,0 +1,453 @@
+"""``specwatch doctor --prometheus-url URL``: say why a specwatch dashboard would be empty.
+
+Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
+
+* ``targets``: every specwatch target Prometheus knows (``job`` matching ``--specwatch-job``) is
+  up; none at all is a failure;
+* ``rules``: rule groups named ``specwatch*`` are loaded and healthy (and, with ``--rules FILE``,
+  every group of that rules file / PrometheusRule);
+* ``role``: every vLLM series (``vllm:num_requests_running``) carries a ``role`` label;
+* ``selectors``: with ``--prometheus-object FILE`` (the Prometheus custom resource, e.g. from
+  ``kubectl get prometheus -o yaml``) and ``--manifest FILE`` (PodMonitor, ServiceMonitor,
+  PrometheusRule), each monitor's and rule's labels match the Prometheus object's selectors
+  (kube-prometheus-stack selects on ``release: <release name>``);
+* ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
+  default variable values returns data; a panel whose description says when it is empty is a
+  warning, not a failure.
+
+Exit 0 when nothing failed, 1 when a check failed, 2 on unreadable input or a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from specwatch.core.roles import Role
+from specwatch.server.prom_api import PromApiError, api_get, instant_query
+
+#: A series every vLLM server exports (vllm-metrics.md: scheduler state gauges).
+VLLM_PROBE = "vllm:num_requests_running"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check's result: ``status`` ``ok``, ``warn`` or ``fail``; ``check`` the check's name;
+    ``message`` one sentence."""
+
+    status: str
+    check: str
+    message: str
+
+
+class InputError(ValueError):
+    """An unreadable or malformed file given on the command line."""
+
+
+# -- pure checks ---------------------------------------------------------------------------------
+
+
+def check_targets(targets: Mapping[str, Any], job_pattern: str) -> list[Finding]:
+    """Findings for ``/api/v1/targets`` data: each active target whose ``job`` fully matches
+    ``job_pattern`` must have ``health == "up"``."""
+    rx = re.compile(job_pattern)
+    out: list[Finding] = []
+    for t in targets.get("activeTargets", []):
+        labels = t.get("labels", {})
+        if not rx.fullmatch(str(labels.get("job", ""))):
+            continue
+        where = f"{labels.get('instance', t.get('scrapeUrl', '?'))} (job {labels.get('job')})"
+        if t.get("health") == "up":
+            out.append(Finding("ok", "targets", f"specwatch target {where} is up"))
+        else:
+            err = t.get("lastError") or t.get("health")
+            out.append(Finding("fail", "targets", f"specwatch target {where} is down: {err}"))
+    if not out:
+        out.append(
+            Finding(
+                "fail",
+                "targets",
+                f"Prometheus has no target whose job matches {job_pattern!r}: check the "
+                "ServiceMonitor/PodMonitor is selected (see the selectors check) or the scrape "
+                "config",
+            )
+        )
+    return out
+
+
+def check_rules(rules: Mapping[str, Any], expected: Sequence[str]) -> list[Finding]:
+    """Findings for ``/api/v1/rules`` data: ``specwatch*`` groups loaded, every group named in
+    ``expected`` present, and no rule with ``health != "ok"``."""
+    groups = {g.get("name", ""): g for g in rules.get("groups", [])}
+    ours = sorted(n for n in groups if n.startswith("specwatch"))
+    out: list[Finding] = []
+    if not ours:
+        out.append(
+            Finding(
+                "fail",
+                "rules",
+                "no specwatch rule group is loaded: recording rules behind the dashboards are "
+                "missing (PrometheusRule not selected, or rule_files not set)",
+            )
+        )
+    for name in expected:
+        if name not in groups:
+            out.append(Finding("fail", "rules", f"rule group {name} is not loaded"))
+    for name in ours:
+        bad = [r for r in groups[name].get("rules", []) if r.get("health", "ok") != "ok"]
+        for r in bad:
+            out.append(
+                Finding(
+                    "fail",
+                    "rules",
+                    f"rule {r.get('name')} in group {name} is unhealthy: {r.get('lastError')}",
+                )
+            )
+        if not bad:
+            out.append(Finding("ok", "rules", f"rule group {name} is loaded"))
+    return out
+
+
+def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding]:
+    """Findings for the :data:`VLLM_PROBE` series: each must carry ``role`` with a known value."""
+    known = {r.value for r in Role}
+    out: list[Finding] = []
+    seen: set[tuple[str, str]] = set()
+    for labels, _ in rows:
+        key = (labels.get("job", ""), labels.get("instance", ""))
+        if key in seen:
+            continue
+        seen.add(key)
+        where = f"vLLM target {key[1]} (job {key[0]})"
+        role = labels.get("role")
+        if role is None:
+            out.append(
+                Finding(
+                    "fail",
+                    "role",
+                    f"{where} has no role label: the per-role panels and rules drop it "
+                    "(add a relabeling that sets role: standard|fly)",
+                )
+            )
+        elif role not in known:
+            out.append(
+                Finding("fail", "role", f"{where} has role={role!r}, not one of {sorted(known)}")
+            )
+        else:
+            out.append(Finding("ok", "role", f"{where} has role={role}"))
+    if not rows:
+        out.append(
+            Finding("warn", "role", f"Prometheus has no {VLLM_PROBE} series (no vLLM target)")
+        )
+    return out
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics as prometheus-operator applies them: ``None`` (the
+    field absent) matches nothing, ``{}`` matches everything; ``matchLabels`` and
+    ``matchExpressions`` (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``) must all hold."""
+    if selector is None:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != str(v):
+            return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), [str(v) for v in e.get("values") or []]
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+_SELECTOR_FIELD = {
+    "ServiceMonitor": "serviceMonitorSelector",
+    "PodMonitor": "podMonitorSelector",
+    "PrometheusRule": "ruleSelector",
+}
+
+
+def _namespace_ok(prom: Mapping[str, Any], field: str, namespace: str | None) -> str | None:
+    """Why the object's namespace is not selected, or ``None`` when it is (or cannot be told)."""
+    spec = prom.get("spec") or {}
+    own = (prom.get("metadata") or {}).get("namespace")
+    ns_field = field.replace("Selector", "NamespaceSelector")
+    ns_sel = spec.get(ns_field)
+    if ns_sel is None:
+        if namespace is not None and own is not None and namespace != own:
+            return (
+                f"it is in namespace {namespace} but {ns_field} is unset, so only namespace "
+                f"{own} is watched"
+            )
+        return None
+    wanted = (ns_sel.get("matchLabels") or {}).get("kubernetes.io/metadata.name")
+    if wanted is not None and namespace is not None and wanted != namespace:
+        return f"its namespace {namespace} is not selected (namespace selector wants {wanted})"
+    return None
+
+
+def check_selectors(prom: Mapping[str, Any], objects: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Findings for each PodMonitor/ServiceMonitor/PrometheusRule in ``objects`` against the
+    Prometheus custom resource ``prom``: its labels must match the matching selector (an unset
+    selector selects nothing) and its namespace must be watched."""
+    spec = prom.get("spec") or {}
+    pname = (prom.get("metadata") or {}).get("name", "?")
+    out: list[Finding] = []
+    for obj in objects:
+        kind = str(obj.get("kind", ""))
+        field = _SELECTOR_FIELD.get(kind)
+        if field is None:
+            continue
+        meta = obj.get("metadata") or {}
+        what = f"{kind} {meta.get('name', '?')}"
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        selector = spec.get(field)
+        if not selector_matches(selector, labels):
+            if selector is None:
+                why = f"Prometheus {pname} has no {field}, which selects nothing"
+            else:
+                need = selector.get("matchLabels") or {}
+                missing = {k: v for k, v in need.items() if labels.get(k) != str(v)}
+                why = f"its labels do not match Prometheus {pname}'s {field}" + (
+                    f" (needs {missing})" if missing else f" ({selector})"
+                )
+            out.append(Finding("fail", "selectors", f"{what} is not selected: {why}"))
+            continue
+        ns_problem = _namespace_ok(prom, field, meta.get("namespace"))
+        if ns_problem is not None:
+            out.append(Finding("fail", "selectors", f"{what} is not selected: {ns_problem}"))
+            continue
+        out.append(Finding("ok", "selectors", f"{what} is selected by Prometheus {pname}"))
+    return out
+
+
+_BUILTINS = {
+    "__rate_interval": "5m",
+    "__interval": "1m",
+    "__range": "1h",
+    "__range_s": "3600",
+    "__interval_ms": "60000",
+}
+
+
+def _variable_defaults(dashboard: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for var in (dashboard.get("templating") or {}).get("list", []):
+        name = var.get("name")
+        current = (var.get("current") or {}).get("value")
+        if isinstance(current, list):
+            current = "|".join(str(c) for c in current)
+        if current in (None, "", "$__all"):
+            options = var.get("options") or []
+            current = options[0].get("value") if options else ".*"
+            if current == "$__all":
+                current = ".*"
+        if name:
+            out[str(name)] = str(current)
+    return out
+
+
+def dashboard_queries(dashboard: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """``(panel title, panel description, PromQL)`` for every Prometheus target of every panel
+    (rows' nested panels included), with ``$var``/``${var}``/``[[var]]`` replaced by the
+    variable's default value and Grafana's built-ins by fixed durations."""
+    values = {**_BUILTINS, **_variable_defaults(dashboard)}
+
+    def substitute(expr: str) -> str:
+        def repl(m: re.Match[str]) -> str:
+            name = m.group(1) or m.group(2) or m.group(3)
+            return values.get(name, m.group(0))
+
+        return re.sub(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)", repl, expr)
+
+    def panels(items: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        for p in items:
+            yield p
+            yield from panels(p.get("panels") or [])
+
+    for p in panels(dashboard.get("panels") or []):
+        for t in p.get("targets") or []:
+            expr = t.get("expr")
+            if isinstance(expr, str) and expr.strip():
+                yield str(p.get("title", "?")), str(p.get("description", "")), substitute(expr)
+
+
+# -- I/O ---------------------------------------------------------------------------------------
+
+
+def _load_docs(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from exc
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        if isinstance(d, dict) and d.get("kind") == "List":
+            out.extend(i for i in d.get("items") or [] if isinstance(i, dict))
+        elif isinstance(d, dict):
+            out.append(d)
+        else:
+            raise InputError(f"{path}: not a Kubernetes object or rules file")
+    return out
+
+
+def _rule_group_names(paths: Sequence[Path]) -> list[str]:
+    names: list[str] = []
+    for path in paths:
+        for doc in _load_docs(path):
+            groups = doc.get("groups") or (doc.get("spec") or {}).get("groups") or []
+            names += [str(g["name"]) for g in groups if isinstance(g, dict) and "name" in g]
+    return names
+
+
+def _load_dashboard(path: Path) -> dict[str, Any]:
+    try:
+        dash = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read dashboard JSON: {exc}") from exc
+    if isinstance(dash, dict) and "dashboard" in dash:
+        dash = dash["dashboard"]
+    if not isinstance(dash, dict):
+        raise InputError(f"{path}: not a Grafana dashboard")
+    dash.setdefault("title", path.name)
+    return dash
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the files on the command line hold, read before any query: rule group names to
+    expect, the Prometheus custom resource (or ``None``), the monitoring objects, dashboards."""
+
+    expected_groups: list[str]
+    prometheus_object: dict[str, Any] | None
+    objects: list[dict[str, Any]]
+    dashboards: list[dict[str, Any]]
+
+
+def read_inputs(args: argparse.Namespace) -> Inputs:
+    """Read ``--rules``, ``--prometheus-object``, ``--manifest`` and ``--dashboard`` files;
+    raises :class:`InputError` naming the file that is unreadable or malformed."""
+    prom_obj: dict[str, Any] | None = None
+    if args.prometheus_object is not None:
+        found = [o for o in _load_docs(args.prometheus_object) if o.get("kind") == "Prometheus"]
+        if not found:
+            raise InputError(f"{args.prometheus_object}: no object of kind Prometheus")
+        prom_obj = found[0]
+    return Inputs(
+        expected_groups=_rule_group_names(args.rules),
+        prometheus_object=prom_obj,
+        objects=[o for p in args.manifest for o in _load_docs(p)],
+        dashboards=[_load_dashboard(p) for p in args.dashboard],
+    )
+
+
+async def _dashboard_findings(
+    session: aiohttp.ClientSession, url: str, dash: Mapping[str, Any], limit_s: float
+) -> list[Finding]:
+    title = dash["title"]
+    out: list[Finding] = []
+    for panel, description, expr in dashboard_queries(dash):
+        where = f"{title} / {panel}"
+        try:
+            rows = await instant_query(session, url, expr, limit_s=limit_s)
+        except PromApiError as exc:
+            out.append(Finding("fail", "dashboard", f"{where}: query failed ({exc}): {expr}"))
+            continue
+        if rows:
+            out.append(Finding("ok", "dashboard", f"{where}: {len(rows)} series"))
+        elif "empty" in description.lower():
+            out.append(Finding("warn", "dashboard", f"{where}: no data ({description})"))
+        else:
+            out.append(Finding("fail", "dashboard", f"{where}: no data for {expr}"))
+    return out
+
+
+async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float) -> list[Finding]:
+    """Run every check against the Prometheus at ``url`` (a failed API call is one ``fail``
+    finding for check ``prometheus`` and ends the run)."""
+    out: list[Finding] = []
+    async with aiohttp.ClientSession() as session:
+        try:
+            targets = await api_get(
+                session, url, "/api/v1/targets", {"state": "active"}, limit_s=limit_s
+            )
+            out += check_targets(targets, job_pattern)
+            rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)
+            out += check_rules(rules, inputs.expected_groups)
+            out += check_roles(await instant_query(session, url, VLLM_PROBE, limit_s=limit_s))
+        except PromApiError as exc:
+            out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
+            return out
+        for dash in inputs.dashboards:
+            out += await _dashboard_findings(session, url, dash, limit_s)
+    if inputs.prometheus_object is not None:
+        out += check_selectors(inputs.prometheus_object, inputs.objects)
+    elif inputs.objects:
+        out.append(
+            Finding(
+                "warn", "selectors", "--manifest given without --prometheus-object: not checked"
+            )
+        )
+    return out
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``doctor``."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="say why a specwatch dashboard would be empty",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--prometheus-url", required=True, help="Prometheus or Thanos Querier URL")
+    p.add_argument(
+        "--specwatch-job",
+        default=".*specwatch.*",
+        metavar="REGEX",
+        help="job label of specwatch targets (default .*specwatch.*)",
+    )
+    p.add_argument("--rules", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument("--manifest", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument("--prometheus-object", type=Path, metavar="FILE")
+    p.add_argument("--dashboard", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per query")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the findings; 0 when none failed, 1 when one did, 2 on bad input."""
+    try:
+        inputs = read_inputs(args)
+    except InputError as exc:
+        print(f"specwatch doctor: {exc}", file=sys.stderr)
+        return 2
+    findings = asyncio.run(
+        diagnose(args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout)
+    )
+    if args.format == "json":
+        print(
+            json.dumps(
+                [{"status": f.status, "check": f.check, "message": f.message} for f in findings],
+                indent=2,
+            )
+        )
+    else:
+        for f in findings:
+            print(f"{f.status.upper():<4}  {f.check:<10} {f.message}")
+    return 1 if any(f.status == "fail" for f in findings) else 0

@@ -1,0 +1,162 @@
+"""The aiohttp side of :mod:`specwatch.core.listen`: a site whose connections are capped and
+must send their request head in time, and a middleware that times out stalled request bodies.
+Refusals are counted in a :class:`~specwatch.core.listen.ListenerStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from specwatch.core.listen import ListenerStats, ListenLimits
+
+__all__ = ["GuardedSite", "body_timeout_middleware"]
+
+_HEAD_END = b"\r\n\r\n"
+
+
+class _Guarded(asyncio.Protocol):
+    """Wraps aiohttp's per-connection protocol: counts the connection, enforces the cap and the
+    header timeout, and passes everything else through unchanged."""
+
+    def __init__(self, inner: asyncio.Protocol, site: GuardedSite) -> None:
+        self._inner = inner
+        self._site = site
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self._counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        stats, limits = self._site.stats, self._site.limits
+        if stats.open >= limits.max_connections:
+            stats.refuse("connection_limit", max_connections=limits.max_connections)
+            transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                b"Content-Length: 0\r\n\r\n"
+            )
+            transport.close()
+            return
+        stats.open += 1
+        self._counted = True
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(limits.header_timeout_seconds, self._header_timeout)
+        self._inner.connection_made(transport)
+
+    def _header_timeout(self) -> None:
+        self._timer = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._site.stats.refuse(
+                "header_timeout", seconds=self._site.limits.header_timeout_seconds
+            )
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._counted:
+            return
+        if self._timer is not None:
+            seen = self._tail + data
+            if _HEAD_END in seen:
+                self._timer.cancel()
+                self._timer = None
+                self._tail = b""
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._counted else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._counted:
+            self._counted = False
+            self._site.stats.open -= 1
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._counted:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._counted:
+            self._inner.resume_writing()
+
+
+class GuardedSite(web.TCPSite):
+    """A :class:`aiohttp.web.TCPSite` whose connections are capped and must send their request
+    head in time (see the module docstring); ``stats`` holds its counters. Use it as
+    ``TCPSite``: ``await GuardedSite(runner, host, port, limits=..., stats=...).start()``."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        limits: ListenLimits,
+        stats: ListenerStats,
+    ) -> None:
+        super().__init__(runner, host, port)
+        self.limits = limits
+        self.stats = stats
+
+    async def start(self) -> None:
+        """Listen (as :meth:`TCPSite.start`) with every connection wrapped."""
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+
+        def factory() -> asyncio.Protocol:
+            return _Guarded(server(), self)
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            factory, self._host, self._port, reuse_address=self._reuse_address
+        )
+
+
+def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middleware:
+    """An aiohttp middleware: while a request's body is still arriving, a pause longer than
+    ``limits.body_timeout_seconds`` cancels the handler and answers ``408`` (connection
+    closed, counted as ``body_timeout``). Requests without a body pass straight through."""
+    idle = limits.body_timeout_seconds
+
+    @web.middleware
+    async def guard(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if not request.body_exists:
+            return await handler(request)
+        content = request.content
+        task = asyncio.ensure_future(handler(request))
+        try:
+            last = -1
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=idle)
+                if done:
+                    return task.result()
+                if content.is_eof():
+                    return await task
+                got = content.total_bytes
+                if got == last:
+                    task.cancel()
+                    await asyncio.wait({task})
+                    stats.refuse("body_timeout", seconds=idle, bytes_read=got)
+                    response = web.Response(status=408, text="request body read timeout\n")
+                    response.force_close()
+                    return response
+                last = got
+        finally:
+            if not task.done():
+                task.cancel()
+
+    return guard

@@ -1,0 +1,190 @@
+"""The one-line verdict "what is FLy costing me?", in words and accuracy points.
+
+One pure function, :func:`verdict_line`, builds the sentence shown by the demo's live view,
+``/api/v1/snapshot`` (``"verdict"``) and ``specwatch report``, e.g.::
+
+    FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) on
+    351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: about 2,100 more
+    pairs
+
+Units: accuracy differences in points (1 pt = 1 % of the questions), rates and ratios as ``%``
+changes. The decision signal is the anytime-valid e-value (alarm at ``1/alpha``, Ville 1939);
+no fixed-n p-value appears in the verdict. "About N more pairs" is Connor's (1987) paired
+sample size for showing non-inferiority at ``margin`` (one-sided ``alpha``, power 0.8) at the
+observed discordant rate, assuming FLy truly loses nothing, minus the pairs already labelled
+(:func:`specwatch.shadow.stats.power.questions_needed`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specwatch.shadow.stats.power import questions_needed
+
+if TYPE_CHECKING:  # annotations only
+    from specwatch.shadow.summary import PairedSummary
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The numbers the verdict sentence reads (all optional parts ``None`` when unknown).
+
+    ``tau_ratio``: τ FLy / τ standard; ``throughput_ratio``: FLy / standard per-request
+    generation speed (equal traffic); ``n``: labelled pairs; ``net_loss``, ``ci_lower``,
+    ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
+    no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
+    ``non_inferior``: the Tango test passed; ``discordant``: share of labelled pairs that flip.
+    """
+
+    tau_ratio: float | None = None
+    throughput_ratio: float | None = None
+    n: int = 0
+    net_loss: float = math.nan
+    ci_lower: float = math.nan
+    ci_upper: float = math.nan
+    ci_level: float = 0.95
+    e_value: float = math.nan
+    alpha: float = 0.05
+    margin: float = 0.01
+    non_inferior: bool = False
+    discordant: float = math.nan
+
+
+def verdict_from_summary(
+    s: PairedSummary,
+    *,
+    alpha: float,
+    margin: float,
+    tau_ratio: float | None = None,
+    throughput_ratio: float | None = None,
+) -> Verdict:
+    """A :class:`Verdict` from one :class:`PairedSummary` (use the ``since_start`` overall one:
+    its e-value is the anytime-valid one) and the optional speed ratios."""
+    return Verdict(
+        tau_ratio=tau_ratio,
+        throughput_ratio=throughput_ratio,
+        n=s.n,
+        net_loss=s.net_loss_ratio,
+        ci_lower=s.ci_lower,
+        ci_upper=s.ci_upper,
+        ci_level=s.ci_level,
+        e_value=s.e_value,
+        alpha=alpha,
+        margin=margin,
+        non_inferior=s.non_inferiority_pass,
+        discordant=s.discordant_ratio,
+    )
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def change_percent(ratio: float | None) -> str:
+    """``1.13`` → ``"+13 %"``, ``0.91`` → ``"-9 %"``, ``None``/NaN → ``"n/a"``."""
+    if ratio is None or not math.isfinite(ratio):
+        return "n/a"
+    pct = round(100.0 * (ratio - 1.0))
+    return f"{pct:+d} %" if pct else "±0 %"
+
+
+def points(x: float) -> str:
+    """A fraction as accuracy points with one decimal: ``0.035`` → ``"3.5"``."""
+    return f"{100.0 * x:.1f}"
+
+
+def e_value_text(e: float) -> str:
+    """An e-value for people: 2 significant digits below 10, whole above, ``1.2e+05`` beyond
+    1000, ``"inf"`` when it overflowed."""
+    if math.isnan(e):
+        return "n/a"
+    if math.isinf(e):
+        return "inf"
+    if e < 10:
+        return f"{e:.2g}"
+    if e < 1000:
+        return f"{e:.0f}"
+    return f"{e:.1e}"
+
+
+def _about(n: int) -> str:
+    """``2094`` → ``"2,100"``: two significant digits, thousands separated."""
+    if n < 100:
+        return str(n)
+    digits = len(str(n)) - 2
+    return f"{round(n, -digits):,}"
+
+
+def more_pairs_needed(v: Verdict) -> int | None:
+    """Labelled pairs still needed to show non-inferiority at ``v.margin`` when FLy truly loses
+    nothing (Connor 1987, one-sided ``alpha``, power 0.8, discordance ``max(observed, margin)``);
+    ``None`` without labelled pairs or a margin."""
+    if v.n <= 0 or not 0.0 < v.margin < 1.0 or not math.isfinite(v.discordant):
+        return None
+    disc = min(1.0, max(v.discordant, v.margin))
+    needed = questions_needed(v.margin, disc, alpha=v.alpha, power=0.8, two_sided=False)
+    return max(0, needed - v.n)
+
+
+def verdict_line(v: Verdict) -> str:
+    """The verdict sentence (one line, no trailing period; see the module docstring).
+
+    Parts, in order: τ and throughput changes (``%``, omitted when both unknown); the net loss
+    (or net gain) in points with its interval and the labelled pairs; the e-value against
+    ``1/alpha``; the conclusion: "net loss shown" once the e-value reached ``1/alpha``, "shown
+    within M pt" once non-inferiority passed, else "not yet shown within M pt" with the pairs
+    still needed.
+    """
+    speed: list[str] = []
+    if _finite(v.tau_ratio):
+        speed.append(f"τ {change_percent(v.tau_ratio)}")
+    if _finite(v.throughput_ratio):
+        speed.append(f"speed per request {change_percent(v.throughput_ratio)}")
+    head = "FLy: " + (", ".join(speed) + ", " if speed else "")
+    if v.n <= 0 or not math.isfinite(v.net_loss):
+        return head + "no labelled pairs yet (quality unknown)"
+    word = "net loss" if v.net_loss >= 0 else "net gain"
+    level = f"{100.0 * v.ci_level:.0f} % CI"
+    ci = (
+        f" ({level} {points(v.ci_lower)} to {points(v.ci_upper)})"
+        if math.isfinite(v.ci_lower) and math.isfinite(v.ci_upper)
+        else ""
+    )
+    pairs = "pair" if v.n == 1 else "pairs"
+    quality = f"{word} {points(abs(v.net_loss))} pts{ci} on {v.n:,} labelled {pairs}"
+    threshold = 1.0 / v.alpha
+    evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
+    margin_pts = 100.0 * v.margin
+    margin = f"{margin_pts:g} pt" + ("" if margin_pts == 1 else "s")
+    if (math.isfinite(v.e_value) and v.e_value >= threshold) or math.isinf(v.e_value):
+        end = "net loss shown (e-value reached the threshold)"
+    elif v.non_inferior:
+        end = f"shown within {margin}"
+    else:
+        more = more_pairs_needed(v)
+        end = f"not yet shown within {margin}" + (
+            f": about {_about(more)} more pairs" if more else ""
+        )
+    return f"{head}{quality}; {evidence}; {end}"
+
+
+def per_request_speed_ratio(
+    fly_tau: float | None,
+    fly_step_gap_seconds: float | None,
+    standard_tau: float | None,
+    standard_step_gap_seconds: float | None,
+) -> float | None:
+    """FLy / standard generation speed of one request: τ (tokens per step) ÷ the median gap
+    between a request's output events (``vllm:inter_token_latency_seconds``, one event per step
+    with speculative decoding) for each server. A per-request rate, so a server that receives
+    more traffic (e.g. the noise arm's replays to the standard server) does not look faster for
+    it, as total tokens/s would. ``None`` when a value is missing or not positive."""
+    vals: list[float] = []
+    for x in (fly_tau, fly_step_gap_seconds, standard_tau, standard_step_gap_seconds):
+        if x is None or not math.isfinite(x) or x <= 0:
+            return None
+        vals.append(x)
+    fly_t, fly_gap, std_t, std_gap = vals
+    return (fly_t / fly_gap) / (std_t / std_gap)

@@ -1,0 +1,79 @@
+"""The one verdict sentence: words, points, the e-value as the decision signal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specwatch.shadow.verdict import (
+    Verdict,
+    e_value_text,
+    more_pairs_needed,
+    per_request_speed_ratio,
+    verdict_line,
+)
+
+
+def test_the_worked_example_reads_in_points_and_percent() -> None:
+    """351 labelled pairs, net loss 0.035 (CI 0.007..0.065), e-value 8.27, α 0.05, margin 0.01,
+    4 % discordant. Connor one-sided: (1.6449·√0.04 + 0.8416·√0.0399)² / 0.01² = 2,471 pairs,
+    so 2,120 more, said as "about 2,100"; τ 1.13 → +13 %, speed per request 1.09 → +9 %."""
+    v = Verdict(
+        tau_ratio=1.13,
+        throughput_ratio=1.09,
+        n=351,
+        net_loss=0.035,
+        ci_lower=0.007,
+        ci_upper=0.065,
+        ci_level=0.95,
+        e_value=8.27,
+        alpha=0.05,
+        margin=0.01,
+        discordant=0.04,
+    )
+    assert more_pairs_needed(v) == 2471 - 351
+    assert verdict_line(v) == (
+        "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) "
+        "on 351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: "
+        "about 2,100 more pairs"
+    )
+
+
+def test_alarm_gain_and_non_inferiority_endings() -> None:
+    """The e-value at or above 1/α ends with "net loss shown"; a passed non-inferiority test
+    with "shown within 1 pt"; a negative net loss is a net gain in points."""
+    base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=20.0)
+    assert verdict_line(base).endswith(
+        "e-value 20 of 20 needed; net loss shown (e-value reached the threshold)"
+    )
+    gain = Verdict(
+        n=2000, net_loss=-0.004, ci_lower=-0.01, ci_upper=0.002, e_value=0.1, non_inferior=True
+    )
+    assert verdict_line(gain) == (
+        "FLy: net gain 0.4 pts (95 % CI -1.0 to 0.2) on 2,000 labelled pairs; "
+        "e-value 0.1 of 20 needed; shown within 1 pt"
+    )
+
+
+def test_no_pairs_and_number_formats() -> None:
+    """Without labelled pairs the sentence says quality is unknown; e-values keep two digits
+    below 10, whole numbers below 1000, exponent form above."""
+    assert verdict_line(Verdict(tau_ratio=0.95)) == (
+        "FLy: τ -5 %, no labelled pairs yet (quality unknown)"
+    )
+    assert [e_value_text(x) for x in (0.5, 8.27, 123.4, 45678.0, math.inf)] == [
+        "0.5",
+        "8.3",
+        "123",
+        "4.6e+04",
+        "inf",
+    ]
+
+
+def test_per_request_speed_ignores_the_share_of_traffic() -> None:
+    """Standard: τ 3.0 tokens per step, median step gap 0.060 s (50 tok/s per request); FLy:
+    τ 3.6, gap 0.060 s (60 tok/s): 1.2× per request, however many requests each server runs."""
+    assert per_request_speed_ratio(3.6, 0.060, 3.0, 0.060) == pytest.approx(1.2, rel=1e-12)
+    assert per_request_speed_ratio(3.6, 0.0, 3.0, 0.060) is None
+    assert per_request_speed_ratio(None, 0.060, 3.0, 0.060) is None
