@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import aiohttp
+from bench_proxy import PLAIN_BODY, free_port, wait_port  # bench/ is sys.path[0]
 
-from bench.bench_proxy import PLAIN_BODY, free_port, wait_port
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
