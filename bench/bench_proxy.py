@@ -14,9 +14,16 @@ drift hits all of them alike. Added latency = quantile(path) - quantile(direct),
 rounds pooled, and as the median over rounds of the same difference taken within each round (robust
 to stalls caused by other work on a shared machine, which hit one round of one path).
 
+Shadow side loaded or not: ``--busy-ms B --busy-every-ms E`` runs B ms of pure-Python work every
+E ms on the sidecar's event loop (a statistics refresh as the live path sees it: the GIL held),
+``--max-shadow-rps`` raises the replay cap; ``--proxy-mode process`` runs the proxy in its own
+process (``shadow.proxy_own_process``).
+
 Run from the repository root::
 
     PYTHONPATH=. python bench/bench_proxy.py --rps 200 --seconds 3 --rounds 10
+    PYTHONPATH=. python bench/bench_proxy.py --busy-ms 100 --busy-every-ms 200 \
+        --max-shadow-rps 50 --proxy-mode process
 """
 
 from __future__ import annotations
@@ -86,21 +93,46 @@ def run_upstream(port: int, chunks: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def run_specwatch(proxy_port: int, mirror_port: int, upstream: str, own_thread: bool) -> None:
+def busy_python(budget: float) -> int:
+    """Pure-Python work (holds the GIL) for about ``budget`` seconds: what a statistics
+    refresh over the ledger is, from the live path's point of view."""
+    end = time.perf_counter() + budget
+    n = 0
+    while time.perf_counter() < end:
+        acc = 0.0
+        for i in range(2000):
+            acc += (i * 0.5) ** 0.5
+        n += 1
+    return n
+
+
+async def shadow_load(busy_ms: float, every_ms: float) -> None:
+    """The loaded shadow side: every ``every_ms`` the sidecar's loop runs ``busy_ms`` of Python."""
+    while True:
+        busy_python(busy_ms / 1e3)
+        await asyncio.sleep(max(0.0, (every_ms - busy_ms) / 1e3))
+
+
+def run_specwatch(
+    proxy_port: int, mirror_port: int, upstream: str, mode: str, load: tuple[float, float, float]
+) -> None:
     from specwatch.shadow.pipeline import ShadowPipeline
     from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
     from specwatch.shadow.values import ReplayPair
 
+    busy_ms, every_ms, max_rps = load
     settings = ShadowSettings(
         enabled=True,
         modes=("proxy", "mirror"),
         sample_probability=1.0,
+        max_shadow_rps=max_rps,
         standard=ArmEndpoint(url=upstream),
         fly=ArmEndpoint(url=upstream),
         proxy_listen_host="127.0.0.1",
         proxy_listen_port=proxy_port,
         proxy_upstream=upstream,
-        proxy_own_thread=own_thread,
+        proxy_own_thread=mode == "thread",
+        proxy_own_process=mode == "process",
     )
 
     async def sink(pair: ReplayPair) -> None:
@@ -111,6 +143,13 @@ def run_specwatch(proxy_port: int, mirror_port: int, upstream: str, own_thread: 
         pipe = ShadowPipeline(settings, session=session, on_pair=sink)
         app = web.Application()
         pipe.mount(app)
+        if busy_ms > 0:
+            loader: list[asyncio.Task[None]] = []
+
+            async def start_load(app: web.Application) -> None:
+                loader.append(asyncio.create_task(shadow_load(busy_ms, every_ms)))
+
+            app.on_startup.append(start_load)
 
         async def close_session(app: web.Application) -> None:
             m = pipe.metrics()
@@ -238,7 +277,10 @@ def start_processes(args: argparse.Namespace, tmp: str) -> tuple[dict[str, int],
                     str(ports["proxy"]),
                     str(ports["mirror"]),
                     upstream,
-                    "same-loop" if args.proxy_same_loop else "thread",
+                    "same-loop" if args.proxy_same_loop else args.proxy_mode,
+                    str(args.busy_ms),
+                    str(args.busy_every_ms),
+                    str(args.max_shadow_rps),
                 ],
                 env=env,
             ),
@@ -342,7 +384,8 @@ def main() -> int:
         run_upstream(int(sys.argv[2]), int(sys.argv[3]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_specwatch":
-        run_specwatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "thread")
+        load = (float(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]))
+        run_specwatch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], load)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rps", type=float, default=200.0)
@@ -354,6 +397,22 @@ def main() -> int:
         "--proxy-same-loop",
         action="store_true",
         help="run specwatch's proxy on the sidecar's event loop instead of its own thread",
+    )
+    ap.add_argument(
+        "--proxy-mode",
+        choices=("thread", "process"),
+        default="thread",
+        help="the proxy on its own thread (default) or in its own process",
+    )
+    ap.add_argument(
+        "--busy-ms",
+        type=float,
+        default=0.0,
+        help="shadow load: Python work on the sidecar's loop, this many ms ...",
+    )
+    ap.add_argument("--busy-every-ms", type=float, default=200.0, help="... every this many ms")
+    ap.add_argument(
+        "--max-shadow-rps", type=float, default=5.0, help="shadow.max_shadow_rps (replay rate cap)"
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
@@ -370,7 +429,10 @@ def main() -> int:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
         f", aiohttp {aiohttp.__version__}; rate {args.rps:g} req/s, "
-        f"{args.rounds} x {args.seconds:g} s per path"
+        f"{args.rounds} x {args.seconds:g} s per path; proxy "
+        f"{'same-loop' if args.proxy_same_loop else args.proxy_mode}, shadow load "
+        f"{args.busy_ms:g} ms every {args.busy_every_ms:g} ms, max_shadow_rps "
+        f"{args.max_shadow_rps:g}"
     )
     print(
         f"{'kind':<10}{'path':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttfb p50':>10}"

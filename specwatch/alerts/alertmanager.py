@@ -164,6 +164,8 @@ class ActiveAlerts:
         self._runbook_base = runbook_base_url
         self._generator_url = generator_url
         self._active: dict[AlertKey, _Active] = {}
+        self._held: set[AlertKey] = set()
+        self._hold_until = float("-inf")
 
     def _labels(self, alert: Alert) -> dict[str, str]:
         labels = dict(self._external)
@@ -196,12 +198,45 @@ class ActiveAlerts:
             else:
                 continue
             due.append(Delivery(labels, annotations, current.starts_at, None, self._generator_url))
+        self._held -= seen
+        if now >= self._hold_until:
+            self._held.clear()
         for key in [k for k in self._active if k not in seen]:
+            if key in self._held:  # restored and not yet re-evaluated: keep its lease alive
+                held = self._active[key]
+                if now - held.last_sent >= self._resend:
+                    held.last_sent = now
+                    due.append(
+                        Delivery(
+                            held.labels, held.annotations, held.starts_at, None, self._generator_url
+                        )
+                    )
+                continue
             gone = self._active.pop(key)
             due.append(
                 Delivery(gone.labels, gone.annotations, gone.starts_at, now, self._generator_url)
             )
         return due
+
+    def export(self) -> list[tuple[Alert, float]]:
+        """The active alerts as ``(finding, startsAt unix seconds)``, sorted by labels."""
+        return [(a.alert, a.starts_at) for _, a in sorted(self._active.items())]
+
+    def restore(self, active: Iterable[tuple[Alert, float]], hold_until: float) -> None:
+        """Take back :meth:`export` of a previous process: each alert keeps its ``startsAt``
+        and is resent on the next :meth:`update`. Until ``hold_until`` (unix seconds) a restored
+        alert missing from the findings stays firing (its lease renewed every
+        ``resend_interval``) instead of being resolved; once seen again it is an ordinary one."""
+        for alert, starts_at in active:
+            labels = self._labels(alert)
+            key = alert_key(labels)
+            if key in self._active:
+                continue
+            self._active[key] = _Active(
+                alert, labels, self._annotations(alert), starts_at, last_sent=float("-inf")
+            )
+            self._held.add(key)
+        self._hold_until = hold_until
 
     def firing(self) -> tuple[FiringAlert, ...]:
         """Alerts active after the last :meth:`update`, sorted by labels."""
@@ -275,6 +310,7 @@ class AlertingState:
     firing: tuple[FiringAlert, ...] = ()
     send_errors: Mapping[str, int] = field(default_factory=dict)
     outbox_depth: int = 0
+    state_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 class AlertSender:
@@ -413,7 +449,10 @@ class AlertLoop:
     ``current_findings`` is called once per tick and returns the findings of that moment
     (an empty sequence resolves everything active). ``clock`` returns unix seconds.
     ``on_state`` is called with every newly published :class:`AlertingState` (the alerting
-    component hands it to the server, which publishes it as ``Snapshot.alerts``).
+    component hands it to the server, which publishes it as ``Snapshot.alerts``);
+    ``after_tick`` is awaited at the end of every tick (the component saves its state there);
+    ``state_errors`` (a live mapping owned by the caller) is published as
+    :attr:`AlertingState.state_errors`.
     With no ``urls`` configured nothing is sent, but :attr:`state` still tracks firing alerts.
     """
 
@@ -427,9 +466,13 @@ class AlertLoop:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         ssl_context: ssl.SSLContext | bool | None = None,
         on_state: Callable[[AlertingState], None] | None = None,
+        after_tick: Callable[[], Awaitable[None]] | None = None,
+        state_errors: Mapping[str, int] | None = None,
     ) -> None:
         self._settings = settings
         self._on_state = on_state
+        self._after_tick = after_tick
+        self._state_errors = state_errors if state_errors is not None else {}
         self._findings = current_findings
         self._clock = clock
         self._sleep = sleep
@@ -440,12 +483,19 @@ class AlertLoop:
             generator_url=settings.generator_url,
         )
         self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
-        self._state = AlertingState(send_errors=dict(self._sender.errors))
+        self._state = AlertingState(
+            send_errors=dict(self._sender.errors), state_errors=dict(self._state_errors)
+        )
 
     @property
     def state(self) -> AlertingState:
         """The last published :class:`AlertingState`."""
         return self._state
+
+    @property
+    def active(self) -> ActiveAlerts:
+        """The lease bookkeeping (export/restore across restarts)."""
+        return self._active
 
     async def tick(self) -> None:
         """One evaluation: findings → deliveries → outbox → send; then publish state."""
@@ -454,6 +504,8 @@ class AlertLoop:
         self._sender.enqueue(due)
         self._publish()
         await self._sender.flush(self._clock())
+        if self._after_tick is not None:
+            await self._after_tick()
         self._publish()
 
     def _publish(self) -> None:
@@ -461,6 +513,7 @@ class AlertLoop:
             firing=self._active.firing(),
             send_errors=dict(self._sender.errors),
             outbox_depth=self._sender.outbox_depth,
+            state_errors=dict(self._state_errors),
         )
         if self._on_state is not None:
             self._on_state(self._state)

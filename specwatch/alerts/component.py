@@ -9,6 +9,14 @@ snapshot and enters :meth:`AlertingComponent.running` with the app. Every
 Alertmanager in ``alerting.urls`` (none: nothing is sent) and hands the resulting
 :class:`~specwatch.alerts.alertmanager.AlertingState` to ``on_state``: the detectors never
 write into what they read.
+
+With a ``state_path`` the component survives restarts as Prometheus does: at start it restores
+the ``for`` timers and the active alerts saved there (their start times and ``startsAt`` kept;
+restored alerts are resent on the first tick, before their Alertmanager lease runs out), and
+after every tick it saves them again (:mod:`specwatch.alerts.saved`, written off the event
+loop). A missing file is a first start; an unreadable, malformed or too old one is counted in
+``specwatch_alert_state_errors_total{reason}`` (``read``, ``corrupt``, ``too_old``; ``write``
+for a failed save), logged once, and the component starts empty.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,6 +34,14 @@ import aiohttp
 from specwatch.alerts.alert import Alert
 from specwatch.alerts.alertmanager import AlertingState, AlertLoop
 from specwatch.alerts.pending import Detector
+from specwatch.alerts.saved import (
+    STATE_ERROR_REASONS,
+    SavedAlerts,
+    dump,
+    load,
+    read_text,
+    write_atomic,
+)
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import Clock
 from specwatch.core.config import SINCE_START
@@ -62,7 +79,8 @@ class AlertingComponent:
     ``inputs``: see :data:`AlertInputs`. ``on_state``: called with each new
     :class:`AlertingState` (the server publishes it). ``clock`` (unix seconds) and ``sleep``
     are injected (tests pass fakes). :attr:`state` is the last state; :meth:`tick` runs one
-    evaluation (what the background task does every ``evaluation_interval``).
+    evaluation (what the background task does every ``evaluation_interval``). ``state_path``:
+    where the alert state is saved and restored from (``None``: nowhere; see the module doc).
     """
 
     def __init__(
@@ -75,8 +93,12 @@ class AlertingComponent:
         on_state: Callable[[AlertingState], None] | None = None,
         clock: Clock = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        state_path: Path | None = None,
     ) -> None:
         self._alerting = alerting
+        self._state_path = state_path
+        self._state_errors: dict[str, int] = dict.fromkeys(STATE_ERROR_REASONS, 0)
+        self._last_saved: str | None = None
         self._inputs = inputs
         self._on_state_cb = on_state
         self._clock = clock
@@ -92,7 +114,7 @@ class AlertingComponent:
                 windows=list(windows),
             )
         self._loop: AlertLoop | None = None
-        self._state = AlertingState()
+        self._state = AlertingState(state_errors=dict(self._state_errors))
 
     @property
     def state(self) -> AlertingState:
@@ -120,6 +142,67 @@ class AlertingComponent:
             raise RuntimeError("alerting component is not started")
         await self._loop.tick()
 
+    def _state_error(self, reason: str, message: str, **fields: Any) -> None:
+        self._state_errors[reason] += 1
+        log_event(logger, logging.WARNING, message, path=str(self._state_path), **fields)
+
+    async def _restore(self, loop: AlertLoop) -> None:
+        """Load the saved state into the tracker and ``loop`` (see the module doc)."""
+        path = self._state_path
+        if path is None:
+            return
+        try:
+            text = await asyncio.to_thread(read_text, path)
+            if text is None:
+                return
+            saved = load(text)
+        except OSError as exc:
+            self._state_error("read", "alert state unreadable; starting empty", error=str(exc))
+            return
+        except ValueError as exc:
+            self._state_error("corrupt", "alert state malformed; starting empty", error=str(exc))
+            return
+        now = self._clock()
+        age = now - saved.written_at
+        if age > self._alerting.restore_max_age:
+            self._state_error(
+                "too_old",
+                "alert state older than restore_max_age; starting empty",
+                age_seconds=round(age, 3),
+                restore_max_age=self._alerting.restore_max_age,
+            )
+            return
+        hold_until = now + self._alerting.restore_grace
+        self.detector.tracker.restore(saved.pending, hold_until)
+        loop.active.restore(saved.active, hold_until)
+        log_event(
+            logger,
+            logging.INFO,
+            "alert state restored",
+            path=str(path),
+            age_seconds=round(age, 3),
+            pending=len(saved.pending),
+            active=len(saved.active),
+        )
+
+    async def _save(self) -> None:
+        """Write the tracker's timers and the active alerts (off the event loop)."""
+        path, loop = self._state_path, self._loop
+        if path is None or loop is None:
+            return
+        tracker = self.detector.tracker
+        text = dump(SavedAlerts(self._clock(), tracker.export(), tuple(loop.active.export())))
+        try:
+            await asyncio.to_thread(write_atomic, path, text)
+        except OSError as exc:
+            if self._last_saved != "failed":  # one line per run of failures
+                self._state_error("write", "alert state not saved", error=str(exc))
+            else:
+                self._state_errors["write"] += 1
+            self._last_saved = "failed"
+            return
+        self._last_saved = "ok"
+
     @contextlib.asynccontextmanager
     async def running(
         self,
@@ -134,7 +217,10 @@ class AlertingComponent:
             clock=self._clock,
             sleep=self._sleep,
             on_state=self._on_state,
+            after_tick=self._save,
+            state_errors=self._state_errors,
         )
+        await self._restore(self._loop)
         task = asyncio.create_task(self._loop.run(), name="specwatch-alerting")
         if watch is not None:
             watch(task)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-from specwatch.alerts.alert import Alert, AlertKey
+from specwatch.alerts.alert import Alert, AlertKey, alert_key
 from specwatch.alerts.rules import SustainedKey, candidates, sustained_levels
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import ObserveView
@@ -28,19 +28,44 @@ class ForTracker:
     def __init__(self, for_seconds: Callable[[Alert], float]) -> None:
         self._for = for_seconds
         self._since: dict[AlertKey, float] = {}
+        self._restored: set[AlertKey] = set()
+        self._hold_until = float("-inf")
 
     def update(self, candidates: Sequence[Alert], now: float) -> list[Alert]:
-        """Candidates true now → those that have been true for their ``for`` (input order)."""
+        """Candidates true now → those that have been true for their ``for`` (input order).
+
+        A timer restored by :meth:`restore` that is missing from this update is kept until its
+        hold ends (the detectors' windows refill after a restart); one seen again becomes an
+        ordinary timer."""
         seen: dict[AlertKey, float] = {}
         firing: list[Alert] = []
         for alert in candidates:
-            key = tuple(sorted(alert.identity().items()))
+            key = alert_key(alert.identity())
             since = seen.get(key, self._since.get(key, now))
             seen[key] = since
             if now - since >= self._for(alert):
                 firing.append(alert)
+        self._restored -= seen.keys()
+        if now < self._hold_until:
+            for key in self._restored:
+                seen[key] = self._since[key]
+        else:
+            self._restored.clear()
         self._since = seen
         return firing
+
+    def export(self) -> dict[AlertKey, float]:
+        """``{alert identity: unix seconds its condition has held since}`` (pending and firing)."""
+        return dict(self._since)
+
+    def restore(self, since: Mapping[AlertKey, float], hold_until: float) -> None:
+        """Take back timers from :meth:`export` of a previous process (start times kept, as
+        Prometheus restores ``for`` state). Until ``hold_until`` (unix seconds) a restored timer
+        survives updates that miss it; after that, a miss drops it as usual."""
+        for key, start in since.items():
+            self._since.setdefault(key, start)
+            self._restored.add(key)
+        self._hold_until = hold_until
 
     def pending(self) -> int:
         """Candidates currently tracked (pending or firing)."""

@@ -122,6 +122,12 @@ class AlertingSettings(BaseModel):
     so two FLy pairs in one cluster never merge into one alert; ``generator_url`` is the
     ``generatorURL`` (the sidecar's ``/api/v1/snapshot``; empty: built from ``pod`` or the host
     name and the server port by the caller); ``runbook_base_url`` the runbook link base.
+    Restarts: ``specwatch run`` saves its ``for`` timers and active alerts every evaluation to
+    ``state_file`` (``None``: ``<ledger.path>-alerts.json``, next to the ledger; ``""``: not
+    saved). A file written less than ``restore_max_age`` seconds ago is restored at start
+    (Prometheus' ``for-outage-tolerance``: 1 h); a restored alert the detectors do not find
+    again stays firing for at most ``restore_grace`` seconds after the start (their windows
+    refill meanwhile; Prometheus' ``for-grace-period``: 10 min).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -144,6 +150,9 @@ class AlertingSettings(BaseModel):
     generator_url: str = ""
     namespace: str = ""
     pod: str = ""
+    state_file: str | None = None
+    restore_max_age: float = Field(default=3600.0, gt=0)
+    restore_grace: float = Field(default=600.0, ge=0)
 
     @field_validator("urls")
     @classmethod

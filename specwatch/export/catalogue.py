@@ -510,7 +510,7 @@ SHADOW_PROXY_CLIENT_DISCONNECTS = _c(
 )
 SHADOW_PROXY_OFFER_LOST = _c(
     "specwatch_shadow_proxy_offer_lost",
-    "Proxied request copies not handed to shadowing because the shadow loop was gone.",
+    "Proxied request copies not handed to shadowing (shadow loop gone or too far behind).",
 )
 SHADOW_PROXY_UPSTREAM_ERRORS = _c(
     "specwatch_shadow_proxy_upstream_errors",
@@ -633,8 +633,19 @@ ALERTMANAGER_OUTBOX_DEPTH = _g(
     "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
 )
 
+ALERT_STATE_ERRORS = _c(
+    "specwatch_alert_state_errors",
+    "Alert state (for timers, active alerts) not restored at start or not saved, by reason.",
+    REASON,
+)
+
 #: The alerting families, in exposition order.
-ALERTS: tuple[MetricSpec, ...] = (ALERT_FIRING, ALERTMANAGER_SEND_ERRORS, ALERTMANAGER_OUTBOX_DEPTH)
+ALERTS: tuple[MetricSpec, ...] = (
+    ALERT_FIRING,
+    ALERTMANAGER_SEND_ERRORS,
+    ALERTMANAGER_OUTBOX_DEPTH,
+    ALERT_STATE_ERRORS,
+)
 
 # -- fleet (``specwatch fleet --listen``: one process over the sidecars' counters in Prometheus) --
 

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from specwatch import __version__
 from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
+from specwatch.alerts.saved import STATE_ERROR_REASONS
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.listen import ListenerStats
 from specwatch.core.numbers import exp_or_inf
@@ -388,7 +389,8 @@ class AlertsCollector(Collector):
     """The alerting families (:data:`~specwatch.export.catalogue.ALERTS`) from ``get_state()``:
     ``specwatch_alert_firing`` 1 per active alert (its identifying labels, no external labels),
     ``specwatch_alertmanager_send_errors_total{reason}`` (the known reasons from 0) and
-    ``specwatch_alertmanager_outbox_depth``."""
+    ``specwatch_alertmanager_outbox_depth`` and ``specwatch_alert_state_errors_total{reason}``
+    (the known reasons from 0)."""
 
     def __init__(self, get_state: Callable[[], AlertingState]) -> None:
         self._get = get_state
@@ -405,6 +407,7 @@ class AlertsCollector(Collector):
             fam.add(cat.ALERT_FIRING, (), 1, extra=alert.labels)
         fam.add_counts(cat.ALERTMANAGER_SEND_ERRORS, state.send_errors, SEND_ERROR_REASONS)
         fam.add(cat.ALERTMANAGER_OUTBOX_DEPTH, (), state.outbox_depth)
+        fam.add_counts(cat.ALERT_STATE_ERRORS, state.state_errors, STATE_ERROR_REASONS)
         yield from fam.families(keep_empty=True)
 
 

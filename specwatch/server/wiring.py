@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -42,6 +43,7 @@ from specwatch.shadow.summary import ShadowStats
 __all__ = [
     "AlertingPlug",
     "ShadowPlug",
+    "alert_state_path",
     "alerting_components",
     "arm_load",
     "arm_loads",
@@ -188,9 +190,13 @@ class AlertingPlug:
     Builds :attr:`component` from ``settings`` (``detect``, ``alerting``, ``windows``); its
     detectors read the published ``Snapshot.observe`` and ``Snapshot.shadow`` and its
     :class:`AlertingState` is published as ``Snapshot.alerts`` (the detectors never read it).
+    ``state_path``: where alert state is saved across restarts (``None``: not saved;
+    :func:`alert_state_path` gives ``specwatch run``'s).
     """
 
-    def __init__(self, settings: Settings, *, clock: Clock = time.time) -> None:
+    def __init__(
+        self, settings: Settings, *, clock: Clock = time.time, state_path: Path | None = None
+    ) -> None:
         self._store: Store[Snapshot] | None = None
         alerting = settings.alerting
         if not alerting.generator_url:
@@ -204,6 +210,7 @@ class AlertingPlug:
             inputs=self._inputs,
             on_state=self._publish,
             clock=clock,
+            state_path=state_path,
         )
 
     def _inputs(self) -> tuple[ObserveView | None, ShadowStats | None]:
@@ -242,7 +249,17 @@ def shadow_components(
     return [ShadowPlug(settings, clock=clock, monotonic=monotonic)]
 
 
+def alert_state_path(settings: Settings) -> Path | None:
+    """Where alert state survives restarts: ``alerting.state_file``, or when that is unset
+    ``<ledger.path>-alerts.json`` next to the ledger; ``None`` when it is ``""``."""
+    state_file = settings.alerting.state_file
+    if state_file is None:
+        return Path(settings.ledger.path + "-alerts.json")
+    return Path(state_file) if state_file else None
+
+
 def alerting_components(settings: Settings, *, clock: Clock = time.time) -> list[AlertingPlug]:
     """The components ``specwatch run`` adds for alerting (always one: the detectors and the
-    ``specwatch_alert_firing`` gauges run even without Alertmanager URLs)."""
-    return [AlertingPlug(settings, clock=clock)]
+    ``specwatch_alert_firing`` gauges run even without Alertmanager URLs), saving alert state
+    at :func:`alert_state_path`."""
+    return [AlertingPlug(settings, clock=clock, state_path=alert_state_path(settings))]

@@ -219,7 +219,11 @@ class ShadowPipeline:
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
         if self.proxy is not None:
             start = (
-                self.proxy.start_in_thread if self.settings.proxy_own_thread else self.proxy.start
+                self.proxy.start_in_process
+                if self.settings.proxy_own_process
+                else self.proxy.start_in_thread
+                if self.settings.proxy_own_thread
+                else self.proxy.start
             )
             port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
             log_event(log, logging.INFO, "shadow proxy listening", port=port)

@@ -620,3 +620,30 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got.lease == 120.0
     assert got.external_labels == {"cluster": "eu-1"}
     assert got.tls.insecure_skip_verify is True
+
+
+def test_restored_alert_keeps_starts_at_and_is_held_then_resolved() -> None:
+    """Restored with startsAt 100, hold until 200, resend 60: sent at once (150) as firing with
+    startsAt 100; not again at 170; at 210 the hold is over and, missing from the findings, it
+    resolves with endsAt 210 and startsAt 100."""
+    active = ActiveAlerts(resend_interval=60.0)
+    active.restore([(drop(), 100.0)], hold_until=200.0)
+    (first,) = active.update([], 150.0)
+    assert (first.starts_at, first.ends_at) == (100.0, None)
+    assert active.update([], 170.0) == []
+    assert [a.starts_at for a in active.firing()] == [100.0]
+    (gone,) = active.update([], 210.0)
+    assert (gone.starts_at, gone.ends_at) == (100.0, 210.0)
+    assert active.firing() == ()
+
+
+def test_restored_alert_found_again_is_ordinary() -> None:
+    """Found again at 150 (sent, startsAt 100), then missing at 160: resolved at once even
+    inside the hold; export gives the finding and its startsAt."""
+    active = ActiveAlerts(resend_interval=60.0)
+    active.restore([(drop(), 100.0)], hold_until=200.0)
+    assert active.export() == [(drop(), 100.0)]
+    (sent,) = active.update([drop()], 150.0)
+    assert sent.starts_at == 100.0
+    (gone,) = active.update([], 160.0)
+    assert (gone.starts_at, gone.ends_at) == (100.0, 160.0)

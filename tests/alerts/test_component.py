@@ -4,19 +4,24 @@ nothing is sent. Simulators in-process (no Debian tools needed)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.alerts.component import AlertingComponent, missing_windows
+from specwatch.alerts.saved import SavedAlerts, load
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.logs import event_fields
 from specwatch.observe.settings import TargetSettings
 from specwatch.server.wiring import AlertingPlug, alerting_components
 from specwatch.settings import Settings
 from tests.e2e.stack import poll, running_stack
+from tests.fakes import FakeClock
 
 
 def test_alerting_components_for_run() -> None:
@@ -94,3 +99,48 @@ async def test_gauges_and_snapshot_without_alertmanager() -> None:
 
         await poll("alert resolved", resolved)
         assert stack.component.state.firing == ()
+
+
+@pytest.mark.parametrize(
+    ("content", "written_at", "reason"),
+    [
+        ("{broken", None, "corrupt"),
+        ('{"version": 1, "written_at": %s, "pending": [], "active": []}', -7200.0, "too_old"),
+    ],
+)
+async def test_bad_saved_state_is_counted_and_ignored(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    content: str,
+    written_at: float | None,
+    reason: str,
+) -> None:
+    """A malformed state file, or one written 2 h ago (restore_max_age 1 h), is counted under
+    its reason with one log line naming the file; the component starts empty and saves a fresh
+    state on its first tick."""
+    clock = FakeClock()
+    path = tmp_path / "alerts.json"
+    path.write_text(content % (clock() + written_at) if written_at is not None else content)
+    settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
+    component = AlertingComponent(
+        settings.detect,
+        settings.alerting,
+        settings.windows,
+        inputs=lambda: (None, None),
+        clock=clock,
+        sleep=lambda s: asyncio.sleep(3600),
+        state_path=path,
+    )
+    with caplog.at_level(logging.WARNING, logger="specwatch.alerts.alertmanager"):
+        async with aiohttp.ClientSession() as session, component.running(session):
+            await component.tick()
+    assert component.state.state_errors == {
+        "read": 0,
+        "corrupt": 0,
+        "too_old": 0,
+        "write": 0,
+        reason: 1,
+    }
+    (record,) = [r for r in caplog.records if "alert state" in r.getMessage()]
+    assert event_fields(record)["path"] == str(path)
+    assert load(path.read_text()) == SavedAlerts(clock(), {}, ())

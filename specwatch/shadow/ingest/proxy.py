@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib
 import logging
+import multiprocessing
+import pickle
+import socket
+import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -41,9 +48,124 @@ from specwatch.shadow.ingest.offer import (
     Offer,
     Offerer,
 )
-from specwatch.shadow.values import Source
+from specwatch.shadow.values import ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
+
+#: Answers of known length up to this many bytes (not event streams) are read whole and sent
+#: with their headers in one write; larger or unknown-length ones are relayed chunk by chunk.
+WHOLE_BODY_BYTES = 64 << 10
+
+
+def _is_event_stream(headers: CIMultiDictProxy[str]) -> bool:
+    return headers.get("Content-Type", "").lower().startswith("text/event-stream")
+
+
+#: How often the proxy process sends its ``proxy_*`` counters to the main process (seconds).
+COUNTER_SYNC_SECONDS = 0.5
+#: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
+#: ``proxy_offer_lost``): the proxy process never waits on the shadow side.
+CHANNEL_MAX_BUFFER = 64 << 20
+#: What the proxy process may ask the main process to run (the hand-over methods only).
+_REMOTE_CALLS = frozenset(
+    {"_offer_copy", "_count_error", "_count_too_large", "_set_proxy_counters"}
+)
+_FRAME = struct.Struct("!I")
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[str, tuple[Any, ...]] | None:
+    """One ``(name, args)`` frame from our own proxy process; ``None`` at end of stream."""
+    try:
+        size = _FRAME.unpack(await reader.readexactly(_FRAME.size))[0]
+        name, args = pickle.loads(await reader.readexactly(size))
+    except asyncio.IncompleteReadError:
+        return None
+    return str(name), tuple(args)
+
+
+class _Channel:
+    """The proxy process's end of the hand-over socket: frames written without waiting."""
+
+    def __init__(self, writer: asyncio.StreamWriter, counters: IngestCounters) -> None:
+        self._writer = writer
+        self._counters = counters
+
+    def send(self, name: str, args: tuple[Any, ...]) -> None:
+        """Queue one call for the main process; dropped and counted when it cannot keep up or
+        is gone (never blocks, never raises)."""
+        w = self._writer
+        if w.is_closing() or w.transport.get_write_buffer_size() > CHANNEL_MAX_BUFFER:
+            self._counters.proxy_offer_lost += 1
+            return
+        body = pickle.dumps((name, args), protocol=pickle.HIGHEST_PROTOCOL)
+        w.write(_FRAME.pack(len(body)) + body)
+
+    def sync(self) -> None:
+        c = self._counters
+        self.send(
+            "_set_proxy_counters",
+            (
+                c.proxy_requests,
+                c.proxy_client_disconnects,
+                c.proxy_offer_lost,
+                dict(c.proxy_upstream_errors),
+            ),
+        )
+
+
+def _no_offer(_: ShadowRequest) -> str:  # the proxy process never offers: the main process does
+    return "not_offered"
+
+
+def _proxy_process_main(sock: socket.socket, options: dict[str, Any], host: str, port: int) -> None:
+    """Entry point of the proxy process (``multiprocessing`` spawn): serve until the main
+    process closes its end of ``sock`` (or dies), then stop."""
+    loop = new_proxy_loop(bool(options["use_uvloop"]))
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_proxy_process(sock, options, host, port))
+    finally:
+        loop.close()
+
+
+async def _proxy_process(
+    sock: socket.socket, options: dict[str, Any], host: str, port: int
+) -> None:
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    proxy = ShadowProxy(offer=_no_offer, counters=IngestCounters(), clock=time.time, **options)
+    channel = _Channel(writer, proxy.counters)
+    proxy._channel = channel
+    try:
+        bound = await proxy._serve(host, port)
+    except OSError as exc:
+        channel.send("_failed", (str(exc),))
+        await writer.drain()
+        writer.close()
+        return
+    channel.send("_bound", (bound,))
+
+    async def sync() -> None:
+        while True:
+            await asyncio.sleep(COUNTER_SYNC_SECONDS)
+            channel.sync()
+
+    syncing = asyncio.create_task(sync())
+    await reader.read()  # EOF: the main process is stopping us, or it died
+    syncing.cancel()
+    if proxy._runner is not None:
+        await proxy._runner.cleanup()
+    channel.sync()
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+    writer.close()
+
+
+@dataclass
+class _ProxyProcess:
+    process: multiprocessing.process.BaseProcess
+    writer: asyncio.StreamWriter
+    receiving: asyncio.Task[None]
+
 
 #: RFC 9110 §7.6.1 connection-specific fields, plus the legacy ``Proxy-Connection``.
 HOP_BY_HOP: frozenset[str] = frozenset(
@@ -152,6 +274,9 @@ class ShadowProxy:
         self._offer_loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
+        self._channel: _Channel | None = None  # set in the proxy process only
+        self._child: _ProxyProcess | None = None  # set in the main process in process mode
+        self._lost_here = 0
         self.port: int | None = None
 
     def app(self) -> web.Application:
@@ -225,8 +350,75 @@ class ShadowProxy:
         self._thread.start()
         return await asyncio.wrap_future(started)
 
+    async def start_in_process(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` from a separate process (``multiprocessing`` spawn), so the
+        live path shares neither the event loop nor the GIL with the shadow side.
+
+        The proxy process relays live traffic by itself; each shadow copy (and each ``too_large``
+        / ``incomplete_body`` count) is sent to this process over a local socket pair and handed
+        to the offerer here, and its ``proxy_*`` counters are sent every
+        :data:`COUNTER_SYNC_SECONDS`. It never waits for this process: copies beyond
+        :data:`CHANNEL_MAX_BUFFER` queued bytes are dropped and counted (fail-open). Its life is
+        tied to this process: it stops when :meth:`stop` closes the socket or when this process
+        dies (the socket's end of stream). Returns the bound port; raises ``OSError`` when the
+        port cannot be bound."""
+        self._offer_loop = asyncio.get_running_loop()
+        options: dict[str, Any] = {
+            "upstream": self._base,
+            "max_body_bytes": self._max,
+            "marker_header": self._marker,
+            "connect_timeout_seconds": self._timeout.sock_connect,
+            "total_timeout_seconds": self._timeout.total,
+            "use_uvloop": self._use_uvloop,
+        }
+        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ctx = multiprocessing.get_context("spawn")
+        process = ctx.Process(
+            target=_proxy_process_main,
+            args=(there, options, host, port),
+            name="specwatch-shadow-proxy",
+            daemon=True,
+        )
+        try:
+            await asyncio.to_thread(process.start)
+        finally:
+            there.close()
+        reader, writer = await asyncio.open_unix_connection(sock=here)
+        first = await _read_frame(reader)
+        if first is None or first[0] != "_bound":
+            writer.close()
+            await asyncio.to_thread(process.join, 10)
+            reason = first[1][0] if first is not None else "proxy process exited"
+            raise OSError(f"shadow proxy cannot listen on {host}:{port}: {reason}")
+        self.port = int(first[1][0])
+        receiving = asyncio.create_task(self._receive(reader), name="specwatch-proxy-channel")
+        self._child = _ProxyProcess(process, writer, receiving)
+        return self.port
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        """Run the proxy process's hand-overs here until its end of stream."""
+        while (frame := await _read_frame(reader)) is not None:
+            name, args = frame
+            if name in _REMOTE_CALLS:
+                getattr(self, name)(*args)
+        if self._child is not None and not self._child.writer.is_closing():
+            log_event(log, logging.ERROR, "shadow proxy process exited")
+
     async def stop(self) -> None:
-        """Stop serving (either mode); waits for in-progress cleanup."""
+        """Stop serving (any mode); waits for in-progress cleanup."""
+        child = self._child
+        if child is not None:
+            self._child = None
+            with contextlib.suppress(OSError):
+                child.writer.write_eof()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(child.receiving), 10)
+            child.writer.close()
+            await asyncio.to_thread(child.process.join, 10)
+            if child.process.is_alive():
+                child.process.kill()
+                await asyncio.to_thread(child.process.join)
+            return
         thread, loop = self._thread, self._thread_loop
         if thread is not None and loop is not None:
             if self._runner is not None:
@@ -242,7 +434,11 @@ class ShadowProxy:
             self._runner = None
 
     def _schedule(self, fn: Callable[..., object], *args: object) -> None:
-        """Run ``fn(*args)`` soon on the offer loop; never blocks or raises into the live path."""
+        """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main
+        process); never blocks or raises into the live path."""
+        if self._channel is not None:
+            self._channel.send(getattr(fn, "__name__", ""), args)
+            return
         target = self._offer_loop
         try:
             if target is None or target is asyncio.get_running_loop():
@@ -267,14 +463,22 @@ class ShadowProxy:
         self.counters.received[Source.PROXY.value] += 1
         self.counters.errors[(Source.PROXY.value, "too_large")] += 1
 
-    def _offer_copy(self, path: str, raw: bytes, headers: CIMultiDictProxy[str]) -> None:
-        self._offerer.offer_raw(
-            Source.PROXY,
-            path,
-            raw,
-            headers.get(CATEGORY_HEADER),
-            headers.get(REQUEST_ID_HEADER),
-        )
+    def _offer_copy(
+        self, path: str, raw: bytes, category: str | None, request_id: str | None
+    ) -> None:
+        self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id)
+
+    def _set_proxy_counters(
+        self, requests: int, disconnects: int, offer_lost: int, upstream_errors: dict[str, int]
+    ) -> None:
+        """The proxy process's ``proxy_*`` counters (its own totals, sent every
+        :data:`COUNTER_SYNC_SECONDS` and at stop)."""
+        c = self.counters
+        c.proxy_requests = requests
+        c.proxy_client_disconnects = disconnects
+        c.proxy_offer_lost = offer_lost + self._lost_here
+        c.proxy_upstream_errors.clear()
+        c.proxy_upstream_errors.update(upstream_errors)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         c = self.counters
@@ -312,7 +516,13 @@ class ShadowProxy:
                 return web.Response(status=400)
             headers["Content-Length"] = str(len(data))
             if shadow:
-                self._schedule(self._offer_copy, request.path, data, request.headers)
+                self._schedule(
+                    self._offer_copy,
+                    request.path,
+                    data,
+                    request.headers.get(CATEGORY_HEADER),
+                    request.headers.get(REQUEST_ID_HEADER),
+                )
         else:
             # unknown or large length: stream the body through; the shadow copy is kept only
             # while it stays under the cap.
@@ -330,8 +540,18 @@ class ShadowProxy:
                 allow_redirects=False,
                 compress=None,
             ) as up:
+                out_headers = end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS)
+                small = up.content_length is not None and up.content_length <= WHOLE_BODY_BYTES
+                if small and request.method != "HEAD" and not _is_event_stream(up.headers):
+                    # a small answer of known length (a JSON completion): read it whole and send
+                    # status, headers and body in one write (one send() instead of two)
+                    body = await up.read()
+                    out_headers.popall("Content-Length", None)
+                    return web.Response(
+                        status=up.status, reason=up.reason, body=body, headers=out_headers
+                    )
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS).items():
+                for k, v in out_headers.items():
                     resp.headers.add(k, v)
                 if up.content_length is not None and request.method != "HEAD":
                     resp.content_length = up.content_length
@@ -407,4 +627,10 @@ class ShadowProxy:
             self._incomplete_body(shadow)
             raise
         if copy is not None:
-            self._schedule(self._offer_copy, request.path, bytes(copy), request.headers)
+            self._schedule(
+                self._offer_copy,
+                request.path,
+                bytes(copy),
+                request.headers.get(CATEGORY_HEADER),
+                request.headers.get(REQUEST_ID_HEADER),
+            )
