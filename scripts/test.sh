@@ -5,7 +5,8 @@
 #
 # Idempotent; each step is skipped when its result is already there:
 #   1. Python test requirements (pyproject's dependencies + the `test` extra), installed with
-#      pip only when one is missing from the interpreter ($PYTHON, default `python3`).
+#      pip only when one is missing from the interpreter ($PYTHON; default: the active venv's
+#      python3, else the project's .venv, created when missing: PEP 668 systems need a venv).
 #   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool) and nginx-light,
 #      installed with apt-get only when a binary is missing; services are not started.
 #   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports, and the
@@ -20,7 +21,19 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PYTHON="${PYTHON:-python3}"
+# The interpreter: $PYTHON when set; else the active virtualenv's python3; else the project's
+# .venv (created here, so the command works on a PEP 668 "externally managed" Debian/Ubuntu Python).
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    PYTHON=python3
+  else
+    [[ -x .venv/bin/python ]] || python3 -m venv .venv
+    PYTHON=.venv/bin/python
+  fi
+fi
+# Tools the test requirements install next to the interpreter (hadolint, kubectl) are on PATH.
+PATH="$(dirname "$(command -v "$PYTHON")"):$PATH"
+export PATH
 CACHE_ROOT="${SPECWATCH_CACHE_DIR:-$HOME/.cache/specwatch}"
 t0=$(date +%s)
 
