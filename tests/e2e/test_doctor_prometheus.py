@@ -113,8 +113,8 @@ async def _doctor(*args: str) -> tuple[int, str, str]:
 
 
 async def _scraped(session: aiohttp.ClientSession, prom: str, jobs: int, rules: bool) -> None:
-    """Wait until every target was scraped once (health known) and, with ``rules``, the rule
-    group evaluated."""
+    """Wait until every target was scraped (health known) and the vLLM counter has the two samples
+    a ``rate()`` panel needs, and, with ``rules``, the rule group evaluated."""
 
     async def ready() -> bool | None:
         async with session.get(f"{prom}/api/v1/targets") as r:
@@ -122,7 +122,8 @@ async def _scraped(session: aiohttp.ClientSession, prom: str, jobs: int, rules: 
         if len(targets) != jobs or any(t["health"] == "unknown" for t in targets):
             return None
         async with session.get(
-            f"{prom}/api/v1/query", params={"query": "sum(vllm:generation_tokens_total)"}
+            f"{prom}/api/v1/query",
+            params={"query": "sum(rate(vllm:generation_tokens_total[5m]))"},  # two samples
         ) as r:
             if not (await r.json())["data"]["result"]:
                 return None
