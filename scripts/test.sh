@@ -86,6 +86,7 @@ declare -A pkg_for=(
   [prometheus-alertmanager]=prometheus-alertmanager
   [amtool]=prometheus-alertmanager
   [nginx]=nginx-light
+  [tmux]=tmux
 )
 pkgs=()
 for bin in "${!pkg_for[@]}"; do

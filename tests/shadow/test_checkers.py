@@ -185,6 +185,8 @@ def test_gsm8k_presets_agree_with_lm_eval_itself() -> None:
     filter. Skipped when no lm-eval venv is available (``SPECWATCH_TEST_LM_EVAL_PYTHON``)."""
     python = _lm_eval_python()
     if python is None:
+        if os.environ.get("CI"):  # scripts/test.sh always provides it: in CI a skip is a failure
+            pytest.fail("no lm-evaluation-harness venv (set SPECWATCH_TEST_LM_EVAL_PYTHON)")
         pytest.skip("no lm-evaluation-harness venv (set SPECWATCH_TEST_LM_EVAL_PYTHON)")
     done = subprocess.run(
         [str(python), "-c", _LM_EVAL_PROBE],
