@@ -401,8 +401,9 @@ def main() -> int:
     ap.add_argument(
         "--proxy-mode",
         choices=("thread", "process"),
-        default="thread",
-        help="the proxy on its own thread (default) or in its own process",
+        default="process",
+        help="the proxy in its own process (default, as shadow.proxy_own_process) or on its own "
+        "thread",
     )
     ap.add_argument(
         "--busy-ms",

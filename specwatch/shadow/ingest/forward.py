@@ -380,6 +380,7 @@ class _Exchange:
         "timer",
         "up",
         "up_head",
+        "up_keep",
     )
 
     def __init__(self, client: _Client) -> None:
@@ -407,6 +408,7 @@ class _Exchange:
         self.dechunk = False
         self.early: list[bytes] = []
         self.ended = False
+        self.up_keep = False
         self.reused = False
         self.resend: list[bytes] | None = []
         self.resend_size = 0
@@ -519,6 +521,8 @@ class _Exchange:
             self.r_interim = True
             return
         self.head_done = True
+        # read now: llhttp resets its flags once the message is complete
+        self.up_keep = self.r_parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         if not self.client_http10:
@@ -661,13 +665,7 @@ class _Exchange:
         up = self.up
         self.up = None
         if up is not None:
-            parser = self.r_parser
-            reusable = (
-                self.body_done
-                and self.resp_framing != "close"
-                and parser is not None
-                and parser.should_keep_alive()
-            )
+            reusable = self.body_done and self.resp_framing != "close" and self.up_keep
             if reusable:
                 self.fwd.release(up)
             else:
