@@ -16,14 +16,15 @@ to stalls caused by other work on a shared machine, which hit one round of one p
 
 Shadow side loaded or not: ``--busy-ms B --busy-every-ms E`` runs B ms of pure-Python work every
 E ms on the sidecar's event loop (a statistics refresh as the live path sees it: the GIL held),
-``--max-shadow-rps`` raises the replay cap; ``--proxy-mode process`` runs the proxy in its own
-process (``shadow.proxy_own_process``).
+``--max-shadow-rps`` raises the replay cap; ``--proxy-mode`` runs the proxy in its own process
+(``process``, the default, as ``shadow.proxy_own_process``) or on a thread of the sidecar
+(``thread``).
 
 Run from the repository root::
 
     PYTHONPATH=. python bench/bench_proxy.py --rps 200 --seconds 3 --rounds 10
     PYTHONPATH=. python bench/bench_proxy.py --busy-ms 100 --busy-every-ms 200 \
-        --max-shadow-rps 50 --proxy-mode process
+        --max-shadow-rps 50
 """
 
 from __future__ import annotations

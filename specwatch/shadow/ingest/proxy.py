@@ -183,6 +183,19 @@ def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _run_all(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
+    """Run queued hand-overs on the shadow loop, in order."""
+    for fn, args in calls:
+        fn(*args)
+
+
 class _ToShadow:
     """The engine's hand-over (:class:`~specwatch.shadow.ingest.forward.Handover`) to the
     shadow side through :meth:`ShadowProxy._schedule`."""
@@ -254,6 +267,7 @@ class ShadowProxy:
         self._channel: _Channel | None = None  # set in the proxy process only
         self._child: _ProxyProcess | None = None  # set in the main process in process mode
         self._lost_here = 0
+        self._outbox: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -397,18 +411,30 @@ class ShadowProxy:
 
     def _schedule(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main
-        process); never blocks or raises into the live path."""
-        if self._channel is not None:
-            self._channel.send(getattr(fn, "__name__", ""), args)
+        process); never blocks or raises into the live path. From another loop (thread or
+        process mode) the hand-over is queued and sent once the live callbacks of this loop
+        iteration have run, so its system call never comes before the live request's write."""
+        target = self._offer_loop
+        if self._channel is None and (target is None or target is _running_loop()):
+            asyncio.get_running_loop().call_soon(fn, *args)
+            return
+        self._outbox.append((fn, args))
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
+        channel = self._channel
+        if channel is not None:
+            for fn, args in out:
+                channel.send(getattr(fn, "__name__", ""), args)
             return
         target = self._offer_loop
+        assert target is not None
         try:
-            if target is None or target is asyncio.get_running_loop():
-                asyncio.get_running_loop().call_soon(fn, *args)
-            else:
-                target.call_soon_threadsafe(fn, *args)
+            target.call_soon_threadsafe(_run_all, out)
         except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
-            self.counters.proxy_offer_lost += 1
+            self.counters.proxy_offer_lost += len(out)
 
     def _count_error(self, reason: str) -> None:
         self.counters.received[Source.PROXY.value] += 1
