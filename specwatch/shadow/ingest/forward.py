@@ -268,6 +268,9 @@ class Forwarder:
             u.close()
             return
         u.exchange = None
+        u.unpause()
+        if u.transport is not None:
+            u.transport.resume_reading()  # a slow client may have paused it
         u.idle_since = self.loop.time()
         self.idle.append(u)
 
@@ -301,6 +304,7 @@ class _Upstream(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.paused_client: _Client | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -317,6 +321,7 @@ class _Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.unpause()
         ex = self.exchange
         self.exchange = None
         if ex is not None:
@@ -324,13 +329,18 @@ class _Upstream(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         ex = self.exchange
-        if ex is not None:
+        if ex is not None and self.paused_client is None:
+            self.paused_client = ex.client
             ex.client.pause_reading()
 
     def resume_writing(self) -> None:
-        ex = self.exchange
-        if ex is not None:
-            ex.client.resume_reading()
+        self.unpause()
+
+    def unpause(self) -> None:
+        """Let the client this connection paused (its upload outran the upstream) read on."""
+        c, self.paused_client = self.paused_client, None
+        if c is not None:
+            c.resume_reading()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
@@ -484,8 +494,6 @@ class _Exchange:
         except OSError:
             self.connect_task = None
             self.fail("connect", 502)
-            return
-        except asyncio.CancelledError:
             return
         self.connect_task = None
         if self.resp_done or self.client.gone:
