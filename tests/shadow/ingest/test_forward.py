@@ -355,3 +355,45 @@ async def test_malformed_request_is_400_and_its_credentials_never_logged(
     assert raw.startswith(b"HTTP/1.1 400 ")
     assert all("sk-live-123" not in str(x.__dict__) for x in caplog.records)
     assert not [x for x in caplog.records if x.exc_info]
+
+
+async def test_stop_lets_an_answer_in_progress_finish_and_refuses_new_connections() -> None:
+    """``stop`` while a gated stream is half sent: new connections are refused, the stream
+    still ends cleanly once the upstream finishes it (inside the shutdown grace), then stop
+    returns."""
+    gate = asyncio.Event()
+    first_sent = asyncio.Event()
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: one\n\n")
+        first_sent.set()
+        await gate.wait()
+        await resp.write(b"data: two\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/gated", gated)
+    async with running(app) as base:
+        proxy = ShadowProxy(
+            base,
+            lambda r: "x",
+            counters=IngestCounters(),
+            clock=lambda: 0.0,
+            shutdown_timeout_seconds=30.0,
+        )
+        port = await proxy.start("127.0.0.1", 0)
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/gated") as r:
+            assert await r.content.readuntil(b"\n\n") == b"data: one\n\n"
+            stopping = asyncio.create_task(proxy.stop())
+            await asyncio.sleep(0.1)
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection("127.0.0.1", port)
+            assert not stopping.done()
+            gate.set()
+            rest = await r.content.read()
+        await asyncio.wait_for(stopping, 20)
+    assert rest == b"data: two\n\n"
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
