@@ -24,28 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from specwatch.alerts.rules import candidates
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
-from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.observe.values import ObserveView
-from specwatch.shadow.compare import compare
-from specwatch.shadow.ledger import Ledger
-from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
-from specwatch.shadow.values import ReplayPair
+from specwatch.shadow.settings import ArmEndpoint
+from specwatch.shadow.summary import PairedSummary, ShadowStats
 
+from .mirror import completion_body, mirror_run, prompts
 from .servers import VllmServer
-from .test_real_vllm_shadow import prompts
 
 pytestmark = pytest.mark.real_vllm
 
@@ -54,14 +46,7 @@ RUN_TIMEOUT_S = 300.0
 
 
 def _body(prompt: str, temperature: float, seed: int) -> dict[str, Any]:
-    return {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": temperature,
-        "seed": seed,
-    }
+    return completion_body(prompt, temperature, seed, max_tokens=MAX_TOKENS)
 
 
 async def lossless_run(
@@ -74,53 +59,20 @@ async def lossless_run(
 ) -> ShadowStats:
     """Mirror ``traffic`` through the four arms and summarise the ledger (since start)."""
     ep = ArmEndpoint(url=nospec.url, timeout_seconds=120.0)
-    settings = ShadowSettings(
-        enabled=True,
-        modes=("mirror",),
-        sample_probability=1.0,
-        queue_size=len(traffic) + 1,
-        max_shadow_rps=1000.0,
-        max_in_flight=in_flight,
-        max_queue_age_seconds=RUN_TIMEOUT_S,
+    run = await mirror_run(
+        traffic,
+        ledger_path,
+        in_flight=in_flight,
+        max_tokens=MAX_TOKENS,
+        timeout_s=RUN_TIMEOUT_S,
+        window=SINCE_START,
         standard=ArmEndpoint(url=spec.url, timeout_seconds=120.0),
         fly=ep,
         noise=ep,
         noise_kind="baseline",
         baseline=ep,
-        max_tokens_cap=MAX_TOKENS,
-        mirror_listen_host="127.0.0.1",
-        mirror_listen_port=0,
     )
-    done = asyncio.Event()
-    count = 0
-    async with Ledger(ledger_path) as ledger, aiohttp.ClientSession() as session:
-
-        async def sink(pair: ReplayPair) -> None:
-            nonlocal count
-            assert ledger.submit(compare(pair))
-            count += 1
-            if count == len(traffic):
-                done.set()
-
-        pipeline = ShadowPipeline(settings, session=session, on_pair=sink)
-        app = web.Application()
-        pipeline.mount(app)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        try:
-            for category, payload in traffic:
-                async with session.post(
-                    f"http://127.0.0.1:{pipeline.mirror_port}/v1/completions",
-                    json=payload,
-                    headers={CATEGORY_HEADER: category},
-                ) as resp:
-                    assert resp.status == 202
-            await asyncio.wait_for(done.wait(), RUN_TIMEOUT_S)
-        finally:
-            await runner.cleanup()
-        await ledger.flush()
-        tallies = await ledger.tally()
-    return build_shadow_stats({SINCE_START: tallies}, now=time.time())
+    return run.stats
 
 
 def _print(name: str, s: PairedSummary, alerts: list[str]) -> None:
