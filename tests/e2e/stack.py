@@ -120,6 +120,20 @@ class Alertmanager:
             return body
 
 
+@contextlib.asynccontextmanager
+async def running_alertmanager(
+    tmp: Path, session: aiohttp.ClientSession, *, keep_storage: bool = False
+) -> AsyncIterator[Alertmanager]:
+    """An :class:`Alertmanager` (files under ``tmp``) started and ready; stopped on exit, whatever
+    state a test left it in."""
+    am = Alertmanager(tmp, keep_storage=keep_storage)
+    await am.start(session)
+    try:
+        yield am
+    finally:
+        await am.stop()
+
+
 @dataclass
 class Stack:
     """The running pieces of one end-to-end test."""

@@ -17,7 +17,7 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.clock import format_rfc3339
-from tests.e2e.stack import Alertmanager
+from tests.e2e.stack import Alertmanager, running_alertmanager
 from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.promtool
@@ -25,13 +25,11 @@ pytestmark = pytest.mark.promtool
 
 @pytest.fixture
 async def am(tmp_path: Path) -> AsyncIterator[tuple[Alertmanager, aiohttp.ClientSession]]:
-    manager = Alertmanager(tmp_path, keep_storage=True)
-    async with aiohttp.ClientSession() as session:
-        await manager.start(session)
-        try:
-            yield manager, session
-        finally:
-            await manager.stop()
+    async with (
+        aiohttp.ClientSession() as session,
+        running_alertmanager(tmp_path, session, keep_storage=True) as manager,
+    ):
+        yield manager, session
 
 
 async def _no_sleep(_: float) -> None:
