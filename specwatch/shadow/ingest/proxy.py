@@ -170,8 +170,8 @@ __all__ = ["HOP_BY_HOP", "PROXY_CREDENTIALS", "ShadowProxy", "connection_tokens"
 
 
 def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
-    """A fresh event loop for the proxy thread: uvloop's when asked and installed (the ``proxy``
-    extra), else asyncio's default loop."""
+    """A fresh event loop for the proxy thread or process: uvloop's when asked and installed (a
+    dependency except on Windows), else asyncio's default loop."""
     if use_uvloop:
         try:
             uvloop = importlib.import_module("uvloop")
