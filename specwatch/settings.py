@@ -280,9 +280,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        line = exc.object.count(b"\n", 0, exc.start) + 1
+        at = exc.object.count(b"\n", 0, exc.start) + 1
         raise ConfigError(
-            f"config file {path}:{line}: not UTF-8 (byte {exc.object[exc.start]:#04x})"
+            f"config file {path}:{at}: not UTF-8 (byte {exc.object[exc.start]:#04x})"
         ) from None
     try:
         if path.suffix.lower() == ".toml":
