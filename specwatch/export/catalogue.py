@@ -481,7 +481,8 @@ SHADOW_RECEIVED = _c(
 SHADOW_INGEST_ERRORS = _c(
     "specwatch_shadow_ingest_errors",
     "Requests not offered for shadowing, by source and reason (too_large, incomplete_body, "
-    "invalid_json, not_object, unsupported_path, not_shadow_host, offer_error).",
+    "bad_encoding, invalid_json, too_deep, not_object, unsupported_path, not_shadow_host, "
+    "offer_error).",
     ("source", "reason"),
 )
 SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")
