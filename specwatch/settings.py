@@ -418,6 +418,10 @@ def load_settings(
         raise ConfigError(
             f"config error: {field}: SPECWATCH_{field.upper()} is not valid JSON"
         ) from None
+    except RecursionError:  # pydantic-settings' JSON parse of an environment value
+        raise ConfigError(
+            "config error: environment: a SPECWATCH_* value is JSON nested too deep to parse"
+        ) from None
     finally:
         _FILE_DATA.reset(token)
 

@@ -36,9 +36,13 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 def split_list(v: Any) -> Any:
-    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``)."""
+    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``).
+    Raises ValueError for JSON that does not parse or nests too deep for the parser."""
     if isinstance(v, str):
-        v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        try:
+            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        except RecursionError:
+            raise ValueError("not valid JSON: nested too deep") from None
     return v
 
 

@@ -120,3 +120,21 @@ def test_run_target_url_that_cannot_be_parsed(
     err = _one_line(capsys)
     assert "config error: targets.0.url: " in err
     assert reason in err
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("SPECWATCH_TARGETS", "config error: environment: a SPECWATCH_* value is JSON nested"),
+        ("SPECWATCH_WINDOWS", "config error: windows: "),
+    ],
+)
+def test_run_environment_json_nested_too_deep(
+    name: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SPECWATCH_* environment value of 5,000 nested brackets is a config error (exit 2,
+    one line), not a RecursionError traceback."""
+    monkeypatch.setenv(name, "[" * 5000 + "]" * 5000)
+    assert cli_main(["run", "--target", "fly=http://127.0.0.1:1", "--port", "0"]) == 2
+    err = _one_line(capsys)
+    assert says in err
