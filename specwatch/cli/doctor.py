@@ -320,6 +320,8 @@ def _load_dashboard(path: Path) -> dict[str, Any]:
         dash = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path}: cannot read dashboard JSON: {exc}") from exc
+    except RecursionError:
+        raise InputError(f"{path}: cannot read dashboard JSON: nested too deep") from None
     if isinstance(dash, dict) and "dashboard" in dash:
         dash = dash["dashboard"]
     if not isinstance(dash, dict):

@@ -5,6 +5,9 @@ in exit code 2 and one stderr line that names what failed (the file, line or set
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -138,3 +141,57 @@ def test_run_environment_json_nested_too_deep(
     assert cli_main(["run", "--target", "fly=http://127.0.0.1:1", "--port", "0"]) == 2
     err = _one_line(capsys)
     assert says in err
+
+
+def test_doctor_dashboard_nested_too_deep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``doctor --dashboard`` with a file of 100,000 nested brackets: exit 2, one line naming
+    the file, no RecursionError traceback."""
+    dash = tmp_path / "dash.json"
+    dash.write_text("[" * DEEP + "]" * DEEP, encoding="utf-8")
+    rc = cli_main(["doctor", "--prometheus-url", "http://127.0.0.1:1", "--dashboard", str(dash)])
+    assert rc == 2
+    err = _one_line(capsys)
+    assert f"{dash}: cannot read dashboard JSON: nested too deep" in err
+
+
+class _DeepJson(BaseHTTPRequestHandler):
+    """A "Prometheus" whose every answer is 200 JSON nested 100,000 deep."""
+
+    def do_GET(self) -> None:
+        body = ("[" * DEEP + "]" * DEEP).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def deep_prometheus() -> Iterator[str]:
+    """The URL of a :class:`_DeepJson` server on 127.0.0.1 (a free port)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DeepJson)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fleet_prometheus_answer_nested_too_deep(
+    deep_prometheus: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fleet`` against a server answering JSON nested 100,000 deep: exit 1 (fleet's code for
+    "Prometheus cannot be queried") and one line naming the query URL and "nested too deep" (a
+    ``decode`` failure), no RecursionError traceback."""
+    rc = cli_main(["fleet", "--prometheus-url", deep_prometheus])
+    assert rc == 1
+    err = _one_line(capsys)
+    assert deep_prometheus in err
+    assert "JSON nested too deep" in err
