@@ -195,3 +195,24 @@ def test_fleet_prometheus_answer_nested_too_deep(
     err = _one_line(capsys)
     assert deep_prometheus in err
     assert "JSON nested too deep" in err
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("scrape:\n  interval_seconds: .inf\n", "scrape.interval_seconds"),
+        ("server:\n  shutdown_timeout_seconds: .inf\n", "server.shutdown_timeout_seconds"),
+        ("alerting:\n  evaluation_interval: .nan\n", "alerting.evaluation_interval"),
+    ],
+)
+def test_run_config_infinite_duration(
+    setting: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An infinite or NaN duration (YAML ``.inf``, ``.nan``) is a config error naming the
+    setting (exit 2). Before: ``scrape.interval_seconds: .inf`` started a sidecar that scraped
+    once and never again, and an infinite shutdown timeout was accepted."""
+    cfg = tmp_path / "specwatch.yaml"
+    cfg.write_text(RUN_TARGET + setting, encoding="utf-8")
+    assert cli_main(["run", "--config", str(cfg), "--port", "0"]) == 2
+    err = _one_line(capsys)
+    assert f"config error: {field}: Input should be a finite number" in err
