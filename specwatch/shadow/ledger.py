@@ -23,6 +23,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import (
     LABELLED,
@@ -306,6 +309,41 @@ class LedgerHealth:
     dropped: int
     last_error: str | None
     queue_depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSpan:
+    """Whole-ledger and labelled-pair counts and time ranges (unix seconds; ``None`` when there
+    are no such rows), from :meth:`Ledger.report_span`."""
+
+    rows: int
+    first_time: float | None
+    last_time: float | None
+    labelled: int
+    labelled_first_time: float | None
+    labelled_last_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BinCounts:
+    """Labelled pairs in one time bin (:meth:`Ledger.labelled_bins`): ``n`` pairs, ``lost``
+    (standard right, FLy wrong) and ``gained`` (FLy right, standard wrong)."""
+
+    bin: int
+    n: int
+    lost: int
+    gained: int
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledStream:
+    """Labelled pairs in time order as columns (:meth:`Ledger.labelled_stream`): shape ``(n,)``
+    each; ``category[i]`` indexes ``categories`` (sorted), ``d[i]`` is +1 lost, −1 gained, 0
+    concordant."""
+
+    categories: tuple[str, ...]
+    category: npt.NDArray[np.int32]
+    d: npt.NDArray[np.int8]
 
 
 class Ledger:
@@ -681,6 +719,106 @@ class Ledger:
         """Rows in the ledger."""
         raw = await asyncio.to_thread(self._read, "SELECT COUNT(*) FROM pairs", ())
         return int(raw[0][0])
+
+    # -- report queries (``specwatch report``: aggregates in SQL, one streamed read) ---------
+
+    async def write_many(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """Insert ``rows`` (values in ``columns`` order, booleans as ``bool`` or 0/1; columns not
+        named are ``NULL``) in one transaction, bypassing the write queue: bulk import of
+        synthetic ledgers for benchmarks and examples. Returns the number of rows written.
+        Raises ``ValueError`` for a column that is not a :class:`LedgerRow` field (or a closed
+        ledger) and ``sqlite3.Error`` from SQLite; nothing is written on failure."""
+        unknown = [c for c in columns if c not in _COLUMNS]
+        if unknown or not columns:
+            raise ValueError(f"write_many: unknown or no columns {unknown!r}")
+        sql = f"INSERT INTO pairs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        batch = list(rows)
+
+        def run() -> None:
+            conn = self._wconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            with self._wlock:
+                conn.execute("BEGIN")
+                try:
+                    conn.executemany(sql, batch)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+
+        await asyncio.to_thread(run)
+        self._rows_written += len(batch)
+        return len(batch)
+
+    async def report_span(self) -> ReportSpan:
+        """Row count and time range of the whole ledger and of its labelled pairs
+        (:data:`~specwatch.shadow.tally.LABELLED`), in one scan."""
+        sql = (
+            "SELECT COUNT(*), MIN(time), MAX(time), "
+            f"SUM(CASE WHEN {_LABELLED_SQL} THEN 1 ELSE 0 END), "
+            f"MIN(CASE WHEN {_LABELLED_SQL} THEN time END), "
+            f"MAX(CASE WHEN {_LABELLED_SQL} THEN time END) FROM pairs"
+        )
+        (r,) = await asyncio.to_thread(self._read, sql, ())
+        return ReportSpan(int(r[0]), r[1], r[2], int(r[3] or 0), r[4], r[5])
+
+    async def labelled_bins(self, start: float, width: float, bins: int) -> list[BinCounts]:
+        """Labelled pairs per time bin, ``GROUP BY`` in SQL: bin ``i`` holds
+        ``start + i * width <= time < start + (i + 1) * width`` (``floor((time - start) / width)``,
+        clamped to ``[0, bins - 1]``, so the last bin also holds its end; ``width <= 0`` puts
+        every pair in bin 0). Returns :class:`BinCounts` of non-empty bins, by bin. Raises
+        ``ValueError`` for ``bins < 1``."""
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        expr = "0" if width <= 0.0 else "MIN(?, MAX(0, CAST((time - ?) / ? AS INTEGER)))"
+        params: list[Any] = [] if width <= 0.0 else [bins - 1, start, width]
+        sql = (
+            f"SELECT {expr} AS b, COUNT(*), "
+            "SUM(CASE WHEN standard_correct = 1 AND fly_correct = 0 THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN standard_correct = 0 AND fly_correct = 1 THEN 1 ELSE 0 END) "
+            f"FROM pairs WHERE {_LABELLED_SQL} GROUP BY b ORDER BY b"
+        )
+        raw = await asyncio.to_thread(self._read, sql, params)
+        return [BinCounts(int(b), int(n), int(lo or 0), int(ga or 0)) for b, n, lo, ga in raw]
+
+    async def labelled_stream(self, chunk_rows: int = 65_536) -> LabelledStream:
+        """Every labelled pair in time order (``ORDER BY time, id``) as two columns only: its
+        category (an index into :attr:`LabelledStream.categories`) and ``d = standard_correct -
+        fly_correct`` (+1 lost, −1 gained, 0 concordant). One streamed read in a worker thread,
+        ``chunk_rows`` rows at a time (no row objects): the input of the order-dependent
+        e-processes (:func:`specwatch.shadow.stats.sequential.betting_log_wealth`)."""
+        return await asyncio.to_thread(self._labelled_stream_sync, chunk_rows)
+
+    def _labelled_stream_sync(self, chunk_rows: int) -> LabelledStream:
+        conn = self._rconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._rlock:
+            cats = sorted(
+                str(c)
+                for (c,) in conn.execute(
+                    f"SELECT DISTINCT category FROM pairs WHERE {_LABELLED_SQL}"
+                ).fetchall()
+            )
+            case = " ".join("WHEN ? THEN ?" for _ in cats)
+            code = f"(CASE category {case} ELSE 0 END)" if cats else "0"
+            params = [v for i, c in enumerate(cats) for v in (c, i)]
+            cur = conn.execute(
+                f"SELECT {code} * 4 + (standard_correct - fly_correct + 1) FROM pairs "
+                f"WHERE {_LABELLED_SQL} ORDER BY time, id",
+                params,
+            )
+            chunks: list[npt.NDArray[np.int64]] = []
+            while batch := cur.fetchmany(chunk_rows):
+                chunks.append(np.fromiter((v for (v,) in batch), np.int64, len(batch)))
+        packed = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        return LabelledStream(
+            categories=tuple(cats),
+            category=(packed >> 2).astype(np.int32),
+            d=((packed & 3) - 1).astype(np.int8),
+        )
 
     # -- health ----------------------------------------------------------------------------
 
