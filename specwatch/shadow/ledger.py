@@ -36,6 +36,7 @@ from specwatch.shadow.tally import (
     PairTally,
     Rule,
     load_band_labels,
+    row_tally,
 )
 from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
@@ -319,7 +320,6 @@ class ReportSpan:
     rows: int
     first_time: float | None
     last_time: float | None
-    labelled: int
     labelled_first_time: float | None
     labelled_last_time: float | None
 
@@ -335,15 +335,111 @@ class BinCounts:
     gained: int
 
 
+#: The statuses the tally rules name and the columns they read besides ``status`` (all boolean):
+#: the digits of :attr:`ReportStream.key`.
+_STREAM_STATUSES: tuple[str, ...] = tuple(
+    sorted({str(v) for rule in TALLY_RULES.values() for c, v in rule if c == "status"})
+)
+_STREAM_BOOLS: tuple[str, ...] = tuple(
+    sorted({c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"})
+)
+_TRITS: tuple[bool | None, ...] = (False, True, None)
+_Ints = npt.NDArray[np.int64]
+
+
 @dataclass(frozen=True, slots=True)
 class LabelledStream:
-    """Labelled pairs in time order as columns (:meth:`Ledger.labelled_stream`): shape ``(n,)``
-    each; ``category[i]`` indexes ``categories`` (sorted), ``d[i]`` is +1 lost, −1 gained, 0
-    concordant."""
+    """Labelled pairs in time order as columns: shape ``(n,)`` each; ``category[i]`` indexes
+    ``categories``, ``d[i]`` is +1 lost (standard right, FLy wrong), −1 gained, 0 concordant."""
 
     categories: tuple[str, ...]
-    category: npt.NDArray[np.int32]
+    category: npt.NDArray[np.int64]
     d: npt.NDArray[np.int8]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportStream:
+    """Every ledger row in time order as one integer (:meth:`Ledger.report_stream`), shape
+    ``(rows,)``.
+
+    ``key = ((category * (S + 1) + status) * 3**m + trits) * (len(bands) + 1) + band`` with
+    ``category`` an index into ``categories`` (sorted), ``status`` an index into the statuses
+    the tally rules name (``S`` = their number; ``S`` for any other), ``trits`` the base-3 digits
+    (0 false, 1 true, 2 unknown) of the ``m`` boolean columns the rules read, in sorted order,
+    and ``band`` 0 for an unknown running count, ``i + 1`` for band ``bands[i]`` (labels
+    ``band_labels``, from :func:`~specwatch.shadow.tally.load_band_labels`).
+    """
+
+    categories: tuple[str, ...]
+    band_labels: tuple[str, ...]
+    key: npt.NDArray[np.int64]
+
+    def _split(
+        self, key: npt.NDArray[np.int64]
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        list[npt.NDArray[np.int64]],
+        npt.NDArray[np.int64],
+    ]:
+        band = key % (len(self.band_labels) + 1)
+        rest = key // (len(self.band_labels) + 1)
+        trits: list[npt.NDArray[np.int64]] = []
+        for _ in _STREAM_BOOLS:
+            trits.append(rest % 3)
+            rest = rest // 3
+        trits.reverse()
+        statuses = len(_STREAM_STATUSES) + 1
+        return rest // statuses, rest % statuses, trits, band
+
+    def tallies(self) -> dict[tuple[str, str], PairTally]:
+        """:class:`PairTally` per ``(category, band label)`` (``unknown`` band for rows without a
+        running count), by the rules of :data:`~specwatch.shadow.tally.TALLY_RULES` applied to
+        each distinct key once and weighted by its row count."""
+        keys, counts = np.unique(self.key, return_counts=True)
+        cat, status, trits, band = self._split(keys)
+        labels = (UNKNOWN_BAND, *self.band_labels)
+        out: dict[tuple[str, str], PairTally] = {}
+        for i, n in enumerate(counts.tolist()):
+            s = int(status[i])
+            cell = _Cell(
+                category=self.categories[int(cat[i])],
+                status=_STREAM_STATUSES[s] if s < len(_STREAM_STATUSES) else "",
+                values={c: _TRITS[int(t[i])] for c, t in zip(_STREAM_BOOLS, trits, strict=True)},
+            )
+            one = row_tally(cell)
+            scaled = PairTally(**{f.name: getattr(one, f.name) * n for f in fields(one)})
+            at = (cell.category, labels[int(band[i])])
+            out[at] = out.get(at, PairTally()) + scaled
+        return out
+
+    def labelled(self) -> LabelledStream:
+        """The labelled pairs (:data:`~specwatch.shadow.tally.LABELLED`), in time order."""
+        cat, status, trits, _ = self._split(self.key)
+        std = trits[_STREAM_BOOLS.index("standard_correct")]
+        fly = trits[_STREAM_BOOLS.index("fly_correct")]
+        mask = (status == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
+        return LabelledStream(
+            categories=self.categories,
+            category=cat[mask],
+            d=(std[mask] - fly[mask]).astype(np.int8),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    """One distinct :attr:`ReportStream.key`, read by the tally rules like a ledger row."""
+
+    category: str
+    status: str
+    values: Mapping[str, bool | None]
+    time: float = 0.0
+
+    def __getattr__(self, name: str) -> bool | None:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class Ledger:
@@ -754,15 +850,16 @@ class Ledger:
 
     async def report_span(self) -> ReportSpan:
         """Row count and time range of the whole ledger and of its labelled pairs
-        (:data:`~specwatch.shadow.tally.LABELLED`), in one scan."""
+        (:data:`~specwatch.shadow.tally.LABELLED`); the times come from the ``time`` index."""
+        lab = _LABELLED_SQL
         sql = (
-            "SELECT COUNT(*), MIN(time), MAX(time), "
-            f"SUM(CASE WHEN {_LABELLED_SQL} THEN 1 ELSE 0 END), "
-            f"MIN(CASE WHEN {_LABELLED_SQL} THEN time END), "
-            f"MAX(CASE WHEN {_LABELLED_SQL} THEN time END) FROM pairs"
+            "SELECT (SELECT COUNT(*) FROM pairs), (SELECT MIN(time) FROM pairs), "
+            "(SELECT MAX(time) FROM pairs), "
+            f"(SELECT time FROM pairs WHERE {lab} ORDER BY time LIMIT 1), "
+            f"(SELECT time FROM pairs WHERE {lab} ORDER BY time DESC LIMIT 1)"
         )
         (r,) = await asyncio.to_thread(self._read, sql, ())
-        return ReportSpan(int(r[0]), r[1], r[2], int(r[3] or 0), r[4], r[5])
+        return ReportSpan(int(r[0]), r[1], r[2], r[3], r[4])
 
     async def labelled_bins(self, start: float, width: float, bins: int) -> list[BinCounts]:
         """Labelled pairs per time bin, ``GROUP BY`` in SQL: bin ``i`` holds
@@ -783,42 +880,45 @@ class Ledger:
         raw = await asyncio.to_thread(self._read, sql, params)
         return [BinCounts(int(b), int(n), int(lo or 0), int(ga or 0)) for b, n, lo, ga in raw]
 
-    async def labelled_stream(self, chunk_rows: int = 65_536) -> LabelledStream:
-        """Every labelled pair in time order (``ORDER BY time, id``) as two columns only: its
-        category (an index into :attr:`LabelledStream.categories`) and ``d = standard_correct -
-        fly_correct`` (+1 lost, −1 gained, 0 concordant). One streamed read in a worker thread,
-        ``chunk_rows`` rows at a time (no row objects): the input of the order-dependent
-        e-processes (:func:`specwatch.shadow.stats.sequential.betting_log_wealth`)."""
-        return await asyncio.to_thread(self._labelled_stream_sync, chunk_rows)
+    async def report_stream(self, bands: Sequence[int], chunk_rows: int = 65_536) -> ReportStream:
+        """Every row in time order (``ORDER BY time, id``) as one packed integer: its category,
+        status, running-request band (lower bounds ``bands``) and the value of every column the
+        :data:`~specwatch.shadow.tally.TALLY_RULES` read (see :class:`ReportStream`). One
+        streamed read in a worker thread, ``chunk_rows`` rows at a time, no row objects; what
+        the report's tallies and order-dependent e-processes are computed from. Raises
+        ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
+        return await asyncio.to_thread(self._report_stream_sync, tuple(bands), chunk_rows)
 
-    def _labelled_stream_sync(self, chunk_rows: int) -> LabelledStream:
+    def _report_stream_sync(self, bands: tuple[int, ...], chunk_rows: int) -> ReportStream:
         conn = self._rconn
         if conn is None:
             raise ValueError("ledger is closed")
         with self._rlock:
-            cats = sorted(
-                str(c)
-                for (c,) in conn.execute(
-                    f"SELECT DISTINCT category FROM pairs WHERE {_LABELLED_SQL}"
-                ).fetchall()
+            cats = tuple(
+                str(c) for (c,) in conn.execute("SELECT DISTINCT category FROM pairs ORDER BY 1")
             )
-            case = " ".join("WHEN ? THEN ?" for _ in cats)
-            code = f"(CASE category {case} ELSE 0 END)" if cats else "0"
-            params = [v for i, c in enumerate(cats) for v in (c, i)]
-            cur = conn.execute(
-                f"SELECT {code} * 4 + (standard_correct - fly_correct + 1) FROM pairs "
-                f"WHERE {_LABELLED_SQL} ORDER BY time, id",
-                params,
+            params: list[Any] = []
+            key = "0"
+            if cats:
+                key = f"(CASE category {' '.join('WHEN ? THEN ?' for _ in cats)} ELSE 0 END)"
+                params += [v for i, c in enumerate(cats) for v in (c, i)]
+            whens = " ".join("WHEN ? THEN ?" for _ in _STREAM_STATUSES)
+            key = f"({key} * {len(_STREAM_STATUSES) + 1} + (CASE status {whens} ELSE ? END))"
+            params += [v for i, st in enumerate(_STREAM_STATUSES) for v in (st, i)]
+            params.append(len(_STREAM_STATUSES))
+            for col in _STREAM_BOOLS:
+                key = f"({key} * 3 + (CASE {col} WHEN 0 THEN 0 WHEN 1 THEN 1 ELSE 2 END))"
+            band = " ".join(
+                f"WHEN running_at_replay >= {float(lo)!r} THEN {i + 1}"
+                for i, lo in reversed(list(enumerate(bands)))
             )
+            key = f"({key} * {len(bands) + 1} + (CASE {band} ELSE 0 END))"
+            cur = conn.execute(f"SELECT {key} FROM pairs ORDER BY time, id", params)
             chunks: list[npt.NDArray[np.int64]] = []
             while batch := cur.fetchmany(chunk_rows):
                 chunks.append(np.fromiter((v for (v,) in batch), np.int64, len(batch)))
         packed = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
-        return LabelledStream(
-            categories=tuple(cats),
-            category=(packed >> 2).astype(np.int32),
-            d=((packed & 3) - 1).astype(np.int8),
-        )
+        return ReportStream(cats, load_band_labels(bands) if bands else (), packed)
 
     # -- health ----------------------------------------------------------------------------
 
