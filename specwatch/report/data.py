@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
-from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
@@ -460,6 +458,8 @@ def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptanc
     """Per-position acceptance per target from specwatch's ``/metrics`` text
     (``specwatch_per_position_acceptance_ratio`` server-wide series, i.e. without ``engine``).
     Raises :class:`ReportInputError` when the text does not parse."""
+    from prometheus_client.parser import text_string_to_metric_families  # only with a source
+
     found: dict[tuple[str, str], dict[int, float]] = {}
     try:
         for fam in text_string_to_metric_families(text):
@@ -497,6 +497,8 @@ async def fetch_text(source: str, timeout_seconds: float = 10.0) -> str:
     Raises :class:`ReportInputError` (one line) on any failure.
     """
     if source.startswith(("http://", "https://")):
+        import aiohttp  # only for a URL: a fixed 0.2-0.5 s import the ledger-only report skips
+
         try:
             async with (
                 aiohttp.ClientSession(
