@@ -415,13 +415,21 @@ class ReportStream:
 
     def labelled(self) -> LabelledStream:
         """The labelled pairs (:data:`~specwatch.shadow.tally.LABELLED`), in time order."""
-        cat, status, trits, _ = self._split(self.key)
-        std = trits[_STREAM_BOOLS.index("standard_correct")]
-        fly = trits[_STREAM_BOOLS.index("fly_correct")]
-        mask = (status == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
+        bands = len(self.band_labels) + 1
+        m = len(_STREAM_BOOLS)
+
+        def trit(col: str) -> _Ints:
+            place = bands * 3 ** (m - 1 - _STREAM_BOOLS.index(col))
+            out: _Ints = (self.key // place) % 3
+            return out
+
+        std, fly = trit("standard_correct"), trit("fly_correct")
+        upper = self.key // (bands * 3**m)
+        statuses = len(_STREAM_STATUSES) + 1
+        mask = (upper % statuses == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
         return LabelledStream(
             categories=self.categories,
-            category=cat[mask],
+            category=upper[mask] // statuses,
             d=(std[mask] - fly[mask]).astype(np.int8),
         )
 
