@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger import (
     BinCounts,
@@ -37,7 +37,6 @@ from specwatch.shadow.ledger import (
     ReportSpan,
     check_ledger_file,
 )
-from specwatch.shadow.settings import PairedSettings, ShadowSettings
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     betting_log_wealth,
@@ -50,9 +49,8 @@ from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
 #: The window name the report's tables use (every row of the ledger).
 REPORT_WINDOW = SINCE_START
 
-#: The running-request bands and category bound the report uses (the live defaults).
-DEFAULT_LOAD_BANDS: tuple[int, ...] = PairedSettings().load_bands
-DEFAULT_MAX_CATEGORIES: int = ShadowSettings().max_categories
+#: The running-request bands and category bound the report uses: the live defaults
+#: (:data:`specwatch.core.config.DEFAULT_LOAD_BANDS`, ``DEFAULT_MAX_CATEGORIES``).
 
 #: Most points any plotted series has, whatever the ledger size (time bins of the flips and net
 #: loss plots, points of each e-value path).

@@ -20,8 +20,8 @@ matplotlib.use("Agg")
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from specwatch.core.config import OVERALL
-from specwatch.report.data import DEFAULT_MAX_CATEGORIES, REPORT_WINDOW, ReportData
+from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.summary import PairedSummary
 from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
 
