@@ -53,7 +53,8 @@ def run_once(src: Path, ledger: Path, out: Path) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(src), "MPLBACKEND": "Agg"}
     cmd = [sys.executable, "-m", "specwatch", "report", "--ledger", str(ledger)]
     cpu0, start = _children_cpu(), time.perf_counter()
-    subprocess.run([*cmd, "--out", str(out)], check=True, env=env, capture_output=True)
+    # cwd=src: `python -m` puts the working directory first on sys.path
+    subprocess.run([*cmd, "--out", str(out)], check=True, env=env, capture_output=True, cwd=src)
     return time.perf_counter() - start, _children_cpu() - cpu0
 
 
