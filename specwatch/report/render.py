@@ -380,6 +380,17 @@ def _load_table(data: ReportData) -> str:
     )
 
 
+def _points_note(data: ReportData) -> str:
+    """Says when the e-value plot shows fewer points than there are labelled pairs."""
+    e = data.evalue
+    if len(e.pair) >= e.pairs:
+        return ""
+    return (
+        f"Drawn at {len(e.pair):,} of the {e.pairs:,} labelled pairs; the last value and the "
+        "first alarms are exact."
+    )
+
+
 def _when(t: float | None) -> str:
     if t is None:
         return "–"
@@ -513,7 +524,7 @@ when busy".</p>
 <h2>Flips over time</h2>{imgs.get("flips.png", "")}
 <h2>E-value path</h2>
 <p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked
-at (Ville's inequality).</p>{imgs.get("evalue.png", "")}
+at (Ville's inequality). {_points_note(data)}</p>{imgs.get("evalue.png", "")}
 <h2>Net loss and its interval</h2>{imgs.get("net_loss.png", "")}
 <h2>Per-position acceptance per arm</h2>{imgs.get("per_position.png", "")}
 {_acceptance_table(data)}

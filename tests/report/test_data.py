@@ -350,11 +350,13 @@ class TestDownsampledSeries:
 
     def test_evalue_points_bounded_with_exact_last_and_alarm(self, tmp_path: Path) -> None:
         """40 lost pairs drawn on at most 6 points: pairs 1 and 40 are there, and so is the
-        first pair whose closed-form e-value reaches 20 (the alarm marker stays exact)."""
+        first pair whose closed-form e-value reaches 20 (the alarm marker stays exact); the
+        page says the path is drawn at fewer points than pairs."""
         rows = [_row(T0 + i, True, False) for i in range(40)]
         path = tmp_path / "l.db"
         asyncio.run(write_ledger(path, rows))
-        e = build_report(str(path), asyncio.run(read_ledger(path)), points=6).evalue
+        data = build_report(str(path), asyncio.run(read_ledger(path)), points=6)
+        e = data.evalue
         first = next(n for n in range(1, 41) if net_loss_log_e_value(n, 0) >= math.log(20.0))
         assert len(e.pair) <= 6
         assert e.pair[0] == 1
@@ -362,6 +364,7 @@ class TestDownsampledSeries:
         assert first in e.pair
         assert e.first_alarm_no_net_loss == first
         assert e.log_e_no_net_loss[-1] == pytest.approx(net_loss_log_e_value(40, 0))
+        assert f"Drawn at {len(e.pair)} of the 40 labelled pairs" in render_html(data)
 
     @pytest.mark.parametrize("bins", ["0", str(MAX_POINTS + 1)])
     def test_bins_outside_the_point_bound_are_refused(
