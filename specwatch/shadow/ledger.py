@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,8 @@ from specwatch.shadow.tally import (
 from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
 log = logging.getLogger("specwatch.shadow.ledger")
+
+_T = TypeVar("_T")
 
 
 #: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0: ``queue_full``
@@ -667,22 +669,24 @@ class Ledger:
         await self.flush()
         at = self._clock() if now is None else now
 
-        def run() -> int:
-            conn = self._wconn
-            if conn is None:
-                raise ValueError("ledger is closed")
-            with self._wlock:
-                conn.execute("BEGIN")
-                try:
-                    removed = self._prune_sync(conn, at)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            return removed
+        return await asyncio.to_thread(self._in_transaction, lambda c: self._prune_sync(c, at))
 
-        return await asyncio.to_thread(run)
+    def _in_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` on the write connection in one transaction (rolled back if it raises);
+        blocking: call from a worker thread. Raises ``ValueError`` when the ledger is closed."""
+        conn = self._wconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._wlock:
+            conn.execute("BEGIN")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return result
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -837,22 +841,7 @@ class Ledger:
             raise ValueError(f"write_many: unknown or no columns {unknown!r}")
         sql = f"INSERT INTO pairs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         batch = list(rows)
-
-        def run() -> None:
-            conn = self._wconn
-            if conn is None:
-                raise ValueError("ledger is closed")
-            with self._wlock:
-                conn.execute("BEGIN")
-                try:
-                    conn.executemany(sql, batch)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-
-        await asyncio.to_thread(run)
+        await asyncio.to_thread(self._in_transaction, lambda c: c.executemany(sql, batch))
         self._rows_written += len(batch)
         return len(batch)
 

@@ -32,7 +32,7 @@ from specwatch.report.data import (
 )
 from specwatch.report.render import render_html
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import betting_path, net_loss_log_e_value
 from specwatch.shadow.summary import build_shadow_stats, load_bands
@@ -44,8 +44,8 @@ from specwatch.shadow.tally import (
     load_band_labels,
     tally_rows,
 )
+from tests.report.test_report import T0, row, write_ledger
 
-T0 = 1_764_460_800.0
 BANDS = (0, 8, 32)
 CATEGORIES = ("math", "code", "chat", "tools")
 
@@ -114,13 +114,6 @@ def varied_rows(n: int, seed: int = 11) -> list[LedgerRow]:
             )
         )
     return rows
-
-
-async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
-    async with Ledger(path) as ledger:
-        for r in rows:
-            assert ledger.submit(r)
-        await ledger.flush()
 
 
 def band_of(running: float | None) -> str:
@@ -335,8 +328,8 @@ class TestDownsampledSeries:
             std, fly = (
                 (True, False) if t in lost_at else (False, True) if t in gained_at else (True, True)
             )
-            rows.append(_row(T0 + t, std, fly))
-        rows.append(_row(T0 + 5, None, None, status="unpaired", reason="fly_timeout"))
+            rows.append(row(T0 + t, "x", std, fly))
+        rows.append(row(T0 + 5, "x", None, None))
         path = tmp_path / "l.db"
         asyncio.run(write_ledger(path, rows))
         flips = build_report(str(path), asyncio.run(read_ledger(path, bins=4))).flips
@@ -352,7 +345,7 @@ class TestDownsampledSeries:
         """40 lost pairs drawn on at most 6 points: pairs 1 and 40 are there, and so is the
         first pair whose closed-form e-value reaches 20 (the alarm marker stays exact); the
         page says the path is drawn at fewer points than pairs."""
-        rows = [_row(T0 + i, True, False) for i in range(40)]
+        rows = [row(T0 + i, "x", True, False) for i in range(40)]
         path = tmp_path / "l.db"
         asyncio.run(write_ledger(path, rows))
         data = build_report(str(path), asyncio.run(read_ledger(path)), points=6)
@@ -381,38 +374,3 @@ class TestDownsampledSeries:
         err = capsys.readouterr().err
         assert err == f"specwatch report: --bins must be in [1, {MAX_POINTS}]\n"
         assert not out.exists()
-
-
-def _row(t: float, std: bool | None, fly: bool | None, **kw: object) -> LedgerRow:
-    fields: dict[str, object] = dict(
-        time=t,
-        request_hash=f"{t:.1f}",
-        category="x",
-        source="canary",
-        item_id=None,
-        status="paired",
-        reason=None,
-        labelled=std is not None,
-        noise_asked=False,
-        standard_correct=std,
-        fly_correct=fly,
-        noise_correct=None,
-        fly_agrees=None if std is None else std == fly,
-        noise_agrees=None,
-        fly_divergence_char=None,
-        fly_divergence_token=None,
-        fly_similarity=None,
-        noise_divergence_char=None,
-        noise_similarity=None,
-        standard_latency_seconds=None,
-        fly_latency_seconds=None,
-        noise_latency_seconds=None,
-        standard_tokens=None,
-        fly_tokens=None,
-        noise_tokens=None,
-        standard_tau=None,
-        fly_tau=None,
-        noise_tau=None,
-    )
-    fields.update(kw)
-    return LedgerRow(**fields)  # type: ignore[arg-type]
