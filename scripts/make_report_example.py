@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
@@ -106,8 +107,9 @@ def synthetic_columns(
         ),
     ).tolist()
 
-    def when(mask: Any, values: Any) -> list[Any]:
-        return np.where(mask, values.astype(object), None).tolist()  # type: ignore[no-any-return]
+    def when(mask: npt.NDArray[np.bool_], values: npt.NDArray[Any]) -> list[Any]:
+        picked: list[Any] = np.where(mask, values.astype(object), None).tolist()
+        return picked
 
     cat_name = np.array(names, dtype=object)[cat].tolist()
     ids = i.tolist()
