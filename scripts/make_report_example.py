@@ -99,7 +99,7 @@ def synthetic_columns(
     status_name = np.array(["paired", "unpaired", "excluded"])[status].tolist()
     reason = np.where(
         status == 0,
-        None,
+        np.full(count, None, dtype=object),
         np.where(
             status == 1,
             np.array(["fly_timeout", "standard_http_503"], dtype=object)[unpaired_reason],
@@ -108,7 +108,8 @@ def synthetic_columns(
     ).tolist()
 
     def when(mask: npt.NDArray[np.bool_], values: npt.NDArray[Any]) -> list[Any]:
-        picked: list[Any] = np.where(mask, values.astype(object), None).tolist()
+        none = np.full(mask.shape, None, dtype=object)
+        picked: list[Any] = np.where(mask, values.astype(object), none).tolist()
         return picked
 
     cat_name = np.array(names, dtype=object)[cat].tolist()
