@@ -346,6 +346,8 @@ _STREAM_BOOLS: tuple[str, ...] = tuple(
     sorted({c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"})
 )
 _TRITS: tuple[bool | None, ...] = (False, True, None)
+#: Up to this many categories the stream maps names to codes with a CASE, beyond with a lookup.
+_CASE_CATEGORIES = 64
 _Ints = npt.NDArray[np.int64]
 
 
@@ -896,9 +898,20 @@ class Ledger:
             )
             params: list[Any] = []
             key = "0"
-            if cats:
+            if 0 < len(cats) <= _CASE_CATEGORIES:
                 key = f"(CASE category {' '.join('WHEN ? THEN ?' for _ in cats)} ELSE 0 END)"
                 params += [v for i, c in enumerate(cats) for v in (c, i)]
+            elif cats:  # many categories: one indexed lookup per row instead of a long CASE
+                conn.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS report_categories "
+                    "(name TEXT PRIMARY KEY, code INTEGER)"
+                )
+                conn.execute("DELETE FROM temp.report_categories")
+                conn.executemany(
+                    "INSERT INTO temp.report_categories VALUES (?, ?)",
+                    [(c, i) for i, c in enumerate(cats)],
+                )
+                key = "(SELECT code FROM temp.report_categories WHERE name = category)"
             whens = " ".join("WHEN ? THEN ?" for _ in _STREAM_STATUSES)
             key = f"({key} * {len(_STREAM_STATUSES) + 1} + (CASE status {whens} ELSE ? END))"
             params += [v for i, st in enumerate(_STREAM_STATUSES) for v in (st, i)]

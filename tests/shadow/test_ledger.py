@@ -302,11 +302,13 @@ async def test_old_ledger_gets_the_new_columns_and_keeps_its_rows(tmp_path: Path
     assert (new.standard_text, new.fly_text) == ("Yes.", "Ye")
 
 
-async def test_report_stream_tallies_equal_the_sql_tallies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("categories", [3, 70])
+async def test_report_stream_tallies_equal_the_sql_tallies(tmp_path: Path, categories: int) -> None:
     """The report's one streamed read gives the same per-category and per-band tallies as
     ``Ledger.tally`` / ``tally_by_load`` (the CASE-sum SQL) and as the Python rule table, and its
-    labelled part lists the labelled pairs in time order with d = standard - fly."""
-    outcomes = [make_outcome(i, t=2000.0 - i, category=("a", "b", "c")[i % 3]) for i in range(300)]
+    labelled part lists the labelled pairs in time order with d = standard - fly; with 3
+    categories (codes by CASE) and with 70 (codes by a lookup table)."""
+    outcomes = [make_outcome(i, t=2000.0 - i, category=f"c{i % categories}") for i in range(300)]
     async with Ledger(tmp_path / "l.db") as ledger:
         for o in outcomes:
             ledger.submit(o)
