@@ -384,9 +384,14 @@ def build_report(
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
     first_alarm: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
+    # each category's pairs in time order: one stable sort, then contiguous slices
+    order = np.argsort(stream.category, kind="stable")
+    by_cat = stream.d[order]
+    edges = np.searchsorted(stream.category[order], np.arange(len(stream.categories) + 1))
     for code, cat in enumerate(stream.categories):
-        d = stream.d[stream.category == code]
-        first_alarm[cat] = first_crossing(mixture_path(d, detect_net_loss), alpha)
+        d = by_cat[edges[code] : edges[code + 1]]
+        if d.size:
+            first_alarm[cat] = first_crossing(mixture_path(d, detect_net_loss), alpha)
     for cat in digest.tallies:  # categories without labelled pairs never alarm
         first_alarm.setdefault(cat, None)
     stats = build_shadow_stats(
