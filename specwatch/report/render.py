@@ -64,8 +64,8 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 #: Draws one over-time plot on ``(fig, ax)`` at ``x`` (elapsed time in one unit), given the
-#: seconds per unit and the x-axis label.
-_TimeDraw = Callable[[Figure, Axes, list[float], float, str], None]
+#: seconds per unit.
+_TimeDraw = Callable[[Figure, Axes, list[float], float], None]
 
 
 def _time_plot(data: ReportData, path: Path, title: str, draw: _TimeDraw) -> None:
@@ -79,7 +79,7 @@ def _time_plot(data: ReportData, path: Path, title: str, draw: _TimeDraw) -> Non
     else:
         start = data.first_labelled_time if data.first_labelled_time is not None else times[0]
         x, scale, xlabel = elapsed_axis(times, start)
-        draw(fig, ax, x, scale, xlabel)
+        draw(fig, ax, x, scale)
         ax.set_xlabel(xlabel)
     ax.set_title(title)
     _save(fig, path)
@@ -89,7 +89,7 @@ def plot_flips(data: ReportData, path: Path) -> None:
     """Lost and gained labelled pairs per time bin (bars) and cumulative (lines, right axis)."""
     f = data.flips
 
-    def draw(fig: Figure, ax: Axes, x: list[float], scale: float, xlabel: str) -> None:
+    def draw(fig: Figure, ax: Axes, x: list[float], scale: float) -> None:
         span = (f.times[-1] - f.times[0]) / max(len(f.times) - 1, 1) or 60.0
         width = span * 0.4 / scale
         left = [t - width / 2 for t in x]
@@ -172,7 +172,7 @@ def plot_net_loss(data: ReportData, path: Path) -> None:
     """Cumulative net loss (points of accuracy) with its Tango score interval and the margin."""
     f = data.flips
 
-    def draw(fig: Figure, ax: Axes, x: list[float], scale: float, xlabel: str) -> None:
+    def draw(fig: Figure, ax: Axes, x: list[float], scale: float) -> None:
         ax.fill_between(
             x,
             [100.0 * v for v in f.ci_lower],
