@@ -747,7 +747,7 @@ FLEET: tuple[MetricSpec, ...] = (
 LISTENER_REFUSED = _c(
     "specwatch_listener_refused",
     "Connections and requests a listener refused, by reason (header_timeout, body_timeout, "
-    "connection_limit).",
+    "connection_limit, bad_request).",
     ("listener", "reason"),
 )
 LISTENER_OPEN = _g(
