@@ -108,7 +108,6 @@ class _BadRequestLog(logging.LoggerAdapter[logging.Logger]):
         super().__init__(logging.getLogger("aiohttp.server"), {})
         self._stats = stats
 
-
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
         if isinstance(exc, HttpProcessingError):
