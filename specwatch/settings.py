@@ -279,6 +279,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        at = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"config file {path}:{at}: not UTF-8 (byte {exc.object[exc.start]:#04x})"
+        ) from None
     try:
         if path.suffix.lower() == ".toml":
             data: Any = tomllib.loads(text)
@@ -290,6 +295,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         line = _error_line(exc)
         where = f"{path}:{line}" if line else str(path)
         raise ConfigError(f"config file {where}: {_error_reason(exc)}") from None
+    except RecursionError:  # the YAML, TOML and JSON parsers recurse per nesting level
+        raise ConfigError(f"config file {path}: nested too deep") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -410,6 +417,10 @@ def load_settings(
         field = m.group(1) if m else "environment"
         raise ConfigError(
             f"config error: {field}: SPECWATCH_{field.upper()} is not valid JSON"
+        ) from None
+    except RecursionError:  # pydantic-settings' JSON parse of an environment value
+        raise ConfigError(
+            "config error: environment: a SPECWATCH_* value is JSON nested too deep to parse"
         ) from None
     finally:
         _FILE_DATA.reset(token)

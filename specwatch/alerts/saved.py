@@ -103,9 +103,12 @@ def _str(raw: Mapping[str, Any], name: str) -> str:
 
 
 def load(text: str) -> SavedAlerts:
-    """Parse :func:`dump`'s text. Raises ``ValueError`` naming what is wrong (not JSON, another
-    version, a field of the wrong type, an unknown severity)."""
-    doc = json.loads(text)  # JSONDecodeError is a ValueError
+    """Parse :func:`dump`'s text. Raises ``ValueError`` naming what is wrong (not JSON or nested
+    too deep to parse, another version, a field of the wrong type, an unknown severity)."""
+    try:
+        doc = json.loads(text)  # JSONDecodeError is a ValueError
+    except RecursionError:
+        raise ValueError("not JSON: nested too deep") from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
         raise ValueError(f"not a version {VERSION} alert state")
     pending_raw, active_raw = doc.get("pending"), doc.get("active")

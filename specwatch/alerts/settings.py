@@ -17,7 +17,7 @@ class DetectSettings(BaseModel):
     Defaults equal the Prometheus rules' constants; change both together.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # SpecAcceptanceDrop: short-window value below ratio x baseline (alpha, or tau - 1)
     acceptance_drop_ratio: float = Field(default=0.8, gt=0, lt=1)
@@ -96,7 +96,7 @@ def default_generator_url(host: str, port: int) -> str:
 class TLSSettings(BaseModel):
     """TLS options for the Alertmanager connection."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     ca_file: Path | None = None
     cert_file: Path | None = None
@@ -130,7 +130,7 @@ class AlertingSettings(BaseModel):
     refill meanwhile; Prometheus' ``for-grace-period``: 10 min).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     urls: list[str] = Field(default_factory=list)
     bearer_token: SecretStr | None = None

@@ -121,6 +121,8 @@ def read_results(path: Path) -> list[BenchRow]:
     docs: list[Any]
     try:
         docs = [json.loads(text)]
+    except RecursionError:
+        raise InputError(f"{path}: invalid JSON: nested too deep") from None
     except json.JSONDecodeError:
         docs = []
         for lineno, line in enumerate(text.splitlines(), start=1):
@@ -129,6 +131,8 @@ def read_results(path: Path) -> list[BenchRow]:
                     docs.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
+                except RecursionError:
+                    raise InputError(f"{path}:{lineno}: invalid JSON: nested too deep") from None
     rows = []
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):

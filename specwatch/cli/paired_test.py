@@ -88,6 +88,8 @@ def read_outcomes(
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
+            except RecursionError:
+                raise InputError(f"{path}:{lineno}: invalid JSON: nested too deep") from None
             rows.append((f"{path}:{lineno}", rec))
     if rows and looks_like_lm_eval(rows[0][1]):
         return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))

@@ -168,6 +168,20 @@ async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -
             deadline.cleaned()
 
 
+def _faults_json(text: str) -> dict[str, object]:
+    """The ``--faults`` JSON object; ValueError naming ``--faults`` when it is not valid JSON,
+    nests too deep for the parser, or is not an object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--faults: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("--faults: invalid JSON: nested too deep") from None
+    if not isinstance(value, dict):
+        raise ValueError("--faults must be a JSON object")
+    return value
+
+
 def main(args: argparse.Namespace) -> int:
     # The simulator's server stack (aiohttp, numpy) loads only here.
     from specwatch.simulate import faults as faults_mod
@@ -175,10 +189,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cfg = config_from_args(args)
-        server_faults: dict[str, object] = json.loads(args.faults) if args.faults else {}
-        if not isinstance(server_faults, dict):
-            raise ValueError("--faults must be a JSON object")
-    except (ValueError, json.JSONDecodeError) as exc:
+        server_faults: dict[str, object] = _faults_json(args.faults) if args.faults else {}
+    except ValueError as exc:
         print(f"specwatch simulate: {exc}", file=sys.stderr)
         return 2
 

@@ -265,7 +265,7 @@ def parse_line(text: str, *, source: str, line: int, model: str | None = None) -
         return None
     try:
         obj = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
         raise CanaryLineError(source, line, "invalid_json") from None
     parsed = parse_item(obj, model=model)
     if isinstance(parsed, str):

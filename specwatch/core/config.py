@@ -24,6 +24,14 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+#: Default lower bounds of the running-request bands flips are broken down by
+#: (``PairedSettings.load_bands``), here so the report reads them without loading pydantic.
+DEFAULT_LOAD_BANDS: tuple[int, ...] = (0, 8, 32)
+
+#: Default number of request categories that keep their own series
+#: (``ShadowSettings.max_categories``).
+DEFAULT_MAX_CATEGORIES = 20
+
 #: The window that spans everything since the process (or the ledger) started; always present,
 #: never listed.
 SINCE_START = "since_start"
@@ -36,9 +44,13 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 def split_list(v: Any) -> Any:
-    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``)."""
+    """A list given as one string: JSON (``["1m","5m"]``) or comma-separated (``1m,5m``).
+    Raises ValueError for JSON that does not parse or nests too deep for the parser."""
     if isinstance(v, str):
-        v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        try:
+            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        except RecursionError:
+            raise ValueError("not valid JSON: nested too deep") from None
     return v
 
 

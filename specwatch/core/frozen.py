@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Frozen(BaseModel):
-    """Immutable, and unknown fields are an error (a typo in a config file fails loudly)."""
+    """Immutable, unknown fields are an error (a typo in a config file fails loudly), and a
+    float setting must be finite (`.inf` or `.nan` for a duration or rate is a config error)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

@@ -481,7 +481,8 @@ SHADOW_RECEIVED = _c(
 SHADOW_INGEST_ERRORS = _c(
     "specwatch_shadow_ingest_errors",
     "Requests not offered for shadowing, by source and reason (too_large, incomplete_body, "
-    "invalid_json, not_object, unsupported_path, not_shadow_host, offer_error).",
+    "bad_encoding, invalid_json, too_deep, not_object, unsupported_path, not_shadow_host, "
+    "offer_error).",
     ("source", "reason"),
 )
 SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")
@@ -653,7 +654,7 @@ FLEET_MODEL = ("model_name",)
 FLEET_MC = ("model_name", "category")
 FLEET_SIDECARS = _g(
     "specwatch_fleet_sidecars",
-    "Sidecars whose specwatch_shadow_pairs_total series Prometheus returned for this model.",
+    "Sidecars whose specwatch_ledger_pairs series Prometheus returned for this model.",
     FLEET_MODEL,
 )
 FLEET_N = _g(
@@ -747,7 +748,7 @@ FLEET: tuple[MetricSpec, ...] = (
 LISTENER_REFUSED = _c(
     "specwatch_listener_refused",
     "Connections and requests a listener refused, by reason (header_timeout, body_timeout, "
-    "connection_limit).",
+    "connection_limit, bad_request).",
     ("listener", "reason"),
 )
 LISTENER_OPEN = _g(

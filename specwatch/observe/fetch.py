@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from specwatch.core.logs import redact_url
+
 __all__ = ["ScrapeResult", "fetch_metrics"]
 
 _CHUNK = 64 * 1024
@@ -120,7 +122,14 @@ async def fetch_metrics(
                 url, headers=headers, allow_redirects=False, auto_decompress=False
             ) as resp:
                 if resp.status != 200:
-                    return fail("http_status", f"HTTP {resp.status}", resp.status)
+                    detail = f"HTTP {resp.status}"
+                    location = resp.headers.get("Location")
+                    if 300 <= resp.status < 400 and location:
+                        detail += (
+                            f" redirect to {redact_url(location)[:200]} "
+                            "(redirects are not followed: give that URL)"
+                        )
+                    return fail("http_status", detail, resp.status)
                 encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
                 if encoding not in _ENCODINGS:
                     return fail("decode", f"unsupported Content-Encoding {encoding!r}", 200)

@@ -57,6 +57,13 @@ class TargetSettings(Frozen):
         m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", v)
         if m is None:
             raise ValueError("must be an http:// or https:// URL")
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL: {exc}") from None
+        if not parts.hostname:
+            raise ValueError("not a valid URL: no host")
         if not m.group(3) or m.group(3) == "/":
             return f"{m.group(1)}://{m.group(2)}/metrics"
         return v

@@ -65,6 +65,8 @@ async def api_get(
         raise PromApiError("connect", f"{where}: {exc}") from exc
     try:
         body = json.loads(text)
+    except RecursionError:
+        raise PromApiError("decode", f"{where}: JSON nested too deep") from None
     except ValueError as exc:
         if status >= 400:
             raise PromApiError("http_status", f"{where}: HTTP {status}") from exc

@@ -100,17 +100,23 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _first_json_value(text: str) -> Any:
+    """The first JSON value in ``text``; LookupError when there is none, or when a value nests
+    too deep for the parser (a model's output can: the parser would raise RecursionError)."""
     stripped = text.strip()
     try:
         return json.loads(stripped)
     except json.JSONDecodeError:
         pass
+    except RecursionError:
+        raise LookupError("JSON nested too deep") from None
     decoder = json.JSONDecoder()
     for m in re.finditer(r"[\[{]", text):
         try:
             return decoder.raw_decode(text, m.start())[0]
         except json.JSONDecodeError:
             continue
+        except RecursionError:
+            raise LookupError("JSON nested too deep") from None
     raise LookupError("no JSON value")
 
 
@@ -282,7 +288,7 @@ def make_checker(spec: str | None) -> Checker:
         def js_gold(gold: str, text: str) -> bool:
             try:
                 gold_c = _canonical_json(json.loads(gold))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 gold_c = gold.strip()
             got = js(text)
             return got is not None and (got == gold_c or answers_equal(got, gold_c))

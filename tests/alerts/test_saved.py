@@ -61,6 +61,7 @@ def test_round_trip_keeps_timers_alerts_and_start_times(tmp_path: Path) -> None:
             ' "runbook_url": "", "starts_at": 1}]}',
             "loud",
         ),
+        ("[" * 100_000 + "]" * 100_000, "nested too deep"),
     ],
 )
 def test_load_refuses_malformed_state(text: str, says: str) -> None:

@@ -23,6 +23,9 @@ from specwatch.__main__ import main as cli_main
         (["--step-time-base-ms", "-3"], "--step-time-base-ms must be a finite number >= 0"),
         (["--port", "99999"], "cannot listen on 127.0.0.1:99999"),
         (["--fly-entropy-threshold", "nan"], "--fly-entropy-threshold must be a number, not nan"),
+        (["--faults", "{"], "--faults: invalid JSON: Expecting property name"),
+        (["--faults", "[" * 5000 + "]" * 5000], "--faults: invalid JSON: nested too deep"),
+        (["--faults", "[1]"], "--faults must be a JSON object"),
     ],
 )
 def test_bad_flag_is_exit_2_one_line(

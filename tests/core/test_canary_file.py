@@ -172,3 +172,17 @@ def test_an_unknown_key_fails_its_line_naming_file_line_and_key(
     fields = lines[0].__dict__
     found = [v for v in fields.values() if isinstance(v, dict) and v.get("key") == "temperatur"]
     assert found == [{"file": str(path), "line": 2, "reason": "unknown_key", "key": "temperatur"}]
+
+
+def test_a_line_nested_too_deep_is_an_invalid_json_line(tmp_path: Path) -> None:
+    """A line of 100,000 nested brackets is one ``invalid_json`` bad line at its file:line
+    (the JSON parser's RecursionError is caught), and the good lines around it still load."""
+    good = {"id": "q1", "prompt": "2+2=", "gold": "4"}
+    canary = tmp_path / "set.jsonl"
+    canary.write_text(
+        json.dumps(good) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8"
+    )
+    load = load_canary(str(canary), builtin=False)
+    assert [item.item_id for item in load.items] == ["q1"]
+    assert dict(load.bad_lines) == {"invalid_json": 1}
+    assert load.errors == (f"{canary}:2: invalid_json",)

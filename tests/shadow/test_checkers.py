@@ -202,3 +202,16 @@ def test_gsm8k_presets_agree_with_lm_eval_itself() -> None:
         ours = [float(chk.equal_to_gold(gold, reply)) for gold, reply in GSM8K_CASES]
         assert ours == ref[name], name
     assert 0.0 < sum(ref["strict-match"]) < len(GSM8K_CASES)  # the cases tell right from wrong
+
+
+def test_json_checker_on_an_answer_nested_too_deep_finds_no_answer() -> None:
+    """A model answer of 100,000 nested brackets (past the JSON parser's recursion limit) has no
+    extractable answer for a ``json:`` checker: ``extract`` gives None, it does not equal the
+    gold, and two such identical texts compare equal as raw texts. Before: each call raised
+    RecursionError out of the pair's scoring."""
+    checker = make_checker("json:$.a")
+    deep = "answer: " + "[" * 100_000 + "]" * 100_000
+    assert checker.extract(deep) is None
+    assert checker.equal_to_gold('{"a": 1}', deep) is False
+    assert checker.equal_texts(deep, deep) is True
+    assert checker.equal_texts(deep, '{"a": 1}') is False

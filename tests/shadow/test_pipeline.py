@@ -328,3 +328,33 @@ async def test_mirror_upload_cut_mid_body_is_counted_without_traceback(
     lines = [r for r in caplog.records if r.getMessage() == "shadow ingest rejected"]
     assert len(lines) == 1
     assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_mirror_body_that_is_not_the_gzip_it_claims_is_a_400_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A mirrored copy sent with ``Content-Encoding: gzip`` whose body is not gzip is one
+    ``bad_encoding`` rejection: ``400 {"shadow": "bad_encoding"}``, counted (received + ingest
+    error), one WARNING line, no record with a traceback, nothing offered. Before: aiohttp's
+    decoder error escaped the handler: ``500`` and two ERROR records with tracebacks."""
+    async with (
+        serve_arm(FakeArm()) as su,
+        serve_arm(FakeArm()) as fu,
+        sidecar(_settings(su, fu)) as (url, pipe, _, _c, _m),
+        aiohttp.ClientSession() as session,
+    ):
+        with caplog.at_level("DEBUG"):
+            async with session.post(
+                url + "/v1/completions",
+                data=b"this is not gzip" * 8,
+                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            ) as resp:
+                status, body = resp.status, await resp.json()
+        m = pipe.metrics()
+    assert (status, body) == (400, {"shadow": "bad_encoding"})
+    assert m.ingest_errors == {("mirror", "bad_encoding"): 1}
+    assert m.received == {"mirror": 1}
+    assert m.offered == 0
+    lines = [r for r in caplog.records if r.getMessage() == "shadow ingest rejected"]
+    assert len(lines) == 1
+    assert not [r for r in caplog.records if r.exc_info]

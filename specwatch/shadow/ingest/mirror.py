@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
@@ -49,7 +50,8 @@ class MirrorIngest:
 
     Answers ``202`` with ``{"shadow": "<admitted|not_sampled|queue_full|...>"}``; ``413`` over
     ``max_body_bytes`` (``too_large``); ``400`` for a body cut before its end
-    (``incomplete_body``: counted, one WARNING line, no traceback) or one that is not a JSON
+    (``incomplete_body``: counted, one WARNING line, no traceback), one its
+    ``Content-Encoding`` cannot decode (``bad_encoding``, likewise) or one that is not a JSON
     object; ``421`` when
     ``require_shadow_host`` is set and the Host lacks the ``-shadow`` suffix; ``208`` for a request
     already carrying the marker header (skipped). ``clock`` gives unix seconds for ``received_at``.
@@ -96,6 +98,14 @@ class MirrorIngest:
                     return self._reject(src, "too_large", 413, rid)
         except (aiohttp.ClientPayloadError, ConnectionError) as exc:
             return self._reject(src, "incomplete_body", 400, rid, error=type(exc).__name__)
+        except RequestPayloadError as exc:  # a body its Content-Encoding cannot decode
+            # The rest of the body is unreadable: end the stream so aiohttp does not read it
+            # again after the answer (that raised once more, logged with a traceback), and close
+            # the connection after the answer.
+            request.content.feed_eof()
+            resp = self._reject(src, "bad_encoding", 400, rid, error=" ".join(str(exc).split()))
+            resp.force_close()
+            return resp
         if cl is not None and len(buf) < cl:
             return self._reject(src, "incomplete_body", 400, rid)
         result = self._offerer.offer_raw(

@@ -26,14 +26,17 @@ def questions_needed_z(net_loss: float, discordant: float, z_alpha: float, z_bet
     paired-sample design", Biometrics 43:207-211 (the seed's ``questions_needed``):
     ``n = ceil((z_α sqrt(ψ) + z_β sqrt(ψ - δ²))² / δ²)`` with δ = net loss and ψ = discordant
     rate (share of questions that flip either way; must satisfy δ <= ψ <= 1).
-    Raises ValueError outside that range.
+    Raises ValueError outside that range, and when δ is so small that n is not a finite float.
     """
     if not 0.0 < abs(net_loss) <= discordant <= 1.0:
         raise ValueError("need 0 < |net_loss| <= discordant <= 1")
     d2 = net_loss * net_loss
     root = z_alpha * math.sqrt(discordant) + z_beta * math.sqrt(discordant - d2)
+    n = root * root / d2 if d2 > 0.0 else math.inf
+    if not math.isfinite(n):  # δ² underflows to 0 (|δ| < ~1e-162) or n overflows a float
+        raise ValueError(f"net_loss {net_loss!r} is too small: no finite sample size detects it")
     # Guard against a ceil landing one above an exact integer through float noise.
-    return math.ceil(root * root / d2 - 1e-9)
+    return math.ceil(n - 1e-9)
 
 
 def questions_needed(
