@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import (
@@ -30,6 +30,7 @@ from specwatch.shadow.tally import (
     UNKNOWN_BAND,
     ArmTotals,
     Cell,
+    HistoryCell,
     PairTally,
     Rule,
     load_band_labels,
@@ -297,6 +298,49 @@ def _values_to_row(values: Sequence[Any]) -> LedgerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryGrouping:
+    """How :meth:`Ledger.history` groups rows: time buckets of ``bucket_seconds`` (bucket index
+    ``CAST(time / bucket_seconds AS INTEGER)``), rows before ``horizon`` (unix seconds; ``None``:
+    every row, when no finite window needs buckets) pooled into one bucket ``None``,
+    running-request bands with lower bounds ``bands``."""
+
+    bucket_seconds: float
+    horizon: float | None
+    bands: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryGroup:
+    """One group of :meth:`Ledger.history`: the :class:`~specwatch.shadow.tally.HistoryCell` of
+    the rows of one (``bucket``, ``category``, load ``band``)."""
+
+    bucket: int | None
+    category: str
+    band: str
+    cell: HistoryCell
+
+
+class HistoryListener(Protocol):
+    """What a ledger tells the statistics that mirror it (called on the event loop's thread):
+    the rows of each committed batch, and the groups of the rows retention deleted."""
+
+    def grouping(self) -> HistoryGrouping:
+        """How deleted rows are to be grouped."""
+        ...
+
+    def rows_written(self, rows: Sequence[LedgerRow]) -> None:
+        """A batch committed."""
+        ...
+
+    def rows_pruned(self, groups: Sequence[HistoryGroup]) -> None:
+        """Rows deleted by retention, grouped by :meth:`grouping`."""
+        ...
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerHealth:
     """Counters the exporter reads: rows committed since open, failed row writes by exception
     type, rows dropped because the write queue was full, the last error text, queue depth."""
@@ -354,6 +398,8 @@ class Ledger:
         self._dropped = 0
         self._last_error: str | None = None
         self._last_prune = -float("inf")
+        #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
+        self.listener: HistoryListener | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -470,8 +516,12 @@ class Ledger:
         prune = (self.max_age_seconds is not None or self.max_rows is not None) and (
             now - self._last_prune >= self.prune_interval_seconds
         )
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None and prune else None
         try:
-            await asyncio.to_thread(self._insert_sync, batch, now if prune else None)
+            pruned = await asyncio.to_thread(
+                self._insert_sync, batch, now if prune else None, grouping
+            )
         except (sqlite3.Error, OSError, ValueError) as exc:
             kind = type(exc).__name__
             self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
@@ -488,42 +538,65 @@ class Ledger:
         self._rows_written += len(batch)
         if prune:
             self._last_prune = now
+        if listener is not None and listener is self.listener:
+            listener.rows_written(batch)
+            if pruned:
+                listener.rows_pruned(pruned)
 
-    def _insert_sync(self, batch: list[LedgerRow], prune_now: float | None) -> None:
+    def _insert_sync(
+        self, batch: list[LedgerRow], prune_now: float | None, grouping: HistoryGrouping | None
+    ) -> list[HistoryGroup]:
         conn = self._wconn
         if conn is None:
             raise ValueError("ledger is closed")
         values = [_row_to_values(r) for r in batch]
+        groups: list[HistoryGroup] = []
         with self._wlock:
             conn.execute("BEGIN")
             try:
                 conn.executemany(_INSERT, values)
                 if prune_now is not None:
-                    self._prune_sync(conn, prune_now)
+                    self._prune_sync(conn, prune_now, groups, grouping)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        return groups
 
-    def _prune_sync(self, conn: sqlite3.Connection, now: float) -> int:
+    def _prune_sync(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        groups: list[HistoryGroup] | None = None,
+        grouping: HistoryGrouping | None = None,
+    ) -> int:
+        """Delete what retention drops; with ``grouping``, first append the groups of the rows
+        about to go to ``groups`` (same transaction, so they are exactly the rows deleted)."""
         removed = 0
+        drops: list[tuple[str, tuple[Any, ...]]] = []
         if self.max_age_seconds is not None:
-            removed += conn.execute(
-                "DELETE FROM pairs WHERE time < ?", (now - self.max_age_seconds,)
-            ).rowcount
+            drops.append(("time < ?", (now - self.max_age_seconds,)))
         if self.max_rows is not None:
-            removed += conn.execute(
-                "DELETE FROM pairs WHERE id < (SELECT id FROM pairs ORDER BY id DESC "
-                "LIMIT 1 OFFSET ?)",
-                (self.max_rows - 1,),
-            ).rowcount
+            drops.append(
+                (
+                    "id < (SELECT id FROM pairs ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (self.max_rows - 1,),
+                )
+            )
+        for where, params in drops:
+            if grouping is not None and groups is not None:
+                groups.extend(_history_sync(conn, grouping, where, params))
+            removed += conn.execute(f"DELETE FROM pairs WHERE {where}", params).rowcount
         return removed
 
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (after flushing); returns the number of rows deleted."""
         await self.flush()
         at = self._clock() if now is None else now
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None else None
+        groups: list[HistoryGroup] = []
 
         def run() -> int:
             conn = self._wconn
@@ -532,7 +605,7 @@ class Ledger:
             with self._wlock:
                 conn.execute("BEGIN")
                 try:
-                    removed = self._prune_sync(conn, at)
+                    removed = self._prune_sync(conn, at, groups, grouping)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -540,7 +613,10 @@ class Ledger:
                     raise
             return removed
 
-        return await asyncio.to_thread(run)
+        removed = await asyncio.to_thread(run)
+        if listener is not None and groups and listener is self.listener:
+            listener.rows_pruned(groups)
+        return removed
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -597,13 +673,7 @@ class Ledger:
         """:class:`PairTally` per running-request band (lower bounds ``bands``, labels from
         :func:`~specwatch.shadow.tally.load_band_labels`; rows without a running count are
         ``unknown``) over ``since <= time < until``, all categories together."""
-        labels = load_band_labels(bands)
-        cases = " ".join(
-            f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
-            for lo, label in reversed(list(zip(bands, labels, strict=True)))
-        )
-        expr = f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
-        return await self._tally_by(expr, since, until)
+        return await self._tally_by(_band_sql(bands), since, until)
 
     async def arm_totals(
         self, since: float | None = None, until: float | None = None
@@ -611,36 +681,9 @@ class Ledger:
         """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
         rows) over ``since <= time < until``, aggregated in SQL."""
         where, params = self._where(since, until, None)
-        tau = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
-        speed = (
-            "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
-            "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
-        )
-        cols = [
-            f"SUM(CASE WHEN {tau} THEN 1 ELSE 0 END)",
-            f"SUM(CASE WHEN {tau} THEN standard_tau ELSE 0 END)",
-            f"SUM(CASE WHEN {tau} THEN fly_tau ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN 1 ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN standard_tokens ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN fly_tokens ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN standard_latency_seconds ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN fly_latency_seconds ELSE 0 END)",
-        ]
-        sql = f"SELECT category, {', '.join(cols)} FROM pairs{where} GROUP BY category"
+        sql = f"SELECT category, {', '.join(_ARM_SQL)} FROM pairs{where} GROUP BY category"
         raw = await asyncio.to_thread(self._read, sql, params)
-        return {
-            str(r[0]): ArmTotals(
-                tau_pairs=int(r[1] or 0),
-                standard_tau_sum=float(r[2] or 0.0),
-                fly_tau_sum=float(r[3] or 0.0),
-                speed_pairs=int(r[4] or 0),
-                standard_tokens=int(r[5] or 0),
-                fly_tokens=int(r[6] or 0),
-                standard_seconds=float(r[7] or 0.0),
-                fly_seconds=float(r[8] or 0.0),
-            )
-            for r in raw
-        }
+        return {str(r[0]): _arm_totals_of(r[1:]) for r in raw}
 
     async def _tally_by(
         self, group: str, since: float | None, until: float | None
@@ -666,6 +709,48 @@ class Ledger:
         )
         raw = await asyncio.to_thread(self._read, sql, ())
         return [(bool(s), bool(f)) for s, f in raw]
+
+    async def history(self, grouping: HistoryGrouping) -> list[HistoryGroup]:
+        """Every row's :class:`~specwatch.shadow.tally.HistoryCell` summed per (time bucket,
+        category, load band) in one SQL pass (see :class:`HistoryGrouping`): what the live
+        statistics are rebuilt from after a restart. Runs in a worker thread."""
+
+        def run() -> list[HistoryGroup]:
+            conn = self._rconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            with self._rlock:
+                return _history_sync(conn, grouping, None, ())
+
+        return await asyncio.to_thread(run)
+
+    async def fold_labelled(
+        self,
+        step: Callable[[S, list[tuple[bool, bool]]], S],
+        start: S,
+        chunk_rows: int = 65_536,
+    ) -> S:
+        """Fold ``step`` over ``(standard_correct, fly_correct)`` of every labelled pair, oldest
+        first (the order of :meth:`labelled_outcomes`), in chunks of at most ``chunk_rows``,
+        streamed from one query in a worker thread (never the whole list in memory): e.g. the
+        e-process rebuilt with :func:`~specwatch.shadow.stats.sequential.run_betting`."""
+        sql = (
+            f"SELECT standard_correct, fly_correct FROM pairs WHERE {_LABELLED_SQL} "
+            "ORDER BY time, id"
+        )
+
+        def run() -> S:
+            conn = self._rconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            acc = start
+            with self._rlock:
+                cur = conn.execute(sql)
+                while raw := cur.fetchmany(chunk_rows):
+                    acc = step(acc, [(bool(a), bool(b)) for a, b in raw])
+            return acc
+
+        return await asyncio.to_thread(run)
 
     async def reason_counts(self) -> dict[tuple[str, str], int]:
         """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
@@ -694,6 +779,75 @@ class Ledger:
             last_error=self._last_error,
             queue_depth=self._queue.qsize(),
         )
+
+
+_ARM_TAU = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+_ARM_SPEED = (
+    "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
+    "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
+)
+#: The :class:`ArmTotals` sums, in field order (also :meth:`Ledger.arm_totals`).
+_ARM_SQL = (
+    f"SUM(CASE WHEN {_ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN standard_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+)
+
+
+def _arm_totals_of(r: Sequence[Any]) -> ArmTotals:
+    return ArmTotals(
+        tau_pairs=int(r[0] or 0),
+        standard_tau_sum=float(r[1] or 0.0),
+        fly_tau_sum=float(r[2] or 0.0),
+        speed_pairs=int(r[3] or 0),
+        standard_tokens=int(r[4] or 0),
+        fly_tokens=int(r[5] or 0),
+        standard_seconds=float(r[6] or 0.0),
+        fly_seconds=float(r[7] or 0.0),
+    )
+
+
+def _band_sql(bands: Sequence[int]) -> str:
+    labels = load_band_labels(bands)
+    cases = " ".join(
+        f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
+        for lo, label in reversed(list(zip(bands, labels, strict=True)))
+    )
+    return f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
+
+
+def _history_sync(
+    conn: sqlite3.Connection,
+    grouping: HistoryGrouping,
+    where: str | None,
+    params: tuple[Any, ...],
+) -> list[HistoryGroup]:
+    """The one grouped pass behind :meth:`Ledger.history` (and the pruned rows' groups)."""
+    width = float(grouping.bucket_seconds)
+    bucket = f"CAST(time / {width!r} AS INTEGER)"
+    if grouping.horizon is not None:
+        bucket = f"CASE WHEN time >= {float(grouping.horizon)!r} THEN {bucket} END"
+    else:
+        bucket = "NULL"
+    tally = [f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END)" for cond in _TALLY_SQL.values()]
+    cols = ", ".join([*tally, *_ARM_SQL, "COUNT(*)"])
+    sql = (
+        f"SELECT {bucket} AS b, category, {_band_sql(grouping.bands)} AS band, {cols} "
+        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, category, band"
+    )
+    names = list(_TALLY_SQL)
+    n = len(names)
+    out = []
+    for r in conn.execute(sql, params):
+        t = PairTally(**{k: int(v or 0) for k, v in zip(names, r[3 : 3 + n], strict=True)})
+        cell = HistoryCell(t, _arm_totals_of(r[3 + n : 3 + n + 8]), int(r[-1]))
+        out.append(HistoryGroup(None if r[0] is None else int(r[0]), str(r[1]), str(r[2]), cell))
+    return out
 
 
 class LedgerFileError(Exception):

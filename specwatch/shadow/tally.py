@@ -127,6 +127,11 @@ class PairTally:
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
 
+    def __sub__(self, other: PairTally) -> PairTally:
+        return PairTally(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
     def paired_counts(self) -> PairedCounts:
         """FLy vs standard correctness table."""
         return PairedCounts(self.both_correct, self.lost, self.gained, self.both_wrong)
@@ -286,3 +291,85 @@ class ArmTotals:
         return ArmTotals(
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
+
+    def __sub__(self, other: ArmTotals) -> ArmTotals:
+        return ArmTotals(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
+
+class ArmRow(TallyRow, Protocol):
+    """What :func:`row_arm_totals` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
+
+    @property
+    def standard_tau(self) -> float | None: ...
+    @property
+    def fly_tau(self) -> float | None: ...
+    @property
+    def standard_tokens(self) -> int | None: ...
+    @property
+    def fly_tokens(self) -> int | None: ...
+    @property
+    def standard_latency_seconds(self) -> float | None: ...
+    @property
+    def fly_latency_seconds(self) -> float | None: ...
+    @property
+    def running_at_replay(self) -> float | None: ...
+
+
+def row_arm_totals(row: ArmRow) -> ArmTotals:
+    """The :class:`ArmTotals` of one row: the same conditions ``Ledger.arm_totals`` renders as
+    SQL (τ on paired rows with both arms' τ; speed on paired rows with both arms' tokens and a
+    latency above 0 on both)."""
+    if row.status != "paired":
+        return ArmTotals()
+    out = ArmTotals()
+    if row.standard_tau is not None and row.fly_tau is not None:
+        out = ArmTotals(tau_pairs=1, standard_tau_sum=row.standard_tau, fly_tau_sum=row.fly_tau)
+    st, ft = row.standard_tokens, row.fly_tokens
+    sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
+    if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
+        out = out + ArmTotals(
+            speed_pairs=1,
+            standard_tokens=st,
+            fly_tokens=ft,
+            standard_seconds=sl,
+            fly_seconds=fl,
+        )
+    return out
+
+
+def row_band(running: float | None, bands: Sequence[int]) -> str:
+    """The running-request band label of a row (the same ``CASE`` as ``Ledger.tally_by_load``):
+    the highest lower bound of ``bands`` at or below ``running``; :data:`UNKNOWN_BAND` when the
+    count is not known (or below the first bound)."""
+    if running is None:
+        return UNKNOWN_BAND
+    labels = load_band_labels(bands)
+    for lo, label in reversed(list(zip(bands, labels, strict=True))):
+        if running >= lo:
+            return label
+    return UNKNOWN_BAND
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCell:
+    """What the live statistics keep per (time bucket, category, load band): the
+    :class:`PairTally`, the :class:`ArmTotals` and the number of ledger ``rows``. Additive and
+    subtractable (a window is a running sum of cells)."""
+
+    tally: PairTally = PairTally()
+    arms: ArmTotals = ArmTotals()
+    rows: int = 0
+
+    def __add__(self, other: HistoryCell) -> HistoryCell:
+        return HistoryCell(self.tally + other.tally, self.arms + other.arms, self.rows + other.rows)
+
+    def __sub__(self, other: HistoryCell) -> HistoryCell:
+        return HistoryCell(self.tally - other.tally, self.arms - other.arms, self.rows - other.rows)
+
+
+def row_cell(row: ArmRow) -> HistoryCell:
+    """The :class:`HistoryCell` of one ledger row (:func:`row_tally`, :func:`row_arm_totals`,
+    one row)."""
+    return HistoryCell(row_tally(row), row_arm_totals(row), 1)
