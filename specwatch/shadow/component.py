@@ -346,8 +346,10 @@ class ShadowComponent:
         live = LiveTallies(
             p.window_seconds, p.load_bands, now=self._clock(), bucket_seconds=STATS_BUCKET_SECONDS
         )
-        groups = await ledger.history(live.grouping())
+        ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
+        as_of, groups = await ledger.history(live.grouping())
         await asyncio.to_thread(live.add_groups, groups)
+        live.start(as_of)
         since_start = live.tallies()[SINCE_START]
         self.categories.seed(categories_by_volume(since_start))
         margin = p.margin
@@ -355,7 +357,6 @@ class ShadowComponent:
             lambda b, chunk: run_betting(chunk, margin, b), BettingEProcess(margin=margin)
         )
         self.live = live
-        ledger.listener = live
         log_event(
             logger,
             logging.INFO,

@@ -25,9 +25,11 @@ from typing import Any, Protocol, TypeVar
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import (
+    FIXED_POINT,
     LABELLED,
     TALLY_RULES,
     UNKNOWN_BAND,
+    ArmSums,
     ArmTotals,
     Cell,
     HistoryCell,
@@ -322,18 +324,21 @@ class HistoryGroup:
 
 class HistoryListener(Protocol):
     """What a ledger tells the statistics that mirror it (called on the event loop's thread):
-    the rows of each committed batch, and the groups of the rows retention deleted."""
+    the rows of each committed batch, and the groups of the rows retention deleted, each with
+    the number of the write transaction that did it (:meth:`Ledger.history` says which
+    transactions it already holds)."""
 
     def grouping(self) -> HistoryGrouping:
         """How deleted rows are to be grouped."""
         ...
 
-    def rows_written(self, rows: Sequence[LedgerRow]) -> None:
-        """A batch committed."""
+    def rows_written(self, rows: Sequence[LedgerRow], commit: int) -> None:
+        """A batch committed as the ledger's ``commit``-th write transaction."""
         ...
 
-    def rows_pruned(self, groups: Sequence[HistoryGroup]) -> None:
-        """Rows deleted by retention, grouped by :meth:`grouping`."""
+    def rows_pruned(self, groups: Sequence[HistoryGroup], commit: int) -> None:
+        """Rows deleted by retention in write transaction ``commit``, grouped by
+        :meth:`grouping`."""
         ...
 
 
@@ -400,6 +405,7 @@ class Ledger:
         self._last_prune = -float("inf")
         #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
         self.listener: HistoryListener | None = None
+        self._commits = 0  # write transactions committed (under _wlock)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -519,7 +525,7 @@ class Ledger:
         listener = self.listener
         grouping = listener.grouping() if listener is not None and prune else None
         try:
-            pruned = await asyncio.to_thread(
+            pruned, commit = await asyncio.to_thread(
                 self._insert_sync, batch, now if prune else None, grouping
             )
         except (sqlite3.Error, OSError, ValueError) as exc:
@@ -539,13 +545,13 @@ class Ledger:
         if prune:
             self._last_prune = now
         if listener is not None and listener is self.listener:
-            listener.rows_written(batch)
+            listener.rows_written(batch, commit)
             if pruned:
-                listener.rows_pruned(pruned)
+                listener.rows_pruned(pruned, commit)
 
     def _insert_sync(
         self, batch: list[LedgerRow], prune_now: float | None, grouping: HistoryGrouping | None
-    ) -> list[HistoryGroup]:
+    ) -> tuple[list[HistoryGroup], int]:
         conn = self._wconn
         if conn is None:
             raise ValueError("ledger is closed")
@@ -562,7 +568,8 @@ class Ledger:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        return groups
+            self._commits += 1
+            return groups, self._commits
 
     def _prune_sync(
         self,
@@ -598,7 +605,7 @@ class Ledger:
         grouping = listener.grouping() if listener is not None else None
         groups: list[HistoryGroup] = []
 
-        def run() -> int:
+        def run() -> tuple[int, int]:
             conn = self._wconn
             if conn is None:
                 raise ValueError("ledger is closed")
@@ -611,11 +618,12 @@ class Ledger:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-            return removed
+                self._commits += 1
+                return removed, self._commits
 
-        removed = await asyncio.to_thread(run)
+        removed, commit = await asyncio.to_thread(run)
         if listener is not None and groups and listener is self.listener:
-            listener.rows_pruned(groups)
+            listener.rows_pruned(groups, commit)
         return removed
 
     # -- reads -----------------------------------------------------------------------------
@@ -679,11 +687,12 @@ class Ledger:
         self, since: float | None = None, until: float | None = None
     ) -> dict[str, ArmTotals]:
         """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
-        rows) over ``since <= time < until``, aggregated in SQL."""
+        rows) over ``since <= time < until``, aggregated in SQL (τ and seconds summed in fixed
+        point, :class:`~specwatch.shadow.tally.ArmSums`, as the live statistics do)."""
         where, params = self._where(since, until, None)
         sql = f"SELECT category, {', '.join(_ARM_SQL)} FROM pairs{where} GROUP BY category"
         raw = await asyncio.to_thread(self._read, sql, params)
-        return {str(r[0]): _arm_totals_of(r[1:]) for r in raw}
+        return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
 
     async def _tally_by(
         self, group: str, since: float | None, until: float | None
@@ -710,17 +719,20 @@ class Ledger:
         raw = await asyncio.to_thread(self._read, sql, ())
         return [(bool(s), bool(f)) for s, f in raw]
 
-    async def history(self, grouping: HistoryGrouping) -> list[HistoryGroup]:
+    async def history(self, grouping: HistoryGrouping) -> tuple[int, list[HistoryGroup]]:
         """Every row's :class:`~specwatch.shadow.tally.HistoryCell` summed per (time bucket,
         category, load band) in one SQL pass (see :class:`HistoryGrouping`): what the live
-        statistics are rebuilt from after a restart. Runs in a worker thread."""
+        statistics are rebuilt from after a restart. Returns ``(commit, groups)``: the groups
+        hold exactly the write transactions numbered up to ``commit`` (writes wait while it
+        reads), so a :class:`HistoryListener` attached before the call knows which later
+        notifications to apply. Runs in a worker thread."""
 
-        def run() -> list[HistoryGroup]:
+        def run() -> tuple[int, list[HistoryGroup]]:
             conn = self._rconn
             if conn is None:
                 raise ValueError("ledger is closed")
-            with self._rlock:
-                return _history_sync(conn, grouping, None, ())
+            with self._wlock, self._rlock:
+                return self._commits, _history_sync(conn, grouping, None, ())
 
         return await asyncio.to_thread(run)
 
@@ -786,30 +798,29 @@ _ARM_SPEED = (
     "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
     "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
 )
-#: The :class:`ArmTotals` sums, in field order (also :meth:`Ledger.arm_totals`).
+
+
+def _fixed_sql(column: str) -> str:
+    # the same IEEE operations as specwatch.shadow.tally.fixed
+    return f"CAST({column} * {FIXED_POINT!r} + 0.5 AS INTEGER)"
+
+
+#: The :class:`~specwatch.shadow.tally.ArmSums` sums, in field order (τ and seconds in fixed
+#: point, so every grouping of the same rows gives the same totals).
 _ARM_SQL = (
     f"SUM(CASE WHEN {_ARM_TAU} THEN 1 ELSE 0 END)",
-    f"SUM(CASE WHEN {_ARM_TAU} THEN standard_tau ELSE 0 END)",
-    f"SUM(CASE WHEN {_ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN {_fixed_sql('standard_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN {_fixed_sql('fly_tau')} ELSE 0 END)",
     f"SUM(CASE WHEN {_ARM_SPEED} THEN 1 ELSE 0 END)",
     f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
-    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
-    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('standard_latency_seconds')} ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('fly_latency_seconds')} ELSE 0 END)",
 )
 
 
-def _arm_totals_of(r: Sequence[Any]) -> ArmTotals:
-    return ArmTotals(
-        tau_pairs=int(r[0] or 0),
-        standard_tau_sum=float(r[1] or 0.0),
-        fly_tau_sum=float(r[2] or 0.0),
-        speed_pairs=int(r[3] or 0),
-        standard_tokens=int(r[4] or 0),
-        fly_tokens=int(r[5] or 0),
-        standard_seconds=float(r[6] or 0.0),
-        fly_seconds=float(r[7] or 0.0),
-    )
+def _arm_sums_of(r: Sequence[Any]) -> ArmSums:
+    return ArmSums(*(int(v or 0) for v in r))
 
 
 def _band_sql(bands: Sequence[int]) -> str:
@@ -845,7 +856,7 @@ def _history_sync(
     out = []
     for r in conn.execute(sql, params):
         t = PairTally(**{k: int(v or 0) for k, v in zip(names, r[3 : 3 + n], strict=True)})
-        cell = HistoryCell(t, _arm_totals_of(r[3 + n : 3 + n + 8]), int(r[-1]))
+        cell = HistoryCell(t, _arm_sums_of(r[3 + n : 3 + n + 8]), int(r[-1]))
         out.append(HistoryGroup(None if r[0] is None else int(r[0]), str(r[1]), str(r[2]), cell))
     return out
 

@@ -28,6 +28,7 @@ from specwatch.shadow.stats.sequential import (
     net_loss_log_e_value,
 )
 from specwatch.shadow.tally import (
+    ArmSums,
     ArmTotals,
     HistoryCell,
     arm_label_counts,
@@ -476,6 +477,9 @@ class LiveTallies:
         )
         #: Grows by one on every change of any window's sums.
         self.version = 0
+        # Until start(): ledger notifications are held back (the rebuild is being read).
+        self._as_of: int | None = None
+        self._held: list[tuple[int, Sequence[LedgerRow] | None, Sequence[HistoryGroup]]] = []
 
     # -- HistoryListener ----------------------------------------------------------------------
 
@@ -483,8 +487,14 @@ class LiveTallies:
         """How the ledger groups rows for :meth:`add_groups` / :meth:`rows_pruned`."""
         return HistoryGrouping(self.sums.bucket_seconds, self.sums.horizon(), self.bands)
 
-    def rows_written(self, rows: Sequence[LedgerRow]) -> None:
-        """Add committed rows (O(1) each)."""
+    def rows_written(self, rows: Sequence[LedgerRow], commit: int) -> None:
+        """Add committed rows (O(1) each); before :meth:`start`, held back; ignored when
+        ``commit`` is already in the rebuild."""
+        if self._as_of is None:
+            self._held.append((commit, rows, ()))
+            return
+        if commit <= self._as_of:
+            return
         for r in rows:
             self.sums.add(
                 r.time, (r.category, row_band(r.running_at_replay, self.bands)), row_cell(r)
@@ -492,8 +502,14 @@ class LiveTallies:
         if rows:
             self.version += 1
 
-    def rows_pruned(self, groups: Sequence[HistoryGroup]) -> None:
-        """Take back the groups of rows retention deleted."""
+    def rows_pruned(self, groups: Sequence[HistoryGroup], commit: int) -> None:
+        """Take back the groups of rows retention deleted (held back / ignored as
+        :meth:`rows_written`)."""
+        if self._as_of is None:
+            self._held.append((commit, None, groups))
+            return
+        if commit <= self._as_of:
+            return
         for g in groups:
             self.sums.remove_bucket(g.bucket, (g.category, g.band), g.cell)
         if groups:
@@ -501,8 +517,21 @@ class LiveTallies:
 
     # -- rebuild and time ---------------------------------------------------------------------
 
+    def start(self, as_of: int) -> None:
+        """Apply the notifications held back since the listener was attached whose write
+        transaction is after ``as_of`` (the rebuild's, :meth:`Ledger.history
+        <specwatch.shadow.ledger.Ledger.history>`), then apply every later one as it comes."""
+        self._as_of = as_of
+        held, self._held = self._held, []
+        for commit, rows, groups in held:
+            if rows is not None:
+                self.rows_written(rows, commit)
+            else:
+                self.rows_pruned(groups, commit)
+
     def add_groups(self, groups: Sequence[HistoryGroup]) -> None:
-        """Add grouped rows read back from the ledger (the restart rebuild)."""
+        """Add grouped rows read back from the ledger (the restart rebuild; before
+        :meth:`start`)."""
         for g in groups:
             self.sums.add_bucket(g.bucket, (g.category, g.band), g.cell)
         if groups:
@@ -519,14 +548,15 @@ class LiveTallies:
 
     def tallies(self) -> dict[str, dict[str, PairTally]]:
         """``{window: {category: PairTally}}`` (what ``Ledger.tally(since=now - seconds)`` per
-        window gives, to the bucket edge)."""
+        window gives, to the bucket edge), categories sorted as SQL's ``GROUP BY`` returns them
+        (float sums pooled over categories then add up in the same order)."""
         out: dict[str, dict[str, PairTally]] = {}
         for name in self.windows:
             by_cat: dict[str, PairTally] = {}
             for (cat, _band), cell in self.sums.sums(name).items():
                 old = by_cat.get(cat)
                 by_cat[cat] = cell.tally if old is None else old + cell.tally
-            out[name] = by_cat
+            out[name] = dict(sorted(by_cat.items()))
         return out
 
     def by_load(self) -> dict[str, PairTally]:
@@ -534,14 +564,14 @@ class LiveTallies:
         out: dict[str, PairTally] = {}
         for (_cat, band), cell in self.sums.sums(SINCE_START).items():
             out[band] = out.get(band, PairTally()) + cell.tally
-        return out
+        return dict(sorted(out.items()))
 
     def arm_totals(self) -> dict[str, ArmTotals]:
         """``{category: ArmTotals}`` since start (``Ledger.arm_totals``)."""
-        out: dict[str, ArmTotals] = {}
+        out: dict[str, ArmSums] = {}
         for (cat, _band), cell in self.sums.sums(SINCE_START).items():
-            out[cat] = out.get(cat, ArmTotals()) + cell.arms
-        return out
+            out[cat] = out.get(cat, ArmSums()) + cell.arms
+        return {cat: sums.totals() for cat, sums in sorted(out.items())}
 
     def rows(self) -> int:
         """Rows in the ledger (``Ledger.row_count``)."""

@@ -292,14 +292,9 @@ class ArmTotals:
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
 
-    def __sub__(self, other: ArmTotals) -> ArmTotals:
-        return ArmTotals(
-            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
-        )
-
 
 class ArmRow(TallyRow, Protocol):
-    """What :func:`row_arm_totals` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
+    """What :func:`row_arm_sums` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
 
     @property
     def standard_tau(self) -> float | None: ...
@@ -317,26 +312,71 @@ class ArmRow(TallyRow, Protocol):
     def running_at_replay(self) -> float | None: ...
 
 
-def row_arm_totals(row: ArmRow) -> ArmTotals:
-    """The :class:`ArmTotals` of one row: the same conditions ``Ledger.arm_totals`` renders as
+#: Fixed-point scale of the float sums the live statistics keep (τ, seconds): each value is
+#: counted as ``int(value * 1e9 + 0.5)`` (SQL: ``CAST(value * 1e9 + 0.5 AS INTEGER)``, the same
+#: IEEE operations), so sums are exact integers whatever order or grouping they are added in.
+FIXED_POINT = 1e9
+
+
+def fixed(value: float) -> int:
+    """``value`` in units of ``1 / FIXED_POINT`` (truncating ``value * 1e9 + 0.5``, as SQLite's
+    ``CAST … AS INTEGER`` does)."""
+    return int(value * FIXED_POINT + 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSums:
+    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the τ and
+    seconds sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
+
+    tau_pairs: int = 0
+    standard_tau: int = 0
+    fly_tau: int = 0
+    speed_pairs: int = 0
+    standard_tokens: int = 0
+    fly_tokens: int = 0
+    standard_seconds: int = 0
+    fly_seconds: int = 0
+
+    def __add__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    def __sub__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
+    def totals(self) -> ArmTotals:
+        """The :class:`ArmTotals` (fixed-point sums divided back to floats)."""
+        return ArmTotals(
+            tau_pairs=self.tau_pairs,
+            standard_tau_sum=self.standard_tau / FIXED_POINT,
+            fly_tau_sum=self.fly_tau / FIXED_POINT,
+            speed_pairs=self.speed_pairs,
+            standard_tokens=self.standard_tokens,
+            fly_tokens=self.fly_tokens,
+            standard_seconds=self.standard_seconds / FIXED_POINT,
+            fly_seconds=self.fly_seconds / FIXED_POINT,
+        )
+
+
+def row_arm_sums(row: ArmRow) -> ArmSums:
+    """The :class:`ArmSums` of one row: the same conditions ``Ledger.arm_totals`` renders as
     SQL (τ on paired rows with both arms' τ; speed on paired rows with both arms' tokens and a
     latency above 0 on both)."""
     if row.status != "paired":
-        return ArmTotals()
-    out = ArmTotals()
+        return ArmSums()
+    tau = (0, 0, 0)
     if row.standard_tau is not None and row.fly_tau is not None:
-        out = ArmTotals(tau_pairs=1, standard_tau_sum=row.standard_tau, fly_tau_sum=row.fly_tau)
+        tau = (1, fixed(row.standard_tau), fixed(row.fly_tau))
+    speed = (0, 0, 0, 0, 0)
     st, ft = row.standard_tokens, row.fly_tokens
     sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
     if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
-        out = out + ArmTotals(
-            speed_pairs=1,
-            standard_tokens=st,
-            fly_tokens=ft,
-            standard_seconds=sl,
-            fly_seconds=fl,
-        )
-    return out
+        speed = (1, st, ft, fixed(sl), fixed(fl))
+    return ArmSums(*tau, *speed)
 
 
 def row_band(running: float | None, bands: Sequence[int]) -> str:
@@ -355,11 +395,11 @@ def row_band(running: float | None, bands: Sequence[int]) -> str:
 @dataclass(frozen=True, slots=True)
 class HistoryCell:
     """What the live statistics keep per (time bucket, category, load band): the
-    :class:`PairTally`, the :class:`ArmTotals` and the number of ledger ``rows``. Additive and
+    :class:`PairTally`, the :class:`ArmSums` and the number of ledger ``rows``. Additive and
     subtractable (a window is a running sum of cells)."""
 
     tally: PairTally = PairTally()
-    arms: ArmTotals = ArmTotals()
+    arms: ArmSums = ArmSums()
     rows: int = 0
 
     def __add__(self, other: HistoryCell) -> HistoryCell:
@@ -370,6 +410,6 @@ class HistoryCell:
 
 
 def row_cell(row: ArmRow) -> HistoryCell:
-    """The :class:`HistoryCell` of one ledger row (:func:`row_tally`, :func:`row_arm_totals`,
+    """The :class:`HistoryCell` of one ledger row (:func:`row_tally`, :func:`row_arm_sums`,
     one row)."""
-    return HistoryCell(row_tally(row), row_arm_totals(row), 1)
+    return HistoryCell(row_tally(row), row_arm_sums(row), 1)
