@@ -12,6 +12,7 @@ logged as one structured line. No prompt or completion text is stored unless ``s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import operator
@@ -36,6 +37,7 @@ from specwatch.shadow.tally import (
     PairTally,
     Rule,
     load_band_labels,
+    row_tally,
 )
 from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
@@ -832,33 +834,115 @@ def _band_sql(bands: Sequence[int]) -> str:
     return f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
 
 
+#: The columns the tally rules read besides ``status`` (each true, false or unknown).
+_TRI_COLUMNS = tuple(
+    dict.fromkeys(c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule if c != "status")
+)
+_STATUSES = ("paired", "unpaired", "excluded")
+_TRI_BASE = len(_STATUSES) + 1
+_FLAG_BASE = _TRI_BASE * 3 ** len(_TRI_COLUMNS)
+
+
+def _pattern_sql() -> str:
+    """One integer per distinct combination of what the tally rules and the arm-sum conditions
+    read: the status, each rule column as 0 / 1 / 2 (unknown), and whether the τ and speed sums
+    apply. Grouping by it instead of by each column keeps the grouped pass to four keys."""
+    status = " ".join(f"WHEN '{st}' THEN {i}" for i, st in enumerate(_STATUSES))
+    parts = [f"(CASE status {status} ELSE {len(_STATUSES)} END)"]
+    parts += [f"{_TRI_BASE * 3**k} * COALESCE({c}, 2)" for k, c in enumerate(_TRI_COLUMNS)]
+    parts.append(f"{_FLAG_BASE} * COALESCE(({_ARM_TAU}), 0)")
+    parts.append(f"{_FLAG_BASE * 2} * COALESCE(({_ARM_SPEED}), 0)")
+    return " + ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """A stand-in row for one pattern code (what :func:`row_tally` reads)."""
+
+    time: float
+    category: str
+    status: str
+    standard_correct: bool | None
+    fly_correct: bool | None
+    noise_correct: bool | None
+    fly_agrees: bool | None
+    noise_agrees: bool | None
+    greedy: bool | None
+    baseline_agrees: bool | None
+    noise_baseline_agrees: bool | None
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(code: int) -> tuple[PairTally, bool, bool]:
+    """``(tally of one row, τ sums apply, speed sums apply)`` of a :func:`_pattern_sql` code."""
+    status_i = code % _TRI_BASE
+    values: dict[str, Any] = {}
+    for k, c in enumerate(_TRI_COLUMNS):
+        v = (code // (_TRI_BASE * 3**k)) % 3
+        values[c] = None if v == 2 else bool(v)
+    flags = code // _FLAG_BASE
+    status = _STATUSES[status_i] if status_i < len(_STATUSES) else "other"
+    row = _Pattern(time=0.0, category="", status=status, **values)
+    return row_tally(row), bool(flags & 1), bool(flags & 2)
+
+
+_PATTERN_SQL = _pattern_sql()
+
+
 def _history_sync(
     conn: sqlite3.Connection,
     grouping: HistoryGrouping,
     where: str | None,
     params: tuple[Any, ...],
 ) -> list[HistoryGroup]:
-    """The one grouped pass behind :meth:`Ledger.history` (and the pruned rows' groups)."""
+    """The one grouped pass behind :meth:`Ledger.history` (and the pruned rows' groups): per
+    (bucket, category, band, pattern code) the row count and the arm sums, turned into
+    :class:`HistoryGroup` per (bucket, category, band)."""
     width = float(grouping.bucket_seconds)
     bucket = f"CAST(time / {width!r} AS INTEGER)"
     if grouping.horizon is not None:
         bucket = f"CASE WHEN time >= {float(grouping.horizon)!r} THEN {bucket} END"
     else:
         bucket = "NULL"
-    tally = [f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END)" for cond in _TALLY_SQL.values()]
-    cols = ", ".join([*tally, *_ARM_SQL, "COUNT(*)"])
-    sql = (
-        f"SELECT {bucket} AS b, category, {_band_sql(grouping.bands)} AS band, {cols} "
-        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, category, band"
+    sums = ", ".join(
+        [
+            f"SUM({_fixed_sql('standard_tau')})",
+            f"SUM({_fixed_sql('fly_tau')})",
+            "SUM(standard_tokens)",
+            "SUM(fly_tokens)",
+            f"SUM({_fixed_sql('standard_latency_seconds')})",
+            f"SUM({_fixed_sql('fly_latency_seconds')})",
+        ]
     )
-    names = list(_TALLY_SQL)
-    n = len(names)
-    out = []
-    for r in conn.execute(sql, params):
-        t = PairTally(**{k: int(v or 0) for k, v in zip(names, r[3 : 3 + n], strict=True)})
-        cell = HistoryCell(t, _arm_sums_of(r[3 + n : 3 + n + 8]), int(r[-1]))
-        out.append(HistoryGroup(None if r[0] is None else int(r[0]), str(r[1]), str(r[2]), cell))
-    return out
+    sql = (
+        f"SELECT {bucket} AS b, category, {_band_sql(grouping.bands)} AS band, "
+        f"{_PATTERN_SQL} AS code, COUNT(*), {sums} "
+        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, category, band, code"
+    )
+    cells: dict[tuple[int | None, str, str], HistoryCell] = {}
+    for b, cat, band, code, n, s_tau, f_tau, s_tok, f_tok, s_sec, f_sec in conn.execute(
+        sql, params
+    ):
+        one, tau, speed = _decode(int(code))
+        tally = PairTally(*(n * v for v in _tally_values(one)))
+        arms = ArmSums(
+            tau_pairs=n if tau else 0,
+            standard_tau=int(s_tau) if tau else 0,
+            fly_tau=int(f_tau) if tau else 0,
+            speed_pairs=n if speed else 0,
+            standard_tokens=int(s_tok) if speed else 0,
+            fly_tokens=int(f_tok) if speed else 0,
+            standard_seconds=int(s_sec) if speed else 0,
+            fly_seconds=int(f_sec) if speed else 0,
+        )
+        key = (None if b is None else int(b), str(cat), str(band))
+        cell = HistoryCell(tally, arms, int(n))
+        old = cells.get(key)
+        cells[key] = cell if old is None else old + cell
+    return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
+
+
+_tally_values = operator.attrgetter(*(f.name for f in fields(PairTally)))
 
 
 class LedgerFileError(Exception):
