@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -123,14 +124,10 @@ class PairTally:
     excluded: int = 0
 
     def __add__(self, other: PairTally) -> PairTally:
-        return PairTally(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
+        return PairTally(*map(operator.add, _pair_values(self), _pair_values(other)))
 
     def __sub__(self, other: PairTally) -> PairTally:
-        return PairTally(
-            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
-        )
+        return PairTally(*map(operator.sub, _pair_values(self), _pair_values(other)))
 
     def paired_counts(self) -> PairedCounts:
         """FLy vs standard correctness table."""
@@ -162,6 +159,11 @@ class PairTally:
     def paired(self) -> int:
         """Rows where standard and FLy both answered."""
         return self.agree + self.disagree
+
+
+_pair_values: Callable[[PairTally], tuple[int, ...]] = operator.attrgetter(
+    *(f.name for f in fields(PairTally))
+)
 
 
 #: The ``specwatch_shadow_pairs_total{outcome}`` labels per arm, each with the tally field it
@@ -339,14 +341,10 @@ class ArmSums:
     fly_seconds: int = 0
 
     def __add__(self, other: ArmSums) -> ArmSums:
-        return ArmSums(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
+        return ArmSums(*map(operator.add, _arm_values(self), _arm_values(other)))
 
     def __sub__(self, other: ArmSums) -> ArmSums:
-        return ArmSums(
-            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
-        )
+        return ArmSums(*map(operator.sub, _arm_values(self), _arm_values(other)))
 
     def totals(self) -> ArmTotals:
         """The :class:`ArmTotals` (fixed-point sums divided back to floats)."""
@@ -360,6 +358,11 @@ class ArmSums:
             standard_seconds=self.standard_seconds / FIXED_POINT,
             fly_seconds=self.fly_seconds / FIXED_POINT,
         )
+
+
+_arm_values: Callable[[ArmSums], tuple[int, ...]] = operator.attrgetter(
+    *(f.name for f in fields(ArmSums))
+)
 
 
 def row_arm_sums(row: ArmRow) -> ArmSums:
