@@ -230,7 +230,8 @@ def main() -> None:
             wall, cpu, full, tick = asyncio.run(time_rebuild(ledger))
             ready, start_cpu, idle = idle_cpu(tmp, ledger, args.seconds)
             print(
-                f"{size} | {built:.1f} | {wall:.2f} | {cpu:.2f} | {full:.2f} | {ready:.2f} | "
+                f"{size} | {built:.1f} | {wall:.2f} | {cpu:.2f} | {full:.2f} | "
+                f"{tick * 1000:.2f} | {ready:.2f} | "
                 f"{start_cpu:.2f} | {idle:.2f}",
                 flush=True,
             )
