@@ -19,7 +19,9 @@ For each ledger size (default 0, 10,000, 100,000 and 1,000,000 rows) the script
    prints the idle CPU as % of one core.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/bench_history.py [--sizes 0,10000,100000,1000000]
-[--seconds 60]``. Results and the machine are recorded in ``docs/benchmarks.md``, section
+[--seconds 60]``; ``--root DIR`` runs ``specwatch run`` from another checkout (``python -m
+specwatch`` in DIR imports DIR's package), e.g. ``git worktree add /tmp/old <commit>`` for the
+numbers before a change. Results and the machine are recorded in ``docs/benchmarks.md``, section
 "Statistics cost against ledger size". Linux only (``/proc``).
 """
 
@@ -172,10 +174,12 @@ def _free_port() -> int:
         return port
 
 
-def idle_cpu(tmp: Path, ledger: Path, seconds: float) -> tuple[float, float, float]:
-    """``(ready_after, startup_cpu, idle_pct)``: ``specwatch run`` on ``ledger`` until the
-    statistics are rebuilt (wall seconds, CPU seconds), then its CPU over ``seconds`` as % of
-    one core."""
+def idle_cpu(
+    tmp: Path, ledger: Path, seconds: float, root: Path = ROOT
+) -> tuple[float, float, float]:
+    """``(ready_after, startup_cpu, idle_pct)``: ``specwatch run`` (from the checkout ``root``)
+    on ``ledger`` until the statistics are rebuilt (wall seconds, CPU seconds), then its CPU
+    over ``seconds`` as % of one core."""
     config = tmp / "specwatch.yaml"
     doc = {
         "targets": [{"name": "fly", "url": "http://127.0.0.1:9/metrics"}],
@@ -192,7 +196,7 @@ def idle_cpu(tmp: Path, ledger: Path, seconds: float) -> tuple[float, float, flo
             [sys.executable, "-m", "specwatch", "run", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=root,
         )
     try:
         while READY not in log.read_text(errors="replace"):
@@ -213,7 +217,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0,10000,100000,1000000")
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="run `python -m specwatch` from this checkout (e.g. a worktree of an older commit, "
+        "for the numbers before the statistics were kept live); implies --skip-rebuild",
+    )
+    ap.add_argument("--skip-rebuild", action="store_true", help="skip the in-process timings")
     args = ap.parse_args()
+    skip = args.skip_rebuild or args.root != ROOT
     print(
         f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()}"
@@ -227,8 +240,9 @@ def main() -> None:
             tmp = Path(d)
             ledger = tmp / "ledger.sqlite"
             built = build_ledger(ledger, size, time.time())
-            wall, cpu, full, tick = asyncio.run(time_rebuild(ledger))
-            ready, start_cpu, idle = idle_cpu(tmp, ledger, args.seconds)
+            nan = float("nan")
+            wall, cpu, full, tick = (nan,) * 4 if skip else asyncio.run(time_rebuild(ledger))
+            ready, start_cpu, idle = idle_cpu(tmp, ledger, args.seconds, args.root)
             print(
                 f"{size} | {built:.1f} | {wall:.2f} | {cpu:.2f} | {full:.2f} | "
                 f"{tick * 1000:.2f} | {ready:.2f} | "
