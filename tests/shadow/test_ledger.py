@@ -18,6 +18,7 @@ from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fakes import REPO, FakeClock
+from tests.shadow.test_summary import varied_rows
 
 ROOT = REPO
 
@@ -306,8 +307,6 @@ async def test_fold_labelled_streams_the_labelled_pairs_in_ledger_order(tmp_path
     """Folding in chunks of 7 sees every labelled pair once, oldest first, exactly as
     ``labelled_outcomes`` lists them (400 varied rows, about a quarter labelled with both
     correctness values known), in ceil(n / 7) chunks."""
-    from tests.shadow.test_summary import varied_rows
-
     rows = varied_rows(21, 400)
     chunks: list[int] = []
 
@@ -321,7 +320,7 @@ async def test_fold_labelled_streams_the_labelled_pairs_in_ledger_order(tmp_path
         for r in rows:
             led.submit(r)
         await led.flush()
-        start: Pairs = []
+        start: list[tuple[bool, bool]] = []
         folded = await led.fold_labelled(step, start, chunk_rows=7)
         listed = await led.labelled_outcomes()
     expected = [
