@@ -14,6 +14,7 @@ and the e-processes: paired, with both the standard's and FLy's correctness know
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -228,8 +229,33 @@ def matches(row: TallyRow, rule: Rule) -> bool:
 
 def row_tally(row: TallyRow) -> PairTally:
     """The :class:`PairTally` of one row: 1 in every field whose rule in :data:`TALLY_RULES` it
-    meets."""
-    return PairTally(**{name: 1 for name, rule in TALLY_RULES.items() if matches(row, rule)})
+    meets (remembered per combination of the columns the rules read)."""
+    return _pattern_tally(_rule_values(row))
+
+
+#: The columns :data:`TALLY_RULES` read, in a fixed order.
+_RULE_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(c for rule in TALLY_RULES.values() for c, _ in rule)
+)
+_rule_values: Callable[[TallyRow], tuple[object, ...]] = operator.attrgetter(*_RULE_COLUMNS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pattern_tally(values: tuple[object, ...]) -> PairTally:
+    got = dict(zip(_RULE_COLUMNS, values, strict=True))
+    return PairTally(
+        **{
+            name: 1
+            for name, rule in TALLY_RULES.items()
+            if all(_holds(got[c], want) for c, want in rule)
+        }
+    )
+
+
+def _holds(got: object, want: str | bool | Cell) -> bool:
+    if want is Cell.NOT_NULL:
+        return got is not None
+    return got is not None and got == want
 
 
 def labelled_outcome(row: TallyRow) -> tuple[bool, bool] | None:
@@ -388,11 +414,15 @@ def row_band(running: float | None, bands: Sequence[int]) -> str:
     count is not known (or below the first bound)."""
     if running is None:
         return UNKNOWN_BAND
-    labels = load_band_labels(bands)
-    for lo, label in reversed(list(zip(bands, labels, strict=True))):
+    for lo, label in _bands_high_first(tuple(bands)):
         if running >= lo:
             return label
     return UNKNOWN_BAND
+
+
+@functools.lru_cache(maxsize=64)
+def _bands_high_first(bands: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
+    return tuple(reversed(list(zip(bands, load_band_labels(bands), strict=True))))
 
 
 @dataclass(frozen=True, slots=True)
