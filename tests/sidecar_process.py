@@ -39,6 +39,22 @@ class Process:
         return code, time.monotonic() - started
 
 
+async def run_specwatch(*args: str) -> tuple[int, str, str]:
+    """``python -m specwatch ARGS...`` as a child process, to its exit: (exit code, stdout,
+    stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "specwatch",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 def run_config(tmp: Path, port: int, **groups: Any) -> Path:
     """A config file for ``specwatch run`` listening on ``port`` with one unreachable target
     and the given groups (``server={...}``, ``shadow={...}`` ...) merged in."""

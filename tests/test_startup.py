@@ -61,14 +61,18 @@ def test_version_and_help_import_no_subcommand(argv: list[str]) -> None:
 
 
 def test_analyze_loads_only_its_module() -> None:
-    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` only, and none of HEAVY."""
+    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` and the shared flag helpers
+    ``specwatch.cli.args`` (argparse only), no other subcommand module, and none of HEAVY."""
     code = (
         "import contextlib, io\n"
         "from specwatch.__main__ import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    assert main(['analyze', {str(PAGE)!r}]) == 0\n"
     )
-    assert _loaded_after(code) == {"heavy": [], "cli": ["specwatch.cli.analyze"]}
+    assert _loaded_after(code) == {
+        "heavy": [],
+        "cli": ["specwatch.cli.analyze", "specwatch.cli.args"],
+    }
 
 
 def _subparser_help(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import AnalyzeError, read_page
+from specwatch.cli.args import add_output_format
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
     SpeculationLimit,
@@ -78,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="seconds between successive series pages (required with the series)",
     )
     p.add_argument("--model", help="model_name to use when a page serves several")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    add_output_format(p, default="json")
     p.set_defaults(handler=main)
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specwatch.cli.args import add_output_format
 from specwatch.export.json import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
@@ -40,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("before", type=Path, metavar="BEFORE")
     p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between the bodies")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    add_output_format(p, default="json")
     p.add_argument("--model", help="model_name to report when a page serves several")
     p.set_defaults(handler=main)
 

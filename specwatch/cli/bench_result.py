@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.cli.args import add_described_command, add_output_format
+
 #: vLLM's neutral sampling defaults (SamplingParams) used when neither the request nor the
 #: model's generation config sets a parameter.
 VLLM_NEUTRAL_DEFAULTS: Mapping[str, float] = {
@@ -180,14 +182,14 @@ def format_table(rows: list[BenchRow]) -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``bench-result``."""
-    p = subparsers.add_parser(
+    p = add_described_command(
+        subparsers,
         "bench-result",
         help="the minimum spec-decode table from vllm bench serve result files",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", type=Path, nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 

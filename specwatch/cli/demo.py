@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TextIO, cast
 
+from specwatch.cli.args import add_described_command
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
 from specwatch.demo.config import DEFAULT_PORT, DemoConfig, simulator_configs
@@ -30,11 +31,11 @@ stops everything; exit 0. See docs/demo.md.
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``demo``."""
-    p = subparsers.add_parser(
+    p = add_described_command(
+        subparsers,
         "demo",
         help="run a simulated standard + FLy pair with live traffic and the sidecar (no GPU)",
         description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--duration",

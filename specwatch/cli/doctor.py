@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
 from specwatch.core.roles import Role
 from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
@@ -408,13 +409,13 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``doctor``."""
-    p = subparsers.add_parser(
+    p = add_described_command(
+        subparsers,
         "doctor",
         help="say why a specwatch dashboard would be empty",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prometheus-url", required=True, help="Prometheus or Thanos Querier URL")
+    add_prometheus_url(p)
     p.add_argument(
         "--specwatch-job",
         default=".*specwatch.*",
@@ -426,7 +427,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--prometheus-object", type=Path, metavar="FILE")
     p.add_argument("--dashboard", type=Path, action="append", default=[], metavar="FILE")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per query")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 

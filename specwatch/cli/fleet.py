@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
 from specwatch.export.fleet import FleetStats, fleet_json
@@ -37,13 +38,13 @@ from specwatch.shadow.settings import PairedSettings
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``fleet``."""
     defaults = PairedSettings()
-    p = subparsers.add_parser(
+    p = add_described_command(
+        subparsers,
         "fleet",
         help="fleet-wide paired statistics per model from the sidecars' counters in Prometheus",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prometheus-url", required=True, help="Prometheus or Thanos Querier base URL")
+    add_prometheus_url(p)
     p.add_argument(
         "--selector",
         default="",
@@ -59,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--margin", type=float, default=defaults.margin, help="non-inferiority margin (fraction)"
     )
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_output_format(p)
     p.add_argument("--timeout", default="10s", metavar="DURATION", help="per query (10s)")
     p.add_argument(
         "--listen", metavar="HOST:PORT", help="serve the specwatch_fleet_* gauges on /metrics"

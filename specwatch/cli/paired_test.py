@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from specwatch.cli.args import add_output_format
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
 from specwatch.shadow.stats.paired import (
@@ -279,7 +280,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--metric", metavar="NAME", help="lm-eval samples: the 0/1 metric when several are scored"
     )
-    p.add_argument("--format", choices=("json", "table"), default="table")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 

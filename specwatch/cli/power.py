@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from specwatch.cli.args import add_output_format
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``power``."""
@@ -28,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--alpha", type=float, default=0.05, help="two-sided level (default 0.05)")
     p.add_argument("--power", type=float, default=0.8, help="power (default 0.8)")
-    p.add_argument("--format", choices=("json", "table"), default="table")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 

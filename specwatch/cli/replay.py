@@ -41,6 +41,7 @@ from typing import Any
 from specwatch.alerts.alert import Alert, AlertKey, alert_key
 from specwatch.alerts.pending import Detector
 from specwatch.alerts.settings import DetectSettings
+from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
 from specwatch.observe.settings import TargetSettings
@@ -90,10 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="NAME=DIR[,key=value...]",
         help="a directory of <seconds>.prom / <seconds>.om bodies; repeat per server",
     )
-    p.add_argument(
-        "--window", action="append", metavar="DURATION", help="rolling window; repeat (1m 5m 15m)"
-    )
-    p.add_argument("--format", choices=("json", "table"), default="table")
+    add_windows(p)
+    add_output_format(p)
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     p.set_defaults(handler=main)
 

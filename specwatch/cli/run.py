@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specwatch.cli.args import add_windows
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
@@ -48,18 +49,25 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", metavar="DURATION", help="default scrape interval (5s)")
     p.add_argument("--scrape-timeout", metavar="DURATION", help="default scrape timeout (4s)")
     p.add_argument("--max-body-bytes", type=int, help="largest /metrics body read (decompressed)")
-    p.add_argument(
-        "--window", action="append", metavar="DURATION", help="rolling window; repeat (1m 5m 15m)"
-    )
+    add_windows(p)
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     p.add_argument("--log-format", help="json or plain")
 
 
-def _duration(flag: str, text: str) -> float:
+def _duration(flag: str, text: str | None) -> float | None:
+    """``text`` in seconds (``None`` when the flag was not given); :class:`ConfigError` naming
+    ``flag`` when it is not a duration."""
+    if text is None:
+        return None
     try:
         return parse_duration(text)
     except ValueError as exc:
         raise ConfigError(f"config error: {flag}: {exc}") from None
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The flags that were given (not ``None``), keyed by their settings field name."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -70,31 +78,18 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     if args.target:
         overrides["targets"] = [parse_target_spec(spec) for spec in args.target]
-    server: dict[str, Any] = {}
-    if args.host is not None:
-        server["host"] = args.host
-    if args.port is not None:
-        server["port"] = args.port
-    if server:
-        overrides["server"] = server
-    scrape: dict[str, Any] = {}
-    if args.scrape_interval is not None:
-        scrape["interval_seconds"] = _duration("--scrape-interval", args.scrape_interval)
-    if args.scrape_timeout is not None:
-        scrape["timeout_seconds"] = _duration("--scrape-timeout", args.scrape_timeout)
-    if args.max_body_bytes is not None:
-        scrape["max_body_bytes"] = args.max_body_bytes
-    if scrape:
-        overrides["scrape"] = scrape
+    sections: dict[str, dict[str, Any]] = {
+        "server": _given(host=args.host, port=args.port),
+        "scrape": _given(
+            interval_seconds=_duration("--scrape-interval", args.scrape_interval),
+            timeout_seconds=_duration("--scrape-timeout", args.scrape_timeout),
+            max_body_bytes=args.max_body_bytes,
+        ),
+        "log": _given(level=args.log_level, format=args.log_format),
+    }
+    overrides.update((name, fields) for name, fields in sections.items() if fields)
     if args.window:
         overrides["windows"] = list(args.window)
-    log: dict[str, Any] = {}
-    if args.log_level is not None:
-        log["level"] = args.log_level
-    if args.log_format is not None:
-        log["format"] = args.log_format
-    if log:
-        overrides["log"] = log
     return load_settings(config_file=args.config, overrides=overrides)
 
 

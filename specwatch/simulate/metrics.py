@@ -9,6 +9,8 @@ Counters are declared without ``_total`` so prometheus_client exposes ``<name>_t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -83,34 +85,28 @@ class SimMetrics:
     def _build(self) -> None:
         c = self.config
         r = self.registry
-        lab = ["model_name", "engine"]
-        self.running = Gauge(
-            BY_KEY["running"].base,
-            "Number of requests in model execution batches.",
-            lab,
-            registry=r,
-            multiprocess_mode="mostrecent",
+        lab = ("model_name", "engine")
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = lab) -> Gauge:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode="mostrecent")
+
+        def counter(name: str, doc: str, labels: Sequence[str] = lab) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, lab, buckets=buckets, registry=r)
+
+        self.running = gauge(
+            BY_KEY["running"].base, "Number of requests in model execution batches."
         )
-        self.waiting = Gauge(
-            BY_KEY["waiting"].base,
-            "Number of requests waiting to be processed.",
-            lab,
-            registry=r,
-            multiprocess_mode="mostrecent",
-        )
-        self.waiting_by_reason = Gauge(
+        self.waiting = gauge(BY_KEY["waiting"].base, "Number of requests waiting to be processed.")
+        self.waiting_by_reason = gauge(
             BY_KEY["waiting_by_reason"].base,
             "Number of requests waiting, by reason.",
             [*lab, "reason"],
-            registry=r,
-            multiprocess_mode="mostrecent",
         )
-        self.kv_usage = Gauge(
-            BY_KEY["kv_cache_usage"].base,
-            "KV-cache usage. 1 means 100 percent usage.",
-            lab,
-            registry=r,
-            multiprocess_mode="mostrecent",
+        self.kv_usage = gauge(
+            BY_KEY["kv_cache_usage"].base, "KV-cache usage. 1 means 100 percent usage."
         )
         cache_labels = [
             "engine",
@@ -120,180 +116,113 @@ class SimMetrics:
             "num_gpu_blocks",
             "num_cpu_blocks",
         ]
-        self.cache_info = Gauge(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            cache_labels,
-            registry=r,
-            multiprocess_mode="mostrecent",
+        self.cache_info = gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", cache_labels
         )
-        self.preemptions = Counter(
-            BY_KEY["preemptions"].base,
-            "Cumulative number of preemption from the engine.",
-            lab,
-            registry=r,
+        self.preemptions = counter(
+            BY_KEY["preemptions"].base, "Cumulative number of preemption from the engine."
         )
-        self.prompt_tokens = Counter(
-            BY_KEY["prompt_tokens"].base, "Number of prefill tokens processed.", lab, registry=r
+        self.prompt_tokens = counter(
+            BY_KEY["prompt_tokens"].base, "Number of prefill tokens processed."
         )
-        self.prompt_by_source = Counter(
-            "vllm:prompt_tokens_by_source",
-            "Number of prompt tokens by source.",
-            [*lab, "source"],
-            registry=r,
+        self.prompt_by_source = counter(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*lab, "source"]
         )
-        self.prompt_cached = Counter(
-            "vllm:prompt_tokens_cached",
-            "Number of cached prompt tokens (local + external).",
-            lab,
-            registry=r,
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
         )
-        self.generation_tokens = Counter(
-            BY_KEY["generation_tokens"].base,
-            "Number of generation tokens processed.",
-            lab,
-            registry=r,
+        self.generation_tokens = counter(
+            BY_KEY["generation_tokens"].base, "Number of generation tokens processed."
         )
-        self.prefix_queries = Counter(
+        self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            lab,
-            registry=r,
         )
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            lab,
-            registry=r,
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
         # frontend admission: one series per reason, no engine label, created at 0
-        admission = Counter(
+        admission = counter(
             "vllm:admission_rejections",
             "Number of admission attempts rejected by a queue limit, by reason.",
             ["model_name", "reason"],
-            registry=r,
         )
         self.admission_rejections = {
             reason: admission.labels(c.served_model_name, reason) for reason in ADMISSION_REASONS
         }
-        self.success = Counter(
+        self.success = counter(
             BY_KEY["requests_finished"].base,
             "Count of successfully processed requests.",
             [*lab, "finished_reason"],
-            registry=r,
         )
         rt = request_tokens_buckets(c.max_model_len)
-        self.h_prompt = Histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            lab,
-            buckets=rt,
-            registry=r,
+        self.h_prompt = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", rt
         )
-        self.h_gen = Histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            lab,
-            buckets=rt,
-            registry=r,
+        self.h_gen = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", rt
         )
-        self.h_iter = Histogram(
+        self.h_iter = histogram(
             BY_KEY["engine_steps"].base,
             "Histogram of number of tokens per engine_step.",
-            lab,
-            buckets=ITERATION_TOKENS_BUCKETS,
-            registry=r,
+            ITERATION_TOKENS_BUCKETS,
         )
-        self.h_max_gen = Histogram(
+        self.h_max_gen = histogram(
             "vllm:request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens.",
-            lab,
-            buckets=rt,
-            registry=r,
+            rt,
         )
-        self.h_n = Histogram(
-            "vllm:request_params_n",
-            "Histogram of the n request parameter.",
-            lab,
-            buckets=PARAMS_N_BUCKETS,
-            registry=r,
+        self.h_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS
         )
-        self.h_max_tokens = Histogram(
-            "vllm:request_params_max_tokens",
-            "Histogram of the max_tokens request parameter.",
-            lab,
-            buckets=rt,
-            registry=r,
+        self.h_max_tokens = histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", rt
         )
-        self.h_ttft = Histogram(
-            BY_KEY["ttft"].base,
-            "Histogram of time to first token in seconds.",
-            lab,
-            buckets=TTFT_BUCKETS,
-            registry=r,
+        self.h_ttft = histogram(
+            BY_KEY["ttft"].base, "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
-        self.h_itl = Histogram(
-            BY_KEY["itl"].base,
-            "Histogram of inter-token latency in seconds.",
-            lab,
-            buckets=ITL_BUCKETS,
-            registry=r,
+        self.h_itl = histogram(
+            BY_KEY["itl"].base, "Histogram of inter-token latency in seconds.", ITL_BUCKETS
         )
-        self.h_tpot = Histogram(
+        self.h_tpot = histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
-            lab,
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self.h_e2e = Histogram(
+        self.h_e2e = histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            lab,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.h_queue = Histogram(
+        self.h_queue = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            lab,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.h_inference = Histogram(
+        self.h_inference = histogram(
             "vllm:request_inference_time_seconds",
             "Histogram of time spent in RUNNING phase for request.",
-            lab,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.h_prefill = Histogram(
+        self.h_prefill = histogram(
             "vllm:request_prefill_time_seconds",
             "Histogram of time spent in PREFILL phase for request.",
-            lab,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.h_decode = Histogram(
+        self.h_decode = histogram(
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
-            lab,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=r,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.h_preempt = Histogram(
+        self.h_preempt = histogram(
             "vllm:request_num_preemptions",
             "Number of preemptions per finished request.",
-            lab,
-            buckets=PREEMPTION_BUCKETS,
-            registry=r,
+            PREEMPTION_BUCKETS,
         )
-        self.h_kv_computed = Histogram(
+        self.h_kv_computed = histogram(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            lab,
-            buckets=rt,
-            registry=r,
+            rt,
         )
         # vLLM serves the default registry, which carries these collectors too
         ProcessCollector(registry=r)
@@ -301,23 +230,13 @@ class SimMetrics:
         GCCollector(registry=r)
         self.spec = c.speculative
         if self.spec:
-            self.sd_drafts = Counter(
-                BY_KEY["drafts"].base, "Number of spec decoding drafts.", lab, registry=r
-            )
-            self.sd_draft_tokens = Counter(
-                BY_KEY["draft_tokens"].base, "Number of draft tokens.", lab, registry=r
-            )
-            self.sd_accepted = Counter(
-                BY_KEY["accepted_tokens"].base,
-                "Number of accepted tokens.",
-                lab,
-                registry=r,
-            )
-            self.sd_per_pos = Counter(
+            self.sd_drafts = counter(BY_KEY["drafts"].base, "Number of spec decoding drafts.")
+            self.sd_draft_tokens = counter(BY_KEY["draft_tokens"].base, "Number of draft tokens.")
+            self.sd_accepted = counter(BY_KEY["accepted_tokens"].base, "Number of accepted tokens.")
+            self.sd_per_pos = counter(
                 BY_KEY["per_position"].base,
                 "Accepted tokens per draft position.",
                 [*lab, "position"],
-                registry=r,
             )
         name = c.served_model_name
         self._eng: list[_EngineChildren] = []

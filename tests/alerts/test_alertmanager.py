@@ -9,6 +9,7 @@ import shutil
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,27 @@ async def fake_am() -> AsyncIterator[tuple[FakeAM, str]]:
     try:
         yield am, str(server.make_url("")).rstrip("/")
     finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def silent_am() -> AsyncIterator[str]:
+    """An Alertmanager on 127.0.0.1 that accepts ``POST /api/v2/alerts`` and never answers while
+    the block runs (a black hole); yields its base URL. On exit the held requests get 200."""
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", hang)
+    server = TestServer(app, port=0)
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        release.set()
         await server.close()
 
 
@@ -522,27 +544,10 @@ class TestTransport:
 
     async def test_timeout_counted(self) -> None:
         """An Alertmanager slower than the timeout counts as reason=timeout; the alert stays."""
-        release = asyncio.Event()
-
-        async def slow(request: web.Request) -> web.Response:
-            await release.wait()
-            return web.Response(status=200)
-
-        app = web.Application()
-        app.router.add_post("/api/v2/alerts", slow)
-        server = TestServer(app, port=0)
-        await server.start_server()
-        url = str(server.make_url("")).rstrip("/")
-        try:
-            async with aiohttp.ClientSession() as session:
-                settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
-                loop = AlertLoop(
-                    settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps()
-                )
-                await loop.tick()
-        finally:
-            release.set()
-            await server.close()
+        async with silent_am() as url, aiohttp.ClientSession() as session:
+            settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
+            loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
+            await loop.tick()
         assert loop.state.send_errors["timeout"] == 1
         assert loop.state.outbox_depth == 1
 
@@ -574,27 +579,10 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
 async def test_flush_is_bounded_by_evaluation_interval() -> None:
     """A black-holed Alertmanager (request timeout 30 s, 3 attempts) holds a tick for at most
     evaluation_interval: the flush is cut off, counted as timeout, and the alert stays queued."""
-    release = asyncio.Event()
-
-    async def hang(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/api/v2/alerts", hang)
-    server = TestServer(app, port=0)
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
-    try:
-        async with aiohttp.ClientSession() as session:
-            settings = AlertingSettings(
-                urls=[url], timeout=30, max_attempts=3, evaluation_interval=0.2
-            )
-            loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
-            await asyncio.wait_for(loop.tick(), timeout=20)
-    finally:
-        release.set()
-        await server.close()
+    async with silent_am() as url, aiohttp.ClientSession() as session:
+        settings = AlertingSettings(urls=[url], timeout=30, max_attempts=3, evaluation_interval=0.2)
+        loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
+        await asyncio.wait_for(loop.tick(), timeout=20)
     assert loop.state.send_errors["timeout"] == 1
     assert loop.state.outbox_depth == 1
 

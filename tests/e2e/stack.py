@@ -52,10 +52,12 @@ async def poll(
 
 
 class Alertmanager:
-    """A real Alertmanager on 127.0.0.1:<free port>; ``start(fresh=True)`` wipes its storage,
-    so after a restart it only knows what clients (re)send."""
+    """A real Alertmanager on 127.0.0.1:<free port>, restartable on the same port. By default each
+    ``start`` gets fresh storage, so after a restart it only knows what clients (re)send; with
+    ``keep_storage`` every start reuses one storage directory (silences, notification log and
+    alerts persisted there survive a restart)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, keep_storage: bool = False) -> None:
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,14 +65,17 @@ class Alertmanager:
         self.config.write_text(
             'route:\n  receiver: "null"\n  group_by: ["alertname"]\nreceivers:\n  - name: "null"\n'
         )
+        self.log = tmp / "alertmanager.log"
+        self.keep_storage = keep_storage
         self.runs = 0
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, session: aiohttp.ClientSession) -> None:
+        """Start the process and wait (15 s at most) until ``/-/ready`` answers 200."""
         self.runs += 1
-        storage = self.tmp / f"am-data-{self.runs}"
-        storage.mkdir()
-        with (self.tmp / "alertmanager.log").open("ab") as log:
+        storage = self.tmp / ("am-data" if self.keep_storage else f"am-data-{self.runs}")
+        storage.mkdir(exist_ok=self.keep_storage)
+        with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 AM_BIN,
                 f"--config.file={self.config}",
@@ -84,13 +89,16 @@ class Alertmanager:
 
         async def ready() -> bool | None:
             assert self.proc is not None
-            assert self.proc.returncode is None, "alertmanager exited"
+            assert self.proc.returncode is None, (
+                f"alertmanager exited: {self.log.read_text()[-2000:]}"
+            )
             async with session.get(f"{self.url}/-/ready") as resp:
                 return True if resp.status == 200 else None
 
         await poll("alertmanager ready", ready, within=15, every=0.05)
 
     async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; a no-op when it is not running."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.terminate()
             try:
@@ -100,13 +108,30 @@ class Alertmanager:
                 await self.proc.wait()
         self.proc = None
 
-    async def alerts(self, session: aiohttp.ClientSession, alertname: str) -> list[dict[str, Any]]:
-        """Alerts Alertmanager lists now (active ones; resolved alerts are not listed)."""
-        params = {"filter": f'alertname="{alertname}"'}
+    async def alerts(
+        self, session: aiohttp.ClientSession, alertname: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Alerts Alertmanager lists now (active ones; resolved alerts are not listed), only
+        those named ``alertname`` when given."""
+        params = {} if alertname is None else {"filter": f'alertname="{alertname}"'}
         async with session.get(f"{self.url}/api/v2/alerts", params=params) as resp:
             resp.raise_for_status()
             body: list[dict[str, Any]] = await resp.json()
             return body
+
+
+@contextlib.asynccontextmanager
+async def running_alertmanager(
+    tmp: Path, session: aiohttp.ClientSession, *, keep_storage: bool = False
+) -> AsyncIterator[Alertmanager]:
+    """An :class:`Alertmanager` (files under ``tmp``) started and ready; stopped on exit, whatever
+    state a test left it in."""
+    am = Alertmanager(tmp, keep_storage=keep_storage)
+    await am.start(session)
+    try:
+        yield am
+    finally:
+        await am.stop()
 
 
 @dataclass

@@ -5,9 +5,6 @@ Debian's prometheus-alertmanager on loopback.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,82 +17,19 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.clock import format_rfc3339
-from tests.fakes import FakeClock, free_port
+from tests.e2e.stack import Alertmanager, running_alertmanager
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.promtool
-
-AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-
-AM_CONFIG = """\
-route:
-  receiver: "null"
-  group_by: ["alertname"]
-receivers:
-  - name: "null"
-"""
-
-
-class Alertmanager:
-    """One Alertmanager process on 127.0.0.1:<free port>, restartable on the same port/storage."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config = tmp / "alertmanager.yml"
-        self.config.write_text(AM_CONFIG)
-        self.storage = tmp / "data"
-        self.storage.mkdir()
-        self.log = tmp / "alertmanager.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                AM_BIN,
-                f"--config.file={self.config}",
-                f"--storage.path={self.storage}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
-                "--log.level=warn",
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-        for _ in range(200):
-            if self.proc.returncode is not None:
-                raise RuntimeError(f"alertmanager exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(f"{self.url}/-/ready") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-        raise RuntimeError("alertmanager did not become ready")
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout=10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self.proc = None
-
-    async def alerts(self, session: aiohttp.ClientSession) -> list[dict[str, Any]]:
-        async with session.get(f"{self.url}/api/v2/alerts") as resp:
-            assert resp.status == 200
-            body: list[dict[str, Any]] = await resp.json()
-            return body
 
 
 @pytest.fixture
 async def am(tmp_path: Path) -> AsyncIterator[tuple[Alertmanager, aiohttp.ClientSession]]:
-    manager = Alertmanager(tmp_path)
-    async with aiohttp.ClientSession() as session:
-        await manager.start(session)
-        try:
-            yield manager, session
-        finally:
-            await manager.stop()
+    async with (
+        aiohttp.ClientSession() as session,
+        running_alertmanager(tmp_path, session, keep_storage=True) as manager,
+    ):
+        yield manager, session
 
 
 async def _no_sleep(_: float) -> None:

@@ -22,7 +22,7 @@ import pytest
 from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import format_rfc3339
-from tests.e2e.stack import Alertmanager, Stack, poll, running_stack
+from tests.e2e.stack import Alertmanager, Stack, poll, running_alertmanager, running_stack
 
 pytestmark = pytest.mark.promtool
 
@@ -64,123 +64,110 @@ async def _baseline_ready(stack: Stack) -> bool | None:
 async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Path) -> None:
     """An injected acceptance drop reaches a real Alertmanager, survives a sidecar restart and
     resolves."""
-    async with aiohttp.ClientSession() as session:
-        am = Alertmanager(tmp_path)
+    async with (
+        aiohttp.ClientSession() as session,
+        running_alertmanager(tmp_path, session) as am,
+        running_stack(
+            alerting=_alerting(am),
+            detect=DetectSettings(acceptance_short_window="3s", acceptance_drop_for=1.0),
+        ) as stack,
+    ):
+        await poll("6 s of baseline", lambda: _baseline_ready(stack))
+        assert await am.alerts(session, "SpecAcceptanceDrop") == []
+
+        await stack.fault(stack.fly, {"draft_noise_multiplier": 6.0})
+        first = await poll(
+            "SpecAcceptanceDrop listed",
+            lambda: _listed(am, session, "SpecAcceptanceDrop", "fly"),
+        )
+        assert first["labels"] == {
+            "alertname": "SpecAcceptanceDrop",
+            "severity": "warning",
+            "target": "fly",
+            "role": "fly",
+            "model_name": "sim-model",
+            "scope": "server",
+        }
+        assert first["annotations"]["runbook_url"] == (
+            f"{DEFAULT_RUNBOOK_BASE_URL}#specacceptancedrop"
+        )
+        assert "fly" in first["annotations"]["summary"]
+        assert first["status"]["state"] == "active"
+        starts = first["startsAt"]
+        # the snapshot and the gauge show the same alert
+        doc = await stack.snapshot()
+        assert any(a["labels"]["target"] == "fly" for a in doc["alerts"])
+        async with session.get(f"{stack.specwatch_url}/metrics") as resp:
+            assert 'specwatch_alert_firing{alertname="SpecAcceptanceDrop"' in (await resp.text())
+
+        # Resends (every 1 s) never flap: one active alert, same startsAt, live lease.
+        deadline = time.monotonic() + 3.0
+        seen = 0
+        while time.monotonic() < deadline:
+            listed = await am.alerts(session, "SpecAcceptanceDrop")
+            fly = [a for a in listed if a["labels"]["target"] == "fly"]
+            assert len(fly) == 1
+            assert fly[0]["status"]["state"] == "active"
+            assert fly[0]["startsAt"] == starts
+            assert fly[0]["endsAt"] > format_rfc3339(time.time())
+            seen += 1
+            await asyncio.sleep(0.25)
+        assert seen >= 8
+
+        # Alertmanager down while firing, back with empty storage: nothing lost.
+        await am.stop()
+        errors_before = stack.component.state.send_errors["connect"]
+
+        async def failed_send() -> bool | None:
+            return True if stack.component.state.send_errors["connect"] > errors_before else None
+
+        await poll("a failed send while Alertmanager is down", failed_send)
         await am.start(session)
-        try:
-            async with running_stack(
-                alerting=_alerting(am),
-                detect=DetectSettings(acceptance_short_window="3s", acceptance_drop_for=1.0),
-            ) as stack:
-                await poll("6 s of baseline", lambda: _baseline_ready(stack))
-                assert await am.alerts(session, "SpecAcceptanceDrop") == []
+        back = await poll(
+            "SpecAcceptanceDrop re-listed after the restart",
+            lambda: _listed(am, session, "SpecAcceptanceDrop", "fly"),
+        )
+        assert back["startsAt"] == starts
+        assert back["labels"] == first["labels"]
 
-                await stack.fault(stack.fly, {"draft_noise_multiplier": 6.0})
-                first = await poll(
-                    "SpecAcceptanceDrop listed",
-                    lambda: _listed(am, session, "SpecAcceptanceDrop", "fly"),
-                )
-                assert first["labels"] == {
-                    "alertname": "SpecAcceptanceDrop",
-                    "severity": "warning",
-                    "target": "fly",
-                    "role": "fly",
-                    "model_name": "sim-model",
-                    "scope": "server",
-                }
-                assert first["annotations"]["runbook_url"] == (
-                    f"{DEFAULT_RUNBOOK_BASE_URL}#specacceptancedrop"
-                )
-                assert "fly" in first["annotations"]["summary"]
-                assert first["status"]["state"] == "active"
-                starts = first["startsAt"]
-                # the snapshot and the gauge show the same alert
-                doc = await stack.snapshot()
-                assert any(a["labels"]["target"] == "fly" for a in doc["alerts"])
-                async with session.get(f"{stack.specwatch_url}/metrics") as resp:
-                    assert 'specwatch_alert_firing{alertname="SpecAcceptanceDrop"' in (
-                        await resp.text()
-                    )
+        # Clear the fault: the 3 s window recovers and the alert resolves.
+        await stack.fault(stack.fly, None)
 
-                # Resends (every 1 s) never flap: one active alert, same startsAt, live lease.
-                deadline = time.monotonic() + 3.0
-                seen = 0
-                while time.monotonic() < deadline:
-                    listed = await am.alerts(session, "SpecAcceptanceDrop")
-                    fly = [a for a in listed if a["labels"]["target"] == "fly"]
-                    assert len(fly) == 1
-                    assert fly[0]["status"]["state"] == "active"
-                    assert fly[0]["startsAt"] == starts
-                    assert fly[0]["endsAt"] > format_rfc3339(time.time())
-                    seen += 1
-                    await asyncio.sleep(0.25)
-                assert seen >= 8
+        async def resolved() -> bool | None:
+            still = await _listed(am, session, "SpecAcceptanceDrop", "fly")
+            return True if still is None else None
 
-                # Alertmanager down while firing, back with empty storage: nothing lost.
-                await am.stop()
-                errors_before = stack.component.state.send_errors["connect"]
-
-                async def failed_send() -> bool | None:
-                    return (
-                        True
-                        if stack.component.state.send_errors["connect"] > errors_before
-                        else None
-                    )
-
-                await poll("a failed send while Alertmanager is down", failed_send)
-                await am.start(session)
-                back = await poll(
-                    "SpecAcceptanceDrop re-listed after the restart",
-                    lambda: _listed(am, session, "SpecAcceptanceDrop", "fly"),
-                )
-                assert back["startsAt"] == starts
-                assert back["labels"] == first["labels"]
-
-                # Clear the fault: the 3 s window recovers and the alert resolves.
-                await stack.fault(stack.fly, None)
-
-                async def resolved() -> bool | None:
-                    still = await _listed(am, session, "SpecAcceptanceDrop", "fly")
-                    return True if still is None else None
-
-                await poll("SpecAcceptanceDrop resolved", resolved, within=30)
-                assert all(
-                    a.labels.get("alertname") != "SpecAcceptanceDrop"
-                    for a in stack.component.state.firing
-                )
-        finally:
-            await am.stop()
+        await poll("SpecAcceptanceDrop resolved", resolved, within=30)
+        assert all(
+            a.labels.get("alertname") != "SpecAcceptanceDrop" for a in stack.component.state.firing
+        )
 
 
 async def test_target_down_fires_and_resolves(tmp_path: Path) -> None:
     """A target whose /metrics fails fires SpecwatchTargetDown for it alone, which resolves once
     it recovers."""
-    async with aiohttp.ClientSession() as session:
-        am = Alertmanager(tmp_path)
-        await am.start(session)
-        try:
-            async with running_stack(
-                alerting=_alerting(am), detect=DetectSettings(target_down_for=1.0)
-            ) as stack:
-                await stack.fault(stack.standard, {"metrics_mode": "error"})
-                down = await poll(
-                    "SpecwatchTargetDown listed",
-                    lambda: _listed(am, session, "SpecwatchTargetDown", "standard"),
-                )
-                assert down["labels"] == {
-                    "alertname": "SpecwatchTargetDown",
-                    "severity": "warning",
-                    "target": "standard",
-                    "role": "standard",
-                }
-                assert "http_status=" in down["annotations"]["description"]
-                assert await _listed(am, session, "SpecwatchTargetDown", "fly") is None
-                await stack.fault(stack.standard, None)
+    async with (
+        aiohttp.ClientSession() as session,
+        running_alertmanager(tmp_path, session) as am,
+        running_stack(alerting=_alerting(am), detect=DetectSettings(target_down_for=1.0)) as stack,
+    ):
+        await stack.fault(stack.standard, {"metrics_mode": "error"})
+        down = await poll(
+            "SpecwatchTargetDown listed",
+            lambda: _listed(am, session, "SpecwatchTargetDown", "standard"),
+        )
+        assert down["labels"] == {
+            "alertname": "SpecwatchTargetDown",
+            "severity": "warning",
+            "target": "standard",
+            "role": "standard",
+        }
+        assert "http_status=" in down["annotations"]["description"]
+        assert await _listed(am, session, "SpecwatchTargetDown", "fly") is None
+        await stack.fault(stack.standard, None)
 
-                async def resolved() -> bool | None:
-                    still = await _listed(am, session, "SpecwatchTargetDown", "standard")
-                    return True if still is None else None
+        async def resolved() -> bool | None:
+            still = await _listed(am, session, "SpecwatchTargetDown", "standard")
+            return True if still is None else None
 
-                await poll("SpecwatchTargetDown resolved", resolved)
-        finally:
-            await am.stop()
+        await poll("SpecwatchTargetDown resolved", resolved)

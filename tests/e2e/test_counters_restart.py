@@ -56,7 +56,9 @@ def _pair(t: float, n: int, std_ok: bool, fly_ok: bool) -> PairOutcome:
 def _component(path: Path, clock: FakeClock) -> ShadowComponent:
     arm = ArmEndpoint(url="http://127.0.0.1:9")  # never called: nothing is sampled
     return ShadowComponent(
-        ShadowSettings(enabled=True, standard=arm, fly=arm, sample_probability=0.0),
+        ShadowSettings(
+            enabled=True, standard=arm, fly=arm, sample_probability=0.0, mirror_listen_port=0
+        ),
         PairedSettings(),
         LedgerSettings(path=str(path), max_rows=30, max_age_seconds=None),
         clock=clock,

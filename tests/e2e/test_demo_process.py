@@ -171,6 +171,28 @@ def _check_serving(values: dict[str, float], snap: dict[str, object]) -> None:
         assert t["limits"]["max_num_seqs"] == 16
 
 
+async def _exited_0(proc: asyncio.subprocess.Process, seen: list[str], *, within: float) -> str:
+    """Wait (``within`` s at most) for the demo to exit; check it exited 0, without a traceback,
+    saying it stopped; returns its whole stdout (``seen``: the lines already read)."""
+    async with asyncio.timeout(within):
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        rc = await proc.wait()
+    assert rc == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    out = "".join(seen) + rest.decode()
+    assert "specwatch demo: stopped;" in out
+    return out
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the demo if a failed check left it running."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
     """`specwatch demo --duration` serves metrics and pairs, then exits 0 leaving no child
     process or directory."""
@@ -183,21 +205,11 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
         values, snap = await _wait_for_acceptance(url)
         fams = await _wait_for_pairs(url)
         tree = _tree(proc.pid)
-        async with asyncio.timeout(60):
-            assert proc.stdout is not None
-            assert proc.stderr is not None
-            rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
-            rc = await proc.wait()
+        out = await _exited_0(proc, lines, within=60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _reap(proc)
     _check_serving(values, snap)
-    out = "".join(lines) + rest.decode()
-    assert rc == 0, err.decode()
-    assert "Traceback" not in err.decode()
     assert "\x1b" not in out  # stdout is a pipe: plain text, no ANSI
-    assert "specwatch demo: stopped;" in out
     # the plain view ran and showed both arms' acceptance
     assert re.search(r"^standard\s+up\s+0\.\d{3}", out, re.M), out[-2000:]
     assert re.search(r"^fly\s+up\s+0\.\d{3}", out, re.M)
@@ -228,20 +240,10 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
         tree = _tree(proc.pid)
         assert proc.returncode is None  # still running: the signal lands mid-run
         os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground group
-        async with asyncio.timeout(30):
-            assert proc.stdout is not None
-            assert proc.stderr is not None
-            rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
-            rc = await proc.wait()
+        out = await _exited_0(proc, lines, within=30)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _reap(proc)
     _check_serving(values, snap)
-    out = "".join(lines) + rest.decode()
-    assert rc == 0, err.decode()
-    assert "Traceback" not in err.decode()
-    assert "specwatch demo: stopped;" in out
     assert "target    role" not in out  # --no-ui: no view
     assert _alive(tree) == set()
     assert _group_members(proc.pid) == set()

@@ -50,8 +50,9 @@ def test_every_frame_fits_and_shows_the_key_numbers(
     tmp_path: Path, size: str, duration: int
 ) -> None:
     """Every captured frame: no line wider than the pane, no more lines than it has rows, and a
-    scrollback of at most 10 lines (the 2 intro lines and any log line printed above the
-    view; a single frame piled up there would be 21 or more).
+    scrollback of at most 20 lines (the 2 intro lines and any log line printed above the
+    view, such as a scrape warning on a loaded machine; a single frame piled up there would be
+    21 or more).
     Once the view is up: title and sidecar URL, the fault command whole on one line, both
     target rows with α, τ, tokens/s and running/16; later the verdict sentence."""
     cols, rows, frames = _frames(tmp_path, size, duration)
@@ -60,7 +61,7 @@ def test_every_frame_fits_and_shows_the_key_numbers(
         lines = text.rstrip("\n").split("\n")
         assert max(len(line) for line in lines) <= cols, text
         assert len(lines) <= rows
-        assert history <= 10  # the intro and any warnings; one piled-up frame is 21+ lines
+        assert history <= 20  # the intro and any warnings; one piled-up frame is 21+ lines
     views = [t for t, _ in frames if "specwatch demo  " in t and ROW_RE.search(t)]
     assert views, "the view never showed both targets"
     for text in views:

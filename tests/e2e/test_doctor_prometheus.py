@@ -5,9 +5,7 @@ is named by one FAIL line."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
 from tests.e2e.stack import poll, run_prometheus
 from tests.fakes import free_port
+from tests.sidecar_process import run_specwatch
 
 RULES = {
     "groups": [
@@ -95,21 +94,6 @@ PROMETHEUS_OBJECT = {
         "ruleNamespaceSelector": {},
     },
 }
-
-
-async def _doctor(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "specwatch",
-        "doctor",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def _scraped(session: aiohttp.ClientSession, prom: str, jobs: int, rules: bool) -> None:
@@ -186,7 +170,7 @@ async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
             args = _files(healthy_dir, healthy=True)
             async with run_prometheus(healthy_dir, config, session) as prom:
                 await _scraped(session, prom, jobs=2, rules=True)
-                rc, out, err = await _doctor("--prometheus-url", prom, *args)
+                rc, out, err = await run_specwatch("doctor", "--prometheus-url", prom, *args)
             assert rc == 0, out + err
             lines = out.splitlines()
             assert not [ln for ln in lines if ln.startswith("FAIL")]
@@ -216,7 +200,9 @@ async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
             args = _files(faulty_dir, healthy=False)
             async with run_prometheus(faulty_dir, config, session) as prom:
                 await _scraped(session, prom, jobs=3, rules=False)
-                rc, out, err = await _doctor("--prometheus-url", prom, *args, "--format", "json")
+                rc, out, err = await run_specwatch(
+                    "doctor", "--prometheus-url", prom, *args, "--format", "json"
+                )
     finally:
         await server.close()
         await sim.stop()

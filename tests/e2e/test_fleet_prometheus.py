@@ -34,6 +34,7 @@ from tests.e2e.shadow_harness import (
 )
 from tests.e2e.stack import poll, run_prometheus
 from tests.fakes import free_port
+from tests.sidecar_process import run_specwatch
 
 #: (sidecar name, model label, FLy entropy threshold): two sidecars of one model, one of another.
 #: Canary items each sidecar replays (the first of the simulator's canary set).
@@ -66,20 +67,6 @@ async def _sidecar_with_pairs(tmp: Path, name: str, threshold: float) -> AsyncIt
             await until(lambda: canary_done(sc.component, items))
             await sc.component.refresh(flush=True)
             yield sc
-
-
-async def _specwatch(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "specwatch",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def _margin_e(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
@@ -152,7 +139,9 @@ async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
         async def fleet_json() -> tuple[dict[str, Any], str] | None:
             """The CLI's JSON once every series is in (a scrape that timed out on this busy
             machine leaves a stale marker until the next one)."""
-            rc, out, err = await _specwatch("fleet", "--prometheus-url", prom, "--format", "json")
+            rc, out, err = await run_specwatch(
+                "fleet", "--prometheus-url", prom, "--format", "json"
+            )
             assert rc == 0, err
             doc: dict[str, Any] = json.loads(out)
             return (doc, err) if len(doc["models"]) == 2 and doc["bad_series"] else None

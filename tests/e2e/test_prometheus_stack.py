@@ -127,6 +127,7 @@ def _matching(
 
 
 async def _first(session: aiohttp.ClientSession, url: str, alertname: str) -> dict[str, Any] | None:
+    """The first ``alertname`` alert Prometheus lists as firing, or ``None``."""
     got = _matching(await _alerts(session, url), state="firing", alertname=alertname)
     return got[0] if got else None
 
@@ -164,13 +165,11 @@ async def test_mixin_alerts_fire_on_injected_faults(tmp_path: Path) -> None:
         # FLy's drafts get worse: the mixin's server-scope SpecAcceptanceDrop fires for fly only.
         await stack.fault(stack.fly, {"draft_noise_multiplier": 6.0})
 
-        async def drop_firing() -> dict[str, Any] | None:
-            got = _matching(
-                await _alerts(session, prom), alertname="SpecAcceptanceDrop", state="firing"
-            )
-            return got[0] if got else None
-
-        drop = await poll("SpecAcceptanceDrop firing in Prometheus", drop_firing, within=30)
+        drop = await poll(
+            "SpecAcceptanceDrop firing in Prometheus",
+            lambda: _first(session, prom, "SpecAcceptanceDrop"),
+            within=30,
+        )
         assert drop["labels"]["role"] == "fly"
         assert drop["labels"]["scope"] == "server"
         assert drop["labels"]["job"] == "vllm"
@@ -191,13 +190,11 @@ async def test_mixin_alerts_fire_on_injected_faults(tmp_path: Path) -> None:
         # mixin's SpecwatchTargetDown fires from specwatch's own series.
         await stack.fault(stack.standard, {"metrics_mode": "error"})
 
-        async def down_firing() -> dict[str, Any] | None:
-            got = _matching(
-                await _alerts(session, prom), alertname="SpecwatchTargetDown", state="firing"
-            )
-            return got[0] if got else None
-
-        down = await poll("SpecwatchTargetDown firing in Prometheus", down_firing, within=30)
+        down = await poll(
+            "SpecwatchTargetDown firing in Prometheus",
+            lambda: _first(session, prom, "SpecwatchTargetDown"),
+            within=30,
+        )
         assert down["labels"]["target"] == "standard"
         assert down["labels"]["role"] == "standard"
         assert down["labels"]["job"] == "specwatch"

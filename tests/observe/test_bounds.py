@@ -74,6 +74,10 @@ class Sidecar:
                 return v
         return None
 
+    async def scrape_errors(self, reason: str) -> float | None:
+        """``specwatch_scrape_errors_total{target="fly", reason=...}`` now."""
+        return await self.value("specwatch_scrape_errors_total", target="fly", reason=reason)
+
     async def snapshot(self) -> dict[str, Any]:
         resp = await self.client.get("/api/v1/snapshot")
         doc: dict[str, Any] = json.loads(await resp.text())
@@ -109,10 +113,7 @@ async def test_ten_thousand_models_keep_the_cap(sidecar: Sidecar) -> None:
     assert await sidecar.scrape(page(models, 400))
     series = await sidecar.series()
     assert _labels(series, "model_name") == {f"m{i:05d}" for i in range(8)}
-    assert (
-        await sidecar.value("specwatch_scrape_errors_total", target="fly", reason="model_cap")
-        == 2 * 9_992
-    )
+    assert await sidecar.scrape_errors("model_cap") == 2 * 9_992
     # same series as with 8 models (only error counters change value, not number)
     assert len(series) == with_eight
     assert await sidecar.value("specwatch_target_up", target="fly") == 1
@@ -129,9 +130,7 @@ async def test_ten_thousand_engines_keep_the_cap(sidecar: Sidecar) -> None:
     series = await sidecar.series()
     kept = _labels(series, "engine")
     assert kept == set(sorted(str(i) for i in range(10_000))[:64])
-    assert await sidecar.value(
-        "specwatch_scrape_errors_total", target="fly", reason="engine_cap"
-    ) == 2 * (10_000 - 64)
+    assert await sidecar.scrape_errors("engine_cap") == 2 * (10_000 - 64)
 
 
 async def test_memory_stays_bounded_over_ten_thousand_models(sidecar: Sidecar) -> None:
@@ -216,12 +215,7 @@ async def test_alternating_counters_are_not_one_server(
     ]
     results = [await sidecar.scrape(p) for p in pages]
     assert results == [True, True, False, False, False, False]
-    assert (
-        await sidecar.value(
-            "specwatch_scrape_errors_total", target="fly", reason="counters_alternate"
-        )
-        == 4
-    )
+    assert await sidecar.scrape_errors("counters_alternate") == 4
     assert await sidecar.value("specwatch_engine_resets_total", target="fly", engine="0") == 1
     assert await sidecar.value("specwatch_target_up", target="fly") == 0
     warned = [
@@ -243,12 +237,7 @@ async def test_alternating_counters_without_start_time(sidecar: Sidecar) -> None
     pages = [page(eng, d, start=None) for d in (1000, 50, 1010, 55, 1020, 60)]
     results = [await sidecar.scrape(p) for p in pages]
     assert results == [True, True, True, False, True, False]
-    assert (
-        await sidecar.value(
-            "specwatch_scrape_errors_total", target="fly", reason="counters_alternate"
-        )
-        == 2
-    )
+    assert await sidecar.scrape_errors("counters_alternate") == 2
     assert await sidecar.value("specwatch_engine_resets_total", target="fly", engine="0") == 1
 
 
@@ -264,10 +253,5 @@ async def test_one_server_restarting_is_a_reset_not_alternation(sidecar: Sidecar
         page(eng, 9, start=1.2e9),
     ]
     assert [await sidecar.scrape(p) for p in pages] == [True] * 5
-    assert (
-        await sidecar.value(
-            "specwatch_scrape_errors_total", target="fly", reason="counters_alternate"
-        )
-        == 0
-    )
+    assert await sidecar.scrape_errors("counters_alternate") == 0
     assert await sidecar.value("specwatch_engine_resets_total", target="fly", engine="0") == 2

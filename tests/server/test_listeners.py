@@ -59,6 +59,11 @@ async def _metric(url: str, name: str, **labels: str) -> float | None:
     return None
 
 
+async def _refused(url: str, listener: str, reason: str) -> float | None:
+    """``specwatch_listener_refused_total{listener, reason}`` on ``url``'s ``/metrics``."""
+    return await _metric(url, "specwatch_listener_refused_total", listener=listener, reason=reason)
+
+
 async def _closed(reader: asyncio.StreamReader) -> bytes:
     """Everything the server sends until it closes the connection (at most 30 s)."""
     return await asyncio.wait_for(reader.read(), timeout=30)
@@ -74,15 +79,7 @@ async def test_half_open_connection_is_closed_and_counted(sidecar: Process) -> N
     assert await _metric(sidecar.url, "specwatch_listener_open_connections", listener="main")
     assert await _closed(reader) == b""
     writer.close()
-    assert (
-        await _metric(
-            sidecar.url,
-            "specwatch_listener_refused_total",
-            listener="main",
-            reason="header_timeout",
-        )
-        == 1
-    )
+    assert await _refused(sidecar.url, "main", "header_timeout") == 1
 
 
 async def test_drip_fed_body_gets_408(sidecar: Process) -> None:
@@ -97,15 +94,7 @@ async def test_drip_fed_body_gets_408(sidecar: Process) -> None:
     answer = await _closed(reader)
     writer.close()
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert (
-        await _metric(
-            sidecar.url,
-            "specwatch_listener_refused_total",
-            listener="mirror",
-            reason="body_timeout",
-        )
-        == 1
-    )
+    assert await _refused(sidecar.url, "mirror", "body_timeout") == 1
 
 
 async def test_connection_limit_answers_503(sidecar: Process) -> None:
@@ -119,15 +108,7 @@ async def test_connection_limit_answers_503(sidecar: Process) -> None:
     for r, w in held:
         assert await _closed(r) == b""
         w.close()
-    assert (
-        await _metric(
-            sidecar.url,
-            "specwatch_listener_refused_total",
-            listener="main",
-            reason="connection_limit",
-        )
-        == 1
-    )
+    assert await _refused(sidecar.url, "main", "connection_limit") == 1
 
 
 async def test_deep_json_is_a_clear_400_without_traceback(sidecar: Process) -> None:

@@ -123,16 +123,21 @@ def _server(
         yield server
 
 
+def _draft_model_spec(draft: Path) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for ``draft_model`` speculation with ``draft``, K = 4."""
+    return {
+        "method": "draft_model",
+        "model": str(draft),
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+    }
+
+
 @pytest.fixture(scope="session")
 def vllm_spec_server(
     vllm_python: Path, tiny_models: TinyModels, vllm_runtime_dir: Path
 ) -> Iterator[VllmServer]:
     """vLLM with ``draft_model`` speculation, draft = copy of the target, K = 4."""
-    spec = {
-        "method": "draft_model",
-        "model": str(tiny_models.draft_same),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-    }
+    spec = _draft_model_spec(tiny_models.draft_same)
     yield from _server(vllm_python, tiny_models, vllm_runtime_dir, "spec-draft-same", spec)
 
 
@@ -141,11 +146,7 @@ def vllm_random_draft_server(
     vllm_python: Path, tiny_models: TinyModels, vllm_runtime_dir: Path
 ) -> Iterator[VllmServer]:
     """vLLM with ``draft_model`` speculation using the unrelated random draft, K = 4."""
-    spec = {
-        "method": "draft_model",
-        "model": str(tiny_models.draft),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-    }
+    spec = _draft_model_spec(tiny_models.draft)
     yield from _server(vllm_python, tiny_models, vllm_runtime_dir, "spec-random-draft", spec)
 
 

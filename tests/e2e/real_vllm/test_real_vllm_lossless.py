@@ -24,28 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from specwatch.alerts.rules import candidates
 from specwatch.alerts.settings import DetectSettings
-from specwatch.core.config import OVERALL, SINCE_START
-from specwatch.core.wire import CATEGORY_HEADER
+from specwatch.core.config import SINCE_START
 from specwatch.observe.values import ObserveView
-from specwatch.shadow.compare import compare
-from specwatch.shadow.ledger import Ledger
-from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
-from specwatch.shadow.values import ReplayPair
+from specwatch.shadow.settings import ArmEndpoint
+from specwatch.shadow.summary import PairedSummary
 
+from .mirror import completion_body, mirror_run, prompts
 from .servers import VllmServer
-from .test_real_vllm_shadow import prompts
 
 pytestmark = pytest.mark.real_vllm
 
@@ -54,76 +46,40 @@ RUN_TIMEOUT_S = 300.0
 
 
 def _body(prompt: str, temperature: float, seed: int) -> dict[str, Any]:
-    return {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": temperature,
-        "seed": seed,
-    }
+    return completion_body(prompt, temperature, seed, max_tokens=MAX_TOKENS)
 
 
-async def lossless_run(
+def lossless_run(
     spec: VllmServer,
     nospec: VllmServer,
     traffic: list[tuple[str, dict[str, Any]]],
     ledger_path: Path,
     *,
     in_flight: int,
-) -> ShadowStats:
-    """Mirror ``traffic`` through the four arms and summarise the ledger (since start)."""
+    name: str,
+) -> tuple[PairedSummary, list[str]]:
+    """Mirror ``traffic`` through the four arms, summarise the ledger (since start, every
+    category) and hand the statistics to the detectors; prints one ``lossless-run {json}`` line
+    named ``name``; returns the summary and the SpecLosslessFlips descriptions."""
     ep = ArmEndpoint(url=nospec.url, timeout_seconds=120.0)
-    settings = ShadowSettings(
-        enabled=True,
-        modes=("mirror",),
-        sample_probability=1.0,
-        queue_size=len(traffic) + 1,
-        max_shadow_rps=1000.0,
-        max_in_flight=in_flight,
-        max_queue_age_seconds=RUN_TIMEOUT_S,
-        standard=ArmEndpoint(url=spec.url, timeout_seconds=120.0),
-        fly=ep,
-        noise=ep,
-        noise_kind="baseline",
-        baseline=ep,
-        max_tokens_cap=MAX_TOKENS,
-        mirror_listen_host="127.0.0.1",
-        mirror_listen_port=0,
+    run = asyncio.run(
+        mirror_run(
+            traffic,
+            ledger_path,
+            in_flight=in_flight,
+            max_tokens=MAX_TOKENS,
+            timeout_s=RUN_TIMEOUT_S,
+            window=SINCE_START,
+            standard=ArmEndpoint(url=spec.url, timeout_seconds=120.0),
+            fly=ep,
+            noise=ep,
+            noise_kind="baseline",
+            baseline=ep,
+        )
     )
-    done = asyncio.Event()
-    count = 0
-    async with Ledger(ledger_path) as ledger, aiohttp.ClientSession() as session:
-
-        async def sink(pair: ReplayPair) -> None:
-            nonlocal count
-            assert ledger.submit(compare(pair))
-            count += 1
-            if count == len(traffic):
-                done.set()
-
-        pipeline = ShadowPipeline(settings, session=session, on_pair=sink)
-        app = web.Application()
-        pipeline.mount(app)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        try:
-            for category, payload in traffic:
-                async with session.post(
-                    f"http://127.0.0.1:{pipeline.mirror_port}/v1/completions",
-                    json=payload,
-                    headers={CATEGORY_HEADER: category},
-                ) as resp:
-                    assert resp.status == 202
-            await asyncio.wait_for(done.wait(), RUN_TIMEOUT_S)
-        finally:
-            await runner.cleanup()
-        await ledger.flush()
-        tallies = await ledger.tally()
-    return build_shadow_stats({SINCE_START: tallies}, now=time.time())
-
-
-def _print(name: str, s: PairedSummary, alerts: list[str]) -> None:
+    found = candidates(ObserveView(generated_at=0.0, targets={}), run.stats, DetectSettings())
+    alerts = [a.description for a in found if a.alertname == "SpecLosslessFlips"]
+    s = run.summary()
     t = s.tally
     print(
         "lossless-run "
@@ -140,11 +96,7 @@ def _print(name: str, s: PairedSummary, alerts: list[str]) -> None:
             }
         )
     )
-
-
-def _lossless_alerts(stats: ShadowStats) -> list[str]:
-    found = candidates(ObserveView(generated_at=0.0, targets={}), stats, DetectSettings())
-    return [a.description for a in found if a.alertname == "SpecLosslessFlips"]
+    return s, alerts
 
 
 def test_lossless_alert_fires_on_mixed_traffic(
@@ -159,14 +111,14 @@ def test_lossless_alert_fires_on_mixed_traffic(
     for i in range(12):
         traffic.append(("t0", _body(greedy[i], 0.0, 1000 + i)))
         traffic.append(("t1", _body(sampled[i], 1.0, 2000 + i)))
-    stats = asyncio.run(
-        lossless_run(
-            vllm_spec_server, vllm_nospec_server, traffic, tmp_path / "mixed.db", in_flight=6
-        )
+    s, alerts = lossless_run(
+        vllm_spec_server,
+        vllm_nospec_server,
+        traffic,
+        tmp_path / "mixed.db",
+        in_flight=6,
+        name="mixed",
     )
-    s = stats.windows[SINCE_START][OVERALL]
-    alerts = _lossless_alerts(stats)
-    _print("mixed", s, alerts)
     # only greedy requests count, and every one had a baseline and a noise answer
     assert s.lossless_pairs == 12
     # the no-speculation server is deterministic: the noise floor is 0
@@ -185,14 +137,14 @@ def test_lossless_alert_quiet_on_all_greedy_traffic(
     """12 greedy requests, 4 in flight: speculation is lossless here, no flip on either arm,
     the e-value is 1 and SpecLosslessFlips stays quiet."""
     traffic = [("t0", _body(p, 0.0, 3000 + i)) for i, p in enumerate(prompts(12, 300))]
-    stats = asyncio.run(
-        lossless_run(
-            vllm_spec_server, vllm_nospec_server, traffic, tmp_path / "greedy.db", in_flight=4
-        )
+    s, alerts = lossless_run(
+        vllm_spec_server,
+        vllm_nospec_server,
+        traffic,
+        tmp_path / "greedy.db",
+        in_flight=4,
+        name="greedy",
     )
-    s = stats.windows[SINCE_START][OVERALL]
-    alerts = _lossless_alerts(stats)
-    _print("greedy", s, alerts)
     assert s.lossless_pairs == 12
     assert s.tally.lossless_spec_only == 0
     assert s.tally.lossless_noise_only == 0

@@ -31,92 +31,28 @@ written up in ``docs/real-vllm-shadow.md``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
-from specwatch.core.config import OVERALL
-from specwatch.core.wire import CATEGORY_HEADER
-from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
+from specwatch.shadow.settings import ArmEndpoint
 from specwatch.shadow.stats.sequential import beta_binomial_e_value
-from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
-from specwatch.shadow.values import ReplayPair
 
+from .mirror import MirrorRun, completion_body, mirror_run, prompts
 from .servers import VllmServer
 
 pytestmark = pytest.mark.real_vllm
 
 MAX_TOKENS = 48
 RUN_TIMEOUT_S = 240.0
-WORDS = [
-    "river",
-    "stone",
-    "engine",
-    "quiet",
-    "market",
-    "lantern",
-    "orbit",
-    "signal",
-    "harbor",
-    "meadow",
-    "cipher",
-    "velvet",
-    "anchor",
-    "summit",
-    "thread",
-    "copper",
-    "winter",
-    "garden",
-    "pulse",
-    "mirror",
-]
-
-
-def prompts(n: int, offset: int) -> list[str]:
-    """``n`` distinct pseudo-English prompts (deterministic)."""
-    out = []
-    for i in range(offset, offset + n):
-        words = [WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(5 + i % 4)]
-        out.append(f"Request {i}: " + " ".join(words))
-    return out
 
 
 def body(prompt: str, temperature: float, seed: int) -> dict[str, Any]:
-    """A ``/v1/completions`` body as a client would send it (a fixed length, a seed)."""
-    return {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": temperature,
-        "seed": seed,
-    }
-
-
-@dataclass(frozen=True)
-class ShadowRun:
-    """What one shadow run produced."""
-
-    outcomes: list[PairOutcome]
-    rows: list[LedgerRow]
-    stats: ShadowStats
-    offered: int
-    replays: dict[str, int]
-    seconds: float
-
-    def summary(self, category: str = OVERALL) -> PairedSummary:
-        return self.stats.windows["run"][category]
+    """A ``/v1/completions`` body of ``MAX_TOKENS`` tokens."""
+    return completion_body(prompt, temperature, seed, max_tokens=MAX_TOKENS)
 
 
 async def shadow_run(
@@ -126,69 +62,30 @@ async def shadow_run(
     ledger_path: Path,
     *,
     in_flight: int,
-) -> ShadowRun:
-    """Mirror ``traffic`` (``(category, body)``) into a pipeline and wait for every pair."""
-    settings = ShadowSettings(
-        enabled=True,
-        modes=("mirror",),
-        sample_probability=1.0,
-        queue_size=len(traffic) + 1,
-        max_shadow_rps=1000.0,
-        max_in_flight=in_flight,
-        max_queue_age_seconds=RUN_TIMEOUT_S,
+) -> MirrorRun:
+    """Mirror ``traffic`` (``(category, body)``) to the standard, FLy and noise (= standard)
+    arms and wait for every pair; statistics under the window ``run``."""
+    return await mirror_run(
+        traffic,
+        ledger_path,
+        in_flight=in_flight,
+        max_tokens=MAX_TOKENS,
+        timeout_s=RUN_TIMEOUT_S,
+        window="run",
         standard=ArmEndpoint(url=standard.url, timeout_seconds=120.0),
         fly=ArmEndpoint(url=fly.url, timeout_seconds=120.0),
         noise_kind="standard",
-        max_tokens_cap=MAX_TOKENS,
-        mirror_listen_host="127.0.0.1",
-        mirror_listen_port=0,
     )
-    outcomes: list[PairOutcome] = []
-    all_done = asyncio.Event()
-    t0 = time.monotonic()
-    async with Ledger(ledger_path) as ledger, aiohttp.ClientSession() as session:
-
-        async def sink(pair: ReplayPair) -> None:
-            outcome = compare(pair)
-            assert ledger.submit(outcome)
-            outcomes.append(outcome)
-            if len(outcomes) == len(traffic):
-                all_done.set()
-
-        pipeline = ShadowPipeline(settings, session=session, on_pair=sink)
-        app = web.Application()
-        pipeline.mount(app)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        try:
-            for category, payload in traffic:
-                async with session.post(
-                    f"http://127.0.0.1:{pipeline.mirror_port}/v1/completions",
-                    json=payload,
-                    headers={CATEGORY_HEADER: category},
-                ) as resp:
-                    assert resp.status == 202
-                    assert await resp.json() == {"shadow": "admitted"}
-            await asyncio.wait_for(all_done.wait(), RUN_TIMEOUT_S)
-            offered = pipeline.sampler.offered
-            replays = dict(pipeline.replays)
-        finally:
-            await runner.cleanup()  # stops the pipeline's workers
-        await ledger.flush()
-        rows = await ledger.query()
-        tallies = await ledger.tally()
-    stats = build_shadow_stats({"run": tallies}, now=time.time())
-    return ShadowRun(outcomes, rows, stats, offered, replays, time.monotonic() - t0)
 
 
-def report(name: str, run: ShadowRun) -> dict[str, Any]:
+def report(name: str, run: MirrorRun) -> dict[str, Any]:
     """The measured numbers of one run (printed as one JSON line)."""
 
     def num(v: float) -> float | None:
         return None if math.isnan(v) else round(v, 6)
 
     per_class: dict[str, Any] = {}
-    for category, s in sorted(run.stats.windows["run"].items()):
+    for category, s in sorted(run.stats.windows[run.window].items()):
         t = s.tally
         per_class[category] = {
             "paired": t.paired,
@@ -223,7 +120,7 @@ def report(name: str, run: ShadowRun) -> dict[str, Any]:
     return out
 
 
-def check_pairing(run: ShadowRun, n: int) -> None:
+def check_pairing(run: MirrorRun, n: int) -> None:
     """Every request was replayed once; paired = replayed - failed; the ledger has every row."""
     assert run.offered == n
     assert len(run.outcomes) == len(run.rows) == n
