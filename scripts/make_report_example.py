@@ -16,16 +16,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 from specwatch.__main__ import main as specwatch_main
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "docs" / "img" / "report-example.png"
@@ -39,70 +41,117 @@ CATEGORIES = {
 }
 
 
-def synthetic_row(rng: random.Random, t: float, i: int) -> LedgerRow:
-    """One ledger row drawn from :data:`CATEGORIES` (about 2% unpaired, 1% excluded)."""
-    cats = list(CATEGORIES)
-    cat = rng.choices(cats, weights=[CATEGORIES[c][0] for c in cats])[0]
-    _, p_lost, p_gained, p_wrong = CATEGORIES[cat]
-    u = rng.random()
-    if u < 0.02:
-        status, reason = "unpaired", rng.choice(["fly_timeout", "standard_http_503"])
-    elif u < 0.03:
-        status, reason = "excluded", "unsupported_parameter"
-    else:
-        status, reason = "paired", None
-    paired = status == "paired"
-    v = rng.random()
-    if v < p_lost:
-        std, fly = True, False
-    elif v < p_lost + p_gained:
-        std, fly = False, True
-    elif v < p_lost + p_gained + p_wrong:
-        std, fly = False, False
-    else:
-        std, fly = True, True
-    noise = i % 3 == 0 and paired
-    noise_ok = (std if rng.random() > 0.015 else not std) if noise else None
-    return LedgerRow(
-        time=t,
-        request_hash=f"{i:016x}",
-        category=cat,
-        source="canary",
-        item_id=f"{cat}-{i}",
-        status=status,
-        reason=reason,
-        labelled=True,
-        noise_asked=noise,
-        standard_correct=std if paired else None,
-        fly_correct=fly if paired else None,
-        noise_correct=noise_ok,
-        fly_agrees=(std == fly) if paired else None,
-        noise_agrees=(noise_ok == std) if noise else None,
-        fly_divergence_char=None,
-        fly_divergence_token=None,
-        fly_similarity=None,
-        noise_divergence_char=None,
-        noise_similarity=None,
-        standard_latency_seconds=rng.uniform(0.8, 2.5),
-        fly_latency_seconds=rng.uniform(0.6, 2.0),
-        noise_latency_seconds=rng.uniform(0.8, 2.5) if noise else None,
-        standard_tokens=rng.randint(40, 400),
-        fly_tokens=rng.randint(40, 400),
-        noise_tokens=rng.randint(40, 400) if noise else None,
-        standard_tau=rng.uniform(2.2, 2.8),
-        fly_tau=rng.uniform(2.9, 3.6),
-        noise_tau=rng.uniform(2.2, 2.8) if noise else None,
+#: The columns :func:`synthetic_columns` fills (the rest of a ledger row stays NULL).
+COLUMNS: tuple[str, ...] = (
+    "time",
+    "request_hash",
+    "category",
+    "source",
+    "item_id",
+    "status",
+    "reason",
+    "labelled",
+    "noise_asked",
+    "standard_correct",
+    "fly_correct",
+    "noise_correct",
+    "fly_agrees",
+    "noise_agrees",
+    "standard_latency_seconds",
+    "fly_latency_seconds",
+    "noise_latency_seconds",
+    "standard_tokens",
+    "fly_tokens",
+    "noise_tokens",
+    "standard_tau",
+    "fly_tau",
+    "noise_tau",
+)
+
+
+def synthetic_columns(
+    rng: np.random.Generator, first: int, count: int, pairs: int
+) -> list[tuple[Any, ...]]:
+    """Rows ``first .. first + count - 1`` of a ``pairs``-row ledger as :data:`COLUMNS` tuples,
+    drawn with numpy from :data:`CATEGORIES` (about 2% unpaired, 1% excluded; vectorised: a
+    million rows in seconds)."""
+    i = np.arange(first, first + count)
+    t = START + HOURS * 3600.0 * (i + rng.random(count)) / pairs
+    names = list(CATEGORIES)
+    share = np.array([CATEGORIES[c][0] for c in names])
+    cat = rng.choice(len(names), size=count, p=share / share.sum())
+    table = np.array([CATEGORIES[c][1:] for c in names])
+    p_lost, p_gained, p_wrong = table[cat, 0], table[cat, 1], table[cat, 2]
+    u, v = rng.random(count), rng.random(count)
+    status = np.where(u < 0.02, 1, np.where(u < 0.03, 2, 0))
+    unpaired_reason = rng.integers(0, 2, count)
+    lost = v < p_lost
+    gained = (v >= p_lost) & (v < p_lost + p_gained)
+    wrong = (v >= p_lost + p_gained) & (v < p_lost + p_gained + p_wrong)
+    std = lost | ~(gained | wrong)
+    fly = gained | ~(lost | wrong)
+    paired = status == 0
+    noise = (i % 3 == 0) & paired
+    noise_ok = np.where(rng.random(count) > 0.015, std, ~std)
+    lat = rng.uniform([0.8, 0.6, 0.8], [2.5, 2.0, 2.5], (count, 3))
+    tok = rng.integers(40, 401, (count, 3))
+    tau = rng.uniform([2.2, 2.9, 2.2], [2.8, 3.6, 2.8], (count, 3))
+    status_name = np.array(["paired", "unpaired", "excluded"])[status].tolist()
+    reason = np.where(
+        status == 0,
+        np.full(count, None, dtype=object),
+        np.where(
+            status == 1,
+            np.array(["fly_timeout", "standard_http_503"], dtype=object)[unpaired_reason],
+            "unsupported_parameter",
+        ),
+    ).tolist()
+
+    def when(mask: npt.NDArray[np.bool_], values: npt.NDArray[Any]) -> list[Any]:
+        none = np.full(mask.shape, None, dtype=object)
+        picked: list[Any] = np.where(mask, values.astype(object), none).tolist()
+        return picked
+
+    cat_name = np.array(names, dtype=object)[cat].tolist()
+    ids = i.tolist()
+    columns = (
+        t.tolist(),
+        [f"{k:016x}" for k in ids],
+        cat_name,
+        ["canary"] * count,
+        [f"{c}-{k}" for c, k in zip(cat_name, ids, strict=True)],
+        status_name,
+        reason,
+        [True] * count,
+        noise.tolist(),
+        when(paired, std),
+        when(paired, fly),
+        when(noise, noise_ok),
+        when(paired, std == fly),
+        when(noise, noise_ok == std),
+        lat[:, 0].tolist(),
+        lat[:, 1].tolist(),
+        when(noise, lat[:, 2]),
+        tok[:, 0].tolist(),
+        tok[:, 1].tolist(),
+        when(noise, tok[:, 2]),
+        tau[:, 0].tolist(),
+        tau[:, 1].tolist(),
+        when(noise, tau[:, 2]),
     )
+    out = list(zip(*columns, strict=True))
+    return out
 
 
-async def write_ledger(path: Path, seed: int, pairs: int = 4000) -> None:
-    """A ledger of ``pairs`` rows spread over :data:`HOURS` hours."""
-    rng = random.Random(seed)
-    async with Ledger(path) as ledger:
-        for i in range(pairs):
-            t = START + HOURS * 3600.0 * (i + rng.random()) / pairs
-            ledger.submit(synthetic_row(rng, t, i))
-        await ledger.flush()
+async def write_ledger(path: Path, seed: int, pairs: int = 4000, batch: int = 50_000) -> None:
+    """A ledger of ``pairs`` rows spread over :data:`HOURS` hours (:func:`synthetic_columns`),
+    written ``batch`` rows per transaction with ``Ledger.write_many`` (the ledger's own schema,
+    no write queue), so a million rows take seconds, not minutes."""
+    rng = np.random.default_rng(seed)
+    async with Ledger(path, synchronous="OFF") as ledger:
+        for first in range(0, pairs, batch):
+            count = min(batch, pairs - first)
+            await ledger.write_many(COLUMNS, synthetic_columns(rng, first, count, pairs))
 
 
 def snapshot_doc() -> dict[str, object]:

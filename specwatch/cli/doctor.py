@@ -13,7 +13,8 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
   (kube-prometheus-stack selects on ``release: <release name>``);
 * ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
   default variable values returns data; a panel whose description says when it is empty is a
-  warning, not a failure.
+  warning, not a failure. A ``label_values`` query variable with no saved value takes the first
+  value Prometheus returns for it (as Grafana opens the dashboard); none at all is a failure.
 
 Exit 0 when nothing failed, 1 when a check failed, 2 on unreadable input or a bad flag.
 """
@@ -245,6 +246,12 @@ _BUILTINS = {
 }
 
 
+#: A Grafana Prometheus query variable: ``label_values(LABEL)``, ``label_values(SELECTOR, LABEL)``.
+_LABEL_VALUES = re.compile(
+    r"\s*label_values\(\s*(?:(?P<selector>.+?)\s*,\s*)?(?P<label>[a-zA-Z_]\w*)\s*\)\s*", re.S
+)
+
+
 def _variable_defaults(dashboard: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for var in (dashboard.get("templating") or {}).get("list", []):
@@ -262,18 +269,46 @@ def _variable_defaults(dashboard: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def dashboard_queries(dashboard: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+def _substitute(expr: str, values: Mapping[str, str]) -> str:
+    """``expr`` with ``$var``/``${var}``/``[[var]]`` replaced from ``values`` (others kept)."""
+
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2) or m.group(3)
+        return values.get(name, m.group(0))
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)", repl, expr)
+
+
+def unset_query_variables(dashboard: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """``(name, label, selector or None)`` of each ``label_values`` query variable that has no
+    current value and no "All" option, in the dashboard's order. Grafana shows such a variable at
+    the first value its query returns, so its default is only known from Prometheus; the selector
+    may name earlier variables (``$namespace``), to be substituted before the query is sent."""
+    out: list[tuple[str, str, str | None]] = []
+    for var in (dashboard.get("templating") or {}).get("list", []):
+        current = (var.get("current") or {}).get("value")
+        if var.get("type") != "query" or var.get("includeAll") or current not in (None, "", []):
+            continue
+        query = var.get("query")
+        if isinstance(query, Mapping):
+            query = query.get("query")
+        m = _LABEL_VALUES.fullmatch(query) if isinstance(query, str) else None
+        if m is not None and var.get("name"):
+            out.append((str(var["name"]), m.group("label"), m.group("selector")))
+    return out
+
+
+def dashboard_queries(
+    dashboard: Mapping[str, Any], resolved: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, str, str]]:
     """``(panel title, panel description, PromQL)`` for every Prometheus target of every panel
     (rows' nested panels included), with ``$var``/``${var}``/``[[var]]`` replaced by the
-    variable's default value and Grafana's built-ins by fixed durations."""
-    values = {**_BUILTINS, **_variable_defaults(dashboard)}
+    variable's default value (``resolved`` first: values looked up in Prometheus for variables
+    without a default) and Grafana's built-ins by fixed durations."""
+    values = {**_BUILTINS, **_variable_defaults(dashboard), **(resolved or {})}
 
     def substitute(expr: str) -> str:
-        def repl(m: re.Match[str]) -> str:
-            name = m.group(1) or m.group(2) or m.group(3)
-            return values.get(name, m.group(0))
-
-        return re.sub(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)", repl, expr)
+        return _substitute(expr, values)
 
     def panels(items: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
         for p in items:
@@ -362,7 +397,26 @@ async def _dashboard_findings(
 ) -> list[Finding]:
     title = dash["title"]
     out: list[Finding] = []
-    for panel, description, expr in dashboard_queries(dash):
+    resolved: dict[str, str] = {}
+    for name, label, selector in unset_query_variables(dash):
+        # Grafana opens the dashboard at the first value of the variable's query.
+        values = {**_BUILTINS, **_variable_defaults(dash), **resolved}
+        params = {} if selector is None else {"match[]": _substitute(selector, values)}
+        shown = f"label_values({', '.join([*params.values(), label])})"
+        try:
+            found = await api_get(
+                session, url, f"/api/v1/label/{label}/values", params, limit_s=limit_s
+            )
+        except PromApiError as exc:
+            out.append(Finding("fail", "dashboard", f"{title}: ${name}: {shown} failed ({exc})"))
+            continue
+        if isinstance(found, list) and found:
+            resolved[name] = str(found[0])
+        else:
+            out.append(
+                Finding("fail", "dashboard", f"{title}: ${name} has no value: {shown} is empty")
+            )
+    for panel, description, expr in dashboard_queries(dash, resolved):
         where = f"{title} / {panel}"
         try:
             rows = await instant_query(session, url, expr, limit_s=limit_s)

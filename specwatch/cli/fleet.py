@@ -1,7 +1,7 @@
 """``specwatch fleet --prometheus-url URL``: fleet-wide paired statistics per model from the
 sidecars' counters in Prometheus (or Thanos Querier).
 
-Queries ``specwatch_shadow_pairs_total{arm="fly"}`` (each sidecar's since-start 2x2 table),
+Queries ``specwatch_ledger_pairs{arm="fly"}`` (each sidecar's ledger as a 2x2 table),
 sums it per model (the series' ``--model-label``, default ``model_name``: set it with the scrape
 config's target labels) and category, and computes what one sidecar would compute on the union
 of the pairs: exact McNemar, the Tango interval and non-inferiority test, and the focused-mixture

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from specwatch.report.data import (
+    MAX_POINTS,
     REPORT_WINDOW,
     Acceptance,
     ReportData,
@@ -22,7 +23,6 @@ from specwatch.report.data import (
     build_report,
     fetch_text,
     parse_acceptance,
-    read_decision_inputs,
     read_ledger,
 )
 
@@ -58,29 +58,28 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=0.01,
         help="non-inferiority margin, a fraction (default 0.01 = one point)",
     )
-    p.add_argument("--bins", type=int, default=40, help="time bins for the plots (default 40)")
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=40,
+        help=f"time bins of the flips and net-loss plots, 1 to {MAX_POINTS} (default 40)",
+    )
     p.set_defaults(handler=main)
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
-    rows, tallies, reasons = await read_ledger(args.ledger)
-    totals, load_tallies = await read_decision_inputs(args.ledger)
+    digest = await read_ledger(args.ledger, bins=args.bins)
     acceptance: Acceptance | None = None
     if args.metrics_url:
         text = await fetch_text(args.metrics_url)
         acceptance = parse_acceptance(text, args.window, args.metrics_url)
     return build_report(
         str(args.ledger),
-        rows,
-        tallies,
-        reasons,
+        digest,
         alpha=args.alpha,
         margin=args.margin,
-        bins=args.bins,
         acceptance=acceptance,
         now=time.time(),
-        totals=totals,
-        load_tallies=load_tallies,
     )
 
 
@@ -97,8 +96,8 @@ def main(args: argparse.Namespace) -> int:
     if not 0.0 <= args.margin < 1.0:
         print("specwatch report: --margin must be in [0, 1)", file=sys.stderr)
         return 2
-    if args.bins < 1:
-        print("specwatch report: --bins must be >= 1", file=sys.stderr)
+    if not 1 <= args.bins <= MAX_POINTS:
+        print(f"specwatch report: --bins must be in [1, {MAX_POINTS}]", file=sys.stderr)
         return 2
     try:
         data = asyncio.run(_gather(args))

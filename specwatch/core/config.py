@@ -24,6 +24,14 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+#: Default lower bounds of the running-request bands flips are broken down by
+#: (``PairedSettings.load_bands``), here so the report reads them without loading pydantic.
+DEFAULT_LOAD_BANDS: tuple[int, ...] = (0, 8, 32)
+
+#: Default number of request categories that keep their own series
+#: (``ShadowSettings.max_categories``).
+DEFAULT_MAX_CATEGORIES = 20
+
 #: The window that spans everything since the process (or the ledger) started; always present,
 #: never listed.
 SINCE_START = "since_start"

@@ -13,7 +13,8 @@ listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are i
   its brackets before any parser recurses (a deep body otherwise raises ``RecursionError``).
 
 Each refusal is counted in :attr:`ListenerStats.refused` by reason (``connection_limit``,
-``header_timeout``, ``body_timeout``) and logged through :class:`RateLimitedLog`.
+``header_timeout``, ``body_timeout``, ``bad_request``: a request head aiohttp cannot parse) and
+logged through :class:`RateLimitedLog`.
 """
 
 from __future__ import annotations

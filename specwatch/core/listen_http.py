@@ -1,14 +1,22 @@
 """The aiohttp side of :mod:`specwatch.core.listen`: a site whose connections are capped and
 must send their request head in time, and a middleware that times out stalled request bodies.
 Refusals are counted in a :class:`~specwatch.core.listen.ListenerStats`.
+
+A request aiohttp cannot parse (a malformed head: aiohttp answers 400 and closes) would
+otherwise cost one ERROR line with a traceback each, without a limit; on a guarded site it is
+counted as ``bad_request`` and logged through the listener's rate-limited log instead, naming
+the parser's error class only (the message can quote header lines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
 from specwatch.core.listen import ListenerStats, ListenLimits
@@ -90,6 +98,24 @@ class _Guarded(asyncio.Protocol):
             self._inner.resume_writing()
 
 
+class _BadRequestLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's per-connection logger on a guarded site: a request that failed to parse
+    (:class:`aiohttp.http_exceptions.HttpProcessingError`) is counted as ``bad_request`` on the
+    site's stats and logged rate-limited without a traceback; every other record goes to
+    aiohttp's own logger unchanged."""
+
+    def __init__(self, stats: ListenerStats) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self._stats = stats
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self._stats.refuse("bad_request", status=exc.code, error=type(exc).__name__)
+            return
+        super().exception(msg, *args, **kwargs)
+
+
 class GuardedSite(web.TCPSite):
     """A :class:`aiohttp.web.TCPSite` whose connections are capped and must send their request
     head in time (see the module docstring); ``stats`` holds its counters. Use it as
@@ -107,6 +133,7 @@ class GuardedSite(web.TCPSite):
         super().__init__(runner, host, port)
         self.limits = limits
         self.stats = stats
+        self._bad_request_log = _BadRequestLog(stats)
 
     async def start(self) -> None:
         """Listen (as :meth:`TCPSite.start`) with every connection wrapped."""
@@ -115,7 +142,9 @@ class GuardedSite(web.TCPSite):
         assert server is not None
 
         def factory() -> asyncio.Protocol:
-            return _Guarded(server(), self)
+            handler = server()
+            handler.logger = self._bad_request_log  # type: ignore[assignment]
+            return _Guarded(handler, self)
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

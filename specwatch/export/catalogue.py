@@ -653,7 +653,7 @@ FLEET_MODEL = ("model_name",)
 FLEET_MC = ("model_name", "category")
 FLEET_SIDECARS = _g(
     "specwatch_fleet_sidecars",
-    "Sidecars whose specwatch_shadow_pairs_total series Prometheus returned for this model.",
+    "Sidecars whose specwatch_ledger_pairs series Prometheus returned for this model.",
     FLEET_MODEL,
 )
 FLEET_N = _g(
@@ -747,7 +747,7 @@ FLEET: tuple[MetricSpec, ...] = (
 LISTENER_REFUSED = _c(
     "specwatch_listener_refused",
     "Connections and requests a listener refused, by reason (header_timeout, body_timeout, "
-    "connection_limit).",
+    "connection_limit, bad_request).",
     ("listener", "reason"),
 )
 LISTENER_OPEN = _g(

@@ -1,8 +1,10 @@
 """Fleet-wide paired statistics from the sidecars' counters, as Prometheus returns them (pure).
 
-Each sidecar exports ``specwatch_shadow_pairs_total{category, arm, outcome}``: monotonic counts
-of its labelled pairs since its ledger began (seeded from the ledger at start, so a restart
-keeps them). Summed over the sidecars of one model, the ``arm="fly"`` correctness outcomes
+Each sidecar exports ``specwatch_ledger_pairs{category, arm, outcome}``: the pairs its ledger
+holds now, by outcome (rebuilt from the ledger at start, so a restart keeps them; retention
+pruning lowers them). ``specwatch_shadow_pairs_total`` is not used: it counts this process's
+pairs from 0, so after a sidecar restart it would drop that sidecar's history from the fleet.
+Summed over the sidecars of one model, the ``arm="fly"`` correctness outcomes
 (``both_correct``, ``lost``, ``gained``, ``both_wrong``) are the 2x2 table of the union of
 their ledgers, and every statistic that is a function of that table is the one a single sidecar
 would compute on the union of the pairs, exactly:
@@ -43,11 +45,11 @@ from specwatch.shadow.summary import PairedSummary, PairTally, build_shadow_stat
 
 log = logging.getLogger("specwatch.fleet")
 
-#: The correctness outcomes of ``specwatch_shadow_pairs_total`` that make the FLy 2x2 table.
+#: The correctness outcomes of ``specwatch_ledger_pairs`` that make the FLy 2x2 table.
 CORRECTNESS_OUTCOMES: tuple[str, ...] = ("both_correct", "lost", "gained", "both_wrong")
-#: The window name of the fleet statistics: the counters count since each ledger began.
+#: The window name of the fleet statistics: the gauges count each ledger's retained rows.
 FLEET_WINDOW = SINCE_START
-#: Labels of a ``specwatch_shadow_pairs_total`` series that are not the sidecar's identity.
+#: Labels of a ``specwatch_ledger_pairs`` series that are not the sidecar's identity.
 _PAIR_LABELS = frozenset({"__name__", "category", "arm", "outcome"})
 #: Label values that name a whole-fleet group when no model label is used.
 ALL_MODELS = OVERALL
@@ -56,11 +58,12 @@ Row = tuple[Mapping[str, str], float]
 
 
 def pairs_selector(matchers: str = "") -> str:
-    """The PromQL instant query of the FLy correctness counters, with the user's extra label
-    ``matchers`` (e.g. ``job="specwatch",cluster="eu1"``; empty for none)."""
+    """The PromQL instant query of the FLy correctness outcomes each sidecar's ledger holds
+    (``specwatch_ledger_pairs``), with the user's extra label ``matchers`` (e.g.
+    ``job="specwatch",cluster="eu1"``; empty for none)."""
     extra = f",{matchers}" if matchers.strip() else ""
     outcomes = "|".join(CORRECTNESS_OUTCOMES)
-    return f'{cat.SHADOW_PAIRS.sample_name}{{arm="fly",outcome=~"{outcomes}"{extra}}}'
+    return f'{cat.LEDGER_PAIRS.sample_name}{{arm="fly",outcome=~"{outcomes}"{extra}}}'
 
 
 def margin_e_selector(matchers: str = "") -> str:

@@ -434,7 +434,12 @@ class ListenerCollector(Collector):
 
 
 #: Listener refusal reasons always exported (at 0).
-LISTENER_REASONS: tuple[str, ...] = ("body_timeout", "connection_limit", "header_timeout")
+LISTENER_REASONS: tuple[str, ...] = (
+    "bad_request",
+    "body_timeout",
+    "connection_limit",
+    "header_timeout",
+)
 
 
 #: A collector factory a component may hand to :func:`specwatch.server.app.build_app`.

@@ -1,11 +1,16 @@
 """What the report shows, computed from the pair ledger and an optional acceptance source.
 
-Statistics come from :mod:`specwatch.shadow.summary` (``summarize``, ``build_shadow_stats``),
-:mod:`specwatch.shadow.stats.paired` (``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
-(``net_loss_mixture_log_e_values``, ``betting_path``, the one e-process driver); labelled rows are
-picked by :func:`specwatch.shadow.tally.labelled_outcome`; this module only orders, bins and
-accumulates ledger rows. Ledger reads go through :class:`specwatch.shadow.ledger.Ledger` (SQLite
-in a worker thread).
+Everything is aggregated in SQL by :class:`specwatch.shadow.ledger.Ledger` (tallies per category
+and per running-request band, τ and speed sums, unpaired/excluded reasons, labelled pairs per
+time bin by ``GROUP BY``) except the order-dependent e-value paths, which come from one streamed
+read of two columns per labelled pair (:meth:`Ledger.labelled_stream`: category and
+``d = standard_correct - fly_correct``), so the cost of a report grows with the ledger only
+through SQLite scans and O(n) array passes, never through row objects. Statistics come from
+:mod:`specwatch.shadow.summary` (``build_shadow_stats``), :mod:`specwatch.shadow.stats.paired`
+(``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
+(``net_loss_mixture_log_e_values`` and ``betting_log_wealth``, the one betting driver). The
+e-value paths are downsampled to at most :data:`MAX_POINTS` points for the plot; the final
+values and the first alarms are exact.
 """
 
 from __future__ import annotations
@@ -14,35 +19,42 @@ import asyncio
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+import numpy.typing as npt
 
-from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.ledger import Ledger, LedgerFileError, LedgerRow, check_ledger_file
-from specwatch.shadow.settings import PairedSettings, ShadowSettings
+from specwatch.shadow.ledger import (
+    BinCounts,
+    LabelledStream,
+    Ledger,
+    LedgerFileError,
+    ReportSpan,
+    check_ledger_file,
+)
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
-    alarm,
-    betting_path,
+    betting_log_wealth,
     net_loss_mixture_log_e_values,
 )
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
 from specwatch.shadow.summary import load_bands as load_bands_of
-from specwatch.shadow.tally import ArmTotals, PairTally, labelled_outcome, load_band_labels
+from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
 
 #: The window name the report's tables use (every row of the ledger).
 REPORT_WINDOW = SINCE_START
 
-#: The running-request bands and category bound the report uses (the live defaults).
-DEFAULT_LOAD_BANDS: tuple[int, ...] = PairedSettings().load_bands
-DEFAULT_MAX_CATEGORIES: int = ShadowSettings().max_categories
+#: The running-request bands and category bound the report uses: the live defaults
+#: (:data:`specwatch.core.config.DEFAULT_LOAD_BANDS`, ``DEFAULT_MAX_CATEGORIES``).
+
+#: Most points any plotted series has, whatever the ledger size (time bins of the flips and net
+#: loss plots, points of each e-value path).
+MAX_POINTS = 2000
 
 
 class ReportInputError(ValueError):
@@ -73,16 +85,23 @@ class FlipSeries:
 
 @dataclass(frozen=True, slots=True)
 class EValuePath:
-    """The e-processes after each labelled pair, in ledger (time) order.
+    """The e-processes over the labelled pairs in ledger (time) order, downsampled.
 
-    ``log_e_no_net_loss``: beta-binomial mixture on the discordant pairs (H0: FLy does not lose
-    more than it gains); ``log_e_margin``: the betting e-process (H0: net loss <= margin).
-    Natural logs; the alarm threshold is ``ln(1/alpha)``.
+    ``pair[i]`` is the 1-based number of the labelled pair after which ``log_e_no_net_loss[i]``
+    and ``log_e_margin[i]`` hold (at most :data:`MAX_POINTS` points; always the last pair and the
+    first alarms). ``log_e_no_net_loss``: the focused mixture on the discordant pairs (H0: FLy
+    does not lose more than it gains); ``log_e_margin``: the betting e-process (H0: net loss <=
+    margin). Natural logs; the alarm threshold is ``ln(1/alpha)``. ``pairs``: labelled pairs in
+    all; ``first_alarm_*``: the exact 1-based pair at which each path first reached 1/alpha,
+    ``None`` if never.
     """
 
-    times: tuple[float, ...]
+    pairs: int
+    pair: tuple[int, ...]
     log_e_no_net_loss: tuple[float, ...]
     log_e_margin: tuple[float, ...]
+    first_alarm_no_net_loss: int | None
+    first_alarm_margin: int | None
     alpha: float
     margin: float
 
@@ -90,11 +109,6 @@ class EValuePath:
     def threshold(self) -> float:
         """``1/alpha``, the Ville alarm threshold on the e-value."""
         return 1.0 / self.alpha
-
-    def first_alarm(self, path: Sequence[float]) -> int | None:
-        """Index of the first pair where ``path`` (one of the two log e-value paths) reaches
-        the alarm (``specwatch.shadow.stats.sequential.alarm``), ``None`` if it never does."""
-        return next((i for i, v in enumerate(path) if alarm(v, self.alpha)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +125,42 @@ class Acceptance:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerDigest:
+    """What :func:`read_ledger` reads from a ledger, all but ``stream`` aggregated in SQL.
+
+    ``span``: row count and time ranges; ``tallies``: :class:`PairTally` per category (from
+    :meth:`Ledger.report_stream`, the same counts as :meth:`Ledger.tally`);
+    ``reasons``: ``{(status, reason): rows}`` of unpaired and excluded rows; ``totals``: τ and
+    speed sums per category; ``load_tallies``: :class:`PairTally` per running-request band;
+    ``bins``: labelled pairs per time bin (non-empty bins) of ``bin_count`` bins of
+    ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
+    every labelled pair in time order.
+    """
+
+    span: ReportSpan
+    tallies: Mapping[str, PairTally]
+    reasons: Mapping[tuple[str, str], int]
+    totals: Mapping[str, ArmTotals]
+    load_tallies: Mapping[str, PairTally]
+    bins: Sequence[BinCounts]
+    bin_count: int
+    bin_width: float
+    stream: LabelledStream
+
+
+def split_tallies(
+    cells: Mapping[tuple[str, str], PairTally],
+) -> tuple[dict[str, PairTally], dict[str, PairTally]]:
+    """``{(category, band): tally}`` → (tally per category, tally per band)."""
+    by_cat: dict[str, PairTally] = {}
+    by_band: dict[str, PairTally] = {}
+    for (cat, band), t in cells.items():
+        by_cat[cat] = by_cat.get(cat, PairTally()) + t
+        by_band[band] = by_band.get(band, PairTally()) + t
+    return by_cat, by_band
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     """Everything :func:`specwatch.report.render.render_report` draws.
 
@@ -118,12 +168,14 @@ class ReportData:
     that category at which the no-net-loss e-value first reached 1/alpha, ``None`` if it never
     did. An e-process alarm stays valid once raised (Ville's inequality holds at any stopping
     time), so the report uses "ever crossed", not only the current value.
+    ``first_labelled_time``: unix time of the first labelled pair (the plots' time origin).
     """
 
     ledger: str
     rows: int
     first_time: float | None
     last_time: float | None
+    first_labelled_time: float | None
     stats: ShadowStats
     flips: FlipSeries
     evalue: EValuePath
@@ -132,37 +184,40 @@ class ReportData:
     first_alarm: Mapping[str, int | None]
 
 
-def _labelled(rows: Sequence[LedgerRow]) -> list[LedgerRow]:
-    return [r for r in rows if labelled_outcome(r) is not None]
-
-
-def _ints(a: Iterable[Any]) -> tuple[int, ...]:
+def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
     return tuple(int(v) for v in a)
 
 
-def flip_series(rows: Sequence[LedgerRow], bins: int = 40, level: float = 0.95) -> FlipSeries:
-    """Bin the labelled paired ``rows`` (any order) into ``bins`` equal time bins.
+def bin_width(span: ReportSpan, bins: int) -> tuple[int, float]:
+    """``(bin count, bin width in seconds)`` for ``bins`` equal time bins over the labelled
+    pairs of ``span``: one bin of width 0 when they all share one time (or there are none).
+    Raises ValueError unless ``1 <= bins <= MAX_POINTS``."""
+    if not 1 <= bins <= MAX_POINTS:
+        raise ValueError(f"bins must be in [1, {MAX_POINTS}]")
+    t0, t1 = span.labelled_first_time, span.labelled_last_time
+    if t0 is None or t1 is None or t1 <= t0:
+        return 1, 0.0
+    return bins, (t1 - t0) / bins
 
-    Raises ValueError for ``bins < 1``. No labelled rows give empty tuples.
-    """
-    if bins < 1:
-        raise ValueError("bins must be >= 1")
-    lab = sorted(_labelled(rows), key=lambda r: r.time)
-    if not lab:
+
+def flip_series(
+    span: ReportSpan,
+    counts: Sequence[BinCounts],
+    bin_count: int,
+    level: float = 0.95,
+) -> FlipSeries:
+    """The flip series from per-bin counts (:meth:`Ledger.labelled_bins` over the ``bin_count``
+    bins of :func:`bin_width`): bins without pairs count 0, bin ``i`` ends at
+    ``linspace(first, last, bin_count + 1)[i + 1]`` of the labelled pairs' time range. No
+    labelled pairs give empty tuples."""
+    t0, t1 = span.labelled_first_time, span.labelled_last_time
+    if t0 is None or t1 is None or not counts:
         return FlipSeries((), (), (), (), (), (), (), (), (), (), level)
-    t0, t1 = lab[0].time, lab[-1].time
-    nb = 1 if t1 <= t0 else bins
-    edges = np.linspace(t0, t1, nb + 1)
-    times = np.array([r.time for r in lab])
-    idx = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, nb - 1)
-    lost = np.zeros(nb, dtype=np.int64)
-    gained = np.zeros(nb, dtype=np.int64)
-    n = np.bincount(idx, minlength=nb)
-    for i, r in zip(idx, lab, strict=True):
-        if r.standard_correct and not r.fly_correct:
-            lost[i] += 1
-        elif r.fly_correct and not r.standard_correct:
-            gained[i] += 1
+    lost = np.zeros(bin_count, dtype=np.int64)
+    gained = np.zeros(bin_count, dtype=np.int64)
+    n = np.zeros(bin_count, dtype=np.int64)
+    for c in counts:
+        lost[c.bin], gained[c.bin], n[c.bin] = c.lost, c.gained, c.n
     cl, cg, cn = np.cumsum(lost), np.cumsum(gained), np.cumsum(n)
     net: list[float] = []
     lo: list[float] = []
@@ -174,7 +229,7 @@ def flip_series(rows: Sequence[LedgerRow], bins: int = 40, level: float = 0.95) 
         lo.append(ci.lower)
         hi.append(ci.upper)
     return FlipSeries(
-        times=tuple(float(v) for v in edges[1:]),
+        times=tuple(float(v) for v in np.linspace(t0, t1, bin_count + 1)[1:]),
         lost=_ints(lost),
         gained=_ints(gained),
         n=_ints(n),
@@ -188,21 +243,65 @@ def flip_series(rows: Sequence[LedgerRow], bins: int = 40, level: float = 0.95) 
     )
 
 
+def mixture_path(d: npt.NDArray[np.int8], detect_net_loss: float = 0.02) -> npt.NDArray[np.float64]:
+    """The no-net-loss mixture log e-value after each pair of ``d`` (+1 lost, −1 gained, 0
+    concordant), shape ``(n,)``, from the cumulative counts (``net_loss_mixture_log_e_values``).
+
+    The e-value depends only on (lost, gained), so it is evaluated once per discordant pair and
+    carried over the concordant pairs after it (0 before the first discordant pair: every
+    component is 1 there)."""
+    disc = np.flatnonzero(d)
+    out = np.zeros(d.size, dtype=np.float64)
+    if not disc.size:
+        return out
+    dd = d[disc]
+    at_disc = net_loss_mixture_log_e_values(
+        np.cumsum(dd == 1), np.cumsum(dd == -1), detect_net_loss
+    )
+    # index of the last discordant pair at or before each pair (-1 before the first)
+    last = np.searchsorted(disc, np.arange(d.size), side="right") - 1
+    out[last >= 0] = at_disc[last[last >= 0]]
+    return out
+
+
+def first_crossing(log_e: npt.NDArray[np.float64], alpha: float) -> int | None:
+    """1-based index of the first value of the path at or above ``ln(1/alpha)`` (the rule of
+    :func:`specwatch.shadow.stats.sequential.alarm`), ``None`` if none."""
+    hit = np.flatnonzero(log_e >= -math.log(alpha))
+    return int(hit[0]) + 1 if hit.size else None
+
+
+def downsample_index(n: int, keep: Sequence[int | None], points: int = MAX_POINTS) -> list[int]:
+    """At most ``points`` 0-based indices into a path of ``n`` values, evenly spread, always
+    with the first and the last and the 1-based positions in ``keep`` (``None`` ignored)."""
+    if n <= 0:
+        return []
+    extra = sorted({k - 1 for k in keep if k is not None and 1 <= k <= n})
+    even = np.unique(np.linspace(0, n - 1, max(points - len(extra), 2)).round().astype(np.int64))
+    return sorted({*(int(v) for v in even), *extra, n - 1})
+
+
 def evalue_path(
-    rows: Sequence[LedgerRow], alpha: float, margin: float, detect_net_loss: float = 0.02
+    d: npt.NDArray[np.int8],
+    alpha: float,
+    margin: float,
+    detect_net_loss: float = 0.02,
+    points: int = MAX_POINTS,
 ) -> EValuePath:
-    """Both e-processes after every labelled pair of ``rows`` in time order (see
-    :class:`EValuePath`); the no-net-loss one is the focused mixture at ``detect_net_loss``."""
-    lab = sorted(_labelled(rows), key=lambda r: (r.time, r.id or 0))
-    lost = np.cumsum([1 if r.standard_correct and not r.fly_correct else 0 for r in lab])
-    gained = np.cumsum([1 if r.fly_correct and not r.standard_correct else 0 for r in lab])
-    bb = net_loss_mixture_log_e_values(lost, gained, detect_net_loss) if lab else np.zeros(0)
-    outcomes = [(bool(r.standard_correct), bool(r.fly_correct)) for r in lab]
-    margin_path = [state.log_wealth for state in betting_path(outcomes, margin)]
+    """Both e-processes after every labelled pair ``d`` in time order (see
+    :class:`EValuePath`), downsampled to ``points``; the no-net-loss one is the focused mixture
+    at ``detect_net_loss``, the margin one :func:`betting_log_wealth`."""
+    bb = mixture_path(d, detect_net_loss) if d.size else np.zeros(0)
+    bet, _ = betting_log_wealth(d, margin)
+    first_bb, first_bet = first_crossing(bb, alpha), first_crossing(bet, alpha)
+    idx = downsample_index(int(d.size), (first_bb, first_bet), points)
     return EValuePath(
-        times=tuple(r.time for r in lab),
-        log_e_no_net_loss=tuple(float(v) for v in bb),
-        log_e_margin=tuple(margin_path),
+        pairs=int(d.size),
+        pair=tuple(i + 1 for i in idx),
+        log_e_no_net_loss=tuple(float(bb[i]) for i in idx),
+        log_e_margin=tuple(float(bet[i]) for i in idx),
+        first_alarm_no_net_loss=first_bb,
+        first_alarm_margin=first_bet,
         alpha=alpha,
         margin=margin,
     )
@@ -217,110 +316,113 @@ def _check_ledger_file(path: Path) -> None:
 
 
 async def read_ledger(
-    path: Path,
-) -> tuple[list[LedgerRow], dict[str, PairTally], dict[tuple[str, str], int]]:
-    """Rows (oldest first), per-category tallies and unpaired/excluded reason counts.
+    path: Path, bins: int = 40, load_bands: Sequence[int] = DEFAULT_LOAD_BANDS
+) -> LedgerDigest:
+    """Read everything the report needs from the ledger at ``path`` (see :class:`LedgerDigest`),
+    with ``bins`` time bins for the flips plot (1 to :data:`MAX_POINTS`).
 
     Raises :class:`ReportInputError` (one line) when the file is missing or not a ledger.
     """
     await asyncio.to_thread(_check_ledger_file, path)
-    ledger = Ledger(path)
+    # Three connections: the streamed read, the τ/speed sums and the small queries run at once
+    # (SQLite releases the GIL while it steps), so a second core shortens the wall time.
+    ledgers = [Ledger(path) for _ in range(3)]
+    opened: list[Ledger] = []
     try:
-        await ledger.open()
         try:
-            rows = await ledger.query()
-            tallies = await ledger.tally()
-            reasons = await ledger.reason_counts()
+            for ledger in ledgers:
+                await ledger.open()
+                opened.append(ledger)
+            first, second, third = ledgers
+            span = await first.report_span()
+            count, width = bin_width(span, bins)
+            start = span.labelled_first_time or 0.0
+
+            async def small() -> tuple[list[BinCounts], dict[tuple[str, str], int]]:
+                return await third.labelled_bins(start, width, count), await third.reason_counts()
+
+            stream, totals, (bin_counts, reasons) = await asyncio.gather(
+                first.report_stream(load_bands), second.arm_totals(), small()
+            )
+            tallies, load_tallies = split_tallies(stream.tallies())
+            digest = LedgerDigest(
+                span=span,
+                tallies=tallies,
+                reasons=reasons,
+                totals=totals,
+                load_tallies=load_tallies,
+                bins=bin_counts,
+                bin_count=count,
+                bin_width=width,
+                stream=stream.labelled(),
+            )
         finally:
-            await ledger.close()
+            for ledger in opened:
+                await ledger.close()
     except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
         raise ReportInputError(f"ledger {path}: cannot read ({exc})") from None
-    return rows, dict(tallies), reasons
-
-
-async def read_decision_inputs(
-    path: Path, load_bands: Sequence[int] = DEFAULT_LOAD_BANDS
-) -> tuple[dict[str, ArmTotals], dict[str, PairTally]]:
-    """Per-category τ and speed sums (``Ledger.arm_totals``) and tallies per running-request
-    band (``Ledger.tally_by_load``): what the decision table and the flips-by-load table need
-    beyond :func:`read_ledger`. Raises :class:`ReportInputError` (one line) like it."""
-    await asyncio.to_thread(_check_ledger_file, path)
-    ledger = Ledger(path)
-    try:
-        await ledger.open()
-        try:
-            totals = await ledger.arm_totals()
-            by_load = await ledger.tally_by_load(load_bands)
-        finally:
-            await ledger.close()
-    except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
-        raise ReportInputError(f"ledger {path}: cannot read ({exc})") from None
-    return totals, by_load
+    return digest
 
 
 def build_report(
     ledger: str,
-    rows: Sequence[LedgerRow],
-    tallies: Mapping[str, PairTally],
-    reasons: Mapping[tuple[str, str], int],
+    digest: LedgerDigest,
     *,
     alpha: float = 0.05,
     margin: float = 0.01,
     detect_net_loss: float = 0.02,
-    bins: int = 40,
     acceptance: Acceptance | None = None,
     now: float = 0.0,
-    totals: Mapping[str, ArmTotals] | None = None,
-    load_tallies: Mapping[str, PairTally] | None = None,
     load_bands: Sequence[int] = DEFAULT_LOAD_BANDS,
     max_categories: int = DEFAULT_MAX_CATEGORIES,
+    points: int = MAX_POINTS,
 ) -> ReportData:
-    """Assemble :class:`ReportData` from ledger contents (pure). ``totals`` and
-    ``load_tallies`` (from :func:`read_decision_inputs`) feed the decision table
-    (:func:`specwatch.shadow.decision.decision_table`, always built; without totals no speed or τ
-    gain) and the flips by running-request band (empty without ``load_tallies``)."""
-    evalue = evalue_path(rows, alpha, margin, detect_net_loss)
-    first_alarm: dict[str, int | None] = {}
-    for cat in [OVERALL, *sorted({r.category for r in rows})]:
-        path = (
-            evalue
-            if cat == OVERALL
-            else evalue_path([r for r in rows if r.category == cat], alpha, margin, detect_net_loss)
-        )
-        idx = path.first_alarm(path.log_e_no_net_loss)
-        first_alarm[cat] = None if idx is None else idx + 1
+    """Assemble :class:`ReportData` from a :class:`LedgerDigest` (pure): the per-category
+    statistics (``build_shadow_stats``), the decision table
+    (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
+    series and the e-value paths (overall, and per category for the first alarms)."""
+    stream = digest.stream
+    evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
+    first_alarm: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
+    # each category's pairs in time order: one stable sort, then contiguous slices
+    order = np.argsort(stream.category, kind="stable")
+    by_cat = stream.d[order]
+    edges = np.searchsorted(stream.category[order], np.arange(len(stream.categories) + 1))
+    for code, cat in enumerate(stream.categories):
+        d = by_cat[edges[code] : edges[code + 1]]
+        if d.size:
+            first_alarm[cat] = first_crossing(mixture_path(d, detect_net_loss), alpha)
+    for cat in digest.tallies:  # categories without labelled pairs never alarm
+        first_alarm.setdefault(cat, None)
     stats = build_shadow_stats(
-        {REPORT_WINDOW: tallies},
+        {REPORT_WINDOW: dict(digest.tallies)},
         now=now,
         alpha=alpha,
         margin=margin,
         detect_net_loss=detect_net_loss,
-        betting_log_e_value=evalue.log_e_margin[-1] if evalue.log_e_margin else None,
-        ledger_rows=len(rows),
+        betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
+        ledger_rows=digest.span.rows,
         decisions=decision_table(
-            tallies,
-            totals or {},
+            digest.tallies,
+            digest.totals,
             alpha=alpha,
             margin=margin,
             detect_net_loss=detect_net_loss,
             max_categories=max_categories,
         ),
-        by_load=(
-            load_bands_of(load_tallies, load_band_labels(load_bands))
-            if load_tallies is not None
-            else ()
-        ),
+        by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
     )
     return ReportData(
         ledger=ledger,
-        rows=len(rows),
-        first_time=rows[0].time if rows else None,
-        last_time=rows[-1].time if rows else None,
+        rows=digest.span.rows,
+        first_time=digest.span.first_time,
+        last_time=digest.span.last_time,
+        first_labelled_time=digest.span.labelled_first_time,
         stats=stats,
-        flips=flip_series(rows, bins=bins, level=1.0 - alpha),
+        flips=flip_series(digest.span, digest.bins, digest.bin_count, level=1.0 - alpha),
         evalue=evalue,
         acceptance=acceptance,
-        reasons=dict(reasons),
+        reasons=dict(digest.reasons),
         first_alarm=first_alarm,
     )
 
@@ -371,6 +473,8 @@ def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptanc
     """Per-position acceptance per target from specwatch's ``/metrics`` text
     (``specwatch_per_position_acceptance_ratio`` server-wide series, i.e. without ``engine``).
     Raises :class:`ReportInputError` when the text does not parse."""
+    from prometheus_client.parser import text_string_to_metric_families  # only with a source
+
     found: dict[tuple[str, str], dict[int, float]] = {}
     try:
         for fam in text_string_to_metric_families(text):
@@ -408,6 +512,8 @@ async def fetch_text(source: str, timeout_seconds: float = 10.0) -> str:
     Raises :class:`ReportInputError` (one line) on any failure.
     """
     if source.startswith(("http://", "https://")):
+        import aiohttp  # only for a URL: a fixed 0.2-0.5 s import the ledger-only report skips
+
         try:
             async with (
                 aiohttp.ClientSession(
@@ -427,11 +533,13 @@ async def fetch_text(source: str, timeout_seconds: float = 10.0) -> str:
 
 
 __all__ = [
+    "MAX_POINTS",
     "OVERALL",
     "REPORT_WINDOW",
     "Acceptance",
     "EValuePath",
     "FlipSeries",
+    "LedgerDigest",
     "ReportData",
     "ReportInputError",
     "acceptance_from_exposition",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -20,8 +20,8 @@ matplotlib.use("Agg")
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from specwatch.core.config import OVERALL
-from specwatch.report.data import DEFAULT_MAX_CATEGORIES, REPORT_WINDOW, ReportData
+from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.summary import PairedSummary
 from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
 
@@ -54,11 +54,6 @@ def elapsed_axis(times: Sequence[float], start: float) -> tuple[list[float], flo
     return [(t - start) / scale for t in times], scale, label
 
 
-def _first_pair(data: ReportData) -> float:
-    """Unix time of the first labelled pair (the e-value path has one point per pair)."""
-    return data.evalue.times[0] if data.evalue.times else data.flips.times[0]
-
-
 def _empty(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
@@ -68,15 +63,33 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, format="png", dpi=_DPI)
 
 
+#: Draws one over-time plot on ``(fig, ax)`` at ``x`` (elapsed time in one unit), given the
+#: seconds per unit.
+_TimeDraw = Callable[[Figure, Axes, list[float], float], None]
+
+
+def _time_plot(data: ReportData, path: Path, title: str, draw: _TimeDraw) -> None:
+    """One over-time plot of the flip series: a 9x4 figure, ``draw`` on the elapsed-time axis
+    of ``data.flips.times`` (or a "no labelled pairs" note), the title, saved to ``path``."""
+    fig = Figure(figsize=(9, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    times = data.flips.times
+    if not times:
+        _empty(ax, "no labelled pairs in the ledger")
+    else:
+        start = data.first_labelled_time if data.first_labelled_time is not None else times[0]
+        x, scale, xlabel = elapsed_axis(times, start)
+        draw(fig, ax, x, scale)
+        ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    _save(fig, path)
+
+
 def plot_flips(data: ReportData, path: Path) -> None:
     """Lost and gained labelled pairs per time bin (bars) and cumulative (lines, right axis)."""
     f = data.flips
-    fig = Figure(figsize=(9, 4.0), layout="constrained")
-    ax = fig.add_subplot()
-    if not f.times:
-        _empty(ax, "no labelled pairs in the ledger")
-    else:
-        x, scale, xlabel = elapsed_axis(f.times, _first_pair(data))
+
+    def draw(fig: Figure, ax: Axes, x: list[float], scale: float) -> None:
         span = (f.times[-1] - f.times[0]) / max(len(f.times) - 1, 1) or 60.0
         width = span * 0.4 / scale
         left = [t - width / 2 for t in x]
@@ -89,7 +102,6 @@ def plot_flips(data: ReportData, path: Path) -> None:
         ax2.plot(x, f.cum_gained, color=_GAINED, lw=2, label="gained (cumulative)")
         ax2.set_ylabel("cumulative pairs")
         ax2.set_ylim(bottom=0)
-        ax.set_xlabel(xlabel)
         handles = ax.get_legend_handles_labels()
         handles2 = ax2.get_legend_handles_labels()
         fig.legend(
@@ -100,8 +112,8 @@ def plot_flips(data: ReportData, path: Path) -> None:
             fontsize=8,
             frameon=False,
         )
-    ax.set_title("Flips over time: lost (standard right, FLy wrong) and gained")
-    _save(fig, path)
+
+    _time_plot(data, path, "Flips over time: lost (standard right, FLy wrong) and gained", draw)
 
 
 def plot_evalue(data: ReportData, path: Path) -> None:
@@ -110,25 +122,25 @@ def plot_evalue(data: ReportData, path: Path) -> None:
 
 
 def evalue_figure(data: ReportData) -> Figure:
-    """The e-value plot; its legend sits below the axes (``fig.legends[0]``), never over the
-    alarm line or the paths."""
+    """The e-value plot (at most ``MAX_POINTS`` points per path, the last pair and the first
+    alarms always among them); its legend sits below the axes (``fig.legends[0]``), never over
+    the alarm line or the paths."""
     e = data.evalue
     fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    if not e.times:
+    if not e.pair:
         _empty(ax, "no labelled pairs in the ledger")
     else:
-        n = range(1, len(e.times) + 1)
         ten = math.log(10.0)
         ax.plot(
-            n,
+            e.pair,
             [v / ten for v in e.log_e_no_net_loss],
             color=_NET,
             lw=1.6,
             label="e-value, H0: no net loss (beta-binomial, discordant pairs)",
         )
         ax.plot(
-            n,
+            e.pair,
             [v / ten for v in e.log_e_margin],
             color=_FLY_ALT,
             lw=1.2,
@@ -138,13 +150,12 @@ def evalue_figure(data: ReportData) -> Figure:
         thr = math.log10(e.threshold)
         ax.axhline(thr, color=_LOST, lw=1.2, ls=":", label=f"alarm: e ≥ 1/α = {e.threshold:g}")
         ax.axhline(0.0, color="#999999", lw=0.8)
-        for e_path, color in ((e.log_e_no_net_loss, _NET), (e.log_e_margin, _FLY_ALT)):
-            first = e.first_alarm(e_path)
+        for first, color in ((e.first_alarm_no_net_loss, _NET), (e.first_alarm_margin, _FLY_ALT)):
             if first is not None:
-                ax.axvline(first + 1, color=color, lw=0.9, alpha=0.6)
+                ax.axvline(first, color=color, lw=0.9, alpha=0.6)
                 ax.annotate(
-                    f"first alarm: pair {first + 1}",
-                    (first + 1, thr),
+                    f"first alarm: pair {first}",
+                    (first, thr),
                     xytext=(4, 6),
                     textcoords="offset points",
                     fontsize=8,
@@ -160,13 +171,8 @@ def evalue_figure(data: ReportData) -> Figure:
 def plot_net_loss(data: ReportData, path: Path) -> None:
     """Cumulative net loss (points of accuracy) with its Tango score interval and the margin."""
     f = data.flips
-    fig = Figure(figsize=(9, 4.0), layout="constrained")
-    ax = fig.add_subplot()
-    if not f.times:
-        _empty(ax, "no labelled pairs in the ledger")
-    else:
-        x, _, xlabel = elapsed_axis(f.times, _first_pair(data))
-        pts = [100.0 * v for v in f.net_loss]
+
+    def draw(fig: Figure, ax: Axes, x: list[float], scale: float) -> None:
         ax.fill_between(
             x,
             [100.0 * v for v in f.ci_lower],
@@ -175,15 +181,20 @@ def plot_net_loss(data: ReportData, path: Path) -> None:
             alpha=0.18,
             label=f"{f.ci_level:.0%} interval (Tango score)",
         )
-        ax.plot(x, pts, color=_NET, lw=2, label="net loss = acc(standard) − acc(FLy)")
+        ax.plot(
+            x,
+            [100.0 * v for v in f.net_loss],
+            color=_NET,
+            lw=2,
+            label="net loss = acc(standard) − acc(FLy)",
+        )
         ax.axhline(0.0, color="#999999", lw=0.8)
         margin = 100.0 * data.stats.margin
         ax.axhline(margin, color=_LOST, lw=1.2, ls=":", label=f"non-inferiority margin {margin:g}")
         ax.set_ylabel("accuracy points")
-        ax.set_xlabel(xlabel)
         fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-    ax.set_title("Net loss over time (cumulative), with its confidence interval")
-    _save(fig, path)
+
+    _time_plot(data, path, "Net loss over time (cumulative), with its confidence interval", draw)
 
 
 def plot_per_position(data: ReportData, path: Path) -> None:
@@ -369,6 +380,17 @@ def _load_table(data: ReportData) -> str:
     )
 
 
+def _points_note(data: ReportData) -> str:
+    """Says when the e-value plot shows fewer points than there are labelled pairs."""
+    e = data.evalue
+    if len(e.pair) >= e.pairs:
+        return ""
+    return (
+        f"Drawn at {len(e.pair):,} of the {e.pairs:,} labelled pairs; the last value and the "
+        "first alarms are exact."
+    )
+
+
 def _when(t: float | None) -> str:
     if t is None:
         return "–"
@@ -502,7 +524,7 @@ when busy".</p>
 <h2>Flips over time</h2>{imgs.get("flips.png", "")}
 <h2>E-value path</h2>
 <p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked
-at (Ville's inequality).</p>{imgs.get("evalue.png", "")}
+at (Ville's inequality). {_points_note(data)}</p>{imgs.get("evalue.png", "")}
 <h2>Net loss and its interval</h2>{imgs.get("net_loss.png", "")}
 <h2>Per-position acceptance per arm</h2>{imgs.get("per_position.png", "")}
 {_acceptance_table(data)}

@@ -102,8 +102,8 @@ class StatsInputs:
 
 async def ledger_inputs(ledger: Ledger, paired: PairedSettings, now: float) -> StatsInputs:
     """The full recomputation from the ledger's SQL tallies (one query per window, plus arm
-    totals, load bands and the row count): exact per-row window edges ``time >= now -
-    seconds``; the reference :class:`LiveTallies` is checked against."""
+    totals in fixed point, load bands and the row count): exact per-row window edges ``time >=
+    now - seconds``; the reference :class:`LiveTallies` is checked against."""
     tallies = {
         name: await ledger.tally(since=None if secs is None else now - secs)
         for name, secs in paired.window_seconds.items()
@@ -113,7 +113,8 @@ async def ledger_inputs(ledger: Ledger, paired: PairedSettings, now: float) -> S
     by_load = load_bands(
         await ledger.tally_by_load(paired.load_bands), load_band_labels(paired.load_bands)
     )
-    return StatsInputs(tallies, await ledger.arm_totals(), by_load, await ledger.row_count())
+    totals = await ledger.arm_totals(fixed_point=True)
+    return StatsInputs(tallies, totals, by_load, await ledger.row_count())
 
 
 class ShadowComponent:

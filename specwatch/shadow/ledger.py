@@ -24,6 +24,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import (
     FIXED_POINT,
@@ -42,6 +45,8 @@ from specwatch.shadow.tally import (
 from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
 log = logging.getLogger("specwatch.shadow.ledger")
+
+_T = TypeVar("_T")
 
 
 #: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0: ``queue_full``
@@ -359,6 +364,146 @@ class LedgerHealth:
     queue_depth: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReportSpan:
+    """Whole-ledger and labelled-pair counts and time ranges (unix seconds; ``None`` when there
+    are no such rows), from :meth:`Ledger.report_span`."""
+
+    rows: int
+    first_time: float | None
+    last_time: float | None
+    labelled_first_time: float | None
+    labelled_last_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BinCounts:
+    """Labelled pairs in one time bin (:meth:`Ledger.labelled_bins`): ``n`` pairs, ``lost``
+    (standard right, FLy wrong) and ``gained`` (FLy right, standard wrong)."""
+
+    bin: int
+    n: int
+    lost: int
+    gained: int
+
+
+#: The statuses the tally rules name and the columns they read besides ``status`` (all boolean):
+#: the digits of :attr:`ReportStream.key`.
+_STREAM_STATUSES: tuple[str, ...] = tuple(
+    sorted({str(v) for rule in TALLY_RULES.values() for c, v in rule if c == "status"})
+)
+_STREAM_BOOLS: tuple[str, ...] = tuple(
+    sorted({c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"})
+)
+_TRITS: tuple[bool | None, ...] = (False, True, None)
+#: Up to this many categories the stream maps names to codes with a CASE, beyond with a lookup.
+_CASE_CATEGORIES = 64
+_Ints = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledStream:
+    """Labelled pairs in time order as columns: shape ``(n,)`` each; ``category[i]`` indexes
+    ``categories``, ``d[i]`` is +1 lost (standard right, FLy wrong), −1 gained, 0 concordant."""
+
+    categories: tuple[str, ...]
+    category: npt.NDArray[np.int64]
+    d: npt.NDArray[np.int8]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportStream:
+    """Every ledger row in time order as one integer (:meth:`Ledger.report_stream`), shape
+    ``(rows,)``.
+
+    ``key = ((category * (S + 1) + status) * 3**m + trits) * (len(bands) + 1) + band`` with
+    ``category`` an index into ``categories`` (sorted), ``status`` an index into the statuses
+    the tally rules name (``S`` = their number; ``S`` for any other), ``trits`` the base-3 digits
+    (0 false, 1 true, 2 unknown) of the ``m`` boolean columns the rules read, in sorted order,
+    and ``band`` 0 for an unknown running count, ``i + 1`` for band ``bands[i]`` (labels
+    ``band_labels``, from :func:`~specwatch.shadow.tally.load_band_labels`).
+    """
+
+    categories: tuple[str, ...]
+    band_labels: tuple[str, ...]
+    key: npt.NDArray[np.int64]
+
+    def _split(
+        self, key: npt.NDArray[np.int64]
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        list[npt.NDArray[np.int64]],
+        npt.NDArray[np.int64],
+    ]:
+        band = key % (len(self.band_labels) + 1)
+        rest = key // (len(self.band_labels) + 1)
+        trits: list[npt.NDArray[np.int64]] = []
+        for _ in _STREAM_BOOLS:
+            trits.append(rest % 3)
+            rest = rest // 3
+        trits.reverse()
+        statuses = len(_STREAM_STATUSES) + 1
+        return rest // statuses, rest % statuses, trits, band
+
+    def tallies(self) -> dict[tuple[str, str], PairTally]:
+        """:class:`PairTally` per ``(category, band label)`` (``unknown`` band for rows without a
+        running count), by the rules of :data:`~specwatch.shadow.tally.TALLY_RULES` applied to
+        each distinct key once and weighted by its row count."""
+        keys, counts = np.unique(self.key, return_counts=True)
+        cat, status, trits, band = self._split(keys)
+        labels = (UNKNOWN_BAND, *self.band_labels)
+        out: dict[tuple[str, str], PairTally] = {}
+        for i, n in enumerate(counts.tolist()):
+            s = int(status[i])
+            cell = _Cell(
+                category=self.categories[int(cat[i])],
+                status=_STREAM_STATUSES[s] if s < len(_STREAM_STATUSES) else "",
+                values={c: _TRITS[int(t[i])] for c, t in zip(_STREAM_BOOLS, trits, strict=True)},
+            )
+            one = row_tally(cell)
+            scaled = PairTally(**{f.name: getattr(one, f.name) * n for f in fields(one)})
+            at = (cell.category, labels[int(band[i])])
+            out[at] = out.get(at, PairTally()) + scaled
+        return out
+
+    def labelled(self) -> LabelledStream:
+        """The labelled pairs (:data:`~specwatch.shadow.tally.LABELLED`), in time order."""
+        bands = len(self.band_labels) + 1
+        m = len(_STREAM_BOOLS)
+
+        def trit(col: str) -> _Ints:
+            place = bands * 3 ** (m - 1 - _STREAM_BOOLS.index(col))
+            out: _Ints = (self.key // place) % 3
+            return out
+
+        std, fly = trit("standard_correct"), trit("fly_correct")
+        upper = self.key // (bands * 3**m)
+        statuses = len(_STREAM_STATUSES) + 1
+        mask = (upper % statuses == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
+        return LabelledStream(
+            categories=self.categories,
+            category=upper[mask] // statuses,
+            d=(std[mask] - fly[mask]).astype(np.int8),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    """One distinct :attr:`ReportStream.key`, read by the tally rules like a ledger row."""
+
+    category: str
+    status: str
+    values: Mapping[str, bool | None]
+    time: float = 0.0
+
+    def __getattr__(self, name: str) -> bool | None:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class Ledger:
     """Async pair ledger over one SQLite file (or ``":memory:"`` is not supported: WAL needs a
     file).
@@ -554,24 +699,16 @@ class Ledger:
     def _insert_sync(
         self, batch: list[LedgerRow], prune_now: float | None, grouping: HistoryGrouping | None
     ) -> tuple[list[HistoryGroup], int]:
-        conn = self._wconn
-        if conn is None:
-            raise ValueError("ledger is closed")
         values = [_row_to_values(r) for r in batch]
         groups: list[HistoryGroup] = []
-        with self._wlock:
-            conn.execute("BEGIN")
-            try:
-                conn.executemany(_INSERT, values)
-                if prune_now is not None:
-                    self._prune_sync(conn, prune_now, groups, grouping)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            self._commits += 1
-            return groups, self._commits
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany(_INSERT, values)
+            if prune_now is not None:
+                self._prune_sync(conn, prune_now, groups, grouping)
+
+        _, commit = self._numbered_transaction(work)
+        return groups, commit
 
     def _prune_sync(
         self,
@@ -607,26 +744,35 @@ class Ledger:
         grouping = listener.grouping() if listener is not None else None
         groups: list[HistoryGroup] = []
 
-        def run() -> tuple[int, int]:
-            conn = self._wconn
-            if conn is None:
-                raise ValueError("ledger is closed")
-            with self._wlock:
-                conn.execute("BEGIN")
-                try:
-                    removed = self._prune_sync(conn, at, groups, grouping)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                self._commits += 1
-                return removed, self._commits
-
-        removed, commit = await asyncio.to_thread(run)
+        removed, commit = await asyncio.to_thread(
+            self._numbered_transaction, lambda c: self._prune_sync(c, at, groups, grouping)
+        )
         if listener is not None and groups and listener is self.listener:
             listener.rows_pruned(groups, commit)
         return removed
+
+    def _in_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` on the write connection in one transaction (rolled back if it raises);
+        blocking: call from a worker thread. Raises ``ValueError`` when the ledger is closed."""
+        return self._numbered_transaction(work)[0]
+
+    def _numbered_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> tuple[_T, int]:
+        """:meth:`_in_transaction`, also returning the number of the write transaction
+        committed (1, 2, ... since open; what a :class:`HistoryListener` is told)."""
+        conn = self._wconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._wlock:
+            conn.execute("BEGIN")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            self._commits += 1
+            return result, self._commits
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -686,15 +832,31 @@ class Ledger:
         return await self._tally_by(_band_sql(bands), since, until)
 
     async def arm_totals(
-        self, since: float | None = None, until: float | None = None
+        self, since: float | None = None, until: float | None = None, *, fixed_point: bool = False
     ) -> dict[str, ArmTotals]:
         """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
-        rows) over ``since <= time < until``, aggregated in SQL (τ and seconds summed in fixed
-        point, :class:`~specwatch.shadow.tally.ArmSums`, as the live statistics do)."""
+        rows) over ``since <= time < until``, aggregated in SQL. ``fixed_point``: τ and seconds
+        summed as :class:`~specwatch.shadow.tally.ArmSums` (each value rounded to 1e-9, exact
+        sums in any order: what the live statistics keep); else plain float sums."""
         where, params = self._where(since, until, None)
-        sql = f"SELECT category, {', '.join(_ARM_SQL)} FROM pairs{where} GROUP BY category"
+        cols = _ARM_SQL if fixed_point else _ARM_FLOAT_SQL
+        sql = f"SELECT category, {', '.join(cols)} FROM pairs{where} GROUP BY category"
         raw = await asyncio.to_thread(self._read, sql, params)
-        return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
+        if fixed_point:
+            return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
+        return {
+            str(r[0]): ArmTotals(
+                tau_pairs=int(r[1] or 0),
+                standard_tau_sum=float(r[2] or 0.0),
+                fly_tau_sum=float(r[3] or 0.0),
+                speed_pairs=int(r[4] or 0),
+                standard_tokens=int(r[5] or 0),
+                fly_tokens=int(r[6] or 0),
+                standard_seconds=float(r[7] or 0.0),
+                fly_seconds=float(r[8] or 0.0),
+            )
+            for r in raw
+        }
 
     async def _tally_by(
         self, group: str, since: float | None, until: float | None
@@ -781,6 +943,106 @@ class Ledger:
         raw = await asyncio.to_thread(self._read, "SELECT COUNT(*) FROM pairs", ())
         return int(raw[0][0])
 
+    # -- report queries (``specwatch report``: aggregates in SQL, one streamed read) ---------
+
+    async def write_many(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """Insert ``rows`` (values in ``columns`` order, booleans as ``bool`` or 0/1; columns not
+        named are ``NULL``) in one transaction, bypassing the write queue: bulk import of
+        synthetic ledgers for benchmarks and examples. Returns the number of rows written.
+        Raises ``ValueError`` for a column that is not a :class:`LedgerRow` field (or a closed
+        ledger) and ``sqlite3.Error`` from SQLite; nothing is written on failure."""
+        unknown = [c for c in columns if c not in _COLUMNS]
+        if unknown or not columns:
+            raise ValueError(f"write_many: unknown or no columns {unknown!r}")
+        sql = f"INSERT INTO pairs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        batch = list(rows)
+        await asyncio.to_thread(self._in_transaction, lambda c: c.executemany(sql, batch))
+        self._rows_written += len(batch)
+        return len(batch)
+
+    async def report_span(self) -> ReportSpan:
+        """Row count and time range of the whole ledger and of its labelled pairs
+        (:data:`~specwatch.shadow.tally.LABELLED`); the times come from the ``time`` index."""
+        lab = _LABELLED_SQL
+        sql = (
+            "SELECT (SELECT COUNT(*) FROM pairs), (SELECT MIN(time) FROM pairs), "
+            "(SELECT MAX(time) FROM pairs), "
+            f"(SELECT time FROM pairs WHERE {lab} ORDER BY time LIMIT 1), "
+            f"(SELECT time FROM pairs WHERE {lab} ORDER BY time DESC LIMIT 1)"
+        )
+        (r,) = await asyncio.to_thread(self._read, sql, ())
+        return ReportSpan(int(r[0]), r[1], r[2], r[3], r[4])
+
+    async def labelled_bins(self, start: float, width: float, bins: int) -> list[BinCounts]:
+        """Labelled pairs per time bin, ``GROUP BY`` in SQL: bin ``i`` holds
+        ``start + i * width <= time < start + (i + 1) * width`` (``floor((time - start) / width)``,
+        clamped to ``[0, bins - 1]``, so the last bin also holds its end; ``width <= 0`` puts
+        every pair in bin 0). Returns :class:`BinCounts` of non-empty bins, by bin. Raises
+        ``ValueError`` for ``bins < 1``."""
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        expr = "0" if width <= 0.0 else "MIN(?, MAX(0, CAST((time - ?) / ? AS INTEGER)))"
+        params: list[Any] = [] if width <= 0.0 else [bins - 1, start, width]
+        sql = (
+            f"SELECT {expr} AS b, COUNT(*), "
+            "SUM(CASE WHEN standard_correct = 1 AND fly_correct = 0 THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN standard_correct = 0 AND fly_correct = 1 THEN 1 ELSE 0 END) "
+            f"FROM pairs WHERE {_LABELLED_SQL} GROUP BY b ORDER BY b"
+        )
+        raw = await asyncio.to_thread(self._read, sql, params)
+        return [BinCounts(int(b), int(n), int(lo or 0), int(ga or 0)) for b, n, lo, ga in raw]
+
+    async def report_stream(self, bands: Sequence[int], chunk_rows: int = 65_536) -> ReportStream:
+        """Every row in time order (``ORDER BY time, id``) as one packed integer: its category,
+        status, running-request band (lower bounds ``bands``) and the value of every column the
+        :data:`~specwatch.shadow.tally.TALLY_RULES` read (see :class:`ReportStream`). One
+        streamed read in a worker thread, ``chunk_rows`` rows at a time, no row objects; what
+        the report's tallies and order-dependent e-processes are computed from. Raises
+        ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
+        return await asyncio.to_thread(self._report_stream_sync, tuple(bands), chunk_rows)
+
+    def _report_stream_sync(self, bands: tuple[int, ...], chunk_rows: int) -> ReportStream:
+        conn = self._rconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._rlock:
+            cats = tuple(
+                str(c) for (c,) in conn.execute("SELECT DISTINCT category FROM pairs ORDER BY 1")
+            )
+            params: list[Any] = []
+            key = "0"
+            if 0 < len(cats) <= _CASE_CATEGORIES:
+                key = f"(CASE category {' '.join('WHEN ? THEN ?' for _ in cats)} ELSE 0 END)"
+                params += [v for i, c in enumerate(cats) for v in (c, i)]
+            elif cats:  # many categories: one indexed lookup per row instead of a long CASE
+                conn.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS report_categories "
+                    "(name TEXT PRIMARY KEY, code INTEGER)"
+                )
+                conn.execute("DELETE FROM temp.report_categories")
+                conn.executemany(
+                    "INSERT INTO temp.report_categories VALUES (?, ?)",
+                    [(c, i) for i, c in enumerate(cats)],
+                )
+                key = "(SELECT code FROM temp.report_categories WHERE name = category)"
+            whens = " ".join("WHEN ? THEN ?" for _ in _STREAM_STATUSES)
+            key = f"({key} * {len(_STREAM_STATUSES) + 1} + (CASE status {whens} ELSE ? END))"
+            params += [v for i, st in enumerate(_STREAM_STATUSES) for v in (st, i)]
+            params.append(len(_STREAM_STATUSES))
+            for col in _STREAM_BOOLS:
+                key = f"({key} * 3 + (CASE {col} WHEN 0 THEN 0 WHEN 1 THEN 1 ELSE 2 END))"
+            band = " ".join(
+                f"WHEN running_at_replay >= {float(lo)!r} THEN {i + 1}"
+                for i, lo in reversed(list(enumerate(bands)))
+            )
+            key = f"({key} * {len(bands) + 1} + (CASE {band} ELSE 0 END))"
+            cur = conn.execute(f"SELECT {key} FROM pairs ORDER BY time, id", params)
+            chunks: list[npt.NDArray[np.int64]] = []
+            while batch := cur.fetchmany(chunk_rows):
+                chunks.append(np.fromiter((v for (v,) in batch), np.int64, len(batch)))
+        packed = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        return ReportStream(cats, load_band_labels(bands) if bands else (), packed)
+
     # -- health ----------------------------------------------------------------------------
 
     @property
@@ -818,6 +1080,19 @@ _ARM_SQL = (
     f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('standard_latency_seconds')} ELSE 0 END)",
     f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('fly_latency_seconds')} ELSE 0 END)",
+)
+
+
+#: The :class:`ArmTotals` sums as plain float sums, in field order.
+_ARM_FLOAT_SQL = (
+    f"SUM(CASE WHEN {_ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN standard_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
 )
 
 

@@ -13,7 +13,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from specwatch.core.config import SINCE_START, check_windows, parse_duration, split_list
+from specwatch.core.config import (
+    DEFAULT_LOAD_BANDS,
+    DEFAULT_MAX_CATEGORIES,
+    SINCE_START,
+    check_windows,
+    parse_duration,
+    split_list,
+)
 from specwatch.core.frozen import Frozen
 from specwatch.core.wire import SHADOW_MARKER_HEADER
 
@@ -91,7 +98,7 @@ class ShadowSettings(BaseModel):
     category_quota_per_second: dict[str, float] = Field(default_factory=dict)
     default_category_quota_per_second: float | None = Field(default=None, gt=0)
     category_quota_burst: float = Field(default=5.0, ge=1.0)
-    max_categories: int = Field(default=20, ge=0, le=1000)
+    max_categories: int = Field(default=DEFAULT_MAX_CATEGORIES, ge=0, le=1000)
     queue_size: int = Field(default=256, ge=1)
     max_shadow_rps: float = Field(default=5.0, gt=0)
     max_in_flight: int = Field(default=4, ge=1)
@@ -212,7 +219,7 @@ class PairedSettings(Frozen):
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
-    load_bands: Annotated[tuple[int, ...], NoDecode] = (0, 8, 32)
+    load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS
 
     @field_validator("load_bands", mode="before")
     @classmethod

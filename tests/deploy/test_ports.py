@@ -2,10 +2,11 @@
 names a specwatch port names the one in the settings.
 
 The listener default is ``specwatch.settings.ServerSettings().port``; the streaming proxy's is
-``specwatch.shadow.settings.ShadowSettings().proxy_listen_port``. Each place that names one (the
-README, docs, deploy manifests, the Dockerfile, the example overlay) is matched by a pattern that
-says which of the two it is, and every match must equal the settings; the old default 9400
-(NVIDIA dcgm-exporter's) must appear nowhere.
+``specwatch.shadow.settings.ShadowSettings().proxy_listen_port`` and the mirror listener's
+``mirror_listen_port``. Each place that names one (the README, docs, deploy manifests, the
+Dockerfile, the example overlay) is matched by a pattern that says which of the three it is
+(``specwatch:N`` on a line that says "mirror" is the mirror port), and every match must equal
+the settings; the old default 9400 (NVIDIA dcgm-exporter's) must appear nowhere.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.fakes import REPO
 ROOT = REPO
 PORT = Settings().server.port
 PROXY_PORT = ShadowSettings().proxy_listen_port
+MIRROR_PORT = ShadowSettings().mirror_listen_port
 
 #: Ports that services on a GPU node of a vLLM cluster listen on by default (host network or a
 #: pod a Service points at): vLLM and production-stack's router, Ray, the kubelet,
@@ -66,11 +68,13 @@ PATTERNS = [
     (r"port-forward [^\n]* (\d+)(?::\d+)? &[^\n]*specwatch", PORT),
     (r"port-forward deploy/vllm-pair (\d+)", PORT),
     (r"SPECWATCH_SERVER__PORT[=', ]+(\d+)", PORT),
-    (r"specwatch:(\d+)(?![\d.])", PORT),
+    (r"(?m)^(?!.*\bmirror).*?specwatch:(\d+)(?![\d.])", PORT),
+    (r"(?m)^(?=.*\bmirror).*?specwatch:(\d+)(?![\d.])", MIRROR_PORT),
     (r"EXPOSE (\d+)", PORT),
     (r"EXPOSE \d+ (\d+)", PROXY_PORT),
     (r"`specwatch` \| (\d+) \(`specwatch`\)", PORT),
     (r"`specwatch` \| (\d+) \(`sw-proxy`\)", PROXY_PORT),
+    (r"`specwatch` \| (\d+) \(`sw-mirror`\)", MIRROR_PORT),
 ]
 
 
@@ -79,7 +83,8 @@ def test_defaults_avoid_gpu_node_ports() -> None:
     assert PORT == 9477
     assert PORT not in GPU_NODE_PORTS, GPU_NODE_PORTS.get(PORT)
     assert PROXY_PORT not in GPU_NODE_PORTS, GPU_NODE_PORTS.get(PROXY_PORT)
-    assert PORT != PROXY_PORT
+    assert MIRROR_PORT not in GPU_NODE_PORTS, GPU_NODE_PORTS.get(MIRROR_PORT)
+    assert len({PORT, PROXY_PORT, MIRROR_PORT}) == 3
 
 
 def test_every_named_port_is_the_setting() -> None:
@@ -117,7 +122,7 @@ def test_manifests_use_the_settings_ports() -> None:
                     ports += [(p["name"], p["containerPort"]) for p in c.get("ports", [])]
             if doc.get("kind") == "Service":
                 ports += [(p["name"], p["port"]) for p in spec.get("ports", [])]
-    wanted = {"specwatch": PORT, "sw-proxy": PROXY_PORT}
+    wanted = {"specwatch": PORT, "sw-proxy": PROXY_PORT, "sw-mirror": MIRROR_PORT}
     checked = [(name, port) for name, port in ports if name in wanted]
     assert checked
     for name, port in checked:

@@ -121,6 +121,20 @@ def test_service_monitor_reaches_specwatch(objs: list[Obj], config: Settings) ->
     assert "relabelings" not in endpoint  # specwatch_* series carry their own role
 
 
+def test_service_reaches_the_mirror_listener(objs: list[Obj], config: Settings) -> None:
+    """Mirrored copies sent to the Service reach the mirror listener: the Service has a port
+    whose target is the container port specwatch's mirror listener binds (9402, its own port,
+    never the /metrics port 9477, where a copy would get 404)."""
+    service = one(objs, "Service", "specwatch")
+    deployment = one(objs, "Deployment", "specwatch")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert "mirror" in config.shadow.modes
+    assert config.shadow.mirror_listen_port == 9402
+    served = {container_ports[p["targetPort"]]: p["port"] for p in service["spec"]["ports"]}
+    assert served == {9477: 9477, 9402: 9402}
+
+
 def test_vllm_service_monitor_sets_role(objs: list[Obj]) -> None:
     """vLLM Services labelled specwatch.io/role are scraped with that value as ``role``."""
     monitor = one(objs, "ServiceMonitor", "specwatch-vllm")

@@ -1,7 +1,8 @@
 """``specwatch doctor`` against a real Prometheus: a healthy setup passes, and each injected fault
 (a specwatch target down, no specwatch rules, a vLLM target without ``role``, a ServiceMonitor
-without the ``release`` label the Prometheus object selects on, a dashboard query without data)
-is named by one FAIL line."""
+without the ``release`` label the Prometheus object selects on, a dashboard query without data, a
+dashboard variable whose query has no value) is named by one FAIL line. A query variable with no
+saved value is read at the first value Prometheus gives it, as Grafana opens the dashboard."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ RULES = {
 def _dashboard(with_missing_panel: bool) -> dict[str, Any]:
     panels: list[dict[str, Any]] = [
         {"title": "Build", "targets": [{"expr": 'specwatch_build_info{job="$job"}'}]},
+        # a query variable without a saved value: Grafana opens at the first value of its query
+        {"title": "Instance", "targets": [{"expr": 'specwatch_build_info{instance="$instance"}'}]},
         {
             "title": "Quiet",
             "description": "Empty until an alert fires.",
@@ -57,11 +60,20 @@ def _dashboard(with_missing_panel: bool) -> dict[str, Any]:
     ]
     if with_missing_panel:
         panels.append({"title": "Missing", "targets": [{"expr": "specwatch_no_such_series"}]})
-    return {
-        "title": "Doctor test",
-        "templating": {"list": [{"name": "job", "current": {"value": "specwatch"}, "options": []}]},
-        "panels": panels,
-    }
+    variables: list[dict[str, Any]] = [
+        {"name": "job", "current": {"value": "specwatch"}, "options": []},
+        {
+            "name": "instance",
+            "type": "query",
+            "query": {"query": 'label_values(specwatch_build_info{job="$job"}, instance)'},
+            "current": {},
+        },
+    ]
+    if with_missing_panel:
+        variables.append(
+            {"name": "gone", "type": "query", "query": "label_values(no_such_series, pod)"}
+        )
+    return {"title": "Doctor test", "templating": {"list": variables}, "panels": panels}
 
 
 def _objects(release_label: bool) -> list[dict[str, Any]]:
@@ -137,9 +149,11 @@ def _files(tmp: Path, *, healthy: bool) -> list[str]:
 
 
 async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
-    """Healthy: exit 0, no FAIL, the documented-empty panel a WARN. Faulty: exit 1 and one FAIL
-    per injected fault, naming the target, the missing rules, the vLLM target, the
-    ServiceMonitor's missing ``release`` label and the empty panel."""
+    """Healthy: exit 0, no FAIL, the documented-empty panel a WARN, the panel filtered by a
+    variable without a saved value finds the sidecar's series (the variable takes the first
+    ``instance`` Prometheus lists). Faulty: exit 1 and one FAIL per injected fault, naming the
+    target, the missing rules, the vLLM target, the ServiceMonitor's missing ``release`` label,
+    the empty panel and the variable whose query returns nothing."""
     sim = await start_simulator(SimConfig(role=Role.STANDARD, time_scale=0.0))
     settings = Settings(targets=(TargetSettings(name="standard", url=sim.url),))
     server = TestServer(build_app(settings), host="127.0.0.1", port=0)
@@ -182,6 +196,7 @@ async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
                 in lines
             )
             assert "OK    dashboard  Doctor test / Build: 1 series" in lines
+            assert "OK    dashboard  Doctor test / Instance: 1 series" in lines
             assert "OK    dashboard  Doctor test / Running: 1 series" in lines
             assert (
                 "WARN  dashboard  Doctor test / Quiet: no data (Empty until an alert fires.)"
@@ -224,4 +239,7 @@ async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
         "ServiceMonitor vllm-pair is not selected: its labels do not match Prometheus "
         "kps-prometheus's serviceMonitorSelector (needs {'release': 'kps'})"
     ]
-    assert messages["dashboard"] == ["Doctor test / Missing: no data for specwatch_no_such_series"]
+    assert sorted(messages["dashboard"]) == [
+        "Doctor test / Missing: no data for specwatch_no_such_series",
+        "Doctor test: $gone has no value: label_values(no_such_series, pod) is empty",
+    ]

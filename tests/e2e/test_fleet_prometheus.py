@@ -79,7 +79,7 @@ def _fly_series(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> int:
     return sum(
         1
         for (name, labels) in m
-        if name == "specwatch_shadow_pairs_total"
+        if name == "specwatch_ledger_pairs"
         and ("arm", "fly") in labels
         and dict(labels)["outcome"] in outcomes
     )
@@ -126,7 +126,7 @@ async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
 
         async def all_scraped() -> bool | None:
             q = (
-                'count(specwatch_shadow_pairs_total{arm="fly",outcome!~"agree|disagree"}) + '
+                'count(specwatch_ledger_pairs{arm="fly",outcome!~"agree|disagree"}) + '
                 'count(specwatch_paired_e_value{hypothesis="margin"}) * 1000'
             )
             async with session.get(f"{prom}/api/v1/query", params={"query": q}) as r:

@@ -98,10 +98,11 @@ def test_empty_model_label_pools_every_series() -> None:
 
 
 def test_selectors_carry_the_users_matchers() -> None:
-    """The queries select FLy correctness outcomes and the since-start margin e-value."""
+    """The queries select the FLy correctness outcomes each ledger holds (the gauge a sidecar
+    restart keeps, not the counter of the process's own pairs) and the since-start margin
+    e-value."""
     assert pairs_selector('job="sw"') == (
-        'specwatch_shadow_pairs_total{arm="fly",outcome=~"both_correct|lost|gained|both_wrong",'
-        'job="sw"}'
+        'specwatch_ledger_pairs{arm="fly",outcome=~"both_correct|lost|gained|both_wrong",job="sw"}'
     )
     assert margin_e_selector() == (
         'specwatch_paired_e_value{hypothesis="margin",window="since_start",category="_all"}'

@@ -25,12 +25,11 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from scipy.stats import binomtest
 
 from specwatch.__main__ import main
-from specwatch.report.data import build_report, evalue_path, flip_series, parse_acceptance
+from specwatch.report.data import ReportData, build_report, parse_acceptance, read_ledger
 from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
 from specwatch.shadow.stats.sequential import net_loss_log_e_value
-from specwatch.shadow.summary import tally_rows
 
 T0 = 1_764_460_800.0
 #: category → (both_correct, lost, gained, both_wrong)
@@ -113,6 +112,12 @@ async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
         for r in rows:
             assert ledger.submit(r)
         await ledger.flush()
+
+
+def report_of(path: Path, rows: list[LedgerRow], bins: int = 40, **kw: object) -> ReportData:
+    """``rows`` written to a ledger at ``path``, read back and assembled as the command does."""
+    asyncio.run(write_ledger(path, rows))
+    return build_report(str(path), asyncio.run(read_ledger(path, bins=bins)), **kw)  # type: ignore[arg-type]
 
 
 class TableParser(HTMLParser):
@@ -302,10 +307,9 @@ class TestHtml:
 
 
 class TestSeries:
-    def test_flip_series_accumulates_to_the_totals(self) -> None:
+    def test_flip_series_accumulates_to_the_totals(self, tmp_path: Path) -> None:
         """Cumulative lost/gained/n end at the totals; the last interval is the overall one."""
-        rows = known_rows()
-        s = flip_series(rows, bins=10)
+        s = report_of(tmp_path / "l.db", known_rows(), bins=10).flips
         overall_pc = dict(expected_counts())["_all"]
         assert len(s.times) == 10
         assert sum(s.lost) == s.cum_lost[-1] == overall_pc.lost
@@ -316,23 +320,23 @@ class TestSeries:
         assert s.ci_upper[-1] == pytest.approx(ci.upper)
         assert s.net_loss[-1] == pytest.approx(7 / 96)
 
-    def test_evalue_path_ends_at_the_closed_form(self) -> None:
-        """One point per labelled pair; the last equals the beta-binomial e-value of the totals."""
-        rows = known_rows()
-        path = evalue_path(rows, alpha=0.05, margin=0.01)
-        assert len(path.log_e_no_net_loss) == 96
+    def test_evalue_path_ends_at_the_closed_form(self, tmp_path: Path) -> None:
+        """One point per labelled pair (96, fewer than the plot's point bound); the last equals
+        the mixture e-value of the totals (12 lost, 5 gained)."""
+        path = report_of(tmp_path / "l.db", known_rows()).evalue
+        assert path.pairs == 96
+        assert path.pair == tuple(range(1, 97))
         assert path.log_e_no_net_loss[-1] == pytest.approx(net_loss_log_e_value(12, 5))
-        first = expected_first_alarms()["_all"]
-        assert path.first_alarm(path.log_e_no_net_loss) == (None if first is None else first - 1)
+        assert path.first_alarm_no_net_loss == expected_first_alarms()["_all"]
 
-    def test_evalue_alarm_index(self) -> None:
+    def test_evalue_alarm_index(self, tmp_path: Path) -> None:
         """30 losses in a row: the first alarm is the first n with e(n, 0) >= 20."""
         rows = [row(T0 + i, "x", True, False) for i in range(30)]
-        path = evalue_path(rows, alpha=0.05, margin=0.01)
+        path = report_of(tmp_path / "l.db", rows).evalue
         first = next(n for n in range(1, 31) if net_loss_log_e_value(n, 0) >= math.log(20))
-        assert path.first_alarm(path.log_e_no_net_loss) == first - 1
+        assert path.first_alarm_no_net_loss == first
 
-    def test_alarm_stands_after_the_e_value_falls(self) -> None:
+    def test_alarm_stands_after_the_e_value_falls(self, tmp_path: Path) -> None:
         """12 losses then 30 gains: the e-value crossed 20 early and is now tiny; the page still
         reports the alarm, at the pair where it was first reached."""
         rows = [row(T0 + i, "x", True, False) for i in range(12)]
@@ -340,8 +344,7 @@ class TestSeries:
         pc = PairedCounts(0, 12, 30, 0)
         assert net_loss_log_e_value(pc.lost, pc.gained) < math.log(20.0)
         first = next(n for n in range(1, 13) if net_loss_log_e_value(n, 0) >= math.log(20))
-        tally = tally_rows(rows)
-        page = render_html(build_report("mem", rows, tally, {}))
+        page = render_html(report_of(tmp_path / "l.db", rows))
         assert 'data-alarm="true"' in page
         tables = parse_tables(page)
         assert tables["x"]["first_alarm"]["data-value"] == repr(first)
@@ -399,10 +402,10 @@ class TestPlotLayout:
         assert x == [0.0, span / 2 / scale, span / scale]
         assert label == f"{unit} since the first labelled pair (2025-11-30 00:00:00 UTC)"
 
-    def test_evalue_legend_clear_of_the_alarm_line(self) -> None:
+    def test_evalue_legend_clear_of_the_alarm_line(self, tmp_path: Path) -> None:
         """The e-value legend is drawn outside the axes, so it cannot cover the alarm line."""
         rows = [row(T0 + i, "x", True, False) for i in range(30)]
-        data = build_report("mem", rows, tally_rows(rows), {})
+        data = report_of(tmp_path / "l.db", rows)
         fig = evalue_figure(data)
         fig.draw_without_rendering()
         (ax,) = fig.axes

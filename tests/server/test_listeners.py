@@ -154,3 +154,40 @@ async def test_bad_requests_log_at_most_ten_lines_a_minute(sidecar: Process) -> 
             break
         await asyncio.sleep(0.1)
     assert counted == 50
+
+
+async def test_malformed_request_heads_are_counted_not_traced(sidecar: Process) -> None:
+    """30 request heads with an invalid header line on the main listener and 30 on the mirror:
+    each answered 400 by the parser; counted as ``bad_request`` per listener (30 and 30), at most
+    10 ``connection refused`` lines per listener (the rate limit), no traceback, and the
+    ``Authorization`` value sent with them is in no log line."""
+    head = (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cr3t-head\r\nBad Line\r\n\r\n"
+    )
+    for port in (sidecar.port, MIRROR_PORT["port"]):
+        for _ in range(30):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            await writer.drain()
+            assert (await _closed(reader)).startswith(b"HTTP/1.0 400 Bad Request")
+            writer.close()
+    for listener in ("main", "mirror"):
+        assert (
+            await _metric(
+                sidecar.url,
+                "specwatch_listener_refused_total",
+                listener=listener,
+                reason="bad_request",
+            )
+            == 30
+        )
+    log = sidecar.log_text()
+    assert "Traceback" not in log
+    assert "s3cr3t-head" not in log
+    refused = [
+        json.loads(ln)
+        for ln in log.splitlines()
+        if '"connection refused"' in ln and '"bad_request"' in ln
+    ]
+    assert sorted(r["listener"] for r in refused) == ["main"] * 10 + ["mirror"] * 10
+    assert {(r["status"], r["error"]) for r in refused} == {(400, "BadHttpMessage")}

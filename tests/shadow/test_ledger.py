@@ -332,3 +332,43 @@ async def test_fold_labelled_streams_the_labelled_pairs_in_ledger_order(tmp_path
     assert len(expected) > 50
     assert sum(chunks) == len(expected)
     assert len(chunks) == -(-len(expected) // 7)
+
+
+@pytest.mark.parametrize("categories", [3, 70])
+async def test_report_stream_tallies_equal_the_sql_tallies(tmp_path: Path, categories: int) -> None:
+    """The report's one streamed read gives the same per-category and per-band tallies as
+    ``Ledger.tally`` / ``tally_by_load`` (the CASE-sum SQL) and as the Python rule table, and its
+    labelled part lists the labelled pairs in time order with d = standard - fly; with 3
+    categories (codes by CASE) and with 70 (codes by a lookup table)."""
+    outcomes = [make_outcome(i, t=2000.0 - i, category=f"c{i % categories}") for i in range(300)]
+    async with Ledger(tmp_path / "l.db") as ledger:
+        for o in outcomes:
+            ledger.submit(o)
+        await ledger.flush()
+        stream = await ledger.report_stream((0, 8, 32))
+        by_cat = await ledger.tally()
+        by_band = await ledger.tally_by_load((0, 8, 32))
+        rows = await ledger.query()
+    cells = stream.tallies()
+    for cat, want in by_cat.items():
+        assert sum((t for (c, _), t in cells.items() if c == cat), start=type(want)()) == want
+    for band, want in by_band.items():
+        assert sum((t for (_, b), t in cells.items() if b == band), start=type(want)()) == want
+    assert by_cat == tally_rows(rows)
+    lab = stream.labelled()
+    want_d = [
+        int(bool(r.standard_correct)) - int(bool(r.fly_correct))
+        for r in rows
+        if r.status == "paired" and r.standard_correct is not None and r.fly_correct is not None
+    ]
+    assert lab.d.tolist() == want_d
+    assert len(want_d) > 50
+
+
+async def test_write_many_refuses_unknown_columns(tmp_path: Path) -> None:
+    """Bulk import names columns of the ledger only; a wrong name writes nothing."""
+    async with Ledger(tmp_path / "l.db") as ledger:
+        with pytest.raises(ValueError, match="unknown or no columns"):
+            await ledger.write_many(("time", "no_such_column"), [(1.0, 2)])
+        assert await ledger.write_many(("time", "category", "status"), [(1.0, "x", "paired")]) == 1
+        assert await ledger.row_count() == 1

@@ -28,9 +28,9 @@ Three tests are provided:
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -160,6 +160,61 @@ class BettingEProcess:
         return exp_or_inf(self.log_wealth)
 
 
+def betting_log_wealth(
+    outcomes: Iterable[tuple[bool, bool]] | npt.NDArray[Any],
+    margin: float,
+    start: BettingEProcess | None = None,
+) -> tuple[FloatArray, BettingEProcess]:
+    """The margin e-process over labelled pairs, as arrays: the driver behind :func:`betting_path`
+    and :func:`run_betting`.
+
+    ``outcomes``: ``(standard_correct, fly_correct)`` pairs in order, or an array of
+    ``d = standard_correct - fly_correct`` in {-1, 0, 1} (shape ``(n,)``). Returns ``ln E_t``
+    after each pair (shape ``(n,)``, float64) and the state after the last one (``start``, default
+    a fresh process at ``margin``, when there are none). The aGRAPA bet before pair t depends only
+    on the sums of the pairs before it, so the bets are computed from prefix sums and the wealth is
+    a running sum of ``log1p(λ_t (d_t - M))``, the same floating-point operations in the same
+    order as :meth:`BettingEProcess.update` applied pair by pair (equal bit for bit; a test checks
+    it). O(n) vectorised. Raises ``ValueError`` on a ``d`` outside {-1, 0, 1} and as
+    :class:`BettingEProcess` for a bad margin.
+    """
+    state = start if start is not None else BettingEProcess(margin=margin)
+    if isinstance(outcomes, np.ndarray):
+        d = outcomes.astype(np.float64)
+    else:
+        pairs = list(outcomes)
+        d = np.fromiter((int(s) - int(f) for s, f in pairs), dtype=np.float64, count=len(pairs))
+    d = d.reshape(-1)
+    if not np.all((d == -1.0) | (d == 0.0) | (d == 1.0)):
+        raise ValueError("d must be -1, 0 or 1")
+    n = d.size
+    if n == 0:
+        return np.zeros(0), state
+    m = state.margin
+    # Sums over the pairs before each one (exact: integers well below 2**53).
+    sum_d = state.sum_d + np.concatenate(([0.0], np.cumsum(d)[:-1]))
+    sum_d2 = state.sum_d2 + np.concatenate(([0.0], np.cumsum(d * d)[:-1]))
+    count = state.n + np.arange(n, dtype=np.float64) + 1.0
+    mean = (sum_d + m) / count
+    var = (sum_d2 + m**2) / count - mean * mean
+    edge = mean - m
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = np.where(edge > 0.0, edge / (np.maximum(var, 0.0) + edge * edge), 0.0)
+    lam = np.minimum(np.maximum(raw, 0.0), state.cap / (1.0 + m))
+    terms = np.log1p(lam * (d - m))
+    log_w: FloatArray = np.cumsum(np.concatenate(([state.log_wealth], terms)))[1:]
+    last = BettingEProcess(
+        margin=m,
+        cap=state.cap,
+        n=state.n + n,
+        sum_d=state.sum_d + float(np.sum(d)),
+        sum_d2=state.sum_d2 + float(np.sum(d * d)),
+        log_wealth=float(log_w[-1]),
+        max_log_wealth=max(state.max_log_wealth, float(np.max(log_w))),
+    )
+    return log_w, last
+
+
 def betting_path(
     outcomes: Iterable[tuple[bool, bool]], margin: float, start: BettingEProcess | None = None
 ) -> Iterator[BettingEProcess]:
@@ -178,10 +233,9 @@ def run_betting(
     outcomes: Iterable[tuple[bool, bool]], margin: float, start: BettingEProcess | None = None
 ) -> BettingEProcess:
     """The margin e-process after every labelled pair of ``outcomes`` (see :func:`betting_path`);
-    the one driver used by the live component's restart, the report and ``summary``. Pure."""
-    first = start if start is not None else BettingEProcess(margin=margin)
-    last = deque(betting_path(outcomes, margin, first), maxlen=1)
-    return last[0] if last else first
+    the one driver used by the live component's restart, the report and ``summary``. Pure.
+    Computed by :func:`betting_log_wealth` (vectorised, equal to :func:`betting_path`)."""
+    return betting_log_wealth(list(outcomes), margin, start)[1]
 
 
 #: Planning discordant rate that centres :func:`net_loss_mixture_grid` (6%: the rate the paired

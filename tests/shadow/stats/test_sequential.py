@@ -16,6 +16,9 @@ from specwatch.shadow.stats.sequential import (
     beta_binomial_e_value,
     beta_binomial_log_e_value,
     beta_binomial_log_e_values,
+    betting_log_wealth,
+    betting_path,
+    run_betting,
 )
 
 
@@ -113,3 +116,32 @@ def test_betting_e_process_grows_under_loss() -> None:
     assert state.n == 3000
     with pytest.raises(ValueError, match="d must"):
         state.update(2)
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.01, 0.05])
+def test_array_driver_equals_update_pair_by_pair(margin: float) -> None:
+    """``betting_log_wealth`` (prefix-sum bets, running sum) gives the log wealth of
+    ``BettingEProcess.update`` applied pair by pair, bit for bit, from a fresh state and from a
+    state part-way; ``run_betting`` ends in the same state; an empty input leaves the start."""
+    rng = np.random.default_rng(5)
+    std = rng.random(20_000) < 0.7
+    fly = rng.random(20_000) < 0.66
+    outcomes = list(zip(std.tolist(), fly.tolist(), strict=True))
+    state = BettingEProcess(margin=margin)
+    by_update = []
+    for s, f in outcomes:
+        state = state.update(int(s) - int(f))
+        by_update.append(state)
+    path, last = betting_log_wealth(outcomes, margin)
+    assert path.tolist() == [st.log_wealth for st in by_update]
+    assert last == by_update[-1] == run_betting(outcomes, margin)
+    d = std.astype(np.int8) - fly.astype(np.int8)
+    tail, last2 = betting_log_wealth(d[7000:], margin, by_update[6999])
+    assert tail.tolist() == [st.log_wealth for st in by_update[7000:]]
+    assert last2 == by_update[-1]
+    assert [st.log_wealth for st in betting_path(outcomes[:50], margin)] == path[:50].tolist()
+    empty, same = betting_log_wealth([], margin, by_update[10])
+    assert empty.size == 0
+    assert same == by_update[10]
+    with pytest.raises(ValueError, match="d must"):
+        betting_log_wealth(np.array([0, 2]), margin)
