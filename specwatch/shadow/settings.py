@@ -207,8 +207,10 @@ class PairedSettings(Frozen):
     ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
     ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
     ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
-    ``refresh_seconds`` (how often statistics are rebuilt from the ledger), ``load_bands``
+    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
+    kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
+    length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
+    are updated per stored pair, the ledger is read only at start), ``load_bands``
     (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
     ``8-31``, ``32+``)."""
 
