@@ -565,7 +565,7 @@ class Ledger:
 
     def _open_sync(self) -> None:
         self._wconn = self._connect()
-        for stmt in _SCHEMA:
+        for stmt in (*_SCHEMA, *_SUMS_SCHEMA):
             self._wconn.execute(stmt)
         _add_missing_columns(self._wconn)
         self._rconn = self._connect()
@@ -703,7 +703,7 @@ class Ledger:
         groups: list[HistoryGroup] = []
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.executemany(_INSERT, values)
+            _write_rows(conn, _INSERT, values)
             if prune_now is not None:
                 self._prune_sync(conn, prune_now, groups, grouping)
 
@@ -733,7 +733,10 @@ class Ledger:
         for where, params in drops:
             if grouping is not None and groups is not None:
                 groups.extend(_history_sync(conn, grouping, where, params))
+            conn.execute(_sums_upsert_sql(where, -1), params)
             removed += conn.execute(f"DELETE FROM pairs WHERE {where}", params).rowcount
+        if removed:
+            conn.execute("DELETE FROM pair_sums WHERE n = 0")
         return removed
 
     async def prune(self, now: float | None = None) -> int:
@@ -885,20 +888,41 @@ class Ledger:
 
     async def history(self, grouping: HistoryGrouping) -> tuple[int, list[HistoryGroup]]:
         """Every row's :class:`~specwatch.shadow.tally.HistoryCell` summed per (time bucket,
-        category, load band) in one SQL pass (see :class:`HistoryGrouping`): what the live
-        statistics are rebuilt from after a restart. Returns ``(commit, groups)``: the groups
-        hold exactly the write transactions numbered up to ``commit`` (writes wait while it
-        reads), so a :class:`HistoryListener` attached before the call knows which later
-        notifications to apply. Runs in a worker thread."""
+        category, load band) (see :class:`HistoryGrouping`): what the live statistics are
+        rebuilt from after a restart. Returns ``(commit, groups)``: the groups hold exactly the
+        write transactions numbered up to ``commit`` (writes wait while it reads), so a
+        :class:`HistoryListener` attached before the call knows which later notifications to
+        apply. Runs in a worker thread.
 
-        def run() -> tuple[int, list[HistoryGroup]]:
-            conn = self._rconn
-            if conn is None:
-                raise ValueError("ledger is closed")
-            with self._wlock, self._rlock:
-                return self._commits, _history_sync(conn, grouping, None, ())
+        Reads the per-day aggregates stored beside the rows (table ``pair_sums``, kept in the
+        same transaction as every write and prune) for the days before the horizon's, and
+        groups only the rows from that day on; O(stored groups + recent rows), not O(rows).
+        When the aggregates do not describe the rows (a ledger from an older specwatch, rows
+        written by another program, another layout) they are rebuilt first from every row (one
+        grouped pass, logged as "ledger aggregates rebuilt" with the reason). Raises
+        ``ValueError`` when the ledger is closed, ``sqlite3.Error`` from SQLite."""
+        return await asyncio.to_thread(
+            self._numbered_history, lambda c: _stored_history_sync(c, grouping)
+        )
 
-        return await asyncio.to_thread(run)
+    def _numbered_history(
+        self, work: Callable[[sqlite3.Connection], list[HistoryGroup]]
+    ) -> tuple[int, list[HistoryGroup]]:
+        """``work`` in one write transaction (it may repair the aggregates) that is not
+        numbered: it changes no row, so a listener is told nothing about it."""
+        conn = self._wconn
+        if conn is None:
+            raise ValueError("ledger is closed")
+        with self._wlock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                groups = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return self._commits, groups
 
     async def fold_labelled(
         self,
@@ -956,7 +980,7 @@ class Ledger:
             raise ValueError(f"write_many: unknown or no columns {unknown!r}")
         sql = f"INSERT INTO pairs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         batch = list(rows)
-        await asyncio.to_thread(self._in_transaction, lambda c: c.executemany(sql, batch))
+        await asyncio.to_thread(self._in_transaction, lambda c: _write_rows(c, sql, batch))
         self._rows_written += len(batch)
         return len(batch)
 
@@ -1164,40 +1188,109 @@ def _decode(code: int) -> tuple[PairTally, bool, bool]:
 _PATTERN_SQL = _pattern_sql()
 
 
-def _history_sync(
-    conn: sqlite3.Connection,
-    grouping: HistoryGrouping,
-    where: str | None,
-    params: tuple[Any, ...],
-) -> list[HistoryGroup]:
-    """The one grouped pass behind :meth:`Ledger.history` (and the pruned rows' groups): per
-    (bucket, category, band, pattern code) the row count and the arm sums, turned into
-    :class:`HistoryGroup` per (bucket, category, band)."""
-    width = float(grouping.bucket_seconds)
-    bucket = f"CAST(time / {width!r} AS INTEGER)"
-    if grouping.horizon is not None:
-        bucket = f"CASE WHEN time >= {float(grouping.horizon)!r} THEN {bucket} END"
-    else:
-        bucket = "NULL"
-    sums = ", ".join(
-        [
-            f"SUM({_fixed_sql('standard_tau')})",
-            f"SUM({_fixed_sql('fly_tau')})",
-            "SUM(standard_tokens)",
-            "SUM(fly_tokens)",
-            f"SUM({_fixed_sql('standard_latency_seconds')})",
-            f"SUM({_fixed_sql('fly_latency_seconds')})",
-        ]
+#: The fixed-point sums every grouped pass reads, in :class:`ArmSums` order after the counts.
+_SUM_EXPRS = (
+    f"SUM({_fixed_sql('standard_tau')})",
+    f"SUM({_fixed_sql('fly_tau')})",
+    "SUM(standard_tokens)",
+    "SUM(fly_tokens)",
+    f"SUM({_fixed_sql('standard_latency_seconds')})",
+    f"SUM({_fixed_sql('fly_latency_seconds')})",
+)
+_SUMS_SQL = ", ".join(_SUM_EXPRS)
+
+#: Width of a stored aggregate's time slot (``pair_sums.day``: ``CAST(time / 86400 AS
+#: INTEGER)``, UTC days).
+SUMS_DAY_SECONDS = 86400.0
+_DAY_SQL = f"CAST(time / {SUMS_DAY_SECONDS!r} AS INTEGER)"
+#: What ``pair_sums`` is keyed and summed by; a ledger whose stored layout differs (written by
+#: a specwatch with other tally rules or another fixed point) has its aggregates rebuilt.
+_SUMS_LAYOUT = f"v1|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}"
+_SUM_COLUMNS = ("n", "s_tau", "f_tau", "s_tok", "f_tok", "s_sec", "f_sec")
+_SUMS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS pair_sums (day INTEGER NOT NULL, category TEXT NOT NULL, "
+    "running_at_replay REAL NOT NULL, code INTEGER NOT NULL, "
+    + ", ".join(f"{c} INTEGER NOT NULL" for c in _SUM_COLUMNS)
+    + ", PRIMARY KEY (day, category, running_at_replay, code)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS pair_sums_meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+)
+#: ``pair_sums`` keys never hold NULL (NULLs never conflict in an UPSERT): a row without a
+#: running count is stored at -inf (every band condition false: band "unknown", as NULL), a
+#: row without a category under ``'None'`` (the name a NULL category is reported under).
+_SUMS_KEY_SQL = (
+    f"{_DAY_SQL} AS d, IFNULL(category, 'None') AS c, IFNULL(running_at_replay, -9e999) AS r, "
+    f"{_PATTERN_SQL} AS k"
+)
+
+
+def _sums_upsert_sql(where: str, sign: int) -> str:
+    """Add (``sign`` 1) or take back (-1) the groups of the ``pairs`` rows matching ``where``
+    into ``pair_sums``, in one statement."""
+    values = ", ".join([f"{sign} * COUNT(*)"] + [f"{sign} * IFNULL({s}, 0)" for s in _SUM_EXPRS])
+    update = ", ".join(f"{c} = {c} + excluded.{c}" for c in _SUM_COLUMNS)
+    return (
+        "INSERT INTO pair_sums (day, category, running_at_replay, code, "
+        f"{', '.join(_SUM_COLUMNS)}) "
+        f"SELECT {_SUMS_KEY_SQL}, {values} FROM pairs WHERE {where} GROUP BY d, c, r, k "
+        f"ON CONFLICT (day, category, running_at_replay, code) DO UPDATE SET {update}"
     )
-    sql = (
-        f"SELECT {bucket} AS b, category, {_band_sql(grouping.bands)} AS band, "
-        f"{_PATTERN_SQL} AS code, COUNT(*), {sums} "
-        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, category, band, code"
-    )
-    cells: dict[tuple[int | None, str, str], HistoryCell] = {}
-    for b, cat, band, code, n, s_tau, f_tau, s_tok, f_tok, s_sec, f_sec in conn.execute(
-        sql, params
-    ):
+
+
+_SUMS_ADD_NEW = _sums_upsert_sql("id > ?", 1)
+_SUMS_REBUILD = _sums_upsert_sql("1", 1)
+
+
+def _sums_mark(conn: sqlite3.Connection, *, layout: bool = False) -> None:
+    """Record in ``pair_sums_meta`` the newest row id ``pair_sums`` covers (and, after a full
+    rebuild, its layout: only a rebuild vouches for the rows before)."""
+    last = conn.execute("SELECT IFNULL(MAX(id), 0) FROM pairs").fetchone()[0]
+    marks: list[tuple[str, Any]] = [("last_id", last)]
+    if layout:
+        marks.append(("layout", _SUMS_LAYOUT))
+    conn.executemany("INSERT OR REPLACE INTO pair_sums_meta (key, value) VALUES (?, ?)", marks)
+
+
+def _sums_stale(conn: sqlite3.Connection) -> str | None:
+    """Why ``pair_sums`` does not describe ``pairs`` (``None``: it does): ``layout`` (missing
+    or another layout), ``rows`` (its counts do not add up to the rows), ``last_id`` (rows
+    written by something that did not update it)."""
+    meta = dict(conn.execute("SELECT key, value FROM pair_sums_meta").fetchall())
+    if meta.get("layout") != _SUMS_LAYOUT:
+        return "layout"
+    (stored,) = conn.execute("SELECT IFNULL(SUM(n), 0) FROM pair_sums").fetchone()
+    count, last = conn.execute("SELECT COUNT(*), IFNULL(MAX(id), 0) FROM pairs").fetchone()
+    if int(stored) != int(count):
+        return "rows"
+    if count and meta.get("last_id") != last:
+        return "last_id"
+    return None
+
+
+def _sums_rebuild(conn: sqlite3.Connection) -> None:
+    """Recompute ``pair_sums`` from every row (inside the caller's transaction)."""
+    conn.execute("DELETE FROM pair_sums")
+    conn.execute(_SUMS_REBUILD)
+    _sums_mark(conn, layout=True)
+
+
+def _write_rows(conn: sqlite3.Connection, sql: str, values: Sequence[Sequence[Any]]) -> None:
+    """Insert ``values`` with ``sql`` and add their groups to ``pair_sums`` (inside the
+    caller's transaction, so the aggregates never miss a committed row)."""
+    (before,) = conn.execute("SELECT IFNULL(MAX(id), 0) FROM pairs").fetchone()
+    conn.executemany(sql, values)
+    conn.execute(_SUMS_ADD_NEW, (before,))
+    _sums_mark(conn)
+
+
+def _add_cells(
+    cells: dict[tuple[int | None, str, str], HistoryCell], rows: Iterable[Sequence[Any]]
+) -> None:
+    """Add grouped rows ``(bucket, category, band, pattern code, count, six fixed-point
+    sums)`` into ``cells`` per (bucket, category, band)."""
+    for b, cat, band, code, n, s_tau, f_tau, s_tok, f_tok, s_sec, f_sec in rows:
+        n = int(n)
+        if not n:
+            continue
         one, tau, speed = _decode(int(code))
         tally = PairTally(*(n * v for v in _tally_values(one)))
         arms = ArmSums(
@@ -1211,10 +1304,59 @@ def _history_sync(
             fly_seconds=int(f_sec) if speed else 0,
         )
         key = (None if b is None else int(b), str(cat), str(band))
-        cell = HistoryCell(tally, arms, int(n))
+        cell = HistoryCell(tally, arms, n)
         old = cells.get(key)
         cells[key] = cell if old is None else old + cell
+
+
+def _history_sync(
+    conn: sqlite3.Connection,
+    grouping: HistoryGrouping,
+    where: str | None,
+    params: tuple[Any, ...],
+    cells: dict[tuple[int | None, str, str], HistoryCell] | None = None,
+) -> list[HistoryGroup]:
+    """One grouped pass over the ``pairs`` rows matching ``where`` (the pruned rows' groups, the
+    recent rows of a rebuild): per (bucket, category, band, pattern code) the row count and the
+    arm sums, added into ``cells`` and returned as :class:`HistoryGroup` per (bucket, category,
+    band)."""
+    width = float(grouping.bucket_seconds)
+    bucket = f"CAST(time / {width!r} AS INTEGER)"
+    if grouping.horizon is not None:
+        bucket = f"CASE WHEN time >= {float(grouping.horizon)!r} THEN {bucket} END"
+    else:
+        bucket = "NULL"
+    sql = (
+        f"SELECT {bucket} AS b, IFNULL(category, 'None') AS c, "
+        f"{_band_sql(grouping.bands)} AS band, {_PATTERN_SQL} AS code, COUNT(*), {_SUMS_SQL} "
+        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, c, band, code"
+    )
+    cells = {} if cells is None else cells
+    _add_cells(cells, conn.execute(sql, params))
     return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
+
+
+def _stored_history_sync(conn: sqlite3.Connection, grouping: HistoryGrouping) -> list[HistoryGroup]:
+    """:meth:`Ledger.history` from ``pair_sums`` (made right first if stale): the whole days
+    before the horizon's day from the stored aggregates, pooled, and the rows from that day on
+    grouped from ``pairs`` (through the ``time`` index). Inside the caller's transaction."""
+    why = _sums_stale(conn)
+    if why is not None:
+        _sums_rebuild(conn)
+        log_event(log, logging.INFO, "ledger aggregates rebuilt", reason=why)
+    cells: dict[tuple[int | None, str, str], HistoryCell] = {}
+    stored = (
+        f"SELECT NULL, category, {_band_sql(grouping.bands)} AS band, code, "
+        f"{', '.join(f'SUM({c})' for c in _SUM_COLUMNS)} FROM pair_sums"
+    )
+    if grouping.horizon is None:
+        _add_cells(cells, conn.execute(f"{stored} GROUP BY category, band, code"))
+        return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
+    day = int(grouping.horizon // SUMS_DAY_SECONDS)
+    _add_cells(cells, conn.execute(f"{stored} WHERE day < ? GROUP BY category, band, code", (day,)))
+    # the time bound (a day's slack below) uses the index; the day test is the stored one's
+    where = f"time >= ? AND {_DAY_SQL} >= ?"
+    return _history_sync(conn, grouping, where, ((day - 1) * SUMS_DAY_SECONDS, day), cells)
 
 
 _tally_values = operator.attrgetter(*(f.name for f in fields(PairTally)))
