@@ -1292,7 +1292,7 @@ def _add_cells(
         if not n:
             continue
         one, tau, speed = _decode(int(code))
-        tally = PairTally(*(n * v for v in _tally_values(one)))
+        tally = one if n == 1 else PairTally(*(n * v for v in _tally_values(one)))
         arms = ArmSums(
             tau_pairs=n if tau else 0,
             standard_tau=int(s_tau) if tau else 0,
@@ -1356,7 +1356,7 @@ def _stored_history_sync(conn: sqlite3.Connection, grouping: HistoryGrouping) ->
     _add_cells(cells, conn.execute(f"{stored} WHERE day < ? GROUP BY category, band, code", (day,)))
     # the time bound (a day's slack below) uses the index; the day test is the stored one's
     where = f"time >= ? AND {_DAY_SQL} >= ?"
-    return _history_sync(conn, grouping, where, ((day - 1) * SUMS_DAY_SECONDS, day), cells)
+    return _history_sync(conn, grouping, where, (day * SUMS_DAY_SECONDS - 1.0, day), cells)
 
 
 _tally_values = operator.attrgetter(*(f.name for f in fields(PairTally)))

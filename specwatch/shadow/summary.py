@@ -35,6 +35,7 @@ from specwatch.shadow.tally import (
     row_band,
     row_cell,
     row_tally,
+    sum_cells,
 )
 from specwatch.shadow.tally import PairTally as PairTally
 from specwatch.shadow.tally import tally_rows as tally_rows
@@ -532,8 +533,7 @@ class LiveTallies:
     def add_groups(self, groups: Sequence[HistoryGroup]) -> None:
         """Add grouped rows read back from the ledger (the restart rebuild; before
         :meth:`start`)."""
-        for g in groups:
-            self.sums.add_bucket(g.bucket, (g.category, g.band), g.cell)
+        self.sums.add_buckets(((g.bucket, (g.category, g.band), g.cell) for g in groups), sum_cells)
         if groups:
             self.version += 1
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Generic, Protocol, Self, TypeVar
 
 
@@ -135,6 +135,36 @@ class WindowedSums(Generic[K, V]):
         """:meth:`add` by bucket index (``None``: older than every finite window), for sums read
         back already grouped by bucket."""
         self._put(bucket, key, value)
+
+    def add_buckets(
+        self, items: Iterable[tuple[int | None, K, V]], total: Callable[[Sequence[V]], V]
+    ) -> None:
+        """:meth:`add_bucket` for each ``(bucket, key, value)`` of ``items``, summing the values
+        by ``total`` (the sum of a list of values, e.g. one pass per field) once per key and
+        set of windows holding them, instead of one addition per value and window: the
+        restart rebuild."""
+        floor = min(self._first.values()) if self._first else None
+        spans = list(self._spans.items())
+        into: dict[tuple[tuple[str, ...], K], list[V]] = {}
+        for bucket, key, value in items:
+            holders = tuple(
+                name
+                for name, secs in spans
+                if secs is None or (bucket is not None and bucket >= self._first[name])
+            )
+            into.setdefault((holders, key), []).append(value)
+            if bucket is None or floor is None or bucket < floor:
+                continue
+            held = self._buckets.get(bucket)
+            if held is None:
+                held = self._buckets[bucket] = {}
+                self._order.append(bucket)
+            _plus(held, key, value)
+        self._order.sort()
+        for (holders, key), values in into.items():
+            summed = total(values)
+            for name in holders:
+                _plus(self._sums[name], key, summed)
 
     def remove_bucket(self, bucket: int | None, key: K, value: V) -> None:
         """Take back ``value`` added under ``key`` in ``bucket`` (``None``: older than every
