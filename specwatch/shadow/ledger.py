@@ -567,6 +567,8 @@ class Ledger:
         self._wconn = self._connect()
         for stmt in (*_SCHEMA, *_SUMS_SCHEMA):
             self._wconn.execute(stmt)
+        if self._wconn.execute("SELECT NOT EXISTS (SELECT 1 FROM pairs)").fetchone()[0]:
+            self._in_transaction(_sums_rebuild)  # no rows: the (empty) aggregates are current
         _add_missing_columns(self._wconn)
         self._rconn = self._connect()
 

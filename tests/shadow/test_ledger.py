@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from specwatch.core.logs import event_fields
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger import HistoryGrouping, Ledger, LedgerRow
 from specwatch.shadow.summary import tally_rows
+from specwatch.shadow.tally import HistoryCell, row_band, row_cell
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fakes import REPO, FakeClock
 from tests.shadow.test_summary import varied_rows
@@ -372,3 +378,146 @@ async def test_write_many_refuses_unknown_columns(tmp_path: Path) -> None:
             await ledger.write_many(("time", "no_such_column"), [(1.0, 2)])
         assert await ledger.write_many(("time", "category", "status"), [(1.0, "x", "paired")]) == 1
         assert await ledger.row_count() == 1
+
+
+# -- the per-day aggregates stored beside the rows (the restart rebuild reads them) ----------
+
+SUMS_NOW = 1_800_000_000.0  # a multiple of 10 s; 30 hours of rows before it cross two UTC days
+SUMS_GROUPING = HistoryGrouping(10.0, SUMS_NOW - 86400.0, (0, 8, 32))
+
+
+def _reference_history(
+    rows: list[LedgerRow], grouping: HistoryGrouping
+) -> dict[tuple[int | None, str, str], HistoryCell]:
+    """:meth:`Ledger.history` worked out row by row in Python (:func:`row_cell`, the live
+    path's own per-row function): bucket ``floor(time / 10)`` from the horizon on, else
+    ``None``."""
+    out: dict[tuple[int | None, str, str], HistoryCell] = {}
+    for r in rows:
+        h = grouping.horizon
+        bucket = None if h is None or r.time < h else math.floor(r.time / grouping.bucket_seconds)
+        key = (bucket, r.category, row_band(r.running_at_replay, grouping.bands))
+        out[key] = out.get(key, HistoryCell()) + row_cell(r)
+    return out
+
+
+async def _history_of(led: Ledger, grouping: HistoryGrouping) -> dict[Any, HistoryCell]:
+    _, groups = await led.history(grouping)
+    return {(g.bucket, g.category, g.band): g.cell for g in groups}
+
+
+def _rebuilt_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        str(event_fields(r).get("reason"))
+        for r in caplog.records
+        if r.getMessage() == "ledger aggregates rebuilt"
+    ]
+
+
+@pytest.mark.parametrize("retention", [{"max_age_seconds": 28 * 3600.0}, {"max_rows": 700}])
+async def test_stored_aggregates_follow_inserts_and_prunes(
+    tmp_path: Path, retention: dict[str, float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """1,500 varied rows over the 30 hours before ``now`` written in batches while retention
+    prunes (by age: 28 h; by count: 700 rows): ``history()`` (stored per-day aggregates for the
+    days before the horizon's, grouped rows after) equals the row-by-row Python sums of the rows
+    left, with the 24-hour horizon and with none, and the stored counts add up to the rows left
+    per UTC day, without any rebuild of the aggregates."""
+    caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
+    rows = varied_rows(5, 1500, now=SUMS_NOW)
+    led = Ledger(
+        tmp_path / "l.db",
+        clock=lambda: SUMS_NOW,
+        prune_interval_seconds=0.0,
+        batch_size=97,
+        **retention,  # type: ignore[arg-type]
+    )
+    async with led:
+        await _history_of(led, SUMS_GROUPING)  # an empty ledger: marks the aggregates current
+        for r in rows:
+            assert led.submit(r)
+        await led.flush()
+        await led.prune()
+        left = await led.query()
+        assert 0 < len(left) < 1500  # retention really deleted rows
+        assert await _history_of(led, SUMS_GROUPING) == _reference_history(left, SUMS_GROUPING)
+        everything = HistoryGrouping(10.0, None, (0, 8, 32))
+        assert await _history_of(led, everything) == _reference_history(left, everything)
+    with sqlite3.connect(tmp_path / "l.db") as conn:
+        per_day = dict(conn.execute("SELECT day, SUM(n) FROM pair_sums GROUP BY day"))
+    by_hand: dict[int, int] = {}
+    for r in left:
+        by_hand[int(r.time // 86400)] = by_hand.get(int(r.time // 86400), 0) + 1
+    assert per_day == by_hand
+    assert len(by_hand) == 2  # the rows left really span two days
+    assert _rebuilt_logs(caplog) == []
+
+
+async def test_old_ledger_without_aggregates_gets_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ledger written by a specwatch without the aggregate tables (dropped here from a filled
+    one) opens; the first ``history()`` builds the aggregates from every row (logged once, reason
+    ``layout``) and equals the row-by-row sums; the next one reads them without a rebuild."""
+    caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
+    rows = varied_rows(6, 800, now=SUMS_NOW)
+    path = tmp_path / "old.db"
+    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+        for r in rows:
+            led.submit(r)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE pair_sums")
+        conn.execute("DROP TABLE pair_sums_meta")
+    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+        ref = _reference_history(await led.query(), SUMS_GROUPING)
+        assert await _history_of(led, SUMS_GROUPING) == ref
+        assert _rebuilt_logs(caplog) == ["layout"]
+        assert await _history_of(led, SUMS_GROUPING) == ref
+    assert _rebuilt_logs(caplog) == ["layout"]
+
+
+def _insert_behind(conn: sqlite3.Connection) -> None:
+    # another program adds a row without touching the aggregates
+    conn.execute(
+        "INSERT INTO pairs (time, request_hash, category, source, status, labelled, "
+        f"noise_asked) VALUES ({SUMS_NOW - 5.0}, 'x', 'zz', 'proxy', 'paired', 0, 0)"
+    )
+
+
+def _swap_behind(conn: sqlite3.Connection) -> None:
+    # one row deleted and one added behind its back: the count is unchanged
+    conn.execute("DELETE FROM pairs WHERE id = (SELECT MIN(id) FROM pairs)")
+    _insert_behind(conn)
+
+
+def _torn_sums(conn: sqlite3.Connection) -> None:
+    # aggregates that disagree with the rows (as if a write had half happened)
+    conn.execute("UPDATE pair_sums SET n = n + 1 WHERE code = (SELECT MIN(code) FROM pair_sums)")
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [(_insert_behind, "rows"), (_swap_behind, "last_id"), (_torn_sums, "rows")],
+)
+async def test_aggregates_that_disagree_with_the_rows_are_rebuilt(
+    tmp_path: Path,
+    tamper: Callable[[sqlite3.Connection], None],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Aggregates that no longer describe the rows (rows written or deleted by another program,
+    a stored count off by one) are detected when the ledger is next read for a rebuild: they are
+    rebuilt (one log line with the reason) and ``history()`` equals the row-by-row sums of the
+    rows as they are."""
+    caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
+    path = tmp_path / "l.db"
+    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+        await _history_of(led, SUMS_GROUPING)
+        for r in varied_rows(8, 400, now=SUMS_NOW):
+            led.submit(r)
+    with sqlite3.connect(path) as conn:
+        tamper(conn)
+    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+        got = await _history_of(led, SUMS_GROUPING)
+        assert got == _reference_history(await led.query(), SUMS_GROUPING)
+    assert _rebuilt_logs(caplog) == [reason]
