@@ -136,7 +136,7 @@ def build_aggregates(path: Path) -> tuple[float, float]:
 
     async def run() -> None:
         async with Ledger(path) as led:
-            await led.history(HistoryGrouping(STATS_BUCKET_SECONDS, None, ()))
+            await led.history(HistoryGrouping(STATS_BUCKET_SECONDS, None, (0,)))
 
     c0, t0 = time.process_time(), time.perf_counter()
     asyncio.run(run())

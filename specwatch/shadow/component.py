@@ -22,8 +22,9 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
    ``on_stats``.
 
 The statistics never re-read the ledger while running: :class:`LiveTallies` is rebuilt once at
-start from one grouped SQL pass (:meth:`Ledger.history
-<specwatch.shadow.ledger.Ledger.history>`, in a worker thread) and then told by the ledger of
+start from the ledger's stored per-day aggregates plus one grouped SQL pass over the recent
+rows (:meth:`Ledger.history <specwatch.shadow.ledger.Ledger.history>`, in a worker thread) and
+then told by the ledger of
 every committed batch and every retention prune (O(1) per row); a refresh tick only expires the
 time buckets that left a window and computes the derived statistics again when something
 changed (the per-tally summaries are remembered). Windows are bucket-granular

@@ -7,6 +7,14 @@ a thread on a second connection, so nothing blocks the loop. A committed batch s
 A failed write is never silent: it is counted per exception type
 (:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``) and
 logged as one structured line. No prompt or completion text is stored unless ``store_text``.
+
+Beside the rows, table ``pair_sums`` holds their aggregates per (UTC day, category, running
+count, pattern of the tally columns): row count and fixed-point arm sums, updated in the same
+transaction as every insert and every retention prune, so the restart rebuild
+(:meth:`Ledger.history`) reads O(stored groups + the rows of the last day or two) instead of
+grouping every row. ``pair_sums_meta`` records the layout and the newest row id they cover; when
+they disagree with the rows (an older specwatch's ledger, rows written by another program) the
+next :meth:`Ledger.history` rebuilds them from every row, once, and logs it.
 """
 
 from __future__ import annotations
