@@ -110,3 +110,34 @@ def test_bad_settings_raise() -> None:
         WindowedSums({"a": 0.0}, zero=0, now=0.0)
     with pytest.raises(KeyError):
         _sums().first_bucket("nope")
+
+
+def test_add_buckets_equals_adding_one_by_one() -> None:
+    """The bulk load of the restart rebuild: ``a`` 1 in bucket 9, ``a`` 2 in bucket 6 (only
+    ``all``), ``b`` 5 in bucket 7, ``a`` 4 in bucket ``None`` (older than every finite window):
+    by hand ``30s`` = {a: 1, b: 5}, ``all`` = {a: 7, b: 5}, buckets 7 and 9 held; the same sums,
+    buckets and later expiry as four :meth:`add_bucket` calls, and ``total`` is called once per
+    key and set of windows (three lists: a in both, a only in ``all``, b in both)."""
+    items: list[tuple[int | None, str, int]] = [
+        (9, "a", 1),
+        (6, "a", 2),
+        (7, "b", 5),
+        (None, "a", 4),
+    ]
+    bulk, one = _sums(), _sums()
+    calls: list[list[int]] = []
+
+    def total(values: list[int]) -> int:
+        calls.append(list(values))
+        return sum(values)
+
+    bulk.add_buckets(items, total)
+    for bucket, key, value in items:
+        one.add_bucket(bucket, key, value)
+    assert bulk.sums("30s") == one.sums("30s") == {"a": 1, "b": 5}
+    assert bulk.sums("all") == one.sums("all") == {"a": 7, "b": 5}
+    assert bulk.buckets_held() == one.buckets_held() == 2
+    assert sorted(calls) == [[1], [2, 4], [5]]
+    assert bulk.advance(110.0)  # first bucket 8: bucket 7 (b) leaves
+    assert one.advance(110.0)
+    assert bulk.sums("30s") == one.sums("30s") == {"a": 1}
