@@ -6,6 +6,8 @@ first bucket is ``floor((100 - 30) / 10) = 7``, i.e. it holds times ``>= 70``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from specwatch.shadow.windows import WindowedSums
@@ -127,7 +129,7 @@ def test_add_buckets_equals_adding_one_by_one() -> None:
     bulk, one = _sums(), _sums()
     calls: list[list[int]] = []
 
-    def total(values: list[int]) -> int:
+    def total(values: Sequence[int]) -> int:
         calls.append(list(values))
         return sum(values)
 
