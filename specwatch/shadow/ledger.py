@@ -576,7 +576,10 @@ class Ledger:
         for stmt in (*_SCHEMA, *_SUMS_SCHEMA):
             self._wconn.execute(stmt)
         if self._wconn.execute("SELECT NOT EXISTS (SELECT 1 FROM pairs)").fetchone()[0]:
-            self._in_transaction(_sums_rebuild)  # no rows: the (empty) aggregates are current
+            # no rows: the (empty) aggregates are current (before any numbered write)
+            self._wconn.execute("BEGIN IMMEDIATE")
+            _sums_rebuild(self._wconn)
+            self._wconn.execute("COMMIT")
         _add_missing_columns(self._wconn)
         self._rconn = self._connect()
 
