@@ -35,6 +35,7 @@ from specwatch.shadow.ledger import (
     Ledger,
     LedgerFileError,
     ReportSpan,
+    ReportStream,
     check_ledger_file,
 )
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
@@ -324,8 +325,9 @@ async def read_ledger(
     Raises :class:`ReportInputError` (one line) when the file is missing or not a ledger.
     """
     await asyncio.to_thread(_check_ledger_file, path)
-    # Three connections: the streamed read, the τ/speed sums and the small queries run at once
-    # (SQLite releases the GIL while it steps), so a second core shortens the wall time.
+    # Three connections, so the three scans run at once (SQLite releases the GIL while it
+    # steps) and a second core shortens the wall time: the streamed read (tallies, time bins,
+    # e-value inputs), the τ sums, and the speed sums with the small queries.
     ledgers = [Ledger(path) for _ in range(3)]
     opened: list[Ledger] = []
     try:
@@ -334,24 +336,36 @@ async def read_ledger(
                 await ledger.open()
                 opened.append(ledger)
             first, second, third = ledgers
-            span = await first.report_span()
-            count, width = bin_width(span, bins)
-            start = span.labelled_first_time or 0.0
 
-            async def small() -> tuple[list[BinCounts], dict[tuple[str, str], int]]:
-                return await third.labelled_bins(start, width, count), await third.reason_counts()
+            async def streamed() -> tuple[ReportSpan, int, float, ReportStream]:
+                span = await first.report_span()
+                count, width = bin_width(span, bins)
+                stream = await first.report_stream(
+                    load_bands,
+                    bin_start=span.labelled_first_time or 0.0,
+                    bin_width=width,
+                    bins=count,
+                )
+                return span, count, width, stream
 
-            stream, totals, (bin_counts, reasons) = await asyncio.gather(
-                first.report_stream(load_bands), second.arm_totals(), small()
+            async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
+                return await third.report_arm_totals("speed"), await third.reason_counts()
+
+            (span, count, width, stream), tau, (speeds, reasons) = await asyncio.gather(
+                streamed(), second.report_arm_totals("tau"), speed()
             )
             tallies, load_tallies = split_tallies(stream.tallies())
+            totals = {
+                cat: tau.get(cat, ArmTotals()) + speeds.get(cat, ArmTotals())
+                for cat in sorted({*tau, *speeds})
+            }
             digest = LedgerDigest(
                 span=span,
                 tallies=tallies,
                 reasons=reasons,
                 totals=totals,
                 load_tallies=load_tallies,
-                bins=bin_counts,
+                bins=stream.labelled_bins(),
                 bin_count=count,
                 bin_width=width,
                 stream=stream.labelled(),
