@@ -1035,9 +1035,19 @@ class LedgerFileError(Exception):
     """A file that is not a readable specwatch ledger; the message is one line naming the file."""
 
 
+#: Columns every specwatch ledger has had since its first schema: a ``pairs`` table without them
+#: is some other program's table (newer columns are added on open, see ``_add_missing_columns``).
+_CORE_COLUMNS: tuple[str, ...] = ("time", "category", "status")
+
+
 def check_ledger_file(path: Path) -> None:
-    """Fail unless ``path`` is an SQLite file holding a ``pairs`` table (opened read-only, blocking:
-    call from a thread). Raises :class:`LedgerFileError` (``ledger <path>: …``)."""
+    """Fail unless ``path`` is an SQLite file holding a specwatch ``pairs`` table (one with the
+    ledger's core columns ``time``, ``category``, ``status``), opened read-only, blocking: call
+    from a thread. Raises :class:`LedgerFileError` with one line naming ``path``: a directory,
+    no such file, not a readable SQLite database, or not a specwatch ledger (no ``pairs``
+    table, or one without the core columns, which it names)."""
+    if path.is_dir():
+        raise LedgerFileError(f"ledger {path}: is a directory, not a ledger file")
     if not path.is_file():
         raise LedgerFileError(f"ledger {path}: no such file")
     try:
@@ -1046,12 +1056,19 @@ def check_ledger_file(path: Path) -> None:
             found = conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'pairs'"
             ).fetchone()
+            have = {str(r[1]) for r in conn.execute("PRAGMA table_info(pairs)")}
         finally:
             conn.close()
     except sqlite3.Error as exc:
         raise LedgerFileError(f"ledger {path}: not a readable SQLite database ({exc})") from None
     if found is None:
         raise LedgerFileError(f"ledger {path}: no 'pairs' table (not a specwatch ledger)")
+    missing = [c for c in _CORE_COLUMNS if c not in have]
+    if missing:
+        raise LedgerFileError(
+            f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column "
+            "(not a specwatch ledger)"
+        )
 
 
 def check_openable(path: Path | str) -> None:
