@@ -16,14 +16,15 @@ to stalls caused by other work on a shared machine, which hit one round of one p
 
 Shadow side loaded or not: ``--busy-ms B --busy-every-ms E`` runs B ms of pure-Python work every
 E ms on the sidecar's event loop (a statistics refresh as the live path sees it: the GIL held),
-``--max-shadow-rps`` raises the replay cap; ``--proxy-mode process`` runs the proxy in its own
-process (``shadow.proxy_own_process``).
+``--max-shadow-rps`` raises the replay cap; ``--proxy-mode`` runs the proxy in its own process
+(``process``, the default, as ``shadow.proxy_own_process``) or on a thread of the sidecar
+(``thread``).
 
 Run from the repository root::
 
     PYTHONPATH=. python bench/bench_proxy.py --rps 200 --seconds 3 --rounds 10
     PYTHONPATH=. python bench/bench_proxy.py --busy-ms 100 --busy-every-ms 200 \
-        --max-shadow-rps 50 --proxy-mode process
+        --max-shadow-rps 50
 """
 
 from __future__ import annotations
@@ -303,6 +304,39 @@ class Proc:
     stop_signal: signal.Signals
 
 
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (Linux ``/proc``; empty where unreadable)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by ``pids`` (Linux ``/proc/PID/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def proxy_pids(procs: list[Proc], mode: str) -> dict[str, list[int]]:
+    """Whose CPU each path costs: the proxy process (process mode; else the whole sidecar,
+    shadow work included) and nginx's master and workers."""
+    sidecar = procs[1].popen.pid
+    out = {"specwatch": (children(sidecar) or [sidecar]) if mode == "process" else [sidecar]}
+    if len(procs) > 2:
+        master = procs[2].popen.pid
+        out["nginx"] = [master, *children(master)]
+    return out
+
+
 def stop_processes(procs: list[Proc]) -> None:
     for p in reversed(procs):
         p.popen.send_signal(p.stop_signal)
@@ -314,14 +348,18 @@ def stop_processes(procs: list[Proc]) -> None:
 
 
 async def measure(
-    args: argparse.Namespace, ports: dict[str, int]
+    args: argparse.Namespace, ports: dict[str, int], procs: list[Proc], cpu: dict[str, float]
 ) -> dict[str, dict[str, list[list[Sample]]]]:
+    """Interleaved rounds of every path; ``cpu[kind/path]`` gets the CPU seconds the proxy
+    process (or nginx) used during that path's rounds."""
     paths = {"direct": ports["upstream"], "specwatch": ports["proxy"]}
     if "nginx" in ports:
         paths["nginx"] = ports["nginx"]
     for port in ports.values():
         await wait_port(port)
     mirror_url = f"http://127.0.0.1:{ports['mirror']}/v1/completions"
+    await asyncio.sleep(0.5)  # the proxy process is up once its port answers
+    pids = proxy_pids(procs, "same-loop" if args.proxy_same_loop else args.proxy_mode)
     results: dict[str, dict[str, list[list[Sample]]]] = {}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
@@ -338,17 +376,22 @@ async def measure(
                 await open_loop(caller(name), args.rps, 1.0)
             for _ in range(args.rounds):
                 for name in targets:
+                    watched = pids.get(name, [])
+                    c0 = cpu_seconds(watched)
                     got = await open_loop(caller(name), args.rps, args.seconds)
+                    key = f"{kind}/{name}"
+                    cpu[key] = cpu.get(key, 0.0) + cpu_seconds(watched) - c0
                     results.setdefault(kind, {}).setdefault(name, []).append(got)
     return results
 
 
 def summarise(
-    results: dict[str, dict[str, list[list[Sample]]]],
+    results: dict[str, dict[str, list[list[Sample]]]], cpu: dict[str, float]
 ) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind, by_path in results.items():
         direct_rounds = [np.array([t for _, t in r]) for r in by_path["direct"]]
+        direct_ttfb = [np.array([f for f, _ in r]) for r in by_path["direct"]]
         d50, d99 = np.percentile(np.concatenate(direct_rounds), [50, 99])
         out[kind] = {}
         for name, rounds in by_path.items():
@@ -360,6 +403,10 @@ def summarise(
                 np.percentile(np.array([t for _, t in r]), [50, 99]) - np.percentile(d, [50, 99])
                 for r, d in zip(rounds, direct_rounds, strict=True)
             ]
+            per_round_ttfb = [
+                np.percentile(np.array([f for f, _ in r]), [50, 99]) - np.percentile(d, [50, 99])
+                for r, d in zip(rounds, direct_ttfb, strict=True)
+            ]
             out[kind][name] = {
                 "n": float(len(samples)),
                 "p50_ms": 1e3 * p50,
@@ -369,6 +416,11 @@ def summarise(
                 "added_p99_ms": 1e3 * (p99 - d99),
                 "round_median_added_p50_ms": 1e3 * float(np.median([r[0] for r in per_round])),
                 "round_median_added_p99_ms": 1e3 * float(np.median([r[1] for r in per_round])),
+                "round_median_added_ttfb_p50_ms": 1e3
+                * float(np.median([r[0] for r in per_round_ttfb])),
+                "round_median_added_ttfb_p99_ms": 1e3
+                * float(np.median([r[1] for r in per_round_ttfb])),
+                "cpu_us_per_request": 1e6 * cpu.get(f"{kind}/{name}", 0.0) / len(samples),
                 "max_ms": 1e3 * float(total.max()),
                 "over_50ms": float((total > 0.05).sum()),
             }
@@ -401,8 +453,9 @@ def main() -> int:
     ap.add_argument(
         "--proxy-mode",
         choices=("thread", "process"),
-        default="thread",
-        help="the proxy on its own thread (default) or in its own process",
+        default="process",
+        help="the proxy in its own process (default, as shadow.proxy_own_process) or on its own "
+        "thread",
     )
     ap.add_argument(
         "--busy-ms",
@@ -418,8 +471,10 @@ def main() -> int:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="swbench-")
     ports, procs = start_processes(args, tmp)
+    cpu: dict[str, float] = {}
+    load_before = os.getloadavg()
     try:
-        res = summarise(asyncio.run(measure(args, ports)))
+        res = summarise(asyncio.run(measure(args, ports, procs, cpu)), cpu)
     finally:
         stop_processes(procs)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -432,11 +487,13 @@ def main() -> int:
         f"{args.rounds} x {args.seconds:g} s per path; proxy "
         f"{'same-loop' if args.proxy_same_loop else args.proxy_mode}, shadow load "
         f"{args.busy_ms:g} ms every {args.busy_every_ms:g} ms, max_shadow_rps "
-        f"{args.max_shadow_rps:g}"
+        f"{args.max_shadow_rps:g}; load average {load_before[0]:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after"
     )
     print(
         f"{'kind':<10}{'path':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttfb p50':>10}"
-        f"{'added p50':>11}{'added p99':>11}{'rm p50':>8}{'rm p99':>8}{'max ms':>9}{'>50ms':>7}"
+        f"{'added p50':>11}{'added p99':>11}{'rm p50':>8}{'rm p99':>8}{'rm ttfb':>8}"
+        f"{'rm ttfb99':>10}{'cpu us':>8}{'max ms':>9}{'>50ms':>7}"
     )
     for kind, by_path in res.items():
         for name, r in by_path.items():
@@ -444,6 +501,8 @@ def main() -> int:
                 f"{kind:<10}{name:<15}{int(r['n']):>6}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
                 f"{r['ttfb_p50_ms']:>10.2f}{r['added_p50_ms']:>11.2f}{r['added_p99_ms']:>11.2f}"
                 f"{r['round_median_added_p50_ms']:>8.2f}{r['round_median_added_p99_ms']:>8.2f}"
+                f"{r['round_median_added_ttfb_p50_ms']:>8.2f}"
+                f"{r['round_median_added_ttfb_p99_ms']:>10.2f}{r['cpu_us_per_request']:>8.0f}"
                 f"{r['max_ms']:>9.1f}{int(r['over_50ms']):>7}"
             )
     return 0

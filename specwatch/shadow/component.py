@@ -14,12 +14,21 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
    :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker),
    queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
-3. every ``paired.refresh_seconds`` rebuilds :class:`~specwatch.shadow.summary.ShadowStats` from
-   the ledger's SQL tallies over ``paired.windows`` (plus ``since_start`` = the whole ledger) and
-   the pipeline's queue/drop/pause state, the per-category decision table
-   (:func:`~specwatch.shadow.decision.decision_table`) and the flip rates per running-request
-   band, exports it (``ShadowCollector``) and hands it to
+3. every ``paired.refresh_seconds`` builds :class:`~specwatch.shadow.summary.ShadowStats` from
+   the in-memory :class:`~specwatch.shadow.summary.LiveTallies` over ``paired.windows`` (plus
+   ``since_start`` = the whole ledger) and the pipeline's queue/drop/pause state, the
+   per-category decision table (:func:`~specwatch.shadow.decision.decision_table`) and the flip
+   rates per running-request band, exports it (``ShadowCollector``) and hands it to
    ``on_stats``.
+
+The statistics never re-read the ledger while running: :class:`LiveTallies` is rebuilt once at
+start from one grouped SQL pass (:meth:`Ledger.history
+<specwatch.shadow.ledger.Ledger.history>`, in a worker thread) and then told by the ledger of
+every committed batch and every retention prune (O(1) per row); a refresh tick only expires the
+time buckets that left a window and computes the derived statistics again when something
+changed (the per-tally summaries are remembered). Windows are bucket-granular
+(:data:`STATS_BUCKET_SECONDS`; see :mod:`specwatch.shadow.windows`). :func:`ledger_inputs`
+is the full recomputation from SQL, kept as the reference the live path is tested against.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -40,7 +50,7 @@ from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import decision_table, reply_counts
+from specwatch.shadow.decision import DecisionRow, decision_table, reply_counts
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
@@ -49,16 +59,62 @@ from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
+    LiveTallies,
+    LoadBand,
     OutcomeCounters,
+    ShadowIO,
     ShadowStats,
     build_shadow_stats,
     categories_by_volume,
     load_bands,
 )
-from specwatch.shadow.tally import labelled_outcome, load_band_labels
+from specwatch.shadow.tally import ArmTotals, PairTally, labelled_outcome, load_band_labels
 from specwatch.shadow.values import Arm, PairOutcome, ReplayPair
 
 logger = logging.getLogger("specwatch.shadow.component")
+
+#: Width of the live statistics' time buckets: every finite window reaches back between its
+#: length and its length plus this (see :mod:`specwatch.shadow.windows`).
+STATS_BUCKET_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class StatsInputs:
+    """What :class:`ShadowStats` is built from, however it was counted: ``tallies[window]
+    [category]``, since-start ``arm_totals[category]`` and load bands ``by_load``, and the
+    ledger's ``rows``."""
+
+    tallies: Mapping[str, Mapping[str, PairTally]]
+    arm_totals: Mapping[str, ArmTotals]
+    by_load: tuple[LoadBand, ...]
+    rows: int
+
+    @classmethod
+    def from_live(cls, live: LiveTallies) -> StatsInputs:
+        """From the in-memory tallies (no I/O)."""
+        return cls(
+            live.tallies(),
+            live.arm_totals(),
+            load_bands(live.by_load(), load_band_labels(live.bands)),
+            live.rows(),
+        )
+
+
+async def ledger_inputs(ledger: Ledger, paired: PairedSettings, now: float) -> StatsInputs:
+    """The full recomputation from the ledger's SQL tallies (one query per window, plus arm
+    totals in fixed point, load bands and the row count): exact per-row window edges ``time >=
+    now - seconds``; the reference :class:`LiveTallies` is checked against."""
+    tallies = {
+        name: await ledger.tally(since=None if secs is None else now - secs)
+        for name, secs in paired.window_seconds.items()
+    }
+    if SINCE_START not in tallies:
+        tallies[SINCE_START] = await ledger.tally()
+    by_load = load_bands(
+        await ledger.tally_by_load(paired.load_bands), load_band_labels(paired.load_bands)
+    )
+    totals = await ledger.arm_totals(fixed_point=True)
+    return StatsInputs(tallies, totals, by_load, await ledger.row_count())
 
 
 class ShadowComponent:
@@ -106,6 +162,10 @@ class ShadowComponent:
         self.categories = CategoryBound(shadow.max_categories)
         self.counters = OutcomeCounters(self.categories)
         self.betting = BettingEProcess(margin=paired.margin)
+        #: The in-memory tallies, built when the component starts (``None`` before).
+        self.live: LiveTallies | None = None
+        self._inputs: tuple[int, StatsInputs] | None = None
+        self._decisions: tuple[tuple[Any, ...], tuple[DecisionRow, ...]] | None = None
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
@@ -136,11 +196,13 @@ class ShadowComponent:
         return {} if self._load_state is None else self._load_state()
 
     async def refresh(self, *, flush: bool = False) -> ShadowStats:
-        """Rebuild :class:`ShadowStats` now and hand it to ``on_stats`` (``flush``: wait for
+        """Build :class:`ShadowStats` now and hand it to ``on_stats`` (``flush``: wait for
         queued rows first).
 
-        Waits until the startup rebuild from the ledger is done. Raises ``RuntimeError`` when
-        the component is not running.
+        No SQL: expires the buckets that left a window and reads :attr:`live`; the window
+        tallies and the decision table are computed again only when they changed. Waits until
+        the startup rebuild from the ledger is done. Raises ``RuntimeError`` when the component
+        is not running.
         """
         ledger = self.ledger
         if ledger is None:
@@ -148,35 +210,59 @@ class ShadowComponent:
         await self._ready.wait()
         if flush:
             await ledger.flush()
-        p = self.paired_settings
+        live = self.live
+        if live is None:
+            raise RuntimeError("shadow component is not running")
         now = self._clock()
-        tallies = {
-            name: await ledger.tally(since=None if secs is None else now - secs)
-            for name, secs in p.window_seconds.items()
-        }
-        since_start = tallies.get(SINCE_START) or await ledger.tally()
+        live.advance(now)
         io = self.pipeline.metrics() if self.pipeline is not None else None
-        decisions = decision_table(
-            since_start,
-            await ledger.arm_totals(),
-            alpha=p.alpha,
-            margin=p.margin,
-            detect_net_loss=p.detect_net_loss,
-            power=p.power,
-            replies=reply_counts(io),
-            kept=self.categories.kept,
-        )
-        by_load = load_bands(
-            await ledger.tally_by_load(p.load_bands), load_band_labels(p.load_bands)
-        )
-        rows = await ledger.row_count()
-        health = ledger.health
-        errors = dict(health.write_errors)
-        if health.dropped:
-            errors["queue_full"] = health.dropped
-        self._note_ledger_state(sum(errors.values()), health.rows_written, health.last_error)
-        stats = build_shadow_stats(
-            tallies,
+        if self._inputs is None or self._inputs[0] != live.version:
+            self._inputs = (live.version, StatsInputs.from_live(live))
+        stats = self.build_stats(self._inputs[1], now, io, version=live.version)
+        self._stats = stats
+        if self._on_stats is not None:
+            self._on_stats(stats)
+        return stats
+
+    def build_stats(
+        self,
+        inputs: StatsInputs,
+        now: float,
+        io: ShadowIO | None = None,
+        *,
+        version: int | None = None,
+    ) -> ShadowStats:
+        """:class:`ShadowStats` from ``inputs`` with this component's settings, counters,
+        e-process, category bound and ledger health (no I/O; logs when ledger writes start or
+        stop failing). ``version``: the :attr:`LiveTallies.version` ``inputs`` were read at
+        (the decision table is reused while it, the settings, the reply counts of ``io`` and
+        the kept categories are unchanged); ``None``: computed afresh."""
+        p = self.paired_settings
+        replies = reply_counts(io)
+        kept = tuple(self.categories.kept)
+        dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept)
+        if version is None or self._decisions is None or self._decisions[0] != dkey:
+            decisions = decision_table(
+                inputs.tallies[SINCE_START],
+                inputs.arm_totals,
+                alpha=p.alpha,
+                margin=p.margin,
+                detect_net_loss=p.detect_net_loss,
+                power=p.power,
+                replies=replies,
+                kept=self.categories.kept,
+            )
+            self._decisions = (dkey, decisions)
+        ledger = self.ledger
+        errors: dict[str, int] = {}
+        if ledger is not None:
+            health = ledger.health
+            errors = dict(health.write_errors)
+            if health.dropped:
+                errors["queue_full"] = health.dropped
+            self._note_ledger_state(sum(errors.values()), health.rows_written, health.last_error)
+        return build_shadow_stats(
+            inputs.tallies,
             now=now,
             alpha=p.alpha,
             margin=p.margin,
@@ -185,18 +271,14 @@ class ShadowComponent:
             unpaired_total=self.counters.unpaired,
             excluded_total=self.counters.excluded,
             betting_log_e_value=self.betting.log_wealth,
-            ledger_rows=rows,
+            ledger_rows=inputs.rows,
             ledger_write_errors=errors,
             io=io,
-            decisions=decisions,
-            by_load=by_load,
+            decisions=self._decisions[1],
+            by_load=inputs.by_load,
             categories=self.categories.kept,
             categories_folded=self.categories.overflowed,
         )
-        self._stats = stats
-        if self._on_stats is not None:
-            self._on_stats(stats)
-        return stats
 
     # -- internals ------------------------------------------------------------------------
 
@@ -257,42 +339,52 @@ class ShadowComponent:
         self._rows_seen = rows_written
 
     async def _rebuild(self, ledger: Ledger) -> None:
-        # The counters start at 0 with the process (a restart is a true counter reset); the
-        # ledger only chooses which categories keep their own series (most rows first).
-        self.categories.seed(categories_by_volume(await ledger.tally()))
-        margin = self.paired_settings.margin
-        outcomes = await ledger.labelled_outcomes()
-        self.betting = await asyncio.to_thread(run_betting, outcomes, margin)
-        n = len(outcomes)
+        # One grouped SQL pass for every tally and one streamed read for the order-dependent
+        # e-process, both in worker threads. The counters start at 0 with the process (a
+        # restart is a true counter reset); the ledger only chooses which categories keep
+        # their own series (most rows first).
+        p = self.paired_settings
+        live = LiveTallies(
+            p.window_seconds, p.load_bands, now=self._clock(), bucket_seconds=STATS_BUCKET_SECONDS
+        )
+        ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
+        as_of, groups = await ledger.history(live.grouping())
+        await asyncio.to_thread(live.add_groups, groups)
+        live.start(as_of)
+        since_start = live.tallies()[SINCE_START]
+        self.categories.seed(categories_by_volume(since_start))
+        margin = p.margin
+        self.betting = await ledger.fold_labelled(
+            lambda b, chunk: run_betting(chunk, margin, b), BettingEProcess(margin=margin)
+        )
+        self.live = live
         log_event(
             logger,
             logging.INFO,
             "shadow statistics rebuilt from the ledger",
-            labelled_pairs=n,
+            labelled_pairs=sum(t.paired_counts().n for t in since_start.values()),
+            rows=live.rows(),
             path=str(ledger.path),
         )
 
     async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
-        """Rebuild from the ledger, start the pipeline, then refresh the statistics forever.
+        """Rebuild from the ledger, start the pipeline, then refresh the statistics every
+        ``paired.refresh_seconds`` (a cheap tick: no SQL, see the module docstring).
 
-        Runs as a background task so a large ledger never delays serving ``/healthz``. The
-        refresh period stretches to 4 × the last refresh's duration when the ledger is large
-        (SQL tallies over every window), so statistics never take more than ~20% of a core.
+        Runs as a background task so a large ledger never delays serving ``/healthz``.
         """
         await self._rebuild(ledger)
         await pipeline.start()
         self._started = True
         self._ready.set()
         while True:
-            t0 = self._mono()
             try:
                 await self.refresh()
             except (sqlite3.Error, OSError, ValueError) as exc:
                 log_event(
                     logger, logging.WARNING, "shadow statistics refresh failed", error=repr(exc)
                 )
-            took = self._mono() - t0
-            await self._sleep(max(self.paired_settings.refresh_seconds, 4.0 * took))
+            await self._sleep(self.paired_settings.refresh_seconds)
 
     @asynccontextmanager
     async def running(
@@ -364,8 +456,11 @@ class ShadowComponent:
             if self._mirror_listener is not None:
                 await self._mirror_listener.stop()
                 self._mirror_listener = None
+            ledger.listener = None
             await ledger.close()
             self.ledger = None
+            self.live = None
+            self._inputs = self._decisions = None
             if own_session and isinstance(session, Mapping):
                 for s in session.values():
                     await s.close()

@@ -12,6 +12,7 @@ logged as one structured line. No prompt or completion text is stored unless ``s
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import operator
@@ -21,18 +22,21 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.tally import (
+    FIXED_POINT,
     LABELLED,
     TALLY_RULES,
     UNKNOWN_BAND,
+    ArmSums,
     ArmTotals,
     Cell,
+    HistoryCell,
     PairTally,
     Rule,
     load_band_labels,
@@ -303,6 +307,52 @@ def _values_to_row(values: Sequence[Any]) -> LedgerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryGrouping:
+    """How :meth:`Ledger.history` groups rows: time buckets of ``bucket_seconds`` (bucket index
+    ``CAST(time / bucket_seconds AS INTEGER)``), rows before ``horizon`` (unix seconds; ``None``:
+    every row, when no finite window needs buckets) pooled into one bucket ``None``,
+    running-request bands with lower bounds ``bands``."""
+
+    bucket_seconds: float
+    horizon: float | None
+    bands: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryGroup:
+    """One group of :meth:`Ledger.history`: the :class:`~specwatch.shadow.tally.HistoryCell` of
+    the rows of one (``bucket``, ``category``, load ``band``)."""
+
+    bucket: int | None
+    category: str
+    band: str
+    cell: HistoryCell
+
+
+class HistoryListener(Protocol):
+    """What a ledger tells the statistics that mirror it (called on the event loop's thread):
+    the rows of each committed batch, and the groups of the rows retention deleted, each with
+    the number of the write transaction that did it (:meth:`Ledger.history` says which
+    transactions it already holds)."""
+
+    def grouping(self) -> HistoryGrouping:
+        """How deleted rows are to be grouped."""
+        ...
+
+    def rows_written(self, rows: Sequence[LedgerRow], commit: int) -> None:
+        """A batch committed as the ledger's ``commit``-th write transaction."""
+        ...
+
+    def rows_pruned(self, groups: Sequence[HistoryGroup], commit: int) -> None:
+        """Rows deleted by retention in write transaction ``commit``, grouped by
+        :meth:`grouping`."""
+        ...
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerHealth:
     """Counters the exporter reads: rows committed since open, failed row writes by exception
     type, rows dropped because the write queue was full, the last error text, queue depth."""
@@ -524,6 +574,9 @@ class Ledger:
         self._dropped = 0
         self._last_error: str | None = None
         self._last_prune = -float("inf")
+        #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
+        self.listener: HistoryListener | None = None
+        self._commits = 0  # write transactions committed (under _wlock)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -640,8 +693,12 @@ class Ledger:
         prune = (self.max_age_seconds is not None or self.max_rows is not None) and (
             now - self._last_prune >= self.prune_interval_seconds
         )
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None and prune else None
         try:
-            await asyncio.to_thread(self._insert_sync, batch, now if prune else None)
+            pruned, commit = await asyncio.to_thread(
+                self._insert_sync, batch, now if prune else None, grouping
+            )
         except (sqlite3.Error, OSError, ValueError) as exc:
             kind = type(exc).__name__
             self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
@@ -658,48 +715,74 @@ class Ledger:
         self._rows_written += len(batch)
         if prune:
             self._last_prune = now
+        if listener is not None and listener is self.listener:
+            listener.rows_written(batch, commit)
+            if pruned:
+                listener.rows_pruned(pruned, commit)
 
-    def _insert_sync(self, batch: list[LedgerRow], prune_now: float | None) -> None:
-        conn = self._wconn
-        if conn is None:
-            raise ValueError("ledger is closed")
+    def _insert_sync(
+        self, batch: list[LedgerRow], prune_now: float | None, grouping: HistoryGrouping | None
+    ) -> tuple[list[HistoryGroup], int]:
         values = [_row_to_values(r) for r in batch]
-        with self._wlock:
-            conn.execute("BEGIN")
-            try:
-                conn.executemany(_INSERT, values)
-                if prune_now is not None:
-                    self._prune_sync(conn, prune_now)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        groups: list[HistoryGroup] = []
 
-    def _prune_sync(self, conn: sqlite3.Connection, now: float) -> int:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany(_INSERT, values)
+            if prune_now is not None:
+                self._prune_sync(conn, prune_now, groups, grouping)
+
+        _, commit = self._numbered_transaction(work)
+        return groups, commit
+
+    def _prune_sync(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        groups: list[HistoryGroup] | None = None,
+        grouping: HistoryGrouping | None = None,
+    ) -> int:
+        """Delete what retention drops; with ``grouping``, first append the groups of the rows
+        about to go to ``groups`` (same transaction, so they are exactly the rows deleted)."""
         removed = 0
+        drops: list[tuple[str, tuple[Any, ...]]] = []
         if self.max_age_seconds is not None:
-            removed += conn.execute(
-                "DELETE FROM pairs WHERE time < ?", (now - self.max_age_seconds,)
-            ).rowcount
+            drops.append(("time < ?", (now - self.max_age_seconds,)))
         if self.max_rows is not None:
-            removed += conn.execute(
-                "DELETE FROM pairs WHERE id < (SELECT id FROM pairs ORDER BY id DESC "
-                "LIMIT 1 OFFSET ?)",
-                (self.max_rows - 1,),
-            ).rowcount
+            drops.append(
+                (
+                    "id < (SELECT id FROM pairs ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (self.max_rows - 1,),
+                )
+            )
+        for where, params in drops:
+            if grouping is not None and groups is not None:
+                groups.extend(_history_sync(conn, grouping, where, params))
+            removed += conn.execute(f"DELETE FROM pairs WHERE {where}", params).rowcount
         return removed
 
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (after flushing); returns the number of rows deleted."""
         await self.flush()
         at = self._clock() if now is None else now
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None else None
+        groups: list[HistoryGroup] = []
 
-        return await asyncio.to_thread(self._in_transaction, lambda c: self._prune_sync(c, at))
+        removed, commit = await asyncio.to_thread(
+            self._numbered_transaction, lambda c: self._prune_sync(c, at, groups, grouping)
+        )
+        if listener is not None and groups and listener is self.listener:
+            listener.rows_pruned(groups, commit)
+        return removed
 
     def _in_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``work`` on the write connection in one transaction (rolled back if it raises);
         blocking: call from a worker thread. Raises ``ValueError`` when the ledger is closed."""
+        return self._numbered_transaction(work)[0]
+
+    def _numbered_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> tuple[_T, int]:
+        """:meth:`_in_transaction`, also returning the number of the write transaction
+        committed (1, 2, ... since open; what a :class:`HistoryListener` is told)."""
         conn = self._wconn
         if conn is None:
             raise ValueError("ledger is closed")
@@ -712,7 +795,8 @@ class Ledger:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        return result
+            self._commits += 1
+            return result, self._commits
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -769,37 +853,21 @@ class Ledger:
         """:class:`PairTally` per running-request band (lower bounds ``bands``, labels from
         :func:`~specwatch.shadow.tally.load_band_labels`; rows without a running count are
         ``unknown``) over ``since <= time < until``, all categories together."""
-        labels = load_band_labels(bands)
-        cases = " ".join(
-            f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
-            for lo, label in reversed(list(zip(bands, labels, strict=True)))
-        )
-        expr = f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
-        return await self._tally_by(expr, since, until)
+        return await self._tally_by(_band_sql(bands), since, until)
 
     async def arm_totals(
-        self, since: float | None = None, until: float | None = None
+        self, since: float | None = None, until: float | None = None, *, fixed_point: bool = False
     ) -> dict[str, ArmTotals]:
         """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
-        rows) over ``since <= time < until``, aggregated in SQL."""
+        rows) over ``since <= time < until``, aggregated in SQL. ``fixed_point``: τ and seconds
+        summed as :class:`~specwatch.shadow.tally.ArmSums` (each value rounded to 1e-9, exact
+        sums in any order: what the live statistics keep); else plain float sums."""
         where, params = self._where(since, until, None)
-        tau = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
-        speed = (
-            "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
-            "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
-        )
-        cols = [
-            f"SUM(CASE WHEN {tau} THEN 1 ELSE 0 END)",
-            f"SUM(CASE WHEN {tau} THEN standard_tau ELSE 0 END)",
-            f"SUM(CASE WHEN {tau} THEN fly_tau ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN 1 ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN standard_tokens ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN fly_tokens ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN standard_latency_seconds ELSE 0 END)",
-            f"SUM(CASE WHEN {speed} THEN fly_latency_seconds ELSE 0 END)",
-        ]
+        cols = _ARM_SQL if fixed_point else _ARM_FLOAT_SQL
         sql = f"SELECT category, {', '.join(cols)} FROM pairs{where} GROUP BY category"
         raw = await asyncio.to_thread(self._read, sql, params)
+        if fixed_point:
+            return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
         return {
             str(r[0]): ArmTotals(
                 tau_pairs=int(r[1] or 0),
@@ -839,6 +907,51 @@ class Ledger:
         raw = await asyncio.to_thread(self._read, sql, ())
         return [(bool(s), bool(f)) for s, f in raw]
 
+    async def history(self, grouping: HistoryGrouping) -> tuple[int, list[HistoryGroup]]:
+        """Every row's :class:`~specwatch.shadow.tally.HistoryCell` summed per (time bucket,
+        category, load band) in one SQL pass (see :class:`HistoryGrouping`): what the live
+        statistics are rebuilt from after a restart. Returns ``(commit, groups)``: the groups
+        hold exactly the write transactions numbered up to ``commit`` (writes wait while it
+        reads), so a :class:`HistoryListener` attached before the call knows which later
+        notifications to apply. Runs in a worker thread."""
+
+        def run() -> tuple[int, list[HistoryGroup]]:
+            conn = self._rconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            with self._wlock, self._rlock:
+                return self._commits, _history_sync(conn, grouping, None, ())
+
+        return await asyncio.to_thread(run)
+
+    async def fold_labelled(
+        self,
+        step: Callable[[S, list[tuple[bool, bool]]], S],
+        start: S,
+        chunk_rows: int = 65_536,
+    ) -> S:
+        """Fold ``step`` over ``(standard_correct, fly_correct)`` of every labelled pair, oldest
+        first (the order of :meth:`labelled_outcomes`), in chunks of at most ``chunk_rows``,
+        streamed from one query in a worker thread (never the whole list in memory): e.g. the
+        e-process rebuilt with :func:`~specwatch.shadow.stats.sequential.run_betting`."""
+        sql = (
+            f"SELECT standard_correct, fly_correct FROM pairs WHERE {_LABELLED_SQL} "
+            "ORDER BY time, id"
+        )
+
+        def run() -> S:
+            conn = self._rconn
+            if conn is None:
+                raise ValueError("ledger is closed")
+            acc = start
+            with self._rlock:
+                cur = conn.execute(sql)
+                while raw := cur.fetchmany(chunk_rows):
+                    acc = step(acc, [(bool(a), bool(b)) for a, b in raw])
+            return acc
+
+        return await asyncio.to_thread(run)
+
     async def reason_counts(self) -> dict[tuple[str, str], int]:
         """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
         raw = await asyncio.to_thread(
@@ -872,17 +985,17 @@ class Ledger:
         return len(batch)
 
     async def report_arm_totals(self, part: Literal["tau", "speed"]) -> dict[str, ArmTotals]:
-        """One half of :meth:`arm_totals` for the report, the same sums in the same row order
-        (the category index): ``"tau"`` fills the τ fields, ``"speed"`` the speed fields, the
-        rest stay 0, so ``tau[c] + speed[c]`` equals ``arm_totals()[c]`` (categories without such
-        pairs are absent: zero sums). Each half reads only the paired rows it sums (a ``WHERE``
-        instead of a ``CASE`` per row and column, 30 % less CPU at a million rows), and the two
-        run on two connections at once. Raises ``sqlite3.Error`` / ``ValueError`` (closed)."""
+        """One half of :meth:`arm_totals` (its float sums) for the report: the same sums in
+        the same row order (the category index). ``"tau"`` fills the τ fields, ``"speed"`` the
+        speed fields, the rest stay 0, so ``tau[c] + speed[c]`` equals ``arm_totals()[c]``
+        (categories without such pairs are absent: zero sums). Each half reads only the paired
+        rows it sums (a ``WHERE`` instead of a ``CASE`` per row and column: about 30 % less CPU
+        at a million rows), and the report runs the two on two connections at once. Raises
+        ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
         if part == "tau":
             sql = (
                 "SELECT category, COUNT(*), SUM(standard_tau), SUM(fly_tau) FROM pairs "
-                "WHERE status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL "
-                "GROUP BY category"
+                f"WHERE {_ARM_TAU} GROUP BY category"
             )
             raw = await asyncio.to_thread(self._read, sql, ())
             return {
@@ -892,8 +1005,7 @@ class Ledger:
         sql = (
             "SELECT category, COUNT(*), SUM(standard_tokens), SUM(fly_tokens), "
             "SUM(standard_latency_seconds), SUM(fly_latency_seconds) FROM pairs "
-            "WHERE status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
-            "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0 GROUP BY category"
+            f"WHERE {_ARM_SPEED} GROUP BY category"
         )
         raw = await asyncio.to_thread(self._read, sql, ())
         return {
@@ -1029,6 +1141,169 @@ class Ledger:
             last_error=self._last_error,
             queue_depth=self._queue.qsize(),
         )
+
+
+_ARM_TAU = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+_ARM_SPEED = (
+    "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
+    "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
+)
+
+
+def _fixed_sql(column: str) -> str:
+    # the same IEEE operations as specwatch.shadow.tally.fixed
+    return f"CAST({column} * {FIXED_POINT!r} + 0.5 AS INTEGER)"
+
+
+#: The :class:`~specwatch.shadow.tally.ArmSums` sums, in field order (τ and seconds in fixed
+#: point, so every grouping of the same rows gives the same totals).
+_ARM_SQL = (
+    f"SUM(CASE WHEN {_ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN {_fixed_sql('standard_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN {_fixed_sql('fly_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('standard_latency_seconds')} ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN {_fixed_sql('fly_latency_seconds')} ELSE 0 END)",
+)
+
+
+#: The :class:`ArmTotals` sums as plain float sums, in field order.
+_ARM_FLOAT_SQL = (
+    f"SUM(CASE WHEN {_ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN standard_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
+    f"SUM(CASE WHEN {_ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+)
+
+
+def _arm_sums_of(r: Sequence[Any]) -> ArmSums:
+    return ArmSums(*(int(v or 0) for v in r))
+
+
+def _band_sql(bands: Sequence[int]) -> str:
+    labels = load_band_labels(bands)
+    cases = " ".join(
+        f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
+        for lo, label in reversed(list(zip(bands, labels, strict=True)))
+    )
+    return f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
+
+
+#: The columns the tally rules read besides ``status`` (each true, false or unknown).
+_TRI_COLUMNS = tuple(
+    dict.fromkeys(c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule if c != "status")
+)
+_STATUSES = ("paired", "unpaired", "excluded")
+_TRI_BASE = len(_STATUSES) + 1
+_FLAG_BASE = _TRI_BASE * 3 ** len(_TRI_COLUMNS)
+
+
+def _pattern_sql() -> str:
+    """One integer per distinct combination of what the tally rules and the arm-sum conditions
+    read: the status, each rule column as 0 / 1 / 2 (unknown), and whether the τ and speed sums
+    apply. Grouping by it instead of by each column keeps the grouped pass to four keys."""
+    status = " ".join(f"WHEN '{st}' THEN {i}" for i, st in enumerate(_STATUSES))
+    parts = [f"(CASE status {status} ELSE {len(_STATUSES)} END)"]
+    parts += [f"{_TRI_BASE * 3**k} * COALESCE({c}, 2)" for k, c in enumerate(_TRI_COLUMNS)]
+    parts.append(f"{_FLAG_BASE} * COALESCE(({_ARM_TAU}), 0)")
+    parts.append(f"{_FLAG_BASE * 2} * COALESCE(({_ARM_SPEED}), 0)")
+    return " + ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """A stand-in row for one pattern code (what :func:`row_tally` reads)."""
+
+    time: float
+    category: str
+    status: str
+    standard_correct: bool | None
+    fly_correct: bool | None
+    noise_correct: bool | None
+    fly_agrees: bool | None
+    noise_agrees: bool | None
+    greedy: bool | None
+    baseline_agrees: bool | None
+    noise_baseline_agrees: bool | None
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(code: int) -> tuple[PairTally, bool, bool]:
+    """``(tally of one row, τ sums apply, speed sums apply)`` of a :func:`_pattern_sql` code."""
+    status_i = code % _TRI_BASE
+    values: dict[str, Any] = {}
+    for k, c in enumerate(_TRI_COLUMNS):
+        v = (code // (_TRI_BASE * 3**k)) % 3
+        values[c] = None if v == 2 else bool(v)
+    flags = code // _FLAG_BASE
+    status = _STATUSES[status_i] if status_i < len(_STATUSES) else "other"
+    row = _Pattern(time=0.0, category="", status=status, **values)
+    return row_tally(row), bool(flags & 1), bool(flags & 2)
+
+
+_PATTERN_SQL = _pattern_sql()
+
+
+def _history_sync(
+    conn: sqlite3.Connection,
+    grouping: HistoryGrouping,
+    where: str | None,
+    params: tuple[Any, ...],
+) -> list[HistoryGroup]:
+    """The one grouped pass behind :meth:`Ledger.history` (and the pruned rows' groups): per
+    (bucket, category, band, pattern code) the row count and the arm sums, turned into
+    :class:`HistoryGroup` per (bucket, category, band)."""
+    width = float(grouping.bucket_seconds)
+    bucket = f"CAST(time / {width!r} AS INTEGER)"
+    if grouping.horizon is not None:
+        bucket = f"CASE WHEN time >= {float(grouping.horizon)!r} THEN {bucket} END"
+    else:
+        bucket = "NULL"
+    sums = ", ".join(
+        [
+            f"SUM({_fixed_sql('standard_tau')})",
+            f"SUM({_fixed_sql('fly_tau')})",
+            "SUM(standard_tokens)",
+            "SUM(fly_tokens)",
+            f"SUM({_fixed_sql('standard_latency_seconds')})",
+            f"SUM({_fixed_sql('fly_latency_seconds')})",
+        ]
+    )
+    sql = (
+        f"SELECT {bucket} AS b, category, {_band_sql(grouping.bands)} AS band, "
+        f"{_PATTERN_SQL} AS code, COUNT(*), {sums} "
+        f"FROM pairs{'' if where is None else ' WHERE ' + where} GROUP BY b, category, band, code"
+    )
+    cells: dict[tuple[int | None, str, str], HistoryCell] = {}
+    for b, cat, band, code, n, s_tau, f_tau, s_tok, f_tok, s_sec, f_sec in conn.execute(
+        sql, params
+    ):
+        one, tau, speed = _decode(int(code))
+        tally = PairTally(*(n * v for v in _tally_values(one)))
+        arms = ArmSums(
+            tau_pairs=n if tau else 0,
+            standard_tau=int(s_tau) if tau else 0,
+            fly_tau=int(f_tau) if tau else 0,
+            speed_pairs=n if speed else 0,
+            standard_tokens=int(s_tok) if speed else 0,
+            fly_tokens=int(f_tok) if speed else 0,
+            standard_seconds=int(s_sec) if speed else 0,
+            fly_seconds=int(f_sec) if speed else 0,
+        )
+        key = (None if b is None else int(b), str(cat), str(band))
+        cell = HistoryCell(tally, arms, int(n))
+        old = cells.get(key)
+        cells[key] = cell if old is None else old + cell
+    return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
+
+
+_tally_values = operator.attrgetter(*(f.name for f in fields(PairTally)))
 
 
 class LedgerFileError(Exception):

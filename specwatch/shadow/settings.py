@@ -72,9 +72,10 @@ class ShadowSettings(BaseModel):
     Mirror: mirrored copies are received on their own listener, ``mirror_listen_host``:
     ``mirror_listen_port`` (default 9402; 0 = any free port), never on the ``/metrics`` port;
     bodies over ``mirror_max_body_bytes`` (16 MiB) are refused (``too_large``). The proxy's body
-    limit ``proxy_max_body_bytes`` is 16 MiB as well. The proxy runs on its own thread and event
-    loop (``proxy_own_thread``) or, with ``proxy_own_process``, in a child process of its own
-    (no shared GIL with the shadow side; shadow copies cross over a local socket pair).
+    limit ``proxy_max_body_bytes`` is 16 MiB as well. The proxy runs in a child process of its
+    own (``proxy_own_process``, default true: no shared loop or GIL with the shadow side; shadow
+    copies cross over a local socket pair); with ``proxy_own_process: false`` on its own thread
+    and event loop (``proxy_own_thread``, default true) or else on the sidecar's loop.
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
@@ -134,7 +135,7 @@ class ShadowSettings(BaseModel):
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
     proxy_own_thread: bool = True
-    proxy_own_process: bool = False
+    proxy_own_process: bool = True
     proxy_uvloop: bool = True
 
     # canary
@@ -206,8 +207,10 @@ class PairedSettings(Frozen):
     ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
     ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
     ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m),
-    ``refresh_seconds`` (how often statistics are rebuilt from the ledger), ``load_bands``
+    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
+    kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
+    length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
+    are updated per stored pair, the ledger is read only at start), ``load_bands``
     (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
     ``8-31``, ``32+``)."""
 

@@ -3,6 +3,7 @@ snapshot read by the exporter (``specwatch.export.prometheus``) and the alert de
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger import HistoryGroup, HistoryGrouping, LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
@@ -26,11 +27,20 @@ from specwatch.shadow.stats.sequential import (
     beta_binomial_e_value,
     net_loss_log_e_value,
 )
+from specwatch.shadow.tally import (
+    ArmSums,
+    ArmTotals,
+    HistoryCell,
+    arm_label_counts,
+    row_band,
+    row_cell,
+    row_tally,
+)
 from specwatch.shadow.tally import PairTally as PairTally
-from specwatch.shadow.tally import arm_label_counts, row_tally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
 from specwatch.shadow.values import PairOutcome
+from specwatch.shadow.windows import WindowedSums
 
 if TYPE_CHECKING:
     from specwatch.shadow.decision import DecisionRow
@@ -244,7 +254,16 @@ def summarize(
     focused mixture e-value centred on ``detect_net_loss`` (Robbins 1970; Ville 1939;
     :func:`~specwatch.shadow.stats.sequential.net_loss_mixture_log_e_values`), Connor (1987)
     sample size, excess flip test (one-sided exact McNemar on the FLy/noise discordant flips).
+    Pure and remembered: the same tally and settings give the same (immutable) summary without
+    computing it again (the last 4,096 kept).
     """
+    return _summarize(tally, alpha, margin, detect_net_loss, power)
+
+
+@functools.lru_cache(maxsize=4096)
+def _summarize(
+    tally: PairTally, alpha: float, margin: float, detect_net_loss: float, power: float
+) -> PairedSummary:
     pc = tally.paired_counts()
     ci = net_loss_ci(pc, level=1.0 - alpha)
     ni = non_inferiority_test(pc, margin=margin, alpha=alpha)
@@ -427,3 +446,133 @@ class OutcomeCounters:
         for (status, reason), n in reasons.items():
             target = self.unpaired if status == "unpaired" else self.excluded
             target[reason] = target.get(reason, 0) + n
+
+
+class LiveTallies:
+    """The ledger's tallies kept in memory, updated per row and per window expiry (mutable;
+    owned by the event loop's thread).
+
+    Holds a :class:`~specwatch.shadow.windows.WindowedSums` of
+    :class:`~specwatch.shadow.tally.HistoryCell` per ``(category, load band)`` over ``windows``
+    (``{name: seconds}``, :data:`SINCE_START` = every row is always added), with buckets of
+    ``bucket_seconds`` (the windows' edge granularity, see :mod:`specwatch.shadow.windows`).
+    Fed by the ledger as a :class:`~specwatch.shadow.ledger.HistoryListener` (committed rows,
+    pruned groups) and rebuilt from :meth:`Ledger.history
+    <specwatch.shadow.ledger.Ledger.history>` with :meth:`add_groups`. ``version`` grows on
+    every change, so derived statistics are computed again only when it moved.
+    """
+
+    def __init__(
+        self,
+        windows: Mapping[str, float | None],
+        bands: Sequence[int],
+        *,
+        now: float,
+        bucket_seconds: float = 10.0,
+    ) -> None:
+        self.windows: dict[str, float | None] = {**windows, SINCE_START: None}
+        self.bands = tuple(bands)
+        self.sums: WindowedSums[tuple[str, str], HistoryCell] = WindowedSums(
+            self.windows, zero=HistoryCell(), now=now, bucket_seconds=bucket_seconds
+        )
+        #: Grows by one on every change of any window's sums.
+        self.version = 0
+        # Until start(): ledger notifications are held back (the rebuild is being read).
+        self._as_of: int | None = None
+        self._held: list[tuple[int, Sequence[LedgerRow] | None, Sequence[HistoryGroup]]] = []
+
+    # -- HistoryListener ----------------------------------------------------------------------
+
+    def grouping(self) -> HistoryGrouping:
+        """How the ledger groups rows for :meth:`add_groups` / :meth:`rows_pruned`."""
+        return HistoryGrouping(self.sums.bucket_seconds, self.sums.horizon(), self.bands)
+
+    def rows_written(self, rows: Sequence[LedgerRow], commit: int) -> None:
+        """Add committed rows (O(1) each); before :meth:`start`, held back; ignored when
+        ``commit`` is already in the rebuild."""
+        if self._as_of is None:
+            self._held.append((commit, rows, ()))
+            return
+        if commit <= self._as_of:
+            return
+        for r in rows:
+            self.sums.add(
+                r.time, (r.category, row_band(r.running_at_replay, self.bands)), row_cell(r)
+            )
+        if rows:
+            self.version += 1
+
+    def rows_pruned(self, groups: Sequence[HistoryGroup], commit: int) -> None:
+        """Take back the groups of rows retention deleted (held back / ignored as
+        :meth:`rows_written`)."""
+        if self._as_of is None:
+            self._held.append((commit, None, groups))
+            return
+        if commit <= self._as_of:
+            return
+        for g in groups:
+            self.sums.remove_bucket(g.bucket, (g.category, g.band), g.cell)
+        if groups:
+            self.version += 1
+
+    # -- rebuild and time ---------------------------------------------------------------------
+
+    def start(self, as_of: int) -> None:
+        """Apply the notifications held back since the listener was attached whose write
+        transaction is after ``as_of`` (the rebuild's, :meth:`Ledger.history
+        <specwatch.shadow.ledger.Ledger.history>`), then apply every later one as it comes."""
+        self._as_of = as_of
+        held, self._held = self._held, []
+        for commit, rows, groups in held:
+            if rows is not None:
+                self.rows_written(rows, commit)
+            else:
+                self.rows_pruned(groups, commit)
+
+    def add_groups(self, groups: Sequence[HistoryGroup]) -> None:
+        """Add grouped rows read back from the ledger (the restart rebuild; before
+        :meth:`start`)."""
+        for g in groups:
+            self.sums.add_bucket(g.bucket, (g.category, g.band), g.cell)
+        if groups:
+            self.version += 1
+
+    def advance(self, now: float) -> bool:
+        """Expire buckets that left a window at ``now``; ``True`` when some sums changed."""
+        changed = self.sums.advance(now)
+        if changed:
+            self.version += 1
+        return changed
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def tallies(self) -> dict[str, dict[str, PairTally]]:
+        """``{window: {category: PairTally}}`` (what ``Ledger.tally(since=now - seconds)`` per
+        window gives, to the bucket edge), categories sorted as SQL's ``GROUP BY`` returns them
+        (float sums pooled over categories then add up in the same order)."""
+        out: dict[str, dict[str, PairTally]] = {}
+        for name in self.windows:
+            by_cat: dict[str, PairTally] = {}
+            for (cat, _band), cell in self.sums.sums(name).items():
+                old = by_cat.get(cat)
+                by_cat[cat] = cell.tally if old is None else old + cell.tally
+            out[name] = dict(sorted(by_cat.items()))
+        return out
+
+    def by_load(self) -> dict[str, PairTally]:
+        """``{band: PairTally}`` since start (``Ledger.tally_by_load``)."""
+        out: dict[str, PairTally] = {}
+        for (_cat, band), cell in self.sums.sums(SINCE_START).items():
+            out[band] = out.get(band, PairTally()) + cell.tally
+        return dict(sorted(out.items()))
+
+    def arm_totals(self) -> dict[str, ArmTotals]:
+        """``{category: ArmTotals}`` since start (``Ledger.arm_totals``)."""
+        out: dict[str, ArmSums] = {}
+        for (cat, _band), cell in self.sums.sums(SINCE_START).items():
+            out[cat] = out.get(cat, ArmSums()) + cell.arms
+        return {cat: sums.totals() for cat, sums in sorted(out.items())}
+
+    def rows(self) -> int:
+        """Rows in the ledger (``Ledger.row_count``)."""
+        return sum(c.rows for c in self.sums.sums(SINCE_START).values())

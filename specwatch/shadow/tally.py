@@ -14,8 +14,10 @@ and the e-processes: paired, with both the standard's and FLy's correctness know
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -123,9 +125,10 @@ class PairTally:
     excluded: int = 0
 
     def __add__(self, other: PairTally) -> PairTally:
-        return PairTally(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
+        return PairTally(*map(operator.add, _pair_values(self), _pair_values(other)))
+
+    def __sub__(self, other: PairTally) -> PairTally:
+        return PairTally(*map(operator.sub, _pair_values(self), _pair_values(other)))
 
     def paired_counts(self) -> PairedCounts:
         """FLy vs standard correctness table."""
@@ -157,6 +160,11 @@ class PairTally:
     def paired(self) -> int:
         """Rows where standard and FLy both answered."""
         return self.agree + self.disagree
+
+
+_pair_values: Callable[[PairTally], tuple[int, ...]] = operator.attrgetter(
+    *(f.name for f in fields(PairTally))
+)
 
 
 #: The ``specwatch_shadow_pairs_total{outcome}`` labels per arm, each with the tally field it
@@ -221,8 +229,33 @@ def matches(row: TallyRow, rule: Rule) -> bool:
 
 def row_tally(row: TallyRow) -> PairTally:
     """The :class:`PairTally` of one row: 1 in every field whose rule in :data:`TALLY_RULES` it
-    meets."""
-    return PairTally(**{name: 1 for name, rule in TALLY_RULES.items() if matches(row, rule)})
+    meets (remembered per combination of the columns the rules read)."""
+    return _pattern_tally(_rule_values(row))
+
+
+#: The columns :data:`TALLY_RULES` read, in a fixed order.
+_RULE_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(c for rule in TALLY_RULES.values() for c, _ in rule)
+)
+_rule_values: Callable[[TallyRow], tuple[object, ...]] = operator.attrgetter(*_RULE_COLUMNS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pattern_tally(values: tuple[object, ...]) -> PairTally:
+    got = dict(zip(_RULE_COLUMNS, values, strict=True))
+    return PairTally(
+        **{
+            name: 1
+            for name, rule in TALLY_RULES.items()
+            if all(_holds(got[c], want) for c, want in rule)
+        }
+    )
+
+
+def _holds(got: object, want: str | bool | Cell) -> bool:
+    if want is Cell.NOT_NULL:
+        return got is not None
+    return got is not None and got == want
 
 
 def labelled_outcome(row: TallyRow) -> tuple[bool, bool] | None:
@@ -286,3 +319,130 @@ class ArmTotals:
         return ArmTotals(
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
+
+
+class ArmRow(TallyRow, Protocol):
+    """What :func:`row_arm_sums` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
+
+    @property
+    def standard_tau(self) -> float | None: ...
+    @property
+    def fly_tau(self) -> float | None: ...
+    @property
+    def standard_tokens(self) -> int | None: ...
+    @property
+    def fly_tokens(self) -> int | None: ...
+    @property
+    def standard_latency_seconds(self) -> float | None: ...
+    @property
+    def fly_latency_seconds(self) -> float | None: ...
+    @property
+    def running_at_replay(self) -> float | None: ...
+
+
+#: Fixed-point scale of the float sums the live statistics keep (τ, seconds): each value is
+#: counted as ``int(value * 1e9 + 0.5)`` (SQL: ``CAST(value * 1e9 + 0.5 AS INTEGER)``, the same
+#: IEEE operations), so sums are exact integers whatever order or grouping they are added in.
+FIXED_POINT = 1e9
+
+
+def fixed(value: float) -> int:
+    """``value`` in units of ``1 / FIXED_POINT`` (truncating ``value * 1e9 + 0.5``, as SQLite's
+    ``CAST … AS INTEGER`` does)."""
+    return int(value * FIXED_POINT + 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSums:
+    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the τ and
+    seconds sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
+
+    tau_pairs: int = 0
+    standard_tau: int = 0
+    fly_tau: int = 0
+    speed_pairs: int = 0
+    standard_tokens: int = 0
+    fly_tokens: int = 0
+    standard_seconds: int = 0
+    fly_seconds: int = 0
+
+    def __add__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(*map(operator.add, _arm_values(self), _arm_values(other)))
+
+    def __sub__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(*map(operator.sub, _arm_values(self), _arm_values(other)))
+
+    def totals(self) -> ArmTotals:
+        """The :class:`ArmTotals` (fixed-point sums divided back to floats)."""
+        return ArmTotals(
+            tau_pairs=self.tau_pairs,
+            standard_tau_sum=self.standard_tau / FIXED_POINT,
+            fly_tau_sum=self.fly_tau / FIXED_POINT,
+            speed_pairs=self.speed_pairs,
+            standard_tokens=self.standard_tokens,
+            fly_tokens=self.fly_tokens,
+            standard_seconds=self.standard_seconds / FIXED_POINT,
+            fly_seconds=self.fly_seconds / FIXED_POINT,
+        )
+
+
+_arm_values: Callable[[ArmSums], tuple[int, ...]] = operator.attrgetter(
+    *(f.name for f in fields(ArmSums))
+)
+
+
+def row_arm_sums(row: ArmRow) -> ArmSums:
+    """The :class:`ArmSums` of one row: the same conditions ``Ledger.arm_totals`` renders as
+    SQL (τ on paired rows with both arms' τ; speed on paired rows with both arms' tokens and a
+    latency above 0 on both)."""
+    if row.status != "paired":
+        return ArmSums()
+    tau = (0, 0, 0)
+    if row.standard_tau is not None and row.fly_tau is not None:
+        tau = (1, fixed(row.standard_tau), fixed(row.fly_tau))
+    speed = (0, 0, 0, 0, 0)
+    st, ft = row.standard_tokens, row.fly_tokens
+    sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
+    if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
+        speed = (1, st, ft, fixed(sl), fixed(fl))
+    return ArmSums(*tau, *speed)
+
+
+def row_band(running: float | None, bands: Sequence[int]) -> str:
+    """The running-request band label of a row (the same ``CASE`` as ``Ledger.tally_by_load``):
+    the highest lower bound of ``bands`` at or below ``running``; :data:`UNKNOWN_BAND` when the
+    count is not known (or below the first bound)."""
+    if running is None:
+        return UNKNOWN_BAND
+    for lo, label in _bands_high_first(tuple(bands)):
+        if running >= lo:
+            return label
+    return UNKNOWN_BAND
+
+
+@functools.lru_cache(maxsize=64)
+def _bands_high_first(bands: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
+    return tuple(reversed(list(zip(bands, load_band_labels(bands), strict=True))))
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCell:
+    """What the live statistics keep per (time bucket, category, load band): the
+    :class:`PairTally`, the :class:`ArmSums` and the number of ledger ``rows``. Additive and
+    subtractable (a window is a running sum of cells)."""
+
+    tally: PairTally = PairTally()
+    arms: ArmSums = ArmSums()
+    rows: int = 0
+
+    def __add__(self, other: HistoryCell) -> HistoryCell:
+        return HistoryCell(self.tally + other.tally, self.arms + other.arms, self.rows + other.rows)
+
+    def __sub__(self, other: HistoryCell) -> HistoryCell:
+        return HistoryCell(self.tally - other.tally, self.arms - other.arms, self.rows - other.rows)
+
+
+def row_cell(row: ArmRow) -> HistoryCell:
+    """The :class:`HistoryCell` of one ledger row (:func:`row_tally`, :func:`row_arm_sums`,
+    one row)."""
+    return HistoryCell(row_tally(row), row_arm_sums(row), 1)

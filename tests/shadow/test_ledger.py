@@ -18,6 +18,7 @@ from specwatch.shadow.ledger import Ledger, LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fakes import REPO, FakeClock
+from tests.shadow.test_summary import varied_rows
 
 ROOT = REPO
 
@@ -300,6 +301,37 @@ async def test_old_ledger_gets_the_new_columns_and_keeps_its_rows(tmp_path: Path
         False,
     )
     assert (new.standard_text, new.fly_text) == ("Yes.", "Ye")
+
+
+async def test_fold_labelled_streams_the_labelled_pairs_in_ledger_order(tmp_path: Path) -> None:
+    """Folding in chunks of 7 sees every labelled pair once, oldest first, exactly as
+    ``labelled_outcomes`` lists them (400 varied rows, about a quarter labelled with both
+    correctness values known), in ceil(n / 7) chunks."""
+    rows = varied_rows(21, 400)
+    chunks: list[int] = []
+
+    def step(
+        acc: list[tuple[bool, bool]], chunk: list[tuple[bool, bool]]
+    ) -> list[tuple[bool, bool]]:
+        chunks.append(len(chunk))
+        return acc + chunk
+
+    async with Ledger(tmp_path / "l.db") as led:
+        for r in rows:
+            led.submit(r)
+        await led.flush()
+        start: list[tuple[bool, bool]] = []
+        folded = await led.fold_labelled(step, start, chunk_rows=7)
+        listed = await led.labelled_outcomes()
+    expected = [
+        (bool(r.standard_correct), bool(r.fly_correct))
+        for r in sorted(rows, key=lambda r: r.time)
+        if r.status == "paired" and r.standard_correct is not None and r.fly_correct is not None
+    ]
+    assert folded == listed == expected
+    assert len(expected) > 50
+    assert sum(chunks) == len(expected)
+    assert len(chunks) == -(-len(expected) // 7)
 
 
 @pytest.mark.parametrize("categories", [3, 70])

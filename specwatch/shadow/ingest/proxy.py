@@ -1,18 +1,17 @@
 """Proxy ingest: a fail-open streaming reverse proxy in front of the live upstream.
 
-:class:`ShadowProxy` is an aiohttp app on its own port. Response bodies (including SSE) are relayed
-chunk by chunk as they arrive, byte for byte (no decompression), hop-by-hop headers are removed in
-both
-directions (RFC 9110 §7.6.1: ``Connection`` and every field it lists, ``Keep-Alive``,
-``Proxy-Connection``, ``TE``, ``Transfer-Encoding``, ``Upgrade``), and a client disconnect closes
-the
-upstream connection (the server cancels the handler). The proxy can run on its own thread and event
-loop (:meth:`ShadowProxy.start_in_thread`) so nothing on the sidecar's loop can delay it. The shadow
-copy is handed to the shadow loop with ``call_soon``/``call_soon_threadsafe`` after the body is
-read;
-any error there is counted and never reaches the live response (fail-open). Requests already
-carrying
-the shadow marker header are never re-ingested (no replay loops).
+:class:`ShadowProxy` listens on its own port with the HTTP/1.1 forwarding engine of
+:mod:`specwatch.shadow.ingest.forward` (asyncio protocols, llhttp parsing, pooled keep-alive
+upstream connections, answers relayed as bytes: SSE and chunked bodies pass as they arrive,
+nothing is decompressed or re-encoded). Hop-by-hop fields are removed both ways (RFC 9110
+§7.6.1) and a client disconnect closes the upstream connection. Where it runs: in a child process
+of its own (:meth:`ShadowProxy.start_in_process`, the default of ``shadow.proxy_own_process``: no
+shared loop or GIL with the shadow side), on its own thread and event loop
+(:meth:`ShadowProxy.start_in_thread`) or on the caller's loop (:meth:`ShadowProxy.start`). The
+shadow copy of a ``POST`` to a shadowed path is handed to the shadow loop
+(``call_soon``/``call_soon_threadsafe``, or over a socket pair from the child process) after its
+body is read; any error there is counted and never reaches the live response (fail-open).
+Requests already carrying the shadow marker header are never re-ingested (no replay loops).
 """
 
 from __future__ import annotations
@@ -28,19 +27,20 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
-
 from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
+from specwatch.shadow.ingest.forward import (
+    HOP_BY_HOP,
+    PROXY_CREDENTIALS,
+    Forwarder,
+    Upstream,
+    connection_tokens,
+)
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
     SHADOW_PATHS,
@@ -52,15 +52,6 @@ from specwatch.shadow.values import ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.ingest")
 
-#: Answers of known length up to this many bytes (not event streams) are read whole and sent
-#: with their headers in one write; larger or unknown-length ones are relayed chunk by chunk.
-WHOLE_BODY_BYTES = 64 << 10
-
-
-def _is_event_stream(headers: CIMultiDictProxy[str]) -> bool:
-    return headers.get("Content-Type", "").lower().startswith("text/event-stream")
-
-
 #: How often the proxy process sends its ``proxy_*`` counters to the main process (seconds).
 COUNTER_SYNC_SECONDS = 0.5
 #: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
@@ -68,7 +59,13 @@ COUNTER_SYNC_SECONDS = 0.5
 CHANNEL_MAX_BUFFER = 64 << 20
 #: What the proxy process may ask the main process to run (the hand-over methods only).
 _REMOTE_CALLS = frozenset(
-    {"_offer_copy", "_count_error", "_count_too_large", "_set_proxy_counters"}
+    {
+        "_offer_copy",
+        "_count_error",
+        "_count_too_large",
+        "_count_marked",
+        "_set_proxy_counters",
+    }
 )
 _FRAME = struct.Struct("!I")
 
@@ -100,7 +97,7 @@ class _Channel:
         body = pickle.dumps((name, args), protocol=pickle.HIGHEST_PROTOCOL)
         w.write(_FRAME.pack(len(body)) + body)
 
-    def sync(self) -> None:
+    def sync(self, listener: ListenerStats) -> None:
         c = self._counters
         self.send(
             "_set_proxy_counters",
@@ -109,6 +106,8 @@ class _Channel:
                 c.proxy_client_disconnects,
                 c.proxy_offer_lost,
                 dict(c.proxy_upstream_errors),
+                dict(listener.refused),
+                listener.open,
             ),
         )
 
@@ -147,14 +146,14 @@ async def _proxy_process(
     async def sync() -> None:
         while True:
             await asyncio.sleep(COUNTER_SYNC_SECONDS)
-            channel.sync()
+            channel.sync(proxy.listener)
 
     syncing = asyncio.create_task(sync())
     await reader.read()  # EOF: the main process is stopping us, or it died
     syncing.cancel()
-    if proxy._runner is not None:
-        await proxy._runner.cleanup()
-    channel.sync()
+    if proxy._forwarder is not None:
+        await proxy._forwarder.stop(proxy._shutdown_timeout)
+    channel.sync(proxy.listener)
     with contextlib.suppress(ConnectionError):
         await writer.drain()
     writer.close()
@@ -167,55 +166,12 @@ class _ProxyProcess:
     receiving: asyncio.Task[None]
 
 
-#: RFC 9110 §7.6.1 connection-specific fields, plus the legacy ``Proxy-Connection``.
-HOP_BY_HOP: frozenset[str] = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "transfer-encoding",
-        "upgrade",
-        "trailer",
-    }
-)
-
-
-#: Credentials meant for a proxy, never for the next hop (RFC 9110 §11.7): dropped both ways.
-PROXY_CREDENTIALS: frozenset[str] = frozenset(
-    {"proxy-authorization", "proxy-authenticate", "proxy-authentication-info"}
-)
-
-
-def hop_by_hop_names(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> set[str]:
-    """Lower-cased names to drop: the fixed hop-by-hop set plus every token listed in Connection."""
-    names = set(HOP_BY_HOP)
-    getall = getattr(headers, "getall", None)
-    values: list[str] = (
-        list(getall("Connection", [])) if getall is not None else [headers.get("Connection", "")]
-    )
-    for v in values:
-        for tok in v.split(","):
-            tok = tok.strip().lower()
-            if tok:
-                names.add(tok)
-    return names
-
-
-def end_to_end_headers(headers: CIMultiDictProxy[str], *, drop: frozenset[str]) -> CIMultiDict[str]:
-    """Copy of ``headers`` without hop-by-hop fields and without the lower-cased names in
-    ``drop``."""
-    skip = hop_by_hop_names(headers) | drop
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        if k.lower() not in skip:
-            out.add(k, v)
-    return out
+__all__ = ["HOP_BY_HOP", "PROXY_CREDENTIALS", "ShadowProxy", "connection_tokens"]
 
 
 def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
-    """A fresh event loop for the proxy thread: uvloop's when asked and installed (the ``proxy``
-    extra), else asyncio's default loop."""
+    """A fresh event loop for the proxy thread or process: uvloop's when asked and installed (a
+    dependency except on Windows), else asyncio's default loop."""
     if use_uvloop:
         try:
             uvloop = importlib.import_module("uvloop")
@@ -227,16 +183,54 @@ def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-class ShadowProxy:
-    """Streaming, fail-open reverse proxy in front of ``upstream`` (``http://host:port``).
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
-    ``app()`` builds the aiohttp application; run it with :meth:`start` (own port, handler
-    cancellation on client disconnect) or any ``AppRunner(app, handler_cancellation=True)``.
-    The client session is created on app startup (``auto_decompress=False``, unlimited pool,
-    ``connect_timeout_seconds``; ``total_timeout_seconds`` ``None`` = no total limit, streams may be
-    long) and closed on cleanup. Upstream failures before the response starts answer ``502``
-    (connect) or ``504`` (timeout) with a small JSON body; after it starts, the client connection
-    is closed so the client sees a truncated response, never a clean but short one.
+
+def _run_all(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
+    """Run queued hand-overs on the shadow loop, in order."""
+    for fn, args in calls:
+        fn(*args)
+
+
+class _ToShadow:
+    """The engine's hand-over (:class:`~specwatch.shadow.ingest.forward.Handover`) to the
+    shadow side through :meth:`ShadowProxy._schedule`."""
+
+    def __init__(self, proxy: ShadowProxy) -> None:
+        self._p = proxy
+
+    def copy(self, path: str, raw: bytes, category: str | None, request_id: str | None) -> None:
+        p = self._p
+        p._schedule(p._offer_copy, path, raw, category, request_id)
+
+    def too_large(self) -> None:
+        self._p._schedule(self._p._count_too_large)
+
+    def incomplete(self, shadow: bool) -> None:
+        if shadow:
+            self._p._schedule(self._p._count_error, "incomplete_body")
+
+    def marked(self) -> None:
+        self._p._schedule(self._p._count_marked)
+
+
+class ShadowProxy:
+    """Streaming, fail-open reverse proxy in front of ``upstream`` (``http[s]://host:port``,
+    optionally with a base path).
+
+    Run it with :meth:`start` (the caller's loop), :meth:`start_in_thread` or
+    :meth:`start_in_process`, then :meth:`stop`. ``connect_timeout_seconds`` bounds a new upstream
+    connection; ``total_timeout_seconds`` (``None``: no limit, streams may be long) bounds a whole
+    exchange. Upstream failures before the response starts answer ``502`` (connect, disconnected,
+    malformed answer) or ``504`` (timeout) with a small JSON body; after it starts, the client
+    connection is aborted so the client sees a truncated response, never a clean but short one.
+    ``listen`` limits the listener (connections, header/body read timeouts, keep-alive idle);
+    ``listener`` counts its refusals and open connections. Raises ``ValueError`` for an upstream
+    that is not an http(s) URL.
     """
 
     def __init__(
@@ -260,44 +254,21 @@ class ShadowProxy:
         self._listen = listen if listen is not None else ListenLimits()
         self.listener = listener if listener is not None else ListenerStats("proxy")
         self._shutdown_timeout = shutdown_timeout_seconds
-        self.upstream = URL(upstream.rstrip("/"))
         self._base = upstream.rstrip("/")
+        self._upstream = Upstream.parse(self._base, connect_timeout_seconds, total_timeout_seconds)
         self._offerer = Offerer(offer, counters, clock, salt)
         self.counters = counters
         self._max = max_body_bytes
         self._marker = marker_header
-        self._timeout = aiohttp.ClientTimeout(
-            total=total_timeout_seconds, sock_connect=connect_timeout_seconds
-        )
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._forwarder: Forwarder | None = None
         self._offer_loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         self._channel: _Channel | None = None  # set in the proxy process only
         self._child: _ProxyProcess | None = None  # set in the main process in process mode
         self._lost_here = 0
+        self._outbox: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self.port: int | None = None
-
-    def app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=self._max,
-            middlewares=[body_timeout_middleware(self._listen, self.listener)],
-        )
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.cleanup_ctx.append(self._session_ctx)
-        return app
-
-    async def _session_ctx(self, app: web.Application) -> Any:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            auto_decompress=False,
-            timeout=self._timeout,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-        )
-        yield
-        await self._session.close()
-        self._session = None
 
     async def start(self, host: str, port: int) -> int:
         """Serve on ``host:port`` (0 = any free port) on the running loop; returns the port."""
@@ -305,26 +276,29 @@ class ShadowProxy:
         return await self._serve(host, port)
 
     async def _serve(self, host: str, port: int) -> int:
-        self._runner = web.AppRunner(
-            self.app(),
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self._shutdown_timeout,
-            keepalive_timeout=self._listen.keepalive_timeout_seconds,
+        fwd = Forwarder(
+            self._upstream,
+            _ToShadow(self),
+            counters=self.counters,
+            limits=self._listen,
+            stats=self.listener,
+            shadow_paths=SHADOW_PATHS,
+            marker=self._marker.encode(),
+            category_header=CATEGORY_HEADER.encode(),
+            request_id_header=REQUEST_ID_HEADER.encode(),
+            max_body_bytes=self._max,
         )
-        await self._runner.setup()
-        site = GuardedSite(self._runner, host, port, limits=self._listen, stats=self.listener)
-        await site.start()
-        addrs = self._runner.addresses
-        self.port = int(addrs[0][1]) if addrs else port
+        self.port = await fwd.start(host, port)
+        self._forwarder = fwd
         return self.port
 
     async def start_in_thread(self, host: str, port: int) -> int:
         """Serve on ``host:port`` from a dedicated thread with its own event loop.
 
-        The live path then never waits on the caller's loop (the shadow chain, scrapes, statistics):
-        only the parsed-out shadow copy crosses over, with ``call_soon_threadsafe``, and ingest
-        counters other than ``proxy_*`` are updated on the caller's loop. Returns the bound port.
+        The live path then never waits on the caller's loop (the shadow chain, scrapes, statistics)
+        but shares the GIL with it: only the parsed-out shadow copy crosses over, with
+        ``call_soon_threadsafe``, and ingest counters other than ``proxy_*`` are updated on the
+        caller's loop. Returns the bound port.
         """
         self._offer_loop = asyncio.get_running_loop()
         started: concurrent.futures.Future[int] = concurrent.futures.Future()
@@ -367,9 +341,11 @@ class ShadowProxy:
             "upstream": self._base,
             "max_body_bytes": self._max,
             "marker_header": self._marker,
-            "connect_timeout_seconds": self._timeout.sock_connect,
-            "total_timeout_seconds": self._timeout.total,
+            "connect_timeout_seconds": self._upstream.connect_timeout,
+            "total_timeout_seconds": self._upstream.total_timeout,
             "use_uvloop": self._use_uvloop,
+            "listen": self._listen,
+            "shutdown_timeout_seconds": self._shutdown_timeout,
         }
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ctx = multiprocessing.get_context("spawn")
@@ -405,55 +381,60 @@ class ShadowProxy:
             log_event(log, logging.ERROR, "shadow proxy process exited")
 
     async def stop(self) -> None:
-        """Stop serving (any mode); waits for in-progress cleanup."""
+        """Stop serving (any mode): stop accepting, let answers in progress finish for up to the
+        shutdown timeout, then close what is left."""
         child = self._child
         if child is not None:
             self._child = None
             with contextlib.suppress(OSError):
                 child.writer.write_eof()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(child.receiving), 10)
+                await asyncio.wait_for(asyncio.shield(child.receiving), self._shutdown_timeout + 5)
             child.writer.close()
             await asyncio.to_thread(child.process.join, 10)
             if child.process.is_alive():
                 child.process.kill()
                 await asyncio.to_thread(child.process.join)
             return
+        fwd, self._forwarder = self._forwarder, None
         thread, loop = self._thread, self._thread_loop
         if thread is not None and loop is not None:
-            if self._runner is not None:
-                fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop)
-                await asyncio.wrap_future(fut)
-                self._runner = None
+            if fwd is not None:
+                done = asyncio.run_coroutine_threadsafe(fwd.stop(self._shutdown_timeout), loop)
+                await asyncio.wrap_future(done)
             loop.call_soon_threadsafe(loop.stop)
             await asyncio.to_thread(thread.join)
             self._thread = self._thread_loop = None
             return
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if fwd is not None:
+            await fwd.stop(self._shutdown_timeout)
 
     def _schedule(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main
-        process); never blocks or raises into the live path."""
-        if self._channel is not None:
-            self._channel.send(getattr(fn, "__name__", ""), args)
+        process); never blocks or raises into the live path. From another loop (thread or
+        process mode) the hand-over is queued and sent once the live callbacks of this loop
+        iteration have run, so its system call never comes before the live request's write."""
+        target = self._offer_loop
+        if self._channel is None and (target is None or target is _running_loop()):
+            asyncio.get_running_loop().call_soon(fn, *args)
+            return
+        self._outbox.append((fn, args))
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
+        channel = self._channel
+        if channel is not None:
+            for fn, args in out:
+                channel.send(getattr(fn, "__name__", ""), args)
             return
         target = self._offer_loop
+        assert target is not None
         try:
-            if target is None or target is asyncio.get_running_loop():
-                asyncio.get_running_loop().call_soon(fn, *args)
-            else:
-                target.call_soon_threadsafe(fn, *args)
+            target.call_soon_threadsafe(_run_all, out)
         except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
-            self.counters.proxy_offer_lost += 1
-
-    def _incomplete_body(self, shadow: bool) -> None:
-        """The client's upload stopped before its end: nothing is sent upstream; counted (for a
-        shadowed path) as ``incomplete_body`` on the shadow loop, logged once, no traceback."""
-        log_event(log, logging.WARNING, "proxy client body incomplete")
-        if shadow:
-            self._schedule(self._count_error, "incomplete_body")
+            self.counters.proxy_offer_lost += len(out)
 
     def _count_error(self, reason: str) -> None:
         self.counters.received[Source.PROXY.value] += 1
@@ -468,169 +449,26 @@ class ShadowProxy:
     ) -> None:
         self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id)
 
+    def _count_marked(self) -> None:
+        self.counters.skipped_marked += 1
+
     def _set_proxy_counters(
-        self, requests: int, disconnects: int, offer_lost: int, upstream_errors: dict[str, int]
+        self,
+        requests: int,
+        disconnects: int,
+        offer_lost: int,
+        upstream_errors: dict[str, int],
+        refused: dict[str, int],
+        open_connections: int,
     ) -> None:
-        """The proxy process's ``proxy_*`` counters (its own totals, sent every
-        :data:`COUNTER_SYNC_SECONDS` and at stop)."""
+        """The proxy process's ``proxy_*`` counters and listener counts (its own totals, sent
+        every :data:`COUNTER_SYNC_SECONDS` and at stop)."""
         c = self.counters
         c.proxy_requests = requests
         c.proxy_client_disconnects = disconnects
         c.proxy_offer_lost = offer_lost + self._lost_here
         c.proxy_upstream_errors.clear()
         c.proxy_upstream_errors.update(upstream_errors)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        c = self.counters
-        c.proxy_requests += 1
-        session = self._session
-        if session is None:
-            return web.json_response({"error": "proxy not started"}, status=503)
-        headers = end_to_end_headers(
-            request.headers, drop=PROXY_CREDENTIALS | {"host", "content-length"}
-        )
-        peer = request.remote
-        if peer:
-            prior = request.headers.get("X-Forwarded-For")
-            headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-        shadow = (
-            request.method == "POST"
-            and request.path in SHADOW_PATHS
-            and not request.headers.get(self._marker)
-        )
-        if request.method == "POST" and request.path in SHADOW_PATHS and not shadow:
-            c.skipped_marked += 1
-        data: Any
-        cut = [False]
-        cl = request.content_length
-        if not request.body_exists:
-            data = None
-        elif cl is not None and cl <= self._max:
-            try:
-                data = await request.read()
-            except asyncio.CancelledError:
-                self._incomplete_body(shadow)
-                raise
-            except (aiohttp.ClientPayloadError, ConnectionError):
-                self._incomplete_body(shadow)
-                return web.Response(status=400)
-            headers["Content-Length"] = str(len(data))
-            if shadow:
-                self._schedule(
-                    self._offer_copy,
-                    request.path,
-                    data,
-                    request.headers.get(CATEGORY_HEADER),
-                    request.headers.get(REQUEST_ID_HEADER),
-                )
-        else:
-            # unknown or large length: stream the body through; the shadow copy is kept only
-            # while it stays under the cap.
-            if cl is not None:
-                headers["Content-Length"] = str(cl)
-            data = self._tee(request, shadow, cut)
-        url = URL(self._base + request.raw_path, encoded=True)
-        prepared = False
-        try:
-            async with session.request(
-                request.method,
-                url,
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-                compress=None,
-            ) as up:
-                out_headers = end_to_end_headers(up.headers, drop=PROXY_CREDENTIALS)
-                small = up.content_length is not None and up.content_length <= WHOLE_BODY_BYTES
-                if small and request.method != "HEAD" and not _is_event_stream(up.headers):
-                    # a small answer of known length (a JSON completion): read it whole and send
-                    # status, headers and body in one write (one send() instead of two)
-                    body = await up.read()
-                    out_headers.popall("Content-Length", None)
-                    return web.Response(
-                        status=up.status, reason=up.reason, body=body, headers=out_headers
-                    )
-                resp = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in out_headers.items():
-                    resp.headers.add(k, v)
-                if up.content_length is not None and request.method != "HEAD":
-                    resp.content_length = up.content_length
-                await resp.prepare(request)
-                prepared = True
-                try:
-                    async for chunk in up.content.iter_any():
-                        if not await self._relay(resp, chunk, up):
-                            return resp
-                    await self._relay(resp, None, up)
-                except asyncio.CancelledError:
-                    self._client_gone(up)
-                    raise
-                return resp
-        except TimeoutError:
-            return self._fail("timeout", 504, prepared, cut[0])
-        except aiohttp.ClientConnectorError:
-            return self._fail("connect", 502, prepared, cut[0])
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-            return self._fail("disconnected", 502, prepared, cut[0])
-        except aiohttp.ClientError:
-            return self._fail("client_error", 502, prepared, cut[0])
-
-    async def _relay(
-        self, resp: web.StreamResponse, chunk: bytes | None, up: aiohttp.ClientResponse
-    ) -> bool:
-        """Write ``chunk`` (``None``: end of body) to the client; ``False`` when the client went
-        away. Then the upstream connection is closed (not released) so the upstream sees the
-        disconnect and stops generating; it is counted as a client disconnect, never as an
-        upstream error, and logged once without a traceback (a cancelled handler, the server's
-        answer to a disconnect, is counted the same way by the caller)."""
-        try:
-            if chunk is None:
-                await resp.write_eof()
-            else:
-                await resp.write(chunk)
-        except ConnectionError:
-            self._client_gone(up)
-            return False
-        return True
-
-    def _client_gone(self, up: aiohttp.ClientResponse) -> None:
-        self.counters.proxy_client_disconnects += 1
-        up.close()
-        log_event(log, logging.INFO, "proxy client disconnected")
-
-    def _fail(
-        self, reason: str, status: int, prepared: bool, client_cut: bool = False
-    ) -> web.StreamResponse:
-        if client_cut:  # the client's upload stopped: counted by _tee, not an upstream error
-            return web.Response(status=400)
-        self.counters.proxy_upstream_errors[reason] += 1
-        log_event(log, logging.WARNING, "proxy upstream failed", reason=reason, prepared=prepared)
-        if prepared:
-            # the status line is sent: abort the connection so the client sees a truncated body
-            raise ConnectionResetError(f"upstream {reason} mid-response")
-        return web.json_response({"error": {"message": f"upstream {reason}"}}, status=status)
-
-    async def _tee(self, request: web.Request, shadow: bool, cut: list[bool]) -> Any:
-        """Stream the client's body upstream, keeping the shadow copy under the cap; a body cut
-        by the client sets ``cut[0]`` (the handler then answers without blaming the upstream)."""
-        copy: bytearray | None = bytearray() if shadow else None
-        try:
-            async for chunk in request.content.iter_any():
-                if copy is not None:
-                    copy += chunk
-                    if len(copy) > self._max:
-                        copy = None
-                        self._schedule(self._count_too_large)
-                yield chunk
-        except (aiohttp.ClientPayloadError, ConnectionError):
-            cut[0] = True
-            self._incomplete_body(shadow)
-            raise
-        if copy is not None:
-            self._schedule(
-                self._offer_copy,
-                request.path,
-                bytes(copy),
-                request.headers.get(CATEGORY_HEADER),
-                request.headers.get(REQUEST_ID_HEADER),
-            )
+        self.listener.refused.clear()
+        self.listener.refused.update(refused)
+        self.listener.open = open_connections

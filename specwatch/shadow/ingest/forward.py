@@ -1,0 +1,1074 @@
+"""The shadow proxy's HTTP/1.1 forwarding engine: asyncio ``Protocol``s, ``httptools`` (llhttp)
+parsing both ways, a pooled keep-alive upstream, responses relayed as bytes.
+
+:class:`Forwarder` listens on one port. Per client connection (:class:`_Client`) each request
+head is parsed, rebuilt without hop-by-hop fields (RFC 9110 §7.6.1: ``Connection`` and every
+field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``, ``Upgrade``), proxy
+credentials, ``Host`` (set to the upstream's) and ``Expect`` (``100 Continue`` is answered here),
+with ``X-Forwarded-For`` appended, and written with the body to an idle keep-alive upstream
+connection (:class:`_Upstream`, a new one when none is idle). A chunked request body is re-framed
+chunk by chunk as it arrives; a body of known length is passed on as it arrives.
+
+The upstream's answer is relayed **as bytes**: its head verbatim unless a field must go (then
+rebuilt from the parsed fields), then every body byte (chunked framing and SSE events included)
+written to the client as it arrives. The response parser only finds where the answer ends, so the
+upstream connection can be reused; an answer with neither length nor chunking ends when the
+upstream closes, and the client connection is closed after it.
+
+Fail-open: before the answer starts, an unreachable upstream is ``502`` (``connect``), a timeout
+``504`` (``timeout``), a connection closed early ``502`` (``disconnected``), a malformed answer
+``502`` (``client_error``), each a small JSON body; after it starts, the client connection is
+aborted so the client sees a truncated answer, never a clean short one. A client that goes away
+closes the upstream connection (counted in ``proxy_client_disconnects``). Listener limits
+(:class:`~specwatch.core.listen.ListenLimits`): connection cap (``503``), request head within
+``header_timeout_seconds``, body pauses up to ``body_timeout_seconds`` (``408``), idle keep-alive
+``keepalive_timeout_seconds``; refusals counted in :class:`~specwatch.core.listen.ListenerStats`.
+Pipelined requests are answered in order (one at a time; reading pauses while one waits). Nothing
+from a request head is ever logged (it may carry credentials).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.logs import log_event
+from specwatch.shadow.ingest.offer import IngestCounters
+
+__all__ = ["HOP_BY_HOP", "PROXY_CREDENTIALS", "Forwarder", "Handover", "Upstream"]
+
+log = logging.getLogger("specwatch.shadow.ingest")
+
+#: RFC 9110 §7.6.1 connection-specific fields, plus the legacy ``Proxy-Connection``.
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+        "trailer",
+    }
+)
+#: Credentials meant for a proxy, never for the next hop (RFC 9110 §11.7): dropped both ways.
+PROXY_CREDENTIALS: frozenset[str] = frozenset(
+    {"proxy-authorization", "proxy-authenticate", "proxy-authentication-info"}
+)
+#: An idle upstream connection is not reused after this many seconds (uvicorn, vLLM's server,
+#: closes idle keep-alive connections after 5 s; reusing one it is closing fails the request).
+POOL_IDLE_SECONDS = 4.0
+#: Idle upstream connections kept at most (more are closed when released).
+POOL_MAX_IDLE = 256
+#: Request bytes kept to resend on a fresh connection when a reused one turns out closed before
+#: any answer byte; a request larger than this is not resent (answered ``502``).
+RESEND_MAX_BYTES = 64 << 10
+
+_B_DROP_REQUEST = frozenset(
+    n.encode() for n in (HOP_BY_HOP | PROXY_CREDENTIALS | {"host", "expect", "x-forwarded-for"})
+)
+_B_DROP_RESPONSE = frozenset(n.encode() for n in (HOP_BY_HOP | PROXY_CREDENTIALS))
+_CRLF = b"\r\n"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LIMIT_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_BAD_400 = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_TIMEOUT_408 = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 26\r\n\r\nrequest body read timeout\n"
+)
+
+
+class Handover(Protocol):
+    """What the engine hands to the shadow side (each call returns at once, never raises)."""
+
+    def copy(self, path: str, raw: bytes, category: str | None, request_id: str | None) -> None:
+        """A complete request body under the cap on a shadowed path."""
+
+    def too_large(self) -> None:
+        """A shadowed request body grew past the cap (no copy)."""
+
+    def incomplete(self, shadow: bool) -> None:
+        """A client's upload stopped before its end (``shadow``: on a shadowed path)."""
+
+    def marked(self) -> None:
+        """A ``POST`` to a shadowed path carried the shadow marker (not copied)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where and how to forward: ``host``/``port``/``tls`` of the live server, ``prefix`` its
+    base path (bytes, no trailing ``/``), ``host_header`` the ``Host`` value sent,
+    ``connect_timeout`` and ``total_timeout`` seconds (``None``: no total limit)."""
+
+    host: str
+    port: int
+    tls: bool
+    prefix: bytes
+    host_header: bytes
+    connect_timeout: float
+    total_timeout: float | None
+
+    @classmethod
+    def parse(cls, url: str, connect_timeout: float, total_timeout: float | None) -> Upstream:
+        """From ``http[s]://host[:port][/prefix]``; raises ``ValueError`` on another scheme."""
+        u = urlsplit(url.rstrip("/"))
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError("upstream must be an http:// or https:// URL")
+        tls = u.scheme == "https"
+        port = u.port or (443 if tls else 80)
+        netloc = u.netloc.rsplit("@", 1)[-1]
+        return cls(
+            u.hostname,
+            port,
+            tls,
+            u.path.encode(),
+            netloc.encode("idna"),
+            connect_timeout,
+            total_timeout,
+        )
+
+
+def connection_tokens(values: Iterable[bytes]) -> set[bytes]:
+    """Lower-cased field names listed in ``Connection`` values (``close`` and ``keep-alive``
+    included)."""
+    out: set[bytes] = set()
+    for v in values:
+        for tok in v.split(b","):
+            tok = tok.strip().lower()
+            if tok:
+                out.add(tok)
+    return out
+
+
+def _json_error(status: int, reason: str, message: str, close: bool) -> bytes:
+    body = json.dumps({"error": {"message": message}}).encode()
+    conn = b"Connection: close\r\n" if close else b""
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+        % (status, reason.encode(), len(body), conn)
+    ) + body
+
+
+def _head_end(buf: bytes | bytearray) -> int:
+    """Offset just past the empty line that ends a message head in ``buf`` (``-1``: none yet).
+    Bare LF line ends count, as llhttp accepts them."""
+    i = buf.find(b"\n\r\n")
+    j = buf.find(b"\n\n")
+    if i < 0:
+        return j + 2 if j >= 0 else -1
+    if j < 0 or i < j:
+        return i + 3
+    return j + 2
+
+
+class Forwarder:
+    """The listening engine (see the module docstring). ``counters.proxy_*`` are updated here;
+    copies and body errors go to ``handover``.
+
+    ``shadow_paths``: request paths (without query) whose ``POST`` is copied unless it carries
+    ``marker`` (lower-cased header name, bytes); ``max_body_bytes`` caps the copy. Call
+    :meth:`start` then :meth:`stop` on one event loop."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        handover: Handover,
+        *,
+        counters: IngestCounters,
+        limits: ListenLimits,
+        stats: ListenerStats,
+        shadow_paths: frozenset[str],
+        marker: bytes,
+        category_header: bytes,
+        request_id_header: bytes,
+        max_body_bytes: int,
+    ) -> None:
+        self.up = upstream
+        self.handover = handover
+        self.counters = counters
+        self.limits = limits
+        self.stats = stats
+        self.shadow_paths = frozenset(p.encode() for p in shadow_paths)
+        self.marker = marker.lower()
+        self.category_header = category_header.lower()
+        self.request_id_header = request_id_header.lower()
+        self.max_body = max_body_bytes
+        self.clients: set[_Client] = set()
+        self.idle: list[_Upstream] = []
+        self._server: asyncio.AbstractServer | None = None
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if upstream.tls else None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drained: asyncio.Event | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port); returns the bound port. Raises
+        ``OSError`` when it cannot bind."""
+        loop = self.loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Client(self), host, port, reuse_address=True, backlog=1024
+        )
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Stop accepting, close idle client connections, let requests in progress finish for
+        up to ``grace_seconds``, then abort what is left and close the upstream pool."""
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.clients):
+            c.stop_when_idle()
+        if self.clients:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), grace_seconds)
+        for c in list(self.clients):
+            c.abort()
+        for u in self.idle:
+            u.close()
+        self.idle.clear()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+
+    def client_gone(self, c: _Client) -> None:
+        self.clients.discard(c)
+        if self._drained is not None and not self.clients:
+            self._drained.set()
+
+    # -- the upstream pool ----------------------------------------------------------------------
+
+    def take_idle(self) -> _Upstream | None:
+        """The most recently released live upstream connection, or ``None``."""
+        assert self.loop is not None
+        now = self.loop.time()
+        while self.idle:
+            u = self.idle.pop()
+            if u.closed or now - u.idle_since > POOL_IDLE_SECONDS:
+                u.close()
+                continue
+            return u
+        return None
+
+    def release(self, u: _Upstream) -> None:
+        """Return ``u`` to the pool (closed instead when the pool is full)."""
+        assert self.loop is not None
+        if u.closed or len(self.idle) >= POOL_MAX_IDLE or self._server is None:
+            u.close()
+            return
+        u.exchange = None
+        u.unpause()
+        if u.transport is not None:
+            u.transport.resume_reading()  # a slow client may have paused it
+        u.idle_since = self.loop.time()
+        self.idle.append(u)
+
+    async def connect(self) -> _Upstream:
+        """A new upstream connection; raises ``OSError`` or ``TimeoutError``."""
+        loop = asyncio.get_running_loop()
+        up = self.up
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: _Upstream(self),
+                up.host,
+                up.port,
+                ssl=self._ssl,
+                server_hostname=up.host if self._ssl is not None else None,
+            ),
+            up.connect_timeout,
+        )
+        return proto
+
+    def upstream_error(self, reason: str, started: bool) -> None:
+        self.counters.proxy_upstream_errors[reason] += 1
+        log_event(log, logging.WARNING, "proxy upstream failed", reason=reason, prepared=started)
+
+
+class _Upstream(asyncio.Protocol):
+    """One keep-alive connection to the upstream; feeds what it reads to its exchange."""
+
+    def __init__(self, fwd: Forwarder) -> None:
+        self.fwd = fwd
+        self.transport: asyncio.Transport | None = None
+        self.exchange: _Exchange | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.paused_client: _Client | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.exchange
+        if ex is None:  # nothing asked: an idle connection must not talk
+            self.close()
+            return
+        ex.response_data(data)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.unpause()
+        ex = self.exchange
+        self.exchange = None
+        if ex is not None:
+            ex.upstream_lost()
+
+    def pause_writing(self) -> None:
+        ex = self.exchange
+        if ex is not None and self.paused_client is None:
+            self.paused_client = ex.client
+            ex.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.unpause()
+
+    def unpause(self) -> None:
+        """Let the client this connection paused (its upload outran the upstream) read on."""
+        c, self.paused_client = self.paused_client, None
+        if c is not None:
+            c.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Exchange:
+    """One request and its answer; the response parser's protocol."""
+
+    __slots__ = (
+        "body_done",
+        "cap_hit",
+        "category",
+        "chunked_req",
+        "client",
+        "client_http10",
+        "connect_task",
+        "copy",
+        "dechunk",
+        "early",
+        "ended",
+        "expect_continue",
+        "fwd",
+        "head_done",
+        "is_head",
+        "keep_client",
+        "path",
+        "pending",
+        "r_headers",
+        "r_interim",
+        "r_parser",
+        "r_reason",
+        "rbuf",
+        "request_id",
+        "resend",
+        "resend_size",
+        "resp_done",
+        "resp_framing",
+        "reused",
+        "shadow",
+        "started",
+        "timer",
+        "up",
+        "up_head",
+        "up_keep",
+    )
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self.fwd = client.fwd
+        self.up: _Upstream | None = None
+        self.pending: list[bytes] | None = []
+        self.up_head = b""
+        self.path = b""
+        self.shadow = False
+        self.copy: bytearray | None = None
+        self.cap_hit = False
+        self.category: str | None = None
+        self.request_id: str | None = None
+        self.chunked_req = False
+        self.body_done = False
+        self.is_head = False
+        self.keep_client = True
+        self.client_http10 = False
+        self.expect_continue = False
+        self.started = False
+        self.head_done = False
+        self.resp_done = False
+        self.resp_framing = ""
+        self.dechunk = False
+        self.early: list[bytes] = []
+        self.ended = False
+        self.up_keep = False
+        self.reused = False
+        self.resend: list[bytes] | None = []
+        self.resend_size = 0
+        self.rbuf = bytearray()
+        self.r_parser: httptools.HttpResponseParser | None = None
+        self.r_headers: list[tuple[bytes, bytes]] = []
+        self.r_reason = b""
+        self.r_interim = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.connect_task: asyncio.Task[None] | None = None
+
+    # -- request side ---------------------------------------------------------------------------
+
+    def send_up(self, data: bytes) -> None:
+        if self.resend is not None:
+            self.resend.append(data)
+            self.resend_size += len(data)
+            if self.resend_size > RESEND_MAX_BYTES:
+                self.resend = None
+        if self.pending is not None:
+            self.pending.append(data)
+        elif self.up is not None:
+            self.up.write(data)
+
+    def body(self, data: bytes) -> None:
+        if self.chunked_req:
+            self.send_up(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self.send_up(data)
+        copy = self.copy
+        if copy is not None:
+            copy += data
+            if len(copy) > self.fwd.max_body:
+                self.copy = None
+                self.fwd.handover.too_large()
+
+    def request_complete(self) -> None:
+        self.body_done = True
+        if self.chunked_req:
+            self.send_up(b"0\r\n\r\n")
+        if self.copy:  # an empty body is not offered (nothing to replay)
+            self.fwd.handover.copy(
+                self.path.decode("latin-1"), bytes(self.copy), self.category, self.request_id
+            )
+            self.copy = None
+        if self.resp_done:
+            self.finish()
+
+    def begin(self) -> None:
+        """This exchange is first in its client's queue: get an upstream connection."""
+        fwd = self.fwd
+        c = self.client
+        if self.expect_continue and c.transport is not None:
+            c.transport.write(_CONTINUE)
+        total = fwd.up.total_timeout
+        if total is not None:
+            assert fwd.loop is not None
+            self.timer = fwd.loop.call_later(total, self.timed_out)
+        up = fwd.take_idle()
+        if up is not None:
+            self.reused = True
+            self.attach(up)
+        else:
+            self.connect_task = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        try:
+            up = await self.fwd.connect()
+        except TimeoutError:
+            self.connect_task = None
+            self.fail("timeout", 504)
+            return
+        except OSError:
+            self.connect_task = None
+            self.fail("connect", 502)
+            return
+        self.connect_task = None
+        if self.resp_done or self.client.gone:
+            self.fwd.release(up)
+            return
+        self.reused = False
+        self.attach(up)
+
+    def attach(self, up: _Upstream) -> None:
+        self.up = up
+        up.exchange = self
+        self.r_parser = httptools.HttpResponseParser(self)
+        pending, self.pending = self.pending, None
+        if pending:
+            up.write(b"".join(pending) if len(pending) > 1 else pending[0])
+
+    # -- response side: the parser's callbacks ---------------------------------------------------
+
+    def on_status(self, status: bytes) -> None:
+        if not self.r_interim:
+            self.r_reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.r_interim:
+            self.r_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.r_interim:  # what follows a 1xx is parsed again by a fresh parser
+            return
+        assert self.r_parser is not None
+        code = self.r_parser.get_status_code()
+        if 100 <= code < 200:
+            self.r_interim = True
+            return
+        self.head_done = True
+        # read now: llhttp resets its flags once the message is complete
+        self.up_keep = self.r_parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.client_http10:
+            return
+        if not self.started:
+            self.early.append(body)
+        elif self.dechunk and self.client.transport is not None:
+            self.client.transport.write(body)
+
+    def on_message_complete(self) -> None:
+        if self.r_interim:
+            return
+        self.resp_done = True
+
+    # -- response side: bytes from the upstream --------------------------------------------------
+
+    def response_data(self, data: bytes) -> None:
+        if self.resp_done:  # more after the end: this connection is not reused
+            if self.up is not None:
+                self.up.close()
+            return
+        self.resend = None
+        parser = self.r_parser
+        assert parser is not None
+        if self.head_done:
+            if not self.dechunk:
+                t = self.client.transport
+                if t is not None:
+                    t.write(data)
+            if self.resp_framing in ("length", "chunked"):
+                try:
+                    parser.feed_data(data)
+                except httptools.HttpParserError:
+                    if not self.resp_done:
+                        self.fail("client_error", 502)
+                        return
+                    if self.up is not None:  # bytes after the end: not reused
+                        self.up.close()
+            if self.resp_done:
+                self.finish()
+            return
+        self.rbuf += data
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.fail("client_error", 502)
+            return
+        if self.r_interim:  # a 1xx answer: dropped, the real one follows
+            end = _head_end(self.rbuf)
+            rest = bytes(self.rbuf[end:]) if end >= 0 else b""
+            self.rbuf = bytearray()
+            self.r_headers = []
+            self.r_reason = b""
+            self.r_interim = False
+            self.resp_done = False
+            self.r_parser = httptools.HttpResponseParser(self)
+            if rest:
+                self.response_data(rest)
+            return
+        if self.head_done:
+            self.send_head()
+
+    def send_head(self) -> None:
+        parser = self.r_parser
+        assert parser is not None
+        code = parser.get_status_code()
+        end = _head_end(self.rbuf)
+        if end < 0:
+            self.fail("client_error", 502)
+            return
+        names = [n.lower() for n, _ in self.r_headers]
+        drop = set(_B_DROP_RESPONSE)
+        drop.discard(b"transfer-encoding")
+        conn = [v for n, v in zip(names, self.r_headers, strict=True) if n == b"connection"]
+        if conn:
+            drop |= connection_tokens(v[1] for v in conn)
+        chunked = False
+        has_length = False
+        for n, (_, v) in zip(names, self.r_headers, strict=True):
+            if n == b"transfer-encoding" and b"chunked" in v.lower():
+                chunked = True
+            elif n == b"content-length":
+                has_length = True
+        if self.is_head or code in (204, 304):
+            framing = "none"
+        elif chunked:
+            framing = "chunked"
+        elif has_length:
+            framing = "length"
+        else:
+            framing = "close"
+        self.resp_framing = framing
+        if framing == "close":
+            self.keep_client = False
+        if framing == "chunked" and self.client_http10:
+            self.dechunk = True
+            self.keep_client = False
+            drop.add(b"transfer-encoding")
+        rewrite = not self.keep_client or any(n in drop for n in names)
+        raw = self.rbuf
+        self.rbuf = bytearray()
+        self.started = True
+        t = self.client.transport
+        if t is None:
+            return
+        if not rewrite:  # the upstream's own head and first body bytes, verbatim
+            t.write(bytes(raw))
+        else:
+            parts = [b"HTTP/1.1 %d %s\r\n" % (code, self.r_reason)]
+            for n, (name, value) in zip(names, self.r_headers, strict=True):
+                if n not in drop:
+                    parts.append(name + b": " + value + _CRLF)
+            if not self.keep_client:
+                parts.append(b"Connection: close\r\n")
+            parts.append(_CRLF)
+            parts.append(b"".join(self.early) if self.dechunk else bytes(raw[end:]))
+            t.write(b"".join(parts))
+        if framing == "none":
+            self.resp_done = True
+        if self.resp_done:
+            self.finish()
+
+    # -- ends ------------------------------------------------------------------------------------
+
+    def timed_out(self) -> None:
+        self.timer = None
+        if not self.resp_done:
+            self.fail("timeout", 504)
+
+    def finish(self) -> None:
+        """The answer is complete: release or close the upstream connection, then let the
+        client go on (or close it)."""
+        if self.ended:
+            return
+        self.ended = True
+        if not self.body_done:
+            # the upstream answered before the whole request arrived: the client connection
+            # is out of step now; close it after the answer
+            self.keep_client = False
+        up = self.up
+        self.up = None
+        if up is not None:
+            reusable = self.body_done and self.resp_framing != "close" and self.up_keep
+            if reusable:
+                self.fwd.release(up)
+            else:
+                up.exchange = None
+                up.close()
+        self._cancel_timer()
+        self.client.exchange_done(self)
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.connect_task is not None:
+            self.connect_task.cancel()
+            self.connect_task = None
+
+    def upstream_lost(self) -> None:
+        """The upstream connection closed under this exchange."""
+        up = self.up
+        self.up = None
+        if self.resp_done:
+            return
+        if self.head_done and self.resp_framing == "close":
+            self.resp_done = True
+            self.finish()
+            return
+        if (
+            not self.started
+            and self.reused
+            and self.resend is not None
+            and not self.rbuf
+            and up is not None
+        ):
+            # a pooled connection the upstream had closed: send again on a fresh one
+            self.pending = list(self.resend)
+            self.reused = False
+            self.r_headers = []
+            self.r_reason = b""
+            self.connect_task = asyncio.ensure_future(self._connect())
+            return
+        self.fail("disconnected", 502)
+
+    def fail(self, reason: str, status: int) -> None:
+        """The upstream failed: a JSON ``status`` answer before the response started, else the
+        client connection is aborted (a truncated answer)."""
+        if self.resp_done or self.ended:
+            return
+        self.resp_done = self.ended = True
+        self._cancel_timer()
+        up = self.up
+        self.up = None
+        if up is not None:
+            up.exchange = None
+            up.close()
+        c = self.client
+        if c.gone:
+            return
+        self.fwd.upstream_error(reason, self.started)
+        if self.started:
+            c.abort()
+            return
+        self.started = True
+        if not self.body_done:
+            self.keep_client = False
+        phrase = "Gateway Timeout" if status == 504 else "Bad Gateway"
+        if c.transport is not None:
+            c.transport.write(
+                _json_error(status, phrase, f"upstream {reason}", not self.keep_client)
+            )
+        self.client.exchange_done(self)
+
+    def client_lost(self) -> None:
+        """The client connection closed while this exchange was first in its queue."""
+        self._cancel_timer()
+        up = self.up
+        self.up = None
+        if up is not None:
+            up.exchange = None
+            up.close()
+        if not self.body_done:
+            self.client.fwd.handover.incomplete(self.shadow)
+            log_event(log, logging.WARNING, "proxy client body incomplete")
+            return
+        if not self.resp_done:
+            self.fwd.counters.proxy_client_disconnects += 1
+            log_event(log, logging.INFO, "proxy client disconnected")
+
+
+class _Client(asyncio.Protocol):
+    """One client connection: parses requests (the request parser's protocol) and runs their
+    exchanges one at a time, in order."""
+
+    def __init__(self, fwd: Forwarder) -> None:
+        self.fwd = fwd
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[_Exchange] = deque()
+        self.req: _Exchange | None = None
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.in_head = False
+        self.gone = False
+        self.counted = False
+        self.stopping = False
+        self.half_closed = False
+        self.paused = 0
+        self.peer = b""
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.last_data = 0.0
+        self.to_begin: _Exchange | None = None
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        fwd = self.fwd
+        stats, limits = fwd.stats, fwd.limits
+        if stats.open >= limits.max_connections:
+            stats.refuse("connection_limit", max_connections=limits.max_connections)
+            self.gone = True
+            self.transport.write(_LIMIT_503)
+            self.transport.close()
+            return
+        stats.open += 1
+        self.counted = True
+        fwd.clients.add(self)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer = str(peer[0]).encode()
+        assert fwd.loop is not None
+        self.header_timer = fwd.loop.call_later(limits.header_timeout_seconds, self._header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # Upgrade is hop-by-hop and not forwarded: the request went on as a plain one
+        except httptools.HttpParserError as exc:
+            self.to_begin = None
+            self._bad_request(exc)
+            return
+        ex = self.to_begin
+        if ex is not None:  # begun after the whole read: head and body go up in one write
+            self.to_begin = None
+            if not self.gone:
+                ex.begin()
+        if self.gone:
+            return
+        loop = self.fwd.loop
+        assert loop is not None
+        if self.in_head:
+            if self.header_timer is None:
+                self.header_timer = loop.call_later(
+                    self.fwd.limits.header_timeout_seconds, self._header_timeout
+                )
+        elif self.req is not None:
+            self.last_data = loop.time()
+            if self.body_timer is None:
+                self.body_timer = loop.call_later(
+                    self.fwd.limits.body_timeout_seconds, self._body_check
+                )
+
+    def eof_received(self) -> bool | None:
+        if self.req is None and self.queue:
+            # the client half-closed after whole requests: answer them, then close
+            self.half_closed = True
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        for t in (self.header_timer, self.idle_timer, self.body_timer):
+            if t is not None:
+                t.cancel()
+        self.header_timer = self.idle_timer = self.body_timer = None
+        if self.counted:
+            self.counted = False
+            self.fwd.stats.open -= 1
+        if self.queue:
+            self.queue[0].client_lost()
+            for ex in list(self.queue)[1:]:
+                ex._cancel_timer()
+            self.queue.clear()
+        self.req = None
+        self.fwd.client_gone(self)
+
+    def pause_writing(self) -> None:
+        if self.queue:
+            up = self.queue[0].up
+            if up is not None and up.transport is not None:
+                up.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.queue:
+            up = self.queue[0].up
+            if up is not None and up.transport is not None:
+                up.transport.resume_reading()
+
+    def pause_reading(self) -> None:
+        self.paused += 1
+        if self.paused == 1 and self.transport is not None and not self.gone:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.paused > 0:
+            self.paused -= 1
+            if self.paused == 0 and self.transport is not None and not self.gone:
+                self.transport.resume_reading()
+
+    def stop_when_idle(self) -> None:
+        """The listener is stopping: close now when idle, else after the answer in progress."""
+        self.stopping = True
+        if not self.queue and self.req is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- limits ---------------------------------------------------------------------------------
+
+    def _header_timeout(self) -> None:
+        self.header_timer = None
+        if self.gone or self.transport is None:
+            return
+        self.fwd.stats.refuse("header_timeout", seconds=self.fwd.limits.header_timeout_seconds)
+        self.transport.abort()
+
+    def _body_check(self) -> None:
+        self.body_timer = None
+        ex = self.req
+        if ex is None or self.gone or self.transport is None:
+            return
+        loop = self.fwd.loop
+        assert loop is not None
+        idle = self.fwd.limits.body_timeout_seconds
+        waited = loop.time() - self.last_data
+        if waited < idle:
+            self.body_timer = loop.call_later(idle - waited, self._body_check)
+            return
+        self.fwd.stats.refuse("body_timeout", seconds=idle)
+        if self.queue and self.queue[0] is ex and not ex.started:
+            ex.started = True
+            ex.resp_done = True
+            ex._cancel_timer()
+            up, ex.up = ex.up, None
+            if up is not None:
+                up.exchange = None
+                up.close()
+            self.queue.clear()
+            self.req = None
+            self.gone = True
+            self.transport.write(_TIMEOUT_408)
+            self.transport.close()
+            return
+        self.transport.abort()
+
+    def _bad_request(self, exc: Exception) -> None:
+        # never the request bytes: a head may carry credentials
+        self.fwd.stats.log.warning(
+            "bad request", listener=self.fwd.stats.name, error=type(exc).__name__
+        )
+        if self.transport is None:
+            return
+        if not self.queue:
+            self.gone = True
+            self.transport.write(_BAD_400)
+            self.transport.close()
+        else:
+            self.transport.abort()
+
+    # -- the request parser's callbacks ----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self.req = _Exchange(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+        ex = self.req
+        assert ex is not None
+        fwd = self.fwd
+        parser = self.parser
+        fwd.counters.proxy_requests += 1
+        method = parser.get_method()
+        url, self.url = self.url, b""
+        headers, self.headers = self.headers, []
+        path = url.split(b"?", 1)[0]
+        http10 = parser.get_http_version() == "1.0"
+        drop = _B_DROP_REQUEST
+        lowered = [n.lower() for n, _ in headers]
+        if b"connection" in lowered:
+            drop = drop | connection_tokens(
+                v for n, (_, v) in zip(lowered, headers, strict=True) if n == b"connection"
+            )
+        up = fwd.up
+        parts = [method, b" ", up.prefix, url, b" HTTP/1.1\r\nHost: ", up.host_header, _CRLF]
+        prior: list[bytes] = []
+        marked = chunked = expect = False
+        for n, (name, value) in zip(lowered, headers, strict=True):
+            if n in drop:
+                if n == b"x-forwarded-for":
+                    prior.append(value)
+                elif n == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+                elif n == b"expect":
+                    expect = value.strip().lower() == b"100-continue"
+                continue
+            if n == fwd.marker:
+                marked = marked or bool(value)
+            elif n == fwd.category_header:
+                if ex.category is None:
+                    ex.category = value.decode("latin-1")
+            elif n == fwd.request_id_header and ex.request_id is None:
+                ex.request_id = value.decode("latin-1")
+            parts += (name, b": ", value, _CRLF)
+        if chunked:
+            parts.append(b"Transfer-Encoding: chunked\r\n")
+        if self.peer:
+            prior.append(self.peer)
+        if prior:
+            parts += (b"X-Forwarded-For: ", b", ".join(prior), _CRLF)
+        parts.append(_CRLF)
+        shadowed_path = method == b"POST" and path in fwd.shadow_paths
+        ex.shadow = shadowed_path and not marked
+        if shadowed_path and marked:
+            fwd.handover.marked()
+        if ex.shadow:
+            ex.copy = bytearray()
+        ex.path = path
+        ex.chunked_req = chunked
+        ex.is_head = method == b"HEAD"
+        ex.keep_client = parser.should_keep_alive() and not self.half_closed
+        ex.client_http10 = http10
+        ex.expect_continue = expect and not http10
+        ex.send_up(b"".join(parts))
+        self.queue.append(ex)
+        if len(self.queue) == 1:
+            self.to_begin = ex
+        else:
+            self.pause_reading()  # pipelined: read on when the one before is answered
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.req
+        if ex is not None:
+            ex.body(body)
+
+    def on_message_complete(self) -> None:
+        ex, self.req = self.req, None
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        if ex is not None:
+            ex.request_complete()
+
+    # -- exchanges ------------------------------------------------------------------------------
+
+    def exchange_done(self, ex: _Exchange) -> None:
+        """``ex`` is answered: start the next queued one, or wait idle, or close."""
+        if self.queue and self.queue[0] is ex:
+            self.queue.popleft()
+            if self.queue:
+                self.resume_reading()
+        if self.gone or self.transport is None:
+            return
+        if not ex.keep_client or ((self.stopping or self.half_closed) and not self.queue):
+            self.gone = True
+            self.transport.close()
+            return
+        if self.queue:
+            self.queue[0].begin()
+        elif self.req is None and self.idle_timer is None:
+            loop = self.fwd.loop
+            assert loop is not None
+            self.idle_timer = loop.call_later(
+                self.fwd.limits.keepalive_timeout_seconds, self._idle_close
+            )
+
+    def _idle_close(self) -> None:
+        self.idle_timer = None
+        if not self.queue and self.req is None and self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,399 @@
+"""The proxy's forwarding engine over real sockets on 127.0.0.1: chunked bodies both ways,
+byte-for-byte relay of the upstream's framing, upstream keep-alive reuse, answers without a
+length, malformed answers, HEAD, pipelining, ``Expect: 100-continue`` and the listener limits.
+
+Upstreams that must send exact bytes are raw asyncio servers; the others are aiohttp apps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.shadow.ingest.offer import IngestCounters
+from specwatch.shadow.ingest.proxy import ShadowProxy
+from specwatch.shadow.values import ShadowRequest
+from tests.shadow.ingest.test_proxy import running
+
+Raw = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_upstream(handler: Raw) -> AsyncIterator[tuple[str, list[int]]]:
+    """A raw TCP upstream on 127.0.0.1; yields its URL and a one-item list counting accepted
+    connections."""
+    accepted = [0]
+
+    async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        try:
+            await handler(r, w)
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", accepted
+    finally:
+        server.close()
+
+
+@asynccontextmanager
+async def proxy_to(
+    upstream: str,
+    offered: list[ShadowRequest] | None = None,
+    listen: ListenLimits | None = None,
+) -> AsyncIterator[tuple[int, ShadowProxy]]:
+    """A proxy on the test's loop in front of ``upstream``; offered copies land in ``offered``."""
+    sink = offered if offered is not None else []
+
+    def offer(r: ShadowRequest) -> str:
+        sink.append(r)
+        return "admitted"
+
+    proxy = ShadowProxy(
+        upstream,
+        offer,
+        counters=IngestCounters(),
+        clock=lambda: 0.0,
+        listen=listen,
+        listener=ListenerStats("proxy"),
+    )
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        yield port, proxy
+    finally:
+        await proxy.stop()
+
+
+async def read_head(r: asyncio.StreamReader) -> bytes:
+    return await r.readuntil(b"\r\n\r\n")
+
+
+async def test_chunked_upload_is_relayed_and_its_copy_offered() -> None:
+    """A chunked POST (three chunks of 4, 7 and 6 bytes) reaches the upstream as the same 17
+    body bytes, still chunked, and the shadow copy is the whole JSON body."""
+    seen: list[tuple[str | None, bytes]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append((request.headers.get("Transfer-Encoding"), body))
+        return web.json_response({"n": len(body)})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", echo)
+    offered: list[ShadowRequest] = []
+    async with running(app) as base, proxy_to(base, offered) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\n"
+            b'4\r\n{"pr\r\n7\r\nompt": \r\n6\r\n"abc"}\r\n0\r\n\r\n'
+        )
+        await w.drain()
+        head = await read_head(r)
+        body = await r.readexactly(9)
+        w.close()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert json.loads(body) == {"n": 17}
+    assert seen == [("chunked", b'{"prompt": "abc"}')]
+    await asyncio.sleep(0)
+    assert [o.body for o in offered] == [{"prompt": "abc"}]
+
+
+async def test_chunked_sse_answer_passes_with_its_framing_byte_for_byte() -> None:
+    """The upstream's chunked SSE answer, chunk-size lines included, reaches the client exactly
+    as sent (nothing re-chunked), each chunk before the upstream sends the next."""
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunks = [b"d\r\ndata: first\n\n\r\n", b"F\r\ndata: second!\n\n\r\n", b"0\r\n\r\n"]
+    gate = asyncio.Event()
+
+    async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_head(r)
+        w.write(head + chunks[0])
+        await w.drain()
+        await gate.wait()
+        for c in chunks[1:]:
+            w.write(c)
+            await w.drain()
+        await r.read()
+
+    async with raw_upstream(upstream) as (base, _), proxy_to(base) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        got_head = await read_head(r)
+        first = await r.readexactly(len(chunks[0]))  # before the upstream sent the rest
+        gate.set()
+        rest = await r.readexactly(len(chunks[1]) + len(chunks[2]))
+        w.close()
+    assert got_head == head
+    assert first + rest == b"".join(chunks)
+
+
+async def test_upstream_connection_is_reused_across_requests_and_clients() -> None:
+    """Five requests, from two client connections one after the other, use one upstream
+    connection (the pool's keep-alive)."""
+    peers: list[int] = []
+
+    async def who(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername")[1])
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/who", who)
+    async with running(app) as base, proxy_to(base) as (port, _):
+        for n in (3, 2):
+            async with aiohttp.ClientSession() as s:
+                for _ in range(n):
+                    async with s.get(f"http://127.0.0.1:{port}/who") as resp:
+                        assert await resp.text() == "ok"
+    assert len(peers) == 5
+    assert len(set(peers)) == 1
+
+
+async def test_answer_without_length_is_read_to_close_and_the_client_closed() -> None:
+    """An answer with neither Content-Length nor chunking ends when the upstream closes: the
+    client gets all 11 body bytes, ``Connection: close``, then end of stream; the next request
+    opens a new upstream connection."""
+
+    async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_head(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b" world")
+        await w.drain()
+
+    async with raw_upstream(upstream) as (base, accepted), proxy_to(base) as (port, proxy):
+        for _ in range(2):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            raw = await r.read()  # to end of stream: the proxy closes after this answer
+            w.close()
+            head, body = raw.split(b"\r\n\r\n", 1)
+            assert body == b"hello world"
+            assert b"Connection: close" in head
+    assert accepted[0] == 2
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
+
+
+async def test_malformed_upstream_answer_is_502_before_start() -> None:
+    """An upstream answering garbage instead of a status line gives the client a 502 JSON
+    error and counts ``client_error``."""
+
+    async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_head(r)
+        w.write(b"HTTP/1.1 OK-ish\r\nwhat\r\n\r\n")
+        await w.drain()
+
+    async with (
+        raw_upstream(upstream) as (base, _),
+        proxy_to(base) as (port, proxy),
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}/x") as resp,
+    ):
+        assert resp.status == 502
+        assert await resp.json() == {"error": {"message": "upstream client_error"}}
+    assert dict(proxy.counters.proxy_upstream_errors) == {"client_error": 1}
+
+
+async def test_head_answer_has_no_body_and_the_connection_goes_on() -> None:
+    """A HEAD answer carrying ``Content-Length: 5`` ends at its head; the same client connection
+    then gets a GET answer of 5 bytes."""
+
+    async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                req = await read_head(r)
+            except asyncio.IncompleteReadError:
+                return
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+            if not req.startswith(b"HEAD"):
+                w.write(b"12345")
+            await w.drain()
+
+    async with raw_upstream(upstream) as (base, _), proxy_to(base) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"HEAD /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = await read_head(r)
+        w.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = await read_head(r)
+        body = await r.readexactly(5)
+        w.close()
+    assert first == second == b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    assert body == b"12345"
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    """Two requests sent in one write are answered in the order sent, though the upstream takes
+    longer over the first."""
+
+    async def slow_then_fast(request: web.Request) -> web.Response:
+        if request.path == "/slow":
+            await asyncio.sleep(0.2)
+        return web.Response(text=request.path)
+
+    app = web.Application()
+    app.router.add_get("/{p}", slow_then_fast)
+    async with running(app) as base, proxy_to(base) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /fast HTTP/1.1\r\nHost: x\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        raw = await r.read()
+        w.close()
+    bodies = [part.split(b"\r\n\r\n", 1)[1][:5] for part in raw.split(b"HTTP/1.1 200 OK")[1:]]
+    assert bodies == [b"/slow", b"/fast"]
+
+
+async def test_expect_100_continue_is_answered_by_the_proxy() -> None:
+    """``Expect: 100-continue`` gets ``100 Continue`` from the proxy; the body then sent is
+    relayed and answered."""
+
+    async def echo(request: web.Request) -> web.Response:
+        assert "Expect" not in request.headers
+        return web.Response(body=await request.read())
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    async with running(app) as base, proxy_to(base) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
+        )
+        interim = await read_head(r)
+        w.write(b"abc")
+        final = await read_head(r)
+        body = await r.readexactly(3)
+        w.close()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert final.startswith(b"HTTP/1.1 200 OK")
+    assert body == b"abc"
+
+
+async def test_listener_limits_hold_on_the_proxy_port() -> None:
+    """With ``max_connections=2``, ``header_timeout_seconds=0.3`` and
+    ``body_timeout_seconds=0.3``: a half-open connection is closed (``header_timeout``), a
+    stalled body gets 408 (``body_timeout``), and a third connection while two are open gets
+    503 (``connection_limit``)."""
+
+    async def read_all(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", read_all)
+    limits = ListenLimits(max_connections=2, header_timeout_seconds=0.3, body_timeout_seconds=0.3)
+    async with running(app) as base, proxy_to(base, listen=limits) as (port, proxy):
+        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+        w1.write(b"GET / HTTP/1.1\r\nHost")  # never finishes its head
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+        w2.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+        await asyncio.sleep(0.05)
+        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+        third = await r3.read()
+        assert await r1.read() == b""
+        second = await r2.read()
+        for w in (w1, w2, w3):
+            w.close()
+    assert third.startswith(b"HTTP/1.1 503 ")
+    assert second.startswith(b"HTTP/1.1 408 ")
+    assert dict(proxy.listener.refused) == {
+        "connection_limit": 1,
+        "header_timeout": 1,
+        "body_timeout": 1,
+    }
+    assert proxy.listener.open == 0
+
+
+async def test_http10_client_gets_a_chunked_answer_unchunked_then_close() -> None:
+    """An HTTP/1.0 client cannot read chunked framing: the upstream's chunked answer reaches it
+    as the 11 plain body bytes, without ``Transfer-Encoding``, ended by the close."""
+
+    async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_head(r)
+        w.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+            b"6\r\n world\r\n0\r\n\r\n"
+        )
+        await w.drain()
+        await r.read()
+
+    async with raw_upstream(upstream) as (base, _), proxy_to(base) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET / HTTP/1.0\r\n\r\n")
+        raw = await r.read()
+        w.close()
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert body == b"hello world"
+    assert b"transfer-encoding" not in head.lower()
+    assert b"Connection: close" in head
+
+
+async def test_malformed_request_is_400_and_its_credentials_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request head with a broken header line is answered 400 and closed; no log record
+    carries its ``Authorization`` token or a traceback."""
+    app = web.Application()
+    with caplog.at_level("DEBUG"):
+        async with running(app) as base, proxy_to(base) as (port, _):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET / HTTP/1.1\r\nAuthorization: Bearer sk-live-123\r\nBad Header\r\n\r\n")
+            raw = await r.read()
+            w.close()
+    assert raw.startswith(b"HTTP/1.1 400 ")
+    assert all("sk-live-123" not in str(x.__dict__) for x in caplog.records)
+    assert not [x for x in caplog.records if x.exc_info]
+
+
+async def test_stop_lets_an_answer_in_progress_finish_and_refuses_new_connections() -> None:
+    """``stop`` while a gated stream is half sent: new connections are refused, the stream
+    still ends cleanly once the upstream finishes it (inside the shutdown grace), then stop
+    returns."""
+    gate = asyncio.Event()
+    first_sent = asyncio.Event()
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: one\n\n")
+        first_sent.set()
+        await gate.wait()
+        await resp.write(b"data: two\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/gated", gated)
+    async with running(app) as base:
+        proxy = ShadowProxy(
+            base,
+            lambda r: "x",
+            counters=IngestCounters(),
+            clock=lambda: 0.0,
+            shutdown_timeout_seconds=30.0,
+        )
+        port = await proxy.start("127.0.0.1", 0)
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/gated") as r:
+            assert await r.content.readuntil(b"\n\n") == b"data: one\n\n"
+            stopping = asyncio.create_task(proxy.stop())
+            await asyncio.sleep(0.1)
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection("127.0.0.1", port)
+            assert not stopping.done()
+            gate.set()
+            rest = await r.content.read()
+        await asyncio.wait_for(stopping, 20)
+    assert rest == b"data: two\n\n"
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
