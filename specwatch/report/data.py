@@ -1,11 +1,13 @@
 """What the report shows, computed from the pair ledger and an optional acceptance source.
 
-Everything is aggregated in SQL by :class:`specwatch.shadow.ledger.Ledger` (tallies per category
-and per running-request band, τ and speed sums, unpaired/excluded reasons, labelled pairs per
-time bin by ``GROUP BY``) except the order-dependent e-value paths, which come from one streamed
-read of two columns per labelled pair (:meth:`Ledger.labelled_stream`: category and
-``d = standard_correct - fly_correct``), so the cost of a report grows with the ledger only
-through SQLite scans and O(n) array passes, never through row objects. Statistics come from
+Three SQLite scans, run at once on three connections, and no row objects: one ordered read of
+every row as one packed integer (:meth:`Ledger.report_stream`: category, status, running-request
+band, the tally rules' columns and the row's time bin, joined by SQLite and parsed by numpy),
+from which come the tallies per category and per band, the labelled pairs per time bin and the
+order-dependent e-value inputs (category and ``d = standard_correct - fly_correct`` of each
+labelled pair); the τ sums and the speed sums (:meth:`Ledger.report_arm_totals`, the float sums
+of ``Ledger.arm_totals`` in halves); and the unpaired/excluded reasons. So the cost of a report
+grows with the ledger only through SQLite scans and O(n) array passes. Statistics come from
 :mod:`specwatch.shadow.summary` (``build_shadow_stats``), :mod:`specwatch.shadow.stats.paired`
 (``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
 (``net_loss_mixture_log_e_values`` and ``betting_log_wealth``, the one betting driver). The
@@ -133,7 +135,8 @@ class LedgerDigest:
     :meth:`Ledger.report_stream`, the same counts as :meth:`Ledger.tally`);
     ``reasons``: ``{(status, reason): rows}`` of unpaired and excluded rows; ``totals``: τ and
     speed sums per category; ``load_tallies``: :class:`PairTally` per running-request band;
-    ``bins``: labelled pairs per time bin (non-empty bins) of ``bin_count`` bins of
+    ``bins``: labelled pairs per time bin (non-empty bins, the counts of
+    :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
     every labelled pair in time order.
     """
@@ -207,7 +210,8 @@ def flip_series(
     bin_count: int,
     level: float = 0.95,
 ) -> FlipSeries:
-    """The flip series from per-bin counts (:meth:`Ledger.labelled_bins` over the ``bin_count``
+    """The flip series from per-bin counts (:meth:`Ledger.labelled_bins`, or
+    :meth:`ReportStream.labelled_bins`, over the ``bin_count``
     bins of :func:`bin_width`): bins without pairs count 0, bin ``i`` ends at
     ``linspace(first, last, bin_count + 1)[i + 1]`` of the labelled pairs' time range. No
     labelled pairs give empty tuples."""
