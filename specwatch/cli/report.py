@@ -68,13 +68,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
-def _preload() -> None:
+def _preload() -> bool:
     """Import what building and drawing the report needs (matplotlib through the renderer,
     scipy.optimize for the intervals): run in a thread while SQLite reads the ledger, which
-    releases the GIL, so the imports use the time the reads leave on the second core."""
-    import scipy.optimize  # noqa: F401
+    releases the GIL, so the imports use the time the reads leave on the second core. False
+    when an import failed: :func:`main` imports the renderer again and reports that."""
+    try:
+        import scipy.optimize  # noqa: F401
 
-    import specwatch.report.render  # noqa: F401
+        import specwatch.report.render  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
@@ -123,8 +128,11 @@ def main(args: argparse.Namespace) -> int:
     except ReportInputError as exc:
         print(f"specwatch report: {exc}", file=sys.stderr)
         return 2
-    from specwatch.report.render import render_report  # loaded by _preload
-
+    try:
+        from specwatch.report.render import render_report  # loaded by _preload
+    except ImportError:  # installed but not importable
+        print(MISSING_EXTRA, file=sys.stderr)
+        return 2
     try:
         written = render_report(data, args.out)
     except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,30 @@ def test_database_without_pairs_names_the_file(
     rc, err = _run(["report", "--ledger", str(other), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2
     assert err == (f"specwatch report: ledger {other}: no 'pairs' table (not a specwatch ledger)\n")
+
+
+def test_matplotlib_installed_but_broken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matplotlib present but failing to import (here ``matplotlib.figure`` blocked, as a
+    broken install would): the renderer loads during the ledger read and fails there; the
+    command exits 2 with the one 'report' extra line, no traceback, nothing written."""
+    import asyncio
+
+    from specwatch.shadow.ledger import Ledger
+
+    ledger = tmp_path / "pairs.db"
+
+    async def write() -> None:
+        async with Ledger(ledger) as led:
+            await led.write_many(["time", "category", "status"], [(1.0, "math", "paired")])
+
+    asyncio.run(write())
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+    out = tmp_path / "out"
+    rc, err = _run(["report", "--ledger", str(ledger), "--out", str(out)], capsys)
+    assert rc == 2
+    assert err.count("\n") == 1
+    assert "'report' extra" in err
+    assert not out.exists()
