@@ -24,14 +24,29 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from scipy.special import _ufuncs as _binom_ufuncs
 from scipy.special import ndtr, ndtri
+
+try:  # the binomial ufuncs scipy.stats.binom evaluates, without importing scipy.stats
+    from scipy.special._ufuncs import _binom_cdf, _binom_sf
+except ImportError:  # a scipy that moved these private names: the public distribution instead
+
+    def _binom_cdf(k: float, n: int, p: float) -> float:
+        from scipy.stats import binom
+
+        return float(binom.cdf(k, n, p))
+
+    def _binom_sf(k: float, n: int, p: float) -> float:
+        from scipy.stats import binom
+
+        return float(binom.sf(k, n, p))
+
 
 # The normal and binomial functions come from scipy.special, not scipy.stats: the same ufuncs
 # ``scipy.stats.norm.cdf/ppf`` and ``scipy.stats.binom.cdf/sf`` evaluate inside the support
 # (``ndtr``, ``ndtri``, ``_binom_cdf``, ``_binom_sf``), so the values are identical bit for bit
-# (tested against scipy.stats), without the ~1 s import of scipy.stats. ``brentq`` is imported
-# where the interval is solved: scipy.optimize costs ~0.6 s to import, and a caller (the report)
+# (tested against scipy.stats), without the ~1 s import of scipy.stats; the two binomial ones
+# are private names, so a scipy without them falls back to ``scipy.stats.binom``. ``brentq`` is
+# imported where the interval is solved: scipy.optimize costs ~0.6 s to import, and a caller (the report)
 # can load it in a thread while it waits on SQLite.
 
 
@@ -41,7 +56,7 @@ def _binom_half_cdf(k: int, n: int) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    return float(_binom_ufuncs._binom_cdf(float(k), n, 0.5))
+    return float(_binom_cdf(float(k), n, 0.5))
 
 
 def _binom_half_sf(k: int, n: int) -> float:
@@ -50,7 +65,7 @@ def _binom_half_sf(k: int, n: int) -> float:
         return 1.0
     if k >= n:
         return 0.0
-    return float(_binom_ufuncs._binom_sf(float(k), n, 0.5))
+    return float(_binom_sf(float(k), n, 0.5))
 
 
 Alternative = Literal["two-sided", "loss"]
