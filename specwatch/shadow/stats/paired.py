@@ -46,8 +46,8 @@ except ImportError:  # a scipy that moved these private names: the public distri
 # (``ndtr``, ``ndtri``, ``_binom_cdf``, ``_binom_sf``), so the values are identical bit for bit
 # (tested against scipy.stats), without the ~1 s import of scipy.stats; the two binomial ones
 # are private names, so a scipy without them falls back to ``scipy.stats.binom``. ``brentq`` is
-# imported where the interval is solved: scipy.optimize costs ~0.6 s to import, and a caller (the report)
-# can load it in a thread while it waits on SQLite.
+# imported where the interval is solved: scipy.optimize costs ~0.6 s to import, and a caller
+# (the report) can load it in a thread while it waits on SQLite.
 
 
 def _binom_half_cdf(k: int, n: int) -> float:
