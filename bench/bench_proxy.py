@@ -362,16 +362,25 @@ def pin(pids: list[int], cpu: int) -> None:
                 os.sched_setaffinity(tid, {cpu})
 
 
-def pin_live_path(procs: list[Proc], pids: dict[str, list[int]]) -> None:
+def pin_live_path(procs: list[Proc], pids: dict[str, list[int]], nice_shadow: bool) -> None:
     """``--pin``: the proxy under test (specwatch's proxy process, nginx's master and workers)
     on the last CPU, everything else (this load generator, the upstream, the sidecar with its
     shadow work) on CPU 0, as a pod whose proxy has a CPU of its own. The paths take turns
-    (interleaved rounds), so the proxies never share their CPU with each other."""
+    (interleaved rounds), so the proxies never share their CPU with each other.
+    ``nice_shadow``: the sidecar's shadow side (its main process: copies, sampling, replays,
+    statistics) at nice 19 on CPU 0, standing in for the CPU of its own it has in a pod, so
+    the shadow work the proxy's traffic causes does not slow this load generator and the
+    upstream that share CPU 0 on a 2-CPU box."""
     live = [*pids.get("specwatch", []), *pids.get("nginx", [])]
     last = max(os.sched_getaffinity(0))
     rest = [os.getpid(), *(p.popen.pid for p in procs[:2])]
     pin([p for p in rest if p not in live], 0)
     pin(live, last)
+    if nice_shadow:
+        sidecar = procs[1].popen.pid
+        for tid in os.listdir(f"/proc/{sidecar}/task"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 
 
 def stop_processes(procs: list[Proc]) -> None:
@@ -398,7 +407,7 @@ async def measure(
     await asyncio.sleep(0.5)  # the proxy process is up once its port answers
     pids = proxy_pids(procs, "same-loop" if args.proxy_same_loop else args.proxy_mode)
     if args.pin:
-        pin_live_path(procs, pids)
+        pin_live_path(procs, pids, args.nice_shadow)
     results: dict[str, dict[str, list[list[Sample]]]] = {}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
@@ -511,6 +520,11 @@ def main() -> int:
         action="store_true",
         help="the proxy under test (process mode) and nginx on the last CPU, the rest on CPU 0",
     )
+    ap.add_argument(
+        "--nice-shadow",
+        action="store_true",
+        help="with --pin: the sidecar's shadow side at nice 19 (stands in for its own CPU)",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
     if args.pin and (args.proxy_mode != "process" or args.proxy_same_loop):
@@ -533,7 +547,8 @@ def main() -> int:
         f"{args.rounds} x {args.seconds:g} s per path; proxy "
         f"{'same-loop' if args.proxy_same_loop else args.proxy_mode}, shadow load "
         f"{args.busy_ms:g} ms every {args.busy_every_ms:g} ms, max_shadow_rps "
-        f"{args.max_shadow_rps:g}{'; pinned' if args.pin else ''}; "
+        f"{args.max_shadow_rps:g}{'; pinned' if args.pin else ''}"
+        f"{', shadow side at nice 19' if args.nice_shadow else ''}; "
         f"load average {load_before[0]:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
