@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -305,12 +306,18 @@ class Proc:
 
 
 def children(pid: int) -> list[int]:
-    """Direct child processes of ``pid`` (Linux ``/proc``; empty where unreadable)."""
+    """Direct child processes of ``pid``, started from any of its threads (Linux ``/proc``: each
+    thread lists the children it forked; the proxy process is started from a worker thread);
+    empty where unreadable."""
+    out: list[int] = []
     try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
-    return [int(x) for x in text.split()]
+        return out
+    for tid in tasks:
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return out
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -330,11 +337,50 @@ def proxy_pids(procs: list[Proc], mode: str) -> dict[str, list[int]]:
     """Whose CPU each path costs: the proxy process (process mode; else the whole sidecar,
     shadow work included) and nginx's master and workers."""
     sidecar = procs[1].popen.pid
-    out = {"specwatch": (children(sidecar) or [sidecar]) if mode == "process" else [sidecar]}
+    if mode == "process":
+        kids = children(sidecar)
+        if not kids:
+            raise RuntimeError(f"no proxy process found under the sidecar (pid {sidecar})")
+        out = {"specwatch": kids}
+    else:
+        out = {"specwatch": [sidecar]}
     if len(procs) > 2:
         master = procs[2].popen.pid
         out["nginx"] = [master, *children(master)]
     return out
+
+
+def pin(pids: list[int], cpu: int) -> None:
+    """Put every thread of ``pids`` on CPU ``cpu`` (Linux ``sched_setaffinity`` per task)."""
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, {cpu})
+
+
+def pin_live_path(procs: list[Proc], pids: dict[str, list[int]], nice_shadow: bool) -> None:
+    """``--pin``: the proxy under test (specwatch's proxy process, nginx's master and workers)
+    on the last CPU, everything else (this load generator, the upstream, the sidecar with its
+    shadow work) on CPU 0, as a pod whose proxy has a CPU of its own. The paths take turns
+    (interleaved rounds), so the proxies never share their CPU with each other.
+    ``nice_shadow``: the sidecar's shadow side (its main process: copies, sampling, replays,
+    statistics) at nice 19 on CPU 0, standing in for the CPU of its own it has in a pod, so
+    the shadow work the proxy's traffic causes does not slow this load generator and the
+    upstream that share CPU 0 on a 2-CPU box."""
+    live = [*pids.get("specwatch", []), *pids.get("nginx", [])]
+    last = max(os.sched_getaffinity(0))
+    rest = [os.getpid(), *(p.popen.pid for p in procs[:2])]
+    pin([p for p in rest if p not in live], 0)
+    pin(live, last)
+    if nice_shadow:
+        sidecar = procs[1].popen.pid
+        for tid in os.listdir(f"/proc/{sidecar}/task"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 
 
 def stop_processes(procs: list[Proc]) -> None:
@@ -360,6 +406,8 @@ async def measure(
     mirror_url = f"http://127.0.0.1:{ports['mirror']}/v1/completions"
     await asyncio.sleep(0.5)  # the proxy process is up once its port answers
     pids = proxy_pids(procs, "same-loop" if args.proxy_same_loop else args.proxy_mode)
+    if args.pin:
+        pin_live_path(procs, pids, args.nice_shadow)
     results: dict[str, dict[str, list[list[Sample]]]] = {}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
@@ -467,8 +515,20 @@ def main() -> int:
     ap.add_argument(
         "--max-shadow-rps", type=float, default=5.0, help="shadow.max_shadow_rps (replay rate cap)"
     )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="the proxy under test (process mode) and nginx on the last CPU, the rest on CPU 0",
+    )
+    ap.add_argument(
+        "--nice-shadow",
+        action="store_true",
+        help="with --pin: the sidecar's shadow side at nice 19 (stands in for its own CPU)",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
+    if args.pin and (args.proxy_mode != "process" or args.proxy_same_loop):
+        ap.error("--pin needs --proxy-mode process")
     tmp = tempfile.mkdtemp(prefix="swbench-")
     ports, procs = start_processes(args, tmp)
     cpu: dict[str, float] = {}
@@ -487,7 +547,9 @@ def main() -> int:
         f"{args.rounds} x {args.seconds:g} s per path; proxy "
         f"{'same-loop' if args.proxy_same_loop else args.proxy_mode}, shadow load "
         f"{args.busy_ms:g} ms every {args.busy_every_ms:g} ms, max_shadow_rps "
-        f"{args.max_shadow_rps:g}; load average {load_before[0]:.1f} before, "
+        f"{args.max_shadow_rps:g}{'; pinned' if args.pin else ''}"
+        f"{', shadow side at nice 19' if args.nice_shadow else ''}; "
+        f"load average {load_before[0]:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
     print(

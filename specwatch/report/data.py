@@ -1,11 +1,13 @@
 """What the report shows, computed from the pair ledger and an optional acceptance source.
 
-Everything is aggregated in SQL by :class:`specwatch.shadow.ledger.Ledger` (tallies per category
-and per running-request band, τ and speed sums, unpaired/excluded reasons, labelled pairs per
-time bin by ``GROUP BY``) except the order-dependent e-value paths, which come from one streamed
-read of two columns per labelled pair (:meth:`Ledger.labelled_stream`: category and
-``d = standard_correct - fly_correct``), so the cost of a report grows with the ledger only
-through SQLite scans and O(n) array passes, never through row objects. Statistics come from
+Three SQLite scans, run at once on three connections, and no row objects: one ordered read of
+every row as one packed integer (:meth:`Ledger.report_stream`: category, status, running-request
+band, the tally rules' columns and the row's time bin, joined by SQLite and parsed by numpy),
+from which come the tallies per category and per band, the labelled pairs per time bin and the
+order-dependent e-value inputs (category and ``d = standard_correct - fly_correct`` of each
+labelled pair); the τ sums and the speed sums (:meth:`Ledger.report_arm_totals`, the float sums
+of ``Ledger.arm_totals`` in halves); and the unpaired/excluded reasons. So the cost of a report
+grows with the ledger only through SQLite scans and O(n) array passes. Statistics come from
 :mod:`specwatch.shadow.summary` (``build_shadow_stats``), :mod:`specwatch.shadow.stats.paired`
 (``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
 (``net_loss_mixture_log_e_values`` and ``betting_log_wealth``, the one betting driver). The
@@ -35,6 +37,7 @@ from specwatch.shadow.ledger import (
     Ledger,
     LedgerFileError,
     ReportSpan,
+    ReportStream,
     check_ledger_file,
 )
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
@@ -132,7 +135,8 @@ class LedgerDigest:
     :meth:`Ledger.report_stream`, the same counts as :meth:`Ledger.tally`);
     ``reasons``: ``{(status, reason): rows}`` of unpaired and excluded rows; ``totals``: τ and
     speed sums per category; ``load_tallies``: :class:`PairTally` per running-request band;
-    ``bins``: labelled pairs per time bin (non-empty bins) of ``bin_count`` bins of
+    ``bins``: labelled pairs per time bin (non-empty bins, the counts of
+    :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
     every labelled pair in time order.
     """
@@ -206,7 +210,8 @@ def flip_series(
     bin_count: int,
     level: float = 0.95,
 ) -> FlipSeries:
-    """The flip series from per-bin counts (:meth:`Ledger.labelled_bins` over the ``bin_count``
+    """The flip series from per-bin counts (:meth:`Ledger.labelled_bins`, or
+    :meth:`ReportStream.labelled_bins`, over the ``bin_count``
     bins of :func:`bin_width`): bins without pairs count 0, bin ``i`` ends at
     ``linspace(first, last, bin_count + 1)[i + 1]`` of the labelled pairs' time range. No
     labelled pairs give empty tuples."""
@@ -324,8 +329,9 @@ async def read_ledger(
     Raises :class:`ReportInputError` (one line) when the file is missing or not a ledger.
     """
     await asyncio.to_thread(_check_ledger_file, path)
-    # Three connections: the streamed read, the τ/speed sums and the small queries run at once
-    # (SQLite releases the GIL while it steps), so a second core shortens the wall time.
+    # Three connections, so the three scans run at once (SQLite releases the GIL while it
+    # steps) and a second core shortens the wall time: the streamed read (tallies, time bins,
+    # e-value inputs), the τ sums, and the speed sums with the small queries.
     ledgers = [Ledger(path) for _ in range(3)]
     opened: list[Ledger] = []
     try:
@@ -334,24 +340,36 @@ async def read_ledger(
                 await ledger.open()
                 opened.append(ledger)
             first, second, third = ledgers
-            span = await first.report_span()
-            count, width = bin_width(span, bins)
-            start = span.labelled_first_time or 0.0
 
-            async def small() -> tuple[list[BinCounts], dict[tuple[str, str], int]]:
-                return await third.labelled_bins(start, width, count), await third.reason_counts()
+            async def streamed() -> tuple[ReportSpan, int, float, ReportStream]:
+                span = await first.report_span()
+                count, width = bin_width(span, bins)
+                stream = await first.report_stream(
+                    load_bands,
+                    bin_start=span.labelled_first_time or 0.0,
+                    bin_width=width,
+                    bins=count,
+                )
+                return span, count, width, stream
 
-            stream, totals, (bin_counts, reasons) = await asyncio.gather(
-                first.report_stream(load_bands), second.arm_totals(), small()
+            async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
+                return await third.report_arm_totals("speed"), await third.reason_counts()
+
+            (span, count, width, stream), tau, (speeds, reasons) = await asyncio.gather(
+                streamed(), second.report_arm_totals("tau"), speed()
             )
             tallies, load_tallies = split_tallies(stream.tallies())
+            totals = {
+                cat: tau.get(cat, ArmTotals()) + speeds.get(cat, ArmTotals())
+                for cat in sorted({*tau, *speeds})
+            }
             digest = LedgerDigest(
                 span=span,
                 tallies=tallies,
                 reasons=reasons,
                 totals=totals,
                 load_tallies=load_tallies,
-                bins=bin_counts,
+                bins=stream.labelled_bins(),
                 bin_count=count,
                 bin_width=width,
                 stream=stream.labelled(),

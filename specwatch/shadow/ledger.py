@@ -28,9 +28,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -435,6 +435,9 @@ class ReportStream:
     categories: tuple[str, ...]
     band_labels: tuple[str, ...]
     key: npt.NDArray[np.int64]
+    #: time bin of every row (see :meth:`Ledger.report_stream`), shape ``(rows,)``; empty when
+    #: the stream was read without bins
+    bin: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def _split(
         self, key: npt.NDArray[np.int64]
@@ -475,8 +478,8 @@ class ReportStream:
             out[at] = out.get(at, PairTally()) + scaled
         return out
 
-    def labelled(self) -> LabelledStream:
-        """The labelled pairs (:data:`~specwatch.shadow.tally.LABELLED`), in time order."""
+    def _labelled_columns(self) -> tuple[npt.NDArray[np.bool_], _Ints, _Ints, _Ints]:
+        """``(mask of labelled rows, standard trit, fly trit, key above the bool digits)``."""
         bands = len(self.band_labels) + 1
         m = len(_STREAM_BOOLS)
 
@@ -489,11 +492,32 @@ class ReportStream:
         upper = self.key // (bands * 3**m)
         statuses = len(_STREAM_STATUSES) + 1
         mask = (upper % statuses == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
+        return mask, std, fly, upper
+
+    def labelled(self) -> LabelledStream:
+        """The labelled pairs (:data:`~specwatch.shadow.tally.LABELLED`), in time order."""
+        mask, std, fly, upper = self._labelled_columns()
         return LabelledStream(
             categories=self.categories,
-            category=upper[mask] // statuses,
+            category=upper[mask] // (len(_STREAM_STATUSES) + 1),
             d=(std[mask] - fly[mask]).astype(np.int8),
         )
+
+    def labelled_bins(self) -> list[BinCounts]:
+        """Labelled pairs per time bin (the bins the stream was read with), the same counts as
+        :meth:`Ledger.labelled_bins`: :class:`BinCounts` of non-empty bins, by bin. Raises
+        ``ValueError`` when the stream was read without bins."""
+        if self.bin.size != self.key.size:
+            raise ValueError("the stream was read without time bins")
+        mask, std, fly, _ = self._labelled_columns()
+        b, s, f = self.bin[mask], std[mask], fly[mask]
+        size = int(b.max()) + 1 if b.size else 0
+        n = np.bincount(b, minlength=size)
+        lost = np.bincount(b[(s == 1) & (f == 0)], minlength=size)
+        gained = np.bincount(b[(s == 0) & (f == 1)], minlength=size)
+        return [
+            BinCounts(int(i), int(n[i]), int(lost[i]), int(gained[i])) for i in np.flatnonzero(n)
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -997,6 +1021,41 @@ class Ledger:
         self._rows_written += len(batch)
         return len(batch)
 
+    async def report_arm_totals(self, part: Literal["tau", "speed"]) -> dict[str, ArmTotals]:
+        """One half of :meth:`arm_totals` (its float sums) for the report: the same sums in
+        the same row order (the category index). ``"tau"`` fills the τ fields, ``"speed"`` the
+        speed fields, the rest stay 0, so ``tau[c] + speed[c]`` equals ``arm_totals()[c]``
+        (categories without such pairs are absent: zero sums). Each half reads only the paired
+        rows it sums (a ``WHERE`` instead of a ``CASE`` per row and column: about 30 % less CPU
+        at a million rows), and the report runs the two on two connections at once. Raises
+        ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
+        if part == "tau":
+            sql = (
+                "SELECT category, COUNT(*), SUM(standard_tau), SUM(fly_tau) FROM pairs "
+                f"WHERE {_ARM_TAU} GROUP BY category"
+            )
+            raw = await asyncio.to_thread(self._read, sql, ())
+            return {
+                str(c): ArmTotals(tau_pairs=int(n), standard_tau_sum=float(a), fly_tau_sum=float(b))
+                for c, n, a, b in raw
+            }
+        sql = (
+            "SELECT category, COUNT(*), SUM(standard_tokens), SUM(fly_tokens), "
+            "SUM(standard_latency_seconds), SUM(fly_latency_seconds) FROM pairs "
+            f"WHERE {_ARM_SPEED} GROUP BY category"
+        )
+        raw = await asyncio.to_thread(self._read, sql, ())
+        return {
+            str(c): ArmTotals(
+                speed_pairs=int(n),
+                standard_tokens=int(st),
+                fly_tokens=int(ft),
+                standard_seconds=float(ss),
+                fly_seconds=float(fs),
+            )
+            for c, n, st, ft, ss, fs in raw
+        }
+
     async def report_span(self) -> ReportSpan:
         """Row count and time range of the whole ledger and of its labelled pairs
         (:data:`~specwatch.shadow.tally.LABELLED`); the times come from the ``time`` index."""
@@ -1029,16 +1088,32 @@ class Ledger:
         raw = await asyncio.to_thread(self._read, sql, params)
         return [BinCounts(int(b), int(n), int(lo or 0), int(ga or 0)) for b, n, lo, ga in raw]
 
-    async def report_stream(self, bands: Sequence[int], chunk_rows: int = 65_536) -> ReportStream:
+    async def report_stream(
+        self,
+        bands: Sequence[int],
+        *,
+        bin_start: float = 0.0,
+        bin_width: float = 0.0,
+        bins: int = 1,
+    ) -> ReportStream:
         """Every row in time order (``ORDER BY time, id``) as one packed integer: its category,
         status, running-request band (lower bounds ``bands``) and the value of every column the
-        :data:`~specwatch.shadow.tally.TALLY_RULES` read (see :class:`ReportStream`). One
-        streamed read in a worker thread, ``chunk_rows`` rows at a time, no row objects; what
-        the report's tallies and order-dependent e-processes are computed from. Raises
-        ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
-        return await asyncio.to_thread(self._report_stream_sync, tuple(bands), chunk_rows)
+        :data:`~specwatch.shadow.tally.TALLY_RULES` read (see :class:`ReportStream`), plus its
+        time bin (the bins of :meth:`labelled_bins`: ``floor((time - bin_start) / bin_width)``
+        clamped to ``[0, bins - 1]``; all 0 when ``bin_width <= 0``). One read in a worker thread:
+        SQLite joins the integers into one text value (``group_concat`` over the ordered rows)
+        that numpy parses, so no Python object is made per row; what the report's tallies,
+        flip bins and order-dependent e-processes are computed from. Raises ``sqlite3.Error`` /
+        ``ValueError`` (closed ledger, ``bins < 1``)."""
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        return await asyncio.to_thread(
+            self._report_stream_sync, tuple(bands), bin_start, bin_width, bins
+        )
 
-    def _report_stream_sync(self, bands: tuple[int, ...], chunk_rows: int) -> ReportStream:
+    def _report_stream_sync(
+        self, bands: tuple[int, ...], bin_start: float, bin_width: float, bins: int
+    ) -> ReportStream:
         conn = self._rconn
         if conn is None:
             raise ValueError("ledger is closed")
@@ -1073,12 +1148,23 @@ class Ledger:
                 for i, lo in reversed(list(enumerate(bands)))
             )
             key = f"({key} * {len(bands) + 1} + (CASE {band} ELSE 0 END))"
-            cur = conn.execute(f"SELECT {key} FROM pairs ORDER BY time, id", params)
-            chunks: list[npt.NDArray[np.int64]] = []
-            while batch := cur.fetchmany(chunk_rows):
-                chunks.append(np.fromiter((v for (v,) in batch), np.int64, len(batch)))
-        packed = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
-        return ReportStream(cats, load_band_labels(bands) if bands else (), packed)
+            if bins > 1 and bin_width > 0.0:  # the bin as the lowest digit (labelled_bins' rule)
+                key = f"({key} * ? + IFNULL(MIN(?, MAX(0, CAST((time - ?) / ? AS INTEGER))), 0))"
+                params += [bins, bins - 1, bin_start, bin_width]
+            # group_concat keeps the order of the ordered subquery (SQLite does not flatten an
+            # ORDER BY subquery into an aggregate); the key is never NULL, so none is skipped
+            (text,) = conn.execute(
+                f"SELECT group_concat(k) FROM (SELECT {key} AS k FROM pairs ORDER BY time, id)",
+                params,
+            ).fetchone()
+        packed = np.fromstring(text or "", dtype=np.int64, sep=",")
+        binned = bins > 1 and bin_width > 0.0
+        return ReportStream(
+            cats,
+            load_band_labels(bands) if bands else (),
+            packed // bins if binned else packed,
+            packed % bins if binned else np.zeros(packed.size, np.int64),
+        )
 
     # -- health ----------------------------------------------------------------------------
 
@@ -1379,9 +1465,19 @@ class LedgerFileError(Exception):
     """A file that is not a readable specwatch ledger; the message is one line naming the file."""
 
 
+#: Columns every specwatch ledger has had since its first schema: a ``pairs`` table without them
+#: is some other program's table (newer columns are added on open, see ``_add_missing_columns``).
+_CORE_COLUMNS: tuple[str, ...] = ("time", "category", "status")
+
+
 def check_ledger_file(path: Path) -> None:
-    """Fail unless ``path`` is an SQLite file holding a ``pairs`` table (opened read-only, blocking:
-    call from a thread). Raises :class:`LedgerFileError` (``ledger <path>: …``)."""
+    """Fail unless ``path`` is an SQLite file holding a specwatch ``pairs`` table (one with the
+    ledger's core columns ``time``, ``category``, ``status``), opened read-only, blocking: call
+    from a thread. Raises :class:`LedgerFileError` with one line naming ``path``: a directory,
+    no such file, not a readable SQLite database, or not a specwatch ledger (no ``pairs``
+    table, or one without the core columns, which it names)."""
+    if path.is_dir():
+        raise LedgerFileError(f"ledger {path}: is a directory, not a ledger file")
     if not path.is_file():
         raise LedgerFileError(f"ledger {path}: no such file")
     try:
@@ -1390,12 +1486,19 @@ def check_ledger_file(path: Path) -> None:
             found = conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'pairs'"
             ).fetchone()
+            have = {str(r[1]) for r in conn.execute("PRAGMA table_info(pairs)")}
         finally:
             conn.close()
     except sqlite3.Error as exc:
         raise LedgerFileError(f"ledger {path}: not a readable SQLite database ({exc})") from None
     if found is None:
         raise LedgerFileError(f"ledger {path}: no 'pairs' table (not a specwatch ledger)")
+    missing = [c for c in _CORE_COLUMNS if c not in have]
+    if missing:
+        raise LedgerFileError(
+            f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column "
+            "(not a specwatch ledger)"
+        )
 
 
 def check_openable(path: Path | str) -> None:

@@ -374,3 +374,31 @@ class TestDownsampledSeries:
         err = capsys.readouterr().err
         assert err == f"specwatch report: --bins must be in [1, {MAX_POINTS}]\n"
         assert not out.exists()
+
+
+class TestOnePassRead:
+    def test_report_sums_and_bins_equal_the_live_queries_exactly(self, tmp_path: Path) -> None:
+        """On 3,000 varied rows written at random times (so time order is not insertion order),
+        the report's τ/speed sums (two filtered queries) are bit-for-bit ``Ledger.arm_totals()``
+        (the live path's float sums, one ``CASE`` per column), and the time bins carried by the
+        one ordered read are ``Ledger.labelled_bins`` (its own ``GROUP BY``), for 1, 7 and 40
+        bins."""
+        from specwatch.shadow.ledger import Ledger
+
+        path = tmp_path / "l.db"
+        asyncio.run(write_ledger(path, varied_rows(3000)))
+
+        async def live(count: int, width: float, start: float) -> tuple[object, object]:
+            async with Ledger(path) as ledger:
+                totals = await ledger.arm_totals()
+                return totals, await ledger.labelled_bins(start, width, count)
+
+        for bins in (1, 7, 40):
+            digest = asyncio.run(read_ledger(path, bins=bins))
+            start = digest.span.labelled_first_time or 0.0
+            totals, want_bins = asyncio.run(live(digest.bin_count, digest.bin_width, start))
+            assert isinstance(totals, dict)
+            nonzero = {c: t for c, t in totals.items() if t != ArmTotals()}
+            assert dict(digest.totals) == nonzero
+            assert list(digest.bins) == want_bins
+            assert sum(b.n for b in digest.bins) == digest.stream.d.size

@@ -24,8 +24,49 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from scipy.optimize import brentq
-from scipy.stats import binom, norm
+from scipy.special import ndtr, ndtri
+
+try:  # the binomial ufuncs scipy.stats.binom evaluates, without importing scipy.stats
+    from scipy.special._ufuncs import _binom_cdf, _binom_sf
+except ImportError:  # a scipy that moved these private names: the public distribution instead
+
+    def _binom_cdf(k: float, n: int, p: float) -> float:
+        from scipy.stats import binom
+
+        return float(binom.cdf(k, n, p))
+
+    def _binom_sf(k: float, n: int, p: float) -> float:
+        from scipy.stats import binom
+
+        return float(binom.sf(k, n, p))
+
+
+# The normal and binomial functions come from scipy.special, not scipy.stats: the same ufuncs
+# ``scipy.stats.norm.cdf/ppf`` and ``scipy.stats.binom.cdf/sf`` evaluate inside the support
+# (``ndtr``, ``ndtri``, ``_binom_cdf``, ``_binom_sf``), so the values are identical bit for bit
+# (tested against scipy.stats), without the ~1 s import of scipy.stats; the two binomial ones
+# are private names, so a scipy without them falls back to ``scipy.stats.binom``. ``brentq`` is
+# imported where the interval is solved: scipy.optimize costs ~0.6 s to import, and a caller
+# (the report) can load it in a thread while it waits on SQLite.
+
+
+def _binom_half_cdf(k: int, n: int) -> float:
+    """``P[X <= k]`` for ``X ~ Binomial(n, 1/2)``, ``n >= 1`` (``scipy.stats.binom.cdf``)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return float(_binom_cdf(float(k), n, 0.5))
+
+
+def _binom_half_sf(k: int, n: int) -> float:
+    """``P[X > k]`` for ``X ~ Binomial(n, 1/2)``, ``n >= 1`` (``scipy.stats.binom.sf``)."""
+    if k < 0:
+        return 1.0
+    if k >= n:
+        return 0.0
+    return float(_binom_sf(float(k), n, 0.5))
+
 
 Alternative = Literal["two-sided", "loss"]
 
@@ -94,9 +135,9 @@ def mcnemar_exact_p(lost: int, gained: int, alternative: Alternative = "two-side
     if n == 0:
         return 1.0
     if alternative == "two-sided":
-        return float(min(1.0, 2.0 * binom.cdf(min(lost, gained), n, 0.5)))
+        return min(1.0, 2.0 * _binom_half_cdf(min(lost, gained), n))
     if alternative == "loss":
-        return float(binom.sf(lost - 1, n, 0.5))
+        return _binom_half_sf(lost - 1, n)
     raise ValueError(f"unknown alternative {alternative!r}")
 
 
@@ -184,7 +225,9 @@ def net_loss_ci(c: PairedCounts, level: float = 0.95) -> Interval:
     n = c.n
     if n == 0:
         return Interval(math.nan, math.nan, level, "tango_score")
-    z = float(norm.ppf(1.0 - (1.0 - level) / 2.0))
+    from scipy.optimize import brentq
+
+    z = float(ndtri(1.0 - (1.0 - level) / 2.0))
     lo_end, hi_end = -1.0 + 1e-12, 1.0 - 1e-12
 
     def f(d: float, target: float) -> float:
@@ -225,7 +268,7 @@ def non_inferiority_test(c: PairedCounts, margin: float, alpha: float = 0.05) ->
     if c.n == 0:
         return NonInferiority(margin, alpha, math.nan, 1.0, math.nan, False)
     t = tango_score_statistic(c.lost, c.gained, c.n, margin)
-    p = float(norm.cdf(t))
+    p = float(ndtr(t))
     upper = net_loss_ci(c, level=1.0 - 2.0 * alpha).upper
     return NonInferiority(margin, alpha, t, p, upper, p < alpha)
 

@@ -167,3 +167,23 @@ def test_power_by_hand_and_errors() -> None:
     assert questions_needed(0.02, 0.06, two_sided=False) < 1175
     with pytest.raises(ValueError, match="discordant"):
         questions_needed(0.1, 0.05)
+
+
+def test_exact_tails_and_normal_equal_scipy_stats_bit_for_bit() -> None:
+    """The McNemar tails, the Tango interval's z and the power z come from scipy.special (the
+    report does not import scipy.stats); they equal what scipy.stats.binom/norm return, exactly,
+    over every (lost, gained) with up to 120 discordant pairs and a few large ones."""
+    from scipy.stats import binom
+
+    cases = [(lo, ga) for n in range(1, 121) for lo in range(n + 1) for ga in [n - lo]]
+    cases += [(5_000, 4_900), (70_000, 69_000), (0, 90_000), (90_000, 0)]
+    for lost, gained in cases:
+        n = lost + gained
+        two = float(min(1.0, 2.0 * binom.cdf(min(lost, gained), n, 0.5)))
+        assert mcnemar_exact_p(lost, gained, "two-sided") == two
+        assert mcnemar_exact_p(lost, gained, "loss") == float(binom.sf(lost - 1, n, 0.5))
+    for p in (0.5, 0.8, 0.9, 0.95, 0.975, 0.995, 1e-9):
+        assert z_quantile(p, decimals=None) == float(norm.ppf(p))
+    for c in (PairedCounts(900, 60, 40, 0), PairedCounts(10, 0, 30, 0), PairedCounts(50, 45, 5, 0)):
+        t = tango_score_statistic(c.lost, c.gained, c.n, 0.01)
+        assert non_inferiority_test(c, margin=0.01).p_value == float(norm.cdf(t))
