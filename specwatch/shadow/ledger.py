@@ -395,13 +395,12 @@ class BinCounts:
     gained: int
 
 
-#: The statuses the tally rules name and the columns they read besides ``status`` (all boolean):
-#: the digits of :attr:`ReportStream.key`.
-_STREAM_STATUSES: tuple[str, ...] = tuple(
-    sorted({str(v) for rule in TALLY_RULES.values() for c, v in rule if c == "status"})
-)
-_STREAM_BOOLS: tuple[str, ...] = tuple(
-    sorted({c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"})
+#: What one packed row carries, for both packed forms (the report stream's key and the stored
+#: sums' pattern code): its status among these (any other value is one more code), and the
+#: columns the tally rules read besides ``status``, each true, false or unknown.
+_STATUSES: tuple[str, ...] = ("paired", "unpaired", "excluded")
+_TRI_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule if c != "status")
 )
 _TRITS: tuple[bool | None, ...] = (False, True, None)
 #: Up to this many categories the stream maps names to codes with a CASE, beyond with a lookup.
@@ -450,11 +449,11 @@ class ReportStream:
         band = key % (len(self.band_labels) + 1)
         rest = key // (len(self.band_labels) + 1)
         trits: list[npt.NDArray[np.int64]] = []
-        for _ in _STREAM_BOOLS:
+        for _ in _TRI_COLUMNS:
             trits.append(rest % 3)
             rest = rest // 3
         trits.reverse()
-        statuses = len(_STREAM_STATUSES) + 1
+        statuses = len(_STATUSES) + 1
         return rest // statuses, rest % statuses, trits, band
 
     def tallies(self) -> dict[tuple[str, str], PairTally]:
@@ -469,8 +468,8 @@ class ReportStream:
             s = int(status[i])
             cell = _Cell(
                 category=self.categories[int(cat[i])],
-                status=_STREAM_STATUSES[s] if s < len(_STREAM_STATUSES) else "",
-                values={c: _TRITS[int(t[i])] for c, t in zip(_STREAM_BOOLS, trits, strict=True)},
+                status=_STATUSES[s] if s < len(_STATUSES) else "",
+                values={c: _TRITS[int(t[i])] for c, t in zip(_TRI_COLUMNS, trits, strict=True)},
             )
             one = row_tally(cell)
             scaled = PairTally(**{f.name: getattr(one, f.name) * n for f in fields(one)})
@@ -481,17 +480,17 @@ class ReportStream:
     def _labelled_columns(self) -> tuple[npt.NDArray[np.bool_], _Ints, _Ints, _Ints]:
         """``(mask of labelled rows, standard trit, fly trit, key above the bool digits)``."""
         bands = len(self.band_labels) + 1
-        m = len(_STREAM_BOOLS)
+        m = len(_TRI_COLUMNS)
 
         def trit(col: str) -> _Ints:
-            place = bands * 3 ** (m - 1 - _STREAM_BOOLS.index(col))
+            place = bands * 3 ** (m - 1 - _TRI_COLUMNS.index(col))
             out: _Ints = (self.key // place) % 3
             return out
 
         std, fly = trit("standard_correct"), trit("fly_correct")
         upper = self.key // (bands * 3**m)
-        statuses = len(_STREAM_STATUSES) + 1
-        mask = (upper % statuses == _STREAM_STATUSES.index("paired")) & (std != 2) & (fly != 2)
+        statuses = len(_STATUSES) + 1
+        mask = (upper % statuses == _STATUSES.index("paired")) & (std != 2) & (fly != 2)
         return mask, std, fly, upper
 
     def labelled(self) -> LabelledStream:
@@ -499,7 +498,7 @@ class ReportStream:
         mask, std, fly, upper = self._labelled_columns()
         return LabelledStream(
             categories=self.categories,
-            category=upper[mask] // (len(_STREAM_STATUSES) + 1),
+            category=upper[mask] // (len(_STATUSES) + 1),
             d=(std[mask] - fly[mask]).astype(np.int8),
         )
 
@@ -1137,11 +1136,11 @@ class Ledger:
                     [(c, i) for i, c in enumerate(cats)],
                 )
                 key = "(SELECT code FROM temp.report_categories WHERE name = category)"
-            whens = " ".join("WHEN ? THEN ?" for _ in _STREAM_STATUSES)
-            key = f"({key} * {len(_STREAM_STATUSES) + 1} + (CASE status {whens} ELSE ? END))"
-            params += [v for i, st in enumerate(_STREAM_STATUSES) for v in (st, i)]
-            params.append(len(_STREAM_STATUSES))
-            for col in _STREAM_BOOLS:
+            whens = " ".join("WHEN ? THEN ?" for _ in _STATUSES)
+            key = f"({key} * {len(_STATUSES) + 1} + (CASE status {whens} ELSE ? END))"
+            params += [v for i, st in enumerate(_STATUSES) for v in (st, i)]
+            params.append(len(_STATUSES))
+            for col in _TRI_COLUMNS:
                 key = f"({key} * 3 + (CASE {col} WHEN 0 THEN 0 WHEN 1 THEN 1 ELSE 2 END))"
             band = " ".join(
                 f"WHEN running_at_replay >= {float(lo)!r} THEN {i + 1}"
@@ -1232,11 +1231,6 @@ def _band_sql(bands: Sequence[int]) -> str:
     return f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"
 
 
-#: The columns the tally rules read besides ``status`` (each true, false or unknown).
-_TRI_COLUMNS = tuple(
-    dict.fromkeys(c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule if c != "status")
-)
-_STATUSES = ("paired", "unpaired", "excluded")
 _TRI_BASE = len(_STATUSES) + 1
 _FLAG_BASE = _TRI_BASE * 3 ** len(_TRI_COLUMNS)
 

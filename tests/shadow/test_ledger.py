@@ -521,3 +521,17 @@ async def test_aggregates_that_disagree_with_the_rows_are_rebuilt(
         got = await _history_of(led, SUMS_GROUPING)
         assert got == _reference_history(await led.query(), SUMS_GROUPING)
     assert _rebuilt_logs(caplog) == [reason]
+
+
+def test_packed_rows_name_every_status_and_column_the_rules_read() -> None:
+    """Both packed forms (report stream key, stored pattern code) carry one status digit from
+    ``_STATUSES`` and one digit per rule column: every status a tally rule names is among them,
+    and every column a rule reads besides ``status`` is a digit."""
+    from specwatch.shadow import ledger
+    from specwatch.shadow.tally import LABELLED, TALLY_RULES
+
+    named = {str(v) for rule in TALLY_RULES.values() for c, v in rule if c == "status"}
+    read = {c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"}
+    assert named <= set(ledger._STATUSES) == {"paired", "unpaired", "excluded"}
+    assert set(ledger._TRI_COLUMNS) == read
+    assert len(ledger._TRI_COLUMNS) == len(read) == 8
