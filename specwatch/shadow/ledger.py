@@ -795,14 +795,22 @@ class Ledger:
         blocking: call from a worker thread. Raises ``ValueError`` when the ledger is closed."""
         return self._numbered_transaction(work)[0]
 
-    def _numbered_transaction(self, work: Callable[[sqlite3.Connection], _T]) -> tuple[_T, int]:
+    def _numbered_transaction(
+        self,
+        work: Callable[[sqlite3.Connection], _T],
+        *,
+        changes_rows: bool = True,
+        begin: str = "BEGIN",
+    ) -> tuple[_T, int]:
         """:meth:`_in_transaction`, also returning the number of the write transaction
-        committed (1, 2, ... since open; what a :class:`HistoryListener` is told)."""
+        committed (1, 2, ... since open; what a :class:`HistoryListener` is told). A
+        transaction that changes no row (``changes_rows=False``: a read that may repair the
+        stored sums) is not numbered: it returns the number of the last one that did."""
         conn = self._wconn
         if conn is None:
             raise ValueError("ledger is closed")
         with self._wlock:
-            conn.execute("BEGIN")
+            conn.execute(begin)
             try:
                 result = work(conn)
                 conn.execute("COMMIT")
@@ -810,7 +818,8 @@ class Ledger:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            self._commits += 1
+            if changes_rows:
+                self._commits += 1
             return result, self._commits
 
     # -- reads -----------------------------------------------------------------------------
@@ -937,28 +946,14 @@ class Ledger:
         written by another program, another layout) they are rebuilt first from every row (one
         grouped pass, logged as "ledger aggregates rebuilt" with the reason). Raises
         ``ValueError`` when the ledger is closed, ``sqlite3.Error`` from SQLite."""
-        return await asyncio.to_thread(
-            self._numbered_history, lambda c: _stored_history_sync(c, grouping)
+        groups, commit = await asyncio.to_thread(
+            lambda: self._numbered_transaction(
+                lambda c: _stored_history_sync(c, grouping),
+                changes_rows=False,
+                begin="BEGIN IMMEDIATE",
+            )
         )
-
-    def _numbered_history(
-        self, work: Callable[[sqlite3.Connection], list[HistoryGroup]]
-    ) -> tuple[int, list[HistoryGroup]]:
-        """``work`` in one write transaction (it may repair the aggregates) that is not
-        numbered: it changes no row, so a listener is told nothing about it."""
-        conn = self._wconn
-        if conn is None:
-            raise ValueError("ledger is closed")
-        with self._wlock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                groups = work(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return self._commits, groups
+        return commit, groups
 
     async def fold_labelled(
         self,
