@@ -411,7 +411,8 @@ async def measure(
     results: dict[str, dict[str, list[list[Sample]]]] = {}
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
-        for kind, body in (("nonstream", PLAIN_BODY), ("stream", STREAM_BODY)):
+        kinds = (("nonstream", PLAIN_BODY), ("stream", STREAM_BODY))
+        for kind, body in (k for k in kinds if k[0] in args.kinds):
             raw = json.dumps(body).encode()
             targets = [*paths, "direct+mirror"]
 
@@ -493,6 +494,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--chunks", type=int, default=16, help="SSE events per streamed response")
     ap.add_argument("--no-nginx", action="store_true")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=("nonstream", "stream"),
+        default=["nonstream", "stream"],
+        help="request kinds to measure (default both)",
+    )
     ap.add_argument(
         "--proxy-same-loop",
         action="store_true",

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import ssl
 from collections import deque
 from collections.abc import Iterable
@@ -80,6 +81,38 @@ _B_DROP_REQUEST = frozenset(
 )
 _B_DROP_RESPONSE = frozenset(n.encode() for n in (HOP_BY_HOP | PROXY_CREDENTIALS))
 _CRLF = b"\r\n"
+#: The common answer relayed without the response parser (see :meth:`_Exchange.fast_answer`):
+#: an HTTP/1.1 status line with a final status and well-formed fields (linear-time pattern).
+_TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
+_FAST_ANSWER = re.compile(
+    rb"HTTP/1\.1 ([2-5][0-9][0-9]) [\t\x20-\x7e\x80-\xff]*\r\n(?:"
+    + _TCHAR
+    + rb"+:[\t\x20-\x7e\x80-\xff]*\r\n)*\r\n"
+)
+#: Fields that keep an answer off the fast path (or give its length), with their values.
+_ANSWER_FIELDS = re.compile(
+    rb"\n(content-length|connection|keep-alive|proxy-connection|proxy-authenticate|"
+    rb"proxy-authentication-info|proxy-authorization|te|trailer|transfer-encoding|upgrade):"
+    rb"([^\r]*)",
+    re.IGNORECASE,
+)
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+#: The common request forwarded without the request parser (see :meth:`_Client.fast_request`):
+#: an origin-form HTTP/1.1 request line and fields written ``Name: value`` with no padding
+#: around the value (so the head rebuilt from the raw bytes equals the parser path's byte for
+#: byte); a word-by-word value pattern keeps the match linear in the head's length.
+_FIELD_VALUE = rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?"
+_FAST_REQUEST = re.compile(
+    rb"(GET|POST|PUT|PATCH|DELETE|OPTIONS) (/[\x21-\x7e]*) HTTP/1\.1\r\n((?:"
+    + _TCHAR
+    + rb"+: "
+    + _FIELD_VALUE
+    + rb"\r\n)*)\r\n"
+)
+#: Longest request head the fast path looks at (a longer one takes the parser path).
+_FAST_HEAD_MAX = 8192
+#: Request fields the fast path drops itself (others the parser path drops send it there).
+_FAST_DROPPED = re.compile(rb"^(?:host|connection|x-forwarded-for): [^\r]*\r\n", re.I | re.M)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LIMIT_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _BAD_400 = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -204,6 +237,19 @@ class Forwarder:
         self.category_header = category_header.lower()
         self.request_id_header = request_id_header.lower()
         self.max_body = max_body_bytes
+        named = sorted(
+            {
+                *_B_DROP_REQUEST,
+                b"content-length",
+                self.marker,
+                self.category_header,
+                self.request_id_header,
+            }
+        )
+        #: the request fields the fast path looks at, with their values
+        self.fast_fields = re.compile(
+            rb"\n(" + b"|".join(re.escape(n) for n in named) + rb"): ([^\r]*)", re.I
+        )
         self.clients: set[_Client] = set()
         self.idle: list[_Upstream] = []
         self._server: asyncio.AbstractServer | None = None
@@ -352,83 +398,60 @@ class _Upstream(asyncio.Protocol):
             self.transport.abort()
 
 
-class _Exchange:
-    """One request and its answer; the response parser's protocol."""
+class _AnswerEnd:
+    """The response parser's protocol on the fast path of a chunked answer: only the end."""
 
-    __slots__ = (
-        "body_done",
-        "cap_hit",
-        "category",
-        "chunked_req",
-        "client",
-        "client_http10",
-        "connect_task",
-        "copy",
-        "dechunk",
-        "early",
-        "ended",
-        "expect_continue",
-        "fwd",
-        "head_done",
-        "is_head",
-        "keep_client",
-        "path",
-        "pending",
-        "r_headers",
-        "r_interim",
-        "r_parser",
-        "r_reason",
-        "rbuf",
-        "request_id",
-        "resend",
-        "resend_size",
-        "resp_done",
-        "resp_framing",
-        "reused",
-        "shadow",
-        "started",
-        "timer",
-        "up",
-        "up_head",
-        "up_keep",
-    )
+    __slots__ = ("ex",)
+
+    def __init__(self, ex: _Exchange) -> None:
+        self.ex = ex
+
+    def on_message_complete(self) -> None:
+        self.ex.resp_done = True
+
+
+class _Exchange:
+    """One request and its answer; the response parser's protocol. Fields an exchange may
+    never change keep their class default (fewer stores on the live path)."""
+
+    up: _Upstream | None = None
+    up_head: bytes = b""
+    path: bytes = b""
+    shadow: bool = False
+    copy: bytearray | None = None
+    cap_hit: bool = False
+    category: str | None = None
+    request_id: str | None = None
+    chunked_req: bool = False
+    body_done: bool = False
+    is_head: bool = False
+    keep_client: bool = True
+    client_http10: bool = False
+    expect_continue: bool = False
+    started: bool = False
+    head_done: bool = False
+    resp_done: bool = False
+    resp_framing: str = ""
+    dechunk: bool = False
+    ended: bool = False
+    up_keep: bool = False
+    reused: bool = False
+    resend_size: int = 0
+    r_parser: httptools.HttpResponseParser | None = None
+    r_reason: bytes = b""
+    r_interim: bool = False
+    timer: asyncio.TimerHandle | None = None
+    connect_task: asyncio.Task[None] | None = None
+    fast_left: int = 0
 
     def __init__(self, client: _Client) -> None:
         self.client = client
         self.fwd = client.fwd
-        self.up: _Upstream | None = None
         self.pending: list[bytes] | None = []
-        self.up_head = b""
-        self.path = b""
-        self.shadow = False
-        self.copy: bytearray | None = None
-        self.cap_hit = False
-        self.category: str | None = None
-        self.request_id: str | None = None
-        self.chunked_req = False
-        self.body_done = False
-        self.is_head = False
-        self.keep_client = True
-        self.client_http10 = False
-        self.expect_continue = False
-        self.started = False
-        self.head_done = False
-        self.resp_done = False
-        self.resp_framing = ""
-        self.dechunk = False
         self.early: list[bytes] = []
-        self.ended = False
-        self.up_keep = False
-        self.reused = False
         self.resend: list[bytes] | None = []
-        self.resend_size = 0
         self.rbuf = bytearray()
-        self.r_parser: httptools.HttpResponseParser | None = None
         self.r_headers: list[tuple[bytes, bytes]] = []
-        self.r_reason = b""
-        self.r_interim = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.connect_task: asyncio.Task[None] | None = None
 
     # -- request side ---------------------------------------------------------------------------
 
@@ -473,16 +496,16 @@ class _Exchange:
         c = self.client
         if self.expect_continue and c.transport is not None:
             c.transport.write(_CONTINUE)
-        total = fwd.up.total_timeout
-        if total is not None:
-            assert fwd.loop is not None
-            self.timer = fwd.loop.call_later(total, self.timed_out)
         up = fwd.take_idle()
         if up is not None:
             self.reused = True
-            self.attach(up)
+            self.attach(up)  # the request goes up here, before the timer is set
         else:
             self.connect_task = asyncio.ensure_future(self._connect())
+        total = fwd.up.total_timeout
+        if total is not None and not self.ended:
+            assert fwd.loop is not None
+            self.timer = fwd.loop.call_later(total, self.timed_out)
 
     async def _connect(self) -> None:
         try:
@@ -505,7 +528,7 @@ class _Exchange:
     def attach(self, up: _Upstream) -> None:
         self.up = up
         up.exchange = self
-        self.r_parser = httptools.HttpResponseParser(self)
+        self.r_parser = None  # made on the first answer bytes the fast path does not take
         pending, self.pending = self.pending, None
         if pending:
             up.write(b"".join(pending) if len(pending) > 1 else pending[0])
@@ -552,9 +575,15 @@ class _Exchange:
             if self.up is not None:
                 self.up.close()
             return
-        self.resend = None
+        if self.fast_left:
+            self.fast_body(data)
+            return
         parser = self.r_parser
-        assert parser is not None
+        if parser is None:
+            if not self.rbuf and self.fast_answer(data):
+                return
+            parser = self.r_parser = httptools.HttpResponseParser(self)
+        self.resend = None
         if self.head_done:
             if not self.dechunk:
                 t = self.client.transport
@@ -592,6 +621,74 @@ class _Exchange:
             return
         if self.head_done:
             self.send_head()
+
+    def fast_answer(self, data: bytes) -> bool:
+        """Relay the first bytes of the answer without the response parser when they hold a
+        whole well-formed head that needs no change (a final status, one ``Content-Length``,
+        none of the fields :data:`_B_DROP_RESPONSE` names) and no more than its body, for a
+        keep-alive HTTP/1.1 client whose request is complete; ``False`` (nothing done) sends the
+        answer down the parser path, which handles every other case."""
+        if self.is_head or not self.keep_client or self.client_http10 or not self.body_done:
+            return False
+        m = _FAST_ANSWER.match(data)
+        if m is None:
+            return False
+        fields = _ANSWER_FIELDS.findall(data, 0, m.end())
+        if len(fields) != 1 or m.group(1) in (b"204", b"304"):
+            return False
+        name, value = fields[0][0].lower(), fields[0][1].strip(b" \t")
+        t = self.client.transport
+        if name == b"transfer-encoding" and value.lower() == b"chunked":
+            # relayed as it comes; llhttp finds the end, with one callback (not one per chunk)
+            if t is not None:
+                t.write(data)
+            parser = self.r_parser = httptools.HttpResponseParser(_AnswerEnd(self))
+            self.resend = None
+            self.head_done = self.started = True
+            self.resp_framing = "chunked"
+            self.up_keep = True
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.fail("client_error", 502)
+                return True
+            if self.resp_done:
+                self.finish()
+            return True
+        digits = _DIGITS.fullmatch(value) if name == b"content-length" else None
+        if digits is None:
+            return False
+        left = int(digits.group()) - (len(data) - m.end())
+        if left < 0:  # bytes beyond the answer: the parser path decides
+            return False
+        self.resend = None
+        self.head_done = self.started = True
+        self.resp_framing = "length"
+        self.up_keep = True
+        if t is not None:
+            t.write(data)
+        if left:
+            self.fast_left = left
+        else:
+            self.resp_done = True
+            self.finish()
+        return True
+
+    def fast_body(self, data: bytes) -> None:
+        """More body of an answer on the fast path: relayed up to its length; bytes beyond it
+        are dropped and the upstream connection is not reused."""
+        left = self.fast_left
+        t = self.client.transport
+        if len(data) > left:
+            data = data[:left]
+            self.up_keep = False
+        left -= len(data)
+        self.fast_left = left
+        if t is not None:
+            t.write(data)
+        if not left:
+            self.resp_done = True
+            self.finish()
 
     def send_head(self) -> None:
         parser = self.r_parser
@@ -786,6 +883,7 @@ class _Client(asyncio.Protocol):
         self.body_timer: asyncio.TimerHandle | None = None
         self.last_data = 0.0
         self.to_begin: _Exchange | None = None
+        self.between = True  # the request parser is between messages
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -810,6 +908,8 @@ class _Client(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.gone:
+            return
+        if self.between and not self.queue and not self.stopping and self.fast_request(data):
             return
         try:
             self.parser.feed_data(data)
@@ -949,9 +1049,101 @@ class _Client(asyncio.Protocol):
         else:
             self.transport.abort()
 
+    # -- the fast path ---------------------------------------------------------------------------
+
+    def fast_request(self, data: bytes) -> bool:
+        """Forward ``data`` without the request parser when it is exactly one whole request of
+        the common shape: :data:`_FAST_REQUEST`, no field but ``Host``, ``Connection:
+        keep-alive`` and ``X-Forwarded-For`` among those the parser path drops, at most one
+        ``Content-Length`` and a body of exactly that length. The head, the copy and the
+        counters are what the parser path makes of the same bytes (a test sends the same
+        requests both ways); ``False`` (nothing done) sends ``data`` to the parser, which
+        handles every other case."""
+        end = data.find(b"\r\n\r\n", 0, _FAST_HEAD_MAX)
+        if end < 0:
+            return False
+        end += 4
+        m = _FAST_REQUEST.match(data, 0, end)
+        if m is None:
+            return False
+        fwd = self.fwd
+        length = 0
+        seen_length = marked = False
+        prior: list[bytes] = []
+        category = request_id = None
+        for name, value in fwd.fast_fields.findall(data, 0, end):
+            n = name.lower()
+            if n == b"host":
+                continue
+            if n == b"content-length":
+                digits = _DIGITS.fullmatch(value)
+                if seen_length or digits is None:
+                    return False
+                seen_length = True
+                length = int(value)
+            elif n == b"x-forwarded-for":
+                prior.append(value)
+            elif n == b"connection":
+                if value.lower() != b"keep-alive":
+                    return False
+            elif n in _B_DROP_REQUEST:
+                return False
+            elif n == fwd.marker:
+                marked = marked or bool(value)
+            elif n == fwd.category_header:
+                if category is None:
+                    category = value.decode("latin-1")
+            elif n == fwd.request_id_header and request_id is None:
+                request_id = value.decode("latin-1")
+        if len(data) - end != length:
+            return False
+        method, url, fields = m.groups()
+        up = fwd.up
+        if self.peer:
+            prior.append(self.peer)
+        xff = b"X-Forwarded-For: " + b", ".join(prior) + _CRLF if prior else b""
+        head = b"%b %b%b HTTP/1.1\r\nHost: %b\r\n%b%b\r\n" % (
+            method,
+            up.prefix,
+            url,
+            up.host_header,
+            _FAST_DROPPED.sub(b"", fields),
+            xff,
+        )
+        # what on_message_begin, on_headers_complete and on_message_complete do
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+        fwd.counters.proxy_requests += 1
+        ex = _Exchange(self)
+        path = url.split(b"?", 1)[0]
+        shadowed_path = method == b"POST" and path in fwd.shadow_paths
+        ex.shadow = shadowed_path and not marked
+        ex.path = path
+        ex.category = category
+        ex.request_id = request_id
+        ex.keep_client = not self.half_closed
+        ex.body_done = True
+        body = data[end:]
+        ex.send_up(head + body if body else head)
+        self.queue.append(ex)
+        ex.begin()  # the live request goes up first, then the shadow side hears of it
+        if shadowed_path and marked:
+            fwd.handover.marked()
+        elif ex.shadow and body:
+            if len(body) > fwd.max_body:
+                fwd.handover.too_large()
+            else:
+                fwd.handover.copy(path.decode("latin-1"), body, category, request_id)
+        return True
+
     # -- the request parser's callbacks ----------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.between = False
         self.in_head = True
         self.req = _Exchange(self)
         if self.idle_timer is not None:
@@ -1038,6 +1230,7 @@ class _Client(asyncio.Protocol):
             ex.body(body)
 
     def on_message_complete(self) -> None:
+        self.between = True
         ex, self.req = self.req, None
         if self.body_timer is not None:
             self.body_timer.cancel()

@@ -54,6 +54,9 @@ log = logging.getLogger("specwatch.shadow.ingest")
 
 #: How often the proxy process sends its ``proxy_*`` counters to the main process (seconds).
 COUNTER_SYNC_SECONDS = 0.5
+#: The proxy process sends the hand-overs of this many seconds in one write (a copy reaches the
+#: shadow side at most this late; one send per batch instead of one per live request).
+HANDOVER_BATCH_SECONDS = 0.05
 #: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
 #: ``proxy_offer_lost``): the proxy process never waits on the shadow side.
 CHANNEL_MAX_BUFFER = 64 << 20
@@ -87,12 +90,13 @@ class _Channel:
         self._writer = writer
         self._counters = counters
 
-    def send(self, name: str, args: tuple[Any, ...]) -> None:
-        """Queue one call for the main process; dropped and counted when it cannot keep up or
-        is gone (never blocks, never raises)."""
+    def send(self, name: str, args: tuple[Any, ...], calls: int = 1) -> None:
+        """Queue one call (``calls``: the calls a ``_batch`` frame carries) for the main
+        process; dropped and counted when it cannot keep up or is gone (never blocks, never
+        raises)."""
         w = self._writer
         if w.is_closing() or w.transport.get_write_buffer_size() > CHANNEL_MAX_BUFFER:
-            self._counters.proxy_offer_lost += 1
+            self._counters.proxy_offer_lost += calls
             return
         body = pickle.dumps((name, args), protocol=pickle.HIGHEST_PROTOCOL)
         w.write(_FRAME.pack(len(body)) + body)
@@ -153,6 +157,7 @@ async def _proxy_process(
     syncing.cancel()
     if proxy._forwarder is not None:
         await proxy._forwarder.stop(proxy._shutdown_timeout)
+    proxy._flush()  # the hand-overs of the last batch
     channel.sync(proxy.listener)
     with contextlib.suppress(ConnectionError):
         await writer.drain()
@@ -375,8 +380,10 @@ class ShadowProxy:
         """Run the proxy process's hand-overs here until its end of stream."""
         while (frame := await _read_frame(reader)) is not None:
             name, args = frame
-            if name in _REMOTE_CALLS:
-                getattr(self, name)(*args)
+            calls = args if name == "_batch" else ((name, args),)
+            for call, call_args in calls:
+                if call in _REMOTE_CALLS:
+                    getattr(self, call)(*call_args)
         if self._child is not None and not self._child.writer.is_closing():
             log_event(log, logging.ERROR, "shadow proxy process exited")
 
@@ -411,23 +418,30 @@ class ShadowProxy:
 
     def _schedule(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main
-        process); never blocks or raises into the live path. From another loop (thread or
-        process mode) the hand-over is queued and sent once the live callbacks of this loop
-        iteration have run, so its system call never comes before the live request's write."""
+        process); never blocks or raises into the live path. From another thread the hand-over
+        is queued and sent once the live callbacks of this loop iteration have run, so its
+        system call never comes before the live request's write; from the proxy process the
+        hand-overs of :data:`HANDOVER_BATCH_SECONDS` go in one frame."""
         target = self._offer_loop
         if self._channel is None and (target is None or target is _running_loop()):
             asyncio.get_running_loop().call_soon(fn, *args)
             return
         self._outbox.append((fn, args))
         if len(self._outbox) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            if self._channel is not None:
+                loop.call_later(HANDOVER_BATCH_SECONDS, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         out, self._outbox = self._outbox, []
+        if not out:
+            return
         channel = self._channel
         if channel is not None:
-            for fn, args in out:
-                channel.send(getattr(fn, "__name__", ""), args)
+            batch = tuple((getattr(fn, "__name__", ""), args) for fn, args in out)
+            channel.send("_batch", batch, len(batch))
             return
         target = self._offer_loop
         assert target is not None
