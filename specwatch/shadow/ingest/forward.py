@@ -237,6 +237,9 @@ class Forwarder:
         self.category_header = category_header.lower()
         self.request_id_header = request_id_header.lower()
         self.max_body = max_body_bytes
+        #: the fast paths on (off: every request and answer goes through the parsers, as a test
+        #: that holds the two paths to the same bytes does)
+        self.fast = True
         named = sorted(
             {
                 *_B_DROP_REQUEST,
@@ -580,7 +583,7 @@ class _Exchange:
             return
         parser = self.r_parser
         if parser is None:
-            if not self.rbuf and self.fast_answer(data):
+            if not self.rbuf and self.fwd.fast and self.fast_answer(data):
                 return
             parser = self.r_parser = httptools.HttpResponseParser(self)
         self.resend = None
@@ -605,8 +608,12 @@ class _Exchange:
         try:
             parser.feed_data(data)
         except httptools.HttpParserError:
-            self.fail("client_error", 502)
-            return
+            if not self.resp_done:
+                self.fail("client_error", 502)
+                return
+            # bytes after a whole answer: it is relayed, then both connections are closed
+            # (the client's so the extra bytes cannot be read as its next answer)
+            self.up_keep = self.keep_client = False
         if self.r_interim:  # a 1xx answer: dropped, the real one follows
             end = _head_end(self.rbuf)
             rest = bytes(self.rbuf[end:]) if end >= 0 else b""
@@ -650,8 +657,10 @@ class _Exchange:
             try:
                 parser.feed_data(data)
             except httptools.HttpParserError:
-                self.fail("client_error", 502)
-                return True
+                if not self.resp_done:
+                    self.fail("client_error", 502)
+                    return True
+                self.up_keep = self.keep_client = False  # bytes after the end, as above
             if self.resp_done:
                 self.finish()
             return True
@@ -909,7 +918,13 @@ class _Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.gone:
             return
-        if self.between and not self.queue and not self.stopping and self.fast_request(data):
+        if (
+            self.between
+            and not self.queue
+            and not self.stopping
+            and self.fwd.fast
+            and self.fast_request(data)
+        ):
             return
         try:
             self.parser.feed_data(data)
