@@ -443,7 +443,7 @@ class _Exchange:
     r_parser: httptools.HttpResponseParser | None = None
     r_reason: bytes = b""
     r_interim: bool = False
-    timer: asyncio.TimerHandle | None = None
+    deadline = 0.0  # loop time by which the answer must be complete (0: none)
     connect_task: asyncio.Task[None] | None = None
     fast_left: int = 0
 
@@ -508,7 +508,8 @@ class _Exchange:
         total = fwd.up.total_timeout
         if total is not None and not self.ended:
             assert fwd.loop is not None
-            self.timer = fwd.loop.call_later(total, self.timed_out)
+            self.deadline = fwd.loop.time() + total
+            c.arm_deadline(self.deadline)
 
     async def _connect(self) -> None:
         try:
@@ -762,7 +763,6 @@ class _Exchange:
     # -- ends ------------------------------------------------------------------------------------
 
     def timed_out(self) -> None:
-        self.timer = None
         if not self.resp_done:
             self.fail("timeout", 504)
 
@@ -785,13 +785,11 @@ class _Exchange:
             else:
                 up.exchange = None
                 up.close()
-        self._cancel_timer()
+        self._cancel_connect()
         self.client.exchange_done(self)
 
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+    def _cancel_connect(self) -> None:
+        self.r_parser = None  # the parser and this exchange refer to each other
         if self.connect_task is not None:
             self.connect_task.cancel()
             self.connect_task = None
@@ -828,7 +826,7 @@ class _Exchange:
         if self.resp_done or self.ended:
             return
         self.resp_done = self.ended = True
-        self._cancel_timer()
+        self._cancel_connect()
         up = self.up
         self.up = None
         if up is not None:
@@ -853,7 +851,7 @@ class _Exchange:
 
     def client_lost(self) -> None:
         """The client connection closed while this exchange was first in its queue."""
-        self._cancel_timer()
+        self._cancel_connect()
         up = self.up
         self.up = None
         if up is not None:
@@ -889,6 +887,8 @@ class _Client(asyncio.Protocol):
         self.peer = b""
         self.header_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0
+        self.deadline_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
         self.last_data = 0.0
         self.to_begin: _Exchange | None = None
@@ -964,17 +964,17 @@ class _Client(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
-        for t in (self.header_timer, self.idle_timer, self.body_timer):
+        for t in (self.header_timer, self.idle_timer, self.body_timer, self.deadline_timer):
             if t is not None:
                 t.cancel()
-        self.header_timer = self.idle_timer = self.body_timer = None
+        self.header_timer = self.idle_timer = self.body_timer = self.deadline_timer = None
         if self.counted:
             self.counted = False
             self.fwd.stats.open -= 1
         if self.queue:
             self.queue[0].client_lost()
             for ex in list(self.queue)[1:]:
-                ex._cancel_timer()
+                ex._cancel_connect()
             self.queue.clear()
         self.req = None
         self.fwd.client_gone(self)
@@ -1037,7 +1037,7 @@ class _Client(asyncio.Protocol):
         if self.queue and self.queue[0] is ex and not ex.started:
             ex.started = True
             ex.resp_done = True
-            ex._cancel_timer()
+            ex._cancel_connect()
             up, ex.up = ex.up, None
             if up is not None:
                 up.exchange = None
@@ -1125,10 +1125,7 @@ class _Client(asyncio.Protocol):
             _FAST_DROPPED.sub(b"", fields),
             xff,
         )
-        # what on_message_begin, on_headers_complete and on_message_complete do
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        # what on_headers_complete and on_message_complete do
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
@@ -1161,9 +1158,6 @@ class _Client(asyncio.Protocol):
         self.between = False
         self.in_head = True
         self.req = _Exchange(self)
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -1269,14 +1263,48 @@ class _Client(asyncio.Protocol):
             return
         if self.queue:
             self.queue[0].begin()
-        elif self.req is None and self.idle_timer is None:
+        elif self.req is None:
             loop = self.fwd.loop
             assert loop is not None
-            self.idle_timer = loop.call_later(
-                self.fwd.limits.keepalive_timeout_seconds, self._idle_close
-            )
+            self.idle_since = loop.time()
+            if self.idle_timer is None:
+                self.idle_timer = loop.call_later(
+                    self.fwd.limits.keepalive_timeout_seconds, self._idle_close
+                )
+
+    def arm_deadline(self, when: float) -> None:
+        """An exchange began with an answer deadline (loop time ``when``): one timer per
+        connection checks the first exchange's deadline, set again only when it fires."""
+        if self.deadline_timer is None:
+            loop = self.fwd.loop
+            assert loop is not None
+            self.deadline_timer = loop.call_at(when, self._deadline_check)
+
+    def _deadline_check(self) -> None:
+        self.deadline_timer = None
+        if self.gone or not self.queue:
+            return
+        ex = self.queue[0]
+        if not ex.deadline:
+            return
+        loop = self.fwd.loop
+        assert loop is not None
+        if loop.time() >= ex.deadline:
+            ex.timed_out()
+        elif self.deadline_timer is None:
+            self.deadline_timer = loop.call_at(ex.deadline, self._deadline_check)
 
     def _idle_close(self) -> None:
+        """Close a connection idle for ``keepalive_timeout_seconds``. The timer is not moved
+        on each request: when it fires early it is set again for the time left, and when a
+        request is in progress the end of that exchange sets it again."""
         self.idle_timer = None
-        if not self.queue and self.req is None and self.transport is not None:
-            self.transport.close()
+        if self.queue or self.req is not None or self.transport is None or self.gone:
+            return
+        loop = self.fwd.loop
+        assert loop is not None
+        left = self.idle_since + self.fwd.limits.keepalive_timeout_seconds - loop.time()
+        if left > 0:
+            self.idle_timer = loop.call_later(left, self._idle_close)
+            return
+        self.transport.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import importlib
 import logging
 import multiprocessing
@@ -146,6 +147,9 @@ async def _proxy_process(
         writer.close()
         return
     channel.send("_bound", (bound,))
+    # what start-up made lives as long as the process: out of the collector's way, so its
+    # full collections do not walk it during live traffic
+    gc.freeze()
 
     async def sync() -> None:
         while True:

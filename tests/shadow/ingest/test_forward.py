@@ -50,6 +50,7 @@ async def proxy_to(
     upstream: str,
     offered: list[ShadowRequest] | None = None,
     listen: ListenLimits | None = None,
+    total_timeout: float | None = None,
 ) -> AsyncIterator[tuple[int, ShadowProxy]]:
     """A proxy on the test's loop in front of ``upstream``; offered copies land in ``offered``."""
     sink = offered if offered is not None else []
@@ -65,6 +66,7 @@ async def proxy_to(
         clock=lambda: 0.0,
         listen=listen,
         listener=ListenerStats("proxy"),
+        total_timeout_seconds=total_timeout,
     )
     port = await proxy.start("127.0.0.1", 0)
     try:
@@ -397,3 +399,67 @@ async def test_stop_lets_an_answer_in_progress_finish_and_refuses_new_connection
         await asyncio.wait_for(stopping, 20)
     assert rest == b"data: two\n\n"
     assert dict(proxy.counters.proxy_upstream_errors) == {}
+
+
+async def test_an_answer_past_the_total_timeout_is_504_for_each_request_on_a_connection() -> None:
+    """With ``total_timeout_seconds`` 0.3, on one keep-alive connection: a quick answer passes,
+    then 0.1 s later a request the upstream never answers gets ``504`` about 0.3 s after it
+    began (the timer set for the first request's deadline fires first and is set again), and
+    the connection is still usable after it."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await read_head(r)
+            except asyncio.IncompleteReadError:
+                return
+            if b"/hang" in head.split(b"\r\n", 1)[0]:
+                await asyncio.sleep(5)
+                return
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    async with raw_upstream(handler) as (base, _), proxy_to(base, total_timeout=0.3) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        w.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_head(r)).startswith(b"HTTP/1.1 200 OK")
+        assert await r.readexactly(2) == b"ok"
+        await asyncio.sleep(0.1)
+        began = loop.time()
+        w.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(read_head(r), 3)
+        waited = loop.time() - began
+        assert head.startswith(b"HTTP/1.1 504 Gateway Timeout")
+        assert 0.25 <= waited < 1.0
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await r.readexactly(length)) == {"error": {"message": "upstream timeout"}}
+        w.write(b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_head(r)).startswith(b"HTTP/1.1 200 OK")
+        w.close()
+
+
+async def test_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not() -> None:
+    """``keepalive_timeout_seconds`` 0.3: a connection sending a request every 0.1 s for 0.8 s
+    stays open throughout; once idle it is closed between 0.3 s and 1 s later."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_head(r)
+            except asyncio.IncompleteReadError:
+                return
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    limits = ListenLimits(keepalive_timeout_seconds=0.3)
+    async with raw_upstream(handler) as (base, _), proxy_to(base, listen=limits) as (port, _):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        for _ in range(8):
+            w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await read_head(r)).startswith(b"HTTP/1.1 200 OK")
+            assert await r.readexactly(2) == b"ok"
+            await asyncio.sleep(0.1)
+        idle_from = loop.time()
+        assert await asyncio.wait_for(r.read(), 3) == b""
+        assert 0.2 <= loop.time() - idle_from < 1.0
+        w.close()
