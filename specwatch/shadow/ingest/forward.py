@@ -15,6 +15,17 @@ written to the client as it arrives. The response parser only finds where the an
 upstream connection can be reused; an answer with neither length nor chunking ends when the
 upstream closes, and the client connection is closed after it.
 
+Fast paths (the common case, no parser callbacks): a read holding exactly one whole request of
+the common shape (origin-form HTTP/1.1 request line, ``Name: value`` fields, at most one
+``Content-Length`` and a body of that length, no field the parser path would drop besides
+``Host``, ``Connection: keep-alive`` and ``X-Forwarded-For``) is forwarded from the raw bytes by
+:meth:`_Client.fast_request`; an answer whose first read holds a whole well-formed head with a
+final status, no field to drop and one ``Content-Length`` or ``Transfer-Encoding: chunked`` is
+relayed at once by :meth:`_Exchange.fast_answer` (a chunked one's end is found by llhttp with a
+single callback). Everything else goes through llhttp's parsers as described above; a test
+holds both paths to the same bytes. Live writes come before any bookkeeping: the request goes
+up before its shadow copy is handed over and before its answer deadline is set.
+
 Fail-open: before the answer starts, an unreachable upstream is ``502`` (``connect``), a timeout
 ``504`` (``timeout``), a connection closed early ``502`` (``disconnected``), a malformed answer
 ``502`` (``client_error``), each a small JSON body; after it starts, the client connection is
@@ -631,11 +642,13 @@ class _Exchange:
             self.send_head()
 
     def fast_answer(self, data: bytes) -> bool:
-        """Relay the first bytes of the answer without the response parser when they hold a
-        whole well-formed head that needs no change (a final status, one ``Content-Length``,
-        none of the fields :data:`_B_DROP_RESPONSE` names) and no more than its body, for a
-        keep-alive HTTP/1.1 client whose request is complete; ``False`` (nothing done) sends the
-        answer down the parser path, which handles every other case."""
+        """Relay the first bytes of the answer at once, without the response parser's field
+        callbacks, when they hold a whole well-formed head that needs no change (a final status
+        other than 204/304, none of the fields :data:`_B_DROP_RESPONSE` names, and either one
+        ``Content-Length`` with no more than that many body bytes, counted here, or
+        ``Transfer-Encoding: chunked``, whose end llhttp finds), for a keep-alive HTTP/1.1
+        client whose request is complete. ``False`` (nothing done) sends the answer down the
+        parser path, which handles every other case."""
         if self.is_head or not self.keep_client or self.client_http10 or not self.body_done:
             return False
         m = _FAST_ANSWER.match(data)
