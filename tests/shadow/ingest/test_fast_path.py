@@ -101,7 +101,7 @@ class Run:
     upstream_got: list[bytes]
     client_got: list[bytes]
     offered: list[tuple[str, bytes, str, str | None]]
-    counters: tuple[int, int, int]
+    counters: tuple[int, int, int, dict[str, int], int]
     connections: int
     fast_requests: int
     fast_answers: int
@@ -168,7 +168,13 @@ async def through(
         [got.replace(b"Host: " + here, b"Host: UPSTREAM") for got in up.received],
         got,
         [(o.path, o.body["prompt"], o.category, o.request_id) for o in offered],
-        (counters.proxy_requests, counters.skipped_marked, sum(counters.errors.values())),
+        (
+            counters.proxy_requests,
+            counters.skipped_marked,
+            sum(counters.errors.values()),
+            dict(counters.proxy_upstream_errors),
+            counters.proxy_client_disconnects,
+        ),
         up.accepted,
         taken["request"],
         taken["answer"],
@@ -200,6 +206,19 @@ COMMON_REQUESTS = {
     "empty body": post(b"Host: h", body=b""),
     "get": b"GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n",
     "empty value": post(b"Host: h", b"X-Empty: "),
+    # odd but valid: both paths forward these as they are
+    "length with leading zeros": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
+    b"Content-Length: 00%d\r\n\r\n%b" % (len(JSON), JSON),
+    "no host": post(),
+    "two hosts": post(b"Host: a", b"Host: b"),
+    "get with a body": post(b"Host: h", path=b"/v1/models").replace(b"POST", b"GET", 1),
+    "empty x-forwarded-for": post(b"Host: h", b"X-Forwarded-For: "),
+    "quotes, braces and a fragment in the target": post(
+        b"Host: h", path=b'/v1/completions?q="<{|}>"^`\\#frag'
+    ),
+    "connection keep-alive in capitals, twice": post(
+        b"Host: h", b"Connection: KEEP-ALIVE", b"Connection: keep-alive"
+    ),
 }
 
 PARSER_REQUESTS = {
@@ -216,6 +235,42 @@ PARSER_REQUESTS = {
     b"Content-Length: %d\r\n\r\n%b" % (len(JSON), JSON),
     "content-length with a sign": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
     b"Content-Length: +%d\r\n\r\n%b" % (len(JSON), JSON),
+    "absolute-form target": post(b"Host: h", path=b"http://h/v1/completions"),
+    "asterisk target": b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
+    "two spaces after the method": post(b"Host: h").replace(b"POST ", b"POST  ", 1),
+    "an empty line before the request": b"\r\n" + post(b"Host: h"),
+    "tab after the colon": post(b"Host: h", b"X-A:\tb"),
+    "tab at the end of a value": post(b"Host: h", b"X-A: b\t"),
+    "head": b"HEAD /v1/models HTTP/1.1\r\nHost: h\r\n\r\n",
+}
+
+#: Requests the parser refuses: on both paths a 400 and nothing sent upstream (no smuggling).
+REFUSED_REQUESTS = {
+    "length and chunked": post(b"Host: h", b"Transfer-Encoding: chunked"),
+    "two lengths": post(b"Host: h", b"Content-Length: %d" % len(JSON)),
+    "a length list": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
+    b"Content-Length: %d, %d\r\n\r\n%b" % (len(JSON), len(JSON), JSON),
+    "negative length": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
+    b"Content-Length: -%d\r\n\r\n%b" % (len(JSON), JSON),
+    "length past 2**64": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
+    b"Content-Length: 99999999999999999999\r\n\r\n%b" % JSON,
+    "bare LF line ends": post(b"Host: h").replace(b"\r\n", b"\n"),
+    "obs-fold continuation": post(b"Host: h", b"X-A: a", b" b"),
+    "NUL in a value": post(b"Host: h", b"X-A: a\x00b"),
+    "control byte in a value": post(b"Host: h", b"X-A: a\x01b"),
+    "DEL in a value": post(b"Host: h", b"X-A: a\x7fb"),
+    "bare CR in a value": post(b"Host: h", b"X-A: a\rb"),
+    "NUL in a name": post(b"Host: h", b"X-\x00A: b"),
+    "space before the colon": post(b"Host: h", b"X-A : b"),
+    "space before the colon of the length": post(b"Host: h").replace(
+        b"Content-Length:", b"Content-Length :"
+    ),
+    "empty name": post(b"Host: h", b": v"),
+    "lower-case method": post(b"Host: h").replace(b"POST", b"post", 1),
+    "lower-case version": post(b"Host: h").replace(b"HTTP/1.1", b"http/1.1", 1),
+    "space after the version": post(b"Host: h").replace(b"HTTP/1.1", b"HTTP/1.1 ", 1),
+    "non-ASCII in the target": post(b"Host: h", path=b"/v1/\xe9"),
+    "DEL in the target": post(b"Host: h", path=b"/v1/\x7f"),
 }
 
 
@@ -278,6 +333,22 @@ async def test_other_requests_go_to_the_parser_and_come_out_the_same(
     assert fast.client_got == slow.client_got
     assert fast.offered == slow.offered
     assert fast.counters == slow.counters
+
+
+@pytest.mark.parametrize("name", list(REFUSED_REQUESTS))
+async def test_malformed_requests_are_refused_on_both_paths(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request llhttp refuses (framing an upstream could read another way, control bytes,
+    odd spellings) never takes the fast path: both paths answer the parser's 400 with the
+    connection closed and send the upstream nothing."""
+    raw = REFUSED_REQUESTS[name]
+    fast = await through([raw], PLAIN, True, monkeypatch)
+    slow = await through([raw], PLAIN, False, monkeypatch)
+    assert fast.fast_requests == 0
+    assert fast.client_got == slow.client_got == [forward._BAD_400]
+    assert fast.upstream_got == slow.upstream_got == []
+    assert fast.counters == slow.counters == (0, 0, 0, {}, 0)
 
 
 def chunk(data: bytes) -> bytes:
