@@ -660,21 +660,26 @@ class _Exchange:
         name, value = fields[0][0].lower(), fields[0][1].strip(b" \t")
         t = self.client.transport
         if name == b"transfer-encoding" and value.lower() == b"chunked":
-            # relayed as it comes; llhttp finds the end, with one callback (not one per chunk)
-            if t is not None:
-                t.write(data)
-            parser = self.r_parser = httptools.HttpResponseParser(_AnswerEnd(self))
-            self.resend = None
-            self.head_done = self.started = True
-            self.resp_framing = "chunked"
-            self.up_keep = True
+            # relayed as it comes; llhttp finds the end, with one callback (not one per chunk).
+            # The first read is parsed before it is relayed: malformed framing in it goes to
+            # the parser path, which answers a clean 502 as nothing has been sent yet.
+            parser = httptools.HttpResponseParser(_AnswerEnd(self))
+            keep = True
             try:
                 parser.feed_data(data)
             except httptools.HttpParserError:
                 if not self.resp_done:
-                    self.fail("client_error", 502)
-                    return True
-                self.up_keep = self.keep_client = False  # bytes after the end, as above
+                    return False
+                keep = False  # bytes after the end: relayed, then both connections closed
+            if t is not None:
+                t.write(data)
+            self.r_parser = parser
+            self.resend = None
+            self.head_done = self.started = True
+            self.resp_framing = "chunked"
+            self.up_keep = keep
+            if not keep:
+                self.keep_client = False
             if self.resp_done:
                 self.finish()
             return True

@@ -360,6 +360,8 @@ SSE = [
     chunk(b'data: {"a":1}\n\n'),
     chunk(b'data: {"a":2}\n\n') + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n",
 ]
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+OK_CHUNKED = OK + b"Transfer-Encoding: chunked\r\n\r\n"
 HEAD_END = PLAIN[0].index(b"\r\n\r\n") + 4
 #: name: (answer pieces, fast path taken, upstream connections for two requests, upstream
 #: closes after answering)
@@ -410,6 +412,122 @@ ANSWERS: dict[str, tuple[list[bytes], bool, int | None, bool]] = {
         False,
     ),
     "bytes beyond the last chunk": ([b"".join(SSE) + b"EXTRA"], True, 2, False),
+    "1xx then 200 in one read": (
+        [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + PLAIN[0]],
+        False,
+        1,
+        False,
+    ),
+    "1xx, then 200 in the next read": (
+        [b"HTTP/1.1 100 Continue\r\n\r\n", PLAIN[0]],
+        False,
+        1,
+        False,
+    ),
+    "chunk extensions and trailer fields": (
+        [OK_CHUNKED + b"3;ext=1\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n"],
+        True,
+        1,
+        False,
+    ),
+    "chunked in capitals, padded": (
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding:  CHUNKED \r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+        True,
+        1,
+        False,
+    ),
+    "gzip, chunked": (
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+        False,
+        1,
+        False,
+    ),
+    "length padded, leading zeros": ([OK + b"Content-Length:  002 \r\n\r\nok"], True, 1, False),
+    "length 0": ([OK + b"Content-Length: 0\r\n\r\n"], True, 1, False),
+    "a body that looks like a last chunk": (
+        [OK + b"Content-Length: 5\r\n\r\n0\r\n\r\n"],
+        True,
+        1,
+        False,
+    ),
+    "a field value naming a length": (
+        [OK + b"X-A: Content-Length: 9\r\nContent-Length: 2\r\n\r\nok"],
+        True,
+        1,
+        False,
+    ),
+    "head over 16 KiB": (
+        [OK + b"X-Big: " + b"a" * 20000 + b"\r\nContent-Length: 2\r\n\r\nok"],
+        True,
+        1,
+        False,
+    ),
+    "204 with a length": (
+        [b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"],
+        False,
+        1,
+        False,
+    ),
+    "304 with a length": (
+        [b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"],
+        False,
+        1,
+        False,
+    ),
+    "no reason phrase": ([b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok"], False, 1, False),
+    "status 600": ([b"HTTP/1.1 600 X\r\nContent-Length: 2\r\n\r\nok"], False, 1, False),
+    "upgrade field": ([OK + b"Upgrade: h2c\r\nContent-Length: 2\r\n\r\nok"], False, 1, False),
+    "head split inside its last CRLF CRLF": (
+        [OK + b"Content-Length: 2\r\n\r", b"\nok"],
+        False,
+        1,
+        False,
+    ),
+    # malformed answers: a clean 502 on both paths (STATUS below), the connection not reused
+    "chunked and a length": (
+        [
+            OK_CHUNKED.replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\n")
+            + b"3\r\nabc\r\n0\r\n\r\n"
+        ],
+        False,
+        2,
+        False,
+    ),
+    "bad chunk size in the first read": ([OK_CHUNKED + b"zz\r\nabc\r\n0\r\n\r\n"], False, 2, False),
+    "a length list": ([OK + b"Content-Length: 2, 2\r\n\r\nok"], False, 2, False),
+    "length with a sign": ([OK + b"Content-Length: +2\r\n\r\nok"], False, 2, False),
+    "length past 2**64": (
+        [OK + b"Content-Length: 99999999999999999999\r\n\r\nok"],
+        False,
+        2,
+        False,
+    ),
+    "bare LF line ends": ([b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"], False, 2, False),
+    "obs-fold continuation": (
+        [OK + b"X-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok"],
+        False,
+        2,
+        False,
+    ),
+    "NUL in a value": ([OK + b"X-A: a\x00b\r\nContent-Length: 2\r\n\r\nok"], False, 2, False),
+    "space before the colon": ([OK + b"Content-Length : 2\r\n\r\nok"], False, 2, False),
+    "lower-case version": ([b"http/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"], False, 2, False),
+}
+#: answers each path must turn into this status
+STATUS = {
+    name: b"502"
+    for name in (
+        "chunked and a length",
+        "bad chunk size in the first read",
+        "a length list",
+        "length with a sign",
+        "length past 2**64",
+        "bare LF line ends",
+        "obs-fold continuation",
+        "NUL in a value",
+        "space before the colon",
+        "lower-case version",
+    )
 }
 
 
@@ -431,5 +549,8 @@ async def test_answers_come_out_the_same_on_both_paths(
     assert fast.client_got == slow.client_got
     assert fast.upstream_got == slow.upstream_got
     assert fast.counters == slow.counters
+    if name in STATUS:
+        assert [a[:13] for a in fast.client_got] == [b"HTTP/1.1 " + STATUS[name] + b" "] * 2
+        assert fast.counters[3] == {"client_error": 2}
     if connections is not None:
         assert fast.connections == slow.connections == connections
