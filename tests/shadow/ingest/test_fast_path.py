@@ -122,9 +122,12 @@ async def through(
     fast: bool,
     monkeypatch: pytest.MonkeyPatch,
     close_after: bool = False,
+    steps: list[tuple[list[bytes], int]] | None = None,
 ) -> Run:
     """Send ``requests`` one after another, each on a new client connection (the proxy's
-    upstream connections are pooled across clients)."""
+    upstream connections are pooled across clients); or, with ``steps``, run each step on one
+    client connection: write its pieces (a short pause between them, so each reaches the proxy
+    as a read of its own), then read that many answers."""
     taken = {"request": 0, "answer": 0}
     real_request, real_answer = forward._Client.fast_request, forward._Exchange.fast_answer
 
@@ -159,6 +162,17 @@ async def through(
                 r, w = await asyncio.open_connection("127.0.0.1", port)
                 w.write(raw)
                 got.append(await read_answer(r))
+                w.close()
+            if steps:
+                r, w = await asyncio.open_connection("127.0.0.1", port)
+                for pieces, answers in steps:
+                    for i, piece in enumerate(pieces):
+                        if i:
+                            await asyncio.sleep(0.005)
+                        w.write(piece)
+                        await w.drain()
+                    for _ in range(answers):
+                        got.append(await read_answer(r))
                 w.close()
             await asyncio.sleep(0.05)  # let the copies reach the offer
         finally:
@@ -349,6 +363,68 @@ async def test_malformed_requests_are_refused_on_both_paths(
     assert fast.client_got == slow.client_got == [forward._BAD_400]
     assert fast.upstream_got == slow.upstream_got == []
     assert fast.counters == slow.counters == (0, 0, 0, {}, 0)
+
+
+async def test_a_request_split_at_every_byte_comes_out_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A common request that reaches the proxy in two reads, split at every byte, is never
+    taken by the fast path (it needs the whole request in one read) and goes up exactly as the
+    whole request does: the bytes the upstream receives for each split equal those of the
+    unsplit request, on both paths, and every answer is relayed."""
+    raw = COMMON_REQUESTS["forwarded before, category and id"]
+    steps = [([raw[:i], raw[i:]], 1) for i in range(1, len(raw))]
+    whole = await through([raw], PLAIN, True, monkeypatch)
+    assert whole.fast_requests == 1
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.fast_requests == 0
+    assert fast.upstream_got == slow.upstream_got == whole.upstream_got * len(steps)
+    assert fast.client_got == slow.client_got == PLAIN * len(steps)
+    assert fast.offered == slow.offered == whole.offered * len(steps)
+    assert fast.counters == slow.counters == (len(steps), 0, 0, {}, 0)
+
+
+ONE = COMMON_REQUESTS["plain"]
+#: name: (steps on one connection, fast requests taken, requests the upstream receives)
+PIPELINES: dict[str, tuple[list[tuple[list[bytes], int]], int, int]] = {
+    "two requests in one read": ([([ONE + ONE], 2)], 0, 2),
+    "a request and the start of the next in one read": (
+        [([ONE + ONE[:30], ONE[30:]], 2)],
+        0,
+        2,
+    ),
+    "a request and the head of the next in one read": (
+        [([ONE + ONE[:-5], ONE[-5:]], 2)],
+        0,
+        2,
+    ),
+    "a body that holds a whole request": (
+        [([post(b"Host: h", body=ONE)], 1), ([ONE], 1)],
+        2,
+        2,
+    ),
+    "one after the other, then two at once": ([([ONE], 1), ([ONE], 1), ([ONE + ONE], 2)], 2, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(PIPELINES))
+async def test_pipelined_requests_come_out_the_same(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipelined requests on one connection: the fast path takes only a read holding exactly
+    one whole request while nothing is queued; the upstream receives each request once, in
+    order, and the client its answers in order, the same bytes on both paths."""
+    steps, fast_taken, received = PIPELINES[name]
+    answers = sum(n for _, n in steps)
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.fast_requests == fast_taken
+    assert len(fast.upstream_got) == received
+    assert fast.upstream_got == slow.upstream_got
+    assert fast.client_got == slow.client_got == PLAIN * answers
+    assert fast.offered == slow.offered
+    assert fast.counters == slow.counters
 
 
 def chunk(data: bytes) -> bytes:
