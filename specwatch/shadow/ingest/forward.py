@@ -5,7 +5,8 @@ parsing both ways, a pooled keep-alive upstream, responses relayed as bytes.
 head is parsed, rebuilt without hop-by-hop fields (RFC 9110 §7.6.1: ``Connection`` and every
 field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``, ``Upgrade``), proxy
 credentials, ``Host`` (set to the upstream's) and ``Expect`` (``100 Continue`` is answered here),
-with ``X-Forwarded-For`` appended, and written with the body to an idle keep-alive upstream
+with ``X-Forwarded-For`` appended (``Upgrade`` is not honoured: the request goes up as a plain
+one; one with a body is refused with ``400``, as llhttp reads no body after its head), and written with the body to an idle keep-alive upstream
 connection (:class:`_Upstream`, a new one when none is idle). A chunked request body is re-framed
 chunk by chunk as it arrives; a body of known length is passed on as it arrives.
 
@@ -131,6 +132,10 @@ _TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 26\r\n\r\nrequest body read timeout\n"
 )
+
+
+class _UpgradeWithBody(Exception):
+    """An ``Upgrade`` request with a body (raised in a parser callback: a 400)."""
 
 
 class Handover(Protocol):
@@ -945,9 +950,7 @@ class _Client(asyncio.Protocol):
         ):
             return
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # Upgrade is hop-by-hop and not forwarded: the request went on as a plain one
+            self._feed(data)
         except httptools.HttpParserError as exc:
             self.to_begin = None
             self._bad_request(exc)
@@ -972,6 +975,21 @@ class _Client(asyncio.Protocol):
                 self.body_timer = loop.call_later(
                     self.fwd.limits.body_timeout_seconds, self._body_check
                 )
+
+    def _feed(self, data: bytes) -> None:
+        """Feed ``data`` to the request parser. ``Upgrade`` is hop-by-hop and not honoured
+        (the request goes up as a plain one): llhttp stops after an upgrade request's head and
+        goes on with the next feed, so the rest of this read is fed again. Raises
+        ``httptools.HttpParserError`` on a malformed request."""
+        while data:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as exc:
+                used = int(exc.args[0]) if exc.args else 0
+                if used <= 0 or self.gone:
+                    return
+                data = data[used:]
 
     def eof_received(self) -> bool | None:
         if self.req is None and self.queue:
@@ -1192,14 +1210,21 @@ class _Client(asyncio.Protocol):
         assert ex is not None
         fwd = self.fwd
         parser = self.parser
+        headers, self.headers = self.headers, []
+        lowered = [n.lower() for n, _ in headers]
+        if parser.should_upgrade() and any(
+            n == b"transfer-encoding" or (n == b"content-length" and v.strip(b" \t0"))
+            for n, (_, v) in zip(lowered, headers, strict=True)
+        ):
+            # llhttp reads no body after an upgrade request's head: refused (400), as sent up
+            # without its body it would wait for one (or carry an empty one)
+            raise _UpgradeWithBody
         fwd.counters.proxy_requests += 1
         method = parser.get_method()
         url, self.url = self.url, b""
-        headers, self.headers = self.headers, []
         path = url.split(b"?", 1)[0]
         http10 = parser.get_http_version() == "1.0"
         drop = _B_DROP_REQUEST
-        lowered = [n.lower() for n, _ in headers]
         if b"connection" in lowered:
             drop = drop | connection_tokens(
                 v for n, (_, v) in zip(lowered, headers, strict=True) if n == b"connection"

@@ -427,6 +427,66 @@ async def test_pipelined_requests_come_out_the_same(
     assert fast.counters == slow.counters
 
 
+UPGRADE = (
+    b"GET /v1/models HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+    b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+)
+#: what the upstream receives for it: a plain GET (Upgrade is hop-by-hop, not honoured)
+UPGRADE_SENT = b"GET /v1/models HTTP/1.1\r\nHost: UPSTREAM\r\nX-Forwarded-For: 127.0.0.1\r\n\r\n"
+ONE_SENT = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: UPSTREAM\r\nUser-Agent: t/1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 47\r\nX-Forwarded-For: 127.0.0.1"
+    b"\r\n\r\n" + JSON
+)
+#: name: (steps on one connection, what the upstream receives, answers the client receives)
+UPGRADES: dict[str, tuple[list[tuple[list[bytes], int]], list[bytes], list[bytes]]] = {
+    "then a request in the next read": (
+        [([UPGRADE], 1), ([ONE], 1)],
+        [UPGRADE_SENT, ONE_SENT],
+        PLAIN * 2,
+    ),
+    "then a request in the same read": (
+        [([UPGRADE + ONE], 2)],
+        [UPGRADE_SENT, ONE_SENT],
+        PLAIN * 2,
+    ),
+    "with a body": (
+        [([post(b"Host: h", b"Connection: Upgrade", b"Upgrade: h2c")], 1)],
+        [],
+        [forward._BAD_400],
+    ),
+    "with a chunked body": (
+        [
+            (
+                [
+                    b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\n"
+                    b"Upgrade: websocket\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+                ],
+                1,
+            )
+        ],
+        [],
+        [forward._BAD_400],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UPGRADES))
+async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Upgrade`` is hop-by-hop and not honoured: the request goes up as a plain one and the
+    connection stays HTTP/1.1, so a request after it (in the same read or the next) is
+    answered too. llhttp reads no body after an upgrade request's head, so one with a body is
+    refused (400, nothing sent up) rather than sent up without its body (a hang)."""
+    steps, sent, answers = UPGRADES[name]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.upstream_got == slow.upstream_got == sent
+    assert fast.client_got == slow.client_got == answers
+    assert fast.counters == slow.counters
+
+
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
