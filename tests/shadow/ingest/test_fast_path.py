@@ -9,6 +9,7 @@ requests and answers of the common shape (so the comparison is not between two p
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Upstream:
 
     answer: list[bytes]
     close_after: bool = False
+    early: bool = False  # answer as soon as the head is in, then read the body
     received: list[bytes] = field(default_factory=list)
     accepted: int = 0
 
@@ -48,6 +50,9 @@ class Upstream:
                     head = await r.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
                     return
+                if self.early:
+                    for piece in self.answer:
+                        w.write(piece)
                 body = b""
                 low = head.lower()
                 if b"\ncontent-length:" in low:
@@ -62,7 +67,7 @@ class Upstream:
                         if size == 0:
                             break
                 self.received.append(head + body)
-                for i, piece in enumerate(self.answer):
+                for i, piece in enumerate([] if self.early else self.answer):
                     if i:
                         await asyncio.sleep(0.02)
                     w.write(piece)
@@ -123,6 +128,7 @@ async def through(
     monkeypatch: pytest.MonkeyPatch,
     close_after: bool = False,
     steps: list[tuple[list[bytes], int]] | None = None,
+    early: bool = False,
 ) -> Run:
     """Send ``requests`` one after another, each on a new client connection (the proxy's
     upstream connections are pooled across clients); or, with ``steps``, run each step on one
@@ -149,7 +155,7 @@ async def through(
         offered.append(req)
         return "admitted"
 
-    up = Upstream(answer, close_after)
+    up = Upstream(answer, close_after, early)
     counters = IngestCounters()
     async with upstream_server(up) as base:
         proxy = ShadowProxy(base, offer, counters=counters, clock=lambda: 0.0)
@@ -351,18 +357,26 @@ async def test_other_requests_go_to_the_parser_and_come_out_the_same(
 
 @pytest.mark.parametrize("name", list(REFUSED_REQUESTS))
 async def test_malformed_requests_are_refused_on_both_paths(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A request llhttp refuses (framing an upstream could read another way, control bytes,
     odd spellings) never takes the fast path: both paths answer the parser's 400 with the
-    connection closed and send the upstream nothing."""
+    connection closed and send the upstream nothing; one log line each, without the
+    request's ``Authorization`` token or a traceback."""
     raw = REFUSED_REQUESTS[name]
-    fast = await through([raw], PLAIN, True, monkeypatch)
-    slow = await through([raw], PLAIN, False, monkeypatch)
+    line_end = raw.index(b"\n") + 1
+    eol = raw[line_end - 2 : line_end] if raw[line_end - 2 : line_end] == b"\r\n" else b"\n"
+    raw = raw[:line_end] + b"Authorization: Bearer sk-live-123" + eol + raw[line_end:]
+    with caplog.at_level("DEBUG"):
+        fast = await through([raw], PLAIN, True, monkeypatch)
+        slow = await through([raw], PLAIN, False, monkeypatch)
     assert fast.fast_requests == 0
     assert fast.client_got == slow.client_got == [forward._BAD_400]
     assert fast.upstream_got == slow.upstream_got == []
     assert fast.counters == slow.counters == (0, 0, 0, {}, 0)
+    assert [r.message for r in caplog.records] == ["bad request", "bad request"]
+    assert all("sk-live-123" not in str(r.__dict__) for r in caplog.records)
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 async def test_a_request_split_at_every_byte_comes_out_the_same(
@@ -485,6 +499,77 @@ async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
     assert fast.upstream_got == slow.upstream_got == sent
     assert fast.client_got == slow.client_got == answers
     assert fast.counters == slow.counters
+
+
+def padded(head_length: int) -> bytes:
+    """A common request whose head (up to and with its empty line) is ``head_length`` bytes."""
+    short = post(b"Host: h", b"X-Pad: ")
+    pad = head_length - short.index(b"\r\n\r\n") - 4
+    return post(b"Host: h", b"X-Pad: " + b"p" * pad)
+
+
+@pytest.mark.parametrize(("head_length", "fast_taken"), [(8191, 1), (8192, 1), (8193, 0)])
+async def test_heads_near_the_fast_path_limit(
+    head_length: int, fast_taken: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path looks at heads of up to 8192 bytes; one byte longer goes to the parser.
+    Either way the upstream receives the same head: the client's fields in order, with ``Host``
+    replaced and ``X-Forwarded-For`` last, and the client the answer."""
+    raw = padded(head_length)
+    assert raw.index(b"\r\n\r\n") + 4 == head_length
+    fast = await through([raw], PLAIN, True, monkeypatch)
+    slow = await through([raw], PLAIN, False, monkeypatch)
+    assert fast.fast_requests == fast_taken
+    pad = raw.split(b"X-Pad: ")[1].split(b"\r\n")[0]
+    expected = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: UPSTREAM\r\nX-Pad: " + pad + b"\r\n"
+        b"Content-Length: 47\r\nX-Forwarded-For: 127.0.0.1\r\n\r\n" + JSON
+    )
+    assert fast.upstream_got == slow.upstream_got == [expected]
+    assert fast.client_got == slow.client_got == PLAIN
+
+
+async def test_a_head_request_gets_the_head_of_an_answer_with_a_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HEAD``: the answer's ``Content-Length`` announces a body that never comes; neither
+    path waits for it or takes the fast answer path: the head is relayed as it is and the
+    upstream connection is reused for a second ``HEAD`` on the same client connection."""
+
+    async def head_answer(r: asyncio.StreamReader) -> bytes:
+        return await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+
+    monkeypatch.setattr(sys.modules[__name__], "read_answer", head_answer)
+    head = b"HEAD /v1/models HTTP/1.1\r\nHost: h\r\n\r\n"
+    steps = [([head], 1), ([head], 1)]
+    only_head = [PLAIN[0][:HEAD_END]]
+    fast = await through([], only_head, True, monkeypatch, steps=steps)
+    slow = await through([], only_head, False, monkeypatch, steps=steps)
+    assert fast.fast_requests == fast.fast_answers == 0
+    assert fast.client_got == slow.client_got == only_head * 2
+    assert (
+        fast.upstream_got
+        == slow.upstream_got
+        == [b"HEAD /v1/models HTTP/1.1\r\nHost: UPSTREAM\r\nX-Forwarded-For: 127.0.0.1\r\n\r\n"] * 2
+    )
+    assert fast.connections == slow.connections == 1
+
+
+async def test_an_answer_before_the_request_body_is_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upstream answers as soon as the head is in, before the client sent the rest of its
+    body: the fast answer path is not taken (the request is not complete); both paths relay
+    the answer, close the upstream connection (its request was not finished, so the fake
+    upstream records none) and offer no copy of the partial body."""
+    raw = COMMON_REQUESTS["plain"]
+    cut = raw.index(b"\r\n\r\n") + 4 + 10
+    steps = [([raw[:cut]], 1)]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps, early=True)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps, early=True)
+    assert fast.fast_requests == fast.fast_answers == 0
+    assert fast.client_got == slow.client_got == PLAIN
+    assert fast.upstream_got == slow.upstream_got == []
+    assert fast.offered == slow.offered == []
+    assert fast.counters == slow.counters == (1, 0, 0, {}, 0)
 
 
 def chunk(data: bytes) -> bytes:
