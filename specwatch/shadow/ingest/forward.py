@@ -6,13 +6,17 @@ head is parsed, rebuilt without hop-by-hop fields (RFC 9110 §7.6.1: ``Connectio
 field it lists, ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``, ``Upgrade``), proxy
 credentials, ``Host`` (set to the upstream's) and ``Expect`` (``100 Continue`` is answered here),
 with ``X-Forwarded-For`` appended (``Upgrade`` is not honoured: the request goes up as a plain
-one; one with a body is refused with ``400``, as llhttp reads no body after its head), and written with the body to an idle keep-alive upstream
-connection (:class:`_Upstream`, a new one when none is idle). A chunked request body is re-framed
-chunk by chunk as it arrives; a body of known length is passed on as it arrives.
+one; one with a body is refused with ``400``, as llhttp reads no body after its head), and
+written with the body to an idle keep-alive upstream connection (:class:`_Upstream`, a new one
+when none is idle). A chunked request body is re-framed chunk by chunk as it arrives; a body of
+known length is passed on as it arrives.
 
 The upstream's answer is relayed **as bytes**: its head verbatim unless a field must go (then
 rebuilt from the parsed fields), then every body byte (chunked framing and SSE events included)
-written to the client as it arrives. The response parser only finds where the answer ends, so the
+written to the client as it arrives. Bytes after the answer's end (a misbehaving upstream) are
+cut at the length of an answer that has one; after a chunked one they are relayed with the read
+that holds its end; either way neither connection is reused, so they are never read as the
+client's next answer. The response parser only finds where the answer ends, so the
 upstream connection can be reused; an answer with neither length nor chunking ends when the
 upstream closes, and the client connection is closed after it.
 
@@ -417,6 +421,11 @@ class _Upstream(asyncio.Protocol):
             self.transport.abort()
 
 
+class _AfterEnd(Exception):
+    """An answer began after the one asked for (raised in a parser callback: the parser stops
+    with an error, handled as bytes after the end)."""
+
+
 class _AnswerEnd:
     """The response parser's protocol on the fast path of a chunked answer: only the end."""
 
@@ -424,6 +433,10 @@ class _AnswerEnd:
 
     def __init__(self, ex: _Exchange) -> None:
         self.ex = ex
+
+    def on_message_begin(self) -> None:
+        if self.ex.resp_done:
+            raise _AfterEnd
 
     def on_message_complete(self) -> None:
         self.ex.resp_done = True
@@ -555,6 +568,10 @@ class _Exchange:
 
     # -- response side: the parser's callbacks ---------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.resp_done:  # a second answer after this one: bytes after the end
+            raise _AfterEnd
+
     def on_status(self, status: bytes) -> None:
         if not self.r_interim:
             self.r_reason += status
@@ -616,8 +633,9 @@ class _Exchange:
                     if not self.resp_done:
                         self.fail("client_error", 502)
                         return
-                    if self.up is not None:  # bytes after the end: not reused
-                        self.up.close()
+                    # bytes after the end (relayed with this read): neither connection is
+                    # reused, so they can never be read as the client's next answer
+                    self.up_keep = self.keep_client = False
             if self.resp_done:
                 self.finish()
             return
@@ -708,13 +726,13 @@ class _Exchange:
         return True
 
     def fast_body(self, data: bytes) -> None:
-        """More body of an answer on the fast path: relayed up to its length; bytes beyond it
-        are dropped and the upstream connection is not reused."""
+        """More body of an answer with a length: relayed up to its length; bytes beyond it are
+        dropped and neither connection is reused (the upstream is out of step)."""
         left = self.fast_left
         t = self.client.transport
         if len(data) > left:
             data = data[:left]
-            self.up_keep = False
+            self.up_keep = self.keep_client = False
         left -= len(data)
         self.fast_left = left
         if t is not None:
@@ -739,11 +757,14 @@ class _Exchange:
             drop |= connection_tokens(v[1] for v in conn)
         chunked = False
         has_length = False
+        length = -1
         for n, (_, v) in zip(names, self.r_headers, strict=True):
             if n == b"transfer-encoding" and b"chunked" in v.lower():
                 chunked = True
             elif n == b"content-length":
                 has_length = True
+                digits = _DIGITS.fullmatch(v.strip(b" \t"))
+                length = int(digits.group()) if digits is not None else -1
         if self.is_head or code in (204, 304):
             framing = "none"
         elif chunked:
@@ -759,9 +780,16 @@ class _Exchange:
             self.dechunk = True
             self.keep_client = False
             drop.add(b"transfer-encoding")
-        rewrite = not self.keep_client or any(n in drop for n in names)
         raw = self.rbuf
         self.rbuf = bytearray()
+        if framing == "length" and length >= 0:
+            # an answer with a length is relayed up to its length, the rest counted as it comes
+            # (as on the fast path): bytes beyond it never reach the client
+            if len(raw) - end >= length:
+                del raw[end + length :]
+            else:
+                self.fast_left = length - (len(raw) - end)
+        rewrite = not self.keep_client or any(n in drop for n in names)
         self.started = True
         t = self.client.transport
         if t is None:

@@ -752,6 +752,71 @@ STATUS = {
 }
 
 
+SECOND = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nSMUGGLED"
+ALL_SSE = b"".join(SSE)
+CLOSE_HEAD = PLAIN[0][:HEAD_END].replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+#: name: (answer pieces, what the client receives on the fast path and on the parser path
+#: before its connection is closed)
+STRAY: dict[str, tuple[list[bytes], bytes, bytes]] = {
+    "bytes beyond the length, in a later read": (
+        [PLAIN[0][: HEAD_END + 5], PLAIN[0][HEAD_END + 5 :] + b"EXTRA"],
+        PLAIN[0],
+        PLAIN[0],
+    ),
+    "a second answer after the length": (
+        [PLAIN[0] + SECOND],
+        CLOSE_HEAD + ANSWER,
+        CLOSE_HEAD + ANSWER,
+    ),
+    "a second answer after the length, in a later read": (
+        [PLAIN[0][: HEAD_END + 5], PLAIN[0][HEAD_END + 5 :] + SECOND],
+        PLAIN[0],
+        PLAIN[0],
+    ),
+    # a chunked answer's end is found by llhttp, which does not say where: what follows it in
+    # the same read is relayed, then the connection is closed (so it is never read as the next
+    # answer); the parser path rewrites a head it has not sent yet with "Connection: close"
+    "a second answer after the last chunk": (
+        [ALL_SSE + SECOND],
+        ALL_SSE + SECOND,
+        ALL_SSE.replace(b"chunked\r\n", b"chunked\r\nConnection: close\r\n", 1) + SECOND,
+    ),
+    "a second answer after the last chunk, in a later read": (
+        [ALL_SSE[:120], ALL_SSE[120:] + SECOND],
+        ALL_SSE + SECOND,
+        ALL_SSE + SECOND,
+    ),
+    "bytes beyond the last chunk, in a later read": (
+        [ALL_SSE[:120], ALL_SSE[120:] + b"EXTRA"],
+        ALL_SSE + b"EXTRA",
+        ALL_SSE + b"EXTRA",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STRAY))
+async def test_bytes_after_an_answer_never_reach_a_kept_client_connection(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream that sends more than one answer (stray bytes, or a whole second answer)
+    must not desynchronise the client: after such an answer both paths close the client
+    connection (the stray bytes can never be read as the answer to its next request) and do
+    not reuse the upstream connection; an answer with a length is cut at its length."""
+
+    async def until_closed(r: asyncio.StreamReader) -> bytes:
+        return await asyncio.wait_for(r.read(), 5)
+
+    monkeypatch.setattr(sys.modules[__name__], "read_answer", until_closed)
+    answer, on_fast, on_parser = STRAY[name]
+    raw = COMMON_REQUESTS["plain"]
+    fast = await through([raw, raw], answer, True, monkeypatch)
+    slow = await through([raw, raw], answer, False, monkeypatch)
+    assert fast.client_got == [on_fast, on_fast]
+    assert slow.client_got == [on_parser, on_parser]
+    assert fast.connections == slow.connections == 2
+    assert fast.counters == slow.counters == (2, 0, 0, {}, 0)
+
+
 @pytest.mark.parametrize("name", list(ANSWERS))
 async def test_answers_come_out_the_same_on_both_paths(
     name: str, monkeypatch: pytest.MonkeyPatch
