@@ -1115,10 +1115,9 @@ class _Client(asyncio.Protocol):
         self.transport.abort()
 
     def _bad_request(self, exc: Exception) -> None:
-        # never the request bytes: a head may carry credentials
-        self.fwd.stats.log.warning(
-            "bad request", listener=self.fwd.stats.name, error=type(exc).__name__
-        )
+        # counted and logged (rate-limited), never with the request bytes: a head may carry
+        # credentials
+        self.fwd.stats.refuse("bad_request", status=400, error=type(exc).__name__)
         if self.transport is None:
             return
         if not self.queue:

@@ -110,6 +110,7 @@ class Run:
     connections: int
     fast_requests: int
     fast_answers: int
+    refused: dict[str, int] = field(default_factory=dict)
 
 
 @asynccontextmanager
@@ -162,6 +163,7 @@ async def through(
         port = await proxy.start("127.0.0.1", 0)
         assert proxy._forwarder is not None
         proxy._forwarder.fast = fast
+        refused = proxy._forwarder.stats.refused
         got: list[bytes] = []
         try:
             for raw in requests:
@@ -198,6 +200,7 @@ async def through(
         up.accepted,
         taken["request"],
         taken["answer"],
+        dict(refused),
     )
 
 
@@ -361,8 +364,8 @@ async def test_malformed_requests_are_refused_on_both_paths(
 ) -> None:
     """A request llhttp refuses (framing an upstream could read another way, control bytes,
     odd spellings) never takes the fast path: both paths answer the parser's 400 with the
-    connection closed and send the upstream nothing; one log line each, without the
-    request's ``Authorization`` token or a traceback."""
+    connection closed, send the upstream nothing and count ``bad_request`` (one log line each,
+    without the request's ``Authorization`` token or a traceback)."""
     raw = REFUSED_REQUESTS[name]
     line_end = raw.index(b"\n") + 1
     eol = raw[line_end - 2 : line_end] if raw[line_end - 2 : line_end] == b"\r\n" else b"\n"
@@ -374,7 +377,8 @@ async def test_malformed_requests_are_refused_on_both_paths(
     assert fast.client_got == slow.client_got == [forward._BAD_400]
     assert fast.upstream_got == slow.upstream_got == []
     assert fast.counters == slow.counters == (0, 0, 0, {}, 0)
-    assert [r.message for r in caplog.records] == ["bad request", "bad request"]
+    assert fast.refused == slow.refused == {"bad_request": 1}
+    assert [r.message for r in caplog.records] == ["connection refused"] * 2
     assert all("sk-live-123" not in str(r.__dict__) for r in caplog.records)
     assert not [r for r in caplog.records if r.exc_info]
 
@@ -499,6 +503,8 @@ async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
     assert fast.upstream_got == slow.upstream_got == sent
     assert fast.client_got == slow.client_got == answers
     assert fast.counters == slow.counters
+    refused = {"bad_request": 1} if answers == [forward._BAD_400] else {}
+    assert fast.refused == slow.refused == refused
 
 
 def padded(head_length: int) -> bytes:
