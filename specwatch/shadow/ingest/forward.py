@@ -63,7 +63,14 @@ from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.ingest.offer import IngestCounters
 
-__all__ = ["HOP_BY_HOP", "PROXY_CREDENTIALS", "Forwarder", "Handover", "Upstream"]
+__all__ = [
+    "HOP_BY_HOP",
+    "MAX_HEAD_BYTES",
+    "PROXY_CREDENTIALS",
+    "Forwarder",
+    "Handover",
+    "Upstream",
+]
 
 log = logging.getLogger("specwatch.shadow.ingest")
 
@@ -88,6 +95,9 @@ PROXY_CREDENTIALS: frozenset[str] = frozenset(
 POOL_IDLE_SECONDS = 4.0
 #: Idle upstream connections kept at most (more are closed when released).
 POOL_MAX_IDLE = 256
+#: Longest request head accepted (request line and fields); a longer one is refused with ``400``
+#: (``bad_request``) while it is still coming, so a client cannot make the proxy buffer more.
+MAX_HEAD_BYTES = 64 << 10
 #: Request bytes kept to resend on a fresh connection when a reused one turns out closed before
 #: any answer byte; a request larger than this is not resent (answered ``502``).
 RESEND_MAX_BYTES = 64 << 10
@@ -136,6 +146,10 @@ _TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 26\r\n\r\nrequest body read timeout\n"
 )
+
+
+class _HeadTooLarge(Exception):
+    """A request head grew past :data:`MAX_HEAD_BYTES` (a 400)."""
 
 
 class _UpgradeWithBody(Exception):
@@ -944,6 +958,7 @@ class _Client(asyncio.Protocol):
         self.last_data = 0.0
         self.to_begin: _Exchange | None = None
         self.between = True  # the request parser is between messages
+        self.head_seen = 0  # bytes read while the current request head is not complete
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -993,6 +1008,10 @@ class _Client(asyncio.Protocol):
         loop = self.fwd.loop
         assert loop is not None
         if self.in_head:
+            self.head_seen += len(data)
+            if self.head_seen > MAX_HEAD_BYTES:
+                self._bad_request(_HeadTooLarge())
+                return
             if self.header_timer is None:
                 self.header_timer = loop.call_later(
                     self.fwd.limits.header_timeout_seconds, self._header_timeout
@@ -1230,6 +1249,7 @@ class _Client(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        self.head_seen = 0
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None

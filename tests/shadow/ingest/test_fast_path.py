@@ -535,6 +535,31 @@ async def test_heads_near_the_fast_path_limit(
     assert fast.client_got == slow.client_got == PLAIN
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"X-Big: " + b"a" * (forward.MAX_HEAD_BYTES + 1), id="one long value"),
+        pytest.param(b"X-Many: a\r\n" * (forward.MAX_HEAD_BYTES // 11 + 1), id="many fields"),
+    ],
+)
+async def test_a_head_past_the_cap_is_refused_before_it_ends(
+    head: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request head that grows past ``MAX_HEAD_BYTES`` (64 KiB) is refused with the
+    parser's 400 while it is still coming (the proxy does not keep buffering it, nor send it
+    up), counted as ``bad_request``, on both paths. The client writes it in 8 KiB pieces and
+    never ends it."""
+    start = b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n" + head
+    pieces = [start[i : i + 8192] for i in range(0, len(start), 8192)]
+    steps = [(pieces, 1)]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.client_got == slow.client_got == [forward._BAD_400]
+    assert fast.upstream_got == slow.upstream_got == []
+    assert fast.connections == slow.connections == 0
+    assert fast.refused == slow.refused == {"bad_request": 1}
+
+
 async def test_a_head_request_gets_the_head_of_an_answer_with_a_length(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
