@@ -8,7 +8,8 @@ credentials, ``Host`` (set to the upstream's) and ``Expect`` (``100 Continue`` i
 with ``X-Forwarded-For`` appended (``Upgrade`` is not honoured: the request goes up as a plain
 one; one with a body is refused with ``400``, as llhttp reads no body after its head), and
 written with the body to an idle keep-alive upstream connection (:class:`_Upstream`, a new one
-when none is idle). A chunked request body is re-framed chunk by chunk as it arrives; a body of
+when none is idle). A chunked request body is re-framed chunk by chunk as it arrives (trailer
+fields dropped); a body of
 known length is passed on as it arrives.
 
 The upstream's answer is relayed **as bytes**: its head verbatim unless a field must go (then
@@ -1245,7 +1246,8 @@ class _Client(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self.in_head:  # not a chunked body's trailer fields: those are dropped
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_head = False

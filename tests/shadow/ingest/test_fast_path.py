@@ -507,6 +507,33 @@ async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
     assert fast.refused == slow.refused == refused
 
 
+async def test_trailer_fields_of_a_chunked_upload_go_nowhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trailer fields after a chunked request body are dropped (the body goes up re-framed,
+    ending ``0``, empty line): they never join the head of the next request on the
+    connection, whether that one takes the fast path or the parser path, and a shadow marker
+    among them does not keep the next request from being copied."""
+    upload = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunk(JSON)
+        + b"0\r\nX-Injected: evil\r\nX-Specwatch-Shadow: 1\r\n\r\n"
+    )
+    upload_sent = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: UPSTREAM\r\nTransfer-Encoding: chunked\r\n"
+        b"X-Forwarded-For: 127.0.0.1\r\n\r\n" + chunk(JSON) + b"0\r\n\r\n"
+    )
+    steps = [([upload], 1), ([ONE], 1)]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.fast_requests == 1
+    assert fast.upstream_got == slow.upstream_got == [upload_sent, ONE_SENT]
+    assert fast.client_got == slow.client_got == PLAIN * 2
+    copy = ("/v1/completions", "hi", "default", None)
+    assert fast.offered == slow.offered == [copy, copy]
+    assert fast.counters == slow.counters == (2, 0, 0, {}, 0)
+
+
 def padded(head_length: int) -> bytes:
     """A common request whose head (up to and with its empty line) is ``head_length`` bytes."""
     short = post(b"Host: h", b"X-Pad: ")
