@@ -9,8 +9,7 @@ with ``X-Forwarded-For`` appended (``Upgrade`` is not honoured: the request goes
 one; one with a body is refused with ``400``, as llhttp reads no body after its head), and
 written with the body to an idle keep-alive upstream connection (:class:`_Upstream`, a new one
 when none is idle). A chunked request body is re-framed chunk by chunk as it arrives (trailer
-fields dropped); a body of
-known length is passed on as it arrives.
+fields dropped); a body of known length is passed on as it arrives.
 
 The upstream's answer is relayed **as bytes**: its head verbatim unless a field must go (then
 rebuilt from the parsed fields), then every body byte (chunked framing and SSE events included)
