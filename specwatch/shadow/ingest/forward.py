@@ -149,7 +149,8 @@ _TIMEOUT_408 = (
 
 
 class _HeadTooLarge(Exception):
-    """A request head grew past :data:`MAX_HEAD_BYTES` (a 400)."""
+    """A request head, or a body's framing and trailer fields with no body bytes, grew past
+    :data:`MAX_HEAD_BYTES` (a 400, or the connection aborted once a request is under way)."""
 
 
 class _UpgradeWithBody(Exception):
@@ -958,7 +959,10 @@ class _Client(asyncio.Protocol):
         self.last_data = 0.0
         self.to_begin: _Exchange | None = None
         self.between = True  # the request parser is between messages
-        self.head_seen = 0  # bytes read while the current request head is not complete
+        #: bytes read while the current request head is not complete, or since the last body
+        #: bytes of a request (trailer fields, chunk framing)
+        self.head_seen = 0
+        self.got_body = False  # the request parser gave body bytes since the last read
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -1017,6 +1021,16 @@ class _Client(asyncio.Protocol):
                     self.fwd.limits.header_timeout_seconds, self._header_timeout
                 )
         elif self.req is not None:
+            # reads with no body byte (a chunked body's trailer fields, which the parser buffers,
+            # or endless chunk extensions) count against the same cap as a head
+            if self.got_body:
+                self.got_body = False
+                self.head_seen = 0
+            else:
+                self.head_seen += len(data)
+                if self.head_seen > MAX_HEAD_BYTES:
+                    self._bad_request(_HeadTooLarge())
+                    return
             self.last_data = loop.time()
             if self.body_timer is None:
                 self.body_timer = loop.call_later(
@@ -1325,6 +1339,7 @@ class _Client(asyncio.Protocol):
             self.pause_reading()  # pipelined: read on when the one before is answered
 
     def on_body(self, body: bytes) -> None:
+        self.got_body = True
         ex = self.req
         if ex is not None:
             ex.body(body)

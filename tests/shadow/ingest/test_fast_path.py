@@ -105,7 +105,7 @@ async def read_answer(r: asyncio.StreamReader) -> bytes:
 class Run:
     upstream_got: list[bytes]
     client_got: list[bytes]
-    offered: list[tuple[str, bytes, str, str | None]]
+    offered: list[tuple[str, object, str, str | None]]
     counters: tuple[int, int, int, dict[str, int], int]
     connections: int
     fast_requests: int
@@ -532,6 +532,73 @@ async def test_trailer_fields_of_a_chunked_upload_go_nowhere(
     copy = ("/v1/completions", "hi", "default", None)
     assert fast.offered == slow.offered == [copy, copy]
     assert fast.counters == slow.counters == (2, 0, 0, {}, 0)
+
+
+async def test_endless_trailer_fields_are_cut_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trailer fields after a chunked upload are buffered by the parser until they end (and
+    grow at a cost that rises with their square): past ``MAX_HEAD_BYTES`` of reads that carry
+    no body byte the upload is cut off (the client connection aborted, counted as
+    ``bad_request`` and as an incomplete upload), on both paths."""
+
+    async def until_closed(r: asyncio.StreamReader) -> bytes:
+        try:
+            return await asyncio.wait_for(r.read(), 5)
+        except ConnectionResetError:
+            return b"<reset>"
+
+    monkeypatch.setattr(sys.modules[__name__], "read_answer", until_closed)
+    start = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunk(JSON)
+        + b"0\r\nX-Endless: "
+    )
+    steps = [([start, b"a" * (forward.MAX_HEAD_BYTES + 16384)], 1)]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.client_got == slow.client_got
+    assert fast.client_got[0] in (b"", b"<reset>")
+    assert fast.upstream_got == slow.upstream_got == []
+    assert fast.refused == slow.refused == {"bad_request": 1}
+    assert fast.counters == slow.counters == (1, 0, 1, {}, 0)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+async def test_a_large_upload_is_not_mistaken_for_endless_framing(
+    chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1 MiB upload written at once (reads far larger than ``MAX_HEAD_BYTES``, all body)
+    goes up whole on both paths: the cap counts only reads without body bytes."""
+    body = b"x" * (1 << 20)
+    if chunked:
+        raw = (
+            b"POST /v1/models HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunk(body[: 1 << 19])
+            + chunk(body[1 << 19 :])
+            + b"0\r\n\r\n"
+        )
+    else:
+        raw = post(b"Host: h", body=body, path=b"/v1/models")
+    fast = await through([], PLAIN, True, monkeypatch, steps=[([raw], 1)])
+    slow = await through([], PLAIN, False, monkeypatch, steps=[([raw], 1)])
+    assert fast.client_got == slow.client_got == PLAIN
+    assert len(fast.upstream_got) == len(slow.upstream_got) == 1
+    for got in (fast.upstream_got[0], slow.upstream_got[0]):
+        sent = got.split(b"\r\n\r\n", 1)[1]
+        assert (dechunk(sent) if chunked else sent) == body
+    assert fast.refused == slow.refused == {}
+
+
+def dechunk(framed: bytes) -> bytes:
+    """The data of a chunked body (the proxy re-frames chunks as they arrive)."""
+    out = b""
+    while True:
+        size_line, framed = framed.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, framed = out + framed[:size], framed[size + 2 :]
 
 
 def padded(head_length: int) -> bytes:
