@@ -1265,6 +1265,7 @@ class _Client(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         self.head_seen = 0
+        self.got_body = False
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
