@@ -135,6 +135,8 @@ _FAST_REQUEST = re.compile(
     + _FIELD_VALUE
     + rb"\r\n)*)\r\n"
 )
+#: The scheme and authority of a request target in absolute form (``http://host:port``).
+_ABSOLUTE_FORM = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 #: Longest request head the fast path looks at (a longer one takes the parser path).
 _FAST_HEAD_MAX = 8192
 #: Request fields the fast path drops itself (others the parser path drops send it there).
@@ -1285,6 +1287,11 @@ class _Client(asyncio.Protocol):
         fwd.counters.proxy_requests += 1
         method = parser.get_method()
         url, self.url = self.url, b""
+        absolute = _ABSOLUTE_FORM.match(url)
+        if absolute is not None:  # sent on in origin form (RFC 9112 §3.2.2)
+            url = url[absolute.end() :]
+            if not url.startswith(b"/"):
+                url = b"/" + url
         path = url.split(b"?", 1)[0]
         http10 = parser.get_http_version() == "1.0"
         drop = _B_DROP_REQUEST

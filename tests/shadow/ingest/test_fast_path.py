@@ -258,7 +258,6 @@ PARSER_REQUESTS = {
     b"Content-Length: %d\r\n\r\n%b" % (len(JSON), JSON),
     "content-length with a sign": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
     b"Content-Length: +%d\r\n\r\n%b" % (len(JSON), JSON),
-    "absolute-form target": post(b"Host: h", path=b"http://h/v1/completions"),
     "asterisk target": b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
     "two spaces after the method": post(b"Host: h").replace(b"POST ", b"POST  ", 1),
     "an empty line before the request": b"\r\n" + post(b"Host: h"),
@@ -599,6 +598,32 @@ def dechunk(framed: bytes) -> bytes:
         if size == 0:
             return out
         out, framed = out + framed[:size], framed[size + 2 :]
+
+
+@pytest.mark.parametrize(
+    ("target", "origin"),
+    [
+        (b"http://h/v1/completions", b"/v1/completions"),
+        (b"HTTPS://h:8443/v1/completions?x=1", b"/v1/completions?x=1"),
+        (b"http://h", b"/"),
+        (b"http://h?x=1", b"/?x=1"),
+    ],
+)
+async def test_an_absolute_form_target_goes_up_in_origin_form(
+    target: bytes, origin: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request in absolute form (RFC 9112 §3.2.2: a server must accept it) goes up in
+    origin form behind the upstream's prefix, as the same request in origin form would, and
+    a shadowed path is copied; the fast path leaves it to the parser."""
+    raw = post(b"Host: h", path=target)
+    fast = await through([raw], PLAIN, True, monkeypatch)
+    slow = await through([raw], PLAIN, False, monkeypatch)
+    assert fast.fast_requests == 0
+    expected = ONE_SENT.replace(b"/v1/completions", origin, 1)
+    expected = expected.replace(b"User-Agent: t/1\r\nContent-Type: application/json\r\n", b"")
+    assert fast.upstream_got == slow.upstream_got == [expected]
+    copied = [("/v1/completions", "hi", "default", None)] if origin.startswith(b"/v1") else []
+    assert fast.offered == slow.offered == copied
 
 
 def padded(head_length: int) -> bytes:
