@@ -39,6 +39,7 @@ class Upstream:
     answer: list[bytes]
     close_after: bool = False
     early: bool = False  # answer as soon as the head is in, then read the body
+    per_request: list[list[bytes]] | None = None  # the n-th request's answer pieces
     received: list[bytes] = field(default_factory=list)
     accepted: int = 0
 
@@ -67,9 +68,12 @@ class Upstream:
                         if size == 0:
                             break
                 self.received.append(head + body)
-                for i, piece in enumerate([] if self.early else self.answer):
+                pieces = self.answer
+                if self.per_request is not None:
+                    pieces = self.per_request[len(self.received) - 1]
+                for i, piece in enumerate([] if self.early else pieces):
                     if i:
-                        await asyncio.sleep(0.02)
+                        await asyncio.sleep(0.02 if self.per_request is None else 0.002)
                     w.write(piece)
                     await w.drain()
                 if self.close_after:
@@ -130,6 +134,7 @@ async def through(
     close_after: bool = False,
     steps: list[tuple[list[bytes], int]] | None = None,
     early: bool = False,
+    per_request: list[list[bytes]] | None = None,
 ) -> Run:
     """Send ``requests`` one after another, each on a new client connection (the proxy's
     upstream connections are pooled across clients); or, with ``steps``, run each step on one
@@ -156,7 +161,7 @@ async def through(
         offered.append(req)
         return "admitted"
 
-    up = Upstream(answer, close_after, early)
+    up = Upstream(answer, close_after, early, per_request=per_request)
     counters = IngestCounters()
     async with upstream_server(up) as base:
         proxy = ShadowProxy(base, offer, counters=counters, clock=lambda: 0.0)
@@ -942,6 +947,26 @@ STRAY: dict[str, tuple[list[bytes], bytes, bytes]] = {
         ALL_SSE + b"EXTRA",
     ),
 }
+
+
+@pytest.mark.parametrize("whole", [PLAIN[0], ALL_SSE], ids=["length", "chunked"])
+async def test_an_answer_split_at_every_byte_comes_out_the_same(
+    whole: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer that reaches the proxy in two reads, split at every byte: the fast path takes
+    it exactly when the first read holds the whole head; either way the client receives the
+    answer's bytes unchanged and the upstream connection is reused for the next request."""
+    head_end = whole.index(b"\r\n\r\n") + 4
+    splits = [[whole[:i], whole[i:]] for i in range(1, len(whole))]
+    raw = COMMON_REQUESTS["plain"]
+    steps = [([raw], 1)] * len(splits)
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps, per_request=splits)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps, per_request=splits)
+    assert fast.fast_answers == len(whole) - head_end
+    assert slow.fast_answers == 0
+    assert fast.client_got == slow.client_got == [whole] * len(splits)
+    assert fast.connections == slow.connections == 1
+    assert fast.counters == slow.counters
 
 
 @pytest.mark.parametrize("name", list(STRAY))
