@@ -1001,9 +1001,13 @@ class _Client(asyncio.Protocol):
         try:
             self._feed(data)
         except httptools.HttpParserError as exc:
-            self.to_begin = None
-            self._bad_request(exc)
-            return
+            last = self.queue[-1] if self.queue else None
+            if not (self.between and last is not None and not last.keep_client):
+                self.to_begin = None
+                self._bad_request(exc)
+                return
+            # bytes after a request that closes the connection: not processed (RFC 9112
+            # §9.6); it is answered, then the connection closed
         ex = self.to_begin
         if ex is not None:  # begun after the whole read: head and body go up in one write
             self.to_begin = None

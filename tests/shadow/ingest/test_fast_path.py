@@ -631,6 +631,37 @@ async def test_an_absolute_form_target_goes_up_in_origin_form(
     assert fast.offered == slow.offered == copied
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(post(b"Host: h", b"Connection: close"), id="connection close"),
+        pytest.param(b"GET /v1/models HTTP/1.0\r\nHost: h\r\n\r\n", id="http/1.0"),
+    ],
+)
+@pytest.mark.parametrize(
+    "after", [ONE, b"\r\n", b"garbage\r\n\r\n"], ids=["a request", "CRLF", "garbage"]
+)
+async def test_bytes_after_a_closing_request_are_ignored(
+    first: bytes, after: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes in the same read after a request that closes the connection (``Connection:
+    close``, HTTP/1.0) are not processed (RFC 9112 §9.6): the request is answered, then the
+    connection closed; nothing more goes up and nothing is refused (they cut the answer off
+    before)."""
+
+    async def until_closed(r: asyncio.StreamReader) -> bytes:
+        return await asyncio.wait_for(r.read(), 5)
+
+    monkeypatch.setattr(sys.modules[__name__], "read_answer", until_closed)
+    steps = [([first + after], 1)]
+    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    assert fast.client_got == slow.client_got == [CLOSE_HEAD + ANSWER]
+    assert len(fast.upstream_got) == len(slow.upstream_got) == 1
+    assert fast.refused == slow.refused == {}
+    assert fast.counters == slow.counters == (1, 0, 0, {}, 0)
+
+
 def padded(head_length: int) -> bytes:
     """A common request whose head (up to and with its empty line) is ``head_length`` bytes."""
     short = post(b"Host: h", b"X-Pad: ")
