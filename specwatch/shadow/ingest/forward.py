@@ -155,6 +155,10 @@ class _HeadTooLarge(Exception):
     :data:`MAX_HEAD_BYTES` (a 400, or the connection aborted once a request is under way)."""
 
 
+class _OtherTransferCoding(Exception):
+    """A request's ``Transfer-Encoding`` names a coding besides ``chunked`` (a 400)."""
+
+
 class _UpgradeWithBody(Exception):
     """An ``Upgrade`` request with a body (raised in a parser callback: a 400)."""
 
@@ -1288,6 +1292,13 @@ class _Client(asyncio.Protocol):
             # llhttp reads no body after an upgrade request's head: refused (400), as sent up
             # without its body it would wait for one (or carry an empty one)
             raise _UpgradeWithBody
+        if any(
+            n == b"transfer-encoding" and v.strip(b" \t").lower() != b"chunked"
+            for n, (_, v) in zip(lowered, headers, strict=True)
+        ):
+            # a coding besides chunked (``gzip, chunked``): re-framed as plain chunked it would
+            # reach the upstream as the body itself; refused (400)
+            raise _OtherTransferCoding
         fwd.counters.proxy_requests += 1
         method = parser.get_method()
         url, self.url = self.url, b""

@@ -274,6 +274,10 @@ PARSER_REQUESTS = {
 #: Requests the parser refuses: on both paths a 400 and nothing sent upstream (no smuggling).
 REFUSED_REQUESTS = {
     "length and chunked": post(b"Host: h", b"Transfer-Encoding: chunked"),
+    # a coding the proxy would drop while re-framing the body (the upstream would read the
+    # coded bytes as the body)
+    "gzip, chunked": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, "
+    b"chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(JSON), JSON),
     "two lengths": post(b"Host: h", b"Content-Length: %d" % len(JSON)),
     "a length list": b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
     b"Content-Length: %d, %d\r\n\r\n%b" % (len(JSON), len(JSON), JSON),
