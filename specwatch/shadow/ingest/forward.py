@@ -1315,7 +1315,8 @@ class _Client(asyncio.Protocol):
                 v for n, (_, v) in zip(lowered, headers, strict=True) if n == b"connection"
             )
         up = fwd.up
-        parts = [method, b" ", up.prefix, url, b" HTTP/1.1\r\nHost: ", up.host_header, _CRLF]
+        prefix = up.prefix if url != b"*" else b""  # ``*``: about the server, not a path
+        parts = [method, b" ", prefix, url, b" HTTP/1.1\r\nHost: ", up.host_header, _CRLF]
         prior: list[bytes] = []
         marked = chunked = expect = False
         for n, (name, value) in zip(lowered, headers, strict=True):

@@ -135,6 +135,7 @@ async def through(
     steps: list[tuple[list[bytes], int]] | None = None,
     early: bool = False,
     per_request: list[list[bytes]] | None = None,
+    prefix: str = "",
 ) -> Run:
     """Send ``requests`` one after another, each on a new client connection (the proxy's
     upstream connections are pooled across clients); or, with ``steps``, run each step on one
@@ -164,7 +165,7 @@ async def through(
     up = Upstream(answer, close_after, early, per_request=per_request)
     counters = IngestCounters()
     async with upstream_server(up) as base:
-        proxy = ShadowProxy(base, offer, counters=counters, clock=lambda: 0.0)
+        proxy = ShadowProxy(base + prefix, offer, counters=counters, clock=lambda: 0.0)
         port = await proxy.start("127.0.0.1", 0)
         assert proxy._forwarder is not None
         proxy._forwarder.fast = fast
@@ -664,6 +665,33 @@ async def test_bytes_after_a_closing_request_are_ignored(
     assert len(fast.upstream_got) == len(slow.upstream_got) == 1
     assert fast.refused == slow.refused == {}
     assert fast.counters == slow.counters == (1, 0, 0, {}, 0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "line", "fast_taken"),
+    [
+        (ONE, b"POST /base/v1/completions HTTP/1.1", 1),
+        (
+            post(b"Host: h", path=b"http://h/v1/completions"),
+            b"POST /base/v1/completions HTTP/1.1",
+            0,
+        ),
+        (b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", b"OPTIONS * HTTP/1.1", 0),
+    ],
+    ids=["origin form", "absolute form", "asterisk"],
+)
+async def test_the_upstream_prefix_on_both_paths(
+    raw: bytes, line: bytes, fast_taken: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream URL with a base path (``http://host:port/base``): the request target goes
+    up behind it, on both paths, except ``*`` (a request about the server, not a path), which
+    goes up as it is."""
+    fast = await through([raw], PLAIN, True, monkeypatch, prefix="/base")
+    slow = await through([raw], PLAIN, False, monkeypatch, prefix="/base")
+    assert fast.fast_requests == fast_taken
+    assert [u.split(b"\r\n", 1)[0] for u in fast.upstream_got] == [line]
+    assert fast.upstream_got == slow.upstream_got
+    assert fast.client_got == slow.client_got == PLAIN
 
 
 def padded(head_length: int) -> bytes:
