@@ -1159,8 +1159,10 @@ class _Client(asyncio.Protocol):
 
     def _bad_request(self, exc: Exception) -> None:
         # counted and logged (rate-limited), never with the request bytes: a head may carry
-        # credentials
-        self.fwd.stats.refuse("bad_request", status=400, error=type(exc).__name__)
+        # credentials; a refusal raised in a parser callback is named by its own class
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+        error = type(cause if cause is not None else exc).__name__.lstrip("_")
+        self.fwd.stats.refuse("bad_request", status=400, error=error)
         if self.transport is None:
             return
         if not self.queue:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import httptools
 import pytest
 
+from specwatch.core.logs import event_fields
 from specwatch.shadow.ingest import forward
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
@@ -500,20 +501,24 @@ UPGRADES: dict[str, tuple[list[tuple[list[bytes], int]], list[bytes], list[bytes
 
 @pytest.mark.parametrize("name", list(UPGRADES))
 async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``Upgrade`` is hop-by-hop and not honoured: the request goes up as a plain one and the
     connection stays HTTP/1.1, so a request after it (in the same read or the next) is
     answered too. llhttp reads no body after an upgrade request's head, so one with a body is
-    refused (400, nothing sent up) rather than sent up without its body (a hang)."""
+    refused (400, nothing sent up, logged as ``UpgradeWithBody``) rather than sent up without
+    its body (a hang)."""
     steps, sent, answers = UPGRADES[name]
-    fast = await through([], PLAIN, True, monkeypatch, steps=steps)
-    slow = await through([], PLAIN, False, monkeypatch, steps=steps)
+    with caplog.at_level("WARNING"):
+        fast = await through([], PLAIN, True, monkeypatch, steps=steps)
+        slow = await through([], PLAIN, False, monkeypatch, steps=steps)
     assert fast.upstream_got == slow.upstream_got == sent
     assert fast.client_got == slow.client_got == answers
     assert fast.counters == slow.counters
     refused = {"bad_request": 1} if answers == [forward._BAD_400] else {}
     assert fast.refused == slow.refused == refused
+    errors = [event_fields(r).get("error") for r in caplog.records if r.msg == "connection refused"]
+    assert errors == (["UpgradeWithBody"] * 2 if refused else [])
 
 
 async def test_trailer_fields_of_a_chunked_upload_go_nowhere(
