@@ -147,6 +147,7 @@ class ShadowComponent:
         self.shadow_settings = shadow
         self._listen = listen if listen is not None else ListenLimits()
         self._shutdown_timeout = shutdown_timeout_seconds
+        self._watch: Callable[[asyncio.Task[Any]], None] | None = None
         #: Counters of the proxy listener (proxy mode).
         self.proxy_listener = ListenerStats("proxy")
         #: Counters of the mirror listener (mirror mode).
@@ -376,6 +377,9 @@ class ShadowComponent:
         """
         await self._rebuild(ledger)
         await pipeline.start()
+        channel = pipeline.proxy.channel if pipeline.proxy is not None else None
+        if channel is not None and self._watch is not None:
+            self._watch(channel)  # the proxy process dying makes /healthz fail
         self._started = True
         self._ready.set()
         while True:
@@ -396,9 +400,11 @@ class ShadowComponent:
         exit.
 
         ``watch`` is handed the background task (the server marks the process failed when it
-        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
+        dies) and, with the proxy in its own process, the task that fails when that process
+        dies. Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
         ``OSError`` when the mirror port cannot be bound.
         """
+        self._watch = watch
         led = self.ledger_settings
         ledger = Ledger(
             led.path,
