@@ -223,6 +223,8 @@ PARSER_REQUESTS = {
 async def test_common_requests_take_the_fast_path_with_the_parser_paths_bytes(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each request of the common shape, sent twice, takes the fast path both times, and the
+    upstream, the client, the copies and the counters see exactly what the parser path gives."""
     raw = COMMON_REQUESTS[name]
     fast = await through([raw, raw], PLAIN, True, monkeypatch)
     slow = await through([raw, raw], PLAIN, False, monkeypatch)
@@ -270,6 +272,8 @@ def test_a_rebuilt_head_worked_out_by_hand() -> None:
 async def test_other_requests_go_to_the_parser_and_come_out_the_same(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A request outside the common shape never takes the fast path, and the result is the
+    parser path's, byte for byte."""
     raw = PARSER_REQUESTS[name]
     fast = await through([raw], PLAIN, True, monkeypatch)
     slow = await through([raw], PLAIN, False, monkeypatch)
@@ -346,6 +350,9 @@ ANSWERS: dict[str, tuple[list[bytes], bool, int | None, bool]] = {
 async def test_answers_come_out_the_same_on_both_paths(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each answer, relayed for two requests, takes the fast path exactly when it has the
+    common shape, and reaches the client as on the parser path (with the upstream connections
+    reused or not alike)."""
     answer, takes_fast_path, connections, close_after = ANSWERS[name]
     raw = COMMON_REQUESTS["plain"]
     fast = await through([raw, raw], answer, True, monkeypatch, close_after)
