@@ -370,16 +370,18 @@ class ShadowComponent:
         )
 
     async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
-        """Rebuild from the ledger, start the pipeline, then refresh the statistics every
-        ``paired.refresh_seconds`` (a cheap tick: no SQL, see the module docstring).
+        """Start the proxy listener (proxy mode), rebuild from the ledger, start the rest of
+        the pipeline, then refresh the statistics every ``paired.refresh_seconds`` (a cheap
+        tick: no SQL, see the module docstring).
 
         Runs as a background task so a large ledger never delays serving ``/healthz``.
         """
-        await self._rebuild(ledger)
-        await pipeline.start()
+        await pipeline.start_proxy()  # the live path first: it needs nothing from the ledger
         channel = pipeline.proxy.channel if pipeline.proxy is not None else None
         if channel is not None and self._watch is not None:
             self._watch(channel)  # the proxy process dying makes /healthz fail
+        await self._rebuild(ledger)
+        await pipeline.start()
         self._started = True
         self._ready.set()
         while True:
@@ -456,7 +458,7 @@ class ShadowComponent:
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await runner
-            if self.pipeline is not None and self._started:
+            if self.pipeline is not None and (self._started or self.pipeline.proxy_started):
                 await self.pipeline.stop()
             self._started = False
             self._ready.clear()
