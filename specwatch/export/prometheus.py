@@ -67,6 +67,7 @@ from specwatch.observe.values import (
 )
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.decision import VERDICTS
+from specwatch.shadow.ingest.offer import PROXY_UPSTREAM_ERROR_REASONS
 from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
 
@@ -340,7 +341,9 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add(cat.SHADOW_PROXY_REQUESTS, (), io.proxy_requests)
     fam.add(cat.SHADOW_PROXY_CLIENT_DISCONNECTS, (), io.proxy_client_disconnects)
     fam.add(cat.SHADOW_PROXY_OFFER_LOST, (), io.proxy_offer_lost)
-    fam.add_counts(cat.SHADOW_PROXY_UPSTREAM_ERRORS, io.proxy_upstream_errors)
+    fam.add_counts(
+        cat.SHADOW_PROXY_UPSTREAM_ERRORS, io.proxy_upstream_errors, PROXY_UPSTREAM_ERROR_REASONS
+    )
     fam.add(cat.SHADOW_CANARY_OFFERED, (), io.canary_offered)
     fam.add_counts(cat.SHADOW_CANARY_BAD_LINES, io.canary_bad_lines)
     fam.add_counts(cat.SHADOW_REPLAY_RETRIES, io.replay_retries)

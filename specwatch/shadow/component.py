@@ -147,6 +147,7 @@ class ShadowComponent:
         self.shadow_settings = shadow
         self._listen = listen if listen is not None else ListenLimits()
         self._shutdown_timeout = shutdown_timeout_seconds
+        self._watch: Callable[[asyncio.Task[Any]], None] | None = None
         #: Counters of the proxy listener (proxy mode).
         self.proxy_listener = ListenerStats("proxy")
         #: Counters of the mirror listener (mirror mode).
@@ -369,11 +370,16 @@ class ShadowComponent:
         )
 
     async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
-        """Rebuild from the ledger, start the pipeline, then refresh the statistics every
-        ``paired.refresh_seconds`` (a cheap tick: no SQL, see the module docstring).
+        """Start the proxy listener (proxy mode), rebuild from the ledger, start the rest of
+        the pipeline, then refresh the statistics every ``paired.refresh_seconds`` (a cheap
+        tick: no SQL, see the module docstring).
 
         Runs as a background task so a large ledger never delays serving ``/healthz``.
         """
+        await pipeline.start_proxy()  # the live path first: it needs nothing from the ledger
+        channel = pipeline.proxy.channel if pipeline.proxy is not None else None
+        if channel is not None and self._watch is not None:
+            self._watch(channel)  # the proxy process dying makes /healthz fail
         await self._rebuild(ledger)
         await pipeline.start()
         self._started = True
@@ -396,9 +402,11 @@ class ShadowComponent:
         exit.
 
         ``watch`` is handed the background task (the server marks the process failed when it
-        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
+        dies) and, with the proxy in its own process, the task that fails when that process
+        dies. Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
         ``OSError`` when the mirror port cannot be bound.
         """
+        self._watch = watch
         led = self.ledger_settings
         ledger = Ledger(
             led.path,
@@ -450,7 +458,7 @@ class ShadowComponent:
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await runner
-            if self.pipeline is not None and self._started:
+            if self.pipeline is not None and (self._started or self.pipeline.proxy_started):
                 await self.pipeline.stop()
             self._started = False
             self._ready.clear()

@@ -185,6 +185,8 @@ class ShadowPipeline:
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
+        #: the proxy listener is up (:meth:`start_proxy` ran and :meth:`stop` has not)
+        self.proxy_started = False
 
     # -- ingest entry -------------------------------------------------------------------------
 
@@ -208,8 +210,28 @@ class ShadowPipeline:
         yield
         await self.stop()
 
+    async def start_proxy(self) -> None:
+        """Start the proxy listener alone (proxy mode; once): the live path needs nothing from
+        the ledger or the statistics, so a caller starts it before rebuilding them and live
+        traffic is never refused while they load. Copies it hands over before :meth:`start`
+        wait in the sampler's queue (bounded, aged out as usual). Raises ``OSError`` when the
+        port cannot be bound."""
+        if self.proxy is None or self.proxy_started:
+            return
+        start = (
+            self.proxy.start_in_process
+            if self.settings.proxy_own_process
+            else self.proxy.start_in_thread
+            if self.settings.proxy_own_thread
+            else self.proxy.start
+        )
+        port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
+        self.proxy_started = True
+        log_event(log, logging.INFO, "shadow proxy listening", port=port)
+
     async def start(self) -> None:
-        """Start replay workers, the proxy listener and the canary runner (as configured)."""
+        """Start replay workers, the proxy listener (unless :meth:`start_proxy` did) and the
+        canary runner (as configured)."""
         if self.mirror_listener is not None:
             port = await self.mirror_listener.start(
                 self.settings.mirror_listen_host, self.settings.mirror_listen_port
@@ -217,16 +239,7 @@ class ShadowPipeline:
             log_event(log, logging.INFO, "shadow mirror listening", port=port)
         for i in range(self.settings.max_in_flight):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
-        if self.proxy is not None:
-            start = (
-                self.proxy.start_in_process
-                if self.settings.proxy_own_process
-                else self.proxy.start_in_thread
-                if self.settings.proxy_own_thread
-                else self.proxy.start
-            )
-            port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
-            log_event(log, logging.INFO, "shadow proxy listening", port=port)
+        await self.start_proxy()
         if self.canary is not None:
             self._tasks.append(asyncio.create_task(self.canary.run(), name="shadow-canary"))
 
@@ -238,6 +251,7 @@ class ShadowPipeline:
         self._tasks.clear()
         if self.proxy is not None:
             await self.proxy.stop()
+            self.proxy_started = False
         if self.mirror_listener is not None:
             await self.mirror_listener.stop()
 

@@ -14,6 +14,7 @@ The arms answer fixed texts, so every count below follows from the traffic sent:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -247,3 +248,52 @@ def _paired_since(rows: list[LedgerRow], since: float) -> int:
     return sum(
         1 for r in rows if r.status == "paired" and r.fly_agrees is not None and r.time >= since
     )
+
+
+async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In proxy mode the live path comes up before the rebuild from the ledger: with the
+    rebuild held back, a completion through the proxy port is answered by the upstream (its
+    text), and the copy is replayed once the rebuild ends and the pipeline starts."""
+    held = asyncio.Event()
+    rebuild = ShadowComponent._rebuild
+
+    async def slow_rebuild(self: ShadowComponent, ledger: Ledger) -> None:
+        await held.wait()
+        await rebuild(self, ledger)
+
+    monkeypatch.setattr(ShadowComponent, "_rebuild", slow_rebuild)
+    arms = {"standard": FakeArm(text="alpha beta"), "fly": FakeArm(text="alpha beta")}
+    async with _arms(arms) as urls:
+        shadow = ShadowSettings.model_validate(
+            {
+                "enabled": True,
+                "modes": ["proxy"],
+                "sample_probability": 1.0,
+                "pause_on_waiting": False,
+                "proxy_listen_host": "127.0.0.1",
+                "proxy_listen_port": 0,
+                "proxy_upstream": urls["fly"],
+                "proxy_own_process": False,
+                "proxy_own_thread": False,
+                "standard": {"url": urls["standard"]},
+                "fly": {"url": urls["fly"]},
+            }
+        )
+        paired = PairedSettings(windows=("1h",), refresh_seconds=3600.0)
+        ledger = LedgerSettings(path=str(tmp_path / "ledger.sqlite"))
+        comp = ShadowComponent(shadow, paired, ledger)
+        async with comp.running(), aiohttp.ClientSession() as client:
+            await until(lambda: comp.pipeline is not None and comp.pipeline.proxy_started)
+            assert comp.pipeline is not None
+            assert comp.pipeline.proxy is not None
+            assert not comp._started  # the rebuild is still held back
+            url = f"http://127.0.0.1:{comp.pipeline.proxy.port}/v1/completions"
+            async with client.post(url, json={"prompt": "q", "max_tokens": 4}) as r:
+                assert r.status == 200
+                assert (await r.json())["choices"][0]["text"] == "alpha beta"
+            assert sum(comp.pipeline.replays.values()) == 0
+            held.set()
+            await until(lambda: sum(comp.pipeline.replays.values()) == 1)  # type: ignore[union-attr]
+            assert comp._started

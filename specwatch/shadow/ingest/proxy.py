@@ -175,7 +175,17 @@ class _ProxyProcess:
     receiving: asyncio.Task[None]
 
 
-__all__ = ["HOP_BY_HOP", "PROXY_CREDENTIALS", "ShadowProxy", "connection_tokens"]
+class ProxyProcessExited(RuntimeError):
+    """The proxy process ended while this process still served: the live port is gone."""
+
+
+__all__ = [
+    "HOP_BY_HOP",
+    "PROXY_CREDENTIALS",
+    "ProxyProcessExited",
+    "ShadowProxy",
+    "connection_tokens",
+]
 
 
 def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
@@ -390,6 +400,14 @@ class ShadowProxy:
                     getattr(self, call)(*call_args)
         if self._child is not None and not self._child.writer.is_closing():
             log_event(log, logging.ERROR, "shadow proxy process exited")
+            raise ProxyProcessExited("shadow proxy process exited; its port no longer answers")
+
+    @property
+    def channel(self) -> asyncio.Task[None] | None:
+        """The task that reads the proxy process's hand-overs (process mode, while serving;
+        else ``None``). It fails with :class:`ProxyProcessExited` when the proxy process dies
+        before :meth:`stop`, so a watcher can mark specwatch unhealthy."""
+        return self._child.receiving if self._child is not None else None
 
     async def stop(self) -> None:
         """Stop serving (any mode): stop accepting, let answers in progress finish for up to the
@@ -399,7 +417,7 @@ class ShadowProxy:
             self._child = None
             with contextlib.suppress(OSError):
                 child.writer.write_eof()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError, ProxyProcessExited):
                 await asyncio.wait_for(asyncio.shield(child.receiving), self._shutdown_timeout + 5)
             child.writer.close()
             await asyncio.to_thread(child.process.join, 10)
