@@ -647,29 +647,14 @@ class _Exchange:
                 t = self.client.transport
                 if t is not None:
                     t.write(data)
-            if self.resp_framing in ("length", "chunked"):
-                try:
-                    parser.feed_data(data)
-                except httptools.HttpParserError:
-                    if not self.resp_done:
-                        self.fail("client_error", 502)
-                        return
-                    # bytes after the end (relayed with this read): neither connection is
-                    # reused, so they can never be read as the client's next answer
-                    self.up_keep = self.keep_client = False
+            if self.resp_framing in ("length", "chunked") and not self.feed(parser, data):
+                return
             if self.resp_done:
                 self.finish()
             return
         self.rbuf += data
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserError:
-            if not self.resp_done:
-                self.fail("client_error", 502)
-                return
-            # bytes after a whole answer: it is relayed, then both connections are closed
-            # (the client's so the extra bytes cannot be read as its next answer)
-            self.up_keep = self.keep_client = False
+        if not self.feed(parser, data):
+            return
         if self.r_interim:  # a 1xx answer: dropped, the real one follows
             end = _head_end(self.rbuf)
             rest = bytes(self.rbuf[end:]) if end >= 0 else b""
@@ -684,6 +669,20 @@ class _Exchange:
             return
         if self.head_done:
             self.send_head()
+
+    def feed(self, parser: httptools.HttpResponseParser, data: bytes) -> bool:
+        """Feed answer bytes to the response parser; ``False`` when they are malformed before
+        the answer's end (the exchange has failed: ``502``, or a cut connection once started).
+        Bytes after a whole answer are relayed with their read, then neither connection is
+        reused, so they can never be read as the client's next answer."""
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError:
+            if not self.resp_done:
+                self.fail("client_error", 502)
+                return False
+            self.up_keep = self.keep_client = False
+        return True
 
     def fast_answer(self, data: bytes) -> bool:
         """Relay the first bytes of the answer at once, without the response parser's field
