@@ -56,9 +56,7 @@ def classes(root: Path) -> list[Class]:
                 continue
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             last = node.end_lineno if node.end_lineno is not None else node.lineno
-            methods = sum(
-                isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body
-            )
+            methods = sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
             found.append(
                 Class(str(p.relative_to(root.parent)), node.name, last - first + 1, methods)
             )
@@ -73,7 +71,8 @@ def main() -> None:
     mods = modules(PACKAGE)[: opts.top]
     cls = classes(PACKAGE)[: opts.top]
     if opts.json:
-        print(json.dumps({"modules": [asdict(m) for m in mods], "classes": [asdict(c) for c in cls]}))
+        out = {"modules": [asdict(m) for m in mods], "classes": [asdict(c) for c in cls]}
+        print(json.dumps(out, indent=2))
         return
     print(f"{'largest modules':58} {'lines':>6}")
     for m in mods:
