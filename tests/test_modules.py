@@ -1,7 +1,9 @@
-"""The modules of specwatch/ import one another in a DAG: no cycle, not even a type-only one.
+"""The modules of specwatch/ as a newcomer walks them: imports form a DAG (no cycle, not even a
+type-only one), no module is over 900 lines, and every package's ``__init__.py`` says in its first
+line what the package is and what it may import.
 
-import-linter checks the direction between packages; this checks every module against every
-other, counting each ``import`` statement wherever it stands: at the top, under
+import-linter checks the direction between packages; the cycle check here looks at every module
+against every other, counting each ``import`` statement wherever it stands: at the top, under
 ``if TYPE_CHECKING:`` and inside functions. A cycle that only type checkers follow still ties two
 modules into one unit a reader has to hold at once, and it becomes a real import cycle the day
 one annotation is evaluated.
@@ -10,12 +12,32 @@ one annotation is evaluated.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tests.fakes import REPO
 
 PACKAGE = "specwatch"
+
+#: The most lines one module may have.
+MAX_MODULE_LINES = 900
+
+#: The top-level packages (and the ``settings`` module) a "may import" line can name.
+LAYERS = (
+    "core",
+    "vllm",
+    "observe",
+    "shadow",
+    "alerts",
+    "export",
+    "settings",
+    "server",
+    "demo",
+    "cli",
+    "simulate",
+    "report",
+)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -195,3 +217,104 @@ def test_cycles_reports_each_component_once() -> None:
     }
     assert cycles(graph) == [["a", "b", "a"], ["x", "y", "z", "x"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_is_over_900_lines() -> None:
+    """Every module of specwatch/ has at most 900 lines; all offenders are listed, largest first."""
+    sizes = {
+        str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in (REPO / PACKAGE).rglob("*.py")
+    }
+    over = sorted(((n, p) for p, n in sizes.items() if n > MAX_MODULE_LINES), reverse=True)
+    assert over == [], f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(
+        f"{p}: {n}" for n, p in over
+    )
+
+
+def allowed_by_the_note() -> dict[str, tuple[frozenset[str], str]]:
+    """docs/architecture.md's table "What each package may import": package -> (the packages
+    named before any "not", the cell's text)."""
+    note = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = note.split("## What each package may import", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, tuple[frozenset[str], str]] = {}
+    for row in re.findall(r"^\| `([\w_]+)`[^|]*\| (.*) \|$", section, flags=re.M):
+        package, cell = row
+        named = re.findall(r"`(\w+)`", re.split(r"\(not\b", cell)[0])
+        table[package] = (frozenset(named), cell)
+    return table
+
+
+def may_import(line: str) -> tuple[frozenset[str], str] | None:
+    """The packages a docstring line says may be imported (named after "may import", before any
+    "not"), and the text after "may import"; ``None`` without the phrase."""
+    if "may import" not in line:
+        return None
+    rest = line.split("may import", 1)[1]
+    allowed = re.split(r"\bnot\b", rest)[0]
+    return frozenset(w for w in re.findall(r"\w+", allowed) if w in LAYERS), rest
+
+
+def first_docstring_line(path: Path) -> str | None:
+    """The first line of the module's docstring as written (``None`` without a docstring)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree, clean=False)
+    return None if doc is None else doc.strip().splitlines()[0]
+
+
+def test_every_package_says_its_role_and_what_it_may_import() -> None:
+    """Each ``__init__.py`` under specwatch/ opens with one line: the package's role, then "may
+    import ...". A top-level package names exactly the packages docs/architecture.md's table
+    gives it ("nothing" for core and the root); a sub-package names a subset of its parent's,
+    and its modules import nothing outside what it names (the package itself aside)."""
+    table = allowed_by_the_note()
+    graph = import_graph(REPO)
+    problems: list[str] = []
+    for init in sorted((REPO / PACKAGE).rglob("__init__.py")):
+        name = module_name(init, REPO)
+        where = str(init.relative_to(REPO))
+        line = first_docstring_line(init)
+        said = None if line is None else may_import(line)
+        if line is None or said is None:
+            problems.append(f"{where}: no first docstring line saying what it may import")
+            continue
+        named, rest = said
+        parts = name.split(".")
+        if len(parts) == 1 or parts[1] == "core":
+            if not rest.strip().startswith("nothing"):
+                problems.append(f"{where}: says {rest!r}, the table says nothing from specwatch")
+            continue
+        top = parts[1]
+        expected, cell = table[top]
+        if len(parts) == 2:
+            if named != expected or (
+                "everything below it" in cell and "everything below it" not in rest
+            ):
+                problems.append(f"{where}: says {rest!r}, the table says {cell!r}")
+            continue
+        if not named <= expected | {top}:
+            problems.append(f"{where}: names {sorted(named - expected - {top})} beyond {top}'s")
+        for module in sorted(m for m in graph if m == name or m.startswith(name + ".")):
+            for target in sorted(graph[module]):
+                inside = target == name or target.startswith(name + ".")
+                layer = target.split(".")[1] if "." in target else target
+                if not inside and layer not in named:
+                    problems.append(f"{where}: {module} imports {target}, not in {rest!r}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_package_docstrings_name_only_modules_that_exist() -> None:
+    """A package docstring's ``:mod:`` references (``.sub`` relative or ``specwatch.x`` absolute)
+    name modules that exist, and a docstring with a ``Layout:`` map names every module of its
+    package, so the map cannot go stale when a module is renamed or added."""
+    modules = set(import_graph(REPO))
+    problems: list[str] = []
+    for init in sorted((REPO / PACKAGE).rglob("__init__.py")):
+        name = module_name(init, REPO)
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        refs = re.findall(r":mod:`~?([\w.]+)`", doc)
+        named = {name + ref if ref.startswith(".") else ref for ref in refs}
+        problems += [f"{name}: names {m}, which does not exist" for m in sorted(named - modules)]
+        if "Layout:" in doc:
+            children = {m for m in modules if m.rsplit(".", 1)[0] == name}
+            problems += [f"{name}: its layout leaves out {m}" for m in sorted(children - named)]
+    assert problems == [], "\n".join(problems)
