@@ -67,7 +67,7 @@ from specwatch.observe.values import (
 )
 from specwatch.shadow.compare import EXCLUDED_REASONS
 from specwatch.shadow.ingest.offer import PROXY_UPSTREAM_ERROR_REASONS
-from specwatch.shadow.ledger import WRITE_ERROR_REASONS
+from specwatch.shadow.ledger.writer import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
 from specwatch.shadow.values import VERDICTS
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.ledger import HistoryGroup, HistoryGrouping, LedgerRow
+from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
@@ -496,8 +497,8 @@ class LiveTallies:
     :class:`~specwatch.shadow.tally.HistoryCell` per ``(category, load band)`` over ``windows``
     (``{name: seconds}``, :data:`SINCE_START` = every row is always added), with buckets of
     ``bucket_seconds`` (the windows' edge granularity, see :mod:`specwatch.shadow.windows`).
-    Fed by the ledger as a :class:`~specwatch.shadow.ledger.HistoryListener` (committed rows,
-    pruned groups) and rebuilt from :meth:`Ledger.history
+    Fed by the ledger as a :class:`~specwatch.shadow.ledger.aggregates.HistoryListener`
+    (committed rows, pruned groups) and rebuilt from :meth:`Ledger.history
     <specwatch.shadow.ledger.Ledger.history>` with :meth:`add_groups`. ``version`` grows on
     every change, so derived statistics are computed again only when it moved.
     """
