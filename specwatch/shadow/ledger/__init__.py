@@ -1,4 +1,4 @@
-"""Pair ledger: the only SQL in specwatch, one job per module; imports core, shadow.{values,tally}.
+"""The pair ledger (the only SQL), one job per module; may import core, shadow.{values,tally}.
 
 Its public names, re-exported here: :class:`~.ledger.Ledger` (the facade that composes the
 modules), :class:`~.rows.LedgerRow` and :data:`~.writer.WRITE_ERROR_REASONS`; everything else is
