@@ -5,7 +5,7 @@ The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``windo
 → one :class:`ObserveView` that the server publishes in :class:`specwatch.export.snapshot.Snapshot`
 and the detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
-Times are unix seconds from the injected clock, durations in seconds.
+Times are unix seconds from the injected wall clock, durations in seconds.
 """
 
 from __future__ import annotations

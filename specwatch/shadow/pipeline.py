@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -30,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from specwatch.core.canary_file import CanaryLoad
+from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.classify import classify_pair
@@ -67,8 +67,8 @@ class ShadowPipeline:
     see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the caller;
     ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
     ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
-    ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
-    sleep; ``serve_mirror``: start the mirror listener (``False`` when the caller serves
+    ``mono_clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``:
+    async sleep; ``serve_mirror``: start the mirror listener (``False`` when the caller serves
     :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the standard/FLy arms and
     :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
     """
@@ -80,8 +80,8 @@ class ShadowPipeline:
         session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
         on_pair: PairSink,
         load_state: LoadState | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+        wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         categories: CategoryBound | None = None,
         listen: ListenLimits | None = None,
@@ -94,13 +94,13 @@ class ShadowPipeline:
             raise ValueError("shadow pipeline needs shadow.standard and shadow.fly")
         self.settings = settings
         self._on_pair = on_pair
-        self._clock = clock
-        self._wall = wall_clock
+        self._mono_clock = mono_clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         s = settings
         self.sampler = Sampler(
             probability=s.sample_probability,
-            clock=clock,
+            mono_clock=mono_clock,
             queue_size=s.queue_size,
             max_rps=s.max_shadow_rps,
             salt=s.sample_salt,
@@ -121,7 +121,7 @@ class ShadowPipeline:
             noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
             max_tokens_cap=s.max_tokens_cap,
             marker_header=s.marker_header,
-            clock=clock,
+            mono_clock=mono_clock,
             extra_body=s.replay_extra_body,
             baseline=(
                 _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
@@ -132,7 +132,7 @@ class ShadowPipeline:
         self.mirror = MirrorIngest(
             self.offer,
             counters=self.ingest_counters,
-            clock=wall_clock,
+            wall_clock=wall_clock,
             salt=s.sample_salt,
             max_body_bytes=s.mirror_max_body_bytes,
             require_shadow_host=s.mirror_require_shadow_host,
@@ -149,7 +149,7 @@ class ShadowPipeline:
                 s.proxy_upstream,
                 self.offer,
                 counters=self.ingest_counters,
-                clock=wall_clock,
+                wall_clock=wall_clock,
                 salt=s.sample_salt,
                 max_body_bytes=s.proxy_max_body_bytes,
                 marker_header=s.marker_header,
@@ -170,7 +170,7 @@ class ShadowPipeline:
                 self.canary_load.items,
                 lambda r: self.sampler.offer(r, force=True),
                 rate_per_second=s.canary_rate_per_second,
-                clock=wall_clock,
+                wall_clock=wall_clock,
                 sleep=sleep,
                 loop=s.canary_loop,
                 salt=s.sample_salt,
@@ -258,7 +258,7 @@ class ShadowPipeline:
     # -- workers ------------------------------------------------------------------------------
 
     def _expired(self, req: ShadowRequest) -> bool:
-        return self._wall() - req.received_at > self.settings.max_queue_age_seconds
+        return self._wall_clock() - req.received_at > self.settings.max_queue_age_seconds
 
     async def _worker(self) -> None:
         q = self.sampler.queue

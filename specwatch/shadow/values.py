@@ -1,6 +1,6 @@
 """Values passed along the shadow chain (shared by ingest, replay, compare, ledger, stats).
 
-All are frozen; times are unix seconds (float) from an injected clock, durations in seconds.
+All are frozen; times are unix seconds (float) from an injected wall clock, durations in seconds.
 """
 
 from __future__ import annotations
