@@ -7,13 +7,13 @@ import ast
 import json
 import logging
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import pytest
 
+from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.core.logs import event_fields
 from specwatch.shadow.classify import (
     EXCLUDED_REASONS,
@@ -176,7 +176,7 @@ async def _replay_scripted(
             noise=None,
             max_tokens_cap=512,
             marker_header="X-Specwatch-Shadow",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         return await r.replay(req)
 

@@ -20,7 +20,7 @@ from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, serve_arm
-from tests.fakes import FakeClock
+from tests.fakes import FakeClocks
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -185,7 +185,7 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
 
 async def test_worker_waits_while_paused_then_replays() -> None:
     """A worker waits, polling, while the arms are loaded, then replays."""
-    clock = FakeClock(0.0)
+    clocks = FakeClocks(wall=0.0, mono=0.0)
     loads = {"standard": ArmLoad(0, 0, 8, 0.0), "fly": ArmLoad(0, 0, 8, 0.0)}
     sleeps: list[float] = []
     std = FakeArm()
@@ -197,7 +197,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
     async def fake_sleep(d: float) -> None:
         sleeps.append(d)
         if len(sleeps) == 3:  # load drains after three polls
-            loads["fly"] = ArmLoad(1, 0, 8, clock.t)
+            loads["fly"] = ArmLoad(1, 0, 8, clocks.mono.t)
         await asyncio.sleep(0)
 
     async with (
@@ -211,12 +211,12 @@ async def test_worker_waits_while_paused_then_replays() -> None:
             session=session,
             on_pair=sink,
             load_state=lambda: loads,
-            clock=clock,
-            wall_clock=clock,
+            mono_clock=clocks.mono,
+            wall_clock=clocks.wall,
             sleep=fake_sleep,
         )
         assert pipe.offer(_request()) == "admitted"
-        loads["fly"] = ArmLoad(8, 3, 8, clock.t)  # load rises while the request is queued
+        loads["fly"] = ArmLoad(8, 3, 8, clocks.mono.t)  # load rises while the request is queued
         await pipe.start()
         await _until(lambda: len(pairs) == 1)
         m = pipe.metrics()
@@ -237,18 +237,22 @@ def _request() -> ShadowRequest:
 
 async def test_expired_requests_are_dropped() -> None:
     """A request older than the maximum queue age is dropped as expired, never replayed."""
-    clock = FakeClock(0.0)
+    clocks = FakeClocks(wall=0.0, mono=0.0)
     loads = {"standard": ArmLoad(0, 5, 8, 0.0)}
 
     async def fake_sleep(d: float) -> None:
-        clock.advance(d)
-        loads["standard"] = ArmLoad(0, 5, 8, clock.t)  # stays busy, fresh readings
+        clocks.advance(d)
+        loads["standard"] = ArmLoad(0, 5, 8, clocks.mono.t)  # stays busy, fresh readings
         await asyncio.sleep(0)
 
     async with serve_arm(FakeArm()) as su, serve_arm(FakeArm()) as fu:
         settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
         async with sidecar(
-            settings, load_state=lambda: loads, clock=clock, wall_clock=clock, sleep=fake_sleep
+            settings,
+            load_state=lambda: loads,
+            mono_clock=clocks.mono,
+            wall_clock=clocks.wall,
+            sleep=fake_sleep,
         ) as (_, pipe, pairs, _c, _m):
             loads["standard"] = ArmLoad(0, 0, 8, 0.0)
             assert pipe.offer(_request()) == "admitted"
