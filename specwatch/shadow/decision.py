@@ -24,17 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.summary import PairedSummary, ShadowIO, categories_by_volume, summarize
 from specwatch.shadow.tally import ArmTotals, PairTally
-
-Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
-
-#: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
-VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")
+from specwatch.shadow.values import Verdict
 
 #: The category the categories beyond the bound are pooled into (the sampler's ``other``).
 OTHER = OTHER_CATEGORY
@@ -105,8 +100,9 @@ class DecisionRow:
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
     ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
-    :data:`VERDICTS`, ``verdict_text`` the sentence; ``pairs_more`` the labelled pairs still
-    needed when not decided (``None`` otherwise or when it cannot be computed).
+    :data:`~specwatch.shadow.values.VERDICTS`, ``verdict_text`` the sentence; ``pairs_more``
+    the labelled pairs still needed when not decided (``None`` otherwise or when it cannot be
+    computed).
     """
 
     category: str

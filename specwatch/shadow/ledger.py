@@ -50,25 +50,12 @@ from specwatch.shadow.tally import (
     load_band_labels,
     row_tally,
 )
+from specwatch.shadow.values import WRITE_ERROR_REASONS as WRITE_ERROR_REASONS
 from specwatch.shadow.values import ArmOutcome, PairOutcome, ToolCall
 
 log = logging.getLogger("specwatch.shadow.ledger")
 
 _T = TypeVar("_T")
-
-
-#: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0: ``queue_full``
-#: (rows dropped because the write queue was full) and the exception types a failed write is
-#: counted under (``sqlite3`` errors a disk or database fault raises, and ``OSError``). Other
-#: exception types caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError``
-#: subclasses) are added when they occur.
-WRITE_ERROR_REASONS = (
-    "queue_full",
-    "OperationalError",
-    "IntegrityError",
-    "DatabaseError",
-    "OSError",
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ from specwatch.alerts.alert import (
 )
 from specwatch.alerts.alertmanager import (
     ActiveAlerts,
-    AlertingState,
     AlertLoop,
     Delivery,
     Outbox,
@@ -38,6 +37,7 @@ from specwatch.alerts.alertmanager import (
     build_ssl_context,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
+from specwatch.alerts.values import AlertingState
 from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specwatch.alerts.alertmanager import AlertingState
+from specwatch.alerts.values import AlertingState
 from specwatch.demo.view import (
     ViewContext,
     build_view,
