@@ -148,6 +148,18 @@ class ActiveAlerts:
         self._held: set[AlertKey] = set()
         self._hold_until = float("-inf")
 
+    @classmethod
+    def from_settings(cls, settings: AlertingSettings) -> ActiveAlerts:
+        """The bookkeeping of the ``alerting`` group: its ``resend_interval``, the provenance
+        labels (``external_labels`` plus ``namespace`` and ``pod``), ``runbook_base_url`` and
+        ``generator_url``."""
+        return cls(
+            resend_interval=settings.resend_interval,
+            external_labels=settings.provenance_labels(),
+            runbook_base_url=settings.runbook_base_url,
+            generator_url=settings.generator_url,
+        )
+
     def _labels(self, alert: Alert) -> dict[str, str]:
         labels = dict(self._external)
         labels.update(alert.identity())  # the alert's own labels win (Prometheus does the same)
@@ -447,12 +459,7 @@ class AlertLoop:
         self._findings = current_findings
         self._clock = clock
         self._sleep = sleep
-        self._active = ActiveAlerts(
-            resend_interval=settings.resend_interval,
-            external_labels=settings.provenance_labels(),
-            runbook_base_url=settings.runbook_base_url,
-            generator_url=settings.generator_url,
-        )
+        self._active = ActiveAlerts.from_settings(settings)
         self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
         self._state = AlertingState(
             send_errors=dict(self._sender.errors), state_errors=dict(self._state_errors)

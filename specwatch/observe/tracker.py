@@ -30,7 +30,7 @@ from specwatch.observe.values import (
 from specwatch.observe.window import RollingWindows
 
 if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
-    from specwatch.observe.settings import TargetSettings
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
 logger = logging.getLogger("specwatch.scrape")
 
@@ -69,6 +69,20 @@ class TargetTracker:
             url=redact_url(target.url),
             limits=target.limits,
             capacity=capacity(target.limits, []),
+        )
+
+    @classmethod
+    def from_settings(
+        cls, target: TargetSettings, scrape: ScrapeSettings, windows: Mapping[str, float]
+    ) -> TargetTracker:
+        """The tracker of ``target`` with the per-target bounds of the ``scrape`` group
+        (``max_models_per_target``, ``max_engines_per_target``, ``stale_series_seconds``)."""
+        return cls(
+            target,
+            windows,
+            max_models=scrape.max_models_per_target,
+            max_engines=scrape.max_engines_per_target,
+            stale_seconds=scrape.stale_series_seconds,
         )
 
     def record_error(

@@ -117,9 +117,22 @@ def test_each_vocabulary_is_assigned_in_one_module() -> None:
     [
         (
             observe_values.SCRAPE_ERROR_REASONS,
-            ("timeout", "connect", "http_status", "too_large", "truncated", "parse", "decode")
-            + ("duplicate_conflict", "invalid_series", "http_error", "no_vllm_families")
-            + ("counters_alternate", "model_cap", "engine_cap"),
+            (
+                "timeout",
+                "connect",
+                "http_status",
+                "too_large",
+                "truncated",
+                "parse",
+                "decode",
+                "duplicate_conflict",
+                "invalid_series",
+                "http_error",
+                "no_vllm_families",
+                "counters_alternate",
+                "model_cap",
+                "engine_cap",
+            ),
         ),
         (
             listen.REFUSAL_REASONS,
