@@ -60,16 +60,14 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
 from specwatch.shadow.values import EXCLUDED_REASONS as EXCLUDED_REASONS
-from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ToolCall
+from specwatch.shadow.values import Arm, ArmResult, PairStatus, ReplayPair, ToolCall
 
 log = logging.getLogger("specwatch.shadow.classify")
-
-PairStatus = Literal["paired", "unpaired", "excluded"]
 
 #: Finish reasons of a complete answer.
 COMPLETE_FINISH_REASONS = ("stop", "tool_calls", "function_call")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from specwatch.shadow.classify import PairStatus
+from typing import Any, Literal
 
 from specwatch.vllm.request_metrics import SpecDecodeReading
+
+#: A pair's status (the pair-status rule of :mod:`specwatch.shadow.classify` gives it).
+PairStatus = Literal["paired", "unpaired", "excluded"]
 
 
 class Source(enum.StrEnum):
@@ -228,11 +228,12 @@ EXCLUDED_REASONS: tuple[str, ...] = (
     "multiple_choices",
 )
 
-#: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0: ``queue_full``
-#: (rows dropped because the ledger's write queue was full) and the exception types a failed
-#: write is counted under (``sqlite3`` errors a disk or database fault raises, and ``OSError``).
-#: Other exception types caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError``
-#: subclasses) are added when they occur.
+#: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0 (the ledger's
+#: writer, :mod:`specwatch.shadow.ledger.writer`, counts them): ``queue_full`` (rows dropped
+#: because the write queue was full) and the exception types a failed write is counted under
+#: (``sqlite3`` errors a disk or database fault raises, and ``OSError``). Other exception types
+#: caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError`` subclasses) are added
+#: when they occur.
 WRITE_ERROR_REASONS: tuple[str, ...] = (
     "queue_full",
     "OperationalError",

@@ -24,7 +24,7 @@ from specwatch.shadow.classify import (
     truncated,
 )
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import tally_rows
