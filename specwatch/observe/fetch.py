@@ -15,6 +15,7 @@ import aiohttp
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.logs import redact_url
+from specwatch.observe.values import ScrapeErrorReason
 
 __all__ = ["ScrapeResult", "fetch_metrics"]
 
@@ -80,15 +81,16 @@ class _Inflater:
 
 @dataclass(frozen=True, slots=True)
 class ScrapeResult:
-    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason``
-    (``timeout|connect|http_status|too_large|truncated|decode|http_error``) and ``detail``.
+    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason`` (one of
+    :data:`~specwatch.observe.values.SCRAPE_ERROR_REASONS`: ``timeout|connect|http_status|
+    too_large|truncated|decode|http_error``) and ``detail``.
     ``duration_seconds`` is how long the request took (on the monotonic clock)."""
 
     ok: bool
     duration_seconds: float
     body: str = ""
     content_type: str = "text/plain"
-    reason: str | None = None
+    reason: ScrapeErrorReason | None = None
     detail: str = ""
     status: int | None = None
 
@@ -112,7 +114,7 @@ async def fetch_metrics(
         headers["Authorization"] = f"Bearer {bearer_token}"
     start = mono_clock()
 
-    def fail(reason: str, detail: str, status: int | None = None) -> ScrapeResult:
+    def fail(reason: ScrapeErrorReason, detail: str, status: int | None = None) -> ScrapeResult:
         return ScrapeResult(
             False, mono_clock() - start, reason=reason, detail=detail, status=status
         )

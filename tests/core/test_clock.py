@@ -142,9 +142,9 @@ def _clock_problems(rel: str, tree: ast.Module) -> list[str]:
             elif isinstance(target, ast.Attribute):
                 named(target.attr, node.annotation, node.lineno)
         elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute):
-                    named(target.attr, None, node.lineno)
+            for assigned in node.targets:
+                if isinstance(assigned, ast.Attribute):
+                    named(assigned.attr, None, node.lineno)
         elif isinstance(node, ast.keyword) and node.arg is not None:
             named(node.arg, None, node.value.lineno)
         elif (
