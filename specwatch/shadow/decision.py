@@ -28,6 +28,7 @@ from typing import Literal
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.sample import OTHER_CATEGORY
+from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.summary import PairedSummary, ShadowIO, categories_by_volume, summarize
 from specwatch.shadow.tally import ArmTotals, PairTally
 
@@ -176,7 +177,7 @@ def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
 def _verdict(
     s: PairedSummary, speed_gain: float | None, alpha: float
 ) -> tuple[Verdict, str, int | None]:
-    if s.e_value >= 1.0 / alpha:
+    if e_value_alarm(s.e_value, alpha):
         return "costs_quality", "FLy costs quality here", None
     if s.non_inferiority_pass:
         if speed_gain is None:
