@@ -137,10 +137,13 @@ def alarm_comparisons(source: str) -> list[int]:
     tree = ast.parse(source)
     bound: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-            if _is_threshold(node.value):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+        if (
+            isinstance(node, ast.Assign | ast.AnnAssign)
+            and node.value is not None
+            and _is_threshold(node.value)
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
         if isinstance(node, ast.FunctionDef):
             returns = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value]
             if any(_is_threshold(r) for r in returns):
