@@ -35,7 +35,8 @@ from specwatch.core.config import OVERALL
 from specwatch.server.app import build_app
 from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.sequential import (
     BettingEProcess,
     alarm,

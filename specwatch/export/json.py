@@ -239,7 +239,7 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
     Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
     ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
     list of ``{"category", "arm", "outcome", "count"}``; ``decisions`` the per-category
-    decision table (one object per :class:`~specwatch.shadow.decision.DecisionRow`, categories
+    decision table (one object per :class:`~specwatch.shadow.summary.DecisionRow`, categories
     bounded, ``overall`` last) and ``by_load`` the flip rates per running-request band (one
     object per :class:`~specwatch.shadow.summary.LoadBand`).
     """

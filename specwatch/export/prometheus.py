@@ -66,10 +66,10 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.shadow.compare import EXCLUDED_REASONS
-from specwatch.shadow.decision import VERDICTS
 from specwatch.shadow.ingest.offer import PROXY_UPSTREAM_ERROR_REASONS
-from specwatch.shadow.ledger import WRITE_ERROR_REASONS
+from specwatch.shadow.ledger.writer import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.values import VERDICTS
 
 #: Scrape error reasons always exported (at 0) so ``rate()`` works from the start.
 KNOWN_REASONS: tuple[str, ...] = (

@@ -31,15 +31,9 @@ import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.ledger import (
-    BinCounts,
-    LabelledStream,
-    Ledger,
-    LedgerFileError,
-    ReportSpan,
-    ReportStream,
-    check_ledger_file,
-)
+from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     betting_log_wealth,

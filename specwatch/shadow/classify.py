@@ -60,15 +60,13 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
-from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ToolCall
+from specwatch.shadow.values import Arm, ArmResult, PairStatus, ReplayPair, ToolCall
 
 log = logging.getLogger("specwatch.shadow.classify")
-
-PairStatus = Literal["paired", "unpaired", "excluded"]
 
 #: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
 #: an arm refused the request as one it does not support (400/422 naming a parameter) or as

@@ -52,15 +52,17 @@ from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import DecisionRow, decision_table, reply_counts
+from specwatch.shadow.decision import decision_table, reply_counts
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
+    DecisionRow,
     LiveTallies,
     LoadBand,
     OutcomeCounters,

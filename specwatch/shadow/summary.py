@@ -7,11 +7,11 @@ import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.ledger import HistoryGroup, HistoryGrouping, LedgerRow
+from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
@@ -40,10 +40,8 @@ from specwatch.shadow.tally import (
 from specwatch.shadow.tally import PairTally as PairTally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
+from specwatch.shadow.values import Verdict
 from specwatch.shadow.windows import WindowedSums
-
-if TYPE_CHECKING:
-    from specwatch.shadow.decision import DecisionRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +160,49 @@ class ShadowIO:
             for k, n in self.reply_spec_steps.items()
             if n > 0
         }
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One category's row of the decision table (built by
+    :func:`specwatch.shadow.decision.decision_table`; ratios are fractions; ``None`` = not
+    measurable, with a reason).
+
+    ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
+    n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
+    requests where both returned it (else from the replies' summed counts: τ = 1 +
+    accepted / verify steps per arm); ``acceptance_gain`` = α_FLy − α_standard (accepted /
+    drafted draft tokens summed over the replies of this process); ``throughput_gain_ratio`` =
+    FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
+    ``speed_pairs`` requests);
+    ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
+    ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
+    ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
+    :data:`~specwatch.shadow.values.VERDICTS`, ``verdict_text`` the sentence; ``pairs_more``
+    the labelled pairs still needed when not decided (``None`` otherwise or when it cannot be
+    computed).
+    """
+
+    category: str
+    pairs: int
+    labelled: int
+    tau_pairs: int
+    tau_gain: float | None
+    tau_gain_reason: str | None
+    acceptance_gain: float | None
+    acceptance_gain_reason: str | None
+    speed_pairs: int
+    throughput_gain_ratio: float | None
+    throughput_gain_reason: str | None
+    net_loss_ratio: float
+    ci_lower: float
+    ci_upper: float
+    e_value: float
+    fly_flip_ratio: float
+    noise_flip_ratio: float
+    verdict: Verdict
+    verdict_text: str
+    pairs_more: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +510,8 @@ class LiveTallies:
     :class:`~specwatch.shadow.tally.HistoryCell` per ``(category, load band)`` over ``windows``
     (``{name: seconds}``, :data:`SINCE_START` = every row is always added), with buckets of
     ``bucket_seconds`` (the windows' edge granularity, see :mod:`specwatch.shadow.windows`).
-    Fed by the ledger as a :class:`~specwatch.shadow.ledger.HistoryListener` (committed rows,
-    pruned groups) and rebuilt from :meth:`Ledger.history
+    Fed by the ledger as a :class:`~specwatch.shadow.ledger.aggregates.HistoryListener`
+    (committed rows, pruned groups) and rebuilt from :meth:`Ledger.history
     <specwatch.shadow.ledger.Ledger.history>` with :meth:`add_groups`. ``version`` grows on
     every change, so derived statistics are computed again only when it moved.
     """

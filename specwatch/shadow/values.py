@@ -8,12 +8,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from specwatch.shadow.classify import PairStatus
+from typing import Any, Literal
 
 from specwatch.vllm.request_metrics import SpecDecodeReading
+
+#: A pair's status (the pair-status rule of :mod:`specwatch.shadow.classify` gives it).
+PairStatus = Literal["paired", "unpaired", "excluded"]
 
 
 class Source(enum.StrEnum):
@@ -209,3 +209,10 @@ class PairOutcome:
             Arm.NOISE: self.noise,
             Arm.BASELINE: self.baseline,
         }[arm]
+
+
+#: A verdict of the per-category decision table (:mod:`specwatch.shadow.decision`).
+Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
+
+#: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
+VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")

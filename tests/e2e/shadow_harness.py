@@ -20,7 +20,8 @@ from specwatch.server.app import build_app
 from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.quiz import write_canary_jsonl

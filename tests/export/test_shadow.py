@@ -15,7 +15,7 @@ from specwatch.core.config import OVERALL
 from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
     net_loss_log_e_value,

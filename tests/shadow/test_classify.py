@@ -28,7 +28,7 @@ from specwatch.shadow.classify import (
 )
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.component import ShadowComponent
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings

@@ -17,7 +17,7 @@ from specwatch.shadow.compare import (
     first_divergence,
     similarity,
 )
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import OutcomeCounters

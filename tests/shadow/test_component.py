@@ -34,7 +34,8 @@ from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.observe.values import ObserveView
 from specwatch.shadow.component import ShadowComponent, ledger_inputs
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until

@@ -16,7 +16,8 @@ from aiohttp import web
 from specwatch.core.config import OVERALL
 from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
