@@ -144,7 +144,7 @@ def run_specwatch(
 
     async def make_app() -> web.Application:
         session = aiohttp.ClientSession()
-        pipe = ShadowPipeline(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
         app = web.Application()
         pipe.mount(app)
         if busy_ms > 0:

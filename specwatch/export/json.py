@@ -17,7 +17,7 @@ from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.observe.values import QUANTILES, Health
 
 if TYPE_CHECKING:  # annotations only: `specwatch analyze` loads neither aiohttp nor scipy
-    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.alerts.values import AlertingState
     from specwatch.export.snapshot import Snapshot
     from specwatch.shadow.summary import PairedSummary, ShadowStats
 

@@ -5,17 +5,23 @@ The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``windo
 → one :class:`ObserveView` that the server publishes in :class:`specwatch.export.snapshot.Snapshot`
 and the detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
-Times are unix seconds from the injected clock, durations in seconds.
+Times are unix seconds from the injected clock, durations in seconds. The label vocabularies
+of the chain's families (scrape error, withheld-value and throughput-withheld reasons) are
+here beside the values, so the producing stage and the exporter read one definition; the
+speculation limit's values and states are defined in :mod:`specwatch.observe.concurrency` and
+named here too, so exporters import only this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from specwatch.core.roles import Role
-from specwatch.observe.concurrency import ConcurrencyProfile, SpeculationLimit
+from specwatch.observe.concurrency import LIMIT_STATUSES as LIMIT_STATUSES
+from specwatch.observe.concurrency import ConcurrencyProfile as ConcurrencyProfile
+from specwatch.observe.concurrency import SpeculationLimit as SpeculationLimit
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -187,6 +193,35 @@ class Health:
     time_to_first_token_mean_seconds: float | None = None
     spec_decode_schema: str | None = None
     withheld: tuple[str, ...] = ()
+
+
+#: Why a scrape failed or a page lost series (``specwatch_scrape_errors_total{reason}``; each is
+#: exported from 0, so ``rate()`` works from the start). Fetching the page
+#: (:mod:`specwatch.observe.fetch`): ``timeout``, ``connect``, ``http_status``, ``too_large``,
+#: ``truncated`` (the body ended early), ``decode`` (content encoding or charset),
+#: ``http_error`` (any other client error); parsing it (:mod:`specwatch.observe.loop`):
+#: ``parse``; the tracker (:mod:`specwatch.observe.tracker`): ``duplicate_conflict`` and
+#: ``invalid_series`` (series skipped on a good page), ``no_vllm_families`` and
+#: ``counters_alternate`` (a page rejected whole), ``model_cap`` and ``engine_cap`` (engines
+#: dropped over the per-target caps).
+ScrapeErrorReason = Literal[
+    "timeout",
+    "connect",
+    "http_status",
+    "too_large",
+    "truncated",
+    "parse",
+    "decode",
+    "duplicate_conflict",
+    "invalid_series",
+    "http_error",
+    "no_vllm_families",
+    "counters_alternate",
+    "model_cap",
+    "engine_cap",
+]
+#: Every :data:`ScrapeErrorReason`, in that order.
+SCRAPE_ERROR_REASONS: tuple[ScrapeErrorReason, ...] = get_args(ScrapeErrorReason)
 
 
 #: Why a derived value was withheld (``None``) instead of published: numbers that cannot be

@@ -64,14 +64,10 @@ from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
+from specwatch.shadow.values import EXCLUDED_REASONS as EXCLUDED_REASONS
 from specwatch.shadow.values import Arm, ArmResult, PairStatus, ReplayPair, ToolCall
 
 log = logging.getLogger("specwatch.shadow.classify")
-
-#: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
-#: an arm refused the request as one it does not support (400/422 naming a parameter) or as
-#: otherwise bad (other 400/422), or the request's checker spec is invalid.
-EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker", "multiple_choices")
 
 #: Finish reasons of a complete answer.
 COMPLETE_FINISH_REASONS = ("stop", "tool_calls", "function_call")

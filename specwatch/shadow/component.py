@@ -428,7 +428,7 @@ class ShadowComponent:
         session = self._session or self._arm_sessions()
         runner: asyncio.Task[None] | None = None
         try:
-            pipeline = ShadowPipeline(
+            pipeline = ShadowPipeline.from_settings(
                 self.shadow_settings,
                 session=session,
                 on_pair=self._on_pair,

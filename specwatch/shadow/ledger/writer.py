@@ -28,20 +28,6 @@ from specwatch.shadow.ledger.rows import COLUMNS, INSERT, LedgerRow, row_to_valu
 log = logging.getLogger("specwatch.shadow.ledger")
 
 
-#: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0: ``queue_full``
-#: (rows dropped because the write queue was full) and the exception types a failed write is
-#: counted under (``sqlite3`` errors a disk or database fault raises, and ``OSError``). Other
-#: exception types caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError``
-#: subclasses) are added when they occur.
-WRITE_ERROR_REASONS = (
-    "queue_full",
-    "OperationalError",
-    "IntegrityError",
-    "DatabaseError",
-    "OSError",
-)
-
-
 @dataclass(frozen=True, slots=True)
 class LedgerHealth:
     """Counters the exporter reads: rows committed since open, failed row writes by exception

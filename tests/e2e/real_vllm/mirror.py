@@ -128,7 +128,7 @@ async def mirror_run(
             if len(outcomes) == len(traffic):
                 all_done.set()
 
-        pipeline = ShadowPipeline(settings, session=session, on_pair=sink)
+        pipeline = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
         app = web.Application()
         pipeline.mount(app)
         runner = web.AppRunner(app)
