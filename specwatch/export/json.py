@@ -133,6 +133,11 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "admission_cap_requests": cap.admission_cap_requests,
                 "decode_full_per_step_requests": cap.decode_full_per_step_requests,
                 "budget_bound": cap.budget_bound,
+                "num_speculative_tokens": cap.num_speculative_tokens,
+                "num_speculative_tokens_source": cap.num_speculative_tokens_source,
+                "extra_batch_slots": cap.extra_batch_slots,
+                "slots_per_request": cap.slots_per_request,
+                "required_batched_tokens": cap.required_batched_tokens,
             },
             "windows": windows,
         }

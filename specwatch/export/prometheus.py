@@ -266,6 +266,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         fam.add(cat.SHADOW_PAIRS, (category, arm, outcome), n)
     fam.add_counts(cat.SHADOW_UNPAIRED, state.unpaired_total)
     fam.add_counts(cat.SHADOW_EXCLUDED, state.excluded_total, EXCLUDED_REASONS)
+    fam.add_counts(cat.SHADOW_REPLAYS, state.replays_total)
     fam.add_counts(cat.LEDGER_WRITE_ERRORS, state.ledger_write_errors, WRITE_ERROR_REASONS)
     for attr, spec in cat.SUMMARY_GAUGES.items():
         for window, cats in state.windows.items():
@@ -320,7 +321,6 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add(cat.SHADOW_OFFERED, (), io.offered)
     fam.add(cat.SHADOW_NOT_SAMPLED, (), io.not_sampled)
     fam.add(cat.SHADOW_ADMITTED, (), io.admitted)
-    fam.add_counts(cat.SHADOW_REPLAYS, io.replays)
     fam.add_counts(cat.SHADOW_ARM_ERRORS, io.arm_errors)
     fam.add(cat.SHADOW_SINK_ERRORS, (), io.sink_errors)
     fam.add(cat.SHADOW_PROXY_REQUESTS, (), io.proxy_requests)

@@ -255,6 +255,11 @@ class Limits:
     vllm_version: str | None = None
 
 
+#: Where a K (num_speculative_tokens) came from: ``"observed"``, the ``position`` labels of the
+#: page (vLLM creates all K of them at start-up), or ``"configured"``, the target's settings.
+SpeculativeTokensSource = Literal["observed", "configured"]
+
+
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.vllm.budget`).
@@ -264,6 +269,13 @@ class Capacity:
     ``running_to_max_seqs_ratio`` = running / max_num_seqs; ``running_gap_requests`` = N − running.
     ``admission_cap_requests`` R_max, ``decode_full_per_step_requests`` D_full, ``budget_bound``
     (D_full < N) from :func:`specwatch.vllm.budget.budget_limits` for the configured vLLM version.
+    ``num_speculative_tokens`` is the K all of these used and ``num_speculative_tokens_source``
+    where it came from (:func:`specwatch.observe.health.speculative_tokens`, the one precedence
+    rule); with K and the method known, ``extra_batch_slots`` S
+    (:func:`specwatch.vllm.methods.method_slots`) and ``slots_per_request`` = 1 + K + S, and with
+    N too ``required_batched_tokens`` = N · (1 + K + S), the budget that verifies full drafts
+    for ``max_num_seqs`` requests (:func:`specwatch.vllm.budget.required_batched_tokens`).
+    The detectors read these and never work them out again.
     """
 
     limits_configured: bool
@@ -275,6 +287,11 @@ class Capacity:
     admission_cap_requests: int | None = None
     decode_full_per_step_requests: int | None = None
     budget_bound: bool | None = None
+    num_speculative_tokens: int | None = None
+    num_speculative_tokens_source: SpeculativeTokensSource | None = None
+    extra_batch_slots: int | None = None
+    slots_per_request: int | None = None
+    required_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.sample import OTHER_CATEGORY
+from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.summary import (
     DecisionRow,
     PairedSummary,
@@ -137,7 +138,7 @@ def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
 def _verdict(
     s: PairedSummary, speed_gain: float | None, alpha: float
 ) -> tuple[Verdict, str, int | None]:
-    if s.e_value >= 1.0 / alpha:
+    if e_value_alarm(s.e_value, alpha):
         return "costs_quality", "FLy costs quality here", None
     if s.non_inferiority_pass:
         if speed_gain is None:

@@ -14,10 +14,10 @@ or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
 one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
 waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
-it through all arms and awaits ``on_pair(pair)``. ``pair.extra`` holds ``status``
-(``paired|unpaired|excluded``), ``reason`` and, with a noise arm, ``noise_ok``. Every pair is
-delivered (the sink decides what to store); the pipeline's own counters already count unpaired and
-excluded pairs by reason.
+it through all arms and awaits ``on_pair(pair)``. Every pair is delivered unjudged: the pipeline
+never classifies a pair (the sink compares it, :func:`specwatch.shadow.compare.compare`, which
+gives it its one status); its own counters are the I/O side's (sampler, ingest, arm failures,
+the replies' speculative-decoding counts).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
-from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
@@ -235,9 +234,6 @@ class ShadowPipeline:
         self.canary = ingest.canary
         self.canary_load = ingest.canary_load
         self.in_flight = 0
-        self.replays: Counter[str] = Counter({"paired": 0, "unpaired": 0, "excluded": 0})
-        self.unpaired: Counter[str] = Counter()
-        self.excluded: Counter[str] = Counter()
         self.arm_errors: Counter[tuple[str, str]] = Counter()
         self.spec_steps: Counter[tuple[str, str]] = Counter()
         self.spec_drafted: Counter[tuple[str, str]] = Counter()
@@ -397,12 +393,6 @@ class ShadowPipeline:
             pair = await self.replayer.replay(req, running=self._running())
         finally:
             self.in_flight -= 1
-        status, reason = classify_pair(pair)
-        self.replays[status] += 1
-        if status == "unpaired" and reason is not None:
-            self.unpaired[reason] += 1
-        elif status == "excluded" and reason is not None:
-            self.excluded[reason] += 1
         for a in (pair.standard, pair.fly, pair.noise):
             if a is None:
                 continue
@@ -461,9 +451,6 @@ class ShadowPipeline:
             pauses_total=dict(sm.pauses),
             received=dict(ic.received),
             ingest_errors=dict(ic.errors),
-            replays=dict(self.replays),
-            unpaired=dict(self.unpaired),
-            excluded=dict(self.excluded),
             arm_errors=dict(self.arm_errors),
             sink_errors=self.sink_errors,
             proxy_requests=ic.proxy_requests,

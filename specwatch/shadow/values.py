@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from specwatch.vllm.request_metrics import SpecDecodeReading
@@ -122,7 +122,6 @@ class ReplayPair:
     fly: ArmResult
     noise: ArmResult | None = None
     seed: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
     baseline: ArmResult | None = None
     running: float | None = None
 

@@ -144,7 +144,9 @@ async def mirror_run(
                     assert await resp.json() == {"shadow": "admitted"}
             await asyncio.wait_for(all_done.wait(), timeout_s)
             offered = pipeline.sampler.offered
-            replays = dict(pipeline.replays)
+            replays = {"paired": 0, "unpaired": 0, "excluded": 0}
+            for o in outcomes:
+                replays[o.status] += 1
         finally:
             await runner.cleanup()  # stops the pipeline's workers
         await ledger.flush()
