@@ -22,6 +22,7 @@ from specwatch.shadow.ingest import forward
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
+from tests.fakes import FakeWallClock
 
 JSON = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
 ANSWER = b'{"id": "cmpl-1", "choices": [{"text": "ok"}]}'
@@ -166,7 +167,7 @@ async def through(
     up = Upstream(answer, close_after, early, per_request=per_request)
     counters = IngestCounters()
     async with upstream_server(up) as base:
-        proxy = ShadowProxy(base + prefix, offer, counters=counters, clock=lambda: 0.0)
+        proxy = ShadowProxy(base + prefix, offer, counters=counters, wall_clock=FakeWallClock(0.0))
         port = await proxy.start("127.0.0.1", 0)
         assert proxy._forwarder is not None
         proxy._forwarder.fast = fast
@@ -340,7 +341,7 @@ def test_a_rebuilt_head_worked_out_by_hand() -> None:
         up = Upstream(PLAIN)
         async with upstream_server(up) as base:
             proxy = ShadowProxy(
-                base, lambda r: "admitted", counters=IngestCounters(), clock=lambda: 0.0
+                base, lambda r: "admitted", counters=IngestCounters(), wall_clock=FakeWallClock(0.0)
             )
             port = await proxy.start("127.0.0.1", 0)
             try:
