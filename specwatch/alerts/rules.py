@@ -30,6 +30,7 @@ from specwatch.alerts.conditions import (
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
+from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.summary import PairedSummary, ShadowStats
 
@@ -212,11 +213,33 @@ def _drop_alert(
     )
 
 
+def _speculation_k(t: TargetSnapshot) -> int | None:
+    """The K a target is meant to speculate with, or ``None`` when it is not meant to.
+
+    K configured for the target counts, and so does K observed on the page (the ``position``
+    labels, :attr:`Capacity.num_speculative_tokens_source` ``"observed"``) on a standard or FLy
+    target. A ``baseline`` target does not speculate by definition, and a page that carries the
+    spec-decode families all at zero (vLLM exports them so even with speculation off) is no sign
+    that it does: there an observed K counts only once the server has drafted since specwatch
+    started watching it.
+    """
+    cap = t.capacity
+    k = cap.num_speculative_tokens
+    if k is None or k <= 0:
+        return None
+    if t.limits.num_speculative_tokens is not None or t.role is not Role.BASELINE:
+        return k
+    drafted = any(
+        (mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values()
+    )
+    return k if drafted else None
+
+
 def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
+    k = _speculation_k(t)
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
-        k = t.capacity.num_speculative_tokens
         v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, k, s)
         if v is not None:
             out.append(
