@@ -229,9 +229,7 @@ def _speculation_k(t: TargetSnapshot) -> int | None:
         return None
     if t.limits.num_speculative_tokens is not None or t.role is not Role.BASELINE:
         return k
-    drafted = any(
-        (mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values()
-    )
+    drafted = any((mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values())
     return k if drafted else None
 
 
