@@ -123,7 +123,7 @@ class TestReplayCli:
                     "severity": "critical",
                     "labels": {"model_name": "example-model", "role": "standard", "target": "c08"},
                     "value": 0.015625,
-                    "summary": "c08 admits no work: requests wait, running is far below "
+                    "summary": "Target c08 admits no work: requests wait, running is far below "
                     "capacity and nothing finishes.",
                     "fired_at": 360.0,
                     "resolved_at": None,
@@ -206,7 +206,8 @@ class TestReplayCli:
             "severity": "info",
             "labels": {"role": "standard", "target": "tight"},
             "value": 128,
-            "summary": "max_num_batched_tokens 512 is below N 256 x (1 + K 3 + S 0) = 1024, so "
+            "summary": "The token budget max_num_batched_tokens 512 is below N 256 x "
+            "(1 + K 3 + S 0) = 1024, so "
             "at most 128 requests can decode per step on tight.",
             "fired_at": 0.0,
             "resolved_at": None,
@@ -438,7 +439,8 @@ def test_each_fired_summary_is_true_on_the_raw_pages(
             assert (generated - _sample(start, "vllm:generation_tokens_total")) / 300 < 1
         else:
             m = re.fullmatch(
-                r"max_num_batched_tokens (\d+) is below N (\d+) x \(1 \+ K (\d+) \+ S (\d+)\) = "
+                r"The token budget max_num_batched_tokens (\d+) is below N (\d+) x "
+                r"\(1 \+ K (\d+) \+ S (\d+)\) = "
                 r"(\d+), so at most (\d+) requests can decode per step on (\w+)\.",
                 a["summary"],
             )
