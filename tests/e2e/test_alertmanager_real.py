@@ -5,9 +5,9 @@ Debian's prometheus-alertmanager on loopback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -268,12 +268,16 @@ async def test_five_distinct_alerts_stay_five_label_sets(
     )
     listed = [a["labels"] for a in await manager.alerts(session)]
     assert sorted(listed, key=lambda labels: sorted(labels.items())) == expected
-    out = subprocess.run(
-        [AMTOOL, f"--alertmanager.url={manager.url}", "alert", "query", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
+    proc = await asyncio.create_subprocess_exec(
+        AMTOOL,
+        f"--alertmanager.url={manager.url}",
+        "alert",
+        "query",
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
     )
-    queried = [a["labels"] for a in json.loads(out.stdout)]
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
+    queried = [a["labels"] for a in json.loads(out)]
     assert sorted(queried, key=lambda labels: sorted(labels.items())) == expected
