@@ -18,7 +18,9 @@ import httptools
 import pytest
 
 from specwatch.core.logs import event_fields
-from specwatch.shadow.ingest import forward
+from specwatch.http1 import client as hclient
+from specwatch.http1 import exchange as hexchange
+from specwatch.http1 import framing as forward
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
@@ -143,20 +145,20 @@ async def through(
     client connection: write its pieces (a short pause between them, so each reaches the proxy
     as a read of its own), then read that many answers."""
     taken = {"request": 0, "answer": 0}
-    real_request, real_answer = forward._Client.fast_request, forward._Exchange.fast_answer
+    real_request, real_answer = hclient.Client.fast_request, hexchange.fast_answer
 
-    def spy_request(self: forward._Client, data: bytes) -> bool:
+    def spy_request(self: hclient.Client, data: bytes) -> bool:
         ok = real_request(self, data)
         taken["request"] += ok
         return ok
 
-    def spy_answer(self: forward._Exchange, data: bytes) -> bool:
+    def spy_answer(self: hexchange.Exchange, data: bytes) -> bool:
         ok = real_answer(self, data)
         taken["answer"] += ok
         return ok
 
-    monkeypatch.setattr(forward._Client, "fast_request", spy_request)
-    monkeypatch.setattr(forward._Exchange, "fast_answer", spy_answer)
+    monkeypatch.setattr(hclient.Client, "fast_request", spy_request)
+    monkeypatch.setattr(hexchange, "fast_answer", spy_answer)
     offered: list[ShadowRequest] = []
 
     def offer(req: ShadowRequest) -> str:
@@ -388,7 +390,7 @@ async def test_malformed_requests_are_refused_on_both_paths(
         fast = await through([raw], PLAIN, True, monkeypatch)
         slow = await through([raw], PLAIN, False, monkeypatch)
     assert fast.fast_requests == 0
-    assert fast.client_got == slow.client_got == [forward._BAD_400]
+    assert fast.client_got == slow.client_got == [forward.BAD_400]
     assert fast.upstream_got == slow.upstream_got == []
     assert fast.counters == slow.counters == (0, 0, 0, {}, 0)
     assert fast.refused == slow.refused == {"bad_request": 1}
@@ -485,7 +487,7 @@ UPGRADES: dict[str, tuple[list[tuple[list[bytes], int]], list[bytes], list[bytes
     "with a body": (
         [([post(b"Host: h", b"Connection: Upgrade", b"Upgrade: h2c")], 1)],
         [],
-        [forward._BAD_400],
+        [forward.BAD_400],
     ),
     "with a chunked body": (
         [
@@ -498,7 +500,7 @@ UPGRADES: dict[str, tuple[list[tuple[list[bytes], int]], list[bytes], list[bytes
             )
         ],
         [],
-        [forward._BAD_400],
+        [forward.BAD_400],
     ),
 }
 
@@ -519,7 +521,7 @@ async def test_upgrade_requests_go_on_as_plain_ones_or_are_refused(
     assert fast.upstream_got == slow.upstream_got == sent
     assert fast.client_got == slow.client_got == answers
     assert fast.counters == slow.counters
-    refused = {"bad_request": 1} if answers == [forward._BAD_400] else {}
+    refused = {"bad_request": 1} if answers == [forward.BAD_400] else {}
     assert fast.refused == slow.refused == refused
     errors = [event_fields(r).get("error") for r in caplog.records if r.msg == "connection refused"]
     assert errors == (["UpgradeWithBody"] * 2 if refused else [])
@@ -750,7 +752,7 @@ async def test_a_head_past_the_cap_is_refused_before_it_ends(
     steps = [(pieces, 1)]
     fast = await through([], PLAIN, True, monkeypatch, steps=steps)
     slow = await through([], PLAIN, False, monkeypatch, steps=steps)
-    assert fast.client_got == slow.client_got == [forward._BAD_400]
+    assert fast.client_got == slow.client_got == [forward.BAD_400]
     assert fast.upstream_got == slow.upstream_got == []
     assert fast.connections == slow.connections == 0
     assert fast.refused == slow.refused == {"bad_request": 1}
