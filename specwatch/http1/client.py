@@ -8,7 +8,7 @@ and one with a body is refused with ``400``, as llhttp reads no body after its h
 written with the body to an upstream connection. A chunked request body is re-framed chunk by
 chunk as it arrives (trailer fields dropped); a body of known length is passed on as it
 arrives. A read holding exactly one whole request of the common shape skips the parser
-(:func:`specwatch.http1.fast.match_request`). Live writes come before any bookkeeping: the
+(:func:`specwatch.http1.fast.fast_request`). Live writes come before any bookkeeping: the
 request goes up before its copy is handed over and before its answer deadline is set.
 
 Listener limits (:class:`~specwatch.core.listen.ListenLimits`): connection cap (``503``),
@@ -31,7 +31,7 @@ import httptools
 
 from specwatch.http1.engine import Engine
 from specwatch.http1.exchange import Exchange
-from specwatch.http1.fast import match_request
+from specwatch.http1.fast import fast_request
 from specwatch.http1.framing import (
     BAD_400,
     LIMIT_503,
@@ -105,7 +105,7 @@ class Client(asyncio.Protocol):
             and not self.queue
             and not self.stopping
             and self.fwd.fast
-            and self.fast_request(data)
+            and fast_request(self, data)
         ):
             return
         try:
@@ -278,42 +278,13 @@ class Client(asyncio.Protocol):
         else:
             self.transport.abort()
 
-    # -- the fast path ---------------------------------------------------------------------------
+    # -- the fast path -------------------------------------------------------------------------
 
-    def fast_request(self, data: bytes) -> bool:
-        """Forward ``data`` without the request parser when it is exactly one whole request of
-        the common shape (:func:`~specwatch.http1.fast.match_request`); the head, the copy and
-        the counters are what the parser path makes of the same bytes. ``False`` (nothing
-        done) sends ``data`` to the parser, which handles every other case."""
-        fwd = self.fwd
-        got = match_request(fwd, data, self.peer)
-        if got is None:
-            return False
-        sent, method, path, body, marked, category, request_id = got
-        # what on_headers_complete and on_message_complete do
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-            self.header_timer = None
-        fwd.counters.proxy_requests += 1
+    def queued_exchange(self) -> Exchange:
+        """A new exchange, last in the queue (for the fast request path)."""
         ex = Exchange(self)
-        shadowed_path = method == b"POST" and path in fwd.shadow_paths
-        ex.shadow = shadowed_path and not marked
-        ex.path = path
-        ex.category = category
-        ex.request_id = request_id
-        ex.keep_client = not self.half_closed
-        ex.body_done = True
-        ex.send_up(sent)
         self.queue.append(ex)
-        ex.begin()  # the live request goes up first, then the shadow side hears of it
-        if shadowed_path and marked:
-            fwd.handover.marked()
-        elif ex.shadow and body:
-            if len(body) > fwd.max_body:
-                fwd.handover.too_large()
-            else:
-                fwd.handover.copy(path.decode("latin-1"), body, category, request_id)
-        return True
+        return ex
 
     # -- the request parser's callbacks ----------------------------------------------------------
 

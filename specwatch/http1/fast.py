@@ -1,17 +1,18 @@
 """The fast paths: the common request and the common answer recognised from their raw bytes,
-without the parsers' per-field callbacks. Everything else goes through llhttp (the parser
+without the parsers' per-field callbacks, each in one function that drives the client
+connection or the exchange through a protocol. Everything else goes through llhttp (the parser
 path, :mod:`specwatch.http1.client` and :mod:`specwatch.http1.exchange`); the tests hold both
 paths to the same bytes.
 
-- :func:`match_request`: a read holding exactly one whole request of the common shape
+- :func:`fast_request`: a read holding exactly one whole request of the common shape
   (origin-form HTTP/1.1 request line, ``Name: value`` fields, at most one ``Content-Length``
   and a body of that length, no field the parser path would drop besides ``Host``,
   ``Connection: keep-alive`` and ``X-Forwarded-For``), rebuilt from its raw bytes into what the
   parser path would send up.
-- :func:`answer_shape`: an answer whose first read holds a whole well-formed head with a final
-  status, no field to drop and one ``Content-Length`` or ``Transfer-Encoding: chunked``;
-  :func:`fast_answer` relays it at once (the end of a chunked one is found by llhttp with the
-  single callback of :class:`AnswerEnd`).
+- :func:`fast_answer`: an answer whose first read holds a whole well-formed head with a final
+  status, no field to drop and one ``Content-Length`` or ``Transfer-Encoding: chunked``,
+  relayed at once (the end of a chunked one is found by llhttp with the single callback of
+  :class:`AnswerEnd`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from specwatch.http1.engine import Engine
 from specwatch.http1.framing import CRLF, DIGITS, DROP_REQUEST, AfterEnd
 
 __all__ = [
-    "CHUNKED",
     "FAST_HEAD_MAX",
     "AnswerEnd",
     "Answering",
-    "FastRequest",
+    "Fresh",
+    "Requesting",
     "Writable",
-    "answer_shape",
     "fast_answer",
-    "match_request",
+    "fast_request",
 ]
 
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
@@ -68,26 +68,55 @@ _FAST_REQUEST = re.compile(
 FAST_HEAD_MAX = 8192
 #: Request fields the fast path drops itself (others the parser path drops send it there).
 _FAST_DROPPED = re.compile(rb"^(?:host|connection|x-forwarded-for): [^\r]*\r\n", re.I | re.M)
-#: :func:`answer_shape` for a chunked answer.
-CHUNKED = -1
-
-#: :func:`match_request`'s answer: the bytes to send up (head and body), the method, the path
-#: (without query), the body, whether the marker was set, the category and the request id.
-FastRequest = tuple[bytes, bytes, bytes, bytes, bool, str | None, str | None]
 
 
-def match_request(fwd: Engine, data: bytes, peer: bytes) -> FastRequest | None:
-    """``data`` rebuilt as the parser path would send it up, when it is exactly one whole
-    request of the common shape (see the module docstring); ``None`` otherwise. ``fwd``'s
-    upstream and copy rules are read, nothing set; ``peer``: the client's address, appended to
-    ``X-Forwarded-For`` (empty: none)."""
+class Fresh(Protocol):
+    """A new exchange as the fast request path fills it in
+    (:class:`~specwatch.http1.exchange.Exchange`)."""
+
+    shadow: bool
+    keep_client: bool
+    body_done: bool
+
+    def send_up(self, data: bytes) -> None:
+        """Request bytes for the upstream (held until a connection is attached)."""
+
+    def begin(self) -> None:
+        """Get an upstream connection (the request goes up now or on connect)."""
+
+
+class Requesting(Protocol):
+    """A client connection as the fast request path drives it
+    (:class:`~specwatch.http1.client.Client`)."""
+
+    peer: bytes
+    header_timer: asyncio.TimerHandle | None
+    half_closed: bool
+
+    @property
+    def fwd(self) -> Engine:
+        """The engine the connection belongs to."""
+
+    def queued_exchange(self) -> Fresh:
+        """A new exchange, last in the connection's queue."""
+
+
+def fast_request(c: Requesting, data: bytes) -> bool:
+    """Forward the read ``data`` of client connection ``c`` without the request parser when it
+    is exactly one whole request of the common shape (see the module docstring): the head is
+    rebuilt from the raw bytes into what the parser path would send up (``Host`` replaced,
+    ``Connection: keep-alive`` dropped, ``X-Forwarded-For`` moved last with the peer appended,
+    the other fields in their order), and the exchange, the copy and the counters are what
+    the parser path makes of the same bytes. ``False`` (nothing done) sends ``data`` to the
+    parser, which handles every other case."""
     end = data.find(b"\r\n\r\n", 0, FAST_HEAD_MAX)
     if end < 0:
-        return None
+        return False
     end += 4
     m = _FAST_REQUEST.match(data, 0, end)
     if m is None:
-        return None
+        return False
+    fwd = c.fwd
     length = 0
     seen_length = marked = False
     prior: list[bytes] = []
@@ -99,16 +128,16 @@ def match_request(fwd: Engine, data: bytes, peer: bytes) -> FastRequest | None:
         if n == b"content-length":
             digits = DIGITS.fullmatch(value)
             if seen_length or digits is None:
-                return None
+                return False
             seen_length = True
             length = int(value)
         elif n == b"x-forwarded-for":
             prior.append(value)
         elif n == b"connection":
             if value.lower() != b"keep-alive":
-                return None
+                return False
         elif n in DROP_REQUEST:
-            return None
+            return False
         elif n == fwd.marker:
             marked = marked or bool(value)
         elif n == fwd.category_header:
@@ -117,11 +146,11 @@ def match_request(fwd: Engine, data: bytes, peer: bytes) -> FastRequest | None:
         elif n == fwd.request_id_header and request_id is None:
             request_id = value.decode("latin-1")
     if len(data) - end != length:
-        return None
+        return False
     method, url, fields = m.groups()
     up = fwd.up
-    if peer:
-        prior.append(peer)
+    if c.peer:
+        prior.append(c.peer)
     xff = b"X-Forwarded-For: " + b", ".join(prior) + CRLF if prior else b""
     head = b"%b %b%b HTTP/1.1\r\nHost: %b\r\n%b%b\r\n" % (
         method,
@@ -131,31 +160,28 @@ def match_request(fwd: Engine, data: bytes, peer: bytes) -> FastRequest | None:
         _FAST_DROPPED.sub(b"", fields),
         xff,
     )
-    body = data[end:]
+    # what the parser callbacks do at the end of a head and of a message
+    if c.header_timer is not None:
+        c.header_timer.cancel()
+        c.header_timer = None
+    fwd.counters.proxy_requests += 1
+    ex = c.queued_exchange()
     path = url.split(b"?", 1)[0]
-    return head + body if body else head, method, path, body, marked, category, request_id
-
-
-def answer_shape(data: bytes) -> int | None:
-    """For the first read of an answer: :data:`CHUNKED`, or the body bytes still to come after
-    it for an answer with a ``Content-Length`` (``0``: it is whole), when its head has the
-    common shape (a final status other than 204/304, none of the fields the parser path would
-    drop, and either ``Transfer-Encoding: chunked`` or one plain ``Content-Length`` with no
-    more than that many body bytes); ``None`` sends the answer down the parser path."""
-    m = _FAST_ANSWER.match(data)
-    if m is None:
-        return None
-    fields = _ANSWER_FIELDS.findall(data, 0, m.end())
-    if len(fields) != 1 or m.group(1) in (b"204", b"304"):
-        return None
-    name, value = fields[0][0].lower(), fields[0][1].strip(b" \t")
-    if name == b"transfer-encoding" and value.lower() == b"chunked":
-        return CHUNKED
-    digits = DIGITS.fullmatch(value) if name == b"content-length" else None
-    if digits is None:
-        return None
-    left = int(digits.group()) - (len(data) - m.end())
-    return left if left >= 0 else None  # bytes beyond the answer: the parser path decides
+    shadowed_path = method == b"POST" and path in fwd.shadow_paths
+    ex.shadow = shadowed_path and not marked
+    ex.keep_client = not c.half_closed
+    ex.body_done = True
+    body = data[end:]
+    ex.send_up(head + body if body else head)
+    ex.begin()  # the live request goes up first, then the hand-over hears of it
+    if shadowed_path and marked:
+        fwd.handover.marked()
+    elif ex.shadow and body:
+        if len(body) > fwd.max_body:
+            fwd.handover.too_large()
+        else:
+            fwd.handover.copy(path.decode("latin-1"), body, category, request_id)
+    return True
 
 
 class Answering(Protocol):
@@ -189,18 +215,23 @@ class Writable(Protocol):
 
 
 def fast_answer(ex: Answering, data: bytes) -> bool:
-    """Relay the first read ``data`` of ``ex``'s answer at once when it has the common shape
-    (:func:`answer_shape`) for a keep-alive HTTP/1.1 client whose request is complete: the body
-    of one with a length is then counted down by the exchange, the end of a chunked one found
-    by llhttp. ``False`` (nothing done) sends the answer down the parser path, which handles
-    every other case."""
+    """Relay the first read ``data`` of ``ex``'s answer at once, for a keep-alive HTTP/1.1
+    client whose request is complete, when it holds a whole head of the common shape: a final
+    status other than 204/304, none of the fields the parser path would drop, and either
+    ``Transfer-Encoding: chunked`` (its end found by llhttp) or one plain ``Content-Length``
+    with no more than that many body bytes (the rest counted down by the exchange). ``False``
+    (nothing done) sends the answer down the parser path, which handles every other case."""
     if ex.is_head or not ex.keep_client or ex.client_http10 or not ex.body_done:
         return False
-    left = answer_shape(data)
-    if left is None:
+    m = _FAST_ANSWER.match(data)
+    if m is None:
         return False
+    fields = _ANSWER_FIELDS.findall(data, 0, m.end())
+    if len(fields) != 1 or m.group(1) in (b"204", b"304"):
+        return False
+    name, value = fields[0][0].lower(), fields[0][1].strip(b" \t")
     t = ex.client.transport
-    if left == CHUNKED:
+    if name == b"transfer-encoding" and value.lower() == b"chunked":
         # relayed as it comes; llhttp finds the end, with one callback (not one per chunk).
         # The first read is parsed before it is relayed: malformed framing in it goes to the
         # parser path, which answers a clean 502 as nothing has been sent yet.
@@ -224,6 +255,12 @@ def fast_answer(ex: Answering, data: bytes) -> bool:
         if ex.resp_done:
             ex.finish()
         return True
+    digits = DIGITS.fullmatch(value) if name == b"content-length" else None
+    if digits is None:
+        return False
+    left = int(digits.group()) - (len(data) - m.end())
+    if left < 0:  # bytes beyond the answer: the parser path decides
+        return False
     ex.resend = None
     ex.head_done = ex.started = True
     ex.resp_framing = "length"

@@ -22,7 +22,6 @@ from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.http1 import client as client_module
 from specwatch.http1 import exchange as exchange_module
 from specwatch.http1 import fast as fast_module
-from specwatch.http1.engine import Engine
 from specwatch.http1.forwarder import Forwarder
 from specwatch.http1.framing import BAD_400, MAX_HEAD_BYTES
 from specwatch.http1.pool import Upstream
@@ -238,12 +237,12 @@ class Path:
         client connection: write its pieces (a short pause between them, so each reaches the
         engine as a read of its own), then ``read`` that many answers."""
         taken = {"request": 0, "answer": 0}
-        real_request, real_answer = fast_module.match_request, fast_module.fast_answer
+        real_request, real_answer = fast_module.fast_request, fast_module.fast_answer
 
-        def spy_request(fwd: Engine, data: bytes, peer: bytes) -> fast_module.FastRequest | None:
-            got = real_request(fwd, data, peer)
-            taken["request"] += got is not None
-            return got
+        def spy_request(c: fast_module.Requesting, data: bytes) -> bool:
+            ok = real_request(c, data)
+            taken["request"] += ok
+            return ok
 
         def spy_answer(ex: exchange_module.Exchange, data: bytes) -> bool:
             ok = real_answer(ex, data)
@@ -251,7 +250,7 @@ class Path:
             return ok
 
         # the names the client and the exchange call the fast paths by
-        self.monkeypatch.setattr(client_module, "match_request", spy_request)
+        self.monkeypatch.setattr(client_module, "fast_request", spy_request)
         self.monkeypatch.setattr(exchange_module, "fast_answer", spy_answer)
         up = RawUpstream(answer, close_after, early, per_request=per_request)
         handover = Recorder()
