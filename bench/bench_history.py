@@ -45,7 +45,9 @@ from pathlib import Path
 import yaml
 
 from specwatch.shadow.component import STATS_BUCKET_SECONDS, ShadowComponent, ledger_inputs
-from specwatch.shadow.ledger import HistoryGrouping, Ledger, LedgerRow
+from specwatch.shadow.ledger.aggregates import HistoryGrouping
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
 ROOT = Path(__file__).resolve().parents[1]

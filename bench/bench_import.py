@@ -2,10 +2,12 @@
 
     PYTHONPATH=. python bench/bench_import.py [--runs 9] [--json]
 
-Three commands, each run ``--runs`` times in a new subprocess (so no module is cached):
+Five commands, each run ``--runs`` times in a new subprocess (so no module is cached):
 
 * ``import specwatch.observe.tracker`` (the observe chain a sidecar without shadow needs),
 * ``import specwatch.observe.loop`` (adds the scrape loop: aiohttp),
+* ``import specwatch.server.app`` (the whole sidecar: both chains, alerts, export, the app),
+* ``import specwatch.cli.run`` (what ``specwatch run`` imports before it starts),
 * ``specwatch --version`` (the console entry point, ``python -m specwatch --version``).
 
 The import time is the sum of ``-X importtime``'s cumulative column over the roots of the
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 COMMANDS: dict[str, list[str]] = {
     "import specwatch.observe.tracker": ["-c", "import specwatch.observe.tracker"],
     "import specwatch.observe.loop": ["-c", "import specwatch.observe.loop"],
+    "import specwatch.server.app": ["-c", "import specwatch.server.app"],
+    "import specwatch.cli.run": ["-c", "import specwatch.cli.run"],
     "specwatch --version": ["-m", "specwatch", "--version"],
 }
 

@@ -137,12 +137,14 @@ def run_specwatch(
         proxy_own_process=mode == "process",
     )
 
+    delivered = [0]  # replayed pairs handed to the sink (the pipeline never classifies them)
+
     async def sink(pair: ReplayPair) -> None:
-        return None
+        delivered[0] += 1
 
     async def make_app() -> web.Application:
         session = aiohttp.ClientSession()
-        pipe = ShadowPipeline(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
         app = web.Application()
         pipe.mount(app)
         if busy_ms > 0:
@@ -157,7 +159,7 @@ def run_specwatch(
             m = pipe.metrics()
             print(
                 f"specwatch: proxied={m.proxy_requests} offered={m.offered} admitted={m.admitted} "
-                f"dropped={dict(m.dropped)} replays={dict(m.replays)}",
+                f"dropped={dict(m.dropped)} replays={delivered[0]}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from specwatch.shadow.compare import compare
-from specwatch.shadow.ledger import Ledger
+from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.values import Arm, ArmResult, PairOutcome, ReplayPair, ShadowRequest, Source
 
 

@@ -35,8 +35,14 @@ from specwatch.core.config import OVERALL
 from specwatch.server.app import build_app
 from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
-from specwatch.shadow.ledger import Ledger, LedgerRow
-from specwatch.shadow.stats.sequential import BettingEProcess, beta_binomial_log_e_values
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
+    alarm,
+    beta_binomial_log_e_values,
+    first_alarm,
+)
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
 from specwatch.simulate.quiz import builtin_items, write_canary_jsonl
@@ -45,11 +51,6 @@ from specwatch.simulate.quiz import builtin_items, write_canary_jsonl
 def write_canary(path: Path, pairs: int, temperature: float) -> None:
     variants = -(-pairs // len(builtin_items()))
     write_canary_jsonl(path, variants=variants, temperature=temperature, limit=pairs)
-
-
-def first_crossing(log_e: np.ndarray[Any, np.dtype[np.float64]], alpha: float) -> int | None:
-    hits = np.nonzero(log_e >= -math.log(alpha))[0]
-    return int(hits[0]) + 1 if hits.size else None
 
 
 def analyse(rows: list[LedgerRow], alpha: float, margin: float) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def analyse(rows: list[LedgerRow], alpha: float, margin: float) -> dict[str, Any
     bet_cross: int | None = None
     for i, di in enumerate(d, start=1):
         bet = bet.update(int(di))
-        if bet_cross is None and bet.log_wealth >= -math.log(alpha):
+        if bet_cross is None and alarm(bet.log_wealth, alpha):
             bet_cross = i
     lost, gained = int(lost_c[-1]), int(gained_c[-1])
     fly_flips = sum(1 for r in rows if r.status == "paired" and r.fly_agrees is False)
@@ -83,7 +84,7 @@ def analyse(rows: list[LedgerRow], alpha: float, margin: float) -> dict[str, Any
         if lost + gained
         else 1.0,
         "log10_e_value": float(log_e[-1]) / math.log(10),
-        "pairs_to_alarm": first_crossing(log_e, alpha),
+        "pairs_to_alarm": first_alarm(log_e, alpha),
         "max_log10_e_value": float(log_e.max()) / math.log(10),
         "margin_log10_e_value": bet.log_wealth / math.log(10),
         "margin_pairs_to_alarm": bet_cross,
@@ -148,7 +149,8 @@ async def run_one(
                 pipe = comp.pipeline
                 if pipe is not None and pipe.canary is not None and pipe.canary.passes == 1:
                     m = pipe.metrics()
-                    if m.queue_depth == 0 and sum(m.replays.values()) == m.admitted:
+                    compared = sum(comp.counters.by_status().values())
+                    if m.queue_depth == 0 and compared == m.admitted:
                         break
                 await asyncio.sleep(0.2)
             elapsed = time.perf_counter() - t0

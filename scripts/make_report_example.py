@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 from specwatch.__main__ import main as specwatch_main
-from specwatch.shadow.ledger import Ledger
+from specwatch.shadow.ledger.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "docs" / "img" / "report-example.png"

@@ -1,4 +1,4 @@
-"""specwatch: a watchdog sidecar for vLLM speculative decoding.
+"""specwatch, a sidecar watching vLLM speculative decoding (``__version__``); may import nothing.
 
 ``__version__`` is read from the installed distribution on first use (``importlib.metadata``
 costs tens of milliseconds, which importing a pure module such as ``specwatch.observe.tracker``

@@ -1,4 +1,5 @@
-"""Project-level promises: the README's two commands, CI running exactly the test command."""
+"""Project-level promises: the README's two commands, CI running exactly the test command, the
+docs' links and paths resolving, and no tracker numbers in the project's text."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import pytest
 
@@ -37,14 +39,6 @@ class TestReadme:
         for step in ("ruff check .", "ruff format --check .", "mypy --strict"):
             assert step in ci_lines
             assert ci_lines.index(step) < ci_lines.index(test_command)
-
-    def test_readme_links_exist(self) -> None:
-        """Every relative link in the README points at a file in the repository."""
-        text = (ROOT / "README.md").read_text(encoding="utf-8")
-        for link in re.findall(r"\]\(([^)#]+)\)", text):
-            if "://" in link:
-                continue
-            assert (ROOT / link).exists(), link
 
 
 class TestPackaging:
@@ -82,3 +76,157 @@ def test_every_test_has_a_docstring() -> None:
         and ast.get_docstring(node) is None
     ]
     assert missing == [], "tests without a docstring:\n" + "\n".join(missing)
+
+
+def tracked_files() -> list[Path]:
+    """The repository's tracked files (``git ls-files``), else every file outside dot-folders,
+    virtual environments and caches."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        skip = {"__pycache__", "build", "dist", "node_modules"}
+        return sorted(
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file()
+            and not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts)
+        )
+    return sorted(ROOT / name for name in out.decode().split("\0") if name)
+
+
+def text_of(path: Path) -> str | None:
+    """The file's text, ``None`` for a binary file (a NUL byte, or not UTF-8) or a missing one
+    (deleted but not yet committed)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+#: A tracker reference: the word issue or issues (any case), an optional ``#``, then a number.
+#: An upstream one names its repository first (``owner/repo``, then the word and number) and is a
+#: citation, not a tracker number.
+TRACKER_NUMBER = re.compile(r"\bissues?[ \t]*#?[ \t]*\d+", re.IGNORECASE)
+UPSTREAM_REPO = re.compile(r"[\w.-]+/[\w.-]+[ \t]+$")
+
+
+def tracker_numbers(text: str) -> list[tuple[int, str]]:
+    """``(line, reference)`` for each tracker reference in ``text`` that does not name an
+    upstream repository first."""
+    return [
+        (text.count("\n", 0, m.start()) + 1, m.group(0))
+        for m in TRACKER_NUMBER.finditer(text)
+        if not UPSTREAM_REPO.search(text[max(0, m.start() - 120) : m.start()])
+    ]
+
+
+def test_tracker_numbers_are_found_and_upstream_citations_are_not() -> None:
+    """The matcher finds a bare tracker number in each spelling and lets an upstream citation
+    (``owner/repo`` first) through."""
+    word = "iss" + "ue"  # assembled, so this file does not trip its own check
+    assert tracker_numbers(f"Within 2x of nginx ({word} 16, item 4)") == [(1, f"{word} 16")]
+    assert tracker_numbers(f"{word.title()}s 3 and 4;\nsee {word} #12") == [
+        (1, f"{word.title()}s 3"),
+        (2, f"{word} #12"),
+    ]
+    assert tracker_numbers(f"after vllm-project/vllm {word} #53130 (values)") == []
+    assert tracker_numbers(f"a known {word}, fixed in 2 places") == []
+
+
+def test_no_tracker_numbers_in_tracked_text() -> None:
+    """No tracked text file cites a tracker number: code, docs and tests say what the thing is
+    (the proxy goal, the report's slowness), not where it was asked for."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {hit}"
+        for path in tracked_files()
+        if (text := text_of(path)) is not None
+        for line, hit in tracker_numbers(text)
+    ]
+    assert found == [], "tracker numbers:\n" + "\n".join(found)
+
+
+def markdown_files() -> list[Path]:
+    return [p for p in tracked_files() if p.suffix == ".md" and p.exists()]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown text: lower case, punctuation other
+    than ``-`` and ``_`` dropped, spaces as ``-``, ``-1``, ``-2`` ... on repeats."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"#{1,6}\s+(.*)", line)
+        if fenced or heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def test_heading_anchors_by_hand() -> None:
+    """Anchors as GitHub writes them, worked by hand for a code span, punctuation and a repeat."""
+    text = (
+        "# Fleet (`specwatch fleet --listen host:port`)\n## 5. Where it lives\n## Notes\n## Notes\n"
+    )
+    assert heading_anchors(text) == {
+        "fleet-specwatch-fleet---listen-hostport",
+        "5-where-it-lives",
+        "notes",
+        "notes-1",
+    }
+
+
+def test_markdown_links_resolve() -> None:
+    """Every relative link in a tracked Markdown file (README, docs/, the deploy and test notes)
+    names a file that exists, and its ``#anchor``, if any, a heading of that file."""
+    broken: list[str] = []
+    for md in markdown_files():
+        for link in re.findall(r"\]\(([^)\s]+)\)", md.read_text(encoding="utf-8")):
+            if re.match(r"[a-z][a-z0-9+.-]*:", link):  # http:, https:, mailto:
+                continue
+            path, _, anchor = link.partition("#")
+            target = (md.parent / path).resolve() if path else md
+            if not target.exists():
+                broken.append(f"{md.relative_to(ROOT)}: {link} (no such file)")
+            elif (
+                anchor
+                and target.suffix == ".md"
+                and anchor not in heading_anchors(target.read_text(encoding="utf-8"))
+            ):
+                broken.append(f"{md.relative_to(ROOT)}: {link} (no such heading)")
+    assert broken == [], "\n".join(broken)
+
+
+#: A repository path in a code span: `specwatch/shadow/values.py`, `deploy/mixin/`.
+REPO_PATH = re.compile(r"`((?:specwatch|tests|docs|bench|deploy|scripts|grafana)/[\w./-]*)`")
+
+
+def test_paths_named_in_markdown_exist() -> None:
+    """Every repository path a tracked Markdown file names in a code span exists, except the
+    "before" column of an old -> new map (which names what is gone)."""
+    missing: list[str] = []
+    for md in markdown_files():
+        in_map = False
+        for line in md.read_text(encoding="utf-8").splitlines():
+            if line.startswith("#"):
+                in_map = bool(re.search(r"\bold\b.*\bnew\b", line, re.IGNORECASE))
+            checked = line.split("|", 2)[-1] if in_map and line.startswith("|") else line
+            missing += [
+                f"{md.relative_to(ROOT)}: {path}"
+                for path in REPO_PATH.findall(checked)
+                if not (ROOT / path).exists()
+            ]
+    assert missing == [], "\n".join(missing)

@@ -1,0 +1,1 @@
+"""Detectors, pending timers, Alertmanager delivery; may import observe, shadow, vllm, core."""

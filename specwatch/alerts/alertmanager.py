@@ -14,7 +14,7 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
 Pure parts (:class:`Alert`, :func:`sanitize_labels`, :func:`build_payload`, :class:`ActiveAlerts`,
 :class:`Outbox`) take values and return values. :class:`AlertSender` does the HTTP over an
 injected ``aiohttp.ClientSession``; :class:`AlertLoop` ties them to an injected clock and sleep.
-The published :class:`AlertingState` is exported by
+The published :class:`~specwatch.alerts.values.AlertingState` is exported by
 :class:`specwatch.export.prometheus.AlertsCollector` and :func:`specwatch.export.json.alerts_json`.
 """
 
@@ -27,7 +27,7 @@ import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -44,19 +44,17 @@ from specwatch.alerts.settings import (
     AlertingSettings,
     TLSSettings,
 )
+from specwatch.alerts.values import SEND_ERROR_REASONS, AlertingState, FiringAlert
 from specwatch.core.clock import format_rfc3339
 from specwatch.core.logs import log_event, redact_url
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
-    "SEND_ERROR_REASONS",
     "ActiveAlerts",
     "AlertLoop",
     "AlertSender",
     "AlertingSettings",
-    "AlertingState",
     "Delivery",
-    "FiringAlert",
     "Outbox",
     "TLSSettings",
     "build_payload",
@@ -66,15 +64,6 @@ __all__ = [
 log = logging.getLogger("specwatch.alerts.alertmanager")
 
 #: Where ``docs/runbook.md`` is published; anchors are the lower-cased alert names.
-
-#: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
-SEND_ERROR_REASONS: tuple[str, ...] = (
-    "timeout",
-    "connect",
-    "http_4xx",
-    "http_5xx",
-    "outbox_overflow",
-)
 
 #: 4xx answers that say "later", not "never": retried like a 5xx (counted as http_4xx).
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -125,14 +114,6 @@ def build_payload(deliveries: Iterable[Delivery], now: float, lease: float) -> l
     return body
 
 
-@dataclass(frozen=True, slots=True)
-class FiringAlert:
-    """An active alert as the ``specwatch_alert_firing`` gauge shows it."""
-
-    labels: Mapping[str, str]
-    starts_at: float
-
-
 @dataclass(slots=True)
 class _Active:
     alert: Alert
@@ -166,6 +147,18 @@ class ActiveAlerts:
         self._active: dict[AlertKey, _Active] = {}
         self._held: set[AlertKey] = set()
         self._hold_until = float("-inf")
+
+    @classmethod
+    def from_settings(cls, settings: AlertingSettings) -> ActiveAlerts:
+        """The bookkeeping of the ``alerting`` group: its ``resend_interval``, the provenance
+        labels (``external_labels`` plus ``namespace`` and ``pod``), ``runbook_base_url`` and
+        ``generator_url``."""
+        return cls(
+            resend_interval=settings.resend_interval,
+            external_labels=settings.provenance_labels(),
+            runbook_base_url=settings.runbook_base_url,
+            generator_url=settings.generator_url,
+        )
 
     def _labels(self, alert: Alert) -> dict[str, str]:
         labels = dict(self._external)
@@ -301,16 +294,6 @@ def build_ssl_context(tls: TLSSettings) -> ssl.SSLContext | bool:
     if tls.cert_file is not None and tls.key_file is not None:
         ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
     return ctx
-
-
-@dataclass(frozen=True, slots=True)
-class AlertingState:
-    """What the alert loop publishes (one immutable value, swapped per tick)."""
-
-    firing: tuple[FiringAlert, ...] = ()
-    send_errors: Mapping[str, int] = field(default_factory=dict)
-    outbox_depth: int = 0
-    state_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 class AlertSender:
@@ -476,12 +459,7 @@ class AlertLoop:
         self._findings = current_findings
         self._clock = clock
         self._sleep = sleep
-        self._active = ActiveAlerts(
-            resend_interval=settings.resend_interval,
-            external_labels=settings.provenance_labels(),
-            runbook_base_url=settings.runbook_base_url,
-            generator_url=settings.generator_url,
-        )
+        self._active = ActiveAlerts.from_settings(settings)
         self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
         self._state = AlertingState(
             send_errors=dict(self._sender.errors), state_errors=dict(self._state_errors)

@@ -7,7 +7,7 @@ snapshot and enters :meth:`AlertingComponent.running` with the app. Every
 ``alerting.evaluation_interval`` seconds the loop evaluates
 :class:`~specwatch.alerts.pending.Detector`, keeps the ``for`` durations, posts to every
 Alertmanager in ``alerting.urls`` (none: nothing is sent) and hands the resulting
-:class:`~specwatch.alerts.alertmanager.AlertingState` to ``on_state``: the detectors never
+:class:`~specwatch.alerts.values.AlertingState` to ``on_state``: the detectors never
 write into what they read.
 
 With a ``state_path`` the component survives restarts as Prometheus does: at start it restores
@@ -32,17 +32,11 @@ from typing import Any
 import aiohttp
 
 from specwatch.alerts.alert import Alert
-from specwatch.alerts.alertmanager import AlertingState, AlertLoop
+from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.pending import Detector
-from specwatch.alerts.saved import (
-    STATE_ERROR_REASONS,
-    SavedAlerts,
-    dump,
-    load,
-    read_text,
-    write_atomic,
-)
+from specwatch.alerts.saved import SavedAlerts, dump, load, read_text, write_atomic
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
+from specwatch.alerts.values import STATE_ERROR_REASONS, AlertingState
 from specwatch.core.clock import Clock
 from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from specwatch.alerts.settings import DetectSettings
 from specwatch.shadow.stats.paired import mcnemar_z, two_proportion_z
+from specwatch.shadow.stats.sequential import e_value_alarm
 
 __all__ = [
     "BudgetInputs",
@@ -243,7 +244,7 @@ def quality_drift(
         raise ValueError("alpha must be in (0, 1)")
     out: dict[str, float] = {}
     e = e_value if e_value is not None and not math.isnan(e_value) else None
-    if e is not None and e >= 1.0 / alpha:
+    if e is not None and e_value_alarm(e, alpha):
         out["e_value"] = e
     n = _f(n_pairs)
     if non_inferiority_pass is False and n is not None and n >= s.quality_min_pairs:
@@ -278,4 +279,4 @@ def lossless_flips(
     n = _f(pairs)
     if e_value is None or math.isnan(e_value) or n is None or n < s.lossless_min_pairs:
         return None
-    return e_value if e_value >= 1.0 / alpha else None
+    return e_value if e_value_alarm(e_value, alpha) else None

@@ -32,8 +32,6 @@ from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.summary import PairedSummary, ShadowStats
-from specwatch.vllm.budget import required_batched_tokens
-from specwatch.vllm.methods import method_slots, regime_for_version
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
@@ -218,7 +216,7 @@ def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
-        k = h.num_speculative_tokens or t.limits.num_speculative_tokens
+        k = t.capacity.num_speculative_tokens
         v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, k, s)
         if v is not None:
             out.append(
@@ -250,7 +248,7 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 drafts_per_second=h.drafts_per_second,
                 mean_draft_length=h.mean_draft_length,
                 running=h.num_requests_running,
-                k=h.num_speculative_tokens,
+                k=cap.num_speculative_tokens,
                 engines=tuple(
                     (e, eh.drafts_per_step, eh.num_requests_running)
                     for e, eh in sorted(mw.engines.items())
@@ -270,22 +268,17 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     return out
 
 
-def _budget_finding(t: TargetSnapshot, k: int | None) -> str:
-    """The configuration finding: the budget that would verify every running request's drafts."""
-    lim, cap = t.limits, t.capacity
-    if cap.max_num_seqs is None or k is None or lim.method is None:
+def _budget_finding(t: TargetSnapshot) -> str:
+    """The configuration finding: the budget that would verify every running request's drafts
+    (N, K, S and the need as :class:`~specwatch.observe.values.Capacity` has them)."""
+    cap = t.capacity
+    need = cap.required_batched_tokens
+    if need is None:
         return ""
-    slots = method_slots(
-        lim.method,
-        k,
-        parallel_drafting=lim.parallel_drafting,
-        regime=regime_for_version(lim.vllm_version),
-    )
-    need = required_batched_tokens(cap.max_num_seqs, k, slots.extra_batch_slots)
     return (
         f" Configuration finding, not a stall: raise --max-num-batched-tokens to at least "
-        f"{need} (max_num_seqs {cap.max_num_seqs} x (1 + K {k} + S {slots.extra_batch_slots})),"
-        f" lower num_speculative_tokens, or lower --max-num-seqs to "
+        f"{need} (max_num_seqs {cap.max_num_seqs} x (1 + K {cap.num_speculative_tokens} + S "
+        f"{cap.extra_batch_slots})), lower num_speculative_tokens, or lower --max-num-seqs to "
         f"{cap.decode_full_per_step_requests}."
     )
 
@@ -301,7 +294,7 @@ def _budget_alert(
     labels: dict[str, str],
 ) -> Alert:
     cap = t.capacity
-    k = h.num_speculative_tokens or t.limits.num_speculative_tokens
+    k = cap.num_speculative_tokens
     if reason == "budget_cap":
         summary = f"{t.name} is limited by max_num_batched_tokens, not max_num_seqs."
         text = (
@@ -332,7 +325,7 @@ def _budget_alert(
         "SpecBudgetStarvation",
         Severity.WARNING,
         summary,
-        text + _budget_finding(t, k),
+        text + _budget_finding(t),
         labels,
         value=value,
     )
@@ -384,32 +377,19 @@ def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
 
 
 def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
-    """The token-budget configuration finding, as soon as the limits are known (no traffic)."""
-    cap, lim = t.capacity, t.limits
+    """The token-budget configuration finding, as soon as the limits are known (no traffic):
+    N, K, S, D_full and the need N · (1 + K + S) as :class:`~specwatch.observe.values.Capacity`
+    has them."""
+    cap = t.capacity
     d_full = token_budget_bound(cap.max_num_seqs, cap.decode_full_per_step_requests)
-    if d_full is None or cap.max_num_seqs is None or lim.method is None:
+    n, k, slots, need = (
+        cap.max_num_seqs,
+        cap.num_speculative_tokens,
+        cap.extra_batch_slots,
+        cap.required_batched_tokens,
+    )
+    if d_full is None or n is None or k is None or slots is None or need is None:
         return []
-    k = lim.num_speculative_tokens
-    if k is None:
-        k = next(
-            (
-                mw.server.num_speculative_tokens
-                for w in t.windows.values()
-                for mw in w.values()
-                if mw.server.num_speculative_tokens is not None
-            ),
-            None,
-        )
-    if k is None:
-        return []
-    slots = method_slots(
-        lim.method,
-        k,
-        parallel_drafting=lim.parallel_drafting,
-        regime=regime_for_version(lim.vllm_version),
-    ).extra_batch_slots
-    need = required_batched_tokens(cap.max_num_seqs, k, slots)
-    n = cap.max_num_seqs
     return [
         Alert(
             "SpecTokenBudgetBound",
@@ -417,7 +397,7 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             f"max_num_batched_tokens {cap.max_num_batched_tokens} is below N {n} x "
             f"(1 + K {k} + S {slots}) = {need}, so at most {d_full:g} requests can decode per "
             f"step on {t.name}.",
-            f"Configuration finding for {t.name} (role {t.role.value}, method {lim.method}): "
+            f"Configuration finding for {t.name} (role {t.role.value}, method {t.limits.method}): "
             f"with max_num_seqs {n} and num_speculative_tokens {k}, the token budget verifies "
             f"full drafts for only {d_full:g} requests per step. Raise "
             f"--max-num-batched-tokens to at least {need}, lower num_speculative_tokens, or "

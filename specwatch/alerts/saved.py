@@ -30,7 +30,6 @@ from typing import Any
 from specwatch.alerts.alert import Alert, AlertKey, Severity, alert_key
 
 __all__ = [
-    "STATE_ERROR_REASONS",
     "VERSION",
     "SavedAlerts",
     "dump",
@@ -38,9 +37,6 @@ __all__ = [
     "read_text",
     "write_atomic",
 ]
-
-#: ``reason`` values of ``specwatch_alert_state_errors_total``.
-STATE_ERROR_REASONS: tuple[str, ...] = ("read", "corrupt", "too_old", "write")
 
 #: The file format version :func:`dump` writes and :func:`load` accepts.
 VERSION = 1

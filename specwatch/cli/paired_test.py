@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from specwatch.cli.args import add_output_format
 from specwatch.core.numbers import exp_or_inf
@@ -35,8 +34,10 @@ from specwatch.shadow.stats.paired import (
     non_inferiority_test,
 )
 from specwatch.shadow.stats.sequential import (
+    alarm,
     beta_binomial_log_e_values,
     betting_path,
+    first_alarm,
     net_loss_mixture_log_e_values,
 )
 from specwatch.shadow.verdict import Verdict, verdict_line
@@ -141,26 +142,23 @@ def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, 
     ``no_net_loss_beta_binomial``: the uniform-prior mixture behind ``e_value``;
     ``margin``: the betting e-process for net loss <= ``margin``. Pairs in the order given.
     """
-    threshold = -math.log(alpha)
     lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
     gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
-
-    def first(path: npt.NDArray[np.float64]) -> int | None:
-        hit = np.flatnonzero(path >= threshold)
-        return int(hit[0]) + 1 if hit.size else None
 
     outcomes = [(x == 1, x == -1) for x in d]  # d = standard - fly: +1 lost, -1 gained
     betting = next(
         (
             i
             for i, state in enumerate(betting_path(outcomes, margin), start=1)
-            if state.log_wealth >= threshold
+            if alarm(state.log_wealth, alpha)
         ),
         None,
     )
+    mixture = net_loss_mixture_log_e_values(lost, gained) if d else ()
+    beta_binomial = beta_binomial_log_e_values(lost, gained) if d else ()
     return {
-        "no_net_loss": first(net_loss_mixture_log_e_values(lost, gained)) if d else None,
-        "no_net_loss_beta_binomial": first(beta_binomial_log_e_values(lost, gained)) if d else None,
+        "no_net_loss": first_alarm(mixture, alpha),
+        "no_net_loss_beta_binomial": first_alarm(beta_binomial, alpha),
         "margin": betting,
     }
 

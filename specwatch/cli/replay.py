@@ -44,7 +44,7 @@ from specwatch.alerts.settings import DetectSettings
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
-from specwatch.observe.settings import TargetSettings
+from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.settings import ConfigError, load_settings, parse_target_spec
 
@@ -141,14 +141,18 @@ def replay(
     windows: Mapping[str, float],
     detect: DetectSettings,
     evaluation_interval: float,
+    scrape: ScrapeSettings | None = None,
 ) -> list[Transition]:
     """Feed ``scrapes`` (any order) to one tracker per target and evaluate the detectors every
     ``evaluation_interval`` seconds from the first scrape time to the last (inclusive).
+    ``scrape``: the per-target bounds the trackers keep (``specwatch run``'s; defaults when
+    ``None``).
 
     Pure apart from one log line per unparseable body. Returns the firing intervals in
     ``fired_at`` order (ties by alert name and labels).
     """
-    trackers = {t.name: TargetTracker(t, windows) for t in targets}
+    bounds = scrape if scrape is not None else ScrapeSettings()
+    trackers = {t.name: TargetTracker.from_settings(t, bounds, windows) for t in targets}
     ordered = sorted(scrapes, key=lambda s: (s.t, s.target))
     if not ordered:
         return []
@@ -260,6 +264,7 @@ def main(args: argparse.Namespace) -> int:
         windows=settings.window_seconds,
         detect=settings.detect,
         evaluation_interval=settings.alerting.evaluation_interval,
+        scrape=settings.scrape,
     )
     if args.format == "json":
         print(json.dumps(transitions_json(found), indent=2, allow_nan=False))

@@ -19,7 +19,7 @@ from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
 from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
-from specwatch.shadow.ledger import check_openable
+from specwatch.shadow.ledger.files import check_openable
 
 logger = logging.getLogger("specwatch.run")
 

@@ -1,0 +1,1 @@
+"""What every layer shares (clock, config, logs, numbers, store, wire); may import nothing."""

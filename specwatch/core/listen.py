@@ -22,13 +22,20 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from specwatch.core.logs import RateLimitedLog
 
-__all__ = ["ListenLimits", "ListenerStats", "json_too_deep"]
+__all__ = ["REFUSAL_REASONS", "ListenLimits", "ListenerStats", "RefusalReason", "json_too_deep"]
 
 logger = logging.getLogger("specwatch.listen")
+
+#: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
+#: every one exported from 0): a request head aiohttp cannot parse, a request body that
+#: stopped arriving, a connection over ``max_connections``, no complete head in time.
+RefusalReason = Literal["bad_request", "body_timeout", "connection_limit", "header_timeout"]
+#: Every :data:`RefusalReason`, in that order.
+REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +62,7 @@ class ListenerStats:
     open: int = 0
     log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(logger))
 
-    def refuse(self, reason: str, **fields: Any) -> None:
+    def refuse(self, reason: RefusalReason, **fields: Any) -> None:
         """Count one refusal and log it (rate-limited)."""
         self.refused[reason] += 1
         self.log.warning("connection refused", listener=self.name, reason=reason, **fields)

@@ -47,11 +47,11 @@ from specwatch.demo.config import (
 )
 from specwatch.demo.view import (
     ViewContext,
+    alert_name,
     build_view,
     fault_command,
     load_summary,
     render_text,
-    view_document,
 )
 from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
@@ -289,14 +289,9 @@ class _AlertClock:
 
     notes: dict[str, str] = field(default_factory=dict)
 
-    def see(self, doc: Mapping[str, Any], elapsed: float) -> Mapping[str, str]:
-        alerts = doc.get("alerts")
-        names = {
-            str((a.get("labels") or {}).get("alertname", "?"))
-            for a in (alerts if isinstance(alerts, list) else [])
-            if isinstance(a, Mapping)
-        }
-        pairs = _labelled_pairs(doc)
+    def see(self, snap: Snapshot, elapsed: float) -> Mapping[str, str]:
+        names = {alert_name(a) for a in snap.alerts.firing} if snap.alerts is not None else set()
+        pairs = _labelled_pairs(snap)
         for name in names - self.notes.keys():
             after = f"{pairs:,} labelled pairs, " if pairs is not None else ""
             self.notes[name] = f"fired after {after}{elapsed:.0f} s"
@@ -305,14 +300,13 @@ class _AlertClock:
         return dict(self.notes)
 
 
-def _labelled_pairs(doc: Mapping[str, Any]) -> int | None:
-    shadow = doc.get("shadow")
-    windows = shadow.get("windows") if isinstance(shadow, Mapping) else None
-    if not isinstance(windows, Mapping):
+def _labelled_pairs(snap: Snapshot) -> int | None:
+    """Labelled pairs of the since-start overall summary (``None`` before there is one)."""
+    stats = snap.shadow
+    if stats is None or SINCE_START not in stats.windows:
         return None
-    overall = (windows.get(SINCE_START) or {}).get(OVERALL)
-    n = overall.get("n") if isinstance(overall, Mapping) else None
-    return n if isinstance(n, int) else None
+    cats = stats.windows[SINCE_START]
+    return cats[OVERALL].n if OVERALL in cats else None
 
 
 async def _view_loop(
@@ -337,7 +331,6 @@ async def _view_loop(
     def frame(width: int) -> Any:
         snap = latest.snap
         assert snap is not None
-        doc = view_document(snap)
         elapsed = clock() - started
         view_ctx = ViewContext(
             title=f"specwatch demo  {elapsed:.0f} s{total}  window {window}  Ctrl-C stops",
@@ -345,10 +338,10 @@ async def _view_loop(
             standard_url=ctx.standard_url,
             fly_url=ctx.fly_url,
             notes=ctx.notes,
-            alert_notes=alert_clock.see(doc, elapsed),
+            alert_notes=alert_clock.see(snap, elapsed),
         )
         load = load_summary(gen.stats, roles, mirror=mirror)
-        return build_view(doc, view_ctx, width=width, window=window, load=load)
+        return build_view(snap, view_ctx, width=width, window=window, load=load)
 
     if not tty:
         width = shutil.get_terminal_size((100, 24)).columns

@@ -1,5 +1,9 @@
-"""The demo's live view: a pure function of the ``/api/v1/snapshot`` document, drawn with rich.
+"""The demo's live view: a pure function of the published :class:`Snapshot`, drawn with rich.
 
+It reads the typed values themselves (the observe view's targets and pair views, the shadow
+chain's :class:`~specwatch.shadow.summary.ShadowStats`, the alert loop's
+:class:`~specwatch.alerts.values.AlertingState`), never the ``/api/v1/snapshot`` JSON made from
+them; a part no component has published yet (``None``) has no section.
 :func:`build_view` returns a rich renderable sized for the terminal: every line is cut with an
 ellipsis rather than wrapped (only the verdict sentence wraps, between words), the header and
 the URLs come first, and the fault command is one line (77 columns with a 5-digit port, so it
@@ -19,15 +23,17 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from specwatch.alerts.values import FiringAlert
 from specwatch.core.config import OVERALL, SINCE_START
-from specwatch.export.json import snapshot_json
+from specwatch.export.json import snapshot_verdict
 from specwatch.export.snapshot import Snapshot
+from specwatch.observe.values import Health, ModelWindow, TargetSnapshot
+from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.shadow.verdict import change_percent, e_value_text
 from specwatch.simulate.loadgen import LoadStats
 
@@ -68,151 +74,152 @@ def _line(text: str | Text, style: str = "") -> Text:
     return t
 
 
-def _num(v: Any, fmt: str = ".3f") -> str:
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else ("yes" if v else "no")
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "-" if not math.isfinite(v) else format(v, fmt)
-    return str(v)
+def _num(v: float | None, fmt: str = ".3f") -> str:
+    return format(v, fmt) if v is not None and math.isfinite(v) else "-"
 
 
-def _int(v: Any) -> str:
-    return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{round(v):,}"
+def _int(v: float | None) -> str:
+    return f"{round(v):,}" if v is not None and math.isfinite(v) else "-"
 
 
-def _rate(num: Any, den: Any) -> str:
-    if not isinstance(num, int | float) or not isinstance(den, int | float) or den <= 0:
-        return "-"
-    return f"{100.0 * num / den:.1f} %"
+def _rate(num: int, den: int) -> str:
+    return "-" if den <= 0 else f"{100.0 * num / den:.1f} %"
 
 
-def _pick_window(windows: Mapping[str, Any], wanted: str) -> str | None:
+def _pick_window(windows: Mapping[str, object], wanted: str) -> str | None:
     if wanted in windows:
         return wanted
     return next(iter(windows), None)
 
 
-def _targets_table(doc: Mapping[str, Any], window: str, wide: bool) -> Table:
+def _only_model(t: TargetSnapshot, window: str | None) -> ModelWindow | None:
+    """The target's only model in ``window`` (``None`` with several models or none yet: the
+    snapshot document shows no ``server`` then)."""
+    models = t.windows[window] if window is not None else {}
+    return next(iter(models.values())) if len(models) == 1 else None
+
+
+def _targets_table(targets: Mapping[str, TargetSnapshot], window: str, wide: bool) -> Table:
     table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), header_style="dim")
     for name in ("target", "up", "α", "τ", "tok/s", "run/max", "wait"):
         table.add_column(name, no_wrap=True, overflow="ellipsis")
     if wide:
         table.add_column("α per engine", no_wrap=True, overflow="ellipsis")
-    for name, t in (doc.get("targets") or {}).items():
-        w = _pick_window(t.get("windows") or {}, window)
-        win = ((t.get("windows") or {}).get(w) or {}) if w else {}
-        server = win.get("server") or {}
-        cap = t.get("capacity") or {}
-        running = cap.get("num_requests_running")
+    for name, t in targets.items():
+        mw = _only_model(t, _pick_window(t.windows, window))
+        server = mw.server if mw is not None else Health()
+        running = t.capacity.num_requests_running
         if running is None:
-            running = server.get("num_requests_running")
+            running = server.num_requests_running
         row = [
-            str(name),
-            "up" if t.get("up") else ("stale" if t.get("stale") else "down"),
-            _num(server.get("acceptance_rate")),
-            _num(server.get("mean_acceptance_length"), ".2f"),
-            _int(server.get("generation_tokens_per_second")),
-            f"{_int(running)}/{_int((t.get('limits') or {}).get('max_num_seqs'))}",
-            _int(server.get("num_requests_waiting")),
+            name,
+            "up" if t.up else ("stale" if t.stale else "down"),
+            _num(server.acceptance_rate),
+            _num(server.mean_acceptance_length, ".2f"),
+            _int(server.generation_tokens_per_second),
+            f"{_int(running)}/{_int(t.limits.max_num_seqs)}",
+            _int(server.num_requests_waiting),
         ]
         if wide:
-            engines = win.get("engines") or {}
+            engines = mw.engines if mw is not None else {}
             row.append(
-                " ".join(
-                    f"e{e}={_num(h.get('acceptance_rate'))}" for e, h in sorted(engines.items())
-                )
+                " ".join(f"e{e}={_num(h.acceptance_rate)}" for e, h in sorted(engines.items()))
                 or "-"
             )
         table.add_row(*row)
     return table
 
 
-def _overall(shadow: Mapping[str, Any], window: str) -> tuple[str, Mapping[str, Any]] | None:
+def _overall(stats: ShadowStats, window: str) -> tuple[str, PairedSummary] | None:
     """The ``since_start`` overall summary (its e-value is the anytime-valid one), else
     ``window``'s, else the first window's."""
-    windows = shadow.get("windows")
-    if not isinstance(windows, Mapping) or not windows:
+    windows = stats.windows
+    if not windows:
         return None
     w = next((c for c in (SINCE_START, window) if c in windows), next(iter(windows)))
-    cats = windows.get(w) or {}
-    s = cats.get(OVERALL) if OVERALL in cats else next(iter(cats.values()), None)
-    return (str(w), s) if isinstance(s, Mapping) else None
+    cats = windows[w]
+    s = cats[OVERALL] if OVERALL in cats else next(iter(cats.values()), None)
+    return None if s is None else (w, s)
 
 
-def _shadow_lines(shadow: Mapping[str, Any], window: str) -> list[Text]:
-    found = _overall(shadow, window)
+def _shadow_lines(stats: ShadowStats, window: str) -> list[Text]:
+    found = _overall(stats, window)
     if found is None:
         return [_line("shadow: waiting for pairs", "dim")]
     w, s = found
-    t = s.get("tally") if isinstance(s.get("tally"), Mapping) else {}
-    assert isinstance(t, Mapping)
-    paired = (t.get("agree") or 0) + (t.get("disagree") or 0)
-    noise_n = (t.get("noise_agree") or 0) + (t.get("noise_disagree") or 0)
-    e = s.get("e_value")
-    alpha = shadow.get("alpha")
-    needed = f" of {1 / alpha:g}" if isinstance(alpha, int | float) and alpha > 0 else ""
+    t = s.tally
+    paired = t.agree + t.disagree
+    noise_n = t.noise_agree + t.noise_disagree
+    e = e_value_text(s.e_value) if math.isfinite(s.e_value) else "n/a"
+    alpha = stats.alpha
+    needed = f" of {1 / alpha:g}" if math.isfinite(alpha) and alpha > 0 else ""
     lines = [
         _line(
-            f"pairs ({w}) {_int(paired)}, labelled {_int(s.get('n'))}: "
-            f"lost {_int(s.get('lost'))} gained {_int(s.get('gained'))}; "
-            f"e-value {e_value_text(float(e)) if isinstance(e, int | float) else 'n/a'}{needed}"
+            f"pairs ({w}) {_int(paired)}, labelled {_int(s.n)}: "
+            f"lost {_int(s.lost)} gained {_int(s.gained)}; e-value {e}{needed}"
         ),
         _line(
-            f"flips vs standard: FLy {_rate(t.get('disagree'), paired)}, "
-            f"noise floor {_rate(t.get('noise_disagree'), noise_n)}; "
-            f"fixed-n McNemar p {_num(s.get('p_loss'), '.2g')}"
+            f"flips vs standard: FLy {_rate(t.disagree, paired)}, "
+            f"noise floor {_rate(t.noise_disagree, noise_n)}; "
+            f"fixed-n McNemar p {_num(s.p_loss, '.2g')}"
         ),
     ]
-    io_state = shadow.get("io")
-    if isinstance(io_state, Mapping):
-        paused = sorted(r for r, on in (io_state.get("paused") or {}).items() if on)
-        dropped = sum(v for v in (io_state.get("dropped_total") or {}).values() if v)
-        unpaired = shadow.get("unpaired_total")
-        lost = (
-            sum(v for v in unpaired.values() if isinstance(v, int | float))
-            if isinstance(unpaired, Mapping)
-            else 0
-        )
+    io_state = stats.io
+    if io_state is not None:
+        paused = sorted(r for r, on in io_state.paused.items() if on)
+        dropped = sum(io_state.dropped.values())
+        unpaired = sum(stats.unpaired_total.values())
         lines.append(
             _line(
-                f"replay: in flight {_int(io_state.get('in_flight'))}, "
-                f"queued {_int(io_state.get('queue_depth'))}, "
+                f"replay: in flight {_int(io_state.in_flight)}, "
+                f"queued {_int(io_state.queue_depth)}, "
                 f"paused {','.join(paused) if paused else 'no'}, "
-                f"dropped {_int(dropped)}, unpaired {_int(lost)}",
+                f"dropped {_int(dropped)}, unpaired {_int(unpaired)}",
                 "dim",
             )
         )
     return lines
 
 
-def _alert_lines(alerts: Sequence[Any], notes: Mapping[str, str]) -> list[Text]:
+def alert_name(alert: FiringAlert) -> str:
+    """The ``alertname`` label of a firing alert (``?`` without one)."""
+    return alert.labels.get("alertname", "?")
+
+
+def _alert_lines(alerts: Sequence[FiringAlert], notes: Mapping[str, str]) -> list[Text]:
     if not alerts:
         return [_line("alerts: none firing", "green")]
     out = [_line(f"alerts: {len(alerts)} firing", "bold red")]
     for a in alerts:
-        labels = a.get("labels", {}) if isinstance(a, Mapping) else {}
-        name = str(labels.get("alertname", "?"))
-        sev = str(labels.get("severity", ""))
-        note = notes.get(name)
+        name = alert_name(a)
+        sev = a.labels.get("severity", "")
+        note = notes.get(name, "")
         rest = " ".join(
-            f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity")
+            f"{k}={v}" for k, v in sorted(a.labels.items()) if k not in ("alertname", "severity")
         )
         text = f"  {name} [{sev}]" + (f" {note}" if note else "") + (f" {rest}" if rest else "")
         out.append(_line(text, "red"))
     return out
 
 
-def _load_line(load: Mapping[str, Any]) -> Text:
-    errors = load.get("errors") or {}
-    err = sum(errors.values()) if isinstance(errors, Mapping) else 0
-    acc = ", ".join(
-        f"{role} {c}/{g}" for role, (c, g) in sorted((load.get("canary") or {}).items())
-    )
-    mirrored = load.get("mirrored")
+@dataclass(frozen=True, slots=True)
+class LoadSummary:
+    """What the view shows of the demo's load: requests ``sent`` and answered ``ok``, ``errors``
+    by reason, ``canary`` role → (right, graded) and ``mirrored`` copies (``None``: the demo
+    does not mirror)."""
+
+    sent: int
+    ok: int
+    errors: Mapping[str, int] = field(default_factory=dict)
+    canary: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    mirrored: int | None = None
+
+
+def _load_line(load: LoadSummary) -> Text:
+    acc = ", ".join(f"{role} {c}/{g}" for role, (c, g) in sorted(load.canary.items()))
+    mirrored = load.mirrored
     return _line(
-        f"load: sent {_int(load.get('sent', 0))}, ok {_int(load.get('ok', 0))}, errors {err}"
+        f"load: sent {_int(load.sent)}, ok {_int(load.ok)}, errors {sum(load.errors.values())}"
         + (f", mirrored {_int(mirrored)}" if mirrored is not None else "")
         + (f"; canary right: {acc}" if acc else ""),
         "dim",
@@ -220,24 +227,24 @@ def _load_line(load: Mapping[str, Any]) -> Text:
 
 
 def build_view(
-    doc: Mapping[str, Any],
+    snap: Snapshot,
     ctx: ViewContext,
     *,
     width: int,
     window: str = "1m",
-    load: Mapping[str, Any] | None = None,
+    load: LoadSummary | None = None,
 ) -> RenderableType:
-    """The live view for a ``/api/v1/snapshot`` document (``snapshot_json``) at ``width``.
+    """The live view of the published :class:`Snapshot` at ``width`` (read as typed values).
 
     Lines: the title; the sidecar's URLs; the simulators' URLs; the fault command (one line);
     ``ctx.notes``; one table row per target (up, α, τ, generation tokens/s of ``window`` — the
     first window the target has when ``window`` is missing — most-loaded engine's running /
     max_num_seqs, waiting; α per engine when ``width`` >= :data:`NARROW_BELOW`); the pair line
     (α gain, τ and total tokens/s changes in ``%``: the demo sends both servers the same
-    traffic); the verdict sentence (``doc["verdict"]``); the shadow
-    lines (pairs, e-value against 1/α, flip rates, the fixed-n p-value; replay state) when
-    ``doc["shadow"]`` has windows; ``load`` (sent, ok, errors, canary right/graded per role);
-    the alerts (``doc["alerts"]``) with ``ctx.alert_notes`` when the document has that key.
+    traffic); the verdict sentence (:func:`~specwatch.export.json.snapshot_verdict`); once a
+    component published shadow statistics, the shadow lines (pairs, e-value against 1/α, flip
+    rates, the fixed-n p-value; replay state); ``load`` (sent, ok, errors, canary right/graded
+    per role); once the alert loop published its state, the alerts with ``ctx.alert_notes``.
     """
     wide = width >= NARROW_BELOW
     parts: list[RenderableType] = [
@@ -247,32 +254,27 @@ def build_view(
         _line("inject a fault (one line):", "dim"),
         _line(fault_command(ctx.fly_url)),
         *(_line(n, "dim") for n in ctx.notes),
-        _targets_table(doc, window, wide),
+        _targets_table(snap.targets, window, wide),
     ]
-    pair = doc.get("pair") or {}
-    pw = _pick_window(pair, window)
+    pw = _pick_window(snap.pair, window)
     if pw is not None:
-        p = pair[pw] or {}
-        gain = p.get("acceptance_gain_ratio")
+        p = snap.pair[pw]
         parts.append(
             _line(
-                f"FLy vs standard ({pw}): α "
-                f"{'-' if not isinstance(gain, int | float) else format(gain, '+.3f')}, "
-                f"τ {change_percent(p.get('mean_acceptance_length_ratio'))}, "
-                f"tok/s {change_percent(p.get('throughput_ratio'))} (equal traffic)"
+                f"FLy vs standard ({pw}): α {_num(p.acceptance_gain_ratio, '+.3f')}, "
+                f"τ {change_percent(p.mean_acceptance_length_ratio)}, "
+                f"tok/s {change_percent(p.throughput_ratio)} (equal traffic)"
             )
         )
-    verdict = doc.get("verdict")
-    if isinstance(verdict, str) and verdict:
+    verdict = snapshot_verdict(snap)
+    if verdict:
         parts.append(Text(verdict, style="bold", overflow="ellipsis"))
-    shadow = doc.get("shadow")
-    if isinstance(shadow, Mapping) and shadow:
-        parts.extend(_shadow_lines(shadow, window))
+    if snap.shadow is not None:
+        parts.extend(_shadow_lines(snap.shadow, window))
     if load is not None:
         parts.append(_load_line(load))
-    if "alerts" in doc:
-        alerts = doc.get("alerts")
-        parts.extend(_alert_lines(alerts if isinstance(alerts, list) else [], ctx.alert_notes))
+    if snap.alerts is not None:
+        parts.extend(_alert_lines(snap.alerts.firing, ctx.alert_notes))
     return Group(*parts)
 
 
@@ -286,31 +288,18 @@ def render_text(renderable: RenderableType, *, width: int) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
 
 
-def view_document(snap: Snapshot) -> dict[str, Any]:
-    """``snapshot_json(snap)`` without the ``shadow``/``alerts`` placeholders that no component
-    has published yet (so the view shows those sections only once a component provides them)."""
-    doc = snapshot_json(snap)
-    if snap.shadow is None:
-        doc.pop("shadow", None)
-    if snap.alerts is None:
-        doc.pop("alerts", None)
-    return doc
-
-
 def load_summary(
     stats: LoadStats, roles: Mapping[str, str], *, mirror: bool = False
-) -> dict[str, Any]:
-    """The ``load`` mapping :func:`build_view` shows; ``roles`` maps base URL → role name;
+) -> LoadSummary:
+    """The :class:`LoadSummary` :func:`build_view` shows; ``roles`` maps base URL → role name;
     ``mirror``: include the count of mirrored copies."""
-    out: dict[str, Any] = {
-        "sent": stats.sent,
-        "ok": stats.ok,
-        "errors": dict(stats.errors),
-        "canary": {
+    return LoadSummary(
+        sent=stats.sent,
+        ok=stats.ok,
+        errors=dict(stats.errors),
+        canary={
             role: (stats.correct.get(url, 0), stats.graded.get(url, 0))
             for url, role in roles.items()
         },
-    }
-    if mirror:
-        out["mirrored"] = stats.mirrored
-    return out
+        mirrored=stats.mirrored if mirror else None,
+    )

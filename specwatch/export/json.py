@@ -17,7 +17,7 @@ from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.observe.values import QUANTILES, Health
 
 if TYPE_CHECKING:  # annotations only: `specwatch analyze` loads neither aiohttp nor scipy
-    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.alerts.values import AlertingState
     from specwatch.export.snapshot import Snapshot
     from specwatch.shadow.summary import PairedSummary, ShadowStats
 
@@ -133,6 +133,11 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "admission_cap_requests": cap.admission_cap_requests,
                 "decode_full_per_step_requests": cap.decode_full_per_step_requests,
                 "budget_bound": cap.budget_bound,
+                "num_speculative_tokens": cap.num_speculative_tokens,
+                "num_speculative_tokens_source": cap.num_speculative_tokens_source,
+                "extra_batch_slots": cap.extra_batch_slots,
+                "slots_per_request": cap.slots_per_request,
+                "required_batched_tokens": cap.required_batched_tokens,
             },
             "windows": windows,
         }
@@ -234,7 +239,7 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
     Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
     ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
     list of ``{"category", "arm", "outcome", "count"}``; ``decisions`` the per-category
-    decision table (one object per :class:`~specwatch.shadow.decision.DecisionRow`, categories
+    decision table (one object per :class:`~specwatch.shadow.summary.DecisionRow`, categories
     bounded, ``overall`` last) and ``by_load`` the flip rates per running-request band (one
     object per :class:`~specwatch.shadow.summary.LoadBand`).
     """

@@ -24,10 +24,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from specwatch import __version__
-from specwatch.alerts.alertmanager import SEND_ERROR_REASONS, AlertingState
-from specwatch.alerts.saved import STATE_ERROR_REASONS
+from specwatch.alerts.values import SEND_ERROR_REASONS, STATE_ERROR_REASONS, AlertingState
 from specwatch.core.config import OVERALL, SINCE_START
-from specwatch.core.listen import ListenerStats
+from specwatch.core.listen import REFUSAL_REASONS, ListenerStats
 from specwatch.core.numbers import exp_or_inf
 from specwatch.export import catalogue as cat
 from specwatch.export.catalogue import (
@@ -56,37 +55,23 @@ from specwatch.export.catalogue import (
     MetricSpec,
 )
 from specwatch.export.snapshot import SnapshotGetter
-from specwatch.observe.concurrency import SpeculationLimit
 from specwatch.observe.values import (
     INVALID_REASONS,
+    LIMIT_STATUSES,
     QUANTILES,
+    SCRAPE_ERROR_REASONS,
     THROUGHPUT_WITHHELD_REASONS,
     Health,
     PairView,
+    SpeculationLimit,
     TargetSnapshot,
 )
-from specwatch.shadow.compare import EXCLUDED_REASONS
-from specwatch.shadow.decision import VERDICTS
-from specwatch.shadow.ingest.offer import PROXY_UPSTREAM_ERROR_REASONS
-from specwatch.shadow.ledger import WRITE_ERROR_REASONS
 from specwatch.shadow.summary import ShadowStats
-
-#: Scrape error reasons always exported (at 0) so ``rate()`` works from the start.
-KNOWN_REASONS: tuple[str, ...] = (
-    "timeout",
-    "connect",
-    "http_status",
-    "too_large",
-    "truncated",
-    "parse",
-    "decode",
-    "duplicate_conflict",
-    "invalid_series",
-    "http_error",
-    "no_vllm_families",
-    "counters_alternate",
-    "model_cap",
-    "engine_cap",
+from specwatch.shadow.values import (
+    EXCLUDED_REASONS,
+    PROXY_UPSTREAM_ERROR_REASONS,
+    VERDICTS,
+    WRITE_ERROR_REASONS,
 )
 
 
@@ -205,7 +190,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     fam.add(TARGET_UP, (t.name, role), t.up)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
-    for reason in sorted(set(KNOWN_REASONS) | set(t.scrape_errors)):
+    for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
     fam.add(TARGET_STALE, (t.name,), t.stale)
@@ -269,7 +254,7 @@ class SpecwatchCollector(Collector):
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
             fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
-            for state in ("reached", "not_reached", "no_data"):
+            for state in LIMIT_STATUSES:
                 fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
             for b in limit.bands:
                 fam.add(cat.CONCURRENCY_SPEED_RATIO, (b.band,), b.speed_ratio)
@@ -281,6 +266,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         fam.add(cat.SHADOW_PAIRS, (category, arm, outcome), n)
     fam.add_counts(cat.SHADOW_UNPAIRED, state.unpaired_total)
     fam.add_counts(cat.SHADOW_EXCLUDED, state.excluded_total, EXCLUDED_REASONS)
+    fam.add_counts(cat.SHADOW_REPLAYS, state.replays_total)
     fam.add_counts(cat.LEDGER_WRITE_ERRORS, state.ledger_write_errors, WRITE_ERROR_REASONS)
     for attr, spec in cat.SUMMARY_GAUGES.items():
         for window, cats in state.windows.items():
@@ -335,7 +321,6 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add(cat.SHADOW_OFFERED, (), io.offered)
     fam.add(cat.SHADOW_NOT_SAMPLED, (), io.not_sampled)
     fam.add(cat.SHADOW_ADMITTED, (), io.admitted)
-    fam.add_counts(cat.SHADOW_REPLAYS, io.replays)
     fam.add_counts(cat.SHADOW_ARM_ERRORS, io.arm_errors)
     fam.add(cat.SHADOW_SINK_ERRORS, (), io.sink_errors)
     fam.add(cat.SHADOW_PROXY_REQUESTS, (), io.proxy_requests)
@@ -430,19 +415,10 @@ class ListenerCollector(Collector):
         """Yield the families of the current listener counters."""
         fam = _Families(cat.LISTENERS)
         for stats in self._get():
-            for reason in sorted(set(LISTENER_REASONS) | set(stats.refused)):
+            for reason in sorted({*REFUSAL_REASONS, *stats.refused}):
                 fam.add(cat.LISTENER_REFUSED, (stats.name, reason), stats.refused.get(reason, 0))
             fam.add(cat.LISTENER_OPEN, (stats.name,), stats.open)
         yield from fam.families(keep_empty=True)
-
-
-#: Listener refusal reasons always exported (at 0).
-LISTENER_REASONS: tuple[str, ...] = (
-    "bad_request",
-    "body_timeout",
-    "connection_limit",
-    "header_timeout",
-)
 
 
 #: A collector factory a component may hand to :func:`specwatch.server.app.build_app`.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from specwatch.observe.values import ObserveView, PairView, TargetSnapshot, WindowName
 
 if TYPE_CHECKING:
-    from specwatch.alerts.alertmanager import AlertingState
+    from specwatch.alerts.values import AlertingState
     from specwatch.shadow.summary import ShadowStats
 
 __all__ = ["Snapshot", "SnapshotGetter"]

@@ -1,1 +1,1 @@
-"""Observe chain: scrape -> parse -> window -> health."""
+"""Observe chain: fetch, parse, window, health, tracker; may import vllm, core (not shadow)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 #: Lower bounds of the running-request bands.
 BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -121,6 +121,13 @@ class BandComparison:
     fly_itl_seconds: float | None
 
 
+#: Where the speculation limit stands (:attr:`SpeculationLimit.status`;
+#: ``specwatch_speculation_limit_state{state}`` exports each, 1 on the current one).
+LimitStatus = Literal["reached", "not_reached", "no_data"]
+#: Every :data:`LimitStatus`, in that order.
+LIMIT_STATUSES: tuple[LimitStatus, ...] = get_args(LimitStatus)
+
+
 @dataclass(frozen=True, slots=True)
 class SpeculationLimit:
     """Where FLy stops being faster than the standard arm.
@@ -131,7 +138,7 @@ class SpeculationLimit:
     ``text`` says it in words; ``bands`` the comparisons; ``assumptions`` what it rests on.
     """
 
-    status: Literal["reached", "not_reached", "no_data"]
+    status: LimitStatus
     running: int | None
     text: str
     bands: tuple[BandComparison, ...]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from specwatch.core.logs import redact_url
+from specwatch.observe.values import ScrapeErrorReason
 
 __all__ = ["ScrapeResult", "fetch_metrics"]
 
@@ -81,15 +82,16 @@ class _Inflater:
 
 @dataclass(frozen=True, slots=True)
 class ScrapeResult:
-    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason``
-    (``timeout|connect|http_status|too_large|truncated|decode|http_error``) and ``detail``.
+    """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason`` (one of
+    :data:`~specwatch.observe.values.SCRAPE_ERROR_REASONS`: ``timeout|connect|http_status|
+    too_large|truncated|decode|http_error``) and ``detail``.
     ``duration_seconds`` is wall time of the request (monotonic)."""
 
     ok: bool
     duration_seconds: float
     body: str = ""
     content_type: str = "text/plain"
-    reason: str | None = None
+    reason: ScrapeErrorReason | None = None
     detail: str = ""
     status: int | None = None
 
@@ -113,7 +115,7 @@ async def fetch_metrics(
         headers["Authorization"] = f"Bearer {bearer_token}"
     start = monotonic()
 
-    def fail(reason: str, detail: str, status: int | None = None) -> ScrapeResult:
+    def fail(reason: ScrapeErrorReason, detail: str, status: int | None = None) -> ScrapeResult:
         return ScrapeResult(False, monotonic() - start, reason=reason, detail=detail, status=status)
 
     try:

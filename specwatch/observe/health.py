@@ -27,9 +27,10 @@ from specwatch.observe.values import (
     Limits,
     ModelWindow,
     PairView,
+    SpeculativeTokensSource,
 )
-from specwatch.vllm.budget import budget_limits
-from specwatch.vllm.methods import regime_for_version
+from specwatch.vllm.budget import budget_limits, required_batched_tokens
+from specwatch.vllm.methods import method_slots, regime_for_version
 
 
 def _div(num: float | None, den: float | None) -> float | None:
@@ -90,10 +91,34 @@ def _quantiles(hist: Histogram | None) -> dict[float, float | None]:
     return dict(zip(QUANTILES, _quantiles_of(hist.buckets, QUANTILES), strict=True))
 
 
+def speculative_tokens(
+    observed: int | None, configured: int | None
+) -> tuple[int, SpeculativeTokensSource] | None:
+    """Which K (num_speculative_tokens) applies, and where it came from: the one precedence
+    rule, used for :class:`Health` and :class:`Capacity` alike. ``None`` when neither is known.
+
+    The page wins: ``observed`` (the number of ``position`` labels of
+    ``vllm:spec_decode_num_accepted_tokens_per_pos``) else ``configured`` (the target's
+    settings). vLLM creates all K position children when the engine starts, at 0, so the labels
+    are the server's own K before any traffic, while the configured value is the operator's copy
+    of it, which goes stale when the server is redeployed with another K; the token budget and
+    the detectors must judge the K the server runs. The configured K fills in where the page has
+    no labels (vLLM V0, a page without spec-decode families). This is also the order
+    ``specwatch_num_speculative_tokens`` has always been documented with ("position labels,
+    else configured"), so that exported value is unchanged.
+    """
+    if observed is not None:
+        return observed, "observed"
+    if configured is not None:
+        return configured, "configured"
+    return None
+
+
 def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
     """Turn one :class:`Delta` into :class:`Health` (see its docstring for every formula).
 
-    K = ``delta.num_speculative_tokens`` (from the ``position`` labels), else ``configured_k``.
+    K by :func:`speculative_tokens` of ``delta.num_speculative_tokens`` (the ``position``
+    labels) and ``configured_k``; a V0 page with neither estimates it from its efficiency gauge.
     With zero drafts α, τ, ℓ and per-position values are ``None``, never 0.
     """
     c = delta.counters
@@ -104,7 +129,8 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
     )
     steps = c.get("engine_steps")
     interval = delta.interval_seconds
-    k = delta.num_speculative_tokens if delta.num_speculative_tokens is not None else configured_k
+    chosen = speculative_tokens(delta.num_speculative_tokens, configured_k)
+    k = None if chosen is None else chosen[0]
     schema = _schema(c)
     if schema == "v0":
         if k is None:
@@ -376,25 +402,45 @@ def capacity(
     """Running vs ``max_num_seqs`` and the token budget for the configured method and version.
 
     ``running_per_engine``: latest ``num_requests_running`` of each engine (the maximum is used:
-    every engine has its own scheduler and limits). K: configured, else ``observed_k``.
-    ``limits_configured`` needs N, B, K and the method; otherwise budget fields are ``None``.
-    Raises ``ValueError`` for an unknown method or unreadable version (settings validate both).
+    every engine has its own scheduler and limits). K by :func:`speculative_tokens` of
+    ``observed_k`` (the page's ``position`` labels) and the configured one, kept with its source;
+    S, the slots per request and the batched tokens N · (1 + K + S) need K and the method
+    (and N). ``limits_configured`` needs N, B, K and the method; otherwise budget fields are
+    ``None``. Raises ``ValueError`` for an unknown method or unreadable version (settings
+    validate both).
     """
     running_values = list(running_per_engine)
     running = max(running_values) if running_values else None
     n, b = limits.max_num_seqs, limits.max_num_batched_tokens
-    k = limits.num_speculative_tokens if limits.num_speculative_tokens is not None else observed_k
-    ratio = _div(running, n)
-    gap = n - running if n is not None and running is not None else None
+    chosen = speculative_tokens(observed_k, limits.num_speculative_tokens)
+    k, source = (None, None) if chosen is None else chosen
+    s: int | None = None
+    per_request: int | None = None
+    need: int | None = None
+    if k is not None and limits.method is not None:
+        s = method_slots(
+            limits.method,
+            k,
+            parallel_drafting=limits.parallel_drafting,
+            regime=regime_for_version(limits.vllm_version),
+        ).extra_batch_slots
+        per_request = required_batched_tokens(1, k, s)
+        need = None if n is None else required_batched_tokens(n, k, s)
+    known = Capacity(
+        limits_configured=False,
+        max_num_seqs=n,
+        max_num_batched_tokens=b,
+        num_requests_running=running,
+        running_to_max_seqs_ratio=_div(running, n),
+        running_gap_requests=n - running if n is not None and running is not None else None,
+        num_speculative_tokens=k,
+        num_speculative_tokens_source=source,
+        extra_batch_slots=s,
+        slots_per_request=per_request,
+        required_batched_tokens=need,
+    )
     if n is None or b is None or k is None or limits.method is None:
-        return Capacity(
-            limits_configured=False,
-            max_num_seqs=n,
-            max_num_batched_tokens=b,
-            num_requests_running=running,
-            running_to_max_seqs_ratio=ratio,
-            running_gap_requests=gap,
-        )
+        return known
     lim = budget_limits(
         max_num_batched_tokens=b,
         max_num_seqs=n,
@@ -403,13 +449,9 @@ def capacity(
         parallel_drafting=limits.parallel_drafting,
         regime=regime_for_version(limits.vllm_version),
     )
-    return Capacity(
+    return replace(
+        known,
         limits_configured=True,
-        max_num_seqs=n,
-        max_num_batched_tokens=b,
-        num_requests_running=running,
-        running_to_max_seqs_ratio=ratio,
-        running_gap_requests=gap,
         admission_cap_requests=lim.admission_cap,
         decode_full_per_step_requests=lim.decode_full_per_step,
         budget_bound=lim.budget_bound,

@@ -77,14 +77,7 @@ class Scraper:
         self._targets = tuple(targets)
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
-            t.name: TargetTracker(
-                t,
-                window_seconds,
-                max_models=scrape.max_models_per_target,
-                max_engines=scrape.max_engines_per_target,
-                stale_seconds=scrape.stale_series_seconds,
-            )
-            for t in self._targets
+            t.name: TargetTracker.from_settings(t, scrape, window_seconds) for t in self._targets
         }
         self._session: aiohttp.ClientSession | None = None
         self._clock = clock

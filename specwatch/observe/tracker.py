@@ -24,12 +24,13 @@ from specwatch.observe.values import (
     ObserveView,
     PageReading,
     PairView,
+    ScrapeErrorReason,
     TargetSnapshot,
 )
 from specwatch.observe.window import RollingWindows
 
 if TYPE_CHECKING:  # annotations only: the tracker runs without loading pydantic
-    from specwatch.observe.settings import TargetSettings
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
 logger = logging.getLogger("specwatch.scrape")
 
@@ -54,9 +55,9 @@ class TargetTracker:
         # the shortest window feeds the concurrency profile (None: no rolling window)
         self._short = min(windows, key=lambda w: windows[w]) if windows else None
         #: Why the last page was rejected (``no_vllm_families``, ``counters_alternate``), else None.
-        self.rejected: str | None = None
+        self.rejected: ScrapeErrorReason | None = None
         #: (model_name, engine) pairs dropped from the last page, by ``model_cap`` / ``engine_cap``.
-        self.capped: dict[str, int] = {"model_cap": 0, "engine_cap": 0}
+        self.capped: dict[ScrapeErrorReason, int] = {"model_cap": 0, "engine_cap": 0}
         self._seen_families: set[str] = set()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
@@ -70,15 +71,33 @@ class TargetTracker:
             capacity=capacity(target.limits, []),
         )
 
+    @classmethod
+    def from_settings(
+        cls, target: TargetSettings, scrape: ScrapeSettings, windows: Mapping[str, float]
+    ) -> TargetTracker:
+        """The tracker of ``target`` with the per-target bounds of the ``scrape`` group
+        (``max_models_per_target``, ``max_engines_per_target``, ``stale_series_seconds``)."""
+        return cls(
+            target,
+            windows,
+            max_models=scrape.max_models_per_target,
+            max_engines=scrape.max_engines_per_target,
+            stale_seconds=scrape.stale_series_seconds,
+        )
+
     def record_error(
-        self, reason: str, *, duration_seconds: float | None, count_scrape: bool = True
+        self,
+        reason: ScrapeErrorReason,
+        *,
+        duration_seconds: float | None,
+        count_scrape: bool = True,
     ) -> None:
         """A failed scrape (``reason``: timeout, connect, http_status, too_large, parse, ...).
 
         ``count_scrape=False`` counts the error without a scrape (``duplicate_conflict`` on an
         otherwise good page).
         """
-        self._errors[reason] = self._errors.get(reason, 0) + 1
+        self._count_error(reason, 1)
         if not count_scrape:
             self._snap = replace(self._snap, scrape_errors=dict(self._errors))
             return
@@ -90,6 +109,9 @@ class TargetTracker:
             scrape_errors=dict(self._errors),
             last_scrape_duration_seconds=duration_seconds,
         )
+
+    def _count_error(self, reason: ScrapeErrorReason, n: int) -> None:
+        self._errors[reason] = self._errors.get(reason, 0) + n
 
     def bound(self, page: PageReading) -> tuple[PageReading, int, int]:
         """``page`` with at most ``max_models`` models and ``max_engines`` (model, engine) pairs:
@@ -140,7 +162,7 @@ class TargetTracker:
         self.capped = {"model_cap": by_model, "engine_cap": by_engine}
         for reason, n in self.capped.items():
             if n:
-                self._errors[reason] = self._errors.get(reason, 0) + n
+                self._count_error(reason, n)
         if self._windows.alternating(page):
             self.rejected = "counters_alternate"
             self.record_error(self.rejected, duration_seconds=duration_seconds)
@@ -148,13 +170,9 @@ class TargetTracker:
         for gone in [e for e in self._resets if e not in {k[1] for k in self._windows.tracked}]:
             del self._resets[gone]
         if page.duplicate_conflicts:
-            self._errors["duplicate_conflict"] = (
-                self._errors.get("duplicate_conflict", 0) + page.duplicate_conflicts
-            )
+            self._count_error("duplicate_conflict", page.duplicate_conflicts)
         if page.invalid_series:
-            self._errors["invalid_series"] = (
-                self._errors.get("invalid_series", 0) + page.invalid_series
-            )
+            self._count_error("invalid_series", page.invalid_series)
         resets = self._windows.add(t, page)
         for _model, engine in resets:
             self._resets[engine] = self._resets.get(engine, 0) + 1

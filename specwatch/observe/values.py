@@ -5,16 +5,23 @@ The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``windo
 → one :class:`ObserveView` that the server publishes in :class:`specwatch.export.snapshot.Snapshot`
 and the detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
-Times are unix seconds from the injected clock, durations in seconds.
+Times are unix seconds from the injected clock, durations in seconds. The label vocabularies
+of the chain's families (scrape error, withheld-value and throughput-withheld reasons) are
+here beside the values, so the producing stage and the exporter read one definition; the
+speculation limit's values and states are defined in :mod:`specwatch.observe.concurrency` and
+named here too, so exporters import only this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from specwatch.core.roles import Role
-from specwatch.observe.concurrency import ConcurrencyProfile, SpeculationLimit
+from specwatch.observe.concurrency import LIMIT_STATUSES as LIMIT_STATUSES
+from specwatch.observe.concurrency import ConcurrencyProfile as ConcurrencyProfile
+from specwatch.observe.concurrency import SpeculationLimit as SpeculationLimit
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -188,6 +195,35 @@ class Health:
     withheld: tuple[str, ...] = ()
 
 
+#: Why a scrape failed or a page lost series (``specwatch_scrape_errors_total{reason}``; each is
+#: exported from 0, so ``rate()`` works from the start). Fetching the page
+#: (:mod:`specwatch.observe.fetch`): ``timeout``, ``connect``, ``http_status``, ``too_large``,
+#: ``truncated`` (the body ended early), ``decode`` (content encoding or charset),
+#: ``http_error`` (any other client error); parsing it (:mod:`specwatch.observe.loop`):
+#: ``parse``; the tracker (:mod:`specwatch.observe.tracker`): ``duplicate_conflict`` and
+#: ``invalid_series`` (series skipped on a good page), ``no_vllm_families`` and
+#: ``counters_alternate`` (a page rejected whole), ``model_cap`` and ``engine_cap`` (engines
+#: dropped over the per-target caps).
+ScrapeErrorReason = Literal[
+    "timeout",
+    "connect",
+    "http_status",
+    "too_large",
+    "truncated",
+    "parse",
+    "decode",
+    "duplicate_conflict",
+    "invalid_series",
+    "http_error",
+    "no_vllm_families",
+    "counters_alternate",
+    "model_cap",
+    "engine_cap",
+]
+#: Every :data:`ScrapeErrorReason`, in that order.
+SCRAPE_ERROR_REASONS: tuple[ScrapeErrorReason, ...] = get_args(ScrapeErrorReason)
+
+
 #: Why a derived value was withheld (``None``) instead of published: numbers that cannot be
 #: right. ``acceptance_above_one``: α > 1; ``tau_above_k_plus_one``: τ > K + 1;
 #: ``negative_rate``: a negative count or rate; ``draft_length_above_k``: ℓ > K.
@@ -219,6 +255,11 @@ class Limits:
     vllm_version: str | None = None
 
 
+#: Where a K (num_speculative_tokens) came from: ``"observed"``, the ``position`` labels of the
+#: page (vLLM creates all K of them at start-up), or ``"configured"``, the target's settings.
+SpeculativeTokensSource = Literal["observed", "configured"]
+
+
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """Running vs limits and the token budget (vllm-metrics.md §9, :mod:`specwatch.vllm.budget`).
@@ -228,6 +269,13 @@ class Capacity:
     ``running_to_max_seqs_ratio`` = running / max_num_seqs; ``running_gap_requests`` = N − running.
     ``admission_cap_requests`` R_max, ``decode_full_per_step_requests`` D_full, ``budget_bound``
     (D_full < N) from :func:`specwatch.vllm.budget.budget_limits` for the configured vLLM version.
+    ``num_speculative_tokens`` is the K all of these used and ``num_speculative_tokens_source``
+    where it came from (:func:`specwatch.observe.health.speculative_tokens`, the one precedence
+    rule); with K and the method known, ``extra_batch_slots`` S
+    (:func:`specwatch.vllm.methods.method_slots`) and ``slots_per_request`` = 1 + K + S, and with
+    N too ``required_batched_tokens`` = N · (1 + K + S), the budget that verifies full drafts
+    for ``max_num_seqs`` requests (:func:`specwatch.vllm.budget.required_batched_tokens`).
+    The detectors read these and never work them out again.
     """
 
     limits_configured: bool
@@ -239,6 +287,11 @@ class Capacity:
     admission_cap_requests: int | None = None
     decode_full_per_step_requests: int | None = None
     budget_bound: bool | None = None
+    num_speculative_tokens: int | None = None
+    num_speculative_tokens_source: SpeculativeTokensSource | None = None
+    extra_batch_slots: int | None = None
+    slots_per_request: int | None = None
+    required_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""``specwatch report``: an HTML report with plots built from the pair ledger.
+"""``specwatch report``, HTML and plots from the pair ledger; may import shadow, vllm, core.
 
 :mod:`specwatch.report.data` reads the ledger and the optional acceptance source and computes
 everything with the shadow statistics (no statistics of its own); :mod:`specwatch.report.render`

@@ -31,18 +31,13 @@ import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.ledger import (
-    BinCounts,
-    LabelledStream,
-    Ledger,
-    LedgerFileError,
-    ReportSpan,
-    ReportStream,
-    check_ledger_file,
-)
+from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     betting_log_wealth,
+    first_alarm,
     net_loss_mixture_log_e_values,
 )
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
@@ -269,13 +264,6 @@ def mixture_path(d: npt.NDArray[np.int8], detect_net_loss: float = 0.02) -> npt.
     return out
 
 
-def first_crossing(log_e: npt.NDArray[np.float64], alpha: float) -> int | None:
-    """1-based index of the first value of the path at or above ``ln(1/alpha)`` (the rule of
-    :func:`specwatch.shadow.stats.sequential.alarm`), ``None`` if none."""
-    hit = np.flatnonzero(log_e >= -math.log(alpha))
-    return int(hit[0]) + 1 if hit.size else None
-
-
 def downsample_index(n: int, keep: Sequence[int | None], points: int = MAX_POINTS) -> list[int]:
     """At most ``points`` 0-based indices into a path of ``n`` values, evenly spread, always
     with the first and the last and the 1-based positions in ``keep`` (``None`` ignored)."""
@@ -298,7 +286,7 @@ def evalue_path(
     at ``detect_net_loss``, the margin one :func:`betting_log_wealth`."""
     bb = mixture_path(d, detect_net_loss) if d.size else np.zeros(0)
     bet, _ = betting_log_wealth(d, margin)
-    first_bb, first_bet = first_crossing(bb, alpha), first_crossing(bet, alpha)
+    first_bb, first_bet = first_alarm(bb, alpha), first_alarm(bet, alpha)
     idx = downsample_index(int(d.size), (first_bb, first_bet), points)
     return EValuePath(
         pairs=int(d.size),
@@ -401,7 +389,7 @@ def build_report(
     series and the e-value paths (overall, and per category for the first alarms)."""
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
-    first_alarm: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
+    first_alarms: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
     # each category's pairs in time order: one stable sort, then contiguous slices
     order = np.argsort(stream.category, kind="stable")
     by_cat = stream.d[order]
@@ -409,9 +397,9 @@ def build_report(
     for code, cat in enumerate(stream.categories):
         d = by_cat[edges[code] : edges[code + 1]]
         if d.size:
-            first_alarm[cat] = first_crossing(mixture_path(d, detect_net_loss), alpha)
+            first_alarms[cat] = first_alarm(mixture_path(d, detect_net_loss), alpha)
     for cat in digest.tallies:  # categories without labelled pairs never alarm
-        first_alarm.setdefault(cat, None)
+        first_alarms.setdefault(cat, None)
     stats = build_shadow_stats(
         {REPORT_WINDOW: dict(digest.tallies)},
         now=now,
@@ -441,7 +429,7 @@ def build_report(
         evalue=evalue,
         acceptance=acceptance,
         reasons=dict(digest.reasons),
-        first_alarm=first_alarm,
+        first_alarm=first_alarms,
     )
 
 

@@ -5,7 +5,7 @@
   :data:`~specwatch.shadow.sample.LoadState`;
 - shadow stats → detectors: :class:`AlertingPlug` feeds the detectors the published observe
   view and shadow statistics, and publishes the
-  :class:`~specwatch.alerts.alertmanager.AlertingState` it gets back;
+  :class:`~specwatch.alerts.values.AlertingState` it gets back;
 - :class:`ShadowPlug` and :class:`AlertingPlug` are the :class:`~specwatch.server.app.Component`
   objects ``specwatch run`` and the demo plug into :func:`~specwatch.server.app.build_app`
   (:func:`shadow_components`, :func:`alerting_components`). Each replaces only its own part of
@@ -24,9 +24,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from specwatch.alerts.alertmanager import AlertingState
 from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import default_generator_url
+from specwatch.alerts.values import AlertingState
 from specwatch.core.clock import Clock
 from specwatch.core.store import Store
 from specwatch.core.wire import server_base

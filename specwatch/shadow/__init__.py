@@ -1,1 +1,1 @@
-"""Shadow chain: ingest -> sample -> replay -> compare -> ledger -> stats."""
+"""Shadow chain: ingest, sample, replay, compare, ledger; may import vllm, core (not observe)."""

@@ -27,9 +27,9 @@ compared with the other arm, but never graded right or wrong against a gold answ
 reply is logged as one structured line (``shadow arm reply failed``) naming arm, reason, status,
 finish reason and error code.
 
-**Pair status** (:func:`classify`, used by :func:`specwatch.shadow.compare.compare` (what the
-ledger stores and the outcome counters export) and by the pipeline's replay counters). Rules, in
-order:
+**Pair status** (:func:`classify_pair`, called once per pair, by
+:func:`specwatch.shadow.compare.compare`: the :class:`~specwatch.shadow.values.PairOutcome`'s
+status is what the ledger stores and every pair counter counts). Rules, in order:
 
 1. ``excluded`` / ``bad_checker``: the request's checker spec is invalid (compare passes
    ``checker_ok=False``); nothing about either arm can be judged.
@@ -60,20 +60,14 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from specwatch.core.logs import log_event
 from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
-from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ToolCall
+from specwatch.shadow.values import EXCLUDED_REASONS as EXCLUDED_REASONS
+from specwatch.shadow.values import Arm, ArmResult, PairStatus, ReplayPair, ToolCall
 
 log = logging.getLogger("specwatch.shadow.classify")
-
-PairStatus = Literal["paired", "unpaired", "excluded"]
-
-#: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0):
-#: an arm refused the request as one it does not support (400/422 naming a parameter) or as
-#: otherwise bad (other 400/422), or the request's checker spec is invalid.
-EXCLUDED_REASONS = ("unsupported_parameter", "bad_request", "bad_checker", "multiple_choices")
 
 #: Finish reasons of a complete answer.
 COMPLETE_FINISH_REASONS = ("stop", "tool_calls", "function_call")
@@ -162,9 +156,12 @@ def classify(
     return "paired", None
 
 
-def classify_pair(pair: ReplayPair) -> tuple[PairStatus, str | None]:
-    """:func:`classify` of the pair's standard and FLy arms (the noise arm never decides); pure."""
-    return classify(pair.standard, pair.fly, choices=choices_requested(pair.request.body))
+def classify_pair(pair: ReplayPair, *, checker_ok: bool = True) -> tuple[PairStatus, str | None]:
+    """:func:`classify` of the pair's standard and FLy arms (the noise arm never decides), with
+    the request's ``n`` and ``checker_ok`` (``False``: its checker spec is invalid); pure."""
+    return classify(
+        pair.standard, pair.fly, checker_ok=checker_ok, choices=choices_requested(pair.request.body)
+    )
 
 
 # -- the replay-outcome rule -------------------------------------------------------------------

@@ -45,7 +45,7 @@ from rapidfuzz.distance import Indel
 
 from specwatch.shadow.checkers import Checker, CheckerError, make_checker, norm_ws
 from specwatch.shadow.classify import EXCLUDED_REASONS as EXCLUDED_REASONS
-from specwatch.shadow.classify import choices_requested, classify, truncated
+from specwatch.shadow.classify import classify_pair, truncated
 from specwatch.shadow.values import ArmOutcome, ArmResult, PairOutcome, ReplayPair
 
 __all__ = [
@@ -185,13 +185,13 @@ def is_greedy(body: Mapping[str, Any]) -> bool:
 def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcome:
     """Compare every arm of ``pair`` with the standard arm; never raises on bad content.
 
-    Status and reason come from :func:`specwatch.shadow.classify.classify` (the one rule: invalid
-    checker → ``excluded/bad_checker``; ``n > 1`` → ``excluded/multiple_choices``; a 400/422 on
-    the standard or FLy arm → ``excluded``; any other standard/FLy failure →
-    ``unpaired/<arm>_<class>``, e.g. ``standard_http_5xx``, ``fly_aborted``; a failed noise arm
-    never changes the status). Math answers are compared without math-verify's
-    signal timeout, so call
-    from a worker thread when the ``math`` checker is used.
+    Status and reason come from :func:`specwatch.shadow.classify.classify_pair`, called here
+    once per pair and nowhere else (the one rule: invalid checker → ``excluded/bad_checker``;
+    ``n > 1`` → ``excluded/multiple_choices``; a 400/422 on the standard or FLy arm →
+    ``excluded``; any other standard/FLy failure → ``unpaired/<arm>_<class>``, e.g.
+    ``standard_http_5xx``, ``fly_aborted``; a failed noise arm never changes the status). Math
+    answers are compared without math-verify's signal timeout, so call from a worker thread
+    when the ``math`` checker is used.
     """
     cfg = config or CompareConfig()
     req = pair.request
@@ -201,9 +201,7 @@ def compare(pair: ReplayPair, config: CompareConfig | None = None) -> PairOutcom
     except CheckerError:
         checker = make_checker(None)
         checker_ok = False
-    status, reason = classify(
-        pair.standard, pair.fly, checker_ok=checker_ok, choices=choices_requested(req.body)
-    )
+    status, reason = classify_pair(pair, checker_ok=checker_ok)
     gold = req.gold
     has_checker = req.checker is not None and checker_ok
     graded = (

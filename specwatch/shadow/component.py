@@ -12,8 +12,9 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
    statistics; the ledger's totals are exported as gauges, while the counters start at 0 with
    the process) and seeds the category bound with the ledger's categories, most rows first;
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
-   :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker),
-   queues the row (``Ledger.submit``) and counts it (``OutcomeCounters.add``);
+   :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker; the
+   pair's one classification), turns the outcome into its one ledger row, queues it
+   (``Ledger.submit``) and counts it (``OutcomeCounters.add``, the one set of pair counters);
 3. every ``paired.refresh_seconds`` builds :class:`~specwatch.shadow.summary.ShadowStats` from
    the in-memory :class:`~specwatch.shadow.summary.LiveTallies` over ``paired.windows`` (plus
    ``since_start`` = the whole ledger) and the pipeline's queue/drop/pause state, the
@@ -51,15 +52,17 @@ from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import DecisionRow, decision_table, reply_counts
+from specwatch.shadow.decision import decision_table, reply_counts
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.summary import (
+    DecisionRow,
     LiveTallies,
     LoadBand,
     OutcomeCounters,
@@ -280,6 +283,7 @@ class ShadowComponent:
             by_load=inputs.by_load,
             categories=self.categories.kept,
             categories_folded=self.categories.overflowed,
+            replays_total=self.counters.by_status(),
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -314,11 +318,13 @@ class ShadowComponent:
         self.consume(outcome)
 
     def consume(self, outcome: PairOutcome) -> None:
-        """Store and count one compared pair (event-loop thread)."""
+        """Store and count one compared pair (event-loop thread): its one ledger row is queued
+        for writing, counted and fed to the margin e-process."""
+        row = LedgerRow.from_outcome(outcome, self.shadow_settings.store_text)
         if self.ledger is not None:
-            self.ledger.submit(outcome)
-        self.counters.add(outcome)
-        labelled = labelled_outcome(LedgerRow.from_outcome(outcome))
+            self.ledger.submit(row)
+        self.counters.add(row)
+        labelled = labelled_outcome(row)
         if labelled is not None:
             self.betting = run_betting([labelled], self.betting.margin, self.betting)
 
@@ -422,7 +428,7 @@ class ShadowComponent:
         session = self._session or self._arm_sessions()
         runner: asyncio.Task[None] | None = None
         try:
-            pipeline = ShadowPipeline(
+            pipeline = ShadowPipeline.from_settings(
                 self.shadow_settings,
                 session=session,
                 on_pair=self._on_pair,

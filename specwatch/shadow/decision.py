@@ -24,17 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.sample import OTHER_CATEGORY
-from specwatch.shadow.summary import PairedSummary, ShadowIO, categories_by_volume, summarize
+from specwatch.shadow.stats.sequential import e_value_alarm
+from specwatch.shadow.summary import (
+    DecisionRow,
+    PairedSummary,
+    ShadowIO,
+    categories_by_volume,
+    summarize,
+)
 from specwatch.shadow.tally import ArmTotals, PairTally
-
-Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
-
-#: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
-VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")
+from specwatch.shadow.values import Verdict
 
 #: The category the categories beyond the bound are pooled into (the sampler's ``other``).
 OTHER = OTHER_CATEGORY
@@ -91,46 +93,6 @@ def reply_counts(io: ShadowIO | None) -> dict[tuple[str, str], ReplyCounts]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionRow:
-    """One category's decision (ratios are fractions; ``None`` = not measurable, with a reason).
-
-    ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
-    n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
-    requests where both returned it (else from the replies' summed counts: τ = 1 +
-    accepted / verify steps per arm); ``acceptance_gain`` = α_FLy − α_standard (accepted /
-    drafted draft tokens summed over the replies of this process); ``throughput_gain_ratio`` =
-    FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
-    ``speed_pairs`` requests);
-    ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
-    ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
-    ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
-    :data:`VERDICTS`, ``verdict_text`` the sentence; ``pairs_more`` the labelled pairs still
-    needed when not decided (``None`` otherwise or when it cannot be computed).
-    """
-
-    category: str
-    pairs: int
-    labelled: int
-    tau_pairs: int
-    tau_gain: float | None
-    tau_gain_reason: str | None
-    acceptance_gain: float | None
-    acceptance_gain_reason: str | None
-    speed_pairs: int
-    throughput_gain_ratio: float | None
-    throughput_gain_reason: str | None
-    net_loss_ratio: float
-    ci_lower: float
-    ci_upper: float
-    e_value: float
-    fly_flip_ratio: float
-    noise_flip_ratio: float
-    verdict: Verdict
-    verdict_text: str
-    pairs_more: int | None
-
-
 def bound_categories(
     tallies: Mapping[str, PairTally],
     max_categories: int,
@@ -176,7 +138,7 @@ def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
 def _verdict(
     s: PairedSummary, speed_gain: float | None, alpha: float
 ) -> tuple[Verdict, str, int | None]:
-    if s.e_value >= 1.0 / alpha:
+    if e_value_alarm(s.e_value, alpha):
         return "costs_quality", "FLy costs quality here", None
     if s.non_inferiority_pass:
         if speed_gain is None:

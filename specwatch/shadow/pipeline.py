@@ -2,7 +2,9 @@
 
 Usage on the sidecar's aiohttp app::
 
-    pipeline = ShadowPipeline(settings.shadow, session=session, on_pair=sink, load_state=loads)
+    pipeline = ShadowPipeline.from_settings(
+        settings.shadow, session=session, on_pair=sink, load_state=loads
+    )
     pipeline.mount(app)          # start/stop with the app's lifecycle
 
 or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
@@ -12,10 +14,10 @@ or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
 one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
 waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
-it through all arms and awaits ``on_pair(pair)``. ``pair.extra`` holds ``status``
-(``paired|unpaired|excluded``), ``reason`` and, with a noise arm, ``noise_ok``. Every pair is
-delivered (the sink decides what to store); the pipeline's own counters already count unpaired and
-excluded pairs by reason.
+it through all arms and awaits ``on_pair(pair)``. Every pair is delivered unjudged: the pipeline
+never classifies a pair (the sink compares it, :func:`specwatch.shadow.compare.compare`, which
+gives it its one status); its own counters are the I/O side's (sampler, ingest, arm failures,
+the replies' speculative-decoding counts).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -32,7 +35,6 @@ from aiohttp import web
 from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
-from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
@@ -60,21 +62,190 @@ def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarge
     )
 
 
+def sampler_from_settings(
+    s: ShadowSettings,
+    *,
+    clock: Callable[[], float],
+    load_state: LoadState | None = None,
+    categories: CategoryBound | None = None,
+) -> Sampler:
+    """The :class:`Sampler` of ``s``: sample probability and salt, queue, rate cap, category
+    quotas and bound (``categories``, else ``CategoryBound(s.max_categories)``) and the
+    load-aware pause over ``load_state``; ``clock``: monotonic seconds."""
+    return Sampler(
+        probability=s.sample_probability,
+        clock=clock,
+        queue_size=s.queue_size,
+        max_rps=s.max_shadow_rps,
+        salt=s.sample_salt,
+        category_quota_per_second=s.category_quota_per_second,
+        default_category_quota_per_second=s.default_category_quota_per_second,
+        category_quota_burst=s.category_quota_burst,
+        load_state=load_state,
+        pause_on_waiting=s.pause_on_waiting,
+        pause_running_fraction=s.pause_running_fraction,
+        load_state_max_age_seconds=s.load_state_max_age_seconds,
+        categories=categories if categories is not None else CategoryBound(s.max_categories),
+    )
+
+
+def replayer_from_settings(
+    s: ShadowSettings,
+    session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
+    *,
+    clock: Callable[[], float],
+) -> Replayer:
+    """The :class:`Replayer` of ``s``: the standard and FLy arms (and the noise and baseline
+    arms when set), streamed as ``s.stream_arms`` says. Raises ``ValueError`` without the
+    standard or the FLy arm."""
+    std_ep, fly_ep = s.standard, s.fly
+    if std_ep is None or fly_ep is None:
+        raise ValueError("shadow pipeline needs shadow.standard and shadow.fly")
+    noise_ep = s.noise_endpoint()
+    return Replayer(
+        session,
+        standard=_target(Arm.STANDARD, std_ep, s.stream_arms),
+        fly=_target(Arm.FLY, fly_ep, s.stream_arms),
+        noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
+        max_tokens_cap=s.max_tokens_cap,
+        marker_header=s.marker_header,
+        clock=clock,
+        extra_body=s.replay_extra_body,
+        baseline=(
+            _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Ingest:
+    """The ways requests enter the pipeline, all offering to one sampler and counting into one
+    :class:`IngestCounters`: the ``mirror`` handler (always built: a caller may serve it on its
+    own listener), its ``mirror_listener`` (``None``: not served by the pipeline), the
+    ``proxy`` (``None`` outside proxy mode) and the ``canary`` runner with the ``canary_load``
+    it runs (``None`` outside canary mode)."""
+
+    counters: IngestCounters
+    mirror: MirrorIngest
+    mirror_listener: MirrorListener | None = None
+    proxy: ShadowProxy | None = None
+    canary: CanaryRunner | None = None
+    canary_load: CanaryLoad | None = None
+
+
+def ingest_from_settings(
+    s: ShadowSettings,
+    sampler: Sampler,
+    *,
+    wall_clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[None]],
+    listen: ListenLimits | None = None,
+    listener: ListenerStats | None = None,
+    shutdown_timeout_seconds: float = 5.0,
+    serve_mirror: bool = True,
+) -> Ingest:
+    """The :class:`Ingest` of ``s`` over ``sampler``: the mirror handler, its listener when
+    ``serve_mirror`` and ``"mirror"`` is a mode, the proxy in proxy mode (``listen``,
+    ``listener``, ``shutdown_timeout_seconds`` are its listener's limits, counters and exit
+    deadline) and the canary runner in canary mode (its items loaded now, offered with
+    ``force``). ``wall_clock``: unix seconds (``received_at``). Raises
+    :class:`~specwatch.core.canary_file.CanaryFileError` when canary mode has no usable item."""
+    counters = IngestCounters()
+    mirror = MirrorIngest(
+        sampler.offer,
+        counters=counters,
+        clock=wall_clock,
+        salt=s.sample_salt,
+        max_body_bytes=s.mirror_max_body_bytes,
+        require_shadow_host=s.mirror_require_shadow_host,
+        marker_header=s.marker_header,
+    )
+    mirror_listener: MirrorListener | None = None
+    if serve_mirror and "mirror" in s.modes:
+        mirror_listener = MirrorListener(mirror.routes(), max_body_bytes=s.mirror_max_body_bytes)
+    proxy: ShadowProxy | None = None
+    if "proxy" in s.modes and s.proxy_upstream is not None:
+        proxy = ShadowProxy(
+            s.proxy_upstream,
+            sampler.offer,
+            counters=counters,
+            clock=wall_clock,
+            salt=s.sample_salt,
+            max_body_bytes=s.proxy_max_body_bytes,
+            marker_header=s.marker_header,
+            connect_timeout_seconds=s.proxy_connect_timeout_seconds,
+            total_timeout_seconds=s.proxy_total_timeout_seconds,
+            use_uvloop=s.proxy_uvloop,
+            listen=listen,
+            listener=listener,
+            shutdown_timeout_seconds=shutdown_timeout_seconds,
+        )
+    canary: CanaryRunner | None = None
+    canary_load: CanaryLoad | None = None
+    if "canary" in s.modes:
+        canary_load = load_canary(s.canary_file, builtin=s.canary_builtin, model=s.canary_model)
+        canary = CanaryRunner(
+            canary_load.items,
+            lambda r: sampler.offer(r, force=True),
+            rate_per_second=s.canary_rate_per_second,
+            clock=wall_clock,
+            sleep=sleep,
+            loop=s.canary_loop,
+            salt=s.sample_salt,
+        )
+    return Ingest(counters, mirror, mirror_listener, proxy, canary, canary_load)
+
+
 class ShadowPipeline:
     """The shadow I/O component (see module docstring).
 
-    ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm: session}``,
-    see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the caller;
-    ``on_pair``: ``async (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` with keys
-    ``standard``, ``fly`` (and ``noise`` when used), ``None`` to disable the load-aware pause;
-    ``clock``: monotonic seconds; ``wall_clock``: unix seconds (``received_at``); ``sleep``: async
-    sleep; ``serve_mirror``: start the mirror listener (``False`` when the caller serves
-    :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the standard/FLy arms and
-    :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
+    :meth:`from_settings` builds one from the ``shadow`` settings group; ``__init__`` takes the
+    built parts: ``settings`` (the group; the pipeline reads its listen addresses, proxy mode,
+    ``max_in_flight``, ``max_queue_age_seconds`` and ``pause_poll_seconds``), the ``sampler``,
+    the ``replayer``, the ``ingest`` parts offering to that sampler, ``on_pair``: ``async
+    (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` (the running count stamped
+    on each pair; ``None``: unknown); ``wall_clock``: unix seconds (a queued request's age);
+    ``sleep``: async sleep (the load-pause poll).
     """
 
     def __init__(
         self,
+        settings: ShadowSettings,
+        *,
+        sampler: Sampler,
+        replayer: Replayer,
+        ingest: Ingest,
+        on_pair: PairSink,
+        load_state: LoadState | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.settings = settings
+        self._on_pair = on_pair
+        self._wall = wall_clock
+        self._sleep = sleep
+        self.sampler = sampler
+        self.replayer = replayer
+        self._load_state = load_state
+        self.ingest_counters = ingest.counters
+        self.mirror = ingest.mirror
+        self.mirror_listener = ingest.mirror_listener
+        self.proxy = ingest.proxy
+        self.canary = ingest.canary
+        self.canary_load = ingest.canary_load
+        self.in_flight = 0
+        self.arm_errors: Counter[tuple[str, str]] = Counter()
+        self.spec_steps: Counter[tuple[str, str]] = Counter()
+        self.spec_drafted: Counter[tuple[str, str]] = Counter()
+        self.spec_accepted: Counter[tuple[str, str]] = Counter()
+        self.sink_errors = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        #: the proxy listener is up (:meth:`start_proxy` ran and :meth:`stop` has not)
+        self.proxy_started = False
+
+    @classmethod
+    def from_settings(
+        cls,
         settings: ShadowSettings,
         *,
         session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
@@ -88,105 +259,45 @@ class ShadowPipeline:
         listener: ListenerStats | None = None,
         shutdown_timeout_seconds: float = 5.0,
         serve_mirror: bool = True,
-    ) -> None:
-        std_ep, fly_ep = settings.standard, settings.fly
-        if std_ep is None or fly_ep is None:
-            raise ValueError("shadow pipeline needs shadow.standard and shadow.fly")
-        self.settings = settings
-        self._on_pair = on_pair
-        self._clock = clock
-        self._wall = wall_clock
-        self._sleep = sleep
-        s = settings
-        self.sampler = Sampler(
-            probability=s.sample_probability,
-            clock=clock,
-            queue_size=s.queue_size,
-            max_rps=s.max_shadow_rps,
-            salt=s.sample_salt,
-            category_quota_per_second=s.category_quota_per_second,
-            default_category_quota_per_second=s.default_category_quota_per_second,
-            category_quota_burst=s.category_quota_burst,
+    ) -> ShadowPipeline:
+        """The pipeline of the ``shadow`` settings group.
+
+        ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm:
+        session}``, see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the
+        caller; ``load_state``: ``() -> {arm: ArmLoad}`` with keys ``standard``, ``fly`` (and
+        ``noise`` when used), ``None`` to disable the load-aware pause; ``clock``: monotonic
+        seconds (sampler, replay timings); ``wall_clock``: unix seconds (``received_at``);
+        ``categories``: the category bound (default ``CategoryBound(max_categories)``);
+        ``listen``, ``listener``, ``shutdown_timeout_seconds``: the proxy listener's limits,
+        counters and exit deadline; ``serve_mirror``: start the mirror listener (``False`` when
+        the caller serves :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the
+        standard/FLy arms and :class:`~specwatch.core.canary_file.CanaryFileError` if canary
+        mode has no usable item.
+        """
+        replayer = replayer_from_settings(settings, session, clock=clock)
+        sampler = sampler_from_settings(
+            settings, clock=clock, load_state=load_state, categories=categories
+        )
+        ingest = ingest_from_settings(
+            settings,
+            sampler,
+            wall_clock=wall_clock,
+            sleep=sleep,
+            listen=listen,
+            listener=listener,
+            shutdown_timeout_seconds=shutdown_timeout_seconds,
+            serve_mirror=serve_mirror,
+        )
+        return cls(
+            settings,
+            sampler=sampler,
+            replayer=replayer,
+            ingest=ingest,
+            on_pair=on_pair,
             load_state=load_state,
-            pause_on_waiting=s.pause_on_waiting,
-            pause_running_fraction=s.pause_running_fraction,
-            load_state_max_age_seconds=s.load_state_max_age_seconds,
-            categories=categories if categories is not None else CategoryBound(s.max_categories),
+            wall_clock=wall_clock,
+            sleep=sleep,
         )
-        noise_ep = s.noise_endpoint()
-        self.replayer = Replayer(
-            session,
-            standard=_target(Arm.STANDARD, std_ep, s.stream_arms),
-            fly=_target(Arm.FLY, fly_ep, s.stream_arms),
-            noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
-            max_tokens_cap=s.max_tokens_cap,
-            marker_header=s.marker_header,
-            clock=clock,
-            extra_body=s.replay_extra_body,
-            baseline=(
-                _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
-            ),
-        )
-        self._load_state = load_state
-        self.ingest_counters = IngestCounters()
-        self.mirror = MirrorIngest(
-            self.offer,
-            counters=self.ingest_counters,
-            clock=wall_clock,
-            salt=s.sample_salt,
-            max_body_bytes=s.mirror_max_body_bytes,
-            require_shadow_host=s.mirror_require_shadow_host,
-            marker_header=s.marker_header,
-        )
-        self.mirror_listener: MirrorListener | None = None
-        if serve_mirror and "mirror" in s.modes:
-            self.mirror_listener = MirrorListener(
-                self.mirror.routes(), max_body_bytes=s.mirror_max_body_bytes
-            )
-        self.proxy: ShadowProxy | None = None
-        if "proxy" in s.modes and s.proxy_upstream is not None:
-            self.proxy = ShadowProxy(
-                s.proxy_upstream,
-                self.offer,
-                counters=self.ingest_counters,
-                clock=wall_clock,
-                salt=s.sample_salt,
-                max_body_bytes=s.proxy_max_body_bytes,
-                marker_header=s.marker_header,
-                connect_timeout_seconds=s.proxy_connect_timeout_seconds,
-                total_timeout_seconds=s.proxy_total_timeout_seconds,
-                use_uvloop=s.proxy_uvloop,
-                listen=listen,
-                listener=listener,
-                shutdown_timeout_seconds=shutdown_timeout_seconds,
-            )
-        self.canary: CanaryRunner | None = None
-        self.canary_load: CanaryLoad | None = None
-        if "canary" in s.modes:
-            self.canary_load = load_canary(
-                s.canary_file, builtin=s.canary_builtin, model=s.canary_model
-            )
-            self.canary = CanaryRunner(
-                self.canary_load.items,
-                lambda r: self.sampler.offer(r, force=True),
-                rate_per_second=s.canary_rate_per_second,
-                clock=wall_clock,
-                sleep=sleep,
-                loop=s.canary_loop,
-                salt=s.sample_salt,
-            )
-        self.in_flight = 0
-        self.replays: Counter[str] = Counter({"paired": 0, "unpaired": 0, "excluded": 0})
-        self.unpaired: Counter[str] = Counter()
-        self.excluded: Counter[str] = Counter()
-        self.arm_errors: Counter[tuple[str, str]] = Counter()
-        self.spec_steps: Counter[tuple[str, str]] = Counter()
-        self.spec_drafted: Counter[tuple[str, str]] = Counter()
-        self.spec_accepted: Counter[tuple[str, str]] = Counter()
-        self.sink_errors = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        #: the proxy listener is up (:meth:`start_proxy` ran and :meth:`stop` has not)
-        self.proxy_started = False
 
     # -- ingest entry -------------------------------------------------------------------------
 
@@ -282,12 +393,6 @@ class ShadowPipeline:
             pair = await self.replayer.replay(req, running=self._running())
         finally:
             self.in_flight -= 1
-        status, reason = classify_pair(pair)
-        self.replays[status] += 1
-        if status == "unpaired" and reason is not None:
-            self.unpaired[reason] += 1
-        elif status == "excluded" and reason is not None:
-            self.excluded[reason] += 1
         for a in (pair.standard, pair.fly, pair.noise):
             if a is None:
                 continue
@@ -346,9 +451,6 @@ class ShadowPipeline:
             pauses_total=dict(sm.pauses),
             received=dict(ic.received),
             ingest_errors=dict(ic.errors),
-            replays=dict(self.replays),
-            unpaired=dict(self.unpaired),
-            excluded=dict(self.excluded),
             arm_errors=dict(self.arm_errors),
             sink_errors=self.sink_errors,
             proxy_requests=ic.proxy_requests,

@@ -7,11 +7,11 @@ import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.ledger import HistoryGroup, HistoryGrouping, LedgerRow
+from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
@@ -40,11 +40,8 @@ from specwatch.shadow.tally import (
 from specwatch.shadow.tally import PairTally as PairTally
 from specwatch.shadow.tally import tally_rows as tally_rows
 from specwatch.shadow.tally import window_tallies as window_tallies
-from specwatch.shadow.values import PairOutcome
+from specwatch.shadow.values import Verdict
 from specwatch.shadow.windows import WindowedSums
-
-if TYPE_CHECKING:
-    from specwatch.shadow.decision import DecisionRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +110,15 @@ class ShadowIO:
     ``not_sampled`` / ``admitted`` (sampler decisions), ``dropped[reason]``,
     ``pauses_total[reason]`` (entries into a load pause), ``received[source]`` and
     ``ingest_errors[(source, reason)]`` (requests seen by mirror/proxy/ingest; reasons include
-    ``too_large`` and ``invalid_json``), ``replays[status]``, ``unpaired[reason]`` and
-    ``excluded[reason]`` (this process only; the exported totals are the ledger-seeded ones of
-    :class:`ShadowStats`), ``arm_errors[(arm, reason)]`` (reasons include ``too_large`` and
-    ``invalid_body``), ``sink_errors``, ``proxy_requests``, ``proxy_client_disconnects``,
-    ``proxy_offer_lost``, ``proxy_upstream_errors[reason]``, ``canary_offered`` and
-    ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent again after a close
-    before any response byte), and from vLLM's per-request speculative-decoding metrics in the
-    replies, by ``(arm, category)``: ``reply_spec_steps`` (verify steps), ``reply_draft_tokens``,
-    ``reply_accepted_tokens`` (replies without a verify step add nothing). Exported by
+    ``too_large`` and ``invalid_json``), ``arm_errors[(arm, reason)]`` (reasons include
+    ``too_large`` and ``invalid_body``), ``sink_errors``, ``proxy_requests``,
+    ``proxy_client_disconnects``, ``proxy_offer_lost``, ``proxy_upstream_errors[reason]``,
+    ``canary_offered`` and ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent
+    again after a close before any response byte), and from vLLM's per-request
+    speculative-decoding metrics in the replies, by ``(arm, category)``: ``reply_spec_steps``
+    (verify steps), ``reply_draft_tokens``, ``reply_accepted_tokens`` (replies without a verify
+    step add nothing). Pair statuses are not here: the pipeline never classifies a pair (the
+    one set of pair counters is :class:`OutcomeCounters`). Exported by
     :mod:`specwatch.export.prometheus`.
     """
 
@@ -135,9 +132,6 @@ class ShadowIO:
     pauses_total: Mapping[str, int] = field(default_factory=dict)
     received: Mapping[str, int] = field(default_factory=dict)
     ingest_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    replays: Mapping[str, int] = field(default_factory=dict)
-    unpaired: Mapping[str, int] = field(default_factory=dict)
-    excluded: Mapping[str, int] = field(default_factory=dict)
     arm_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
     sink_errors: int = 0
     proxy_requests: int = 0
@@ -169,13 +163,57 @@ class ShadowIO:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One category's row of the decision table (built by
+    :func:`specwatch.shadow.decision.decision_table`; ratios are fractions; ``None`` = not
+    measurable, with a reason).
+
+    ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
+    n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
+    requests where both returned it (else from the replies' summed counts: τ = 1 +
+    accepted / verify steps per arm); ``acceptance_gain`` = α_FLy − α_standard (accepted /
+    drafted draft tokens summed over the replies of this process); ``throughput_gain_ratio`` =
+    FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
+    ``speed_pairs`` requests);
+    ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
+    ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
+    ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
+    :data:`~specwatch.shadow.values.VERDICTS`, ``verdict_text`` the sentence; ``pairs_more``
+    the labelled pairs still needed when not decided (``None`` otherwise or when it cannot be
+    computed).
+    """
+
+    category: str
+    pairs: int
+    labelled: int
+    tau_pairs: int
+    tau_gain: float | None
+    tau_gain_reason: str | None
+    acceptance_gain: float | None
+    acceptance_gain_reason: str | None
+    speed_pairs: int
+    throughput_gain_ratio: float | None
+    throughput_gain_reason: str | None
+    net_loss_ratio: float
+    ci_lower: float
+    ci_upper: float
+    e_value: float
+    fly_flip_ratio: float
+    noise_flip_ratio: float
+    verdict: Verdict
+    verdict_text: str
+    pairs_more: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ShadowStats:
     """One immutable snapshot of the shadow chain's statistics.
 
     ``windows[window][category]`` (category :data:`OVERALL` = all categories);
-    ``pairs_total[(category, arm, outcome)]``, ``unpaired_total[reason]`` and
-    ``excluded_total[reason]`` are monotonic counters of this process's pairs (they start at 0
-    with the process and never fall while it runs; never recomputed from the pruned ledger);
+    ``pairs_total[(category, arm, outcome)]``, ``unpaired_total[reason]``,
+    ``excluded_total[reason]`` and ``replays_total[status]`` are monotonic counters of this
+    process's pairs (:class:`OutcomeCounters`: they start at 0 with the process and never fall
+    while it runs; never recomputed from the pruned ledger);
     ``ledger_pairs[(category, arm, outcome)]`` the same counts over the rows the ledger holds
     now (a gauge: retention pruning lowers it); ``categories_folded`` requests whose
     category was counted as ``other`` (the category bound);
@@ -202,6 +240,7 @@ class ShadowStats:
     by_load: tuple[LoadBand, ...] = ()
     ledger_pairs: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     categories_folded: int = 0
+    replays_total: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +375,7 @@ def build_shadow_stats(
     by_load: tuple[LoadBand, ...] = (),
     categories: Collection[str] | None = None,
     categories_folded: int = 0,
+    replays_total: Mapping[str, int] | None = None,
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
@@ -381,6 +421,7 @@ def build_shadow_stats(
         by_load=by_load,
         ledger_pairs=ledger_pairs,
         categories_folded=categories_folded,
+        replays_total=dict(replays_total or {}),
     )
 
 
@@ -407,18 +448,21 @@ def categories_by_volume(by_category: Mapping[str, PairTally]) -> list[str]:
 
 
 class OutcomeCounters:
-    """Monotonic pair counters for ``specwatch_shadow_pairs_total`` and friends (mutable; owned
-    by the one task that consumes outcomes).
+    """The one set of monotonic pair counters: ``specwatch_shadow_pairs_total``,
+    ``..._unpaired_total``, ``..._excluded_total`` and ``..._replays_total`` (mutable; owned by
+    the one task that consumes outcomes).
 
     Per paired outcome and arm (``fly``, ``noise``): a correctness outcome when the pair is
     labelled (``both_correct|both_wrong|lost|gained``) and an agreement outcome
     (``agree|disagree``) always, so ``sum(outcome=~"agree|disagree")`` counts paired requests and
-    ``sum(outcome=~"both_.*|lost|gained")`` labelled ones.
+    ``sum(outcome=~"both_.*|lost|gained")`` labelled ones. ``paired`` counts paired requests,
+    ``unpaired`` / ``excluded`` the others by reason; :meth:`by_status` sums them per status.
     """
 
     def __init__(self, categories: CategoryBound | None = None) -> None:
         self._categories = categories
         self.pairs: dict[tuple[str, str, str], int] = {}
+        self.paired = 0
         self.unpaired: dict[str, int] = {}
         self.excluded: dict[str, int] = {}
 
@@ -426,13 +470,21 @@ class OutcomeCounters:
         if n:
             self.pairs[key] = self.pairs.get(key, 0) + n
 
-    def add(self, o: PairOutcome) -> None:
-        """Count one compared pair by the same table as :meth:`seed` (:func:`row_tally` of its
-        ledger row), so counters rebuilt from the ledger equal counters kept live."""
+    def add(self, row: LedgerRow) -> None:
+        """Count one compared pair, given as its ledger row, by the same table as :meth:`seed`
+        (:func:`row_tally`), so counters rebuilt from the ledger equal counters kept live."""
         reasons: dict[tuple[str, str], int] = (
-            {} if o.status == "paired" else {(o.status, o.reason or "unknown"): 1}
+            {} if row.status == "paired" else {(row.status, row.reason or "unknown"): 1}
         )
-        self.seed({o.category: row_tally(LedgerRow.from_outcome(o))}, reasons)
+        self.seed({row.category: row_tally(row)}, reasons)
+
+    def by_status(self) -> dict[str, int]:
+        """Pairs per status (``paired``, ``unpaired``, ``excluded``; each present from 0)."""
+        return {
+            "paired": self.paired,
+            "unpaired": sum(self.unpaired.values()),
+            "excluded": sum(self.excluded.values()),
+        }
 
     def seed(
         self, by_category: Mapping[str, PairTally], reasons: Mapping[tuple[str, str], int]
@@ -442,6 +494,7 @@ class OutcomeCounters:
         for cat, t in by_category.items():
             if self._categories is not None:
                 cat = self._categories(cat)
+            self.paired += t.paired
             for arm, label, n in arm_label_counts(t):
                 self._inc((cat, arm, label), n)
         for (status, reason), n in reasons.items():
@@ -457,8 +510,8 @@ class LiveTallies:
     :class:`~specwatch.shadow.tally.HistoryCell` per ``(category, load band)`` over ``windows``
     (``{name: seconds}``, :data:`SINCE_START` = every row is always added), with buckets of
     ``bucket_seconds`` (the windows' edge granularity, see :mod:`specwatch.shadow.windows`).
-    Fed by the ledger as a :class:`~specwatch.shadow.ledger.HistoryListener` (committed rows,
-    pruned groups) and rebuilt from :meth:`Ledger.history
+    Fed by the ledger as a :class:`~specwatch.shadow.ledger.aggregates.HistoryListener`
+    (committed rows, pruned groups) and rebuilt from :meth:`Ledger.history
     <specwatch.shadow.ledger.Ledger.history>` with :meth:`add_groups`. ``version`` grows on
     every change, so derived statistics are computed again only when it moved.
     """

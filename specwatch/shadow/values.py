@@ -1,19 +1,22 @@
 """Values passed along the shadow chain (shared by ingest, replay, compare, ledger, stats).
 
 All are frozen; times are unix seconds (float) from an injected clock, durations in seconds.
+The chain's label vocabularies (the reason and verdict names its counters and gauges carry,
+exported from 0) are here too, so the stage that produces a name and the exporter that lists it
+read one definition.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from specwatch.shadow.classify import PairStatus
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from specwatch.vllm.request_metrics import SpecDecodeReading
+
+#: A pair's status (the pair-status rule of :mod:`specwatch.shadow.classify` gives it).
+PairStatus = Literal["paired", "unpaired", "excluded"]
 
 
 class Source(enum.StrEnum):
@@ -119,7 +122,6 @@ class ReplayPair:
     fly: ArmResult
     noise: ArmResult | None = None
     seed: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
     baseline: ArmResult | None = None
     running: float | None = None
 
@@ -210,3 +212,48 @@ class PairOutcome:
             Arm.NOISE: self.noise,
             Arm.BASELINE: self.baseline,
         }[arm]
+
+
+# -- label vocabularies ----------------------------------------------------------------------
+
+#: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0; the
+#: pair-status rule of :mod:`specwatch.shadow.classify` gives them): an arm refused the request
+#: as one it does not support (400/422 naming a parameter) or as otherwise bad (other 400/422),
+#: the request's checker spec is invalid, or it asks for more than one choice.
+EXCLUDED_REASONS: tuple[str, ...] = (
+    "unsupported_parameter",
+    "bad_request",
+    "bad_checker",
+    "multiple_choices",
+)
+
+#: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0 (the ledger's
+#: writer, :mod:`specwatch.shadow.ledger.writer`, counts them): ``queue_full`` (rows dropped
+#: because the write queue was full) and the exception types a failed write is counted under
+#: (``sqlite3`` errors a disk or database fault raises, and ``OSError``). Other exception types
+#: caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError`` subclasses) are added
+#: when they occur.
+WRITE_ERROR_REASONS: tuple[str, ...] = (
+    "queue_full",
+    "OperationalError",
+    "IntegrityError",
+    "DatabaseError",
+    "OSError",
+)
+
+#: Why the proxy's upstream failed a request (``IngestCounters.proxy_upstream_errors`` keys,
+#: ``specwatch_shadow_proxy_upstream_errors_total{reason}``): unreachable (502), no answer in
+#: time (504), closed before the answer ended, a malformed answer (502). Exported from 0, so
+#: ``increase()`` sees the first failure.
+PROXY_UPSTREAM_ERROR_REASONS: tuple[str, ...] = (
+    "client_error",
+    "connect",
+    "disconnected",
+    "timeout",
+)
+
+#: A verdict of the per-category decision table (:mod:`specwatch.shadow.decision`).
+Verdict = Literal["pays", "costs_quality", "not_faster", "not_decided"]
+
+#: Every verdict (``specwatch_decision_verdict{verdict}`` exports each, 1 on the current one).
+VERDICTS: tuple[Verdict, ...] = ("pays", "costs_quality", "not_faster", "not_decided")

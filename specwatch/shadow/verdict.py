@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.sequential import e_value_alarm
 
 if TYPE_CHECKING:  # annotations only
     from specwatch.shadow.summary import PairedSummary
@@ -158,7 +159,7 @@ def verdict_line(v: Verdict) -> str:
     evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
     margin_pts = 100.0 * v.margin
     margin = f"{margin_pts:g} pt" + ("" if margin_pts == 1 else "s")
-    if (math.isfinite(v.e_value) and v.e_value >= threshold) or math.isinf(v.e_value):
+    if e_value_alarm(v.e_value, v.alpha):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
         end = f"shown within {margin}"

@@ -1,9 +1,10 @@
-"""A faithful vLLM speculative-decoding simulator (``specwatch simulate``).
+"""A faithful vLLM speculative-decoding simulator (``specwatch simulate``); may import core, vllm.
 
-Layout: :mod:`.engine` (synthetic target/draft LM and the verification rules),
-:mod:`.scheduler` (vLLM's step-filling walk, budgets, step-time model, simulated and real time),
-:mod:`.metrics` (vLLM 0.33 ``/metrics``), :mod:`.server` (vLLM's HTTP surface and the admin API),
-:mod:`.faults`, :mod:`.canary` (items with gold answers), :mod:`.loadgen` and :mod:`.launcher`.
+Layout: :mod:`.config` (flags named as vLLM names them, fault state), :mod:`.lm` (synthetic
+target and draft LMs and the verification rules), :mod:`.engine_core` (vLLM's step loop: the
+step-filling walk, admission, chunked prefill, the step-time model), :mod:`.metrics` (vLLM 0.33
+``/metrics``), :mod:`.server` (vLLM's HTTP surface and the admin API), :mod:`.faults`,
+:mod:`.quiz` (canary items with gold answers), :mod:`.loadgen` and :mod:`.launcher`.
 
 Imports nothing from the sidecar except :mod:`specwatch.core` and :mod:`specwatch.vllm`.
 """

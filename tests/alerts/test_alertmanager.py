@@ -30,7 +30,6 @@ from specwatch.alerts.alert import (
 )
 from specwatch.alerts.alertmanager import (
     ActiveAlerts,
-    AlertingState,
     AlertLoop,
     Delivery,
     Outbox,
@@ -38,6 +37,7 @@ from specwatch.alerts.alertmanager import (
     build_ssl_context,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
+from specwatch.alerts.values import AlertingState
 from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
@@ -181,6 +181,30 @@ class TestActiveAlerts:
         assert [(d.starts_at, d.ends_at) for d in resolved] == [(1000.0, 1070.0)]
         assert aa.update([], 1200.0) == []
         assert aa.firing() == ()
+
+    def test_from_settings_carries_the_groups_labels_and_urls(self) -> None:
+        """``from_settings``: external labels plus namespace and pod on every delivery, the
+        runbook anchor under ``runbook_base_url``, the ``generator_url``, and no resend before
+        ``resend_interval`` (120 s: quiet at 119 s, resent at 120 s)."""
+        settings = AlertingSettings(
+            resend_interval=120.0,
+            external_labels={"cluster": "c1"},
+            namespace="ns",
+            pod="p-0",
+            runbook_base_url="https://example.org/runbook",
+            generator_url="http://sw:9400/",
+        )
+        aa = ActiveAlerts.from_settings(settings)
+        (first,) = aa.update([drop()], 0.0)
+        assert {k: first.labels[k] for k in ("cluster", "namespace", "pod")} == {
+            "cluster": "c1",
+            "namespace": "ns",
+            "pod": "p-0",
+        }
+        assert first.annotations["runbook_url"] == "https://example.org/runbook#specacceptancedrop"
+        assert first.generator_url == "http://sw:9400/"
+        assert aa.update([drop()], 119.0) == []
+        assert len(aa.update([drop()], 120.0)) == 1
 
     def test_changed_annotation_resends_now(self) -> None:
         """A new description is sent at once, without waiting for the resend interval."""

@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
+from specwatch.alerts.rules import candidates
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import SINCE_START
 from specwatch.core.roles import Role
 from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
-from specwatch.observe.values import ObserveView
+from specwatch.observe.values import (
+    Capacity,
+    Health,
+    Limits,
+    ModelWindow,
+    ObserveView,
+    TargetSnapshot,
+)
 from specwatch.settings import Settings, load_settings
 from specwatch.shadow.summary import PairTally, ShadowStats, build_shadow_stats
 
@@ -370,6 +378,105 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     assert "Configuration finding, not a stall" in alert.description
     assert "at least 8192" in alert.description
     assert "--max-num-seqs to 512" in alert.description
+
+
+def test_the_page_k_wins_for_health_capacity_and_the_budget_finding() -> None:
+    """K configured 3, but the page carries 5 ``position`` labels (vLLM runs K = 5): the
+    window's health, Capacity (source ``observed``) and SpecTokenBudgetBound all use 5. dspark
+    on v0.32, N = 128, B = 512: S = K - 1 = 4, slots per request 1 + 5 + 4 = 10, need
+    128 · 10 = 1280, D_full = min(128, 512 // (1 + 5) = 85, 512 // 10 = 51) = 51 (with the
+    configured K 3 it would be S 2, 6 slots, need 768 and D_full 85)."""
+    target = TargetSettings(
+        name="standard",
+        url="http://h:1",
+        method="dspark",
+        num_speculative_tokens=3,
+        max_num_batched_tokens=512,
+        max_num_seqs=128,
+        vllm_version="0.32.0",
+    )
+    sim = Sim(target, {"0": Engine(k=5, accepted_per_s=200.0)}, WINDOWS)
+    for _ in range(3):
+        snap = sim.scrape(10.0)
+    t = snap.targets["standard"]
+    assert t.windows["1m"][MODEL].server.num_speculative_tokens == 5
+    cap = t.capacity
+    assert (cap.num_speculative_tokens, cap.num_speculative_tokens_source) == (5, "observed")
+    assert (cap.extra_batch_slots, cap.slots_per_request, cap.required_batched_tokens) == (
+        4,
+        10,
+        1280,
+    )
+    assert cap.decode_full_per_step_requests == 51
+    fired = evaluate(snap, None, no_for(rate_window="1m"), sim.t)
+    bound = [a for a in fired if a.alertname == "SpecTokenBudgetBound"]
+    assert [a.summary for a in bound] == [
+        "max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, so at most 51 "
+        "requests can decode per step on standard."
+    ]
+
+
+def test_budget_detectors_read_capacity_and_never_work_it_out_again() -> None:
+    """The budget detectors take K, S and the need from Capacity as it is. A hand-made Capacity
+    says K 5 (observed), S 4, 1 + 5 + 4 = 10 slots, need 128 · 10 = 1280, D_full 51, beside
+    limits that say K 3 (which would give S 2 and 128 · 6 = 768 if anything recomputed them):
+    SpecTokenBudgetBound and SpecBudgetStarvation{reason=budget_cap} (60 running > D_full 51,
+    drafts flowing) quote exactly Capacity's numbers; SpecDecodeInactive would read its K."""
+    cap = Capacity(
+        limits_configured=True,
+        max_num_seqs=128,
+        max_num_batched_tokens=512,
+        num_requests_running=60.0,
+        admission_cap_requests=51,
+        decode_full_per_step_requests=51,
+        budget_bound=True,
+        num_speculative_tokens=5,
+        num_speculative_tokens_source="observed",
+        extra_batch_slots=4,
+        slots_per_request=10,
+        required_batched_tokens=1280,
+    )
+    health = Health(
+        drafts_per_second=100.0,
+        mean_draft_length=5.0,
+        num_requests_running=60.0,
+        num_requests_waiting=3.0,
+        generation_tokens_per_second=500.0,
+    )
+    target = TargetSnapshot(
+        name="standard",
+        role=Role.STANDARD,
+        url="http://h:1",
+        up=True,
+        ready=True,
+        limits=Limits(128, 512, 3, "dspark", vllm_version="0.32.0"),
+        capacity=cap,
+        windows={"1m": {MODEL: ModelWindow(server=health, engines={})}},
+    )
+    view = ObserveView(generated_at=10.0, targets={"standard": target})
+    found = {a.alertname: a for a in candidates(view, None, no_for(rate_window="1m"))}
+    assert found["SpecTokenBudgetBound"].summary == (
+        "max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, so at most 51 "
+        "requests can decode per step on standard."
+    )
+    starving = found["SpecBudgetStarvation"]
+    assert starving.labels["reason"] == "budget_cap"
+    assert (
+        "raise --max-num-batched-tokens to at least 1280 (max_num_seqs 128 x (1 + K 5 + S 4))"
+        in starving.description
+    )
+    assert "SpecDecodeInactive" not in found  # drafts flow
+    idle_window = ModelWindow(server=replace(health, drafts_per_second=0.0), engines={})
+    idle = replace(target, windows={"1m": {MODEL: idle_window}})
+    inactive = candidates(
+        ObserveView(generated_at=10.0, targets={"standard": idle}),
+        None,
+        no_for(rate_window="1m"),
+    )
+    assert [a.description for a in inactive if a.alertname == "SpecDecodeInactive"] == [
+        f"standard (role standard, model {MODEL}) generated 500 tokens/s over 1m with "
+        "speculative decoding configured (K 5), but not one draft was verified."
+    ]
 
 
 def test_stall_fires_on_a_real_stall() -> None:

@@ -70,7 +70,7 @@ def test_matplotlib_installed_but_broken(
     command exits 2 with the one 'report' extra line, no traceback, nothing written."""
     import asyncio
 
-    from specwatch.shadow.ledger import Ledger
+    from specwatch.shadow.ledger.ledger import Ledger
 
     ledger = tmp_path / "pairs.db"
 

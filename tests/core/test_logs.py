@@ -168,7 +168,7 @@ async def test_proxy_listening_line_has_port() -> None:
         return None
 
     async with aiohttp.ClientSession() as session:
-        pipe = ShadowPipeline(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
         await pipe.start()
         try:
             assert pipe.proxy is not None

@@ -20,7 +20,8 @@ from specwatch.server.app import build_app
 from specwatch.server.wiring import ShadowPlug
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.quiz import write_canary_jsonl
@@ -156,12 +157,12 @@ async def until(cond: Callable[[], bool], limit: float = 60.0) -> None:
 
 
 def canary_done(comp: ShadowComponent, items: int) -> bool:
-    """Every canary item offered and every admitted one replayed."""
+    """Every canary item offered and every admitted one replayed and compared."""
     pipe = comp.pipeline
     if pipe is None or pipe.canary is None:
         return False
     m = pipe.metrics()
-    replayed = sum(m.replays.values())
+    replayed = sum(comp.counters.by_status().values())
     return pipe.canary.passes == 1 and m.queue_depth == 0 and replayed == m.admitted
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.settings import Settings
 from specwatch.shadow.compare import compare
-from specwatch.shadow.ledger import Ledger
+from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import sidecar, until
 

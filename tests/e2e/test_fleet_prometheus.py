@@ -16,7 +16,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.sequential import net_loss_mixture_grid
 from specwatch.shadow.summary import PairTally, summarize
 from specwatch.shadow.tally import tally_rows

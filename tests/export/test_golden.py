@@ -18,7 +18,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from specwatch.alerts.alertmanager import AlertingState, FiringAlert
+from specwatch.alerts.values import AlertingState, FiringAlert
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector, SpecwatchCollector
 from tests.deploy.test_dashboards import full_shadow_stats
 from tests.export.test_prometheus import _full_snapshot

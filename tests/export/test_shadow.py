@@ -15,7 +15,7 @@ from specwatch.core.config import OVERALL
 from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import (
     net_loss_log_e_value,
@@ -133,8 +133,9 @@ def test_windows_rows_counters_and_betting() -> None:
     assert stats.windows["since_start"][OVERALL].lost == 2
     assert stats.windows["1m"][OVERALL].n == 3
     counters = OutcomeCounters()
-    for o in outs:
-        counters.add(o)
+    for r in rows:
+        counters.add(r)
+    assert counters.by_status() == {"paired": 4, "unpaired": 0, "excluded": 0}
     assert counters.pairs[("a", "fly", "lost")] == 1
     assert counters.pairs[("a", "noise", "lost")] == 1
     assert counters.pairs[("b", "fly", "disagree")] == 2
@@ -142,6 +143,7 @@ def test_windows_rows_counters_and_betting() -> None:
     seeded.seed(tally_rows(rows), {("unpaired", "fly_timeout"): 3})
     assert seeded.pairs == counters.pairs
     assert seeded.unpaired == {"fly_timeout": 3}
+    assert seeded.by_status() == {"paired": 4, "unpaired": 3, "excluded": 0}
     labelled = [o for o in map(labelled_outcome, rows) if o is not None]
     bet = run_betting(labelled, margin=0.0)
     assert bet.n == 4

@@ -15,7 +15,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.parse import parse_page
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.observe.tracker import TargetTracker
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
@@ -255,3 +257,18 @@ async def test_one_server_restarting_is_a_reset_not_alternation(sidecar: Sidecar
     assert [await sidecar.scrape(p) for p in pages] == [True] * 5
     assert await sidecar.scrape_errors("counters_alternate") == 0
     assert await sidecar.value("specwatch_engine_resets_total", target="fly", engine="0") == 2
+
+
+def test_tracker_from_settings_keeps_the_scrape_groups_bounds() -> None:
+    """``TargetTracker.from_settings`` takes the per-target caps of the ``scrape`` group: with
+    ``max_models_per_target`` 1, model ``b`` of a page with models ``a`` and ``b`` is dropped and
+    counted once as ``model_cap``; only ``a`` is kept."""
+    tracker = TargetTracker.from_settings(
+        TargetSettings(name="fly", url="http://h:1"),
+        ScrapeSettings(max_models_per_target=1),
+        {"1m": 60.0},
+    )
+    tracker.record_page(0.0, parse_page(page([("a", "0"), ("b", "0")], 5)), duration_seconds=None)
+    assert tracker.capped == {"model_cap": 1, "engine_cap": 0}
+    assert tracker.snapshot().scrape_errors == {"model_cap": 1}
+    assert set(tracker.snapshot().windows["1m"]) == {"a"}

@@ -13,6 +13,7 @@ from specwatch.observe.health import (
     histogram_quantile,
     model_windows,
     pair_view,
+    speculative_tokens,
 )
 from specwatch.observe.parse import parse_page
 from specwatch.observe.values import Delta, Health, Limits
@@ -184,6 +185,52 @@ class TestCapacity:
         cap = capacity(Limits(1024, 8192, None, "eagle3"), [], observed_k=3)
         assert cap.limits_configured
         assert cap.decode_full_per_step_requests == 1024
+        assert (cap.num_speculative_tokens, cap.num_speculative_tokens_source) == (3, "observed")
+
+
+class TestSpeculativeTokens:
+    def test_the_page_wins_then_the_configuration(self) -> None:
+        """Observed (position labels) before configured; either alone is used with its source;
+        neither gives ``None``."""
+        assert speculative_tokens(5, 3) == (5, "observed")
+        assert speculative_tokens(None, 3) == (3, "configured")
+        assert speculative_tokens(4, None) == (4, "observed")
+        assert speculative_tokens(None, None) is None
+
+    def test_health_and_capacity_follow_the_one_rule(self) -> None:
+        """K configured 3, page K 5: Health and Capacity both take 5. eagle3 (S 0), N 128,
+        B 512, v0.33: slots 1 + 5 + 0 = 6, need 128 · 6 = 768, D_full = 512 // 6 = 85 < 128.
+        Without a page K the configured 3 is used: slots 4, need 512, D_full 512 // 4 = 128."""
+        d = Delta(None, {}, {}, {}, {}, {}, num_speculative_tokens=5)
+        assert derive_health(d, configured_k=3).num_speculative_tokens == 5
+        limits = Limits(128, 512, 3, "eagle3")
+        page = capacity(limits, [10.0], observed_k=5)
+        assert (page.num_speculative_tokens, page.num_speculative_tokens_source) == (5, "observed")
+        assert (page.extra_batch_slots, page.slots_per_request) == (0, 6)
+        assert page.required_batched_tokens == 768
+        assert (page.decode_full_per_step_requests, page.budget_bound) == (85, True)
+        cfg = capacity(limits, [10.0])
+        assert (cfg.num_speculative_tokens, cfg.num_speculative_tokens_source) == (3, "configured")
+        assert (cfg.slots_per_request, cfg.required_batched_tokens) == (4, 512)
+        assert (cfg.decode_full_per_step_requests, cfg.budget_bound) == (128, False)
+
+    def test_slots_and_need_without_a_budget(self) -> None:
+        """dspark K 5 on v0.32 (S = K - 1 = 4): slots 1 + 5 + 4 = 10 and, with N 128, need
+        128 · 10 = 1280, even while B is unknown (no budget limits then); without N no need,
+        without a method no slots; without any K nothing."""
+        no_b = capacity(Limits(128, None, 5, "dspark", vllm_version="0.32.0"), [])
+        assert not no_b.limits_configured
+        assert (no_b.extra_batch_slots, no_b.slots_per_request) == (4, 10)
+        assert no_b.required_batched_tokens == 1280
+        assert no_b.decode_full_per_step_requests is None
+        no_n = capacity(Limits(None, 512, 5, "dspark", vllm_version="0.32.0"), [])
+        assert (no_n.slots_per_request, no_n.required_batched_tokens) == (10, None)
+        no_method = capacity(Limits(128, 512, 5, None), [])
+        assert (no_method.num_speculative_tokens, no_method.slots_per_request) == (5, None)
+        none = capacity(Limits(128, 512, None, "dspark"), [])
+        assert none.num_speculative_tokens is None
+        assert none.num_speculative_tokens_source is None
+        assert none.required_batched_tokens is None
 
 
 class TestPair:

@@ -32,7 +32,7 @@ from specwatch.report.data import (
 )
 from specwatch.report.render import render_html
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import betting_path, net_loss_log_e_value
 from specwatch.shadow.summary import build_shadow_stats, load_bands
@@ -383,7 +383,7 @@ class TestOnePassRead:
         (the live path's float sums, one ``CASE`` per column), and the time bins carried by the
         one ordered read are ``Ledger.labelled_bins`` (its own ``GROUP BY``), for 1, 7 and 40
         bins."""
-        from specwatch.shadow.ledger import Ledger
+        from specwatch.shadow.ledger.ledger import Ledger
 
         path = tmp_path / "l.db"
         asyncio.run(write_ledger(path, varied_rows(3000)))

@@ -27,7 +27,8 @@ from scipy.stats import binomtest
 from specwatch.__main__ import main
 from specwatch.report.data import ReportData, build_report, parse_acceptance, read_ledger
 from specwatch.report.render import elapsed_axis, evalue_figure, render_html
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
 from specwatch.shadow.stats.sequential import net_loss_log_e_value
 

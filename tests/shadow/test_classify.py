@@ -1,5 +1,5 @@
-"""The one pair-status rule (shadow/classify.py), as seen by the pipeline counters, compare and the
-tally."""
+"""The one pair-status rule (shadow/classify.py): applied once per pair (by compare), stored in
+the ledger row and counted by the tally and the one set of pair counters."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import ast
 import json
 import logging
 import re
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from specwatch.core.logs import event_fields
+from specwatch.shadow import classify as classify_module
 from specwatch.shadow.classify import (
     EXCLUDED_REASONS,
     body_result,
@@ -24,11 +27,14 @@ from specwatch.shadow.classify import (
     truncated,
 )
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import LedgerRow
+from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
+from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.e2e.shadow_harness import until
 from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 from tests.fakes import REPO
 
@@ -57,8 +63,8 @@ def _failed(arm: Arm, status: int, error: str) -> ArmResult:
 
 
 def test_standard_503_is_standard_http_5xx_in_counters_and_compare() -> None:
-    """A standard-arm 503 is ``unpaired/standard_http_5xx`` for the pipeline counters
-    (classify_pair) and for what the ledger stores (compare): the class form, never ``_503``."""
+    """A standard-arm 503 is ``unpaired/standard_http_5xx`` by the rule (classify_pair) and in
+    what the ledger stores (compare): the class form, never ``_503``."""
     pair = ReplayPair(_req(), _failed(Arm.STANDARD, 503, "http_503"), _ok(Arm.FLY))
     assert classify_pair(pair) == ("unpaired", "standard_http_5xx")
     out = compare(pair)
@@ -129,6 +135,93 @@ def test_no_other_module_assigns_a_pair_status() -> None:
             if isinstance(first, ast.Constant) and first.value in ("unpaired", "excluded"):
                 offenders.append(f"{path.relative_to(_PKG)}:{node.lineno}")
     assert offenders == []
+
+
+def _calls_of(names: tuple[str, ...]) -> dict[str, list[str]]:
+    """``{module path: [called name, ...]}`` of every call in specwatch/ to one of ``names``
+    (as a bare name or an attribute, however it was imported)."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(_PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = getattr(f, "id", None) or getattr(f, "attr", None)
+            if name in names:
+                out.setdefault(path.relative_to(_PKG).as_posix(), []).append(name)
+    return out
+
+
+def test_one_module_classifies_a_pair() -> None:
+    """In specwatch/ the pair rule is called in one place: ``classify_pair`` once, by
+    shadow/compare.py, and ``classify`` only by ``classify_pair`` itself (the pipeline, the
+    component and the counters read the outcome's status and never classify again)."""
+    assert _calls_of(("classify", "classify_pair")) == {
+        "shadow/classify.py": ["classify"],
+        "shadow/compare.py": ["classify_pair"],
+    }
+
+
+async def test_a_replay_through_the_component_is_classified_once_per_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three mirrored requests through the whole shadow component (pipeline, compare, ledger,
+    counters): one paired, one excluded (``n`` 2) and one unpaired (FLy answers 503). The rule
+    runs exactly 3 times, once per pair, wherever a module bound it, and the one set of
+    counters gives 1 per status; the ledger holds 3 rows."""
+    calls: list[str] = []
+    original = classify_module.classify
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append("classify")
+        return original(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name == "specwatch" or name.startswith("specwatch."):
+            for attr, value in list(vars(module).items()):
+                if value is original:
+                    monkeypatch.setattr(module, attr, counted)
+    assert classify_module.classify is counted
+    fly = FakeArm(text="4")
+    async with serve_arm(FakeArm(text="4")) as su, serve_arm(fly) as fu:
+        shadow = ShadowSettings.model_validate(
+            {
+                "enabled": True,
+                "modes": ["mirror"],
+                "sample_probability": 1.0,
+                "max_shadow_rps": 1000.0,
+                "max_in_flight": 1,
+                "pause_on_waiting": False,
+                "mirror_listen_host": "127.0.0.1",
+                "mirror_listen_port": 0,
+                "standard": {"url": su},
+                "fly": {"url": fu},
+            }
+        )
+        paired = PairedSettings(windows=("1h",), refresh_seconds=3600.0)
+        comp = ShadowComponent(shadow, paired, LedgerSettings(path=str(tmp_path / "l.sqlite")))
+
+        def compared(n: int) -> Callable[[], bool]:
+            return lambda: sum(comp.counters.by_status().values()) == n
+
+        async with comp.running(), aiohttp.ClientSession() as client:
+            await until(lambda: comp.pipeline is not None and comp._started)
+            url = f"http://127.0.0.1:{comp.mirror_port}/v1/completions"
+            for i, body in enumerate(
+                ({"prompt": "a"}, {"prompt": "b", "n": 2}, {"prompt": "c"}), start=1
+            ):
+                if i == 3:
+                    fly.mode, fly.status, fly.message = "status", 503, "overloaded"
+                async with client.post(url, json=body) as r:
+                    assert r.status == 202
+                await until(compared(i))
+            stats = await comp.refresh(flush=True)
+    assert calls == ["classify"] * 3
+    assert comp.counters.by_status() == {"paired": 1, "unpaired": 1, "excluded": 1}
+    assert comp.counters.unpaired == {"fly_http_5xx": 1}
+    assert comp.counters.excluded == {"multiple_choices": 1}
+    assert stats.replays_total == {"paired": 1, "unpaired": 1, "excluded": 1}
+    assert stats.ledger_rows == 3
 
 
 # -- the replay-outcome rule, through real HTTP on 127.0.0.1 ------------------------------------

@@ -17,6 +17,7 @@ from specwatch.shadow.compare import (
     first_divergence,
     similarity,
 )
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.summary import OutcomeCounters
@@ -43,7 +44,7 @@ def _req(
 def _labels(out: PairOutcome) -> set[tuple[str, str, str]]:
     """The ``(category, arm, outcome)`` pair counters one outcome increments (each by 1)."""
     counters = OutcomeCounters()
-    counters.add(out)
+    counters.add(LedgerRow.from_outcome(out))
     assert set(counters.pairs.values()) <= {1}
     return set(counters.pairs)
 

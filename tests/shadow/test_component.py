@@ -34,7 +34,8 @@ from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.observe.values import ObserveView
 from specwatch.shadow.component import ShadowComponent, ledger_inputs
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until
@@ -90,7 +91,7 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
             await until(lambda: comp.pipeline is not None and comp._started)
             for i in range(16):
                 if i == 8:
-                    await until(lambda: sum(comp.pipeline.replays.values()) == 8)  # type: ignore[union-attr]
+                    await until(lambda: sum(comp.counters.by_status().values()) == 8)
                     running["now"] = 40.0
                 greedy = i < 6 or 8 <= i < 14
                 body = {
@@ -101,7 +102,7 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
                 headers = {"X-Specwatch-Category": "t0" if greedy else "t1"}
                 async with client.post(url, json=body, headers=headers) as r:
                     assert r.status == 202
-            await until(lambda: sum(comp.pipeline.replays.values()) == 16)  # type: ignore[union-attr]
+            await until(lambda: sum(comp.counters.by_status().values()) == 16)
             stats = await comp.refresh(flush=True)
     registry = CollectorRegistry()
     registry.register(ShadowCollector(lambda: stats))
@@ -293,7 +294,7 @@ async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
             async with client.post(url, json={"prompt": "q", "max_tokens": 4}) as r:
                 assert r.status == 200
                 assert (await r.json())["choices"][0]["text"] == "alpha beta"
-            assert sum(comp.pipeline.replays.values()) == 0
+            assert sum(comp.counters.by_status().values()) == 0
             held.set()
-            await until(lambda: sum(comp.pipeline.replays.values()) == 1)  # type: ignore[union-attr]
+            await until(lambda: sum(comp.counters.by_status().values()) == 1)
             assert comp._started

@@ -44,11 +44,14 @@ async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Pa
         async with sidecar(settings) as sc:
             pipe = sc.component.pipeline
             assert pipe is not None
+            counters = sc.component.counters
 
             def started() -> int:
-                return sum(pipe.replays.values()) + pipe.in_flight
+                # compared pairs (the regex checker compares on the loop: no await between a
+                # replay's end and its count) plus the replays running now
+                return sum(counters.by_status().values()) + pipe.in_flight
 
-            await until(lambda: pipe.replays["paired"] >= 3)
+            await until(lambda: counters.paired >= 3)
             live = [asyncio.create_task(_live(sc.client, std)) for _ in range(4)]
             await until(lambda: "waiting" in pipe.sampler.current_pause(), limit=30)
             transitions = pipe.sampler.pauses["waiting"]

@@ -19,7 +19,9 @@ import pytest
 
 from specwatch.core.logs import event_fields
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import HistoryGrouping, Ledger, LedgerRow
+from specwatch.shadow.ledger.aggregates import HistoryGrouping
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.tally import HistoryCell, row_band, row_cell
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
@@ -199,7 +201,7 @@ WRITER = textwrap.dedent(
     import asyncio, sys
     sys.path.insert(0, sys.argv[2])
     sys.path.insert(0, sys.argv[3])
-    from specwatch.shadow.ledger import Ledger
+    from specwatch.shadow.ledger.ledger import Ledger
     from test_ledger import make_outcome
 
     async def main() -> None:
@@ -525,13 +527,13 @@ async def test_aggregates_that_disagree_with_the_rows_are_rebuilt(
 
 def test_packed_rows_name_every_status_and_column_the_rules_read() -> None:
     """Both packed forms (report stream key, stored pattern code) carry one status digit from
-    ``_STATUSES`` and one digit per rule column: every status a tally rule names is among them,
+    ``STATUSES`` and one digit per rule column: every status a tally rule names is among them,
     and every column a rule reads besides ``status`` is a digit."""
-    from specwatch.shadow import ledger
+    from specwatch.shadow.ledger import predicates
     from specwatch.shadow.tally import LABELLED, TALLY_RULES
 
     named = {str(v) for rule in TALLY_RULES.values() for c, v in rule if c == "status"}
     read = {c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule} - {"status"}
-    assert named <= set(ledger._STATUSES) == {"paired", "unpaired", "excluded"}
-    assert set(ledger._TRI_COLUMNS) == read
-    assert len(ledger._TRI_COLUMNS) == len(read) == 8
+    assert named <= set(predicates.STATUSES) == {"paired", "unpaired", "excluded"}
+    assert set(predicates.TRI_COLUMNS) == read
+    assert len(predicates.TRI_COLUMNS) == len(read) == 8

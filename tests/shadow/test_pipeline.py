@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestServer
 from specwatch.core.wire import is_shadow_host
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.offer import build_shadow_request
-from specwatch.shadow.pipeline import ShadowPipeline
-from specwatch.shadow.sample import ArmLoad
+from specwatch.shadow.pipeline import ShadowPipeline, ingest_from_settings, replayer_from_settings
+from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, serve_arm
@@ -56,7 +56,7 @@ async def sidecar(
         pairs.append(p)
 
     async with aiohttp.ClientSession() as replay_session:
-        pipe = ShadowPipeline(settings, session=replay_session, on_pair=sink, **kw)  # type: ignore[arg-type]
+        pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink, **kw)  # type: ignore[arg-type]
         app = web.Application()
 
         async def healthz(request: web.Request) -> web.Response:
@@ -119,7 +119,6 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
     assert classify_pair(pair) == ("paired", None)
     assert pair.standard.text == pair.fly.text == "A"
     assert m.received == {"mirror": 1}
-    assert m.replays["paired"] == 1
     assert m.in_flight == 0
 
 
@@ -159,9 +158,9 @@ async def test_mirror_bad_inputs_are_counted() -> None:
     assert m.admitted == 0
 
 
-async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
-    """An unsupported-parameter refusal is excluded and a FLy 503 unpaired; both are counted and
-    delivered."""
+async def test_unpaired_and_excluded_are_delivered_unjudged() -> None:
+    """An unsupported-parameter refusal (excluded) and a FLy 503 (unpaired) are both delivered;
+    the pipeline counts their arm errors, and the status is the sink's to give (compare)."""
     fly = FakeArm(mode="status", status=400, message="extra inputs are not permitted")
     async with (
         serve_arm(FakeArm()) as su,
@@ -176,10 +175,10 @@ async def test_unpaired_and_excluded_are_counted_and_delivered() -> None:
             assert r.status == 202
         await _until(lambda: len(pairs) == 2)
         m = pipe.metrics()
-    assert [classify_pair(p)[0] for p in pairs] == ["excluded", "unpaired"]
-    assert m.excluded == {"unsupported_parameter": 1}
-    assert m.unpaired == {"fly_http_5xx": 1}
-    assert m.replays == {"paired": 0, "unpaired": 1, "excluded": 1}
+    assert [classify_pair(p) for p in pairs] == [
+        ("excluded", "unsupported_parameter"),
+        ("unpaired", "fly_http_5xx"),
+    ]
     assert m.arm_errors == {("fly", "unsupported_parameter"): 1, ("fly", "http_503"): 1}
 
 
@@ -206,7 +205,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         aiohttp.ClientSession() as session,
     ):
         settings = _settings(su, fu, pause_poll_seconds=0.25, max_in_flight=1)
-        pipe = ShadowPipeline(
+        pipe = ShadowPipeline.from_settings(
             settings,
             session=session,
             on_pair=sink,
@@ -358,3 +357,71 @@ async def test_mirror_body_that_is_not_the_gzip_it_claims_is_a_400_without_trace
     lines = [r for r in caplog.records if r.getMessage() == "shadow ingest rejected"]
     assert len(lines) == 1
     assert not [r for r in caplog.records if r.exc_info]
+
+
+class TestFromSettings:
+    """``ShadowPipeline.from_settings`` copies the ``shadow`` group into the parts;
+    ``__init__`` takes those parts as they are."""
+
+    async def test_from_settings_builds_each_part_from_the_group(self) -> None:
+        """Sample probability 0.25, queue 3 and 5 categories reach the sampler, the mirror body
+        cap reaches the mirror handler, and the mirror listener exists only when the pipeline
+        serves the mirror itself."""
+        settings = _settings(
+            "http://127.0.0.1:9", "http://127.0.0.1:9", sample_probability=0.25, queue_size=3
+        )
+        settings = settings.model_copy(update={"max_categories": 5})
+        async with aiohttp.ClientSession() as session:
+
+            async def sink(p: ReplayPair) -> None:
+                raise AssertionError("no pair expected")
+
+            pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+            alone = ShadowPipeline.from_settings(
+                settings, session=session, on_pair=sink, serve_mirror=False
+            )
+        assert pipe.sampler.probability == 0.25
+        assert pipe.sampler.queue.maxsize == 3
+        assert pipe.sampler.categories.limit == 5
+        assert pipe.mirror_listener is not None
+        assert alone.mirror_listener is None
+        assert (pipe.proxy, pipe.canary, pipe.canary_load) == (None, None, None)
+        assert pipe.mirror is not alone.mirror  # each pipeline has its own handler and counters
+        assert pipe.ingest_counters is not alone.ingest_counters
+
+    async def test_init_uses_the_parts_it_is_given(self) -> None:
+        """A hand-built sampler that samples nothing wins over the group's probability 1.0: the
+        offered request is ``not_sampled`` and counted by that sampler."""
+        settings = _settings("http://127.0.0.1:9", "http://127.0.0.1:9")
+        clock = FakeClock()
+        sampler = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=10.0)
+        async with aiohttp.ClientSession() as session:
+
+            async def sink(p: ReplayPair) -> None:
+                raise AssertionError("no pair expected")
+
+            pipe = ShadowPipeline(
+                settings,
+                sampler=sampler,
+                replayer=replayer_from_settings(settings, session, clock=clock),
+                ingest=ingest_from_settings(
+                    settings, sampler, wall_clock=clock, sleep=asyncio.sleep, serve_mirror=False
+                ),
+                on_pair=sink,
+            )
+        assert pipe.offer(_request()) == "not_sampled"
+        assert (sampler.offered, sampler.not_sampled) == (1, 1)
+        assert pipe.metrics().not_sampled == 1
+
+    async def test_missing_fly_arm_is_refused(self) -> None:
+        """Without a FLy arm there is nothing to compare: ``from_settings`` raises."""
+        settings = _settings("http://127.0.0.1:9", "http://127.0.0.1:9").model_copy(
+            update={"fly": None}
+        )
+
+        async def sink(p: ReplayPair) -> None:
+            raise AssertionError("no pair expected")
+
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(ValueError, match=r"shadow\.standard and shadow\.fly"):
+                ShadowPipeline.from_settings(settings, session=session, on_pair=sink)

@@ -202,7 +202,6 @@ async def test_completions_path_and_noise_arm() -> None:
     assert pair.noise.error == "http_500"
     assert noise.seen[0].body["seed"] == pair.seed
     assert classify_pair(pair) == ("paired", None)
-    assert pair.extra == {}
 
 
 @pytest.mark.parametrize(

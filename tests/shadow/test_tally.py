@@ -8,7 +8,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-from specwatch.shadow.ledger import Ledger, LedgerRow, rule_sql
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.predicates import rule_sql
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
 from specwatch.shadow.tally import (
     LABELLED,

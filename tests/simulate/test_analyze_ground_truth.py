@@ -1,4 +1,4 @@
-"""Issue 3 must-show: ``specwatch analyze`` on two simulator scrapes agrees with the simulator's
+"""``specwatch analyze`` on two simulator scrapes agrees with the simulator's
 own ground truth (``/admin/stats``), server-wide and per engine (data_parallel_size 2, one engine
 with a degraded draft so the engines differ), including across a counter reset."""
 

@@ -1,1 +1,1 @@
-"""Shadow ingest: how live requests enter the shadow chain (mirror, proxy, canary)."""
+"""How live requests enter the shadow chain (mirror, proxy, canary); may import shadow, core."""

@@ -39,17 +39,6 @@ def clean_request_id(value: str | None) -> str | None:
     return value if value is not None and _REQUEST_ID_RE.match(value) else None
 
 
-#: Why the proxy's upstream failed a request (``IngestCounters.proxy_upstream_errors`` keys):
-#: unreachable (502), no answer in time (504), closed before the answer ended, a malformed
-#: answer (502). Exported from 0, so ``increase()`` sees the first failure.
-PROXY_UPSTREAM_ERROR_REASONS: tuple[str, ...] = (
-    "client_error",
-    "connect",
-    "disconnected",
-    "timeout",
-)
-
-
 @dataclass(slots=True)
 class IngestCounters:
     """Ingest counters: ``received[source]`` (requests considered for shadowing),

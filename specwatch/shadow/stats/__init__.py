@@ -1,0 +1,1 @@
+"""The paired, sequential and power statistics (pure functions); may import core."""

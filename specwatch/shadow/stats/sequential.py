@@ -97,11 +97,33 @@ def beta_binomial_e_value(
     return exp_or_inf(log_e)
 
 
-def alarm(log_e_value: float, alpha: float) -> bool:
-    """Ville alarm rule: reject H0 when ``E >= 1/alpha`` (given ``log E``)."""
+def _log_threshold(alpha: float) -> float:
     if not 0.0 < alpha < 1.0:
         raise ValueError("alpha must be in (0, 1)")
-    return log_e_value >= -math.log(alpha)
+    return -math.log(alpha)
+
+
+def alarm(log_e_value: float, alpha: float) -> bool:
+    """Ville alarm rule: reject H0 when ``E >= 1/alpha`` (given ``log E``): the one home of the
+    comparison; :func:`e_value_alarm` and :func:`first_alarm` are the same rule for an e-value
+    that is not on the log scale and for a whole path. Raises ``ValueError`` unless
+    0 < ``alpha`` < 1."""
+    return log_e_value >= _log_threshold(alpha)
+
+
+def e_value_alarm(e_value: float, alpha: float) -> bool:
+    """:func:`alarm` for the e-value itself (not its log): ``E >= 1/alpha``; ``+inf`` (an
+    overflowed e-value) alarms, NaN never does. Raises ``ValueError`` unless 0 < ``alpha`` < 1."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError("alpha must be in (0, 1)")
+    return e_value >= 1.0 / alpha
+
+
+def first_alarm(log_e_path: npt.ArrayLike, alpha: float) -> int | None:
+    """1-based index of the first point of a log e-value path at which :func:`alarm` holds,
+    ``None`` if it never does. Raises ``ValueError`` unless 0 < ``alpha`` < 1."""
+    hit = np.flatnonzero(np.asarray(log_e_path, dtype=np.float64) >= _log_threshold(alpha))
+    return int(hit[0]) + 1 if hit.size else None
 
 
 @dataclass(frozen=True, slots=True)

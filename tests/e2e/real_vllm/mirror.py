@@ -16,7 +16,8 @@ from aiohttp import web
 from specwatch.core.config import OVERALL
 from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.ledger import Ledger, LedgerRow
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
@@ -127,7 +128,7 @@ async def mirror_run(
             if len(outcomes) == len(traffic):
                 all_done.set()
 
-        pipeline = ShadowPipeline(settings, session=session, on_pair=sink)
+        pipeline = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
         app = web.Application()
         pipeline.mount(app)
         runner = web.AppRunner(app)
@@ -143,7 +144,9 @@ async def mirror_run(
                     assert await resp.json() == {"shadow": "admitted"}
             await asyncio.wait_for(all_done.wait(), timeout_s)
             offered = pipeline.sampler.offered
-            replays = dict(pipeline.replays)
+            replays = {"paired": 0, "unpaired": 0, "excluded": 0}
+            for o in outcomes:
+                replays[o.status] += 1
         finally:
             await runner.cleanup()  # stops the pipeline's workers
         await ledger.flush()

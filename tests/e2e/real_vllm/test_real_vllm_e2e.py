@@ -1,6 +1,6 @@
 """End to end against a real vLLM CPU server with ``draft_model`` speculative decoding.
 
-Issue 2, "Real input": specwatch's acceptance rate α and mean acceptance length τ over a window
+Real input: specwatch's acceptance rate α and mean acceptance length τ over a window
 of real traffic must equal the values computed independently from two raw ``/metrics``
 captures of that server bracketing the same window. The independent side is the small
 exact-name line reader below (not specwatch code), with vLLM's definitions

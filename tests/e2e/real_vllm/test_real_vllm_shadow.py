@@ -1,6 +1,6 @@
 """A shadow run against two real vLLM CPU servers, through specwatch's own shadow machinery.
 
-Issue 4, must-show "Real servers". Mirrored requests go to a :class:`ShadowPipeline` mounted
+Real servers: mirrored requests go to a :class:`ShadowPipeline` mounted
 on an aiohttp app (port 0); every sampled request is replayed to three arms:
 
 - ``standard``: the no-speculation server (lossless reference; deterministic on this build);

@@ -302,7 +302,7 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
             proxy_upstream=base,
         )
         async with aiohttp.ClientSession() as replay_session:
-            pipe = ShadowPipeline(settings, session=replay_session, on_pair=sink)
+            pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink)
             await pipe.start()
             assert pipe.proxy is not None
             assert pipe.proxy.port is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import math
 
@@ -18,8 +19,11 @@ from specwatch.shadow.stats.sequential import (
     beta_binomial_log_e_values,
     betting_log_wealth,
     betting_path,
+    e_value_alarm,
+    first_alarm,
     run_betting,
 )
+from tests.fakes import REPO
 
 
 @pytest.mark.parametrize(("lost", "gained", "p0", "a", "b"), [(5, 2, 0.5, 1, 1), (9, 3, 0.6, 2, 1)])
@@ -78,6 +82,130 @@ def test_alarm_rule() -> None:
     assert beta_binomial_log_e_value(25, 2) > math.log(20)
     with pytest.raises(ValueError, match="p0"):
         beta_binomial_log_e_value(1, 1, p0=1.0)
+
+
+def test_alarm_siblings_by_hand() -> None:
+    """The same rule on the e-value itself and over a path: 1/0.05 = 20 alarms, 19.9 does not,
+    +inf does, NaN never; the log path ln 1, ln 10, ln 20, ln 25 first reaches ln 20 at pair 3;
+    alpha outside (0, 1) raises."""
+    assert e_value_alarm(20.0, 0.05)
+    assert not e_value_alarm(19.9, 0.05)
+    assert e_value_alarm(math.inf, 0.05)
+    assert not e_value_alarm(math.nan, 0.05)
+    assert first_alarm([0.0, math.log(10.0), math.log(20.0), math.log(25.0)], 0.05) == 3
+    assert first_alarm([0.0, math.log(19.0)], 0.05) is None
+    assert first_alarm([], 0.05) is None
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="alpha"):
+            alarm(0.0, bad)
+        with pytest.raises(ValueError, match="alpha"):
+            e_value_alarm(1.0, bad)
+        with pytest.raises(ValueError, match="alpha"):
+            first_alarm([0.0], bad)
+
+
+def _mentions_alpha(node: ast.AST) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and "alpha" in n.id)
+        or (isinstance(n, ast.Attribute) and "alpha" in n.attr)
+        or (isinstance(n, ast.Constant) and n.value == "alpha")
+        for n in ast.walk(node)
+    )
+
+
+def _is_log(node: ast.AST) -> bool:
+    func = node.func if isinstance(node, ast.Call) else None
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("log", "log1p", "log10", "log2")
+
+
+def _is_threshold(node: ast.AST) -> bool:
+    """``1/alpha`` (any numerator 1), ``ln(1/alpha)`` or ``-ln(alpha)``, on any ``alpha``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        one = isinstance(node.left, ast.Constant) and node.left.value == 1
+        return one and _mentions_alpha(node.right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _is_log(node.operand) and _mentions_alpha(node.operand)
+    if isinstance(node, ast.Call) and _is_log(node):
+        return any(_is_threshold(a) for a in node.args)
+    return False
+
+
+def alarm_comparisons(source: str) -> list[int]:
+    """Lines of ``source`` that compare a value with ``1/alpha`` or ``ln(1/alpha)``: written
+    inline, or through a name, attribute or function that is bound to (returns) one."""
+    tree = ast.parse(source)
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign | ast.AnnAssign)
+            and node.value is not None
+            and _is_threshold(node.value)
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+        if isinstance(node, ast.FunctionDef):
+            returns = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value]
+            if any(_is_threshold(r) for r in returns):
+                bound.add(node.name)
+
+    def threshold_like(n: ast.AST) -> bool:
+        if _is_threshold(n):
+            return True
+        if isinstance(n, ast.Name) and n.id in bound:
+            return True
+        if isinstance(n, ast.Attribute) and n.attr in bound:
+            return True
+        return isinstance(n, ast.Call) and threshold_like(n.func)
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(threshold_like(x) for x in (node.left, *node.comparators))
+    ]
+
+
+def test_the_scan_finds_every_way_of_writing_the_comparison() -> None:
+    """The scan flags ``e >= 1.0 / alpha``, ``log_e >= -math.log(alpha)``, ``x > math.log(1 /
+    s.alpha)``, a name bound to ``1 / alpha`` and a property returning it; it leaves alone a
+    threshold that is only printed and a comparison of alpha itself."""
+    flagged = """
+import math
+def f(e, log_e, x, s, alpha, v):
+    a = e >= 1.0 / alpha
+    b = log_e >= -math.log(alpha)
+    c = x > math.log(1 / s.alpha)
+    threshold = 1 / v.alpha
+    d = v.e_value >= threshold
+class Path:
+    @property
+    def threshold(self):
+        return 1.0 / self.alpha
+def g(p, x):
+    return x >= p.threshold
+"""
+    assert alarm_comparisons(flagged) == [4, 5, 6, 8, 14]
+    clean = """
+def h(v, alpha):
+    text = f"{1 / v.alpha:g} needed"
+    return 0.0 < alpha < 1.0
+"""
+    assert alarm_comparisons(clean) == []
+
+
+def test_one_alarm_rule() -> None:
+    """No module of specwatch/ but shadow/stats/sequential.py compares anything with
+    ``1/alpha`` or ``ln(1/alpha)``: every alarm goes through :func:`alarm` (or its siblings
+    there), so the rule has one home."""
+    pkg = REPO / "specwatch"
+    offenders = {
+        str(p.relative_to(pkg)): lines
+        for p in sorted(pkg.rglob("*.py"))
+        if p.relative_to(pkg).as_posix() != "shadow/stats/sequential.py"
+        and (lines := alarm_comparisons(p.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
 
 
 @pytest.mark.parametrize(

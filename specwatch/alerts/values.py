@@ -1,0 +1,46 @@
+"""What the alerting chain publishes, and its label vocabularies (pure values, no I/O).
+
+:class:`AlertingState` is the alert loop's published value (one immutable value per tick,
+``Snapshot.alerts``); :data:`SEND_ERROR_REASONS` and :data:`STATE_ERROR_REASONS` are the reason
+names its counters carry, exported from 0. The producers (:mod:`specwatch.alerts.alertmanager`,
+:mod:`specwatch.alerts.component`) and the exporters (:mod:`specwatch.export.prometheus`,
+:mod:`specwatch.export.json`) read them from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["SEND_ERROR_REASONS", "STATE_ERROR_REASONS", "AlertingState", "FiringAlert"]
+
+#: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
+SEND_ERROR_REASONS: tuple[str, ...] = (
+    "timeout",
+    "connect",
+    "http_4xx",
+    "http_5xx",
+    "outbox_overflow",
+)
+
+#: ``reason`` values of ``specwatch_alert_state_errors_total`` (the saved alert state file:
+#: unreadable, malformed, older than it may be, not written).
+STATE_ERROR_REASONS: tuple[str, ...] = ("read", "corrupt", "too_old", "write")
+
+
+@dataclass(frozen=True, slots=True)
+class FiringAlert:
+    """An active alert as the ``specwatch_alert_firing`` gauge shows it."""
+
+    labels: Mapping[str, str]
+    starts_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AlertingState:
+    """What the alert loop publishes (one immutable value, swapped per tick)."""
+
+    firing: tuple[FiringAlert, ...] = ()
+    send_errors: Mapping[str, int] = field(default_factory=dict)
+    outbox_depth: int = 0
+    state_errors: Mapping[str, int] = field(default_factory=dict)

@@ -1,0 +1,60 @@
+"""Checks of a ledger file before it is used: :func:`check_ledger_file` (an existing, readable
+specwatch ledger, opened read-only: what ``specwatch report`` reads) and :func:`check_openable`
+(SQLite can open or create it: the start-up check of ``specwatch run``)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+
+class LedgerFileError(Exception):
+    """A file that is not a readable specwatch ledger; the message is one line naming the file."""
+
+
+#: Columns every specwatch ledger has had since its first schema: a ``pairs`` table without them
+#: is some other program's table (newer columns are added on open, see
+#: :func:`~specwatch.shadow.ledger.rows.add_missing_columns`).
+_CORE_COLUMNS: tuple[str, ...] = ("time", "category", "status")
+
+
+def check_ledger_file(path: Path) -> None:
+    """Fail unless ``path`` is an SQLite file holding a specwatch ``pairs`` table (one with the
+    ledger's core columns ``time``, ``category``, ``status``), opened read-only, blocking: call
+    from a thread. Raises :class:`LedgerFileError` with one line naming ``path``: a directory,
+    no such file, not a readable SQLite database, or not a specwatch ledger (no ``pairs``
+    table, or one without the core columns, which it names)."""
+    if path.is_dir():
+        raise LedgerFileError(f"ledger {path}: is a directory, not a ledger file")
+    if not path.is_file():
+        raise LedgerFileError(f"ledger {path}: no such file")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'pairs'"
+            ).fetchone()
+            have = {str(r[1]) for r in conn.execute("PRAGMA table_info(pairs)")}
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise LedgerFileError(f"ledger {path}: not a readable SQLite database ({exc})") from None
+    if found is None:
+        raise LedgerFileError(f"ledger {path}: no 'pairs' table (not a specwatch ledger)")
+    missing = [c for c in _CORE_COLUMNS if c not in have]
+    if missing:
+        raise LedgerFileError(
+            f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column "
+            "(not a specwatch ledger)"
+        )
+
+
+def check_openable(path: Path | str) -> None:
+    """Open (or create) ``path`` as SQLite and read its schema version (blocking, start-up only).
+
+    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database."""
+    conn = sqlite3.connect(path, timeout=5.0)
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()
+    finally:
+        conn.close()

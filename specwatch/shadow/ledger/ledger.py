@@ -1,0 +1,283 @@
+"""Pair ledger: one SQLite row per replayed pair (WAL mode, written off the event loop).
+
+:class:`Ledger` is the one object the rest of specwatch opens; it composes the package's parts.
+Writes are queued by :meth:`Ledger.submit` (non-blocking) and committed in batches by one
+writer task in a worker thread (:mod:`.writer`); reads also run in a thread on a second
+connection (:mod:`.connections`, :mod:`.queries`, :mod:`.reports`), so nothing blocks the loop.
+A committed batch survives a ``kill -9`` of the process (WAL, ``synchronous=NORMAL``; use
+``FULL`` to survive power loss too). A failed write is never silent: it is counted per
+exception type (:attr:`LedgerHealth.write_errors`, exported as
+``specwatch_ledger_write_errors_total``) and logged as one structured line. No prompt or
+completion text is stored unless ``store_text``.
+
+Beside the rows, table ``pair_sums`` holds their aggregates, updated in the same transaction as
+every insert and every retention prune (:mod:`.aggregates`, :mod:`.retention`), so the restart
+rebuild (:meth:`Ledger.history`) reads O(stored groups + the rows of the last day or two)
+instead of grouping every row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from specwatch.shadow.ledger.aggregates import (
+    SUMS_SCHEMA,
+    HistoryGroup,
+    HistoryGrouping,
+    HistoryListener,
+    stored_history_sync,
+    sums_rebuild,
+)
+from specwatch.shadow.ledger.connections import Connections
+from specwatch.shadow.ledger.queries import RowQueries
+from specwatch.shadow.ledger.reports import BinCounts, ReportQueries, ReportSpan, ReportStream
+from specwatch.shadow.ledger.retention import Retention
+from specwatch.shadow.ledger.rows import SCHEMA, LedgerRow, add_missing_columns
+from specwatch.shadow.ledger.writer import LedgerHealth, QueueWriter
+from specwatch.shadow.tally import ArmTotals, PairTally
+from specwatch.shadow.values import PairOutcome
+
+S = TypeVar("S")
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    """Create the tables a ledger needs (a new file's empty aggregates are current before any
+    numbered write) and add the columns an older ledger lacks."""
+    for stmt in (*SCHEMA, *SUMS_SCHEMA):
+        conn.execute(stmt)
+    if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pairs)").fetchone()[0]:
+        conn.execute("BEGIN IMMEDIATE")
+        sums_rebuild(conn)
+        conn.execute("COMMIT")
+    add_missing_columns(conn)
+
+
+class Ledger:
+    """Async pair ledger over one SQLite file (or ``":memory:"`` is not supported: WAL needs a
+    file).
+
+    Use ``await ledger.open()`` / ``await ledger.close()`` (or ``async with``). ``clock``
+    supplies "now" for retention. ``max_age_seconds`` / ``max_rows`` prune old rows after
+    writes, at most every ``prune_interval_seconds``. Raises ``ValueError`` unless
+    ``synchronous`` is ``OFF``, ``NORMAL``, ``FULL`` or ``EXTRA``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        store_text: bool = False,
+        max_age_seconds: float | None = None,
+        max_rows: int | None = None,
+        batch_size: int = 1000,
+        queue_size: int = 100_000,
+        synchronous: str = "NORMAL",
+        prune_interval_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._db = Connections(Path(path), synchronous)
+        self.path = self._db.path
+        self.store_text = store_text
+        self._clock = clock
+        self._retention = Retention(
+            max_age_seconds=max_age_seconds,
+            max_rows=max_rows,
+            prune_interval_seconds=prune_interval_seconds,
+        )
+        self._writer = QueueWriter(
+            self._db, self._retention, batch_size=batch_size, queue_size=queue_size, clock=clock
+        )
+        self._rows = RowQueries(self._db)
+        self._reports = ReportQueries(self._db)
+
+    @property
+    def listener(self) -> HistoryListener | None:
+        """Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody."""
+        return self._writer.listener
+
+    @listener.setter
+    def listener(self, listener: HistoryListener | None) -> None:
+        self._writer.listener = listener
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create or open the database (schema, WAL) and start the writer task.
+
+        Raises ``sqlite3.Error`` / ``OSError`` when the file cannot be opened.
+        """
+        await asyncio.to_thread(self._db.open, _prepare)
+        self._writer.start()
+
+    async def close(self) -> None:
+        """Write everything queued, stop the writer and close both connections."""
+        await self._writer.stop()
+        await asyncio.to_thread(self._db.close)
+
+    async def __aenter__(self) -> Ledger:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def submit(self, outcome: PairOutcome | LedgerRow) -> bool:
+        """Queue one pair for writing without blocking; ``False`` (and ``dropped`` + 1) when
+        the queue is full. Call from the event loop's thread."""
+        row = (
+            outcome
+            if isinstance(outcome, LedgerRow)
+            else LedgerRow.from_outcome(outcome, self.store_text)
+        )
+        return self._writer.submit(row)
+
+    async def flush(self) -> None:
+        """Wait until every row submitted so far has been committed or counted as failed
+        (:meth:`QueueWriter.flush`)."""
+        await self._writer.flush()
+
+    async def write_many(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """Insert ``rows`` of ``columns`` in one transaction, bypassing the write queue
+        (:meth:`QueueWriter.write_many`)."""
+        return await self._writer.write_many(columns, rows)
+
+    async def prune(self, now: float | None = None) -> int:
+        """Apply retention now (after flushing); returns the number of rows deleted."""
+        await self.flush()
+        at = self._clock() if now is None else now
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None else None
+        groups: list[HistoryGroup] = []
+
+        removed, commit = await asyncio.to_thread(
+            self._db.numbered_transaction,
+            lambda c: self._retention.prune_sync(c, at, groups, grouping),
+        )
+        if listener is not None and groups and listener is self.listener:
+            listener.rows_pruned(groups, commit)
+        return removed
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Write counters for export; cheap, no I/O."""
+        return self._writer.health
+
+    # -- the restart rebuild ---------------------------------------------------------------
+
+    async def history(self, grouping: HistoryGrouping) -> tuple[int, list[HistoryGroup]]:
+        """Every row's :class:`~specwatch.shadow.tally.HistoryCell` summed per (time bucket,
+        category, load band) (see :class:`HistoryGrouping`): what the live statistics are
+        rebuilt from after a restart. Returns ``(commit, groups)``: the groups hold exactly the
+        write transactions numbered up to ``commit`` (writes wait while it reads), so a
+        :class:`HistoryListener` attached before the call knows which later notifications to
+        apply. Runs in a worker thread.
+
+        Reads the per-day aggregates stored beside the rows (table ``pair_sums``, kept in the
+        same transaction as every write and prune) for the days before the horizon's, and
+        groups only the rows from that day on; O(stored groups + recent rows), not O(rows).
+        When the aggregates do not describe the rows (a ledger from an older specwatch, rows
+        written by another program, another layout) they are rebuilt first from every row (one
+        grouped pass, logged as "ledger aggregates rebuilt" with the reason). Raises
+        ``ValueError`` when the ledger is closed, ``sqlite3.Error`` from SQLite."""
+        groups, commit = await asyncio.to_thread(
+            lambda: self._db.numbered_transaction(
+                lambda c: stored_history_sync(c, grouping),
+                changes_rows=False,
+                begin="BEGIN IMMEDIATE",
+            )
+        )
+        return commit, groups
+
+    # -- reads (specwatch.shadow.ledger.queries) -------------------------------------------
+
+    async def query(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        category: str | None = None,
+        limit: int | None = None,
+    ) -> list[LedgerRow]:
+        """Rows with ``since <= time < until`` (and the category), oldest first."""
+        return await self._rows.query(since, until, category, limit)
+
+    async def tally(
+        self, since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """Per-category :class:`PairTally` over ``since <= time < until``, aggregated in SQL
+        (:meth:`RowQueries.tally`)."""
+        return await self._rows.tally(since, until)
+
+    async def tally_by_load(
+        self, bands: Sequence[int], since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """:class:`PairTally` per running-request band over ``since <= time < until``
+        (:meth:`RowQueries.tally_by_load`)."""
+        return await self._rows.tally_by_load(bands, since, until)
+
+    async def arm_totals(
+        self, since: float | None = None, until: float | None = None, *, fixed_point: bool = False
+    ) -> dict[str, ArmTotals]:
+        """Per-category τ and speed sums of paired rows over ``since <= time < until``
+        (:meth:`RowQueries.arm_totals`)."""
+        return await self._rows.arm_totals(since, until, fixed_point=fixed_point)
+
+    async def labelled_outcomes(self) -> list[tuple[bool, bool]]:
+        """``(standard_correct, fly_correct)`` of every labelled pair, oldest first
+        (:meth:`RowQueries.labelled_outcomes`)."""
+        return await self._rows.labelled_outcomes()
+
+    async def fold_labelled(
+        self,
+        step: Callable[[S, list[tuple[bool, bool]]], S],
+        start: S,
+        chunk_rows: int = 65_536,
+    ) -> S:
+        """Fold ``step`` over the labelled pairs in chunks, oldest first
+        (:meth:`RowQueries.fold_labelled`)."""
+        return await self._rows.fold_labelled(step, start, chunk_rows)
+
+    async def reason_counts(self) -> dict[tuple[str, str], int]:
+        """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
+        return await self._rows.reason_counts()
+
+    async def row_count(self) -> int:
+        """Rows in the ledger."""
+        return await self._rows.row_count()
+
+    # -- report reads (specwatch.shadow.ledger.reports) -----------------------------------
+
+    async def report_arm_totals(self, part: Literal["tau", "speed"]) -> dict[str, ArmTotals]:
+        """One half (``tau`` or ``speed``) of :meth:`arm_totals`' float sums
+        (:meth:`ReportQueries.report_arm_totals`)."""
+        return await self._reports.report_arm_totals(part)
+
+    async def report_span(self) -> ReportSpan:
+        """Row count and time range of the whole ledger and of its labelled pairs
+        (:meth:`ReportQueries.report_span`)."""
+        return await self._reports.report_span()
+
+    async def labelled_bins(self, start: float, width: float, bins: int) -> list[BinCounts]:
+        """Labelled pairs per time bin, grouped in SQL
+        (:meth:`ReportQueries.labelled_bins`)."""
+        return await self._reports.labelled_bins(start, width, bins)
+
+    async def report_stream(
+        self,
+        bands: Sequence[int],
+        *,
+        bin_start: float = 0.0,
+        bin_width: float = 0.0,
+        bins: int = 1,
+    ) -> ReportStream:
+        """Every row in time order as one packed integer, in one streamed read
+        (:meth:`ReportQueries.report_stream`)."""
+        return await self._reports.report_stream(
+            bands, bin_start=bin_start, bin_width=bin_width, bins=bins
+        )

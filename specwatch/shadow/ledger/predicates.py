@@ -1,0 +1,75 @@
+"""The row predicates of :mod:`specwatch.shadow.tally` as SQL over the ``pairs`` table: each
+tally rule as a condition, the labelled-pair rule, the conditions of the τ and speed arm sums,
+fixed-point rounding, running-request bands, and the status and columns a packed row carries
+(the report stream's key and the stored sums' pattern code)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from specwatch.shadow.ledger.rows import COLUMNS
+from specwatch.shadow.tally import (
+    FIXED_POINT,
+    LABELLED,
+    TALLY_RULES,
+    UNKNOWN_BAND,
+    Cell,
+    Rule,
+    load_band_labels,
+)
+
+
+def _condition_sql(column: str, want: str | bool | Cell) -> str:
+    if column not in COLUMNS:
+        raise ValueError(f"tally rule names an unknown column {column!r}")
+    if want is Cell.NOT_NULL:
+        return f"{column} IS NOT NULL"
+    if isinstance(want, bool):
+        return f"{column} = {int(want)}"
+    return f"{column} = '{want}'"
+
+
+def rule_sql(rule: Rule) -> str:
+    """One :mod:`specwatch.shadow.tally` rule as an SQL condition over the ``pairs`` table."""
+    return " AND ".join(_condition_sql(c, v) for c, v in rule)
+
+
+#: SQL condition per PairTally field, rendered from the one table in shadow/tally.py.
+TALLY_SQL: Mapping[str, str] = {name: rule_sql(rule) for name, rule in TALLY_RULES.items()}
+#: The labelled-pair rule (:data:`~specwatch.shadow.tally.LABELLED`) as an SQL condition.
+LABELLED_SQL = rule_sql(LABELLED)
+
+
+#: What one packed row carries, for both packed forms (the report stream's key and the stored
+#: sums' pattern code): its status among these (any other value is one more code), and the
+#: columns the tally rules read besides ``status``, each true, false or unknown.
+STATUSES: tuple[str, ...] = ("paired", "unpaired", "excluded")
+TRI_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(c for rule in (*TALLY_RULES.values(), LABELLED) for c, _ in rule if c != "status")
+)
+
+
+#: The rows the τ sums of :class:`~specwatch.shadow.tally.ArmSums` add up, and those the speed
+#: sums add up.
+ARM_TAU = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+ARM_SPEED = (
+    "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
+    "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
+)
+
+
+def fixed_sql(column: str) -> str:
+    """``column`` in fixed point, the same IEEE operations as
+    :func:`specwatch.shadow.tally.fixed`."""
+    return f"CAST({column} * {FIXED_POINT!r} + 0.5 AS INTEGER)"
+
+
+def band_sql(bands: Sequence[int]) -> str:
+    """A row's running-request band label (lower bounds ``bands``, labels from
+    :func:`~specwatch.shadow.tally.load_band_labels`; ``unknown`` without a running count)."""
+    labels = load_band_labels(bands)
+    cases = " ".join(
+        f"WHEN running_at_replay >= {float(lo)!r} THEN '{label}'"
+        for lo, label in reversed(list(zip(bands, labels, strict=True)))
+    )
+    return f"CASE {cases} ELSE '{UNKNOWN_BAND}' END"

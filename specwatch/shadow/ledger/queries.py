@@ -1,0 +1,202 @@
+"""Reads of the ``pairs`` rows: rows by time and category, per-category and per-load-band
+:class:`~specwatch.shadow.tally.PairTally` and arm sums aggregated in SQL, the labelled pairs in
+order (listed or folded in chunks, for the e-process), reason counts and the row count. Each
+read runs in a worker thread on the read connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from specwatch.shadow.ledger.connections import Connections
+from specwatch.shadow.ledger.predicates import (
+    ARM_SPEED,
+    ARM_TAU,
+    LABELLED_SQL,
+    TALLY_SQL,
+    band_sql,
+    fixed_sql,
+)
+from specwatch.shadow.ledger.rows import COLUMNS, LedgerRow, values_to_row
+from specwatch.shadow.tally import ArmSums, ArmTotals, PairTally
+
+S = TypeVar("S")
+
+
+#: The :class:`~specwatch.shadow.tally.ArmSums` sums, in field order (τ and seconds in fixed
+#: point, so every grouping of the same rows gives the same totals).
+_ARM_SQL = (
+    f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('standard_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('fly_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('standard_latency_seconds')} ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('fly_latency_seconds')} ELSE 0 END)",
+)
+
+
+#: The :class:`ArmTotals` sums as plain float sums, in field order.
+_ARM_FLOAT_SQL = (
+    f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+)
+
+
+def _arm_sums_of(r: Sequence[Any]) -> ArmSums:
+    return ArmSums(*(int(v or 0) for v in r))
+
+
+class RowQueries:
+    """The reads of the ledger connected by ``db``."""
+
+    def __init__(self, db: Connections) -> None:
+        self._db = db
+
+    @staticmethod
+    def _where(
+        since: float | None, until: float | None, category: str | None
+    ) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if since is not None:
+            clauses.append("time >= ?")
+            params.append(since)
+        if until is not None:
+            clauses.append("time < ?")
+            params.append(until)
+        if category is not None:
+            clauses.append("category = ?")
+            params.append(category)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    async def query(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        category: str | None = None,
+        limit: int | None = None,
+    ) -> list[LedgerRow]:
+        """Rows with ``since <= time < until`` (and the category), oldest first."""
+        where, params = self._where(since, until, category)
+        sql = f"SELECT id, {', '.join(COLUMNS)} FROM pairs{where} ORDER BY time, id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        raw = await asyncio.to_thread(self._db.read, sql, params)
+        return [values_to_row(v) for v in raw]
+
+    async def tally(
+        self, since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """Per-category :class:`PairTally` over ``since <= time < until``, aggregated in SQL
+        (what the statistics are rebuilt from after a restart)."""
+        return await self._tally_by("category", since, until)
+
+    async def tally_by_load(
+        self, bands: Sequence[int], since: float | None = None, until: float | None = None
+    ) -> dict[str, PairTally]:
+        """:class:`PairTally` per running-request band (lower bounds ``bands``, labels from
+        :func:`~specwatch.shadow.tally.load_band_labels`; rows without a running count are
+        ``unknown``) over ``since <= time < until``, all categories together."""
+        return await self._tally_by(band_sql(bands), since, until)
+
+    async def arm_totals(
+        self, since: float | None = None, until: float | None = None, *, fixed_point: bool = False
+    ) -> dict[str, ArmTotals]:
+        """Per-category :class:`~specwatch.shadow.tally.ArmTotals` (τ and speed sums of paired
+        rows) over ``since <= time < until``, aggregated in SQL. ``fixed_point``: τ and seconds
+        summed as :class:`~specwatch.shadow.tally.ArmSums` (each value rounded to 1e-9, exact
+        sums in any order: what the live statistics keep); else plain float sums."""
+        where, params = self._where(since, until, None)
+        cols = _ARM_SQL if fixed_point else _ARM_FLOAT_SQL
+        sql = f"SELECT category, {', '.join(cols)} FROM pairs{where} GROUP BY category"
+        raw = await asyncio.to_thread(self._db.read, sql, params)
+        if fixed_point:
+            return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
+        return {
+            str(r[0]): ArmTotals(
+                tau_pairs=int(r[1] or 0),
+                standard_tau_sum=float(r[2] or 0.0),
+                fly_tau_sum=float(r[3] or 0.0),
+                speed_pairs=int(r[4] or 0),
+                standard_tokens=int(r[5] or 0),
+                fly_tokens=int(r[6] or 0),
+                standard_seconds=float(r[7] or 0.0),
+                fly_seconds=float(r[8] or 0.0),
+            )
+            for r in raw
+        }
+
+    async def _tally_by(
+        self, group: str, since: float | None, until: float | None
+    ) -> dict[str, PairTally]:
+        where, params = self._where(since, until, None)
+        sums = ", ".join(f"SUM(CASE WHEN {cond} THEN 1 ELSE 0 END)" for cond in TALLY_SQL.values())
+        sql = f"SELECT {group} AS grp, {sums} FROM pairs{where} GROUP BY grp"
+        raw = await asyncio.to_thread(self._db.read, sql, params)
+        names = list(TALLY_SQL)
+        return {
+            str(r[0]): PairTally(**{k: int(v or 0) for k, v in zip(names, r[1:], strict=True)})
+            for r in raw
+        }
+
+    async def labelled_outcomes(self) -> list[tuple[bool, bool]]:
+        """``(standard_correct, fly_correct)`` of every labelled pair
+        (:data:`~specwatch.shadow.tally.LABELLED`),
+        oldest first (``ORDER BY time, id``): the input of
+        :func:`specwatch.shadow.stats.sequential.run_betting` when an e-process is rebuilt."""
+        sql = (
+            f"SELECT standard_correct, fly_correct FROM pairs WHERE {LABELLED_SQL} "
+            "ORDER BY time, id"
+        )
+        raw = await asyncio.to_thread(self._db.read, sql, ())
+        return [(bool(s), bool(f)) for s, f in raw]
+
+    async def fold_labelled(
+        self,
+        step: Callable[[S, list[tuple[bool, bool]]], S],
+        start: S,
+        chunk_rows: int = 65_536,
+    ) -> S:
+        """Fold ``step`` over ``(standard_correct, fly_correct)`` of every labelled pair, oldest
+        first (the order of :meth:`labelled_outcomes`), in chunks of at most ``chunk_rows``,
+        streamed from one query in a worker thread (never the whole list in memory): e.g. the
+        e-process rebuilt with :func:`~specwatch.shadow.stats.sequential.run_betting`."""
+        sql = (
+            f"SELECT standard_correct, fly_correct FROM pairs WHERE {LABELLED_SQL} "
+            "ORDER BY time, id"
+        )
+
+        def run() -> S:
+            acc = start
+            with self._db.reading() as conn:
+                cur = conn.execute(sql)
+                while raw := cur.fetchmany(chunk_rows):
+                    acc = step(acc, [(bool(a), bool(b)) for a, b in raw])
+            return acc
+
+        return await asyncio.to_thread(run)
+
+    async def reason_counts(self) -> dict[tuple[str, str], int]:
+        """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
+        raw = await asyncio.to_thread(
+            self._db.read,
+            "SELECT status, reason, COUNT(*) FROM pairs WHERE status != 'paired' "
+            "GROUP BY status, reason",
+            (),
+        )
+        return {(str(s), str(r)): int(c) for s, r, c in raw}
+
+    async def row_count(self) -> int:
+        """Rows in the ledger."""
+        raw = await asyncio.to_thread(self._db.read, "SELECT COUNT(*) FROM pairs", ())
+        return int(raw[0][0])

@@ -1,0 +1,210 @@
+"""The ledger's writes, off the event loop: rows are queued without blocking
+(:meth:`QueueWriter.submit`) and committed in batches by one writer task that runs each batch in a
+worker thread (``asyncio.to_thread``), pruning when retention is due, in the same transaction.
+A failed write is never silent: it is counted per exception type
+(:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``) and
+logged as one structured line. Also the one bulk insert that bypasses the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specwatch.core.logs import log_event
+from specwatch.shadow.ledger.aggregates import (
+    HistoryGroup,
+    HistoryGrouping,
+    HistoryListener,
+    write_rows,
+)
+from specwatch.shadow.ledger.connections import Connections
+from specwatch.shadow.ledger.retention import Retention
+from specwatch.shadow.ledger.rows import COLUMNS, INSERT, LedgerRow, row_to_values
+
+log = logging.getLogger("specwatch.shadow.ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerHealth:
+    """Counters the exporter reads: rows committed since open, failed row writes by exception
+    type, rows dropped because the write queue was full, the last error text, queue depth."""
+
+    rows_written: int
+    write_errors: Mapping[str, int]
+    dropped: int
+    last_error: str | None
+    queue_depth: int
+
+
+class QueueWriter:
+    """The write queue (at most ``queue_size`` rows) and the task that commits it in batches of
+    at most ``batch_size`` on ``db``, pruning by ``retention`` when due (``clock`` supplies "now"
+    for it). Tells :attr:`listener` about every committed batch and pruned rows."""
+
+    def __init__(
+        self,
+        db: Connections,
+        retention: Retention,
+        *,
+        batch_size: int,
+        queue_size: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._db = db
+        self._retention = retention
+        self.batch_size = batch_size
+        self._clock = clock
+        self._queue: asyncio.Queue[LedgerRow | None] = asyncio.Queue(maxsize=queue_size)
+        self._task: asyncio.Task[None] | None = None
+        self._submitted = 0
+        self._processed = 0
+        self._progress = asyncio.Condition()
+        self._rows_written = 0
+        self._write_errors: dict[str, int] = {}
+        self._dropped = 0
+        self._last_error: str | None = None
+        #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
+        self.listener: HistoryListener | None = None
+
+    def start(self) -> None:
+        """Start the writer task (on the running loop)."""
+        self._task = asyncio.create_task(self._write_loop(), name="ledger-writer")
+
+    async def stop(self) -> None:
+        """Write everything queued, then stop the writer task (if started)."""
+        if self._task is not None:
+            await self._queue.put(None)
+            await self._task
+            self._task = None
+
+    def submit(self, row: LedgerRow) -> bool:
+        """Queue one row without blocking; ``False`` (and ``dropped`` + 1) when the queue is
+        full. Call from the event loop's thread."""
+        try:
+            self._queue.put_nowait(row)
+        except asyncio.QueueFull:
+            self._dropped += 1
+            return False
+        self._submitted += 1
+        return True
+
+    async def flush(self) -> None:
+        """Wait until every row submitted so far has been committed or counted as failed.
+
+        Raises RuntimeError if the ledger is not open or its writer task has stopped.
+        """
+        writer = self._task
+        if writer is None:
+            raise RuntimeError("ledger is not open")
+        target = self._submitted
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._processed >= target or writer.done())
+        if self._processed < target:
+            raise RuntimeError("ledger writer stopped") from (
+                writer.exception() if not writer.cancelled() else None
+            )
+
+    async def _write_loop(self) -> None:
+        try:
+            await self._write_until_stopped()
+        finally:  # wake flush() waiters whatever happened
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _write_until_stopped(self) -> None:
+        stop = False
+        while not stop:
+            first = await self._queue.get()
+            batch: list[LedgerRow] = []
+            if first is None:
+                stop = True
+            else:
+                batch.append(first)
+            while len(batch) < self.batch_size and not stop:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                if item is None:
+                    stop = True
+                else:
+                    batch.append(item)
+            if batch:
+                await self._write_batch(batch)
+            async with self._progress:
+                self._processed += len(batch)
+                self._progress.notify_all()
+
+    async def _write_batch(self, batch: list[LedgerRow]) -> None:
+        now = self._clock()
+        prune = self._retention.due(now)
+        listener = self.listener
+        grouping = listener.grouping() if listener is not None and prune else None
+        try:
+            pruned, commit = await asyncio.to_thread(
+                self._insert_sync, batch, now if prune else None, grouping
+            )
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            kind = type(exc).__name__
+            self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
+            self._last_error = f"{kind}: {exc}"
+            log_event(
+                log,
+                logging.ERROR,
+                "ledger write failed",
+                error_type=kind,
+                rows=len(batch),
+                error=str(exc),
+            )
+            return
+        self._rows_written += len(batch)
+        if prune:
+            self._retention.pruned(now)
+        if listener is not None and listener is self.listener:
+            listener.rows_written(batch, commit)
+            if pruned:
+                listener.rows_pruned(pruned, commit)
+
+    def _insert_sync(
+        self, batch: list[LedgerRow], prune_now: float | None, grouping: HistoryGrouping | None
+    ) -> tuple[list[HistoryGroup], int]:
+        values = [row_to_values(r) for r in batch]
+        groups: list[HistoryGroup] = []
+
+        def work(conn: sqlite3.Connection) -> None:
+            write_rows(conn, INSERT, values)
+            if prune_now is not None:
+                self._retention.prune_sync(conn, prune_now, groups, grouping)
+
+        _, commit = self._db.numbered_transaction(work)
+        return groups, commit
+
+    async def write_many(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """Insert ``rows`` (values in ``columns`` order, booleans as ``bool`` or 0/1; columns not
+        named are ``NULL``) in one transaction, bypassing the write queue: bulk import of
+        synthetic ledgers for benchmarks and examples. Returns the number of rows written.
+        Raises ``ValueError`` for a column that is not a :class:`LedgerRow` field (or a closed
+        ledger) and ``sqlite3.Error`` from SQLite; nothing is written on failure."""
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown or not columns:
+            raise ValueError(f"write_many: unknown or no columns {unknown!r}")
+        sql = f"INSERT INTO pairs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        batch = list(rows)
+        await asyncio.to_thread(self._db.transaction, lambda c: write_rows(c, sql, batch))
+        self._rows_written += len(batch)
+        return len(batch)
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Write counters for export; cheap, no I/O."""
+        return LedgerHealth(
+            rows_written=self._rows_written,
+            write_errors=dict(self._write_errors),
+            dropped=self._dropped,
+            last_error=self._last_error,
+            queue_depth=self._queue.qsize(),
+        )

@@ -1,0 +1,157 @@
+"""export/ reads only value modules, and every label vocabulary it exports from 0 has one home
+beside its producer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from specwatch.alerts import values as alert_values
+from specwatch.core import listen
+from specwatch.observe import concurrency
+from specwatch.observe import values as observe_values
+from specwatch.shadow import classify
+from specwatch.shadow import values as shadow_values
+from tests.fakes import REPO
+
+PKG = REPO / "specwatch"
+
+#: What export/ may import from the rest of specwatch: the package version, the shared core
+#: helpers, each chain's values module, and the shadow chain's published statistics
+#: (``ShadowStats`` and the summary they are built from) with its one verdict sentence.
+ALLOWED: frozenset[str] = frozenset(
+    {
+        "specwatch",  # __version__
+        "specwatch.core.clock",
+        "specwatch.core.config",
+        "specwatch.core.listen",
+        "specwatch.core.logs",
+        "specwatch.core.numbers",
+        "specwatch.observe.values",
+        "specwatch.shadow.values",
+        "specwatch.shadow.summary",
+        "specwatch.shadow.verdict",
+        "specwatch.alerts.values",
+    }
+)
+
+
+def _imported(path: Path) -> set[str]:
+    """Every ``specwatch`` module ``path`` imports, at any depth (``TYPE_CHECKING`` blocks and
+    imports inside functions included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}: relative import"
+            assert node.module is not None
+            found.add(node.module)
+    return {m for m in found if m == "specwatch" or m.startswith("specwatch.")}
+
+
+def test_export_imports_only_value_modules() -> None:
+    """Outside its own package, every module of specwatch/export imports only :data:`ALLOWED`
+    (no ledger, ingest, compare, decision or Alertmanager client module)."""
+    outside = {
+        path.name: sorted(
+            m for m in _imported(path) if not m.startswith("specwatch.export") and m not in ALLOWED
+        )
+        for path in sorted((PKG / "export").glob("*.py"))
+    }
+    assert {name: mods for name, mods in outside.items() if mods} == {}
+
+
+def test_the_import_scan_sees_nested_and_type_checking_imports(tmp_path: Path) -> None:
+    """The scan above reads imports under ``if TYPE_CHECKING:`` and inside functions too."""
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from specwatch.shadow.ledger import Ledger\n"
+        "def f():\n    import specwatch.shadow.compare\n"
+        "from specwatch import __version__\n"
+    )
+    assert _imported(src) == {"specwatch", "specwatch.shadow.ledger", "specwatch.shadow.compare"}
+
+
+#: vocabulary name -> the one module (under specwatch/) that assigns it.
+HOMES: dict[str, str] = {
+    "EXCLUDED_REASONS": "shadow/values.py",
+    "WRITE_ERROR_REASONS": "shadow/values.py",
+    "PROXY_UPSTREAM_ERROR_REASONS": "shadow/values.py",
+    "VERDICTS": "shadow/values.py",
+    "SCRAPE_ERROR_REASONS": "observe/values.py",
+    "INVALID_REASONS": "observe/values.py",
+    "THROUGHPUT_WITHHELD_REASONS": "observe/values.py",
+    "LIMIT_STATUSES": "observe/concurrency.py",
+    "SEND_ERROR_REASONS": "alerts/values.py",
+    "STATE_ERROR_REASONS": "alerts/values.py",
+    "REFUSAL_REASONS": "core/listen.py",
+}
+
+
+def _assigned_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_each_vocabulary_is_assigned_in_one_module() -> None:
+    """Each exported-from-0 label vocabulary is assigned in exactly its home module (the others
+    import it), so the producer and the exporter can never list different names."""
+    assigned: dict[str, list[str]] = {name: [] for name in HOMES}
+    for path in sorted(PKG.rglob("*.py")):
+        for name in _assigned_names(path) & HOMES.keys():
+            assigned[name].append(str(path.relative_to(PKG)))
+    assert assigned == {name: [home] for name, home in HOMES.items()}
+
+
+@pytest.mark.parametrize(
+    ("vocabulary", "names"),
+    [
+        (
+            observe_values.SCRAPE_ERROR_REASONS,
+            (
+                "timeout",
+                "connect",
+                "http_status",
+                "too_large",
+                "truncated",
+                "parse",
+                "decode",
+                "duplicate_conflict",
+                "invalid_series",
+                "http_error",
+                "no_vllm_families",
+                "counters_alternate",
+                "model_cap",
+                "engine_cap",
+            ),
+        ),
+        (
+            listen.REFUSAL_REASONS,
+            ("bad_request", "body_timeout", "connection_limit", "header_timeout"),
+        ),
+        (observe_values.LIMIT_STATUSES, ("reached", "not_reached", "no_data")),
+        (shadow_values.VERDICTS, ("pays", "costs_quality", "not_faster", "not_decided")),
+        (alert_values.STATE_ERROR_REASONS, ("read", "corrupt", "too_old", "write")),
+    ],
+)
+def test_literal_vocabularies_list_their_names(
+    vocabulary: tuple[str, ...], names: tuple[str, ...]
+) -> None:
+    """The tuples built from the ``Literal`` types the producers are typed with (so mypy checks
+    every name a producer writes) hold exactly the names written out here, in order."""
+    assert vocabulary == names
+
+
+def test_producers_read_the_shared_definitions() -> None:
+    """The names the producers' modules use are the values modules' objects, not copies."""
+    assert classify.EXCLUDED_REASONS is shadow_values.EXCLUDED_REASONS
+    assert observe_values.LIMIT_STATUSES is concurrency.LIMIT_STATUSES
