@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 from bench_proxy import PLAIN_BODY, free_port, wait_port  # bench/ is sys.path[0]
 
+from specwatch.core.clock import SYSTEM_WALL
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
@@ -48,7 +49,10 @@ async def main_async(args: argparse.Namespace, up_port: int) -> None:
         return "admitted"
 
     proxy = ShadowProxy(
-        f"http://127.0.0.1:{up_port}", offer, counters=IngestCounters(), clock=lambda: 0.0
+        f"http://127.0.0.1:{up_port}",
+        offer,
+        counters=IngestCounters(),
+        wall_clock=SYSTEM_WALL,
     )
     port = await proxy.start("127.0.0.1", 0)
     prof = cProfile.Profile()

@@ -1,17 +1,17 @@
-"""Fixtures for every test folder: a fake clock and a fresh Prometheus registry."""
+"""Fixtures for every test folder: a fake wall clock and a fresh Prometheus registry."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    """A fresh fake clock at a fixed time (wall 1.8e9 s, monotonic 1000 s)."""
-    return FakeClock()
+def wall_clock() -> FakeWallClock:
+    """A fresh fake wall clock at a fixed unix time (1.8e9 s)."""
+    return FakeWallClock()
 
 
 @pytest.fixture

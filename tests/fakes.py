@@ -1,12 +1,14 @@
-"""Test doubles shared by every test folder: one settable fake clock and a free TCP port.
+"""Test doubles shared by every test folder: settable fake clocks (one per kind) and a free TCP
+port.
 
-The fixtures that hand them out (``clock``, ``registry``) live in ``tests/conftest.py``.
+The fixtures that hand them out (``wall_clock``, ``registry``) live in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import ClassVar, Literal
 
 #: The repository root (tests read fixtures, docs and deploy files from it).
 REPO = Path(__file__).resolve().parents[1]
@@ -15,31 +17,50 @@ WALL_START = 1_800_000_000.0  # 2027-01-15T08:00:00Z, a fixed unix time in secon
 MONOTONIC_START = 1000.0  # seconds; arbitrary, like time.monotonic()'s origin
 
 
-class FakeClock:
-    """A clock the test moves by hand: ``wall`` (unix seconds, also what calling the clock
-    returns, so it can stand in for ``time.time``) and ``monotonic`` (seconds, for
-    ``time.monotonic``). :meth:`advance` moves both by the same amount; assigning ``t`` moves
-    only the wall time."""
+class _FakeTime:
+    """Seconds the test sets (``t``) or moves (:meth:`advance`); calling it returns them."""
 
-    def __init__(self, t: float = WALL_START, monotonic_start: float = MONOTONIC_START) -> None:
+    def __init__(self, t: float) -> None:
         self.t = t
-        self.mono = monotonic_start
 
     def __call__(self) -> float:
         return self.t
 
-    def wall(self) -> float:
-        """Unix time in seconds (same as calling the clock)."""
-        return self.t
+    def advance(self, seconds: float) -> None:
+        """Move the time forward by ``seconds``."""
+        self.t += seconds
 
-    def monotonic(self) -> float:
-        """Monotonic seconds."""
-        return self.mono
+
+class FakeWallClock(_FakeTime):
+    """A :class:`~specwatch.core.clock.WallClock` the test moves by hand (unix seconds)."""
+
+    kind: ClassVar[Literal["wall"]] = "wall"
+
+    def __init__(self, t: float = WALL_START) -> None:
+        super().__init__(t)
+
+
+class FakeMonotonicClock(_FakeTime):
+    """A :class:`~specwatch.core.clock.MonotonicClock` the test moves by hand (seconds)."""
+
+    kind: ClassVar[Literal["monotonic"]] = "monotonic"
+
+    def __init__(self, t: float = MONOTONIC_START) -> None:
+        super().__init__(t)
+
+
+class FakeClocks:
+    """One fake of each kind, for objects that take both: :meth:`advance` moves ``wall`` and
+    ``mono`` by the same amount (assigning ``wall.t`` or ``mono.t`` moves only that one)."""
+
+    def __init__(self, wall: float = WALL_START, mono: float = MONOTONIC_START) -> None:
+        self.wall = FakeWallClock(wall)
+        self.mono = FakeMonotonicClock(mono)
 
     def advance(self, seconds: float) -> None:
         """Move wall and monotonic time forward by ``seconds``."""
-        self.t += seconds
-        self.mono += seconds
+        self.wall.advance(seconds)
+        self.mono.advance(seconds)
 
 
 def free_port() -> int:

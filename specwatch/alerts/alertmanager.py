@@ -24,7 +24,6 @@ import asyncio
 import base64
 import logging
 import ssl
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from specwatch.alerts.settings import (
     TLSSettings,
 )
 from specwatch.alerts.values import SEND_ERROR_REASONS, AlertingState, FiringAlert
-from specwatch.core.clock import format_rfc3339
+from specwatch.core.clock import SYSTEM_WALL, WallClock, format_rfc3339
 from specwatch.core.logs import log_event, redact_url
 
 __all__ = [
@@ -430,7 +429,7 @@ class AlertLoop:
     """Every ``evaluation_interval``: read findings, renew/resolve leases, deliver.
 
     ``current_findings`` is called once per tick and returns the findings of that moment
-    (an empty sequence resolves everything active). ``clock`` returns unix seconds.
+    (an empty sequence resolves everything active). ``wall_clock`` returns unix seconds.
     ``on_state`` is called with every newly published :class:`AlertingState` (the alerting
     component hands it to the server, which publishes it as ``Snapshot.alerts``);
     ``after_tick`` is awaited at the end of every tick (the component saves its state there);
@@ -445,7 +444,7 @@ class AlertLoop:
         session: aiohttp.ClientSession,
         current_findings: Callable[[], Sequence[Alert]],
         *,
-        clock: Callable[[], float] = time.time,
+        wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         ssl_context: ssl.SSLContext | bool | None = None,
         on_state: Callable[[AlertingState], None] | None = None,
@@ -457,7 +456,7 @@ class AlertLoop:
         self._after_tick = after_tick
         self._state_errors = state_errors if state_errors is not None else {}
         self._findings = current_findings
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._active = ActiveAlerts.from_settings(settings)
         self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
@@ -477,11 +476,11 @@ class AlertLoop:
 
     async def tick(self) -> None:
         """One evaluation: findings → deliveries → outbox → send; then publish state."""
-        now = self._clock()
+        now = self._wall_clock()
         due = self._active.update(self._findings(), now)
         self._sender.enqueue(due)
         self._publish()
-        await self._sender.flush(self._clock())
+        await self._sender.flush(self._wall_clock())
         if self._after_tick is not None:
             await self._after_tick()
         self._publish()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from specwatch.alerts.pending import Detector
 from specwatch.alerts.saved import SavedAlerts, dump, load, read_text, write_atomic
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.alerts.values import STATE_ERROR_REASONS, AlertingState
-from specwatch.core.clock import Clock
+from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.observe.values import ObserveView
@@ -71,7 +70,7 @@ class AlertingComponent:
     ``detect``, ``alerting``: its settings groups; ``windows``: the observe chain's window
     names (a detector window not among them is logged once: its detectors stay silent).
     ``inputs``: see :data:`AlertInputs`. ``on_state``: called with each new
-    :class:`AlertingState` (the server publishes it). ``clock`` (unix seconds) and ``sleep``
+    :class:`AlertingState` (the server publishes it). ``wall_clock`` (unix seconds) and ``sleep``
     are injected (tests pass fakes). :attr:`state` is the last state; :meth:`tick` runs one
     evaluation (what the background task does every ``evaluation_interval``). ``state_path``:
     where the alert state is saved and restored from (``None``: nowhere; see the module doc).
@@ -85,7 +84,7 @@ class AlertingComponent:
         *,
         inputs: AlertInputs,
         on_state: Callable[[AlertingState], None] | None = None,
-        clock: Clock = time.time,
+        wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         state_path: Path | None = None,
     ) -> None:
@@ -95,7 +94,7 @@ class AlertingComponent:
         self._last_saved: str | None = None
         self._inputs = inputs
         self._on_state_cb = on_state
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self.detector = Detector(detect)
         missing = missing_windows(detect, windows)
@@ -120,7 +119,7 @@ class AlertingComponent:
         observe, shadow = self._inputs()
         if observe is None:
             return []
-        return self.detector.evaluate(observe, shadow, self._clock())
+        return self.detector.evaluate(observe, shadow, self._wall_clock())
 
     def _on_state(self, state: AlertingState) -> None:
         changed = state != self._state
@@ -156,7 +155,7 @@ class AlertingComponent:
         except ValueError as exc:
             self._state_error("corrupt", "alert state malformed; starting empty", error=str(exc))
             return
-        now = self._clock()
+        now = self._wall_clock()
         age = now - saved.written_at
         if age > self._alerting.restore_max_age:
             self._state_error(
@@ -185,7 +184,7 @@ class AlertingComponent:
         if path is None or loop is None:
             return
         tracker = self.detector.tracker
-        text = dump(SavedAlerts(self._clock(), tracker.export(), tuple(loop.active.export())))
+        text = dump(SavedAlerts(self._wall_clock(), tracker.export(), tuple(loop.active.export())))
         try:
             await asyncio.to_thread(write_atomic, path, text)
         except OSError as exc:
@@ -208,7 +207,7 @@ class AlertingComponent:
             self._alerting,
             session,
             self.findings,
-            clock=self._clock,
+            wall_clock=self._wall_clock,
             sleep=self._sleep,
             on_state=self._on_state,
             after_tick=self._save,

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.core.clock import SYSTEM_WALL
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
 from specwatch.export.fleet import FleetStats, fleet_json
@@ -142,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     )
     setup_logging(args.log_level, args.log_format)
     if listen is not None:
-        app = build_fleet_app(q, interval=interval, clock=time.time)
+        app = build_fleet_app(q, interval=interval, wall_clock=SYSTEM_WALL)
         try:
             web.run_app(app, host=listen[0], port=listen[1], print=None, access_log=None)
         except OSError as exc:

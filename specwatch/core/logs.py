@@ -16,9 +16,11 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 
 _FIELDS = "specwatch_fields"
 
@@ -92,7 +94,7 @@ class RateLimitedLog:
     refused connections): at most ``burst`` lines per ``period_seconds`` for each (event,
     ``reason`` field); the lines over that are not written but counted, and the next line
     written for that key carries ``suppressed=N`` (how many were left out since the last one).
-    ``suppressed_total`` counts every line left out. ``clock``: monotonic seconds."""
+    ``suppressed_total`` counts every line left out. ``mono_clock``: monotonic seconds."""
 
     def __init__(
         self,
@@ -100,19 +102,19 @@ class RateLimitedLog:
         *,
         burst: int = 10,
         period_seconds: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
     ) -> None:
         self._logger = logger
         self._burst = burst
         self._period = period_seconds
-        self._clock = clock
+        self._mono_clock = mono_clock
         self._state: dict[tuple[str, str], list[float]] = {}  # [period start, lines, suppressed]
         self.suppressed_total = 0
 
     def log(self, level: int, event: str, **fields: Any) -> bool:
         """Write the line unless over the limit; True when written."""
         key = (event, str(fields.get("reason", "")))
-        now = self._clock()
+        now = self._mono_clock()
         st = self._state.get(key)
         if st is None or now - st[0] >= self._period:
             suppressed = int(st[2]) if st is not None else 0

@@ -24,7 +24,6 @@ import functools
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -33,6 +32,7 @@ from aiohttp import web
 from rich.console import Console
 from rich.live import Live
 
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.demo import config as demo_config
 from specwatch.demo.config import (
@@ -105,7 +105,7 @@ async def run_demo(
     out: TextIO,
     tty: bool = False,
     stop: asyncio.Event | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
 ) -> int:
     """Run the demo until SIGINT/SIGTERM (handlers installed here), ``stop`` is set, or
     ``cfg.duration_s`` elapses; then stop everything and return 0.
@@ -185,12 +185,21 @@ async def run_demo(
         )
         tasks.append(asyncio.create_task(gen.run(), name="demo-load"))
         roles = {targets.standard_url: "standard", targets.fly_url: "fly"}
-        started = clock()
+        started = mono_clock()
         if cfg.ui:
             tasks.append(
                 asyncio.create_task(
                     _view_loop(
-                        cfg, out, tty, ctx, latest, gen, roles, started, clock, files is not None
+                        cfg,
+                        out,
+                        tty,
+                        ctx,
+                        latest,
+                        gen,
+                        roles,
+                        started,
+                        mono_clock,
+                        files is not None,
                     ),
                     name="demo-view",
                 )
@@ -318,7 +327,7 @@ async def _view_loop(
     gen: LoadGenerator,
     roles: Mapping[str, str],
     started: float,
-    clock: Callable[[], float],
+    mono_clock: MonotonicClock,
     mirror: bool,
 ) -> None:
     """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal
@@ -331,7 +340,7 @@ async def _view_loop(
     def frame(width: int) -> Any:
         snap = latest.snap
         assert snap is not None
-        elapsed = clock() - started
+        elapsed = mono_clock() - started
         view_ctx = ViewContext(
             title=f"specwatch demo  {elapsed:.0f} s{total}  window {window}  Ctrl-C stops",
             base=ctx.base,

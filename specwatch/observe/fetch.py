@@ -8,13 +8,12 @@ streamed body cap bounds the inflated size), an optional bearer token, and retur
 from __future__ import annotations
 
 import asyncio
-import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.logs import redact_url
 from specwatch.observe.values import ScrapeErrorReason
 
@@ -85,7 +84,7 @@ class ScrapeResult:
     """Outcome of one GET: ``body`` and ``content_type`` when ``ok``; else ``reason`` (one of
     :data:`~specwatch.observe.values.SCRAPE_ERROR_REASONS`: ``timeout|connect|http_status|
     too_large|truncated|decode|http_error``) and ``detail``.
-    ``duration_seconds`` is wall time of the request (monotonic)."""
+    ``duration_seconds`` is how long the request took (on the monotonic clock)."""
 
     ok: bool
     duration_seconds: float
@@ -103,7 +102,7 @@ async def fetch_metrics(
     timeout_seconds: float,
     max_body_bytes: int,
     bearer_token: str | None = None,
-    monotonic: Callable[[], float] = time.perf_counter,
+    mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
 ) -> ScrapeResult:
     """GET ``url`` and read at most ``max_body_bytes`` (decompressed) of it.
 
@@ -113,10 +112,12 @@ async def fetch_metrics(
     headers = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1", "Accept-Encoding": "gzip"}
     if bearer_token:
         headers["Authorization"] = f"Bearer {bearer_token}"
-    start = monotonic()
+    start = mono_clock()
 
     def fail(reason: ScrapeErrorReason, detail: str, status: int | None = None) -> ScrapeResult:
-        return ScrapeResult(False, monotonic() - start, reason=reason, detail=detail, status=status)
+        return ScrapeResult(
+            False, mono_clock() - start, reason=reason, detail=detail, status=status
+        )
 
     try:
         async with asyncio.timeout(timeout_seconds):
@@ -170,4 +171,6 @@ async def fetch_metrics(
         body = raw.decode(charset)
     except (UnicodeDecodeError, LookupError) as exc:
         return fail("decode", str(exc), 200)
-    return ScrapeResult(True, monotonic() - start, body=body, content_type=content_type, status=200)
+    return ScrapeResult(
+        True, mono_clock() - start, body=body, content_type=content_type, status=200
+    )

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from specwatch.core.clock import Clock
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from specwatch.core.logs import log_event, redact_url
 from specwatch.observe.fetch import fetch_metrics
 from specwatch.observe.parse import ParseError, parse_page
@@ -59,9 +58,10 @@ class Scraper:
 
     ``targets``: the scraped servers; ``scrape``: the default interval, timeout (seconds) and
     body cap (bytes); ``window_seconds``: window name → length in seconds for each
-    :class:`TargetTracker` (:attr:`trackers`, by target name). ``clock`` gives the unix time
-    stamped on each page; ``on_update`` is called (synchronously) after every scrape, good or
-    bad. The HTTP session is handed over with :meth:`use_session` when the app starts.
+    :class:`TargetTracker` (:attr:`trackers`, by target name). ``wall_clock`` gives the unix time
+    stamped on each page, ``mono_clock`` times each fetch and parse; ``on_update`` is called
+    (synchronously) after every scrape, good or bad. The HTTP session is handed over with
+    :meth:`use_session` when the app starts.
     """
 
     def __init__(
@@ -70,9 +70,9 @@ class Scraper:
         scrape: ScrapeSettings,
         window_seconds: Mapping[str, float],
         *,
-        clock: Clock,
+        wall_clock: WallClock,
         on_update: Callable[[], None],
-        monotonic: Callable[[], float] = time.perf_counter,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
     ) -> None:
         self._targets = tuple(targets)
         self._scrape_settings = scrape
@@ -80,9 +80,9 @@ class Scraper:
             t.name: TargetTracker.from_settings(t, scrape, window_seconds) for t in self._targets
         }
         self._session: aiohttp.ClientSession | None = None
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._on_update = on_update
-        self._monotonic = monotonic
+        self._mono_clock = mono_clock
         names = list(self.trackers)
         self._locks = {name: asyncio.Lock() for name in names}
         self._last_reason: dict[str, str | None] = dict.fromkeys(names)
@@ -127,16 +127,16 @@ class Scraper:
             timeout_seconds=self.timeout_for(target),
             max_body_bytes=self._scrape_settings.max_body_bytes,
             bearer_token=token,
-            monotonic=self._monotonic,
+            mono_clock=self._mono_clock,
         )
-        now = self._clock()
+        now = self._wall_clock()
         if not result.ok:
             assert result.reason is not None
             tracker.record_error(result.reason, duration_seconds=result.duration_seconds)
             self._failed(target, result.reason, result.detail, None, result.content_type)
             self._on_update()
             return False
-        start = self._monotonic()
+        start = self._mono_clock()
         try:
             page = parse_page(result.body, content_type=result.content_type)
         except ParseError as exc:
@@ -175,7 +175,7 @@ class Scraper:
             "scrape",
             target=target.name,
             duration_seconds=round(result.duration_seconds, 6),
-            parse_seconds=round(self._monotonic() - start, 6),
+            parse_seconds=round(self._mono_clock() - start, 6),
             bytes=len(result.body),
         )
         self._on_update()
@@ -218,9 +218,9 @@ class Scraper:
         """Scrape ``target`` forever on its interval (cancel to stop)."""
         interval = self.interval_for(target)
         while True:
-            started = self._monotonic()
+            started = self._mono_clock()
             await self.scrape_once(target)
-            elapsed = self._monotonic() - started
+            elapsed = self._mono_clock() - started
             await asyncio.sleep(max(interval - elapsed, 0.0))
 
     async def run(self) -> None:

@@ -5,7 +5,7 @@ The observe chain is ``scrape`` → ``parse`` (:class:`PageReading`) → ``windo
 → one :class:`ObserveView` that the server publishes in :class:`specwatch.export.snapshot.Snapshot`
 and the detectors read.
 Every value here is frozen; ``None`` always means *unknown / undefined* (never 0).
-Times are unix seconds from the injected clock, durations in seconds. The label vocabularies
+Times are unix seconds from the injected wall clock, durations in seconds. The label vocabularies
 of the chain's families (scrape error, withheld-value and throughput-withheld reasons) are
 here beside the values, so the producing stage and the exporter read one definition; the
 speculation limit's values and states are defined in :mod:`specwatch.observe.concurrency` and

@@ -1,6 +1,6 @@
 """The aiohttp application that scrapes, publishes one Snapshot and serves it.
 
-``build_app(settings, clock=..., session=..., components=[...])`` returns a
+``build_app(settings, wall_clock=..., session=..., components=[...])`` returns a
 :class:`aiohttp.web.Application` with ``/metrics``, ``/healthz``, ``/readyz`` and
 ``/api/v1/snapshot``. Its ``cleanup_ctx`` opens the HTTP session (unless one is passed in) and
 starts and cancels the scrape loops. The published value is one typed
@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import signal
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
-from specwatch.core.clock import Clock
+from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.listen import ListenerStats
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
@@ -151,7 +150,7 @@ async def _snapshot(request: web.Request) -> web.Response:
 def build_app(
     settings: Settings,
     *,
-    clock: Clock = time.time,
+    wall_clock: WallClock = SYSTEM_WALL,
     session: aiohttp.ClientSession | None = None,
     registry: CollectorRegistry | None = None,
     components: Sequence[Component] = (),
@@ -160,11 +159,11 @@ def build_app(
 ) -> web.Application:
     """Build the sidecar's application.
 
-    ``clock``: unix time source. ``session``: a shared :class:`aiohttp.ClientSession` (closed by
-    the caller); ``None`` creates one on startup and closes it on cleanup. ``registry``: a fresh
-    :class:`CollectorRegistry` by default (never the global one). ``extra_collectors``: factories
-    called with the snapshot getter. ``scrape=False`` starts no scrape loops (tests drive
-    :meth:`Scraper.scrape_once` themselves).
+    ``wall_clock``: unix time source. ``session``: a shared :class:`aiohttp.ClientSession`
+    (closed by the caller); ``None`` creates one on startup and closes it on cleanup.
+    ``registry``: a fresh :class:`CollectorRegistry` by default (never the global one).
+    ``extra_collectors``: factories called with the snapshot getter. ``scrape=False`` starts no
+    scrape loops (tests drive :meth:`Scraper.scrape_once` themselves).
     """
     main_listener = ListenerStats("main")
     app = web.Application(
@@ -172,16 +171,16 @@ def build_app(
     )
 
     def publish_observe() -> None:
-        store.update(lambda snap: replace(snap, observe=scraper.view(clock())))
+        store.update(lambda snap: replace(snap, observe=scraper.view(wall_clock())))
 
     scraper = Scraper(
         settings.targets,
         settings.scrape,
         settings.window_seconds,
-        clock=clock,
+        wall_clock=wall_clock,
         on_update=publish_observe,
     )
-    store: Store[Snapshot] = Store(Snapshot(observe=scraper.view(clock())))
+    store: Store[Snapshot] = Store(Snapshot(observe=scraper.view(wall_clock())))
     reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
     if registry is None:
         ProcessCollector(registry=reg)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import aiohttp
@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from specwatch.core.clock import WallClock
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.store import Store
 from specwatch.export.fleet import (
@@ -114,11 +115,9 @@ async def refresh_once(
     )
 
 
-def build_fleet_app(
-    q: FleetQuery, *, interval: float, clock: Callable[[], float]
-) -> web.Application:
+def build_fleet_app(q: FleetQuery, *, interval: float, wall_clock: WallClock) -> web.Application:
     """The ``fleet --listen`` application: ``/metrics`` (the fleet families), ``/healthz``, and a
-    background task that refreshes every ``interval`` seconds using ``clock()`` (unix seconds)
+    background task that refreshes every ``interval`` seconds using ``wall_clock()`` (unix seconds)
     for the snapshot time."""
     store: Store[_State] = Store(_State())
     reg = CollectorRegistry(auto_describe=True)
@@ -141,7 +140,7 @@ def build_fleet_app(
 
             async def loop() -> None:
                 while True:
-                    await refresh_once(store, session, q, now=clock())
+                    await refresh_once(store, session, q, now=wall_clock())
                     await asyncio.sleep(interval)
 
             task = asyncio.create_task(loop())

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from specwatch.alerts.component import AlertingComponent
 from specwatch.alerts.settings import default_generator_url
 from specwatch.alerts.values import AlertingState
-from specwatch.core.clock import Clock
+from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.store import Store
 from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
@@ -107,15 +106,15 @@ def arm_loads(
     observe: Callable[[], ObserveView | None],
     arms: Mapping[str, str],
     *,
-    clock: Clock,
-    monotonic: Callable[[], float],
+    wall_clock: WallClock,
+    mono_clock: MonotonicClock,
 ) -> LoadState:
     """The sampler's :data:`LoadState`: per arm in ``arms`` (arm → target name), the
     :func:`arm_load` of that target in the view ``observe()`` returns now (no I/O)."""
 
     def state() -> Mapping[str, ArmLoad]:
         view = observe()
-        wall, mono = clock(), monotonic()
+        wall, mono = wall_clock(), mono_clock()
         return {
             arm: arm_load(
                 None if view is None else view.targets.get(name), wall_now=wall, mono_now=mono
@@ -131,29 +130,29 @@ class ShadowPlug:
 
     Builds :attr:`component` from ``settings`` (its ``shadow``, ``paired`` and ``ledger``
     groups), with the arms' load read from the published observe view and its statistics
-    published as ``Snapshot.shadow``. ``clock``: unix seconds; ``monotonic``: the sampler's
-    clock; ``session``: the replay session (``None``: the component opens its own).
+    published as ``Snapshot.shadow``. ``wall_clock``: unix seconds; ``mono_clock``: the
+    sampler's clock; ``session``: the replay session (``None``: the component opens its own).
     """
 
     def __init__(
         self,
         settings: Settings,
         *,
-        clock: Clock = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: WallClock = SYSTEM_WALL,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self._store: Store[Snapshot] | None = None
         arms = arm_targets(settings)
-        loads = arm_loads(self._observe, arms, clock=clock, monotonic=monotonic)
+        loads = arm_loads(self._observe, arms, wall_clock=wall_clock, mono_clock=mono_clock)
         self.component = ShadowComponent(
             settings.shadow,
             settings.paired,
             settings.ledger,
             load_state=loads if arms else None,
             on_stats=self._publish,
-            clock=clock,
-            monotonic=monotonic,
+            wall_clock=wall_clock,
+            mono_clock=mono_clock,
             session=session,
             listen=settings.server.limits,
             shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds * OPEN_REQUESTS_SHARE,
@@ -195,7 +194,11 @@ class AlertingPlug:
     """
 
     def __init__(
-        self, settings: Settings, *, clock: Clock = time.time, state_path: Path | None = None
+        self,
+        settings: Settings,
+        *,
+        wall_clock: WallClock = SYSTEM_WALL,
+        state_path: Path | None = None,
     ) -> None:
         self._store: Store[Snapshot] | None = None
         alerting = settings.alerting
@@ -209,7 +212,7 @@ class AlertingPlug:
             settings.windows,
             inputs=self._inputs,
             on_state=self._publish,
-            clock=clock,
+            wall_clock=wall_clock,
             state_path=state_path,
         )
 
@@ -240,13 +243,13 @@ class AlertingPlug:
 def shadow_components(
     settings: Settings,
     *,
-    clock: Clock = time.time,
-    monotonic: Callable[[], float] = time.monotonic,
+    wall_clock: WallClock = SYSTEM_WALL,
+    mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
 ) -> list[ShadowPlug]:
     """``[ShadowPlug]`` when ``settings.shadow.enabled``, else ``[]`` (for ``build_app``)."""
     if not settings.shadow.enabled:
         return []
-    return [ShadowPlug(settings, clock=clock, monotonic=monotonic)]
+    return [ShadowPlug(settings, wall_clock=wall_clock, mono_clock=mono_clock)]
 
 
 def alert_state_path(settings: Settings) -> Path | None:
@@ -258,8 +261,10 @@ def alert_state_path(settings: Settings) -> Path | None:
     return Path(state_file) if state_file else None
 
 
-def alerting_components(settings: Settings, *, clock: Clock = time.time) -> list[AlertingPlug]:
+def alerting_components(
+    settings: Settings, *, wall_clock: WallClock = SYSTEM_WALL
+) -> list[AlertingPlug]:
     """The components ``specwatch run`` adds for alerting (always one: the detectors and the
     ``specwatch_alert_firing`` gauges run even without Alertmanager URLs), saving alert state
     at :func:`alert_state_path`."""
-    return [AlertingPlug(settings, clock=clock, state_path=alert_state_path(settings))]
+    return [AlertingPlug(settings, wall_clock=wall_clock, state_path=alert_state_path(settings))]

@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
@@ -126,8 +126,8 @@ class ShadowComponent:
 
     ``shadow``, ``paired``, ``ledger``: its settings groups. ``load_state``: per-arm load for the
     sampler's load-aware pause (``None``: never pauses for load). ``on_stats``: called with each
-    new :class:`ShadowStats` (the server publishes it). ``clock``: unix seconds (ledger times,
-    windows); ``monotonic``: the sampler's clock; ``sleep``: async sleep (pipeline and refresh
+    new :class:`ShadowStats` (the server publishes it). ``wall_clock``: unix seconds (ledger times,
+    windows); ``mono_clock``: the sampler's clock; ``sleep``: async sleep (pipeline and refresh
     loop); ``session``: the replay session (``None``: one is opened by :meth:`running` and closed
     on exit). :meth:`latest_stats` is ``None`` until the first refresh.
     """
@@ -140,8 +140,8 @@ class ShadowComponent:
         *,
         load_state: LoadState | None = None,
         on_stats: Callable[[ShadowStats], None] | None = None,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: WallClock = SYSTEM_WALL,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: aiohttp.ClientSession | None = None,
         listen: ListenLimits | None = None,
@@ -159,8 +159,8 @@ class ShadowComponent:
         self.ledger_settings = ledger
         self._load_state = load_state
         self._on_stats = on_stats
-        self._clock = clock
-        self._mono = monotonic
+        self._wall_clock = wall_clock
+        self._mono_clock = mono_clock
         self._sleep = sleep
         self._session = session
         self._compare_config = CompareConfig()
@@ -218,7 +218,7 @@ class ShadowComponent:
         live = self.live
         if live is None:
             raise RuntimeError("shadow component is not running")
-        now = self._clock()
+        now = self._wall_clock()
         live.advance(now)
         io = self.pipeline.metrics() if self.pipeline is not None else None
         if self._inputs is None or self._inputs[0] != live.version:
@@ -353,7 +353,10 @@ class ShadowComponent:
         # their own series (most rows first).
         p = self.paired_settings
         live = LiveTallies(
-            p.window_seconds, p.load_bands, now=self._clock(), bucket_seconds=STATS_BUCKET_SECONDS
+            p.window_seconds,
+            p.load_bands,
+            now=self._wall_clock(),
+            bucket_seconds=STATS_BUCKET_SECONDS,
         )
         ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
         as_of, groups = await ledger.history(live.grouping())
@@ -420,7 +423,7 @@ class ShadowComponent:
             max_age_seconds=led.max_age_seconds,
             max_rows=led.max_rows,
             synchronous=led.synchronous,
-            clock=self._clock,
+            wall_clock=self._wall_clock,
         )
         await ledger.open()
         self.ledger = ledger
@@ -433,8 +436,8 @@ class ShadowComponent:
                 session=session,
                 on_pair=self._on_pair,
                 load_state=self._load_state,
-                clock=self._mono,
-                wall_clock=self._clock,
+                mono_clock=self._mono_clock,
+                wall_clock=self._wall_clock,
                 sleep=self._sleep,
                 categories=self.categories,
                 listen=self._listen,

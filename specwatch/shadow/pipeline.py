@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from specwatch.core.canary_file import CanaryLoad
+from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
@@ -65,16 +65,16 @@ def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarge
 def sampler_from_settings(
     s: ShadowSettings,
     *,
-    clock: Callable[[], float],
+    mono_clock: MonotonicClock,
     load_state: LoadState | None = None,
     categories: CategoryBound | None = None,
 ) -> Sampler:
     """The :class:`Sampler` of ``s``: sample probability and salt, queue, rate cap, category
     quotas and bound (``categories``, else ``CategoryBound(s.max_categories)``) and the
-    load-aware pause over ``load_state``; ``clock``: monotonic seconds."""
+    load-aware pause over ``load_state``; ``mono_clock``: monotonic seconds."""
     return Sampler(
         probability=s.sample_probability,
-        clock=clock,
+        mono_clock=mono_clock,
         queue_size=s.queue_size,
         max_rps=s.max_shadow_rps,
         salt=s.sample_salt,
@@ -93,7 +93,7 @@ def replayer_from_settings(
     s: ShadowSettings,
     session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
     *,
-    clock: Callable[[], float],
+    mono_clock: MonotonicClock,
 ) -> Replayer:
     """The :class:`Replayer` of ``s``: the standard and FLy arms (and the noise and baseline
     arms when set), streamed as ``s.stream_arms`` says. Raises ``ValueError`` without the
@@ -109,7 +109,7 @@ def replayer_from_settings(
         noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
         max_tokens_cap=s.max_tokens_cap,
         marker_header=s.marker_header,
-        clock=clock,
+        mono_clock=mono_clock,
         extra_body=s.replay_extra_body,
         baseline=(
             _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
@@ -137,7 +137,7 @@ def ingest_from_settings(
     s: ShadowSettings,
     sampler: Sampler,
     *,
-    wall_clock: Callable[[], float],
+    wall_clock: WallClock,
     sleep: Callable[[float], Awaitable[None]],
     listen: ListenLimits | None = None,
     listener: ListenerStats | None = None,
@@ -154,7 +154,7 @@ def ingest_from_settings(
     mirror = MirrorIngest(
         sampler.offer,
         counters=counters,
-        clock=wall_clock,
+        wall_clock=wall_clock,
         salt=s.sample_salt,
         max_body_bytes=s.mirror_max_body_bytes,
         require_shadow_host=s.mirror_require_shadow_host,
@@ -169,7 +169,7 @@ def ingest_from_settings(
             s.proxy_upstream,
             sampler.offer,
             counters=counters,
-            clock=wall_clock,
+            wall_clock=wall_clock,
             salt=s.sample_salt,
             max_body_bytes=s.proxy_max_body_bytes,
             marker_header=s.marker_header,
@@ -188,7 +188,7 @@ def ingest_from_settings(
             canary_load.items,
             lambda r: sampler.offer(r, force=True),
             rate_per_second=s.canary_rate_per_second,
-            clock=wall_clock,
+            wall_clock=wall_clock,
             sleep=sleep,
             loop=s.canary_loop,
             salt=s.sample_salt,
@@ -217,12 +217,12 @@ class ShadowPipeline:
         ingest: Ingest,
         on_pair: PairSink,
         load_state: LoadState | None = None,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.settings = settings
         self._on_pair = on_pair
-        self._wall = wall_clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self.sampler = sampler
         self.replayer = replayer
@@ -251,8 +251,8 @@ class ShadowPipeline:
         session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
         on_pair: PairSink,
         load_state: LoadState | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+        wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         categories: CategoryBound | None = None,
         listen: ListenLimits | None = None,
@@ -265,8 +265,8 @@ class ShadowPipeline:
         ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm:
         session}``, see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the
         caller; ``load_state``: ``() -> {arm: ArmLoad}`` with keys ``standard``, ``fly`` (and
-        ``noise`` when used), ``None`` to disable the load-aware pause; ``clock``: monotonic
-        seconds (sampler, replay timings); ``wall_clock``: unix seconds (``received_at``);
+        ``noise`` when used), ``None`` to disable the load-aware pause; ``mono_clock``:
+        monotonic seconds (sampler, replay timings); ``wall_clock``: unix seconds (``received_at``);
         ``categories``: the category bound (default ``CategoryBound(max_categories)``);
         ``listen``, ``listener``, ``shutdown_timeout_seconds``: the proxy listener's limits,
         counters and exit deadline; ``serve_mirror``: start the mirror listener (``False`` when
@@ -274,9 +274,9 @@ class ShadowPipeline:
         standard/FLy arms and :class:`~specwatch.core.canary_file.CanaryFileError` if canary
         mode has no usable item.
         """
-        replayer = replayer_from_settings(settings, session, clock=clock)
+        replayer = replayer_from_settings(settings, session, mono_clock=mono_clock)
         sampler = sampler_from_settings(
-            settings, clock=clock, load_state=load_state, categories=categories
+            settings, mono_clock=mono_clock, load_state=load_state, categories=categories
         )
         ingest = ingest_from_settings(
             settings,
@@ -369,7 +369,7 @@ class ShadowPipeline:
     # -- workers ------------------------------------------------------------------------------
 
     def _expired(self, req: ShadowRequest) -> bool:
-        return self._wall() - req.received_at > self.settings.max_queue_age_seconds
+        return self._wall_clock() - req.received_at > self.settings.max_queue_age_seconds
 
     async def _worker(self) -> None:
         q = self.sampler.queue

@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from specwatch.core.clock import MonotonicClock
 from specwatch.shadow.classify import body_result, is_unsupported_parameter_message, stream_result
 from specwatch.shadow.sample import seed_from_hash
 from specwatch.shadow.sse import CompletionStreamAccumulator
@@ -135,7 +136,7 @@ class Replayer:
 
     ``session`` is an open ``aiohttp.ClientSession`` for every arm, or one per arm (a mapping
     ``{Arm: session}``, normally from :func:`open_arm_session` with the arm's keep-alive), owned by
-    the caller; ``clock`` gives monotonic seconds for latencies (``time.perf_counter`` in
+    the caller; ``mono_clock`` gives monotonic seconds for latencies (``SYSTEM_MONOTONIC`` in
     production). ``retries[arm]`` counts requests sent again after a close before any response
     byte. Never raises for arm failures (they become ``ArmResult(ok=False)``);
     ``asyncio.CancelledError`` propagates.
@@ -150,7 +151,7 @@ class Replayer:
         noise: ArmTarget | None,
         max_tokens_cap: int,
         marker_header: str,
-        clock: Callable[[], float],
+        mono_clock: MonotonicClock,
         extra_body: Mapping[str, Any] | None = None,
         baseline: ArmTarget | None = None,
     ) -> None:
@@ -162,7 +163,7 @@ class Replayer:
         self._cap = max_tokens_cap
         self._extra = dict(extra_body or {})
         self._marker = marker_header
-        self._clock = clock
+        self._mono_clock = mono_clock
         self.retries: Counter[str] = Counter()
 
     def _session(self, arm: Arm) -> aiohttp.ClientSession:
@@ -205,7 +206,7 @@ class Replayer:
         if t.token:
             headers["Authorization"] = f"Bearer {t.token}"
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        t0 = self._clock()
+        t0 = self._mono_clock()
         try:
             try:
                 return await self._send(t, req.path, data, headers, t0)
@@ -214,11 +215,11 @@ class Replayer:
             try:
                 return await self._send(t, req.path, data, headers, t0)
             except _ClosedBeforeResponse:
-                return ArmResult(t.arm, False, self._clock() - t0, error="disconnected")
+                return ArmResult(t.arm, False, self._mono_clock() - t0, error="disconnected")
         except TimeoutError:
-            return ArmResult(t.arm, False, self._clock() - t0, error="timeout")
+            return ArmResult(t.arm, False, self._mono_clock() - t0, error="timeout")
         except aiohttp.ClientError:
-            return ArmResult(t.arm, False, self._clock() - t0, error="connect")
+            return ArmResult(t.arm, False, self._mono_clock() - t0, error="connect")
 
     async def _send(
         self, t: ArmTarget, path: str, data: bytes, headers: Mapping[str, str], t0: float
@@ -239,13 +240,15 @@ class Replayer:
             result = await self._read(t, resp, t0)
         except TimeoutError:
             resp.close()
-            return ArmResult(t.arm, False, self._clock() - t0, status=resp.status, error="timeout")
+            return ArmResult(
+                t.arm, False, self._mono_clock() - t0, status=resp.status, error="timeout"
+            )
         except aiohttp.ClientError:
             resp.close()
             return ArmResult(
                 t.arm,
                 False,
-                self._clock() - t0,
+                self._mono_clock() - t0,
                 status=resp.status,
                 error="disconnected_mid_response",
             )
@@ -259,7 +262,7 @@ class Replayer:
             return ArmResult(
                 t.arm,
                 False,
-                self._clock() - t0,
+                self._mono_clock() - t0,
                 status=resp.status,
                 error=client_error_kind(resp.status, msg),
             )
@@ -269,12 +272,14 @@ class Replayer:
         async for chunk in resp.content.iter_any():
             buf += chunk
             if len(buf) > MAX_RESPONSE_BYTES:
-                return ArmResult(t.arm, False, self._clock() - t0, status=200, error="too_large")
+                return ArmResult(
+                    t.arm, False, self._mono_clock() - t0, status=200, error="too_large"
+                )
         return body_result(
             t.arm,
             bytes(buf),
             status=200,
-            latency=self._clock() - t0,
+            latency=self._mono_clock() - t0,
             content_type=resp.headers.get("Content-Type"),
         )
 
@@ -284,12 +289,12 @@ class Replayer:
         async for chunk in resp.content.iter_any():
             total += len(chunk)
             if total > MAX_RESPONSE_BYTES:
-                return ArmResult(arm, False, self._clock() - t0, status=200, error="too_large")
+                return ArmResult(arm, False, self._mono_clock() - t0, status=200, error="too_large")
             acc.feed(chunk)
         return stream_result(
             arm,
             acc,
             status=200,
-            latency=self._clock() - t0,
+            latency=self._mono_clock() - t0,
             content_type=resp.headers.get("Content-Type"),
         )

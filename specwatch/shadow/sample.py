@@ -10,8 +10,8 @@ Admission order for each offered request (first failing step decides, each count
 4. ``rate_limit``: the global shadow requests/s token bucket is empty;
 5. ``queue_full``: the bounded queue is full (``put_nowait``; never waits).
 
-The clock is injected (``Callable[[], float]``, monotonic seconds) so buckets and staleness are
-testable.
+The clock is injected (a :class:`~specwatch.core.clock.MonotonicClock`) so buckets and staleness
+are testable.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specwatch.core.clock import MonotonicClock
 from specwatch.shadow.values import ShadowRequest
 
 #: Body fields left out of the canonical form: transport and caller identity, not content.
@@ -79,17 +80,17 @@ class TokenBucket:
     """Token bucket: ``rate`` tokens/s, at most ``burst`` tokens, starts full; ``take()`` ->
     bool."""
 
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+    def __init__(self, rate: float, burst: float, mono_clock: MonotonicClock) -> None:
         if rate <= 0 or burst < 1:
             raise ValueError("token bucket needs rate > 0 and burst >= 1")
         self._rate = rate
         self._burst = burst
-        self._clock = clock
+        self._mono_clock = mono_clock
         self._tokens = burst
-        self._last = clock()
+        self._last = mono_clock()
 
     def take(self) -> bool:
-        now = self._clock()
+        now = self._mono_clock()
         elapsed = max(0.0, now - self._last)
         self._last = now
         self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
@@ -203,7 +204,7 @@ class Sampler:
         self,
         *,
         probability: float,
-        clock: Callable[[], float],
+        mono_clock: MonotonicClock,
         queue_size: int,
         max_rps: float,
         salt: str = "",
@@ -220,9 +221,9 @@ class Sampler:
             raise ValueError("probability must be in [0, 1]")
         self.probability = probability
         self.salt = salt
-        self._clock = clock
+        self._mono_clock = mono_clock
         self.queue: asyncio.Queue[ShadowRequest] = asyncio.Queue(maxsize=queue_size)
-        self._rps = TokenBucket(max_rps, max(1.0, max_rps), clock)
+        self._rps = TokenBucket(max_rps, max(1.0, max_rps), mono_clock)
         self._quota_rates = dict(category_quota_per_second or {})
         self._default_quota = default_category_quota_per_second
         self._quota_burst = category_quota_burst
@@ -250,7 +251,7 @@ class Sampler:
         else:
             reasons = pause_reasons(
                 self._load_state(),
-                self._clock(),
+                self._mono_clock(),
                 on_waiting=self._on_waiting,
                 running_fraction=self._running_fraction,
                 max_age_seconds=self._max_age,
@@ -264,7 +265,7 @@ class Sampler:
         if category not in self._buckets:
             rate = self._quota_rates.get(category, self._default_quota)
             self._buckets[category] = (
-                None if rate is None else TokenBucket(rate, self._quota_burst, self._clock)
+                None if rate is None else TokenBucket(rate, self._quota_burst, self._mono_clock)
             )
         return self._buckets[category]
 

@@ -1,6 +1,6 @@
 """Values passed along the shadow chain (shared by ingest, replay, compare, ledger, stats).
 
-All are frozen; times are unix seconds (float) from an injected clock, durations in seconds.
+All are frozen; times are unix seconds (float) from an injected wall clock, durations in seconds.
 The chain's label vocabularies (the reason and verdict names its counters and gauges carry,
 exported from 0) are here too, so the stage that produces a name and the exporter that lists it
 read one definition.

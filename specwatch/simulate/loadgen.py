@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_HOST_SUFFIX
 from specwatch.simulate.quiz import builtin_items, is_correct
 
@@ -138,7 +138,7 @@ class Job:
 class LoadGenerator:
     """Sends generated traffic to ``targets`` (base URLs) until a stop condition or :meth:`stop`.
 
-    ``session`` may be passed in (not closed here); ``clock`` is monotonic seconds;
+    ``session`` may be passed in (not closed here); ``mono_clock`` is monotonic seconds;
     ``on_result(url, job, body_or_None)`` is called after every response.
     """
 
@@ -148,7 +148,7 @@ class LoadGenerator:
         config: LoadConfig | None = None,
         *,
         session: aiohttp.ClientSession | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
         on_result: Callable[[str, Job, dict[str, Any] | None], None] | None = None,
     ) -> None:
         if not targets:
@@ -156,7 +156,7 @@ class LoadGenerator:
         self.targets = [t.rstrip("/") for t in targets]
         self.config = config or LoadConfig()
         self.session = session
-        self.clock = clock
+        self.mono_clock = mono_clock
         self.on_result = on_result
         self.stats = LoadStats()
         self._rng = random.Random(self.config.seed)
@@ -208,7 +208,7 @@ class LoadGenerator:
 
     async def _send(self, session: aiohttp.ClientSession, url: str, job: Job) -> None:
         path, body = self._body(job)
-        t0 = self.clock()
+        t0 = self.mono_clock()
         st = self.stats
         st.sent += 1
         st.by_category[job.category] = st.by_category.get(job.category, 0) + 1
@@ -233,7 +233,7 @@ class LoadGenerator:
             st.errors["connect"] = st.errors.get("connect", 0) + 1
         if result is not None:
             st.ok += 1
-            st.latencies_s.append(self.clock() - t0)
+            st.latencies_s.append(self.mono_clock() - t0)
             st.completion_tokens += int(result["usage"].get("completion_tokens", 0) or 0)
             if job.gold is not None:
                 st.graded[url] = st.graded.get(url, 0) + 1
@@ -287,7 +287,7 @@ class LoadGenerator:
         c = self.config
         if self._stop.is_set():
             return True
-        if c.duration_s is not None and self.clock() - started >= c.duration_s:
+        if c.duration_s is not None and self.mono_clock() - started >= c.duration_s:
             return True
         # jobs launched, not requests sent: a task created but not yet run has sent nothing
         return c.max_requests is not None and self._launched >= c.max_requests
@@ -298,7 +298,7 @@ class LoadGenerator:
         session = self.session or aiohttp.ClientSession()
         if self.config.mirror_url is not None:  # its own connection pool: never delays live
             self._mirror_session = aiohttp.ClientSession()
-        started = self.clock()
+        started = self.mono_clock()
         self.stats.started = started
         sem = asyncio.Semaphore(self.config.concurrency)
         tasks: set[asyncio.Task[None]] = set()
@@ -338,7 +338,7 @@ class LoadGenerator:
                 self._mirror_session = None
             if own:
                 await session.close()
-        self.stats.elapsed_s = self.clock() - started
+        self.stats.elapsed_s = self.mono_clock() - started
         return self.stats
 
 

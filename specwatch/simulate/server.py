@@ -34,11 +34,11 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
 
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.logs import log_event
 from specwatch.simulate import faults as faults_mod
 from specwatch.simulate.config import Faults, Role, SimConfig
@@ -108,19 +108,19 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
 class SimServer:
     """One simulated vLLM server: engines, metrics, faults and the aiohttp application.
 
-    ``clock`` is a monotonic clock in seconds (default ``time.monotonic``).
+    ``mono_clock`` is a monotonic clock in seconds (default ``SYSTEM_MONOTONIC``).
     """
 
     def __init__(
         self,
         config: SimConfig,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
         rng: random.Random | None = None,
     ) -> None:
         config.validate()
         self.config = config
-        self.clock = clock
+        self.mono_clock = mono_clock
         self.rng = rng or random.Random(config.seed)
         self.faults = Faults()
         self.metrics = SimMetrics(config)
@@ -188,12 +188,12 @@ class SimServer:
                 wake.clear()
                 await wake.wait()
                 continue
-            res = core.step(self.clock(), scale)
+            res = core.step(self.mono_clock(), scale)
             if res is None:
                 # running requests exist but nothing fits (e.g. admission stalled): idle a tick
                 await asyncio.sleep(self.config.step_time.base_s * max(scale, 0.01))
                 continue
-            delay = res.end - self.clock()
+            delay = res.end - self.mono_clock()
             await asyncio.sleep(delay if delay > 0 else 0)
             dispatch(res.outputs)
 
@@ -472,7 +472,7 @@ class SimServer:
             prompt=prompt,
             prompt_len=prompt_len,
             max_tokens=int(max_tokens),
-            arrival=self.clock(),
+            arrival=self.mono_clock(),
             temperature=float(temperature),
             top_p=float(top_p),
             seed=int(seed),
@@ -518,7 +518,7 @@ class SimServer:
                 if out.finish_reason is not None:
                     break
         except asyncio.CancelledError:
-            core.abort(req, self.clock())
+            core.abort(req, self.mono_clock())
             raise
         return web.json_response(self._final_body(req, opts, chat, created))
 
@@ -671,6 +671,6 @@ class SimServer:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            core.abort(req, self.clock())
+            core.abort(req, self.mono_clock())
             raise
         return resp

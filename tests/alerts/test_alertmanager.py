@@ -41,7 +41,7 @@ from specwatch.alerts.values import AlertingState
 from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 
 @dataclass
@@ -292,11 +292,11 @@ class TestSettings:
 
 
 async def _loop(
-    url: str, findings: list[Alert], clock: FakeClock, sleeps: Sleeps, **kw: Any
+    url: str, findings: list[Alert], clock: FakeWallClock, sleeps: Sleeps, **kw: Any
 ) -> tuple[AlertLoop, aiohttp.ClientSession]:
     session = aiohttp.ClientSession()
     settings = AlertingSettings(urls=[url], resend_interval=60, evaluation_interval=15, **kw)
-    loop = AlertLoop(settings, session, lambda: findings, clock=clock, sleep=sleeps)
+    loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=sleeps)
     return loop, session
 
 
@@ -305,7 +305,7 @@ class TestSender:
         """Two 503s then 200: three POSTs, sleeps 0.5 s then 1 s, outbox empty, 2 errors."""
         am, url = fake_am
         am.statuses = [503, 503]
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
@@ -318,7 +318,7 @@ class TestSender:
         """Backoff doubles up to retry_max_backoff."""
         am, url = fake_am
         am.statuses = [500] * 5
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(
             url, [drop()], clock, sleeps, max_attempts=5, retry_max_backoff=1.5
         )
@@ -331,7 +331,7 @@ class TestSender:
         """429 (too many requests) means later: retried, delivered on the second attempt."""
         am, url = fake_am
         am.statuses = [429]
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
@@ -344,7 +344,7 @@ class TestSender:
         """A 400 is counted once and the batch is dropped, not retried."""
         am, url = fake_am
         am.statuses = [400]
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps)
         async with session:
             await loop.tick()
@@ -360,7 +360,7 @@ class TestSender:
         both with their original startsAt, the firing one with a fresh lease."""
         am, url = fake_am
         am.statuses = [503] * 3
-        clock, sleeps = FakeClock(1000.0), Sleeps()
+        clock, sleeps = FakeWallClock(1000.0), Sleeps()
         findings = [drop(engine="1"), drop(engine="2")]
         loop, session = await _loop(url, findings, clock, sleeps)
         async with session:
@@ -383,7 +383,7 @@ class TestSender:
         await server.start_server()
         url = str(server.make_url("")).rstrip("/")
         await server.close()  # nothing listens there any more
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps, max_attempts=2)
         async with session:
             await loop.tick()
@@ -393,7 +393,7 @@ class TestSender:
     async def test_bearer_header(self, fake_am: tuple[FakeAM, str]) -> None:
         """A configured bearer token is sent as the Authorization header with a JSON body."""
         am, url = fake_am
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [drop()], clock, sleeps, bearer_token="s3cret")
         async with session:
             await loop.tick()
@@ -404,7 +404,7 @@ class TestSender:
     async def test_basic_auth_header(self, fake_am: tuple[FakeAM, str]) -> None:
         """A configured user and password are sent as HTTP basic auth."""
         am, url = fake_am
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(
             url, [drop()], clock, sleeps, basic_username="am", basic_password="pw"
         )
@@ -423,7 +423,7 @@ class TestSender:
             "d",
             labels={"category": "math", "model.name": "llama", "9x": "y", "blank": ""},
         )
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         loop, session = await _loop(url, [odd], clock, sleeps)
         async with session:
             await loop.tick()
@@ -439,10 +439,10 @@ class TestSender:
     async def test_every_url_gets_the_alert(self, fake_am: tuple[FakeAM, str]) -> None:
         """With two Alertmanagers, one down: the up one gets it, the other keeps it queued."""
         am, url = fake_am
-        clock, sleeps = FakeClock(), Sleeps()
+        clock, sleeps = FakeWallClock(), Sleeps()
         session = aiohttp.ClientSession()
         settings = AlertingSettings(urls=[url, "http://127.0.0.1:9"], max_attempts=1)
-        loop = AlertLoop(settings, session, lambda: [drop()], clock=clock, sleep=sleeps)
+        loop = AlertLoop(settings, session, lambda: [drop()], wall_clock=clock, sleep=sleeps)
         async with session:
             await loop.tick()
         assert len(am.requests) == 1
@@ -457,7 +457,7 @@ async def test_on_state_and_alerts_json() -> None:
             AlertingSettings(),
             session,
             lambda: [drop()],
-            clock=FakeClock(1_800_000_000.0),
+            wall_clock=FakeWallClock(1_800_000_000.0),
             sleep=Sleeps(),
             on_state=seen.append,
         )
@@ -557,7 +557,11 @@ class TestTransport:
                 async with aiohttp.ClientSession() as session:
                     settings = AlertingSettings(urls=[url], tls=tls, max_attempts=1)
                     loop = AlertLoop(
-                        settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps()
+                        settings,
+                        session,
+                        lambda: [drop()],
+                        wall_clock=FakeWallClock(),
+                        sleep=Sleeps(),
                     )
                     await loop.tick()
                 assert (loop.state.outbox_depth == 0) is delivered
@@ -570,7 +574,9 @@ class TestTransport:
         """An Alertmanager slower than the timeout counts as reason=timeout; the alert stays."""
         async with silent_am() as url, aiohttp.ClientSession() as session:
             settings = AlertingSettings(urls=[url], timeout=0.05, max_attempts=1)
-            loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
+            loop = AlertLoop(
+                settings, session, lambda: [drop()], wall_clock=FakeWallClock(), sleep=Sleeps()
+            )
             await loop.tick()
         assert loop.state.send_errors["timeout"] == 1
         assert loop.state.outbox_depth == 1
@@ -580,7 +586,7 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
     """run() ticks, sleeps evaluation_interval, ticks again: with resend = evaluation = 15 s each
     tick re-sends the alert with the same startsAt and a lease renewed by 15 s."""
     am, url = fake_am
-    clock = FakeClock(1000.0)
+    clock = FakeWallClock(1000.0)
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
@@ -591,7 +597,7 @@ async def test_run_resends_every_interval(fake_am: tuple[FakeAM, str]) -> None:
 
     async with aiohttp.ClientSession() as session:
         settings = AlertingSettings(urls=[url], resend_interval=15, evaluation_interval=15)
-        loop = AlertLoop(settings, session, lambda: [drop()], clock=clock, sleep=sleep)
+        loop = AlertLoop(settings, session, lambda: [drop()], wall_clock=clock, sleep=sleep)
         with pytest.raises(asyncio.CancelledError):
             await loop.run()
     assert slept == [15, 15, 15]
@@ -605,7 +611,9 @@ async def test_flush_is_bounded_by_evaluation_interval() -> None:
     evaluation_interval: the flush is cut off, counted as timeout, and the alert stays queued."""
     async with silent_am() as url, aiohttp.ClientSession() as session:
         settings = AlertingSettings(urls=[url], timeout=30, max_attempts=3, evaluation_interval=0.2)
-        loop = AlertLoop(settings, session, lambda: [drop()], clock=FakeClock(), sleep=Sleeps())
+        loop = AlertLoop(
+            settings, session, lambda: [drop()], wall_clock=FakeWallClock(), sleep=Sleeps()
+        )
         await asyncio.wait_for(loop.tick(), timeout=20)
     assert loop.state.send_errors["timeout"] == 1
     assert loop.state.outbox_depth == 1

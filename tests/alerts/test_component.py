@@ -21,7 +21,7 @@ from specwatch.observe.settings import TargetSettings
 from specwatch.server.wiring import AlertingPlug, alerting_components
 from specwatch.settings import Settings
 from tests.e2e.stack import poll, running_stack
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 
 def test_alerting_components_for_run() -> None:
@@ -118,7 +118,7 @@ async def test_bad_saved_state_is_counted_and_ignored(
     """A malformed state file, or one written 2 h ago (restore_max_age 1 h), is counted under
     its reason with one log line naming the file; the component starts empty and saves a fresh
     state on its first tick."""
-    clock = FakeClock()
+    clock = FakeWallClock()
     path = tmp_path / "alerts.json"
     path.write_text(content % (clock() + written_at) if written_at is not None else content)
     settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
@@ -127,7 +127,7 @@ async def test_bad_saved_state_is_counted_and_ignored(
         settings.alerting,
         settings.windows,
         inputs=lambda: (None, None),
-        clock=clock,
+        wall_clock=clock,
         sleep=lambda s: asyncio.sleep(3600),
         state_path=path,
     )

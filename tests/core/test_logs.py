@@ -22,7 +22,7 @@ from specwatch.shadow.ingest.canary import parse_lines
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair
-from tests.fakes import FakeClock, free_port
+from tests.fakes import FakeMonotonicClock, free_port
 
 
 @pytest.fixture(autouse=True)
@@ -191,17 +191,18 @@ def test_canary_bad_line_has_file_line_and_reason() -> None:
     assert (doc["file"], doc["line"], doc["reason"]) == ("set.jsonl", 2, "invalid_json")
 
 
-def test_rate_limited_log_counts_what_it_leaves_out(clock: FakeClock) -> None:
+def test_rate_limited_log_counts_what_it_leaves_out() -> None:
     """Burst 10 a minute per (event, reason): 25 lines in one minute write 10 and leave out 15;
     the first line of the next minute carries ``suppressed=15``; another reason has its own
     budget."""
     stream = io.StringIO()
     setup_logging("INFO", "json", stream)
-    limited = RateLimitedLog(logging.getLogger("specwatch.test"), clock=clock.monotonic)
+    mono_clock = FakeMonotonicClock()
+    limited = RateLimitedLog(logging.getLogger("specwatch.test"), mono_clock=mono_clock)
     written = [limited.warning("bad request", reason="invalid_json", n=i) for i in range(25)]
     assert written == [True] * 10 + [False] * 15
     assert limited.warning("bad request", reason="too_deep")
-    clock.advance(60)
+    mono_clock.advance(60)
     assert limited.warning("bad request", reason="invalid_json", n=25)
     docs = [d for d in _json_lines(stream) if d["event"] == "bad request"]
     assert len(docs) == 12

@@ -23,7 +23,7 @@ from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 GOOD = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n'
 SECRETS = ("PWLEAK42", "QLEAK42", "TOKLEAK42")
@@ -65,7 +65,7 @@ async def fake() -> AsyncIterator[FakeVllm]:
 
 
 async def _app(settings: Settings) -> AsyncIterator[tuple[web.Application, TestClient[Any, Any]]]:
-    app = build_app(settings, clock=FakeClock(), scrape=False)
+    app = build_app(settings, wall_clock=FakeWallClock(), scrape=False)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         yield app, client
 

@@ -16,9 +16,9 @@ import pytest
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
-from specwatch.core.clock import format_rfc3339
+from specwatch.core.clock import SYSTEM_WALL, format_rfc3339
 from tests.e2e.stack import Alertmanager, running_alertmanager
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 pytestmark = pytest.mark.promtool
 
@@ -65,7 +65,7 @@ async def test_alert_listed_then_resolved(am: tuple[Alertmanager, aiohttp.Client
         runbook_base_url="https://example.test/runbook.md",
         generator_url="http://specwatch.example:9464/api/v1/snapshot",
     )
-    loop = AlertLoop(settings, session, lambda: findings, clock=time.time, sleep=_no_sleep)
+    loop = AlertLoop(settings, session, lambda: findings, wall_clock=SYSTEM_WALL, sleep=_no_sleep)
     await loop.tick()
     (listed,) = await manager.alerts(session)
     assert listed["labels"] == {
@@ -98,12 +98,12 @@ async def test_restart_loses_nothing(
     restart the outbox delivers engine 2 at once and the next resend brings engine 1 back
     with its original startsAt."""
     manager, session = am
-    clock = FakeClock(time.time())
+    clock = FakeWallClock(time.time())
     findings = [_finding("1")]
     settings = AlertingSettings(
         urls=[manager.url], resend_interval=30, evaluation_interval=15, max_attempts=2
     )
-    loop = AlertLoop(settings, session, lambda: findings, clock=clock, sleep=_no_sleep)
+    loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=_no_sleep)
     start_1 = clock.t
     await loop.tick()
     assert list(_by_engine(await manager.alerts(session))) == ["1"]
@@ -133,10 +133,10 @@ async def test_outbox_delivers_before_resend(
     """An alert raised while Alertmanager is down arrives on the first tick after it is back,
     without waiting for the resend interval."""
     manager, session = am
-    clock = FakeClock(time.time())
+    clock = FakeWallClock(time.time())
     findings: list[Alert] = []
     settings = AlertingSettings(urls=[manager.url], resend_interval=300, max_attempts=1)
-    loop = AlertLoop(settings, session, lambda: findings, clock=clock, sleep=_no_sleep)
+    loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=_no_sleep)
     await manager.stop()
     findings.append(_finding("5"))
     await loop.tick()
@@ -156,7 +156,7 @@ async def test_resends_never_flap(am: tuple[Alertmanager, aiohttp.ClientSession]
     )
     starts: set[str] = set()
     ends: list[str] = []
-    loop = AlertLoop(settings, session, lambda: findings, clock=time.time, sleep=_no_sleep)
+    loop = AlertLoop(settings, session, lambda: findings, wall_clock=SYSTEM_WALL, sleep=_no_sleep)
     for _ in range(12):
         await loop.tick()
         (listed,) = await manager.alerts(session)
@@ -195,7 +195,7 @@ async def test_two_fly_pairs_in_one_cluster_never_merge(
             generator_url=f"http://10.0.0.{len(loops) + 1}:9477/api/v1/snapshot",
         )
         loops.append(
-            AlertLoop(settings, session, lambda: [finding], clock=time.time, sleep=_no_sleep)
+            AlertLoop(settings, session, lambda: [finding], wall_clock=SYSTEM_WALL, sleep=_no_sleep)
         )
     for loop in loops:
         await loop.tick()

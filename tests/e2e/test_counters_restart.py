@@ -32,7 +32,7 @@ from specwatch.shadow.settings import (
     ShadowSettings,
 )
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-from tests.fakes import REPO, FakeClock
+from tests.fakes import REPO, FakeClocks
 
 pytestmark = pytest.mark.promtool
 
@@ -53,7 +53,7 @@ def _pair(t: float, n: int, std_ok: bool, fly_ok: bool) -> PairOutcome:
     )
 
 
-def _component(path: Path, clock: FakeClock) -> ShadowComponent:
+def _component(path: Path, clocks: FakeClocks) -> ShadowComponent:
     arm = ArmEndpoint(url="http://127.0.0.1:9")  # never called: nothing is sampled
     return ShadowComponent(
         ShadowSettings(
@@ -61,8 +61,8 @@ def _component(path: Path, clock: FakeClock) -> ShadowComponent:
         ),
         PairedSettings(),
         LedgerSettings(path=str(path), max_rows=30, max_age_seconds=None),
-        clock=clock,
-        monotonic=clock.monotonic,
+        wall_clock=clocks.wall,
+        mono_clock=clocks.mono,
     )
 
 
@@ -79,18 +79,18 @@ def _counter(comp: ShadowComponent, outcome: str) -> float:
 
 
 async def _run(
-    path: Path, clock: FakeClock, minutes: int, start: int, series: dict[str, list[float]]
+    path: Path, clocks: FakeClocks, minutes: int, start: int, series: dict[str, list[float]]
 ) -> int:
     """One specwatch process: ``minutes`` minutes of 2 lost + 1 gained pair each, /metrics read
     at the end of each minute. Returns the next pair number."""
-    comp = _component(path, clock)
+    comp = _component(path, clocks)
     n = start
     async with comp.running():
         for _ in range(minutes):
             for std_ok, fly_ok in ((True, False), (True, False), (False, True)):
-                comp.consume(_pair(clock(), n, std_ok, fly_ok))
+                comp.consume(_pair(clocks.wall(), n, std_ok, fly_ok))
                 n += 1
-            clock.advance(60)
+            clocks.advance(60)
             await comp.refresh(flush=True)
             assert comp.ledger is not None
             await comp.ledger.prune()
@@ -105,15 +105,15 @@ async def test_fleet_rules_see_no_false_increase_over_a_restart_with_pruning(
     """Counters start at 0 with the new process (a true reset); the ledger's retained totals
     are a gauge: the fleet rules' 1h increase equals the pairs that happened (120 lost,
     60 gained), and the pruned ledger holds 30 rows (20 lost, 10 gained)."""
-    clock = FakeClock()
+    clocks = FakeClocks()
     path = tmp_path / "ledger.sqlite"
     series: dict[str, list[float]] = {"lost": [], "gained": []}
-    n = await _run(path, clock, 45, 0, series)
+    n = await _run(path, clocks, 45, 0, series)
     assert series["lost"][:2] == [2, 4]
     assert series["lost"][-1] == 90
-    await _run(path, clock, 45, n, series)
+    await _run(path, clocks, 45, n, series)
     assert series["lost"][44:47] == [90, 2, 4]  # restart: from 0, never from the ledger's 20
-    comp = _component(path, clock)
+    comp = _component(path, clocks)
     async with comp.running():
         stats = await comp.refresh()
     assert stats.ledger_pairs[("math", "fly", "lost")] == 20

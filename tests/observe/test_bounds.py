@@ -21,7 +21,7 @@ from specwatch.observe.tracker import TargetTracker
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 
 def page(
@@ -49,15 +49,17 @@ def page(
 class Sidecar:
     """specwatch's app on 127.0.0.1 scraping one fake vLLM target by hand."""
 
-    def __init__(self, app: Any, client: TestClient[Any, Any], fake: FakeVllm, clock: FakeClock):
-        self.app, self.client, self.fake, self.clock = app, client, fake, clock
+    def __init__(
+        self, app: Any, client: TestClient[Any, Any], fake: FakeVllm, wall_clock: FakeWallClock
+    ):
+        self.app, self.client, self.fake, self.wall_clock = app, client, fake, wall_clock
 
     async def scrape(self, body: str) -> bool:
         self.fake.replies.clear()  # the fake repeats its last reply: serve exactly this one
         self.fake.push(Reply(body))
         target = self.app[SCRAPER_KEY].trackers["fly"].target
         ok: bool = await self.app[SCRAPER_KEY].scrape_once(target)
-        self.clock.advance(30)
+        self.wall_clock.advance(30)
         return ok
 
     async def series(self) -> list[tuple[str, dict[str, str], float]]:
@@ -87,16 +89,18 @@ class Sidecar:
 
 
 @pytest.fixture
-async def sidecar(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[Sidecar]:
+async def sidecar(
+    request: pytest.FixtureRequest, wall_clock: FakeWallClock
+) -> AsyncIterator[Sidecar]:
     scrape: dict[str, Any] = getattr(request, "param", {})
     async with FakeVllm() as fake:
         settings = Settings(
             targets=(TargetSettings(name="fly", url=fake.url),),
             scrape=ScrapeSettings(**{"max_body_bytes": 64 << 20, **scrape}),
         )
-        app = build_app(settings, clock=clock, scrape=False)
+        app = build_app(settings, wall_clock=wall_clock, scrape=False)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield Sidecar(app, client, fake, clock)
+            yield Sidecar(app, client, fake, wall_clock)
 
 
 def _labels(series: list[tuple[str, dict[str, str], float]], label: str) -> set[str]:
@@ -149,7 +153,7 @@ async def test_memory_stays_bounded_over_ten_thousand_models(sidecar: Sidecar) -
         for batch in range(10):
             names = [(f"x{batch}-{i:04d}", "0") for i in range(1_000)]
             assert await sidecar.scrape(page(names, 10 + batch))
-            sidecar.clock.advance(1800)  # past scrape.stale_series_seconds (default 1800)
+            sidecar.wall_clock.advance(1800)  # past scrape.stale_series_seconds (default 1800)
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
@@ -170,7 +174,7 @@ async def test_vanished_models_are_pruned_and_free_their_place(sidecar: Sidecar)
     assert await sidecar.scrape(page([("b", "0")], 100))
     assert _labels(await sidecar.series(), "model_name") == set()
     assert await sidecar.value("specwatch_scrape_errors_total", reason="model_cap") == 1
-    sidecar.clock.advance(1800)
+    sidecar.wall_clock.advance(1800)
     assert await sidecar.scrape(page([("b", "0")], 110))
     assert await sidecar.scrape(page([("b", "0")], 120))
     assert _labels(await sidecar.series(), "model_name") == {"b"}

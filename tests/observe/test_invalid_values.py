@@ -26,7 +26,7 @@ from specwatch.observe.tracker import TargetTracker
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 
 LBL = 'engine="0",model_name="m"'
 
@@ -99,21 +99,21 @@ def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
 
 @pytest.fixture
 async def app_and_fake() -> AsyncIterator[
-    tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeClock]
+    tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock]
 ]:
-    clock = FakeClock()
+    clock = FakeWallClock()
     async with FakeVllm() as fake:
         settings = Settings(
             targets=(TargetSettings(name="fly", url=fake.url),),
             scrape=ScrapeSettings(timeout_seconds=2.0),
         )
-        app = build_app(settings, clock=clock, scrape=False)
+        app = build_app(settings, wall_clock=clock, scrape=False)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             yield app, client, fake, clock
 
 
 async def test_inf_drafts_in_run_no_wrong_tau_strict_json_counter_and_one_log_line(
-    app_and_fake: tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeClock],
+    app_and_fake: tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Infinite drafts in a run give no wrong tau, strict JSON, a counted error and one log line."""

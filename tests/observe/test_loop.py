@@ -22,7 +22,7 @@ from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
 from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeClock
+from tests.fakes import FakeWallClock
 from tests.fixture_files import body
 
 GOOD = body("vllm-metrics/real-cpu-ngram.txt")
@@ -44,15 +44,19 @@ def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
 
 
 class Harness:
-    """An app with scraping driven by hand, a fake vLLM and a fake clock."""
+    """An app with scraping driven by hand, a fake vLLM and a fake wall clock."""
 
     def __init__(
-        self, app: web.Application, client: TestClient[Any, Any], fake: FakeVllm, clock: FakeClock
+        self,
+        app: web.Application,
+        client: TestClient[Any, Any],
+        fake: FakeVllm,
+        wall_clock: FakeWallClock,
     ) -> None:
         self.app = app
         self.client = client
         self.fake = fake
-        self.clock = clock
+        self.wall_clock = wall_clock
 
     async def scrape(self) -> bool:
         target = self.app[SCRAPER_KEY].trackers["fly"].target
@@ -70,10 +74,12 @@ class Harness:
         return doc
 
 
-async def _harness(fake: FakeVllm, clock: FakeClock, **scrape: Any) -> AsyncIterator[Harness]:
-    app = build_app(_settings(fake.url, **scrape), clock=clock, scrape=False)
+async def _harness(
+    fake: FakeVllm, wall_clock: FakeWallClock, **scrape: Any
+) -> AsyncIterator[Harness]:
+    app = build_app(_settings(fake.url, **scrape), wall_clock=wall_clock, scrape=False)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        yield Harness(app, client, fake, clock)
+        yield Harness(app, client, fake, wall_clock)
 
 
 @pytest.fixture
@@ -83,8 +89,8 @@ async def fake() -> AsyncIterator[FakeVllm]:
 
 
 @pytest.fixture
-async def h(fake: FakeVllm, clock: FakeClock) -> AsyncIterator[Harness]:
-    async for harness in _harness(fake, clock, max_body_bytes=200_000):
+async def h(fake: FakeVllm, wall_clock: FakeWallClock) -> AsyncIterator[Harness]:
+    async for harness in _harness(fake, wall_clock, max_body_bytes=200_000):
         yield harness
 
 
@@ -98,7 +104,7 @@ async def _good_then(h: Harness, bad: Reply, caplog: pytest.LogCaptureFixture) -
     """One good scrape, then ``bad``: return /metrics after the bad one."""
     h.fake.push(Reply(GOOD), bad)
     assert await h.scrape()
-    h.clock.advance(5)
+    h.wall_clock.advance(5)
     caplog.clear()
     assert not await h.scrape()
     return await h.metrics()
@@ -167,13 +173,13 @@ class TestBadInput:
             assert "hint" not in fields
 
     async def test_openai_base_url_gets_a_hint(
-        self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
+        self, fake: FakeVllm, wall_clock: FakeWallClock, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A target given as the OpenAI base URL (``…/v1``): the failed scrape's log line names
         that URL and says which URL specwatch wants instead."""
         caplog.set_level(logging.DEBUG, logger="specwatch")
         base = fake.url.removesuffix("/metrics")
-        app = build_app(_settings(base + "/v1"), clock=clock, scrape=False)
+        app = build_app(_settings(base + "/v1"), wall_clock=wall_clock, scrape=False)
         async with TestClient(TestServer(app, host="127.0.0.1")):
             target = app[SCRAPER_KEY].trackers["fly"].target
             assert not await app[SCRAPER_KEY].scrape_once(target)
@@ -184,11 +190,11 @@ class TestBadInput:
         )
 
     async def test_timeout(
-        self, fake: FakeVllm, clock: FakeClock, caplog: pytest.LogCaptureFixture
+        self, fake: FakeVllm, wall_clock: FakeWallClock, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A server that never answers: reason timeout, last good values kept."""
         caplog.set_level(logging.DEBUG, logger="specwatch")
-        async for h in _harness(fake, clock, timeout_seconds=0.2):
+        async for h in _harness(fake, wall_clock, timeout_seconds=0.2):
             text = await _good_then(h, Reply(kind="hang"), caplog)
             assert (
                 _sample(
@@ -200,13 +206,15 @@ class TestBadInput:
             assert len(_warnings(caplog)) == 1
 
     async def test_connection_refused(
-        self, clock: FakeClock, caplog: pytest.LogCaptureFixture
+        self, wall_clock: FakeWallClock, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Nobody listening: reason connect, up 0, not ready."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        app = build_app(_settings(f"http://127.0.0.1:{port}/metrics"), clock=clock, scrape=False)
+        app = build_app(
+            _settings(f"http://127.0.0.1:{port}/metrics"), wall_clock=wall_clock, scrape=False
+        )
         caplog.set_level(logging.DEBUG, logger="specwatch")
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             target = app[SCRAPER_KEY].trackers["fly"].target
@@ -247,7 +255,7 @@ class TestGoodInput:
         h.fake.push(Reply(first), Reply(GOOD))
         assert (await h.client.get("/readyz")).status == 503
         assert await h.scrape()
-        h.clock.advance(30)
+        h.wall_clock.advance(30)
         assert await h.scrape()
         assert (await h.client.get("/readyz")).status == 200
         text = await h.metrics()
@@ -286,7 +294,7 @@ class TestGoodInput:
         caplog.set_level(logging.DEBUG, logger="specwatch")
         h.fake.push(Reply(body("cases/C03_reset_a.prom")), Reply(body("cases/C03_reset_b.prom")))
         await h.scrape()
-        h.clock.advance(30)
+        h.wall_clock.advance(30)
         await h.scrape()
         text = await h.metrics()
         assert _sample(text, "specwatch_engine_resets_total", {"target": "fly", "engine": "0"}) == 1
@@ -305,11 +313,11 @@ class TestGoodInput:
         h.fake.push(*(Reply(body(f"cases/C03_reset_{x}.prom")) for x in "abcc"))
         for _ in range(2):
             await h.scrape()
-            h.clock.advance(30)
+            h.wall_clock.advance(30)
         caplog.clear()
         for _ in range(2):
             await h.scrape()
-            h.clock.advance(30)
+            h.wall_clock.advance(30)
         warnings = _warnings(caplog)
         assert [r.getMessage() for r in warnings] == ["scrape failed"]
         assert event_fields(warnings[0])["reason"] == "no_vllm_families"
@@ -356,7 +364,7 @@ async def test_promtool_check_metrics(h: Harness, tmp_path: Any) -> None:
 
     h.fake.push(Reply(body("vllm-metrics/real-cpu-draft-model-midflight.txt")), Reply(GOOD))
     await h.scrape()
-    h.clock.advance(30)
+    h.wall_clock.advance(30)
     await h.scrape()
     text = await h.metrics()
     assert re.search(r"^specwatch_per_position_acceptance_ratio\{", text, re.M)

@@ -19,6 +19,7 @@ from specwatch.server.wiring import AlertingPlug, arm_loads
 from specwatch.settings import Settings
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.summary import build_shadow_stats
+from tests.fakes import FakeMonotonicClock, FakeWallClock
 
 
 class TestArmLoads:
@@ -36,8 +37,8 @@ class TestArmLoads:
         state = arm_loads(
             lambda: views[-1],
             {"fly": "fly", "standard": "std"},
-            clock=lambda: 100.0,
-            monotonic=lambda: 50.0,
+            wall_clock=FakeWallClock(100.0),
+            mono_clock=FakeMonotonicClock(50.0),
         )
         assert state() == {
             "fly": ArmLoad(running=3.0, waiting=None, max_num_seqs=8, observed_at=45.0),
@@ -56,8 +57,8 @@ async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() ->
         alerting=AlertingSettings(evaluation_interval=3600.0),
         detect=DetectSettings(quality_e_value_for=0.0),
     )
-    plug = AlertingPlug(settings, clock=lambda: 1000.0)
-    app = build_app(settings, scrape=False, components=[plug], clock=lambda: 1000.0)
+    plug = AlertingPlug(settings, wall_clock=FakeWallClock(1000.0))
+    app = build_app(settings, scrape=False, components=[plug], wall_clock=FakeWallClock(1000.0))
     store = app[STORE_KEY]
     seen: list[Snapshot] = []
     store.subscribe(seen.append)
@@ -90,8 +91,8 @@ async def test_e_value_under_one_over_alpha_stays_quiet() -> None:
         alerting=AlertingSettings(evaluation_interval=3600.0),
         detect=DetectSettings(quality_e_value_for=0.0),
     )
-    plug = AlertingPlug(settings, clock=lambda: 1000.0)
-    app = build_app(settings, scrape=False, components=[plug], clock=lambda: 1000.0)
+    plug = AlertingPlug(settings, wall_clock=FakeWallClock(1000.0))
+    app = build_app(settings, scrape=False, components=[plug], wall_clock=FakeWallClock(1000.0))
     store = app[STORE_KEY]
     async with TestClient(TestServer(app, host="127.0.0.1")):
         stats = build_shadow_stats({}, now=1000.0, alpha=0.01, betting_log_e_value=math.log(50))

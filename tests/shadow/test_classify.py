@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.core.logs import event_fields
 from specwatch.shadow import classify as classify_module
 from specwatch.shadow.classify import (
@@ -269,7 +269,7 @@ async def _replay_scripted(
             noise=None,
             max_tokens_cap=512,
             marker_header="X-Specwatch-Shadow",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         return await r.replay(req)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.shadow.checkers import answers_equal, json_path_get, make_checker
 from specwatch.shadow.compare import (
     CompareConfig,
@@ -245,7 +245,7 @@ async def _pair(
             noise=None,
             max_tokens_cap=64,
             marker_header="X-Specwatch-Shadow",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         return compare(await r.replay(req))
 

@@ -40,6 +40,7 @@ from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until
 from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes import FakeWallClock
 from tests.shadow.test_summary import NOW, PAIRED, varied_rows
 
 
@@ -189,11 +190,11 @@ async def test_live_statistics_equal_the_sql_recomputation_through_a_restart(
     cut the same rows), again equal to the SQL recomputation."""
     rows = varied_rows(5, 1500)
     path = tmp_path / "ledger.sqlite"
-    async with Ledger(path, clock=lambda: NOW) as led:
+    async with Ledger(path, wall_clock=FakeWallClock(NOW)) as led:
         for r in rows[:1000]:
             led.submit(r)
         await led.flush()
-    now = [NOW]
+    wall_clock = FakeWallClock(NOW)
     shadow = ShadowSettings.model_validate(
         {
             "enabled": True,
@@ -208,7 +209,7 @@ async def test_live_statistics_equal_the_sql_recomputation_through_a_restart(
         shadow,
         PAIRED,
         LedgerSettings.model_validate({"path": str(path)}),
-        clock=lambda: now[0],
+        wall_clock=wall_clock,
     )
 
     async def both() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -216,7 +217,9 @@ async def test_live_statistics_equal_the_sql_recomputation_through_a_restart(
         assert comp.ledger is not None
         assert comp.pipeline is not None
         ref = comp.build_stats(
-            await ledger_inputs(comp.ledger, PAIRED, now[0]), now[0], comp.pipeline.metrics()
+            await ledger_inputs(comp.ledger, PAIRED, wall_clock()),
+            wall_clock(),
+            comp.pipeline.metrics(),
         )
         return shadow_stats_json(live), shadow_stats_json(ref)
 
@@ -232,7 +235,7 @@ async def test_live_statistics_equal_the_sql_recomputation_through_a_restart(
         assert got == want
         assert got["ledger_rows"] == 1500
         assert _paired_in_15m(got) == _paired_since(rows, NOW - 900.0)
-        now[0] = NOW + 600.0
+        wall_clock.t = NOW + 600.0
         got, want = await both()
         assert got == want
         assert _paired_in_15m(got) == _paired_since(rows, NOW - 300.0)

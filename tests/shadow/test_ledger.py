@@ -25,7 +25,7 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.tally import HistoryCell, row_band, row_cell
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-from tests.fakes import REPO, FakeClock
+from tests.fakes import REPO, FakeWallClock
 from tests.shadow.test_summary import varied_rows
 
 ROOT = REPO
@@ -71,7 +71,7 @@ def make_outcome(i: int, *, t: float | None = None, category: str = "math") -> P
 async def test_round_trip_without_text(tmp_path: Path) -> None:
     """Outcomes written to the ledger read back equal, without text, and filter by time and
     category."""
-    async with Ledger(tmp_path / "l.db", clock=lambda: 5000.0) as ledger:
+    async with Ledger(tmp_path / "l.db", wall_clock=FakeWallClock(5000.0)) as ledger:
         outs = [make_outcome(i) for i in range(60)]
         for o in outs:
             assert ledger.submit(o)
@@ -133,8 +133,8 @@ async def test_sql_tally_matches_python_tally(tmp_path: Path) -> None:
 
 async def test_retention_by_age_and_rows(tmp_path: Path) -> None:
     """Retention keeps rows younger than the maximum age and at most the maximum row count."""
-    clock = FakeClock(2000.0)
-    ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, clock=clock)
+    clock = FakeWallClock(2000.0)
+    ledger = Ledger(tmp_path / "l.db", max_age_seconds=500.0, max_rows=300, wall_clock=clock)
     await ledger.open()
     for i in range(1000):
         ledger.submit(make_outcome(i))  # times 1000 .. 1999
@@ -429,7 +429,7 @@ async def test_stored_aggregates_follow_inserts_and_prunes(
     rows = varied_rows(5, 1500, now=SUMS_NOW)
     led = Ledger(
         tmp_path / "l.db",
-        clock=lambda: SUMS_NOW,
+        wall_clock=FakeWallClock(SUMS_NOW),
         prune_interval_seconds=0.0,
         batch_size=97,
         **retention,  # type: ignore[arg-type]
@@ -464,13 +464,13 @@ async def test_old_ledger_without_aggregates_gets_them(
     caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
     rows = varied_rows(6, 800, now=SUMS_NOW)
     path = tmp_path / "old.db"
-    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
         for r in rows:
             led.submit(r)
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE pair_sums")
         conn.execute("DROP TABLE pair_sums_meta")
-    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
         ref = _reference_history(await led.query(), SUMS_GROUPING)
         assert await _history_of(led, SUMS_GROUPING) == ref
         assert _rebuilt_logs(caplog) == ["layout"]
@@ -513,13 +513,13 @@ async def test_aggregates_that_disagree_with_the_rows_are_rebuilt(
     rows as they are."""
     caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
     path = tmp_path / "l.db"
-    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
         await _history_of(led, SUMS_GROUPING)
         for r in varied_rows(8, 400, now=SUMS_NOW):
             led.submit(r)
     with sqlite3.connect(path) as conn:
         tamper(conn)
-    async with Ledger(path, clock=lambda: SUMS_NOW) as led:
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
         got = await _history_of(led, SUMS_GROUPING)
         assert got == _reference_history(await led.query(), SUMS_GROUPING)
     assert _rebuilt_logs(caplog) == [reason]

@@ -20,7 +20,7 @@ from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, serve_arm
-from tests.fakes import FakeClock
+from tests.fakes import FakeClocks
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -184,7 +184,7 @@ async def test_unpaired_and_excluded_are_delivered_unjudged() -> None:
 
 async def test_worker_waits_while_paused_then_replays() -> None:
     """A worker waits, polling, while the arms are loaded, then replays."""
-    clock = FakeClock(0.0)
+    clocks = FakeClocks(wall=0.0, mono=0.0)
     loads = {"standard": ArmLoad(0, 0, 8, 0.0), "fly": ArmLoad(0, 0, 8, 0.0)}
     sleeps: list[float] = []
     std = FakeArm()
@@ -196,7 +196,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
     async def fake_sleep(d: float) -> None:
         sleeps.append(d)
         if len(sleeps) == 3:  # load drains after three polls
-            loads["fly"] = ArmLoad(1, 0, 8, clock.t)
+            loads["fly"] = ArmLoad(1, 0, 8, clocks.mono.t)
         await asyncio.sleep(0)
 
     async with (
@@ -210,12 +210,12 @@ async def test_worker_waits_while_paused_then_replays() -> None:
             session=session,
             on_pair=sink,
             load_state=lambda: loads,
-            clock=clock,
-            wall_clock=clock,
+            mono_clock=clocks.mono,
+            wall_clock=clocks.wall,
             sleep=fake_sleep,
         )
         assert pipe.offer(_request()) == "admitted"
-        loads["fly"] = ArmLoad(8, 3, 8, clock.t)  # load rises while the request is queued
+        loads["fly"] = ArmLoad(8, 3, 8, clocks.mono.t)  # load rises while the request is queued
         await pipe.start()
         await _until(lambda: len(pairs) == 1)
         m = pipe.metrics()
@@ -236,18 +236,22 @@ def _request() -> ShadowRequest:
 
 async def test_expired_requests_are_dropped() -> None:
     """A request older than the maximum queue age is dropped as expired, never replayed."""
-    clock = FakeClock(0.0)
+    clocks = FakeClocks(wall=0.0, mono=0.0)
     loads = {"standard": ArmLoad(0, 5, 8, 0.0)}
 
     async def fake_sleep(d: float) -> None:
-        clock.advance(d)
-        loads["standard"] = ArmLoad(0, 5, 8, clock.t)  # stays busy, fresh readings
+        clocks.advance(d)
+        loads["standard"] = ArmLoad(0, 5, 8, clocks.mono.t)  # stays busy, fresh readings
         await asyncio.sleep(0)
 
     async with serve_arm(FakeArm()) as su, serve_arm(FakeArm()) as fu:
         settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
         async with sidecar(
-            settings, load_state=lambda: loads, clock=clock, wall_clock=clock, sleep=fake_sleep
+            settings,
+            load_state=lambda: loads,
+            mono_clock=clocks.mono,
+            wall_clock=clocks.wall,
+            sleep=fake_sleep,
         ) as (_, pipe, pairs, _c, _m):
             loads["standard"] = ArmLoad(0, 0, 8, 0.0)
             assert pipe.offer(_request()) == "admitted"
@@ -393,8 +397,8 @@ class TestFromSettings:
         """A hand-built sampler that samples nothing wins over the group's probability 1.0: the
         offered request is ``not_sampled`` and counted by that sampler."""
         settings = _settings("http://127.0.0.1:9", "http://127.0.0.1:9")
-        clock = FakeClock()
-        sampler = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=10.0)
+        clocks = FakeClocks()
+        sampler = Sampler(probability=0.0, mono_clock=clocks.mono, queue_size=1, max_rps=10.0)
         async with aiohttp.ClientSession() as session:
 
             async def sink(p: ReplayPair) -> None:
@@ -403,9 +407,13 @@ class TestFromSettings:
             pipe = ShadowPipeline(
                 settings,
                 sampler=sampler,
-                replayer=replayer_from_settings(settings, session, clock=clock),
+                replayer=replayer_from_settings(settings, session, mono_clock=clocks.mono),
                 ingest=ingest_from_settings(
-                    settings, sampler, wall_clock=clock, sleep=asyncio.sleep, serve_mirror=False
+                    settings,
+                    sampler,
+                    wall_clock=clocks.wall,
+                    sleep=asyncio.sleep,
+                    serve_mirror=False,
                 ),
                 on_pair=sink,
             )

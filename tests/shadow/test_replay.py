@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -15,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.replay import ArmTarget, Replayer, open_arm_session, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
@@ -79,7 +79,7 @@ async def _replay(
             noise=ArmTarget(Arm.NOISE, nu, arm_timeout) if noise is not None else None,
             max_tokens_cap=64,
             marker_header="X-Specwatch-Shadow",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         return await r.replay(req)
 
@@ -167,7 +167,7 @@ async def test_connect_error_and_in_band_error() -> None:
             noise=None,
             max_tokens_cap=8,
             marker_header="X-S",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         pair = await r.replay(_req(CHAT))
     assert pair.standard.error == pair.fly.error == "connect"
@@ -300,7 +300,7 @@ async def _replay_raw(std_plan: list[str]) -> tuple[ReplayPair, list[str], Repla
             noise=None,
             max_tokens_cap=8,
             marker_header="X-S",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         pair = await r.replay(_req({"prompt": "2+2="}, "/v1/completions"))
         return pair, used, r
@@ -371,7 +371,7 @@ async def test_idle_connections_are_dropped_after_the_arms_keepalive() -> None:
                 noise=None,
                 max_tokens_cap=8,
                 marker_header="X-S",
-                clock=time.perf_counter,
+                mono_clock=SYSTEM_MONOTONIC,
             )
             req = _req({"prompt": "2+2="}, "/v1/completions")
             first = await r.replay(req)

@@ -20,7 +20,7 @@ from specwatch.shadow.sample import (
     seed_from_hash,
 )
 from specwatch.shadow.values import ShadowRequest, Source
-from tests.fakes import FakeClock
+from tests.fakes import FakeMonotonicClock
 
 
 def _req(i: int, category: str = "default", **extra: object) -> ShadowRequest:
@@ -62,12 +62,12 @@ def test_hash_fraction_and_seed_by_hand() -> None:
 def test_sampling_is_reproducible_and_matches_fraction() -> None:
     """Sampling by hash fraction is reproducible, near the probability, and takes none at 0 and
     all at 1."""
-    clock = FakeClock(1000.0)
+    clock = FakeMonotonicClock(1000.0)
     reqs = [_req(i) for i in range(2000)]
     expected = [hash_fraction(r.request_hash) < 0.25 for r in reqs]
     decisions = []
     for _ in range(2):
-        s = Sampler(probability=0.25, clock=clock, queue_size=10_000, max_rps=1e9)
+        s = Sampler(probability=0.25, mono_clock=clock, queue_size=10_000, max_rps=1e9)
         decisions.append([s.offer(r) == "admitted" for r in reqs])
         assert s.not_sampled == expected.count(False)
         assert s.admitted == expected.count(True)
@@ -75,8 +75,8 @@ def test_sampling_is_reproducible_and_matches_fraction() -> None:
     # the rate is near p (binomial sd for n=2000, p=.25 is 19.4; 5 sd bound)
     assert abs(sum(expected) - 500) < 100
     # p=0 takes nothing, p=1 takes everything
-    s0 = Sampler(probability=0.0, clock=clock, queue_size=10, max_rps=1e9)
-    s1 = Sampler(probability=1.0, clock=clock, queue_size=10_000, max_rps=1e9)
+    s0 = Sampler(probability=0.0, mono_clock=clock, queue_size=10, max_rps=1e9)
+    s1 = Sampler(probability=1.0, mono_clock=clock, queue_size=10_000, max_rps=1e9)
     assert all(s0.offer(r) == "not_sampled" for r in reqs[:50])
     assert all(s1.offer(r) == "admitted" for r in reqs[:50])
 
@@ -84,23 +84,23 @@ def test_sampling_is_reproducible_and_matches_fraction() -> None:
 def test_token_bucket_by_hand() -> None:
     """The token bucket allows its burst, refills at its rate up to the burst and rejects a zero
     rate."""
-    clock = FakeClock(1000.0)
-    b = TokenBucket(rate=2.0, burst=3.0, clock=clock)
+    clock = FakeMonotonicClock(1000.0)
+    b = TokenBucket(rate=2.0, burst=3.0, mono_clock=clock)
     assert [b.take() for _ in range(4)] == [True, True, True, False]
     clock.advance(0.5)  # +1 token
     assert [b.take(), b.take()] == [True, False]
     clock.advance(10.0)  # refill capped at burst 3
     assert [b.take() for _ in range(4)] == [True, True, True, False]
     with pytest.raises(ValueError, match="rate"):
-        TokenBucket(rate=0.0, burst=1.0, clock=clock)
+        TokenBucket(rate=0.0, burst=1.0, mono_clock=clock)
 
 
 def test_category_quotas_are_per_category() -> None:
     """Category quotas limit only the listed categories, each with its own bucket."""
-    clock = FakeClock(1000.0)
+    clock = FakeMonotonicClock(1000.0)
     s = Sampler(
         probability=1.0,
-        clock=clock,
+        mono_clock=clock,
         queue_size=100,
         max_rps=1e9,
         category_quota_per_second={"math": 1.0},
@@ -120,11 +120,11 @@ def test_ten_thousand_categories_keep_twenty_and_fold_the_rest() -> None:
     """10,000 distinct categories offered once each (quota 1/s on every category): 20 are kept
     (first come), the other 9,980 are queued as ``other`` and counted; the per-category token
     buckets number 21 (20 + ``other``), so ``other`` hits its quota after its burst of 2."""
-    clock = FakeClock(1000.0)
+    clock = FakeMonotonicClock(1000.0)
     bound = CategoryBound(20)
     s = Sampler(
         probability=1.0,
-        clock=clock,
+        mono_clock=clock,
         queue_size=20_000,
         max_rps=1e9,
         default_category_quota_per_second=1.0,
@@ -155,8 +155,8 @@ def test_category_bound_seeded_by_volume_keeps_room_for_nothing_else() -> None:
 def test_rate_limit_and_queue_full() -> None:
     """The sampler drops for rate_limit beyond the burst and queue_full beyond the queue,
     counting each."""
-    clock = FakeClock(1000.0)
-    s = Sampler(probability=1.0, clock=clock, queue_size=3, max_rps=2.0)
+    clock = FakeMonotonicClock(1000.0)
+    s = Sampler(probability=1.0, mono_clock=clock, queue_size=3, max_rps=2.0)
     # burst = max(1, rps) = 2
     assert [s.offer(_req(i)) for i in range(3)] == ["admitted", "admitted", "rate_limit"]
     clock.advance(0.5)
@@ -192,9 +192,11 @@ def test_pause_reasons_by_hand() -> None:
 
 def test_sampler_pauses_and_counts_transitions() -> None:
     """The sampler drops while paused and counts one pause per transition into a reason."""
-    clock = FakeClock(1000.0)
+    clock = FakeMonotonicClock(1000.0)
     loads = {"standard": ArmLoad(0, 0, 10, clock.t), "fly": ArmLoad(0, 0, 10, clock.t)}
-    s = Sampler(probability=1.0, clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads)
+    s = Sampler(
+        probability=1.0, mono_clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads
+    )
     assert s.offer(_req(1)) == "admitted"
     loads["fly"] = ArmLoad(3, 1, 10, clock.t)
     assert s.offer(_req(2)) == "paused"
@@ -213,8 +215,8 @@ def test_sampler_pauses_and_counts_transitions() -> None:
 
 def test_force_skips_only_probability() -> None:
     """A forced offer skips the probability step but not the queue limit."""
-    clock = FakeClock(1000.0)
-    s = Sampler(probability=0.0, clock=clock, queue_size=1, max_rps=1e9)
+    clock = FakeMonotonicClock(1000.0)
+    s = Sampler(probability=0.0, mono_clock=clock, queue_size=1, max_rps=1e9)
     assert s.offer(_req(1), force=True) == "admitted"
     assert s.offer(_req(2), force=True) == "queue_full"
 

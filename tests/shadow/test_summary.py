@@ -21,6 +21,7 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.settings import PairedSettings
 from specwatch.shadow.summary import LiveTallies, build_shadow_stats
 from specwatch.shadow.tally import PairTally
+from tests.fakes import FakeWallClock
 
 NOW = 1_800_000_000.0  # a multiple of 10 s
 PAIRED = PairedSettings.model_validate({"windows": ["15m", "1h", "24h"], "load_bands": [0, 8, 32]})
@@ -84,7 +85,7 @@ def varied_rows(seed: int, n: int, now: float = NOW) -> list[LedgerRow]:
 
 
 async def _filled(path: Path, rows: list[LedgerRow]) -> Ledger:
-    led = Ledger(path, clock=lambda: NOW)
+    led = Ledger(path, wall_clock=FakeWallClock(NOW))
     await led.open()
     for r in rows:
         assert led.submit(r)
@@ -139,7 +140,9 @@ async def test_listener_follows_commits_and_retention(tmp_path: Path) -> None:
     retention prune: after ``max_rows = 500`` pruned the oldest rows, they equal the SQL
     recomputation over the 500 rows left."""
     rows = varied_rows(11, 1200)
-    led = Ledger(tmp_path / "l.db", clock=lambda: NOW, max_rows=500, prune_interval_seconds=0.0)
+    led = Ledger(
+        tmp_path / "l.db", wall_clock=FakeWallClock(NOW), max_rows=500, prune_interval_seconds=0.0
+    )
     await led.open()
     try:
         live = LiveTallies(PAIRED.window_seconds, PAIRED.load_bands, now=NOW)

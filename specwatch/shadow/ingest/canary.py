@@ -24,6 +24,7 @@ from specwatch.core import canary_file
 from specwatch.core.canary_file import CanaryFileError as CanaryFileError
 from specwatch.core.canary_file import CanaryItem as CanaryItem
 from specwatch.core.canary_file import CanaryLineError, CanaryLoad
+from specwatch.core.clock import WallClock
 from specwatch.core.logs import log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
@@ -149,7 +150,7 @@ class CanaryRunner:
         offer: Callable[[ShadowRequest], str],
         *,
         rate_per_second: float,
-        clock: Callable[[], float],
+        wall_clock: WallClock,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         loop: bool = True,
         salt: str = "",
@@ -159,7 +160,7 @@ class CanaryRunner:
         self._items = tuple(items)
         self._offer = offer
         self._interval = 1.0 / rate_per_second
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._loop = loop
         self._salt = salt
@@ -169,7 +170,7 @@ class CanaryRunner:
     async def run(self) -> None:
         while True:
             for item in self._items:
-                req = to_request(item, received_at=self._clock(), salt=self._salt)
+                req = to_request(item, received_at=self._wall_clock(), salt=self._salt)
                 self.offered[self._offer(req)] += 1
                 await self._sleep(self._interval)
             self.passes += 1

@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from specwatch.core.clock import WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
@@ -54,7 +55,8 @@ class MirrorIngest:
     ``Content-Encoding`` cannot decode (``bad_encoding``, likewise) or one that is not a JSON
     object; ``421`` when
     ``require_shadow_host`` is set and the Host lacks the ``-shadow`` suffix; ``208`` for a request
-    already carrying the marker header (skipped). ``clock`` gives unix seconds for ``received_at``.
+    already carrying the marker header (skipped). ``wall_clock`` gives unix seconds for
+    ``received_at``.
     """
 
     def __init__(
@@ -62,13 +64,13 @@ class MirrorIngest:
         offer: Offer,
         *,
         counters: IngestCounters,
-        clock: Callable[[], float],
+        wall_clock: WallClock,
         salt: str = "",
         max_body_bytes: int = 16 << 20,
         require_shadow_host: bool = False,
         marker_header: str = SHADOW_MARKER_HEADER,
     ) -> None:
-        self._offerer = Offerer(offer, counters, clock, salt)
+        self._offerer = Offerer(offer, counters, wall_clock, salt)
         self.counters = counters
         self._max = max_body_bytes
         self._require_host = require_shadow_host

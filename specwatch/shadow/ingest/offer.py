@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specwatch.core.clock import WallClock
 from specwatch.core.listen import ListenLimits, json_too_deep
 from specwatch.core.logs import RateLimitedLog, log_event
 from specwatch.shadow.sample import request_hash
@@ -112,12 +113,12 @@ class Offerer:
         self,
         offer: Offer,
         counters: IngestCounters,
-        clock: Callable[[], float],
+        wall_clock: WallClock,
         salt: str,
     ) -> None:
         self._offer = offer
         self.counters = counters
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._salt = salt
         self._rejects = RateLimitedLog(log)
 
@@ -137,7 +138,7 @@ class Offerer:
             path,
             raw,
             source=source,
-            received_at=self._clock(),
+            received_at=self._wall_clock(),
             salt=self._salt,
             category=category,
             request_id=request_id,

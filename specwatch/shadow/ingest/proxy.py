@@ -27,11 +27,11 @@ import pickle
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
@@ -131,7 +131,9 @@ async def _proxy_process(
     sock: socket.socket, options: dict[str, Any], host: str, port: int
 ) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    proxy = ShadowProxy(offer=_no_offer, counters=IngestCounters(), clock=time.time, **options)
+    proxy = ShadowProxy(
+        offer=_no_offer, counters=IngestCounters(), wall_clock=SYSTEM_WALL, **options
+    )
     channel = _Channel(writer, proxy.counters)
     proxy._channel = channel
     try:
@@ -247,7 +249,7 @@ class ShadowProxy:
         offer: Offer,
         *,
         counters: IngestCounters,
-        clock: Callable[[], float],
+        wall_clock: WallClock,
         salt: str = "",
         max_body_bytes: int = 8 << 20,
         marker_header: str = SHADOW_MARKER_HEADER,
@@ -264,7 +266,7 @@ class ShadowProxy:
         self._shutdown_timeout = shutdown_timeout_seconds
         self._base = upstream.rstrip("/")
         self._upstream = Upstream.parse(self._base, connect_timeout_seconds, total_timeout_seconds)
-        self._offerer = Offerer(offer, counters, clock, salt)
+        self._offerer = Offerer(offer, counters, wall_clock, salt)
         self.counters = counters
         self._max = max_body_bytes
         self._marker = marker_header

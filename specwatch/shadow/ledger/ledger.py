@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.shadow.ledger.aggregates import (
     SUMS_SCHEMA,
     HistoryGroup,
@@ -61,7 +61,7 @@ class Ledger:
     """Async pair ledger over one SQLite file (or ``":memory:"`` is not supported: WAL needs a
     file).
 
-    Use ``await ledger.open()`` / ``await ledger.close()`` (or ``async with``). ``clock``
+    Use ``await ledger.open()`` / ``await ledger.close()`` (or ``async with``). ``wall_clock``
     supplies "now" for retention. ``max_age_seconds`` / ``max_rows`` prune old rows after
     writes, at most every ``prune_interval_seconds``. Raises ``ValueError`` unless
     ``synchronous`` is ``OFF``, ``NORMAL``, ``FULL`` or ``EXTRA``.
@@ -78,19 +78,23 @@ class Ledger:
         queue_size: int = 100_000,
         synchronous: str = "NORMAL",
         prune_interval_seconds: float = 60.0,
-        clock: Callable[[], float] = time.time,
+        wall_clock: WallClock = SYSTEM_WALL,
     ) -> None:
         self._db = Connections(Path(path), synchronous)
         self.path = self._db.path
         self.store_text = store_text
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._retention = Retention(
             max_age_seconds=max_age_seconds,
             max_rows=max_rows,
             prune_interval_seconds=prune_interval_seconds,
         )
         self._writer = QueueWriter(
-            self._db, self._retention, batch_size=batch_size, queue_size=queue_size, clock=clock
+            self._db,
+            self._retention,
+            batch_size=batch_size,
+            queue_size=queue_size,
+            wall_clock=wall_clock,
         )
         self._rows = RowQueries(self._db)
         self._reports = ReportQueries(self._db)
@@ -151,7 +155,7 @@ class Ledger:
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (after flushing); returns the number of rows deleted."""
         await self.flush()
-        at = self._clock() if now is None else now
+        at = self._wall_clock() if now is None else now
         listener = self.listener
         grouping = listener.grouping() if listener is not None else None
         groups: list[HistoryGroup] = []

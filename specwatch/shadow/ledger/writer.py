@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specwatch.core.clock import WallClock
 from specwatch.core.logs import log_event
 from specwatch.shadow.ledger.aggregates import (
     HistoryGroup,
@@ -42,8 +43,8 @@ class LedgerHealth:
 
 class QueueWriter:
     """The write queue (at most ``queue_size`` rows) and the task that commits it in batches of
-    at most ``batch_size`` on ``db``, pruning by ``retention`` when due (``clock`` supplies "now"
-    for it). Tells :attr:`listener` about every committed batch and pruned rows."""
+    at most ``batch_size`` on ``db``, pruning by ``retention`` when due (``wall_clock`` supplies
+    "now" for it). Tells :attr:`listener` about every committed batch and pruned rows."""
 
     def __init__(
         self,
@@ -52,12 +53,12 @@ class QueueWriter:
         *,
         batch_size: int,
         queue_size: int,
-        clock: Callable[[], float],
+        wall_clock: WallClock,
     ) -> None:
         self._db = db
         self._retention = retention
         self.batch_size = batch_size
-        self._clock = clock
+        self._wall_clock = wall_clock
         self._queue: asyncio.Queue[LedgerRow | None] = asyncio.Queue(maxsize=queue_size)
         self._task: asyncio.Task[None] | None = None
         self._submitted = 0
@@ -140,7 +141,7 @@ class QueueWriter:
                 self._progress.notify_all()
 
     async def _write_batch(self, batch: list[LedgerRow]) -> None:
-        now = self._clock()
+        now = self._wall_clock()
         prune = self._retention.due(now)
         listener = self.listener
         grouping = listener.grouping() if listener is not None and prune else None

@@ -9,12 +9,12 @@ The text is random (random weights), so shapes and outcomes are asserted, not te
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
@@ -39,7 +39,7 @@ async def _replay(
             noise=None,
             max_tokens_cap=cap,
             marker_header="X-Specwatch-Shadow",
-            clock=time.perf_counter,
+            mono_clock=SYSTEM_MONOTONIC,
         )
         return compare(await r.replay(req))
 

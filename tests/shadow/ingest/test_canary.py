@@ -17,6 +17,7 @@ from specwatch.shadow.ingest.canary import (
 )
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
+from tests.fakes import FakeWallClock
 
 GOOD = [
     {"id": "a", "prompt": "2+2=", "gold": "4", "category": "math", "checker": "regex:\\d+"},
@@ -123,7 +124,7 @@ async def test_runner_paces_and_loops() -> None:
         sleeps.append(d)
 
     once = CanaryRunner(
-        items, offer, rate_per_second=4.0, clock=lambda: 0.0, sleep=sleep, loop=False
+        items, offer, rate_per_second=4.0, wall_clock=FakeWallClock(0.0), sleep=sleep, loop=False
     )
     await once.run()
     assert [r.item_id for r in got] == ["a", "7"]
@@ -131,4 +132,4 @@ async def test_runner_paces_and_loops() -> None:
     assert once.offered == {"admitted": 1, "queue_full": 1}
     assert once.passes == 1
     with pytest.raises(ValueError, match="rate"):
-        CanaryRunner(items, offer, rate_per_second=0.0, clock=lambda: 0.0)
+        CanaryRunner(items, offer, rate_per_second=0.0, wall_clock=FakeWallClock(0.0))

@@ -19,6 +19,7 @@ from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.values import ShadowRequest
+from tests.fakes import FakeWallClock
 from tests.shadow.ingest.test_proxy import running
 
 Raw = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -63,7 +64,7 @@ async def proxy_to(
         upstream,
         offer,
         counters=IngestCounters(),
-        clock=lambda: 0.0,
+        wall_clock=FakeWallClock(0.0),
         listen=listen,
         listener=ListenerStats("proxy"),
         total_timeout_seconds=total_timeout,
@@ -383,7 +384,7 @@ async def test_stop_lets_an_answer_in_progress_finish_and_refuses_new_connection
             base,
             lambda r: "x",
             counters=IngestCounters(),
-            clock=lambda: 0.0,
+            wall_clock=FakeWallClock(0.0),
             shutdown_timeout_seconds=30.0,
         )
         port = await proxy.start("127.0.0.1", 0)

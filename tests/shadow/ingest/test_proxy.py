@@ -23,6 +23,7 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
 from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes import FakeWallClock
 
 
 def long_sse_stream(n_events: int, seed: int) -> list[bytes]:
@@ -130,7 +131,7 @@ async def running(app: web.Application) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def proxy_for(upstream: str, offer: Any) -> AsyncIterator[tuple[str, ShadowProxy]]:
-    proxy = ShadowProxy(upstream, offer, counters=IngestCounters(), clock=lambda: 0.0)
+    proxy = ShadowProxy(upstream, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
     port = await proxy.start("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}", proxy
@@ -347,7 +348,7 @@ async def test_thread_mode_relays_and_hands_copy_to_the_shadow_loop() -> None:
         return "admitted"
 
     async with running(up.app()) as base:
-        proxy = ShadowProxy(base, offer, counters=IngestCounters(), clock=lambda: 0.0)
+        proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
         port = await proxy.start_in_thread("127.0.0.1", 0)
         try:
             async with (
@@ -511,7 +512,7 @@ async def test_process_mode_relays_hands_copies_over_and_survives_a_frozen_shado
         return "admitted"
 
     async with upstream_in_thread(up) as base:
-        proxy = ShadowProxy(base, offer, counters=IngestCounters(), clock=lambda: 0.0)
+        proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
         port = await proxy.start_in_process("127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}/v1/completions"
         child = proxy._child
