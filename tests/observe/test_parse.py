@@ -239,7 +239,7 @@ def _multiprocess_page(tmp_path: Path, processes: int) -> str:
         [sys.executable, "-c", _PROCESSES, str(processes)], env=env, check=True, timeout=60
     )
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(tmp_path))
+    MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
     return generate_latest(registry).decode()
 
 
