@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.alerts.alert import Alert, AlertKey, alert_key
-from specwatch.alerts.pending import Detector
 from specwatch.alerts.settings import DetectSettings
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
@@ -156,6 +155,8 @@ def replay(
     ordered = sorted(scrapes, key=lambda s: (s.t, s.target))
     if not ordered:
         return []
+    from specwatch.alerts.pending import Detector  # the statistics stack loads here, not for --help
+
     detector = Detector(detect)
     start, end = ordered[0].t, ordered[-1].t
     steps = math.floor((end - start) / evaluation_interval + 1e-9)

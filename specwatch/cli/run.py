@@ -18,8 +18,6 @@ from specwatch.cli.args import add_windows
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
-from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
-from specwatch.shadow.ledger.files import check_openable
 
 logger = logging.getLogger("specwatch.run")
 
@@ -106,6 +104,10 @@ def preflight(settings: Settings) -> None:
     """
     if not settings.shadow.enabled:
         return
+    # The ledger and canary modules load here, not when ``--help`` builds the parser.
+    from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
+    from specwatch.shadow.ledger.files import check_openable
+
     path = settings.ledger.path
     try:
         check_openable(path)
