@@ -36,16 +36,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specwatch.alerts.alert import Alert, AlertKey, alert_key
-from specwatch.alerts.settings import DetectSettings
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.observe.tracker import TargetTracker, build_view
-from specwatch.settings import ConfigError, load_settings, parse_target_spec
+
+if TYPE_CHECKING:  # settings, parser, trackers and detectors load when replaying, not for --help
+    from specwatch.alerts.alert import Alert
+    from specwatch.alerts.settings import DetectSettings
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
+    from specwatch.observe.tracker import TargetTracker
 
 logger = logging.getLogger("specwatch.replay")
 
@@ -98,6 +99,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _target(spec: str) -> tuple[dict[str, Any], Path]:
     """``NAME=DIR[,k=v...]`` → (target mapping with a placeholder URL, DIR)."""
+    from specwatch.settings import parse_target_spec
+
     raw = parse_target_spec(spec)
     directory = Path(raw.pop("url"))
     raw["url"] = f"http://replay.invalid/{raw['name']}"

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specwatch.settings import Settings, load_settings
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
 
 if TYPE_CHECKING:  # the server and statistics stacks load when used, not for ``demo --help``
     from specwatch.server.app import Component
+    from specwatch.settings import Settings
 
 #: The port the demo's sidecar tries first (falls back to a free port when it is taken; the
 #: demo prints the port it actually used).
@@ -288,6 +288,8 @@ def demo_settings(
         }
         overrides["ledger"] = {"path": str(files.ledger)}
         overrides["paired"] = {"windows": list(cfg.windows), "refresh_seconds": 1.0}
+    from specwatch.settings import load_settings
+
     return load_settings(overrides=overrides)
 
 
