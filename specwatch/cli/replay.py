@@ -43,7 +43,7 @@ from specwatch.core.logs import log_event, setup_logging
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
 
 if TYPE_CHECKING:  # settings, parser, trackers and detectors load when replaying, not for --help
-    from specwatch.alerts.alert import Alert
+    from specwatch.alerts.alert import Alert, AlertKey
     from specwatch.alerts.settings import DetectSettings
     from specwatch.observe.settings import ScrapeSettings, TargetSettings
     from specwatch.observe.tracker import TargetTracker
@@ -113,6 +113,8 @@ def _target(spec: str) -> tuple[dict[str, Any], Path]:
 def read_timeline(name: str, directory: Path) -> list[Scrape]:
     """The bodies of one directory, sorted by time. :class:`ConfigError` on a missing
     directory, no bodies, or a body name that is not a finite number of seconds."""
+    from specwatch.settings import ConfigError
+
     if not directory.is_dir():
         raise ConfigError(f"--target {name}: {directory} is not a directory")
     out: list[Scrape] = []
@@ -153,12 +155,17 @@ def replay(
     Pure apart from one log line per unparseable body. Returns the firing intervals in
     ``fired_at`` order (ties by alert name and labels).
     """
+    from specwatch.observe.settings import ScrapeSettings
+    from specwatch.observe.tracker import TargetTracker
+
     bounds = scrape if scrape is not None else ScrapeSettings()
     trackers = {t.name: TargetTracker.from_settings(t, bounds, windows) for t in targets}
     ordered = sorted(scrapes, key=lambda s: (s.t, s.target))
     if not ordered:
         return []
+    from specwatch.alerts.alert import alert_key
     from specwatch.alerts.pending import Detector  # the statistics stack loads here, not for --help
+    from specwatch.observe.tracker import build_view
 
     detector = Detector(detect)
     start, end = ordered[0].t, ordered[-1].t
@@ -251,6 +258,8 @@ def render_table(found: Sequence[Transition]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Print the alerts; 2 on a bad flag, setting or directory."""
+    from specwatch.settings import ConfigError, load_settings
+
     try:
         specs = [_target(spec) for spec in args.target]
         overrides: dict[str, Any] = {"targets": [raw for raw, _ in specs]}
