@@ -52,6 +52,12 @@ class Finding:
     message: str
 
 
+#: The jobs of the shipped deployments: prometheus-operator names a PodMonitor's job
+#: ``<namespace>/<name>`` (``deploy/base``: ``<namespace>/vllm-pair``) and a ServiceMonitor's job
+#: after the Service (``deploy/standalone``: ``specwatch``).
+DEFAULT_SPECWATCH_JOB = ".*specwatch.*|.+/vllm-pair"
+
+
 class InputError(ValueError):
     """An unreadable or malformed file given on the command line."""
 
@@ -474,9 +480,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_prometheus_url(p)
     p.add_argument(
         "--specwatch-job",
-        default=".*specwatch.*",
+        default=DEFAULT_SPECWATCH_JOB,
         metavar="REGEX",
-        help="job label of specwatch targets (default .*specwatch.*)",
+        help=f"job label of specwatch targets (default {DEFAULT_SPECWATCH_JOB})",
     )
     p.add_argument("--rules", type=Path, action="append", default=[], metavar="FILE")
     p.add_argument("--manifest", type=Path, action="append", default=[], metavar="FILE")
