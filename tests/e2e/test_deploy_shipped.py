@@ -242,14 +242,14 @@ async def own_alpha(session: aiohttp.ClientSession, url: str) -> float:
     async with session.get(f"{url}/metrics") as r:
         text = await r.text()
     acc = sum(
-        float(l.split()[-1])
-        for l in text.splitlines()
-        if l.startswith("vllm:spec_decode_num_accepted_tokens_total{")
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")
     )
     draft = sum(
-        float(l.split()[-1])
-        for l in text.splitlines()
-        if l.startswith("vllm:spec_decode_num_draft_tokens_total{")
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total{")
     )
     return acc / draft
 
