@@ -175,7 +175,7 @@ def sidecar_config(objs: Sequence[Obj], urls: dict[str, str], tmp: Path, port: i
     )
     doc["ledger"]["path"] = str(tmp / "ledger.sqlite")
     doc["scrape"] = {"interval_seconds": 0.5, "timeout_seconds": 2.0}
-    doc["paired"]["refresh_seconds"] = 0.5
+    doc.setdefault("paired", {})["refresh_seconds"] = 0.5
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
@@ -273,8 +273,19 @@ async def layout(
                 role, flags = vllm_flags(containers[cname])
                 urls[role] = await stack.enter_async_context(simulate(tmp, cname, role, flags))
         else:
-            flags = ["--served-model-name=llama-3.1-8b-instruct", "--num-speculative-tokens=6"]
-            for role in ("standard", "fly"):
+            # the servers the standalone config.yaml describes (method, K, scheduler limits)
+            cfg_doc = yaml.safe_load(
+                one(objs, "ConfigMap", "specwatch-config")["data"]["config.yaml"]
+            )
+            for t in cfg_doc["targets"]:
+                role = t["role"]
+                flags = [
+                    "--served-model-name=llama-3.1-8b-instruct",
+                    f"--method={t['method']}",
+                    f"--num-speculative-tokens={t['num_speculative_tokens']}",
+                    f"--max-num-seqs={t['max_num_seqs']}",
+                    f"--max-num-batched-tokens={t['max_num_batched_tokens']}",
+                ]
                 urls[role] = await stack.enter_async_context(simulate(tmp, role, role, flags))
         am = await stack.enter_async_context(alertmanager(tmp, session))
         cfg = sidecar_config(objs, urls, tmp, port)
