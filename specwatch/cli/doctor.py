@@ -35,6 +35,7 @@ import aiohttp
 import yaml
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
 from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
@@ -91,6 +92,19 @@ def check_targets(targets: Mapping[str, Any], job_pattern: str) -> list[Finding]
             )
         )
     return out
+
+
+def scrape_seconds(targets: Mapping[str, Any], job_pattern: str) -> float:
+    """The longest ``scrapeInterval`` of the specwatch targets (``job`` fully matching
+    ``job_pattern``) in ``/api/v1/targets`` data: the interval Grafana's ``$__rate_interval``
+    must cover; :data:`GRAFANA_SCRAPE_SECONDS` when none reports one."""
+    rx = re.compile(job_pattern)
+    found = [
+        parse_duration(str(t["scrapeInterval"]))
+        for t in targets.get("activeTargets", [])
+        if rx.fullmatch(str(t.get("labels", {}).get("job", ""))) and t.get("scrapeInterval")
+    ]
+    return max(found, default=GRAFANA_SCRAPE_SECONDS)
 
 
 def check_rules(rules: Mapping[str, Any], expected: Sequence[str]) -> list[Finding]:
@@ -243,13 +257,27 @@ def check_selectors(prom: Mapping[str, Any], objects: Sequence[Mapping[str, Any]
     return out
 
 
-_BUILTINS = {
-    "__rate_interval": "5m",
-    "__interval": "1m",
-    "__range": "1h",
-    "__range_s": "3600",
-    "__interval_ms": "60000",
-}
+#: Grafana's Prometheus data source scrape interval when nothing else is known (its default).
+GRAFANA_SCRAPE_SECONDS = 15.0
+
+
+def grafana_builtins(scrape_seconds: float = GRAFANA_SCRAPE_SECONDS) -> dict[str, str]:
+    """Grafana's built-in variables for a panel on the default 1 h range, for a data source whose
+    scrape interval is ``scrape_seconds``: ``$__interval`` is the scrape interval (the data
+    source's minimum interval) and ``$__rate_interval`` is Grafana's
+    ``max($__interval + scrape interval, 4 × scrape interval)``: 60 s at a 15 s scrape."""
+    interval = scrape_seconds
+    rate = max(interval + scrape_seconds, 4 * scrape_seconds)
+    return {
+        "__rate_interval": f"{rate:g}s",
+        "__interval": f"{interval:g}s",
+        "__range": "1h",
+        "__range_s": "3600",
+        "__interval_ms": f"{interval * 1000:g}",
+    }
+
+
+_BUILTINS = grafana_builtins()
 
 
 #: A Grafana Prometheus query variable: ``label_values(LABEL)``, ``label_values(SELECTOR, LABEL)``.
@@ -305,13 +333,15 @@ def unset_query_variables(dashboard: Mapping[str, Any]) -> list[tuple[str, str, 
 
 
 def dashboard_queries(
-    dashboard: Mapping[str, Any], resolved: Mapping[str, str] | None = None
+    dashboard: Mapping[str, Any],
+    resolved: Mapping[str, str] | None = None,
+    builtins: Mapping[str, str] = _BUILTINS,
 ) -> Iterator[tuple[str, str, str]]:
     """``(panel title, panel description, PromQL)`` for every Prometheus target of every panel
     (rows' nested panels included), with ``$var``/``${var}``/``[[var]]`` replaced by the
     variable's default value (``resolved`` first: values looked up in Prometheus for variables
-    without a default) and Grafana's built-ins by fixed durations."""
-    values = {**_BUILTINS, **_variable_defaults(dashboard), **(resolved or {})}
+    without a default) and Grafana's built-ins by ``builtins`` (:func:`grafana_builtins`)."""
+    values = {**builtins, **_variable_defaults(dashboard), **(resolved or {})}
 
     def substitute(expr: str) -> str:
         return _substitute(expr, values)
@@ -401,14 +431,18 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
 
 
 async def _dashboard_findings(
-    session: aiohttp.ClientSession, url: str, dash: Mapping[str, Any], limit_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    dash: Mapping[str, Any],
+    limit_s: float,
+    builtins: Mapping[str, str] = _BUILTINS,
 ) -> list[Finding]:
     title = dash["title"]
     out: list[Finding] = []
     resolved: dict[str, str] = {}
     for name, label, selector in unset_query_variables(dash):
         # Grafana opens the dashboard at the first value of the variable's query.
-        values = {**_BUILTINS, **_variable_defaults(dash), **resolved}
+        values = {**builtins, **_variable_defaults(dash), **resolved}
         params = {} if selector is None else {"match[]": _substitute(selector, values)}
         shown = f"label_values({', '.join([*params.values(), label])})"
         try:
@@ -424,7 +458,7 @@ async def _dashboard_findings(
             out.append(
                 Finding("fail", "dashboard", f"{title}: ${name} has no value: {shown} is empty")
             )
-    for panel, description, expr in dashboard_queries(dash, resolved):
+    for panel, description, expr in dashboard_queries(dash, resolved, builtins):
         where = f"{title} / {panel}"
         try:
             rows = await instant_query(session, url, expr, limit_s=limit_s)
@@ -450,6 +484,7 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
                 session, url, "/api/v1/targets", {"state": "active"}, limit_s=limit_s
             )
             out += check_targets(targets, job_pattern)
+            builtins = grafana_builtins(scrape_seconds(targets, job_pattern))
             rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)
             out += check_rules(rules, inputs.expected_groups)
             out += check_roles(await instant_query(session, url, VLLM_PROBE, limit_s=limit_s))
@@ -457,7 +492,7 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
             out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
             return out
         for dash in inputs.dashboards:
-            out += await _dashboard_findings(session, url, dash, limit_s)
+            out += await _dashboard_findings(session, url, dash, limit_s, builtins)
     if inputs.prometheus_object is not None:
         out += check_selectors(inputs.prometheus_object, inputs.objects)
     elif inputs.objects:
@@ -493,6 +528,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
+#: Checks from upstream to downstream: a failure upstream explains failures below it.
+CHECK_ORDER: tuple[str, ...] = ("prometheus", "targets", "selectors", "rules", "role", "dashboard")
+
+
+def triage(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` as the operator should read them: failures first, the most upstream check
+    (:data:`CHECK_ORDER`) first, so the root cause is the first line; when no specwatch target is
+    up (the targets check has no ``ok``), the dashboard failures follow from that and become one
+    line counting them; identical findings (a panel with several queries) are one line with a
+    count; then warnings, then the checks that passed."""
+    rank = {c: i for i, c in enumerate(CHECK_ORDER)}
+    no_sidecar = any(f.check == "targets" and f.status == "fail" for f in findings) and not any(
+        f.check == "targets" and f.status == "ok" for f in findings
+    )
+    counts: dict[Finding, int] = {}
+    for f in findings:
+        counts[f] = counts.get(f, 0) + 1
+    unique = [
+        f if n == 1 else Finding(f.status, f.check, f"{f.message} (x{n})")
+        for f, n in counts.items()
+    ]
+    follow = [f for f in unique if no_sidecar and f.check == "dashboard" and f.status == "fail"]
+    rest = [f for f in unique if f not in follow]
+    if follow:
+        rest.append(
+            Finding(
+                "fail",
+                "dashboard",
+                f"{len(follow)} dashboard queries have no data: they follow from the targets "
+                "failure above (no specwatch target is up); fix it and run doctor again",
+            )
+        )
+    severity = {"fail": 0, "warn": 1, "ok": 2}
+    return sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the findings; 0 when none failed, 1 when one did, 2 on bad input."""
     try:
@@ -500,8 +571,12 @@ def main(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"specwatch doctor: {exc}", file=sys.stderr)
         return 2
-    findings = asyncio.run(
-        diagnose(args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout)
+    findings = triage(
+        asyncio.run(
+            diagnose(
+                args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout
+            )
+        )
     )
     if args.format == "json":
         print(
