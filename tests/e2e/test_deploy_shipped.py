@@ -25,8 +25,6 @@ import asyncio
 import contextlib
 import json
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -39,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
+from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
 from tests.e2e.stack import AM_BIN, poll, run_prometheus
 from tests.e2e.test_dashboards_prometheus import empty_panels
@@ -49,7 +48,6 @@ from tests.sidecar_process import run_specwatch, specwatch_process
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(240)]
 
 Obj = dict[str, Any]
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 DASHBOARDS = sorted((REPO / "grafana").glob("*.json"))
 #: The Alertmanager configuration a user has: route by severity, critical inhibits warning.
 AM_CONFIG = {
@@ -72,14 +70,6 @@ AM_CONFIG = {
     ],
     "receivers": [{"name": n} for n in ("default", "page", "ticket", "null")],
 }
-
-
-def render(path: Path) -> list[Obj]:
-    """``kubectl kustomize path`` as objects."""
-    out = subprocess.run(
-        [KUBECTL, "kustomize", str(path)], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def one(objs: Sequence[Obj], kind: str, name: str | None = None) -> Obj:
@@ -264,7 +254,9 @@ async def layout(
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, str, str, dict[str, str]]]:
     """Everything of one layout running; yields (session, Prometheus URL, Alertmanager URL,
     role → simulator URL) once every dashboard panel has data."""
-    objs = render(REPO / "deploy" / ("overlays/example" if name == "in-pod" else "standalone"))
+    objs = kustomize_build(
+        REPO / "deploy" / ("overlays/example" if name == "in-pod" else "standalone")
+    )
     session = aiohttp.ClientSession()
     port = free_port()
     async with contextlib.AsyncExitStack() as stack:
