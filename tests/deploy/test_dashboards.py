@@ -428,7 +428,8 @@ class TestDashboard:
                 if "ALERTS" in expr or where == "variable job":
                     continue
                 if f"vllm:{{{block}}}" in re.sub(r"vllm:[a-z_]+\{", "vllm:{", expr):
-                    assert 'role!=""' in block and "job=" not in block, where
+                    assert 'role!=""' in block, where
+                    assert "job=" not in block, where
                 else:
                     assert 'job="$job"' in block, where
             if where.startswith("panel"):
