@@ -11,10 +11,17 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
   ``kubectl get prometheus -o yaml``) and ``--manifest FILE`` (PodMonitor, ServiceMonitor,
   PrometheusRule), each monitor's and rule's labels match the Prometheus object's selectors
   (kube-prometheus-stack selects on ``release: <release name>``);
+* ``ports``: with ``--manifest``, each PodMonitor/ServiceMonitor endpoint's ``port`` names a
+  container port / Service port of what it selects;
+* ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
 * ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
   default variable values returns data; a panel whose description says when it is empty is a
   warning, not a failure. A ``label_values`` query variable with no saved value takes the first
   value Prometheus returns for it (as Grafana opens the dashboard); none at all is a failure.
+
+Failures come first, the most upstream check first (the root cause on the first line); when no
+specwatch target is up, the dashboard failures that follow are one line. ``$__rate_interval`` is
+Grafana's: 4 × the targets' scrape interval (60s at 15 s).
 
 Exit 0 when nothing failed, 1 when a check failed, 2 on unreadable input or a bad flag.
 """
@@ -91,6 +98,107 @@ def check_targets(targets: Mapping[str, Any], job_pattern: str) -> list[Finding]
                 "config",
             )
         )
+    return out
+
+
+def _pod_specs(objects: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any], Any]]:
+    """``(what, pod labels, pod spec)`` of each Deployment/StatefulSet/DaemonSet/Pod."""
+    out: list[tuple[str, Mapping[str, Any], Any]] = []
+    for o in objects:
+        kind, meta = o.get("kind"), o.get("metadata") or {}
+        if kind == "Pod":
+            out.append((f"Pod {meta.get('name')}", meta.get("labels") or {}, o.get("spec") or {}))
+        elif kind in ("Deployment", "StatefulSet", "DaemonSet"):
+            tpl = (o.get("spec") or {}).get("template") or {}
+            labels = (tpl.get("metadata") or {}).get("labels") or {}
+            out.append((f"{kind} {meta.get('name')}", labels, tpl.get("spec") or {}))
+    return out
+
+
+def check_ports(objects: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Findings for the monitors among ``objects``: each PodMonitor endpoint's ``port`` must be
+    the name of a container port of a workload (in ``objects``) its selector matches, each
+    ServiceMonitor endpoint's ``port`` the name of a port of a Service it selects. A name that
+    resolves to nothing is scraped by nobody, silently (prometheus-operator keeps no target)."""
+    out: list[Finding] = []
+    pods = _pod_specs(objects)
+    services = [o for o in objects if o.get("kind") == "Service"]
+    for m in objects:
+        kind = m.get("kind")
+        if kind not in ("PodMonitor", "ServiceMonitor"):
+            continue
+        spec = m.get("spec") or {}
+        selector = spec.get("selector") or {}
+        what = f"{kind} {(m.get('metadata') or {}).get('name')}"
+        if kind == "PodMonitor":
+            names = {
+                str(p.get("name"))
+                for _, labels, pod in pods
+                if selector_matches(selector, labels)
+                for c in pod.get("containers") or []
+                for p in c.get("ports") or []
+            }
+            endpoints = spec.get("podMetricsEndpoints") or []
+            where = "container port"
+        else:
+            names = {
+                str(p.get("name"))
+                for svc in services
+                if selector_matches(selector, (svc.get("metadata") or {}).get("labels") or {})
+                for p in (svc.get("spec") or {}).get("ports") or []
+            }
+            endpoints = spec.get("endpoints") or []
+            where = "Service port"
+        if not names:
+            continue  # the workloads or Services are not among the files given
+        for ep in endpoints:
+            port = ep.get("port")
+            if port is None:
+                continue
+            if port in names:
+                out.append(Finding("ok", "ports", f"{what} port {port!r} names a {where}"))
+            else:
+                out.append(
+                    Finding(
+                        "fail",
+                        "ports",
+                        f"{what} port {port!r} names no {where} of what it selects "
+                        f"(there: {', '.join(sorted(names))}): nothing is scraped there",
+                    )
+                )
+    return out
+
+
+#: Where the shipped image keeps the ledger (``ledger.path`` /var/lib/specwatch/ledger.sqlite).
+LEDGER_DIR = "/var/lib/specwatch"
+
+
+def check_ledger_volume(objects: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A warning for each workload whose container mounts an ``emptyDir`` at
+    :data:`LEDGER_DIR`: the paired-outcome ledger survives container restarts but not the pod
+    (a rollout, an eviction or a node drain wipes every pair)."""
+    out: list[Finding] = []
+    for what, _, pod in _pod_specs(objects):
+        volumes = {str(v.get("name")): v for v in pod.get("volumes") or []}
+        for c in pod.get("containers") or []:
+            for mount in c.get("volumeMounts") or []:
+                if str(mount.get("mountPath", "")).rstrip("/") != LEDGER_DIR:
+                    continue
+                vol = volumes.get(str(mount.get("name")), {})
+                if "emptyDir" in vol:
+                    out.append(
+                        Finding(
+                            "warn",
+                            "ledger",
+                            f"{what} keeps the ledger ({LEDGER_DIR}) on emptyDir "
+                            f"{mount.get('name')!r}: a new pod starts with no pairs; mount a "
+                            "PersistentVolumeClaim there to keep them",
+                        )
+                    )
+                else:
+                    out.append(
+                        Finding("ok", "ledger", f"{what} keeps the ledger on a lasting volume")
+                    )
     return out
 
 
@@ -501,6 +609,8 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
                 "warn", "selectors", "--manifest given without --prometheus-object: not checked"
             )
         )
+    out += check_ports(inputs.objects)
+    out += check_ledger_volume(inputs.objects)
     return out
 
 
@@ -529,7 +639,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 #: Checks from upstream to downstream: a failure upstream explains failures below it.
-CHECK_ORDER: tuple[str, ...] = ("prometheus", "targets", "selectors", "rules", "role", "dashboard")
+CHECK_ORDER: tuple[str, ...] = (
+    "prometheus",
+    "ports",
+    "targets",
+    "selectors",
+    "rules",
+    "role",
+    "ledger",
+    "dashboard",
+)
 
 
 def triage(findings: Sequence[Finding]) -> list[Finding]:
