@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import accumulate
 
+from specwatch.observe.sglang_health import is_sglang, sglang_health
 from specwatch.observe.values import (
     COUNTER_KEYS,
     QUANTILES,
@@ -192,6 +193,8 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         time_to_first_token_mean_seconds=_div(c.get("ttft_sum"), c.get("ttft_count")),
         spec_decode_schema=schema,
     )
+    if is_sglang(g):
+        h = sglang_health(h, delta, configured_k=configured_k)
     return withhold_invalid(h)
 
 
@@ -279,6 +282,7 @@ def withhold_invalid(h: Health) -> Health:
         reasons.add("negative_rate")
     if not reasons:
         return h
+    reasons.update(h.withheld)
     return replace(h, withheld=tuple(sorted(reasons)), **changes)  # type: ignore[arg-type]
 
 
@@ -316,6 +320,10 @@ def sum_deltas(deltas: Sequence[Delta]) -> Delta:
     kv = [d.gauges["kv_cache_usage"] for d in deltas if "kv_cache_usage" in d.gauges]
     if kv:
         gauges["kv_cache_usage"] = sum(kv) / len(kv)
+    for name in sorted({n for d in deltas for n in d.gauges if n.startswith("sglang_")}):
+        # SGLang's interval gauges and constants: the mean over the DP schedulers that have them
+        values = [d.gauges[name] for d in deltas if name in d.gauges]
+        gauges[name] = sum(values) / len(values)
     by_reason: dict[str, float] = {}
     for d in deltas:
         for r, v in d.waiting_by_reason.items():

@@ -22,6 +22,7 @@ from specwatch.core.roles import Role
 from specwatch.observe.concurrency import LIMIT_STATUSES as LIMIT_STATUSES
 from specwatch.observe.concurrency import ConcurrencyProfile as ConcurrencyProfile
 from specwatch.observe.concurrency import SpeculationLimit as SpeculationLimit
+from specwatch.vllm.sglang import EngineKind
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -96,6 +97,8 @@ class PageReading:
     ``families``: allow-listed family names present on the page (for stale detection).
     ``invalid_series``: series skipped for a value or label no vLLM page carries (±Inf, a
     negative counter, a bad ``position`` or ``le``); counted.
+    ``engine_kind``: which serving engine wrote the page (``vllm`` or ``sglang``,
+    :func:`specwatch.vllm.sglang.detect_engine`).
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -103,6 +106,7 @@ class PageReading:
     duplicate_conflicts: int = 0
     families: frozenset[str] = frozenset()
     invalid_series: int = 0
+    engine_kind: EngineKind = "vllm"
 
 
 @dataclass(frozen=True, slots=True)

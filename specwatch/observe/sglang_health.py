@@ -1,0 +1,93 @@
+"""α, τ and the draft length of an SGLang engine from its counters or interval gauges (pure).
+
+SGLang's speculative gauges are *interval averages*: at each decode report (every
+``--decode-log-interval`` decode batches, 40 by default) the scheduler writes
+``spec_accept_length`` = accepted tokens / verifies over the batches since the last report
+(bonus token included: τ) and zeroes its counts. So a gauge read says what τ was over the last
+logging interval before the scrape, on the stats-logging rank, weighted by verifies; it cannot
+say what τ was over a specwatch window (1m, 5m ...), and it keeps its last value after traffic
+stops. Two routes, the first that applies:
+
+1. ``sglang_counters`` (0.5.13 on): the parser's vLLM-shaped counters from
+   ``sglang:spec_verify_calls_total`` (:mod:`specwatch.observe.sglang_parse`) give τ =
+   Δgeneration tokens / Δverify calls, exact over the window like vLLM's.
+2. ``sglang_interval`` (0.4.3 on): τ is the latest ``spec_accept_length`` gauge, the same in
+   every window; withheld (``None``) when the window saw no generated token (the gauge is an
+   older interval's) or when it is below 1 (0 is written without speculation).
+
+Either way α = (τ − 1) / (N − 1) and ℓ = N − 1, N the draft tokens verified per step: the
+page's ``spec_num_draft_tokens`` (0.5.13 on), else the configured K + 1, else N implied by the
+accept-rate gauge and τ (:func:`specwatch.vllm.sglang.draft_tokens_from_rate`). The engine's own
+``spec_accept_rate`` is never published: it exceeds 1 on some versions (NGRAM up to
+0.5.5.post2, builds before the late-2025 fix) and is biased up to 0.5.10.post1; one above 1 is
+recorded in ``withheld`` as ``acceptance_above_one`` (the rate was dropped, α is τ's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from specwatch.observe.values import Delta, Health
+from specwatch.vllm.sglang import (
+    RATE_FORMULA_CODES,
+    RateFormula,
+    alpha_from_tau,
+    draft_tokens_from_rate,
+)
+
+
+def is_sglang(gauges: Mapping[str, float]) -> bool:
+    """True when an engine's gauges are an SGLang page's (keys ``sglang_*``)."""
+    return any(key.startswith("sglang_") for key in gauges)
+
+
+def _era(code: float | None) -> RateFormula | None:
+    for era, value in RATE_FORMULA_CODES.items():
+        if code == value:
+            return era
+    return None
+
+
+def draft_tokens(
+    gauges: Mapping[str, float], configured_k: int | None, tau: float | None
+) -> int | None:
+    """N by the precedence rule: the page's gauge, the configured K + 1, the rate's N."""
+    shown = gauges.get("sglang_num_draft_tokens")
+    if shown is not None and shown >= 2:
+        return round(shown)
+    if configured_k is not None:
+        return configured_k + 1
+    rate = gauges.get("sglang_accept_rate")
+    if tau is None or rate is None:
+        return None
+    return draft_tokens_from_rate(tau, rate, _era(gauges.get("sglang_rate_formula")))
+
+
+def sglang_health(h: Health, delta: Delta, *, configured_k: int | None) -> Health:
+    """``h`` (derived from ``delta`` by the generic rules) with SGLang's τ, α, ℓ, K and schema."""
+    g = delta.gauges
+    if h.drafts is not None:
+        schema = "sglang_counters"
+        tau = h.mean_acceptance_length
+    else:
+        gauge = g.get("sglang_accept_length")
+        generated = delta.counters.get("generation_tokens")
+        stale = generated is not None and generated <= 0
+        tau = gauge if gauge is not None and gauge >= 1 and not stale else None
+        schema = "sglang_interval" if tau is not None else None
+    n = draft_tokens(g, configured_k, tau)
+    alpha = h.acceptance_rate
+    if alpha is None and tau is not None and n is not None:
+        alpha = alpha_from_tau(tau, n)
+    rate = g.get("sglang_accept_rate")
+    withheld = ("acceptance_above_one",) if rate is not None and rate > 1 else ()
+    return replace(
+        h,
+        acceptance_rate=alpha,
+        mean_acceptance_length=tau,
+        mean_draft_length=h.mean_draft_length if n is None else float(n - 1),
+        num_speculative_tokens=None if n is None else n - 1,
+        spec_decode_schema=schema,
+        withheld=withheld,
+    )
