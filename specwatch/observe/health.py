@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import accumulate
 
-from specwatch.observe.sglang_health import is_sglang, sglang_health
+from specwatch.observe.sglang_health import is_sglang, sglang_capacity, sglang_health
 from specwatch.observe.values import (
     COUNTER_KEYS,
     QUANTILES,
@@ -414,7 +414,9 @@ def capacity(
     ``observed_k`` (the page's ``position`` labels) and the configured one, kept with its source;
     S, the slots per request and the batched tokens N · (1 + K + S) need K and the method
     (and N). ``limits_configured`` needs N, B, K and the method; otherwise budget fields are
-    ``None``. Raises ``ValueError`` for an unknown method or unreadable version (settings
+    ``None``. An SGLang target (``limits.engine``) takes SGLang's rule
+    (:func:`specwatch.observe.sglang_health.sglang_capacity`). Raises ``ValueError`` for an
+    unknown method or unreadable version (settings
     validate both).
     """
     running_values = list(running_per_engine)
@@ -422,6 +424,8 @@ def capacity(
     n, b = limits.max_num_seqs, limits.max_num_batched_tokens
     chosen = speculative_tokens(observed_k, limits.num_speculative_tokens)
     k, source = (None, None) if chosen is None else chosen
+    if limits.engine == "sglang":
+        return sglang_capacity(limits, running, k, source)
     s: int | None = None
     per_request: int | None = None
     need: int | None = None

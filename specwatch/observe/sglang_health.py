@@ -28,11 +28,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from specwatch.observe.values import Delta, Health
+from specwatch.observe.values import (
+    Capacity,
+    Delta,
+    Health,
+    Limits,
+    PageReading,
+    SpeculativeTokensSource,
+)
 from specwatch.vllm.sglang import (
     RATE_FORMULA_CODES,
     RateFormula,
     alpha_from_tau,
+    budget,
     draft_tokens_from_rate,
 )
 
@@ -90,4 +98,50 @@ def sglang_health(h: Health, delta: Delta, *, configured_k: int | None) -> Healt
         num_speculative_tokens=None if n is None else n - 1,
         spec_decode_schema=schema,
         withheld=withheld,
+    )
+
+
+def sglang_observed_k(page: PageReading) -> int | None:
+    """K = N − 1 shown by an SGLang page (``sglang:spec_num_draft_tokens``, 0.5.13 on; 0 without
+    speculation): the largest over its engines, ``None`` when no engine shows N ≥ 2."""
+    shown = [
+        round(e.gauges["sglang_num_draft_tokens"]) - 1
+        for e in page.engines.values()
+        if e.gauges.get("sglang_num_draft_tokens", 0.0) >= 2
+    ]
+    return max(shown) if shown else None
+
+
+def sglang_capacity(
+    limits: Limits, running: float | None, k: int | None, source: SpeculativeTokensSource | None
+) -> Capacity:
+    """Running vs ``max_running_requests`` (the target's ``max_num_seqs``) and SGLang's budget
+    rule (:func:`specwatch.vllm.sglang.budget`): every running request verifies N = K + 1 tokens
+    per decode step, with no per-step token budget, so the admission cap and the requests
+    verified in full per step are both ``max_running_requests`` and the batch is never
+    budget-bound; ``slots_per_request`` = N and ``required_batched_tokens`` = the verify forward
+    of a full batch. ``limits_configured`` needs ``max_running_requests`` and K."""
+    n = limits.max_num_seqs
+    base = Capacity(
+        limits_configured=False,
+        max_num_seqs=n,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        num_requests_running=running,
+        running_to_max_seqs_ratio=None if n is None or running is None else running / n,
+        running_gap_requests=None if n is None or running is None else n - running,
+        num_speculative_tokens=k,
+        num_speculative_tokens_source=source,
+        extra_batch_slots=None if k is None else 0,
+        slots_per_request=None if k is None else k + 1,
+    )
+    if n is None or k is None:
+        return base
+    plan = budget(n, k + 1, k, 1)
+    return replace(
+        base,
+        limits_configured=True,
+        admission_cap_requests=plan.admission_cap,
+        decode_full_per_step_requests=plan.admission_cap,
+        budget_bound=False,
+        required_batched_tokens=plan.verify_tokens_per_step,
     )

@@ -245,7 +245,9 @@ def _freeze(acc: _Acc, era_code: float | None) -> EngineReading:
     for key, buckets in acc.buckets.items():
         if math.inf not in buckets:
             continue
-        hists[key] = Histogram(tuple(sorted(buckets.items())), acc.hcount.get(key), acc.hsum.get(key))
+        hists[key] = Histogram(
+            tuple(sorted(buckets.items())), acc.hcount.get(key), acc.hsum.get(key)
+        )
     for key in ("itl", "ttft"):
         if key in acc.hsum and key in acc.hcount:
             counters[f"{key}_sum"] = acc.hsum[key]

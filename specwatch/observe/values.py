@@ -257,6 +257,8 @@ class Limits:
     method: str | None = None
     parallel_drafting: bool = False
     vllm_version: str | None = None
+    #: the serving engine (``None``: vLLM); an SGLang target takes SGLang's budget rule
+    engine: EngineKind | None = None
 
 
 #: Where a K (num_speculative_tokens) came from: ``"observed"``, the ``position`` labels of the
