@@ -13,7 +13,12 @@ stops. Two routes, the first that applies:
    Δgeneration tokens / Δverify calls, exact over the window like vLLM's.
 2. ``sglang_interval`` (0.4.3 on): τ is the latest ``spec_accept_length`` gauge, the same in
    every window; withheld (``None``) when the window saw no generated token (the gauge is an
-   older interval's) or when it is below 1 (0 is written without speculation).
+   older interval's) or when it is below 1 (0 is written without speculation). Drafts per
+   second is then estimated as generated tokens per second / τ (no verify count exists), so
+   the acceptance detectors can judge their floor; drafts and draft tokens stay unknown.
+   What such a window can say: α and τ of the latest logging interval, and over time (the
+   best-sustained level of the decay detector) a change between intervals; it cannot compare
+   two windows' averages (a short window and its baseline read the same gauge).
 
 Either way α = (τ − 1) / (N − 1) and ℓ = N − 1, N the draft tokens verified per step: the
 page's ``spec_num_draft_tokens`` (0.5.13 on), else the configured K + 1, else N implied by the
@@ -90,8 +95,14 @@ def sglang_health(h: Health, delta: Delta, *, configured_k: int | None) -> Healt
         alpha = alpha_from_tau(tau, n)
     rate = g.get("sglang_accept_rate")
     withheld = ("acceptance_above_one",) if rate is not None and rate > 1 else ()
+    drafts_per_second = h.drafts_per_second
+    if schema == "sglang_interval" and tau is not None and h.generation_tokens_per_second:
+        # no verify count before 0.5.13: verifies ≈ generated tokens / τ (an estimate, so the
+        # acceptance detectors' drafts-per-second floor can be judged)
+        drafts_per_second = h.generation_tokens_per_second / tau
     return replace(
         h,
+        drafts_per_second=drafts_per_second,
         acceptance_rate=alpha,
         mean_acceptance_length=tau,
         mean_draft_length=h.mean_draft_length if n is None else float(n - 1),
