@@ -9,10 +9,12 @@ to 0.5.23; ``docs/metrics.md`` says which versions each rule covers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from specwatch.vllm.families import Family
+from specwatch.vllm.request_metrics import SpecDecodeReading
 
 #: The serving engines specwatch reads: vLLM (``vllm:*`` counters) and SGLang (``sglang:*``).
 EngineKind = Literal["vllm", "sglang"]
@@ -180,4 +182,51 @@ def detect_engine(body: str) -> EngineKind | None:
         return "vllm"
     if body.startswith("sglang:") or "\nsglang:" in body:
         return "sglang"
+    return None
+
+
+#: Per-request accepted-draft and proposed-draft keys by version, newest first: 0.5.12 on,
+#: 0.5.11 (kept as aliases to 0.5.20), 0.5.5.post3 to 0.5.10.
+_REQUEST_DRAFT_KEYS: tuple[tuple[str, str], ...] = (
+    ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+    ("spec_accepted_drafts", "spec_proposed_drafts"),
+    ("spec_accept_token_num", "spec_draft_token_num"),
+)
+
+
+def _count(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def read_sglang_spec(obj: Mapping[str, Any]) -> SpecDecodeReading | None:
+    """SGLang's per-request speculative fields of a reply, or ``None`` when absent or malformed:
+    ``sglext.spec_tokens_details`` of an OpenAI reply (0.5.19 on, asked with
+    ``return_spec_tokens_details``; a list when n > 1: choice 0's) or ``meta_info`` of a native
+    ``/generate`` reply. Steps = ``spec_verify_ct``; accepted and proposed drafts by the
+    version's names (:data:`_REQUEST_DRAFT_KEYS`); τ = 1 + accepted / steps and α = accepted /
+    proposed, as for vLLM (SGLang's own ``spec_accept_length`` = completion tokens / verifies
+    also counts the first token, from prefill, so it is not read). Pure."""
+    details: object = None
+    ext = obj.get("sglext")
+    if isinstance(ext, Mapping):
+        details = ext.get("spec_tokens_details")
+        if isinstance(details, list):
+            details = details[0] if details else None
+    if details is None:
+        details = obj.get("meta_info")
+    if not isinstance(details, Mapping):
+        return None
+    steps = _count(details.get("spec_verify_ct"))
+    if steps is None:
+        return None
+    for accepted_key, proposed_key in _REQUEST_DRAFT_KEYS:
+        accepted, proposed = _count(details.get(accepted_key)), _count(details.get(proposed_key))
+        if accepted is None or proposed is None:
+            continue
+        if accepted > proposed:
+            return None
+        if steps == 0:
+            return SpecDecodeReading(0, proposed, accepted, None, None)
+        alpha = accepted / proposed if proposed else None
+        return SpecDecodeReading(steps, proposed, accepted, 1.0 + accepted / steps, alpha)
     return None
