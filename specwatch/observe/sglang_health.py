@@ -80,6 +80,7 @@ def draft_tokens(
 def sglang_health(h: Health, delta: Delta, *, configured_k: int | None) -> Health:
     """``h`` (derived from ``delta`` by the generic rules) with SGLang's τ, α, ℓ, K and schema."""
     g = delta.gauges
+    schema: str | None
     if h.drafts is not None:
         schema = "sglang_counters"
         tau = h.mean_acceptance_length

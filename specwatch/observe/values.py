@@ -157,7 +157,9 @@ class Health:
     ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
     ``inter_token_latency_mean_seconds`` / ``time_to_first_token_mean_seconds``: Δ``_sum`` /
     Δ``_count`` of the histograms (seconds; beside the quantiles).
-    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"v0"`` (vLLM V0:
+    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"sglang_counters"``
+    / ``"sglang_interval"`` (SGLang's verify counter / interval gauge,
+    :mod:`specwatch.observe.sglang_health`), ``"v0"`` (vLLM V0:
     ``..._num_emitted_tokens_total`` and no drafts counter; drafts = draft tokens / K and
     τ = emitted / drafts, vLLM V0's ``SpecDecodeWorkerMetrics``), ``None`` without spec-decode
     counters. The two are never mixed in one window (:mod:`specwatch.observe.window`).
