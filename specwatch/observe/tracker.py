@@ -222,6 +222,7 @@ class TargetTracker:
             missing_families=missing,
             capacity=cap,
             windows=windows,
+            engine_kind=page.engine_kind,
         )
         return [engine for _model, engine in resets]
 

@@ -314,6 +314,7 @@ class TargetSnapshot:
     ``missing_families``: allow-listed families seen on an
     earlier page but absent from the latest good one. ``concurrency``: decode speed per
     running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
+    ``engine_kind``: ``vllm`` or ``sglang``, from the latest good page.
     """
 
     name: str
@@ -333,6 +334,8 @@ class TargetSnapshot:
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
     windows: Mapping[WindowName, Mapping[str, ModelWindow]] = field(default_factory=dict)
     concurrency: ConcurrencyProfile = field(default_factory=ConcurrencyProfile)
+    #: the serving engine of the latest good page (``None`` before one)
+    engine_kind: EngineKind | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,7 +186,8 @@ class TestReplay:
 async def test_run_scrapes_sglang_and_vllm_in_one_view(tmp_path: Path) -> None:
     """``specwatch run`` over HTTP: an SGLang 0.5.23 TP=2 server (counters, +2800 tokens over
     +1000 verifies: τ 2.8, α 0.6), an SGLang 0.5.4 NGRAM server (rate 2.5 withheld, τ 2.5,
-    α 1.5 / 11 with K 11) and a vLLM server, all in one /api/v1/snapshot."""
+    α 1.5 / 11 with K 11) and a vLLM server, all in one /api/v1/snapshot and one /metrics
+    (``specwatch_target_engine_info`` tells the engines apart)."""
     sg23, sg04, vllm = FakeVllm(), FakeVllm(), FakeVllm()
     sg23.push(Reply(counter_page(0, 0)), Reply(counter_page(2800, 1000)))
     sg04.push(Reply(ngram_page(0, 2.5)), Reply(ngram_page(1000, 2.5)))
@@ -218,6 +219,8 @@ async def test_run_scrapes_sglang_and_vllm_in_one_view(tmp_path: Path) -> None:
                     ):
                         break
                     await asyncio.sleep(0.1)
+                async with s.get(p.url + "/metrics") as r:
+                    metrics = await r.text()
             code, _ = await p.stop(signal.SIGTERM)
             assert code == 0
     finally:
@@ -231,6 +234,18 @@ async def test_run_scrapes_sglang_and_vllm_in_one_view(tmp_path: Path) -> None:
     assert std["mean_acceptance_length"] == pytest.approx(2.5)
     assert std["acceptance_rate"] == pytest.approx(1.5 / 11)
     assert std["withheld"] == ["acceptance_above_one"]
+    assert [doc["targets"][n]["serving_engine"] for n in ("fly", "standard", "baseline")] == [
+        "sglang",
+        "sglang",
+        "vllm",
+    ]
+    info = sorted(ln for ln in metrics.splitlines() if ln.startswith("specwatch_target_engine"))
+    assert info == [
+        'specwatch_target_engine_info{role="baseline",serving_engine="vllm",target="baseline"} 1.0',
+        'specwatch_target_engine_info{role="fly",serving_engine="sglang",target="fly"} 1.0',
+        'specwatch_target_engine_info{role="standard",serving_engine="sglang",'
+        'target="standard"} 1.0',
+    ]
     base = doc["targets"]["baseline"]
     assert base["up"] is True
     assert base["scrape_errors"].get("no_vllm_families", 0) == 0
