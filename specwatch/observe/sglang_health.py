@@ -12,8 +12,8 @@ stops. Two routes, the first that applies:
    ``sglang:spec_verify_calls_total`` (:mod:`specwatch.observe.sglang_parse`) give τ =
    Δgeneration tokens / Δverify calls, exact over the window like vLLM's.
 2. ``sglang_interval`` (0.4.3 on): τ is the latest ``spec_accept_length`` gauge, the same in
-   every window; withheld (``None``) when the window saw no generated token (the gauge is an
-   older interval's) or when it is below 1 (0 is written without speculation). Drafts per
+   every window; withheld (``None``) when ``generation_tokens_total`` did not move over the
+   window (the gauge may be an older interval's; the counter moves when a request finishes) or when it is below 1 (0 is written without speculation). Drafts per
    second is then estimated as generated tokens per second / τ (no verify count exists), so
    the acceptance detectors can judge their floor; drafts and draft tokens stay unknown.
    What such a window can say: α and τ of the latest logging interval, and over time (the
