@@ -13,9 +13,10 @@ stops. Two routes, the first that applies:
    Δgeneration tokens / Δverify calls, exact over the window like vLLM's.
 2. ``sglang_interval`` (0.4.3 on): τ is the latest ``spec_accept_length`` gauge, the same in
    every window; withheld (``None``) when ``generation_tokens_total`` did not move over the
-   window (the gauge may be an older interval's; the counter moves when a request finishes) or when it is below 1 (0 is written without speculation). Drafts per
-   second is then estimated as generated tokens per second / τ (no verify count exists), so
-   the acceptance detectors can judge their floor; drafts and draft tokens stay unknown.
+   window (the gauge may be an older interval's; the counter moves when a request finishes)
+   or when it is below 1 (0 is written without speculation). Drafts per second is then
+   estimated as generated tokens per second / τ (no verify count exists), so the acceptance
+   detectors can judge their floor; drafts and draft tokens stay unknown.
    What such a window can say: α and τ of the latest logging interval, and over time (the
    best-sustained level of the decay detector) a change between intervals; it cannot compare
    two windows' averages (a short window and its baseline read the same gauge).
