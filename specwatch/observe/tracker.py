@@ -223,6 +223,7 @@ class TargetTracker:
             capacity=cap,
             windows=windows,
             engine_kind=page.engine_kind,
+            gauge_processes=page.gauge_processes,
         )
         return [engine for _model, engine in resets]
 

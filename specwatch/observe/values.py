@@ -99,6 +99,9 @@ class PageReading:
     negative counter, a bad ``position`` or ``le``); counted.
     ``engine_kind``: which serving engine wrote the page (``vllm`` or ``sglang``,
     :func:`specwatch.vllm.sglang.detect_engine`).
+    ``gauge_processes``: distinct processes (:data:`specwatch.observe.parse.PROCESS_LABEL`
+    values) whose gauges the page carries once per process, each such gauge read once (the
+    largest copy); 0 when every gauge has one value.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -107,6 +110,7 @@ class PageReading:
     families: frozenset[str] = frozenset()
     invalid_series: int = 0
     engine_kind: EngineKind = "vllm"
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +319,8 @@ class TargetSnapshot:
     earlier page but absent from the latest good one. ``concurrency``: decode speed per
     running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
     ``engine_kind``: ``vllm`` or ``sglang``, from the latest good page.
+    ``gauge_processes``: :attr:`PageReading.gauge_processes` of the latest good page (gauges
+    exported once per process, read once; 0: one value per gauge).
     """
 
     name: str
@@ -336,6 +342,7 @@ class TargetSnapshot:
     concurrency: ConcurrencyProfile = field(default_factory=ConcurrencyProfile)
     #: the serving engine of the latest good page (``None`` before one)
     engine_kind: EngineKind | None = None
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
