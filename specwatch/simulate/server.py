@@ -675,7 +675,8 @@ class SimServer:
                     finish = "stop" if isinstance(parsed.tool_choice, dict) else "tool_calls"
                 c["finish_reason"] = finish
                 if out.finish_reason is not None or not chat:
-                    c["stop_reason"] = ch.req.stop_reason
+                    # vLLM names the stop string on the finishing chunk only
+                    c["stop_reason"] = ch.req.stop_reason if out.finish_reason else None
                 if not chat:
                     c["prompt_token_ids"] = None
                 c["token_ids"] = out.token_ids if parsed.return_token_ids else None
