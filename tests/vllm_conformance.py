@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from specwatch.simulate.config import Role, SimConfig
 from tests.fakes import REPO
 from tests.shapes import differences, shape
 
@@ -46,6 +47,18 @@ STOP_FROM = {
 }
 DEVIATIONS_DOC = REPO / "docs" / "simulate.md"
 DEVIATIONS_HEADING = "## Deliberate differences from vLLM"
+#: The captured real server's settings (``tests/e2e/real_vllm/servers.py``) as a simulator's.
+REAL_LIKE = SimConfig(
+    role=Role.FLY,
+    served_model_name="tiny",
+    method="draft_model",
+    num_speculative_tokens=4,
+    max_model_len=1024,
+    max_num_seqs=8,
+    vllm_version="0.32.0",
+    per_request_spec_decode_metrics="summary",
+    time_scale=0.0,
+)
 
 
 def kinds() -> list[str]:
@@ -123,6 +136,29 @@ async def send(
         except ValueError:
             rec["body_text"] = text
     return rec
+
+
+async def replay_all(base: str) -> dict[str, dict[str, Any]]:
+    """Every recorded request sent to ``base`` in the recorded order (one at a time); stop
+    kinds get a stop string from this server's own reply to the stop-free kind."""
+    replies: dict[str, dict[str, Any]] = {}
+    async with aiohttp.ClientSession() as session:
+        for kind in kinds():
+            source = STOP_FROM.get(kind)
+            stop = stop_for(replies[source]) if source else None
+            replies[kind] = await send(session, base, recorded(kind)["request"], stop)
+    return replies
+
+
+def all_differences(real: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]],
+                    real_metrics: str) -> list[str]:  # fmt: skip
+    """:func:`compare` on every kind (``/metrics`` by :func:`metrics_differences` against
+    ``real_metrics``, the real page)."""
+    found: list[str] = []
+    for kind, reply in other.items():
+        if kind != "get-metrics":
+            found += compare(kind, real[kind], reply)
+    return found + metrics_differences(real_metrics, other["get-metrics"]["body_text"])
 
 
 def _headers(rec: dict[str, Any]) -> dict[str, str]:

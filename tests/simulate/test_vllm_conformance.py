@@ -11,37 +11,21 @@ The live comparison with a real server is ``tests/e2e/real_vllm/test_conformance
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 
-from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from tests.vllm_conformance import (
     FIXTURES,
-    STOP_FROM,
-    compare,
+    REAL_LIKE,
+    all_differences,
     deviations,
-    kinds,
-    metrics_differences,
     recorded,
+    replay_all,
     send,
     stop_for,
     unexplained,
-)
-
-#: The real server's settings (``tests/e2e/real_vllm/servers.py``), as simulator flags.
-REAL_LIKE = SimConfig(
-    role=Role.FLY,
-    served_model_name="tiny",
-    method="draft_model",
-    num_speculative_tokens=4,
-    max_model_len=1024,
-    max_num_seqs=8,
-    vllm_version="0.32.0",
-    per_request_spec_decode_metrics="summary",
-    time_scale=0.0,
 )
 
 
@@ -55,28 +39,12 @@ async def simulator() -> AsyncIterator[SimulatorHandle]:
         await handle.stop()
 
 
-async def replay_all(base: str) -> dict[str, dict[str, Any]]:
-    """Every recorded request sent to ``base`` in the recorded order; stop kinds get a stop
-    string from this server's own reply to the stop-free kind."""
-    replies: dict[str, dict[str, Any]] = {}
-    async with aiohttp.ClientSession() as session:
-        for kind in kinds():
-            source = STOP_FROM.get(kind)
-            stop = stop_for(replies[source]) if source else None
-            replies[kind] = await send(session, base, recorded(kind)["request"], stop)
-    return replies
-
-
 async def test_simulator_answers_every_kind_as_real_vllm_did(simulator: SimulatorHandle) -> None:
     """No client-visible difference from the captured real replies on any of the 70 request
     kinds or on the /metrics families, except the deviations docs/simulate.md lists."""
     replies = await replay_all(simulator.url)
-    found: list[str] = []
-    for kind, reply in replies.items():
-        if kind != "get-metrics":
-            found += compare(kind, recorded(kind), reply)
-    real_page = (FIXTURES / "get-metrics.prom").read_text()
-    found += metrics_differences(real_page, replies["get-metrics"]["body_text"])
+    real = {kind: recorded(kind) for kind in replies}
+    found = all_differences(real, replies, (FIXTURES / "get-metrics.prom").read_text())
     assert len(replies) >= 70
     assert unexplained(found, deviations()) == []
 
@@ -101,14 +69,16 @@ async def test_the_issue_kinds_now_answer_like_vllm(simulator: SimulatorHandle) 
     assert stop["choices"][0]["stop_reason"] == stop_for(replies["cmpl-nostop-24"])
     assert stop["metrics"] is None
     usage = replies["chat-stop-sse-usage"]["sse_events"][-2]
-    assert usage["choices"] == [] and "metrics" not in usage
+    assert usage["choices"] == []
+    assert "metrics" not in usage
     assert replies["chat-tools-required"]["body"]["error"]["message"] == (
         'tool_choice="required" requires --tool-call-parser to be set'
     )
     bad = replies["bad-wrong-type-max-tokens"]["body"]["error"]
     assert (bad["type"], bad["param"]) == ("Bad Request", "body.max_tokens")
     logprobs = replies["cmpl-logprobs"]["body"]["choices"][0]["logprobs"]
-    assert len(logprobs["tokens"]) == 16 and all(lp < 0 for lp in logprobs["token_logprobs"])
+    assert len(logprobs["tokens"]) == 16
+    assert all(lp < 0 for lp in logprobs["token_logprobs"])
     assert replies["get-ping"]["status"] == 200
 
 
@@ -139,4 +109,5 @@ async def test_a_tool_call_parser_answers_with_a_tool_call() -> None:
 def test_the_deviation_list_gives_a_reason_for_each_row() -> None:
     """docs/simulate.md lists each deliberate difference with a reason."""
     rows = deviations()
-    assert rows and all(len(reason) > 20 for _, _, reason in rows)
+    assert rows
+    assert all(len(reason) > 20 for _, _, reason in rows)
