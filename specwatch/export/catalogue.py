@@ -562,6 +562,14 @@ SHADOW_REPLY_TAU = _g(
     "placeholder) are left out.",
     ARM_CATEGORY,
 )
+SHADOW_SPEC_COVERAGE = _g(
+    "specwatch_shadow_spec_metrics_coverage_ratio",
+    "Per-request tau coverage: the share of successful replayed replies that carry vLLM's "
+    "per-request speculative-decoding metrics, by arm and finish_reason (vLLM sends none for a "
+    "stop-string finish or n > 1, so per-request tau and alpha describe only the covered "
+    "finishes); absent until a reply.",
+    ("arm", "finish_reason"),
+)
 
 #: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
 SHADOW_IO: tuple[MetricSpec, ...] = (
@@ -590,6 +598,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_REPLY_ACCEPTED_TOKENS,
     SHADOW_REPLY_ACCEPTANCE,
     SHADOW_REPLY_TAU,
+    SHADOW_SPEC_COVERAGE,
 )
 
 #: The shadow chain's families, in exposition order.

@@ -236,6 +236,9 @@ class ShadowPipeline:
         self.in_flight = 0
         self.arm_errors: Counter[tuple[str, str]] = Counter()
         self.spec_steps: Counter[tuple[str, str]] = Counter()
+        # per-request τ coverage: successful replies and those with spec metrics, by finish
+        self.finishes: Counter[tuple[str, str]] = Counter()
+        self.finishes_with_spec: Counter[tuple[str, str]] = Counter()
         self.spec_drafted: Counter[tuple[str, str]] = Counter()
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
@@ -408,6 +411,10 @@ class ShadowPipeline:
                     request_hash=req.request_hash,
                 )
             sd = a.spec_decode
+            if a.ok:
+                finish = (a.arm.value, a.finish_reason or "none")
+                self.finishes[finish] += 1
+                self.finishes_with_spec[finish] += sd is not None
             if a.ok and sd is not None and sd.num_spec_steps > 0:
                 key = (a.arm.value, req.category)
                 self.spec_steps[key] += sd.num_spec_steps
@@ -463,4 +470,6 @@ class ShadowPipeline:
             reply_spec_steps=dict(self.spec_steps),
             reply_draft_tokens=dict(self.spec_drafted),
             reply_accepted_tokens=dict(self.spec_accepted),
+            reply_finishes=dict(self.finishes),
+            reply_finishes_with_spec=dict(self.finishes_with_spec),
         )

@@ -143,6 +143,11 @@ def chat_logprobs(
     return {"content": content}
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _argument_value(schema: Any, words: list[str], i: int) -> Any:
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind in ("integer", "number"):
@@ -159,11 +164,11 @@ def _argument_value(schema: Any, words: list[str], i: int) -> Any:
 def tool_call(tool: Any, text: str) -> dict[str, Any]:
     """One ``tool_calls`` entry calling ``tool`` (an OpenAI tool definition) with arguments
     that satisfy its required parameters, filled from words of the generated ``text``."""
-    function = tool.get("function") if isinstance(tool, dict) else None
-    function = function if isinstance(function, dict) else {}
-    params = function.get("parameters") if isinstance(function.get("parameters"), dict) else {}
-    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-    required = params.get("required") if isinstance(params.get("required"), list) else list(props)
+    function = _obj(tool.get("function")) if isinstance(tool, dict) else {}
+    params = _obj(function.get("parameters"))
+    props = _obj(params.get("properties"))
+    listed = params.get("required")
+    required = listed if isinstance(listed, list) else list(props)
     words = [w for w in "".join(ch if ch.isalnum() else " " for ch in text).split() if w]
     args = {
         str(name): _argument_value(props.get(name), words, i) for i, name in enumerate(required)
