@@ -655,6 +655,8 @@ class SimServer:
                 ch, out = await queue.get()
                 if not out.text and out.finish_reason is None and parsed.logprobs is None:
                     continue
+                if chat and parsed.call_tool and out.finish_reason is None:
+                    continue  # the tool call goes out whole on the finishing chunk
                 if not out.text and not out.token_ids and out.finish_reason is None:
                     continue
                 i = ch.index

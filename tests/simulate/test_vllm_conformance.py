@@ -111,3 +111,25 @@ def test_the_deviation_list_gives_a_reason_for_each_row() -> None:
     rows = deviations()
     assert rows
     assert all(len(reason) > 20 for _, _, reason in rows)
+
+
+async def test_a_streamed_tool_call_arrives_on_the_finishing_chunk() -> None:
+    """Streamed with a parser: the role chunk, then one chunk with the tool call and finish
+    reason ``tool_calls``, then ``[DONE]``."""
+    from dataclasses import replace
+
+    handle = await start_simulator(replace(REAL_LIKE, tool_call_parser="hermes"))
+    request = recorded("chat-tools-required")["request"]
+    request = {**request, "body": {**request["body"], "stream": True}}
+    try:
+        async with aiohttp.ClientSession() as session:
+            reply = await send(session, handle.url, request)
+    finally:
+        await handle.stop()
+    events = reply["sse_events"]
+    assert events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    (last,) = events[-2]["choices"]
+    assert last["finish_reason"] == "tool_calls"
+    assert last["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert len(events) == 3
