@@ -48,3 +48,17 @@ def test_coverage_is_the_share_of_replies_with_metrics_per_finish_reason() -> No
 def test_no_series_before_a_reply() -> None:
     """Without replies the family has no series (a share of nothing is not 0)."""
     assert coverage_samples(ShadowIO()) == {}
+
+
+def test_finish_reason_label_is_bounded() -> None:
+    """vLLM's finish reasons keep their name, a missing one is ``none``, anything else
+    ``other`` (so a server sending arbitrary strings cannot grow the label set)."""
+    from specwatch.shadow.pipeline import finish_label
+
+    assert [finish_label(r) for r in ("stop", "length", "tool_calls", None, "x" * 40)] == [
+        "stop",
+        "length",
+        "tool_calls",
+        "none",
+        "other",
+    ]
