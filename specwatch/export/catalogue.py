@@ -576,6 +576,26 @@ SHADOW_REPLY_TAU = _g(
     "placeholder) are left out.",
     ARM_CATEGORY,
 )
+ARM_FINISH = ("arm", "finish_reason")
+SHADOW_REPLY_FINISHES = _c(
+    "specwatch_shadow_reply_finishes",
+    "Successful replayed replies, by arm and finish_reason.",
+    ARM_FINISH,
+)
+SHADOW_REPLY_FINISHES_WITH_SPEC = _c(
+    "specwatch_shadow_reply_finishes_with_spec_metrics",
+    "Successful replayed replies that carried vLLM's per-request speculative-decoding metrics, "
+    "by arm and finish_reason.",
+    ARM_FINISH,
+)
+SHADOW_SPEC_COVERAGE = _g(
+    "specwatch_shadow_spec_metrics_coverage_ratio",
+    "Per-request tau coverage: the share of successful replayed replies that carry vLLM's "
+    "per-request speculative-decoding metrics, by arm and finish_reason (vLLM sends none for a "
+    "stop-string finish or n > 1, so per-request tau and alpha describe only the covered "
+    "finishes); absent until a reply.",
+    ARM_FINISH,
+)
 
 #: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
 SHADOW_IO: tuple[MetricSpec, ...] = (
@@ -604,6 +624,9 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_REPLY_ACCEPTED_TOKENS,
     SHADOW_REPLY_ACCEPTANCE,
     SHADOW_REPLY_TAU,
+    SHADOW_REPLY_FINISHES,
+    SHADOW_REPLY_FINISHES_WITH_SPEC,
+    SHADOW_SPEC_COVERAGE,
 )
 
 #: The shadow chain's families, in exposition order.
@@ -797,6 +820,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "fly": "the configured targets",
     "category": "shadow.max_categories (default 20) + 'other' + '_all'",
     "arm": "3: standard, fly, noise",
+    "finish_reason": "7: stop, tool_calls, function_call, length, content_filter, other, none",
     "outcome": "6: both_correct, lost, gained, both_wrong, agree, disagree",
     "alternative": "2: two_sided, loss",
     "hypothesis": "2: no_net_loss, margin",

@@ -344,6 +344,10 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         fam.add(cat.SHADOW_REPLY_ACCEPTANCE, key, alpha)
     for key, tau in sorted(io.reply_tau().items()):
         fam.add(cat.SHADOW_REPLY_TAU, key, tau)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES, io.reply_finishes)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES_WITH_SPEC, io.reply_finishes_with_spec)
+    for key, share in sorted(io.spec_metrics_coverage().items()):
+        fam.add(cat.SHADOW_SPEC_COVERAGE, key, share)
 
 
 class ShadowCollector(Collector):
