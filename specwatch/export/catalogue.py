@@ -158,6 +158,11 @@ BUILD_INFO = _g("specwatch_build_info", "specwatch build information (always 1).
 TARGET_UP = _g(
     "specwatch_target_up", "1 when the last scrape of the target succeeded.", ("target", "role")
 )
+TARGET_ENGINE = _g(
+    "specwatch_target_engine_info",
+    "The serving engine of the target's latest good page (always 1): vllm or sglang.",
+    ("target", "role", "serving_engine"),
+)
 SCRAPE_DURATION = _g(
     "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
 )
@@ -268,6 +273,7 @@ CAPACITY_GAUGES: dict[str, MetricSpec] = {
 OBSERVE: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     TARGET_UP,
+    TARGET_ENGINE,
     SCRAPE_DURATION,
     SCRAPES,
     SCRAPE_ERRORS,
@@ -798,6 +804,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "version": "1 (the running version)",
     "target": "the configured targets",
     "role": "3: standard, fly, baseline",
+    "serving_engine": "2: vllm, sglang",
     "model_name": "scrape.max_models_per_target per target (default 8); further models are "
     'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',
     "engine": "scrape.max_engines_per_target per target (default 64); further engines are "

@@ -46,6 +46,7 @@ from specwatch.export.catalogue import (
     SCRAPE_ERRORS,
     SCRAPES,
     TARGET,
+    TARGET_ENGINE,
     TARGET_STALE,
     TARGET_UP,
     THROUGHPUT_WITHHELD,
@@ -189,6 +190,8 @@ def _spec(spec: MetricSpec, engine: str | None) -> MetricSpec:
 def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     role = t.role.value
     fam.add(TARGET_UP, (t.name, role), t.up)
+    if t.engine_kind is not None:
+        fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
