@@ -12,7 +12,6 @@ from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
 from specwatch.shadow.summary import build_shadow_stats
 
-
 #: Shadow on, both arms named (nothing is started: the app is built without components).
 SHADOW_ON: dict[str, Any] = {
     "enabled": True,
