@@ -20,29 +20,14 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
-from specwatch.shadow.stats.paired import (
-    PairedCounts,
-    discordant_ratio,
-    mcnemar_exact_p,
-    net_loss_ci,
-    net_loss_ratio,
-    non_inferiority_test,
-)
-from specwatch.shadow.stats.sequential import (
-    alarm,
-    beta_binomial_log_e_values,
-    betting_path,
-    first_alarm,
-    net_loss_mixture_log_e_values,
-)
-from specwatch.shadow.verdict import Verdict, verdict_line
+
+if TYPE_CHECKING:  # numpy, scipy and the statistics load where computed, not for --help
+    from specwatch.shadow.stats.paired import PairedCounts
 
 __all__ = ["InputError", "pair_outcomes", "pair_sequence", "paired_report", "read_outcomes"]
 
@@ -154,6 +139,8 @@ def read_outcomes(
 
 def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
     """Build the paired 2x2 table; raises :class:`InputError` when the id sets differ."""
+    from specwatch.shadow.stats.paired import PairedCounts
+
     if base.keys() != cand.keys():
         only_base = sorted(set(base) - set(cand))
         only_cand = sorted(set(cand) - set(base))
@@ -188,6 +175,16 @@ def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, 
     ``no_net_loss_beta_binomial``: the uniform-prior mixture behind ``e_value``;
     ``margin``: the betting e-process for net loss <= ``margin``. Pairs in the order given.
     """
+    import numpy as np
+
+    from specwatch.shadow.stats.sequential import (
+        alarm,
+        beta_binomial_log_e_values,
+        betting_path,
+        first_alarm,
+        net_loss_mixture_log_e_values,
+    )
+
     lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
     gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
 
@@ -217,6 +214,16 @@ def paired_report(
     With ``d`` (see :func:`pair_sequence`) it also has ``first_crossing`` (see
     :func:`first_crossings`).
     """
+    from specwatch.shadow.stats.paired import (
+        discordant_ratio,
+        mcnemar_exact_p,
+        net_loss_ci,
+        net_loss_ratio,
+        non_inferiority_test,
+    )
+    from specwatch.shadow.stats.sequential import beta_binomial_log_e_values
+    from specwatch.shadow.verdict import Verdict, verdict_line
+
     ci = net_loss_ci(counts, level=1.0 - alpha)
     ni = non_inferiority_test(counts, margin=margin, alpha=alpha)
     log_e = float(beta_binomial_log_e_values(counts.lost, counts.gained))
