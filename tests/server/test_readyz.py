@@ -10,14 +10,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
+from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.summary import build_shadow_stats
 
 #: Shadow on, both arms named (nothing is started: the app is built without components).
-SHADOW_ON: dict[str, Any] = {
-    "enabled": True,
-    "standard": {"url": "http://127.0.0.1:9/v1"},
-    "fly": {"url": "http://127.0.0.1:9/v1"},
-}
+SHADOW_ON = ShadowSettings(
+    enabled=True,
+    standard=ArmEndpoint(url="http://127.0.0.1:9"),
+    fly=ArmEndpoint(url="http://127.0.0.1:9"),
+)
 
 
 async def _readyz(settings: Settings, publish: bool) -> tuple[int, dict[str, Any]]:
