@@ -168,7 +168,8 @@ async def run_demo(
             fly_url=targets.fly_url,
             notes=tuple(notes),
         )
-        _print(out, intro_text(cfg, port, ctx, show_links=not (tty and cfg.ui)))
+        intro = intro_text(cfg, port, ctx, show_links=not (tty and cfg.ui))
+        _print(out, intro)
         gen = LoadGenerator(
             [targets.standard_url, targets.fly_url],
             LoadConfig(
@@ -200,6 +201,7 @@ async def run_demo(
                         started,
                         mono_clock,
                         files is not None,
+                        intro,
                     ),
                     name="demo-view",
                 )
@@ -329,15 +331,17 @@ async def _view_loop(
     started: float,
     mono_clock: MonotonicClock,
     mirror: bool,
+    intro: str,
 ) -> None:
-    """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal
-    (cut to the terminal's height, ending in an ellipsis when it does not fit), else as plain
-    text blocks as wide as ``COLUMNS`` (default 100)."""
+    """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal,
+    sized to the rows ``intro`` (printed above it) leaves, less one for the cursor, so nothing
+    scrolls off (the view drops its least important parts to fit); else as plain text blocks
+    as wide as ``COLUMNS`` (default 100), every part shown."""
     window = cfg.windows[0] if cfg.windows else SINCE_START
     alert_clock = _AlertClock()
     total = f" / {cfg.duration_s:g} s" if cfg.duration_s is not None else ""
 
-    def frame(width: int) -> Any:
+    def frame(width: int, height: int | None = None) -> Any:
         snap = latest.snap
         assert snap is not None
         elapsed = mono_clock() - started
@@ -350,7 +354,7 @@ async def _view_loop(
             alert_notes=alert_clock.see(snap, elapsed),
         )
         load = load_summary(gen.stats, roles, mirror=mirror)
-        return build_view(snap, view_ctx, width=width, window=window, load=load)
+        return build_view(snap, view_ctx, width=width, height=height, window=window, load=load)
 
     if not tty:
         width = shutil.get_terminal_size((100, 24)).columns
@@ -359,17 +363,35 @@ async def _view_loop(
             if latest.snap is not None:
                 _print(out, render_text(frame(width), width=width) + "\n")
     console = Console(file=out, force_terminal=True)
-    with Live(
+    with live_display(console) as live:
+        while True:
+            await asyncio.sleep(cfg.refresh_s)
+            if latest.snap is not None:
+                live.update(frame(*view_size(console, intro)), refresh=True)
+
+
+def live_display(console: Console) -> Live:
+    """The in-place display the view is drawn with (redrawn on update only; log lines print
+    above it instead of tearing it)."""
+    return Live(
         console=console,
         auto_refresh=False,
         vertical_overflow="ellipsis",
         redirect_stdout=False,
-        redirect_stderr=True,  # log lines print above the view instead of tearing it
-    ) as live:
-        while True:
-            await asyncio.sleep(cfg.refresh_s)
-            if latest.snap is not None:
-                live.update(frame(console.width), refresh=True)
+        redirect_stderr=True,
+    )
+
+
+def view_size(console: Console, intro: str) -> tuple[int, int]:
+    """The columns and rows the view may use on ``console``'s terminal below ``intro``: the
+    rows ``intro`` takes and one for the cursor are left, so nothing scrolls off the top."""
+    width, rows = console.size
+    return width, max(1, rows - screen_rows(intro, width) - 1)
+
+
+def screen_rows(text: str, width: int) -> int:
+    """The terminal rows ``text`` takes at ``width`` columns (long lines wrap)."""
+    return sum(max(1, -(-len(line) // max(width, 1))) for line in text.splitlines())
 
 
 def _mirror_url(components: Sequence[Component], host: str) -> str | None:
