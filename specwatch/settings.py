@@ -98,7 +98,7 @@ class LogSettings(Frozen):
         return v.upper() if isinstance(v, str) else v
 
 
-_ARMS = ("standard", "fly", "noise")
+_ARMS = ("standard", "fly", "noise", "baseline")
 
 
 _FILE_DATA: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(

@@ -27,10 +27,13 @@ def add_described_command(
     )
 
 
-def add_prometheus_url(p: argparse.ArgumentParser) -> None:
-    """``--prometheus-url URL`` (required): the Prometheus or Thanos Querier base URL that the
-    command queries through the HTTP API (``/api/v1/...`` is appended)."""
-    p.add_argument("--prometheus-url", required=True, help="Prometheus or Thanos Querier base URL")
+def add_prometheus_url(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--prometheus-url URL`` (required unless ``required`` is false): the Prometheus or
+    Thanos Querier base URL that the command queries through the HTTP API (``/api/v1/...`` is
+    appended)."""
+    p.add_argument(
+        "--prometheus-url", required=required, help="Prometheus or Thanos Querier base URL"
+    )
 
 
 def add_output_format(p: argparse.ArgumentParser, *, default: str = "table") -> None:

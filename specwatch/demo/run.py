@@ -25,7 +25,7 @@ import shutil
 import signal
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -185,6 +185,12 @@ async def run_demo(
             ),
         )
         tasks.append(asyncio.create_task(gen.run(), name="demo-load"))
+        boost = LoadBoost()
+        tasks.append(
+            asyncio.create_task(
+                _boost_loop(cfg, sims[:2], gen, boost, out, tty and cfg.ui), name="demo-boost"
+            )
+        )
         roles = {targets.standard_url: "standard", targets.fly_url: "fly"}
         started = mono_clock()
         if cfg.ui:
@@ -202,6 +208,7 @@ async def run_demo(
                         mono_clock,
                         files is not None,
                         intro,
+                        boost,
                     ),
                     name="demo-view",
                 )
@@ -211,7 +218,7 @@ async def run_demo(
             await asyncio.wait_for(stop.wait(), timeout)
     finally:
         for t in tasks:
-            if t.get_name() == "demo-view":
+            if t.get_name() in ("demo-view", "demo-boost"):
                 t.cancel()
         if gen is not None:
             gen.stop()
@@ -332,6 +339,7 @@ async def _view_loop(
     mono_clock: MonotonicClock,
     mirror: bool,
     intro: str,
+    boost: LoadBoost,
 ) -> None:
     """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal,
     sized to the rows ``intro`` (printed above it) leaves, less one for the cursor, so nothing
@@ -352,6 +360,7 @@ async def _view_loop(
             fly_url=ctx.fly_url,
             notes=ctx.notes,
             alert_notes=alert_clock.see(snap, elapsed),
+            status=boost.status,
         )
         load = load_summary(gen.stats, roles, mirror=mirror)
         return build_view(snap, view_ctx, width=width, height=height, window=window, load=load)
@@ -368,6 +377,54 @@ async def _view_loop(
             await asyncio.sleep(cfg.refresh_s)
             if latest.snap is not None:
                 live.update(frame(*view_size(console, intro)), refresh=True)
+
+
+@dataclass
+class LoadBoost:
+    """Whether the demo raised its load for a token-budget fault; ``status`` says so (empty
+    while off)."""
+
+    status: str = ""
+
+
+def budget_fault_on(sims: Sequence[SimulatorHandle]) -> bool:
+    """A token-budget fault (``max_num_batched_tokens``) is set on one of ``sims``."""
+    return any(h.server.faults.max_num_batched_tokens is not None for h in sims)
+
+
+def boosted_load(cfg: DemoConfig) -> tuple[float | None, str]:
+    """The load while a token-budget fault is on, and the line saying so: a closed loop at
+    ``cfg.concurrency`` in flight per server (40 by default: more than 2 engines × 16
+    max_num_seqs), so running reaches what the shrunken budget admits and requests wait."""
+    return None, (
+        f"token-budget fault on: load raised to {cfg.concurrency} in flight (closed loop) "
+        "so requests queue"
+    )
+
+
+async def _boost_loop(
+    cfg: DemoConfig,
+    sims: Sequence[SimulatorHandle],
+    gen: LoadGenerator,
+    boost: LoadBoost,
+    out: TextIO,
+    live: bool,
+) -> None:
+    """Every ``cfg.refresh_s``: raise the load while a token-budget fault is on (the demo's
+    default load leaves the budget unused, so the fault would show nothing), and put it back
+    when the fault is cleared; without the live view a line says so each time."""
+    normal = gen.config
+    rate, text = boosted_load(cfg)
+    while True:
+        await asyncio.sleep(cfg.refresh_s)
+        on = budget_fault_on(sims)
+        if on == bool(boost.status):
+            continue
+        gen.config = replace(normal, rate=rate) if on else normal
+        boost.status = text if on else ""
+        if not live:
+            back = f"load back to {cfg.rate:g} requests/s" if cfg.rate else "load back to normal"
+            _print(out, f"specwatch demo: {text if on else back}")
 
 
 def live_display(console: Console) -> Live:

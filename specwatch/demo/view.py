@@ -58,7 +58,9 @@ def fault_command(fly_url: str) -> str:
 class ViewContext:
     """What the view shows besides the snapshot: ``title`` (first line), the sidecar's
     ``base`` URL, the simulators' URLs, ``notes`` (extra one-liners, e.g. the ledger path) and
-    ``alert_notes`` (alert name → "after N pairs, T s" when the view first saw it firing)."""
+    ``alert_notes`` (alert name → "after N pairs, T s" when the view first saw it firing);
+    ``status``: what the demo changed by itself (e.g. its load raised for a fault), shown under
+    the title and never dropped."""
 
     title: str
     base: str
@@ -66,6 +68,7 @@ class ViewContext:
     fly_url: str
     notes: tuple[str, ...] = ()
     alert_notes: Mapping[str, str] = field(default_factory=dict)
+    status: str = ""
 
 
 def _line(text: str | Text, style: str = "") -> Text:
@@ -325,6 +328,7 @@ def build_view(
     table = _targets_table(snap.targets, window, wide)
     parts: list[tuple[int, list[RenderableType]]] = [
         (KEEP, [_line(ctx.title, "bold")]),
+        (KEEP, [_line(ctx.status, "yellow")] if ctx.status else []),
         (LINKS, [_line(f"sidecar {ctx.base}  /metrics  /api/v1/snapshot", "cyan")]),
         (LINKS, [_line(f"standard {ctx.standard_url}  fly {ctx.fly_url}", "cyan")]),
         (DETAIL, [_line("inject a fault (one line):", "dim")]),
