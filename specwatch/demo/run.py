@@ -387,9 +387,11 @@ class LoadBoost:
     status: str = ""
 
 
-def budget_fault_on(sims: Sequence[SimulatorHandle]) -> bool:
-    """A token-budget fault (``max_num_batched_tokens``) is set on one of ``sims``."""
-    return any(h.server.faults.max_num_batched_tokens is not None for h in sims)
+def budget_fault_on(cfg: DemoConfig, sims: Sequence[SimulatorHandle]) -> bool:
+    """A token-budget fault (``max_num_batched_tokens``) is set on one of ``sims``, or the
+    demo runs with a budget below N × (1 + K) (``--max-num-batched-tokens``)."""
+    bound = cfg.max_num_batched_tokens < cfg.max_num_seqs * (1 + cfg.num_speculative_tokens)
+    return bound or any(h.server.faults.max_num_batched_tokens is not None for h in sims)
 
 
 def boosted_load(cfg: DemoConfig) -> tuple[float | None, str]:
@@ -417,7 +419,7 @@ async def _boost_loop(
     rate, text = boosted_load(cfg)
     while True:
         await asyncio.sleep(cfg.refresh_s)
-        on = budget_fault_on(sims)
+        on = budget_fault_on(cfg, sims)
         if on == bool(boost.status):
             continue
         gen.config = replace(normal, rate=rate) if on else normal

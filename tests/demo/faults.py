@@ -75,7 +75,8 @@ def fault_to_alert(
             elif line.startswith("  stop:"):
                 break
         time.sleep(warmup_s)
-        _post(urls[role] + "/admin/faults", fault)
+        if fault:
+            _post(urls[role] + "/admin/faults", fault)
         injected = time.monotonic()
         while time.monotonic() - injected < timeout_s:
             doc = _get(urls["snapshot"])
