@@ -33,7 +33,7 @@ def test_single_engine_drafter_fault_fires_acceptance_drop_within_90_s() -> None
 
 
 def test_token_budget_bound_demo_fires_budget_starvation_within_90_s() -> None:
-    """``--max-num-batched-tokens 40`` (below N × (1 + K) = 80): the demo raises its load to
+    """``--max-num-batched-tokens 24`` (below N × (1 + K) = 80; D_full 4): the demo raises its load to
     a closed loop and says so, and SpecBudgetStarvation (reason budget_cap) fires within 90 s
     of the start (about 22 s measured on a quiet machine)."""
     run = fault_to_alert(
@@ -42,7 +42,7 @@ def test_token_budget_bound_demo_fires_budget_starvation_within_90_s() -> None:
         "SpecBudgetStarvation",
         warmup_s=0,
         timeout_s=90,
-        extra=("--max-num-batched-tokens", "40"),
+        extra=("--max-num-batched-tokens", "24"),
     )
     assert run.seconds is not None, run.output
     assert run.labels["reason"] == "budget_cap"
