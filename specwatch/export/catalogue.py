@@ -176,6 +176,13 @@ TARGET_STALE = _g(
     "families missing).",
     ("target",),
 )
+GAUGE_PROCESSES = _g(
+    "specwatch_target_processes",
+    "Processes whose copies of the target's gauges the last good page carries (a pid label, "
+    "prometheus_client multiprocess mode); each such gauge is read once, not summed. 0: one "
+    "value per gauge.",
+    ("target",),
+)
 INVALID_VALUES = _c(
     "specwatch_invalid_values",
     "Good pages on which a derived value was withheld because it cannot be right, by reason "
@@ -266,6 +273,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     SCRAPE_ERRORS,
     LAST_SUCCESS,
     TARGET_STALE,
+    GAUGE_PROCESSES,
     COUNTER_RESETS,
     INVALID_VALUES,
     *WINDOW_GAUGES.values(),

@@ -33,6 +33,7 @@ from specwatch.export.catalogue import (
     BUILD_INFO,
     CAPACITY_GAUGES,
     COUNTER_RESETS,
+    GAUGE_PROCESSES,
     INVALID_VALUES,
     ITL,
     LAST_SUCCESS,
@@ -194,6 +195,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
     fam.add(TARGET_STALE, (t.name,), t.stale)
+    fam.add(GAUGE_PROCESSES, (t.name,), t.gauge_processes)
     for engine, n in sorted(t.counter_resets.items()):
         fam.add(COUNTER_RESETS, (t.name, engine), n)
     for reason in INVALID_REASONS:

@@ -217,6 +217,7 @@ class TargetTracker:
             missing_families=missing,
             capacity=cap,
             windows=windows,
+            gauge_processes=page.gauge_processes,
         )
         return [engine for _model, engine in resets]
 

@@ -96,6 +96,9 @@ class PageReading:
     ``families``: allow-listed family names present on the page (for stale detection).
     ``invalid_series``: series skipped for a value or label no vLLM page carries (±Inf, a
     negative counter, a bad ``position`` or ``le``); counted.
+    ``gauge_processes``: distinct processes (:data:`specwatch.observe.parse.PROCESS_LABEL`
+    values) whose gauges the page carries once per process, each such gauge read once (the
+    largest copy); 0 when every gauge has one value.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -103,6 +106,7 @@ class PageReading:
     duplicate_conflicts: int = 0
     families: frozenset[str] = frozenset()
     invalid_series: int = 0
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +310,8 @@ class TargetSnapshot:
     ``missing_families``: allow-listed families seen on an
     earlier page but absent from the latest good one. ``concurrency``: decode speed per
     running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
+    ``gauge_processes``: :attr:`PageReading.gauge_processes` of the latest good page (gauges
+    exported once per process, read once; 0: one value per gauge).
     """
 
     name: str
@@ -325,6 +331,7 @@ class TargetSnapshot:
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
     windows: Mapping[WindowName, Mapping[str, ModelWindow]] = field(default_factory=dict)
     concurrency: ConcurrencyProfile = field(default_factory=ConcurrencyProfile)
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

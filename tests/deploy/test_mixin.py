@@ -458,13 +458,13 @@ class TestMixinLint:
 
     def test_summary_is_a_plain_sentence(self, rules: dict[str, Any]) -> None:
         """A summary has no template ({{ }}, $labels, $value): it is true for every firing
-        series; it starts with a capital letter (or specwatch's name) and ends with a full stop."""
+        series; it starts with a capital letter and ends with a full stop."""
         for rule in alert_rules(rules):
             summary = rule["annotations"]["summary"]
             assert "{{" not in summary, rule["alert"]
             assert "$" not in summary, rule["alert"]
             assert summary.endswith("."), summary
-            assert summary[0].isupper() or summary.startswith("specwatch "), summary
+            assert summary[0].isupper(), summary
 
     def test_description_severity_and_runbook(self, rules: dict[str, Any]) -> None:
         """Every alert has a description, a known severity and an https runbook_url."""
