@@ -63,3 +63,20 @@ def test_record_bad_flags_exit_2_with_one_line(
     argv = ["record", "--target", "a=http://x:1", "--out", str(tmp_path), "--interval", "0"]
     assert cli_main(argv) == 2
     assert "--interval" in capsys.readouterr().err
+
+
+def test_the_shipped_example_timeline_replays_to_an_acceptance_drop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``docs/example-timeline``: 8 bodies of the demo's standard server recorded every 10 s,
+    the drafter fault on engine 1 from about 30 s; replayed with its config, engine 1's
+    SpecAcceptanceDrop fires at 50 s (the 20 s window fully after the fault)."""
+    example = REPO / "docs/example-timeline"
+    limits = "max_num_seqs=16,max_num_batched_tokens=512,num_speculative_tokens=4,method=eagle3"
+    argv = ["replay", "--config", str(example / "config.yaml")]
+    argv += ["--target", f"standard={example / 'standard'},{limits}", "--format", "json"]
+    assert cli_main(argv) == 0
+    alerts = json.loads(capsys.readouterr().out)["alerts"]
+    assert [(a["alertname"], a["labels"]["engine"], a["fired_at"]) for a in alerts] == [
+        ("SpecAcceptanceDrop", "1", 50.0)
+    ]
