@@ -24,6 +24,7 @@ import functools
 import shutil
 import signal
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
@@ -372,7 +373,7 @@ async def _view_loop(
             if latest.snap is not None:
                 _print(out, render_text(frame(width), width=width) + "\n")
     console = Console(file=out, force_terminal=True)
-    with live_display(console) as live:
+    with live_display(console, stderr_is_terminal=_stderr_is_terminal()) as live:
         while True:
             await asyncio.sleep(cfg.refresh_s)
             if latest.snap is not None:
@@ -429,16 +430,22 @@ async def _boost_loop(
             _print(out, f"specwatch demo: {text if on else back}")
 
 
-def live_display(console: Console) -> Live:
-    """The in-place display the view is drawn with (redrawn on update only; log lines print
-    above it instead of tearing it)."""
+def live_display(console: Console, *, stderr_is_terminal: bool = True) -> Live:
+    """The in-place display the view is drawn with (redrawn on update only). Log lines go to
+    stderr: when stderr is the terminal too they print above the view instead of tearing it;
+    when it is redirected (``2> FILE``) they go there and the view never shows them."""
     return Live(
         console=console,
         auto_refresh=False,
         vertical_overflow="ellipsis",
         redirect_stdout=False,
-        redirect_stderr=True,
+        redirect_stderr=stderr_is_terminal,
     )
+
+
+def _stderr_is_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty()) if isatty is not None else False
 
 
 def view_size(console: Console, intro: str) -> tuple[int, int]:
