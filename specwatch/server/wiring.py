@@ -257,12 +257,13 @@ def shadow_components(
 
 def alert_state_path(settings: Settings) -> Path | None:
     """Where alert state survives restarts: ``alerting.state_file``, or when that is unset
-    ``<ledger.path>-alerts.json`` next to the ledger while shadow is on (with shadow off there
-    is no ledger, and nothing is written to the working directory: ``None``); ``None`` when
-    it is ``""``."""
+    ``<ledger.path>-alerts.json`` next to the ledger while shadow is on or ``ledger.path`` is
+    set (with shadow off and the default ledger path there is no ledger, and nothing is
+    written to the working directory: ``None``); ``None`` when it is ``""``."""
     state_file = settings.alerting.state_file
     if state_file is None:
-        return Path(settings.ledger.path + "-alerts.json") if settings.shadow.enabled else None
+        beside = settings.shadow.enabled or "path" in settings.ledger.model_fields_set
+        return Path(settings.ledger.path + "-alerts.json") if beside else None
     return Path(state_file) if state_file else None
 
 

@@ -178,9 +178,9 @@ async def test_saved_state_is_restored_only_for_the_same_targets(
 
 
 def test_state_file_sits_beside_the_ledger_only_with_shadow_on() -> None:
-    """Default ``alerting.state_file``: ``<ledger.path>-alerts.json`` with shadow on; with
-    shadow off nothing is written (no file in the working directory); the targets key changes
-    with any target's URL."""
+    """Default ``alerting.state_file``: ``<ledger.path>-alerts.json`` with shadow on or a
+    ``ledger.path`` given; with shadow off and the default ledger path nothing is written (no
+    file in the working directory); the targets key changes with any target's URL."""
     from specwatch.server.wiring import alert_state_path, targets_key
 
     one = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
@@ -197,6 +197,10 @@ def test_state_file_sits_beside_the_ledger_only_with_shadow_on() -> None:
         }
     )
     assert alert_state_path(on) == Path("/var/lib/specwatch/ledger.sqlite-alerts.json")
+    given = Settings.model_validate(
+        {"targets": [{"name": "fly", "url": "http://127.0.0.1:1"}], "ledger": {"path": "/s/l.db"}}
+    )
+    assert alert_state_path(given) == Path("/s/l.db-alerts.json")
     other = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:3"),))
     assert len(targets_key(one)) == 12
     assert targets_key(one) != targets_key(other)
