@@ -46,6 +46,7 @@ from specwatch.export.catalogue import (
     SCRAPE_ERRORS,
     SCRAPES,
     TARGET,
+    TARGET_ENGINE,
     TARGET_STALE,
     TARGET_UP,
     THROUGHPUT_WITHHELD,
@@ -189,6 +190,8 @@ def _spec(spec: MetricSpec, engine: str | None) -> MetricSpec:
 def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     role = t.role.value
     fam.add(TARGET_UP, (t.name, role), t.up)
+    if t.engine_kind is not None:
+        fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
@@ -341,6 +344,10 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         fam.add(cat.SHADOW_REPLY_ACCEPTANCE, key, alpha)
     for key, tau in sorted(io.reply_tau().items()):
         fam.add(cat.SHADOW_REPLY_TAU, key, tau)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES, io.reply_finishes)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES_WITH_SPEC, io.reply_finishes_with_spec)
+    for key, share in sorted(io.spec_metrics_coverage().items()):
+        fam.add(cat.SHADOW_SPEC_COVERAGE, key, share)
 
 
 class ShadowCollector(Collector):

@@ -32,7 +32,9 @@ logger = logging.getLogger("specwatch.scrape")
 
 #: What a page rejected by the tracker means (the ``error`` field of its log line).
 _REJECTED: dict[str, str] = {
-    "no_vllm_families": "the page has no vllm:* series: not a vLLM /metrics page",
+    "no_vllm_families": (
+        "the page has no vllm:* or sglang:* series: not a vLLM or SGLang /metrics page"
+    ),
     "counters_alternate": (
         "counters fall and rise in turn across scrapes: this URL is not one server "
         "(a load balancer or cache in front of several)"
@@ -139,7 +141,7 @@ class Scraper:
             return False
         start = self._mono_clock()
         try:
-            page = parse_page(result.body, content_type=result.content_type)
+            page = parse_page(result.body, content_type=result.content_type, engine=target.engine)
         except ParseError as exc:
             tracker.record_error("parse", duration_seconds=result.duration_seconds)
             self._failed(target, "parse", exc.message, exc.line, result.content_type)

@@ -35,8 +35,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import FAMILIES, Family
+from specwatch.vllm.sglang import EngineKind, detect_engine
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
 
@@ -248,7 +250,9 @@ def _families(text: str, openmetrics: bool) -> Iterable[Metric]:
     return plain
 
 
-def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
+def parse_page(
+    body: str, *, content_type: str = "text/plain", engine: EngineKind | None = None
+) -> PageReading:
     """Parse one ``/metrics`` body into a :class:`PageReading`.
 
     Raises :class:`ParseError` (with the 1-based line number when it can be found) when the page
@@ -256,6 +260,9 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     content type (an error page from a proxy). Values of series that
     carry labels besides ``model_name``, ``engine``, ``position``, ``reason`` and ``le`` are summed,
     except gauges exported once per process (:func:`_ingest_per_process`).
+    ``engine``: the serving engine the target is set to; ``None`` tells it from the page
+    (:func:`specwatch.vllm.sglang.detect_engine`); an SGLang page goes to
+    :func:`specwatch.observe.sglang_parse.parse_sglang_page`.
     """
     media = content_type.split(";")[0].strip().lower()
     if media in ("text/html", "application/json", "application/xhtml+xml"):
@@ -263,6 +270,11 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     if body and not body.endswith("\n"):
         raise ParseError("truncated body: no final newline", line=body.count("\n") + 1)
     openmetrics = media == OPENMETRICS_CONTENT_TYPE
+    if (engine or detect_engine(body)) == "sglang":
+        try:
+            return parse_sglang_page(body, openmetrics=openmetrics)
+        except SglangPageError as exc:
+            raise ParseError(exc.message, line=exc.line) from None
     records = _records_openmetrics(body) if openmetrics else _records_text(body)
     seen: dict[_Ident, tuple[float, _Series]] = {}
     conflicts: set[_Ident] = set()
