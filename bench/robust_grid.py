@@ -98,7 +98,8 @@ def grid(runs: int, seed: int, null_pairs: int) -> list[dict[str, float]]:
             s = np.cumsum(x, axis=1, dtype=np.int64)
             n = np.cumsum(rng.geometric(d, size=(runs, k_max)), axis=1, dtype=np.int64)
             got = _first_pair(s, _boundary(shipped, k_max, LOG20), n)
-            row = {"d": d, "loss": loss, "runs": runs, "alarm_share": float(np.mean(got <= horizon))}
+            share = float(np.mean(got <= horizon))
+            row = {"d": d, "loss": loss, "runs": runs, "alarm_share": share}
             if loss > 0:
                 orc = _first_pair(s, _boundary(_oracle(q), k_max, LOG20), n)
                 row.update(
@@ -132,7 +133,9 @@ def _detector_runs(
     return first, r
 
 
-def change(runs: int, seed: int, change_at: int, threshold: float, arl_cap: int) -> list[dict[str, float]]:
+def change(
+    runs: int, seed: int, change_at: int, threshold: float, arl_cap: int
+) -> list[dict[str, float]]:
     rng = np.random.default_rng(seed)
     rows: list[dict[str, float]] = []
     detect = 0.02

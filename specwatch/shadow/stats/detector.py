@@ -110,9 +110,7 @@ class ChangeDetector:
         )
 
 
-def detector_log_path(
-    d: npt.ArrayLike, start: ChangeDetector
-) -> tuple[FloatArray, FloatArray]:
+def detector_log_path(d: npt.ArrayLike, start: ChangeDetector) -> tuple[FloatArray, FloatArray]:
     """``ln M`` after each pair of ``d`` (shape ``(n,)``; it stays put on concordant pairs and is
     ``-inf`` before the first discordant one) and ``ln R_j`` after the last (shape ``(J,)``),
     from the state ``start``. The recursion ``ln R_k = ln f(x_k) + log1p-exp(ln R_{k-1})`` in

@@ -60,3 +60,38 @@ def questions_needed(
     z_a = z_quantile(1.0 - alpha / 2.0 if two_sided else 1.0 - alpha, z_decimals)
     z_b = z_quantile(power, z_decimals)
     return questions_needed_z(net_loss, discordant, z_a, z_b)
+
+
+def pairs_to_decide(
+    lost: int,
+    gained: int,
+    n: int,
+    margin: float,
+    alpha: float = 0.05,
+    power: float = 0.8,
+) -> int | None:
+    """ "About N more pairs": the labelled pairs still needed, **under the observed effect**, for
+    one of the two one-sided questions to be decided, the one that needs fewer.
+
+    With ``L̂ = (lost - gained) / n`` and discordance ``ψ̂ = (lost + gained) / n``: a loss
+    ``L̂ > 0`` is shown after Connor's n for δ = L̂ (one-sided ``alpha``, ``power``); "within
+    ``margin``" is shown after Connor's n for δ = ``margin - L̂`` when that is positive. Each
+    at ``ψ = min(1, max(ψ̂, δ))`` (Connor needs δ <= ψ). Returns ``max(0, needed - n)``, or
+    ``None`` without labelled pairs or when neither question applies (L̂ <= 0 with no margin).
+    The one function behind every "about N more pairs" (the verdict sentence and the decision
+    table). Raises ``ValueError`` on negative counts or ``lost + gained > n``.
+    """
+    if lost < 0 or gained < 0 or lost + gained > n:
+        raise ValueError("need 0 <= lost + gained <= n")
+    if n <= 0:
+        return None
+    est = (lost - gained) / n
+    disc = (lost + gained) / n
+    needed: list[int] = []
+    for delta in (est, margin - est if margin > 0.0 else 0.0):
+        if delta > 1e-12:
+            psi = min(1.0, max(disc, delta))
+            needed.append(
+                questions_needed(min(delta, psi), psi, alpha=alpha, power=power, two_sided=False)
+            )
+    return max(0, min(needed) - n) if needed else None
