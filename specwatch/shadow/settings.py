@@ -212,8 +212,8 @@ class PairedSettings(Frozen):
         length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
         are updated per stored pair, the ledger is read only at start), ``load_bands``
         (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
-        ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length to a
-    false alarm under no loss is at least this many discordant pairs)."""
+        ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
+    to a false alarm under no loss is at least this many discordant pairs)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)

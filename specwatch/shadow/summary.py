@@ -352,7 +352,9 @@ def _summarize(
         non_inferiority_upper=ni.upper_bound,
         non_inferiority_pass=ni.passed,
         questions_needed=needed,
-        questions_still_needed=pairs_to_decide(pc.lost, pc.gained, pc.n, margin, alpha, power),
+        questions_still_needed=pairs_to_decide(
+            net_loss_ratio(pc), disc, pc.n, margin, alpha, power
+        ),
         fly_flip_ratio=fly_flip,
         noise_flip_ratio=noise_flip,
         excess_flip_ratio=ex.excess_flip_ratio,
@@ -370,7 +372,7 @@ def _summarize(
         within_margin_declared=bool(
             pc.n
             and margin > 0.0
-            and within_margin_log_e_value(pc.lost, pc.gained, agree, margin) >= -math.log(alpha)
+            and alarm(float(within_margin_log_e_value(pc.lost, pc.gained, agree, margin)), alpha)
         ),
     )
 

@@ -141,7 +141,7 @@ def more_pairs_needed(v: Verdict) -> int | None:
     (:func:`~specwatch.shadow.stats.power.pairs_to_decide`); ``None`` without labelled pairs."""
     if v.n <= 0:
         return None
-    return pairs_to_decide(v.lost, v.gained, v.n, v.margin, alpha=v.alpha)
+    return pairs_to_decide(v.net_loss, v.discordant, v.n, v.margin, alpha=v.alpha)
 
 
 def signed_interval(v: Verdict) -> tuple[float, float, float]:

@@ -72,10 +72,9 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
     since = net_loss_mixture_log_e_values(lost, gained, settings.detect_net_loss)
     det = ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl)
     det_path, _ = detector_log_path(d, det)
-    hit = np.flatnonzero(det_path >= np.log(settings.change_arl))
     bet, _ = betting_log_wealth(d.astype(np.float64), settings.margin)
     return {
-        "net_loss_change": int(hit[0]) + 1 if hit.size else None,
+        "net_loss_change": first_alarm(det_path, 1.0 / settings.change_arl),
         "no_net_loss": first_alarm(since, alpha),
         "margin": first_alarm(bet, alpha),
         "within_margin": declaration_path(d, settings.margin, alpha),

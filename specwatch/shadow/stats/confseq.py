@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from specwatch.shadow.stats.sequential import alarm, first_alarm
+
 FloatArray = npt.NDArray[np.float64]
 
 #: Bet fractions c of the mixture (log-spaced 0.004..0.9, equal weights).
@@ -62,21 +64,18 @@ def within_margin_log_e_value(
 def net_loss_upper_sequence(lost: int, gained: int, agree: int, alpha: float) -> float:
     """``U_t``: the anytime-valid upper bound on the net loss at level ``1 - alpha`` (a
     fraction; 1.0 when nothing below 1 is excluded, e.g. without pairs), by bisection to 1e-6."""
-    if not 0.0 < alpha < 1.0:
-        raise ValueError("alpha must be in (0, 1)")
-    thr = -math.log(alpha)
 
-    def k(m: float) -> float:
-        return float(within_margin_log_e_value(lost, gained, agree, m))
+    def excluded(m: float) -> bool:
+        return alarm(float(within_margin_log_e_value(lost, gained, agree, m)), alpha)
 
     lo, hi = -1.0 + 1e-9, 1.0 - 1e-9
-    if k(hi) < thr:
+    if not excluded(hi):
         return 1.0
-    if k(lo) >= thr:
+    if excluded(lo):
         return -1.0
     while hi - lo > 1e-6:
         mid = 0.5 * (lo + hi)
-        if k(mid) >= thr:
+        if excluded(mid):
             hi = mid
         else:
             lo = mid
@@ -112,7 +111,7 @@ class MarginDeclaration:
         )
         if nxt.declared_at is None and self.margin > 0.0:
             log_k = float(within_margin_log_e_value(nxt.lost, nxt.gained, nxt.agree, self.margin))
-            if log_k >= -math.log(self.alpha):
+            if alarm(log_k, self.alpha):
                 nxt = replace(nxt, declared_at=nxt.n)
         return nxt
 
@@ -126,8 +125,7 @@ def declaration_path(d: npt.ArrayLike, margin: float, alpha: float) -> int | Non
         return None
     lost, gained = np.cumsum(x == 1), np.cumsum(x == -1)
     agree = np.arange(1, x.size + 1) - lost - gained
-    hit = np.flatnonzero(within_margin_log_e_value(lost, gained, agree, margin) >= -math.log(alpha))
-    return int(hit[0]) + 1 if hit.size else None
+    return first_alarm(within_margin_log_e_value(lost, gained, agree, margin), alpha)
 
 
 def run_declaration(d: Iterable[int], start: MarginDeclaration) -> MarginDeclaration:
@@ -143,8 +141,6 @@ def run_declaration(d: Iterable[int], start: MarginDeclaration) -> MarginDeclara
         cl = start.lost + np.cumsum(x == 1)
         cg = start.gained + np.cumsum(x == -1)
         ca = start.agree + np.cumsum(x == 0)
-        hit = np.flatnonzero(
-            within_margin_log_e_value(cl, cg, ca, start.margin) >= -math.log(start.alpha)
-        )
-        declared = start.n + int(hit[0]) + 1 if hit.size else None
+        first = first_alarm(within_margin_log_e_value(cl, cg, ca, start.margin), start.alpha)
+        declared = None if first is None else start.n + first
     return replace(start, lost=lost, gained=gained, agree=agree, declared_at=declared)

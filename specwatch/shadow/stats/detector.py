@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from specwatch.shadow.stats.sequential import net_loss_mixture_grid
+from specwatch.shadow.stats.sequential import alarm, net_loss_mixture_grid
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -93,7 +93,7 @@ class ChangeDetector:
     @property
     def alarmed(self) -> bool:
         """``M >= threshold``."""
-        return self.log_value >= math.log(self.threshold)
+        return alarm(self.log_value, 1.0 / self.threshold)
 
     def update(self, d: int) -> ChangeDetector:
         """Add one pair: ``d = 1`` lost, ``-1`` gained, ``0`` concordant (no change)."""

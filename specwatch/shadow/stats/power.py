@@ -63,8 +63,8 @@ def questions_needed(
 
 
 def pairs_to_decide(
-    lost: int,
-    gained: int,
+    net_loss: float,
+    discordant: float,
     n: int,
     margin: float,
     alpha: float = 0.05,
@@ -73,20 +73,18 @@ def pairs_to_decide(
     """ "About N more pairs": the labelled pairs still needed, **under the observed effect**, for
     one of the two one-sided questions to be decided, the one that needs fewer.
 
-    With ``L̂ = (lost - gained) / n`` and discordance ``ψ̂ = (lost + gained) / n``: a loss
+    With the observed net loss ``L̂`` (``(lost - gained) / n``) and discordance ``ψ̂``
+    (``(lost + gained) / n``) after ``n`` labelled pairs: a loss
     ``L̂ > 0`` is shown after Connor's n for δ = L̂ (one-sided ``alpha``, ``power``); "within
     ``margin``" is shown after Connor's n for δ = ``margin - L̂`` when that is positive. Each
     at ``ψ = min(1, max(ψ̂, δ))`` (Connor needs δ <= ψ). Returns ``max(0, needed - n)``, or
     ``None`` without labelled pairs or when neither question applies (L̂ <= 0 with no margin).
     The one function behind every "about N more pairs" (the verdict sentence and the decision
-    table). Raises ``ValueError`` on negative counts or ``lost + gained > n``.
+    table). ``None`` too for a NaN rate.
     """
-    if lost < 0 or gained < 0 or lost + gained > n:
-        raise ValueError("need 0 <= lost + gained <= n")
-    if n <= 0:
+    if n <= 0 or not math.isfinite(net_loss) or not math.isfinite(discordant):
         return None
-    est = (lost - gained) / n
-    disc = (lost + gained) / n
+    est, disc = net_loss, discordant
     needed: list[int] = []
     for delta in (est, margin - est if margin > 0.0 else 0.0):
         if delta > 1e-12:
