@@ -213,7 +213,12 @@ def snapshot_verdict(snap: Snapshot) -> str | None:
         return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
     return verdict_line(
         verdict_from_summary(
-            overall, alpha=st.alpha, margin=st.margin, tau_ratio=tau, throughput_ratio=speed
+            overall,
+            alpha=st.alpha,
+            margin=st.margin,
+            tau_ratio=tau,
+            throughput_ratio=speed,
+            declared_at=st.within_margin_declared_at,
         )
     )
 

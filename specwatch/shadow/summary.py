@@ -227,6 +227,10 @@ class ShadowStats:
     now (a gauge: retention pruning lowers it); ``categories_folded`` requests whose
     category was counted as ``other`` (the category bound);
     ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
+    ``change_log_value`` the change detector's ``ln M`` and ``change_threshold`` its alarm level
+    (:mod:`~specwatch.shadow.stats.detector`; ``None`` if not run); ``within_margin_declared_at``
+    the labelled pair at which the confidence sequence declared "within margin" (never
+    withdrawn; ``None`` while not declared);
     ``ledger_rows`` the rows in the ledger, ``ledger_write_errors[exception type]`` failed row
     writes; ``io`` the I/O side's queue/pause state when known; ``decisions`` the per-category
     decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
@@ -242,6 +246,9 @@ class ShadowStats:
     unpaired_total: Mapping[str, int] = field(default_factory=dict)
     excluded_total: Mapping[str, int] = field(default_factory=dict)
     betting_log_e_value: float | None = None
+    change_log_value: float | None = None
+    change_threshold: float | None = None
+    within_margin_declared_at: int | None = None
     ledger_rows: int | None = None
     ledger_write_errors: Mapping[str, int] = field(default_factory=dict)
     io: ShadowIO | None = None
@@ -388,6 +395,9 @@ def build_shadow_stats(
     unpaired_total: Mapping[str, int] | None = None,
     excluded_total: Mapping[str, int] | None = None,
     betting_log_e_value: float | None = None,
+    change_log_value: float | None = None,
+    change_threshold: float | None = None,
+    within_margin_declared_at: int | None = None,
     ledger_rows: int | None = None,
     ledger_write_errors: Mapping[str, int] | None = None,
     io: ShadowIO | None = None,
@@ -434,6 +444,9 @@ def build_shadow_stats(
         unpaired_total=dict(unpaired_total or {}),
         excluded_total=dict(excluded_total or {}),
         betting_log_e_value=betting_log_e_value,
+        change_log_value=change_log_value,
+        change_threshold=change_threshold,
+        within_margin_declared_at=within_margin_declared_at,
         ledger_rows=ledger_rows,
         ledger_write_errors=dict(ledger_write_errors or {}),
         io=io,

@@ -15,16 +15,19 @@ both agree (both right or both wrong).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from specwatch.shadow.stats.confseq import declaration_path
-from specwatch.shadow.stats.detector import ChangeDetector, detector_log_path
+from specwatch.shadow.stats.confseq import MarginDeclaration, declaration_path, run_declaration
+from specwatch.shadow.stats.detector import ChangeDetector, detector_log_path, run_detector
 from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
     betting_log_wealth,
     first_alarm,
     net_loss_mixture_log_e_values,
+    run_betting,
 )
 
 
@@ -79,3 +82,34 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
         "margin": first_alarm(bet, alpha),
         "within_margin": declaration_path(d, settings.margin, alpha),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAlarmState:
+    """The order-dependent statistics the sidecar folds pair by pair (and rebuilds from the
+    ledger in time order): the margin e-process, the change detector and the "within margin"
+    declaration. Immutable; :meth:`add` returns the state after more labelled pairs."""
+
+    betting: BettingEProcess
+    detector: ChangeDetector
+    declaration: MarginDeclaration
+
+    @classmethod
+    def fresh(cls, settings: AlarmSettings) -> LiveAlarmState:
+        """The state before any labelled pair."""
+        return cls(
+            BettingEProcess(margin=settings.margin),
+            ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl),
+            MarginDeclaration(settings.margin, settings.alpha),
+        )
+
+    def add(self, outcomes: Sequence[tuple[bool, bool]]) -> LiveAlarmState:
+        """After the labelled pairs ``(standard_correct, fly_correct)``, oldest first."""
+        if not outcomes:
+            return self
+        d = [int(s) - int(f) for s, f in outcomes]
+        return LiveAlarmState(
+            run_betting(outcomes, self.betting.margin, self.betting),
+            run_detector(d, self.detector),
+            run_declaration(d, self.declaration),
+        )
