@@ -79,11 +79,14 @@ def _first_pair(s: IntArray, b: IntArray, n: IntArray) -> FloatArray:
 
 
 def _oracle(q: float) -> object:
-    a, b = math.log(2 * q), math.log(2 * (1 - q))
+    a = math.log(2 * q)
+    if q >= 1.0:  # every discordant pair lost: one gain ends the run's evidence
+        return lambda lost, gained: np.where(gained > 0, -np.inf, lost * a)
+    b = math.log(2 * (1 - q))
     return lambda lost, gained: lost * a + gained * b
 
 
-def grid(runs: int, seed: int, null_pairs: int) -> list[dict[str, float]]:
+def grid(runs: int, seed: int, null_pairs: int, threshold: float) -> list[dict[str, float]]:
     rng = np.random.default_rng(seed)
     rows: list[dict[str, float]] = []
     shipped = net_loss_mixture_log_e_values
@@ -93,13 +96,19 @@ def grid(runs: int, seed: int, null_pairs: int) -> list[dict[str, float]]:
                 continue
             q = _q(d, loss)
             horizon = null_pairs if loss == 0 else 10_000
-            k_max = int(max(1.3 * horizon * d + 80, 4 * LOG20 / max(_kl(q), 1e-9) + 80))
+            k_max = int(1.3 * horizon * d + 80)
+            if loss > 0:  # long enough for the median past 10,000 pairs
+                k_max = max(k_max, int(4 * LOG20 / _kl(q) + 80))
             x = rng.random((runs, k_max)) < q
             s = np.cumsum(x, axis=1, dtype=np.int64)
             n = np.cumsum(rng.geometric(d, size=(runs, k_max)), axis=1, dtype=np.int64)
             got = _first_pair(s, _boundary(shipped, k_max, LOG20), n)
             share = float(np.mean(got <= horizon))
             row = {"d": d, "loss": loss, "runs": runs, "alarm_share": share}
+            first, _ = _detector_runs(np.where(x, 1, -1).astype(np.int8), threshold, 0.02)
+            idx = np.maximum(first - 1, 0)
+            det = np.where(first > 0, n[np.arange(runs), idx], np.inf).astype(np.float64)
+            row["detector_alarm_share"] = float(np.mean(det <= horizon))
             if loss > 0:
                 orc = _first_pair(s, _boundary(_oracle(q), k_max, LOG20), n)
                 row.update(
@@ -107,6 +116,8 @@ def grid(runs: int, seed: int, null_pairs: int) -> list[dict[str, float]]:
                     oracle_median=float(np.median(orc)),
                     ratio=float(np.median(got) / np.median(orc)),
                     oracle_share=float(np.mean(orc <= horizon)),
+                    detector_median=float(np.median(det)),
+                    detector_ratio=float(np.median(det) / np.median(orc)),
                 )
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -145,6 +156,7 @@ def change(
                 continue
             q = _q(d, loss)
             post = int(4 * LOG20 / _kl(q) + 80) + int(3 * math.log(threshold) / _kl(q))
+            post = min(post, 30_000)
             k_max = int(1.3 * change_at * d + 80) + post
             n = np.cumsum(rng.geometric(d, size=(runs, k_max)), axis=1, dtype=np.int64)
             p = np.where(n > change_at, q, 0.5)
@@ -162,10 +174,14 @@ def change(
             since = np.full(runs, np.inf)
             since[any_] = n[np.nonzero(any_)[0], hit.argmax(axis=1)[any_]] - change_at
             # fresh start: the same post-change stream from pair 0
-            kf = post
+            kf = min(30_000, max(post, int(8 * LOG20 / _kl(q) + 80)))
             nf = np.cumsum(rng.geometric(d, size=(runs, kf)), axis=1, dtype=np.int64)
             sf = np.cumsum(rng.random((runs, kf)) < q, axis=1, dtype=np.int64)
             fresh = _first_pair(sf, b[:kf], nf)
+            xf = np.where(np.diff(sf, axis=1, prepend=0) == 1, 1, -1).astype(np.int8)
+            ff, _ = _detector_runs(xf, threshold, detect)
+            fi = np.maximum(ff - 1, 0)
+            det_fresh = np.where(ff > 0, nf[np.arange(runs), fi], np.inf).astype(np.float64)
             ok = ~pre
             row = {
                 "d": d,
@@ -176,8 +192,10 @@ def change(
                 "detector_delay": float(np.median(delay[ok])),
                 "since_start_delay": float(np.median(since)),
                 "fresh_since_start": float(np.median(fresh)),
+                "fresh_detector": float(np.median(det_fresh)),
             }
-            row["ratio"] = row["detector_delay"] / row["fresh_since_start"]
+            row["ratio_to_fresh_detector"] = row["detector_delay"] / row["fresh_detector"]
+            row["ratio_to_fresh_since_start"] = row["detector_delay"] / row["fresh_since_start"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     for d in (0.06, 0.30):
@@ -208,7 +226,7 @@ def main() -> None:
     a = ap.parse_args()
     t = time.time()
     if a.what == "grid":
-        grid(a.runs, a.seed, a.null_pairs)
+        grid(a.runs, a.seed, a.null_pairs, a.threshold)
     else:
         change(a.runs, a.seed, a.change_at, a.threshold, a.arl_cap)
     print(json.dumps({"seconds": round(time.time() - t, 1)}))
