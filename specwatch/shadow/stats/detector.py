@@ -24,6 +24,7 @@ the sidecar folds it pair by pair and rebuilds it from the ledger in time order.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,12 +55,13 @@ BROAD_TILT = -0.3
 DEFAULT_ARL = 10_000.0
 
 
+@functools.lru_cache(maxsize=16)
 def detector_components(detect_net_loss: float = 0.02) -> tuple[FloatArray, FloatArray]:
     """``(q_j, w_j)`` of the detector's mixture (weights sum to 1): the focused grid of
     :func:`~specwatch.shadow.stats.sequential.net_loss_mixture_grid` at ``detect_net_loss``
     with weight :data:`FOCUSED_SHARE`, and a log-spaced grid of 12 points over
     :data:`BROAD_RANGE` (weights ∝ (q - 1/2)^:data:`BROAD_TILT`) for the discordance the
-    focused grid does not expect."""
+    focused grid does not expect. Remembered per ``detect_net_loss`` (read-only arrays)."""
     fq, fw = net_loss_mixture_grid(detect_net_loss)
     lo, hi = BROAD_RANGE
     x = np.exp(np.linspace(math.log(lo), math.log(hi), _BROAD_POINTS))
@@ -68,6 +70,8 @@ def detector_components(detect_net_loss: float = 0.02) -> tuple[FloatArray, Floa
     bw *= (1.0 - FOCUSED_SHARE) / bw.sum()
     q = np.concatenate([fq, bq]).astype(np.float64)
     w = np.concatenate([fw * FOCUSED_SHARE, bw]).astype(np.float64)
+    q.flags.writeable = False  # remembered: shared by every caller
+    w.flags.writeable = False
     return q, w
 
 
