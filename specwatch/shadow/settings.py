@@ -219,7 +219,7 @@ class PairedSettings(Frozen):
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
-    change_arl: float = Field(default=10_000.0, gt=1.0)
+    change_arl: float = Field(default=100_000.0, gt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
     load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS

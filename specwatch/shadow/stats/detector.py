@@ -52,7 +52,7 @@ BROAD_TILT = -0.3
 
 #: Default mean run length to a false alarm, in discordant pairs (the detector's threshold;
 #: the default of ``PairedSettings.change_arl``).
-DEFAULT_ARL = 10_000.0
+DEFAULT_ARL = 100_000.0
 
 
 @functools.lru_cache(maxsize=16)
