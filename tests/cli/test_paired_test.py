@@ -119,6 +119,17 @@ def test_power_cli(
     assert json.loads(capsys.readouterr().out)["questions_needed"] == expected
 
 
+def test_power_cli_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    """2 points at 6 % discordance: Connor's 1,175 pairs give the exact test only 77.6 % power;
+    the exact test first reaches 80 % at 1,244 pairs (both checked against scipy.stats in
+    tests/shadow/stats/test_exact_power.py)."""
+    argv = ["power", "--net-loss", "0.02", "--discordant", "0.06", "--format", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exact_questions_needed"] == 1244
+    assert doc["exact_power_at_questions_needed"] == pytest.approx(0.776, abs=5e-4)
+
+
 def test_power_cli_bad_range(capsys: pytest.CaptureFixture[str]) -> None:
     """A discordant rate below the net loss exits 2 naming the discordant rate."""
     assert main(["power", "--net-loss", "0.1", "--discordant", "0.05"]) == 2
