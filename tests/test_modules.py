@@ -27,6 +27,7 @@ MAX_MODULE_LINES = 900
 LAYERS = (
     "core",
     "vllm",
+    "http1",
     "observe",
     "shadow",
     "alerts",

@@ -40,6 +40,8 @@ from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
 #: A series every vLLM server exports (vllm-metrics.md: scheduler state gauges).
 VLLM_PROBE = "vllm:num_requests_running"
+#: The same for SGLang servers (its scheduler's running gauge, one series per TP rank).
+SGLANG_PROBE = "sglang:num_running_reqs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +123,8 @@ def check_rules(rules: Mapping[str, Any], expected: Sequence[str]) -> list[Findi
 
 
 def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding]:
-    """Findings for the :data:`VLLM_PROBE` series: each must carry ``role`` with a known value."""
+    """Findings for the :data:`VLLM_PROBE` and :data:`SGLANG_PROBE` series: each must carry
+    ``role`` with a known value (one finding per job and instance)."""
     known = {r.value for r in Role}
     out: list[Finding] = []
     seen: set[tuple[str, str]] = set()
@@ -130,7 +133,8 @@ def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding
         if key in seen:
             continue
         seen.add(key)
-        where = f"vLLM target {key[1]} (job {key[0]})"
+        engine = "SGLang" if labels.get("__name__", "").startswith("sglang:") else "vLLM"
+        where = f"{engine} target {key[1]} (job {key[0]})"
         role = labels.get("role")
         if role is None:
             out.append(
@@ -149,7 +153,12 @@ def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding
             out.append(Finding("ok", "role", f"{where} has role={role}"))
     if not rows:
         out.append(
-            Finding("warn", "role", f"Prometheus has no {VLLM_PROBE} series (no vLLM target)")
+            Finding(
+                "warn",
+                "role",
+                f"Prometheus has no {VLLM_PROBE} or {SGLANG_PROBE} series"
+                " (no vLLM or SGLang target)",
+            )
         )
     return out
 
@@ -446,7 +455,12 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
             out += check_targets(targets, job_pattern)
             rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)
             out += check_rules(rules, inputs.expected_groups)
-            out += check_roles(await instant_query(session, url, VLLM_PROBE, limit_s=limit_s))
+            probes = [
+                row
+                for probe in (VLLM_PROBE, SGLANG_PROBE)
+                for row in await instant_query(session, url, probe, limit_s=limit_s)
+            ]
+            out += check_roles(probes)
         except PromApiError as exc:
             out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
             return out

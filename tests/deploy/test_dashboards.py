@@ -112,6 +112,8 @@ def full_shadow_stats() -> ShadowStats:
             reply_spec_steps={("fly", "math"): 5},
             reply_draft_tokens={("fly", "math"): 20},
             reply_accepted_tokens={("fly", "math"): 12},
+            reply_finishes={("fly", "stop"): 4, ("fly", "length"): 2},
+            reply_finishes_with_spec={("fly", "length"): 2},
         ),
         decisions=decision_table(
             {"math": tally},

@@ -1,1 +1,1 @@
-"""How live requests enter the shadow chain (mirror, proxy, canary); may import shadow, core."""
+"""Live requests into the shadow chain (mirror, proxy, canary); may import shadow, http1, core."""

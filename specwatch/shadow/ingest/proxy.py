@@ -1,7 +1,7 @@
 """Proxy ingest: a fail-open streaming reverse proxy in front of the live upstream.
 
 :class:`ShadowProxy` listens on its own port with the HTTP/1.1 forwarding engine of
-:mod:`specwatch.shadow.ingest.forward` (asyncio protocols, llhttp parsing, pooled keep-alive
+:mod:`specwatch.http1` (asyncio protocols, llhttp parsing, pooled keep-alive
 upstream connections, answers relayed as bytes: SSE and chunked bodies pass as they arrive,
 nothing is decompressed or re-encoded). Hop-by-hop fields are removed both ways (RFC 9110
 §7.6.1) and a client disconnect closes the upstream connection. Where it runs: in a child process
@@ -35,13 +35,8 @@ from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
-from specwatch.shadow.ingest.forward import (
-    HOP_BY_HOP,
-    PROXY_CREDENTIALS,
-    Forwarder,
-    Upstream,
-    connection_tokens,
-)
+from specwatch.http1.forwarder import Forwarder
+from specwatch.http1.pool import Upstream
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
     SHADOW_PATHS,
@@ -181,13 +176,7 @@ class ProxyProcessExited(RuntimeError):
     """The proxy process ended while this process still served: the live port is gone."""
 
 
-__all__ = [
-    "HOP_BY_HOP",
-    "PROXY_CREDENTIALS",
-    "ProxyProcessExited",
-    "ShadowProxy",
-    "connection_tokens",
-]
+__all__ = ["ProxyProcessExited", "ShadowProxy"]
 
 
 def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
@@ -218,7 +207,7 @@ def _run_all(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> N
 
 
 class _ToShadow:
-    """The engine's hand-over (:class:`~specwatch.shadow.ingest.forward.Handover`) to the
+    """The engine's hand-over (:class:`~specwatch.http1.engine.Handover`) to the
     shadow side through :meth:`ShadowProxy._schedule`."""
 
     def __init__(self, proxy: ShadowProxy) -> None:
@@ -308,6 +297,7 @@ class ShadowProxy:
             category_header=CATEGORY_HEADER.encode(),
             request_id_header=REQUEST_ID_HEADER.encode(),
             max_body_bytes=self._max,
+            log=log,
         )
         self.port = await fwd.start(host, port)
         self._forwarder = fwd

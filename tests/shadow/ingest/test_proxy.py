@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from specwatch.shadow.ingest.offer import IngestCounters
-from specwatch.shadow.ingest.proxy import ShadowProxy, connection_tokens
+from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
@@ -232,12 +232,6 @@ async def test_hop_by_hop_headers_removed_both_ways() -> None:
     for h in ("X-Client-Hop", "Keep-Alive", "TE", "Proxy-Connection"):
         assert h not in seen
     assert seen["X-Forwarded-For"] == "127.0.0.1"
-
-
-def test_connection_tokens_reads_every_connection_field() -> None:
-    """connection_tokens reads every Connection header field, lower-cased, empty tokens
-    skipped."""
-    assert connection_tokens([b"close, X-A", b" x-b ,"]) == {b"close", b"x-a", b"x-b"}
 
 
 async def test_client_disconnect_is_propagated_upstream() -> None:
