@@ -159,8 +159,9 @@ def verdict_line(v: Verdict) -> str:
     Parts, in order: τ and throughput changes (``%``, omitted when both unknown); the net loss
     (or net gain) in points with its interval and the labelled pairs; the e-value against
     ``1/alpha``; the conclusion: "net loss shown" once the e-value reached ``1/alpha``, "shown
-    within M pt" once the confidence sequence declared it, else "not yet shown within M pt"
-    (with the one-look test's result when it passes) and the pairs still needed. Below
+    within M pt" once the confidence sequence declared it, else "net loss not yet shown" (the
+    observed loss is at least the margin) or "not yet shown within M pt" (with the one-look
+    test's result when it passes), and the pairs still needed. Below
     :data:`MIN_VERDICT_PAIRS` labelled pairs: "too few pairs" and no conclusion.
     """
     speed: list[str] = []
@@ -196,9 +197,12 @@ def verdict_line(v: Verdict) -> str:
     else:
         more = more_pairs_needed(v)
         one_look = " (one-look test: within)" if v.one_look_within else ""
-        end = f"not yet shown within {margin}{one_look}" + (
-            f": about {_about(more)} more pairs" if more else ""
+        question = (
+            "net loss not yet shown"
+            if v.net_loss >= v.margin
+            else f"not yet shown within {margin}{one_look}"
         )
+        end = question + (f": about {_about(more)} more pairs" if more else "")
     return f"{head}{quality}; {evidence}; {end}"
 
 

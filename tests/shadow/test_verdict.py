@@ -36,7 +36,7 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
     assert more_pairs_needed(v) == 0
     assert verdict_line(v) == (
         "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI, one-look 0.7 to 6.5) "
-        "on 351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt"
+        "on 351 labelled pairs; e-value 8.3 of 20 needed; net loss not yet shown"
     )
 
 
