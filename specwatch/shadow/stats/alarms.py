@@ -110,7 +110,9 @@ class LiveAlarmState:
         d = [int(s) - int(f) for s, f in outcomes]
         if len(d) == 1:  # the live path: one pair at a time, scalar updates
             return LiveAlarmState(
-                self.betting.update(d[0]), self.detector.update(d[0]), self.declaration.update(d[0])
+                run_betting(outcomes, self.betting.margin, self.betting),
+                self.detector.update(d[0]),
+                self.declaration.update(d[0]),
             )
         return LiveAlarmState(
             run_betting(outcomes, self.betting.margin, self.betting),
