@@ -81,7 +81,7 @@ def test_dashboard_variables_substituted() -> None:
         ],
     }
     assert list(dashboard_queries(dash)) == [
-        ("P", "", 'x{window="15m",model_name=~"a|b",ns=~".*"}[5m]')
+        ("P", "", 'x{window="15m",model_name=~"a|b",ns=~".*"}[60s]')
     ]
 
 
