@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specwatch.cli.args import plain_help
 from specwatch.report import MAX_POINTS, REPORT_WINDOW
 
 if TYPE_CHECKING:  # the ledger, numpy and statistics load in main, not for ``report --help``
@@ -32,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "report",
         help="HTML report with plots from the pair ledger (needs the 'report' extra)",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("--ledger", type=Path, required=True, help="the SQLite pair ledger")
     p.add_argument(
