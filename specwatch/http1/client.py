@@ -16,7 +16,8 @@ request head within ``header_timeout_seconds`` and at most
 :data:`~specwatch.http1.framing.MAX_HEAD_BYTES`, body pauses up to ``body_timeout_seconds``
 (``408``), idle keep-alive ``keepalive_timeout_seconds``; refusals counted in
 :class:`~specwatch.core.listen.ListenerStats`. A client that goes away closes the upstream
-connection (counted in ``proxy_client_disconnects``). Pipelined requests are answered in order
+connection at once, also when it only closed its sending side before the first answer byte
+(counted in ``proxy_client_disconnects``). Pipelined requests are answered in order
 (one at a time; reading pauses while one waits). Nothing from a request head is ever logged
 (it may carry credentials).
 """
@@ -60,7 +61,6 @@ class Client(asyncio.Protocol):
         self.gone = False
         self.counted = False
         self.stopping = False
-        self.half_closed = False
         self.paused = 0
         self.peer = b""
         self.header_timer: asyncio.TimerHandle | None = None
@@ -169,10 +169,12 @@ class Client(asyncio.Protocol):
                 data = data[used:]
 
     def eof_received(self) -> bool | None:
-        if self.req is None and self.queue:
-            # the client half-closed after whole requests: answer them, then close
-            self.half_closed = True
-            return True
+        # The client closed its side. A socket cannot tell a half-close from a client that went
+        # away, and a vLLM request runs (queued, prefilling, holding a GPU slot) until its
+        # connection closes; so, as a production proxy does by default, an end of input while
+        # an answer is owed is a client that left: the transport closes and connection_lost
+        # closes the upstream now, not at the first failed write (which may be seconds away,
+        # before the first token). Between requests it is the end of the connection.
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -332,7 +334,7 @@ class Client(asyncio.Protocol):
         ex.path = path
         ex.chunked_req = chunked
         ex.is_head = method == b"HEAD"
-        ex.keep_client = parser.should_keep_alive() and not self.half_closed
+        ex.keep_client = parser.should_keep_alive()
         ex.client_http10 = http10
         ex.expect_continue = expect and not http10
         ex.send_up(head)
@@ -367,7 +369,7 @@ class Client(asyncio.Protocol):
                 self.resume_reading()
         if self.gone or self.transport is None:
             return
-        if not ex.keep_client or ((self.stopping or self.half_closed) and not self.queue):
+        if not ex.keep_client or (self.stopping and not self.queue):
             self.gone = True
             self.transport.close()
             return

