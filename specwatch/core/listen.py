@@ -2,13 +2,17 @@
 listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are in
 :mod:`specwatch.core.listen_http` (kept apart so settings load without aiohttp).
 
-- :class:`ListenLimits`: header and body read timeouts (seconds), a connection limit, a JSON
-  nesting limit, and the keep-alive idle timeout.
+- :class:`ListenLimits`: header and body read timeouts (seconds), a whole-body deadline, a
+  connection limit and each client's share of it, a JSON nesting limit, and the keep-alive
+  idle timeout.
 - ``listen_http.GuardedSite``: an :class:`aiohttp.web.TCPSite` whose connections are counted
   and capped (a connection over ``max_connections`` gets ``503`` and is closed) and must send a
   complete request head within ``header_timeout_seconds`` of opening (else they are closed).
 - ``listen_http.body_timeout_middleware``: a request whose body stops arriving for
-  ``body_timeout_seconds`` is answered ``408`` and its connection closed.
+  ``body_timeout_seconds``, or is not whole ``body_deadline_seconds`` after its head (a body
+  sent a byte a second never pauses long), is answered ``408`` and its connection closed.
+- one client address may hold at most ``max_connections_per_client`` of the connections (more
+  get ``503``, counted as ``client_share``), so one slow peer cannot fill the cap for the rest.
 - :func:`json_too_deep`: whether a JSON text nests deeper than a limit, decided by a scan of
   its brackets before any parser recurses (a deep body otherwise raises ``RecursionError``).
 
@@ -32,8 +36,11 @@ logger = logging.getLogger("specwatch.listen")
 
 #: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
 #: every one exported from 0): a request head aiohttp cannot parse, a request body that
-#: stopped arriving, a connection over ``max_connections``, no complete head in time.
-RefusalReason = Literal["bad_request", "body_timeout", "connection_limit", "header_timeout"]
+#: stopped arriving or was not whole by its deadline, a client over its share of the
+#: connections, a connection over ``max_connections``, no complete head in time.
+RefusalReason = Literal[
+    "bad_request", "body_timeout", "client_share", "connection_limit", "header_timeout"
+]
 #: Every :data:`RefusalReason`, in that order.
 REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
 
@@ -42,13 +49,17 @@ REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
 class ListenLimits:
     """Limits of one listener. ``header_timeout_seconds``: from accept to the end of the first
     request head; ``body_timeout_seconds``: the longest pause while a request body is read;
-    ``max_connections``: open connections at once (more get ``503``); ``json_max_depth``: the
-    deepest JSON nesting accepted; ``keepalive_timeout_seconds``: how long an idle keep-alive
-    connection is kept."""
+    ``body_deadline_seconds``: the longest a whole request body may take after its head;
+    ``max_connections``: open connections at once (more get ``503``);
+    ``max_connections_per_client``: open connections of one client address at once (more get
+    ``503``); ``json_max_depth``: the deepest JSON nesting accepted;
+    ``keepalive_timeout_seconds``: how long an idle keep-alive connection is kept."""
 
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
+    body_deadline_seconds: float = 120.0
     max_connections: int = 1024
+    max_connections_per_client: int = 512
     json_max_depth: int = 64
     keepalive_timeout_seconds: float = 15.0
 
@@ -61,6 +72,34 @@ class ListenerStats:
     refused: Counter[str] = field(default_factory=Counter)
     open: int = 0
     log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(logger))
+    #: open connections by client address
+    by_peer: Counter[str] = field(default_factory=Counter)
+
+    def admit(self, peer: str, limits: ListenLimits) -> bool:
+        """Count a new connection from ``peer`` (an address; ``""``: unknown) when it is within
+        the cap and the peer's share; else count and log the refusal and return ``False``."""
+        if self.open >= limits.max_connections:
+            self.refuse("connection_limit", max_connections=limits.max_connections)
+            return False
+        if peer and self.by_peer[peer] >= limits.max_connections_per_client:
+            self.refuse(
+                "client_share", max_connections_per_client=limits.max_connections_per_client
+            )
+            return False
+        self.open += 1
+        if peer:
+            self.by_peer[peer] += 1
+        return True
+
+    def release(self, peer: str) -> None:
+        """A connection :meth:`admit` counted closed."""
+        self.open -= 1
+        if peer:
+            left = self.by_peer[peer] - 1
+            if left > 0:
+                self.by_peer[peer] = left
+            else:
+                del self.by_peer[peer]
 
     def refuse(self, reason: RefusalReason, **fields: Any) -> None:
         """Count one refusal and log it (rate-limited)."""

@@ -516,7 +516,7 @@ SHADOW_PROXY_OFFER_LOST = _c(
 SHADOW_PROXY_UPSTREAM_ERRORS = _c(
     "specwatch_shadow_proxy_upstream_errors",
     "Proxied requests the upstream server failed, by reason (connect, timeout, "
-    "disconnected, client_error).",
+    "disconnected, client_error, stalled).",
     REASON,
 )
 SHADOW_CANARY_OFFERED = _c(

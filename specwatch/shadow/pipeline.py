@@ -175,6 +175,7 @@ def ingest_from_settings(
             marker_header=s.marker_header,
             connect_timeout_seconds=s.proxy_connect_timeout_seconds,
             total_timeout_seconds=s.proxy_total_timeout_seconds,
+            stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
             use_uvloop=s.proxy_uvloop,
             listen=listen,
             listener=listener,

@@ -134,6 +134,7 @@ class ShadowSettings(BaseModel):
     proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
+    proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
     proxy_own_thread: bool = True
     proxy_own_process: bool = True
     proxy_uvloop: bool = True

@@ -243,12 +243,14 @@ WRITE_ERROR_REASONS: tuple[str, ...] = (
 
 #: Why the proxy's upstream failed a request (``IngestCounters.proxy_upstream_errors`` keys,
 #: ``specwatch_shadow_proxy_upstream_errors_total{reason}``): unreachable (502), no answer in
-#: time (504), closed before the answer ended, a malformed answer (502). Exported from 0, so
-#: ``increase()`` sees the first failure.
+#: time (504), closed before the answer ended, a malformed answer (502), no byte for the stream
+#: idle timeout while an answer was owed (504, or the client connection aborted). Exported from
+#: 0, so ``increase()`` sees the first failure.
 PROXY_UPSTREAM_ERROR_REASONS: tuple[str, ...] = (
     "client_error",
     "connect",
     "disconnected",
+    "stalled",
     "timeout",
 )
 

@@ -11,10 +11,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
+from aiohttp import web
+
 from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.shadow.ingest.mirror import MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from tests.fakes import FakeWallClock
@@ -116,9 +120,9 @@ def completion_request(body: bytes = b'{"prompt": "x", "stream": true}') -> byte
     )
 
 
-async def _until(cond: object, timeout: float = 10.0) -> None:
+async def _until(cond: object, within: float = 10.0) -> None:
     assert callable(cond)
-    end = time.monotonic() + timeout
+    end = time.monotonic() + within
     while not cond():
         assert time.monotonic() < end, "condition not reached"
         await asyncio.sleep(0.02)
@@ -135,14 +139,14 @@ async def test_client_leaving_before_the_first_token_frees_the_upstream_within_a
     s2 = CASE["scenarios"]["S2_before_first_token"]
     backend = SlowBackend(first_at=s2["backend_first_chunk_at_s"], chunks=100, interval=0.2)
     async with serving(backend) as base, proxy_in(mode, base) as (port, proxy):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(completion_request())
         await writer.drain()
         await _until(lambda: backend.requests == 1)
         await asyncio.sleep(s2["client_closes_at_s"])
         left = time.monotonic()
         writer.close()
-        await _until(lambda: backend.closed_at, timeout=s2["backend_first_chunk_at_s"] + 2)
+        await _until(lambda: backend.closed_at, within=s2["backend_first_chunk_at_s"] + 2)
         delay = backend.closed_at[0] - left
         await _until(lambda: proxy.counters.proxy_client_disconnects == 1)
     assert delay < CASE["max_upstream_close_delay_s"]
@@ -168,8 +172,144 @@ async def test_client_leaving_mid_stream_frees_the_upstream_within_a_second(mode
             seen += (await reader.read(4096)).count(b"data: ")
         left = time.monotonic()
         writer.close()
-        await _until(lambda: backend.closed_at, timeout=5)
+        await _until(lambda: backend.closed_at, within=5)
         await _until(lambda: proxy.counters.proxy_client_disconnects == 1)
     assert backend.closed_at[0] - left < CASE["max_upstream_close_delay_s"]
     assert backend.sent_at_close[0] <= 15
     assert dict(proxy.counters.proxy_upstream_errors) == {}
+
+
+async def trickle(port: int, every: float, stop_after: float) -> tuple[bytes, float]:
+    """Send a completion request whose 1,000-byte body comes one byte every ``every`` seconds
+    (never pausing as long as a body timeout); returns what the server answered and when,
+    counted from the end of the head, or ``b""`` if it still read at ``stop_after``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{"
+    )
+    start = time.monotonic()
+    answer = asyncio.ensure_future(reader.read(65536))
+    try:
+        while time.monotonic() - start < stop_after:
+            done, _ = await asyncio.wait({answer}, timeout=every)
+            if done:
+                return answer.result(), time.monotonic() - start
+            writer.write(b" ")
+        return b"", time.monotonic() - start
+    finally:
+        answer.cancel()
+        writer.close()
+
+
+TRICKLE_LIMITS = ListenLimits(body_timeout_seconds=1.0, body_deadline_seconds=2.0)
+
+
+async def test_a_body_sent_a_byte_at_a_time_meets_the_whole_body_deadline() -> None:
+    """A body sent one byte every 0.3 s never pauses for the 1 s body timeout; the 2 s
+    whole-body deadline answers it ``408`` between 2 s and 3 s, counted as ``body_timeout``,
+    and the upstream connection is closed without an answer."""
+    backend = SlowBackend(first_at=0.0, chunks=1, interval=0.0)
+    async with serving(backend) as base, proxy_in("loop", base, TRICKLE_LIMITS) as (port, proxy):
+        got, at = await trickle(port, every=0.3, stop_after=6.0)
+    assert got.startswith(b"HTTP/1.1 408 ")
+    assert 2.0 <= at < 3.0
+    assert proxy.listener.refused["body_timeout"] == 1
+    assert backend.requests == 0
+
+
+async def test_the_mirror_applies_the_whole_body_deadline_too() -> None:
+    """The mirror listener (aiohttp) answers the same trickled body ``408`` within the 2 s
+    deadline (plus one poll), counted on its own listener."""
+
+    async def accept(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True})
+
+    mirror = MirrorListener(
+        [web.post("/v1/completions", accept)], max_body_bytes=1 << 20, listen=TRICKLE_LIMITS
+    )
+    port = await mirror.start("127.0.0.1", 0)
+    try:
+        got, at = await trickle(port, every=0.3, stop_after=6.0)
+    finally:
+        await mirror.stop()
+    assert got.startswith(b"HTTP/1.1 408 ")
+    assert 2.0 <= at < 3.0
+    assert mirror.listener.refused["body_timeout"] == 1
+
+
+async def test_one_slow_client_cannot_fill_the_connection_cap() -> None:
+    """Eight slowloris uploads from 127.0.0.2 against a cap of 8 with a share of 4: four are
+    held, four get ``503`` (``client_share``); three ordinary completions from 127.0.0.1 then
+    get their answers, while the slow ones still hold their slots."""
+    limits = ListenLimits(max_connections=8, max_connections_per_client=4)
+    backend = SlowBackend(first_at=0.0, chunks=2, interval=0.0)
+    async with serving(backend) as base, proxy_in("loop", base, limits) as (port, proxy):
+        slow = []
+        for _ in range(8):
+            r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+            slow.append((r, w))
+        await _until(lambda: proxy.listener.refused["client_share"] == 4)
+        answers = []
+        for _ in range(3):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(completion_request())
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+            answers.append(head.split(b"\r\n", 1)[0])
+            w.close()
+        held = proxy.listener.by_peer["127.0.0.2"]
+        for _, w in slow:
+            w.close()
+    assert answers == [b"HTTP/1.1 200 OK"] * 3
+    assert held == 4
+    assert proxy.listener.refused["connection_limit"] == 0
+
+
+async def test_a_stalled_upstream_is_cut_by_the_stream_idle_timeout() -> None:
+    """The upstream sends its head and one chunk, then nothing: with a 1 s stream idle timeout
+    the client connection is aborted (a truncated answer) and the upstream connection closed
+    between 1 s and 2 s after the last byte, counted as ``stalled``; an upstream silent from
+    the start is answered ``504``."""
+
+    async def through(
+        backend: SlowBackend, until: bytes, to_close: bool
+    ) -> tuple[bytes, bytes, float, Any]:
+        async with serving(backend) as base:
+            proxy = ShadowProxy(
+                base,
+                lambda r: "admitted",
+                counters=IngestCounters(),
+                wall_clock=FakeWallClock(0.0),
+                stream_idle_timeout_seconds=1.0,
+            )
+            port = await proxy.start("127.0.0.1", 0)
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(completion_request())
+                got = await asyncio.wait_for(reader.readuntil(until), 5)
+                last = time.monotonic()
+                rest = await asyncio.wait_for(reader.read(), 5) if to_close else b""
+                cut = time.monotonic() - last
+                writer.close()
+                await _until(lambda: backend.closed_at)
+            finally:
+                await proxy.stop()
+        return got, rest, backend.closed_at[0] - last, (cut, proxy.counters)
+
+    streaming = SlowBackend(first_at=0.0, chunks=1, interval=3600.0)
+    got, rest, up_closed, (cut, counters) = await through(
+        streaming, b"data: tok0\n\n\r\n", to_close=True
+    )
+    assert got.startswith(b"HTTP/1.1 200 OK")
+    assert rest == b""
+    assert 1.0 <= cut < 2.0
+    assert up_closed < 2.0
+    assert dict(counters.proxy_upstream_errors) == {"stalled": 1}
+
+    silent = SlowBackend(first_at=3600.0, chunks=1, interval=0.0)
+    got, _, up_closed, (_, counters) = await through(silent, b"\r\n", to_close=False)
+    assert got == b"HTTP/1.1 504 Gateway Timeout\r\n"
+    assert up_closed < 2.5
+    assert dict(counters.proxy_upstream_errors) == {"stalled": 1}
