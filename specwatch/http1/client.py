@@ -15,7 +15,8 @@ Listener limits (:class:`~specwatch.core.listen.ListenLimits`): connection cap (
 request head within ``header_timeout_seconds`` and at most
 :data:`~specwatch.http1.framing.MAX_HEAD_BYTES`, body pauses up to ``body_timeout_seconds`` and
 a whole body within ``body_deadline_seconds`` of its first bytes (``408``), a client address's
-share of the connections ``max_connections_per_client`` (``503``), idle keep-alive ``keepalive_timeout_seconds``; refusals counted in
+share of the connections ``max_connections_per_client`` (``503``), idle keep-alive
+``keepalive_timeout_seconds``; refusals counted in
 :class:`~specwatch.core.listen.ListenerStats`. A client that goes away closes the upstream
 connection at once, also when it only closed its sending side before the first answer byte
 (counted in ``proxy_client_disconnects``). Pipelined requests are answered in order
@@ -437,7 +438,8 @@ class Client(asyncio.Protocol):
         if self.stall_timer is None:
             loop = self.fwd.loop
             idle = self.fwd.up.idle_timeout
-            assert loop is not None and idle is not None
+            assert loop is not None
+            assert idle is not None
             self.stall_timer = loop.call_later(idle / 2, self._stall_check)
 
     def _stall_check(self) -> None:

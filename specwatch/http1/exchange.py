@@ -12,7 +12,8 @@ chunking ends when the upstream closes, and the client connection is closed afte
 common answer skips the parser's field callbacks (:mod:`specwatch.http1.fast`).
 
 Fail-open: before the answer starts, an unreachable upstream is ``502`` (``connect``), a
-timeout ``504`` (``timeout``; no byte for the stream idle timeout: ``stalled``), a connection closed early ``502`` (``disconnected``), a
+timeout ``504`` (``timeout``; no byte for the stream idle timeout: ``stalled``), a connection
+closed early ``502`` (``disconnected``), a
 malformed answer ``502`` (``client_error``), each a small JSON body; after it starts, the
 client connection is aborted so the client sees a truncated answer, never a clean short one.
 """

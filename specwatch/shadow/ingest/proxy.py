@@ -237,9 +237,10 @@ class ShadowProxy:
     connection; ``total_timeout_seconds`` (``None``: no limit, streams may be long) bounds a whole
     exchange; ``stream_idle_timeout_seconds`` (60 s; ``None``: none) bounds how long the upstream
     may send nothing while an answer is owed (then both sides are closed, counted as
-    ``stalled``). Upstream failures before the response starts answer ``502`` (connect, disconnected,
-    malformed answer) or ``504`` (timeout) with a small JSON body; after it starts, the client
-    connection is aborted so the client sees a truncated response, never a clean but short one.
+    ``stalled``). Upstream failures before the response starts answer ``502`` (connect,
+    disconnected, malformed answer) or ``504`` (timeout, stalled) with a small JSON body; after
+    it starts, the client connection is aborted so the client sees a truncated response, never
+    a clean but short one.
     ``listen`` limits the listener (connections, header/body read timeouts, keep-alive idle);
     ``listener`` counts its refusals and open connections. Raises ``ValueError`` for an upstream
     that is not an http(s) URL.

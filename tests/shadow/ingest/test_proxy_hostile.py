@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
 from aiohttp import web
 
 from specwatch.core.listen import ListenerStats, ListenLimits
