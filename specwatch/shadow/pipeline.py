@@ -386,6 +386,9 @@ class ShadowPipeline:
             if self._expired(req):
                 self.sampler.count_drop("expired")
                 return
+            if self.sampler.held():  # queued before the ledger failed: not replayed
+                self.sampler.count_drop("ledger_unusable")
+                return
             if not self.sampler.current_pause():
                 break
             await self._sleep(self.settings.pause_poll_seconds)
