@@ -85,6 +85,21 @@ def small_fs(tmp_path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def corrupt_copies(where: Path) -> list[Path]:
+    """The ledger files moved aside in ``where``."""
+    return sorted(where.glob("ledger.sqlite.corrupt-*"))
+
+
+def read_only_ledger(fs: Path) -> Path:
+    """A ledger file on ``fs``, then ``fs`` remounted read-only."""
+    ledger = fs / "ledger.sqlite"
+    conn = sqlite3.connect(ledger)
+    conn.execute("CREATE TABLE pairs (id INTEGER PRIMARY KEY, time REAL)")
+    conn.close()
+    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    return ledger
+
+
 def _ledger_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
@@ -110,7 +125,7 @@ async def test_a_corrupt_ledger_at_start_is_moved_aside_and_a_fresh_one_used(
         comp.consume(_outcome(0, "answer: 42"))
         stats = await comp.refresh(flush=True)
         state = await _state(sc)
-    (aside,) = tmp_path.glob("ledger.sqlite.corrupt-*")
+    (aside,) = corrupt_copies(tmp_path)
     assert aside.read_bytes() == junk
     assert state == "ok"
     assert stats.ledger_rows == 1
@@ -128,11 +143,7 @@ async def test_a_read_only_ledger_stops_pairing_and_nothing_else(
     (no write errors needed) and one log line says so."""
     caplog.set_level(logging.INFO)
     with small_fs(tmp_path, "4m") as fs:
-        ledger = fs / "ledger.sqlite"
-        conn = sqlite3.connect(ledger)
-        conn.execute("CREATE TABLE pairs (id INTEGER PRIMARY KEY, time REAL)")
-        conn.close()
-        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        ledger = read_only_ledger(fs)
         async with sidecar(_settings(ledger)) as sc:
             comp = sc.component
             await until(lambda: comp.live is not None, 20)
@@ -232,4 +243,4 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
         await until(lambda: sc.component.live is not None, 20)
         restarted = await _state(sc)
     assert restarted == "ok"
-    assert len(list(tmp_path.glob("ledger.sqlite.corrupt-*"))) == 1
+    assert len(corrupt_copies(tmp_path)) == 1

@@ -12,9 +12,10 @@ completion text is stored unless ``store_text``.
 
 A ledger that cannot store rows never stops the process: :meth:`Ledger.open` moves a corrupt
 file aside (``<path>.corrupt-<unix seconds>``) and starts a fresh one; a read-only, full or
-otherwise failing file leaves the ledger open in that :data:`~specwatch.shadow.values.LedgerState` (nothing is
-stored; :meth:`Ledger.retry` tries again); :meth:`Ledger.quick_check` finds corruption while
-running. The state is in :attr:`LedgerHealth.state`.
+otherwise failing file leaves the ledger open in that state
+(:data:`~specwatch.shadow.values.LedgerState`; nothing is stored; :meth:`Ledger.retry` tries
+again); :meth:`Ledger.quick_check` finds corruption while running. The state is in
+:attr:`LedgerHealth.state`.
 
 Beside the rows, table ``pair_sums`` holds their aggregates, updated in the same transaction as
 every insert and every retention prune (:mod:`.aggregates`, :mod:`.retention`), so the restart

@@ -1,7 +1,8 @@
-"""Whether the ledger can store rows (:data:`~specwatch.shadow.values.LedgerState`), told from the errors SQLite and the
-file system raise (:func:`state_of_error`), and the two file operations that go with it: a
-corrupt file moved aside (:func:`move_aside`) and the integrity check run while the ledger is
-open (:func:`quick_check_sync`, blocking: call from a worker thread).
+"""Whether the ledger can store rows (:data:`~specwatch.shadow.values.LedgerState`), told
+from the errors SQLite and the file system raise (:func:`state_of_error`), and the two file
+operations that go with it: a corrupt file moved aside (:func:`move_aside`) and the integrity
+check run while the ledger is open (:func:`quick_check_sync`, blocking: call from a worker
+thread).
 
 While the state is not ``ok`` the shadow side stores nothing and replays nothing (a pair whose
 row cannot be stored would spend GPU time for nothing); live traffic, scraping and alerting go
