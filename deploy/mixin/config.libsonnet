@@ -11,6 +11,8 @@
   // Label matchers added to every vLLM series (vllm:*) the rules read, e.g. 'job="vllm"'; empty
   // (the default) reads every vLLM server Prometheus scrapes.
   vllmSelector: '',
+  // The same for every SGLang series (sglang:*), e.g. 'job="sglang"'.
+  sglangSelector: '',
   // Label matchers added to every specwatch series (specwatch_*) the rules read, e.g.
   // 'job="specwatch"'; empty (the default) reads every specwatch sidecar.
   specwatchSelector: '',

@@ -23,6 +23,7 @@ local areas = [
   importstr 'rules/fly.yaml.tmpl',
   importstr 'rules/quality.yaml.tmpl',
   importstr 'rules/self.yaml.tmpl',
+  importstr 'rules/sglang.yaml.tmpl',
 ];
 
 // template text with every %(key)s replaced by the _config value of that key (a number as %g),

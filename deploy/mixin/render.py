@@ -74,7 +74,7 @@ DEFAULT_RULES = MIXIN_DIR / "specwatch.rules.yaml"
 DEFAULT_MANIFEST = MIXIN_DIR / "prometheusrule.yaml"
 
 #: Rule template areas, in the order mixin.libsonnet imports them.
-AREAS = ("spec_decode", "fly", "quality", "self")
+AREAS = ("spec_decode", "fly", "quality", "self", "sglang")
 
 _HEADER = (
     "# Generated from deploy/mixin/mixin.libsonnet (rules/*.yaml.tmpl, config.libsonnet,\n"

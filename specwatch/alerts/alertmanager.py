@@ -9,7 +9,9 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
   with ``lease = lease_factor * max(resend_interval, evaluation_interval)`` (Prometheus uses 4x),
   so Alertmanager resolves on its own if specwatch dies; a cleared alert is sent once with
   ``endsAt = now`` (resolution time).
-* Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*``; empty names or values are dropped.
+* Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*`` under stable names, and an empty
+  value is dropped only where that merges no two alerts
+  (:func:`~specwatch.alerts.alert.keep_distinct`).
 
 Pure parts (:class:`Alert`, :func:`sanitize_labels`, :func:`build_payload`, :class:`ActiveAlerts`,
 :class:`Outbox`) take values and return values. :class:`AlertSender` does the HTTP over an
@@ -35,6 +37,7 @@ from specwatch.alerts.alert import (
     Alert,
     AlertKey,
     alert_key,
+    keep_distinct,
     runbook_url,
     sanitize_labels,
 )
@@ -172,7 +175,7 @@ class ActiveAlerts:
         """Fold in this tick's findings; return what to send now (see class doc)."""
         due: list[Delivery] = []
         seen: set[AlertKey] = set()
-        for alert in findings:
+        for alert in keep_distinct(findings):
             labels = self._labels(alert)
             key = alert_key(labels)
             if key in seen:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-from specwatch.alerts.alert import Alert, AlertKey, alert_key
+from specwatch.alerts.alert import Alert, AlertKey, alert_key, keep_distinct
 from specwatch.alerts.rules import SustainedKey, candidates, sustained_levels
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import ObserveView
@@ -111,13 +111,17 @@ def evaluate(
     """The alerts firing at ``now``: :func:`candidates` that have held for their ``for``
     duration according to ``tracker`` (keep one :class:`ForTracker` built with
     :func:`for_seconds` across calls; :class:`Detector` does). Without a tracker, every
-    candidate is returned (``for`` = 0)."""
-    found = candidates(
-        observe,
-        shadow,
-        settings,
-        ledger_errors_increase=ledger_errors_increase,
-        sustained_best=sustained_best,
+    candidate is returned (``for`` = 0). The candidates' labels go through
+    :func:`~specwatch.alerts.alert.keep_distinct` first, so the ``for`` timers, the replay and
+    Alertmanager all key an alert by the label set Alertmanager will see."""
+    found = keep_distinct(
+        candidates(
+            observe,
+            shadow,
+            settings,
+            ledger_errors_increase=ledger_errors_increase,
+            sustained_best=sustained_best,
+        )
     )
     return tracker.update(found, now) if tracker is not None else found
 

@@ -30,6 +30,7 @@ from specwatch.alerts.conditions import (
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
+from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.summary import PairedSummary, ShadowStats
 
@@ -68,7 +69,7 @@ def _target_down(t: TargetSnapshot) -> list[Alert]:
         Alert(
             "SpecwatchTargetDown",
             Severity.WARNING,
-            f"specwatch cannot scrape {t.name}.",
+            f"Target {t.name} cannot be scraped by specwatch.",
             f"The last scrape of target {t.name} (role {t.role.value}, {t.url}) failed "
             f"(errors so far: {reasons}); its values are stale and its detectors are silent.",
             {"target": t.name, "role": t.role.value},
@@ -212,18 +213,38 @@ def _drop_alert(
     )
 
 
+def _speculation_k(t: TargetSnapshot) -> int | None:
+    """The K a target is meant to speculate with, or ``None`` when it is not meant to.
+
+    K configured for the target counts, and so does K observed on the page (the ``position``
+    labels, :attr:`Capacity.num_speculative_tokens_source` ``"observed"``) on a standard or FLy
+    target. A ``baseline`` target does not speculate by definition, and a page that carries the
+    spec-decode families all at zero (vLLM exports them so even with speculation off) is no sign
+    that it does: there an observed K counts only once the server has drafted since specwatch
+    started watching it.
+    """
+    cap = t.capacity
+    k = cap.num_speculative_tokens
+    if k is None or k <= 0:
+        return None
+    if t.limits.num_speculative_tokens is not None or t.role is not Role.BASELINE:
+        return k
+    drafted = any((mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values())
+    return k if drafted else None
+
+
 def _inactive(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     out: list[Alert] = []
+    k = _speculation_k(t)
     for model, mw in sorted(_window(t, s.rate_window).items()):
         h = mw.server
-        k = t.capacity.num_speculative_tokens
         v = decode_inactive(h.generation_tokens_per_second, h.drafts_per_second, k, s)
         if v is not None:
             out.append(
                 Alert(
                     "SpecDecodeInactive",
                     Severity.WARNING,
-                    f"{t.name} generates tokens but drafts nothing.",
+                    f"Target {t.name} generates tokens but drafts nothing.",
                     f"{t.name} (role {t.role.value}, model {model}) generated {v:.3g} tokens/s "
                     f"over {s.rate_window} with speculative decoding configured (K {k}), but "
                     "not one draft was verified.",
@@ -296,7 +317,7 @@ def _budget_alert(
     cap = t.capacity
     k = cap.num_speculative_tokens
     if reason == "budget_cap":
-        summary = f"{t.name} is limited by max_num_batched_tokens, not max_num_seqs."
+        summary = f"Target {t.name} is limited by max_num_batched_tokens, not max_num_seqs."
         text = (
             f"The most-loaded engine of {t.name} runs {value:g} requests with "
             f"{_fmt(h.num_requests_waiting, 'g')} waiting; max_num_batched_tokens "
@@ -306,8 +327,8 @@ def _budget_alert(
         )
     elif reason == "drafts_per_step":
         summary = (
-            f"{t.name} verifies drafts for under {s.budget_drafts_per_step_ratio:.0%} of its "
-            "running requests per step."
+            f"Target {t.name} verifies drafts for under "
+            f"{s.budget_drafts_per_step_ratio:.0%} of its running requests per step."
         )
         text = (
             f"Over {s.rate_window}, engine {engine} of {t.name} verified {value:.3g} drafts per "
@@ -315,7 +336,7 @@ def _budget_alert(
             "the token budget or not drafting."
         )
     else:
-        summary = f"{t.name} drafts are truncated below K."
+        summary = f"The drafts of target {t.name} are truncated below K."
         text = (
             f"Over {s.rate_window} the mean draft length of {t.name} is {value:.3g}, under "
             f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}: the "
@@ -361,7 +382,7 @@ def _stall(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 Alert(
                     "SpecAdmissionStall",
                     Severity.CRITICAL,
-                    f"{t.name} admits no work: requests wait, running is far below capacity "
+                    f"Target {t.name} admits no work: requests wait, running is far below capacity "
                     "and nothing finishes.",
                     f"{_fmt(h.num_requests_waiting, 'g')} requests wait on {t.name} (model "
                     f"{model}) while its most-loaded engine runs {_fmt(running, 'g')} of the "
@@ -394,7 +415,8 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
         Alert(
             "SpecTokenBudgetBound",
             Severity.INFO,
-            f"max_num_batched_tokens {cap.max_num_batched_tokens} is below N {n} x "
+            f"The token budget max_num_batched_tokens {cap.max_num_batched_tokens} is below "
+            f"N {n} x "
             f"(1 + K {k} + S {slots}) = {need}, so at most {d_full:g} requests can decode per "
             f"step on {t.name}.",
             f"Configuration finding for {t.name} (role {t.role.value}, method {t.limits.method}): "
@@ -580,7 +602,7 @@ def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -
         Alert(
             "SpecwatchShadowStalled",
             Severity.WARNING,
-            "specwatch sees traffic but completes no shadow pairs.",
+            "The watched servers see traffic but specwatch completes no shadow pairs.",
             f"The watched servers generate {sum(known):.3g} tokens/s but specwatch completed "
             f"no shadow pair over {s.shadow_stalled_window}; quality drift cannot be detected.",
             {},
@@ -648,7 +670,7 @@ def candidates(
             Alert(
                 "SpecwatchLedgerFailing",
                 Severity.WARNING,
-                "specwatch cannot write its paired ledger.",
+                "Writes to the paired ledger of specwatch fail.",
                 f"{ledger_errors_increase:g} ledger writes failed in the last "
                 f"{settings.ledger_errors_window:g} s; paired statistics stop advancing.",
                 {},

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specwatch.cli.analyze import AnalyzeError, read_page
+from specwatch.cli.analyze import NO_ENGINE_SERIES, AnalyzeError, read_page
 from specwatch.cli.args import add_output_format
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
@@ -88,7 +88,7 @@ def _window(args: argparse.Namespace) -> tuple[str, ModelWindow]:
     after = read_page(args.after) if args.after is not None else None
     for page, which in ((before, "BEFORE"), (after, "AFTER")):
         if page is not None and not page.engines:
-            raise AnalyzeError(f"{which} has no vLLM series (not a vLLM /metrics body?)")
+            raise AnalyzeError(f"{which} {NO_ENGINE_SERIES}")
     models = model_windows(page_delta(before if after else None, after or before, None))
     if args.model is not None:
         if args.model not in models:

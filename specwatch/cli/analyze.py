@@ -1,10 +1,14 @@
 """``specwatch analyze BEFORE [AFTER]``: the same derivations offline from saved ``/metrics``.
 
 One body: totals since server start. Two bodies: the window between them (restarts handled).
-``--interval SECONDS`` gives rates per second. Output (``--format json``):
+``--interval SECONDS`` gives rates per second. vLLM and SGLang pages are told apart by their
+series (``--engine`` to say which); ``--server-info FILE`` reads a saved SGLang ``/server_info``
+body for N (``speculative_num_draft_tokens``) where the page does not show it.
+Output (``--format json``):
 ``{"server": {...}, "engines": {"0": {...}}}`` for one model (keys in ``docs/metrics.md``), or
 ``{"models": {NAME: {"server": ..., "engines": ...}}}`` for several; ``null`` where undefined.
-An unreadable or malformed file, a file without vLLM series or a bad ``--interval``: exit code
+An unreadable or malformed file, a file with neither vLLM nor SGLang series or a bad
+``--interval``: exit code
 2 and one line (naming the file and the line where there is one). Counters falling on every
 engine of one server process (files likely swapped): one warning line on stderr.
 """
@@ -16,7 +20,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from specwatch.cli.args import add_output_format
 from specwatch.export.json import health_json
@@ -24,6 +28,10 @@ from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
 from specwatch.observe.values import ModelWindow, PageReading
 from specwatch.observe.window import page_delta
+from specwatch.vllm.sglang import ENGINE_KINDS, EngineKind, server_info_facts
+
+#: The one line for a page that no serving engine wrote.
+NO_ENGINE_SERIES = "has neither vllm:* nor sglang:* series (not a vLLM or SGLang /metrics body?)"
 
 
 class AnalyzeError(Exception):
@@ -36,7 +44,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "analyze",
         help="derive spec-decode health from saved /metrics bodies",
         description="Derive α, τ, per-position acceptance, rates and quantiles from one or two "
-        "saved vLLM /metrics bodies (two: the window between them).",
+        "saved vLLM or SGLang /metrics bodies (two: the window between them).",
+    )
+    p.add_argument(
+        "--engine", choices=ENGINE_KINDS, help="the engine that wrote the pages (default: told)"
+    )
+    p.add_argument(
+        "--server-info",
+        type=Path,
+        metavar="FILE",
+        help="a saved SGLang /server_info JSON body (N = speculative_num_draft_tokens)",
     )
     p.add_argument("before", type=Path, metavar="BEFORE")
     p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
@@ -46,7 +63,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
-def read_page(path: Path) -> PageReading:
+def read_server_info(path: Path) -> dict[str, int | str | None]:
+    """The facts of a saved SGLang ``/server_info`` body
+    (:func:`specwatch.vllm.sglang.server_info_facts`); :class:`AnalyzeError` names the file."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AnalyzeError(f"{path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AnalyzeError(f"{path}: not a JSON /server_info body ({exc})") from None
+    if not isinstance(doc, dict):
+        raise AnalyzeError(f"{path}: not a JSON object (an SGLang /server_info body?)")
+    return server_info_facts(cast(dict[str, object], doc))
+
+
+def read_page(path: Path, engine: EngineKind | None = None) -> PageReading:
     """Read and parse one saved body; :class:`AnalyzeError` names the file (and line)."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -56,7 +87,7 @@ def read_page(path: Path) -> PageReading:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise AnalyzeError(f"{path}:{line}: not UTF-8 text") from None
     try:
-        return parse_page(text)
+        return parse_page(text, engine=engine)
     except ParseError as exc:
         where = f"{path}:{exc.line}" if exc.line else str(path)
         raise AnalyzeError(f"{where}: {exc.message}") from None
@@ -88,22 +119,28 @@ def _model_doc(mw: ModelWindow) -> dict[str, Any]:
 
 
 def analyze(
-    before: PageReading, after: PageReading | None, *, interval: float | None, model: str | None
+    before: PageReading,
+    after: PageReading | None,
+    *,
+    interval: float | None,
+    model: str | None,
+    configured_k: int | None = None,
 ) -> dict[str, Any]:
     """The JSON document for one body (``after`` None) or the window between two.
 
-    :class:`AnalyzeError` when a page has no vLLM series or ``interval`` is not a positive
-    finite number.
+    ``configured_k``: K (an SGLang server's N − 1) where the pages do not show it.
+    :class:`AnalyzeError` when a page has neither vLLM nor SGLang series or ``interval`` is not
+    a positive finite number.
     """
     if interval is not None and not (math.isfinite(interval) and interval > 0):
         raise AnalyzeError(f"--interval must be a positive number of seconds, not {interval}")
     for page, which in ((before, "BEFORE"), (after, "AFTER")):
         if page is not None and not page.engines:
-            raise AnalyzeError(f"{which} has no vLLM series (not a vLLM /metrics body?)")
+            raise AnalyzeError(f"{which} {NO_ENGINE_SERIES}")
     if after is None:
-        models = model_windows(page_delta(None, before, interval))
+        models = model_windows(page_delta(None, before, interval), configured_k=configured_k)
     else:
-        models = model_windows(page_delta(before, after, interval))
+        models = model_windows(page_delta(before, after, interval), configured_k=configured_k)
     if model is not None:
         if model not in models:
             raise AnalyzeError(f"model {model!r} not on the page (have: {', '.join(models)})")
@@ -156,9 +193,15 @@ def render_table(doc: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     """Print the analysis; 2 on an unreadable/malformed file or an unknown model."""
     try:
-        before = read_page(args.before)
-        after = read_page(args.after) if args.after is not None else None
-        doc = analyze(before, after, interval=args.interval, model=args.model)
+        engine: EngineKind | None = args.engine
+        k: int | None = None
+        if args.server_info is not None:
+            engine = engine or "sglang"
+            n = read_server_info(args.server_info)["num_draft_tokens"]
+            k = n - 1 if isinstance(n, int) and n >= 2 else None
+        before = read_page(args.before, engine)
+        after = read_page(args.after, engine) if args.after is not None else None
+        doc = analyze(before, after, interval=args.interval, model=args.model, configured_k=k)
     except AnalyzeError as exc:
         print(f"specwatch analyze: {exc}", file=sys.stderr)
         return 2

@@ -11,10 +11,17 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
   ``kubectl get prometheus -o yaml``) and ``--manifest FILE`` (PodMonitor, ServiceMonitor,
   PrometheusRule), each monitor's and rule's labels match the Prometheus object's selectors
   (kube-prometheus-stack selects on ``release: <release name>``);
+* ``ports``: with ``--manifest``, each PodMonitor/ServiceMonitor endpoint's ``port`` names a
+  container port / Service port of what it selects;
+* ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
 * ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
   default variable values returns data; a panel whose description says when it is empty is a
   warning, not a failure. A ``label_values`` query variable with no saved value takes the first
   value Prometheus returns for it (as Grafana opens the dashboard); none at all is a failure.
+
+Failures come first, the most upstream check first (the root cause on the first line); when no
+specwatch target is up, the dashboard failures that follow are one line. ``$__rate_interval`` is
+Grafana's: 4 × the targets' scrape interval (60s at 15 s).
 
 Exit 0 when nothing failed, 1 when a check failed, 2 on unreadable input or a bad flag.
 """
@@ -35,11 +42,14 @@ import aiohttp
 import yaml
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
 from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
 #: A series every vLLM server exports (vllm-metrics.md: scheduler state gauges).
 VLLM_PROBE = "vllm:num_requests_running"
+#: The same for SGLang servers (its scheduler's running gauge, one series per TP rank).
+SGLANG_PROBE = "sglang:num_running_reqs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,12 @@ class Finding:
     status: str
     check: str
     message: str
+
+
+#: The jobs of the shipped deployments: prometheus-operator names a PodMonitor's job
+#: ``<namespace>/<name>`` (``deploy/base``: ``<namespace>/vllm-pair``) and a ServiceMonitor's job
+#: after the Service (``deploy/standalone``: ``specwatch``).
+DEFAULT_SPECWATCH_JOB = ".*specwatch.*|.+/vllm-pair"
 
 
 class InputError(ValueError):
@@ -87,6 +103,120 @@ def check_targets(targets: Mapping[str, Any], job_pattern: str) -> list[Finding]
     return out
 
 
+def _pod_specs(objects: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any], Any]]:
+    """``(what, pod labels, pod spec)`` of each Deployment/StatefulSet/DaemonSet/Pod."""
+    out: list[tuple[str, Mapping[str, Any], Any]] = []
+    for o in objects:
+        kind, meta = o.get("kind"), o.get("metadata") or {}
+        if kind == "Pod":
+            out.append((f"Pod {meta.get('name')}", meta.get("labels") or {}, o.get("spec") or {}))
+        elif kind in ("Deployment", "StatefulSet", "DaemonSet"):
+            tpl = (o.get("spec") or {}).get("template") or {}
+            labels = (tpl.get("metadata") or {}).get("labels") or {}
+            out.append((f"{kind} {meta.get('name')}", labels, tpl.get("spec") or {}))
+    return out
+
+
+def check_ports(objects: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Findings for the monitors among ``objects``: each PodMonitor endpoint's ``port`` must be
+    the name of a container port of a workload (in ``objects``) its selector matches, each
+    ServiceMonitor endpoint's ``port`` the name of a port of a Service it selects. A name that
+    resolves to nothing is scraped by nobody, silently (prometheus-operator keeps no target)."""
+    out: list[Finding] = []
+    pods = _pod_specs(objects)
+    services = [o for o in objects if o.get("kind") == "Service"]
+    for m in objects:
+        kind = m.get("kind")
+        if kind not in ("PodMonitor", "ServiceMonitor"):
+            continue
+        spec = m.get("spec") or {}
+        selector = spec.get("selector") or {}
+        what = f"{kind} {(m.get('metadata') or {}).get('name')}"
+        if kind == "PodMonitor":
+            names = {
+                str(p.get("name"))
+                for _, labels, pod in pods
+                if selector_matches(selector, labels)
+                for c in pod.get("containers") or []
+                for p in c.get("ports") or []
+            }
+            endpoints = spec.get("podMetricsEndpoints") or []
+            where = "container port"
+        else:
+            names = {
+                str(p.get("name"))
+                for svc in services
+                if selector_matches(selector, (svc.get("metadata") or {}).get("labels") or {})
+                for p in (svc.get("spec") or {}).get("ports") or []
+            }
+            endpoints = spec.get("endpoints") or []
+            where = "Service port"
+        if not names:
+            continue  # the workloads or Services are not among the files given
+        for ep in endpoints:
+            port = ep.get("port")
+            if port is None:
+                continue
+            if port in names:
+                out.append(Finding("ok", "ports", f"{what} port {port!r} names a {where}"))
+            else:
+                out.append(
+                    Finding(
+                        "fail",
+                        "ports",
+                        f"{what} port {port!r} names no {where} of what it selects "
+                        f"(there: {', '.join(sorted(names))}): nothing is scraped there",
+                    )
+                )
+    return out
+
+
+#: Where the shipped image keeps the ledger (``ledger.path`` /var/lib/specwatch/ledger.sqlite).
+LEDGER_DIR = "/var/lib/specwatch"
+
+
+def check_ledger_volume(objects: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A warning for each workload whose container mounts an ``emptyDir`` at
+    :data:`LEDGER_DIR`: the paired-outcome ledger survives container restarts but not the pod
+    (a rollout, an eviction or a node drain wipes every pair)."""
+    out: list[Finding] = []
+    for what, _, pod in _pod_specs(objects):
+        volumes = {str(v.get("name")): v for v in pod.get("volumes") or []}
+        for c in pod.get("containers") or []:
+            for mount in c.get("volumeMounts") or []:
+                if str(mount.get("mountPath", "")).rstrip("/") != LEDGER_DIR:
+                    continue
+                vol = volumes.get(str(mount.get("name")), {})
+                if "emptyDir" in vol:
+                    out.append(
+                        Finding(
+                            "warn",
+                            "ledger",
+                            f"{what} keeps the ledger ({LEDGER_DIR}) on emptyDir "
+                            f"{mount.get('name')!r}: a new pod starts with no pairs; mount a "
+                            "PersistentVolumeClaim there to keep them",
+                        )
+                    )
+                else:
+                    out.append(
+                        Finding("ok", "ledger", f"{what} keeps the ledger on a lasting volume")
+                    )
+    return out
+
+
+def scrape_seconds(targets: Mapping[str, Any], job_pattern: str) -> float:
+    """The longest ``scrapeInterval`` of the specwatch targets (``job`` fully matching
+    ``job_pattern``) in ``/api/v1/targets`` data: the interval Grafana's ``$__rate_interval``
+    must cover; :data:`GRAFANA_SCRAPE_SECONDS` when none reports one."""
+    rx = re.compile(job_pattern)
+    found = [
+        parse_duration(str(t["scrapeInterval"]))
+        for t in targets.get("activeTargets", [])
+        if rx.fullmatch(str(t.get("labels", {}).get("job", ""))) and t.get("scrapeInterval")
+    ]
+    return max(found, default=GRAFANA_SCRAPE_SECONDS)
+
+
 def check_rules(rules: Mapping[str, Any], expected: Sequence[str]) -> list[Finding]:
     """Findings for ``/api/v1/rules`` data: ``specwatch*`` groups loaded, every group named in
     ``expected`` present, and no rule with ``health != "ok"``."""
@@ -121,7 +251,8 @@ def check_rules(rules: Mapping[str, Any], expected: Sequence[str]) -> list[Findi
 
 
 def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding]:
-    """Findings for the :data:`VLLM_PROBE` series: each must carry ``role`` with a known value."""
+    """Findings for the :data:`VLLM_PROBE` and :data:`SGLANG_PROBE` series: each must carry
+    ``role`` with a known value (one finding per job and instance)."""
     known = {r.value for r in Role}
     out: list[Finding] = []
     seen: set[tuple[str, str]] = set()
@@ -130,7 +261,8 @@ def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding
         if key in seen:
             continue
         seen.add(key)
-        where = f"vLLM target {key[1]} (job {key[0]})"
+        engine = "SGLang" if labels.get("__name__", "").startswith("sglang:") else "vLLM"
+        where = f"{engine} target {key[1]} (job {key[0]})"
         role = labels.get("role")
         if role is None:
             out.append(
@@ -149,7 +281,12 @@ def check_roles(rows: Sequence[tuple[Mapping[str, str], float]]) -> list[Finding
             out.append(Finding("ok", "role", f"{where} has role={role}"))
     if not rows:
         out.append(
-            Finding("warn", "role", f"Prometheus has no {VLLM_PROBE} series (no vLLM target)")
+            Finding(
+                "warn",
+                "role",
+                f"Prometheus has no {VLLM_PROBE} or {SGLANG_PROBE} series"
+                " (no vLLM or SGLang target)",
+            )
         )
     return out
 
@@ -237,13 +374,27 @@ def check_selectors(prom: Mapping[str, Any], objects: Sequence[Mapping[str, Any]
     return out
 
 
-_BUILTINS = {
-    "__rate_interval": "5m",
-    "__interval": "1m",
-    "__range": "1h",
-    "__range_s": "3600",
-    "__interval_ms": "60000",
-}
+#: Grafana's Prometheus data source scrape interval when nothing else is known (its default).
+GRAFANA_SCRAPE_SECONDS = 15.0
+
+
+def grafana_builtins(scrape_seconds: float = GRAFANA_SCRAPE_SECONDS) -> dict[str, str]:
+    """Grafana's built-in variables for a panel on the default 1 h range, for a data source whose
+    scrape interval is ``scrape_seconds``: ``$__interval`` is the scrape interval (the data
+    source's minimum interval) and ``$__rate_interval`` is Grafana's
+    ``max($__interval + scrape interval, 4 × scrape interval)``: 60 s at a 15 s scrape."""
+    interval = scrape_seconds
+    rate = max(interval + scrape_seconds, 4 * scrape_seconds)
+    return {
+        "__rate_interval": f"{rate:g}s",
+        "__interval": f"{interval:g}s",
+        "__range": "1h",
+        "__range_s": "3600",
+        "__interval_ms": f"{interval * 1000:g}",
+    }
+
+
+_BUILTINS = grafana_builtins()
 
 
 #: A Grafana Prometheus query variable: ``label_values(LABEL)``, ``label_values(SELECTOR, LABEL)``.
@@ -299,13 +450,15 @@ def unset_query_variables(dashboard: Mapping[str, Any]) -> list[tuple[str, str, 
 
 
 def dashboard_queries(
-    dashboard: Mapping[str, Any], resolved: Mapping[str, str] | None = None
+    dashboard: Mapping[str, Any],
+    resolved: Mapping[str, str] | None = None,
+    builtins: Mapping[str, str] = _BUILTINS,
 ) -> Iterator[tuple[str, str, str]]:
     """``(panel title, panel description, PromQL)`` for every Prometheus target of every panel
     (rows' nested panels included), with ``$var``/``${var}``/``[[var]]`` replaced by the
     variable's default value (``resolved`` first: values looked up in Prometheus for variables
-    without a default) and Grafana's built-ins by fixed durations."""
-    values = {**_BUILTINS, **_variable_defaults(dashboard), **(resolved or {})}
+    without a default) and Grafana's built-ins by ``builtins`` (:func:`grafana_builtins`)."""
+    values = {**builtins, **_variable_defaults(dashboard), **(resolved or {})}
 
     def substitute(expr: str) -> str:
         return _substitute(expr, values)
@@ -395,14 +548,18 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
 
 
 async def _dashboard_findings(
-    session: aiohttp.ClientSession, url: str, dash: Mapping[str, Any], limit_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    dash: Mapping[str, Any],
+    limit_s: float,
+    builtins: Mapping[str, str] = _BUILTINS,
 ) -> list[Finding]:
     title = dash["title"]
     out: list[Finding] = []
     resolved: dict[str, str] = {}
     for name, label, selector in unset_query_variables(dash):
         # Grafana opens the dashboard at the first value of the variable's query.
-        values = {**_BUILTINS, **_variable_defaults(dash), **resolved}
+        values = {**builtins, **_variable_defaults(dash), **resolved}
         params = {} if selector is None else {"match[]": _substitute(selector, values)}
         shown = f"label_values({', '.join([*params.values(), label])})"
         try:
@@ -418,7 +575,7 @@ async def _dashboard_findings(
             out.append(
                 Finding("fail", "dashboard", f"{title}: ${name} has no value: {shown} is empty")
             )
-    for panel, description, expr in dashboard_queries(dash, resolved):
+    for panel, description, expr in dashboard_queries(dash, resolved, builtins):
         where = f"{title} / {panel}"
         try:
             rows = await instant_query(session, url, expr, limit_s=limit_s)
@@ -444,14 +601,20 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
                 session, url, "/api/v1/targets", {"state": "active"}, limit_s=limit_s
             )
             out += check_targets(targets, job_pattern)
+            builtins = grafana_builtins(scrape_seconds(targets, job_pattern))
             rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)
             out += check_rules(rules, inputs.expected_groups)
-            out += check_roles(await instant_query(session, url, VLLM_PROBE, limit_s=limit_s))
+            probes = [
+                row
+                for probe in (VLLM_PROBE, SGLANG_PROBE)
+                for row in await instant_query(session, url, probe, limit_s=limit_s)
+            ]
+            out += check_roles(probes)
         except PromApiError as exc:
             out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
             return out
         for dash in inputs.dashboards:
-            out += await _dashboard_findings(session, url, dash, limit_s)
+            out += await _dashboard_findings(session, url, dash, limit_s, builtins)
     if inputs.prometheus_object is not None:
         out += check_selectors(inputs.prometheus_object, inputs.objects)
     elif inputs.objects:
@@ -460,6 +623,8 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
                 "warn", "selectors", "--manifest given without --prometheus-object: not checked"
             )
         )
+    out += check_ports(inputs.objects)
+    out += check_ledger_volume(inputs.objects)
     return out
 
 
@@ -474,9 +639,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_prometheus_url(p)
     p.add_argument(
         "--specwatch-job",
-        default=".*specwatch.*",
+        default=DEFAULT_SPECWATCH_JOB,
         metavar="REGEX",
-        help="job label of specwatch targets (default .*specwatch.*)",
+        help=f"job label of specwatch targets (default {DEFAULT_SPECWATCH_JOB})",
     )
     p.add_argument("--rules", type=Path, action="append", default=[], metavar="FILE")
     p.add_argument("--manifest", type=Path, action="append", default=[], metavar="FILE")
@@ -487,6 +652,51 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
+#: Checks from upstream to downstream: a failure upstream explains failures below it.
+CHECK_ORDER: tuple[str, ...] = (
+    "prometheus",
+    "ports",
+    "targets",
+    "selectors",
+    "rules",
+    "role",
+    "ledger",
+    "dashboard",
+)
+
+
+def triage(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` as the operator should read them: failures first, the most upstream check
+    (:data:`CHECK_ORDER`) first, so the root cause is the first line; when no specwatch target is
+    up (the targets check has no ``ok``), the dashboard failures follow from that and become one
+    line counting them; identical findings (a panel with several queries) are one line with a
+    count; then warnings, then the checks that passed."""
+    rank = {c: i for i, c in enumerate(CHECK_ORDER)}
+    no_sidecar = any(f.check == "targets" and f.status == "fail" for f in findings) and not any(
+        f.check == "targets" and f.status == "ok" for f in findings
+    )
+    counts: dict[Finding, int] = {}
+    for f in findings:
+        counts[f] = counts.get(f, 0) + 1
+    unique = [
+        f if n == 1 else Finding(f.status, f.check, f"{f.message} (x{n})")
+        for f, n in counts.items()
+    ]
+    follow = [f for f in unique if no_sidecar and f.check == "dashboard" and f.status == "fail"]
+    rest = [f for f in unique if f not in follow]
+    if follow:
+        rest.append(
+            Finding(
+                "fail",
+                "dashboard",
+                f"{len(follow)} dashboard queries have no data: they follow from the targets "
+                "failure above (no specwatch target is up); fix it and run doctor again",
+            )
+        )
+    severity = {"fail": 0, "warn": 1, "ok": 2}
+    return sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the findings; 0 when none failed, 1 when one did, 2 on bad input."""
     try:
@@ -494,8 +704,12 @@ def main(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"specwatch doctor: {exc}", file=sys.stderr)
         return 2
-    findings = asyncio.run(
-        diagnose(args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout)
+    findings = triage(
+        asyncio.run(
+            diagnose(
+                args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout
+            )
+        )
     )
     if args.format == "json":
         print(

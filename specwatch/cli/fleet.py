@@ -30,7 +30,7 @@ from specwatch.cli.args import add_described_command, add_output_format, add_pro
 from specwatch.core.clock import SYSTEM_WALL
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
-from specwatch.export.fleet import FleetStats, fleet_json
+from specwatch.export.fleet import DEFAULT_REPLICA_LABELS, FleetStats, fleet_json
 from specwatch.server.fleet import FleetQuery, build_fleet_app, query_fleet
 from specwatch.server.prom_api import PromApiError
 from specwatch.shadow.settings import PairedSettings
@@ -56,6 +56,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--model-label",
         default="model_name",
         help="series label naming the model (default model_name; '' pools every series)",
+    )
+    p.add_argument(
+        "--replica-label",
+        action="append",
+        default=None,
+        metavar="LABEL",
+        help="label telling HA Prometheus replicas apart, repeatable (default "
+        f"{', '.join(DEFAULT_REPLICA_LABELS)}; '' for none): series equal but for it count once",
     )
     p.add_argument("--alpha", type=float, default=defaults.alpha, help="test level")
     p.add_argument(
@@ -137,6 +145,9 @@ def main(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus_url,
         matchers=args.selector,
         model_label=args.model_label,
+        replica_labels=DEFAULT_REPLICA_LABELS
+        if args.replica_label is None
+        else tuple(label for label in args.replica_label if label),
         alpha=args.alpha,
         margin=args.margin,
         timeout=timeout,

@@ -184,7 +184,9 @@ def replay(
 
 def _feed(tracker: TargetTracker, scrape: Scrape) -> None:
     try:
-        page = parse_page(scrape.body, content_type=scrape.content_type)
+        page = parse_page(
+            scrape.body, content_type=scrape.content_type, engine=tracker.target.engine
+        )
     except ParseError as exc:
         tracker.record_error("parse", duration_seconds=None)
         log_event(

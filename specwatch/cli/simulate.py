@@ -96,6 +96,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--num-gpu-blocks", type=int, default=16384)
     p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM's flag: answer tool_choice required/named (and auto, with "
+        "--enable-auto-tool-choice) with a tool call; without it such requests get vLLM's 400",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='vLLM\'s flag: allow tool_choice "auto" (needs --tool-call-parser)',
+    )
+    p.add_argument(
         "--faults",
         default=None,
         help="initial faults as JSON, e.g. '{\"fly_entropy_threshold\": 0.05}'",
@@ -135,6 +146,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         time_scale=args.time_scale,
         per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
         num_gpu_blocks=args.num_gpu_blocks,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
     cfg.validate()
     return cfg

@@ -158,6 +158,11 @@ BUILD_INFO = _g("specwatch_build_info", "specwatch build information (always 1).
 TARGET_UP = _g(
     "specwatch_target_up", "1 when the last scrape of the target succeeded.", ("target", "role")
 )
+TARGET_ENGINE = _g(
+    "specwatch_target_engine_info",
+    "The serving engine of the target's latest good page (always 1): vllm or sglang.",
+    ("target", "role", "serving_engine"),
+)
 SCRAPE_DURATION = _g(
     "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
 )
@@ -174,6 +179,13 @@ TARGET_STALE = _g(
     "specwatch_target_stale",
     "1 when the exported values of the target are the last good ones (scrape failed or "
     "families missing).",
+    ("target",),
+)
+GAUGE_PROCESSES = _g(
+    "specwatch_target_processes",
+    "Processes whose copies of the target's gauges the last good page carries (a pid label, "
+    "prometheus_client multiprocess mode); each such gauge is read once, not summed. 0: one "
+    "value per gauge.",
     ("target",),
 )
 INVALID_VALUES = _c(
@@ -261,11 +273,13 @@ CAPACITY_GAUGES: dict[str, MetricSpec] = {
 OBSERVE: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     TARGET_UP,
+    TARGET_ENGINE,
     SCRAPE_DURATION,
     SCRAPES,
     SCRAPE_ERRORS,
     LAST_SUCCESS,
     TARGET_STALE,
+    GAUGE_PROCESSES,
     COUNTER_RESETS,
     INVALID_VALUES,
     *WINDOW_GAUGES.values(),
@@ -568,6 +582,26 @@ SHADOW_REPLY_TAU = _g(
     "placeholder) are left out.",
     ARM_CATEGORY,
 )
+ARM_FINISH = ("arm", "finish_reason")
+SHADOW_REPLY_FINISHES = _c(
+    "specwatch_shadow_reply_finishes",
+    "Successful replayed replies, by arm and finish_reason.",
+    ARM_FINISH,
+)
+SHADOW_REPLY_FINISHES_WITH_SPEC = _c(
+    "specwatch_shadow_reply_finishes_with_spec_metrics",
+    "Successful replayed replies that carried vLLM's per-request speculative-decoding metrics, "
+    "by arm and finish_reason.",
+    ARM_FINISH,
+)
+SHADOW_SPEC_COVERAGE = _g(
+    "specwatch_shadow_spec_metrics_coverage_ratio",
+    "Per-request tau coverage: the share of successful replayed replies that carry vLLM's "
+    "per-request speculative-decoding metrics, by arm and finish_reason (vLLM sends none for a "
+    "stop-string finish or n > 1, so per-request tau and alpha describe only the covered "
+    "finishes); absent until a reply.",
+    ARM_FINISH,
+)
 
 #: The shadow I/O families (from ``ShadowStats.io``; absent while the pipeline does not run).
 SHADOW_IO: tuple[MetricSpec, ...] = (
@@ -596,6 +630,9 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_REPLY_ACCEPTED_TOKENS,
     SHADOW_REPLY_ACCEPTANCE,
     SHADOW_REPLY_TAU,
+    SHADOW_REPLY_FINISHES,
+    SHADOW_REPLY_FINISHES_WITH_SPEC,
+    SHADOW_SPEC_COVERAGE,
 )
 
 #: The shadow chain's families, in exposition order.
@@ -774,6 +811,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "version": "1 (the running version)",
     "target": "the configured targets",
     "role": "3: standard, fly, baseline",
+    "serving_engine": "2: vllm, sglang",
     "model_name": "scrape.max_models_per_target per target (default 8); further models are "
     'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',
     "engine": "scrape.max_engines_per_target per target (default 64); further engines are "
@@ -789,6 +827,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "fly": "the configured targets",
     "category": "shadow.max_categories (default 20) + 'other' + '_all'",
     "arm": "3: standard, fly, noise",
+    "finish_reason": "7: stop, tool_calls, function_call, length, content_filter, other, none",
     "outcome": "6: both_correct, lost, gained, both_wrong, agree, disagree",
     "alternative": "2: two_sided, loss",
     "hypothesis": "2: no_net_loss, margin",

@@ -56,6 +56,30 @@ ALL_MODELS = OVERALL
 
 Row = tuple[Mapping[str, str], float]
 
+#: Labels that tell HA Prometheus replicas apart (prometheus-operator's ``prometheus_replica``,
+#: Thanos' and Cortex's ``replica``): a series that differs from another only in these is the same
+#: sidecar's series read through two replicas.
+DEFAULT_REPLICA_LABELS: tuple[str, ...] = ("replica", "prometheus_replica")
+
+
+def dedup_replicas(rows: Iterable[Row], replica_labels: Iterable[str]) -> tuple[list[Row], int]:
+    """``rows`` with each series kept once across HA replicas: rows equal but for the
+    ``replica_labels`` become one row without those labels, with the largest value (replicas
+    scrape a moment apart; the newer read of a pair count is the larger one). Returns the rows
+    and how many duplicates were dropped."""
+    drop = frozenset(replica_labels)
+    kept: dict[frozenset[tuple[str, str]], Row] = {}
+    dropped = 0
+    for labels, value in rows:
+        key = frozenset((k, v) for k, v in labels.items() if k not in drop)
+        if key in kept:
+            dropped += 1
+            if value > kept[key][1]:
+                kept[key] = (kept[key][0], value)
+            continue
+        kept[key] = ({k: v for k, v in labels.items() if k not in drop}, value)
+    return list(kept.values()), dropped
+
 
 def pairs_selector(matchers: str = "") -> str:
     """The PromQL instant query of the FLy correctness outcomes each sidecar's ledger holds
@@ -96,7 +120,7 @@ class FleetModel:
 class FleetStats:
     """One fleet snapshot: ``models[model]`` at ``generated_at`` (unix seconds), the test
     settings used (``alpha``, ``margin``), and ``bad_series[reason]``: series skipped in this
-    snapshot (``missing_model_label``, ``not_a_count``)."""
+    snapshot (``missing_model_label``, ``not_a_count``, ``replica_duplicate``)."""
 
     generated_at: float
     alpha: float
@@ -137,6 +161,7 @@ def fleet_stats(
     alpha: float = 0.05,
     margin: float = 0.01,
     detect_net_loss: float = 0.02,
+    replica_labels: Iterable[str] = DEFAULT_REPLICA_LABELS,
 ) -> FleetStats:
     """Sum the ``pair_rows`` (series of :func:`pairs_selector`: labels and the counter value) per
     model (the series' ``model_label`` label; an empty ``model_label`` pools every series under
@@ -146,9 +171,23 @@ def fleet_stats(
 
     A series without the model label, or whose value is not a non-negative whole number (a
     counter of pairs always is), is skipped, counted in ``bad_series[reason]`` and logged once
-    per snapshot with its labels. Raises nothing on bad rows.
+    per snapshot with its labels. Series read through several HA Prometheus replicas (equal but
+    for ``replica_labels``) count once (:func:`dedup_replicas`); the duplicates are reported as
+    ``bad_series["replica_duplicate"]``. Raises nothing on bad rows.
     """
     bad: dict[str, int] = {}
+    replicas = tuple(replica_labels)
+    pair_rows, dup_pairs = dedup_replicas(pair_rows, replicas)
+    margin_rows, dup_margins = dedup_replicas(margin_rows, replicas)
+    if dup_pairs + dup_margins:
+        bad["replica_duplicate"] = dup_pairs + dup_margins
+        log_event(
+            log,
+            logging.WARNING,
+            "fleet series seen through several Prometheus replicas, counted once",
+            duplicates=dup_pairs + dup_margins,
+            replica_labels=sorted(replicas),
+        )
     cells: dict[str, dict[str, dict[str, int]]] = {}
     sidecars: dict[str, set[frozenset[tuple[str, str]]]] = {}
     for labels, value in pair_rows:

@@ -111,6 +111,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "up": t.up,
             "stale": t.stale,
             "ready": t.ready,
+            "serving_engine": t.engine_kind,
             "last_success": t.last_success,
             "last_scrape_duration_seconds": t.last_scrape_duration_seconds,
             "scrapes_total": t.scrapes_total,

@@ -33,6 +33,7 @@ from specwatch.export.catalogue import (
     BUILD_INFO,
     CAPACITY_GAUGES,
     COUNTER_RESETS,
+    GAUGE_PROCESSES,
     INVALID_VALUES,
     ITL,
     LAST_SUCCESS,
@@ -45,6 +46,7 @@ from specwatch.export.catalogue import (
     SCRAPE_ERRORS,
     SCRAPES,
     TARGET,
+    TARGET_ENGINE,
     TARGET_STALE,
     TARGET_UP,
     THROUGHPUT_WITHHELD,
@@ -189,12 +191,15 @@ def _spec(spec: MetricSpec, engine: str | None) -> MetricSpec:
 def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
     role = t.role.value
     fam.add(TARGET_UP, (t.name, role), t.up)
+    if t.engine_kind is not None:
+        fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
     fam.add(TARGET_STALE, (t.name,), t.stale)
+    fam.add(GAUGE_PROCESSES, (t.name,), t.gauge_processes)
     for engine, n in sorted(t.counter_resets.items()):
         fam.add(COUNTER_RESETS, (t.name, engine), n)
     for reason in INVALID_REASONS:
@@ -342,6 +347,10 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         fam.add(cat.SHADOW_REPLY_ACCEPTANCE, key, alpha)
     for key, tau in sorted(io.reply_tau().items()):
         fam.add(cat.SHADOW_REPLY_TAU, key, tau)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES, io.reply_finishes)
+    fam.add_counts(cat.SHADOW_REPLY_FINISHES_WITH_SPEC, io.reply_finishes_with_spec)
+    for key, share in sorted(io.spec_metrics_coverage().items()):
+        fam.add(cat.SHADOW_SPEC_COVERAGE, key, share)
 
 
 class ShadowCollector(Collector):

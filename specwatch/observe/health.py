@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import accumulate
 
+from specwatch.observe.sglang_health import is_sglang, sglang_capacity, sglang_health
 from specwatch.observe.values import (
     COUNTER_KEYS,
     QUANTILES,
@@ -192,6 +193,8 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         time_to_first_token_mean_seconds=_div(c.get("ttft_sum"), c.get("ttft_count")),
         spec_decode_schema=schema,
     )
+    if is_sglang(g):
+        h = sglang_health(h, delta, configured_k=configured_k)
     return withhold_invalid(h)
 
 
@@ -279,6 +282,7 @@ def withhold_invalid(h: Health) -> Health:
         reasons.add("negative_rate")
     if not reasons:
         return h
+    reasons.update(h.withheld)
     return replace(h, withheld=tuple(sorted(reasons)), **changes)  # type: ignore[arg-type]
 
 
@@ -316,6 +320,10 @@ def sum_deltas(deltas: Sequence[Delta]) -> Delta:
     kv = [d.gauges["kv_cache_usage"] for d in deltas if "kv_cache_usage" in d.gauges]
     if kv:
         gauges["kv_cache_usage"] = sum(kv) / len(kv)
+    for name in sorted({n for d in deltas for n in d.gauges if n.startswith("sglang_")}):
+        # SGLang's interval gauges and constants: the mean over the DP schedulers that have them
+        values = [d.gauges[name] for d in deltas if name in d.gauges]
+        gauges[name] = sum(values) / len(values)
     by_reason: dict[str, float] = {}
     for d in deltas:
         for r, v in d.waiting_by_reason.items():
@@ -406,7 +414,9 @@ def capacity(
     ``observed_k`` (the page's ``position`` labels) and the configured one, kept with its source;
     S, the slots per request and the batched tokens N · (1 + K + S) need K and the method
     (and N). ``limits_configured`` needs N, B, K and the method; otherwise budget fields are
-    ``None``. Raises ``ValueError`` for an unknown method or unreadable version (settings
+    ``None``. An SGLang target (``limits.engine``) takes SGLang's rule
+    (:func:`specwatch.observe.sglang_health.sglang_capacity`). Raises ``ValueError`` for an
+    unknown method or unreadable version (settings
     validate both).
     """
     running_values = list(running_per_engine)
@@ -414,6 +424,8 @@ def capacity(
     n, b = limits.max_num_seqs, limits.max_num_batched_tokens
     chosen = speculative_tokens(observed_k, limits.num_speculative_tokens)
     k, source = (None, None) if chosen is None else chosen
+    if limits.engine == "sglang":
+        return sglang_capacity(limits, running, k, source)
     s: int | None = None
     per_request: int | None = None
     need: int | None = None

@@ -21,7 +21,7 @@ import aiohttp
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from specwatch.core.logs import log_event, redact_url
 from specwatch.observe.fetch import fetch_metrics
-from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.parse import PROCESS_LABEL, ParseError, parse_page
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.observe.values import ObserveView
 
@@ -39,7 +39,9 @@ PARSE_IN_THREAD_BYTES = 256 << 10
 
 #: What a page rejected by the tracker means (the ``error`` field of its log line).
 _REJECTED: dict[str, str] = {
-    "no_vllm_families": "the page has no vllm:* series: not a vLLM /metrics page",
+    "no_vllm_families": (
+        "the page has no vllm:* or sglang:* series: not a vLLM or SGLang /metrics page"
+    ),
     "counters_alternate": (
         "counters fall and rise in turn across scrapes: this URL is not one server "
         "(a load balancer or cache in front of several)"
@@ -94,6 +96,7 @@ class Scraper:
         self._locks = {name: asyncio.Lock() for name in names}
         self._last_reason: dict[str, str | None] = dict.fromkeys(names)
         self._last_missing: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
+        self._last_processes: dict[str, int] = dict.fromkeys(names, 0)
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
 
@@ -147,10 +150,15 @@ class Scraper:
         try:
             if len(result.body) > PARSE_IN_THREAD_BYTES:
                 page = await asyncio.to_thread(
-                    parse_page, result.body, content_type=result.content_type
+                    parse_page,
+                    result.body,
+                    content_type=result.content_type,
+                    engine=target.engine,
                 )
             else:
-                page = parse_page(result.body, content_type=result.content_type)
+                page = parse_page(
+                    result.body, content_type=result.content_type, engine=target.engine
+                )
         except ParseError as exc:
             tracker.record_error("parse", duration_seconds=result.duration_seconds)
             self._failed(target, "parse", exc.message, exc.line, result.content_type)
@@ -165,6 +173,7 @@ class Scraper:
             self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
         self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
+        self._log_processes(target.name, page.gauge_processes)
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:
             self._last_missing[target.name] = missing
@@ -192,6 +201,23 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_processes(self, target: str, processes: int) -> None:
+        """Log "gauges per process" when the number of processes whose copies of the gauges a
+        page carries changes (once, not on every page): their gauges are read once, not summed
+        (:func:`specwatch.observe.parse.parse_page`)."""
+        if processes == self._last_processes[target]:
+            return
+        self._last_processes[target] = processes
+        log_event(
+            logger,
+            logging.INFO,
+            "gauges per process",
+            target=target,
+            processes=processes,
+            label=PROCESS_LABEL,
+            read="largest copy" if processes else "one value per gauge",
+        )
 
     def _log_skipped(self, target: str, kind: str, reason: str, count: int) -> None:
         """Log "<kind> series skipped" when a page's count for ``reason`` changes (once, not on

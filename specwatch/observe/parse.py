@@ -35,8 +35,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import FAMILIES, Family
+from specwatch.vllm.sglang import EngineKind, detect_engine
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
 
@@ -185,9 +187,19 @@ def kept_line_numbers(body: str, *, openmetrics: bool = False) -> list[int]:
 class _Acc:
     """Mutable per-engine accumulator used only inside :func:`parse_page`."""
 
-    __slots__ = ("buckets", "counters", "gauges", "hcount", "hsum", "per_position", "waiting")
+    __slots__ = (
+        "buckets",
+        "counters",
+        "gauges",
+        "hcount",
+        "hsum",
+        "per_position",
+        "per_process",
+        "waiting",
+    )
 
     def __init__(self) -> None:
+        self.per_process: dict[tuple[Family, tuple[tuple[str, str], ...]], float] = {}
         self.counters: dict[str, float] = {}
         self.per_position: dict[int, float] = {}
         self.gauges: dict[str, float] = {}
@@ -197,6 +209,7 @@ class _Acc:
         self.hsum: dict[str, float] = {}
 
     def freeze(self) -> EngineReading:
+        _fold_per_process(self)
         gauges = dict(self.gauges)
         old_kv = gauges.pop("kv_cache_usage_old", None)
         if "kv_cache_usage" not in gauges and old_kv is not None:
@@ -237,13 +250,19 @@ def _families(text: str, openmetrics: bool) -> Iterable[Metric]:
     return plain
 
 
-def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
+def parse_page(
+    body: str, *, content_type: str = "text/plain", engine: EngineKind | None = None
+) -> PageReading:
     """Parse one ``/metrics`` body into a :class:`PageReading`.
 
     Raises :class:`ParseError` (with the 1-based line number when it can be found) when the page
     is malformed, does not end with a newline (a truncated body), or is HTML/JSON by its
     content type (an error page from a proxy). Values of series that
-    carry labels besides ``model_name``, ``engine``, ``position``, ``reason`` and ``le`` are summed.
+    carry labels besides ``model_name``, ``engine``, ``position``, ``reason`` and ``le`` are summed,
+    except gauges exported once per process (:func:`_ingest_per_process`).
+    ``engine``: the serving engine the target is set to; ``None`` tells it from the page
+    (:func:`specwatch.vllm.sglang.detect_engine`); an SGLang page goes to
+    :func:`specwatch.observe.sglang_parse.parse_sglang_page`.
     """
     media = content_type.split(";")[0].strip().lower()
     if media in ("text/html", "application/json", "application/xhtml+xml"):
@@ -251,6 +270,11 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     if body and not body.endswith("\n"):
         raise ParseError("truncated body: no final newline", line=body.count("\n") + 1)
     openmetrics = media == OPENMETRICS_CONTENT_TYPE
+    if (engine or detect_engine(body)) == "sglang":
+        try:
+            return parse_sglang_page(body, openmetrics=openmetrics)
+        except SglangPageError as exc:
+            raise ParseError(exc.message, line=exc.line) from None
     records = _records_openmetrics(body) if openmetrics else _records_text(body)
     seen: dict[_Ident, tuple[float, _Series]] = {}
     conflicts: set[_Ident] = set()
@@ -265,6 +289,7 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
     engines: dict[EngineKey, _Acc] = {}
     process_start: float | None = None
     families: set[str] = set()
+    processes: set[str] = set()
     invalid = 0
     for ident, (value, series) in seen.items():
         if value != value or (conflicts and ident in conflicts):  # NaN is unknown
@@ -280,6 +305,10 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
         acc = engines.get(series.engine)
         if acc is None:
             acc = engines[series.engine] = _Acc()
+        if fam.kind == "gauge" and PROCESS_LABEL in series.labels:
+            processes.add(series.labels[PROCESS_LABEL])
+            _ingest_per_process(acc, fam, series.labels, value)
+            continue
         _ingest(acc, fam, series.role, series.labels, value)
     return PageReading(
         engines={k: engines[k].freeze() for k in sorted(engines)},
@@ -287,6 +316,7 @@ def parse_page(body: str, *, content_type: str = "text/plain") -> PageReading:
         duplicate_conflicts=len(conflicts),
         families=frozenset(families),
         invalid_series=invalid,
+        gauge_processes=len(processes),
     )
 
 
@@ -653,6 +683,32 @@ def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: fl
         acc.gauges[key] = acc.gauges.get(key, 0.0) + value
     else:
         acc.counters[key] = acc.counters.get(key, 0.0) + value
+
+
+#: The label prometheus_client's multiprocess mode gives each process's copy of a gauge
+#: (``multiprocess_mode="all"``, its default, and ``"liveall"``): vLLM run with several API-server
+#: processes exports such gauges once per process.
+PROCESS_LABEL = "pid"
+
+
+def _ingest_per_process(acc: _Acc, fam: Family, labels: dict[str, str], value: float) -> None:
+    """A gauge exported once per process (a :data:`PROCESS_LABEL` label): every process reports
+    the same engine state, so the copies are one reading, not parts of a sum; it is read once,
+    the largest copy per series without the process label (eight copies of KV usage 0.3 read
+    0.3, not 2.4). Counters are not per-process copies and are still summed (:func:`_ingest`).
+    """
+    rest = tuple(sorted((k, v) for k, v in labels.items() if k != PROCESS_LABEL))
+    group = (fam, rest)
+    old = acc.per_process.get(group)
+    acc.per_process[group] = value if old is None else max(old, value)
+
+
+def _fold_per_process(acc: _Acc) -> None:
+    """Add each per-process gauge, read once, to the engine's gauges as :func:`_ingest` would
+    (other labels still summed)."""
+    for (fam, rest), value in acc.per_process.items():
+        _ingest(acc, fam, "value", dict(rest), value)
+    acc.per_process.clear()
 
 
 _LE_CACHE: dict[str, float | None] = {}

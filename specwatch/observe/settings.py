@@ -17,6 +17,7 @@ from specwatch.core.frozen import Frozen
 from specwatch.core.roles import Role
 from specwatch.observe.values import Limits
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
+from specwatch.vllm.sglang import EngineKind
 
 
 class TargetSettings(Frozen):
@@ -25,7 +26,10 @@ class TargetSettings(Frozen):
     ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
     ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
     ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
-    ``vllm_version``) feed the capacity / budget view. ``bearer_token`` is sent as
+    ``vllm_version``) feed the capacity / budget view. ``engine``: ``vllm`` or ``sglang``
+    (``None``: told from each page); for an SGLang target ``max_num_seqs`` is its
+    ``max_running_requests`` and ``num_speculative_tokens`` its
+    ``speculative_num_draft_tokens`` − 1. ``bearer_token`` is sent as
     ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
     :class:`ScrapeSettings` when set.
     """
@@ -39,6 +43,7 @@ class TargetSettings(Frozen):
     method: str | None = None
     parallel_drafting: bool = False
     vllm_version: str | None = None
+    engine: EngineKind | None = None
     bearer_token: SecretStr | None = None
     scrape_interval_seconds: float | None = Field(default=None, gt=0)
     scrape_timeout_seconds: float | None = Field(default=None, gt=0)
@@ -120,6 +125,7 @@ class TargetSettings(Frozen):
             method=self.method,
             parallel_drafting=self.parallel_drafting,
             vllm_version=self.vllm_version,
+            engine=self.engine,
         )
 
 

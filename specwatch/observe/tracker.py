@@ -17,6 +17,7 @@ from specwatch.core.logs import log_event, redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.concurrency import add_point, speculation_limit
 from specwatch.observe.health import capacity, model_windows, pair_view
+from specwatch.observe.sglang_health import sglang_observed_k
 from specwatch.observe.values import (
     Capacity,
     EngineKey,
@@ -144,15 +145,15 @@ class TargetTracker:
     ) -> list[str]:
         """A good page taken at ``t``: update windows and health; return reset engines' labels.
 
-        A page without any ``vllm:*`` family (an error page served as text, another exporter)
-        is a failed scrape (``no_vllm_families``); a page whose counters continue an older
-        page's after falling (several servers behind one URL) is one too
+        A page without any ``vllm:*`` or ``sglang:*`` family (an error page served as text,
+        another exporter) is a failed scrape (``no_vllm_families``); a page whose counters
+        continue an older page's after falling (several servers behind one URL) is one too
         (``counters_alternate``): neither changes the windows. Engines over the model/engine
         caps are dropped and counted (``model_cap``, ``engine_cap``); engines absent for
         ``stale_seconds`` are pruned."""
         self.rejected = None
-        if not any(f.startswith("vllm:") for f in page.families):
-            # not a vLLM page: no value at all is shown (never the last good ones, never 0)
+        if not any(f.startswith(("vllm:", "sglang:")) for f in page.families):
+            # not a vLLM or SGLang page: no value is shown (never the last good ones, never 0)
             self.rejected = "no_vllm_families"
             self.record_error(self.rejected, duration_seconds=duration_seconds)
             self._snap = replace(self._snap, windows={})
@@ -191,7 +192,11 @@ class TargetTracker:
             (max(e.per_position) + 1 for e in page.engines.values() if e.per_position),
             default=None,
         )
-        cap: Capacity = capacity(self.target.limits, running, observed_k=observed_k)
+        if observed_k is None:
+            observed_k = sglang_observed_k(page)
+        cap: Capacity = capacity(
+            replace(self.target.limits, engine=page.engine_kind), running, observed_k=observed_k
+        )
         profile = self._snap.concurrency
         short = windows.get(self._short) if self._short is not None else None
         if short and running:
@@ -217,6 +222,8 @@ class TargetTracker:
             missing_families=missing,
             capacity=cap,
             windows=windows,
+            engine_kind=page.engine_kind,
+            gauge_processes=page.gauge_processes,
         )
         return [engine for _model, engine in resets]
 

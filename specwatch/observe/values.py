@@ -22,6 +22,7 @@ from specwatch.core.roles import Role
 from specwatch.observe.concurrency import LIMIT_STATUSES as LIMIT_STATUSES
 from specwatch.observe.concurrency import ConcurrencyProfile as ConcurrencyProfile
 from specwatch.observe.concurrency import SpeculationLimit as SpeculationLimit
+from specwatch.vllm.sglang import EngineKind
 
 #: Quantiles exported for ITL and TTFT.
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
@@ -96,6 +97,11 @@ class PageReading:
     ``families``: allow-listed family names present on the page (for stale detection).
     ``invalid_series``: series skipped for a value or label no vLLM page carries (±Inf, a
     negative counter, a bad ``position`` or ``le``); counted.
+    ``engine_kind``: which serving engine wrote the page (``vllm`` or ``sglang``,
+    :func:`specwatch.vllm.sglang.detect_engine`).
+    ``gauge_processes``: distinct processes (:data:`specwatch.observe.parse.PROCESS_LABEL`
+    values) whose gauges the page carries once per process, each such gauge read once (the
+    largest copy); 0 when every gauge has one value.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -103,6 +109,8 @@ class PageReading:
     duplicate_conflicts: int = 0
     families: frozenset[str] = frozenset()
     invalid_series: int = 0
+    engine_kind: EngineKind = "vllm"
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +161,9 @@ class Health:
     ``num_speculative_tokens`` K: from ``position`` labels, else configuration.
     ``inter_token_latency_mean_seconds`` / ``time_to_first_token_mean_seconds``: Δ``_sum`` /
     Δ``_count`` of the histograms (seconds; beside the quantiles).
-    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"v0"`` (vLLM V0:
+    ``spec_decode_schema``: ``"v1"`` (``vllm:spec_decode_num_drafts_total``), ``"sglang_counters"``
+    / ``"sglang_interval"`` (SGLang's verify counter / interval gauge,
+    :mod:`specwatch.observe.sglang_health`), ``"v0"`` (vLLM V0:
     ``..._num_emitted_tokens_total`` and no drafts counter; drafts = draft tokens / K and
     τ = emitted / drafts, vLLM V0's ``SpecDecodeWorkerMetrics``), ``None`` without spec-decode
     counters. The two are never mixed in one window (:mod:`specwatch.observe.window`).
@@ -253,6 +263,8 @@ class Limits:
     method: str | None = None
     parallel_drafting: bool = False
     vllm_version: str | None = None
+    #: the serving engine (``None``: vLLM); an SGLang target takes SGLang's budget rule
+    engine: EngineKind | None = None
 
 
 #: Where a K (num_speculative_tokens) came from: ``"observed"``, the ``position`` labels of the
@@ -306,6 +318,9 @@ class TargetSnapshot:
     ``missing_families``: allow-listed families seen on an
     earlier page but absent from the latest good one. ``concurrency``: decode speed per
     running-request band over the good scrapes (:mod:`specwatch.observe.concurrency`).
+    ``engine_kind``: ``vllm`` or ``sglang``, from the latest good page.
+    ``gauge_processes``: :attr:`PageReading.gauge_processes` of the latest good page (gauges
+    exported once per process, read once; 0: one value per gauge).
     """
 
     name: str
@@ -325,6 +340,9 @@ class TargetSnapshot:
     capacity: Capacity = field(default_factory=lambda: Capacity(limits_configured=False))
     windows: Mapping[WindowName, Mapping[str, ModelWindow]] = field(default_factory=dict)
     concurrency: ConcurrencyProfile = field(default_factory=ConcurrencyProfile)
+    #: the serving engine of the latest good page (``None`` before one)
+    engine_kind: EngineKind | None = None
+    gauge_processes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import json
 import math
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,8 @@ class LedgerDigest:
     ``bins``: labelled pairs per time bin (non-empty bins, the counts of
     :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
-    every labelled pair in time order.
+    every labelled pair in time order; ``tau_coverage``: ``{(arm, finish_reason): (paired rows,
+    rows with a per-request τ)}``.
     """
 
     span: ReportSpan
@@ -145,6 +146,7 @@ class LedgerDigest:
     bin_count: int
     bin_width: float
     stream: LabelledStream
+    tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
 def split_tallies(
@@ -181,6 +183,7 @@ class ReportData:
     acceptance: Acceptance | None
     reasons: Mapping[tuple[str, str], int]
     first_alarm: Mapping[str, int | None]
+    tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
 def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
@@ -343,8 +346,13 @@ async def read_ledger(
             async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
                 return await third.report_arm_totals("speed"), await third.reason_counts()
 
-            (span, count, width, stream), tau, (speeds, reasons) = await asyncio.gather(
-                streamed(), second.report_arm_totals("tau"), speed()
+            async def tau_part() -> tuple[
+                dict[str, ArmTotals], dict[tuple[str, str], tuple[int, int]]
+            ]:
+                return await second.report_arm_totals("tau"), await second.tau_coverage()
+
+            (span, count, width, stream), (tau, coverage), (speeds, reasons) = await asyncio.gather(
+                streamed(), tau_part(), speed()
             )
             tallies, load_tallies = split_tallies(stream.tallies())
             totals = {
@@ -361,6 +369,7 @@ async def read_ledger(
                 bin_count=count,
                 bin_width=width,
                 stream=stream.labelled(),
+                tau_coverage=coverage,
             )
         finally:
             for ledger in opened:
@@ -430,6 +439,7 @@ def build_report(
         acceptance=acceptance,
         reasons=dict(digest.reasons),
         first_alarm=first_alarms,
+        tau_coverage=dict(digest.tau_coverage),
     )
 
 

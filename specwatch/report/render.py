@@ -361,6 +361,31 @@ def _decision_table(data: ReportData) -> str:
     )
 
 
+def _coverage_table(data: ReportData) -> str:
+    """Per-request τ coverage of the paired rows by arm and finish reason (what the τ gain
+    stands for: vLLM reports no per-request metrics on a stop-string finish or for n > 1)."""
+    if not data.tau_coverage:
+        return ""
+    rows_html = []
+    for (arm, finish), (rows, with_tau) in sorted(data.tau_coverage.items()):
+        share = with_tau / rows if rows else None
+        rows_html.append(
+            f'<tr data-coverage="{html.escape(arm)}/{html.escape(finish)}">'
+            f'<th scope="row">{html.escape(arm)}</th><td>{html.escape(finish)}</td>'
+            f"{_cell('rows', rows)}{_cell('with_tau', with_tau)}"
+            f"{_cell('coverage', share, _fmt(share, 'pct'))}</tr>"
+        )
+    body = "".join(rows_html)
+    return (
+        "<p>Per-request τ coverage: the share of paired replies that carried vLLM's per-request "
+        "speculative-decoding metrics, by finish reason. The τ gain above stands for the covered "
+        "replies only (vLLM sends none when a stop string ends the request, or for n &gt; 1).</p>"
+        '<table class="num" id="tau-coverage"><thead><tr><th>arm</th><th>finish reason</th>'
+        f"<th>pairs</th><th>with τ</th><th>coverage (%)</th></tr></thead><tbody>{body}"
+        "</tbody></table>"
+    )
+
+
 def _load_table(data: ReportData) -> str:
     """FLy and noise flip rates per running-request band."""
     if not data.stats.by_load:
@@ -516,6 +541,7 @@ throughput gain = FLy's completion tokens per replay second over the standard ar
 here</em>: the e-value reached 1/α; otherwise the labelled pairs still needed (Connor 1987 at
 the observed discordance).</p>
 {_decision_table(data)}
+{_coverage_table(data)}
 <h2>Flips by load</h2>
 <p>Answer flips against the standard arm by the running requests on the busiest arm's server
 when the pair was replayed, so "FLy flips more" is not confused with "the server flips more

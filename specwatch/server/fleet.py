@@ -23,6 +23,7 @@ from specwatch.core.clock import WallClock
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.store import Store
 from specwatch.export.fleet import (
+    DEFAULT_REPLICA_LABELS,
     FleetCollector,
     FleetHealth,
     FleetStats,
@@ -40,7 +41,8 @@ class FleetQuery:
     """What to ask and how to summarise: the Prometheus (or Thanos Querier) base URL, extra
     label ``matchers`` for every query (``job="specwatch"``; empty for none), the series label
     naming the model (empty: pool every series), the test settings (``alpha``, ``margin`` as
-    fractions, ``detect_net_loss``) and the per-query ``timeout`` in seconds."""
+    fractions, ``detect_net_loss``), the per-query ``timeout`` in seconds and the
+    ``replica_labels`` that tell HA Prometheus replicas apart (series counted once across them)."""
 
     prometheus_url: str
     matchers: str = ""
@@ -49,6 +51,7 @@ class FleetQuery:
     margin: float = 0.01
     detect_net_loss: float = 0.02
     timeout: float = 10.0
+    replica_labels: tuple[str, ...] = DEFAULT_REPLICA_LABELS
 
 
 async def query_fleet(session: aiohttp.ClientSession, q: FleetQuery, *, now: float) -> FleetStats:
@@ -66,6 +69,7 @@ async def query_fleet(session: aiohttp.ClientSession, q: FleetQuery, *, now: flo
         alpha=q.alpha,
         margin=q.margin,
         detect_net_loss=q.detect_net_loss,
+        replica_labels=q.replica_labels,
     )
 
 

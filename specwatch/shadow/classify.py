@@ -8,7 +8,8 @@ the first that holds fails the arm with that reason (:data:`REPLY_FAILURES`):
    ``application/json``, a stream with something other than ``text/event-stream``),
    ``invalid_utf8`` (a byte that is not UTF-8), ``invalid_json`` (cut or broken JSON, also one
    bad stream event), ``invalid_body`` (JSON that is not a completion: no ``choices[0]``);
-2. an in-band error (``{"error": {...}}`` body or chunk, ``event: error``): ``in_band_5xx`` /
+2. an in-band error (``{"error": {...}}`` body or chunk, ``event: error``, SGLang's top-level
+   ``{"object": "error", "message": ..., "code": ...}`` body): ``in_band_5xx`` /
    ``in_band_4xx`` by its code (``in_band_error`` when it has none); the partial text before it is
    kept on the arm but never compared;
 3. stream framing: ``data_after_done`` (an event after ``[DONE]``), ``empty_event`` (``data:``
@@ -16,7 +17,8 @@ the first that holds fails the arm with that reason (:data:`REPLY_FAILURES`):
    ``[DONE]`` nor a finish reason), ``empty_stream`` (``[DONE]`` with no content, tool call,
    reasoning or finish reason: the request failed before its first token), ``no_finish_reason``
    (text but no finish reason; a non-streamed body without one);
-4. the finish reason: ``aborted`` for ``abort`` (vLLM on scale-down, shutdown or sleep),
+4. the finish reason: ``aborted`` for ``abort`` (vLLM on scale-down, shutdown or sleep; SGLang
+   on a scheduler abort),
    ``unknown_finish_reason`` for any value outside :data:`COMPLETE_FINISH_REASONS` and
    :data:`TRUNCATED_FINISH_REASONS` (``cancelled``, ``capacity``, ...; the value itself is kept in
    ``finish_reason`` and the log line).
@@ -63,7 +65,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specwatch.core.logs import log_event
-from specwatch.shadow.sse import CompletionStreamAccumulator, StreamResult, read_completion_body
+from specwatch.shadow.sse import (
+    CompletionStreamAccumulator,
+    StreamResult,
+    error_code,
+    read_completion_body,
+)
 from specwatch.shadow.values import EXCLUDED_REASONS as EXCLUDED_REASONS
 from specwatch.shadow.values import Arm, ArmResult, PairStatus, ReplayPair, ToolCall
 
@@ -291,7 +298,10 @@ def body_result(
         return _result(arm, empty, status=status, latency=latency, error="invalid_json")
     if not isinstance(obj, dict):
         return _result(arm, empty, status=status, latency=latency, error="invalid_body")
-    reading = read_completion_body(obj)
+    if obj.get("object") == "error":  # SGLang's error body: the ErrorResponse at top level
+        reading = StreamResult(error=dict(obj), error_code=error_code(obj))
+    else:
+        reading = read_completion_body(obj)
     if reading.error is None and not _completion_shaped(obj):
         return _result(arm, reading, status=status, latency=latency, error="invalid_body")
     error = reading_failure(reading, streamed=False)

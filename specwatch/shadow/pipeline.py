@@ -35,6 +35,7 @@ from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
+from specwatch.shadow.classify import COMPLETE_FINISH_REASONS, TRUNCATED_FINISH_REASONS
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
@@ -115,6 +116,15 @@ def replayer_from_settings(
             _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
         ),
     )
+
+
+def finish_label(reason: str | None) -> str:
+    """The ``finish_reason`` label of a reply: vLLM's known reasons as sent, ``none`` when it
+    named none, ``other`` for anything else (the label stays bounded)."""
+    if reason is None:
+        return "none"
+    known = (*COMPLETE_FINISH_REASONS, *TRUNCATED_FINISH_REASONS)
+    return reason if reason in known else "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +247,9 @@ class ShadowPipeline:
         self.in_flight = 0
         self.arm_errors: Counter[tuple[str, str]] = Counter()
         self.spec_steps: Counter[tuple[str, str]] = Counter()
+        # per-request τ coverage: successful replies and those with spec metrics, by finish
+        self.finishes: Counter[tuple[str, str]] = Counter()
+        self.finishes_with_spec: Counter[tuple[str, str]] = Counter()
         self.spec_drafted: Counter[tuple[str, str]] = Counter()
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
@@ -412,6 +425,10 @@ class ShadowPipeline:
                     request_hash=req.request_hash,
                 )
             sd = a.spec_decode
+            if a.ok:
+                finish = (a.arm.value, finish_label(a.finish_reason))
+                self.finishes[finish] += 1
+                self.finishes_with_spec[finish] += sd is not None
             if a.ok and sd is not None and sd.num_spec_steps > 0:
                 key = (a.arm.value, req.category)
                 self.spec_steps[key] += sd.num_spec_steps
@@ -467,4 +484,6 @@ class ShadowPipeline:
             reply_spec_steps=dict(self.spec_steps),
             reply_draft_tokens=dict(self.spec_drafted),
             reply_accepted_tokens=dict(self.spec_accepted),
+            reply_finishes=dict(self.finishes),
+            reply_finishes_with_spec=dict(self.finishes_with_spec),
         )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwatch.vllm.request_metrics import SpecDecodeReading, read_spec_decode
+from specwatch.vllm.sglang import read_sglang_spec
 
 DONE_SENTINEL = "[DONE]"
 
@@ -151,9 +152,10 @@ class SSEDecoder:
 
 
 def extract_mean_acceptance_length(obj: Mapping[str, Any]) -> float | None:
-    """Measured per-request τ from a vLLM reply or chunk, ``None`` when absent, malformed or
-    vLLM's placeholder (no verify step); see :mod:`specwatch.vllm.request_metrics`."""
-    sd = read_spec_decode(obj)
+    """Measured per-request τ from a vLLM or SGLang reply or chunk, ``None`` when absent,
+    malformed or a placeholder (no verify step); see :mod:`specwatch.vllm.request_metrics` and
+    :func:`specwatch.vllm.sglang.read_sglang_spec`."""
+    sd = read_spec_decode(obj) or read_sglang_spec(obj)
     return sd.tau if sd is not None else None
 
 
@@ -273,7 +275,7 @@ class StreamResult:
             self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
             self.total_tokens = _int_or_none(usage.get("total_tokens"))
-        sd = read_spec_decode(obj)
+        sd = read_spec_decode(obj) or read_sglang_spec(obj)
         if sd is not None:
             self.spec_decode = sd
             self.mean_acceptance_length = sd.tau

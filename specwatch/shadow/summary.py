@@ -117,9 +117,11 @@ class ShadowIO:
     again after a close before any response byte), and from vLLM's per-request
     speculative-decoding metrics in the replies, by ``(arm, category)``: ``reply_spec_steps``
     (verify steps), ``reply_draft_tokens``, ``reply_accepted_tokens`` (replies without a verify
-    step add nothing). Pair statuses are not here: the pipeline never classifies a pair (the
-    one set of pair counters is :class:`OutcomeCounters`). Exported by
-    :mod:`specwatch.export.prometheus`.
+    step add nothing); by ``(arm, finish_reason)`` (``"none"`` when the reply named none):
+    ``reply_finishes`` (successful replies) and ``reply_finishes_with_spec`` (those carrying
+    the metrics, see :meth:`spec_metrics_coverage`). Pair statuses are not here: the pipeline
+    never classifies a pair (the one set of pair counters is :class:`OutcomeCounters`).
+    Exported by :mod:`specwatch.export.prometheus`.
     """
 
     queue_depth: int = 0
@@ -144,6 +146,19 @@ class ShadowIO:
     reply_spec_steps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_draft_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_accepted_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    reply_finishes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    reply_finishes_with_spec: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def spec_metrics_coverage(self) -> dict[tuple[str, str], float]:
+        """Per-request τ coverage: the share of successful replies carrying vLLM's per-request
+        speculative-decoding metrics, per ``(arm, finish_reason)`` with replies. Real vLLM
+        sends none for a stop-string finish, for ``n > 1`` or a batch of prompts, so the
+        per-request τ and α stand for the other finishes only."""
+        return {
+            k: self.reply_finishes_with_spec.get(k, 0) / n
+            for k, n in self.reply_finishes.items()
+            if n > 0
+        }
 
     def reply_alpha(self) -> dict[tuple[str, str], float]:
         """α (accepted / drafted draft tokens) per ``(arm, category)`` with drafts."""

@@ -72,6 +72,8 @@ class SimConfig:
     per_request_spec_decode_metrics: str = "none"
     num_gpu_blocks: int = 16384
     block_size: int = 16
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
     @property
     def speculative(self) -> bool:

@@ -97,6 +97,7 @@ class SimRequest:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     max_tokens_set: bool = True
+    include_stop_str: bool = False
     listener: Callable[[RequestOutput], None] | None = None
     # state
     row: int = -1
@@ -109,6 +110,8 @@ class SimRequest:
     text: str = ""
     pending_drafts: int = 0
     finish_reason: str | None = None
+    #: the stop string that ended the request (vLLM's ``stop_reason``), else ``None``
+    stop_reason: str | None = None
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -532,9 +535,11 @@ class EngineCore:
             req.text += "".join(text_of[t] for t in toks)
             if req.stop:
                 lo = max(0, prev_len - max(len(x) for x in req.stop))
-                hits = [p for p in (req.text.find(x, lo) for x in req.stop) if p >= 0]
+                hits = [(p, x) for x in req.stop if (p := req.text.find(x, lo)) >= 0]
                 if hits:
-                    req.text = req.text[: min(hits)]
+                    at, hit = min(hits)
+                    req.text = req.text[: at + (len(hit) if req.include_stop_str else 0)]
+                    req.stop_reason = hit
                     finish = "stop"
             delta = req.text[prev_len:] if len(req.text) > prev_len else ""
             first = req.first_token is None

@@ -46,7 +46,86 @@ PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 #: ``vllm:admission_rejections_total{reason}`` (vLLM ``loggers.py`` ``ADMISSION_REASONS``).
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: what vLLM 0.32 (prometheus_client 0.21+) sends for ``/metrics``.
+CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+
+
+#: ``vllm:prompt_tokens_cached_by_source_total{source}`` (vLLM 0.32).
+CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+_LAB = ("model_name", "engine")
+_MFU = "(for Model Flops Utilization calculations)."
+#: vLLM 0.32 counters with nothing to count in the simulator: name, help, labels.
+_ZERO_COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("vllm:estimated_flops_per_gpu",
+     f"Estimated number of floating point operations per GPU {_MFU}", _LAB),
+    ("vllm:estimated_read_bytes_per_gpu",
+     f"Estimated number of bytes read from memory per GPU {_MFU}", _LAB),
+    ("vllm:estimated_write_bytes_per_gpu",
+     f"Estimated number of bytes written to memory per GPU {_MFU}", _LAB),
+    ("vllm:external_prefix_cache_queries",
+     "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+     "number of queried tokens.", _LAB),
+    ("vllm:external_prefix_cache_hits",
+     "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+     "number of cached tokens.", _LAB),
+    ("vllm:mm_cache_queries",
+     "Multi-modal cache queries, in terms of number of queried items.", _LAB),
+    ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", _LAB),
+    ("vllm:prompt_tokens_cached_by_source",
+     "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+     "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+     "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+     "vllm:external_prefix_cache_hits.", (*_LAB, "source")),
+)  # fmt: skip
+#: vLLM 0.32's ``vllm:cache_config_info`` labels (besides ``engine``), as the real server sends
+#: them for a CPU target without KV offloading; :func:`cache_config_values` fills them.
+CACHE_CONFIG_LABELS = (
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
+    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint",
+    "enable_prefix_caching", "gpu_memory_utilization", "hash_block_size", "is_attention_free",
+    "kv_cache_dtype_skip_layers", "kv_cache_layout", "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes", "kv_cache_size_tokens", "kv_offloading_backend",
+    "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size", "mamba_cache_dtype",
+    "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
+    "num_gpu_blocks", "num_gpu_blocks_override", "prefix_cache_retention_interval",
+    "prefix_caching_hash_algo", "prefix_match_unit", "replayssm_buffer_len",
+    "skip_page_size_padded", "sliding_window", "swa_bounded_replay", "use_kda_recoverssm",
+    "use_replayssm", "user_specified_block_size",
+)  # fmt: skip
+
+
+def cache_config_values(c: SimConfig) -> dict[str, str]:
+    """The ``vllm:cache_config_info`` label values of a simulated server: its block size and
+    block count, the KV size and concurrency they imply, vLLM 0.32's defaults for the rest."""
+    tokens = c.num_gpu_blocks * c.block_size
+    values = {
+        "_block_size_resolved": "True",
+        "block_size": str(c.block_size),
+        "cache_dtype": "auto",
+        "effective_attention_block_size": str(c.block_size),
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.92",
+        "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_max_concurrency": str(tokens / c.max_model_len),
+        "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": str(tokens),
+        "kv_offloading_backend": "native",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_ssm_cache_dtype": "auto",
+        "num_gpu_blocks": str(c.num_gpu_blocks),
+        "prefix_cache_retention_interval": "0",
+        "prefix_caching_hash_algo": "sha256",
+        "replayssm_buffer_len": "16",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
+    }
+    return {k: values.get(k, "None") for k in CACHE_CONFIG_LABELS}
 
 
 def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -108,17 +187,19 @@ class SimMetrics:
         self.kv_usage = gauge(
             BY_KEY["kv_cache_usage"].base, "KV-cache usage. 1 means 100 percent usage."
         )
-        cache_labels = [
-            "engine",
-            "block_size",
-            "cache_dtype",
-            "enable_prefix_caching",
-            "num_gpu_blocks",
-            "num_cpu_blocks",
-        ]
+        cache_labels = ["engine", *CACHE_CONFIG_LABELS]
         self.cache_info = gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", cache_labels
         )
+        self.sleep_state = gauge(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+            "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level "
+            "2.",
+            [*lab, "sleep_state"],
+        )
+        # families vLLM 0.32 exports that the simulated engine never moves (created at 0)
+        self.zero_counters = [counter(name, doc, labels) for name, doc, labels in _ZERO_COUNTERS]
         self.preemptions = counter(
             BY_KEY["preemptions"].base, "Cumulative number of preemption from the engine."
         )
@@ -242,14 +323,9 @@ class SimMetrics:
         self._eng: list[_EngineChildren] = []
         for e in range(c.data_parallel_size):
             self._eng.append(_EngineChildren(self, name, str(e)))
-            self.cache_info.labels(
-                engine=str(e),
-                block_size=str(c.block_size),
-                cache_dtype="auto",
-                enable_prefix_caching="True",
-                num_gpu_blocks=str(c.num_gpu_blocks),
-                num_cpu_blocks="None",
-            ).set(1)
+            self.cache_info.labels(engine=str(e), **cache_config_values(c)).set(1)
+            for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+                self.sleep_state.labels(name, str(e), state).set(value)
 
     def on_admission_rejected(self, reason: str) -> None:
         """The frontend refused a request (``reason`` in :data:`ADMISSION_REASONS`)."""
@@ -331,6 +407,12 @@ class _EngineChildren:
         self.generation_tokens = m.generation_tokens.labels(name, engine)
         self.prefix_queries = m.prefix_queries.labels(name, engine)
         m.prefix_hits.labels(name, engine)
+        for fam, (_, _, labels) in zip(m.zero_counters, _ZERO_COUNTERS, strict=True):
+            if "source" in labels:
+                for source in CACHED_SOURCES:
+                    fam.labels(name, engine, source)
+            else:
+                fam.labels(name, engine)
         self.success = {r: m.success.labels(name, engine, r) for r in FINISHED_REASONS}
         self.h_prompt = m.h_prompt.labels(name, engine)
         self.h_gen = m.h_gen.labels(name, engine)

@@ -30,17 +30,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import time
 import uuid
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.logs import log_event
 from specwatch.simulate import faults as faults_mod
+from specwatch.simulate import openai_errors as err
 from specwatch.simulate.config import Faults, Role, SimConfig
 from specwatch.simulate.engine_core import (
     EngineCore,
@@ -48,41 +49,24 @@ from specwatch.simulate.engine_core import (
     SimRequest,
     dispatch,
     synthetic_lm,
-    tokenize_len,
 )
 from specwatch.simulate.metrics import CONTENT_TYPE, SimMetrics
-from specwatch.simulate.quiz import item_for_prompt
+from specwatch.simulate.openai_errors import APIError
+from specwatch.simulate.replies import (
+    chat_logprobs,
+    chosen_tool,
+    completion_logprobs,
+    prompt_logprobs,
+    prompt_token_ids,
+    tool_call,
+)
+from specwatch.simulate.requests import Choice, ParsedRequest, parse_request
 from specwatch.vllm.budget import budget_limits
 from specwatch.vllm.request_metrics import metrics_object
 
 log = logging.getLogger("specwatch.simulate")
 
 
-#: vLLM's 400 for sampling parameters it cannot use with speculative decoding (vllm 0.32
-#: ``SamplingParams._validate_spec_decode``).
-SPEC_DECODE_UNSUPPORTED = (
-    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
-)
-SAMPLING_EPS = 1e-5
-
-
-class APIError(Exception):
-    """An error answered with vLLM's error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    500: "InternalServerError",
-    # vLLM's GracefulHTTPError (admission control) uses the status phrase as the type
-    503: "Service Unavailable",
-}
 #: vLLM 0.33's messages (``vllm/exceptions.py`` ``QueueOverflowError``, ``MaxQueuedTokensError``).
 ADMISSION_MESSAGES = {
     "max_num_queued_reqs": "The engine is currently busy and cannot accept new requests. "
@@ -92,17 +76,39 @@ ADMISSION_MESSAGES = {
 }
 
 
+def json_reply(body: Any, status: int = 200) -> web.Response:
+    """A JSON reply as vLLM sends it (``Content-Type: application/json``, no charset)."""
+    return web.Response(
+        body=json.dumps(body, ensure_ascii=False).encode(),
+        status=status,
+        headers={"Content-Type": "application/json"},
+    )
+
+
 def error_response(status: int, message: str, param: str | None = None) -> web.Response:
     """vLLM's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status, "BadRequestError"),
-            "param": param,
-            "code": status,
-        }
-    }
-    return web.json_response(body, status=status)
+    return json_reply(APIError(status, message, param).body(), status)
+
+
+@web.middleware
+async def vllm_http(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What vLLM's FastAPI app does around every route: unknown paths and methods answer
+    ``{"detail": ...}`` in JSON, and every reply carries ``vary: Origin`` (CORS)."""
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status not in (404, 405):
+            raise
+        resp = json_reply({"detail": exc.reason}, exc.status)
+        if exc.status == 405 and "Allow" in exc.headers:
+            resp.headers["Allow"] = exc.headers["Allow"]
+    if not resp.prepared:
+        resp.headers["vary"] = "Origin"
+    return resp
+
+
+async def _vary_on_stream(_request: web.Request, resp: web.StreamResponse) -> None:
+    resp.headers.setdefault("vary", "Origin")
 
 
 class SimServer:
@@ -139,7 +145,11 @@ class SimServer:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _make_app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[vllm_http])
+        app.on_response_prepare.append(_vary_on_stream)
+        app.router.add_get("/ping", self.h_health)
+        app.router.add_post("/ping", self.h_health)
+        app.router.add_post("/tokenize", self.h_tokenize)
         app.router.add_get("/v1/models", self.h_models)
         app.router.add_post("/v1/completions", self.h_completions)
         app.router.add_post("/v1/chat/completions", self.h_chat)
@@ -243,7 +253,7 @@ class SimServer:
         return web.Response(status=200)
 
     async def h_version(self, _r: web.Request) -> web.Response:
-        return web.json_response({"version": self.config.vllm_version})
+        return json_reply({"version": self.config.vllm_version})
 
     async def h_models(self, _r: web.Request) -> web.Response:
         name = self.config.served_model_name
@@ -256,9 +266,24 @@ class SimServer:
             "root": name,
             "parent": None,
             "max_model_len": self.config.max_model_len,
-            "permission": [],
+            "permission": [
+                {
+                    "id": "modelperm-" + self._fingerprint * 2,
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
-        return web.json_response({"object": "list", "data": [card]})
+        return json_reply({"object": "list", "data": [card]})
 
     async def h_metrics(self, _r: web.Request) -> web.Response:
         mode = self.faults.metrics_mode
@@ -271,7 +296,7 @@ class SimServer:
         return resp
 
     async def h_faults_get(self, _r: web.Request) -> web.Response:
-        return web.json_response(self.faults.as_dict())
+        return json_reply(self.faults.as_dict())
 
     async def h_faults_post(self, request: web.Request) -> web.Response:
         try:
@@ -287,20 +312,20 @@ class SimServer:
         log_event(log, logging.INFO, "faults set", faults=json.dumps(patch, sort_keys=True))
         for w in self._wake:
             w.set()
-        return web.json_response(self.faults.as_dict())
+        return json_reply(self.faults.as_dict())
 
     async def h_faults_delete(self, _r: web.Request) -> web.Response:
         faults_mod.clear(self.faults)
         for w in self._wake:
             w.set()
-        return web.json_response(self.faults.as_dict())
+        return json_reply(self.faults.as_dict())
 
     async def h_restart(self, _r: web.Request) -> web.Response:
         self.restart()
-        return web.json_response({"restarts": self.restarts})
+        return json_reply({"restarts": self.restarts})
 
     async def h_stats(self, _r: web.Request) -> web.Response:
-        return web.json_response(self.stats())
+        return json_reply(self.stats())
 
     def stats(self) -> dict[str, Any]:
         """Ground truth: config, budget limits and each engine's counters since the last restart.
@@ -379,124 +404,57 @@ class SimServer:
     async def h_chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    def _parse(self, body: Any, chat: bool) -> tuple[SimRequest, dict[str, Any]]:
-        c = self.config
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object")
-        model = body.get("model", c.served_model_name)
-        if model != c.served_model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", "model")
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise APIError(400, "messages must be a non-empty list", "messages")
-            parts: list[str] = []
-            key = ""
-            for m in msgs:
-                if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-                    raise APIError(400, "each message needs a string content", "messages")
-                parts.append(f"{m.get('role', 'user')}: {m.get('content', '')}")
-                if m.get("role", "user") == "user":
-                    key = str(m.get("content", ""))
-            prompt = key if item_for_prompt(key) is not None else "\n".join(parts)
-            prompt_len = tokenize_len("\n".join(parts)) + 4
-        else:
-            p = body.get("prompt")
-            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-                p = p[0]
-            if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
-                prompt, prompt_len = " ".join(str(t) for t in p), len(p)
-            elif isinstance(p, str):
-                prompt, prompt_len = p, tokenize_len(p)
-            else:
-                raise APIError(400, "prompt must be a string or a list of token ids", "prompt")
-        n = body.get("n", 1)
-        if n != 1:
-            raise APIError(400, "only n=1 is supported by the simulator", "n")
-        temperature = body.get("temperature", 1.0)
-        top_p = body.get("top_p", 1.0)
-        if temperature is None:
-            temperature = 1.0
-        if top_p is None:
-            top_p = 1.0
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not math.isfinite(temperature)
-            or temperature < 0
-        ):
-            raise APIError(400, "temperature must be a number >= 0", "temperature")
-        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
-            raise APIError(400, "top_p must be in (0, 1]", "top_p")
-        min_p = body.get("min_p", 0.0)
-        if isinstance(min_p, bool) or not isinstance(min_p, int | float) or not 0 <= min_p <= 1:
-            raise APIError(400, "min_p must be in [0, 1]", "min_p")
-        sampled = isinstance(temperature, int | float) and temperature >= SAMPLING_EPS
-        if self.config.speculative and (
-            (sampled and min_p > SAMPLING_EPS) or body.get("logit_bias")
-        ):
-            # vLLM SamplingParams._validate_spec_decode; a greedy request has min_p reset to 0
-            # first (SamplingParams.__post_init__), so greedy + min_p is accepted
-            raise APIError(400, SPEC_DECODE_UNSUPPORTED)
-        mt_key = (
-            "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    async def h_tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize`` for a text prompt (the synthetic tokenizer, no BOS unless
+        ``add_special_tokens``)."""
+        try:
+            body = await self._json_body(request)
+        except APIError as exc:
+            return json_reply(exc.body(), exc.status)
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(prompt, str):
+            return json_reply(err.missing_prompt().body(), 400)
+        ids = prompt_token_ids(prompt, self.config.vocab_size)
+        if not body.get("add_special_tokens", True):
+            ids = ids[1:]
+        return json_reply(
+            {
+                "count": len(ids),
+                "max_model_len": self.config.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
         )
-        max_tokens = body.get(mt_key)
-        max_set = max_tokens is not None
-        if max_tokens is None:
-            max_tokens = 16 if not chat else c.max_model_len - prompt_len
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise APIError(400, "max_tokens must be an integer >= 1", mt_key)
-        if prompt_len + max_tokens > c.max_model_len:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {c.max_model_len} tokens. However, you "
-                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages or "
-                "completion.",
-                mt_key,
-            )
-        stop = body.get("stop") or []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise APIError(400, "stop must be a string or a list of strings", "stop")
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise APIError(400, "seed must be an integer", "seed")
-        if seed is None:
-            seed = self.rng.getrandbits(63)
-        ignore_eos = bool(body.get("ignore_eos", False))
-        req = SimRequest(
-            request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
-            prompt=prompt,
-            prompt_len=prompt_len,
-            max_tokens=int(max_tokens),
-            arrival=self.mono_clock(),
-            temperature=float(temperature),
-            top_p=float(top_p),
-            seed=int(seed),
-            ignore_eos=ignore_eos,
-            stop=tuple(stop),
-            max_tokens_set=max_set,
-        )
-        opts = {
-            "stream": bool(body.get("stream", False)),
-            "include_usage": bool((body.get("stream_options") or {}).get("include_usage", False)),
-            "spec_metrics": c.per_request_spec_decode_metrics,
-            "return_token_ids": bool(body.get("return_token_ids", False)),
-        }
-        return req, opts
+
+    async def _json_body(self, request: web.Request) -> Any:
+        """The decoded body of a POST, refused as FastAPI refuses it."""
+        if request.content_type != "application/json":
+            raise err.unsupported_media_type()
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise err.invalid_json(exc) from None
+        except UnicodeDecodeError:
+            raise err.invalid_json(json.JSONDecodeError("Invalid UTF-8", "", 0)) from None
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        header_id = request.headers.get("x-request-id")
+        rid = None
+        if header_id:
+            rid = ("chatcmpl-" if chat else "cmpl-") + header_id
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "request body is not valid JSON")
-        try:
-            req, opts = self._parse(body, chat)
+            body = await self._json_body(request)
+            parsed = parse_request(
+                self.config,
+                body,
+                chat=chat,
+                now=self.mono_clock(),
+                rng=self.rng,
+                request_id=rid,
+            )
         except APIError as exc:
-            return error_response(exc.status, exc.message, exc.param)
+            return json_reply(exc.body(), exc.status)
         rejected = self.admission_rejection()
         if rejected is not None:
             self.metrics.on_admission_rejected(rejected)
@@ -506,27 +464,36 @@ class SimServer:
             await asyncio.sleep(f.completion_delay_s)
         if f.completion_error_rate > 0 and self.rng.random() < f.completion_error_rate:
             return error_response(500, "simulated engine failure (fault injection)")
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        req.listener = queue.put_nowait
-        core = self.submit(req)
+        queue: asyncio.Queue[tuple[Choice, RequestOutput]] = asyncio.Queue()
+        cores: list[tuple[EngineCore, SimRequest]] = []
+        for ch in parsed.choices:
+            ch.req.listener = lambda out, ch=ch: queue.put_nowait((ch, out))
+            cores.append((self.submit(ch.req), ch.req))
         created = int(time.time())
-        if opts["stream"]:
-            return await self._stream(request, req, core, queue, opts, chat, created)
+        if parsed.stream:
+            return await self._stream(request, parsed, cores, queue, chat, created)
+        open_choices = len(parsed.choices)
         try:
-            while True:
-                out = await queue.get()
+            while open_choices:
+                _, out = await queue.get()
                 if out.finish_reason is not None:
-                    break
+                    open_choices -= 1
         except asyncio.CancelledError:
-            core.abort(req, self.mono_clock())
+            self._abort(cores)
             raise
-        return web.json_response(self._final_body(req, opts, chat, created))
+        return json_reply(self._final_body(parsed, chat, created))
 
-    def _usage(self, req: SimRequest, *, streamed: bool = False) -> dict[str, Any]:
+    def _abort(self, cores: list[tuple[EngineCore, SimRequest]]) -> None:
+        for core, req in cores:
+            if req.finish_reason is None:
+                core.abort(req, self.mono_clock())
+
+    def _usage(self, parsed: ParsedRequest, *, streamed: bool = False) -> dict[str, Any]:
+        completion = sum(len(ch.req.output) for ch in parsed.choices)
         out: dict[str, Any] = {
-            "prompt_tokens": req.prompt_len,
-            "total_tokens": req.prompt_len + len(req.output),
-            "completion_tokens": len(req.output),
+            "prompt_tokens": parsed.prompt_tokens,
+            "total_tokens": parsed.prompt_tokens + completion,
+            "completion_tokens": completion,
         }
         if not streamed:
             out["prompt_tokens_details"] = None
@@ -538,87 +505,130 @@ class SimServer:
         """``vllm-<version>-<8 hex>``, as vLLM stamps replies."""
         return f"vllm-{self.config.vllm_version}-{self._fingerprint}"
 
-    def _spec_metrics(
-        self, req: SimRequest, opts: dict[str, Any], *, streamed: bool
-    ) -> dict[str, Any] | None:
-        mode = opts["spec_metrics"]
+    def _spec_metrics(self, parsed: ParsedRequest, *, streamed: bool) -> dict[str, Any] | None:
+        """The per-request speculative metrics, as vLLM 0.32 reports them: only for a single
+        choice that the engine finished (a stop string is seen by the frontend, after the
+        engine's last report: vLLM sends ``null`` there, and for ``n > 1`` or a batch)."""
+        mode = self.config.per_request_spec_decode_metrics
         if mode not in ("summary", "detailed") or not self.config.speculative:
+            return None
+        if len(parsed.choices) != 1:
+            return None
+        req = parsed.choices[0].req
+        if req.stop_reason is not None:
             return None
         spec = req.spec.as_dict(
             self.config.num_speculative_tokens, detailed=mode == "detailed", streamed=streamed
         )
         return metrics_object(spec, streamed=streamed)
 
-    def _final_body(
-        self, req: SimRequest, opts: dict[str, Any], chat: bool, created: int
-    ) -> dict[str, Any]:
-        choice: dict[str, Any]
-        ids = list(req.output) if opts["return_token_ids"] else None
+    def _logprobs(
+        self, parsed: ParsedRequest, ch: Choice, tokens: list[int], start: int, offset: int,
+        chat: bool, *, with_prompt: bool = False,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        if parsed.logprobs is None:
+            return None
+        pieces = self.lm.pieces
         if chat:
-            choice = {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": req.text,
-                    "refusal": None,
-                    "annotations": None,
-                    "audio": None,
-                    "function_call": None,
-                    "reasoning": None,
-                },
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-                "stop_reason": None,
-                "token_ids": ids,
-                "routed_experts": None,
-            }
+            return chat_logprobs(tokens, pieces, parsed.logprobs, start_position=start)
+        prompt = ch.prompt_ids if with_prompt else ()
+        return completion_logprobs(
+            tokens, pieces, parsed.logprobs, start_position=start, text_offset=offset,
+            prompt=prompt,
+        )  # fmt: skip
+
+    def _message(self, parsed: ParsedRequest, ch: Choice) -> tuple[dict[str, Any], str | None]:
+        """A chat choice's message and finish reason (a tool call when one is asked for)."""
+        req = ch.req
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": req.text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning": None,
+        }
+        finish = req.finish_reason
+        if parsed.call_tool:
+            tool = chosen_tool(parsed.tools, parsed.tool_choice)
+            message["content"] = None
+            message["tool_calls"] = [tool_call(tool, req.text)]
+            finish = "stop" if isinstance(parsed.tool_choice, dict) else "tool_calls"
         else:
-            choice = {
-                "index": 0,
-                "text": req.text,
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-                "stop_reason": None,
-                "token_ids": ids,
-                "prompt_logprobs": None,
-                "prompt_token_ids": None,
-                "routed_experts": None,
-            }
+            del message["tool_calls"]
+        return message, finish
+
+    def _final_body(self, parsed: ParsedRequest, chat: bool, created: int) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        for ch in parsed.choices:
+            req = ch.req
+            ids = list(req.output) if parsed.return_token_ids else None
+            choice: dict[str, Any]
+            if chat:
+                message, finish = self._message(parsed, ch)
+                choice = {
+                    "index": ch.index,
+                    "message": message,
+                    "logprobs": self._logprobs(parsed, ch, req.output, 0, 0, chat),
+                    "finish_reason": finish,
+                    "stop_reason": req.stop_reason,
+                    "token_ids": ids,
+                    "routed_experts": None,
+                }
+            else:
+                plp = None
+                if parsed.echo and parsed.logprobs is not None:
+                    plp = prompt_logprobs(ch.prompt_ids, self.lm.pieces, parsed.logprobs)
+                choice = {
+                    "index": ch.index,
+                    "text": ch.echo_text + req.text,
+                    "logprobs": self._logprobs(
+                        parsed, ch, req.output, 0, 0, chat, with_prompt=parsed.echo
+                    ),
+                    "finish_reason": req.finish_reason,
+                    "stop_reason": req.stop_reason,
+                    "token_ids": ids,
+                    "prompt_logprobs": plp,
+                    "prompt_token_ids": None,
+                    "routed_experts": None,
+                }
+            choices.append(choice)
         body: dict[str, Any] = {
-            "id": req.request_id,
+            "id": parsed.request_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": self.config.served_model_name,
-            "choices": [choice],
+            "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.system_fingerprint,
-            "usage": self._usage(req),
+            "usage": self._usage(parsed),
         }
         if chat:
             body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         body.update(kv_transfer_params=None, ec_transfer_params=None)
-        body["metrics"] = self._spec_metrics(req, opts, streamed=False)
+        body["metrics"] = self._spec_metrics(parsed, streamed=False)
         return body
 
     async def _stream(
         self,
         request: web.Request,
-        req: SimRequest,
-        core: EngineCore,
-        queue: asyncio.Queue[RequestOutput],
-        opts: dict[str, Any],
+        parsed: ParsedRequest,
+        cores: list[tuple[EngineCore, SimRequest]],
+        queue: asyncio.Queue[tuple[Choice, RequestOutput]],
         chat: bool,
         created: int,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            status=200, headers={"Content-Type": "text/event-stream; charset=utf-8"}
         )
         obj = "chat.completion.chunk" if chat else "text_completion"
         name = self.config.served_model_name
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
             d: dict[str, Any] = {
-                "id": req.request_id,
+                "id": parsed.request_id,
                 "object": obj,
                 "created": created,
                 "model": name,
@@ -627,50 +637,69 @@ class SimServer:
             d.update(extra)
             return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
 
+        sent = {ch.index: 0 for ch in parsed.choices}  # tokens streamed per choice
+        offset = {ch.index: 0 for ch in parsed.choices}  # characters streamed per choice
         try:
             await resp.prepare(request)
             if chat:
-                first = {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                await resp.write(chunk([first], prompt_token_ids=None, prompt_text=None))
-            while True:
-                out = await queue.get()
-                if not out.text and out.finish_reason is None:
+                for ch in parsed.choices:
+                    first = {
+                        "index": ch.index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    await resp.write(chunk([first], prompt_token_ids=None, prompt_text=None))
+            open_choices = len(parsed.choices)
+            while open_choices:
+                ch, out = await queue.get()
+                if not out.text and out.finish_reason is None and parsed.logprobs is None:
                     continue
-                c: dict[str, Any] = {"index": 0}
-                if chat:
+                if chat and parsed.call_tool and out.finish_reason is None:
+                    continue  # the tool call goes out whole on the finishing chunk
+                if not out.text and not out.token_ids and out.finish_reason is None:
+                    continue
+                i = ch.index
+                c: dict[str, Any] = {"index": i}
+                if chat and parsed.call_tool and out.finish_reason is not None:
+                    message, finish = self._message(parsed, ch)
+                    c["delta"] = {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}
+                elif chat:
                     c["delta"] = {"content": out.text}
                 else:
                     c["text"] = out.text
-                c["logprobs"] = None
-                c["finish_reason"] = out.finish_reason
+                lp_tokens = out.token_ids if parsed.logprobs is not None else []
+                c["logprobs"] = self._logprobs(parsed, ch, lp_tokens, sent[i], offset[i], chat)
+                sent[i] += len(out.token_ids)
+                offset[i] += len(out.text)
+                finish = out.finish_reason
+                if chat and parsed.call_tool and finish is not None:
+                    finish = "stop" if isinstance(parsed.tool_choice, dict) else "tool_calls"
+                c["finish_reason"] = finish
                 if out.finish_reason is not None or not chat:
-                    c["stop_reason"] = None
+                    # vLLM names the stop string on the finishing chunk only
+                    c["stop_reason"] = ch.req.stop_reason if out.finish_reason else None
                 if not chat:
                     c["prompt_token_ids"] = None
-                c["token_ids"] = out.token_ids if opts["return_token_ids"] else None
+                c["token_ids"] = out.token_ids if parsed.return_token_ids else None
                 extra: dict[str, Any] = {}
-                if out.finish_reason is not None and not opts["include_usage"]:
+                if out.finish_reason is not None and not parsed.include_usage:
                     extra["system_fingerprint"] = self.system_fingerprint
                 await resp.write(chunk([c], **extra))
                 if out.finish_reason is not None:
-                    break
-            if opts["include_usage"]:
+                    open_choices -= 1
+            if parsed.include_usage:
                 extra = {
-                    "usage": self._usage(req, streamed=True),
+                    "usage": self._usage(parsed, streamed=True),
                     "system_fingerprint": self.system_fingerprint,
                 }
-                sm = self._spec_metrics(req, opts, streamed=True)
+                sm = self._spec_metrics(parsed, streamed=True)
                 if sm is not None:
                     extra["metrics"] = sm
                 await resp.write(chunk([], **extra))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            core.abort(req, self.mono_clock())
+            self._abort(cores)
             raise
         return resp

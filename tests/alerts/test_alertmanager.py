@@ -22,8 +22,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
 from specwatch.alerts.alert import (
+    EMPTY_LABEL_VALUE,
     Alert,
     Severity,
+    alert_key,
+    keep_distinct,
     runbook_url,
     sanitize_label_name,
     sanitize_labels,
@@ -112,23 +115,52 @@ def drop(target: str = "vllm-fly", engine: str = "3") -> Alert:
 
 class TestLabels:
     def test_label_names_are_sanitised(self) -> None:
-        """Invalid characters become underscores, a leading digit gets a prefix, blanks drop."""
+        """Invalid characters become underscores, a leading digit gets a prefix, a blank name
+        becomes ``label``."""
         assert sanitize_label_name("model.name") == "model_name"
         assert sanitize_label_name("0pos") == "_0pos"
         assert sanitize_label_name("ok_1") == "ok_1"
         assert sanitize_label_name("a-b c") == "a_b_c"
-        assert sanitize_label_name("  ") is None
-        assert sanitize_label_name("") is None
+        assert sanitize_label_name("  ") == "label"
+        assert sanitize_label_name("") == "label"
 
-    def test_empty_values_and_collisions(self) -> None:
-        """Empty names and values are dropped; an already-valid name wins a collision."""
+    def test_empty_values_dropped_and_collisions_kept_under_stable_names(self) -> None:
+        """Empty values are dropped; an already-valid name wins a collision and the other label
+        is kept under its sanitised name plus 8 hex digits of the SHA-256 of its own name
+        (sha256("a.b") starts 2e7336dc, independently computed); a blank name is ``label``."""
         out = sanitize_labels({"": "x", "empty": "", "a.b": "dotted", "a_b": "valid", "z": "1"})
-        assert out == {"a_b": "valid", "z": "1"}
+        assert out == {"a_b": "valid", "a_b_2e7336dc": "dotted", "label": "x", "z": "1"}
+        assert sanitize_labels({"a.b": "dotted", "a_b": "other"})["a_b_2e7336dc"] == "dotted"
 
     def test_identity_has_alertname_and_severity(self) -> None:
         """An alert's identity is its labels plus alertname and severity, sanitised."""
         a = Alert("X", Severity.CRITICAL, "s", "d", labels={"model.name": "m", "gone": ""})
         assert a.identity() == {"alertname": "X", "severity": "critical", "model_name": "m"}
+
+    def test_empty_value_kept_only_where_dropping_it_merges(self) -> None:
+        """``engine=""`` beside the same alert without ``engine``: both stay, the empty one as
+        ``(empty)``; an empty value no other alert of that name differs by is dropped; another
+        alert name never counts; applying it twice changes nothing."""
+
+        def a(name: str, **labels: str) -> Alert:
+            return Alert(name, Severity.WARNING, "s", "d", labels=labels)
+
+        given = [
+            a("X", target="t", engine=""),
+            a("X", target="t"),
+            a("X", target="u", engine=""),
+            a("Y", target="t", engine=""),
+        ]
+        got = keep_distinct(given)
+        assert [dict(g.labels) for g in got] == [
+            {"target": "t", "engine": EMPTY_LABEL_VALUE},
+            {"target": "t"},
+            {"target": "u"},
+            {"target": "t"},
+        ]
+        assert EMPTY_LABEL_VALUE == "(empty)"
+        assert len({alert_key(g.identity()) for g in got}) == 4
+        assert keep_distinct(got) == got
 
     def test_runbook_url_anchor(self) -> None:
         """The runbook URL ends in the alert name lower-cased as the anchor."""

@@ -8,12 +8,15 @@ expected α, τ and ratios are worked out by hand in each test.
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
+from specwatch.alerts import rules as rules_module
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.pending import Detector, ForTracker, evaluate, for_seconds
 from specwatch.alerts.rules import candidates
@@ -366,7 +369,8 @@ def test_mtp_budget_bound_is_a_config_finding_not_a_stall() -> None:
     finding, alert = fired
     assert finding.severity is Severity.INFO
     assert finding.summary == (
-        "max_num_batched_tokens 4096 is below N 1024 x (1 + K 7 + S 0) = 8192, so at most 512 "
+        "The token budget max_num_batched_tokens 4096 is below N 1024 x (1 + K 7 + S 0) = 8192, "
+        "so at most 512 "
         "requests can decode per step on standard."
     )
     assert dict(alert.labels) == {
@@ -411,7 +415,8 @@ def test_the_page_k_wins_for_health_capacity_and_the_budget_finding() -> None:
     fired = evaluate(snap, None, no_for(rate_window="1m"), sim.t)
     bound = [a for a in fired if a.alertname == "SpecTokenBudgetBound"]
     assert [a.summary for a in bound] == [
-        "max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, so at most 51 "
+        "The token budget max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, "
+        "so at most 51 "
         "requests can decode per step on standard."
     ]
 
@@ -456,7 +461,8 @@ def test_budget_detectors_read_capacity_and_never_work_it_out_again() -> None:
     view = ObserveView(generated_at=10.0, targets={"standard": target})
     found = {a.alertname: a for a in candidates(view, None, no_for(rate_window="1m"))}
     assert found["SpecTokenBudgetBound"].summary == (
-        "max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, so at most 51 "
+        "The token budget max_num_batched_tokens 512 is below N 128 x (1 + K 5 + S 4) = 1280, "
+        "so at most 51 "
         "requests can decode per step on standard."
     )
     starving = found["SpecBudgetStarvation"]
@@ -539,6 +545,7 @@ def test_stale_or_down_target_fires_no_acceptance_alert() -> None:
     assert [(a.alertname, dict(a.labels)) for a in fired] == [
         ("SpecwatchTargetDown", {"target": "fly", "role": "fly"})
     ]
+    assert fired[0].summary == "Target fly cannot be scraped by specwatch."
 
 
 def test_fly_gain_lost_from_the_pair_view() -> None:
@@ -739,3 +746,48 @@ def test_shadow_alerts_name_the_pair_they_come_from() -> None:
         "category": "_all",
         "hypothesis": "margin",
     }
+
+
+def _summary_parts(tree: ast.Module) -> list[tuple[str, list[ast.expr]]]:
+    """(alertname, the pieces of its summary) for every ``Alert(...)`` built in a module: a
+    string or f-string given directly, or every value assigned to the name given."""
+    found: list[tuple[str, list[ast.expr]]] = []
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        assigned: dict[str, list[ast.expr]] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append(node.value)
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            if not (isinstance(call.func, ast.Name) and call.func.id == "Alert"):
+                continue
+            name, summary = call.args[0], call.args[2]
+            assert isinstance(name, ast.Constant)
+            values = assigned[summary.id] if isinstance(summary, ast.Name) else [summary]
+            found.extend((str(name.value), [v]) for v in values)
+    return found
+
+
+def test_every_detector_summary_is_a_plain_capitalised_sentence() -> None:
+    """Every summary the built-in detectors write (each ``Alert`` in alerts/rules.py, read from
+    its source) is a plain sentence as mixtool lint wants of the rules: its first word is fixed
+    text starting with a capital letter (never a target name or a lower-case "specwatch"), it
+    ends with a full stop, and it has no template ({{ }} or $)."""
+    tree = ast.parse(Path(rules_module.__file__).read_text(encoding="utf-8"))
+    found = _summary_parts(tree)
+    assert len({name for name, _ in found}) >= 13
+    for name, (value,) in found:
+        pieces = list(value.values) if isinstance(value, ast.JoinedStr) else [value]
+        first, last = pieces[0], pieces[-1]
+        assert isinstance(first, ast.Constant), name
+        assert isinstance(first.value, str), name
+        assert isinstance(last, ast.Constant), name
+        assert isinstance(last.value, str), name
+        assert first.value[0].isupper(), (name, first.value)
+        assert not first.value.lower().startswith("specwatch"), name
+        assert last.value.endswith("."), (name, last.value)
+        for piece in pieces:
+            if isinstance(piece, ast.Constant):
+                assert "{{" not in str(piece.value), name
+                assert "$" not in str(piece.value), name

@@ -45,7 +45,10 @@ def test_file_without_vllm_series_is_exit_2_one_line(
     f.write_text(text)
     rc, out, err = _run([str(f), "--format", fmt], capsys)
     assert (rc, out) == (2, "")
-    assert err == "specwatch analyze: BEFORE has no vLLM series (not a vLLM /metrics body?)\n"
+    assert err == (
+        "specwatch analyze: BEFORE has neither vllm:* nor sglang:* series"
+        " (not a vLLM or SGLang /metrics body?)\n"
+    )
 
 
 @pytest.mark.parametrize("interval", ["0", "-5", "nan", "inf", "-inf"])

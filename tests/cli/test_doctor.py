@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specwatch.__main__ import main
-from specwatch.cli.doctor import check_selectors, dashboard_queries, selector_matches
+from specwatch.cli.doctor import check_roles, check_selectors, dashboard_queries, selector_matches
 from tests.fakes import free_port
 
 
@@ -81,7 +81,7 @@ def test_dashboard_variables_substituted() -> None:
         ],
     }
     assert list(dashboard_queries(dash)) == [
-        ("P", "", 'x{window="15m",model_name=~"a|b",ns=~".*"}[5m]')
+        ("P", "", 'x{window="15m",model_name=~"a|b",ns=~".*"}[60s]')
     ]
 
 
@@ -101,3 +101,36 @@ def test_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     rc = main(["doctor", "--prometheus-url", "http://127.0.0.1:1", "--manifest", str(missing)])
     assert rc == 2
     assert capsys.readouterr().err.startswith(f"specwatch doctor: {missing}: cannot read: ")
+
+
+def test_roles_of_sglang_targets() -> None:
+    """SGLang servers (``sglang:num_running_reqs``, one series per TP rank) are checked for
+    ``role`` like vLLM's: one finding per job and instance, named as SGLang targets."""
+    rows = [
+        (
+            {
+                "__name__": "sglang:num_running_reqs",
+                "job": "sg",
+                "instance": "a:30000",
+                "tp_rank": "0",
+                "role": "fly",
+            },
+            3.0,
+        ),
+        (
+            {
+                "__name__": "sglang:num_running_reqs",
+                "job": "sg",
+                "instance": "a:30000",
+                "tp_rank": "1",
+                "role": "fly",
+            },
+            3.0,
+        ),
+        ({"__name__": "vllm:num_requests_running", "job": "vllm", "instance": "b:8000"}, 1.0),
+    ]
+    found = [(f.status, f.message) for f in check_roles(rows)]
+    assert found[0] == ("ok", "SGLang target a:30000 (job sg) has role=fly")
+    assert found[1][0] == "fail"
+    assert found[1][1].startswith("vLLM target b:8000 (job vllm) has no role label")
+    assert len(found) == 2

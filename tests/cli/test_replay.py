@@ -65,6 +65,30 @@ def c08_timeline(directory: Path, minutes: int = 10) -> Path:
     return directory
 
 
+def zero_spec_timeline(directory: Path, minutes: int = 5) -> Path:
+    """Write ``0.prom`` … ``<60·minutes>.prom`` of a server that generates 1000 tokens/s and
+    carries the spec-decode families all at zero, with the K = 3 ``position`` children vLLM
+    creates at start-up: the page of a server that drafts nothing."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sel = 'engine="0",model_name="m"'
+    for minute in range(minutes + 1):
+        t = 60 * minute
+        lines = [
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{sel}}} {1000.0 * t!r}",
+        ]
+        for fam in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            lines += [f"# TYPE vllm:spec_decode_{fam}_total counter"]
+            lines += [f"vllm:spec_decode_{fam}_total{{{sel}}} 0.0"]
+        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{sel},position="{i}"}} 0.0'
+            for i in range(3)
+        ]
+        (directory / f"{t}.prom").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
 def _replay(
     capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, dict[str, Any] | str, str]:
@@ -99,7 +123,7 @@ class TestReplayCli:
                     "severity": "critical",
                     "labels": {"model_name": "example-model", "role": "standard", "target": "c08"},
                     "value": 0.015625,
-                    "summary": "c08 admits no work: requests wait, running is far below "
+                    "summary": "Target c08 admits no work: requests wait, running is far below "
                     "capacity and nothing finishes.",
                     "fired_at": 360.0,
                     "resolved_at": None,
@@ -137,6 +161,36 @@ class TestReplayCli:
         rc, doc, _ = _replay(capsys, "--target", f"c08={d}", "--format", "json")
         assert (rc, doc) == (0, {"alerts": []})
 
+    def test_decode_inactive_only_where_speculation_is_meant(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same pages (1000 tokens/s, every spec-decode family at zero, three ``position``
+        children): a baseline target never raises SpecDecodeInactive, since a baseline does not
+        speculate and zero-valued families are no sign that it does; a standard target (K 3
+        observed) and a baseline configured with K 3 both raise it at the first window (for 0),
+        with the value 1000 tokens/s."""
+        monkeypatch.setenv("SPECWATCH_DETECT__INACTIVE_FOR", "0")
+        d = zero_spec_timeline(tmp_path / "zero")
+        fired: dict[str, list[tuple[str, float, float]]] = {}
+        for spec in (
+            f"baseline={d}",
+            f"quiet={d},role=baseline",
+            f"standard={d}",
+            f"baseline={d},num_speculative_tokens=3",
+        ):
+            rc, doc, _ = _replay(capsys, "--target", spec, "--format", "json")
+            assert rc == 0
+            assert isinstance(doc, dict)
+            fired[spec.replace(str(d), "D")] = [
+                (a["alertname"], a["fired_at"], a["value"]) for a in doc["alerts"]
+            ]
+        assert fired == {
+            "baseline=D": [],
+            "quiet=D,role=baseline": [],
+            "standard=D": [("SpecDecodeInactive", 60.0, 1000.0)],
+            "baseline=D,num_speculative_tokens=3": [("SpecDecodeInactive", 60.0, 1000.0)],
+        }
+
     def test_budget_finding_from_configuration(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:
@@ -152,7 +206,8 @@ class TestReplayCli:
             "severity": "info",
             "labels": {"role": "standard", "target": "tight"},
             "value": 128,
-            "summary": "max_num_batched_tokens 512 is below N 256 x (1 + K 3 + S 0) = 1024, so "
+            "summary": "The token budget max_num_batched_tokens 512 is below N 256 x "
+            "(1 + K 3 + S 0) = 1024, so "
             "at most 128 requests can decode per step on tight.",
             "fired_at": 0.0,
             "resolved_at": None,
@@ -384,7 +439,8 @@ def test_each_fired_summary_is_true_on_the_raw_pages(
             assert (generated - _sample(start, "vllm:generation_tokens_total")) / 300 < 1
         else:
             m = re.fullmatch(
-                r"max_num_batched_tokens (\d+) is below N (\d+) x \(1 \+ K (\d+) \+ S (\d+)\) = "
+                r"The token budget max_num_batched_tokens (\d+) is below N (\d+) x "
+                r"\(1 \+ K (\d+) \+ S (\d+)\) = "
                 r"(\d+), so at most (\d+) requests can decode per step on (\w+)\.",
                 a["summary"],
             )

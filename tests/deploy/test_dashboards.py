@@ -112,6 +112,8 @@ def full_shadow_stats() -> ShadowStats:
             reply_spec_steps={("fly", "math"): 5},
             reply_draft_tokens={("fly", "math"): 20},
             reply_accepted_tokens={("fly", "math"): 12},
+            reply_finishes={("fly", "stop"): 4, ("fly", "length"): 2},
+            reply_finishes_with_spec={("fly", "length"): 2},
         ),
         decisions=decision_table(
             {"math": tally},
@@ -410,8 +412,11 @@ class TestDashboard:
                     assert window.group(1) == "$__rate_interval", where
 
     def test_queries_scoped_to_cluster_namespace_and_job(self, dashboard: Obj) -> None:
-        """Every selector names $cluster and $namespace; all but ALERTS and the namespace and
-        job variables name $job; every specwatch_* selector of a panel names $pod."""
+        """Every selector names $cluster and $namespace; all but ALERTS, the vLLM series and the
+        namespace and job variables name $job; a vLLM (``vllm:*``) selector names ``role!=""``
+        instead (the vLLM servers are scraped by their own job in the standalone layout, and
+        told apart by role, never by container); every specwatch_* selector of a panel names
+        $pod."""
         for where, expr in iter_exprs(dashboard):
             if where == "variable cluster":
                 continue  # the root of the chain lists every cluster
@@ -422,12 +427,19 @@ class TestDashboard:
                 if where == "variable namespace":
                     continue
                 assert 'namespace="$namespace"' in block, where
-                if "ALERTS" not in expr and where != "variable job":
+                if "ALERTS" in expr or where == "variable job":
+                    continue
+                if f"vllm:{{{block}}}" in re.sub(r"vllm:[a-z_]+\{", "vllm:{", expr):
+                    assert 'role!=""' in block, where
+                    assert "job=" not in block, where
+                else:
                     assert 'job="$job"' in block, where
             if where.startswith("panel"):
                 for name, body in re.findall(r"([a-z_:]+)\{([^}]*)\}", expr):
                     if name.startswith("specwatch_"):
                         assert 'pod=~"$pod"' in body, where
+                    if name.startswith("vllm:"):
+                        assert "container" not in expr, where
 
     def test_variables_used_are_defined(self, dashboard: Obj) -> None:
         """Each $var in a query is a template variable of this dashboard or a Grafana global."""

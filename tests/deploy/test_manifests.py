@@ -240,17 +240,37 @@ class TestRender:
         ]
 
     def test_podmonitor_sets_role_on_vllm_endpoints(self, base: list[Obj]) -> None:
-        """The mixin groups vLLM series by ``role``: fixed per vLLM port, none on specwatch's."""
+        """The mixin groups vLLM series by ``role``: fixed per vLLM port, none on specwatch's,
+        whose series carry their own; specwatch's endpoint honours its labels and adds
+        ``model_name`` (the vLLM servers' --served-model-name) for the ledger series that have
+        none, so ``specwatch fleet`` groups by model without an ``exported_model_name``."""
         endpoints = one(base, "PodMonitor")["spec"]["podMetricsEndpoints"]
         roles = {
             e["port"]: [(r["targetLabel"], r["replacement"]) for r in e.get("relabelings", [])]
             for e in endpoints
         }
         assert roles == {
-            "specwatch": [],
+            "specwatch": [("model_name", "llama-3.1-8b-instruct")],
             "std-http": [("role", "standard")],
             "fly-http": [("role", "fly")],
         }
+
+    def test_podmonitor_model_name_is_the_served_model(
+        self, base: list[Obj], pod_spec: Obj
+    ) -> None:
+        """Only specwatch's endpoint honours labels (vLLM's own ``model_name`` and the target's
+        ``role`` never collide there), and its ``model_name`` is the name both servers serve."""
+        endpoints = one(base, "PodMonitor")["spec"]["podMetricsEndpoints"]
+        honor = {e["port"]: e.get("honorLabels", False) for e in endpoints}
+        assert honor == {"specwatch": True, "std-http": False, "fly-http": False}
+        served = {
+            a.split("=", 1)[1]
+            for c in pod_spec["containers"]
+            for a in c.get("args", [])
+            if a.startswith("--served-model-name=")
+        }
+        (sw,) = [e for e in endpoints if e["port"] == "specwatch"]
+        assert {r["replacement"] for r in sw["relabelings"]} == served
 
     def test_generated_config_names_are_referenced(self, base: list[Obj], pod_spec: Obj) -> None:
         """The hashed ConfigMap names kustomize generates are the ones the pod mounts and reads."""

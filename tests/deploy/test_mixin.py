@@ -61,7 +61,7 @@ EXPECTED_ALERTS = {
 
 
 #: config.libsonnet's PromQL selector knobs and the aggregation labels (structural placeholders).
-SELECTORS = ("vllmSelector", "specwatchSelector")
+SELECTORS = ("vllmSelector", "specwatchSelector", "sglangSelector")
 STRUCTURAL = (*SELECTORS, "groupLabels")
 GRAFANA = ROOT / "grafana"
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -218,15 +218,23 @@ class TestRender:
             assert not re.search(r",\s*\}", rule["expr"]), rule
 
     def test_selectors_reach_every_raw_series(self) -> None:
-        """With selectors set, every vllm:* and specwatch_* series read by a rule carries them."""
-        config = {"vllmSelector": 'job="vllm"', "specwatchSelector": 'job="sw"'}
+        """With selectors set, every vllm:*, sglang:* and specwatch_* series read by a rule
+        carries them."""
+        config = {
+            "vllmSelector": 'job="vllm"',
+            "specwatchSelector": 'job="sw"',
+            "sglangSelector": 'job="sg"',
+        }
         rules = render_rules(config=config)
-        series = re.compile(r"(?<![\w:])(vllm:[a-z_]+|specwatch_[a-z_]+)(\{[^}]*\})?")
+        series = re.compile(
+            r"(?<![\w:])(vllm:[a-z_]+|sglang:[a-z_]+|specwatch_[a-z_]+)(\{[^}]*\})?"
+        )
+        wanted_by = {"vllm:": 'job="vllm"', "sglang:": 'job="sg"'}
         seen = 0
         for group in rules["groups"]:
             for rule in group["rules"]:
                 for name, braces in series.findall(rule["expr"]):
-                    wanted = 'job="vllm"' if name.startswith("vllm:") else 'job="sw"'
+                    wanted = wanted_by.get(name[: name.find(":") + 1], 'job="sw"')
                     assert wanted in braces, (rule.get("alert") or rule.get("record"), name)
                     seen += 1
         assert seen >= 50
@@ -399,7 +407,7 @@ class TestMixinStructure:
         assert all("record" in r for g in recording for r in g["rules"])
         assert all("alert" in r for g in alerting for r in g["rules"])
         assert load_rules(DEFAULT_RULES) == {"groups": recording + alerting}
-        assert len(recording) == 3
+        assert len(recording) == 4  # vLLM spec decode, FLy, shadow paired, SGLang
         assert len(alerting) == 3
 
     def test_dashboards_are_the_grafana_files(self) -> None:
@@ -458,13 +466,13 @@ class TestMixinLint:
 
     def test_summary_is_a_plain_sentence(self, rules: dict[str, Any]) -> None:
         """A summary has no template ({{ }}, $labels, $value): it is true for every firing
-        series; it starts with a capital letter (or specwatch's name) and ends with a full stop."""
+        series; it starts with a capital letter and ends with a full stop."""
         for rule in alert_rules(rules):
             summary = rule["annotations"]["summary"]
             assert "{{" not in summary, rule["alert"]
             assert "$" not in summary, rule["alert"]
             assert summary.endswith("."), summary
-            assert summary[0].isupper() or summary.startswith("specwatch "), summary
+            assert summary[0].isupper(), summary
 
     def test_description_severity_and_runbook(self, rules: dict[str, Any]) -> None:
         """Every alert has a description, a known severity and an https runbook_url."""
@@ -496,7 +504,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 52 rules found") == 3
+    assert out.stdout.count("SUCCESS: 55 rules found") == 3
 
 
 @pytest.mark.promtool

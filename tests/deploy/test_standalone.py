@@ -105,7 +105,9 @@ def test_specwatch_scrapes_services_by_url(config: Settings) -> None:
 
 def test_service_monitor_reaches_specwatch(objs: list[Obj], config: Settings) -> None:
     """The specwatch ServiceMonitor selects the Service's labels and names a port the Service
-    has, which targets the container port specwatch listens on."""
+    has, which targets the container port specwatch listens on. It honours specwatch's labels
+    (its series carry their own role, target and model_name) and only adds ``model_name``, never
+    ``role``."""
     monitor = one(objs, "ServiceMonitor", "specwatch")
     service = one(objs, "Service", "specwatch")
     deployment = one(objs, "Deployment", "specwatch")
@@ -118,7 +120,8 @@ def test_service_monitor_reaches_specwatch(objs: list[Obj], config: Settings) ->
     assert container_ports[port["targetPort"]] == port["port"] == config.server.port
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert "relabelings" not in endpoint  # specwatch_* series carry their own role
+    assert endpoint["honorLabels"] is True
+    assert [r["targetLabel"] for r in endpoint["relabelings"]] == ["model_name"]
 
 
 def test_service_reaches_the_mirror_listener(objs: list[Obj], config: Settings) -> None:

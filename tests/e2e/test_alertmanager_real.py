@@ -5,6 +5,9 @@ Debian's prometheus-alertmanager on loopback.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +24,8 @@ from tests.e2e.stack import Alertmanager, running_alertmanager
 from tests.fakes import FakeWallClock
 
 pytestmark = pytest.mark.promtool
+
+AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
 
 
 @pytest.fixture
@@ -214,3 +219,65 @@ async def test_two_fly_pairs_in_one_cluster_never_merge(
         assert a["annotations"]["runbook_url"] == (
             "https://wiki.example/specwatch-runbook#specqualitydrift"
         )
+
+
+async def test_five_distinct_alerts_stay_five_label_sets(
+    am: tuple[Alertmanager, aiohttp.ClientSession],
+) -> None:
+    """Five alerts of one name that differ only by an empty engine, a missing engine, and a
+    label name that had to be sanitised (``model.name`` beside a valid ``model_name``) reach a
+    real Alertmanager as five label sets, read back both through its API and through amtool;
+    the empty engine is ``(empty)`` and the sanitised name that meets ``model_name`` is
+    ``model_name_`` plus 8 hex digits of sha256("model.name") (5f08222e)."""
+    manager, session = am
+
+    def drop(**labels: str) -> Alert:
+        return Alert(
+            alertname="SpecAcceptanceDrop",
+            severity=Severity.WARNING,
+            summary="Speculative-decoding acceptance dropped on vllm-fly.",
+            description="acceptance 0.31 against 0.62",
+            labels={"target": "vllm-fly", **labels},
+        )
+
+    findings = [
+        drop(engine="0"),
+        drop(engine=""),
+        drop(),
+        drop(**{"model.name": "a"}),
+        drop(**{"model_name": "a", "model.name": "b"}),
+    ]
+    loop = AlertLoop(
+        AlertingSettings(urls=[manager.url]),
+        session,
+        lambda: findings,
+        wall_clock=SYSTEM_WALL,
+        sleep=_no_sleep,
+    )
+    await loop.tick()
+    base = {"alertname": "SpecAcceptanceDrop", "severity": "warning", "target": "vllm-fly"}
+    expected = sorted(
+        [
+            {**base, "engine": "0"},
+            {**base, "engine": "(empty)"},
+            base,
+            {**base, "model_name": "a"},
+            {**base, "model_name": "a", "model_name_5f08222e": "b"},
+        ],
+        key=lambda labels: sorted(labels.items()),
+    )
+    listed = [a["labels"] for a in await manager.alerts(session)]
+    assert sorted(listed, key=lambda labels: sorted(labels.items())) == expected
+    proc = await asyncio.create_subprocess_exec(
+        AMTOOL,
+        f"--alertmanager.url={manager.url}",
+        "alert",
+        "query",
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
+    queried = [a["labels"] for a in json.loads(out)]
+    assert sorted(queried, key=lambda labels: sorted(labels.items())) == expected

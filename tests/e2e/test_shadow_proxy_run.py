@@ -126,7 +126,9 @@ async def test_proxy_counts_requests_and_upstream_failures_from_zero(tmp_path: P
             async with s.post(proxy + "/v1/completions", json=body | {"stream": True}) as r:
                 assert r.headers["Content-Type"].startswith("text/event-stream")
                 assert (await r.read()).endswith(b"data: [DONE]\n\n")
-            async with s.post(proxy + "/v1/completions", data=chunks()) as r:
+            # a chunked upload names its JSON type, or vLLM (and the simulator) refuse it
+            json_type = {"Content-Type": "application/json"}
+            async with s.post(proxy + "/v1/completions", data=chunks(), headers=json_type) as r:
                 assert r.status == 200
                 assert (await r.json())["usage"]["completion_tokens"] == 8
         await _until_counts(run, zero | {"requests": 3.0, "received": 3.0})

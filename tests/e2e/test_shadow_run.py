@@ -200,6 +200,14 @@ async def test_mirror_pairs_are_counted_as_agreement(tmp_path: Path) -> None:
         assert close(
             m[_key("specwatch_shadow_reply_mean_acceptance_length", **lab)], 1 + accepted / steps
         )
+        # no stop strings sent: every reply carried its metrics, whatever its finish reason
+        coverage = {
+            labels: v
+            for (name, labels), v in m.items()
+            if name == "specwatch_shadow_spec_metrics_coverage_ratio" and ("arm", arm) in labels
+        }
+        assert coverage
+        assert set(coverage.values()) == {1.0}
     assert (
         m.get(
             _key("specwatch_shadow_pairs_total", category="live", arm="fly", outcome="agree"), 0.0

@@ -392,3 +392,36 @@ async def test_concurrent_requests_do_not_overlap(h: Harness) -> None:
     assert list(results) == [True, True, True]
     assert h.fake.max_in_flight == 1
     assert len(h.fake.auth_seen) == 3
+
+
+async def test_per_process_gauges_said_in_metrics_and_one_log_line(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A page carrying each gauge once per process (eight ``pid`` copies of KV usage 0.3):
+    /metrics shows KV usage 0.3 (read once) and specwatch_target_processes 8; one
+    "gauges per process" line on the first such page, none on the next, one more (processes 0)
+    when the page goes back to one value per gauge."""
+    caplog.set_level(logging.INFO, logger="specwatch")
+    per_process = "".join(
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="tiny",pid="{100 + i}"}} 0.3\n'
+        for i in range(8)
+    )
+    single = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.3\n'
+    h.fake.push(Reply(per_process), Reply(per_process), Reply(single))
+    assert await h.scrape()
+    text = await h.metrics()
+    assert _sample(text, "specwatch_target_processes", {"target": "fly"}) == 8
+    kv = _sample(text, "specwatch_kv_cache_usage_ratio", {"target": "fly", "model_name": "tiny"})
+    assert kv == 0.3
+    h.wall_clock.advance(5)
+    assert await h.scrape()
+    h.wall_clock.advance(5)
+    assert await h.scrape()
+    text = await h.metrics()
+    assert _sample(text, "specwatch_target_processes", {"target": "fly"}) == 0
+    said = [
+        event_fields(r)
+        for r in caplog.records
+        if r.name == "specwatch.scrape" and r.getMessage() == "gauges per process"
+    ]
+    assert [(f["target"], f["processes"]) for f in said] == [("fly", 8), ("fly", 0)]

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from specwatch.observe.parse import ParseError, kept_line_numbers, parse_page, prefilter
 from tests.fixture_files import body
@@ -201,3 +207,75 @@ class TestDocsExample:
         with pytest.raises(ParseError) as info:
             parse_page(body("vllm-metrics/01-spec-decode-dp8-prometheus-query.txt"))
         assert info.value.line == 7
+
+
+_PROCESSES = """
+import os
+import sys
+
+from prometheus_client import Counter, Gauge
+
+labels = ("engine", "model_name")
+kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", labels, multiprocess_mode="all")
+running = Gauge("vllm:num_requests_running", "Running.", labels, multiprocess_mode="all")
+tokens = Counter("vllm:generation_tokens", "Generation tokens.", labels)
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        kv.labels("0", "m").set(0.3)
+        running.labels("0", "m").set(4)
+        tokens.labels("0", "m").inc(10)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+"""
+
+
+def _multiprocess_page(tmp_path: Path, processes: int) -> str:
+    """The /metrics page prometheus_client's multiprocess mode writes (as vLLM run with several
+    API-server processes serves it): ``processes`` processes each set KV usage 0.3 and running
+    4 on gauges of the default mode ``all`` and add 10 generated tokens."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run(
+        [sys.executable, "-c", _PROCESSES, str(processes)], env=env, check=True, timeout=60
+    )
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    return generate_latest(registry).decode()
+
+
+class TestPerProcessGauges:
+    def test_eight_equal_process_copies_read_once(self, tmp_path: Path) -> None:
+        """Eight processes of prometheus_client's multiprocess mode: the page carries each
+        gauge eight times under a ``pid`` label; KV usage reads 0.3 and running 4 (once, not
+        2.4 and 32), the counter the collector summed reads 8 x 10 = 80, and the page says 8
+        processes."""
+        text = _multiprocess_page(tmp_path, 8)
+        assert text.count("vllm:kv_cache_usage_perc{") == 8
+        assert 'pid="' in text
+        page = parse_page(text)
+        eng = page.engines[("m", "0")]
+        assert eng.gauges == {"kv_cache_usage": 0.3, "running": 4.0}
+        assert eng.counters["generation_tokens"] == 80
+        assert page.gauge_processes == 8
+
+    def test_largest_copy_and_counters_with_a_pid_still_sum(self) -> None:
+        """Copies that differ read as the largest (0.5 of 0.2 and 0.5); a counter carrying a
+        ``pid`` label is still summed (3 + 4); waiting by reason is read once per reason
+        (capacity 2 and 2 → 2); a page without a ``pid`` label says 0 processes."""
+        text = (
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="11"} 0.2\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="12"} 0.5\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="11",'
+            'reason="capacity"} 2\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="12",'
+            'reason="capacity"} 2\n'
+            'vllm:generation_tokens_total{engine="0",model_name="m",pid="11"} 3\n'
+            'vllm:generation_tokens_total{engine="0",model_name="m",pid="12"} 4\n'
+        )
+        page = parse_page(text)
+        eng = page.engines[("m", "0")]
+        assert eng.gauges == {"kv_cache_usage": 0.5}
+        assert eng.waiting_by_reason == {"capacity": 2.0}
+        assert eng.counters == {"generation_tokens": 7.0}
+        assert page.gauge_processes == 2
+        assert parse_page(PAGE).gauge_processes == 0

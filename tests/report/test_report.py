@@ -536,3 +536,28 @@ class TestErrors:
         assert "'report' extra" in err
         assert "specwatch[report]" in err
         assert not out.exists()
+
+
+def test_tau_coverage_by_finish_reason_beside_the_decision_table(tmp_path: Path) -> None:
+    """Four paired rows: FLy finished two by a stop string (no per-request τ, as vLLM sends
+    none there) and two by length (τ 2.5); the standard arm all four by length with τ. The
+    report's coverage table: fly/length 2 of 2 (100 %), fly/stop 0 of 2 (0 %), standard/length
+    4 of 4; unpaired rows are left out."""
+    rows = [
+        row(T0 + i, "math", True, True, standard_finish_reason="length",
+            fly_finish_reason="stop" if i < 2 else "length", fly_tau=None if i < 2 else 2.5)
+        for i in range(4)
+    ]  # fmt: skip
+    rows.append(row(T0 + 9, "math", None, None, fly_finish_reason="stop", fly_tau=None))
+    data = report_of(tmp_path / "ledger.sqlite", rows)
+    assert dict(data.tau_coverage) == {
+        ("fly", "length"): (2, 2),
+        ("fly", "stop"): (2, 0),
+        ("standard", "length"): (4, 4),
+    }
+    table = parse_tables(render_html(data, plots=()), key="data-coverage")
+    assert {k: float(v["coverage"]["data-value"]) for k, v in table.items()} == {
+        "fly/length": 1.0,
+        "fly/stop": 0.0,
+        "standard/length": 1.0,
+    }

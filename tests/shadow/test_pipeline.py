@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specwatch.core.wire import is_shadow_host
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.offer import build_shadow_request
 from specwatch.shadow.pipeline import ShadowPipeline, ingest_from_settings, replayer_from_settings
@@ -80,16 +79,6 @@ async def _until(cond: object, limit: float = 20.0) -> None:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(wait(), timeout=limit)
-
-
-def test_is_shadow_host() -> None:
-    """is_shadow_host matches a host whose first label ends in -shadow, with or without port."""
-    assert is_shadow_host("api-shadow")
-    assert is_shadow_host("api-shadow:8000")
-    assert is_shadow_host("API-SHADOW")
-    assert not is_shadow_host("api")
-    assert not is_shadow_host("shadow-api:80")
-    assert not is_shadow_host(None)
 
 
 async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> None:

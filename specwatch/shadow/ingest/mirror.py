@@ -5,7 +5,8 @@ mirror's own listener (:class:`MirrorListener`, ``shadow.mirror_listen_port``, d
 never on the sidecar's ``/metrics`` port: whoever can scrape must not be able to inject requests
 that are replayed to the GPU arms (the shipped NetworkPolicy lets only the mesh reach the mirror
 port). The mesh sends copies with the Host (``:authority``) suffixed ``-shadow`` (Envoy
-``request_mirror_policies``). The handler answers ``202 {"shadow": "<admitted|reason>"}`` at once;
+``request_mirror_policies``), on the host name or after the port (:func:`mirrored_origin`).
+The handler answers ``202 {"shadow": "<admitted|reason>"}`` at once;
 it never awaits a replay. Requests already carrying the shadow marker header are never
 re-ingested. The live request's ``X-Request-Id`` is kept with the pair.
 """
@@ -16,14 +17,20 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
+from yarl import URL
 
 from specwatch.core.clock import WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
-from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER, is_shadow_host
+from specwatch.core.wire import (
+    CATEGORY_HEADER,
+    SHADOW_MARKER_HEADER,
+    ShadowOrigin,
+    shadow_origin,
+)
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
     SHADOW_PATHS,
@@ -37,6 +44,48 @@ from specwatch.shadow.values import Source
 log = logging.getLogger("specwatch.shadow.ingest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _forwarded_hosts(request: web.Request) -> list[str]:
+    """The ``host=`` values of ``Forwarded`` (RFC 7239) and the values of ``X-Forwarded-Host``,
+    nearest client first: a proxy between the mesh and specwatch that rewrites the Host keeps
+    the mirrored copy's own there."""
+    out: list[str] = []
+    for element in request.forwarded:
+        host = element.get("host")
+        if host:
+            out.append(host)
+    for value in request.headers.getall(hdrs.X_FORWARDED_HOST, ()):
+        out.extend(part.strip() for part in value.split(",") if part.strip())
+    return out
+
+
+def mirrored_origin(request: web.Request) -> ShadowOrigin | None:
+    """The live request's host and port named by a mirrored copy, or ``None`` when nothing
+    marks it as one (:func:`specwatch.core.wire.shadow_origin` in either suffix form).
+
+    Read, first match wins: the authority of an absolute-form request target (what an
+    HTTP/2 ``:authority`` becomes when a mesh forwards in that form; HTTP/1.1 says it overrides
+    ``Host``), the ``Host`` header (Envoy and Istio write ``:authority`` there when they speak
+    HTTP/1.1 to specwatch), then ``Forwarded: host=`` and ``X-Forwarded-Host`` (a proxy in
+    between that rewrote the Host)."""
+    forms: list[str] = []
+    target = request.raw_path
+    if target.lower().startswith(("http://", "https://")):
+        try:
+            authority = URL(target).raw_authority
+        except ValueError:
+            authority = ""  # an authority yarl cannot read names no mirrored copy
+        forms.append(authority)
+    host = request.headers.get(hdrs.HOST)
+    if host is not None:
+        forms.append(host)
+    forms.extend(_forwarded_hosts(request))
+    for form in forms:
+        origin = shadow_origin(form)
+        if origin is not None:
+            return origin
+    return None
 
 
 def mirror_routes(handler: Handler) -> list[web.RouteDef]:
@@ -85,7 +134,7 @@ class MirrorIngest:
         if request.headers.get(self._marker):
             self.counters.skipped_marked += 1
             return web.json_response({"shadow": "skipped_marked"}, status=208)
-        if self._require_host and not is_shadow_host(request.host):
+        if self._require_host and mirrored_origin(request) is None:
             self.counters.errors[(src, "not_shadow_host")] += 1
             return web.json_response({"shadow": "not_shadow_host"}, status=421)
         rid = clean_request_id(request.headers.get(REQUEST_ID_HEADER))

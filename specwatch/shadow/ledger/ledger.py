@@ -342,6 +342,11 @@ class Ledger:
         """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
         return await self._rows.reason_counts()
 
+    async def tau_coverage(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """``{(arm, finish_reason): (paired rows, rows with τ)}``
+        (:meth:`RowQueries.tau_coverage`)."""
+        return await self._rows.tau_coverage()
+
     async def row_count(self) -> int:
         """Rows in the ledger."""
         return await self._rows.row_count()

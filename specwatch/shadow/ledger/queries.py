@@ -196,6 +196,20 @@ class RowQueries:
         )
         return {(str(s), str(r)): int(c) for s, r, c in raw}
 
+    async def tau_coverage(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per-request τ coverage of the paired rows: ``{(arm, finish_reason): (rows, rows with
+        τ)}`` for the standard and FLy arms (``"none"`` where no finish reason was sent)."""
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for arm in ("standard", "fly"):
+            raw = await asyncio.to_thread(
+                self._db.read,
+                f"SELECT COALESCE({arm}_finish_reason, 'none'), COUNT(*), COUNT({arm}_tau) "
+                f"FROM pairs WHERE status = 'paired' GROUP BY 1",
+                (),
+            )
+            out.update({(arm, str(f)): (int(n), int(k)) for f, n, k in raw})
+        return out
+
     async def row_count(self) -> int:
         """Rows in the ledger."""
         raw = await asyncio.to_thread(self._db.read, "SELECT COUNT(*) FROM pairs", ())

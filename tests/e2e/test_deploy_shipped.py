@@ -1,0 +1,496 @@
+"""The shipped deployment tried whole, as a new user installs it.
+
+Each layout is rendered with ``kubectl kustomize`` (``deploy/overlays/example``: both vLLM servers
+and the sidecar in one pod; ``deploy/standalone``: the sidecar beside two vLLM Services labelled
+as production-stack and llm-d label theirs, every server in a container named ``vllm``). The
+scrape configuration is derived from the rendered PodMonitor / ServiceMonitor as
+prometheus-operator derives it (:mod:`tests.e2e.operator_scrape`), the rules from the rendered
+PrometheusRule (durations scaled as in ``tests/e2e/test_prometheus_stack.py``). Real processes on
+127.0.0.1: Prometheus, Alertmanager (routes by ``severity``, one inhibit rule), two
+``specwatch simulate`` servers started with the rendered Deployment's vLLM flags, and
+``specwatch run`` with the rendered ``config.yaml`` (URLs and ports rewritten to 127.0.0.1,
+timing knobs shortened, the built-in canary added so that pairs have gold answers).
+
+Then, as the user would look: every panel of every dashboard has data at its default variables
+(or says when it is empty), ``specwatch doctor`` with the shipped manifests and dashboards exits
+0, ``specwatch fleet`` gives the sidecar's own ledger table under the served model's name, the
+vLLM cross-check panel gives one α per role equal to each server's own counters, and a scrape
+fault on the FLy server reaches Alertmanager as ``SpecwatchTargetDown`` routed to the
+``warning`` receiver that the runbook names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.core.config import OVERALL
+from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
+from tests.deploy.test_manifests import kustomize_build
+from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
+from tests.e2e.stack import AM_BIN, poll, run_prometheus
+from tests.e2e.test_dashboards_prometheus import empty_panels
+from tests.e2e.test_prometheus_stack import scaled_rules
+from tests.fakes import REPO, free_port
+from tests.sidecar_process import run_specwatch, specwatch_process
+
+pytestmark = [pytest.mark.promtool, pytest.mark.timeout(240)]
+
+Obj = dict[str, Any]
+DASHBOARDS = sorted((REPO / "grafana").glob("*.json"))
+#: The Alertmanager configuration a user has: route by severity, critical inhibits warning.
+AM_CONFIG = {
+    "route": {
+        "receiver": "default",
+        "group_by": ["alertname", "namespace"],
+        "group_wait": "0s",
+        "routes": [
+            {"matchers": ['severity="critical"'], "receiver": "page"},
+            {"matchers": ['severity="warning"'], "receiver": "ticket"},
+            {"matchers": ['severity="info"'], "receiver": "null"},
+        ],
+    },
+    "inhibit_rules": [
+        {
+            "source_matchers": ['severity="critical"'],
+            "target_matchers": ['severity="warning"'],
+            "equal": ["namespace", "role"],
+        }
+    ],
+    "receivers": [{"name": n} for n in ("default", "page", "ticket", "null")],
+}
+
+
+def one(objs: Sequence[Obj], kind: str, name: str | None = None) -> Obj:
+    """The single object of ``kind`` (named ``name``, or whose name starts with it)."""
+    found = [
+        o
+        for o in objs
+        if o["kind"] == kind and (name is None or o["metadata"]["name"].startswith(name))
+    ]
+    assert len(found) == 1, (kind, name, [o["metadata"]["name"] for o in found])
+    return found[0]
+
+
+def vllm_flags(container: Obj) -> tuple[str, list[str]]:
+    """The role and the ``specwatch simulate`` flags for one vLLM container of the Deployment:
+    its scheduler flags as they are, its ``--speculative-config`` as the simulator's flags."""
+    args: list[str] = container["args"]
+    flags: list[str] = []
+    role = "standard"
+    for arg in args[1:]:
+        if arg.startswith("--speculative-config="):
+            spec = json.loads(arg.split("=", 1)[1])
+            role = "fly" if spec.get("rejection_sample_method") == "fly" else "standard"
+            flags += [f"--method={spec['method']}"]
+            flags += [f"--num-speculative-tokens={spec['num_speculative_tokens']}"]
+            for key in ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k"):
+                if key in spec:
+                    flags.append(f"--{key.replace('_', '-')}={spec[key]}")
+        elif re.match(
+            r"--(served-model-name|max-num-seqs|max-num-batched-tokens|max-model-len"
+            r"|seed|per-request-spec-decode-metrics)=",
+            arg,
+        ):
+            flags.append(arg)
+    return role, flags
+
+
+@contextlib.asynccontextmanager
+async def simulate(tmp: Path, name: str, role: str, flags: list[str]) -> AsyncIterator[str]:
+    """``specwatch simulate --role ROLE FLAGS`` on a free port; yields its base URL."""
+    port = free_port()
+    log = (tmp / f"sim-{name}.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "specwatch",
+        "simulate",
+        f"--role={role}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--vllm-version=0.33.0",
+        *flags,
+        stdout=log,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=str(REPO),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def up() -> bool | None:
+                assert proc.returncode is None, (tmp / f"sim-{name}.log").read_text()[-2000:]
+                async with s.get(f"{url}/health") as r:
+                    return True if r.status == 200 else None
+
+            await poll(f"simulator {name}", up, within=30)
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        log.close()
+
+
+def sidecar_config(objs: Sequence[Obj], urls: dict[str, str], tmp: Path, port: int) -> Path:
+    """The rendered ``config.yaml`` with its URLs and ports rewritten to 127.0.0.1, its ledger
+    under ``tmp``, timing knobs shortened and the built-in canary added."""
+    cm = one(objs, "ConfigMap", "specwatch-config")
+    doc = yaml.safe_load(cm["data"]["config.yaml"])
+    doc["server"] = {"host": "127.0.0.1", "port": port}
+    for t in doc["targets"]:
+        t["url"] = urls[t["role"]]
+    sh = doc["shadow"]
+    for arm in ("standard", "fly"):
+        sh[arm]["url"] = urls[arm]
+    sh.update(
+        mirror_listen_host="127.0.0.1",
+        mirror_listen_port=free_port(),
+        modes=["mirror", "canary"],
+        canary_builtin=True,
+        canary_loop=True,
+        canary_rate_per_second=40.0,
+        sample_probability=1.0,
+        max_shadow_rps=200.0,
+        max_in_flight=16,
+        pause_on_waiting=False,
+    )
+    doc["ledger"]["path"] = str(tmp / "ledger.sqlite")
+    doc["scrape"] = {"interval_seconds": 0.5, "timeout_seconds": 2.0}
+    doc.setdefault("paired", {})["refresh_seconds"] = 0.5
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def prometheus_config(objs: Sequence[Obj], pods: Sequence[Pod], tmp: Path, am: str) -> Obj:
+    """prometheus.yml: the monitors' scrape jobs, the PrometheusRule's rules, Alertmanager."""
+    rule = one(objs, "PrometheusRule")
+    rules = tmp / "rules.yaml"
+    rules.write_text(yaml.safe_dump(scaled_rules(rule["spec"]), sort_keys=False))
+    jobs: list[Obj] = []
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        for m in (o for o in objs if o["kind"] == kind):
+            jobs += scrape_configs(m, pods, interval="1s")
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": jobs,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.split("//")[1]]}]}]},
+    }
+
+
+@contextlib.asynccontextmanager
+async def alertmanager(tmp: Path, session: aiohttp.ClientSession) -> AsyncIterator[str]:
+    """A real Alertmanager with :data:`AM_CONFIG`; yields its URL."""
+    port = free_port()
+    (tmp / "am.yml").write_text(yaml.safe_dump(AM_CONFIG))
+    (tmp / "am-data").mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        AM_BIN,
+        f"--config.file={tmp / 'am.yml'}",
+        f"--storage.path={tmp / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        "--log.level=warn",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        async def ready() -> bool | None:
+            assert proc.returncode is None
+            async with session.get(f"{url}/-/ready") as r:
+                return True if r.status == 200 else None
+
+        await poll("alertmanager", ready, within=15)
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[Obj]:
+    async with session.get(f"{prom}/api/v1/query", params={"query": expr}) as r:
+        body: Obj = await r.json()
+    assert body["status"] == "success", (expr, body)
+    result: list[Obj] = body["data"]["result"]
+    return result
+
+
+async def own_alpha(session: aiohttp.ClientSession, url: str) -> float:
+    """α from a server's own ``/metrics``: accepted over draft tokens."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    acc = sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")
+    )
+    draft = sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total{")
+    )
+    return acc / draft
+
+
+@contextlib.asynccontextmanager
+async def layout(
+    tmp: Path, name: str
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str, str, dict[str, str]]]:
+    """Everything of one layout running; yields (session, Prometheus URL, Alertmanager URL,
+    role → simulator URL) once every dashboard panel has data."""
+    objs = kustomize_build(
+        REPO / "deploy" / ("overlays/example" if name == "in-pod" else "standalone")
+    )
+    session = aiohttp.ClientSession()
+    port = free_port()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(session.close)
+        urls: dict[str, str] = {}
+        if name == "in-pod":
+            dep = one(objs, "Deployment", "vllm-pair")
+            containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+            for cname in ("vllm-standard", "vllm-fly"):
+                role, flags = vllm_flags(containers[cname])
+                urls[role] = await stack.enter_async_context(simulate(tmp, cname, role, flags))
+        else:
+            # the servers the standalone config.yaml describes (method, K, scheduler limits)
+            cfg_doc = yaml.safe_load(
+                one(objs, "ConfigMap", "specwatch-config")["data"]["config.yaml"]
+            )
+            for t in cfg_doc["targets"]:
+                role = t["role"]
+                flags = [
+                    "--served-model-name=llama-3.1-8b-instruct",
+                    f"--method={t['method']}",
+                    f"--num-speculative-tokens={t['num_speculative_tokens']}",
+                    f"--max-num-seqs={t['max_num_seqs']}",
+                    f"--max-num-batched-tokens={t['max_num_batched_tokens']}",
+                ]
+                urls[role] = await stack.enter_async_context(simulate(tmp, role, role, flags))
+        am = await stack.enter_async_context(alertmanager(tmp, session))
+        cfg = sidecar_config(objs, urls, tmp, port)
+        await stack.enter_async_context(
+            specwatch_process(tmp, ["run", "--config", str(cfg)], port=port)
+        )
+        sidecar = f"127.0.0.1:{port}"
+        if name == "in-pod":
+            dep = one(objs, "Deployment", "vllm-pair")
+            address = {"vllm-standard": urls["standard"], "vllm-fly": urls["fly"]}
+            ports = [
+                Port(c, pname, num, address[c].split("//")[1] if c in address else sidecar)
+                for c, plist in container_ports(dep).items()
+                for pname, num in plist
+                if pname not in ("sw-proxy", "sw-mirror")
+            ]
+            ns = dep["metadata"]["namespace"]
+            pods = [Pod("vllm-pair-0", ns, dep["spec"]["template"]["metadata"]["labels"], ports)]
+        else:
+            svc = one(objs, "Service", "specwatch")
+            dep = one(objs, "Deployment", "specwatch")
+            ns = dep["metadata"]["namespace"]
+            ((cname, plist),) = container_ports(dep).items()
+            pods = [
+                Pod(
+                    "specwatch-0",
+                    ns,
+                    dep["spec"]["template"]["metadata"]["labels"],
+                    [Port(cname, plist[0][0], plist[0][1], sidecar)],
+                    service="specwatch",
+                    service_labels=svc["metadata"]["labels"],
+                    service_ports={
+                        p["name"]: dict(plist)[p["targetPort"]]
+                        if isinstance(p["targetPort"], str)
+                        else p["targetPort"]
+                        for p in svc["spec"]["ports"]
+                    },
+                ),
+                # production-stack: vllm-<model>-engine-service; llm-d: <model>-decode. Both run
+                # the server in a container named "vllm"; the user labels the Services once.
+                Pod(
+                    "vllm-llama-deployment-vllm-0",
+                    ns,
+                    {"app": "vllm"},
+                    [Port("vllm", "container-port", 8000, urls["standard"].split("//")[1])],
+                    service="vllm-llama-engine-service",
+                    service_labels={"app": "vllm", "specwatch.io/role": "standard"},
+                    service_ports={"router-sport": 8000},
+                ),
+                Pod(
+                    "llama-decode-0",
+                    ns,
+                    {"llm-d.ai/role": "decode"},
+                    [Port("vllm", "vllm", 8000, urls["fly"].split("//")[1])],
+                    service="llama-decode",
+                    service_labels={"specwatch.io/role": "fly"},
+                    service_ports={"http": 8000},
+                ),
+            ]
+        config = prometheus_config(objs, pods, tmp, am)
+        prom = await stack.enter_async_context(run_prometheus(tmp, config, session))
+        load = LoadGenerator(
+            list(urls.values()),
+            LoadConfig(concurrency=6, duration_s=None, fanout=True, max_tokens=48, temperature=1.0),
+            session=session,
+        )
+        task = asyncio.create_task(load.run())
+
+        async def stop_load() -> None:
+            load.stop()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        stack.push_async_callback(stop_load)
+        last: list[str] = []
+
+        async def all_have_data() -> bool | None:
+            last[:] = await empty_panels(session, prom)
+            return True if not last else None
+
+        try:
+            await poll("every panel has data", all_have_data, within=90, every=2)
+        except AssertionError:
+            raise AssertionError("panels without data:\n" + "\n".join(last)) from None
+        # the scrape labels never rename a series' own labels (honorLabels on specwatch)
+        assert await query(session, prom, '{exported_model_name=~".+"}') == []
+        assert await query(session, prom, '{exported_role=~".+"}') == []
+        yield session, prom, am, urls
+
+
+OUTCOMES = ("both_correct", "lost", "gained", "both_wrong")
+
+
+async def own_ledger(session: aiohttp.ClientSession, instance: str) -> dict[tuple[str, str], int]:
+    """The sidecar's own ``specwatch_ledger_pairs{arm="fly"}`` from its ``/metrics``:
+    (category, outcome) → pairs, correctness outcomes only."""
+    async with session.get(f"http://{instance}/metrics") as r:
+        text = await r.text()
+    own: dict[tuple[str, str], int] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if (
+                smp.name == "specwatch_ledger_pairs"
+                and smp.labels.get("arm") == "fly"
+                and smp.labels["outcome"] in OUTCOMES
+            ):
+                own[(smp.labels["category"], smp.labels["outcome"])] = int(smp.value)
+    return own
+
+
+async def fleet_is_the_sidecars_ledger(session: aiohttp.ClientSession, prom: str) -> None:
+    """``specwatch fleet --format json`` gives one model, the served model's name, from one
+    sidecar, no series skipped, and per category the 2x2 table of the sidecar's own ``/metrics``
+    (``specwatch_ledger_pairs{arm="fly"}``): the pair counts only grow while the canary runs, so
+    each cell lies between the sidecar's count read before the last scrape (1.5 s before the
+    fleet query, scrapes every 1 s) and its count read after the query."""
+    (instance,) = {
+        r["metric"]["instance"] for r in await query(session, prom, "specwatch_build_info")
+    }
+    before = await own_ledger(session, instance)
+    await asyncio.sleep(1.5)
+    rc, out, err = await run_specwatch("fleet", f"--prometheus-url={prom}", "--format=json")
+    after = await own_ledger(session, instance)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["bad_series"] == {}, out
+    assert list(doc["models"]) == ["llama-3.1-8b-instruct"], out
+    model = doc["models"]["llama-3.1-8b-instruct"]
+    assert model["sidecars"] == 1
+    got = {(c, o): v[o] for c, v in model["categories"].items() if c != OVERALL for o in OUTCOMES}
+    assert set(after) <= set(got), (got, after)  # the fleet lists a 0 where no series is
+    for cell, n in got.items():
+        want = (before.get(cell, 0), after.get(cell, 0))
+        assert want[0] <= n <= want[1], (cell, want, n)
+    assert sum(got.values()) > 0
+
+
+async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
+    """The example overlay: dashboards full, doctor clean, fleet's table under the model name,
+    a scrape fault routed by severity to the ticket receiver."""
+    async with layout(tmp_path, "in-pod") as (session, prom, am, urls):
+        rendered = tmp_path / "rendered.yaml"
+        rendered.write_text(
+            yaml.safe_dump_all(kustomize_build(REPO / "deploy/overlays/example")), encoding="utf-8"
+        )
+        manifests = [str(rendered)]
+        last: list[str] = []
+
+        async def doctor_clean() -> bool | None:
+            # asked again (3 times at most) when one scrape of the loaded sidecar timed out
+            rc, out, err = await run_specwatch(
+                "doctor",
+                f"--prometheus-url={prom}",
+                *(f"--manifest={m}" for m in manifests),
+                *(f"--dashboard={d}" for d in DASHBOARDS),
+            )
+            last[:] = [out + err]
+            if rc != 0 or "FAIL" in out:
+                return None
+            # the one warning about the manifests: the ledger on the shipped emptyDir
+            assert "WARN  ledger" in out, out
+            return True
+
+        try:
+            await poll("doctor says all is well", doctor_clean, within=10, every=2)
+        except AssertionError:
+            raise AssertionError(last[0]) from None
+
+        await fleet_is_the_sidecars_ledger(session, prom)
+
+        async with session.post(f"{urls['fly']}/admin/faults", json={"metrics_mode": "error"}) as r:
+            assert r.status == 200
+
+        async def routed() -> list[Obj] | None:
+            async with session.get(
+                f"{am}/api/v2/alerts", params={"filter": 'alertname="SpecwatchTargetDown"'}
+            ) as r:
+                got: list[Obj] = await r.json()
+            return got or None
+
+        alerts = await poll("SpecwatchTargetDown in Alertmanager", routed, within=60, every=1)
+        assert {a["labels"]["role"] for a in alerts} == {"fly"}
+        assert {r["name"] for a in alerts for r in a["receivers"]} == {"ticket"}
+        assert {a["status"]["state"] for a in alerts} == {"active"}
+
+
+async def test_standalone_deployment_tells_roles_apart(tmp_path: Path) -> None:
+    """The standalone layout beside production-stack / llm-d servers (both container "vllm"):
+    every dashboard full at defaults, and the vLLM cross-check panel gives one α per role equal to
+    each server's own counters, not one merged α."""
+    async with layout(tmp_path, "standalone") as (session, prom, _am, urls):
+        overview = json.loads((REPO / "grafana/specwatch-overview.json").read_text())
+        panel = next(
+            p
+            for p in overview["panels"]
+            if "vLLM" in p.get("title", "") and "accepted" in p.get("description", "")
+        )
+        expr = panel["targets"][0]["expr"]
+        expr = expr.replace("$__rate_interval", "1h").replace('"$namespace"', '"llm-serving"')
+        expr = re.sub(r'=~"\$\w+"', '=~".*"', expr)
+        expr = expr.replace("rate(", "increase(")
+        got = {
+            r["metric"].get("role", ""): float(r["value"][1])
+            for r in await query(session, prom, expr)
+        }
+        assert set(got) == {"standard", "fly"}, got
+        for role, url in urls.items():
+            # counters keep moving under load: the two reads are a scrape apart at most
+            assert got[role] == pytest.approx(await own_alpha(session, url), abs=0.03), role
+        assert abs(got["standard"] - got["fly"]) > 0.02, got
+        await fleet_is_the_sidecars_ledger(session, prom)
