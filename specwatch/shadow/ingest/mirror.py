@@ -166,7 +166,8 @@ class MirrorIngest:
             request.headers.get(CATEGORY_HEADER),
             request.headers.get(REQUEST_ID_HEADER),
         )
-        status = 400 if result in ("invalid_json", "too_deep", "too_many_keys", "not_object") else 202
+        refused = ("invalid_json", "too_deep", "too_many_keys", "not_object")
+        status = 400 if result in refused else 202
         return web.json_response({"shadow": result}, status=status)
 
     def _reject(
