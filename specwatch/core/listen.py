@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 from specwatch.core.logs import RateLimitedLog
 
 __all__ = [
+    "MAX_FIELD_BYTES",
     "REFUSAL_REASONS",
     "ListenLimits",
     "ListenerStats",
@@ -44,6 +45,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("specwatch.listen")
+
+#: The longest request line and header field the aiohttp listeners (main, mirror) accept:
+#: aiohttp's own 8,190 bytes refuse a real 12 KB JWT bearer token with ``400``. The proxy caps
+#: the whole head at 64 KiB instead (``specwatch.http1.framing.MAX_HEAD_BYTES``).
+MAX_FIELD_BYTES = 32 << 10
 
 #: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
 #: every one exported from 0): a request head aiohttp cannot parse, a request body that

@@ -22,7 +22,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from yarl import URL
 
 from specwatch.core.clock import WallClock
-from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import (
@@ -223,6 +223,8 @@ class MirrorListener:
             access_log=None,
             shutdown_timeout=self._shutdown_timeout,
             keepalive_timeout=self._listen.keepalive_timeout_seconds,
+            max_line_size=MAX_FIELD_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
         )
         await self._runner.setup()
         try:

@@ -312,3 +312,37 @@ async def test_a_stalled_upstream_is_cut_by_the_stream_idle_timeout() -> None:
     assert got == b"HTTP/1.1 504 Gateway Timeout\r\n"
     assert up_closed < 2.5
     assert dict(counters.proxy_upstream_errors) == {"stalled": 1}
+
+
+async def test_a_12_kb_bearer_token_passes_the_mirror_and_the_proxy() -> None:
+    """A real JWT can be 12 KB: the mirror listener (aiohttp, whose own field limit is 8,190
+    bytes) accepts it, and the proxy passes it on; both answer 200."""
+    token = "Bearer " + "a" * 12_000
+
+    async def accept(request: web.Request) -> web.Response:
+        return web.json_response({"auth": len(request.headers["Authorization"])})
+
+    mirror = MirrorListener([web.post("/v1/completions", accept)], max_body_bytes=1 << 20)
+    port = await mirror.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %b\r\n"
+            b"Content-Length: 2\r\n\r\n{}" % token.encode()
+        )
+        status = (await asyncio.wait_for(reader.readuntil(b"\r\n"), 5)).strip()
+        writer.close()
+    finally:
+        await mirror.stop()
+    backend = SlowBackend(first_at=0.0, chunks=1, interval=0.0)
+    async with serving(backend) as base, proxy_in("loop", base) as (pport, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", pport)
+        writer.write(
+            completion_request().replace(
+                b"Host: x\r\n", b"Host: x\r\nAuthorization: %b\r\n" % token.encode()
+            )
+        )
+        proxied = (await asyncio.wait_for(reader.readuntil(b"\r\n"), 5)).strip()
+        writer.close()
+    assert status == b"HTTP/1.1 200 OK"
+    assert proxied == b"HTTP/1.1 200 OK"
