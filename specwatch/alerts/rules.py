@@ -682,7 +682,7 @@ def candidates(
             Alert(
                 "SpecwatchLedgerFailing",
                 Severity.WARNING,
-                "specwatch cannot write its paired ledger.",
+                "Writes to the paired ledger of specwatch fail.",
                 f"The ledger is {shadow.ledger_state}; pairing is stopped until it can store "
                 "rows again (see the runbook).",
                 {},
