@@ -60,7 +60,8 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
+from specwatch.shadow.stats.alarms import LiveAlarmState
+from specwatch.shadow.stats.sequential import BettingEProcess
 from specwatch.shadow.summary import (
     DecisionRow,
     LiveTallies,
@@ -168,7 +169,8 @@ class ShadowComponent:
         self._compare_config = CompareConfig()
         self.categories = CategoryBound(shadow.max_categories)
         self.counters = OutcomeCounters(self.categories)
-        self.betting = BettingEProcess(margin=paired.margin)
+        #: The margin e-process, the change detector and the "within margin" declaration.
+        self.alarms = LiveAlarmState.fresh(paired)
         #: The in-memory tallies, built when the component starts (``None`` before).
         self.live: LiveTallies | None = None
         self._inputs: tuple[int, StatsInputs] | None = None
@@ -277,6 +279,9 @@ class ShadowComponent:
             unpaired_total=self.counters.unpaired,
             excluded_total=self.counters.excluded,
             betting_log_e_value=self.betting.log_wealth,
+            change_log_value=self.alarms.detector.log_value,
+            change_threshold=self.alarms.detector.threshold,
+            within_margin_declared_at=self.alarms.declaration.declared_at,
             ledger_rows=inputs.rows,
             ledger_write_errors=errors,
             io=io,
@@ -319,6 +324,11 @@ class ShadowComponent:
             outcome = compare(pair, self._compare_config)
         self.consume(outcome)
 
+    @property
+    def betting(self) -> BettingEProcess:
+        """The since-start margin e-process (part of :attr:`alarms`)."""
+        return self.alarms.betting
+
     def consume(self, outcome: PairOutcome) -> None:
         """Store and count one compared pair (event-loop thread): its one ledger row is queued
         for writing, counted and fed to the margin e-process."""
@@ -328,7 +338,7 @@ class ShadowComponent:
         self.counters.add(row)
         labelled = labelled_outcome(row)
         if labelled is not None:
-            self.betting = run_betting([labelled], self.betting.margin, self.betting)
+            self.alarms = self.alarms.add([labelled])
 
     def _note_ledger_state(self, state: str, last_error: str | None) -> None:
         """One log line when the ledger's state changes (pairing stops or starts again)."""
@@ -390,10 +400,9 @@ class ShadowComponent:
         live.start(as_of)
         since_start = live.tallies()[SINCE_START]
         self.categories.seed(categories_by_volume(since_start))
-        margin = p.margin
         if ledger.state == "ok":
-            self.betting = await ledger.fold_labelled(
-                lambda b, chunk: run_betting(chunk, margin, b), BettingEProcess(margin=margin)
+            self.alarms = await ledger.fold_labelled(
+                lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p)
             )
         self.live = live
         log_event(
