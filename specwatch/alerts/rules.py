@@ -648,7 +648,8 @@ def candidates(
       the standard arm against the no-speculation baseline reaching ``1/shadow.alpha`` on at
       least ``lossless_min_pairs`` greedy pairs); ``SpecwatchShadowStalled``;
     - ``SpecwatchLedgerFailing`` when ``ledger_errors_increase`` (ledger write errors over the
-      last ``ledger_errors_window``) is > 0.
+      last ``ledger_errors_window``) is > 0, or while the ledger's state is not ``ok`` (corrupt,
+      full, read-only: pairing stopped, so no new write errors come to keep it firing).
 
     Not here: the fleet-wide McNemar check. Only Prometheus sees several sidecars, so it is the
     rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
@@ -681,6 +682,18 @@ def candidates(
                 f"{settings.ledger_errors_window:g} s; paired statistics stop advancing.",
                 {},
                 value=ledger_errors_increase,
+            )
+        )
+    elif shadow is not None and shadow.ledger_state != "ok":
+        shadow_found.append(
+            Alert(
+                "SpecwatchLedgerFailing",
+                Severity.WARNING,
+                "Writes to the paired ledger of specwatch fail.",
+                f"The ledger is {shadow.ledger_state}; pairing is stopped until it can store "
+                "rows again (see the runbook).",
+                {},
+                value=1.0,
             )
         )
     pair = _pair_labels(observe)

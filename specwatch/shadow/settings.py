@@ -134,6 +134,7 @@ class ShadowSettings(BaseModel):
     proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
+    proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
     proxy_own_thread: bool = True
     proxy_own_process: bool = True
     proxy_uvloop: bool = True
@@ -194,12 +195,16 @@ class LedgerSettings(Frozen):
     """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
     directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
     ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
-    Prompt and completion text are stored only with ``shadow.store_text``."""
+    Prompt and completion text are stored only with ``shadow.store_text``. While running,
+    SQLite's quick integrity check runs every ``integrity_check_seconds`` in a worker thread
+    (``None``: never); a ledger found corrupt stops pairing and is moved aside at the next
+    start."""
 
     path: str = "specwatch-ledger.sqlite"
     max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
     max_rows: int | None = Field(default=5_000_000, gt=0)
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    integrity_check_seconds: float | None = Field(default=3600.0, gt=0)
 
 
 class PairedSettings(Frozen):

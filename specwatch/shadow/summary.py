@@ -249,7 +249,9 @@ class ShadowStats:
     ``ledger_rows`` the rows in the ledger, ``ledger_write_errors[exception type]`` failed row
     writes; ``io`` the I/O side's queue/pause state when known; ``decisions`` the per-category
     decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
-    categories); ``by_load`` flip rates per running-request band (since start).
+    categories); ``by_load`` flip rates per running-request band (since start);
+    ``ledger_state`` whether the ledger can store rows
+    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``).
     """
 
     generated_at: float
@@ -272,6 +274,7 @@ class ShadowStats:
     ledger_pairs: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     categories_folded: int = 0
     replays_total: Mapping[str, int] = field(default_factory=dict)
+    ledger_state: str = "ok"
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +424,7 @@ def build_shadow_stats(
     categories: Collection[str] | None = None,
     categories_folded: int = 0,
     replays_total: Mapping[str, int] | None = None,
+    ledger_state: str = "ok",
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
@@ -470,6 +474,7 @@ def build_shadow_stats(
         ledger_pairs=ledger_pairs,
         categories_folded=categories_folded,
         replays_total=dict(replays_total or {}),
+        ledger_state=ledger_state,
     )
 
 

@@ -253,6 +253,7 @@ def test_known_reasons_exported_from_zero() -> None:
         (ex, "bad_checker"): 0,
         (ex, "multiple_choices"): 0,
         (we, "queue_full"): 0,
+        (we, "not_stored"): 0,
         (we, "OperationalError"): 0,
         (we, "IntegrityError"): 0,
         (we, "DatabaseError"): 0,
