@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import NO_ENGINE_SERIES, AnalyzeError, read_page
-from specwatch.cli.args import add_output_format, plain_help
+from specwatch.cli.args import add_output_format
+from specwatch.core.helptext import plain_help
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
     SpeculationLimit,

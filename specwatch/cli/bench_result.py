@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specwatch.cli.args import add_described_command, add_output_format, plain_help
+from specwatch.cli.args import add_described_command, add_output_format
+from specwatch.core.helptext import plain_help
 
 #: vLLM's neutral sampling defaults (SamplingParams) used when neither the request nor the
 #: model's generation config sets a parameter.

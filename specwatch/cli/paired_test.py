@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specwatch.cli.args import add_output_format, plain_help
+from specwatch.cli.args import add_output_format
+from specwatch.core.helptext import plain_help
 from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
 
 if TYPE_CHECKING:  # numpy, scipy and the statistics load where computed, not for --help

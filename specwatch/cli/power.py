@@ -7,7 +7,8 @@ import argparse
 import json
 import sys
 
-from specwatch.cli.args import add_output_format, plain_help
+from specwatch.cli.args import add_output_format
+from specwatch.core.helptext import plain_help
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwatch.cli.args import plain_help
+from specwatch.core.helptext import plain_help
 from specwatch.report import MAX_POINTS, REPORT_WINDOW
 
 if TYPE_CHECKING:  # the ledger, numpy and statistics load in main, not for ``report --help``

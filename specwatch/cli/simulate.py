@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from specwatch.cli.args import plain_help
+from specwatch.core.helptext import plain_help
 from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.vllm.request_metrics import MODES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specwatch.__main__ import HELP, main
-from specwatch.cli.args import plain_help
+from specwatch.core.helptext import plain_help
 
 
 @pytest.mark.parametrize("command", ["", *(name for name, _ in HELP.values())])
