@@ -24,7 +24,15 @@ import numpy as np
 
 from specwatch.cli.args import add_output_format
 from specwatch.core.numbers import exp_or_inf
-from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
+from specwatch.shadow.inputs import (
+    InputError,
+    hash_mismatches,
+    lm_eval_hashes,
+    lm_eval_outcomes,
+    looks_like_lm_eval,
+    pick_samples_file,
+    split_shared,
+)
 from specwatch.shadow.stats.paired import (
     PairedCounts,
     discordant_ratio,
@@ -42,7 +50,14 @@ from specwatch.shadow.stats.sequential import (
 )
 from specwatch.shadow.verdict import Verdict, verdict_line
 
-__all__ = ["InputError", "pair_outcomes", "pair_sequence", "paired_report", "read_outcomes"]
+__all__ = [
+    "InputError",
+    "pair_outcomes",
+    "pair_sequence",
+    "paired_report",
+    "read_hashes",
+    "read_outcomes",
+]
 
 
 _TRUE = {"1", "true", "yes", "correct"}
@@ -70,6 +85,39 @@ def read_outcomes(
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
     duplicate id.
     """
+    path, rows = _read_rows(path)
+    if rows and looks_like_lm_eval(rows[0][1]):
+        return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))
+    if filter_name is not None or metric is not None:
+        raise InputError(f"{path}: --filter/--metric apply to lm-eval samples files only")
+    out: dict[str, bool] = {}
+    for where, rec in rows:
+        if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
+            raise InputError(f"{where}: row needs 'id' and 'correct'")
+        item = str(rec["id"])
+        if item in out:
+            raise InputError(f"{where}: duplicate id {item!r}")
+        out[item] = _as_bool(rec["correct"], where)
+    if not out:
+        raise InputError(f"{path}: no rows")
+    return out
+
+
+def read_hashes(path: Path, *, filter_name: str | None = None) -> dict[str, dict[str, str]]:
+    """lm-eval's per-document ``prompt_hash``/``target_hash`` in ``path`` (a file or output
+    directory, as :func:`read_outcomes`); empty for plain id/correct files."""
+    path, rows = _read_rows(path)
+    if rows and looks_like_lm_eval(rows[0][1]):
+        return lm_eval_hashes(rows, filter_name=filter_name, source=str(path))
+    return {}
+
+
+def _read_rows(path: Path) -> tuple[Path, list[tuple[str, Any]]]:
+    """The file read (an lm-eval output directory resolves to its one samples file) and its
+    parsed rows as ``(where, row)``."""
+    if path.is_dir():
+        listing = [str(p) for p in path.rglob("samples_*.jsonl") if p.is_file()]
+        path = Path(pick_samples_file(str(path), listing))
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -92,21 +140,7 @@ def read_outcomes(
             except RecursionError:
                 raise InputError(f"{path}:{lineno}: invalid JSON: nested too deep") from None
             rows.append((f"{path}:{lineno}", rec))
-    if rows and looks_like_lm_eval(rows[0][1]):
-        return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))
-    if filter_name is not None or metric is not None:
-        raise InputError(f"{path}: --filter/--metric apply to lm-eval samples files only")
-    out: dict[str, bool] = {}
-    for where, rec in rows:
-        if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
-            raise InputError(f"{where}: row needs 'id' and 'correct'")
-        item = str(rec["id"])
-        if item in out:
-            raise InputError(f"{where}: duplicate id {item!r}")
-        out[item] = _as_bool(rec["correct"], where)
-    if not out:
-        raise InputError(f"{path}: no rows")
-    return out
+    return path, rows
 
 
 def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
@@ -280,6 +314,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--metric", metavar="NAME", help="lm-eval samples: the 0/1 metric when several are scored"
     )
+    p.add_argument(
+        "--exclude-mismatched",
+        action="store_true",
+        help="lm-eval samples: leave out documents whose prompt_hash/target_hash differ between "
+        "the runs (default: refuse, exit 2)",
+    )
     add_output_format(p)
     p.set_defaults(handler=main)
 
@@ -293,10 +333,55 @@ def main(args: argparse.Namespace) -> int:
             raise InputError("--alpha must be in (0, 0.5)")
         pick = {"filter_name": args.filter_name, "metric": args.metric}
         base, cand = read_outcomes(args.base, **pick), read_outcomes(args.cand, **pick)
+        base, cand, excluded = _matched(args, base, cand)
         counts = pair_outcomes(base, cand)
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)
         return 2
     report = paired_report(counts, args.margin, args.alpha, pair_sequence(base, cand))
+    if excluded:
+        report["excluded"] = excluded
     print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
     return 0
+
+
+def _examples(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+
+
+def _matched(
+    args: argparse.Namespace, base: dict[str, bool], cand: dict[str, bool]
+) -> tuple[dict[str, bool], dict[str, bool], dict[str, Any]]:
+    """The pairs both runs share with the same lm-eval hashes, and what was left out and why
+    (also said on stderr). Raises :class:`InputError` when hashes differ without
+    ``--exclude-mismatched``, or when no pair is left."""
+    base, cand, only_base, only_cand = split_shared(base, cand)
+    hb = read_hashes(args.base, filter_name=args.filter_name)
+    hc = read_hashes(args.cand, filter_name=args.filter_name)
+    differ = hash_mismatches(hb, hc)
+    if differ and not args.exclude_mismatched:
+        first = next(iter(differ))
+        raise InputError(
+            f"{len(differ)} documents were not asked the same in both runs (doc_id {first}: "
+            f"{' and '.join(differ[first])} differ{'s' if len(differ[first]) == 1 else ''}; "
+            f"doc_ids {_examples(list(differ))}); fix the runs, or pass --exclude-mismatched "
+            "to leave them out"
+        )
+    excluded: dict[str, Any] = {}
+    for key, ids, why in (
+        ("only_base", only_base, "only in BASE"),
+        ("only_cand", only_cand, "only in CAND"),
+        ("hash_mismatch", list(differ), "with differing prompt_hash/target_hash"),
+    ):
+        if ids:
+            excluded[key] = {"count": len(ids), "ids": ids[:5]}
+            print(
+                f"specwatch paired-test: left out {len(ids)} item{'s' * (len(ids) != 1)} "
+                f"{why} (e.g. {_examples(ids)})",
+                file=sys.stderr,
+            )
+    base = {k: v for k, v in base.items() if k not in differ}
+    cand = {k: v for k, v in cand.items() if k not in differ}
+    if not base:
+        raise InputError("no item is in both runs")
+    return base, cand, excluded
