@@ -42,6 +42,7 @@ import aiohttp
 import yaml
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.cli.doctor_stack import inhibit_findings, label_findings
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
 from specwatch.server.prom_api import PromApiError, api_get, instant_query
@@ -528,6 +529,7 @@ class Inputs:
     prometheus_object: dict[str, Any] | None
     objects: list[dict[str, Any]]
     dashboards: list[dict[str, Any]]
+    alertmanager_config: dict[str, Any] | None = None
 
 
 def read_inputs(args: argparse.Namespace) -> Inputs:
@@ -544,7 +546,17 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         prometheus_object=prom_obj,
         objects=[o for p in args.manifest for o in _load_docs(p)],
         dashboards=[_load_dashboard(p) for p in args.dashboard],
+        alertmanager_config=_load_alertmanager_config(getattr(args, "alertmanager_config", None)),
     )
+
+
+def _load_alertmanager_config(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    docs = _load_docs(path)
+    if len(docs) != 1:
+        raise InputError(f"{path}: not an Alertmanager configuration")
+    return docs[0]
 
 
 async def _dashboard_findings(
@@ -591,7 +603,9 @@ async def _dashboard_findings(
     return out
 
 
-async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float) -> list[Finding]:
+async def diagnose(
+    url: str, inputs: Inputs, *, job_pattern: str, limit_s: float, alertmanager_url: str = ""
+) -> list[Finding]:
     """Run every check against the Prometheus at ``url`` (a failed API call is one ``fail``
     finding for check ``prometheus`` and ends the run)."""
     out: list[Finding] = []
@@ -613,8 +627,23 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
         except PromApiError as exc:
             out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
             return out
+        labels_of: dict[str, list[str]] = {}
         for dash in inputs.dashboards:
             out += await _dashboard_findings(session, url, dash, limit_s, builtins)
+            queries = [(p, e) for p, _, e in dashboard_queries(dash, None, builtins)]
+            found = await label_findings(session, url, dash["title"], queries, labels_of, limit_s)
+            out += [Finding(*f) for f in found]
+        if inputs.alertmanager_config is not None or alertmanager_url:
+            found = await inhibit_findings(
+                session,
+                url,
+                inputs.alertmanager_config,
+                alertmanager_url,
+                rules,
+                job_pattern,
+                limit_s,
+            )
+            out += [Finding(*f) for f in found]
     if inputs.prometheus_object is not None:
         out += check_selectors(inputs.prometheus_object, inputs.objects)
     elif inputs.objects:
@@ -647,6 +676,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--manifest", type=Path, action="append", default=[], metavar="FILE")
     p.add_argument("--prometheus-object", type=Path, metavar="FILE")
     p.add_argument("--dashboard", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument(
+        "--alertmanager-config",
+        type=Path,
+        metavar="FILE",
+        help="Alertmanager configuration whose inhibit rules to check",
+    )
+    p.add_argument(
+        "--alertmanager-url",
+        default="",
+        metavar="URL",
+        help="live Alertmanager whose inhibit rules to check (/api/v2/status)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per query")
     add_output_format(p)
     p.set_defaults(handler=main)
@@ -661,6 +702,8 @@ CHECK_ORDER: tuple[str, ...] = (
     "rules",
     "role",
     "ledger",
+    "inhibit",
+    "labels",
     "dashboard",
 )
 
@@ -707,7 +750,11 @@ def main(args: argparse.Namespace) -> int:
     findings = triage(
         asyncio.run(
             diagnose(
-                args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout
+                args.prometheus_url,
+                inputs,
+                job_pattern=args.specwatch_job,
+                limit_s=args.timeout,
+                alertmanager_url=args.alertmanager_url,
             )
         )
     )
