@@ -14,6 +14,10 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
 * ``ports``: with ``--manifest``, each PodMonitor/ServiceMonitor endpoint's ``port`` names a
   container port / Service port of what it selects;
 * ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
+* ``inhibit``: with ``--alertmanager-config FILE`` or ``--alertmanager-url URL``, each inhibit
+  rule that selects specwatch's alerts compares (``equal``) only labels they carry;
+* ``labels``: with ``--dashboard``, every label a panel's matcher needs exists on some series of
+  the metric it selects;
 * ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
   default variable values returns data; a panel whose description says when it is empty is a
   warning, not a failure. A ``label_values`` query variable with no saved value takes the first
