@@ -4,8 +4,11 @@ BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files
 ``{"id": ..., "correct": 0|1}`` over the same items, or lm-evaluation-harness
 ``samples_*.jsonl`` files (``lm_eval --log_samples``; recognised by content, joined on
 ``doc_id``, scored by the sample's own 0/1 metric; ``--filter NAME`` when the task wrote
-several filters, ``--metric NAME`` when it scored several metrics). Exit 0 with the result, 2 on
-bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
+several filters, ``--metric NAME`` when it scored several metrics); BASE/CAND may be lm-eval
+``--output_path`` directories holding one samples file. lm-eval's ``prompt_hash`` and
+``target_hash`` must agree per document (else exit 2, or ``--exclude-mismatched`` leaves those
+out); items only one run has are left out and reported (``excluded`` in the JSON, stderr).
+Exit 0 with the result, 2 on bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
 each e-process first reached 1/alpha (null when never).
 """
 
