@@ -14,6 +14,9 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
 * ``ports``: with ``--manifest``, each PodMonitor/ServiceMonitor endpoint's ``port`` names a
   container port / Service port of what it selects;
 * ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
+* ``mirror``: with ``--manifest`` holding an Istio VirtualService or Gateway API HTTPRoute
+  mirror, the share of live requests that reached specwatch's mirror listener over the last
+  hour is at least half the configured percentage;
 * ``inhibit``: with ``--alertmanager-config FILE`` or ``--alertmanager-url URL``, each inhibit
   rule that selects specwatch's alerts compares (``equal``) only labels they carry;
 * ``labels``: with ``--dashboard``, every label a panel's matcher needs exists on some series of
@@ -46,7 +49,7 @@ import aiohttp
 import yaml
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
-from specwatch.cli.doctor_stack import inhibit_findings, label_findings
+from specwatch.cli.doctor_stack import inhibit_findings, label_findings, mirror_findings
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
 from specwatch.server.prom_api import PromApiError, api_get, instant_query
@@ -657,6 +660,9 @@ async def diagnose(
             )
         )
     out += check_ports(inputs.objects)
+    async with aiohttp.ClientSession() as session:
+        found = await mirror_findings(session, url, inputs.objects, job_pattern, limit_s)
+    out += [Finding(*f) for f in found]
     out += check_ledger_volume(inputs.objects)
     return out
 
@@ -706,6 +712,7 @@ CHECK_ORDER: tuple[str, ...] = (
     "rules",
     "role",
     "ledger",
+    "mirror",
     "inhibit",
     "labels",
     "dashboard",

@@ -24,7 +24,7 @@ import aiohttp
 import yaml
 
 from specwatch.alerts.alert import Severity
-from specwatch.server.prom_api import PromApiError, api_get
+from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
 #: ``(status, check, message)``, as :class:`specwatch.cli.doctor.Finding` takes them.
 Found = tuple[str, str, str]
@@ -281,3 +281,123 @@ async def inhibit_findings(
     except PromApiError as exc:
         return [("fail", "inhibit", f"cannot check inhibit rules: {exc}")]
     return check_inhibit_rules(config, carried, source)
+
+
+# -- mirror coverage ----------------------------------------------------------------------------
+
+#: The window the mirror's coverage is measured over.
+MIRROR_WINDOW = "1h"
+#: Fewer expected mirrored requests than this in the window: too few to judge the share.
+MIRROR_MIN_EXPECTED = 20.0
+
+
+def _percent(value: object, default: float = 100.0) -> float:
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+    )
+
+
+def mirror_percentages(objects: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+    """``(object, percent)`` for each mirror in Istio VirtualServices (``mirrors[].percentage``,
+    or ``mirror`` with ``mirrorPercentage``; Istio mirrors 100 % when unset) and Gateway API
+    HTTPRoutes (``RequestMirror`` filters' ``percent`` or ``fraction``; 100 % when unset)."""
+    out: list[tuple[str, float]] = []
+    for obj in objects:
+        kind, spec = obj.get("kind"), obj.get("spec") or {}
+        where = f"{kind} {(obj.get('metadata') or {}).get('name', '?')}"
+        if kind == "VirtualService":
+            for route in spec.get("http") or []:
+                for m in route.get("mirrors") or []:
+                    out.append((where, _percent((m.get("percentage") or {}).get("value"))))
+                if route.get("mirror"):
+                    pct = (route.get("mirrorPercentage") or {}).get("value")
+                    out.append((where, _percent(pct)))
+        elif kind == "HTTPRoute":
+            for rule in spec.get("rules") or []:
+                for f in rule.get("filters") or []:
+                    if f.get("type") != "RequestMirror":
+                        continue
+                    mirror = f.get("requestMirror") or {}
+                    frac = mirror.get("fraction")
+                    if isinstance(frac, Mapping) and _percent(frac.get("denominator"), 100) > 0:
+                        share = _percent(frac.get("numerator"), 0) / _percent(
+                            frac.get("denominator"), 100
+                        )
+                        out.append((where, 100 * share))
+                    else:
+                        out.append((where, _percent(mirror.get("percent"))))
+    return out
+
+
+def check_mirror_coverage(
+    configured: Sequence[tuple[str, float]], mirrored: float, live: float
+) -> list[Found]:
+    """Findings for the share of live requests that reached specwatch's mirror listener
+    (``mirrored`` of ``live`` over :data:`MIRROR_WINDOW`) against the ``configured`` mirror
+    percentages: none reaching it, or under half the configured share, is a failure; over twice
+    it a warning; too little traffic to judge (fewer than :data:`MIRROR_MIN_EXPECTED` expected)
+    is a warning unless nothing at all arrived while requests were expected."""
+    if not configured:
+        return []
+    pct = max(p for _, p in configured)
+    where = ", ".join(sorted({f"{w} ({p:g} %)" for w, p in configured}))
+    expected = live * pct / 100
+    if live <= 0:
+        return [
+            ("warn", "mirror", f"no live requests in the last {MIRROR_WINDOW}: {where} not judged")
+        ]
+    share = (
+        f"{100 * mirrored / live:.3g} % ({mirrored:.0f} of {live:.0f} live requests in the last "
+        f"{MIRROR_WINDOW})"
+    )
+    if mirrored <= 0 and expected >= 1:
+        return [
+            (
+                "fail",
+                "mirror",
+                f"no live request reached specwatch's mirror listener, {where} sends {pct:g} %: "
+                "check the route binds the served Service, the mirror's backend names "
+                "specwatch's mirror port, and that the mesh's sidecar runs in the client pods",
+            )
+        ]
+    if expected < MIRROR_MIN_EXPECTED:
+        return [("warn", "mirror", f"too few requests to judge: {share}; {where}")]
+    if mirrored < expected / 2:
+        return [
+            (
+                "fail",
+                "mirror",
+                f"only {share} reached specwatch's mirror, {where} sends {pct:g} %: part of the "
+                "traffic bypasses the route (another Service, path or port) or copies are lost",
+            )
+        ]
+    if mirrored > 2 * expected:
+        return [("warn", "mirror", f"{share} reached the mirror, more than {where} sends")]
+    return [("ok", "mirror", f"{share} reached the mirror; {where}")]
+
+
+async def mirror_findings(
+    session: aiohttp.ClientSession,
+    url: str,
+    objects: Sequence[Mapping[str, Any]],
+    job_pattern: str,
+    limit_s: float,
+) -> list[Found]:
+    """The ``mirror`` check with the mirrors in ``objects``: specwatch's own count of mirrored
+    requests against the standard servers' finished requests less specwatch's replays (which
+    also reach them), over :data:`MIRROR_WINDOW`."""
+    configured = mirror_percentages(objects)
+    if not configured:
+        return []
+    w = MIRROR_WINDOW
+    queries = (
+        f'sum(increase(specwatch_shadow_received_total{{source="mirror",job=~"{job_pattern}"}}[{w}]))',
+        f'sum(increase(vllm:request_success_total{{role="standard"}}[{w}]))',
+        f'sum(increase(specwatch_shadow_replays_total{{job=~"{job_pattern}"}}[{w}]))',
+    )
+    try:
+        got = [await instant_query(session, url, q, limit_s=limit_s) for q in queries]
+    except PromApiError as exc:
+        return [("fail", "mirror", f"cannot measure the mirror's coverage: {exc}")]
+    mirrored, served, replays = (rows[0][1] if rows else 0.0 for rows in got)
+    return check_mirror_coverage(configured, mirrored, max(served - replays, 0.0))

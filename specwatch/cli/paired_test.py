@@ -8,8 +8,8 @@ several filters, ``--metric NAME`` when it scored several metrics); BASE/CAND ma
 ``--output_path`` directories holding one samples file. lm-eval's ``prompt_hash`` and
 ``target_hash`` must agree per document (else exit 2, or ``--exclude-mismatched`` leaves those
 out); items only one run has are left out and reported (``excluded`` in the JSON, stderr).
-Exit 0 with the result, 2 on bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
-each e-process first reached 1/alpha (null when never).
+Exit 0 with the result, 2 on bad input (one line on stderr). ``first_crossing`` gives, in BASE
+file order, the pair at which each e-process first reached 1/alpha (null when never).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from specwatch.__main__ import main
-from specwatch.cli.doctor_stack import check_inhibit_rules, promql_matchers
+from specwatch.cli.doctor_stack import check_inhibit_rules, mirror_percentages, promql_matchers
 
 #: The label names Prometheus has on specwatch's series (``/api/v1/labels`` with its job).
 SPECWATCH_LABELS = ["__name__", "instance", "job", "model_name", "namespace", "role", "target"]
@@ -52,6 +52,10 @@ ALERTMANAGER = {
 }
 
 
+#: Increases over the last hour the mirror check asks for, by metric (set per test).
+COUNTS: dict[str, float] = {}
+
+
 def _api(data: object) -> dict[str, object]:
     return {"status": "success", "data": data}
 
@@ -79,6 +83,10 @@ class _Handler(BaseHTTPRequestHandler):
             rule = {"name": "SpecQualityDrift", "type": "alerting", "health": "ok"}
             rule["labels"] = {"severity": "critical"}  # type: ignore[assignment]
             body = _api({"groups": [{"name": "specwatch.rules", "rules": [rule]}]})
+        elif url.path == "/api/v1/query" and q["query"].startswith("sum(increase("):
+            metric = q["query"].removeprefix("sum(increase(").split("{")[0]
+            value = [0, str(COUNTS[metric])]
+            body = _api({"resultType": "vector", "result": [{"metric": {}, "value": value}]})
         elif url.path == "/api/v1/query":
             labels = {"__name__": "x", "job": "vllm", "instance": "v:8000", "role": "fly"}
             found = (
@@ -207,3 +215,98 @@ def test_unreadable_matcher_is_a_warning() -> None:
     conf = {"inhibit_rules": [{"source_matchers": ["severity"], "equal": ["x"]}]}
     got = check_inhibit_rules(conf, {"severity": ["critical"]}, "am.yml")
     assert got == [("warn", "inhibit", "am.yml: inhibit rule 1: cannot read matchers")]
+
+
+HTTPROUTE = {
+    "apiVersion": "gateway.networking.k8s.io/v1",
+    "kind": "HTTPRoute",
+    "metadata": {"name": "vllm-mirror"},
+    "spec": {
+        "rules": [
+            {
+                "filters": [
+                    {
+                        "type": "RequestMirror",
+                        "requestMirror": {"backendRef": {"name": "specwatch"}, "percent": 5},
+                    }
+                ]
+            }
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("mirrored", "status", "message"),
+    [
+        (100, "ok", "5 % (100 of 2000 live requests in the last 1h) reached the mirror; "),
+        (0, "fail", "no live request reached specwatch's mirror listener, HTTPRoute "),
+        (30, "fail", "only 1.5 % (30 of 2000 live requests in the last 1h) reached specwatch's "),
+    ],
+)
+def test_mirror_coverage_against_configured_percent(
+    api: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mirrored: float,
+    status: str,
+    message: str,
+) -> None:
+    """The HTTPRoute mirrors 5 %; the standard server finished 2100 requests in the hour, 100 of
+    them specwatch's replays, so 2000 live ones: 100 mirrored is 5 % (ok), none is a failure,
+    30 (1.5 %, under half of 5 %) is a failure."""
+    COUNTS.update(
+        {
+            "specwatch_shadow_received_total": mirrored,
+            "vllm:request_success_total": 2100,
+            "specwatch_shadow_replays_total": 100,
+        }
+    )
+    manifest = tmp_path / "route.yaml"
+    manifest.write_text(yaml.safe_dump(HTTPROUTE))
+    rc, found = _doctor(capsys, "--prometheus-url", api, "--manifest", str(manifest))
+    mirror = [(f["status"], f["message"]) for f in found if f["check"] == "mirror"]
+    assert len(mirror) == 1
+    assert mirror[0][0] == status
+    assert mirror[0][1].startswith(message)
+    assert "HTTPRoute vllm-mirror (5 %)" in mirror[0][1]
+    assert rc == (0 if status == "ok" else 1)
+
+
+def test_mirror_percentages_of_both_meshes() -> None:
+    """Istio: ``mirrors[].percentage`` (5.0) and a ``mirror`` without ``mirrorPercentage``
+    (Istio's 100 %); Gateway API: a ``fraction`` 1/50 is 2 %, a filter without percent 100 %."""
+    vs = {
+        "kind": "VirtualService",
+        "metadata": {"name": "vs"},
+        "spec": {
+            "http": [
+                {"mirrors": [{"destination": {"host": "specwatch"}, "percentage": {"value": 5.0}}]},
+                {"mirror": {"host": "specwatch"}},
+            ]
+        },
+    }
+    route = {
+        "kind": "HTTPRoute",
+        "metadata": {"name": "r"},
+        "spec": {
+            "rules": [
+                {
+                    "filters": [
+                        {
+                            "type": "RequestMirror",
+                            "requestMirror": {"fraction": {"numerator": 1, "denominator": 50}},
+                        },
+                        {"type": "RequestMirror", "requestMirror": {}},
+                        {"type": "RequestHeaderModifier"},
+                    ]
+                }
+            ]
+        },
+    }
+    assert mirror_percentages([vs, route]) == [
+        ("VirtualService vs", 5.0),
+        ("VirtualService vs", 100.0),
+        ("HTTPRoute r", 2.0),
+        ("HTTPRoute r", 100.0),
+    ]
