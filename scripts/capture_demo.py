@@ -1,6 +1,7 @@
 """Run ``specwatch demo`` in a real tmux pane of a given size and capture what a user sees.
 
-Usage: ``python scripts/capture_demo.py --size 80x24 --duration 40 --out DIR [--png FILE]``
+Usage: ``python scripts/capture_demo.py --size 80x24 --duration 40 --out DIR [--png FILE]
+[--inject SECONDS:ROLE:JSON ...] [-- DEMO FLAGS]``
 
 Starts a private tmux server (its own socket, so no other session is touched), runs the demo in
 a detached session of exactly that size, and every ``--every`` seconds until the demo exits
@@ -9,7 +10,12 @@ wider than the pane shows that it wrapped) and records the pane's scrollback len
 (``#{history_size}``: frames piling up in the scrollback make it grow). ``DIR/frames.json``
 lists ``{"file", "history_size"}`` per frame and the pane size. With ``--png`` the last frame
 that shows the verdict is rendered to a PNG (matplotlib, monospace; the README screenshot).
-Exit 0 when at least one frame was captured; 2 with one line when tmux is missing.
+``--inject 30:standard:'{"draft_noise_multiplier":3,"draft_noise_engine":1}'`` posts that
+fault to the ``standard`` (or ``fly``) simulator's ``/admin/faults`` once the demo has run that
+many seconds (the URLs are read from the view). The README image:
+``--size 80x24 --duration 100 --inject '30:standard:{"draft_noise_multiplier":3,
+"draft_noise_engine":1}' --png docs/img/demo-80x24.png -- --fly-entropy-threshold 0`` (four alerts
+firing). Exit 0 when at least one frame was captured; 2 with one line when tmux is missing.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -34,8 +42,22 @@ def _tmux(sock: str, *args: str) -> str:
     return done.stdout
 
 
+_URLS = re.compile(r"standard (http://\S+)  fly (http://\S+)")
+
+
+def _inject(urls: dict[str, str], role: str, body: str) -> None:
+    req = urllib.request.Request(urls[role] + "/admin/faults", data=body.encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        r.read()
+
+
 def capture(
-    size: str, duration: float, out: Path, every: float, extra: list[str]
+    size: str,
+    duration: float,
+    out: Path,
+    every: float,
+    extra: list[str],
+    inject: list[tuple[float, str, str]] | None = None,
 ) -> list[dict[str, object]]:
     """Run the demo in tmux at ``size`` (``COLSxROWS``) for ``duration`` s; frames into ``out``."""
     cols, rows = (int(x) for x in size.lower().split("x"))
@@ -70,10 +92,19 @@ def capture(
     )
     _tmux(sock, "set-option", "-t", "demo", "remain-on-exit", "off")
     frames: list[dict[str, object]] = []
-    deadline = time.monotonic() + duration + 60
+    started = time.monotonic()
+    deadline = started + duration + 60
+    urls: dict[str, str] = {}
+    todo = sorted(inject or [])
     try:
         while time.monotonic() < deadline:
             text = _tmux(sock, "capture-pane", "-p", "-J", "-t", "demo")
+            m = _URLS.search(text)
+            if m is not None and not urls:
+                urls = {"standard": m.group(1), "fly": m.group(2)}
+            while todo and urls and time.monotonic() - started >= todo[0][0]:
+                _, role, body = todo.pop(0)
+                _inject(urls, role, body)
             if not text and not _tmux(sock, "list-sessions"):
                 break
             hist = _tmux(sock, "display-message", "-p", "-t", "demo", "#{history_size}").strip()
@@ -129,13 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=0.7)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--png", type=Path)
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SECONDS:ROLE:JSON",
+        help="post a fault to a simulator that many seconds in",
+    )
     p.add_argument("demo_args", nargs="*", help="more flags for specwatch demo (after --)")
     args = p.parse_args(argv)
     if shutil.which("tmux") is None:
         print("capture_demo: tmux is not installed (apt-get install tmux)", file=sys.stderr)
         return 2
     os.environ.pop("TMUX", None)
-    frames = capture(args.size, args.duration, args.out, args.every, list(args.demo_args))
+    inject = [(float(t), role, body) for t, role, body in (i.split(":", 2) for i in args.inject)]
+    frames = capture(args.size, args.duration, args.out, args.every, list(args.demo_args), inject)
     if not frames:
         print("capture_demo: no frame captured", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ HELP: dict[str, tuple[str, str]] = {
     "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
     "analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
     "replay": ("replay", "run every detector over saved /metrics timelines (offline)"),
+    "record": ("record", "save running servers' /metrics as timelines for replay"),
     "advise": (
         "advise",
         "τ for every smaller K and the token budget per K, from saved /metrics bodies",

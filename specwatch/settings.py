@@ -14,7 +14,7 @@ import difflib
 import json
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import parse_qsl, urlsplit
@@ -98,7 +98,7 @@ class LogSettings(Frozen):
         return v.upper() if isinstance(v, str) else v
 
 
-_ARMS = ("standard", "fly", "noise")
+_ARMS = ("standard", "fly", "noise", "baseline")
 
 
 _FILE_DATA: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
@@ -399,14 +399,21 @@ def format_validation_error(exc: ValidationError) -> str:
 
 
 def load_settings(
-    *, config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+    *,
+    config_file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    only: Collection[str] | None = None,
 ) -> Settings:
     """Build :class:`Settings` from defaults < file < environment < ``overrides`` (CLI).
 
     Nested groups merge field by field; ``targets`` given at a higher level replace the lower.
-    Raises :class:`ConfigError` with one line naming the field.
+    ``only``: read just these top-level groups of the file (a command that uses a few groups
+    ignores the others, e.g. ``replay`` ignores ``shadow``). Raises :class:`ConfigError` with
+    one line naming the field.
     """
     data = read_config_file(config_file) if config_file is not None else {}
+    if only is not None:
+        data = {k: v for k, v in data.items() if k in only}
     token = _FILE_DATA.set(data)
     try:
         return Settings(**dict(overrides or {}))

@@ -61,8 +61,8 @@ def test_version_and_help_import_no_subcommand(argv: list[str]) -> None:
 
 
 def test_analyze_loads_only_its_module() -> None:
-    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` and the shared flag helpers
-    ``specwatch.cli.args`` (argparse only), no other subcommand module, and none of HEAVY."""
+    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` only, no other subcommand
+    module (not even the shared flag helpers), and none of HEAVY."""
     code = (
         "import contextlib, io\n"
         "from specwatch.__main__ import main\n"
@@ -71,7 +71,7 @@ def test_analyze_loads_only_its_module() -> None:
     )
     assert _loaded_after(code) == {
         "heavy": [],
-        "cli": ["specwatch.cli.analyze", "specwatch.cli.args"],
+        "cli": ["specwatch.cli.analyze"],
     }
 
 
@@ -115,7 +115,7 @@ def test_unknown_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None
     err = capsys.readouterr().err
     names = ", ".join(name for name, _ in entry.HELP.values())
     assert names.startswith(
-        "run, analyze, replay, advise, simulate, demo, paired-test, power, report"
+        "run, analyze, replay, record, advise, simulate, demo, paired-test, power, report"
     )
     assert err.splitlines() == [f"specwatch: unknown command 'nonsense'; one of {names}"]
 

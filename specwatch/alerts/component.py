@@ -73,7 +73,9 @@ class AlertingComponent:
     :class:`AlertingState` (the server publishes it). ``wall_clock`` (unix seconds) and ``sleep``
     are injected (tests pass fakes). :attr:`state` is the last state; :meth:`tick` runs one
     evaluation (what the background task does every ``evaluation_interval``). ``state_path``:
-    where the alert state is saved and restored from (``None``: nowhere; see the module doc).
+    where the alert state is saved and restored from (``None``: nowhere; see the module doc);
+    ``state_key``: the key of the targets it belongs to, written into the file; a file with
+    another key (state of other targets) is not restored.
     """
 
     def __init__(
@@ -87,9 +89,11 @@ class AlertingComponent:
         wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         state_path: Path | None = None,
+        state_key: str = "",
     ) -> None:
         self._alerting = alerting
         self._state_path = state_path
+        self._state_key = state_key
         self._state_errors: dict[str, int] = dict.fromkeys(STATE_ERROR_REASONS, 0)
         self._last_saved: str | None = None
         self._inputs = inputs
@@ -155,6 +159,16 @@ class AlertingComponent:
         except ValueError as exc:
             self._state_error("corrupt", "alert state malformed; starting empty", error=str(exc))
             return
+        if saved.targets != self._state_key:
+            log_event(
+                logger,
+                logging.INFO,
+                "alert state belongs to other targets; starting empty",
+                path=str(path),
+                saved_targets=saved.targets,
+                targets=self._state_key,
+            )
+            return
         now = self._wall_clock()
         age = now - saved.written_at
         if age > self._alerting.restore_max_age:
@@ -184,7 +198,13 @@ class AlertingComponent:
         if path is None or loop is None:
             return
         tracker = self.detector.tracker
-        text = dump(SavedAlerts(self._wall_clock(), tracker.export(), tuple(loop.active.export())))
+        saved = SavedAlerts(
+            self._wall_clock(),
+            tracker.export(),
+            tuple(loop.active.export()),
+            targets=self._state_key,
+        )
+        text = dump(saved)
         try:
             await asyncio.to_thread(write_atomic, path, text)
         except OSError as exc:

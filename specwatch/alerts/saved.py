@@ -9,7 +9,7 @@ leaves either the old or the new file. Both file functions block: call them off 
 
 File shape (``version`` 1)::
 
-    {"version": 1, "written_at": 1767225600.0,
+    {"version": 1, "written_at": 1767225600.0, "targets": "3f2a9c01d4e5",
      "pending": [{"labels": {"alertname": ..., "severity": ..., ...}, "since": 1767225000.0}],
      "active": [{"alertname": ..., "severity": "warning", "summary": ..., "description": ...,
                  "labels": {...}, "runbook_url": "", "starts_at": 1767225300.0}]}
@@ -46,11 +46,14 @@ VERSION = 1
 class SavedAlerts:
     """``written_at``: unix seconds; ``pending``: ``{identity: since}`` (unix seconds, as
     :meth:`~specwatch.alerts.pending.ForTracker.export` gives); ``active``: ``(finding,
-    startsAt)`` pairs (as :meth:`~specwatch.alerts.alertmanager.ActiveAlerts.export` gives)."""
+    startsAt)`` pairs (as :meth:`~specwatch.alerts.alertmanager.ActiveAlerts.export` gives);
+    ``targets``: the key of the scrape targets the state belongs to (``""``: unknown), so a
+    run against other targets restores nothing."""
 
     written_at: float
     pending: Mapping[AlertKey, float] = field(default_factory=dict)
     active: tuple[tuple[Alert, float], ...] = ()
+    targets: str = ""
 
 
 def dump(saved: SavedAlerts) -> str:
@@ -58,6 +61,7 @@ def dump(saved: SavedAlerts) -> str:
     doc = {
         "version": VERSION,
         "written_at": saved.written_at,
+        "targets": saved.targets,
         "pending": [
             {"labels": dict(key), "since": since} for key, since in sorted(saved.pending.items())
         ],
@@ -128,7 +132,11 @@ def load(text: str) -> SavedAlerts:
             runbook_url=_str(item, "runbook_url"),
         )
         active.append((alert, _time(item.get("starts_at"), "starts_at")))
-    return SavedAlerts(_time(doc.get("written_at"), "written_at"), pending, tuple(active))
+    targets = doc.get("targets", "")
+    if not isinstance(targets, str):
+        raise ValueError("targets must be a string")
+    written_at = _time(doc.get("written_at"), "written_at")
+    return SavedAlerts(written_at, pending, tuple(active), targets=targets)
 
 
 def write_atomic(path: Path, text: str) -> None:

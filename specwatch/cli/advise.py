@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import NO_ENGINE_SERIES, AnalyzeError, read_page
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, plain_help
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
     SpeculationLimit,
@@ -45,13 +45,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "advise",
         help="τ for every smaller K and the token budget per K, from saved /metrics bodies",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("before", type=Path, metavar="BEFORE")
     p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
     p.add_argument("--max-num-seqs", type=int, metavar="N")
     p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
-    p.add_argument("--method", choices=sorted(SPEC_METHODS))
+    p.add_argument(
+        "--method",
+        choices=sorted(SPEC_METHODS),
+        metavar="METHOD",
+        help="speculative method: " + ", ".join(sorted(SPEC_METHODS)),
+    )
     p.add_argument("--vllm-version", metavar="V", help="e.g. 0.33.0 (default: current rules)")
     p.add_argument("--parallel-drafting", action="store_true")
     p.add_argument(

@@ -3,8 +3,8 @@
 One body: totals since server start. Two bodies: the window between them (restarts handled).
 ``--interval SECONDS`` gives rates per second. vLLM and SGLang pages are told apart by their
 series (``--engine`` to say which); ``--server-info FILE`` reads a saved SGLang ``/server_info``
-body for N (``speculative_num_draft_tokens``) where the page does not show it.
-Output (``--format json``):
+body for N (``speculative_num_draft_tokens``) where the page does not show it. On a terminal
+it prints a table at most 80 columns wide; in a pipe, or with ``--format json``, JSON:
 ``{"server": {...}, "engines": {"0": {...}}}`` for one model (keys in ``docs/metrics.md``), or
 ``{"models": {NAME: {"server": ..., "engines": ...}}}`` for several; ``null`` where undefined.
 An unreadable or malformed file, a file with neither vLLM nor SGLang series or a bad
@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from specwatch.cli.args import add_output_format
 from specwatch.export.json import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
@@ -58,7 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("before", type=Path, metavar="BEFORE")
     p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between the bodies")
-    add_output_format(p, default="json")
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        help="table (default on a terminal, 80 columns) or json (default in a pipe)",
+    )
     p.add_argument("--model", help="model_name to report when a page serves several")
     p.set_defaults(handler=main)
 
@@ -152,23 +155,44 @@ def analyze(
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
+    """One cell: ``-`` for undefined, numbers of 1,000 or more with thousands separators and
+    no decimals, smaller ones to 4 significant digits, lists space-separated."""
+    if value is None or value == "" or value == []:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.4g}"
     if isinstance(value, list):
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+        return " ".join(_short(v) for v in value)
     if isinstance(value, dict):
-        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+        return " ".join(f"{k}={_short(v)}" for k, v in value.items()) or "-"
     return str(value)
 
 
-def render_table(doc: dict[str, Any]) -> str:
-    """A plain text table: one row per key, columns server and each engine.
+def _short(value: Any) -> str:
+    """A list or mapping item: 3 significant digits (``-`` when undefined)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.3g}"
+    return _fmt(value)
 
-    Each column is as wide as its widest cell (lists such as the per-position rates included),
-    cells right-aligned, columns separated by two spaces.
-    """
+
+#: The widest line :func:`render_table` writes.
+TABLE_WIDTH = 80
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_table(doc: dict[str, Any], width: int = TABLE_WIDTH) -> str:
+    """A plain text table at most ``width`` columns wide: one row per key, columns server and
+    each engine, right-aligned, two spaces apart; columns that do not fit side by side go to a
+    block of their own below, and a cell wider than the room left is cut with ``…``."""
     parts: list[str] = []
     models = doc.get("models") or {doc.get("model_name", ""): doc}
     for name, md in models.items():
@@ -176,18 +200,35 @@ def render_table(doc: dict[str, Any]) -> str:
             (f"engine {e}", h) for e, h in md["engines"].items()
         ]
         keys = list(md["server"])
-        width = max(len(k) for k in keys)
-        cells = [[_fmt(h.get(k)) for k in keys] for _, h in columns]
+        kw = min(max(len(k) for k in keys), width // 2)
+        room = width - kw - 2
+        cells = [[_cut(_fmt(h.get(k)), room) for k in keys] for _, h in columns]
         widths = [
             max(len(c), *(len(v) for v in col)) for (c, _), col in zip(columns, cells, strict=True)
         ]
         parts.append(f"model {name}")
-        header = [" " * width] + [c.rjust(w) for (c, _), w in zip(columns, widths, strict=True)]
-        parts.append("  ".join(header))
-        for i, k in enumerate(keys):
-            row = [col[i].rjust(w) for col, w in zip(cells, widths, strict=True)]
-            parts.append("  ".join([k.ljust(width), *row]))
+        blocks: list[list[int]] = [[]]
+        used = 0
+        for i, w in enumerate(widths):
+            if blocks[-1] and used + 2 + w > room:
+                blocks.append([])
+                used = 0
+            blocks[-1].append(i)
+            used += w + (2 if used else 0)
+        for b, block in enumerate(blocks):
+            if b:
+                parts.append("")
+            header = [" " * kw] + [columns[i][0].rjust(widths[i]) for i in block]
+            parts.append("  ".join(header).rstrip())
+            for r, k in enumerate(keys):
+                row = [cells[i][r].rjust(widths[i]) for i in block]
+                parts.append("  ".join([_cut(k, kw).ljust(kw), *row]))
     return "\n".join(parts)
+
+
+def output_format(given: str | None, *, tty: bool) -> str:
+    """``--format`` when given, else ``table`` on a terminal and ``json`` in a pipe."""
+    return given if given is not None else ("table" if tty else "json")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -212,7 +253,7 @@ def main(args: argparse.Namespace) -> int:
             " (is BEFORE newer than AFTER?)",
             file=sys.stderr,
         )
-    if args.format == "json":
+    if output_format(args.format, tty=sys.stdout.isatty()) == "json":
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:
         print(render_table(doc))

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specwatch.cli.args import add_described_command, add_output_format
+from specwatch.cli.args import add_described_command, add_output_format, plain_help
 
 #: vLLM's neutral sampling defaults (SamplingParams) used when neither the request nor the
 #: model's generation config sets a parameter.
@@ -190,7 +190,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         subparsers,
         "bench-result",
         help="the minimum spec-decode table from vllm bench serve result files",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("files", type=Path, nargs="+", metavar="FILE")
     add_output_format(p)

@@ -57,6 +57,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--max-num-seqs", type=int, default=16, metavar="N", help="per engine")
     p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        metavar="B",
+        help="token budget per engine step (below N x (K + 1) = 80: a budget-bound server)",
+    )
+    p.add_argument(
         "--concurrency", type=int, default=40, metavar="N", help="requests in flight (each to both)"
     )
     p.add_argument(
@@ -136,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         port=args.port,
         data_parallel_size=args.data_parallel_size,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         fly_entropy_threshold=args.fly_entropy_threshold,
         concurrency=args.concurrency,
         rate=args.rate or None,

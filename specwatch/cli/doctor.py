@@ -667,6 +667,24 @@ async def diagnose(
     return out
 
 
+def config_findings(path: Path) -> list[Finding]:
+    """The whole-configuration checks of the config file at ``path``
+    (:func:`specwatch.server.checks.check_settings`) as findings of check ``config``: an error
+    fails, a warning warns; a file that does not load raises :class:`InputError`."""
+    from specwatch.server.checks import check_settings
+    from specwatch.settings import ConfigError, load_settings
+
+    try:
+        settings = load_settings(config_file=path)
+    except ConfigError as exc:
+        raise InputError(f"--config {path}: {exc}") from None
+    found = [
+        Finding("fail" if f.level == "error" else "warn", "config", f"{f.setting}: {f.message}")
+        for f in check_settings(settings)
+    ]
+    return found or [Finding("ok", "config", f"{path}: no check is blind")]
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``doctor``."""
     p = add_described_command(
@@ -675,7 +693,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="say why a specwatch dashboard would be empty",
         description=__doc__,
     )
-    add_prometheus_url(p)
+    add_prometheus_url(p, required=False)
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="check this specwatch config file as a whole (blind arm combinations)",
+    )
     p.add_argument(
         "--specwatch-job",
         default=DEFAULT_SPECWATCH_JOB,
@@ -705,6 +729,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 #: Checks from upstream to downstream: a failure upstream explains failures below it.
 CHECK_ORDER: tuple[str, ...] = (
+    "config",
     "prometheus",
     "ports",
     "targets",
@@ -753,13 +778,17 @@ def triage(findings: Sequence[Finding]) -> list[Finding]:
 
 def main(args: argparse.Namespace) -> int:
     """Print the findings; 0 when none failed, 1 when one did, 2 on bad input."""
+    if args.config is None and args.prometheus_url is None:
+        print("specwatch doctor: give --prometheus-url URL, --config FILE or both", file=sys.stderr)
+        return 2
     try:
         inputs = read_inputs(args)
+        findings = config_findings(args.config) if args.config is not None else []
     except InputError as exc:
         print(f"specwatch doctor: {exc}", file=sys.stderr)
         return 2
-    findings = triage(
-        asyncio.run(
+    if args.prometheus_url is not None:
+        findings += asyncio.run(
             diagnose(
                 args.prometheus_url,
                 inputs,
@@ -768,7 +797,7 @@ def main(args: argparse.Namespace) -> int:
                 alertmanager_url=args.alertmanager_url,
             )
         )
-    )
+    findings = triage(findings)
     if args.format == "json":
         print(
             json.dumps(

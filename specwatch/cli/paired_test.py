@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, plain_help
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.inputs import (
     InputError,
@@ -297,7 +297,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "paired-test",
         help="exact McNemar + non-inferiority on per-item correctness of two runs",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("base", type=Path, metavar="BASE", help="baseline (standard) JSONL/CSV")
     p.add_argument("cand", type=Path, metavar="CAND", help="candidate (FLy) JSONL/CSV")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, plain_help
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,7 +14,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "power",
         help="questions needed to detect a net accuracy loss with a paired McNemar test",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument(
         "--net-loss",

@@ -11,7 +11,9 @@ and for post-mortems on captured scrapes::
 ``DIR`` holds one body per scrape named ``<seconds since start>.prom`` (text exposition) or
 ``.om`` (OpenMetrics); other files are ignored. The same ``--config`` file and ``SPECWATCH_*``
 environment as ``run`` set the windows and the ``detect`` group (thresholds, detector windows,
-``for`` durations); ``--window`` overrides the windows.
+``for`` durations); ``--window`` overrides the windows. The file's other groups (its targets,
+``shadow``, ``ledger``, ``server``) are ignored, so ``run``'s file works unchanged.
+``specwatch record`` writes such directories from running servers.
 
 The clock: each target's pages are fed to the observe chain at their scrape times; the
 detectors are evaluated every ``alerting.evaluation_interval`` seconds from the first scrape to
@@ -49,6 +51,10 @@ from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.settings import ConfigError, load_settings, parse_target_spec
 
 logger = logging.getLogger("specwatch.replay")
+
+#: The config file's groups replay reads; the others (``shadow``, ``ledger``, ``server``, the
+#: file's ``targets``, ...) are ignored, so ``run``'s config file works as it is.
+USED_GROUPS = ("windows", "detect", "alerting", "scrape", "log")
 
 #: Body file suffix → content type given to the parser.
 SUFFIXES: dict[str, str] = {".prom": "text/plain", ".om": OPENMETRICS_CONTENT_TYPE}
@@ -254,7 +260,7 @@ def main(args: argparse.Namespace) -> int:
         overrides: dict[str, Any] = {"targets": [raw for raw, _ in specs]}
         if args.window:
             overrides["windows"] = list(args.window)
-        settings = load_settings(config_file=args.config, overrides=overrides)
+        settings = load_settings(config_file=args.config, overrides=overrides, only=USED_GROUPS)
         scrapes = [s for (raw, d) in specs for s in read_timeline(raw["name"], d)]
     except ConfigError as exc:
         print(f"specwatch replay: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from specwatch.cli.args import plain_help
 from specwatch.report.data import (
     MAX_POINTS,
     REPORT_WINDOW,
@@ -38,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "report",
         help="HTML report with plots from the pair ledger (needs the 'report' extra)",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("--ledger", type=Path, required=True, help="the SQLite pair ledger")
     p.add_argument(

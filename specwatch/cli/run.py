@@ -121,6 +121,17 @@ def preflight(settings: Settings) -> None:
             raise ConfigError(f"config error: shadow.canary_file: {exc}") from exc
 
 
+def whole_config(settings: Settings) -> None:
+    """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): each
+    warning printed on stderr; the first error raised as :class:`ConfigError`."""
+    from specwatch.server.checks import check_settings
+
+    for f in check_settings(settings):
+        if f.level == "error":
+            raise ConfigError(f"config error: {f.setting}: {f.message}")
+        print(f"specwatch run: {f.line()}", file=sys.stderr)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
@@ -132,6 +143,7 @@ def main(args: argparse.Namespace) -> int:
         if not settings.targets:
             raise ConfigError("config error: targets: at least one --target is required")
         preflight(settings)
+        whole_config(settings)
     except ConfigError as exc:
         print(f"specwatch run: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from specwatch.cli.args import plain_help
 from specwatch.core.shutdown import ShutdownDeadline
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.vllm.request_metrics import MODES
@@ -26,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "simulate",
         help="run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",
-        description=__doc__,
+        description=plain_help(__doc__ or ""),
     )
     p.add_argument("--role", choices=[r.value for r in Role], default="standard")
     p.add_argument("--host", default="127.0.0.1")
@@ -92,7 +93,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--per-request-spec-decode-metrics",
         choices=list(MODES),
         default="none",
-        help="vLLM's flag: add metrics.speculative_decoding to replies (summary or detailed)",
+        metavar="MODE",
+        help="vLLM's flag: add metrics.speculative_decoding to replies (none, summary or detailed)",
     )
     p.add_argument("--num-gpu-blocks", type=int, default=16384)
     p.add_argument(

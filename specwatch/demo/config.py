@@ -49,7 +49,9 @@ class DemoConfig:
     ``ledger_path``: keep the ledger there (``None``: a temporary directory removed at exit).
     Alerting (``alerts``): ``alertmanager_urls`` to send to (none: detectors and gauges
     only), detectors evaluated every
-    ``alert_interval_s`` with every ``for`` duration set to ``alert_for_s``.
+    ``alert_interval_s`` with every ``for`` duration set to ``alert_for_s``; the acceptance
+    drop compares ``acceptance_window`` (an extra scrape window, shorter than the view's) with
+    the longest window, so a drafter fault shows within seconds of the demo's start.
     """
 
     duration_s: float | None = None
@@ -87,6 +89,7 @@ class DemoConfig:
     alertmanager_urls: tuple[str, ...] = ()
     alert_interval_s: float = 2.0
     alert_for_s: float = 10.0
+    acceptance_window: str = "20s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +212,7 @@ def _detect_overrides(cfg: DemoConfig) -> dict[str, Any]:
         # No page from a lack of evidence: "non-inferiority not shown" only after as many
         # pairs as would show it for a FLy that loses nothing (see non_inferiority_min_pairs).
         "quality_min_pairs": non_inferiority_min_pairs(),
-        "acceptance_short_window": short,
+        "acceptance_short_window": cfg.acceptance_window,
         "acceptance_baseline_window": long,
         "rate_window": short,
         "fly_gain_window": short,
@@ -244,7 +247,7 @@ def demo_settings(
             {"name": "standard", "url": targets.standard_url, **limits},
             {"name": "fly", "url": targets.fly_url, **limits},
         ],
-        "windows": list(cfg.windows),
+        "windows": list(dict.fromkeys([*cfg.windows, cfg.acceptance_window])),
         "scrape": {
             "interval_seconds": cfg.scrape_interval_s,
             "timeout_seconds": max(0.5, cfg.scrape_interval_s * 0.9),

@@ -24,8 +24,9 @@ import functools
 import shutil
 import signal
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -168,7 +169,8 @@ async def run_demo(
             fly_url=targets.fly_url,
             notes=tuple(notes),
         )
-        _print(out, intro_text(cfg, port, ctx, show_links=not (tty and cfg.ui)))
+        intro = intro_text(cfg, port, ctx, show_links=not (tty and cfg.ui))
+        _print(out, intro)
         gen = LoadGenerator(
             [targets.standard_url, targets.fly_url],
             LoadConfig(
@@ -184,6 +186,12 @@ async def run_demo(
             ),
         )
         tasks.append(asyncio.create_task(gen.run(), name="demo-load"))
+        boost = LoadBoost()
+        tasks.append(
+            asyncio.create_task(
+                _boost_loop(cfg, sims[:2], gen, boost, out, tty and cfg.ui), name="demo-boost"
+            )
+        )
         roles = {targets.standard_url: "standard", targets.fly_url: "fly"}
         started = mono_clock()
         if cfg.ui:
@@ -200,6 +208,8 @@ async def run_demo(
                         started,
                         mono_clock,
                         files is not None,
+                        intro,
+                        boost,
                     ),
                     name="demo-view",
                 )
@@ -209,7 +219,7 @@ async def run_demo(
             await asyncio.wait_for(stop.wait(), timeout)
     finally:
         for t in tasks:
-            if t.get_name() == "demo-view":
+            if t.get_name() in ("demo-view", "demo-boost"):
                 t.cancel()
         if gen is not None:
             gen.stop()
@@ -329,15 +339,18 @@ async def _view_loop(
     started: float,
     mono_clock: MonotonicClock,
     mirror: bool,
+    intro: str,
+    boost: LoadBoost,
 ) -> None:
-    """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal
-    (cut to the terminal's height, ending in an ellipsis when it does not fit), else as plain
-    text blocks as wide as ``COLUMNS`` (default 100)."""
+    """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal,
+    sized to the rows ``intro`` (printed above it) leaves, less one for the cursor, so nothing
+    scrolls off (the view drops its least important parts to fit); else as plain text blocks
+    as wide as ``COLUMNS`` (default 100), every part shown."""
     window = cfg.windows[0] if cfg.windows else SINCE_START
     alert_clock = _AlertClock()
     total = f" / {cfg.duration_s:g} s" if cfg.duration_s is not None else ""
 
-    def frame(width: int) -> Any:
+    def frame(width: int, height: int | None = None) -> Any:
         snap = latest.snap
         assert snap is not None
         elapsed = mono_clock() - started
@@ -348,9 +361,10 @@ async def _view_loop(
             fly_url=ctx.fly_url,
             notes=ctx.notes,
             alert_notes=alert_clock.see(snap, elapsed),
+            status=boost.status,
         )
         load = load_summary(gen.stats, roles, mirror=mirror)
-        return build_view(snap, view_ctx, width=width, window=window, load=load)
+        return build_view(snap, view_ctx, width=width, height=height, window=window, load=load)
 
     if not tty:
         width = shutil.get_terminal_size((100, 24)).columns
@@ -359,17 +373,91 @@ async def _view_loop(
             if latest.snap is not None:
                 _print(out, render_text(frame(width), width=width) + "\n")
     console = Console(file=out, force_terminal=True)
-    with Live(
+    with live_display(console, stderr_is_terminal=_stderr_is_terminal()) as live:
+        while True:
+            await asyncio.sleep(cfg.refresh_s)
+            if latest.snap is not None:
+                live.update(frame(*view_size(console, intro)), refresh=True)
+
+
+@dataclass
+class LoadBoost:
+    """Whether the demo raised its load for a token-budget fault; ``status`` says so (empty
+    while off)."""
+
+    status: str = ""
+
+
+def budget_fault_on(cfg: DemoConfig, sims: Sequence[SimulatorHandle]) -> bool:
+    """A token-budget fault (``max_num_batched_tokens``) is set on one of ``sims``, or the
+    demo runs with a budget below N × (1 + K) (``--max-num-batched-tokens``)."""
+    bound = cfg.max_num_batched_tokens < cfg.max_num_seqs * (1 + cfg.num_speculative_tokens)
+    return bound or any(h.server.faults.max_num_batched_tokens is not None for h in sims)
+
+
+def boosted_load(cfg: DemoConfig) -> tuple[float | None, str]:
+    """The load while a token-budget fault is on, and the line saying so: a closed loop at
+    ``cfg.concurrency`` in flight per server (40 by default: more than 2 engines × 16
+    max_num_seqs), so running reaches what the shrunken budget admits and requests wait."""
+    return None, (
+        f"token-budget fault on: load raised to {cfg.concurrency} in flight (closed loop) "
+        "so requests queue"
+    )
+
+
+async def _boost_loop(
+    cfg: DemoConfig,
+    sims: Sequence[SimulatorHandle],
+    gen: LoadGenerator,
+    boost: LoadBoost,
+    out: TextIO,
+    live: bool,
+) -> None:
+    """Every ``cfg.refresh_s``: raise the load while a token-budget fault is on (the demo's
+    default load leaves the budget unused, so the fault would show nothing), and put it back
+    when the fault is cleared; without the live view a line says so each time."""
+    normal = gen.config
+    rate, text = boosted_load(cfg)
+    while True:
+        await asyncio.sleep(cfg.refresh_s)
+        on = budget_fault_on(cfg, sims)
+        if on == bool(boost.status):
+            continue
+        gen.config = replace(normal, rate=rate) if on else normal
+        boost.status = text if on else ""
+        if not live:
+            back = f"load back to {cfg.rate:g} requests/s" if cfg.rate else "load back to normal"
+            _print(out, f"specwatch demo: {text if on else back}")
+
+
+def live_display(console: Console, *, stderr_is_terminal: bool = True) -> Live:
+    """The in-place display the view is drawn with (redrawn on update only). Log lines go to
+    stderr: when stderr is the terminal too they print above the view instead of tearing it;
+    when it is redirected (``2> FILE``) they go there and the view never shows them."""
+    return Live(
         console=console,
         auto_refresh=False,
         vertical_overflow="ellipsis",
         redirect_stdout=False,
-        redirect_stderr=True,  # log lines print above the view instead of tearing it
-    ) as live:
-        while True:
-            await asyncio.sleep(cfg.refresh_s)
-            if latest.snap is not None:
-                live.update(frame(console.width), refresh=True)
+        redirect_stderr=stderr_is_terminal,
+    )
+
+
+def _stderr_is_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty()) if isatty is not None else False
+
+
+def view_size(console: Console, intro: str) -> tuple[int, int]:
+    """The columns and rows the view may use on ``console``'s terminal below ``intro``: the
+    rows ``intro`` takes and one for the cursor are left, so nothing scrolls off the top."""
+    width, rows = console.size
+    return width, max(1, rows - screen_rows(intro, width) - 1)
+
+
+def screen_rows(text: str, width: int) -> int:
+    """The terminal rows ``text`` takes at ``width`` columns (long lines wrap)."""
+    return sum(max(1, -(-len(line) // max(width, 1))) for line in text.splitlines())
 
 
 def _mirror_url(components: Sequence[Component], host: str) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +58,9 @@ def fault_command(fly_url: str) -> str:
 class ViewContext:
     """What the view shows besides the snapshot: ``title`` (first line), the sidecar's
     ``base`` URL, the simulators' URLs, ``notes`` (extra one-liners, e.g. the ledger path) and
-    ``alert_notes`` (alert name → "after N pairs, T s" when the view first saw it firing)."""
+    ``alert_notes`` (alert name → "after N pairs, T s" when the view first saw it firing);
+    ``status``: what the demo changed by itself (e.g. its load raised for a fault), shown under
+    the title and never dropped."""
 
     title: str
     base: str
@@ -65,6 +68,7 @@ class ViewContext:
     fly_url: str
     notes: tuple[str, ...] = ()
     alert_notes: Mapping[str, str] = field(default_factory=dict)
+    status: str = ""
 
 
 def _line(text: str | Text, style: str = "") -> Text:
@@ -186,27 +190,63 @@ def alert_name(alert: FiringAlert) -> str:
     return alert.labels.get("alertname", "?")
 
 
+#: Labels shown first on an alert's row (after those that tell same-named alerts apart).
+_LEAD_LABELS = ("target", "engine", "check", "hypothesis", "category", "reason", "scope")
+
+
+def _distinguishing(alerts: Sequence[FiringAlert]) -> dict[str, set[str]]:
+    """Alert name → the label keys whose values differ among the firing alerts of that name."""
+    values: dict[str, dict[str, set[str]]] = {}
+    for a in alerts:
+        keys = values.setdefault(alert_name(a), {})
+        for k, v in a.labels.items():
+            keys.setdefault(k, set()).add(v)
+    counts: dict[str, int] = {}
+    for a in alerts:
+        counts[alert_name(a)] = counts.get(alert_name(a), 0) + 1
+    out: dict[str, set[str]] = {}
+    for name, keys in values.items():
+        n = counts[name]
+        out[name] = {
+            k
+            for k, vs in keys.items()
+            if len(vs) > 1 or (n > 1 and sum(k in a.labels for a in alerts) < n)
+        }
+    return out
+
+
+def alert_row(alert: FiringAlert, distinct: set[str], note: str) -> str:
+    """One firing alert's row: name, severity, the labels that tell it apart from same-named
+    alerts, then the usual identifying labels (target, engine, check, ...), the view's ``note``
+    and the remaining labels, so an 80-column cut keeps what distinguishes it."""
+    labels = {k: v for k, v in alert.labels.items() if k not in ("alertname", "severity")}
+    lead = sorted(k for k in labels if k in distinct)
+    lead += [k for k in _LEAD_LABELS if k in labels and k not in lead]
+    rest = sorted(k for k in labels if k not in lead)
+    parts = [f"{alert_name(alert)} [{alert.labels.get('severity', '')}]"]
+    parts += [f"{k}={labels[k]}" for k in lead]
+    if note:
+        parts.append(note)
+    parts += [f"{k}={labels[k]}" for k in rest]
+    return "  " + " ".join(parts)
+
+
 def _alert_lines(alerts: Sequence[FiringAlert], notes: Mapping[str, str]) -> list[Text]:
     if not alerts:
         return [_line("alerts: none firing", "green")]
+    distinct = _distinguishing(alerts)
     out = [_line(f"alerts: {len(alerts)} firing", "bold red")]
     for a in alerts:
         name = alert_name(a)
-        sev = a.labels.get("severity", "")
-        note = notes.get(name, "")
-        rest = " ".join(
-            f"{k}={v}" for k, v in sorted(a.labels.items()) if k not in ("alertname", "severity")
-        )
-        text = f"  {name} [{sev}]" + (f" {note}" if note else "") + (f" {rest}" if rest else "")
-        out.append(_line(text, "red"))
+        out.append(_line(alert_row(a, distinct.get(name, set()), notes.get(name, "")), "red"))
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class LoadSummary:
     """What the view shows of the demo's load: requests ``sent`` and answered ``ok``, ``errors``
-    by reason, ``canary`` role → (right, graded) and ``mirrored`` copies (``None``: the demo
-    does not mirror)."""
+    by reason, ``canary`` role → (right, graded) in the order shown, and ``mirrored`` copies
+    (``None``: the demo does not mirror)."""
 
     sent: int
     ok: int
@@ -216,14 +256,44 @@ class LoadSummary:
 
 
 def _load_line(load: LoadSummary) -> Text:
-    acc = ", ".join(f"{role} {c}/{g}" for role, (c, g) in sorted(load.canary.items()))
     mirrored = load.mirrored
     return _line(
-        f"load: sent {_int(load.sent)}, ok {_int(load.ok)}, errors {sum(load.errors.values())}"
-        + (f", mirrored {_int(mirrored)}" if mirrored is not None else "")
-        + (f"; canary right: {acc}" if acc else ""),
+        f"load: sent {_int(load.sent)}, ok {_int(load.ok)}, "
+        f"errors {_int(sum(load.errors.values()))}"
+        + (f", mirrored {_int(mirrored)}" if mirrored is not None else ""),
         "dim",
     )
+
+
+def _canary_line(load: LoadSummary) -> Text | None:
+    """Every arm's canary score, short enough for 60 columns with two arms:
+    ``canary right: standard 214/242 88 %, fly 200/242 83 %``."""
+    if not load.canary:
+        return None
+    parts = [
+        f"{role} {_int(c)}/{_int(g)}" + (f" {100.0 * c / g:.0f} %" if g > 0 else "")
+        for role, (c, g) in load.canary.items()
+    ]
+    return _line("canary right: " + ", ".join(parts))
+
+
+def _fault_lines(fly_url: str, width: int) -> list[Text]:
+    """The fault command: one line when it fits ``width``, else two joined by a shell line
+    continuation (both halves still copy and paste as one command)."""
+    cmd = fault_command(fly_url)
+    if len(cmd) <= width:
+        return [_line(cmd)]
+    head, _, body = cmd.partition(" -d ")
+    return [_line(head + " \\"), _line("  -d " + body)]
+
+
+#: Priorities of the view's parts: lower is kept longer when the terminal is short. The
+#: verdict, every firing alert and the canary scores are never dropped.
+KEEP, TABLE, FAULT, PAIRS, LINKS, DETAIL = range(6)
+
+
+def _wrapped(text: str, width: int, style: str) -> list[Text]:
+    return [_line(t, style) for t in textwrap.wrap(text, width=max(width, 20))] or [_line("")]
 
 
 def build_view(
@@ -231,51 +301,77 @@ def build_view(
     ctx: ViewContext,
     *,
     width: int,
+    height: int | None = None,
     window: str = "1m",
     load: LoadSummary | None = None,
 ) -> RenderableType:
-    """The live view of the published :class:`Snapshot` at ``width`` (read as typed values).
+    """The live view of the published :class:`Snapshot` at ``width`` × ``height`` (read as
+    typed values; ``height`` ``None``: every part).
 
-    Lines: the title; the sidecar's URLs; the simulators' URLs; the fault command (one line);
-    ``ctx.notes``; one table row per target (up, α, τ, generation tokens/s of ``window`` — the
-    first window the target has when ``window`` is missing — most-loaded engine's running /
-    max_num_seqs, waiting; α per engine when ``width`` >= :data:`NARROW_BELOW`); the pair line
-    (α gain, τ and total tokens/s changes in ``%``: the demo sends both servers the same
-    traffic); the verdict sentence (:func:`~specwatch.export.json.snapshot_verdict`); once a
-    component published shadow statistics, the shadow lines (pairs, e-value against 1/α, flip
-    rates, the fixed-n p-value; replay state); ``load`` (sent, ok, errors, canary right/graded
-    per role); once the alert loop published its state, the alerts with ``ctx.alert_notes``.
+    Parts, top to bottom: the title; the sidecar's URLs; the simulators' URLs; the fault
+    command (one line, two below 77 columns); ``ctx.notes``; one table row per target (up, α,
+    τ, generation tokens/s of ``window`` — the first window the target has when ``window`` is
+    missing — most-loaded engine's running / max_num_seqs, waiting; α per engine when
+    ``width`` >= :data:`NARROW_BELOW`); the pair line (α gain, τ and total tokens/s changes in
+    ``%``: the demo sends both servers the same traffic); the verdict sentence
+    (:func:`~specwatch.export.json.snapshot_verdict`, wrapped between words); once a component
+    published shadow statistics, the shadow lines (pairs, e-value against 1/α, flip rates, the
+    fixed-n p-value; replay state); ``load`` (sent, ok, errors; then every arm's canary score
+    on a line of its own); once the alert loop published its state, the alerts with the labels
+    that tell them apart and ``ctx.alert_notes``.
+
+    When the parts do not fit ``height`` lines, whole parts are dropped by priority
+    (:data:`DETAIL` first, then :data:`LINKS`, :data:`PAIRS`, :data:`FAULT`, :data:`TABLE`);
+    the title, verdict, canary scores and alerts (:data:`KEEP`) stay.
     """
     wide = width >= NARROW_BELOW
-    parts: list[RenderableType] = [
-        _line(ctx.title, "bold"),
-        _line(f"sidecar {ctx.base}  /metrics  /api/v1/snapshot", "cyan"),
-        _line(f"standard {ctx.standard_url}  fly {ctx.fly_url}", "cyan"),
-        _line("inject a fault (one line):", "dim"),
-        _line(fault_command(ctx.fly_url)),
-        *(_line(n, "dim") for n in ctx.notes),
-        _targets_table(snap.targets, window, wide),
+    table = _targets_table(snap.targets, window, wide)
+    parts: list[tuple[int, list[RenderableType]]] = [
+        (KEEP, [_line(ctx.title, "bold")]),
+        (KEEP, [_line(ctx.status, "yellow")] if ctx.status else []),
+        (LINKS, [_line(f"sidecar {ctx.base}  /metrics  /api/v1/snapshot", "cyan")]),
+        (LINKS, [_line(f"standard {ctx.standard_url}  fly {ctx.fly_url}", "cyan")]),
+        (DETAIL, [_line("inject a fault (one line):", "dim")]),
+        (FAULT, list(_fault_lines(ctx.fly_url, width))),
+        (DETAIL, [_line(n, "dim") for n in ctx.notes]),
+        (TABLE, [table]),
     ]
+    heights: dict[int, int] = {id(table): 1 + len(snap.targets)}
     pw = _pick_window(snap.pair, window)
     if pw is not None:
         p = snap.pair[pw]
-        parts.append(
-            _line(
-                f"FLy vs standard ({pw}): α {_num(p.acceptance_gain_ratio, '+.3f')}, "
-                f"τ {change_percent(p.mean_acceptance_length_ratio)}, "
-                f"tok/s {change_percent(p.throughput_ratio)} (equal traffic)"
-            )
+        line = _line(
+            f"FLy vs standard ({pw}): α {_num(p.acceptance_gain_ratio, '+.3f')}, "
+            f"τ {change_percent(p.mean_acceptance_length_ratio)}, "
+            f"tok/s {change_percent(p.throughput_ratio)} (equal traffic)"
         )
+        parts.append((LINKS, [line]))
     verdict = snapshot_verdict(snap)
     if verdict:
-        parts.append(Text(verdict, style="bold", overflow="ellipsis"))
+        parts.append((KEEP, list(_wrapped(verdict, width, "bold"))))
     if snap.shadow is not None:
-        parts.extend(_shadow_lines(snap.shadow, window))
+        shadow = _shadow_lines(snap.shadow, window)
+        parts.append((PAIRS, [shadow[0]]))
+        parts.extend((LINKS if i == 1 else DETAIL, [ln]) for i, ln in enumerate(shadow[1:], 1))
     if load is not None:
-        parts.append(_load_line(load))
+        parts.append((DETAIL, [_load_line(load)]))
+        canary = _canary_line(load)
+        if canary is not None:
+            parts.append((KEEP, [canary]))
     if snap.alerts is not None:
-        parts.extend(_alert_lines(snap.alerts.firing, ctx.alert_notes))
-    return Group(*parts)
+        parts.append((KEEP, list(_alert_lines(snap.alerts.firing, ctx.alert_notes))))
+
+    def rows(items: list[RenderableType]) -> int:
+        return sum(heights.get(id(r), 1) for r in items)
+
+    if height is not None:
+        for drop in (DETAIL, LINKS, PAIRS, FAULT, TABLE):
+            for i in reversed(range(len(parts))):  # the lowest part of that priority first
+                if sum(rows(items) for _, items in parts) <= height:
+                    break
+                if parts[i][0] == drop:
+                    del parts[i]
+    return Group(*(r for _, items in parts for r in items))
 
 
 def render_text(renderable: RenderableType, *, width: int) -> str:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -48,6 +49,7 @@ __all__ = [
     "arm_loads",
     "arm_targets",
     "shadow_components",
+    "targets_key",
 ]
 
 
@@ -214,6 +216,7 @@ class AlertingPlug:
             on_state=self._publish,
             wall_clock=wall_clock,
             state_path=state_path,
+            state_key=targets_key(settings),
         )
 
     def _inputs(self) -> tuple[ObserveView | None, ShadowStats | None]:
@@ -254,11 +257,22 @@ def shadow_components(
 
 def alert_state_path(settings: Settings) -> Path | None:
     """Where alert state survives restarts: ``alerting.state_file``, or when that is unset
-    ``<ledger.path>-alerts.json`` next to the ledger; ``None`` when it is ``""``."""
+    ``<ledger.path>-alerts.json`` next to the ledger while shadow is on or ``ledger.path`` is
+    set (with shadow off and the default ledger path there is no ledger, and nothing is
+    written to the working directory: ``None``); ``None`` when it is ``""``."""
     state_file = settings.alerting.state_file
     if state_file is None:
-        return Path(settings.ledger.path + "-alerts.json")
+        beside = settings.shadow.enabled or "path" in settings.ledger.model_fields_set
+        return Path(settings.ledger.path + "-alerts.json") if beside else None
     return Path(state_file) if state_file else None
+
+
+def targets_key(settings: Settings) -> str:
+    """The key of the scrape targets alert state belongs to: 12 hex digits of the SHA-256 of
+    the sorted ``name=url`` lines, so a run against other targets (or other URLs) restores
+    nothing saved by this one."""
+    lines = sorted(f"{t.name}={t.url}" for t in settings.targets)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 
 def alerting_components(

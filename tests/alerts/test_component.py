@@ -144,3 +144,63 @@ async def test_bad_saved_state_is_counted_and_ignored(
     (record,) = [r for r in caplog.records if "alert state" in r.getMessage()]
     assert event_fields(record)["path"] == str(path)
     assert load(path.read_text()) == SavedAlerts(clock(), {}, ())
+
+
+@pytest.mark.parametrize(("saved_for", "restored"), [("aaa111bbb222", True), ("other", False)])
+async def test_saved_state_is_restored_only_for_the_same_targets(
+    tmp_path: Path, saved_for: str, restored: bool
+) -> None:
+    """A pending ``for`` timer saved 60 s ago under the targets key ``aaa111bbb222`` comes back
+    for a component of the same key and is dropped (nothing restored) for another: the file
+    written on the first tick carries the component's own key and only what it restored."""
+    from specwatch.alerts.saved import dump
+
+    clock = FakeWallClock()
+    key = (("alertname", "SpecAcceptanceDrop"), ("severity", "warning"), ("target", "fly"))
+    path = tmp_path / "alerts.json"
+    path.write_text(dump(SavedAlerts(clock() - 60.0, {key: clock() - 300.0}, targets=saved_for)))
+    settings = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
+    component = AlertingComponent(
+        settings.detect,
+        settings.alerting,
+        settings.windows,
+        inputs=lambda: (None, None),
+        wall_clock=clock,
+        sleep=lambda s: asyncio.sleep(3600),
+        state_path=path,
+        state_key="aaa111bbb222",
+    )
+    async with aiohttp.ClientSession() as session, component.running(session):
+        await component.tick()
+    saved = load(path.read_text())
+    assert saved.targets == "aaa111bbb222"
+    assert saved.pending == ({key: clock() - 300.0} if restored else {})
+
+
+def test_state_file_sits_beside_the_ledger_only_with_shadow_on() -> None:
+    """Default ``alerting.state_file``: ``<ledger.path>-alerts.json`` with shadow on or a
+    ``ledger.path`` given; with shadow off and the default ledger path nothing is written (no
+    file in the working directory); the targets key changes with any target's URL."""
+    from specwatch.server.wiring import alert_state_path, targets_key
+
+    one = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:1"),))
+    assert alert_state_path(one) is None
+    on = Settings.model_validate(
+        {
+            "targets": [{"name": "fly", "url": "http://127.0.0.1:1"}],
+            "shadow": {
+                "enabled": True,
+                "standard": {"url": "http://127.0.0.1:2"},
+                "fly": {"target": "fly"},
+            },
+            "ledger": {"path": "/var/lib/specwatch/ledger.sqlite"},
+        }
+    )
+    assert alert_state_path(on) == Path("/var/lib/specwatch/ledger.sqlite-alerts.json")
+    given = Settings.model_validate(
+        {"targets": [{"name": "fly", "url": "http://127.0.0.1:1"}], "ledger": {"path": "/s/l.db"}}
+    )
+    assert alert_state_path(given) == Path("/s/l.db-alerts.json")
+    other = Settings(targets=(TargetSettings(name="fly", url="http://127.0.0.1:3"),))
+    assert len(targets_key(one)) == 12
+    assert targets_key(one) != targets_key(other)

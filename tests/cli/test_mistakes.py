@@ -23,8 +23,8 @@ MISTAKES: list[tuple[list[str], str]] = [
     (["demo", "--duraton", "5"],
      "specwatch demo: unrecognized argument --duraton; did you mean --duration?"),
     (["rnu"], "specwatch: unknown command 'rnu'; did you mean run?"),
-    ([], "specwatch: a command is needed, one of run, analyze, replay, advise, simulate, demo, "
-         "paired-test, power, report, fleet, doctor, bench-result (specwatch --help)"),
+    ([], "specwatch: a command is needed, one of run, analyze, replay, record, advise, simulate, "
+         "demo, paired-test, power, report, fleet, doctor, bench-result (specwatch --help)"),
     (["run", "--config", "{tmp}/typo.yaml"],
      "specwatch run: config error: targt: unknown setting; did you mean 'targets'?"),
     (["run", "--config", "{tmp}/nested.yaml"],

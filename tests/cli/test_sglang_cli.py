@@ -111,14 +111,16 @@ class TestAnalyze:
         assert s["withheld"] == ["acceptance_above_one"]
 
     def test_table_names_the_engine_columns(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """The table of the 0.5.10 page (server and engine 0 columns) shows α 0.6 (τ 2.8,
-        N = τ / rate = 4), not the biased gauge 0.7."""
+        """The table of the 0.5.10 page (server and engine 0 columns; at 80 columns the engine
+        column is a block of its own below the server's) shows α 0.6 (τ 2.8, N = τ / rate =
+        4), not the biased gauge 0.7."""
         capsys.readouterr()
         path = SG / "sglang-0.5.10-eagle-tp2-all-schedulers.metrics"
         assert cli_main(["analyze", str(path), "--format", "table"]) == 0
-        rows = {
-            line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]
-        }
+        rows: dict[str, list[str]] = {}
+        for line in capsys.readouterr().out.splitlines()[2:]:
+            if line.split() and line.startswith(("acceptance_rate", "spec_decode_schema")):
+                rows.setdefault(line.split()[0], []).extend(line.split()[1:])
         assert rows["acceptance_rate"] == ["0.6", "0.6"]  # server, engine 0
         assert rows["spec_decode_schema"] == ["sglang_interval", "sglang_interval"]
 

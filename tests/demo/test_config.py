@@ -37,7 +37,7 @@ def test_demo_settings_configure_both_targets_with_limits() -> None:
         ("fly", Role.FLY, "http://127.0.0.1:2/metrics"),
     ]
     assert s.scrape.interval_seconds == 1.0
-    assert s.windows == ("1m", "5m")
+    assert s.windows == ("1m", "5m", "20s")  # 20s: the acceptance-drop window
     for t in s.targets:
         assert t.limits.max_num_seqs == 16
         assert t.limits.max_num_batched_tokens == 512

@@ -212,15 +212,16 @@ def test_view_shadow_load_and_alert_sections() -> None:
     load = LoadSummary(sent=10, ok=9, errors={"timeout": 1}, canary={"fly": (3, 4)})
     snap = _snap(shadow=stats, alerts=AlertingState(firing=(firing,)))
     lines = render_text(build_view(snap, ctx, width=100, load=load), width=100).splitlines()
-    assert lines[-6:] == [
+    assert lines[-7:] == [
         "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 20",
         "flips vs standard: FLy 25.0 %, noise floor 1.0 %; fixed-n McNemar p 0.073",
         "replay: in flight 3, queued 1, paused load_stale, dropped 9, unpaired 3",
-        "load: sent 10, ok 9, errors 1; canary right: fly 3/4",
+        "load: sent 10, ok 9, errors 1",
+        "canary right: fly 3/4 75 %",
         "alerts: 1 firing",
         "  SpecQualityDrift [critical] fired after 351 labelled pairs, 95 s",
     ]
-    assert " ".join(lines[9:-6]) == snapshot_verdict(snap)  # between the pair line and these
+    assert " ".join(lines[9:-7]) == snapshot_verdict(snap)  # between the pair line and these
     quiet = replace(snap, alerts=AlertingState())
     assert render_text(build_view(quiet, ctx, width=100), width=100).endswith("alerts: none firing")
 

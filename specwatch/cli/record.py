@@ -1,0 +1,142 @@
+"""``specwatch record``: save running servers' ``/metrics`` as the timelines ``replay`` reads.
+
+    specwatch record --target standard=http://127.0.0.1:8000 --out timeline/ --duration 5m
+
+``--target NAME=URL`` (repeatable; a base URL gets ``/metrics``, as in ``run``) is scraped
+every ``--interval`` seconds (default 1) until ``--duration`` passes or Ctrl-C. Each body is
+written to ``OUT/NAME/<seconds since start>.prom`` (``.om`` when the server answered
+OpenMetrics), the layout ``specwatch replay --target NAME=OUT/NAME`` reads. A failed scrape
+writes nothing (replay sees a gap, as ``run`` would). The last line counts the bodies per
+target and gives the replay command. Exit 2 with one line for a bad flag or an ``OUT`` that
+cannot be written; 0 otherwise (also after Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import aiohttp
+
+from specwatch.cli.args import add_described_command
+from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
+from specwatch.core.config import parse_duration
+from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE
+from specwatch.settings import ConfigError, load_settings, parse_target_spec
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``record``."""
+    p = add_described_command(
+        subparsers,
+        "record",
+        help="save running servers' /metrics as timelines for replay",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="a server to scrape; repeat per server",
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between")
+    p.add_argument("--duration", metavar="D", help="stop after D (20, 30s, 5m); default Ctrl-C")
+    p.set_defaults(handler=main)
+
+
+def body_name(t: float, content_type: str) -> str:
+    """The file name of a body scraped ``t`` seconds after the start: ``12.000.prom``, or
+    ``.om`` for an OpenMetrics answer."""
+    suffix = ".om" if content_type.startswith(OPENMETRICS_CONTENT_TYPE.split(";")[0]) else ".prom"
+    return f"{t:.3f}{suffix}"
+
+
+async def record(
+    targets: Mapping[str, str],
+    out: Path,
+    *,
+    interval: float,
+    duration: float | None,
+    stop: asyncio.Event,
+    mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+) -> dict[str, int]:
+    """Scrape every ``targets`` name → metrics URL each ``interval`` s into ``out/NAME/``
+    until ``duration`` s passed or ``stop`` is set (the directories are created; raises
+    ``OSError`` when they cannot be); returns the bodies written per name."""
+    written = dict.fromkeys(targets, 0)
+    for name in targets:
+        await asyncio.to_thread((out / name).mkdir, parents=True, exist_ok=True)
+    started = mono_clock()
+    timeout = aiohttp.ClientTimeout(total=max(0.5, interval * 0.9))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(name: str, url: str, t: float) -> None:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return
+                    body = await resp.read()
+                    ctype = resp.headers.get("Content-Type", "text/plain")
+            except (aiohttp.ClientError, TimeoutError):
+                return
+            path = out / name / body_name(t, ctype)
+            await asyncio.to_thread(path.write_bytes, body)
+            written[name] += 1
+
+        tick = 0
+        while not stop.is_set():
+            t = mono_clock() - started
+            if duration is not None and t > duration:
+                break
+            await asyncio.gather(*(one(n, u, t) for n, u in targets.items()))
+            tick += 1
+            wait = started + tick * interval - mono_clock()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, wait))
+    return written
+
+
+def replay_command(out: Path, names: Sequence[str]) -> str:
+    """The ``specwatch replay`` command line that reads what :func:`record` wrote."""
+    return "specwatch replay " + " ".join(f"--target {n}={out / n}" for n in names)
+
+
+async def _run(targets: Mapping[str, str], out: Path, interval: float, dur: float | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    written = await record(targets, out, interval=interval, duration=dur, stop=stop)
+    counts = ", ".join(f"{n} {c:,}" for n, c in written.items())
+    print(f"specwatch record: bodies written: {counts}")
+    print(f"  replay them: {replay_command(out, list(targets))}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Record until the duration or Ctrl-C; 2 on a bad flag or an unwritable ``--out``."""
+    try:
+        if not (args.interval > 0):
+            raise ConfigError("--interval must be a positive number of seconds")
+        specs = [parse_target_spec(s) for s in args.target]
+        for spec in specs:  # the role does not matter to a recording
+            spec.setdefault("role", "standard")
+        settings = load_settings(overrides={"targets": specs}, only=())
+        dur = parse_duration(args.duration) if args.duration is not None else None
+        targets = {t.name: t.url for t in settings.targets}
+        for name in targets:
+            (args.out / name).mkdir(parents=True, exist_ok=True)
+    except (ConfigError, ValueError) as exc:
+        print(f"specwatch record: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"specwatch record: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(targets, args.out, args.interval, dur))
