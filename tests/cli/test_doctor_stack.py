@@ -253,8 +253,8 @@ def test_mirror_coverage_against_configured_percent(
     message: str,
 ) -> None:
     """The HTTPRoute mirrors 5 %; the standard server finished 2200 requests in the hour, 200 of
-    them specwatch's (100 replays, on the standard and the noise arm), so 2000 live ones: 100 mirrored is 5 % (ok), none is a failure,
-    30 (1.5 %, under half of 5 %) is a failure."""
+    them specwatch's (100 replays, on the standard and the noise arm), so 2000 live ones: 100
+    mirrored is 5 % (ok), none is a failure, 30 (1.5 %, under half of 5 %) is a failure."""
     COUNTS.update(
         {
             "specwatch_shadow_received_total": mirrored,
