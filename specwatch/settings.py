@@ -58,8 +58,10 @@ class ConfigError(ValueError):
 class ServerSettings(Frozen):
     """Where specwatch serves ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/snapshot``,
     and the limits of its listeners (main, mirror, proxy): a connection must send its request
-    head within ``header_timeout_seconds`` and may pause its body at most
-    ``body_timeout_seconds``; at most ``max_connections`` are open at once (more get 503);
+    head within ``header_timeout_seconds``, may pause its body at most
+    ``body_timeout_seconds`` and must send the whole body within ``body_deadline_seconds``
+    (a body trickled a byte a second times out); at most ``max_connections`` are open at once,
+    at most ``max_connections_per_client`` of them from one client address (more get 503);
     JSON bodies nest at most ``json_max_depth`` deep (deeper: 400 ``too_deep``); idle
     keep-alive connections close after ``keepalive_timeout_seconds``. On SIGTERM specwatch stops
     accepting, gives open requests up to 40 % of ``shutdown_timeout_seconds`` and exits within
@@ -69,7 +71,9 @@ class ServerSettings(Frozen):
     port: int = Field(default=9477, ge=0, le=65535)
     header_timeout_seconds: float = Field(default=10.0, gt=0)
     body_timeout_seconds: float = Field(default=30.0, gt=0)
+    body_deadline_seconds: float = Field(default=120.0, gt=0)
     max_connections: int = Field(default=1024, ge=1)
+    max_connections_per_client: int = Field(default=512, ge=1)
     json_max_depth: int = Field(default=64, ge=1, le=10000)
     keepalive_timeout_seconds: float = Field(default=15.0, gt=0)
     shutdown_timeout_seconds: float = Field(default=10.0, gt=0)
@@ -80,7 +84,9 @@ class ServerSettings(Frozen):
         return ListenLimits(
             header_timeout_seconds=self.header_timeout_seconds,
             body_timeout_seconds=self.body_timeout_seconds,
+            body_deadline_seconds=self.body_deadline_seconds,
             max_connections=self.max_connections,
+            max_connections_per_client=self.max_connections_per_client,
             json_max_depth=self.json_max_depth,
             keepalive_timeout_seconds=self.keepalive_timeout_seconds,
         )

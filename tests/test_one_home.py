@@ -19,6 +19,7 @@ from specwatch.observe import window
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.stats import paired
 from specwatch.shadow.stats.paired import PairedCounts
+from specwatch.shadow.stats.sequential import net_loss_mixture_grid
 from specwatch.simulate import config as sim_config
 from tests.fakes import REPO
 
@@ -107,15 +108,19 @@ def test_exp_or_inf_and_finite_or_none_by_hand() -> None:
 
 
 def test_paired_test_reports_inf_not_a_clamped_e_value() -> None:
-    """n losses and no gains: the beta-binomial e-value (uniform prior truncated to [1/2, 1],
-    density 2) is 2^n · 2 · ∫_{1/2}^1 θ^n dθ = 2^(n+1) (1 − 2^-(n+1)) / (n+1). For n = 2000 its log
-    is ≈ 1379.4 > 709, so ``paired-test`` says inf (it used to print exp(709)); for n = 1000 it
-    is the finite 2^1001 / 1001 (the 2^-1001 term is below double precision)."""
+    """n losses and no gains: the no-net-loss e-value (the focused mixture every place reports)
+    is Σ_j w_j (2 q_j)^n, dominated by its largest q (0.9, weight 0.08): for n = 2000 its log is
+    ≈ 2000 ln 1.8 ≈ 1175.6 > 709, so ``paired-test`` says inf (it used to print exp(709)); for
+    n = 1000 it is the finite sum, ≈ 0.08 · 1.8^1000."""
     big = paired_report(PairedCounts(0, 2000, 0, 0), margin=0.01, alpha=0.05)
     assert big["e_value"] == math.inf
     assert "inf" in _table(big)
     small = paired_report(PairedCounts(0, 1000, 0, 0), margin=0.01, alpha=0.05)
-    assert small["e_value"] == pytest.approx(2**1001 / 1001, rel=1e-9)
+    q, w = net_loss_mixture_grid(0.02)
+    by_hand = math.fsum(
+        wj * (2 * qj) ** 1000 for qj, wj in zip(q.tolist(), w.tolist(), strict=True)
+    )
+    assert small["e_value"] == pytest.approx(by_hand, rel=1e-9)
 
 
 def test_mcnemar_lives_in_stats_paired() -> None:

@@ -32,6 +32,7 @@ from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
+from specwatch.shadow.stats.sequential import alarm
 from specwatch.shadow.summary import PairedSummary, ShadowStats
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
@@ -486,6 +487,13 @@ def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
         found = quality_drift(e, None, None, shadow.alpha, s)
         if "e_value" in found:
             out.append(_quality_alert("e_value", OVERALL, "margin", e, since.get(OVERALL)))
+    change, level = shadow.change_log_value, shadow.change_threshold
+    if change is not None and level is not None and alarm(change, 1.0 / level):
+        out.append(
+            _quality_alert(
+                "change", OVERALL, "net_loss_change", exp_or_inf(change), since.get(OVERALL)
+            )
+        )
     return out
 
 
@@ -499,11 +507,10 @@ def _quality_alert(
         if summ is not None
         else "no labelled pairs summary"
     )
-    what = (
-        "FLy loses more answers than standard"
-        if labels["hypothesis"] == "no_net_loss"
-        else "FLy's net loss exceeds the non-inferiority margin"
-    )
+    what = {
+        "no_net_loss": "FLy loses more answers than standard",
+        "net_loss_change": "FLy has started losing more answers than standard (change detector)",
+    }.get(labels["hypothesis"], "FLy's net loss exceeds the non-inferiority margin")
     return Alert(
         "SpecQualityDrift",
         Severity.CRITICAL,
@@ -641,7 +648,8 @@ def candidates(
       the standard arm against the no-speculation baseline reaching ``1/shadow.alpha`` on at
       least ``lossless_min_pairs`` greedy pairs); ``SpecwatchShadowStalled``;
     - ``SpecwatchLedgerFailing`` when ``ledger_errors_increase`` (ledger write errors over the
-      last ``ledger_errors_window``) is > 0.
+      last ``ledger_errors_window``) is > 0, or while the ledger's state is not ``ok`` (corrupt,
+      full, read-only: pairing stopped, so no new write errors come to keep it firing).
 
     Not here: the fleet-wide McNemar check. Only Prometheus sees several sidecars, so it is the
     rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
@@ -674,6 +682,18 @@ def candidates(
                 f"{settings.ledger_errors_window:g} s; paired statistics stop advancing.",
                 {},
                 value=ledger_errors_increase,
+            )
+        )
+    elif shadow is not None and shadow.ledger_state != "ok":
+        shadow_found.append(
+            Alert(
+                "SpecwatchLedgerFailing",
+                Severity.WARNING,
+                "Writes to the paired ledger of specwatch fail.",
+                f"The ledger is {shadow.ledger_state}; pairing is stopped until it can store "
+                "rows again (see the runbook).",
+                {},
+                value=1.0,
             )
         )
     pair = _pair_labels(observe)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from specwatch.cli.args import add_output_format, plain_help
-from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.inputs import (
     InputError,
     hash_mismatches,
@@ -36,22 +35,12 @@ from specwatch.shadow.inputs import (
     pick_samples_file,
     split_shared,
 )
-from specwatch.shadow.stats.paired import (
-    PairedCounts,
-    discordant_ratio,
-    mcnemar_exact_p,
-    net_loss_ci,
-    net_loss_ratio,
-    non_inferiority_test,
-)
-from specwatch.shadow.stats.sequential import (
-    alarm,
-    beta_binomial_log_e_values,
-    betting_path,
-    first_alarm,
-    net_loss_mixture_log_e_values,
-)
-from specwatch.shadow.verdict import Verdict, verdict_line
+from specwatch.shadow.settings import PairedSettings
+from specwatch.shadow.stats import first_alarms
+from specwatch.shadow.stats.paired import PairedCounts
+from specwatch.shadow.stats.sequential import beta_binomial_log_e_values, first_alarm
+from specwatch.shadow.summary import PairTally, summarize
+from specwatch.shadow.verdict import verdict_from_summary, verdict_line
 
 __all__ = [
     "InputError",
@@ -173,31 +162,18 @@ def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
 
 
 def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, int | None]:
-    """The 1-based pair at which each e-process first reached ``1/alpha`` (``None``: never).
-
-    ``no_net_loss``: the focused mixture ``specwatch run`` uses (detect_net_loss 0.02);
-    ``no_net_loss_beta_binomial``: the uniform-prior mixture behind ``e_value``;
-    ``margin``: the betting e-process for net loss <= ``margin``. Pairs in the order given.
+    """The 1-based pair at which each live alarm first fires (``None``: never): exactly
+    :func:`specwatch.shadow.stats.first_alarms` at ``alpha``/``margin`` and the sidecar's default
+    ``detect_net_loss`` and ``change_arl`` (``net_loss_change``, ``no_net_loss``, ``margin``,
+    ``within_margin``), plus ``no_net_loss_beta_binomial``: the uniform-prior mixture, shown for
+    comparison only. Pairs in the order given.
     """
+    out = first_alarms(d, PairedSettings(alpha=alpha, margin=margin))
     lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
     gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
-
-    outcomes = [(x == 1, x == -1) for x in d]  # d = standard - fly: +1 lost, -1 gained
-    betting = next(
-        (
-            i
-            for i, state in enumerate(betting_path(outcomes, margin), start=1)
-            if alarm(state.log_wealth, alpha)
-        ),
-        None,
-    )
-    mixture = net_loss_mixture_log_e_values(lost, gained) if d else ()
     beta_binomial = beta_binomial_log_e_values(lost, gained) if d else ()
-    return {
-        "no_net_loss": first_alarm(mixture, alpha),
-        "no_net_loss_beta_binomial": first_alarm(beta_binomial, alpha),
-        "margin": betting,
-    }
+    out["no_net_loss_beta_binomial"] = first_alarm(beta_binomial, alpha)
+    return out
 
 
 def paired_report(
@@ -205,12 +181,21 @@ def paired_report(
 ) -> dict[str, Any]:
     """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value.
 
-    With ``d`` (see :func:`pair_sequence`) it also has ``first_crossing`` (see
-    :func:`first_crossings`).
+    Every number comes from :func:`specwatch.shadow.summary.summarize`, what the sidecar, the
+    fleet view, the report and the decision table compute on the same counts (``e_value``: the
+    no-net-loss e-value, :func:`~specwatch.shadow.stats.sequential.net_loss_log_e_value` at the
+    default ``detect_net_loss``). With ``d`` (see :func:`pair_sequence`) it also has
+    ``first_crossing`` (see :func:`first_crossings`), and the verdict's "within margin" is the
+    confidence sequence's declaration along that order.
     """
-    ci = net_loss_ci(counts, level=1.0 - alpha)
-    ni = non_inferiority_test(counts, margin=margin, alpha=alpha)
-    log_e = float(beta_binomial_log_e_values(counts.lost, counts.gained))
+    tally = PairTally(
+        both_correct=counts.both_correct,
+        lost=counts.lost,
+        gained=counts.gained,
+        both_wrong=counts.both_wrong,
+    )
+    s = summarize(tally, alpha=alpha, margin=margin)
+    crossing = first_crossings(d, margin, alpha) if d is not None else None
 
     def num(x: float) -> float | None:
         return None if math.isnan(x) else x
@@ -222,41 +207,42 @@ def paired_report(
         "gained": counts.gained,
         "both_wrong": counts.both_wrong,
         "net": counts.net,
-        "net_loss": num(net_loss_ratio(counts)),
-        "discordant_ratio": num(discordant_ratio(counts)),
-        "exact_p": mcnemar_exact_p(counts.lost, counts.gained, "two-sided"),
-        "exact_p_loss": mcnemar_exact_p(counts.lost, counts.gained, "loss"),
+        "net_loss": num(s.net_loss_ratio),
+        "discordant_ratio": num(s.discordant_ratio),
+        "exact_p": s.p_two_sided,
+        "exact_p_loss": s.p_loss,
         "ci": {
-            "lower": num(ci.lower),
-            "upper": num(ci.upper),
-            "level": ci.level,
-            "method": ci.method,
+            "lower": num(s.ci_lower),
+            "upper": num(s.ci_upper),
+            "level": s.ci_level,
+            "method": "tango_score",
         },
         "non_inferiority": {
             "margin": margin,
             "alpha": alpha,
-            "p_value": ni.p_value,
-            "upper_bound": num(ni.upper_bound),
-            "verdict": "non_inferior" if ni.passed else "not_shown",
+            "p_value": s.non_inferiority_p,
+            "upper_bound": num(s.non_inferiority_upper),
+            "verdict": "non_inferior" if s.non_inferiority_pass else "not_shown",
+            "method": "one_look_tango",
         },
-        "e_value": exp_or_inf(log_e),
+        "within_margin": {
+            "upper_bound": num(s.within_margin_upper),
+            "declared": s.within_margin_declared,
+            "method": "confidence_sequence",
+        },
+        "e_value": s.e_value,
+        "pairs_more": s.questions_still_needed,
         "verdict": verdict_line(
-            Verdict(
-                n=counts.n,
-                net_loss=net_loss_ratio(counts),
-                ci_lower=ci.lower,
-                ci_upper=ci.upper,
-                ci_level=ci.level,
-                e_value=exp_or_inf(log_e),
+            verdict_from_summary(
+                s,
                 alpha=alpha,
                 margin=margin,
-                non_inferior=ni.passed,
-                discordant=discordant_ratio(counts),
+                declared_at=None if crossing is None else crossing["within_margin"],
             )
         ),
     }
-    if d is not None:
-        out["first_crossing"] = first_crossings(d, margin, alpha)
+    if crossing is not None:
+        out["first_crossing"] = crossing
     return out
 
 

@@ -1,4 +1,5 @@
-"""``specwatch power``: paired questions needed to detect a net loss (Connor 1987)."""
+"""``specwatch power``: paired questions needed to detect a net loss: the exact McNemar test's
+sample size and power, beside Connor's (1987) normal approximation."""
 
 from __future__ import annotations
 
@@ -35,11 +36,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print ``questions_needed``; 2 on out-of-range input."""
-    from specwatch.shadow.stats.power import questions_needed  # scipy loads only here
+    """Print ``exact_questions_needed`` (the exact test reaches the power there),
+    ``questions_needed`` (Connor) and the exact test's power at Connor's n; 2 on out-of-range
+    input."""
+    from specwatch.shadow.stats.power import (  # scipy loads only here
+        exact_power,
+        exact_questions_needed,
+        questions_needed,
+    )
 
     try:
         n = questions_needed(args.net_loss, args.discordant, alpha=args.alpha, power=args.power)
+        exact = exact_questions_needed(
+            args.net_loss, args.discordant, alpha=args.alpha, power=args.power
+        )
+        at_connor = exact_power(n, args.net_loss, args.discordant, alpha=args.alpha)
     except ValueError as exc:
         print(f"specwatch power: {exc}", file=sys.stderr)
         return 2
@@ -47,7 +58,9 @@ def main(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
+                    "exact_questions_needed": exact,
                     "questions_needed": n,
+                    "exact_power_at_questions_needed": at_connor,
                     "net_loss": args.net_loss,
                     "discordant": args.discordant,
                     "alpha": args.alpha,
@@ -56,5 +69,6 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(f"questions_needed {n}")
+        print(f"exact_questions_needed {exact} (exact McNemar test)")
+        print(f"questions_needed {n} (Connor's normal approximation; exact power {at_connor:.3f})")
     return 0

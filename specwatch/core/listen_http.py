@@ -37,20 +37,22 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self._counted = False
+        self._peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         stats, limits = self._site.stats, self._site.limits
-        if stats.open >= limits.max_connections:
-            stats.refuse("connection_limit", max_connections=limits.max_connections)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self._peer = str(peer[0])
+        if not stats.admit(self._peer, limits):
             transport.write(
                 b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
                 b"Content-Length: 0\r\n\r\n"
             )
             transport.close()
             return
-        stats.open += 1
         self._counted = True
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(limits.header_timeout_seconds, self._header_timeout)
@@ -86,7 +88,7 @@ class _Guarded(asyncio.Protocol):
             self._timer = None
         if self._counted:
             self._counted = False
-            self._site.stats.open -= 1
+            self._site.stats.release(self._peer)
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -154,9 +156,11 @@ class GuardedSite(web.TCPSite):
 
 def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middleware:
     """An aiohttp middleware: while a request's body is still arriving, a pause longer than
-    ``limits.body_timeout_seconds`` cancels the handler and answers ``408`` (connection
-    closed, counted as ``body_timeout``). Requests without a body pass straight through."""
+    ``limits.body_timeout_seconds``, or a body not whole ``limits.body_deadline_seconds`` after
+    the handler started, cancels the handler and answers ``408`` (connection closed, counted
+    as ``body_timeout``). Requests without a body pass straight through."""
     idle = limits.body_timeout_seconds
+    whole = limits.body_deadline_seconds
 
     @web.middleware
     async def guard(
@@ -166,20 +170,27 @@ def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middl
         if not request.body_exists:
             return await handler(request)
         content = request.content
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + whole
         task = asyncio.ensure_future(handler(request))
         try:
             last = -1
             while True:
-                done, _ = await asyncio.wait({task}, timeout=idle)
+                left = deadline - loop.time()
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, left)))
                 if done:
                     return task.result()
                 if content.is_eof():
                     return await task
                 got = content.total_bytes
-                if got == last:
+                late = loop.time() >= deadline
+                if got == last or late:
                     task.cancel()
                     await asyncio.wait({task})
-                    stats.refuse("body_timeout", seconds=idle, bytes_read=got)
+                    if late:
+                        stats.refuse("body_timeout", deadline=whole, bytes_read=got)
+                    else:
+                        stats.refuse("body_timeout", seconds=idle, bytes_read=got)
                     response = web.Response(status=408, text="request body read timeout\n")
                     response.force_close()
                     return response

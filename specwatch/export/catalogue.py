@@ -463,6 +463,12 @@ FLIP_RATIO = _g(
     (*WC, "arm"),
 )
 LEDGER_ROWS = _g("specwatch_ledger_rows", "Rows in the pair ledger.")
+LEDGER_STATE = _g(
+    "specwatch_ledger_state",
+    "1 for the ledger's state (ok, corrupt, full, read_only, unavailable), 0 for the others; "
+    "pairing stops while it is not ok.",
+    ("state",),
+)
 LEDGER_PAIRS = _g(
     "specwatch_ledger_pairs",
     "Compared pairs the ledger holds now, by outcome (as specwatch_shadow_pairs_total, over the "
@@ -530,7 +536,7 @@ SHADOW_PROXY_OFFER_LOST = _c(
 SHADOW_PROXY_UPSTREAM_ERRORS = _c(
     "specwatch_shadow_proxy_upstream_errors",
     "Proxied requests the upstream server failed, by reason (connect, timeout, "
-    "disconnected, client_error).",
+    "disconnected, client_error, stalled).",
     REASON,
 )
 SHADOW_CANARY_OFFERED = _c(
@@ -647,6 +653,7 @@ SHADOW: tuple[MetricSpec, ...] = (
     LOAD_BAND_FLIP_RATIO,
     LOAD_BAND_PAIRS,
     LEDGER_ROWS,
+    LEDGER_STATE,
     LEDGER_PAIRS,
     SHADOW_CATEGORIES_FOLDED,
     *SHADOW_IO,

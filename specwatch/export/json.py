@@ -214,7 +214,12 @@ def snapshot_verdict(snap: Snapshot) -> str | None:
         return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
     return verdict_line(
         verdict_from_summary(
-            overall, alpha=st.alpha, margin=st.margin, tau_ratio=tau, throughput_ratio=speed
+            overall,
+            alpha=st.alpha,
+            margin=st.margin,
+            tau_ratio=tau,
+            throughput_ratio=speed,
+            declared_at=st.within_margin_declared_at,
         )
     )
 
@@ -242,7 +247,9 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
     list of ``{"category", "arm", "outcome", "count"}``; ``decisions`` the per-category
     decision table (one object per :class:`~specwatch.shadow.summary.DecisionRow`, categories
     bounded, ``overall`` last) and ``by_load`` the flip rates per running-request band (one
-    object per :class:`~specwatch.shadow.summary.LoadBand`).
+    object per :class:`~specwatch.shadow.summary.LoadBand`); ``change_detector`` the change
+    detector's ``ln M`` and its threshold (``null`` when not run), ``within_margin_declared_at``
+    the labelled pair at which "within margin" was declared (``null`` while not).
     """
 
     def summary(s: PairedSummary) -> dict[str, object]:
@@ -270,6 +277,13 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
         "excluded_total": dict(stats.excluded_total),
         "betting_e_value": None if bet is None else finite_or_none(exp_or_inf(bet)),
         "betting_log_e_value": bet,
+        "change_detector": None
+        if stats.change_log_value is None
+        else {
+            "log_value": finite_or_none(stats.change_log_value),
+            "threshold": stats.change_threshold,
+        },
+        "within_margin_declared_at": stats.within_margin_declared_at,
         "ledger_rows": stats.ledger_rows,
         "ledger_write_errors": dict(stats.ledger_write_errors),
         "io": None

@@ -71,6 +71,7 @@ from specwatch.observe.values import (
 from specwatch.shadow.summary import ShadowStats
 from specwatch.shadow.values import (
     EXCLUDED_REASONS,
+    LEDGER_STATES,
     PROXY_UPSTREAM_ERROR_REASONS,
     VERDICTS,
     WRITE_ERROR_REASONS,
@@ -310,6 +311,8 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         e = exp_or_inf(lw)
         fam.add(cat.E_VALUE, (SINCE_START, OVERALL, "margin"), e)
     fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
+    for name in LEDGER_STATES:
+        fam.add(cat.LEDGER_STATE, (name,), state.ledger_state == name)
     for (category, arm, outcome), n in sorted(state.ledger_pairs.items()):
         fam.add(cat.LEDGER_PAIRS, (category, arm, outcome), n)
     fam.add(cat.SHADOW_CATEGORIES_FOLDED, (), state.categories_folded)

@@ -13,10 +13,13 @@ request goes up before its copy is handed over and before its answer deadline is
 
 Listener limits (:class:`~specwatch.core.listen.ListenLimits`): connection cap (``503``),
 request head within ``header_timeout_seconds`` and at most
-:data:`~specwatch.http1.framing.MAX_HEAD_BYTES`, body pauses up to ``body_timeout_seconds``
-(``408``), idle keep-alive ``keepalive_timeout_seconds``; refusals counted in
+:data:`~specwatch.http1.framing.MAX_HEAD_BYTES`, body pauses up to ``body_timeout_seconds`` and
+a whole body within ``body_deadline_seconds`` of its first bytes (``408``), a client address's
+share of the connections ``max_connections_per_client`` (``503``), idle keep-alive
+``keepalive_timeout_seconds``; refusals counted in
 :class:`~specwatch.core.listen.ListenerStats`. A client that goes away closes the upstream
-connection (counted in ``proxy_client_disconnects``). Pipelined requests are answered in order
+connection at once, also when it only closed its sending side before the first answer byte
+(counted in ``proxy_client_disconnects``). Pipelined requests are answered in order
 (one at a time; reading pauses while one waits). Nothing from a request head is ever logged
 (it may carry credentials).
 """
@@ -60,15 +63,17 @@ class Client(asyncio.Protocol):
         self.gone = False
         self.counted = False
         self.stopping = False
-        self.half_closed = False
         self.paused = 0
         self.peer = b""
         self.header_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.idle_since = 0.0
         self.deadline_timer: asyncio.TimerHandle | None = None
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.writing_paused = False
         self.body_timer: asyncio.TimerHandle | None = None
         self.last_data = 0.0
+        self.body_deadline = 0.0  # loop time by which the request body must be whole
         self.to_begin: Exchange | None = None
         self.between = True  # the request parser is between messages
         #: bytes read while the current request head is not complete, or since the last body
@@ -82,18 +87,16 @@ class Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         fwd = self.fwd
         stats, limits = fwd.stats, fwd.limits
-        if stats.open >= limits.max_connections:
-            stats.refuse("connection_limit", max_connections=limits.max_connections)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer = str(peer[0]).encode()
+        if not stats.admit(self.peer.decode(), limits):
             self.gone = True
             self.transport.write(LIMIT_503)
             self.transport.close()
             return
-        stats.open += 1
         self.counted = True
         fwd.clients.add(self)
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple) and peer:
-            self.peer = str(peer[0]).encode()
         assert fwd.loop is not None
         self.header_timer = fwd.loop.call_later(limits.header_timeout_seconds, self._header_timeout)
 
@@ -148,9 +151,13 @@ class Client(asyncio.Protocol):
                     self._bad_request(HeadTooLarge())
                     return
             self.last_data = loop.time()
+            if not self.body_deadline:
+                self.body_deadline = self.last_data + self.fwd.limits.body_deadline_seconds
             if self.body_timer is None:
+                limits = self.fwd.limits
                 self.body_timer = loop.call_later(
-                    self.fwd.limits.body_timeout_seconds, self._body_check
+                    min(limits.body_timeout_seconds, limits.body_deadline_seconds),
+                    self._body_check,
                 )
 
     def _feed(self, data: bytes) -> None:
@@ -169,21 +176,30 @@ class Client(asyncio.Protocol):
                 data = data[used:]
 
     def eof_received(self) -> bool | None:
-        if self.req is None and self.queue:
-            # the client half-closed after whole requests: answer them, then close
-            self.half_closed = True
-            return True
+        # The client closed its side. A socket cannot tell a half-close from a client that went
+        # away, and a vLLM request runs (queued, prefilling, holding a GPU slot) until its
+        # connection closes; so, as a production proxy does by default, an end of input while
+        # an answer is owed is a client that left: the transport closes and connection_lost
+        # closes the upstream now, not at the first failed write (which may be seconds away,
+        # before the first token). Between requests it is the end of the connection.
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
-        for t in (self.header_timer, self.idle_timer, self.body_timer, self.deadline_timer):
+        for t in (
+            self.header_timer,
+            self.idle_timer,
+            self.body_timer,
+            self.deadline_timer,
+            self.stall_timer,
+        ):
             if t is not None:
                 t.cancel()
         self.header_timer = self.idle_timer = self.body_timer = self.deadline_timer = None
+        self.stall_timer = None
         if self.counted:
             self.counted = False
-            self.fwd.stats.open -= 1
+            self.fwd.stats.release(self.peer.decode())
         if self.queue:
             self.queue[0].client_lost()
             for ex in list(self.queue)[1:]:
@@ -193,12 +209,14 @@ class Client(asyncio.Protocol):
         self.fwd.client_gone(self)
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.queue:
             up = self.queue[0].up
             if up is not None and up.transport is not None:
                 up.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.queue:
             up = self.queue[0].up
             if up is not None and up.transport is not None:
@@ -241,12 +259,21 @@ class Client(asyncio.Protocol):
             return
         loop = self.fwd.loop
         assert loop is not None
-        idle = self.fwd.limits.body_timeout_seconds
-        waited = loop.time() - self.last_data
-        if waited < idle:
-            self.body_timer = loop.call_later(idle - waited, self._body_check)
+        limits = self.fwd.limits
+        idle = limits.body_timeout_seconds
+        now = loop.time()
+        waited = now - self.last_data
+        late = bool(self.body_deadline) and now >= self.body_deadline
+        if waited < idle and not late:
+            wait = idle - waited
+            if self.body_deadline:
+                wait = min(wait, self.body_deadline - now)
+            self.body_timer = loop.call_later(wait, self._body_check)
             return
-        self.fwd.stats.refuse("body_timeout", seconds=idle)
+        if late:
+            self.fwd.stats.refuse("body_timeout", deadline=limits.body_deadline_seconds)
+        else:
+            self.fwd.stats.refuse("body_timeout", seconds=idle)
         if self.queue and self.queue[0] is ex and not ex.started:
             ex.started = True
             ex.resp_done = True
@@ -332,7 +359,7 @@ class Client(asyncio.Protocol):
         ex.path = path
         ex.chunked_req = chunked
         ex.is_head = method == b"HEAD"
-        ex.keep_client = parser.should_keep_alive() and not self.half_closed
+        ex.keep_client = parser.should_keep_alive()
         ex.client_http10 = http10
         ex.expect_continue = expect and not http10
         ex.send_up(head)
@@ -350,6 +377,7 @@ class Client(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.between = True
+        self.body_deadline = 0.0
         ex, self.req = self.req, None
         if self.body_timer is not None:
             self.body_timer.cancel()
@@ -367,7 +395,7 @@ class Client(asyncio.Protocol):
                 self.resume_reading()
         if self.gone or self.transport is None:
             return
-        if not ex.keep_client or ((self.stopping or self.half_closed) and not self.queue):
+        if not ex.keep_client or (self.stopping and not self.queue):
             self.gone = True
             self.transport.close()
             return
@@ -403,6 +431,29 @@ class Client(asyncio.Protocol):
             ex.timed_out()
         elif self.deadline_timer is None:
             self.deadline_timer = loop.call_at(ex.deadline, self._deadline_check)
+
+    def arm_stall_check(self) -> None:
+        """An exchange began and the upstream has a stream idle timeout: one timer per
+        connection ticks every half timeout for the first exchange in the queue."""
+        if self.stall_timer is None:
+            loop = self.fwd.loop
+            idle = self.fwd.up.idle_timeout
+            assert loop is not None
+            assert idle is not None
+            self.stall_timer = loop.call_later(idle / 2, self._stall_check)
+
+    def _stall_check(self) -> None:
+        self.stall_timer = None
+        if self.gone or not self.queue:
+            return
+        ex = self.queue[0]
+        if self.writing_paused:  # the client is slow, not the upstream: not quiet
+            ex.quiet_ticks = 0
+            going = True
+        else:
+            going = ex.stall_tick()
+        if going and not self.gone:
+            self.arm_stall_check()
 
     def _idle_close(self) -> None:
         """Close a connection idle for ``keepalive_timeout_seconds``. The timer is not moved

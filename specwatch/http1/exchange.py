@@ -12,7 +12,8 @@ chunking ends when the upstream closes, and the client connection is closed afte
 common answer skips the parser's field callbacks (:mod:`specwatch.http1.fast`).
 
 Fail-open: before the answer starts, an unreachable upstream is ``502`` (``connect``), a
-timeout ``504`` (``timeout``), a connection closed early ``502`` (``disconnected``), a
+timeout ``504`` (``timeout``; no byte for the stream idle timeout: ``stalled``), a connection
+closed early ``502`` (``disconnected``), a
 malformed answer ``502`` (``client_error``), each a small JSON body; after it starts, the
 client connection is aborted so the client sees a truncated answer, never a clean short one.
 """
@@ -58,6 +59,9 @@ class ClientSide(Protocol):
     def arm_deadline(self, when: float) -> None:
         """An exchange began with an answer deadline (loop time ``when``)."""
 
+    def arm_stall_check(self) -> None:
+        """An exchange began and the upstream has a stream idle timeout."""
+
     def exchange_done(self, ex: Exchange) -> None:
         """``ex`` is answered: go on with the next one, wait idle, or close."""
 
@@ -94,6 +98,8 @@ class Exchange:
     r_reason: bytes = b""
     r_interim: bool = False
     deadline = 0.0  # loop time by which the answer must be complete (0: none)
+    stall_reads = -1  # the upstream's read count at the last stream idle tick
+    quiet_ticks = 0  # stream idle ticks in a row without an upstream read
     connect_task: asyncio.Task[None] | None = None
     body_left: int = 0  # body bytes still to come of an answer with a length
 
@@ -160,6 +166,8 @@ class Exchange:
             assert fwd.loop is not None
             self.deadline = fwd.loop.time() + total
             c.arm_deadline(self.deadline)
+        if fwd.up.idle_timeout is not None and not self.ended:
+            c.arm_stall_check()
 
     async def _connect(self) -> None:
         try:
@@ -350,6 +358,27 @@ class Exchange:
     def timed_out(self) -> None:
         if not self.resp_done:
             self.fail("timeout", 504)
+
+    def stall_tick(self) -> bool:
+        """One tick of the stream idle check (every half idle timeout): ``True`` while the
+        check goes on; after two ticks in a row with no byte from the upstream (a whole idle
+        timeout, at most one and a half), the exchange fails as ``stalled`` (``504`` before
+        the answer started, else the client connection is aborted) and ``False`` is returned.
+        A connect in progress has its own timeout and is not counted as quiet."""
+        if self.resp_done or self.ended:
+            return False
+        up = self.up
+        if up is None:
+            return True
+        if up.reads != self.stall_reads:
+            self.stall_reads = up.reads
+            self.quiet_ticks = 0
+            return True
+        self.quiet_ticks += 1
+        if self.quiet_ticks < 2:
+            return True
+        self.fail("stalled", 504)
+        return False
 
     def finish(self) -> None:
         """The answer is complete: release or close the upstream connection, then let the

@@ -91,7 +91,6 @@ class Requesting(Protocol):
 
     peer: bytes
     header_timer: asyncio.TimerHandle | None
-    half_closed: bool
 
     @property
     def fwd(self) -> Engine:
@@ -169,7 +168,6 @@ def fast_request(c: Requesting, data: bytes) -> bool:
     path = url.split(b"?", 1)[0]
     shadowed_path = method == b"POST" and path in fwd.shadow_paths
     ex.shadow = shadowed_path and not marked
-    ex.keep_client = not c.half_closed
     ex.body_done = True
     body = data[end:]
     ex.send_up(head + body if body else head)

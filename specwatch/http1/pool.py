@@ -32,7 +32,9 @@ POOL_MAX_IDLE = 256
 class Upstream:
     """Where and how to forward: ``host``/``port``/``tls`` of the live server, ``prefix`` its
     base path (bytes, no trailing ``/``), ``host_header`` the ``Host`` value sent,
-    ``connect_timeout`` and ``total_timeout`` seconds (``None``: no total limit)."""
+    ``connect_timeout`` and ``total_timeout`` seconds (``None``: no total limit);
+    ``idle_timeout``: the longest the upstream may send nothing while an answer is owed (the
+    stream idle timeout; ``None``: none)."""
 
     host: str
     port: int
@@ -41,9 +43,16 @@ class Upstream:
     host_header: bytes
     connect_timeout: float
     total_timeout: float | None
+    idle_timeout: float | None = None
 
     @classmethod
-    def parse(cls, url: str, connect_timeout: float, total_timeout: float | None) -> Upstream:
+    def parse(
+        cls,
+        url: str,
+        connect_timeout: float,
+        total_timeout: float | None,
+        idle_timeout: float | None = None,
+    ) -> Upstream:
         """From ``http[s]://host[:port][/prefix]``; raises ``ValueError`` on another scheme."""
         u = urlsplit(url.rstrip("/"))
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -59,6 +68,7 @@ class Upstream:
             netloc.encode("idna"),
             connect_timeout,
             total_timeout,
+            idle_timeout,
         )
 
 
@@ -95,6 +105,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.paused_client: Pausable | None = None
+        #: reads so far (the stream idle check compares it between its ticks)
+        self.reads = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -104,6 +116,7 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is None:  # nothing asked: an idle connection must not talk
             self.close()
             return
+        self.reads += 1
         ex.response_data(data)
 
     def eof_received(self) -> bool | None:

@@ -1,7 +1,9 @@
 """Drive the trackers: one scrape loop per target = fetch → parse → tracker, with logging.
 
 :class:`Scraper` runs one loop per target (never two scrapes of one target at once), fetches
-the page (:func:`specwatch.observe.fetch.fetch_metrics`), parses it, updates the
+the page (:func:`specwatch.observe.fetch.fetch_metrics`), parses it (in a worker thread when
+it is over :data:`PARSE_IN_THREAD_BYTES`: a page of 100k series takes seconds to parse, and
+``/healthz`` must answer meanwhile), updates the
 :class:`~specwatch.observe.tracker.TargetTracker`, logs the changes worth a line, and calls
 ``on_update`` so the server can publish a new view.
 """
@@ -29,6 +31,11 @@ if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings
 __all__ = ["Scraper"]
 
 logger = logging.getLogger("specwatch.scrape")
+
+#: Pages larger than this are parsed in a worker thread (the parse is pure; the event loop gets
+#: the interpreter back every switch interval, so other requests are answered meanwhile);
+#: smaller ones, the usual vLLM page of tens of KiB, inline (no thread hop).
+PARSE_IN_THREAD_BYTES = 256 << 10
 
 #: What a page rejected by the tracker means (the ``error`` field of its log line).
 _REJECTED: dict[str, str] = {
@@ -141,7 +148,17 @@ class Scraper:
             return False
         start = self._mono_clock()
         try:
-            page = parse_page(result.body, content_type=result.content_type, engine=target.engine)
+            if len(result.body) > PARSE_IN_THREAD_BYTES:
+                page = await asyncio.to_thread(
+                    parse_page,
+                    result.body,
+                    content_type=result.content_type,
+                    engine=target.engine,
+                )
+            else:
+                page = parse_page(
+                    result.body, content_type=result.content_type, engine=target.engine
+                )
         except ParseError as exc:
             tracker.record_error("parse", duration_seconds=result.duration_seconds)
             self._failed(target, "parse", exc.message, exc.line, result.content_type)

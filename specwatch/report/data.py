@@ -34,6 +34,7 @@ from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
+from specwatch.shadow.stats.confseq import declaration_path
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
     betting_log_wealth,
@@ -416,6 +417,7 @@ def build_report(
         margin=margin,
         detect_net_loss=detect_net_loss,
         betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
+        within_margin_declared_at=declaration_path(stream.d, margin, alpha),
         ledger_rows=digest.span.rows,
         decisions=decision_table(
             digest.tallies,

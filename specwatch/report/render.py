@@ -508,7 +508,14 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         else "<p>None.</p>"
     )
     verdict_text = (
-        verdict_line(verdict_from_summary(overall, alpha=st.alpha, margin=st.margin))
+        verdict_line(
+            verdict_from_summary(
+                overall,
+                alpha=st.alpha,
+                margin=st.margin,
+                declared_at=st.within_margin_declared_at,
+            )
+        )
         if overall is not None
         else verdict_line(Verdict())
     )

@@ -29,7 +29,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
 from specwatch.core.clock import SYSTEM_WALL, WallClock
-from specwatch.core.listen import ListenerStats
+from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.shutdown import ShutdownDeadline
@@ -263,6 +263,8 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
         handle_signals=False,
         shutdown_timeout=grace * OPEN_REQUESTS_SHARE,
         keepalive_timeout=srv.keepalive_timeout_seconds,
+        max_line_size=MAX_FIELD_BYTES,
+        max_field_size=MAX_FIELD_BYTES,
     )
     await runner.setup()
     stop = asyncio.Event()

@@ -60,7 +60,8 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.stats.sequential import BettingEProcess, run_betting
+from specwatch.shadow.stats.alarms import LiveAlarmState
+from specwatch.shadow.stats.sequential import BettingEProcess
 from specwatch.shadow.summary import (
     DecisionRow,
     LiveTallies,
@@ -80,6 +81,8 @@ logger = logging.getLogger("specwatch.shadow.component")
 #: Width of the live statistics' time buckets: every finite window reaches back between its
 #: length and its length plus this (see :mod:`specwatch.shadow.windows`).
 STATS_BUCKET_SECONDS = 10.0
+#: How often a ledger that cannot store rows (full, read-only, unavailable) is tried again.
+LEDGER_RETRY_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,8 @@ class ShadowComponent:
         self._compare_config = CompareConfig()
         self.categories = CategoryBound(shadow.max_categories)
         self.counters = OutcomeCounters(self.categories)
-        self.betting = BettingEProcess(margin=paired.margin)
+        #: The margin e-process, the change detector and the "within margin" declaration.
+        self.alarms = LiveAlarmState.fresh(paired)
         #: The in-memory tallies, built when the component starts (``None`` before).
         self.live: LiveTallies | None = None
         self._inputs: tuple[int, StatsInputs] | None = None
@@ -174,9 +178,8 @@ class ShadowComponent:
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
-        self._ledger_failing = False
-        self._errors_seen = 0
-        self._rows_seen = 0
+        self._ledger_state_seen = "ok"
+        self._last_retry = self._last_check = 0.0
         self._ready = asyncio.Event()
         self._started = False
         self._mirror_listener: MirrorListener | None = None
@@ -265,7 +268,7 @@ class ShadowComponent:
             errors = dict(health.write_errors)
             if health.dropped:
                 errors["queue_full"] = health.dropped
-            self._note_ledger_state(sum(errors.values()), health.rows_written, health.last_error)
+            self._note_ledger_state(health.state, health.last_error)
         return build_shadow_stats(
             inputs.tallies,
             now=now,
@@ -276,6 +279,9 @@ class ShadowComponent:
             unpaired_total=self.counters.unpaired,
             excluded_total=self.counters.excluded,
             betting_log_e_value=self.betting.log_wealth,
+            change_log_value=self.alarms.detector.log_value,
+            change_threshold=self.alarms.detector.threshold,
+            within_margin_declared_at=self.alarms.declaration.declared_at,
             ledger_rows=inputs.rows,
             ledger_write_errors=errors,
             io=io,
@@ -284,6 +290,7 @@ class ShadowComponent:
             categories=self.categories.kept,
             categories_folded=self.categories.overflowed,
             replays_total=self.counters.by_status(),
+            ledger_state=ledger.state if ledger is not None else "ok",
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -317,6 +324,11 @@ class ShadowComponent:
             outcome = compare(pair, self._compare_config)
         self.consume(outcome)
 
+    @property
+    def betting(self) -> BettingEProcess:
+        """The since-start margin e-process (part of :attr:`alarms`)."""
+        return self.alarms.betting
+
     def consume(self, outcome: PairOutcome) -> None:
         """Store and count one compared pair (event-loop thread): its one ledger row is queued
         for writing, counted and fed to the margin e-process."""
@@ -326,25 +338,46 @@ class ShadowComponent:
         self.counters.add(row)
         labelled = labelled_outcome(row)
         if labelled is not None:
-            self.betting = run_betting([labelled], self.betting.margin, self.betting)
+            self.alarms = self.alarms.add([labelled])
 
-    def _note_ledger_state(self, errors: int, rows_written: int, last_error: str | None) -> None:
-        if errors > self._errors_seen and not self._ledger_failing:
-            self._ledger_failing = True
+    def _note_ledger_state(self, state: str, last_error: str | None) -> None:
+        """One log line when the ledger's state changes (pairing stops or starts again)."""
+        if state == self._ledger_state_seen:
+            return
+        was, self._ledger_state_seen = self._ledger_state_seen, state
+        if state == "ok":
+            log_event(logger, logging.INFO, "ledger writes recovered", was=was)
+        else:
             log_event(
                 logger,
                 logging.ERROR,
                 "ledger writes failing",
-                failed_rows=errors,
+                state=state,
+                was=was,
                 error=last_error,
+                pairing="stopped",
             )
-        elif (
-            self._ledger_failing and errors == self._errors_seen and rows_written > self._rows_seen
+
+    def _ledger_hold(self) -> str | None:
+        """The ledger's state while its rows cannot be stored (the sampler replays nothing)."""
+        ledger = self.ledger
+        if ledger is None or ledger.state == "ok":
+            return None
+        return ledger.state
+
+    async def _ledger_upkeep(self, ledger: Ledger) -> None:
+        """Between refreshes: try a failing ledger again every :data:`LEDGER_RETRY_SECONDS`,
+        and run the integrity check every ``ledger.integrity_check_seconds`` (worker thread)."""
+        now = self._mono_clock()
+        if ledger.state not in ("ok", "corrupt") and now - self._last_retry >= (
+            LEDGER_RETRY_SECONDS
         ):
-            self._ledger_failing = False
-            log_event(logger, logging.INFO, "ledger writes recovered", failed_rows=errors)
-        self._errors_seen = errors
-        self._rows_seen = rows_written
+            self._last_retry = now
+            await ledger.retry()
+        every = self.ledger_settings.integrity_check_seconds
+        if every is not None and ledger.state == "ok" and now - self._last_check >= every:
+            self._last_check = now
+            await ledger.quick_check()
 
     async def _rebuild(self, ledger: Ledger) -> None:
         # One grouped SQL pass for every tally and one streamed read for the order-dependent
@@ -359,15 +392,18 @@ class ShadowComponent:
             bucket_seconds=STATS_BUCKET_SECONDS,
         )
         ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
-        as_of, groups = await ledger.history(live.grouping())
-        await asyncio.to_thread(live.add_groups, groups)
+        if ledger.state == "ok":
+            as_of, groups = await ledger.history(live.grouping())
+            await asyncio.to_thread(live.add_groups, groups)
+        else:  # nothing to read: the statistics start empty
+            as_of = 0
         live.start(as_of)
         since_start = live.tallies()[SINCE_START]
         self.categories.seed(categories_by_volume(since_start))
-        margin = p.margin
-        self.betting = await ledger.fold_labelled(
-            lambda b, chunk: run_betting(chunk, margin, b), BettingEProcess(margin=margin)
-        )
+        if ledger.state == "ok":
+            self.alarms = await ledger.fold_labelled(
+                lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p)
+            )
         self.live = live
         log_event(
             logger,
@@ -390,11 +426,14 @@ class ShadowComponent:
         if channel is not None and self._watch is not None:
             self._watch(channel)  # the proxy process dying makes /healthz fail
         await self._rebuild(ledger)
+        pipeline.sampler.hold = self._ledger_hold
         await pipeline.start()
         self._started = True
         self._ready.set()
+        self._last_retry = self._last_check = self._mono_clock()
         while True:
             try:
+                await self._ledger_upkeep(ledger)
                 await self.refresh()
             except (sqlite3.Error, OSError, ValueError) as exc:
                 log_event(
@@ -425,7 +464,7 @@ class ShadowComponent:
             synchronous=led.synchronous,
             wall_clock=self._wall_clock,
         )
-        await ledger.open()
+        await ledger.open()  # a failing file leaves it open in that state (never raises for it)
         self.ledger = ledger
         own_session = self._session is None
         session = self._session or self._arm_sessions()

@@ -11,13 +11,15 @@ settings):
 
 1. ``costs_quality``, *FLy costs quality here*: the focused mixture e-value of FLy's net loss
    reached ``1/alpha`` (anytime valid; the same alarm as ``SpecQualityDrift``).
-2. ``pays``, *FLy pays here*: the Tango non-inferiority test shows the net loss below
-   ``margin`` and FLy's decode throughput (completion tokens per second of replay) is higher
+2. ``pays``, *FLy pays here*: the anytime-valid confidence sequence shows the net loss below
+   ``margin`` (:mod:`~specwatch.shadow.stats.confseq`, at the since-start counts) and FLy's
+   decode throughput (completion tokens per second of replay) is higher
    than the standard arm's over at least :data:`MIN_SPEED_PAIRS` pairs.
 3. ``not_faster``, *FLy is not faster here*: non-inferior, but FLy's throughput is not higher.
-4. ``not_decided``: otherwise, with "about N more pairs" from Connor's sample-size formula
-   (:func:`~specwatch.shadow.stats.power.questions_needed`) at the observed discordance, or why
-   no number can be given.
+4. ``not_decided``: otherwise, with "about N more pairs" under the observed effect
+   (:func:`~specwatch.shadow.stats.power.pairs_to_decide`, the function the verdict sentence
+   uses), or why no number can be given; below
+   :data:`~specwatch.shadow.verdict.MIN_VERDICT_PAIRS` labelled pairs, "too few pairs".
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from specwatch.shadow.summary import (
 )
 from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.values import Verdict
+from specwatch.shadow.verdict import MIN_VERDICT_PAIRS
 
 #: The category the categories beyond the bound are pooled into (the sampler's ``other``).
 OTHER = OTHER_CATEGORY
@@ -140,7 +143,13 @@ def _verdict(
 ) -> tuple[Verdict, str, int | None]:
     if e_value_alarm(s.e_value, alpha):
         return "costs_quality", "FLy costs quality here", None
-    if s.non_inferiority_pass:
+    if 0 < s.n < MIN_VERDICT_PAIRS:
+        return (
+            "not_decided",
+            f"not decided: too few pairs ({s.n} labelled, need {MIN_VERDICT_PAIRS})",
+            s.questions_still_needed,
+        )
+    if s.within_margin_declared:
         if speed_gain is None:
             return (
                 "not_decided",

@@ -185,6 +185,7 @@ def ingest_from_settings(
             marker_header=s.marker_header,
             connect_timeout_seconds=s.proxy_connect_timeout_seconds,
             total_timeout_seconds=s.proxy_total_timeout_seconds,
+            stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
             use_uvloop=s.proxy_uvloop,
             listen=listen,
             listener=listener,
@@ -397,6 +398,9 @@ class ShadowPipeline:
         while True:
             if self._expired(req):
                 self.sampler.count_drop("expired")
+                return
+            if self.sampler.held():  # queued before the ledger failed: not replayed
+                self.sampler.count_drop("ledger_unusable")
                 return
             if not self.sampler.current_pause():
                 break

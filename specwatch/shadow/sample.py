@@ -4,6 +4,8 @@ Admission order for each offered request (first failing step decides, each count
 
 1. ``not_sampled``: hash fraction of the request >= p (reproducible: the same canonical request is
    always in or always out for a given p and salt);
+1a. ``ledger_unusable``: the ledger cannot store rows (:attr:`Sampler.hold`), so a pair would
+   spend GPU time for nothing (queued requests are dropped the same way before replay);
 2. ``category_quota``: the category's token bucket is empty;
 3. ``paused``: any arm is loaded (``num_requests_waiting > 0``, or ``running >= frac *
    max_num_seqs``, or its load reading is older than the allowed age);
@@ -36,6 +38,7 @@ DROP_REASONS: tuple[str, ...] = (
     "rate_limit",
     "queue_full",
     "expired",
+    "ledger_unusable",
 )
 PAUSE_REASONS: tuple[str, ...] = ("waiting", "running_near_max", "load_stale")
 
@@ -239,6 +242,13 @@ class Sampler:
         self.dropped: Counter[str] = Counter({r: 0 for r in DROP_REASONS})
         self.pauses: Counter[str] = Counter({r: 0 for r in PAUSE_REASONS})
         self.paused: frozenset[str] = frozenset()
+        #: Why nothing may be replayed now (``None``: go): the shadow component sets it to a
+        #: callable naming the ledger's state while its rows cannot be stored.
+        self.hold: Callable[[], str | None] | None = None
+
+    def held(self) -> bool:
+        """Nothing may be replayed now (see :attr:`hold`)."""
+        return self.hold is not None and self.hold() is not None
 
     def is_sampled(self, req: ShadowRequest) -> bool:
         """Hash decision only (pure in the request hash and p)."""
@@ -282,6 +292,8 @@ class Sampler:
         if not force and not self.is_sampled(req):
             self.not_sampled += 1
             return "not_sampled"
+        if self.held():
+            return self._drop("ledger_unusable")
         bucket = self._bucket(req.category)
         if bucket is not None and not bucket.take():
             return self._drop("category_quota")

@@ -134,6 +134,7 @@ class ShadowSettings(BaseModel):
     proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
+    proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
     proxy_own_thread: bool = True
     proxy_own_process: bool = True
     proxy_uvloop: bool = True
@@ -194,30 +195,36 @@ class LedgerSettings(Frozen):
     """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
     directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
     ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
-    Prompt and completion text are stored only with ``shadow.store_text``."""
+    Prompt and completion text are stored only with ``shadow.store_text``. While running,
+    SQLite's quick integrity check runs every ``integrity_check_seconds`` in a worker thread
+    (``None``: never); a ledger found corrupt stops pairing and is moved aside at the next
+    start."""
 
     path: str = "specwatch-ledger.sqlite"
     max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
     max_rows: int | None = Field(default=5_000_000, gt=0)
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    integrity_check_seconds: float | None = Field(default=3600.0, gt=0)
 
 
 class PairedSettings(Frozen):
     """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
-    ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
-    ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
-    ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-    defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
-    kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
-    length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
-    are updated per stored pair, the ledger is read only at start), ``load_bands``
-    (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
-    ``8-31``, ``32+``)."""
+        ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
+        ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
+        ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
+        defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
+        kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
+        length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
+        are updated per stored pair, the ledger is read only at start), ``load_bands``
+        (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
+        ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
+    to a false alarm under no loss is at least this many discordant pairs)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
+    change_arl: float = Field(default=100_000.0, gt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
     load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS

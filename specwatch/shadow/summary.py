@@ -13,6 +13,7 @@ from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
+from specwatch.shadow.stats.confseq import net_loss_upper_sequence, within_margin_log_e_value
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
     excess_flip,
@@ -21,7 +22,7 @@ from specwatch.shadow.stats.paired import (
     net_loss_ratio,
     non_inferiority_test,
 )
-from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.power import pairs_to_decide, questions_needed
 from specwatch.shadow.stats.sequential import (
     alarm,
     beta_binomial_e_value,
@@ -66,6 +67,12 @@ class PairedSummary:
     exact McNemar p of standard-only against noise-only flips, ``lossless_e_value`` the
     beta-binomial mixture e-value on the same flips (p0 = 1/2; anytime valid for
     ``since_start``), ``lossless_pairs`` the pairs counted.
+
+    ``within_margin_upper``: the anytime-valid upper confidence sequence on the net loss at these
+    counts (:func:`~specwatch.shadow.stats.confseq.net_loss_upper_sequence`, level 1 - alpha);
+    ``within_margin_declared``: it is below the margin now (the sidecar also keeps the first
+    pair it was, so a declaration is never withdrawn). ``questions_still_needed`` is "about N
+    more pairs" under the observed effect (:func:`~specwatch.shadow.stats.power.pairs_to_decide`).
     """
 
     tally: PairTally
@@ -99,6 +106,8 @@ class PairedSummary:
     lossless_p: float = 1.0
     lossless_e_value: float = 1.0
     lossless_pairs: int = 0
+    within_margin_upper: float = math.nan
+    within_margin_declared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +242,16 @@ class ShadowStats:
     now (a gauge: retention pruning lowers it); ``categories_folded`` requests whose
     category was counted as ``other`` (the category bound);
     ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
+    ``change_log_value`` the change detector's ``ln M`` and ``change_threshold`` its alarm level
+    (:mod:`~specwatch.shadow.stats.detector`; ``None`` if not run); ``within_margin_declared_at``
+    the labelled pair at which the confidence sequence declared "within margin" (never
+    withdrawn; ``None`` while not declared);
     ``ledger_rows`` the rows in the ledger, ``ledger_write_errors[exception type]`` failed row
     writes; ``io`` the I/O side's queue/pause state when known; ``decisions`` the per-category
     decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
-    categories); ``by_load`` flip rates per running-request band (since start).
+    categories); ``by_load`` flip rates per running-request band (since start);
+    ``ledger_state`` whether the ledger can store rows
+    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``).
     """
 
     generated_at: float
@@ -248,6 +263,9 @@ class ShadowStats:
     unpaired_total: Mapping[str, int] = field(default_factory=dict)
     excluded_total: Mapping[str, int] = field(default_factory=dict)
     betting_log_e_value: float | None = None
+    change_log_value: float | None = None
+    change_threshold: float | None = None
+    within_margin_declared_at: int | None = None
     ledger_rows: int | None = None
     ledger_write_errors: Mapping[str, int] = field(default_factory=dict)
     io: ShadowIO | None = None
@@ -256,6 +274,7 @@ class ShadowStats:
     ledger_pairs: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     categories_folded: int = 0
     replays_total: Mapping[str, int] = field(default_factory=dict)
+    ledger_state: str = "ok"
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +350,7 @@ def _summarize(
         needed = questions_needed(
             detect_net_loss, max(disc, detect_net_loss), alpha=alpha, power=power
         )
+    agree = pc.n - pc.lost - pc.gained
     ex = excess_flip(tally.flip_counts())
     lf = tally.lossless_flip_counts()
     lex = excess_flip(lf)
@@ -357,7 +377,9 @@ def _summarize(
         non_inferiority_upper=ni.upper_bound,
         non_inferiority_pass=ni.passed,
         questions_needed=needed,
-        questions_still_needed=None if needed is None else max(0, needed - pc.n),
+        questions_still_needed=pairs_to_decide(
+            net_loss_ratio(pc), disc, pc.n, margin, alpha, power
+        ),
         fly_flip_ratio=fly_flip,
         noise_flip_ratio=noise_flip,
         excess_flip_ratio=ex.excess_flip_ratio,
@@ -369,6 +391,14 @@ def _summarize(
         lossless_p=lex.p_value,
         lossless_e_value=beta_binomial_e_value(lf.fly_only, lf.noise_only),
         lossless_pairs=lf.n,
+        within_margin_upper=(
+            net_loss_upper_sequence(pc.lost, pc.gained, agree, alpha) if pc.n else math.nan
+        ),
+        within_margin_declared=bool(
+            pc.n
+            and margin > 0.0
+            and alarm(float(within_margin_log_e_value(pc.lost, pc.gained, agree, margin)), alpha)
+        ),
     )
 
 
@@ -383,6 +413,9 @@ def build_shadow_stats(
     unpaired_total: Mapping[str, int] | None = None,
     excluded_total: Mapping[str, int] | None = None,
     betting_log_e_value: float | None = None,
+    change_log_value: float | None = None,
+    change_threshold: float | None = None,
+    within_margin_declared_at: int | None = None,
     ledger_rows: int | None = None,
     ledger_write_errors: Mapping[str, int] | None = None,
     io: ShadowIO | None = None,
@@ -391,6 +424,7 @@ def build_shadow_stats(
     categories: Collection[str] | None = None,
     categories_folded: int = 0,
     replays_total: Mapping[str, int] | None = None,
+    ledger_state: str = "ok",
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
@@ -429,6 +463,9 @@ def build_shadow_stats(
         unpaired_total=dict(unpaired_total or {}),
         excluded_total=dict(excluded_total or {}),
         betting_log_e_value=betting_log_e_value,
+        change_log_value=change_log_value,
+        change_threshold=change_threshold,
+        within_margin_declared_at=within_margin_declared_at,
         ledger_rows=ledger_rows,
         ledger_write_errors=dict(ledger_write_errors or {}),
         io=io,
@@ -437,6 +474,7 @@ def build_shadow_stats(
         ledger_pairs=ledger_pairs,
         categories_folded=categories_folded,
         replays_total=dict(replays_total or {}),
+        ledger_state=ledger_state,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from specwatch.vllm.request_metrics import SpecDecodeReading
 
@@ -229,26 +229,38 @@ EXCLUDED_REASONS: tuple[str, ...] = (
 
 #: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0 (the ledger's
 #: writer, :mod:`specwatch.shadow.ledger.writer`, counts them): ``queue_full`` (rows dropped
-#: because the write queue was full) and the exception types a failed write is counted under
+#: because the write queue was full), ``not_stored`` (rows refused while the ledger is corrupt,
+#: full or read-only) and the exception types a failed write is counted under
 #: (``sqlite3`` errors a disk or database fault raises, and ``OSError``). Other exception types
 #: caught by the writer (``sqlite3.Error``, ``OSError``, ``ValueError`` subclasses) are added
 #: when they occur.
 WRITE_ERROR_REASONS: tuple[str, ...] = (
     "queue_full",
+    "not_stored",
     "OperationalError",
     "IntegrityError",
     "DatabaseError",
     "OSError",
 )
 
+#: Whether the ledger stores rows: ``ok``; ``corrupt`` (the file is not a sound SQLite
+#: database: found by an open, a write or the periodic quick check); ``full`` (no space left, or
+#: the file size limit reached); ``read_only`` (the file or its directory cannot be written);
+#: ``unavailable`` (any other error that stopped a write or the open).
+LedgerState = Literal["ok", "corrupt", "full", "read_only", "unavailable"]
+#: Every :data:`LedgerState`, in that order (``specwatch_ledger_state{state}``, each exported).
+LEDGER_STATES: tuple[LedgerState, ...] = get_args(LedgerState)
+
 #: Why the proxy's upstream failed a request (``IngestCounters.proxy_upstream_errors`` keys,
 #: ``specwatch_shadow_proxy_upstream_errors_total{reason}``): unreachable (502), no answer in
-#: time (504), closed before the answer ended, a malformed answer (502). Exported from 0, so
-#: ``increase()`` sees the first failure.
+#: time (504), closed before the answer ended, a malformed answer (502), no byte for the stream
+#: idle timeout while an answer was owed (504, or the client connection aborted). Exported from
+#: 0, so ``increase()`` sees the first failure.
 PROXY_UPSTREAM_ERROR_REASONS: tuple[str, ...] = (
     "client_error",
     "connect",
     "disconnected",
+    "stalled",
     "timeout",
 )
 

@@ -9,10 +9,13 @@ One pure function, :func:`verdict_line`, builds the sentence shown by the demo's
 
 Units: accuracy differences in points (1 pt = 1 % of the questions), rates and ratios as ``%``
 changes. The decision signal is the anytime-valid e-value (alarm at ``1/alpha``, Ville 1939);
-no fixed-n p-value appears in the verdict. "About N more pairs" is Connor's (1987) paired
-sample size for showing non-inferiority at ``margin`` (one-sided ``alpha``, power 0.8) at the
-observed discordant rate, assuming FLy truly loses nothing, minus the pairs already labelled
-(:func:`specwatch.shadow.stats.power.questions_needed`).
+no fixed-n p-value decides it. The interval is always on the scale of the printed number
+(a net gain is printed with the interval of the gain). "Shown within M pt" comes from the
+anytime-valid confidence sequence (:mod:`specwatch.shadow.stats.confseq`): once declared it is
+never withdrawn; the one-look Tango test is shown beside it, labelled "one-look". Below
+:data:`MIN_VERDICT_PAIRS` labelled pairs the sentence says "too few pairs" instead of a
+verdict. "About N more pairs" is :func:`specwatch.shadow.stats.power.pairs_to_decide`, under
+the observed effect (the same function as the decision table).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specwatch.shadow.stats.power import questions_needed
+from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
 
 if TYPE_CHECKING:  # annotations only
@@ -36,7 +39,9 @@ class Verdict:
     generation speed (equal traffic); ``n``: labelled pairs; ``net_loss``, ``ci_lower``,
     ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
     no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
-    ``non_inferior``: the Tango test passed; ``discordant``: share of labelled pairs that flip.
+    ``non_inferior``: "within margin" declared by the confidence sequence (never withdrawn);
+    ``one_look_within``: the one-look Tango test passes at these counts; ``discordant``: share of
+    labelled pairs that flip; ``lost`` / ``gained``: the discordant counts.
     """
 
     tau_ratio: float | None = None
@@ -51,6 +56,13 @@ class Verdict:
     margin: float = 0.01
     non_inferior: bool = False
     discordant: float = math.nan
+    one_look_within: bool = False
+    lost: int = 0
+    gained: int = 0
+
+
+#: Labelled pairs below which the verdict says "too few pairs" instead of a conclusion.
+MIN_VERDICT_PAIRS = 30
 
 
 def verdict_from_summary(
@@ -60,9 +72,12 @@ def verdict_from_summary(
     margin: float,
     tau_ratio: float | None = None,
     throughput_ratio: float | None = None,
+    declared_at: int | None = None,
 ) -> Verdict:
     """A :class:`Verdict` from one :class:`PairedSummary` (use the ``since_start`` overall one:
-    its e-value is the anytime-valid one) and the optional speed ratios."""
+    its e-value is the anytime-valid one) and the optional speed ratios. ``declared_at``: the
+    pair at which the live confidence sequence declared "within margin" (the sidecar keeps it);
+    without it the declaration is read from the summary's counts."""
     return Verdict(
         tau_ratio=tau_ratio,
         throughput_ratio=throughput_ratio,
@@ -74,8 +89,11 @@ def verdict_from_summary(
         e_value=s.e_value,
         alpha=alpha,
         margin=margin,
-        non_inferior=s.non_inferiority_pass,
+        non_inferior=declared_at is not None or s.within_margin_declared,
         discordant=s.discordant_ratio,
+        one_look_within=s.non_inferiority_pass,
+        lost=s.lost,
+        gained=s.gained,
     )
 
 
@@ -119,14 +137,20 @@ def _about(n: int) -> str:
 
 
 def more_pairs_needed(v: Verdict) -> int | None:
-    """Labelled pairs still needed to show non-inferiority at ``v.margin`` when FLy truly loses
-    nothing (Connor 1987, one-sided ``alpha``, power 0.8, discordance ``max(observed, margin)``);
-    ``None`` without labelled pairs or a margin."""
-    if v.n <= 0 or not 0.0 < v.margin < 1.0 or not math.isfinite(v.discordant):
+    """Labelled pairs still needed, under the observed effect
+    (:func:`~specwatch.shadow.stats.power.pairs_to_decide`); ``None`` without labelled pairs."""
+    if v.n <= 0:
         return None
-    disc = min(1.0, max(v.discordant, v.margin))
-    needed = questions_needed(v.margin, disc, alpha=v.alpha, power=0.8, two_sided=False)
-    return max(0, needed - v.n)
+    return pairs_to_decide(v.net_loss, v.discordant, v.n, v.margin, alpha=v.alpha)
+
+
+def signed_interval(v: Verdict) -> tuple[float, float, float]:
+    """``(value, lower, upper)`` on the scale of the printed word: the net loss and its interval
+    when ``net_loss >= 0``, else the net gain ``-net_loss`` with the interval
+    ``(-ci_upper, -ci_lower)``; so the interval always runs low to high around the number."""
+    if v.net_loss >= 0:
+        return v.net_loss, v.ci_lower, v.ci_upper
+    return -v.net_loss, -v.ci_upper, -v.ci_lower
 
 
 def verdict_line(v: Verdict) -> str:
@@ -135,8 +159,10 @@ def verdict_line(v: Verdict) -> str:
     Parts, in order: τ and throughput changes (``%``, omitted when both unknown); the net loss
     (or net gain) in points with its interval and the labelled pairs; the e-value against
     ``1/alpha``; the conclusion: "net loss shown" once the e-value reached ``1/alpha``, "shown
-    within M pt" once non-inferiority passed, else "not yet shown within M pt" with the pairs
-    still needed.
+    within M pt" once the confidence sequence declared it, else "net loss not yet shown" (the
+    observed loss is at least the margin) or "not yet shown within M pt" (with the one-look
+    test's result when it passes), and the pairs still needed. Below
+    :data:`MIN_VERDICT_PAIRS` labelled pairs: "too few pairs" and no conclusion.
     """
     speed: list[str] = []
     if _finite(v.tau_ratio):
@@ -146,15 +172,20 @@ def verdict_line(v: Verdict) -> str:
     head = "FLy: " + (", ".join(speed) + ", " if speed else "")
     if v.n <= 0 or not math.isfinite(v.net_loss):
         return head + "no labelled pairs yet (quality unknown)"
+    pairs = "pair" if v.n == 1 else "pairs"
+    if v.n < MIN_VERDICT_PAIRS:
+        return head + (
+            f"too few pairs: {v.n:,} labelled {pairs}, a verdict needs {MIN_VERDICT_PAIRS}"
+        )
     word = "net loss" if v.net_loss >= 0 else "net gain"
-    level = f"{100.0 * v.ci_level:.0f} % CI"
+    value, low, high = signed_interval(v)
+    level = f"{100.0 * v.ci_level:.0f} % CI, one-look"
     ci = (
-        f" ({level} {points(v.ci_lower)} to {points(v.ci_upper)})"
-        if math.isfinite(v.ci_lower) and math.isfinite(v.ci_upper)
+        f" ({level} {points(low)} to {points(high)})"
+        if math.isfinite(low) and math.isfinite(high)
         else ""
     )
-    pairs = "pair" if v.n == 1 else "pairs"
-    quality = f"{word} {points(abs(v.net_loss))} pts{ci} on {v.n:,} labelled {pairs}"
+    quality = f"{word} {points(value)} pts{ci} on {v.n:,} labelled {pairs}"
     threshold = 1.0 / v.alpha
     evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
     margin_pts = 100.0 * v.margin
@@ -162,12 +193,16 @@ def verdict_line(v: Verdict) -> str:
     if e_value_alarm(v.e_value, v.alpha):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
-        end = f"shown within {margin}"
+        end = f"shown within {margin} (confidence sequence)"
     else:
         more = more_pairs_needed(v)
-        end = f"not yet shown within {margin}" + (
-            f": about {_about(more)} more pairs" if more else ""
+        one_look = " (one-look test: within)" if v.one_look_within else ""
+        question = (
+            "net loss not yet shown"
+            if v.net_loss >= v.margin
+            else f"not yet shown within {margin}{one_look}"
         )
+        end = question + (f": about {_about(more)} more pairs" if more else "")
     return f"{head}{quality}; {evidence}; {end}"
 
 

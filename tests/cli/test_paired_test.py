@@ -62,8 +62,8 @@ def test_paired_test_csv_table_and_non_inferior(
     assert main(["paired-test", str(base), str(cand), "--margin", "0.02"]) == 0
     table = capsys.readouterr().out
     # the verdict first: net gain (22 - 20) / 2000 = 0.1 points, in points like everywhere
-    assert table.splitlines()[0].startswith("FLy: net gain 0.1 pts (95 % CI ")
-    assert table.splitlines()[0].endswith("of 20 needed; shown within 2 pts")
+    assert table.splitlines()[0].startswith("FLy: net gain 0.1 pts (95 % CI, one-look ")
+    assert table.splitlines()[0].endswith("of 20 needed; shown within 2 pts (confidence sequence)")
     assert "fixed-n McNemar p (two-sided)" in table
     assert "non_inferior" in table
     assert "20 / 22 / +2" in table
@@ -122,6 +122,17 @@ def test_power_cli(
     argv = ["power", "--net-loss", net_loss, "--discordant", discordant, "--format", "json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["questions_needed"] == expected
+
+
+def test_power_cli_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    """2 points at 6 % discordance: Connor's 1,175 pairs give the exact test only 77.6 % power;
+    the exact test first reaches 80 % at 1,244 pairs (both checked against scipy.stats in
+    tests/shadow/stats/test_exact_power.py)."""
+    argv = ["power", "--net-loss", "0.02", "--discordant", "0.06", "--format", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exact_questions_needed"] == 1244
+    assert doc["exact_power_at_questions_needed"] == pytest.approx(0.776, abs=5e-4)
 
 
 def test_power_cli_bad_range(capsys: pytest.CaptureFixture[str]) -> None:

@@ -136,7 +136,7 @@ def test_each_vocabulary_is_assigned_in_one_module() -> None:
         ),
         (
             listen.REFUSAL_REASONS,
-            ("bad_request", "body_timeout", "connection_limit", "header_timeout"),
+            ("bad_request", "body_timeout", "client_share", "connection_limit", "header_timeout"),
         ),
         (observe_values.LIMIT_STATUSES, ("reached", "not_reached", "no_data")),
         (shadow_values.VERDICTS, ("pays", "costs_quality", "not_faster", "not_decided")),

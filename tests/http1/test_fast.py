@@ -121,12 +121,14 @@ Reader = Callable[[asyncio.StreamReader], Awaitable[bytes]]
 
 
 async def read_answer(r: asyncio.StreamReader) -> bytes:
-    """One whole answer, its end found by llhttp (an independent parser) or the close."""
+    """One whole final answer (interim ``1xx`` answers before it included), its end found by
+    llhttp (an independent parser) or the close."""
     done = asyncio.Event()
 
     class End:
         def on_message_complete(self) -> None:
-            done.set()
+            if parser.get_status_code() >= 200:
+                done.set()
 
     parser = httptools.HttpResponseParser(End())
     got = b""
@@ -444,7 +446,7 @@ PARSER_REQUESTS: dict[str, tuple[bytes, bytes, bytes, list[tuple[object, ...]]]]
     ),
     "keep-alive field": (post(b"Host: h", b"Keep-Alive: timeout=5"), sent(), PLAIN[0], [copy()]),
     # the engine answers the interim 100 itself; it is the first answer the client reads
-    "expect": (post(b"Host: h", b"Expect: 100-continue"), sent(), CONTINUE, [copy()]),
+    "expect": (post(b"Host: h", b"Expect: 100-continue"), sent(), CONTINUE + PLAIN[0], [copy()]),
     "chunked upload": (
         b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
         + chunk(JSON)

@@ -230,7 +230,25 @@ def reference_report(
         acceptance=None,
         reasons=dict(reasons),
         first_alarm=first_alarm,
+        tau_coverage=reference_tau_coverage(rows),
     )
+
+
+def reference_tau_coverage(rows: list[LedgerRow]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Per-request τ coverage row by row: ``{(arm, finish_reason): (paired rows, rows with τ)}``."""
+    seen: Counter[tuple[str, str]] = Counter()
+    with_tau: Counter[tuple[str, str]] = Counter()
+    for r in rows:
+        if r.status != "paired":
+            continue
+        for arm, finish, tau in (
+            ("standard", r.standard_finish_reason, r.standard_tau),
+            ("fly", r.fly_finish_reason, r.fly_tau),
+        ):
+            key = (arm, finish or "none")
+            seen[key] += 1
+            with_tau[key] += int(tau is not None)
+    return {k: (n, with_tau[k]) for k, n in seen.items()}
 
 
 class Values(HTMLParser):

@@ -247,8 +247,9 @@ class TestHtml:
     def test_decision_table_and_flips_by_load(self, rendered: Path) -> None:
         """Every paired row has τ 2.0 (standard) and 2.5 (FLy) and 10 tokens in 1.0 s against
         0.8 s: τ gain 0.5, throughput gain 12.5/10 − 1 = 0.25 in every category. code (3 lost,
-        3 gained of 50, discordance 0.12) is not decided: Connor's n for δ = 0.02 is
-        ceil((1.96·√0.12 + 0.8416·√0.1196)² / 0.0004) = ceil(2352.3) = 2353, 2303 more. No row
+        3 gained of 50, discordance 0.12) is not decided: at the observed net loss 0 the question
+        is "within 1 pt", Connor's one-sided n for δ = 0.01 at ψ = 0.12 is
+        ceil((1.6449·√0.12 + 0.8416·√0.1199)² / 0.0001) = 7418, 7368 more. No row
         has a running count, so the load bands hold 0 pairs and `unknown` all 96."""
         text = (rendered / "index.html").read_text(encoding="utf-8")
         rows = parse_tables(text, key="data-decision")
@@ -259,7 +260,7 @@ class TestHtml:
             assert float(got["throughput_gain_ratio"]["data-value"]) == pytest.approx(0.25)
             assert got["acceptance_gain"]["data-value"] == ""
         assert rows["code"]["verdict"]["data-value"] == "not_decided"
-        assert "not decided: about 2303 more pairs" in text
+        assert "not decided: about 7368 more pairs" in text
         bands = parse_tables(text, key="data-band")
         assert list(bands) == ["0-7", "8-31", "32+", "unknown"]
         assert [int(b["pairs"]["data-value"]) for b in bands.values()] == [0, 0, 0, 96]
@@ -288,7 +289,7 @@ class TestHtml:
         text = (rendered / "index.html").read_text(encoding="utf-8")
         line = re.search(r'<p class="verdict-line" data-field="verdict">([^<]*)</p>', text)
         assert line is not None
-        assert line.group(1).startswith("FLy: net loss 7.3 pts (95 % CI ")
+        assert line.group(1).startswith("FLy: net loss 7.3 pts (95 % CI, one-look ")
         assert "on 96 labelled pairs; e-value " in line.group(1)
         assert " of 20 needed; " in line.group(1)
 

@@ -62,12 +62,21 @@ def test_not_faster_when_non_inferior_but_slower() -> None:
 
 
 def test_not_decided_gives_the_pairs_still_needed() -> None:
-    """1 lost, 1 gained of 10 (discordance 0.2): Connor's n for δ = 0.02 is
-    ceil((1.96·√0.2 + 0.8416·√0.1996)² / 0.0004) = ceil(3922.1) = 3923, so 3913 more."""
+    """12 lost, 8 gained of 300: observed loss L = 4/300, discordance ψ = 20/300, so the loss
+    is the question to decide (L is above the 1-point margin); Connor's one-sided n at the
+    observed effect is ceil((1.6449·√ψ + 0.8416·√(ψ - L²))² / L²) = ceil(2316.4) = 2317, so
+    2017 more."""
+    row = decision_row("code", _labelled(280, 12, 8), FAST, **KW)
+    assert row.verdict == "not_decided"
+    assert row.pairs_more == 2017
+    assert row.verdict_text == "not decided: about 2017 more pairs"
+
+
+def test_too_few_pairs_is_not_a_verdict() -> None:
+    """Below 30 labelled pairs the row says "too few pairs", however the counts look."""
     row = decision_row("code", _labelled(8, 1, 1), FAST, **KW)
     assert row.verdict == "not_decided"
-    assert row.pairs_more == 3913
-    assert row.verdict_text == "not decided: about 3913 more pairs"
+    assert row.verdict_text == "not decided: too few pairs (10 labelled, need 30)"
 
 
 def test_speed_needs_five_pairs_and_tau_needs_replies() -> None:

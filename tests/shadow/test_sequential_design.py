@@ -146,7 +146,9 @@ def test_paired_test_reports_first_crossings(tmp_path: Path) -> None:
     )
     report = json.loads(out.stdout)
     assert report["first_crossing"] == {
+        "net_loss_change": None,
         "no_net_loss": 11,
         "no_net_loss_beta_binomial": 10,
         "margin": 12,
+        "within_margin": None,
     }

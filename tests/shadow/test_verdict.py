@@ -17,8 +17,9 @@ from specwatch.shadow.verdict import (
 
 def test_the_worked_example_reads_in_points_and_percent() -> None:
     """351 labelled pairs, net loss 0.035 (CI 0.007..0.065), e-value 8.27, α 0.05, margin 0.01,
-    4 % discordant. Connor one-sided: (1.6449·√0.04 + 0.8416·√0.0399)² / 0.01² = 2,471 pairs,
-    so 2,120 more, said as "about 2,100"; τ 1.13 → +13 %, speed per request 1.09 → +9 %."""
+    4 % discordant. Under the observed effect the loss is the question: Connor one-sided for
+    δ = 0.035 at ψ = 0.04 is ceil((1.6449·0.2 + 0.8416·√(0.04 - 0.035²))² / 0.035²) = 200
+    pairs, already there, so no "more pairs"; τ 1.13 → +13 %, speed per request 1.09 → +9 %."""
     v = Verdict(
         tau_ratio=1.13,
         throughput_ratio=1.09,
@@ -32,17 +33,25 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
         margin=0.01,
         discordant=0.04,
     )
-    assert more_pairs_needed(v) == 2471 - 351
+    assert more_pairs_needed(v) == 0
     assert verdict_line(v) == (
-        "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) "
-        "on 351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: "
-        "about 2,100 more pairs"
+        "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI, one-look 0.7 to 6.5) "
+        "on 351 labelled pairs; e-value 8.3 of 20 needed; net loss not yet shown"
     )
 
 
+def test_more_pairs_under_the_observed_effect() -> None:
+    """Net loss 0.2 pts at 4 % discordance on 351 pairs: "within 1 pt" is the closer question,
+    δ = 0.01 - 0.002 = 0.008: ceil((1.6449·0.2 + 0.8416·√(0.04 - 0.008²))² / 0.008²) = 3,863,
+    so 3,512 more, said as "about 3,500"."""
+    v = Verdict(n=351, net_loss=0.002, ci_lower=-0.02, ci_upper=0.024, e_value=0.5, discordant=0.04)
+    assert more_pairs_needed(v) == 3863 - 351
+    assert verdict_line(v).endswith("not yet shown within 1 pt: about 3,500 more pairs")
+
+
 def test_alarm_gain_and_non_inferiority_endings() -> None:
-    """The e-value at or above 1/α ends with "net loss shown"; a passed non-inferiority test
-    with "shown within 1 pt"; a negative net loss is a net gain in points."""
+    """The e-value at or above 1/α ends with "net loss shown"; a declared "within margin" with
+    "shown within 1 pt (confidence sequence)"; a negative net loss is a net gain in points."""
     base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=20.0)
     assert verdict_line(base).endswith(
         "e-value 20 of 20 needed; net loss shown (e-value reached the threshold)"
@@ -51,9 +60,29 @@ def test_alarm_gain_and_non_inferiority_endings() -> None:
         n=2000, net_loss=-0.004, ci_lower=-0.01, ci_upper=0.002, e_value=0.1, non_inferior=True
     )
     assert verdict_line(gain) == (
-        "FLy: net gain 0.4 pts (95 % CI -1.0 to 0.2) on 2,000 labelled pairs; "
-        "e-value 0.1 of 20 needed; shown within 1 pt"
+        "FLy: net gain 0.4 pts (95 % CI, one-look -0.2 to 1.0) on 2,000 labelled pairs; "
+        "e-value 0.1 of 20 needed; shown within 1 pt (confidence sequence)"
     )
+
+
+def test_fly_ahead_interval_contains_the_printed_gain() -> None:
+    """FLy ahead by 5.3 pts with the loss interval -11.7..0.5 (the case that printed "net gain
+    5.3 pts (95 % CI -11.7 to 0.5)"): the gain is printed with the gain's interval, -0.5 to
+    11.7, which contains 5.3."""
+    v = Verdict(n=300, net_loss=-0.053, ci_lower=-0.117, ci_upper=0.005, e_value=0.01)
+    line = verdict_line(v)
+    assert "net gain 5.3 pts (95 % CI, one-look -0.5 to 11.7)" in line
+
+
+def test_too_few_pairs_guard() -> None:
+    """One labelled pair (it printed "net loss 100.0 pts ... about 62,000 more pairs") and 29
+    pairs give "too few pairs" and no conclusion; 30 pairs give a verdict."""
+    one = Verdict(n=1, net_loss=1.0, ci_lower=0.2, ci_upper=1.0, e_value=2.0, discordant=1.0)
+    assert verdict_line(one) == "FLy: too few pairs: 1 labelled pair, a verdict needs 30"
+    few = Verdict(n=29, net_loss=0.0, ci_lower=-0.1, ci_upper=0.1, e_value=0.5, discordant=0.1)
+    assert "too few pairs" in verdict_line(few)
+    enough = Verdict(n=30, net_loss=0.0, ci_lower=-0.1, ci_upper=0.1, e_value=0.5, discordant=0.1)
+    assert "too few pairs" not in verdict_line(enough)
 
 
 def test_no_pairs_and_number_formats() -> None:

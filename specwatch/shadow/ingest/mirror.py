@@ -22,7 +22,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from yarl import URL
 
 from specwatch.core.clock import WallClock
-from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.wire import (
@@ -166,7 +166,8 @@ class MirrorIngest:
             request.headers.get(CATEGORY_HEADER),
             request.headers.get(REQUEST_ID_HEADER),
         )
-        status = 400 if result in ("invalid_json", "too_deep", "not_object") else 202
+        refused = ("invalid_json", "too_deep", "too_many_keys", "not_object")
+        status = 400 if result in refused else 202
         return web.json_response({"shadow": result}, status=status)
 
     def _reject(
@@ -222,6 +223,8 @@ class MirrorListener:
             access_log=None,
             shutdown_timeout=self._shutdown_timeout,
             keepalive_timeout=self._listen.keepalive_timeout_seconds,
+            max_line_size=MAX_FIELD_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
         )
         await self._runner.setup()
         try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specwatch.core.clock import WallClock
-from specwatch.core.listen import ListenLimits, json_too_deep
+from specwatch.core.listen import ListenLimits, json_too_deep, json_too_many_keys
 from specwatch.core.logs import RateLimitedLog, log_event
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
@@ -29,6 +29,7 @@ _CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 Offer = Callable[[ShadowRequest], str]
 #: Deepest JSON nesting of a shadowed body (a chat request nests a handful of levels).
 JSON_MAX_DEPTH = ListenLimits().json_max_depth
+JSON_MAX_KEYS = ListenLimits().json_max_keys
 
 #: The header carrying a live request's id (Envoy, nginx, vLLM's own ``X-Request-Id``).
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -73,15 +74,19 @@ def build_shadow_request(
     category: str | None = None,
     request_id: str | None = None,
     max_depth: int = JSON_MAX_DEPTH,
+    max_keys: int = JSON_MAX_KEYS,
 ) -> ShadowRequest | str:
     """Parse one request body into a :class:`ShadowRequest`, or return an error reason
-    (``unsupported_path|invalid_json|too_deep|not_object``; ``too_deep``: JSON nested deeper
-    than ``max_depth``, refused before parsing); ``request_id`` is kept when
-    :func:`clean_request_id` accepts it. Pure."""
+    (``unsupported_path|invalid_json|too_deep|too_many_keys|not_object``; ``too_deep``: JSON
+    nested deeper than ``max_depth``, ``too_many_keys``: more than ``max_keys`` object members,
+    both refused before parsing); ``request_id`` is kept when :func:`clean_request_id` accepts
+    it. Pure."""
     if path not in SHADOW_PATHS:
         return "unsupported_path"
     if json_too_deep(raw, max_depth):
         return "too_deep"
+    if json_too_many_keys(raw, max_keys):
+        return "too_many_keys"
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

@@ -235,9 +235,12 @@ class ShadowProxy:
     Run it with :meth:`start` (the caller's loop), :meth:`start_in_thread` or
     :meth:`start_in_process`, then :meth:`stop`. ``connect_timeout_seconds`` bounds a new upstream
     connection; ``total_timeout_seconds`` (``None``: no limit, streams may be long) bounds a whole
-    exchange. Upstream failures before the response starts answer ``502`` (connect, disconnected,
-    malformed answer) or ``504`` (timeout) with a small JSON body; after it starts, the client
-    connection is aborted so the client sees a truncated response, never a clean but short one.
+    exchange; ``stream_idle_timeout_seconds`` (60 s; ``None``: none) bounds how long the upstream
+    may send nothing while an answer is owed (then both sides are closed, counted as
+    ``stalled``). Upstream failures before the response starts answer ``502`` (connect,
+    disconnected, malformed answer) or ``504`` (timeout, stalled) with a small JSON body; after
+    it starts, the client connection is aborted so the client sees a truncated response, never
+    a clean but short one.
     ``listen`` limits the listener (connections, header/body read timeouts, keep-alive idle);
     ``listener`` counts its refusals and open connections. Raises ``ValueError`` for an upstream
     that is not an http(s) URL.
@@ -255,6 +258,7 @@ class ShadowProxy:
         marker_header: str = SHADOW_MARKER_HEADER,
         connect_timeout_seconds: float = 10.0,
         total_timeout_seconds: float | None = None,
+        stream_idle_timeout_seconds: float | None = 60.0,
         use_uvloop: bool = True,
         listen: ListenLimits | None = None,
         listener: ListenerStats | None = None,
@@ -265,7 +269,9 @@ class ShadowProxy:
         self.listener = listener if listener is not None else ListenerStats("proxy")
         self._shutdown_timeout = shutdown_timeout_seconds
         self._base = upstream.rstrip("/")
-        self._upstream = Upstream.parse(self._base, connect_timeout_seconds, total_timeout_seconds)
+        self._upstream = Upstream.parse(
+            self._base, connect_timeout_seconds, total_timeout_seconds, stream_idle_timeout_seconds
+        )
         self._offerer = Offerer(offer, counters, wall_clock, salt)
         self.counters = counters
         self._max = max_body_bytes
@@ -354,6 +360,7 @@ class ShadowProxy:
             "marker_header": self._marker,
             "connect_timeout_seconds": self._upstream.connect_timeout,
             "total_timeout_seconds": self._upstream.total_timeout,
+            "stream_idle_timeout_seconds": self._upstream.idle_timeout,
             "use_uvloop": self._use_uvloop,
             "listen": self._listen,
             "shutdown_timeout_seconds": self._shutdown_timeout,

@@ -10,6 +10,13 @@ exception type (:attr:`LedgerHealth.write_errors`, exported as
 ``specwatch_ledger_write_errors_total``) and logged as one structured line. No prompt or
 completion text is stored unless ``store_text``.
 
+A ledger that cannot store rows never stops the process: :meth:`Ledger.open` moves a corrupt
+file aside (``<path>.corrupt-<unix seconds>``) and starts a fresh one; a read-only, full or
+otherwise failing file leaves the ledger open in that state
+(:data:`~specwatch.shadow.values.LedgerState`; nothing is stored; :meth:`Ledger.retry` tries
+again); :meth:`Ledger.quick_check` finds corruption while running. The state is in
+:attr:`LedgerHealth.state`.
+
 Beside the rows, table ``pair_sums`` holds their aggregates, updated in the same transaction as
 every insert and every retention prune (:mod:`.aggregates`, :mod:`.retention`), so the restart
 rebuild (:meth:`Ledger.history`) reads O(stored groups + the rows of the last day or two)
@@ -19,12 +26,14 @@ instead of grouping every row.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from specwatch.core.clock import SYSTEM_WALL, WallClock
+from specwatch.core.logs import log_event
 from specwatch.shadow.ledger.aggregates import (
     SUMS_SCHEMA,
     HistoryGroup,
@@ -38,11 +47,24 @@ from specwatch.shadow.ledger.queries import RowQueries
 from specwatch.shadow.ledger.reports import BinCounts, ReportQueries, ReportSpan, ReportStream
 from specwatch.shadow.ledger.retention import Retention
 from specwatch.shadow.ledger.rows import SCHEMA, LedgerRow, add_missing_columns
+from specwatch.shadow.ledger.state import move_aside, quick_check_sync, state_of_error
 from specwatch.shadow.ledger.writer import LedgerHealth, QueueWriter
 from specwatch.shadow.tally import ArmTotals, PairTally
-from specwatch.shadow.values import PairOutcome
+from specwatch.shadow.values import LedgerState, PairOutcome
 
 S = TypeVar("S")
+
+log = logging.getLogger("specwatch.shadow.ledger")
+
+#: The table a write probe writes to and empties (:meth:`Ledger.retry`).
+_PROBE = "CREATE TABLE IF NOT EXISTS write_probe (x INTEGER)"
+
+
+def _probe(conn: sqlite3.Connection) -> None:
+    """One small write that needs free space and a writable file (rolled into a transaction)."""
+    conn.execute(_PROBE)
+    conn.execute("INSERT INTO write_probe VALUES (1)")
+    conn.execute("DELETE FROM write_probe")
 
 
 def _prepare(conn: sqlite3.Connection) -> None:
@@ -111,12 +133,81 @@ class Ledger:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Create or open the database (schema, WAL) and start the writer task.
-
-        Raises ``sqlite3.Error`` / ``OSError`` when the file cannot be opened.
-        """
-        await asyncio.to_thread(self._db.open, _prepare)
+        """Create or open the database (schema, WAL), check that it can be written and start
+        the writer task. A corrupt file is moved aside (:func:`~.state.move_aside`, logged) and
+        a fresh ledger created; any other failure leaves the ledger in that state (see
+        :attr:`state`), storing nothing until :meth:`retry` succeeds. Never raises for the
+        file's state: only ``ValueError`` for bad settings."""
+        state, detail = await asyncio.to_thread(self._open_sync)
+        if state == "corrupt":
+            stamp = f"{int(self._wall_clock())}"
+            try:
+                aside = await asyncio.to_thread(move_aside, self.path, stamp)
+            except OSError as exc:
+                self._writer.mark("corrupt", f"{detail}; not moved aside: {exc}")
+                return
+            log_event(
+                log,
+                logging.WARNING,
+                "corrupt ledger moved aside, a new one started",
+                path=str(self.path),
+                moved_to=str(aside),
+                error=detail,
+            )
+            self.moved_aside = aside
+            state, detail = await asyncio.to_thread(self._open_sync)
+        if state != "ok":
+            self._writer.mark(state, detail)
+            return
         self._writer.start()
+
+    #: Where :meth:`open` moved a corrupt file (``None``: it did not).
+    moved_aside: Path | None = None
+
+    def _open_sync(self) -> tuple[LedgerState, str | None]:
+        try:
+            self._db.open(_prepare)
+            self._db.transaction(_probe)
+        except (sqlite3.Error, OSError) as exc:
+            self._db.close()
+            return state_of_error(exc), f"{type(exc).__name__}: {exc}"
+        return "ok", None
+
+    @property
+    def state(self) -> LedgerState:
+        """Whether rows can be stored now (:data:`~specwatch.shadow.values.LedgerState`)."""
+        return self._writer.state
+
+    async def retry(self) -> LedgerState:
+        """Try again to store rows after a failure: open the file when :meth:`open` could
+        not, else one small write; on success the state is ``ok`` again (logged) and the
+        writer runs. A ``corrupt`` ledger stays so (the next start moves it aside). Returns the
+        state."""
+        if self.state in ("ok", "corrupt"):
+            return self.state
+        if not self._writer.started:
+            state, detail = await asyncio.to_thread(self._open_sync)
+        else:
+            try:
+                await asyncio.to_thread(self._db.transaction, _probe)
+                state, detail = "ok", None
+            except (sqlite3.Error, OSError, ValueError) as exc:
+                state, detail = state_of_error(exc), f"{type(exc).__name__}: {exc}"
+        self._writer.mark(state, detail)
+        if state == "ok":
+            self._writer.start()
+        return state
+
+    async def quick_check(self) -> str | None:
+        """SQLite's quick integrity check of the file (:func:`~.state.quick_check_sync`), in
+        a worker thread: ``None`` when sound (or the ledger is not open), else the problem, and
+        the state is then ``corrupt``."""
+        if not self._writer.started:
+            return None
+        problem = await asyncio.to_thread(quick_check_sync, self.path)
+        if problem is not None:
+            self._writer.mark("corrupt", problem)
+        return problem
 
     async def close(self) -> None:
         """Write everything queued, stop the writer and close both connections."""

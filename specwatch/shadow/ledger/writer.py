@@ -2,20 +2,20 @@
 (:meth:`QueueWriter.submit`) and committed in batches by one writer task that runs each batch in a
 worker thread (``asyncio.to_thread``), pruning when retention is due, in the same transaction.
 A failed write is never silent: it is counted per exception type
-(:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``) and
-logged as one structured line. Also the one bulk insert that bypasses the queue."""
+(:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``), sets
+the ledger's :data:`~specwatch.shadow.ledger.state.LedgerState` (the shadow component logs
+one line when it changes, never one per batch: a full disk would write a line a second); a
+committed batch sets it back to ``ok``. Also the one bulk insert that bypasses the queue."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specwatch.core.clock import WallClock
-from specwatch.core.logs import log_event
 from specwatch.shadow.ledger.aggregates import (
     HistoryGroup,
     HistoryGrouping,
@@ -25,20 +25,26 @@ from specwatch.shadow.ledger.aggregates import (
 from specwatch.shadow.ledger.connections import Connections
 from specwatch.shadow.ledger.retention import Retention
 from specwatch.shadow.ledger.rows import COLUMNS, INSERT, LedgerRow, row_to_values
+from specwatch.shadow.ledger.state import state_of_error
+from specwatch.shadow.values import LedgerState
 
-log = logging.getLogger("specwatch.shadow.ledger")
+#: The states in which rows are not even queued (nothing could store them until
+#: :meth:`~specwatch.shadow.ledger.Ledger.retry` or a restart).
+_REFUSING: frozenset[LedgerState] = frozenset({"corrupt", "full", "read_only"})
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerHealth:
     """Counters the exporter reads: rows committed since open, failed row writes by exception
-    type, rows dropped because the write queue was full, the last error text, queue depth."""
+    type, rows dropped because the write queue was full, the last error text, queue depth, and
+    whether rows can be stored (``state``)."""
 
     rows_written: int
     write_errors: Mapping[str, int]
     dropped: int
     last_error: str | None
     queue_depth: int
+    state: LedgerState = "ok"
 
 
 class QueueWriter:
@@ -68,12 +74,30 @@ class QueueWriter:
         self._write_errors: dict[str, int] = {}
         self._dropped = 0
         self._last_error: str | None = None
+        self._state: LedgerState = "ok"
         #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
         self.listener: HistoryListener | None = None
 
     def start(self) -> None:
-        """Start the writer task (on the running loop)."""
-        self._task = asyncio.create_task(self._write_loop(), name="ledger-writer")
+        """Start the writer task (on the running loop; idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._write_loop(), name="ledger-writer")
+
+    @property
+    def started(self) -> bool:
+        """The writer task runs."""
+        return self._task is not None
+
+    @property
+    def state(self) -> LedgerState:
+        """Whether rows can be stored now."""
+        return self._state
+
+    def mark(self, state: LedgerState, detail: str | None = None) -> None:
+        """Set the ledger's state (``detail``: the error, kept as ``last_error``)."""
+        if detail is not None:
+            self._last_error = detail
+        self._state = state
 
     async def stop(self) -> None:
         """Write everything queued, then stop the writer task (if started)."""
@@ -84,7 +108,12 @@ class QueueWriter:
 
     def submit(self, row: LedgerRow) -> bool:
         """Queue one row without blocking; ``False`` (and ``dropped`` + 1) when the queue is
-        full. Call from the event loop's thread."""
+        full; ``False`` (counted in ``write_errors["not_stored"]``) while the ledger is
+        ``corrupt``, ``full`` or ``read_only`` (an ``unavailable`` one is tried again with every
+        batch). Call from the event loop's thread."""
+        if self._state in _REFUSING:
+            self._write_errors["not_stored"] = self._write_errors.get("not_stored", 0) + 1
+            return False
         try:
             self._queue.put_nowait(row)
         except asyncio.QueueFull:
@@ -152,17 +181,11 @@ class QueueWriter:
         except (sqlite3.Error, OSError, ValueError) as exc:
             kind = type(exc).__name__
             self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
-            self._last_error = f"{kind}: {exc}"
-            log_event(
-                log,
-                logging.ERROR,
-                "ledger write failed",
-                error_type=kind,
-                rows=len(batch),
-                error=str(exc),
-            )
+            self.mark(state_of_error(exc), f"{kind}: {exc}")
             return
         self._rows_written += len(batch)
+        if self._state == "unavailable":
+            self._state = "ok"
         if prune:
             self._retention.pruned(now)
         if listener is not None and listener is self.listener:
@@ -208,4 +231,5 @@ class QueueWriter:
             dropped=self._dropped,
             last_error=self._last_error,
             queue_depth=self._queue.qsize(),
+            state=self._state,
         )

@@ -1,0 +1,121 @@
+"""``first_alarms``: the pair at which each live alarm first fires, from per-pair outcomes.
+
+The same functions the sidecar folds pair by pair (and rebuilds from the ledger), applied to a
+whole sequence, so the statistics can be checked from outside::
+
+    >>> from specwatch.shadow.stats import first_alarms
+    >>> from specwatch.shadow.settings import PairedSettings
+    >>> first_alarms([1] * 9, PairedSettings())["no_net_loss"]
+    8
+
+Outcomes: ``+1`` the candidate (FLy) lost a point on that pair, ``-1`` it gained one, ``0``
+both agree (both right or both wrong).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specwatch.shadow.stats.confseq import MarginDeclaration, declaration_path, run_declaration
+from specwatch.shadow.stats.detector import ChangeDetector, detector_log_path, run_detector
+from specwatch.shadow.stats.sequential import (
+    BettingEProcess,
+    betting_log_wealth,
+    first_alarm,
+    net_loss_mixture_log_e_values,
+    run_betting,
+)
+
+
+class AlarmSettings(Protocol):
+    """What :func:`first_alarms` reads (``PairedSettings`` has it): the level ``alpha``, the
+    non-inferiority ``margin``, ``detect_net_loss`` (centre of the e-value's mixture) and
+    ``change_arl`` (the detector's mean run length to a false alarm, discordant pairs)."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def margin(self) -> float: ...
+    @property
+    def detect_net_loss(self) -> float: ...
+    @property
+    def change_arl(self) -> float: ...
+
+
+#: The alarms, in the order :func:`first_alarms` returns them.
+ALARMS = ("net_loss_change", "no_net_loss", "margin", "within_margin")
+
+
+def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, int | None]:
+    """For each alarm the sidecar raises live, the 1-based pair of ``outcomes`` at which it
+    first fires (``None`` if it never does):
+
+    * ``net_loss_change``: the change detector (:mod:`specwatch.shadow.stats.detector`)
+      reaches ``change_arl``; the live SpecQualityDrift alarm;
+    * ``no_net_loss``: the since-start e-value
+      (:func:`~specwatch.shadow.stats.sequential.net_loss_mixture_log_e_values`) reaches
+      ``1/alpha`` (kept for the record: it never forgets);
+    * ``margin``: the margin e-process (testing by betting, ``net loss <= margin``) reaches
+      ``1/alpha``;
+    * ``within_margin``: the confidence sequence declares "within ``margin``"
+      (:func:`~specwatch.shadow.stats.confseq.declaration_path`; a declaration, not an alarm).
+
+    Raises ``ValueError`` on an outcome outside {-1, 0, 1}."""
+    d = np.asarray(list(outcomes), dtype=np.int64).reshape(-1)
+    if not np.all((d == -1) | (d == 0) | (d == 1)):
+        raise ValueError("outcomes must be -1, 0 or 1")
+    alpha = settings.alpha
+    if d.size == 0:
+        return dict.fromkeys(ALARMS)
+    lost, gained = np.cumsum(d == 1), np.cumsum(d == -1)
+    since = net_loss_mixture_log_e_values(lost, gained, settings.detect_net_loss)
+    det = ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl)
+    det_path, _ = detector_log_path(d, det)
+    bet, _ = betting_log_wealth(d.astype(np.float64), settings.margin)
+    return {
+        "net_loss_change": first_alarm(det_path, 1.0 / settings.change_arl),
+        "no_net_loss": first_alarm(since, alpha),
+        "margin": first_alarm(bet, alpha),
+        "within_margin": declaration_path(d, settings.margin, alpha),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAlarmState:
+    """The order-dependent statistics the sidecar folds pair by pair (and rebuilds from the
+    ledger in time order): the margin e-process, the change detector and the "within margin"
+    declaration. Immutable; :meth:`add` returns the state after more labelled pairs."""
+
+    betting: BettingEProcess
+    detector: ChangeDetector
+    declaration: MarginDeclaration
+
+    @classmethod
+    def fresh(cls, settings: AlarmSettings) -> LiveAlarmState:
+        """The state before any labelled pair."""
+        return cls(
+            BettingEProcess(margin=settings.margin),
+            ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl),
+            MarginDeclaration(settings.margin, settings.alpha),
+        )
+
+    def add(self, outcomes: Sequence[tuple[bool, bool]]) -> LiveAlarmState:
+        """After the labelled pairs ``(standard_correct, fly_correct)``, oldest first."""
+        if not outcomes:
+            return self
+        d = [int(s) - int(f) for s, f in outcomes]
+        if len(d) == 1:  # the live path: one pair at a time, scalar updates
+            return LiveAlarmState(
+                run_betting(outcomes, self.betting.margin, self.betting),
+                self.detector.update(d[0]),
+                self.declaration.update(d[0]),
+            )
+        return LiveAlarmState(
+            run_betting(outcomes, self.betting.margin, self.betting),
+            run_detector(d, self.detector),
+            run_declaration(d, self.declaration),
+        )
