@@ -57,10 +57,10 @@ READY = "shadow statistics rebuilt from the ledger"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _template(rng: random.Random) -> LedgerRow:
+def _template(rng: random.Random, labelled_share: float = 0.1) -> LedgerRow:
     status = rng.choices(["paired", "unpaired", "excluded"], [96, 3, 1])[0]
     paired = status == "paired"
-    labelled = paired and rng.random() < 0.1
+    labelled = paired and rng.random() < labelled_share
     noise = rng.random() < 0.5
     std_ok = rng.random() < 0.8
     fly_ok = std_ok if rng.random() < 0.95 else not std_ok
@@ -102,9 +102,18 @@ def _template(rng: random.Random) -> LedgerRow:
     )
 
 
-def build_ledger(path: Path, rows: int, now: float, seed: int = 1) -> float:
-    """Write ``rows`` rows spread evenly over the :data:`DAYS` days before ``now`` into a new
-    ledger at ``path`` (500 row templates, times varied); returns the seconds it took."""
+def build_ledger(
+    path: Path,
+    rows: int,
+    now: float,
+    seed: int = 1,
+    *,
+    days: float = DAYS,
+    labelled_share: float = 0.1,
+) -> float:
+    """Write ``rows`` rows spread evenly over the ``days`` days before ``now`` into a new
+    ledger at ``path`` (500 row templates, times varied, ``labelled_share`` of the paired rows
+    labelled); returns the seconds it took."""
     t0 = time.perf_counter()
 
     async def schema() -> None:
@@ -113,8 +122,10 @@ def build_ledger(path: Path, rows: int, now: float, seed: int = 1) -> float:
 
     asyncio.run(schema())
     rng = random.Random(seed)
-    templates = [tuple(getattr(_template(rng), c) for c in COLUMNS) for _ in range(500)]
-    span = DAYS * 86400.0
+    templates = [
+        tuple(getattr(_template(rng, labelled_share), c) for c in COLUMNS) for _ in range(500)
+    ]
+    span = days * 86400.0
     sql = f"INSERT INTO pairs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
     def values() -> object:
@@ -243,6 +254,14 @@ def main() -> None:
         "for the numbers before the statistics were kept live); implies --skip-rebuild",
     )
     ap.add_argument("--skip-rebuild", action="store_true", help="skip the in-process timings")
+    ap.add_argument(
+        "--days",
+        type=float,
+        default=DAYS,
+        help="days the rows span (2 with --labelled 1: the dense ledger the default row cap "
+        "fills in about two days of labelled pairs)",
+    )
+    ap.add_argument("--labelled", type=float, default=0.1, help="share of paired rows labelled")
     args = ap.parse_args()
     skip = args.skip_rebuild or args.root != ROOT
     print(
@@ -258,7 +277,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             ledger = tmp / "ledger.sqlite"
-            built = build_ledger(ledger, size, time.time())
+            built = build_ledger(
+                ledger, size, time.time(), days=args.days, labelled_share=args.labelled
+            )
             agg_wall, agg_cpu = build_aggregates(ledger)
             nan = float("nan")
             wall, cpu, full, tick = (nan,) * 4 if skip else asyncio.run(time_rebuild(ledger))

@@ -1,23 +1,30 @@
-"""Start-up time of the ``specwatch`` command line, hyperfine style (median wall time of N runs).
+"""Start-up time of the ``specwatch`` command line, hyperfine style (medians of N runs).
 
-Run from the repository root: ``python bench/bench_startup.py [--runs N] [--importtime]``.
-Each command runs as a fresh subprocess of this interpreter (``python -m specwatch ...``), first
-once to warm the file cache (not counted), then ``--runs`` times, interleaved with the bare
-interpreter (``python -c pass``), so machine load hits both alike. Prints the median, the
-minimum and the ratio of each median to the bare interpreter's. Goals: ``--version`` under
-0.3 s, ``analyze`` on one saved page under 1 s. ``--importtime`` also prints the ten largest
-cumulative imports of ``--version`` and ``analyze`` (``python -X importtime``).
+Run from the repository root: ``python bench/bench_startup.py [--runs N] [--importtime]
+[--before DIR]``. Each command runs as a fresh subprocess of this interpreter (``python -m
+specwatch ...``), first once to warm the file cache (not counted), then ``--runs`` times,
+interleaved with the bare interpreter (``python -c pass``), so machine load hits both alike.
+Prints the median wall time, the median CPU seconds (user + system of the child, which a loaded
+machine inflates less than wall time), the minimum wall time and the ratio of each median to the
+bare interpreter's. Every subcommand's ``--help`` is timed. ``--before DIR``: a source tree of an
+older revision (e.g. ``git archive REV specwatch | tar -x -C DIR``), each command also run from
+it in the same rounds, with the CPU ratio before/after. Goals: ``--version`` and every ``--help``
+under 0.3 s, ``analyze`` on one saved page under 1 s. ``--importtime`` also prints the ten
+largest cumulative imports of ``--version`` and ``analyze`` (``python -X importtime``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from specwatch.__main__ import HELP as _HELP
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "tests/fixtures/vllm-metrics/real-cpu-draft-model.txt"
@@ -36,17 +43,26 @@ COMMANDS: dict[str, list[str]] = {
         "--discordant",
         "0.06",
     ],
-    "specwatch run --help": ["-m", "specwatch", "run", "--help"],
 }
+for _command, _ in _HELP.values():
+    COMMANDS[f"specwatch {_command} --help"] = ["-m", "specwatch", _command, "--help"]
 
 
-def run_once(args: list[str]) -> float:
-    """Wall seconds of one ``python ARGS`` run (output discarded); raises on a non-zero exit."""
+def run_once(args: list[str], cwd: Path = ROOT) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one ``python ARGS`` run from ``cwd`` (output discarded);
+    raises on a non-zero exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, *args],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
     )
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def top_imports(args: list[str], n: int = 10) -> list[tuple[int, str]]:
@@ -67,22 +83,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=21, help="runs per command (median)")
     ap.add_argument("--importtime", action="store_true", help="print the largest imports")
+    ap.add_argument("--before", type=Path, help="source tree of an older revision to compare")
     args = ap.parse_args()
     print(f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs")
     print(f"load average at start: {os.getloadavg()}")
-    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    for cmd in COMMANDS.values():
-        run_once(cmd)  # warm-up
+    trees = {"": ROOT} if args.before is None else {"": ROOT, "before ": args.before.resolve()}
+    times: dict[str, list[tuple[float, float]]] = {
+        tag + name: [] for tag in trees for name in COMMANDS
+    }
+    for cwd in trees.values():
+        for cmd in COMMANDS.values():
+            run_once(cmd, cwd)  # warm-up
     for _ in range(args.runs):
         for name, cmd in COMMANDS.items():
-            times[name].append(run_once(cmd))
-    bare = statistics.median(times["python -c pass"])
+            for tag, cwd in trees.items():
+                times[tag + name].append(run_once(cmd, cwd))
+    bare = statistics.median(w for w, _ in times["python -c pass"])
     for name, xs in times.items():
-        med = statistics.median(xs)
-        print(
-            f"{name:>24}: median {med * 1e3:7.1f} ms  min {min(xs) * 1e3:7.1f} ms  "
-            f"{med / bare:5.1f}x bare"
+        med = statistics.median(w for w, _ in xs)
+        cpu = statistics.median(c for _, c in xs)
+        line = (
+            f"{name:>40}: median {med * 1e3:7.1f} ms  CPU {cpu * 1e3:7.1f} ms  "
+            f"min {min(w for w, _ in xs) * 1e3:7.1f} ms  {med / bare:5.1f}x bare"
         )
+        old = times.get("before " + name)
+        if old:
+            line += f"  CPU before/after {statistics.median(c for _, c in old) / cpu:5.1f}x"
+        print(line)
     print(f"load average at end: {os.getloadavg()}")
     if args.importtime:
         for name in ("specwatch --version", "specwatch analyze PAGE"):

@@ -7,6 +7,7 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -49,6 +50,12 @@ class TestPackaging:
         except PackageNotFoundError:
             pytest.fail("specwatch is not installed; `pip install .` first (scripts/test.sh does)")
         assert __version__ == installed
+
+    def test_version_constant_is_the_pyproject_version(self) -> None:
+        """`specwatch.__version__` (a constant, so ``--help`` never reads package metadata) is
+        pyproject.toml's ``[project] version``."""
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        assert __version__ == project["version"]
 
     def test_python_dash_m_and_version_flag(self) -> None:
         """`python -m specwatch --version` prints the version and exits 0."""

@@ -60,6 +60,23 @@ def test_version_and_help_import_no_subcommand(argv: list[str]) -> None:
     assert _loaded_after(code) == {"heavy": [], "cli": []}
 
 
+@pytest.mark.parametrize("command", [command for command, _ in entry.HELP.values()])
+def test_subcommand_help_imports_no_server_or_numerics(command: str) -> None:
+    """``python -m specwatch <command> --help`` (the module run as ``-m`` runs it) imports none
+    of HEAVY and no ``specwatch.server`` module: the parser is built before the server,
+    statistics and plotting stacks load, which the command's ``main`` imports when it runs."""
+    code = (
+        "import contextlib, io, runpy\n"
+        f"sys.argv = ['specwatch', {command!r}, '--help']\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+        "    runpy.run_module('specwatch', run_name='__main__', alter_sys=True)\n"
+        f"assert 'usage: specwatch {command}' in out.getvalue(), out.getvalue()\n"
+        "extra = sorted(m for m in sys.modules if m.startswith('specwatch.server'))\n"
+        "assert not extra, extra\n"
+    )
+    assert _loaded_after(code)["heavy"] == []
+
+
 def test_analyze_loads_only_its_module() -> None:
     """``analyze`` on a saved page imports ``specwatch.cli.analyze`` only, no other subcommand
     module (not even the shared flag helpers), and none of HEAVY."""

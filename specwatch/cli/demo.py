@@ -17,8 +17,6 @@ from specwatch.cli.args import add_described_command
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import setup_logging
 from specwatch.demo.config import DEFAULT_PORT, DemoConfig, simulator_configs
-from specwatch.demo.run import run_demo
-from specwatch.settings import ConfigError
 
 _DESCRIPTION = """\
 Run a standard and a FLy simulated vLLM server, live traffic to both and the specwatch sidecar
@@ -180,6 +178,9 @@ def main(args: argparse.Namespace) -> int:
     # Logs go to stderr; looked up at each write, so under the live view (which redirects
     # stderr) a warning prints above the view instead of tearing it.
     setup_logging("WARNING", "plain", stream=cast(TextIO, _CurrentStderr()))
+    from specwatch.demo.run import run_demo  # the server and simulator stacks load only here
+    from specwatch.settings import ConfigError
+
     try:
         return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
     except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up

@@ -43,16 +43,16 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import yaml
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
-from specwatch.cli.doctor_stack import inhibit_findings, label_findings, mirror_findings
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
-from specwatch.server.prom_api import PromApiError, api_get, instant_query
+
+if TYPE_CHECKING:  # aiohttp and the Prometheus client load when diagnosing, not for --help
+    import aiohttp
 
 #: A series every vLLM server exports (vllm-metrics.md: scheduler state gauges).
 VLLM_PROBE = "vllm:num_requests_running"
@@ -573,6 +573,8 @@ async def _dashboard_findings(
     limit_s: float,
     builtins: Mapping[str, str] = _BUILTINS,
 ) -> list[Finding]:
+    from specwatch.server.prom_api import PromApiError, api_get, instant_query
+
     title = dash["title"]
     out: list[Finding] = []
     resolved: dict[str, str] = {}
@@ -615,6 +617,11 @@ async def diagnose(
 ) -> list[Finding]:
     """Run every check against the Prometheus at ``url`` (a failed API call is one ``fail``
     finding for check ``prometheus`` and ends the run)."""
+    import aiohttp
+
+    from specwatch.cli.doctor_stack import inhibit_findings, label_findings, mirror_findings
+    from specwatch.server.prom_api import PromApiError, api_get, instant_query
+
     out: list[Finding] = []
     async with aiohttp.ClientSession() as session:
         try:

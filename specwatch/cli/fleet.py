@@ -21,19 +21,17 @@ import json
 import math
 import sys
 import time
-from typing import Any
-
-import aiohttp
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
 from specwatch.core.clock import SYSTEM_WALL
-from specwatch.core.config import parse_duration
+from specwatch.core.config import DEFAULT_REPLICA_LABELS, parse_duration
 from specwatch.core.logs import setup_logging
-from specwatch.export.fleet import DEFAULT_REPLICA_LABELS, FleetStats, fleet_json
-from specwatch.server.fleet import FleetQuery, build_fleet_app, query_fleet
-from specwatch.server.prom_api import PromApiError
 from specwatch.shadow.settings import PairedSettings
+
+if TYPE_CHECKING:  # aiohttp, the server and the statistics load in main, not for ``fleet --help``
+    from specwatch.export.fleet import FleetStats
+    from specwatch.server.fleet import FleetQuery
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,6 +114,10 @@ def _table(stats: FleetStats) -> str:
 
 
 async def _once(q: FleetQuery) -> FleetStats:
+    import aiohttp
+
+    from specwatch.server.fleet import query_fleet
+
     async with aiohttp.ClientSession() as session:
         return await query_fleet(session, q, now=time.time())
 
@@ -141,6 +143,12 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specwatch fleet: {exc}", file=sys.stderr)
         return 2
+    from aiohttp import web
+
+    from specwatch.export.fleet import fleet_json
+    from specwatch.server.fleet import FleetQuery, build_fleet_app
+    from specwatch.server.prom_api import PromApiError
+
     q = FleetQuery(
         prometheus_url=args.prometheus_url,
         matchers=args.selector,

@@ -18,12 +18,12 @@ import argparse
 import csv
 import json
 import math
+import operator
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format, plain_help
 from specwatch.shadow.inputs import (
@@ -35,12 +35,9 @@ from specwatch.shadow.inputs import (
     pick_samples_file,
     split_shared,
 )
-from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.stats import first_alarms
-from specwatch.shadow.stats.paired import PairedCounts
-from specwatch.shadow.stats.sequential import beta_binomial_log_e_values, first_alarm
-from specwatch.shadow.summary import PairTally, summarize
-from specwatch.shadow.verdict import verdict_from_summary, verdict_line
+
+if TYPE_CHECKING:  # numpy, scipy and the statistics load where computed, not for --help
+    from specwatch.shadow.stats.paired import PairedCounts
 
 __all__ = [
     "InputError",
@@ -54,6 +51,28 @@ __all__ = [
 
 _TRUE = {"1", "true", "yes", "correct"}
 _FALSE = {"0", "false", "no", "incorrect", "wrong"}
+
+#: A JSONL row in the plain shape ``{"id": "q1", "correct": true}`` (JSON whitespace anywhere, id
+#: a string without escapes or an integer, correct true/false/0/1): read by one match instead of
+#: :func:`json.loads`, the same values; any other line is parsed by :mod:`json`.
+_PLAIN_ROW = re.compile(
+    r'[ \t\r]*\{[ \t\r]*"id"[ \t\r]*:[ \t\r]*(?:"([^"\\\x00-\x1f]*)"|(0|-?[1-9][0-9]*))'
+    r'[ \t\r]*,[ \t\r]*"correct"[ \t\r]*:[ \t\r]*(true|false|0|1)[ \t\r]*\}[ \t\r]*'
+)
+#: The same row as a whole line of a multi-line text (for one pass over a whole file).
+_PLAIN_LINES = re.compile(f"^(?:{_PLAIN_ROW.pattern})$", re.MULTILINE)
+
+
+def _plain_jsonl(text: str) -> dict[str, bool] | None:
+    """``{id: correct}`` when every line of ``text`` is a plain-shape row (see
+    :data:`_PLAIN_ROW`) and no id repeats, read in one pass; ``None`` otherwise (the caller
+    then reads line by line, which also names the line of any error)."""
+    found = _PLAIN_LINES.findall(text)
+    if not found or len(found) != len(text.splitlines()):
+        return None
+    items = [text_id or int_id for text_id, int_id, _ in found]
+    out = dict(zip(items, [correct in ("true", "1") for _, _, correct in found], strict=True))
+    return out if len(out) == len(items) else None
 
 
 def _as_bool(value: object, where: str) -> bool:
@@ -75,82 +94,111 @@ def read_outcomes(
     :func:`specwatch.shadow.inputs.lm_eval_outcomes`).
 
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
-    duplicate id.
+    duplicate id. A directory is lm-eval's ``--output_path``: its one samples file is read.
     """
-    path, rows = _read_rows(path)
+    path = _samples_path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from exc
+    # (line number, parsed record); a plain-shape JSONL row is read as the tuple (id, correct).
+    rows: list[tuple[int, Any]] = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if reader.fieldnames is None or not {"id", "correct"} <= set(reader.fieldnames):
+            raise InputError(f"{path}: CSV needs a header with 'id' and 'correct'")
+        rows = list(enumerate(reader, start=2))
+    else:
+        fast = _plain_jsonl(text)
+        if fast is not None and filter_name is None and metric is None:
+            return fast
+        plain = _PLAIN_ROW.fullmatch
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            m = plain(line)
+            if m is not None:
+                text_id, int_id, correct = m.groups()
+                rows.append(
+                    (lineno, (int_id if text_id is None else text_id, correct in ("true", "1")))
+                )
+                continue
+            if not line.strip():
+                continue
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
+            except RecursionError:
+                raise InputError(f"{path}:{lineno}: invalid JSON: nested too deep") from None
     if rows and looks_like_lm_eval(rows[0][1]):
-        return lm_eval_outcomes(rows, filter_name=filter_name, metric=metric, source=str(path))
+        return lm_eval_outcomes(
+            [(f"{path}:{lineno}", rec) for lineno, rec in rows],
+            filter_name=filter_name,
+            metric=metric,
+            source=str(path),
+        )
     if filter_name is not None or metric is not None:
         raise InputError(f"{path}: --filter/--metric apply to lm-eval samples files only")
     out: dict[str, bool] = {}
-    for where, rec in rows:
-        if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
-            raise InputError(f"{where}: row needs 'id' and 'correct'")
-        item = str(rec["id"])
+    for lineno, rec in rows:
+        if isinstance(rec, tuple):
+            item, ok = rec
+        else:
+            where = f"{path}:{lineno}"
+            if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
+                raise InputError(f"{where}: row needs 'id' and 'correct'")
+            item, ok = str(rec["id"]), _as_bool(rec["correct"], where)
         if item in out:
-            raise InputError(f"{where}: duplicate id {item!r}")
-        out[item] = _as_bool(rec["correct"], where)
+            raise InputError(f"{path}:{lineno}: duplicate id {item!r}")
+        out[item] = ok
     if not out:
         raise InputError(f"{path}: no rows")
     return out
 
 
+def _samples_path(path: Path) -> Path:
+    """``path``, or for an lm-eval output directory the one samples file under it."""
+    if not path.is_dir():
+        return path
+    listing = [str(p) for p in path.rglob("samples_*.jsonl") if p.is_file()]
+    return Path(pick_samples_file(str(path), listing))
+
+
 def read_hashes(path: Path, *, filter_name: str | None = None) -> dict[str, dict[str, str]]:
     """lm-eval's per-document ``prompt_hash``/``target_hash`` in ``path`` (a file or output
-    directory, as :func:`read_outcomes`); empty for plain id/correct files."""
-    path, rows = _read_rows(path)
-    if rows and looks_like_lm_eval(rows[0][1]):
-        return lm_eval_hashes(rows, filter_name=filter_name, source=str(path))
-    return {}
-
-
-def _read_rows(path: Path) -> tuple[Path, list[tuple[str, Any]]]:
-    """The file read (an lm-eval output directory resolves to its one samples file) and its
-    parsed rows as ``(where, row)``."""
-    if path.is_dir():
-        listing = [str(p) for p in path.rglob("samples_*.jsonl") if p.is_file()]
-        path = Path(pick_samples_file(str(path), listing))
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from exc
-    rows: list[tuple[str, Any]] = []
+    directory, as :func:`read_outcomes`, which has checked it); empty for other files."""
+    path = _samples_path(path)
     if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        if reader.fieldnames is None or not {"id", "correct"} <= set(reader.fieldnames):
-            raise InputError(f"{path}: CSV needs a header with 'id' and 'correct'")
-        for lineno, rec in enumerate(reader, start=2):
-            rows.append((f"{path}:{lineno}", rec))
-    else:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
-            except RecursionError:
-                raise InputError(f"{path}:{lineno}: invalid JSON: nested too deep") from None
-            rows.append((f"{path}:{lineno}", rec))
-    return path, rows
+        return {}
+    rows: list[tuple[str, Any]] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        if line.strip():
+            rows.append((f"{path}:{lineno}", json.loads(line)))
+            if not looks_like_lm_eval(rows[0][1]):
+                return {}
+    return lm_eval_hashes(rows, filter_name=filter_name, source=str(path)) if rows else {}
 
 
 def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
     """Build the paired 2x2 table; raises :class:`InputError` when the id sets differ."""
-    only_base = sorted(set(base) - set(cand))
-    only_cand = sorted(set(cand) - set(base))
-    if only_base or only_cand:
+    from specwatch.shadow.stats.paired import PairedCounts
+
+    if base.keys() != cand.keys():
+        only_base = sorted(set(base) - set(cand))
+        only_cand = sorted(set(cand) - set(base))
         parts = []
         if only_base:
             parts.append(f"{len(only_base)} only in BASE (e.g. {', '.join(only_base[:3])})")
         if only_cand:
             parts.append(f"{len(only_cand)} only in CAND (e.g. {', '.join(only_cand[:3])})")
         raise InputError("ids do not match: " + "; ".join(parts))
-    cells = [0, 0, 0, 0]
-    for item, b in base.items():
-        c = cand[item]
-        cells[(0 if b else 2) + (0 if c else 1)] += 1
-    return PairedCounts(both_correct=cells[0], lost=cells[1], gained=cells[2], both_wrong=cells[3])
+    b, c = list(base.values()), list(map(cand.__getitem__, base))
+    both, base_right, cand_right = sum(map(operator.and_, b, c)), sum(b), sum(c)
+    return PairedCounts(
+        both_correct=both,
+        lost=base_right - both,
+        gained=cand_right - both,
+        both_wrong=len(b) - base_right - cand_right + both,
+    )
 
 
 def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
@@ -158,7 +206,7 @@ def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
 
     Call after :func:`pair_outcomes` (which checks that the id sets match).
     """
-    return [int(b) - int(cand[item]) for item, b in base.items()]
+    return list(map(operator.sub, base.values(), map(cand.__getitem__, base)))
 
 
 def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, int | None]:
@@ -168,6 +216,12 @@ def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, 
     ``within_margin``), plus ``no_net_loss_beta_binomial``: the uniform-prior mixture, shown for
     comparison only. Pairs in the order given.
     """
+    import numpy as np
+
+    from specwatch.shadow.settings import PairedSettings
+    from specwatch.shadow.stats import first_alarms
+    from specwatch.shadow.stats.sequential import beta_binomial_log_e_values, first_alarm
+
     out = first_alarms(d, PairedSettings(alpha=alpha, margin=margin))
     lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
     gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
@@ -188,6 +242,9 @@ def paired_report(
     ``first_crossing`` (see :func:`first_crossings`), and the verdict's "within margin" is the
     confidence sequence's declaration along that order.
     """
+    from specwatch.shadow.summary import PairTally, summarize
+    from specwatch.shadow.verdict import verdict_from_summary, verdict_line
+
     tally = PairTally(
         both_correct=counts.both_correct,
         lost=counts.lost,

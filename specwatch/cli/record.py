@@ -21,13 +21,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import aiohttp
-
 from specwatch.cli.args import add_described_command
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.config import parse_duration
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE
-from specwatch.settings import ConfigError, load_settings, parse_target_spec
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,6 +71,8 @@ async def record(
     for name in targets:
         await asyncio.to_thread((out / name).mkdir, parents=True, exist_ok=True)
     started = mono_clock()
+    import aiohttp  # loads when recording, not for ``record --help``
+
     timeout = aiohttp.ClientTimeout(total=max(0.5, interval * 0.9))
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
@@ -122,6 +121,8 @@ async def _run(targets: Mapping[str, str], out: Path, interval: float, dur: floa
 
 def main(args: argparse.Namespace) -> int:
     """Record until the duration or Ctrl-C; 2 on a bad flag or an unwritable ``--out``."""
+    from specwatch.settings import ConfigError, load_settings, parse_target_spec
+
     try:
         if not (args.interval > 0):
             raise ConfigError("--interval must be a positive number of seconds")

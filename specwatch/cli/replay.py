@@ -38,17 +38,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specwatch.alerts.alert import Alert, AlertKey, alert_key
-from specwatch.alerts.pending import Detector
-from specwatch.alerts.settings import DetectSettings
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
 from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.observe.tracker import TargetTracker, build_view
-from specwatch.settings import ConfigError, load_settings, parse_target_spec
+
+if TYPE_CHECKING:  # settings, parser, trackers and detectors load when replaying, not for --help
+    from specwatch.alerts.alert import Alert, AlertKey
+    from specwatch.alerts.settings import DetectSettings
+    from specwatch.observe.settings import ScrapeSettings, TargetSettings
+    from specwatch.observe.tracker import TargetTracker
 
 logger = logging.getLogger("specwatch.replay")
 
@@ -105,6 +105,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _target(spec: str) -> tuple[dict[str, Any], Path]:
     """``NAME=DIR[,k=v...]`` → (target mapping with a placeholder URL, DIR)."""
+    from specwatch.settings import parse_target_spec
+
     raw = parse_target_spec(spec)
     directory = Path(raw.pop("url"))
     raw["url"] = f"http://replay.invalid/{raw['name']}"
@@ -117,6 +119,8 @@ def _target(spec: str) -> tuple[dict[str, Any], Path]:
 def read_timeline(name: str, directory: Path) -> list[Scrape]:
     """The bodies of one directory, sorted by time. :class:`ConfigError` on a missing
     directory, no bodies, or a body name that is not a finite number of seconds."""
+    from specwatch.settings import ConfigError
+
     if not directory.is_dir():
         raise ConfigError(f"--target {name}: {directory} is not a directory")
     out: list[Scrape] = []
@@ -157,11 +161,18 @@ def replay(
     Pure apart from one log line per unparseable body. Returns the firing intervals in
     ``fired_at`` order (ties by alert name and labels).
     """
+    from specwatch.observe.settings import ScrapeSettings
+    from specwatch.observe.tracker import TargetTracker
+
     bounds = scrape if scrape is not None else ScrapeSettings()
     trackers = {t.name: TargetTracker.from_settings(t, bounds, windows) for t in targets}
     ordered = sorted(scrapes, key=lambda s: (s.t, s.target))
     if not ordered:
         return []
+    from specwatch.alerts.alert import alert_key
+    from specwatch.alerts.pending import Detector  # the statistics stack loads here, not for --help
+    from specwatch.observe.tracker import build_view
+
     detector = Detector(detect)
     start, end = ordered[0].t, ordered[-1].t
     steps = math.floor((end - start) / evaluation_interval + 1e-9)
@@ -255,6 +266,8 @@ def render_table(found: Sequence[Transition]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Print the alerts; 2 on a bad flag, setting or directory."""
+    from specwatch.settings import ConfigError, load_settings
+
     try:
         specs = [_target(spec) for spec in args.target]
         overrides: dict[str, Any] = {"targets": [raw for raw, _ in specs]}

@@ -14,19 +14,13 @@ import importlib.util
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specwatch.cli.args import plain_help
-from specwatch.report.data import (
-    MAX_POINTS,
-    REPORT_WINDOW,
-    Acceptance,
-    ReportData,
-    ReportInputError,
-    build_report,
-    fetch_text,
-    parse_acceptance,
-    read_ledger,
-)
+from specwatch.report import MAX_POINTS, REPORT_WINDOW
+
+if TYPE_CHECKING:  # the ledger, numpy and statistics load in main, not for ``report --help``
+    from specwatch.report.data import ReportData
 
 MISSING_EXTRA = (
     "specwatch report: matplotlib is not installed; install the 'report' extra "
@@ -84,6 +78,14 @@ def _preload() -> bool:
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
+    from specwatch.report.data import (
+        Acceptance,
+        build_report,
+        fetch_text,
+        parse_acceptance,
+        read_ledger,
+    )
+
     digest, _ = await asyncio.gather(
         read_ledger(args.ledger, bins=args.bins), asyncio.to_thread(_preload)
     )
@@ -124,6 +126,8 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.bins <= MAX_POINTS:
         print(f"specwatch report: --bins must be in [1, {MAX_POINTS}]", file=sys.stderr)
         return 2
+    from specwatch.report.data import ReportInputError
+
     try:
         data = asyncio.run(_gather(args))
     except ReportInputError as exc:

@@ -12,14 +12,14 @@ import logging
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_windows
 from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
-from specwatch.settings import ConfigError, Settings, load_settings, parse_target_spec
-from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
-from specwatch.shadow.ledger.files import check_openable
+
+if TYPE_CHECKING:  # pydantic's settings load when the command runs, not for ``--help``
+    from specwatch.settings import Settings
 
 logger = logging.getLogger("specwatch.run")
 
@@ -62,6 +62,8 @@ def _duration(flag: str, text: str | None) -> float | None:
     try:
         return parse_duration(text)
     except ValueError as exc:
+        from specwatch.settings import ConfigError
+
         raise ConfigError(f"config error: {flag}: {exc}") from None
 
 
@@ -75,6 +77,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
     Raises :class:`~specwatch.settings.ConfigError` (one line naming the field).
     """
+    from specwatch.settings import load_settings, parse_target_spec
+
     overrides: dict[str, Any] = {}
     if args.target:
         overrides["targets"] = [parse_target_spec(spec) for spec in args.target]
@@ -106,6 +110,11 @@ def preflight(settings: Settings) -> None:
     """
     if not settings.shadow.enabled:
         return
+    # The ledger and canary modules load here, not when ``--help`` builds the parser.
+    from specwatch.settings import ConfigError
+    from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
+    from specwatch.shadow.ledger.files import check_openable
+
     path = settings.ledger.path
     try:
         check_openable(path)
@@ -125,6 +134,7 @@ def whole_config(settings: Settings) -> None:
     """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): each
     warning printed on stderr; the first error raised as :class:`ConfigError`."""
     from specwatch.server.checks import check_settings
+    from specwatch.settings import ConfigError
 
     for f in check_settings(settings):
         if f.level == "error":
@@ -137,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
     from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
+    from specwatch.settings import ConfigError
 
     try:
         settings = settings_from_args(args)

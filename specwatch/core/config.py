@@ -32,6 +32,11 @@ DEFAULT_LOAD_BANDS: tuple[int, ...] = (0, 8, 32)
 #: (``ShadowSettings.max_categories``).
 DEFAULT_MAX_CATEGORIES = 20
 
+#: Labels that tell HA Prometheus replicas apart (prometheus-operator's ``prometheus_replica``,
+#: Thanos' and Cortex's ``replica``): a series that differs from another only in these is the same
+#: sidecar's series read through two replicas (``specwatch fleet`` counts it once).
+DEFAULT_REPLICA_LABELS: tuple[str, ...] = ("replica", "prometheus_replica")
+
 #: The window that spans everything since the process (or the ledger) started; always present,
 #: never listed.
 SINCE_START = "since_start"

@@ -11,15 +11,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specwatch.server.app import Component
-from specwatch.server.wiring import alerting_components, shadow_components
-from specwatch.settings import Settings, load_settings
-from specwatch.shadow.stats.power import questions_needed
 from specwatch.simulate.config import Role as SimRole
 from specwatch.simulate.config import SimConfig
-from specwatch.simulate.quiz import write_canary_jsonl
+
+if TYPE_CHECKING:  # the server and statistics stacks load when used, not for ``demo --help``
+    from specwatch.server.app import Component
+    from specwatch.settings import Settings
 
 #: The port the demo's sidecar tries first (falls back to a free port when it is taken; the
 #: demo prints the port it actually used).
@@ -152,6 +151,8 @@ def write_canary_file(path: Path, *, variants: int, temperature: float, seed: in
     pair, not the same answer again. Each pass is shuffled (``seed``) so the categories mix.
     Blocking (file write).
     """
+    from specwatch.simulate.quiz import write_canary_jsonl  # numpy loads here, not for --help
+
     return write_canary_jsonl(path, variants=variants, temperature=temperature, seed=seed)
 
 
@@ -187,6 +188,8 @@ def non_inferiority_min_pairs(
     truly loses nothing, at a pessimistic ``discordant`` rate (0.2: the simulator's canary
     replays flip about 15 %). 12,364 with the defaults: hours of demo traffic, so the demo's
     quality alert fires on the e-value's evidence, not on too few pairs."""
+    from specwatch.shadow.stats.power import questions_needed
+
     return questions_needed(margin, discordant, alpha=alpha, power=0.8, two_sided=False)
 
 
@@ -288,6 +291,8 @@ def demo_settings(
         }
         overrides["ledger"] = {"path": str(files.ledger)}
         overrides["paired"] = {"windows": list(cfg.windows), "refresh_seconds": 1.0}
+    from specwatch.settings import load_settings
+
     return load_settings(overrides=overrides)
 
 
@@ -295,6 +300,8 @@ def demo_components(settings: Settings, *, alerts: bool = True) -> list[Componen
     """The components plugged into the demo's sidecar (``build_app(components=...)``), wired as
     ``specwatch run`` wires them: the shadow chain when ``settings.shadow.enabled``, then (with
     ``alerts``) the alerting component reading the shadow chain's published statistics."""
+    from specwatch.server.wiring import alerting_components, shadow_components
+
     shadow = shadow_components(settings)
     if not alerts:
         return [*shadow]

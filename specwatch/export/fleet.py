@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL, SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
 from specwatch.export.prometheus import _describe, _Families
@@ -56,10 +56,8 @@ ALL_MODELS = OVERALL
 
 Row = tuple[Mapping[str, str], float]
 
-#: Labels that tell HA Prometheus replicas apart (prometheus-operator's ``prometheus_replica``,
-#: Thanos' and Cortex's ``replica``): a series that differs from another only in these is the same
-#: sidecar's series read through two replicas.
-DEFAULT_REPLICA_LABELS: tuple[str, ...] = ("replica", "prometheus_replica")
+# DEFAULT_REPLICA_LABELS (the HA replica labels) lives in core.config, so ``fleet --help`` can
+# name it without this module's statistics imports.
 
 
 def dedup_replicas(rows: Iterable[Row], replica_labels: Iterable[str]) -> tuple[list[Row], int]:

@@ -4,3 +4,14 @@
 everything with the shadow statistics (no statistics of its own); :mod:`specwatch.report.render`
 draws the plots with matplotlib (the ``report`` extra, Agg backend) and writes ``index.html``.
 """
+
+from specwatch.core.config import SINCE_START
+
+__all__ = ["MAX_POINTS", "REPORT_WINDOW"]
+
+#: The window name the report's tables use (every row of the ledger).
+REPORT_WINDOW = SINCE_START
+
+#: Most points any plotted series has, whatever the ledger size (time bins of the flips and net
+#: loss plots, points of each e-value path).
+MAX_POINTS = 2000

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
+from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.report import MAX_POINTS, REPORT_WINDOW
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
@@ -45,15 +46,11 @@ from specwatch.shadow.summary import ShadowStats, build_shadow_stats
 from specwatch.shadow.summary import load_bands as load_bands_of
 from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
 
-#: The window name the report's tables use (every row of the ledger).
-REPORT_WINDOW = SINCE_START
-
 #: The running-request bands and category bound the report uses: the live defaults
 #: (:data:`specwatch.core.config.DEFAULT_LOAD_BANDS`, ``DEFAULT_MAX_CATEGORIES``).
 
-#: Most points any plotted series has, whatever the ledger size (time bins of the flips and net
-#: loss plots, points of each e-value path).
-MAX_POINTS = 2000
+# REPORT_WINDOW and MAX_POINTS live in the package (the CLI's parser reads them without this
+# module's numpy and statistics imports).
 
 
 class ReportInputError(ValueError):

@@ -109,12 +109,25 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+def statistics_state(shadow_enabled: bool, snapshot: Snapshot) -> str:
+    """The paired statistics' readiness: ``off`` (shadow off), ``rebuilding`` (shadow on, no
+    statistics published yet: the start-up rebuild from the ledger is still running) or
+    ``ready``."""
+    if not shadow_enabled:
+        return "off"
+    return "rebuilding" if snapshot.shadow is None else "ready"
+
+
 async def _readyz(request: web.Request) -> web.Response:
     scraper = request.app[SCRAPER_KEY]
     waiting = [name for name, t in scraper.trackers.items() if not t.snapshot().ready]
-    if waiting:
-        return web.json_response({"ready": False, "waiting_for": waiting}, status=503)
-    return web.json_response({"ready": True})
+    statistics = statistics_state(
+        request.app[SETTINGS_KEY].shadow.enabled, request.app[STORE_KEY].get()
+    )
+    if waiting or statistics == "rebuilding":
+        body = {"ready": False, "waiting_for": waiting, "statistics": statistics}
+        return web.json_response(body, status=503)
+    return web.json_response({"ready": True, "statistics": statistics})
 
 
 #: What the well-known endpoints are for (``/`` lists every route, described or not).
@@ -122,7 +135,7 @@ ENDPOINT_HELP: dict[str, str] = {
     "/": "this list",
     "/metrics": "Prometheus metrics (specwatch_*)",
     "/healthz": "liveness: ok, or 503 when a component failed",
-    "/readyz": "readiness: 200 once every target was scraped",
+    "/readyz": "readiness: 200 once every target was scraped and the statistics are rebuilt",
     "/api/v1/snapshot": "everything specwatch knows now, as JSON (with the verdict)",
 }
 

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from specwatch.core.clock import WallClock
+from specwatch.core.config import DEFAULT_REPLICA_LABELS
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.store import Store
 from specwatch.export.fleet import (
-    DEFAULT_REPLICA_LABELS,
     FleetCollector,
     FleetHealth,
     FleetStats,

@@ -4,8 +4,8 @@ apart only by the replica label."""
 
 from __future__ import annotations
 
-from specwatch.core.config import OVERALL
-from specwatch.export.fleet import DEFAULT_REPLICA_LABELS, fleet_json, fleet_stats
+from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL
+from specwatch.export.fleet import fleet_json, fleet_stats
 
 
 def _sidecar(
