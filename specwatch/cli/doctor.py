@@ -14,6 +14,13 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
 * ``ports``: with ``--manifest``, each PodMonitor/ServiceMonitor endpoint's ``port`` names a
   container port / Service port of what it selects;
 * ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
+* ``mirror``: with ``--manifest`` holding an Istio VirtualService or Gateway API HTTPRoute
+  mirror, the share of live requests that reached specwatch's mirror listener over the last
+  hour is at least half the configured percentage;
+* ``inhibit``: with ``--alertmanager-config FILE`` or ``--alertmanager-url URL``, each inhibit
+  rule that selects specwatch's alerts compares (``equal``) only labels they carry;
+* ``labels``: with ``--dashboard``, every label a panel's matcher needs exists on some series of
+  the metric it selects;
 * ``dashboard``: with ``--dashboard FILE`` (Grafana JSON), every panel query at the dashboard's
   default variable values returns data; a panel whose description says when it is empty is a
   warning, not a failure. A ``label_values`` query variable with no saved value takes the first
@@ -529,6 +536,7 @@ class Inputs:
     prometheus_object: dict[str, Any] | None
     objects: list[dict[str, Any]]
     dashboards: list[dict[str, Any]]
+    alertmanager_config: dict[str, Any] | None = None
 
 
 def read_inputs(args: argparse.Namespace) -> Inputs:
@@ -545,7 +553,17 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         prometheus_object=prom_obj,
         objects=[o for p in args.manifest for o in _load_docs(p)],
         dashboards=[_load_dashboard(p) for p in args.dashboard],
+        alertmanager_config=_load_alertmanager_config(getattr(args, "alertmanager_config", None)),
     )
+
+
+def _load_alertmanager_config(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    docs = _load_docs(path)
+    if len(docs) != 1:
+        raise InputError(f"{path}: not an Alertmanager configuration")
+    return docs[0]
 
 
 async def _dashboard_findings(
@@ -594,11 +612,14 @@ async def _dashboard_findings(
     return out
 
 
-async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float) -> list[Finding]:
+async def diagnose(
+    url: str, inputs: Inputs, *, job_pattern: str, limit_s: float, alertmanager_url: str = ""
+) -> list[Finding]:
     """Run every check against the Prometheus at ``url`` (a failed API call is one ``fail``
     finding for check ``prometheus`` and ends the run)."""
     import aiohttp
 
+    from specwatch.cli.doctor_stack import inhibit_findings, label_findings, mirror_findings
     from specwatch.server.prom_api import PromApiError, api_get, instant_query
 
     out: list[Finding] = []
@@ -620,8 +641,23 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
         except PromApiError as exc:
             out.append(Finding("fail", "prometheus", f"cannot query {url}: {exc}"))
             return out
+        labels_of: dict[str, list[str]] = {}
         for dash in inputs.dashboards:
             out += await _dashboard_findings(session, url, dash, limit_s, builtins)
+            queries = [(p, e) for p, _, e in dashboard_queries(dash, None, builtins)]
+            found = await label_findings(session, url, dash["title"], queries, labels_of, limit_s)
+            out += [Finding(*f) for f in found]
+        if inputs.alertmanager_config is not None or alertmanager_url:
+            found = await inhibit_findings(
+                session,
+                url,
+                inputs.alertmanager_config,
+                alertmanager_url,
+                rules,
+                job_pattern,
+                limit_s,
+            )
+            out += [Finding(*f) for f in found]
     if inputs.prometheus_object is not None:
         out += check_selectors(inputs.prometheus_object, inputs.objects)
     elif inputs.objects:
@@ -631,6 +667,9 @@ async def diagnose(url: str, inputs: Inputs, *, job_pattern: str, limit_s: float
             )
         )
     out += check_ports(inputs.objects)
+    async with aiohttp.ClientSession() as session:
+        found = await mirror_findings(session, url, inputs.objects, job_pattern, limit_s)
+    out += [Finding(*f) for f in found]
     out += check_ledger_volume(inputs.objects)
     return out
 
@@ -678,6 +717,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--manifest", type=Path, action="append", default=[], metavar="FILE")
     p.add_argument("--prometheus-object", type=Path, metavar="FILE")
     p.add_argument("--dashboard", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument(
+        "--alertmanager-config",
+        type=Path,
+        metavar="FILE",
+        help="Alertmanager configuration whose inhibit rules to check",
+    )
+    p.add_argument(
+        "--alertmanager-url",
+        default="",
+        metavar="URL",
+        help="live Alertmanager whose inhibit rules to check (/api/v2/status)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per query")
     add_output_format(p)
     p.set_defaults(handler=main)
@@ -693,6 +744,9 @@ CHECK_ORDER: tuple[str, ...] = (
     "rules",
     "role",
     "ledger",
+    "mirror",
+    "inhibit",
+    "labels",
     "dashboard",
 )
 
@@ -743,7 +797,11 @@ def main(args: argparse.Namespace) -> int:
     if args.prometheus_url is not None:
         findings += asyncio.run(
             diagnose(
-                args.prometheus_url, inputs, job_pattern=args.specwatch_job, limit_s=args.timeout
+                args.prometheus_url,
+                inputs,
+                job_pattern=args.specwatch_job,
+                limit_s=args.timeout,
+                alertmanager_url=args.alertmanager_url,
             )
         )
     findings = triage(findings)

@@ -4,9 +4,12 @@ BASE (standard arm / baseline) and CAND (FLy / candidate) are JSONL or CSV files
 ``{"id": ..., "correct": 0|1}`` over the same items, or lm-evaluation-harness
 ``samples_*.jsonl`` files (``lm_eval --log_samples``; recognised by content, joined on
 ``doc_id``, scored by the sample's own 0/1 metric; ``--filter NAME`` when the task wrote
-several filters, ``--metric NAME`` when it scored several metrics). Exit 0 with the result, 2 on
-bad input (one line on stderr). ``first_crossing`` gives, in BASE file order, the pair at which
-each e-process first reached 1/alpha (null when never).
+several filters, ``--metric NAME`` when it scored several metrics); BASE/CAND may be lm-eval
+``--output_path`` directories holding one samples file. lm-eval's ``prompt_hash`` and
+``target_hash`` must agree per document (else exit 2, or ``--exclude-mismatched`` leaves those
+out); items only one run has are left out and reported (``excluded`` in the JSON, stderr).
+Exit 0 with the result, 2 on bad input (one line on stderr). ``first_crossing`` gives, in BASE
+file order, the pair at which each e-process first reached 1/alpha (null when never).
 """
 
 from __future__ import annotations
@@ -24,12 +27,27 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format
 from specwatch.core.helptext import plain_help
-from specwatch.shadow.inputs import InputError, lm_eval_outcomes, looks_like_lm_eval
+from specwatch.shadow.inputs import (
+    InputError,
+    hash_mismatches,
+    lm_eval_hashes,
+    lm_eval_outcomes,
+    looks_like_lm_eval,
+    pick_samples_file,
+    split_shared,
+)
 
 if TYPE_CHECKING:  # numpy, scipy and the statistics load where computed, not for --help
     from specwatch.shadow.stats.paired import PairedCounts
 
-__all__ = ["InputError", "pair_outcomes", "pair_sequence", "paired_report", "read_outcomes"]
+__all__ = [
+    "InputError",
+    "pair_outcomes",
+    "pair_sequence",
+    "paired_report",
+    "read_hashes",
+    "read_outcomes",
+]
 
 
 _TRUE = {"1", "true", "yes", "correct"}
@@ -77,8 +95,9 @@ def read_outcomes(
     :func:`specwatch.shadow.inputs.lm_eval_outcomes`).
 
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
-    duplicate id.
+    duplicate id. A directory is lm-eval's ``--output_path``: its one samples file is read.
     """
+    path = _samples_path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -135,6 +154,29 @@ def read_outcomes(
     if not out:
         raise InputError(f"{path}: no rows")
     return out
+
+
+def _samples_path(path: Path) -> Path:
+    """``path``, or for an lm-eval output directory the one samples file under it."""
+    if not path.is_dir():
+        return path
+    listing = [str(p) for p in path.rglob("samples_*.jsonl") if p.is_file()]
+    return Path(pick_samples_file(str(path), listing))
+
+
+def read_hashes(path: Path, *, filter_name: str | None = None) -> dict[str, dict[str, str]]:
+    """lm-eval's per-document ``prompt_hash``/``target_hash`` in ``path`` (a file or output
+    directory, as :func:`read_outcomes`, which has checked it); empty for other files."""
+    path = _samples_path(path)
+    if path.suffix.lower() == ".csv":
+        return {}
+    rows: list[tuple[str, Any]] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        if line.strip():
+            rows.append((f"{path}:{lineno}", json.loads(line)))
+            if not looks_like_lm_eval(rows[0][1]):
+                return {}
+    return lm_eval_hashes(rows, filter_name=filter_name, source=str(path)) if rows else {}
 
 
 def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
@@ -319,6 +361,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--metric", metavar="NAME", help="lm-eval samples: the 0/1 metric when several are scored"
     )
+    p.add_argument(
+        "--exclude-mismatched",
+        action="store_true",
+        help="lm-eval samples: leave out documents whose prompt_hash/target_hash differ between "
+        "the runs (default: refuse, exit 2)",
+    )
     add_output_format(p)
     p.set_defaults(handler=main)
 
@@ -332,10 +380,55 @@ def main(args: argparse.Namespace) -> int:
             raise InputError("--alpha must be in (0, 0.5)")
         pick = {"filter_name": args.filter_name, "metric": args.metric}
         base, cand = read_outcomes(args.base, **pick), read_outcomes(args.cand, **pick)
+        base, cand, excluded = _matched(args, base, cand)
         counts = pair_outcomes(base, cand)
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)
         return 2
     report = paired_report(counts, args.margin, args.alpha, pair_sequence(base, cand))
+    if excluded:
+        report["excluded"] = excluded
     print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
     return 0
+
+
+def _examples(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+
+
+def _matched(
+    args: argparse.Namespace, base: dict[str, bool], cand: dict[str, bool]
+) -> tuple[dict[str, bool], dict[str, bool], dict[str, Any]]:
+    """The pairs both runs share with the same lm-eval hashes, and what was left out and why
+    (also said on stderr). Raises :class:`InputError` when hashes differ without
+    ``--exclude-mismatched``, or when no pair is left."""
+    base, cand, only_base, only_cand = split_shared(base, cand)
+    hb = read_hashes(args.base, filter_name=args.filter_name)
+    hc = read_hashes(args.cand, filter_name=args.filter_name)
+    differ = hash_mismatches(hb, hc)
+    if differ and not args.exclude_mismatched:
+        first = next(iter(differ))
+        raise InputError(
+            f"{len(differ)} documents were not asked the same in both runs (doc_id {first}: "
+            f"{' and '.join(differ[first])} differ{'s' if len(differ[first]) == 1 else ''}; "
+            f"doc_ids {_examples(list(differ))}); fix the runs, or pass --exclude-mismatched "
+            "to leave them out"
+        )
+    excluded: dict[str, Any] = {}
+    for key, ids, why in (
+        ("only_base", only_base, "only in BASE"),
+        ("only_cand", only_cand, "only in CAND"),
+        ("hash_mismatch", list(differ), "with differing prompt_hash/target_hash"),
+    ):
+        if ids:
+            excluded[key] = {"count": len(ids), "ids": ids[:5]}
+            print(
+                f"specwatch paired-test: left out {len(ids)} item{'s' * (len(ids) != 1)} "
+                f"{why} (e.g. {_examples(ids)})",
+                file=sys.stderr,
+            )
+    base = {k: v for k, v in base.items() if k not in differ}
+    cand = {k: v for k, v in cand.items() if k not in differ}
+    if not base:
+        raise InputError("no item is in both runs")
+    return base, cand, excluded

@@ -69,17 +69,22 @@ def test_paired_test_csv_table_and_non_inferior(
     assert "20 / 22 / +2" in table
 
 
-def test_paired_test_unmatched_ids_exit_2(
+def test_paired_test_unmatched_ids_are_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Ids missing from either file exit 2, naming the count and an example on each side."""
+    """Ids missing from either file are left out and reported (count and an example on each
+    side); the two shared pairs are tested (a both right, b gained). Nothing shared: exit 2."""
     base = _write_jsonl(tmp_path / "b.jsonl", [("a", 1), ("b", 0), ("c", 1)])
     cand = _write_jsonl(tmp_path / "c.jsonl", [("a", 1), ("b", 1), ("d", 1)])
-    assert main(["paired-test", str(base), str(cand)]) == 2
-    err = capsys.readouterr().err
-    assert "ids do not match" in err
-    assert "1 only in BASE (e.g. c)" in err
-    assert "1 only in CAND (e.g. d)" in err
+    assert main(["paired-test", str(base), str(cand), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert (got["n"], got["both_correct"], got["gained"]) == (2, 1, 1)
+    assert "left out 1 item only in BASE (e.g. c)" in err
+    assert "left out 1 item only in CAND (e.g. d)" in err
+    other = _write_jsonl(tmp_path / "o.jsonl", [("x", 1)])
+    assert main(["paired-test", str(base), str(other)]) == 2
+    assert "no item is in both runs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

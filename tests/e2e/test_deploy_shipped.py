@@ -438,10 +438,13 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
                 f"--prometheus-url={prom}",
                 *(f"--manifest={m}" for m in manifests),
                 *(f"--dashboard={d}" for d in DASHBOARDS),
+                f"--alertmanager-url={am}",
             )
             last[:] = [out + err]
             if rc != 0 or "FAIL" in out:
                 return None
+            # the live Alertmanager's inhibit rule compares labels specwatch's alerts carry
+            assert f"OK    inhibit    {am}: inhibit rule 1: equal labels carried" in out, out
             # the one warning about the manifests: the ledger on the shipped emptyDir
             assert "WARN  ledger" in out, out
             return True

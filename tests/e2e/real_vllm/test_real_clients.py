@@ -198,7 +198,8 @@ def _specwatch(*args: str) -> subprocess.CompletedProcess[str]:
 def test_paired_test_reads_lm_eval_samples(lm_eval_samples: dict[str, Path]) -> None:
     """paired-test on lm-eval's own samples files: the table joined on doc_id under the chosen
     filter, scored by exact_match, equals a join done here by hand; the exact McNemar p equals
-    scipy's binomial test; without --filter (two filters written) it exits 2 naming them."""
+    scipy's binomial test; the output directories give the same; without --filter (two filters
+    written) it exits 2 naming them."""
     base, cand = lm_eval_samples["standard"], lm_eval_samples["fly"]
     proc = _specwatch(
         "paired-test", str(base), str(cand), "--filter", "strict-match", "--format", "json"
@@ -219,6 +220,16 @@ def test_paired_test_reads_lm_eval_samples(lm_eval_samples: dict[str, Path]) -> 
     d = lost + gained
     want_p = binomtest(lost, d, 0.5).pvalue if d else 1.0
     assert got["exact_p"] == pytest.approx(want_p, rel=1e-9)
+    # both runs asked the same prompts (lm-eval's prompt_hash agrees): nothing left out
+    assert "excluded" not in got
+
+    # the --output_path directories themselves give the same table
+    proc = _specwatch(
+        "paired-test", str(base.parents[1]), str(cand.parents[1]), "--filter", "strict-match",
+        "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == got
 
     proc = _specwatch("paired-test", str(base), str(cand))
     assert proc.returncode == 2

@@ -1,0 +1,312 @@
+"""``specwatch doctor``'s checks of the operator's own stack, driven through the command against
+a hand-made Prometheus and Alertmanager HTTP API (answers as Prometheus 3 / Alertmanager 0.28
+give them): an inhibit rule whose ``equal`` names a label specwatch's alerts do not carry, and a
+dashboard matcher on a label no series of its metric has."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import yaml
+
+from specwatch.__main__ import main
+from specwatch.cli.doctor_stack import check_inhibit_rules, mirror_percentages, promql_matchers
+
+#: The label names Prometheus has on specwatch's series (``/api/v1/labels`` with its job).
+SPECWATCH_LABELS = ["__name__", "instance", "job", "model_name", "namespace", "role", "target"]
+#: ... and on vLLM's running gauge.
+VLLM_LABELS = ["__name__", "engine", "instance", "job", "model_name", "namespace", "role"]
+
+ALERTMANAGER = {
+    "route": {"receiver": "default"},
+    "receivers": [{"name": "default"}],
+    "inhibit_rules": [
+        # 1: the runbook's rule: both labels carried
+        {
+            "source_matchers": ['severity="critical"'],
+            "target_matchers": ['severity="warning"'],
+            "equal": ["namespace", "role"],
+        },
+        # 2: cluster is a Prometheus external label (carried); gpu is on nothing of specwatch's
+        {
+            "source_matchers": ['severity="critical"'],
+            "target_matchers": ["severity=~warning|info"],
+            "equal": ["cluster", "gpu"],
+        },
+        # 3: selects only alerts with team="db": specwatch's have no team, not judged
+        {
+            "source_matchers": ['team="db"'],
+            "target_matchers": ['severity="warning"'],
+            "equal": ["database"],
+        },
+        # 4: older syntax, a severity specwatch never uses: not judged
+        {"source_match": {"severity": "page"}, "target_match": {}, "equal": ["shard"]},
+    ],
+}
+
+
+#: Increases over the last hour the mirror check asks for, by metric (set per test).
+COUNTS: dict[str, float] = {}
+
+
+def _api(data: object) -> dict[str, object]:
+    return {"status": "success", "data": data}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Prometheus's and Alertmanager's API answers for one healthy specwatch target."""
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        body: object
+        if url.path == "/api/v1/targets":
+            body = _api(
+                {
+                    "activeTargets": [
+                        {
+                            "labels": {"job": "specwatch", "instance": "sw:9000"},
+                            "health": "up",
+                            "scrapeInterval": "15s",
+                        }
+                    ]
+                }
+            )
+        elif url.path == "/api/v1/rules":
+            rule = {"name": "SpecQualityDrift", "type": "alerting", "health": "ok"}
+            rule["labels"] = {"severity": "critical"}  # type: ignore[assignment]
+            body = _api({"groups": [{"name": "specwatch.rules", "rules": [rule]}]})
+        elif url.path == "/api/v1/query" and q["query"].startswith("sum(increase("):
+            metric = q["query"].removeprefix("sum(increase(").split("{")[0]
+            value = [0, str(COUNTS[metric])]
+            body = _api({"resultType": "vector", "result": [{"metric": {}, "value": value}]})
+        elif url.path == "/api/v1/query":
+            labels = {"__name__": "x", "job": "vllm", "instance": "v:8000", "role": "fly"}
+            found = (
+                [] if q["query"].startswith("sglang:") else [{"metric": labels, "value": [0, "1"]}]
+            )
+            body = _api({"resultType": "vector", "result": found})
+        elif url.path == "/api/v1/labels":
+            match = q.get("match[]", "")
+            body = _api(
+                SPECWATCH_LABELS if match.startswith("{job=~") else
+                VLLM_LABELS if match == "vllm:num_requests_running" else []
+            )  # fmt: skip
+        elif url.path == "/api/v1/status/config":
+            body = _api({"yaml": "global:\n  external_labels:\n    cluster: eu-1\n"})
+        elif url.path == "/api/v2/status":
+            body = {"config": {"original": yaml.safe_dump(ALERTMANAGER)}, "cluster": {}}
+        else:
+            self.send_error(404)
+            return
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    """The fake Prometheus + Alertmanager on a free port, as its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, str]]]:
+    rc = main(["doctor", *args, "--format", "json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_inhibit_equal_label_specwatch_alerts_lack(
+    api: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From the file and from the live Alertmanager alike: rule 1 (namespace, role) passes,
+    rule 2 fails on gpu only (cluster comes from Prometheus's external labels), rules 3 and 4
+    select no specwatch alert and are not judged; the failure is the first line, exit 1."""
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text(yaml.safe_dump(ALERTMANAGER))
+    for flags, source in (
+        (["--alertmanager-config", str(conf)], "--alertmanager-config"),
+        (["--alertmanager-url", api], api),
+    ):
+        rc, found = _doctor(capsys, "--prometheus-url", api, *flags)
+        assert rc == 1
+        inhibit = [(f["status"], f["message"]) for f in found if f["check"] == "inhibit"]
+        assert inhibit == [
+            (
+                "fail",
+                f"{source}: inhibit rule 2 (equal: cluster, gpu) selects specwatch alerts, which "
+                "carry no gpu: Alertmanager compares a missing label as empty, so one specwatch "
+                "alert inhibits others across every gpu (or never, where the other side carries "
+                "it); drop gpu from equal or add it to specwatch's alerts "
+                "(alerting.external_labels, or the Prometheus external labels)",
+            ),
+            ("ok", f"{source}: inhibit rule 1: equal labels carried"),
+        ]
+        assert found[0]["check"] == "inhibit"
+
+
+def test_dashboard_matcher_on_missing_label(
+    api: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``container="vllm"`` on vLLM's gauge, whose series have no container label, fails once
+    naming both panels and the labels there are; ``role``, a negative matcher and one that
+    accepts the empty value (``pod=~".*"``) pass."""
+    dash = {
+        "title": "Pair",
+        "templating": {"list": [{"name": "c", "current": {"value": "vllm"}}]},
+        "panels": [
+            {
+                "title": "Running",
+                "targets": [{"expr": 'vllm:num_requests_running{container="$c"}'}],
+            },
+            {
+                "title": "By role",
+                "targets": [
+                    {"expr": 'sum by (role) (vllm:num_requests_running{role="fly", pod=~".*"})'},
+                    {"expr": 'vllm:num_requests_running{container="vllm", gpu!="0"}'},
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps(dash))
+    rc, found = _doctor(capsys, "--prometheus-url", api, "--dashboard", str(path))
+    assert rc == 1
+    assert [(f["status"], f["message"]) for f in found if f["check"] == "labels"] == [
+        (
+            "fail",
+            "Pair: no series of vllm:num_requests_running has label 'container', so "
+            'container="vllm" selects nothing (its labels: engine, instance, job, model_name, '
+            "namespace, role); panels: Running, By role",
+        )
+    ]
+    assert found[0]["check"] == "labels"  # before the dashboard's own lines
+
+
+def test_matchers_read_from_promql() -> None:
+    """Selectors by name and by ``__name__``; grouping clauses and range brackets are not
+    selectors; escaped quotes are unescaped."""
+    assert promql_matchers(
+        'sum by (le) (rate(a:b{x="1", y=~"p|q"}[5m])) / on(z) {__name__="c", w!="say \\"hi\\""}'
+    ) == [("a:b", "x", "=", "1"), ("a:b", "y", "=~", "p|q"), ("c", "w", "!=", 'say "hi"')]
+
+
+def test_unreadable_matcher_is_a_warning() -> None:
+    """An inhibit rule whose matcher cannot be read is a warning naming it, not a guess."""
+    conf = {"inhibit_rules": [{"source_matchers": ["severity"], "equal": ["x"]}]}
+    got = check_inhibit_rules(conf, {"severity": ["critical"]}, "am.yml")
+    assert got == [("warn", "inhibit", "am.yml: inhibit rule 1: cannot read matchers")]
+
+
+HTTPROUTE = {
+    "apiVersion": "gateway.networking.k8s.io/v1",
+    "kind": "HTTPRoute",
+    "metadata": {"name": "vllm-mirror"},
+    "spec": {
+        "rules": [
+            {
+                "filters": [
+                    {
+                        "type": "RequestMirror",
+                        "requestMirror": {"backendRef": {"name": "specwatch"}, "percent": 5},
+                    }
+                ]
+            }
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("mirrored", "status", "message"),
+    [
+        (100, "ok", "5 % (100 of 2000 live requests in the last 1h) reached the mirror; "),
+        (0, "fail", "no live request reached specwatch's mirror listener, HTTPRoute "),
+        (30, "fail", "only 1.5 % (30 of 2000 live requests in the last 1h) reached specwatch's "),
+    ],
+)
+def test_mirror_coverage_against_configured_percent(
+    api: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mirrored: float,
+    status: str,
+    message: str,
+) -> None:
+    """The HTTPRoute mirrors 5 %; the standard server finished 2200 requests in the hour, 200 of
+    them specwatch's (100 replays, on the standard and the noise arm), so 2000 live ones: 100
+    mirrored is 5 % (ok), none is a failure, 30 (1.5 %, under half of 5 %) is a failure."""
+    COUNTS.update(
+        {
+            "specwatch_shadow_received_total": mirrored,
+            "vllm:request_success_total": 2200,
+            "specwatch_shadow_replays_total": 100,
+        }
+    )
+    manifest = tmp_path / "route.yaml"
+    manifest.write_text(yaml.safe_dump(HTTPROUTE))
+    rc, found = _doctor(capsys, "--prometheus-url", api, "--manifest", str(manifest))
+    mirror = [(f["status"], f["message"]) for f in found if f["check"] == "mirror"]
+    assert len(mirror) == 1
+    assert mirror[0][0] == status
+    assert mirror[0][1].startswith(message)
+    assert "HTTPRoute vllm-mirror (5 %)" in mirror[0][1]
+    assert rc == (0 if status == "ok" else 1)
+
+
+def test_mirror_percentages_of_both_meshes() -> None:
+    """Istio: ``mirrors[].percentage`` (5.0) and a ``mirror`` without ``mirrorPercentage``
+    (Istio's 100 %); Gateway API: a ``fraction`` 1/50 is 2 %, a filter without percent 100 %."""
+    vs = {
+        "kind": "VirtualService",
+        "metadata": {"name": "vs"},
+        "spec": {
+            "http": [
+                {"mirrors": [{"destination": {"host": "specwatch"}, "percentage": {"value": 5.0}}]},
+                {"mirror": {"host": "specwatch"}},
+            ]
+        },
+    }
+    route = {
+        "kind": "HTTPRoute",
+        "metadata": {"name": "r"},
+        "spec": {
+            "rules": [
+                {
+                    "filters": [
+                        {
+                            "type": "RequestMirror",
+                            "requestMirror": {"fraction": {"numerator": 1, "denominator": 50}},
+                        },
+                        {"type": "RequestMirror", "requestMirror": {}},
+                        {"type": "RequestHeaderModifier"},
+                    ]
+                }
+            ]
+        },
+    }
+    assert mirror_percentages([vs, route]) == [
+        ("VirtualService vs", 5.0),
+        ("VirtualService vs", 100.0),
+        ("HTTPRoute r", 2.0),
+        ("HTTPRoute r", 100.0),
+    ]
