@@ -197,6 +197,20 @@ def iter_exprs(dashboard: Obj) -> Iterator[tuple[str, str]]:
             yield f"variable {var['name']}", match.group(1)
 
 
+#: Panel types that draw no values, so carry no unit.
+UNITLESS_PANEL_TYPES = frozenset({"row", "text"})
+
+
+def panels_without_unit(dashboard: Obj) -> list[str]:
+    """Titles of value-drawing panels whose ``fieldConfig.defaults.unit`` is unset or empty."""
+    return [
+        str(panel["title"])
+        for panel in iter_panels(dashboard)
+        if panel["type"] not in UNITLESS_PANEL_TYPES
+        and not panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+    ]
+
+
 def substitute_variables(expr: str, dashboard: Obj) -> str:
     """Replace Grafana variables the way Grafana would at query time, with sample values."""
     values = {name: "5m" for name in GRAFANA_GLOBALS}
@@ -410,6 +424,32 @@ class TestDashboard:
                     window = re.search(r"\[([^\]]*)\]", expr[match.end() :])
                     assert window, where
                     assert window.group(1) == "$__rate_interval", where
+
+    def test_every_value_panel_has_a_unit(self, dashboard: Obj) -> None:
+        """Every panel that draws values (not text or row) sets ``fieldConfig.defaults.unit``."""
+        assert panels_without_unit(dashboard) == []
+
+    def test_panels_on_seconds_series_are_in_seconds(self, dashboard: Obj) -> None:
+        """A panel whose every series is a ``_seconds`` one shows unit ``s``."""
+        for panel in iter_panels(dashboard):
+            names = {n for t in panel.get("targets", []) for n in metric_names(t["expr"])}
+            if names and all(n.removesuffix("_bucket").endswith("_seconds") for n in names):
+                assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+
+    def test_a_panel_without_unit_is_caught(self) -> None:
+        """The unit check names a stat panel with an empty ``defaults`` and passes text and rows."""
+        board = {
+            "panels": [
+                {"type": "text", "title": "note"},
+                {"type": "row", "title": "row", "panels": [
+                    {"type": "stat", "title": "bare", "fieldConfig": {"defaults": {}}},
+                    {"type": "timeseries", "title": "ok",
+                     "fieldConfig": {"defaults": {"unit": "s"}}},
+                ]},
+                {"type": "table", "title": "no fieldConfig"},
+            ]
+        }  # fmt: skip
+        assert panels_without_unit(board) == ["bare", "no fieldConfig"]
 
     def test_queries_scoped_to_cluster_namespace_and_job(self, dashboard: Obj) -> None:
         """Every selector names $cluster and $namespace; all but ALERTS, the vLLM series and the

@@ -83,6 +83,14 @@ def rules() -> dict[str, Any]:
     return load_rules(DEFAULT_RULES)
 
 
+def names_with_several_expressions(rules: dict[str, Any]) -> dict[str, int]:
+    """Alert name -> number of distinct ``expr`` among its rules, for names with more than one."""
+    exprs: dict[str, set[str]] = {}
+    for rule in alert_rules(rules):
+        exprs.setdefault(rule["alert"], set()).add(rule["expr"])
+    return {name: len(found) for name, found in sorted(exprs.items()) if len(found) > 1}
+
+
 def _github_anchors(markdown: str) -> set[str]:
     """GitHub heading anchors: lower-case, punctuation dropped, spaces to hyphens."""
     anchors = set()
@@ -324,6 +332,21 @@ class TestAlerts:
         """The rules define exactly the expected alerts."""
         assert {r["alert"] for r in alert_rules(rules)} == EXPECTED_ALERTS
 
+    def test_each_alert_name_has_one_expression(self, rules: dict[str, Any]) -> None:
+        """No alert name is defined twice with different expressions: variants of one alert
+        (server or engine scope, the budget reasons) are joined into one rule with ``or``."""
+        assert names_with_several_expressions(rules) == {}
+
+    def test_a_name_with_two_expressions_is_caught(self) -> None:
+        """The check above names an alert defined twice with different expressions, and counts
+        them, but passes a name repeated with the same expression."""
+        two = {"alert": "A", "expr": "up == 0"}
+        rules = {"groups": [{"name": "g", "rules": [
+            two, {"alert": "A", "expr": "up == 2"}, {"alert": "B", "expr": "x"},
+            {"alert": "B", "expr": "x"}, {"record": "r:s:t", "expr": "up"},
+        ]}]}  # fmt: skip
+        assert names_with_several_expressions(rules) == {"A": 2}
+
     def test_every_alert_has_metadata(self, rules: dict[str, Any]) -> None:
         """Each alert has for, a severity label, summary, description and a runbook_url."""
         for rule in alert_rules(rules):
@@ -504,7 +527,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 55 rules found") == 3
+    assert out.stdout.count("SUCCESS: 51 rules found") == 3
 
 
 @pytest.mark.promtool
