@@ -117,7 +117,7 @@ async def test_a_corrupt_ledger_at_start_is_moved_aside_and_a_fresh_one_used(
     ledger = tmp_path / "ledger.sqlite"
     junk = bytes(range(256)) * 64
     ledger.write_bytes(junk)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="specwatch")
     async with sidecar(_settings(ledger)) as sc:
         comp = sc.component
         await until(lambda: comp.live is not None, 20)
@@ -141,7 +141,7 @@ async def test_a_read_only_ledger_stops_pairing_and_nothing_else(
     ``specwatch_ledger_state{state="read_only"}`` is 1, an offered request is dropped as
     ``ledger_unusable`` (no replay), ``SpecwatchLedgerFailing`` holds while the state lasts
     (no write errors needed) and one log line says so."""
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="specwatch")
     with small_fs(tmp_path, "4m") as fs:
         ledger = read_only_ledger(fs)
         async with sidecar(_settings(ledger)) as sc:
@@ -170,7 +170,7 @@ async def test_a_full_disk_stops_pairing_then_recovers_when_space_comes_back(
     ``full`` (one log line, not one per batch), later rows are refused as ``not_stored`` and
     offers dropped as ``ledger_unusable``; ``/healthz`` stays 200; once the filler is removed a
     retry sets the state ``ok`` again (one more line) and rows are stored."""
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="specwatch")
     with small_fs(tmp_path, "1m") as fs:
         ledger = fs / "ledger.sqlite"
         async with sidecar(_settings(ledger)) as sc:
@@ -219,7 +219,7 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
     0.2 s here; hourly by default), run in a worker thread, sets the state ``corrupt`` and stops
     pairing, while ``/healthz`` stays 200; the next start moves the file aside."""
     ledger = tmp_path / "ledger.sqlite"
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="specwatch")
     settings = _settings(ledger, integrity_check_seconds=0.2)
     async with sidecar(settings) as sc:
         comp = sc.component
