@@ -193,9 +193,25 @@ def _mask(message: Any) -> Any:
     return re.sub(r"\d+(\.\d+)?", "N", message) if isinstance(message, str) else message
 
 
-def _choices_summary(choices: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+def sampled(kind: str) -> bool:
+    """Whether ``kind``'s recorded request samples (``temperature`` above 0): then whether a
+    choice draws the end-of-sequence token before ``max_tokens`` depends on the server's random
+    stream (vLLM's per-request seed does not pin it across batch compositions), so ``"stop"``
+    and ``"length"`` are both a right finish reason."""
+    body = recorded(kind)["request"].get("body")
+    temperature = body.get("temperature", 1.0) if isinstance(body, dict) else 0.0
+    return isinstance(temperature, int | float) and temperature > 0
+
+
+def _finish(reason: Any, text_dependent: bool) -> Any:
+    return "stop|length" if text_dependent and reason in ("stop", "length") else reason
+
+
+def _choices_summary(
+    choices: list[dict[str, Any]], text_dependent: bool = False
+) -> list[tuple[Any, str]]:
     return [
-        (c.get("finish_reason"), type(c.get("stop_reason")).__name__)
+        (_finish(c.get("finish_reason"), text_dependent), type(c.get("stop_reason")).__name__)
         for c in sorted(choices, key=lambda c: int(c.get("index", 0)))
     ]
 
@@ -216,7 +232,7 @@ def _event_class(event: Any) -> tuple[str, int]:
     return "delta", index
 
 
-def _stream_facts(events: list[Any]) -> dict[str, Any]:
+def _stream_facts(events: list[Any], text_dependent: bool = False) -> dict[str, Any]:
     """Order per choice index (runs collapsed), where usage and [DONE] stand, shapes by class,
     finish reasons and stop-reason types."""
     order: dict[int, list[str]] = {}
@@ -235,7 +251,8 @@ def _stream_facts(events: list[Any]) -> dict[str, Any]:
             shapes.setdefault(cls, set()).add(json.dumps(_shape(event), sort_keys=True))
         if cls == "finish":
             c = event["choices"][0]
-            finishes.append((index, c["finish_reason"], type(c.get("stop_reason")).__name__))
+            reason = _finish(c["finish_reason"], text_dependent)
+            finishes.append((index, reason, type(c.get("stop_reason")).__name__))
     return {
         "order": {k: order[k] for k in sorted(order)},
         "tail": tail,
@@ -275,7 +292,9 @@ def compare(kind: str, real: dict[str, Any], other: dict[str, Any]) -> list[str]
         raw = other.get("sse_raw")
         if raw is not None:
             out += [f"{kind}: framing: {p}" for p in _framing(raw)]
-        rf, of = _stream_facts(real["sse_events"]), _stream_facts(other["sse_events"])
+        varies = sampled(kind)
+        rf = _stream_facts(real["sse_events"], varies)
+        of = _stream_facts(other["sse_events"], varies)
         for aspect in ("order", "tail", "finishes"):
             if rf[aspect] != of[aspect]:
                 out.append(f"{kind}: stream {aspect}: {rf[aspect]} vs {of[aspect]}")
@@ -301,7 +320,9 @@ def compare(kind: str, real: dict[str, Any], other: dict[str, Any]) -> list[str]
                 out.append(f"{kind}: error.message: {re_.get('message')!r} vs "
                            f"{oe.get('message')!r}")  # fmt: skip
         if isinstance(rb.get("choices"), list) and isinstance(ob.get("choices"), list):
-            rc, oc = _choices_summary(rb["choices"]), _choices_summary(ob["choices"])
+            varies = sampled(kind)
+            rc = _choices_summary(rb["choices"], varies)
+            oc = _choices_summary(ob["choices"], varies)
             if rc != oc:
                 out.append(f"{kind}: choices (finish_reason, stop_reason type): {rc} vs {oc}")
         if "detail" in rb and rb.get("detail") != ob.get("detail"):

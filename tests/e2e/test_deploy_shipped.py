@@ -487,10 +487,21 @@ async def test_standalone_deployment_tells_roles_apart(tmp_path: Path) -> None:
         expr = expr.replace("$__rate_interval", "1h").replace('"$namespace"', '"llm-serving"')
         expr = re.sub(r'=~"\$\w+"', '=~".*"', expr)
         expr = expr.replace("rate(", "increase(")
-        got = {
-            r["metric"].get("role", ""): float(r["value"][1])
-            for r in await query(session, prom, expr)
-        }
+        got: dict[str, float] = {}
+
+        async def both_roles() -> bool | None:
+            # increase() needs two scrapes of each server; "every panel has data" needed one role
+            got.clear()
+            got.update(
+                {
+                    r["metric"].get("role", ""): float(r["value"][1])
+                    for r in await query(session, prom, expr)
+                }
+            )
+            return True if set(got) >= {"standard", "fly"} else None
+
+        with contextlib.suppress(AssertionError):
+            await poll("an α for each role", both_roles, within=30, every=1)
         assert set(got) == {"standard", "fly"}, got
         for role, url in urls.items():
             # counters keep moving under load: the two reads are a scrape apart at most
