@@ -4,9 +4,11 @@ sidecars' counters in Prometheus (or Thanos Querier).
 Queries ``specwatch_ledger_pairs{arm="fly"}`` (each sidecar's ledger as a 2x2 table),
 sums it per model (the series' ``--model-label``, default ``model_name``: set it with the scrape
 config's target labels) and category, and computes what one sidecar would compute on the union
-of the pairs: exact McNemar, the Tango interval and non-inferiority test, and the focused-mixture
-``no_net_loss`` e-value. The order-dependent margin e-process is combined from each sidecar's own
-since-start value (mean: valid under any dependence; product: valid for independent traffic).
+of the pairs: exact McNemar, the Tango interval and non-inferiority test, and per category the
+count form of the ``no_net_loss`` e-value. The order-dependent e-processes (no net loss, of all
+categories, and the margin) are combined from each sidecar's own since-start values, queried
+from ``specwatch_paired_e_value`` (mean: valid under any dependence, the ``overall`` e-value
+shown; product: valid for independent traffic).
 
 Without ``--listen`` it queries once and prints a table or JSON (exit 0; 1 when Prometheus cannot
 be queried; 2 on a bad flag). With ``--listen HOST:PORT`` it serves the ``specwatch_fleet_*``
@@ -102,6 +104,11 @@ def _table(stats: FleetStats) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for name, m in stats.models.items():
+        if m.net_loss_e_mean is not None:
+            lines.append(
+                f"{name}: no-net-loss e-value over {m.net_loss_sidecars} sidecars: mean "
+                f"{m.net_loss_e_mean:.3g}, product {m.net_loss_e_product:.3g}"
+            )
         if m.margin_e_mean is not None:
             lines.append(
                 f"{name}: margin e-value over {m.margin_sidecars} sidecars: mean "

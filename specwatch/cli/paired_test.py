@@ -237,11 +237,12 @@ def paired_report(
     """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value.
 
     Every number comes from :func:`specwatch.shadow.summary.summarize`, what the sidecar, the
-    fleet view, the report and the decision table compute on the same counts (``e_value``: the
-    no-net-loss e-value, :func:`~specwatch.shadow.stats.sequential.net_loss_log_e_value` at the
-    default ``detect_net_loss``). With ``d`` (see :func:`pair_sequence`) it also has
-    ``first_crossing`` (see :func:`first_crossings`), and the verdict's "within margin" is the
-    confidence sequence's declaration along that order.
+    fleet view, the report and the decision table compute on the same pairs. ``e_value``: the
+    no-net-loss e-process (:mod:`specwatch.shadow.stats.eprocess`) folded over ``d`` in that
+    order, the number the sidecar shows after the same ordered pairs; without ``d``, its count
+    form. With ``d`` (see :func:`pair_sequence`) it also has ``first_crossing`` (see
+    :func:`first_crossings`), and the verdict's "within margin" is the confidence sequence's
+    declaration along that order.
     """
     from specwatch.shadow.summary import PairTally, summarize
     from specwatch.shadow.verdict import verdict_from_summary, verdict_line
@@ -252,7 +253,12 @@ def paired_report(
         gained=counts.gained,
         both_wrong=counts.both_wrong,
     )
-    s = summarize(tally, alpha=alpha, margin=margin)
+    log_e = None
+    if d is not None:
+        from specwatch.shadow.stats.eprocess import run_net_loss
+
+        log_e = run_net_loss(d).log_e_value
+    s = summarize(tally, alpha=alpha, margin=margin, log_e_value=log_e)
     crossing = first_crossings(d, margin, alpha) if d is not None else None
 
     def num(x: float) -> float | None:

@@ -452,10 +452,20 @@ MCNEMAR_P = _g(
 )
 E_VALUE = _g(
     "specwatch_paired_e_value",
-    "Anytime-valid e-value against 'no net loss' (beta-binomial mixture on discordant "
-    "pairs; alarm at >= 1/alpha; anytime-valid for window since_start) and, since start, "
-    "against 'net loss <= margin' (betting).",
+    "Anytime-valid e-value against 'no net loss' (betting on the discordant pairs; alarm at "
+    ">= 1/alpha; the ordered e-process for window since_start, category overall, else its "
+    "count form) and, since start, against 'net loss <= margin' (betting).",
     (*WC, "hypothesis"),
+)
+CHANGE_DETECTOR = _g(
+    "specwatch_paired_change_detector",
+    "The change detector's value M (Shiryaev-Roberts e-detector on the no-net-loss bets, pair "
+    "clock; 0 before the first discordant pair); it alarms at paired.change_arl, its mean run "
+    "length to a false alarm in labelled pairs.",
+)
+CHANGE_DETECTOR_THRESHOLD = _g(
+    "specwatch_paired_change_detector_threshold",
+    "The change detector's alarm level (paired.change_arl, labelled pairs).",
 )
 FLIP_RATIO = _g(
     "specwatch_flip_ratio",
@@ -644,6 +654,8 @@ SHADOW: tuple[MetricSpec, ...] = (
     *SUMMARY_GAUGES.values(),
     MCNEMAR_P,
     E_VALUE,
+    CHANGE_DETECTOR,
+    CHANGE_DETECTOR_THRESHOLD,
     FLIP_RATIO,
     LOSSLESS_FLIP_RATIO,
     LOSSLESS_E_VALUE,
@@ -743,14 +755,20 @@ FLEET_MCNEMAR_P = _g(
 )
 FLEET_E_VALUE = _g(
     "specwatch_fleet_paired_e_value",
-    "The sidecars' e-value against 'no net loss' (focused mixture) on the fleet's discordant pairs "
-    "(a function of the counts, so exact for the pooled pairs).",
+    "The e-value against 'no net loss': for category overall the mean of the sidecars' "
+    "since-start e-processes, per category the count form on the fleet's pooled pairs.",
     (*FLEET_MC, "hypothesis"),
 )
 FLEET_MARGIN_E_VALUE = _g(
     "specwatch_fleet_paired_margin_e_value",
     "The sidecars' since-start margin e-values combined: mean (valid under any dependence) or "
     "product (valid for sidecars with independent traffic).",
+    (*FLEET_MODEL, "combination"),
+)
+FLEET_NET_LOSS_E_VALUE = _g(
+    "specwatch_fleet_paired_net_loss_e_value",
+    "The sidecars' since-start no-net-loss e-processes combined: mean (valid under any "
+    "dependence) or product (valid for sidecars with independent traffic).",
     (*FLEET_MODEL, "combination"),
 )
 FLEET_QUERY_ERRORS = _c(
@@ -781,6 +799,7 @@ FLEET: tuple[MetricSpec, ...] = (
     FLEET_MCNEMAR_P,
     FLEET_E_VALUE,
     FLEET_MARGIN_E_VALUE,
+    FLEET_NET_LOSS_E_VALUE,
     FLEET_QUERY_ERRORS,
     FLEET_BAD_SERIES,
     FLEET_LAST_SUCCESS,

@@ -11,17 +11,20 @@ would compute on the union of the pairs, exactly:
 
 * exact McNemar p-values (two-sided and one-sided for a FLy loss), the net loss and its Tango
   score interval, the Tango non-inferiority test, the discordant ratio;
-* the ``no_net_loss`` e-value: the focused mixture a sidecar reports
-  (:func:`specwatch.shadow.stats.sequential.net_loss_log_e_value`) depends only on
-  ``(lost, gained)``, so the fleet value is the e-process of the pooled discordant pairs.
+* per category, the count form of the ``no_net_loss`` e-value
+  (:func:`specwatch.shadow.stats.eprocess.count_log_e_value`, fixed bets: a function of
+  ``(lost, gained)``, so exact for the pooled pairs).
 
-The ``margin`` e-process (testing by betting) depends on the order of the pairs, which the
-counters do not carry. The fleet view combines the sidecars' own since-start margin e-values
-(``specwatch_paired_e_value{hypothesis="margin"}``) instead: their **mean** is an e-value under
-any dependence between sidecars (a mixture of e-values), and their **product** is an e-value when
-the sidecars see independent traffic (a product of independent e-values is an e-value). Both are
-exported (``combination="mean"|"product"``); alarm on the mean unless the sidecars' traffic is
-independent.
+The ``no_net_loss`` e-process of all pairs (:mod:`specwatch.shadow.stats.eprocess`) and the
+``margin`` e-process (testing by betting) depend on the order of the pairs, which the counters
+do not carry. The fleet view combines the sidecars' own since-start values instead
+(``specwatch_paired_e_value{hypothesis="no_net_loss"|"margin", window="since_start",
+category="overall"}``): their **mean** is an e-value under any dependence between sidecars (a
+mixture of e-values), and their **product** is an e-value when the sidecars see independent
+traffic (a product of independent e-values is an e-value). Both are exported
+(``combination="mean"|"product"``); the fleet's ``overall`` no-net-loss e-value is the mean, so
+for one sidecar it is that sidecar's value. Alarm on the mean unless the sidecars' traffic is
+independent. Series read through several HA Prometheus replicas count once.
 
 This module takes the query results as values (``(labels, value)`` rows) and returns values;
 the HTTP queries live in :mod:`specwatch.server.fleet`.
@@ -88,13 +91,24 @@ def pairs_selector(matchers: str = "") -> str:
     return f'{cat.LEDGER_PAIRS.sample_name}{{arm="fly",outcome=~"{outcomes}"{extra}}}'
 
 
-def margin_e_selector(matchers: str = "") -> str:
-    """The PromQL instant query of each sidecar's since-start margin e-value."""
+def e_value_selector(hypothesis: str, matchers: str = "") -> str:
+    """The PromQL instant query of each sidecar's since-start e-value of all categories for
+    ``hypothesis`` (``margin`` or ``no_net_loss``)."""
     extra = f",{matchers}" if matchers.strip() else ""
     return (
-        f'{cat.E_VALUE.sample_name}{{hypothesis="margin",window="{FLEET_WINDOW}",'
+        f'{cat.E_VALUE.sample_name}{{hypothesis="{hypothesis}",window="{FLEET_WINDOW}",'
         f'category="{OVERALL}"{extra}}}'
     )
+
+
+def margin_e_selector(matchers: str = "") -> str:
+    """The PromQL instant query of each sidecar's since-start margin e-value."""
+    return e_value_selector("margin", matchers)
+
+
+def net_loss_e_selector(matchers: str = "") -> str:
+    """The PromQL instant query of each sidecar's since-start no-net-loss e-process."""
+    return e_value_selector("no_net_loss", matchers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +118,8 @@ class FleetModel:
     :class:`PairedSummary` a sidecar computes for its ``since_start`` window, here on the union
     of the sidecars' pairs), and the combined margin e-values (``None`` when no sidecar runs the
     margin e-process): ``margin_e_mean`` (valid under any dependence), ``margin_e_product``
-    (valid for independent sidecars), from ``margin_sidecars`` sidecars."""
+    (valid for independent sidecars), from ``margin_sidecars`` sidecars; the same for the
+    no-net-loss e-process (``net_loss_e_*``; the mean is also ``summaries[OVERALL].e_value``)."""
 
     model: str
     sidecars: int
@@ -112,6 +127,9 @@ class FleetModel:
     margin_e_mean: float | None = None
     margin_e_product: float | None = None
     margin_sidecars: int = 0
+    net_loss_e_mean: float | None = None
+    net_loss_e_product: float | None = None
+    net_loss_sidecars: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +171,7 @@ def _skip(bad: dict[str, int], reason: str, labels: Mapping[str, str], value: fl
 def fleet_stats(
     pair_rows: Iterable[Row],
     margin_rows: Iterable[Row] = (),
+    net_loss_rows: Iterable[Row] = (),
     *,
     now: float,
     model_label: str = "model_name",
@@ -165,7 +184,9 @@ def fleet_stats(
     model (the series' ``model_label`` label; an empty ``model_label`` pools every series under
     :data:`ALL_MODELS`) and category, and summarise each table with
     :func:`specwatch.shadow.summary.build_shadow_stats`. ``margin_rows`` (series of
-    :func:`margin_e_selector`) are combined per model by mean and product.
+    :func:`margin_e_selector`) and ``net_loss_rows`` (of :func:`net_loss_e_selector`) are
+    combined per model by mean and product; the mean of ``net_loss_rows`` is the e-value of the
+    model's :data:`OVERALL` summary (without such rows: the count form on the pooled pairs).
 
     A series without the model label, or whose value is not a non-negative whole number (a
     counter of pairs always is), is skipped, counted in ``bad_series[reason]`` and logged once
@@ -177,6 +198,8 @@ def fleet_stats(
     replicas = tuple(replica_labels)
     pair_rows, dup_pairs = dedup_replicas(pair_rows, replicas)
     margin_rows, dup_margins = dedup_replicas(margin_rows, replicas)
+    net_loss_rows, dup_net = dedup_replicas(net_loss_rows, replicas)
+    dup_margins += dup_net
     if dup_pairs + dup_margins:
         bad["replica_duplicate"] = dup_pairs + dup_margins
         log_event(
@@ -206,18 +229,10 @@ def fleet_stats(
         counts = by_cat.setdefault(labels.get("category", ""), {})
         counts[outcome] = counts.get(outcome, 0) + int(value)
         sidecars.setdefault(model, set()).add(_sidecar_identity(labels))
-    margins: dict[str, list[float]] = {}
-    for labels, value in margin_rows:
-        model = _model_of(labels, model_label)
-        if model is None:
-            _skip(bad, "missing_model_label", labels, value)
-            continue
-        if math.isnan(value) or value < 0:
-            _skip(bad, "not_an_e_value", labels, value)
-            continue
-        margins.setdefault(model, []).append(value)
+    margins = _e_values(margin_rows, model_label, bad)
+    net_loss = _e_values(net_loss_rows, model_label, bad)
     models: dict[str, FleetModel] = {}
-    for model in sorted(set(cells) | set(margins)):
+    for model in sorted(set(cells) | set(margins) | set(net_loss)):
         tallies = {
             category: PairTally(**{o: counts.get(o, 0) for o in CORRECTNESS_OUTCOMES})
             for category, counts in cells.get(model, {}).items()
@@ -228,8 +243,10 @@ def fleet_stats(
             alpha=alpha,
             margin=margin,
             detect_net_loss=detect_net_loss,
+            net_loss_log_e_value=_log_mean(net_loss.get(model, [])),
         )
         es = margins.get(model, [])
+        ns = net_loss.get(model, [])
         models[model] = FleetModel(
             model=model,
             sidecars=len(sidecars.get(model, ())),
@@ -237,8 +254,35 @@ def fleet_stats(
             margin_e_mean=sum(es) / len(es) if es else None,
             margin_e_product=math.prod(es) if es else None,  # +Inf on overflow
             margin_sidecars=len(es),
+            net_loss_e_mean=sum(ns) / len(ns) if ns else None,
+            net_loss_e_product=math.prod(ns) if ns else None,
+            net_loss_sidecars=len(ns),
         )
     return FleetStats(generated_at=now, alpha=alpha, margin=margin, models=models, bad_series=bad)
+
+
+def _e_values(rows: Iterable[Row], model_label: str, bad: dict[str, int]) -> dict[str, list[float]]:
+    """The e-values of ``rows`` per model (a row without the model label, or not an e-value,
+    is skipped and counted)."""
+    out: dict[str, list[float]] = {}
+    for labels, value in rows:
+        model = _model_of(labels, model_label)
+        if model is None:
+            _skip(bad, "missing_model_label", labels, value)
+            continue
+        if math.isnan(value) or value < 0:
+            _skip(bad, "not_an_e_value", labels, value)
+            continue
+        out.setdefault(model, []).append(value)
+    return out
+
+
+def _log_mean(values: list[float]) -> float | None:
+    """``ln`` of the mean of e-values (``None`` for none; ``-inf`` for a mean of 0)."""
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return math.log(mean) if mean > 0 else -math.inf
 
 
 def _num(x: float) -> float | None:
@@ -282,6 +326,11 @@ def fleet_json(stats: FleetStats) -> dict[str, object]:
                 "product": m.margin_e_product,
                 "sidecars": m.margin_sidecars,
             },
+            "net_loss_e_value": {
+                "mean": m.net_loss_e_mean,
+                "product": m.net_loss_e_product,
+                "sidecars": m.net_loss_sidecars,
+            },
             "categories": cats,
         }
     return {
@@ -321,6 +370,8 @@ def _fleet_rows(fam: _Families, stats: FleetStats) -> None:
             fam.add(cat.FLEET_E_VALUE, (*key, "no_net_loss"), s.e_value)
         fam.add(cat.FLEET_MARGIN_E_VALUE, (name, "mean"), m.margin_e_mean)
         fam.add(cat.FLEET_MARGIN_E_VALUE, (name, "product"), m.margin_e_product)
+        fam.add(cat.FLEET_NET_LOSS_E_VALUE, (name, "mean"), m.net_loss_e_mean)
+        fam.add(cat.FLEET_NET_LOSS_E_VALUE, (name, "product"), m.net_loss_e_product)
 
 
 #: ``() -> (latest FleetStats or None, FleetHealth)``.

@@ -310,6 +310,9 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)
         fam.add(cat.E_VALUE, (SINCE_START, OVERALL, "margin"), e)
+    if state.change_log_value is not None:
+        fam.add(cat.CHANGE_DETECTOR, (), exp_or_inf(state.change_log_value))
+        fam.add(cat.CHANGE_DETECTOR_THRESHOLD, (), state.change_threshold)
     fam.add(cat.LEDGER_ROWS, (), state.ledger_rows)
     for name in LEDGER_STATES:
         fam.add(cat.LEDGER_STATE, (name,), state.ledger_state == name)

@@ -9,8 +9,9 @@ labelled pair); the τ sums and the speed sums (:meth:`Ledger.report_arm_totals`
 of ``Ledger.arm_totals`` in halves); and the unpaired/excluded reasons. So the cost of a report
 grows with the ledger only through SQLite scans and O(n) array passes. Statistics come from
 :mod:`specwatch.shadow.summary` (``build_shadow_stats``), :mod:`specwatch.shadow.stats.paired`
-(``net_loss_ci``) and :mod:`specwatch.shadow.stats.sequential`
-(``net_loss_mixture_log_e_values`` and ``betting_log_wealth``, the one betting driver). The
+(``net_loss_ci``), :mod:`specwatch.shadow.stats.eprocess` (``net_loss_path``, the no-net-loss
+e-process the sidecar folds) and :mod:`specwatch.shadow.stats.sequential`
+(``betting_log_wealth``, the one betting driver). The
 e-value paths are downsampled to at most :data:`MAX_POINTS` points for the plot; the final
 values and the first alarms are exact.
 """
@@ -36,12 +37,9 @@ from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
 from specwatch.shadow.stats.confseq import declaration_path
+from specwatch.shadow.stats.eprocess import count_log_e_path, net_loss_log_e_values
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
-from specwatch.shadow.stats.sequential import (
-    betting_log_wealth,
-    first_alarm,
-    net_loss_mixture_log_e_values,
-)
+from specwatch.shadow.stats.sequential import betting_log_wealth, first_alarm
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
 from specwatch.shadow.summary import load_bands as load_bands_of
 from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
@@ -85,11 +83,12 @@ class EValuePath:
 
     ``pair[i]`` is the 1-based number of the labelled pair after which ``log_e_no_net_loss[i]``
     and ``log_e_margin[i]`` hold (at most :data:`MAX_POINTS` points; always the last pair and the
-    first alarms). ``log_e_no_net_loss``: the focused mixture on the discordant pairs (H0: FLy
-    does not lose more than it gains); ``log_e_margin``: the betting e-process (H0: net loss <=
-    margin). Natural logs; the alarm threshold is ``ln(1/alpha)``. ``pairs``: labelled pairs in
-    all; ``first_alarm_*``: the exact 1-based pair at which each path first reached 1/alpha,
-    ``None`` if never.
+    first alarms). ``log_e_no_net_loss``: the no-net-loss e-process
+    (:mod:`~specwatch.shadow.stats.eprocess`; H0: FLy does not lose more than it gains), the
+    sidecar's own statistic on the same ordered pairs; ``log_e_margin``: the betting
+    e-process (H0: net loss <= margin). Natural logs; the alarm threshold is ``ln(1/alpha)``.
+    ``pairs``: labelled pairs in all; ``first_alarm_*``: the exact 1-based pair at which each
+    path first reached 1/alpha, ``None`` if never.
     """
 
     pairs: int
@@ -244,27 +243,6 @@ def flip_series(
     )
 
 
-def mixture_path(d: npt.NDArray[np.int8], detect_net_loss: float = 0.02) -> npt.NDArray[np.float64]:
-    """The no-net-loss mixture log e-value after each pair of ``d`` (+1 lost, −1 gained, 0
-    concordant), shape ``(n,)``, from the cumulative counts (``net_loss_mixture_log_e_values``).
-
-    The e-value depends only on (lost, gained), so it is evaluated once per discordant pair and
-    carried over the concordant pairs after it (0 before the first discordant pair: every
-    component is 1 there)."""
-    disc = np.flatnonzero(d)
-    out = np.zeros(d.size, dtype=np.float64)
-    if not disc.size:
-        return out
-    dd = d[disc]
-    at_disc = net_loss_mixture_log_e_values(
-        np.cumsum(dd == 1), np.cumsum(dd == -1), detect_net_loss
-    )
-    # index of the last discordant pair at or before each pair (-1 before the first)
-    last = np.searchsorted(disc, np.arange(d.size), side="right") - 1
-    out[last >= 0] = at_disc[last[last >= 0]]
-    return out
-
-
 def downsample_index(n: int, keep: Sequence[int | None], points: int = MAX_POINTS) -> list[int]:
     """At most ``points`` 0-based indices into a path of ``n`` values, evenly spread, always
     with the first and the last and the 1-based positions in ``keep`` (``None`` ignored)."""
@@ -279,13 +257,13 @@ def evalue_path(
     d: npt.NDArray[np.int8],
     alpha: float,
     margin: float,
-    detect_net_loss: float = 0.02,
     points: int = MAX_POINTS,
 ) -> EValuePath:
     """Both e-processes after every labelled pair ``d`` in time order (see
-    :class:`EValuePath`), downsampled to ``points``; the no-net-loss one is the focused mixture
-    at ``detect_net_loss``, the margin one :func:`betting_log_wealth`."""
-    bb = mixture_path(d, detect_net_loss) if d.size else np.zeros(0)
+    :class:`EValuePath`), downsampled to ``points``; the no-net-loss one is
+    :func:`~specwatch.shadow.stats.eprocess.net_loss_log_e_values`, the margin one
+    :func:`betting_log_wealth`."""
+    bb = net_loss_log_e_values(d) if d.size else np.zeros(0)
     bet, _ = betting_log_wealth(d, margin)
     first_bb, first_bet = first_alarm(bb, alpha), first_alarm(bet, alpha)
     idx = downsample_index(int(d.size), (first_bb, first_bet), points)
@@ -395,7 +373,8 @@ def build_report(
     (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
     series and the e-value paths (overall, and per category for the first alarms)."""
     stream = digest.stream
-    evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
+    evalue = evalue_path(stream.d, alpha, margin, points)
+    log_e = evalue.log_e_no_net_loss[-1] if evalue.pairs else None
     first_alarms: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
     # each category's pairs in time order: one stable sort, then contiguous slices
     order = np.argsort(stream.category, kind="stable")
@@ -404,7 +383,8 @@ def build_report(
     for code, cat in enumerate(stream.categories):
         d = by_cat[edges[code] : edges[code + 1]]
         if d.size:
-            first_alarms[cat] = first_alarm(mixture_path(d, detect_net_loss), alpha)
+            # a category's e-value is the count form (the live alarm's), pair by pair
+            first_alarms[cat] = first_alarm(count_log_e_path(d), alpha)
     for cat in digest.tallies:  # categories without labelled pairs never alarm
         first_alarms.setdefault(cat, None)
     stats = build_shadow_stats(
@@ -413,6 +393,7 @@ def build_report(
         alpha=alpha,
         margin=margin,
         detect_net_loss=detect_net_loss,
+        net_loss_log_e_value=log_e,
         betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
         within_margin_declared_at=declaration_path(stream.d, margin, alpha),
         ledger_rows=digest.span.rows,
@@ -423,6 +404,7 @@ def build_report(
             margin=margin,
             detect_net_loss=detect_net_loss,
             max_categories=max_categories,
+            overall_log_e_value=log_e,
         ),
         by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
     )

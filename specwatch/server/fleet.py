@@ -29,6 +29,7 @@ from specwatch.export.fleet import (
     FleetStats,
     fleet_stats,
     margin_e_selector,
+    net_loss_e_selector,
     pairs_selector,
 )
 from specwatch.server.prom_api import PromApiError, instant_query
@@ -55,15 +56,20 @@ class FleetQuery:
 
 
 async def query_fleet(session: aiohttp.ClientSession, q: FleetQuery, *, now: float) -> FleetStats:
-    """Run both instant queries and summarise them (see :func:`fleet_stats`). Raises
-    :class:`~specwatch.server.prom_api.PromApiError` when either query fails."""
-    pairs, margins = await asyncio.gather(
+    """Run the three instant queries (pair counts, margin and no-net-loss e-values) and
+    summarise them (see :func:`fleet_stats`). Raises
+    :class:`~specwatch.server.prom_api.PromApiError` when any query fails."""
+    pairs, margins, net_loss = await asyncio.gather(
         instant_query(session, q.prometheus_url, pairs_selector(q.matchers), limit_s=q.timeout),
         instant_query(session, q.prometheus_url, margin_e_selector(q.matchers), limit_s=q.timeout),
+        instant_query(
+            session, q.prometheus_url, net_loss_e_selector(q.matchers), limit_s=q.timeout
+        ),
     )
     return fleet_stats(
         pairs,
         margins,
+        net_loss,
         now=now,
         model_label=q.model_label,
         alpha=q.alpha,

@@ -8,7 +8,9 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
 :class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
 ``/healthz``),
 
-1. rebuilds the since-start margin e-process from the ledger's rows (a restart keeps the
+1. rebuilds the order-dependent statistics (the no-net-loss e-process with its change
+   detector, the margin e-process, the "within margin" declaration) by replaying the ledger's
+   labelled pairs in time order (a restart keeps the
    statistics; the ledger's totals are exported as gauges, while the counters start at 0 with
    the process) and seeds the category bound with the ledger's categories, most rows first;
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
@@ -169,7 +171,8 @@ class ShadowComponent:
         self._compare_config = CompareConfig()
         self.categories = CategoryBound(shadow.max_categories)
         self.counters = OutcomeCounters(self.categories)
-        #: The margin e-process, the change detector and the "within margin" declaration.
+        #: The no-net-loss e-process and its change detector, the margin e-process and the
+        #: "within margin" declaration (folded pair by pair; replayed from the ledger at start).
         self.alarms = LiveAlarmState.fresh(paired)
         #: The in-memory tallies, built when the component starts (``None`` before).
         self.live: LiveTallies | None = None
@@ -248,7 +251,8 @@ class ShadowComponent:
         p = self.paired_settings
         replies = reply_counts(io)
         kept = tuple(self.categories.kept)
-        dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept)
+        log_e = self.alarms.net_loss.log_e_value
+        dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept, log_e)
         if version is None or self._decisions is None or self._decisions[0] != dkey:
             decisions = decision_table(
                 inputs.tallies[SINCE_START],
@@ -259,6 +263,7 @@ class ShadowComponent:
                 power=p.power,
                 replies=replies,
                 kept=self.categories.kept,
+                overall_log_e_value=log_e,
             )
             self._decisions = (dkey, decisions)
         ledger = self.ledger
@@ -279,8 +284,8 @@ class ShadowComponent:
             unpaired_total=self.counters.unpaired,
             excluded_total=self.counters.excluded,
             betting_log_e_value=self.betting.log_wealth,
-            change_log_value=self.alarms.detector.log_value,
-            change_threshold=self.alarms.detector.threshold,
+            change_log_value=self.alarms.net_loss.log_detector,
+            change_threshold=self.alarms.change_arl,
             within_margin_declared_at=self.alarms.declaration.declared_at,
             ledger_rows=inputs.rows,
             ledger_write_errors=errors,
@@ -291,6 +296,7 @@ class ShadowComponent:
             categories_folded=self.categories.overflowed,
             replays_total=self.counters.by_status(),
             ledger_state=ledger.state if ledger is not None else "ok",
+            net_loss_log_e_value=log_e,
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -331,7 +337,7 @@ class ShadowComponent:
 
     def consume(self, outcome: PairOutcome) -> None:
         """Store and count one compared pair (event-loop thread): its one ledger row is queued
-        for writing, counted and fed to the margin e-process."""
+        for writing, counted and fed to the order-dependent statistics (:attr:`alarms`)."""
         row = LedgerRow.from_outcome(outcome, self.shadow_settings.store_text)
         if self.ledger is not None:
             self.ledger.submit(row)

@@ -182,11 +182,21 @@ def decision_row(
     power: float = 0.8,
     standard_reply: ReplyCounts | None = None,
     fly_reply: ReplyCounts | None = None,
+    log_e_value: float | None = None,
 ) -> DecisionRow:
     """The :class:`DecisionRow` of one category's since-start tally and speed sums, and the
     arms' reply counts (τ gain from the ledger's per-pair τ when it has them, else from the
-    reply counts; acceptance gain from the reply counts)."""
-    s = summarize(tally, alpha=alpha, margin=margin, detect_net_loss=detect_net_loss, power=power)
+    reply counts; acceptance gain from the reply counts). ``log_e_value``: the ordered
+    no-net-loss e-process when the pairs were folded in order (see
+    :func:`~specwatch.shadow.summary.summarize`)."""
+    s = summarize(
+        tally,
+        alpha=alpha,
+        margin=margin,
+        detect_net_loss=detect_net_loss,
+        power=power,
+        log_e_value=log_e_value,
+    )
     std_r, fly_r = standard_reply or ReplyCounts(), fly_reply or ReplyCounts()
     tau, tau_why = _tau(totals, std_r, fly_r)
     acc, acc_why = _acceptance(std_r, fly_r)
@@ -227,13 +237,16 @@ def decision_table(
     max_categories: int = 20,
     replies: Mapping[tuple[str, str], ReplyCounts] | None = None,
     kept: Collection[str] | None = None,
+    overall_log_e_value: float | None = None,
 ) -> tuple[DecisionRow, ...]:
     """The decision table: one row per bounded category (sorted, :data:`OTHER` last) and an
     ``overall`` row, from since-start per-category tallies (``Ledger.tally()``), speed sums
     (``Ledger.arm_totals()``) and the reply counts ``{(arm, category): ReplyCounts}``
     (:func:`reply_counts`; this process only). Categories with no row in ``totals`` have no
     speed data. ``kept``/``max_categories``: the category bound (:func:`bound_categories`).
-    Pure; raises ``ValueError`` for ``max_categories < 0``."""
+    ``overall_log_e_value``: the ordered no-net-loss e-process of all pairs (the sidecar's live
+    state), the ``overall`` row's e-value (``None``: the count form). Pure; raises
+    ``ValueError`` for ``max_categories < 0``."""
     names = bound_categories(tallies, max_categories, kept)
     got = replies or {}
     pooled_t: dict[str, PairTally] = {}
@@ -271,6 +284,7 @@ def decision_table(
             all_a,
             standard_reply=arm_total("standard"),
             fly_reply=arm_total("fly"),
+            log_e_value=overall_log_e_value,
             **kw,
         )
     )

@@ -218,13 +218,13 @@ class PairedSettings(Frozen):
         are updated per stored pair, the ledger is read only at start), ``load_bands``
         (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
         ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
-    to a false alarm under no loss is at least this many discordant pairs)."""
+    to a false alarm under no loss is at least this many labelled pairs)."""
 
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     margin: float = Field(default=0.01, ge=0.0, lt=1.0)
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
-    change_arl: float = Field(default=100_000.0, gt=1.0)
+    change_arl: float = Field(default=50_000.0, gt=1.0)
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     refresh_seconds: float = Field(default=2.0, gt=0)
     load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS

@@ -14,6 +14,7 @@ from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.confseq import net_loss_upper_sequence, within_margin_log_e_value
+from specwatch.shadow.stats.eprocess import count_log_e_value
 from specwatch.shadow.stats.paired import (
     discordant_ratio,
     excess_flip,
@@ -23,11 +24,7 @@ from specwatch.shadow.stats.paired import (
     non_inferiority_test,
 )
 from specwatch.shadow.stats.power import pairs_to_decide, questions_needed
-from specwatch.shadow.stats.sequential import (
-    alarm,
-    beta_binomial_e_value,
-    net_loss_log_e_value,
-)
+from specwatch.shadow.stats.sequential import alarm, beta_binomial_e_value
 from specwatch.shadow.tally import (
     ArmSums,
     ArmTotals,
@@ -51,8 +48,11 @@ class PairedSummary:
 
     ``net_loss_ratio`` = acc(standard) - acc(FLy) with its Tango score interval
     ``[ci_lower, ci_upper]`` at ``ci_level``; ``p_two_sided`` / ``p_loss`` exact McNemar;
-    ``log_e_value`` / ``e_value`` the focused mixture e-process on the discordant pairs (anytime
-    valid only for the ``since_start`` window) and ``alarm`` = e >= 1/alpha;
+    ``log_e_value`` / ``e_value`` the no-net-loss e-value and ``alarm`` = e >= 1/alpha: for the
+    ``since_start`` window of :data:`OVERALL` the ordered e-process the sidecar folds pair by
+    pair (:mod:`~specwatch.shadow.stats.eprocess`, anytime valid), elsewhere (rolling windows,
+    categories: counts without an order) its count form at the 6 % prior
+    (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`);
     ``non_inferiority_*`` the Tango test against the margin; ``questions_needed`` (Connor 1987)
     for detecting a net loss δ = ``detect_net_loss`` at the planning discordant rate
     p_d = max(observed discordant rate, δ) (a net loss of δ implies at least δ discordance;
@@ -200,7 +200,8 @@ class DecisionRow:
     FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
     ``speed_pairs`` requests);
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
-    ``e_value`` the focused mixture e-value (since start); ``fly_flip_ratio`` and the noise floor
+    ``e_value`` the no-net-loss e-value (since start; see :class:`PairedSummary`);
+    ``fly_flip_ratio`` and the noise floor
     ``noise_flip_ratio`` (answer changes against the standard arm); ``verdict`` one of
     :data:`~specwatch.shadow.values.VERDICTS`, ``verdict_text`` the sentence; ``pairs_more``
     the labelled pairs still needed when not decided (``None`` otherwise or when it cannot be
@@ -321,27 +322,37 @@ def summarize(
     margin: float = 0.01,
     detect_net_loss: float = 0.02,
     power: float = 0.8,
+    log_e_value: float | None = None,
 ) -> PairedSummary:
     """All paired statistics for one tally (see :class:`PairedSummary`).
 
+    ``log_e_value``: the ordered no-net-loss e-process's ``ln E`` for these pairs when the caller
+    folded them in order (the sidecar's live state, ``paired-test``, the report); ``None``: the
+    count form (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`).
+
     Sources: exact McNemar (McNemar 1947), Tango (1998) score interval and non-inferiority test,
-    focused mixture e-value centred on ``detect_net_loss`` (Robbins 1970; Ville 1939;
-    :func:`~specwatch.shadow.stats.sequential.net_loss_mixture_log_e_values`), Connor (1987)
+    the no-net-loss e-process (Waudby-Smith & Ramdas 2024; Ville 1939;
+    :mod:`~specwatch.shadow.stats.eprocess`), Connor (1987)
     sample size, excess flip test (one-sided exact McNemar on the FLy/noise discordant flips).
     Pure and remembered: the same tally and settings give the same (immutable) summary without
     computing it again (the last 4,096 kept).
     """
-    return _summarize(tally, alpha, margin, detect_net_loss, power)
+    return _summarize(tally, alpha, margin, detect_net_loss, power, log_e_value)
 
 
 @functools.lru_cache(maxsize=4096)
 def _summarize(
-    tally: PairTally, alpha: float, margin: float, detect_net_loss: float, power: float
+    tally: PairTally,
+    alpha: float,
+    margin: float,
+    detect_net_loss: float,
+    power: float,
+    log_e_value: float | None,
 ) -> PairedSummary:
     pc = tally.paired_counts()
     ci = net_loss_ci(pc, level=1.0 - alpha)
     ni = non_inferiority_test(pc, margin=margin, alpha=alpha)
-    log_e = net_loss_log_e_value(pc.lost, pc.gained, detect_net_loss)
+    log_e = count_log_e_value(pc.lost, pc.gained) if log_e_value is None else log_e_value
     disc = discordant_ratio(pc)
     needed: int | None = None
     if math.isfinite(disc) and 0.0 < detect_net_loss <= 1.0:
@@ -425,6 +436,7 @@ def build_shadow_stats(
     categories_folded: int = 0,
     replays_total: Mapping[str, int] | None = None,
     ledger_state: str = "ok",
+    net_loss_log_e_value: float | None = None,
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
@@ -433,7 +445,9 @@ def build_shadow_stats(
     tallies of any other category (rows written before the bound, or by another configuration)
     are added into ``other``, so a ledger with thousands of categories still gives at most
     ``len(categories) + 2`` categories per window. ``None``: no folding. ``ledger_pairs`` is
-    built from the ``since_start`` window (the whole ledger) when it is present."""
+    built from the ``since_start`` window (the whole ledger) when it is present.
+    ``net_loss_log_e_value``: the ordered e-process's ``ln E`` (the sidecar's live state), the
+    e-value of ``since_start`` / :data:`OVERALL`; ``None``: its count form."""
     windows: dict[str, dict[str, PairedSummary]] = {}
     if categories is not None:
         tallies = {w: fold_categories(by_cat, categories) for w, by_cat in tallies.items()}
@@ -451,7 +465,13 @@ def build_shadow_stats(
                 continue
             total = total + t
             out[cat] = summarize(t, alpha=alpha, margin=margin, detect_net_loss=detect_net_loss)
-        out[OVERALL] = summarize(total, alpha=alpha, margin=margin, detect_net_loss=detect_net_loss)
+        out[OVERALL] = summarize(
+            total,
+            alpha=alpha,
+            margin=margin,
+            detect_net_loss=detect_net_loss,
+            log_e_value=net_loss_log_e_value if wname == SINCE_START else None,
+        )
         windows[wname] = out
     return ShadowStats(
         generated_at=now,

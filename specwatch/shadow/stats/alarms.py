@@ -21,20 +21,19 @@ from typing import Protocol
 import numpy as np
 
 from specwatch.shadow.stats.confseq import MarginDeclaration, declaration_path, run_declaration
-from specwatch.shadow.stats.detector import ChangeDetector, detector_log_path, run_detector
+from specwatch.shadow.stats.eprocess import NetLossState, check_outcomes, net_loss_path
 from specwatch.shadow.stats.sequential import (
     BettingEProcess,
     betting_log_wealth,
     first_alarm,
-    net_loss_mixture_log_e_values,
     run_betting,
 )
 
 
 class AlarmSettings(Protocol):
     """What :func:`first_alarms` reads (``PairedSettings`` has it): the level ``alpha``, the
-    non-inferiority ``margin``, ``detect_net_loss`` (centre of the e-value's mixture) and
-    ``change_arl`` (the detector's mean run length to a false alarm, discordant pairs)."""
+    non-inferiority ``margin``, ``detect_net_loss`` (the planning loss of the sample sizes) and
+    ``change_arl`` (the detector's mean run length to a false alarm, in labelled pairs)."""
 
     @property
     def alpha(self) -> float: ...
@@ -56,29 +55,24 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
 
     * ``net_loss_change``: the change detector (:mod:`specwatch.shadow.stats.detector`)
       reaches ``change_arl``; the live SpecQualityDrift alarm;
-    * ``no_net_loss``: the since-start e-value
-      (:func:`~specwatch.shadow.stats.sequential.net_loss_mixture_log_e_values`) reaches
-      ``1/alpha`` (kept for the record: it never forgets);
+    * ``no_net_loss``: the since-start e-process
+      (:func:`~specwatch.shadow.stats.eprocess.net_loss_path`) reaches ``1/alpha`` (kept for
+      the record: it never forgets);
     * ``margin``: the margin e-process (testing by betting, ``net loss <= margin``) reaches
       ``1/alpha``;
     * ``within_margin``: the confidence sequence declares "within ``margin``"
       (:func:`~specwatch.shadow.stats.confseq.declaration_path`; a declaration, not an alarm).
 
     Raises ``ValueError`` on an outcome outside {-1, 0, 1}."""
-    d = np.asarray(list(outcomes), dtype=np.int64).reshape(-1)
-    if not np.all((d == -1) | (d == 0) | (d == 1)):
-        raise ValueError("outcomes must be -1, 0 or 1")
+    d = check_outcomes(np.asarray(list(outcomes), dtype=np.int64))
     alpha = settings.alpha
     if d.size == 0:
         return dict.fromkeys(ALARMS)
-    lost, gained = np.cumsum(d == 1), np.cumsum(d == -1)
-    since = net_loss_mixture_log_e_values(lost, gained, settings.detect_net_loss)
-    det = ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl)
-    det_path, _ = detector_log_path(d, det)
+    path = net_loss_path(d)
     bet, _ = betting_log_wealth(d.astype(np.float64), settings.margin)
     return {
-        "net_loss_change": first_alarm(det_path, 1.0 / settings.change_arl),
-        "no_net_loss": first_alarm(since, alpha),
+        "net_loss_change": first_alarm(path.log_detector, 1.0 / settings.change_arl),
+        "no_net_loss": first_alarm(path.log_e, alpha),
         "margin": first_alarm(bet, alpha),
         "within_margin": declaration_path(d, settings.margin, alpha),
     }
@@ -87,20 +81,23 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
 @dataclass(frozen=True, slots=True)
 class LiveAlarmState:
     """The order-dependent statistics the sidecar folds pair by pair (and rebuilds from the
-    ledger in time order): the margin e-process, the change detector and the "within margin"
-    declaration. Immutable; :meth:`add` returns the state after more labelled pairs."""
+    ledger in time order): the no-net-loss e-process with its change detector, the margin
+    e-process and the "within margin" declaration. Immutable; :meth:`add` returns the state
+    after more labelled pairs; ``change_arl`` is the detector's alarm level."""
 
     betting: BettingEProcess
-    detector: ChangeDetector
+    net_loss: NetLossState
     declaration: MarginDeclaration
+    change_arl: float
 
     @classmethod
     def fresh(cls, settings: AlarmSettings) -> LiveAlarmState:
         """The state before any labelled pair."""
         return cls(
             BettingEProcess(margin=settings.margin),
-            ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl),
+            NetLossState(),
             MarginDeclaration(settings.margin, settings.alpha),
+            settings.change_arl,
         )
 
     def add(self, outcomes: Sequence[tuple[bool, bool]]) -> LiveAlarmState:
@@ -111,11 +108,13 @@ class LiveAlarmState:
         if len(d) == 1:  # the live path: one pair at a time, scalar updates
             return LiveAlarmState(
                 run_betting(outcomes, self.betting.margin, self.betting),
-                self.detector.update(d[0]),
+                self.net_loss.update(d[0]),
                 self.declaration.update(d[0]),
+                self.change_arl,
             )
         return LiveAlarmState(
             run_betting(outcomes, self.betting.margin, self.betting),
-            run_detector(d, self.detector),
+            net_loss_path(np.array(d, dtype=np.int64), self.net_loss).last,
             run_declaration(d, self.declaration),
+            self.change_arl,
         )

@@ -7,18 +7,15 @@ checked, which repeated fixed-n McNemar tests do not (Johari et al. 2017, "Peeki
 tests"; Ramdas, Grünwald, Vovk & Shafer 2023, "Game-theoretic statistics and safe anytime-valid
 inference", Statist. Sci. 38:576-601).
 
-Three tests are provided:
+The no-net-loss e-process every surface reports lives in :mod:`specwatch.shadow.stats.eprocess`
+(with the alarm rule of this module). Here:
 
-* :func:`net_loss_log_e_value` / :func:`net_loss_mixture_log_e_values` — the design
-  ``specwatch run`` reports for "no net loss": a fixed discrete mixture of likelihood ratios
-  on the discordant pairs, centred on the loss q implied by ``detect_net_loss`` (see
-  :func:`net_loss_mixture_grid`); reaches 1/alpha sooner than the uniform-prior mixture at that
-  loss (``docs/benchmarks.md``). Depends only on the counts.
 * :func:`beta_binomial_log_e_value` — on the discordant pairs only. Each discordant pair is
   ``lost`` with probability θ; H0: θ <= p0 (p0 = 1/2: FLy does not lose more than it gains).
   The e-process is Robbins' mixture likelihood ratio with a Beta(a, b) prior truncated to
   [p0, 1]; it depends only on the counts (lost, gained), so it is rebuilt exactly from the
-  ledger after a restart.
+  ledger after a restart. Used for the lossless check and shown by ``paired-test`` for
+  comparison.
 * :class:`BettingEProcess` — on every pair's ``d = lost - gained`` in {-1, 0, +1}; H0: E[d] <= M,
   i.e. the net loss is at most the margin M on *marginal* accuracy. Testing by betting with the
   aGRAPA bet (Waudby-Smith & Ramdas 2024, "Estimating means of bounded random variables by
@@ -34,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import betaincc, betaln, logsumexp
+from scipy.special import betaincc, betaln
 
 from specwatch.core.numbers import exp_or_inf
 
@@ -258,104 +255,3 @@ def run_betting(
     the one driver used by the live component's restart, the report and ``summary``. Pure.
     Computed by :func:`betting_log_wealth` (vectorised, equal to :func:`betting_path`)."""
     return betting_log_wealth(list(outcomes), margin, start)[1]
-
-
-#: Planning discordant rate that centres :func:`net_loss_mixture_grid` (6%: the rate the paired
-#: power calculation and the shadow simulations are sized for).
-PLANNING_DISCORDANCE: float = 0.06
-
-#: Spread (standard deviation of ``ln r``) of the core of the mixture around the centre.
-CORE_SPREAD: float = 0.2
-
-#: Tail components ``(q, weight)``: large losses at low discordance cross within a short streak.
-TAIL_COMPONENTS: tuple[tuple[float, float], ...] = ((0.8, 0.10), (0.9, 0.08))
-
-_CORE_POINTS = 9
-
-
-def net_loss_mixture_grid(
-    detect_net_loss: float = 0.02,
-    planning_discordance: float = PLANNING_DISCORDANCE,
-    spread: float = CORE_SPREAD,
-    tails: tuple[tuple[float, float], ...] = TAIL_COMPONENTS,
-) -> tuple[FloatArray, FloatArray]:
-    """Components ``(q_j, w_j)`` of the focused mixture, shape ``(m,)`` each, weights sum to 1.
-
-    Among discordant pairs a pair is ``lost`` with probability q. A net loss δ at discordance
-    p_d means P(lost) - P(gained) = δ with P(lost) + P(gained) = p_d, so
-    ``q = (p_d/2 + δ/2) / p_d = 1/2 + δ / (2 p_d)``. The centre is that q at δ =
-    ``detect_net_loss`` and p_d = ``planning_discordance`` (capped at 0.95, which also covers
-    δ > p_d); the core puts
-    weight ``1 - Σ tail weights`` on 9 points ``q = 1/2 + (q_c - 1/2) r`` with ``ln r`` on
-    ``[-2, 2]`` standard deviations of ``spread`` and Gaussian weights; the tails add fixed
-    components for large losses. Raises ``ValueError`` on δ or p_d outside (0, 1),
-    ``spread <= 0``, a tail q outside (1/2, 1) or tail weights not summing to [0, 1).
-    """
-    if not 0.0 < detect_net_loss < 1.0 or not 0.0 < planning_discordance < 1.0:
-        raise ValueError("detect_net_loss and planning_discordance must be in (0, 1)")
-    if spread <= 0.0:
-        raise ValueError("spread must be > 0")
-    tail_w = sum(w for _, w in tails)
-    if any(not 0.5 < q < 1.0 or w < 0.0 for q, w in tails) or not 0.0 <= tail_w < 1.0:
-        raise ValueError("tail components need q in (1/2, 1) and weights summing to [0, 1)")
-    centre = min(0.5 + detect_net_loss / (2.0 * planning_discordance), 0.95)
-    z = np.linspace(-2.0, 2.0, _CORE_POINTS)
-    core_q = 0.5 + (centre - 0.5) * np.exp(z * spread)
-    core_q = np.minimum(core_q, 0.99)
-    core_w = np.exp(-0.5 * z * z)
-    core_w *= (1.0 - tail_w) / core_w.sum()
-    q = np.concatenate([core_q, np.array([t for t, _ in tails], dtype=np.float64)])
-    w = np.concatenate([core_w, np.array([t for _, t in tails], dtype=np.float64)])
-    return q.astype(np.float64), w.astype(np.float64)
-
-
-def net_loss_mixture_log_e_values(
-    lost: npt.ArrayLike,
-    gained: npt.ArrayLike,
-    detect_net_loss: float = 0.02,
-    planning_discordance: float = PLANNING_DISCORDANCE,
-) -> FloatArray:
-    """Natural log of the focused mixture e-value for H0: no net loss; arrays broadcast.
-
-    ``E(L, G) = Σ_j w_j (2 q_j)^L (2 (1 - q_j))^G`` over the components of
-    :func:`net_loss_mixture_grid` (L lost, G gained discordant pairs; concordant pairs
-    multiply every component by 1).
-
-    Why it is an e-process (test supermartingale under H0). Per pair, component j multiplies by
-    ``2 q_j`` when lost, ``2 (1 - q_j)`` when gained, 1 when concordant. Given the past, with
-    ``a = P(lost)``, ``b = P(gained)``, the expected multiplier is
-    ``1 + (2 q_j - 1)(a - b)``, which is <= 1 whenever ``a <= b`` (no net loss) because
-    ``q_j >= 1/2``. So each component is a non-negative supermartingale starting at 1, and a
-    mixture with fixed weights summing to 1 is one too; Ville's inequality then bounds the
-    false-alarm rate of ``E >= 1/alpha`` by alpha at any stopping rule. The weights do not depend
-    on the data, so E depends only on the counts and is rebuilt exactly from the ledger.
-    Sources: Wald (1945) likelihood ratio; mixture (Robbins 1970, Ann. Math. Statist.
-    41:1397-1409); e-processes and Ville's inequality (Ramdas, Grünwald, Vovk & Shafer 2023,
-    Statist. Sci. 38:576-601, sections 2-3). ``-inf`` never occurs (every component > 0 for
-    q_j < 1). Raises ``ValueError`` on negative counts and as :func:`net_loss_mixture_grid`.
-    """
-    lo = np.asarray(lost, dtype=np.float64)
-    ga = np.asarray(gained, dtype=np.float64)
-    if np.any(lo < 0) or np.any(ga < 0):
-        raise ValueError("lost and gained must be >= 0")
-    q, w = net_loss_mixture_grid(detect_net_loss, planning_discordance)
-    shape = np.broadcast(lo, ga).shape
-    lo_b = np.broadcast_to(lo, shape).reshape(-1)
-    ga_b = np.broadcast_to(ga, shape).reshape(-1)
-    terms = (
-        np.log(w)[:, None]
-        + np.log(2.0 * q)[:, None] * lo_b[None, :]
-        + np.log(2.0 * (1.0 - q))[:, None] * ga_b[None, :]
-    )
-    out: FloatArray = logsumexp(terms, axis=0).reshape(shape).astype(np.float64)
-    return out
-
-
-def net_loss_log_e_value(
-    lost: int,
-    gained: int,
-    detect_net_loss: float = 0.02,
-    planning_discordance: float = PLANNING_DISCORDANCE,
-) -> float:
-    """Scalar form of :func:`net_loss_mixture_log_e_values` (the design ``specwatch run`` uses)."""
-    return float(net_loss_mixture_log_e_values(lost, gained, detect_net_loss, planning_discordance))
