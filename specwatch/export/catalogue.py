@@ -414,7 +414,7 @@ DECISION_GAUGES: dict[str, MetricSpec] = {
     ),
     "e_value": _g(
         "specwatch_decision_e_value",
-        "Focused mixture e-value against 'no net loss' since start.",
+        "E-value against 'no net loss' since start (overall: the ordered e-process; categories: its count form).",
         DC,
     ),
     "noise_flip_ratio": _g(

@@ -9,8 +9,8 @@ ledger's since-start tallies (:class:`~specwatch.shadow.tally.PairTally`) and sp
 Verdicts, first match wins (``alpha``, ``margin`` and ``detect_net_loss`` are the paired
 settings):
 
-1. ``costs_quality``, *FLy costs quality here*: the focused mixture e-value of FLy's net loss
-   reached ``1/alpha`` (anytime valid; the same alarm as ``SpecQualityDrift``).
+1. ``costs_quality``, *FLy costs quality here*: the no-net-loss e-value of FLy's net loss
+   (:mod:`~specwatch.shadow.stats.eprocess`) reached ``1/alpha`` (anytime valid; the same alarm as ``SpecQualityDrift``).
 2. ``pays``, *FLy pays here*: the anytime-valid confidence sequence shows the net loss below
    ``margin`` (:mod:`~specwatch.shadow.stats.confseq`, at the since-start counts) and FLy's
    decode throughput (completion tokens per second of replay) is higher

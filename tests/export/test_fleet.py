@@ -16,16 +16,7 @@ from specwatch.export.fleet import (
     margin_e_selector,
     pairs_selector,
 )
-from specwatch.shadow.stats.sequential import net_loss_mixture_grid
-
-
-def _mixture(lost: int, gained: int) -> float:
-    """The focused mixture e-value from its formula, summed term by term in plain Python."""
-    q, w = net_loss_mixture_grid(0.02)
-    return math.fsum(
-        wj * (2 * qj) ** lost * (2 * (1 - qj)) ** gained
-        for qj, wj in zip(q.tolist(), w.tolist(), strict=True)
-    )
+from tests.shadow.stats.eprocess_reference import count_form
 
 
 def _rows(instance: str, model: str | None, **counts: float) -> list[tuple[dict[str, str], float]]:
@@ -46,8 +37,9 @@ PAIRS = [
 
 def test_union_table_and_hand_worked_statistics() -> None:
     """Two sidecars of model m: union 15/5/1/3 (n=24). Exact McNemar on 5 of 6 discordant:
-    P(X>=5 | 6, 1/2) = 7/64 (loss), 14/64 (two-sided); net loss 4/24; the no_net_loss e-value is
-    the focused mixture sum_j w_j (2 q_j)^5 (2 (1 - q_j))^1 over the sidecar's grid."""
+    P(X>=5 | 6, 1/2) = 7/64 (loss), 14/64 (two-sided); net loss 4/24; without the sidecars'
+    exported e-processes the no_net_loss e-value is the count form
+    sum_j w_j (2 q_j)^5 (2 (1 - q_j))^1 with the 6 % bets."""
     stats = fleet_stats(PAIRS, now=100.0)
     m = stats.models["m"]
     assert m.sidecars == 2
@@ -63,9 +55,26 @@ def test_union_table_and_hand_worked_statistics() -> None:
         assert s.p_loss == pytest.approx(7 / 64, rel=1e-12)
         assert s.p_two_sided == pytest.approx(14 / 64, rel=1e-12)
         assert s.net_loss_ratio == pytest.approx(4 / 24, rel=1e-12)
-        assert s.e_value == pytest.approx(_mixture(5, 1), rel=1e-9)
+        assert s.e_value == pytest.approx(count_form(5, 1), rel=1e-9)
         assert s.ci_lower < 4 / 24 < s.ci_upper
     assert stats.bad_series == {}
+
+
+def test_net_loss_e_values_mean_and_product_with_replicas_counted_once() -> None:
+    """The sidecars' exported no-net-loss e-processes 3 and 12 (the second also read through a
+    second HA replica): mean 7.5 is the fleet's overall e-value, product 36; the category keeps
+    the count form of the pooled counts."""
+    rows = [
+        ({"instance": "s1", "model_name": "m", "prometheus_replica": "a"}, 3.0),
+        ({"instance": "s2", "model_name": "m", "prometheus_replica": "a"}, 12.0),
+        ({"instance": "s2", "model_name": "m", "prometheus_replica": "b"}, 12.0),
+    ]
+    stats = fleet_stats(PAIRS, (), rows, now=1.0)
+    m = stats.models["m"]
+    assert (m.net_loss_e_mean, m.net_loss_e_product, m.net_loss_sidecars) == (7.5, 36.0, 2)
+    assert m.summaries[OVERALL].e_value == pytest.approx(7.5, rel=1e-12)
+    assert m.summaries["math"].e_value == pytest.approx(count_form(5, 1), rel=1e-9)
+    assert stats.bad_series == {"replica_duplicate": 1}
 
 
 def test_margin_e_values_mean_and_product() -> None:

@@ -17,10 +17,7 @@ from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.power import questions_needed
-from specwatch.shadow.stats.sequential import (
-    net_loss_log_e_value,
-    run_betting,
-)
+from specwatch.shadow.stats.sequential import run_betting
 from specwatch.shadow.summary import (
     OutcomeCounters,
     PairTally,
@@ -33,6 +30,7 @@ from specwatch.shadow.summary import (
 )
 from specwatch.shadow.tally import labelled_outcome
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
+from tests.shadow.stats.eprocess_reference import count_form
 
 
 def _outcome(
@@ -68,7 +66,7 @@ def test_summarize_by_hand() -> None:
     s = summarize(t, alpha=0.05, margin=0.01, detect_net_loss=0.02)
     assert s.n == 428
     assert s.p_two_sided == pytest.approx(binomtest(2, 27).pvalue)
-    assert s.e_value == pytest.approx(math.exp(net_loss_log_e_value(25, 2)))
+    assert s.e_value == pytest.approx(count_form(25, 2), rel=1e-9)
     assert s.alarm
     assert not s.non_inferiority_pass
     assert s.questions_needed == questions_needed(0.02, 27 / 428)
@@ -212,7 +210,7 @@ def test_export_values() -> None:
     )
     assert samples[
         ("specwatch_paired_e_value", (*wc[:1], ("hypothesis", "no_net_loss"), *wc[1:]))
-    ] == pytest.approx(math.exp(net_loss_log_e_value(25, 2)), rel=1e-6)
+    ] == pytest.approx(count_form(25, 2), rel=1e-6)
     assert samples[
         (
             "specwatch_paired_e_value",

@@ -151,7 +151,7 @@ class NetLossState:
     @property
     def log_e_value(self) -> float:
         """``ln E``: the mixture of the components' wealth."""
-        return float(logsumexp(LOG_WEIGHTS + np.asarray(self.log_wealth)))
+        return float(_mix_rows(np.asarray(self.log_wealth, dtype=np.float64)[None, :])[0])
 
     @property
     def e_value(self) -> float:
@@ -164,7 +164,12 @@ class NetLossState:
         return _mix_sr(np.asarray(self.log_sr, dtype=np.float64))
 
     def update(self, x: int) -> NetLossState:
-        """The state after one more pair ``x`` (+1 lost, -1 gained, 0 agree)."""
+        """The state after one more pair ``x`` (+1 lost, -1 gained, 0 agree): the code of
+        :func:`net_loss_path` on one pair (an agreeing pair only advances the pair count)."""
+        if x == 0:
+            return NetLossState(
+                self.log_wealth, self.log_sr, self.pairs + 1, self.discordant, self.last_discordant
+            )
         return net_loss_path(np.array([x], dtype=np.int64), self).last
 
     def reset_detector(self) -> NetLossState:
@@ -177,7 +182,7 @@ class NetLossState:
 def _mix_sr(log_r: FloatArray) -> float:
     if not np.isfinite(log_r).any():
         return -math.inf
-    return float(logsumexp(LOG_WEIGHTS + log_r))
+    return float(_mix_rows(log_r[None, :])[0])
 
 
 def _mix_rows(log_values: FloatArray) -> FloatArray:
@@ -242,12 +247,12 @@ def net_loss_path(
         lw, lr, last = wealth[-1], sr[-1], int(pair_no[-1])
     # Forward-fill: after pair t the values are those of the last discordant pair <= t.
     seen = np.cumsum(x != 0) - 1
-    log_e = np.where(
-        seen >= 0, log_e_at[np.maximum(seen, 0)] if k_total else 0.0, state.log_e_value
-    )
-    log_m = np.where(
-        seen >= 0, log_m_at[np.maximum(seen, 0)] if k_total else 0.0, state.log_detector
-    )
+    log_e = log_e_at[np.maximum(seen, 0)] if k_total else np.zeros(n)
+    log_m = log_m_at[np.maximum(seen, 0)] if k_total else np.zeros(n)
+    if n and seen[0] < 0:  # agreeing pairs before the first discordant one: the start's values
+        before = seen < 0
+        log_e[before] = state.log_e_value
+        log_m[before] = state.log_detector
     end = NetLossState(
         tuple(float(v) for v in lw),
         tuple(float(v) for v in lr),
@@ -255,7 +260,7 @@ def net_loss_path(
         state.discordant + k_total,
         last,
     )
-    return NetLossPath(log_e.astype(np.float64), log_m.astype(np.float64), end)
+    return NetLossPath(log_e, log_m, end)
 
 
 def run_net_loss(

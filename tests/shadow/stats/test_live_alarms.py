@@ -20,37 +20,38 @@ from specwatch.shadow.stats.confseq import (
     run_declaration,
     within_margin_log_e_value,
 )
-from specwatch.shadow.stats.detector import (
-    ChangeDetector,
-    detector_components,
-    detector_log_path,
-    run_detector,
-)
+from specwatch.shadow.stats.eprocess import COMPONENTS, NetLossState, net_loss_path, run_net_loss
+from tests.shadow.stats.eprocess_reference import bet
 
 
-def test_detector_is_shiryaev_roberts_by_hand() -> None:
-    """Two losses then a gain: per component R_1 = 2q, R_2 = 2q(2q + 1),
-    R_3 = 2(1-q)(R_2 + 1); the detector is Σ w_j R_j; concordant pairs leave it alone."""
-    q, w = detector_components(0.02)
-    r1 = 2 * q
-    r2 = 2 * q * (r1 + 1)
-    r3 = 2 * (1 - q) * (r2 + 1)
-    path, last = detector_log_path([1, 0, 1, -1], ChangeDetector.fresh())
-    assert np.exp(path) == pytest.approx([w @ r1, w @ r1, w @ r2, w @ r3], rel=1e-12)
-    assert np.exp(last) == pytest.approx(r3, rel=1e-12)
-    assert ChangeDetector.fresh().update(1).update(0).update(1).update(-1).log_value == (
-        pytest.approx(path[-1], rel=1e-12)
-    )
+def test_detector_is_shiryaev_roberts_on_the_pair_clock_by_hand() -> None:
+    """Lost, agree, lost, gained: per component, with the e-process's bets q_1, q_3, q_4 at
+    the estimates 3/50, 4/52 and 5/53, the pair clock credits min(gap, 50) new starts at each
+    discordant pair: R_1 = 1 * 2 q_1, R_3 = (R_1 + 2) 2 q_3, R_4 = (R_3 + 1) 2 (1 - q_4); the
+    detector is Σ w_j R_j and an agreeing pair leaves it alone."""
+    total = sum(w for w, _ in COMPONENTS)
+    hand = [0.0, 0.0, 0.0, 0.0]
+    for w, knots in COMPONENTS:
+        r1 = 2 * bet(knots, 3 / 50)
+        r3 = (r1 + 2) * 2 * bet(knots, 4 / 52)
+        r4 = (r3 + 1) * 2 * (1 - bet(knots, 5 / 53))
+        for i, r in enumerate((r1, r1, r3, r4)):
+            hand[i] += w / total * r
+    path = net_loss_path([1, 0, 1, -1])
+    assert np.exp(path.log_detector) == pytest.approx(hand, rel=1e-12)
+    state = NetLossState().update(1).update(0).update(1).update(-1)
+    assert state.log_detector == pytest.approx(path.log_detector[-1], rel=1e-12)
+    assert state.reset_detector().log_detector == -math.inf
+    assert state.reset_detector().log_e_value == state.log_e_value
 
 
-def test_detector_mean_grows_by_one_per_discordant_pair_under_no_loss() -> None:
-    """Under no net loss (lost and gained equally likely among discordant pairs) E[M_k] = k
-    exactly (each factor has mean 1, and R_k = f_k (R_{k-1} + 1)): the average of M_8 over all
-    2^8 sequences is 8, which is what bounds the mean run length to a false alarm by the
-    threshold."""
+def test_detector_mean_grows_by_at_most_one_per_pair_under_no_loss() -> None:
+    """Under no net loss on every discordant pair (lost and gained equally likely), E[M_n] = n
+    when no gap is capped: the average of M_8 over all 2^8 all-discordant sequences is 8, which
+    is what bounds the mean run length to a false alarm by the threshold (in pairs)."""
     total = 0.0
     for seq in itertools.product((1, -1), repeat=8):
-        total += math.exp(run_detector(seq, ChangeDetector.fresh()).log_value)
+        total += math.exp(run_net_loss(seq).log_detector)
     assert total / 2**8 == pytest.approx(8.0, rel=1e-12)
 
 
@@ -118,13 +119,15 @@ def test_first_alarms_is_the_live_fold() -> None:
     seen: dict[str, int] = {}
     for i, x in enumerate(d, start=1):
         state = state.add([(x == 1, x == -1)] if x else [(True, True)])
-        if state.detector.alarmed:
+        if state.net_loss.log_detector >= math.log(settings.change_arl):
             seen.setdefault("net_loss_change", i)
+        if state.net_loss.log_e_value >= math.log(20):
+            seen.setdefault("no_net_loss", i)
         if state.betting.log_wealth >= math.log(20):
             seen.setdefault("margin", i)
         if state.declaration.declared_at is not None:
             seen.setdefault("within_margin", i)
-    for key in ("net_loss_change", "margin", "within_margin"):
+    for key in ("net_loss_change", "no_net_loss", "margin", "within_margin"):
         assert seen.get(key) == got[key], key
     assert first_alarms([], settings) == dict.fromkeys(got)
     with pytest.raises(ValueError, match="outcomes"):
