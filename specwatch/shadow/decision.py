@@ -10,7 +10,8 @@ Verdicts, first match wins (``alpha``, ``margin`` and ``detect_net_loss`` are th
 settings):
 
 1. ``costs_quality``, *FLy costs quality here*: the no-net-loss e-value of FLy's net loss
-   (:mod:`~specwatch.shadow.stats.eprocess`) reached ``1/alpha`` (anytime valid; the same alarm as ``SpecQualityDrift``).
+   (:mod:`~specwatch.shadow.stats.eprocess`) reached ``1/alpha`` (anytime valid; the same
+   alarm as ``SpecQualityDrift``).
 2. ``pays``, *FLy pays here*: the anytime-valid confidence sequence shows the net loss below
    ``margin`` (:mod:`~specwatch.shadow.stats.confseq`, at the since-start counts) and FLy's
    decode throughput (completion tokens per second of replay) is higher

@@ -34,7 +34,7 @@ from specwatch.report.render import render_html
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
-from specwatch.shadow.stats.sequential import betting_path, net_loss_log_e_value
+from specwatch.shadow.stats.sequential import betting_path
 from specwatch.shadow.summary import build_shadow_stats, load_bands
 from specwatch.shadow.tally import (
     UNKNOWN_BAND,
@@ -45,6 +45,7 @@ from specwatch.shadow.tally import (
     tally_rows,
 )
 from tests.report.test_report import T0, row, write_ledger
+from tests.shadow.stats.eprocess_reference import count_form, reference
 
 BANDS = (0, 8, 32)
 CATEGORIES = ("math", "code", "chat", "tools")
@@ -182,21 +183,26 @@ def reference_report(
     """The whole report from the rows, one pair at a time (see the module docstring)."""
     rows = sorted(rows, key=lambda r: r.time)
     threshold = math.log(1.0 / alpha)
-    first_alarm: dict[str, int | None] = {}
-    for cat in [OVERALL, *sorted({r.category for r in rows})]:
+    outcomes = [o for r in rows if (o := labelled_outcome(r)) is not None]
+    # all categories: the ordered e-process worked pair by pair; a category: its count form
+    e_all, _ = reference([int(s) - int(f) for s, f in outcomes])
+    first_alarm: dict[str, int | None] = {
+        OVERALL: next((k for k, e in enumerate(e_all, start=1) if e >= 1.0 / alpha), None)
+    }
+    for cat in sorted({r.category for r in rows}):
         lost = gained = k = 0
         first_alarm[cat] = None
         for r in rows:
             out = labelled_outcome(r)
-            if out is None or cat not in (OVERALL, r.category):
+            if out is None or cat != r.category:
                 continue
             k += 1
             lost += int(out == (True, False))
             gained += int(out == (False, True))
-            if net_loss_log_e_value(lost, gained) >= threshold:
+            if math.log(count_form(lost, gained)) >= threshold:
                 first_alarm[cat] = k
                 break
-    outcomes = [o for r in rows if (o := labelled_outcome(r)) is not None]
+    log_e_all = math.log(e_all[-1]) if e_all else None
     margin_states = list(betting_path(outcomes, margin))
     tallies = tally_rows(rows)
     by_band: dict[str, PairTally] = {}
@@ -211,9 +217,15 @@ def reference_report(
         alpha=alpha,
         margin=margin,
         betting_log_e_value=margin_states[-1].log_wealth,
+        net_loss_log_e_value=log_e_all,
         ledger_rows=len(rows),
         decisions=decision_table(
-            tallies, reference_totals(rows), alpha=alpha, margin=margin, detect_net_loss=0.02
+            tallies,
+            reference_totals(rows),
+            alpha=alpha,
+            margin=margin,
+            detect_net_loss=0.02,
+            overall_log_e_value=log_e_all,
         ),
         by_load=load_bands(by_band, load_band_labels(BANDS)),
     )
@@ -322,15 +334,12 @@ class TestSameNumbers:
         assert len(data.evalue.pair) <= MAX_POINTS
         assert data.evalue.pair[-1] == len(outcomes)
         states = list(betting_path(outcomes, 0.01))
-        lost = np.cumsum([o == (True, False) for o in outcomes])
-        gained = np.cumsum([o == (False, True) for o in outcomes])
+        e_all, _ = reference([int(s) - int(f) for s, f in outcomes])
         for k, bb, bet in zip(
             data.evalue.pair, data.evalue.log_e_no_net_loss, data.evalue.log_e_margin, strict=True
         ):
             assert bet == states[k - 1].log_wealth
-            assert bb == pytest.approx(
-                net_loss_log_e_value(int(lost[k - 1]), int(gained[k - 1])), abs=1e-9
-            )
+            assert bb == pytest.approx(math.log(e_all[k - 1]), abs=1e-9)
         assert data.first_alarm == ref.first_alarm
 
 
@@ -361,20 +370,22 @@ class TestDownsampledSeries:
 
     def test_evalue_points_bounded_with_exact_last_and_alarm(self, tmp_path: Path) -> None:
         """40 lost pairs drawn on at most 6 points: pairs 1 and 40 are there, and so is the
-        first pair whose closed-form e-value reaches 20 (the alarm marker stays exact); the
+        first pair whose e-value (worked pair by pair) reaches 20 (the alarm marker stays
+        exact); the
         page says the path is drawn at fewer points than pairs."""
         rows = [row(T0 + i, "x", True, False) for i in range(40)]
         path = tmp_path / "l.db"
         asyncio.run(write_ledger(path, rows))
         data = build_report(str(path), asyncio.run(read_ledger(path)), points=6)
         e = data.evalue
-        first = next(n for n in range(1, 41) if net_loss_log_e_value(n, 0) >= math.log(20.0))
+        e_ref, _ = reference([1] * 40)
+        first = next(n for n, v in enumerate(e_ref, start=1) if v >= 20.0)
         assert len(e.pair) <= 6
         assert e.pair[0] == 1
         assert e.pair[-1] == 40
         assert first in e.pair
         assert e.first_alarm_no_net_loss == first
-        assert e.log_e_no_net_loss[-1] == pytest.approx(net_loss_log_e_value(40, 0))
+        assert e.log_e_no_net_loss[-1] == pytest.approx(math.log(e_ref[-1]), abs=1e-9)
         assert f"Drawn at {len(e.pair)} of the 40 labelled pairs" in render_html(data)
 
     @pytest.mark.parametrize("bins", ["0", str(MAX_POINTS + 1)])

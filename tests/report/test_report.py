@@ -30,7 +30,7 @@ from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
-from specwatch.shadow.stats.sequential import net_loss_log_e_value
+from tests.shadow.stats.eprocess_reference import count_form, reference
 
 T0 = 1_764_460_800.0
 #: category → (both_correct, lost, gained, both_wrong)
@@ -186,18 +186,27 @@ def expected_counts() -> Iterator[tuple[str, PairedCounts]]:
     yield "_all", PairedCounts(*total)
 
 
+def _d(rows: list[LedgerRow]) -> list[int]:
+    """+1 lost, -1 gained, 0 agree per labelled pair, in time order."""
+    lab = [r for r in rows if r.status == "paired"]
+    return [int(bool(r.standard_correct)) - int(bool(r.fly_correct)) for r in lab]
+
+
 def expected_first_alarms() -> dict[str, int | None]:
     """Per category (and ``_all``): the first labelled pair, in time order, after which the
-    closed-form e-value of the running (lost, gained) counts is >= 1/0.05."""
+    no-net-loss e-value is >= 1/0.05: for ``_all`` the ordered e-process worked pair by pair
+    from its formulas, for a category its count form on the running (lost, gained)."""
     out: dict[str, int | None] = {}
     lab = [r for r in known_rows() if r.status == "paired"]
-    for cat in ["_all", *KNOWN]:
+    e_all, _ = reference(_d(lab))
+    out["_all"] = next((n for n, e in enumerate(e_all, start=1) if e >= 20.0), None)
+    for cat in KNOWN:
         lost = gained = 0
         out[cat] = None
-        for n, r in enumerate((r for r in lab if cat in ("_all", r.category)), start=1):
+        for n, r in enumerate((r for r in lab if r.category == cat), start=1):
             lost += int(bool(r.standard_correct) and not r.fly_correct)
             gained += int(bool(r.fly_correct) and not r.standard_correct)
-            if net_loss_log_e_value(lost, gained) >= math.log(20.0):
+            if count_form(lost, gained) >= 20.0:
                 out[cat] = n
                 break
     return out
@@ -233,7 +242,12 @@ class TestHtml:
             assert float(got["ci"]["data-upper"]) == pytest.approx(ci.upper, abs=1e-9)
             ni = non_inferiority_test(pc, margin=0.01, alpha=0.05)
             assert got["non_inferiority_pass"]["data-value"] == ("true" if ni.passed else "false")
-            e = math.exp(net_loss_log_e_value(pc.lost, pc.gained))
+            # _all: the ordered e-process; a category: its count form
+            e = (
+                reference(_d(known_rows()))[0][-1]
+                if cat == "_all"
+                else count_form(pc.lost, pc.gained)
+            )
             assert float(got["e_value"]["data-value"]) == pytest.approx(e, rel=1e-9)
 
     def test_hand_worked_values(self, rendered: Path) -> None:
@@ -324,19 +338,24 @@ class TestSeries:
 
     def test_evalue_path_ends_at_the_closed_form(self, tmp_path: Path) -> None:
         """One point per labelled pair (96, fewer than the plot's point bound); the last equals
-        the mixture e-value of the totals (12 lost, 5 gained)."""
+        the e-process worked pair by pair over the 96 labelled pairs in time order."""
         path = report_of(tmp_path / "l.db", known_rows()).evalue
         assert path.pairs == 96
         assert path.pair == tuple(range(1, 97))
-        assert path.log_e_no_net_loss[-1] == pytest.approx(net_loss_log_e_value(12, 5))
+        assert path.log_e_no_net_loss[-1] == pytest.approx(
+            math.log(reference(_d(known_rows()))[0][-1]), abs=1e-9
+        )
         assert path.first_alarm_no_net_loss == expected_first_alarms()["_all"]
 
     def test_evalue_alarm_index(self, tmp_path: Path) -> None:
-        """30 losses in a row: the first alarm is the first n with e(n, 0) >= 20."""
+        """30 losses in a row: the first alarm is the first n with the e-process (worked pair by
+        pair) >= 20: its 12th loss (every pair is discordant, so the discordance estimate climbs
+        and the bets shrink: E = 19.8 after 11 losses, 25.3 after 12)."""
         rows = [row(T0 + i, "x", True, False) for i in range(30)]
         path = report_of(tmp_path / "l.db", rows).evalue
-        first = next(n for n in range(1, 31) if net_loss_log_e_value(n, 0) >= math.log(20))
-        assert path.first_alarm_no_net_loss == first
+        e, _ = reference([1] * 30)
+        first = next(n for n, v in enumerate(e, start=1) if v >= 20)
+        assert path.first_alarm_no_net_loss == first == 12
 
     def test_alarm_stands_after_the_e_value_falls(self, tmp_path: Path) -> None:
         """12 losses then 30 gains: the e-value crossed 20 early and is now tiny; the page still
@@ -344,13 +363,16 @@ class TestSeries:
         rows = [row(T0 + i, "x", True, False) for i in range(12)]
         rows += [row(T0 + 12 + i, "x", False, True) for i in range(30)]
         pc = PairedCounts(0, 12, 30, 0)
-        assert net_loss_log_e_value(pc.lost, pc.gained) < math.log(20.0)
-        first = next(n for n in range(1, 13) if net_loss_log_e_value(n, 0) >= math.log(20))
+        assert count_form(pc.lost, pc.gained) < 20.0  # a category's e-value: the count form
+        first = next(n for n in range(1, 13) if count_form(n, 0) >= 20.0)
         page = render_html(report_of(tmp_path / "l.db", rows))
         assert 'data-alarm="true"' in page
         tables = parse_tables(page)
         assert tables["x"]["first_alarm"]["data-value"] == repr(first)
-        assert tables["_all"]["first_alarm"]["data-value"] == repr(first)
+        e_all, _ = reference([1] * 12 + [-1] * 30)  # _all: the ordered e-process
+        assert tables["_all"]["first_alarm"]["data-value"] == repr(
+            next(n for n, v in enumerate(e_all, start=1) if v >= 20)
+        )
 
     def test_empty_ledger_renders(self, tmp_path: Path) -> None:
         """A ledger with no rows still renders a page and four images, saying so."""

@@ -42,10 +42,10 @@ def reference(outcomes: Iterable[int]) -> tuple[list[float], list[float]]:
     weights = [w / total for w, _ in COMPONENTS]
     wealth = [1.0] * len(COMPONENTS)
     sr = [0.0] * len(COMPONENTS)
-    pairs = discordant = last = 0
+    discordant = last = 0
     e_path: list[float] = []
     m_path: list[float] = []
-    for x in outcomes:
+    for pairs, x in enumerate(outcomes):
         if x != 0:
             d = (discordant + 3.0) / (pairs + 50.0)
             gap = min(pairs + 1 - last, 50)
@@ -56,7 +56,6 @@ def reference(outcomes: Iterable[int]) -> tuple[list[float], list[float]]:
                 sr[j] = (sr[j] + gap) * f
             discordant += 1
             last = pairs + 1
-        pairs += 1
         e_path.append(math.fsum(w * v for w, v in zip(weights, wealth, strict=True)))
         m_path.append(math.fsum(w * v for w, v in zip(weights, sr, strict=True)))
     return e_path, m_path
