@@ -115,6 +115,14 @@ def _streams(
     return loss, pair
 
 
+def _const(p: float) -> Callable[[IntArray], Any]:
+    return lambda n: p
+
+
+def _after(change_at: int, p: float) -> Callable[[IntArray], Any]:
+    return lambda n: np.where(n > change_at, p, 0.5)
+
+
 def _first(hit: BoolArray, pair: IntArray) -> FloatArray:
     """Pair index of the first hit per run (inf when none)."""
     any_ = hit.any(axis=1)
@@ -153,7 +161,7 @@ def grid(runs: int, rng: np.random.Generator) -> list[dict[str, Any]]:
             k = int(max(1.15 * HORIZON * d + 60, 2.5 * LOG20 / _kl(p) + 30))
             des, orc = [], []
             for r in _chunks(runs, k):
-                loss, pair = _streams(rng, r, k, d, lambda n, p=p: p)
+                loss, pair = _streams(rng, r, k, d, _const(p))
                 log_e, _ = batch(loss, pair, False)
                 des.append(_first(log_e >= LOG20, pair))
                 orc.append(_first(_oracle(loss, p) >= LOG20, pair))
@@ -184,7 +192,7 @@ def null(runs: int, pairs: int, rng: np.random.Generator) -> list[dict[str, Any]
         k = int(pairs * d * 1.15 + 60)
         hits = 0
         for r in _chunks(runs, k):
-            loss, pair = _streams(rng, r, k, d, lambda n: 0.5)
+            loss, pair = _streams(rng, r, k, d, _const(0.5))
             log_e, _ = batch(loss, pair, False)
             hits += int(np.sum(((log_e >= LOG20) & (pair <= pairs)).any(axis=1)))
         row = {
@@ -222,7 +230,7 @@ def change(
             kf = int(min(4.0 * fresh_disc * 2.5 + 100, 60_000 * d))
             pre_n, delays, since, fresh = 0, [], [], []
             for r in _chunks(runs, k):
-                loss, pair = _streams(rng, r, k, d, lambda n, p=p: np.where(n > change_at, p, 0.5))
+                loss, pair = _streams(rng, r, k, d, _after(change_at, p))
                 log_e, log_m = batch(loss, pair, True)
                 assert log_m is not None
                 at = _first(log_m >= lt, pair)
@@ -230,7 +238,7 @@ def change(
                 pre_n += int(pre.sum())
                 delays.append((at - change_at)[~pre])
                 since.append(_first((log_e >= LOG20) & (pair > change_at), pair) - change_at)
-                lf, pf = _streams(rng, r, kf, d, lambda n, p=p: p)
+                lf, pf = _streams(rng, r, kf, d, _const(p))
                 fresh.append(_first(batch(lf, pf, False)[0] >= LOG20, pf))
             fr = float(np.median(np.concatenate(fresh)))
             dl = float(np.median(np.concatenate(delays)))
@@ -253,7 +261,7 @@ def change(
         k = int(arl_pairs * d * 1.15 + 60)
         lengths = []
         for r in _chunks(arl_runs, k):
-            loss, pair = _streams(rng, r, k, d, lambda n: 0.5)
+            loss, pair = _streams(rng, r, k, d, _const(0.5))
             _, log_m = batch(loss, pair, True)
             assert log_m is not None
             at = _first(log_m >= lt, pair)

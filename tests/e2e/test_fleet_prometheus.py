@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.stats.sequential import net_loss_mixture_grid
 from specwatch.shadow.summary import PairTally, summarize
 from specwatch.shadow.tally import tally_rows
 from tests.e2e.shadow_harness import (
@@ -34,22 +33,13 @@ from tests.e2e.shadow_harness import (
 )
 from tests.e2e.stack import poll, run_prometheus
 from tests.fakes import free_port
+from tests.shadow.stats.eprocess_reference import count_form
 from tests.sidecar_process import run_specwatch
 
 #: (sidecar name, model label, FLy entropy threshold): two sidecars of one model, one of another.
 #: Canary items each sidecar replays (the first of the simulator's canary set).
 CANARY_ITEMS = 80
 SIDECARS = (("a1", "model-a", 0.0), ("a2", "model-a", 0.3), ("b1", "model-b", 0.0))
-
-
-def mixture_e_value(lost: int, gained: int) -> float:
-    """The focused-mixture no_net_loss e-value from its formula, term by term in plain Python:
-    sum_j w_j (2 q_j)^lost (2 (1 - q_j))^gained over the sidecar's grid (detect_net_loss 0.02)."""
-    q, w = net_loss_mixture_grid(0.02)
-    return math.fsum(
-        wj * (2 * qj) ** lost * (2 * (1 - qj)) ** gained
-        for qj, wj in zip(q.tolist(), w.tolist(), strict=True)
-    )
 
 
 @contextlib.asynccontextmanager
@@ -69,8 +59,12 @@ async def _sidecar_with_pairs(tmp: Path, name: str, threshold: float) -> AsyncIt
             yield sc
 
 
-def _margin_e(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
-    key = frozenset({"window": "since_start", "category": OVERALL, "hypothesis": "margin"}.items())
+def _margin_e(
+    m: dict[tuple[str, frozenset[tuple[str, str]]], float], hypothesis: str = "margin"
+) -> float:
+    key = frozenset(
+        {"window": "since_start", "category": OVERALL, "hypothesis": hypothesis}.items()
+    )
     return m[("specwatch_paired_e_value", key)]
 
 
@@ -149,8 +143,8 @@ async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
         doc, err = await poll("fleet sees every series", fleet_json, within=60, every=1.0)
         assert doc["window"] == "since_start"
         # the unlabelled job's series are skipped, counted and logged
-        # (its pair series and its margin e-value)
-        assert doc["bad_series"] == {"missing_model_label": _fly_series(metrics["b1"]) + 1}
+        # (its pair series and its two e-values)
+        assert doc["bad_series"] == {"missing_model_label": _fly_series(metrics["b1"]) + 2}
         assert '"reason":"missing_model_label"' in err
         for model, model_rows in rows.items():
             got = doc["models"][model]
@@ -163,9 +157,15 @@ async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
                 assert (c["n"], c["lost"], c["gained"]) == (exp.n, exp.lost, exp.gained)
                 assert close(c["exact_p"], exp.p_two_sided)
                 assert close(c["exact_p_loss"], exp.p_loss)
-                assert math.isclose(
-                    c["e_value"], mixture_e_value(exp.lost, exp.gained), rel_tol=1e-7
+                # a category: the count form of the pooled pairs; all categories: the mean
+                # of the sidecars' own since-start e-processes
+                own_e = [_margin_e(metrics[n], "no_net_loss") for n, m, _ in SIDECARS if m == model]
+                want_e = (
+                    sum(own_e) / len(own_e)
+                    if category == OVERALL
+                    else count_form(exp.lost, exp.gained)
                 )
+                assert math.isclose(c["e_value"], want_e, rel_tol=1e-7)
                 s = summarize(union if category == OVERALL else tallies[category])
                 assert close(c["ci"]["lower"], s.ci_lower)
                 assert close(c["ci"]["upper"], s.ci_upper)

@@ -210,7 +210,7 @@ def check_outcomes(outcomes: npt.ArrayLike | Iterable[int]) -> IntArray:
     if isinstance(outcomes, np.ndarray):
         x = outcomes.astype(np.int64).reshape(-1)
     else:
-        x = np.fromiter((int(v) for v in outcomes), dtype=np.int64)  # type: ignore[union-attr]
+        x = np.fromiter((int(v) for v in outcomes), dtype=np.int64)  # type: ignore[arg-type,union-attr]
     if not np.all((x == -1) | (x == 0) | (x == 1)):
         raise ValueError("outcomes must be -1, 0 or 1")
     return x
