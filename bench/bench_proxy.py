@@ -65,7 +65,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "sim-model"
-PATHS = ("specwatch", "nginx", "direct")
+PATHS = ("specwatch", "before", "nginx", "direct")
+#: The paths whose proxy is a sidecar process tree (``before``: the sidecar of ``--before DIR``).
+SIDECARS = ("specwatch", "before")
 KINDS = ("json", "sse")
 #: Kept for ``bench/profile_proxy.py`` (one fixed body, sequential requests).
 PLAIN_BODY = {"model": MODEL, "prompt": "bench", "max_tokens": 16}
@@ -75,7 +77,8 @@ SETTLE_SECONDS = 3.0
 
 @dataclass(frozen=True)
 class Ports:
-    """The fixed loopback ports of one run: ``base`` and the next four."""
+    """The fixed loopback ports of one run: ``base`` and the next four (six with ``--before``:
+    the older sidecar's metrics and proxy ports)."""
 
     base: int
 
@@ -99,9 +102,15 @@ class Ports:
     def nginx(self) -> int:
         return self.base + 4
 
+    def sidecar(self, path: str) -> tuple[int, int]:
+        """(metrics port, proxy port) of the sidecar of ``path`` (``specwatch`` or ``before``)."""
+        return (self.metrics, self.proxy) if path == "specwatch" else (self.base + 5, self.base + 6)
+
     def path_port(self, path: str) -> int:
         """The port the client sends ``path``'s requests to."""
-        return {"specwatch": self.proxy, "nginx": self.nginx, "direct": self.standard}[path]
+        if path in SIDECARS:
+            return self.sidecar(path)[1]
+        return {"nginx": self.nginx, "direct": self.standard}[path]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -122,26 +131,41 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--nginx", default=shutil.which("nginx") or "/usr/sbin/nginx")
     ap.add_argument("--profile-main", metavar="FILE", help="cProfile the sidecar's main process")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="a source tree of an older revision: its sidecar is measured as the path 'before' "
+        "in the same rounds (e.g. git archive main | tar -x -C DIR)",
+    )
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
     if args.rps <= 0 or args.seconds <= 0 or args.rounds < 1:
         ap.error("--rps and --seconds must be positive and --rounds at least 1")
-    if not 1024 <= args.base_port <= 65530:
-        ap.error("--base-port must be in 1024..65530")
+    if not 1024 <= args.base_port <= 65528:
+        ap.error("--base-port must be in 1024..65528")
+    if args.before is not None and not (args.before / "specwatch" / "__main__.py").is_file():
+        ap.error(f"--before {args.before}: no specwatch package there")
     return args
 
 
 def paths_of(args: argparse.Namespace) -> list[str]:
     """The paths measured, in their first round's order."""
-    return [p for p in PATHS if not (p == "direct" and args.no_direct)]
+    skip = {"direct"} if args.no_direct else set()
+    if args.before is None:
+        skip.add("before")
+    return [p for p in PATHS if p not in skip]
 
 
-def sidecar_config(args: argparse.Namespace, ports: Ports, state: Path) -> dict[str, Any]:
-    """The settings file of the sidecar under test (written as YAML for ``--config``)."""
+def sidecar_config(
+    args: argparse.Namespace, ports: Ports, state: Path, path: str = "specwatch"
+) -> dict[str, Any]:
+    """The settings file of the sidecar of ``path`` (written as YAML for ``--config``)."""
     standard = f"http://127.0.0.1:{ports.standard}"
     fly = f"http://127.0.0.1:{ports.fly}"
+    metrics, proxy = ports.sidecar(path)
     return {
-        "server": {"host": "127.0.0.1", "port": ports.metrics},
+        "server": {"host": "127.0.0.1", "port": metrics},
         "scrape": {"interval_seconds": args.scrape_interval},
         "targets": [
             {"name": "standard", "url": standard, "role": "standard"},
@@ -151,7 +175,7 @@ def sidecar_config(args: argparse.Namespace, ports: Ports, state: Path) -> dict[
             "enabled": True,
             "modes": ["proxy"],
             "proxy_listen_host": "127.0.0.1",
-            "proxy_listen_port": ports.proxy,
+            "proxy_listen_port": proxy,
             "proxy_upstream": standard,
             "sample_probability": args.probability,
             "max_shadow_rps": args.cap,
@@ -253,15 +277,15 @@ def role_of(pid: int, root: int) -> str:
 
 @dataclass
 class Stack:
-    """The processes of one run."""
+    """The processes of one run: ``sidecars`` by path (``specwatch``, ``before``)."""
 
-    sidecar: subprocess.Popen[bytes]
+    sidecars: dict[str, subprocess.Popen[bytes]]
     nginx: subprocess.Popen[bytes]
     simulators: list[subprocess.Popen[bytes]]
     logs: Path
 
     def all(self) -> list[subprocess.Popen[bytes]]:
-        return [self.sidecar, self.nginx, *self.simulators]
+        return [*self.sidecars.values(), self.nginx, *self.simulators]
 
 
 def port_free(port: int) -> bool:
@@ -277,15 +301,17 @@ def port_free(port: int) -> bool:
 
 def start_stack(args: argparse.Namespace, ports: Ports, state: Path) -> Stack:
     """Start the two simulators, the sidecar and nginx (ports checked free first)."""
-    busy = [p for p in range(ports.base, ports.base + 5) if not port_free(p)]
+    count = 7 if args.before is not None else 5
+    busy = [p for p in range(ports.base, ports.base + count) if not port_free(p)]
     if busy:
         raise SystemExit(f"ports in use: {busy} (pick another --base-port)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     py = [sys.executable, "-m", "specwatch"]
 
-    def spawn(cmd: list[str], name: str) -> subprocess.Popen[bytes]:
+    def spawn(cmd: list[str], name: str, tree: Path = REPO) -> subprocess.Popen[bytes]:
         log = (state / f"{name}.log").open("wb")
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=state)
+        here = {**env, "PYTHONPATH": str(tree)}
+        return subprocess.Popen(cmd, env=here, stdout=log, stderr=subprocess.STDOUT, cwd=tree)
 
     sims = [
         spawn(
@@ -307,23 +333,30 @@ def start_stack(args: argparse.Namespace, ports: Ports, state: Path) -> Stack:
         )
         for role, port in (("standard", ports.standard), ("fly", ports.fly))
     ]
-    cfg = state / "specwatch.yaml"
-    cfg.write_text(yaml.safe_dump(sidecar_config(args, ports, state)), encoding="utf-8")
-    run = [*py, "run", "--config", str(cfg)]
-    if args.profile_main:
-        prof = [sys.executable, "-m", "cProfile", "-o", args.profile_main, "-m", "specwatch"]
-        run = [*prof, *run[3:]]
-    sidecar = spawn(run, "specwatch")
+    sidecars: dict[str, subprocess.Popen[bytes]] = {}
+    for path, tree in (("specwatch", REPO), ("before", args.before)):
+        if tree is None:
+            continue
+        home = state / path
+        home.mkdir()
+        cfg = home / "specwatch.yaml"
+        cfg.write_text(yaml.safe_dump(sidecar_config(args, ports, home, path)), encoding="utf-8")
+        run = [*py, "run", "--config", str(cfg)]
+        if args.profile_main and path == "specwatch":
+            prof = [sys.executable, "-m", "cProfile", "-o", args.profile_main, "-m", "specwatch"]
+            run = [*prof, *run[3:]]
+        sidecars[path] = spawn(run, path, tree.resolve())
     conf = state / "nginx.conf"
     conf.write_text(nginx_config(ports, state), encoding="utf-8")
     nginx = spawn([args.nginx, "-c", str(conf), "-p", str(state)], "nginx")
-    return Stack(sidecar, nginx, sims, state)
+    return Stack(sidecars, nginx, sims, state)
 
 
 def stop_stack(stack: Stack) -> None:
     """SIGINT to the sidecar (so a profile is written), SIGQUIT to nginx, SIGTERM to the
     simulators; kill whatever is left after 20 s."""
-    stack.sidecar.send_signal(signal.SIGINT)
+    for sidecar in stack.sidecars.values():
+        sidecar.send_signal(signal.SIGINT)
     stack.nginx.send_signal(signal.SIGQUIT)
     for sim in stack.simulators:
         sim.send_signal(signal.SIGTERM)
@@ -425,9 +458,10 @@ async def until_ready(url: str, limit: float = 60.0) -> None:
     raise RuntimeError(f"{url} did not answer 200 within {limit:g} s")
 
 
-async def shadow_counts(session: Any, ports: Ports) -> dict[str, float]:
-    """The sidecar's shadow counters now: replays, pairs, offered, drops by reason."""
-    url = f"http://127.0.0.1:{ports.metrics}/metrics"
+async def shadow_counts(session: Any, port: int) -> dict[str, float]:
+    """The shadow counters of the sidecar whose metrics port is ``port``, now: replays, pairs,
+    offered, drops by reason."""
+    url = f"http://127.0.0.1:{port}/metrics"
     async with session.get(url, headers={"Accept-Encoding": "identity"}) as r:
         text = await r.text()
     out: dict[str, float] = {}
@@ -459,9 +493,9 @@ class Window:
     kind: str
     samples: list[Sample]
     errors: list[str]
-    cpu: float  # CPU seconds of the path's proxy (the sidecar tree; nginx master + workers)
+    cpu: float  # CPU seconds of the path's proxy (a sidecar's tree; nginx master + workers)
     cpu_by_role: dict[str, float] = field(default_factory=dict)
-    sidecar_cpu: float = 0.0  # the sidecar tree's CPU in this window, whatever the path
+    sidecar_cpu: float = 0.0  # the specwatch sidecar tree's CPU in this window, whatever the path
     upstream_cpu: float = 0.0  # the live upstream simulator's CPU in this window
     seconds: float = 0.0
 
@@ -477,18 +511,20 @@ def cpu_delta(before: dict[int, float], after: dict[int, float], root: int) -> d
 
 
 async def measure(
-    args: argparse.Namespace, ports: Ports, stack: Stack, shadow: dict[str, float]
+    args: argparse.Namespace, ports: Ports, stack: Stack, shadow: dict[str, dict[str, float]]
 ) -> list[Window]:
-    """Warm every path, then the interleaved rounds; ``shadow`` gets the sidecar's shadow
+    """Warm every path, then the interleaved rounds; ``shadow[path]`` gets each sidecar's shadow
     counters' increase over the rounds (read :data:`SETTLE_SECONDS` after the warm-up and after
     the last window: the sidecar publishes them every couple of seconds)."""
     import aiohttp
 
     await until_ready(f"http://127.0.0.1:{ports.standard}/health")
     await until_ready(f"http://127.0.0.1:{ports.fly}/health")
-    await until_ready(f"http://127.0.0.1:{ports.metrics}/readyz")
+    for path in stack.sidecars:
+        await until_ready(f"http://127.0.0.1:{ports.sidecar(path)[0]}/readyz")
     paths = paths_of(args)
-    root, master, upstream = stack.sidecar.pid, stack.nginx.pid, stack.simulators[0].pid
+    roots = {path: p.pid for path, p in stack.sidecars.items()} | {"nginx": stack.nginx.pid}
+    upstream = stack.simulators[0].pid
     windows: list[Window] = []
     n = 0
     conn = aiohttp.TCPConnector(limit=0)
@@ -503,29 +539,31 @@ async def measure(
             await open_loop(s, url, "json", warm, n)
             n += int(args.rps * args.warmup)
         await asyncio.sleep(SETTLE_SECONDS)
-        shadow0 = await shadow_counts(s, ports)
+        shadow0 = {p: await shadow_counts(s, ports.sidecar(p)[0]) for p in stack.sidecars}
         for r in range(args.rounds):
             order = paths[r % len(paths) :] + paths[: r % len(paths)]
             for kind in args.kinds:
                 for path in order:
                     url = f"http://127.0.0.1:{ports.path_port(path)}/v1/completions"
-                    side0, up0 = tree_cpu(root), sum(tree_cpu(upstream).values())
-                    ng0 = sum(tree_cpu(master).values())
+                    root = roots.get(path, 0)
+                    cpu0, side0 = tree_cpu(root), tree_cpu(roots["specwatch"])
+                    up0 = sum(tree_cpu(upstream).values())
                     t0 = time.perf_counter()
                     got, errors = await open_loop(s, url, kind, args, n)
                     seconds = time.perf_counter() - t0
-                    side1, up1 = tree_cpu(root), sum(tree_cpu(upstream).values())
-                    ng1 = sum(tree_cpu(master).values())
+                    cpu1, side1 = tree_cpu(root), tree_cpu(roots["specwatch"])
+                    up1 = sum(tree_cpu(upstream).values())
                     n += int(args.rps * args.seconds)
-                    by_role = cpu_delta(side0, side1, root)
-                    sidecar = sum(by_role.values())
-                    cpu = {"specwatch": sidecar, "nginx": ng1 - ng0}.get(path, 0.0)
+                    by_role = cpu_delta(cpu0, cpu1, root) if root else {}
+                    sidecar = sum(cpu_delta(side0, side1, roots["specwatch"]).values())
+                    cpu = sum(by_role.values())
                     windows.append(
                         Window(path, kind, got, errors, cpu, by_role, sidecar, up1 - up0, seconds)
                     )
         await asyncio.sleep(SETTLE_SECONDS)
-        shadow1 = await shadow_counts(s, ports)
-    shadow.update({k: v - shadow0.get(k, 0.0) for k, v in shadow1.items()})
+        for p, before in shadow0.items():
+            after = await shadow_counts(s, ports.sidecar(p)[0])
+            shadow[p] = {k: v - before.get(k, 0.0) for k, v in after.items()}
     return windows
 
 
@@ -542,11 +580,12 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 
 def summarise(
-    windows: Sequence[Window], args: argparse.Namespace, shadow: dict[str, float]
+    windows: Sequence[Window], args: argparse.Namespace, shadow: dict[str, dict[str, float]]
 ) -> dict[str, Any]:
     """Per kind and path: requests, errors, CPU µs per request (pooled over the rounds, and per
-    round), latency percentiles (ms); per kind the ratio specwatch / nginx pooled and the median
-    of the per-round ratios; the shadow side's counters a second of specwatch's windows."""
+    round), latency percentiles (ms); per kind the CPU ratios ``specwatch/nginx`` (and with
+    ``--before``: ``before/nginx``, ``specwatch/before``), pooled and as the median of the
+    per-round ratios; each sidecar's shadow counters a second of its windows."""
     out: dict[str, Any] = {"kinds": {}}
     for kind in args.kinds:
         per: dict[str, Any] = {}
@@ -574,7 +613,7 @@ def summarise(
                 / sum(w.seconds for w in ws),
                 "upstream_cpu_us_per_request": 1e6 * sum(w.upstream_cpu for w in ws) / max(1, req),
             }
-            if path == "specwatch":
+            if path in SIDECARS:
                 roles: dict[str, float] = {}
                 for w in ws:
                     for role, c in w.cpu_by_role.items():
@@ -583,28 +622,33 @@ def summarise(
                     role: 1e6 * c / req for role, c in sorted(roles.items())
                 }
             per[path] = row
-        sw, ng = per.get("specwatch", {}), per.get("nginx", {})
-        a, b = sw.get("cpu_us_per_request"), ng.get("cpu_us_per_request")
-        rounds = [
-            x / y
-            for x, y in zip(
-                sw.get("cpu_us_per_request_by_round", []),
-                ng.get("cpu_us_per_request_by_round", []),
-                strict=False,
-            )
-            if y > 0
-        ]
-        out["kinds"][kind] = {
-            "paths": per,
-            "cpu_ratio": a / b if a and b else None,
-            "cpu_ratio_round_median": quantile(rounds, 0.5) if rounds else None,
+        ratios: dict[str, Any] = {}
+        for top, bottom in (("specwatch", "nginx"), ("before", "nginx"), ("specwatch", "before")):
+            if top not in per or bottom not in per:
+                continue
+            x, y = per[top]["cpu_us_per_request"], per[bottom]["cpu_us_per_request"]
+            rounds = [
+                a / b
+                for a, b in zip(
+                    per[top]["cpu_us_per_request_by_round"],
+                    per[bottom]["cpu_us_per_request_by_round"],
+                    strict=False,
+                )
+                if b > 0
+            ]
+            ratios[f"{top}/{bottom}"] = {
+                "pooled": x / y if x and y else None,
+                "round_median": quantile(rounds, 0.5) if rounds else None,
+            }
+        out["kinds"][kind] = {"paths": per, "cpu_ratios": ratios}
+    out["shadow_per_second"] = {}
+    for path, counts in shadow.items():
+        secs = sum(w.seconds for w in windows if w.path == path)
+        out["shadow_per_second"][path] = {
+            k.removeprefix("specwatch_shadow_").removesuffix("_total"): v / secs
+            for k, v in sorted(counts.items())
+            if v
         }
-    secs = sum(w.seconds for w in windows if w.path == "specwatch")
-    out["shadow_per_second"] = {
-        k.removeprefix("specwatch_shadow_").removesuffix("_total"): v / secs
-        for k, v in sorted(shadow.items())
-        if v
-    }
     return out
 
 
@@ -627,17 +671,21 @@ def print_table(res: dict[str, Any]) -> None:
                 f"{r['max_ms']:>8.1f}{r['send_lag_p99_ms']:>8.2f}"
                 f"{r['sidecar_cpu_per_second']:>10.3f}{r['upstream_cpu_us_per_request']:>7.0f}"
             )
-        sw = k["paths"]["specwatch"]
-        split = ", ".join(f"{p} {c:.0f}" for p, c in sw["cpu_us_per_request_by_process"].items())
-        ratio, median = k["cpu_ratio"], k["cpu_ratio_round_median"]
-        print(
-            f"  {kind}: CPU per request specwatch / nginx = "
-            f"{'-' if ratio is None else f'{ratio:.2f}'}x pooled, "
-            f"{'-' if median is None else f'{median:.2f}'}x round median; "
-            f"sidecar by process (us): {split}"
-        )
-    rates = ", ".join(f"{n} {v:.2f}" for n, v in res["shadow_per_second"].items())
-    print(f"shadow side, per second of specwatch's windows: {rates}")
+        for path in SIDECARS:
+            if path in k["paths"]:
+                split = k["paths"][path]["cpu_us_per_request_by_process"]
+                text = ", ".join(f"{p} {c:.0f}" for p, c in split.items())
+                print(f"  {kind}: {path} CPU by process (us per request): {text}")
+        for name, r in k["cpu_ratios"].items():
+            pooled, median = r["pooled"], r["round_median"]
+            print(
+                f"  {kind}: CPU per request {name} = "
+                f"{'-' if pooled is None else f'{pooled:.2f}'}x pooled, "
+                f"{'-' if median is None else f'{median:.2f}'}x round median"
+            )
+    for path, rates in res["shadow_per_second"].items():
+        text = ", ".join(f"{n} {v:.2f}" for n, v in rates.items())
+        print(f"shadow side of {path}, per second of its windows: {text}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -649,10 +697,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     load0 = os.getloadavg()
     stack = start_stack(args, ports, state)
     try:
-        shadow: dict[str, float] = {}
+        shadow: dict[str, dict[str, float]] = {}
         windows = asyncio.run(measure(args, ports, stack, shadow))
     except BaseException:
-        for name in ("specwatch", "standard", "fly", "nginx-error"):
+        for name in ("specwatch", "before", "standard", "fly", "nginx-error"):
             with contextlib.suppress(OSError):
                 tail = (state / f"{name}.log").read_text()[-2000:]
                 print(f"--- {name}:\n{tail}", file=sys.stderr)
