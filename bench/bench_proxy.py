@@ -71,6 +71,21 @@ SIDECARS = ("specwatch", "before")
 KINDS = ("json", "sse")
 #: Kept for ``bench/profile_proxy.py`` (one fixed body, sequential requests).
 PLAIN_BODY = {"model": MODEL, "prompt": "bench", "max_tokens": 16}
+#: ``--profile-main``: ``specwatch ARGS`` under cProfile timed by the process's CPU clock (not
+#: the wall clock, which would charge a busy machine's preemptions to whatever ran), dumped on exit.
+PROFILE_MAIN = """
+import cProfile, runpy, sys, time
+out, sys.argv = sys.argv[1], ["specwatch", *sys.argv[2:]]
+prof = cProfile.Profile(time.process_time)
+prof.enable()
+try:
+    runpy.run_module("specwatch", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
 #: Seconds to wait before reading the shadow counters (published every ``refresh_seconds``, 2 s).
 SETTLE_SECONDS = 3.0
 
@@ -81,10 +96,16 @@ class Ports:
     the older sidecar's metrics and proxy ports)."""
 
     base: int
+    canned: bool = False
 
     @property
     def standard(self) -> int:
         return self.base
+
+    @property
+    def live(self) -> int:
+        """The live upstream: the standard simulator, or the canned server (``--live canned``)."""
+        return self.base + 7 if self.canned else self.base
 
     @property
     def fly(self) -> int:
@@ -110,7 +131,7 @@ class Ports:
         """The port the client sends ``path``'s requests to."""
         if path in SIDECARS:
             return self.sidecar(path)[1]
-        return {"nginx": self.nginx, "direct": self.standard}[path]
+        return {"nginx": self.nginx, "direct": self.live}[path]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -128,6 +149,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=16, help="max_tokens of every request")
     ap.add_argument(
         "--scrape-interval", type=float, default=5.0, help="the sidecar's scrape interval (s)"
+    )
+    ap.add_argument(
+        "--live",
+        choices=("simulate", "canned"),
+        default="simulate",
+        help="the live upstream: the standard simulator (default; about 2.4 ms of CPU a "
+        "request), or a canned-answer aiohttp server (less load on a small machine); the arms "
+        "are the simulators either way",
     )
     ap.add_argument("--nginx", default=shutil.which("nginx") or "/usr/sbin/nginx")
     ap.add_argument("--profile-main", metavar="FILE", help="cProfile the sidecar's main process")
@@ -176,7 +205,7 @@ def sidecar_config(
             "modes": ["proxy"],
             "proxy_listen_host": "127.0.0.1",
             "proxy_listen_port": proxy,
-            "proxy_upstream": standard,
+            "proxy_upstream": f"http://127.0.0.1:{ports.live}",
             "sample_probability": args.probability,
             "max_shadow_rps": args.cap,
             "pause_on_waiting": False,
@@ -215,7 +244,7 @@ http {{
 
 def nginx_config(ports: Ports, state: Path) -> str:
     """nginx's configuration: one worker proxying to the standard simulator."""
-    return NGINX_CONF.format(d=state, up=ports.standard, port=ports.nginx)
+    return NGINX_CONF.format(d=state, up=ports.live, port=ports.nginx)
 
 
 def request_body(n: int, kind: str, max_tokens: int) -> bytes:
@@ -282,6 +311,7 @@ class Stack:
     sidecars: dict[str, subprocess.Popen[bytes]]
     nginx: subprocess.Popen[bytes]
     simulators: list[subprocess.Popen[bytes]]
+    live: subprocess.Popen[bytes]  # the live upstream (one of ``simulators``)
     logs: Path
 
     def all(self) -> list[subprocess.Popen[bytes]]:
@@ -301,7 +331,7 @@ def port_free(port: int) -> bool:
 
 def start_stack(args: argparse.Namespace, ports: Ports, state: Path) -> Stack:
     """Start the two simulators, the sidecar and nginx (ports checked free first)."""
-    count = 7 if args.before is not None else 5
+    count = 8 if ports.canned else 7 if args.before is not None else 5
     busy = [p for p in range(ports.base, ports.base + count) if not port_free(p)]
     if busy:
         raise SystemExit(f"ports in use: {busy} (pick another --base-port)")
@@ -333,6 +363,11 @@ def start_stack(args: argparse.Namespace, ports: Ports, state: Path) -> Stack:
         )
         for role, port in (("standard", ports.standard), ("fly", ports.fly))
     ]
+    live = sims[0]
+    if ports.canned:
+        me = str(Path(__file__).resolve())
+        live = spawn([sys.executable, me, "_canned", str(ports.live), str(args.max_tokens)], "live")
+        sims.append(live)
     sidecars: dict[str, subprocess.Popen[bytes]] = {}
     for path, tree in (("specwatch", REPO), ("before", args.before)):
         if tree is None:
@@ -343,13 +378,12 @@ def start_stack(args: argparse.Namespace, ports: Ports, state: Path) -> Stack:
         cfg.write_text(yaml.safe_dump(sidecar_config(args, ports, home, path)), encoding="utf-8")
         run = [*py, "run", "--config", str(cfg)]
         if args.profile_main and path == "specwatch":
-            prof = [sys.executable, "-m", "cProfile", "-o", args.profile_main, "-m", "specwatch"]
-            run = [*prof, *run[3:]]
+            run = [sys.executable, "-c", PROFILE_MAIN, args.profile_main, *run[3:]]
         sidecars[path] = spawn(run, path, tree.resolve())
     conf = state / "nginx.conf"
     conf.write_text(nginx_config(ports, state), encoding="utf-8")
     nginx = spawn([args.nginx, "-c", str(conf), "-p", str(state)], "nginx")
-    return Stack(sidecars, nginx, sims, state)
+    return Stack(sidecars, nginx, sims, live, state)
 
 
 def stop_stack(stack: Stack) -> None:
@@ -519,12 +553,13 @@ async def measure(
     import aiohttp
 
     await until_ready(f"http://127.0.0.1:{ports.standard}/health")
+    await until_ready(f"http://127.0.0.1:{ports.live}/health")
     await until_ready(f"http://127.0.0.1:{ports.fly}/health")
     for path in stack.sidecars:
         await until_ready(f"http://127.0.0.1:{ports.sidecar(path)[0]}/readyz")
     paths = paths_of(args)
     roots = {path: p.pid for path, p in stack.sidecars.items()} | {"nginx": stack.nginx.pid}
-    upstream = stack.simulators[0].pid
+    upstream = stack.live.pid
     windows: list[Window] = []
     n = 0
     conn = aiohttp.TCPConnector(limit=0)
@@ -585,7 +620,8 @@ def summarise(
     """Per kind and path: requests, errors, CPU µs per request (pooled over the rounds, and per
     round), latency percentiles (ms); per kind the CPU ratios ``specwatch/nginx`` (and with
     ``--before``: ``before/nginx``, ``specwatch/before``), pooled and as the median of the
-    per-round ratios; each sidecar's shadow counters a second of its windows."""
+    per-round ratios; each sidecar's shadow counters a second of its windows (as scheduled:
+    ``--seconds`` each, the answers' tail not counted)."""
     out: dict[str, Any] = {"kinds": {}}
     for kind in args.kinds:
         per: dict[str, Any] = {}
@@ -643,7 +679,7 @@ def summarise(
         out["kinds"][kind] = {"paths": per, "cpu_ratios": ratios}
     out["shadow_per_second"] = {}
     for path, counts in shadow.items():
-        secs = sum(w.seconds for w in windows if w.path == path)
+        secs = args.seconds * sum(1 for w in windows if w.path == path)  # as scheduled
         out["shadow_per_second"][path] = {
             k.removeprefix("specwatch_shadow_").removesuffix("_total"): v / secs
             for k, v in sorted(counts.items())
@@ -688,11 +724,54 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"shadow side of {path}, per second of its windows: {text}")
 
 
+def run_canned(port: int, tokens: int) -> None:
+    """A live upstream answering every completion with one fixed JSON body, or ``tokens`` SSE
+    events and ``[DONE]`` when the request asks for a stream (``--live canned``)."""
+    from aiohttp import web
+
+    plain = json.dumps(
+        {
+            "id": "cmpl-bench",
+            "object": "text_completion",
+            "model": MODEL,
+            "choices": [{"index": 0, "text": "x" * 64, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens},
+        }
+    ).encode()
+    event = (
+        b'data: {"id":"cmpl-bench","choices":[{"index":0,"text":"tok ","finish_reason":null}]}\n\n'
+    )
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.Response(body=plain, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(tokens):
+            await resp.write(event)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["_canned"]:
+        run_canned(int(raw[1]), int(raw[2]))
+        return 0
+    args = parse_args(raw)
     import aiohttp
 
-    ports = Ports(args.base_port)
+    ports = Ports(args.base_port, canned=args.live == "canned")
     state = Path(tempfile.mkdtemp(prefix="swbench-"))
     load0 = os.getloadavg()
     stack = start_stack(args, ports, state)
