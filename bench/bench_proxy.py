@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -635,6 +636,7 @@ def summarise(
             row: dict[str, Any] = {
                 "requests": req,
                 "errors": sum(len(w.errors) for w in ws),
+                "error_kinds": dict(Counter(e[:60] for w in ws for e in w.errors).most_common(3)),
                 "cpu_us_per_request": 1e6 * sum(w.cpu for w in ws) / req
                 if req and path != "direct"
                 else None,
@@ -719,6 +721,10 @@ def print_table(res: dict[str, Any]) -> None:
                 f"{'-' if pooled is None else f'{pooled:.2f}'}x pooled, "
                 f"{'-' if median is None else f'{median:.2f}'}x round median"
             )
+    for kind, k in res["kinds"].items():
+        for path, r in k["paths"].items():
+            if r["error_kinds"]:
+                print(f"  {kind} {path} errors: {r['error_kinds']}")
     for path, rates in res["shadow_per_second"].items():
         text = ", ".join(f"{n} {v:.2f}" for n, v in rates.items())
         print(f"shadow side of {path}, per second of its windows: {text}")
