@@ -130,8 +130,8 @@ class LedgerDigest:
     ``bins``: labelled pairs per time bin (non-empty bins, the counts of
     :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
-    every labelled pair in time order; ``tau_coverage``: ``{(arm, finish_reason): (paired rows,
-    rows with a per-request τ)}``.
+    every labelled pair in ledger (write) order; ``tau_coverage``:
+    ``{(arm, finish_reason): (paired rows, rows with a per-request τ)}``.
     """
 
     span: ReportSpan
@@ -259,7 +259,7 @@ def evalue_path(
     margin: float,
     points: int = MAX_POINTS,
 ) -> EValuePath:
-    """Both e-processes after every labelled pair ``d`` in time order (see
+    """Both e-processes after every labelled pair ``d`` in ledger (write) order (see
     :class:`EValuePath`), downsampled to ``points``; the no-net-loss one is
     :func:`~specwatch.shadow.stats.eprocess.net_loss_log_e_values`, the margin one
     :func:`betting_log_wealth`."""
@@ -376,7 +376,7 @@ def build_report(
     evalue = evalue_path(stream.d, alpha, margin, points)
     log_e = evalue.log_e_no_net_loss[-1] if evalue.pairs else None
     first_alarms: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
-    # each category's pairs in time order: one stable sort, then contiguous slices
+    # each category's pairs in ledger (write) order: one stable sort, then contiguous slices
     order = np.argsort(stream.category, kind="stable")
     by_cat = stream.d[order]
     edges = np.searchsorted(stream.category[order], np.arange(len(stream.categories) + 1))

@@ -10,7 +10,7 @@ collector and enters :meth:`ShadowComponent.running` with the app. While running
 
 1. rebuilds the order-dependent statistics (the no-net-loss e-process with its change
    detector, the margin e-process, the "within margin" declaration) by replaying the ledger's
-   labelled pairs in time order (a restart keeps the
+   labelled pairs in write order, the order they were folded live (a restart keeps the
    statistics; the ledger's totals are exported as gauges, while the counters start at 0 with
    the process) and seeds the category bound with the ledger's categories, most rows first;
 2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
@@ -407,8 +407,9 @@ class ShadowComponent:
         since_start = live.tallies()[SINCE_START]
         self.categories.seed(categories_by_volume(since_start))
         if ledger.state == "ok":
+            # in write order: the order the live fold saw the pairs (as replays finished)
             self.alarms = await ledger.fold_labelled(
-                lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p)
+                lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p), written_order=True
             )
         self.live = live
         log_event(

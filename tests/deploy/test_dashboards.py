@@ -87,6 +87,8 @@ def full_shadow_stats() -> ShadowStats:
         excluded_total={"unsupported_parameter": 1},
         replays_total={"paired": 7, "unpaired": 1, "excluded": 1},
         betting_log_e_value=0.5,
+        change_log_value=1.5,
+        change_threshold=50_000.0,
         ledger_rows=68,
         ledger_write_errors={"OperationalError": 0},
         io=ShadowIO(

@@ -128,6 +128,19 @@ async def test_canary_pairs_reach_ledger_and_metrics_then_survive_restart(tmp_pa
     # from the order replays finished in; the values agree to rounding
     for k in ("betting_log_e_value", "betting_e_value"):
         assert close(j1.pop(k), j2.pop(k))
+    # so is the no-net-loss e-process of all pairs and its change detector (folded pair by pair
+    # live, in one pass at the restart)
+    for key in ("e_value", "log_e_value"):
+        a = j1["windows"]["since_start"][OVERALL].pop(key)
+        b = j2["windows"]["since_start"][OVERALL].pop(key)
+        assert close(a, b), key
+    a_row, b_row = (next(r for r in j["decisions"] if r["category"] == OVERALL) for j in (j1, j2))
+    assert close(a_row.pop("e_value"), b_row.pop("e_value"))
+    a_det, b_det = j1.pop("change_detector"), j2.pop("change_detector")
+    assert a_det["threshold"] == b_det["threshold"]
+    assert (a_det["log_value"] is None) == (b_det["log_value"] is None)
+    if a_det["log_value"] is not None:
+        assert close(a_det["log_value"], b_det["log_value"])
     # the pair counters count each process's own pairs: the restarted one has none yet (a true
     # counter reset, never a recount of the pruned ledger); the ledger's totals are a gauge
     assert j1.pop("pairs_total") != []

@@ -346,7 +346,8 @@ async def test_fold_labelled_streams_the_labelled_pairs_in_ledger_order(tmp_path
 async def test_report_stream_tallies_equal_the_sql_tallies(tmp_path: Path, categories: int) -> None:
     """The report's one streamed read gives the same per-category and per-band tallies as
     ``Ledger.tally`` / ``tally_by_load`` (the CASE-sum SQL) and as the Python rule table, and its
-    labelled part lists the labelled pairs in time order with d = standard - fly; with 3
+    labelled part lists the labelled pairs in write order (the order the sidecar folded them;
+    here the reverse of time order) with d = standard - fly; with 3
     categories (codes by CASE) and with 70 (codes by a lookup table)."""
     outcomes = [make_outcome(i, t=2000.0 - i, category=f"c{i % categories}") for i in range(300)]
     async with Ledger(tmp_path / "l.db") as ledger:
@@ -366,7 +367,7 @@ async def test_report_stream_tallies_equal_the_sql_tallies(tmp_path: Path, categ
     lab = stream.labelled()
     want_d = [
         int(bool(r.standard_correct)) - int(bool(r.fly_correct))
-        for r in rows
+        for r in rows[::-1]  # query() is in time order; t = 2000 - i makes write order its reverse
         if r.status == "paired" and r.standard_correct is not None and r.fly_correct is not None
     ]
     assert lab.d.tolist() == want_d

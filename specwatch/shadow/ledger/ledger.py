@@ -333,10 +333,11 @@ class Ledger:
         step: Callable[[S, list[tuple[bool, bool]]], S],
         start: S,
         chunk_rows: int = 65_536,
+        written_order: bool = False,
     ) -> S:
         """Fold ``step`` over the labelled pairs in chunks, oldest first
-        (:meth:`RowQueries.fold_labelled`)."""
-        return await self._rows.fold_labelled(step, start, chunk_rows)
+        (:meth:`RowQueries.fold_labelled`; ``written_order``: in write order)."""
+        return await self._rows.fold_labelled(step, start, chunk_rows, written_order)
 
     async def reason_counts(self) -> dict[tuple[str, str], int]:
         """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""

@@ -166,14 +166,16 @@ class RowQueries:
         step: Callable[[S, list[tuple[bool, bool]]], S],
         start: S,
         chunk_rows: int = 65_536,
+        written_order: bool = False,
     ) -> S:
         """Fold ``step`` over ``(standard_correct, fly_correct)`` of every labelled pair, oldest
         first (the order of :meth:`labelled_outcomes`), in chunks of at most ``chunk_rows``,
         streamed from one query in a worker thread (never the whole list in memory): e.g. the
-        e-process rebuilt with :func:`~specwatch.shadow.stats.sequential.run_betting`."""
-        sql = (
-            f"SELECT standard_correct, fly_correct FROM pairs WHERE {LABELLED_SQL} "
-            "ORDER BY time, id"
+        e-process rebuilt with :func:`~specwatch.shadow.stats.sequential.run_betting`.
+        ``written_order``: in the order the rows were written (``ORDER BY id``: the order the
+        sidecar folded them live, as replays finish), not by request time."""
+        sql = f"SELECT standard_correct, fly_correct FROM pairs WHERE {LABELLED_SQL} " + (
+            "ORDER BY id" if written_order else "ORDER BY time, id"
         )
 
         def run() -> S:

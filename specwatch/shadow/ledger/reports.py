@@ -261,7 +261,9 @@ class ReportQueries:
         bin_width: float = 0.0,
         bins: int = 1,
     ) -> ReportStream:
-        """Every row in time order (``ORDER BY time, id``) as one packed integer: its category,
+        """Every row in write order (``ORDER BY id``: the order the sidecar folded the pairs live,
+        as replays finished, so the order-dependent e-processes equal the sidecar's) as one
+        packed integer: its category,
         status, running-request band (lower bounds ``bands``) and the value of every column the
         :data:`~specwatch.shadow.tally.TALLY_RULES` read (see :class:`ReportStream`), plus its
         time bin (the bins of :meth:`labelled_bins`: ``floor((time - bin_start) / bin_width)``
@@ -316,7 +318,7 @@ class ReportQueries:
             # group_concat keeps the order of the ordered subquery (SQLite does not flatten an
             # ORDER BY subquery into an aggregate); the key is never NULL, so none is skipped
             (text,) = conn.execute(
-                f"SELECT group_concat(k) FROM (SELECT {key} AS k FROM pairs ORDER BY time, id)",
+                f"SELECT group_concat(k) FROM (SELECT {key} AS k FROM pairs ORDER BY id)",
                 params,
             ).fetchone()
         packed = np.fromstring(text or "", dtype=np.int64, sep=",")

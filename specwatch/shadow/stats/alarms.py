@@ -81,7 +81,7 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
 @dataclass(frozen=True, slots=True)
 class LiveAlarmState:
     """The order-dependent statistics the sidecar folds pair by pair (and rebuilds from the
-    ledger in time order): the no-net-loss e-process with its change detector, the margin
+    ledger in write order): the no-net-loss e-process with its change detector, the margin
     e-process and the "within margin" declaration. Immutable; :meth:`add` returns the state
     after more labelled pairs; ``change_arl`` is the detector's alarm level."""
 

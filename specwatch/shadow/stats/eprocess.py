@@ -24,9 +24,10 @@ Why predictable bets and not a count-only mixture: a likelihood ratio that is a 
 counts ``(lost, gained)`` alone and valid for every null discordance reduces to a fixed bet ``q``
 on the discordant pairs, and a fixed ``q`` cannot be right both at 6 % and at 30 % discordance
 (a 2-point loss is ``q = 0.67`` at 6 % and ``q = 0.53`` at 30 %). The price is that ``E_t``
-depends on the order of the pairs: the sidecar folds it pair by pair and rebuilds it after a
-restart by replaying the ledger in time order; ``paired-test`` and the report replay the pairs in
-their order; the fleet view combines the sidecars' exported values.
+depends on the order of the pairs: the sidecar folds it pair by pair as replays finish and
+rebuilds it after a restart by replaying the ledger in that (write) order; the report reads the
+ledger in the same order, ``paired-test`` the file's order; the fleet view combines the
+sidecars' exported values.
 
 The same per-pair factors drive the change detector (:mod:`specwatch.shadow.stats.detector`):
 a Shiryaev-Roberts e-detector on the pair clock (Shin, Ramdas & Rinaldo 2024, "E-detectors: a
@@ -150,7 +151,10 @@ class NetLossState:
 
     @property
     def log_e_value(self) -> float:
-        """``ln E``: the mixture of the components' wealth."""
+        """``ln E``: the mixture of the components' wealth (exactly 0 before any discordant
+        pair: every wealth is 1)."""
+        if self.discordant == 0:
+            return 0.0
         return float(_mix_rows(np.asarray(self.log_wealth, dtype=np.float64)[None, :])[0])
 
     @property
@@ -289,7 +293,7 @@ def count_log_e_values(lost: npt.ArrayLike, gained: npt.ArrayLike) -> FloatArray
         raise ValueError("lost and gained must be >= 0")
     q = bets(np.float64(PRIOR_DISCORDANT / PRIOR_PAIRS))
     t = LOG_WEIGHTS + lo[..., None] * np.log(2.0 * q) + ga[..., None] * np.log(2.0 - 2.0 * q)
-    out: FloatArray = logsumexp(t, axis=-1)
+    out: FloatArray = np.where(lo + ga > 0, logsumexp(t, axis=-1), 0.0)  # E(0, 0) = 1 exactly
     return out
 
 
