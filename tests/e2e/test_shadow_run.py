@@ -130,10 +130,10 @@ async def test_canary_pairs_reach_ledger_and_metrics_then_survive_restart(tmp_pa
         assert close(j1.pop(k), j2.pop(k))
     # so is the no-net-loss e-process of all pairs and its change detector (folded pair by pair
     # live, in one pass at the restart)
-    for key in ("e_value", "log_e_value"):
-        a = j1["windows"]["since_start"][OVERALL].pop(key)
-        b = j2["windows"]["since_start"][OVERALL].pop(key)
-        assert close(a, b), key
+    for field_name in ("e_value", "log_e_value"):
+        a = j1["windows"]["since_start"][OVERALL].pop(field_name)
+        b = j2["windows"]["since_start"][OVERALL].pop(field_name)
+        assert close(a, b), field_name
     a_row, b_row = (next(r for r in j["decisions"] if r["category"] == OVERALL) for j in (j1, j2))
     assert close(a_row.pop("e_value"), b_row.pop("e_value"))
     a_det, b_det = j1.pop("change_detector"), j2.pop("change_detector")
