@@ -167,6 +167,11 @@ SCRAPE_DURATION = _g(
     "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
 )
 SCRAPES = _c("specwatch_scrapes", "Scrapes attempted per target.", ("target",))
+MISSED_TICKS = _c(
+    "specwatch_scrape_missed_ticks",
+    "Scheduled scrapes of the target skipped because the scrape before them ran past them.",
+    ("target",),
+)
 SCRAPE_ERRORS = _c(
     "specwatch_scrape_errors", "Failed scrapes and skipped series by reason.", ("target", "reason")
 )
@@ -276,6 +281,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     TARGET_ENGINE,
     SCRAPE_DURATION,
     SCRAPES,
+    MISSED_TICKS,
     SCRAPE_ERRORS,
     LAST_SUCCESS,
     TARGET_STALE,

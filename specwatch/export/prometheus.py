@@ -39,6 +39,7 @@ from specwatch.export.catalogue import (
     LAST_SUCCESS,
     LATEST_GAUGES,
     LIMITS_CONFIGURED,
+    MISSED_TICKS,
     PAIR_GAUGES,
     PER_POSITION,
     PER_POSITION_CONDITIONAL,
@@ -195,6 +196,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
+    fam.add(MISSED_TICKS, (t.name,), t.missed_ticks)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
