@@ -39,7 +39,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -73,75 +72,93 @@ class Template:
     tail: str
 
     def render(self, tick: int) -> str:
-        """The page at ``tick`` (counters grown by ``tick`` steps)."""
+        """The page at ``tick``: each growing value grown by ``grow * steps(tick)``, where the
+        steps per tick vary (1 to 1.75), so no two windows of a busy server read alike."""
+        steps = tick + (tick * tick % 7) / 8
         out: list[str] = []
         for part, value, grow in zip(self.parts, self.values, self.grows, strict=True):
             out.append(part)
-            out.append(repr(value + grow * tick))
+            out.append(repr(value + grow * steps))
         out.append(self.tail)
         return "".join(out)
 
 
-def build_template(engines: int, models: int = 1, handlers: int = 0) -> Template:
-    """A page with every vLLM family of the real capture per (model, engine), the capture's other
-    series once, and ``handlers`` API-server handlers of ``http_*`` series."""
-    meta: list[str] = []
-    vllm: dict[str, list[str]] = {}
-    other: list[str] = []
+def _blocks() -> list[tuple[list[str], list[str]]]:
+    """The real capture as its family blocks, in page order: (comment lines, sample lines)."""
+    blocks: list[tuple[list[str], list[str]]] = []
     for line in REAL.read_text().splitlines():
-        if line.startswith(("# source", "# captured")):
+        if line.startswith(("# source", "# captured")) or not line:
             continue
         if line.startswith("#"):
-            (meta if " vllm:" in line else other).append(line)
-        elif line.startswith("vllm:"):
-            name = re.split(r"[{ ]", line, maxsplit=1)[0]
-            family = re.sub(r"_(total|created|bucket|count|sum)$", "", name)
-            vllm.setdefault(family, []).append(line)
+            if not blocks or blocks[-1][1]:
+                blocks.append(([], []))
+            blocks[-1][0].append(line)
         else:
-            other.append(line)
-    lines: list[tuple[str, float, float]] = []  # (sample text, value, growth per tick)
+            if not blocks:
+                blocks.append(([], []))
+            blocks[-1][1].append(line)
+    return blocks
+
+
+def build_template(engines: int, models: int = 1, handlers: int = 0) -> Template:
+    """A page in the real capture's family blocks and order: every vLLM family's samples per
+    (model, engine), the capture's other families once, and after them ``handlers`` API-server
+    handlers of two more ``http_*`` families (histogram and counter, in blocks of their own)."""
+    lines: list[tuple[str, float, float]] = []  # (text before the value, value, growth)
     text: list[str] = []
+
+    def comment(line: str) -> None:
+        text.append(line)
 
     def sample(head: str, value: float, grow: float) -> None:
         lead = "\n" if lines else ""
         lines.append((lead + "".join(t + "\n" for t in text) + head + " ", value, grow))
         text.clear()
 
-    for line in other:
-        if line.startswith("#"):
-            text.append(line)
-        else:
-            head, value = line.rsplit(" ", 1)
-            sample(head, float(value), 0.0)
-    for m in meta:
-        text.append(m)
-        if not m.startswith("# TYPE"):
-            continue
-        family = m.split()[2]
-        base = re.sub(r"_total$", "", family)
-        rows = vllm.get(base, []) + (vllm.get(family, []) if base != family else [])
+    def grows(head: str) -> bool:
+        name = head.split("{")[0]
+        return not name.endswith("_created") and name.endswith(_GROWING)
+
+    blocks = _blocks()
+    other = [b for b in blocks if not any(" vllm:" in c for c in b[0])]
+    vllm = [b for b in blocks if any(" vllm:" in c for c in b[0])]
+    for comments, samples in other:
+        for c in comments:
+            comment(c)
+        for row in samples:
+            head, value = row.rsplit(" ", 1)
+            sample(head, float(value), 1.0 if grows(head) else 0.0)
+    if handlers:
+        comment("# HELP http_route_request_duration_seconds Latency of each route.")
+        comment("# TYPE http_route_request_duration_seconds histogram")
+        for h in range(handlers):
+            for le in ("0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf"):
+                for method in ("GET", "POST"):
+                    head = (
+                        f'http_route_request_duration_seconds_bucket{{handler="/v1/route{h}",'
+                        f'le="{le}",method="{method}"}}'
+                    )
+                    sample(head, h * 10.0, 1.0)
+        comment("# HELP http_route_requests_total Requests of each route.")
+        comment("# TYPE http_route_requests_total counter")
+        for h in range(handlers):
+            for code in ("2xx", "4xx", "5xx"):
+                head = (
+                    f'http_route_requests_total{{handler="/v1/route{h}",method="POST",'
+                    f'status="{code}"}}'
+                )
+                sample(head, 5.0, 1.0)
+    for comments, samples in vllm:
+        for c in comments:
+            comment(c)
         for model in range(models):
             for engine in range(engines):
-                for row in rows:
+                for row in samples:
                     head, value = row.rsplit(" ", 1)
-                    v = float(value)
                     head = head.replace('engine="0"', f'engine="{engine}"')
                     if models > 1:
                         head = head.replace('model_name="tiny"', f'model_name="model-{model}"')
-                    name = head.split("{")[0]
-                    grows = not name.endswith("_created") and name.endswith(_GROWING)
-                    sample(head, v, float(engine + 1) if grows else 0.0)
-    for h in range(handlers):
-        for le in ("0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0"):
-            for method in ("GET", "POST"):
-                head = (
-                    f'http_request_duration_highr_seconds_bucket{{handler="/v1/route{h}",'
-                    f'le="{le}",method="{method}"}}'
-                )
-                sample(head, h * 10.0, 1.0)
-        for code in ("2xx", "4xx", "5xx"):
-            head = f'http_requests_total{{handler="/v1/route{h}",method="POST",status="{code}"}}'
-            sample(head, 5.0, 1.0)
+                    sample(head, float(value), float(engine + 1) if grows(head) else 0.0)
     tail = "\n" + "".join(t + "\n" for t in text)
     return Template(
         parts=[p for p, _, _ in lines],
