@@ -26,7 +26,6 @@ copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -164,8 +163,10 @@ def _kept_lines_each(text: str, out: list[str]) -> None:
 
 
 _TYPE_SPLIT = "\n# TYPE "
-_TOKEN = re.compile(r"[^ \t\n]*")
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+#: Pages from this size on are cut into family blocks (:func:`_kept_text_lines`); smaller ones,
+#: a one-engine page of about 50 KiB, are read line by line, which costs as little there and
+#: needs no per-family set-up on a process's first page.
+_BLOCKWISE_BYTES = 128 << 10
 #: Family name of a TYPE line → True when a block of that family can hold no kept line.
 _SKIPPABLE: dict[str, bool] = {}
 
@@ -177,13 +178,24 @@ def _skippable(name: str) -> bool:
     got = _SKIPPABLE.get(name)
     if got is None:
         got = (
-            _METRIC_NAME.fullmatch(name) is not None
+            name.isascii()
+            and name.replace(":", "_").isidentifier()  # a metric name: [a-zA-Z_:][a-zA-Z0-9_:]*
             and name not in _META_NAMES
             and not any(n.startswith(name) for n in _NAMES_TEXT)
         )
         if len(_SKIPPABLE) < 4096:
             _SKIPPABLE[name] = got
     return got
+
+
+def _name_end(text: str) -> int:
+    """Index of the first blank, tab or newline in ``text`` (its length when none)."""
+    end = len(text)
+    for ch in " \t\n":
+        i = text.find(ch, 0, end)
+        if i >= 0:
+            end = i
+    return end
 
 
 def _kept_text_lines(body: str) -> list[str]:
@@ -201,13 +213,15 @@ def _kept_text_lines(body: str) -> list[str]:
     whole without the per-line test: each such line would pass it, and no comment but a TYPE
     line is ever kept.
     """
-    chunks = body.split(_TYPE_SPLIT)
     out: list[str] = []
+    if len(body) < _BLOCKWISE_BYTES:
+        _kept_lines_each(body, out)
+        return out
+    chunks = body.split(_TYPE_SPLIT)
     _kept_lines_each(chunks[0], out)
     types = _KEEP_TEXT[1]
     for chunk in chunks[1:]:
-        m = _TOKEN.match(chunk)
-        token = chunk[: m.end()] if m is not None else ""
+        token = chunk[: _name_end(chunk)]
         lines = chunk.count("\n") - chunk.endswith("\n")
         if _skippable(token):
             if chunk.count("\n" + token) + chunk.count("\n#") == lines:

@@ -7,8 +7,16 @@ import random
 
 import pytest
 
+from specwatch.observe import parse as parse_mod
 from specwatch.observe.parse import _KEEP_TEXT, _kept, _kept_text_lines, parse_page, prefilter
 from tests.fixture_files import body
+
+
+@pytest.fixture
+def blockwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every page cut into family blocks, however small (the size threshold set to 0)."""
+    monkeypatch.setattr(parse_mod, "_BLOCKWISE_BYTES", 0)
+
 
 CAPTURES = (
     "vllm-metrics/real-cpu-draft-model.txt",
@@ -28,7 +36,7 @@ def reference(page: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", CAPTURES)
-def test_real_captures(name: str) -> None:
+def test_real_captures(name: str, blockwise: None) -> None:
     """Every real capture: the same kept lines as the line-by-line test."""
     page = body(name)
     assert _kept_text_lines(page) == reference(page)
@@ -61,14 +69,14 @@ TRICKY = {
 
 
 @pytest.mark.parametrize("case", sorted(TRICKY))
-def test_pages_that_break_the_block_layout(case: str) -> None:
+def test_pages_that_break_the_block_layout(case: str, blockwise: None) -> None:
     """Samples outside their family's block, names that prefix kept names, blank lines, tabs,
     carriage returns: the same kept lines as the line-by-line test."""
     page = TRICKY[case]
     assert _kept_text_lines(page) == reference(page)
 
 
-def test_random_shuffles_of_a_real_capture() -> None:
+def test_random_shuffles_of_a_real_capture(blockwise: None) -> None:
     """300 seeded shuffles of the real capture (lines moved into other blocks, duplicated,
     prefixed with a blank, TYPE lines renamed to prefixes of kept names): the same kept lines
     as the line-by-line test every time."""
@@ -111,3 +119,10 @@ def test_prefilter_and_parse_unchanged_on_a_many_engine_page() -> None:
     reading = parse_page(text)
     assert len(reading.engines) == 16
     assert {e.counters["drafts"] for e in reading.engines.values()} == {2603.0}
+
+
+def test_small_pages_are_read_line_by_line() -> None:
+    """A page under the block-wise threshold gives the same lines (read line by line)."""
+    page = body("vllm-metrics/real-cpu-ngram.txt")
+    assert len(page) < parse_mod._BLOCKWISE_BYTES
+    assert _kept_text_lines(page) == reference(page)
