@@ -27,7 +27,9 @@ intervals (counted, with the largest gap, per process). ``--burn N`` runs N busy
 processes meanwhile (a loaded machine). Phases run shapes in turn, ``--rounds`` times.
 
 Run from the repository root: ``python bench/bench_scrape_prometheus.py [--rounds 2]
-[--shapes dense,engines,models,padded] [--window 60] [--burn 0]``.
+[--shapes dense,engines,models,padded] [--window 60] [--burn 0] [--specwatch-root DIR]``
+(``--specwatch-root``: the specwatch of another checkout, for a before / after on the same
+pages).
 """
 
 from __future__ import annotations
@@ -313,12 +315,12 @@ async def phase(shape: str, template: Template, args: argparse.Namespace) -> dic
     runner = await serve(pages, args.page_port)
     workdir = Path(tempfile.mkdtemp(prefix="bench-scrape-prom-"))
     sw_cfg, prom_cfg = write_configs(workdir, shape, args)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(args.specwatch_root)}
     pages.start = time.monotonic()
     procs = {
         "specwatch": subprocess.Popen(  # noqa: ASYNC220
             [sys.executable, "-m", "specwatch", "run", "--config", str(sw_cfg)],
-            cwd=ROOT,
+            cwd=args.specwatch_root,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / "specwatch.log", "w"),  # noqa: SIM115, ASYNC230
@@ -439,6 +441,12 @@ def main() -> None:
     ap.add_argument("--specwatch-port", type=int, default=19477)
     ap.add_argument("--prometheus-port", type=int, default=19490)
     ap.add_argument("--json", type=Path, help="write every phase's figures here")
+    ap.add_argument(
+        "--specwatch-root",
+        type=Path,
+        default=ROOT,
+        help="run the specwatch of this checkout (e.g. a worktree of an older commit)",
+    )
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}", flush=True)
     burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burn)]
