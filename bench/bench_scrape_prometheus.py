@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -304,7 +305,7 @@ def gaps(times: list[float], interval: float) -> tuple[int, float]:
     return missed, largest
 
 
-async def phase(shape: str, template: Template, args: argparse.Namespace) -> dict[str, object]:
+async def phase(shape: str, template: Template, args: argparse.Namespace) -> dict[str, Any]:
     """One phase: both processes scrape ``shape``; returns the figures of each."""
     ticks = int((args.warmup + args.window + 30) / args.interval) + 2
     pages = Pages(interval=args.interval)
@@ -362,7 +363,7 @@ async def phase(shape: str, template: Template, args: argparse.Namespace) -> dic
                 p.wait()
         await runner.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "shape": shape,
         "bytes": len(pages.plain[0]),
         "window": t1 - t0,
@@ -398,7 +399,7 @@ async def phase(shape: str, template: Template, args: argparse.Namespace) -> dic
     return result
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every phase, shapes in turn, ``args.rounds`` times."""
     shapes = args.shapes.split(",")
     templates = {s: SHAPES[s]() for s in shapes}
@@ -408,11 +409,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
             got = await phase(s, templates[s], args)
             sw = got["specwatch"]
             pr = got["prometheus"]
-            assert isinstance(sw, dict)
-            assert isinstance(pr, dict)
             print(
-                f"round {r + 1} {s:>8} {got['bytes'] / 1e6:5.2f} MB  load {got['load'][0]:.1f}-"  # type: ignore[index]
-                f"{got['load'][1]:.1f}  specwatch {sw['per_scrape_ms']:6.2f} ms/scrape "  # type: ignore[index]
+                f"round {r + 1} {s:>8} {got['bytes'] / 1e6:5.2f} MB  load {got['load'][0]:.1f}-"
+                f"{got['load'][1]:.1f}  specwatch {sw['per_scrape_ms']:6.2f} ms/scrape "
                 f"({sw['scrapes']}/{sw['scheduled']:.0f} scrapes, missed {sw['missed']}, "
                 f"gap {sw['largest_gap']:.2f} s, {sw['core_share']:.2f} % core)  prometheus "
                 f"{pr['per_scrape_ms']:6.2f} ms/scrape ({pr['scrapes']}/{pr['scheduled']:.0f}, "
@@ -459,7 +458,7 @@ def main() -> None:
             b.terminate()
     for s in args.shapes.split(","):
         ratios = [
-            r["specwatch"]["per_scrape_ms"] / r["prometheus"]["per_scrape_ms"]  # type: ignore[index]
+            r["specwatch"]["per_scrape_ms"] / r["prometheus"]["per_scrape_ms"]
             for r in results
             if r["shape"] == s
         ]
