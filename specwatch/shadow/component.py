@@ -83,6 +83,9 @@ logger = logging.getLogger("specwatch.shadow.component")
 STATS_BUCKET_SECONDS = 10.0
 #: How often a ledger that cannot store rows (full, read-only, unavailable) is tried again.
 LEDGER_RETRY_SECONDS = 30.0
+#: The share of the shutdown timeout the mirror listener gives the copies it is reading (they
+#: are copies, not live answers: the live streams and replays get the whole drain).
+MIRROR_SHUTDOWN_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,19 @@ class ShadowComponent:
     def pauses(self) -> Mapping[str, int] | None:
         """Transitions into a load pause by reason, ``None`` while the pipeline is not built."""
         return None if self.pipeline is None else dict(self.pipeline.sampler.pauses)
+
+    async def drain(self, until: float) -> None:
+        """SIGTERM: the pipeline drains until ``until`` (monotonic seconds; see
+        :meth:`ShadowPipeline.drain <specwatch.shadow.pipeline.ShadowPipeline.drain>`) while the
+        mirror listener stops accepting and finishes the copies it is reading (within
+        :data:`MIRROR_SHUTDOWN_SHARE` of the shutdown timeout)."""
+        parts: list[Awaitable[None]] = []
+        if self.pipeline is not None:
+            parts.append(self.pipeline.drain(until))
+        mirror, self._mirror_listener = self._mirror_listener, None
+        if mirror is not None:
+            parts.append(mirror.stop())
+        await asyncio.gather(*parts)
 
     def load_state(self) -> Mapping[str, ArmLoad]:
         """Per-arm load as the sampler reads it (``{}`` without a ``load_state`` callable)."""
@@ -492,7 +508,7 @@ class ShadowComponent:
                     max_body_bytes=sh.mirror_max_body_bytes,
                     listen=self._listen,
                     listener=self.mirror_listener,
-                    shutdown_timeout_seconds=self._shutdown_timeout,
+                    shutdown_timeout_seconds=self._shutdown_timeout * MIRROR_SHUTDOWN_SHARE,
                 )
                 port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
                 self._mirror_listener = listener
