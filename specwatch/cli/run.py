@@ -145,6 +145,7 @@ def whole_config(settings: Settings) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from specwatch.core.shutdown import exit_now
     from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
     from specwatch.settings import ConfigError
@@ -173,4 +174,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return 0
+    # drained and closed within the budget: no interpreter teardown to outlive it
+    exit_now(0)
