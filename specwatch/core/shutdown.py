@@ -50,12 +50,12 @@ def close_reserve_seconds(budget: float) -> float:
 
 class Drain:
     """The shutdown timeline of one process: not draining until :meth:`begin`, then draining
-    until :attr:`until` (monotonic seconds on ``clock``), ``budget`` seconds after the start
+    until :attr:`until` (monotonic seconds on ``mono_clock``), ``budget`` seconds after the start
     less :func:`close_reserve_seconds`."""
 
-    def __init__(self, budget: float, clock: MonotonicClock) -> None:
+    def __init__(self, budget: float, mono_clock: MonotonicClock) -> None:
         self.budget = budget
-        self._clock = clock
+        self._mono_clock = mono_clock
         self.started: float | None = None
 
     @property
@@ -66,7 +66,7 @@ class Drain:
     def begin(self) -> None:
         """The signal arrived (idempotent: a second signal keeps the first start)."""
         if self.started is None:
-            self.started = self._clock()
+            self.started = self._mono_clock()
 
     @property
     def until(self) -> float:
@@ -85,15 +85,15 @@ class Drain:
 
     def left(self) -> float:
         """Seconds of draining left now (0 once :attr:`until` passed)."""
-        return max(0.0, self.until - self._clock())
+        return max(0.0, self.until - self._mono_clock())
 
     def exit_left(self) -> float:
         """Seconds left until :attr:`exit_by` now (0 once passed)."""
-        return max(0.0, self.exit_by - self._clock())
+        return max(0.0, self.exit_by - self._mono_clock())
 
     def elapsed(self) -> float:
         """Seconds since :meth:`begin` (0 before it)."""
-        return 0.0 if self.started is None else self._clock() - self.started
+        return 0.0 if self.started is None else self._mono_clock() - self.started
 
 
 class ShutdownDeadline:

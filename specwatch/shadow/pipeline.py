@@ -379,14 +379,14 @@ class ShadowPipeline:
         if self.canary is not None:
             self._tasks.append(asyncio.create_task(self.canary.run(), name=CANARY_TASK))
 
-    async def drain(self, until: float, clock: MonotonicClock = SYSTEM_MONOTONIC) -> None:
+    async def drain(self, until: float, mono_clock: MonotonicClock = SYSTEM_MONOTONIC) -> None:
         """Shut down within a budget: admit nothing more (offers and the requests still queued
         are dropped as ``shutdown_queued``), stop the proxy listener accepting and let its open
         exchanges run, and let the replays in flight finish, all until ``until`` (monotonic
-        seconds on ``clock``); then cut the proxy's exchanges still open, and count each replay
+        seconds on ``mono_clock``); then cut the proxy's exchanges still open, and count each replay
         still in flight as ``shutdown_in_flight`` (its worker is cancelled). Logs one line with
         the counts (WARNING when a replay was abandoned)."""
-        started = clock()
+        started = mono_clock()
         self.sampler.closed = True
         self._draining = True
         queued = self._drop_queued()
@@ -397,11 +397,11 @@ class ShadowPipeline:
 
         async def replays() -> None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), max(0.0, until - clock()))
+                await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
 
         parts = [replays()]
         if self.proxy is not None and self.proxy_started:
-            parts.append(self.proxy.stop(max(0.0, until - clock())))
+            parts.append(self.proxy.stop(max(0.0, until - mono_clock())))
         await asyncio.gather(*parts)
         self.proxy_started = False
         abandoned = await self._cancel_workers()
@@ -412,7 +412,7 @@ class ShadowPipeline:
             completed=self.delivered - delivered,
             abandoned_in_flight=abandoned,
             abandoned_queued=queued,
-            seconds=round(clock() - started, 3),
+            seconds=round(mono_clock() - started, 3),
         )
 
     def _drop_queued(self) -> int:
