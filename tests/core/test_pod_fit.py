@@ -10,6 +10,7 @@ from specwatch.core.pod import KILL_MARGIN_SECONDS, PodSettings, shutdown_fit
 from specwatch.core.shutdown import Drain, close_reserve_seconds
 from specwatch.server.checks import check_settings
 from specwatch.settings import Settings
+from tests.fakes import FakeMonotonicClock
 
 
 def test_the_budget_that_fits_leaves_the_margin() -> None:
@@ -62,9 +63,11 @@ def test_nothing_is_checked_without_the_grace_period() -> None:
 
 def test_check_settings_reports_it_as_a_warning() -> None:
     """``specwatch doctor --config`` and ``specwatch run`` see it through check_settings."""
-    s = Settings(
-        server={"shutdown_timeout_seconds": 30},
-        pod={"termination_grace_period_seconds": 30},
+    s = Settings.model_validate(
+        {
+            "server": {"shutdown_timeout_seconds": 30},
+            "pod": {"termination_grace_period_seconds": 30},
+        }
     )
     [finding] = [f for f in check_settings(s) if f.setting == "server.shutdown_timeout_seconds"]
     assert finding.level == "warning"
@@ -80,12 +83,12 @@ def test_the_close_reserve(budget: float, reserve: float) -> None:
 def test_the_drain_timeline() -> None:
     """SIGTERM at 100 s with a 10 s budget: drain until 109 s, exit by 110 s; a second signal
     keeps the first start."""
-    now = [100.0]
-    drain = Drain(10.0, lambda: now[0])
+    mono = FakeMonotonicClock(100.0)
+    drain = Drain(10.0, mono)
     assert not drain.draining
     drain.begin()
-    now[0] = 103.0
+    mono.t = 103.0
     drain.begin()
     assert (drain.until, drain.exit_by, drain.left(), drain.exit_left()) == (109, 110, 6, 7)
-    now[0] = 109.5
+    mono.t = 109.5
     assert (drain.left(), drain.elapsed()) == (0.0, 9.5)
