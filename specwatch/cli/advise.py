@@ -164,9 +164,13 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     observed = max((r for r in running if r is not None), default=None)
     concurrency = args.running
     note: str | None = None
+    label: str | None = (
+        None if concurrency is None else f"the planned {concurrency:g} running requests (--running)"
+    )
     if concurrency is None:
         if observed:
             concurrency = observed
+            label = f"the {observed:g} running requests now"
         elif n is not None:
             concurrency = float(n)
             note = "no requests running on the page: planning for max_num_seqs"
@@ -186,6 +190,8 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         configured_k=k if usable else None,
         max_num_seqs=n,
         max_num_batched_tokens=b,
+        concurrency=concurrency,
+        concurrency_label=label,
     )
     if note is not None:
         words.append(note)

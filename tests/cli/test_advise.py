@@ -227,3 +227,49 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     assert bad.stderr.strip() == (
         "specwatch advise: --standard-series and --fly-series go together"
     )
+
+
+def _running_page(tmp_path: Path, running: float) -> str:
+    """The ngram capture with ``running`` requests on its running gauge."""
+    text = (FIXTURES / "real-cpu-ngram.txt").read_text(encoding="utf-8")
+    old = 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0'
+    assert old in text
+    path = tmp_path / f"running-{running:g}.txt"
+    path.write_text(
+        text.replace(old, f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}'),
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def test_budget_gain_quoted_at_the_observed_concurrency_and_at_max_num_seqs(
+    tmp_path: Path,
+) -> None:
+    """ngram (S = 0), K = 4, τ = 1 + 184/488 = 1.37705, N = 256, B = 400: D_full = 400 // 5 = 80,
+    every other running request gets 1 token. The page shows 100 running. By hand, now: 80·τ +
+    20 = 130.16 tokens per step; with the full budget 256·5 = 1280 all 100 get full drafts:
+    100·τ = 137.70, +5.8 %. At max_num_seqs: 80·τ + 176 = 286.16 against 256·τ = 352.52,
+    +23.2 %. Both are quoted and labelled; with 80 running (all already in full) the gain now
+    is +0.0 % and the line says the budget pays only under more load."""
+    limits = ("--max-num-seqs", "256", "--max-num-batched-tokens", "400", "--method", "ngram")
+    doc = _json(_running_page(tmp_path, 100), *limits)
+    assert doc["concurrency"] == 100
+    k4 = doc["by_k"][3]
+    tau = 1 + 184 / 488
+    assert k4["expected_tokens_per_step"] == pytest.approx(80 * tau + 20)
+    assert k4["expected_tokens_per_step_at_max_num_seqs"] == pytest.approx(80 * tau + 176)
+    line = next(a for a in doc["advice"] if a.startswith("a larger budget"))
+    assert line.startswith("a larger budget should give more throughput: ")
+    assert "max_num_batched_tokens=1280 (now 400)" in line
+    assert "at the 100 running requests now: +5.8 % (137.7 vs 130.2 tokens per step)" in line
+    assert "at max_num_seqs=256: +23.2 % (352.5 vs 286.2 tokens per step)" in line
+    table = _advise(_running_page(tmp_path, 100), *limits, "--format", "table").stdout
+    assert "at the 100 running requests now: +5.8 %" in table
+    light = _json(_running_page(tmp_path, 80), *limits)
+    line = next(a for a in light["advice"] if a.startswith("a larger budget"))
+    assert line.startswith("a larger budget pays only under more load: ")
+    assert "at the 80 running requests now: +0.0 %" in line
+    assert "at max_num_seqs=256: +23.2 %" in line
+    planned = _json(_running_page(tmp_path, 100), *limits, "--running", "50")
+    line = next(a for a in planned["advice"] if a.startswith("a larger budget"))
+    assert "at the planned 50 running requests (--running): +0.0 %" in line
