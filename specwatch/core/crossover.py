@@ -221,7 +221,11 @@ def crossover(
     curve = tuple(
         GainPoint(float(math.exp(g)), float(v), float(a), float(b))
         for g, v, a, b in zip(grid, gain, low, up, strict=True)
+        if math.isfinite(v) and math.isfinite(a) and math.isfinite(b)
     )
+    if not curve:
+        why = "no concurrency with a finite estimate on both arms"
+        return _no_data(candidate_name, reference_name, why, level)
     if not bool((up < 0).any()):
         return _result(
             "not_reached", None, None, None, candidate_name, reference_name, curve, level

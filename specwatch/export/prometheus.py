@@ -260,6 +260,8 @@ class SpecwatchCollector(Collector):
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
             fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, (), limit.running_lower)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, (), limit.running_upper)
             for state in LIMIT_STATUSES:
                 fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
             for b in limit.bands:

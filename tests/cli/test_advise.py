@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -188,19 +189,20 @@ def _series(tmp_path: Path, name: str, points: list[tuple[float, float]]) -> lis
 
 
 def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
-    """Pages 10 s apart. Standard: 3 windows at 1 running with 500 tokens (50 tokens/s per
-    request), then 3 at 8 running with 3,200 (320/8 = 40). FLy: 800 at 1 (80, 1.6×), then
-    2,800 at 8 (280/8 = 35, 35/40 = 0.875×): speculation stops paying from 8 running."""
-    std = _series(
-        tmp_path,
-        "std",
-        [(1, 0), (1, 500), (1, 1000), (1, 1500), (8, 4700), (8, 7900), (8, 11100)],
-    )
-    fly = _series(
-        tmp_path,
-        "fly",
-        [(1, 0), (1, 800), (1, 1600), (1, 2400), (8, 5200), (8, 8000), (8, 10800)],
-    )
+    """Pages 10 s apart. Standard: 8 windows at 1 running with 500 tokens (50 tokens/s per
+    request), then 8 at 8 running with 3,200 (320/8 = 40). FLy: 800 at 1 (80, 1.6×), then 2,800
+    at 8 (280/8 = 35, 0.875×). The log ratio is ln 1.6 at 1 and ln 0.875 at 8, a straight line
+    in ln(running) between them: zero at t = ln 1.6 / (ln 1.6 − ln 0.875) = 0.7788, so 8^0.7788 =
+    5.05 running, interpolated (the bands would say "from 8"). A baseline series (no
+    speculation, 50 per request at both) is the reference when given: the log ratio is ln 1.6
+    at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7)) = 3.53."""
+
+    def pages(name: str, at1: int, at8: int) -> list[str]:
+        counts = [(1.0, float(at1 * i)) for i in range(9)]
+        counts += [(8.0, float(at1 * 8 + at8 * i)) for i in range(1, 9)]
+        return _series(tmp_path, name, counts)
+
+    std, fly = pages("std", 500, 3200), pages("fly", 800, 2800)
     doc = _json(
         str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
         "--standard-series",
@@ -212,12 +214,41 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     )
     lim = doc["speculation_limit"]
     assert lim["status"] == "reached"
-    assert lim["running"] == 8
+    assert lim["reference"] == "standard"
+    t = math.log(1.6) / (math.log(1.6) - math.log(0.875))
+    assert lim["running"] == pytest.approx(8**t, rel=1e-6)
     assert [b["band"] for b in lim["bands"]] == ["1", "8-15"]
     assert [round(b["speed_ratio"], 6) for b in lim["bands"]] == [1.6, 0.875]
     assert [b["standard_speed"] for b in lim["bands"]] == [50.0, 40.0]
     assert lim["text"] in doc["advice"]
-    assert lim["text"].startswith("speculation stops paying from 8 running requests")
+    assert lim["text"].startswith("speculation stops paying at about 5 running requests")
+    table = _advise(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        "--standard-series",
+        *std,
+        "--fly-series",
+        *fly,
+        "--series-interval",
+        "10",
+        "--format",
+        "table",
+    ).stdout
+    assert f"- {lim['text']}" in table
+    base = pages("base", 500, 4000)
+    with_base = _json(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        "--standard-series",
+        *std,
+        "--fly-series",
+        *fly,
+        "--baseline-series",
+        *base,
+        "--series-interval",
+        "10",
+    )["speculation_limit"]
+    assert with_base["reference"] == "baseline"
+    assert with_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
+    assert "no faster than the no-speculation baseline" in with_base["text"]
     # without the series: null; one series alone or no interval: exit 2, one line
     assert _json(str(FIXTURES / "real-cpu-draft-model-midflight.txt"))["speculation_limit"] is None
     bad = _advise(
