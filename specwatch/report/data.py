@@ -35,6 +35,7 @@ from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
+from specwatch.shadow.lossless import LosslessCheck, lossless_by_load, lossless_check
 from specwatch.shadow.stats.confseq import declaration_path
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
@@ -182,6 +183,7 @@ class ReportData:
     reasons: Mapping[tuple[str, str], int]
     first_alarm: Mapping[str, int | None]
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    lossless: LosslessCheck | None = None
 
 
 def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
@@ -393,7 +395,8 @@ def build_report(
     """Assemble :class:`ReportData` from a :class:`LedgerDigest` (pure): the per-category
     statistics (``build_shadow_stats``), the decision table
     (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
-    series and the e-value paths (overall, and per category for the first alarms)."""
+    series, the e-value paths (overall, and per category for the first alarms) and the
+    lossless check (:func:`specwatch.shadow.lossless.lossless_check`, by load band too)."""
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
     first_alarms: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
@@ -426,6 +429,13 @@ def build_report(
         ),
         by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
     )
+    overall = stats.windows[REPORT_WINDOW].get(OVERALL)
+    lossless = lossless_check(
+        sum(digest.tallies.values(), PairTally()),
+        overall.lossless_e_value if overall is not None else 1.0,
+        lossless_by_load(digest.load_tallies, load_band_labels(load_bands)),
+        alpha=alpha,
+    )
     return ReportData(
         ledger=ledger,
         rows=digest.span.rows,
@@ -439,6 +449,7 @@ def build_report(
         reasons=dict(digest.reasons),
         first_alarm=first_alarms,
         tau_coverage=dict(digest.tau_coverage),
+        lossless=lossless,
     )
 
 
