@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report import MAX_POINTS, REPORT_WINDOW
-from specwatch.shadow.decision import decision_table
+from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
@@ -133,7 +133,8 @@ class LedgerDigest:
     :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
     every labelled pair in time order; ``tau_coverage``: ``{(arm, finish_reason): (paired rows,
-    rows with a per-request τ)}``.
+    rows with a per-request τ)}``; ``replies``: the stored per-request speculative-decoding
+    counts per ``(arm, category)`` (``Ledger.reply_totals``, for the acceptance gain).
     """
 
     span: ReportSpan
@@ -146,6 +147,7 @@ class LedgerDigest:
     bin_width: float
     stream: LabelledStream
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    replies: Mapping[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
 
 
 def split_tallies(
@@ -343,17 +345,27 @@ async def read_ledger(
                 )
                 return span, count, width, stream
 
-            async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
-                return await third.report_arm_totals("speed"), await third.reason_counts()
+            async def speed() -> tuple[
+                dict[str, ArmTotals],
+                dict[tuple[str, str], int],
+                dict[tuple[str, str], tuple[int, int, int]],
+            ]:
+                return (
+                    await third.report_arm_totals("speed"),
+                    await third.reason_counts(),
+                    await third.reply_totals(),
+                )
 
             async def tau_part() -> tuple[
                 dict[str, ArmTotals], dict[tuple[str, str], tuple[int, int]]
             ]:
                 return await second.report_arm_totals("tau"), await second.tau_coverage()
 
-            (span, count, width, stream), (tau, coverage), (speeds, reasons) = await asyncio.gather(
-                streamed(), tau_part(), speed()
-            )
+            (
+                (span, count, width, stream),
+                (tau, coverage),
+                (speeds, reasons, replies),
+            ) = await asyncio.gather(streamed(), tau_part(), speed())
             tallies, load_tallies = split_tallies(stream.tallies())
             totals = {
                 cat: tau.get(cat, ArmTotals()) + speeds.get(cat, ArmTotals())
@@ -370,6 +382,7 @@ async def read_ledger(
                 bin_width=width,
                 stream=stream.labelled(),
                 tau_coverage=coverage,
+                replies=replies,
             )
         finally:
             for ledger in opened:
@@ -426,6 +439,7 @@ def build_report(
             margin=margin,
             detect_net_loss=detect_net_loss,
             max_categories=max_categories,
+            replies=stored_replies(digest.replies),
         ),
         by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
     )
