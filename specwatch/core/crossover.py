@@ -95,7 +95,8 @@ def _bandwidth(x: npt.NDArray[np.float64]) -> float:
 
     lo, hi = BANDWIDTH_BOUNDS
     sd = float(np.std(x))
-    return min(hi, max(lo, 1.06 * sd * len(x) ** -0.2))
+    rule: float = 1.06 * sd * float(len(x)) ** -0.2
+    return min(hi, max(lo, rule))
 
 
 def _local_linear(

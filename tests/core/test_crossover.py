@@ -40,8 +40,10 @@ def test_known_crossover_at_20_is_found_interpolated(seed: int) -> None:
     cand, ref = _arm(data, 20.0), _arm(data, None)
     c = crossover(cand, ref, rng=np.random.default_rng(seed))
     assert c.status == "reached"
-    assert c.running is not None and abs(c.running - 20) <= 3
-    assert c.lower is not None and c.upper is not None
+    assert c.running is not None
+    assert abs(c.running - 20) <= 3
+    assert c.lower is not None
+    assert c.upper is not None
     assert c.lower <= 20 <= c.upper
     assert c.text.startswith(f"speculation stops paying at about {c.running:.0f} running")
 

@@ -140,7 +140,8 @@ async def test_canary_pairs_reach_ledger_and_metrics_then_survive_restart(tmp_pa
     # each reply's draft and accepted tokens, so the restarted process (no reply of its own
     # yet) shows the same column
     gains = [r["acceptance_gain"] for r in j1["decisions"]]
-    assert gains and all(g is not None for g in gains)
+    assert gains
+    assert all(g is not None for g in gains)
     assert [r["acceptance_gain"] for r in j2["decisions"]] == gains
     drafted = sum(r.fly_draft_tokens or 0 for r in rows)
     accepted = sum(r.fly_accepted_tokens or 0 for r in rows)

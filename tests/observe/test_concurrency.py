@@ -51,7 +51,9 @@ def test_limit_reached_where_fly_is_no_faster_per_request() -> None:
     assert lim.status == "reached"
     assert lim.reference == "standard"
     assert lim.running == pytest.approx(_CROSS, rel=1e-6)
-    assert lim.running_lower is not None and lim.running_upper is not None
+    assert lim.running is not None
+    assert lim.running_lower is not None
+    assert lim.running_upper is not None
     assert lim.running_lower <= lim.running <= lim.running_upper
     assert [b.band for b in lim.bands] == ["1", "8-15"]
     assert lim.bands[0].speed_ratio == pytest.approx(1.6)

@@ -11,6 +11,7 @@ import pytest
 
 from specwatch.__main__ import main
 from specwatch.core.config import DEFAULT_LOAD_BANDS
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.lossless import lossless_by_load, lossless_check
 from specwatch.shadow.tally import PairTally, load_band_labels
 from tests.report.test_report import T0, parse_tables, row, write_ledger
@@ -24,8 +25,8 @@ CELLS: dict[float | None, list[tuple[bool, bool, int]]] = {
 }
 
 
-def _rows() -> list[object]:
-    out = []
+def _rows() -> list[LedgerRow]:
+    out: list[LedgerRow] = []
     i = 0
     for running, cells in CELLS.items():
         for std_agrees, noise_agrees, n in cells:
@@ -54,7 +55,7 @@ def test_report_has_a_lossless_section_by_load_band(tmp_path: Path) -> None:
     e-value on 15 standard-only against 2 noise-only flips is past 1/α = 20, so the verdict is
     "not lossless"."""
     ledger = tmp_path / "pairs.db"
-    asyncio.run(write_ledger(ledger, _rows()))  # type: ignore[arg-type]
+    asyncio.run(write_ledger(ledger, _rows()))
     out = tmp_path / "out"
     assert main(["report", "--ledger", str(ledger), "--out", str(out)]) == 0
     page = (out / "index.html").read_text(encoding="utf-8")

@@ -39,7 +39,8 @@ async def _write(path: Path) -> list[tuple[int | None, ...]]:
         led.submit(compare(_pair(2, (5, 20, 8), (5, 20, 16))))
         failed = _pair(3, (4, 8, 8), (4, 8, 8))
         # an arm that failed stores no counts (the reply counters skip it too)
-        led.submit(compare(ReplayPair(failed.request, failed.standard, ArmResult(Arm.FLY, False, 0.1, error="timeout"))))  # fmt: skip
+        timeout = ArmResult(Arm.FLY, False, 0.1, error="timeout")
+        led.submit(compare(ReplayPair(failed.request, failed.standard, timeout)))
         await led.flush()
         rows = await led.query()
         totals = await led.reply_totals()
