@@ -412,7 +412,7 @@ def _lossless_section(data: ReportData) -> str:
         return ""
     rows = [*check.bands, check.overall]
     body = "".join(
-        f'<tr data-band="{html.escape(b.band)}"><th scope="row">'
+        f'<tr data-lossless-band="{html.escape(b.band)}"><th scope="row">'
         f"{html.escape('all bands' if b is check.overall else b.band)}</th>"
         f"{_cell('pairs', b.pairs)}{_cell('spec_only', b.spec_only)}"
         f"{_cell('noise_only', b.noise_only)}{_cell('both', b.both)}"

@@ -60,7 +60,7 @@ def test_report_has_a_lossless_section_by_load_band(tmp_path: Path) -> None:
     assert main(["report", "--ledger", str(ledger), "--out", str(out)]) == 0
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "<h2>Lossless check</h2>" in page
-    table = parse_tables(page, key="data-band")
+    table = parse_tables(page, key="data-lossless-band")
     want = {
         "0-7": (10, 1, 1, 0),
         "8-31": (10, 2, 0, 1),
