@@ -457,6 +457,18 @@ LOAD_BAND_PAIRS = _g(
     "Paired requests compared per running-request band and arm, since start.",
     ("band", "arm"),
 )
+LOSSLESS_LOAD_BAND_FLIP_RATIO = _g(
+    "specwatch_lossless_load_band_flip_ratio",
+    "Share of greedy paired requests whose answer differs from the no-speculation baseline's, "
+    "by the running requests at replay time (band) and arm (standard, noise), since start.",
+    ("band", "arm"),
+)
+LOSSLESS_LOAD_BAND_PAIRS = _g(
+    "specwatch_lossless_load_band_pairs",
+    "Greedy paired requests where the baseline and the noise arm both answered, per "
+    "running-request band, since start.",
+    ("band",),
+)
 MCNEMAR_P = _g(
     "specwatch_paired_mcnemar_p_value",
     "Exact McNemar p-value on the discordant pairs (two-sided, or one-sided for FLy loss).",
@@ -664,6 +676,8 @@ SHADOW: tuple[MetricSpec, ...] = (
     DECISION_VERDICT,
     LOAD_BAND_FLIP_RATIO,
     LOAD_BAND_PAIRS,
+    LOSSLESS_LOAD_BAND_FLIP_RATIO,
+    LOSSLESS_LOAD_BAND_PAIRS,
     LEDGER_ROWS,
     LEDGER_STATE,
     LEDGER_PAIRS,

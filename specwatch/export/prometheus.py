@@ -308,6 +308,13 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         ):
             fam.add(cat.LOAD_BAND_PAIRS, (band.band, arm), n)
             fam.add(cat.LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
+        if band.lossless_pairs:
+            fam.add(cat.LOSSLESS_LOAD_BAND_PAIRS, (band.band,), band.lossless_pairs)
+            for arm, ratio in (
+                ("standard", band.lossless_standard_flip_ratio),
+                ("noise", band.lossless_noise_flip_ratio),
+            ):
+                fam.add(cat.LOSSLESS_LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)

@@ -99,3 +99,28 @@ def test_lossless_verdicts_without_pairs_and_with_too_few() -> None:
     calm = lossless_check(PairTally(lossless_neither=40), 0.5, (), alpha=0.05)
     assert calm.verdict == "no_evidence"
     assert "e-value 0.5 < 1/α = 20" in calm.text
+
+
+def test_live_load_bands_carry_the_lossless_split_to_the_metrics() -> None:
+    """The live per-band view (``load_bands``, what ``shadow.by_load`` and the gauges show) has
+    the same split: band 32+ of the ledger above, 20 greedy pairs, standard 12/20 = 0.6, noise
+    1/20 = 0.05; the gauges carry it and skip a band without lossless pairs."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from specwatch.export.prometheus import ShadowCollector
+    from specwatch.shadow.summary import build_shadow_stats, load_bands, tally_rows
+
+    busy = tally_rows([r for r in _rows() if r.running_at_replay == 40.0])["math"]
+    bands = load_bands({"32+": busy}, load_band_labels(DEFAULT_LOAD_BANDS))
+    top = bands[-1]
+    assert (top.band, top.lossless_pairs) == ("32+", 20)
+    assert top.lossless_standard_flip_ratio == pytest.approx(0.6)
+    assert top.lossless_noise_flip_ratio == pytest.approx(0.05)
+    assert bands[0].lossless_pairs == 0
+    stats = build_shadow_stats({"since_start": {"math": busy}}, now=0.0, by_load=bands)
+    registry = CollectorRegistry()
+    registry.register(ShadowCollector(lambda: stats))
+    text = generate_latest(registry).decode()
+    assert 'specwatch_lossless_load_band_flip_ratio{arm="standard",band="32+"} 0.6' in text
+    assert 'specwatch_lossless_load_band_pairs{band="32+"} 20.0' in text
+    assert 'specwatch_lossless_load_band_pairs{band="0-7"}' not in text
