@@ -89,12 +89,15 @@ class BandSums:
 @dataclass(frozen=True, slots=True)
 class ConcurrencyProfile:
     """Per-band sums of one target (``bands[lower bound]``), the last :data:`MAX_POINTS`
-    points ``(running, per-request decode speed)`` and ``seen``, the points ever added;
-    immutable, :func:`add_point` returns a new one."""
+    points ``(running, per-request decode speed)``, ``seen`` the points ever added and
+    ``settled`` the points as they were when ``seen`` last reached a multiple of
+    :data:`REFRESH_POINTS` (what the estimate reads); immutable, :func:`add_point` returns a
+    new one."""
 
     bands: tuple[tuple[int, BandSums], ...] = ()
     points: tuple[tuple[float, float], ...] = ()
     seen: int = 0
+    settled: tuple[tuple[float, float], ...] = ()
 
     def get(self, lo: int) -> BandSums:
         """The sums of band ``lo`` (zeros when unseen)."""
@@ -127,7 +130,9 @@ def add_point(
     bands = dict(profile.bands)
     bands[lo] = new
     points = (*profile.points[-(MAX_POINTS - 1) :], (float(running), tokens_per_second / running))
-    return ConcurrencyProfile(tuple(sorted(bands.items())), points, profile.seen + 1)
+    seen = profile.seen + 1
+    settled = points if seen % REFRESH_POINTS == 0 else profile.settled
+    return ConcurrencyProfile(tuple(sorted(bands.items())), points, seen, settled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,12 +216,6 @@ def band_table(
     return tuple(rows)
 
 
-def _settled(p: ConcurrencyProfile) -> tuple[tuple[float, float], ...]:
-    """The points as of the last multiple of :data:`REFRESH_POINTS` added."""
-    extra = p.seen % REFRESH_POINTS
-    return p.points[: len(p.points) - extra] if extra else p.points
-
-
 @functools.lru_cache(maxsize=16)
 def _estimate(
     fly: tuple[tuple[float, float], ...],
@@ -242,7 +241,7 @@ def speculation_limit(
     with ``standard``. Deterministic (fixed seed), cached on the points."""
     reference: Literal["baseline", "standard"] = "baseline" if baseline is not None else "standard"
     ref = baseline if baseline is not None else standard
-    status, running, lower, upper, curve, text = _estimate(_settled(fly), _settled(ref), reference)
+    status, running, lower, upper, curve, text = _estimate(fly.settled, ref.settled, reference)
     return SpeculationLimit(
         status=status,
         running=running,

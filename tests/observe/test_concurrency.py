@@ -124,3 +124,23 @@ def test_tracker_builds_the_profile_from_real_pages() -> None:
     view = build_view([std.snapshot(), fly.snapshot()], now=31.0)
     assert view.speculation_limit is not None
     assert view.speculation_limit.status == "no_data"
+
+
+def test_the_estimate_moves_only_every_eight_scrapes() -> None:
+    """The estimate reads the points as of the last multiple of 8 scrapes per arm, so the 2 s
+    view refreshes show one number between them: 16 scrapes each give the 6.52 crossing; 7
+    more FLy scrapes at 8 running, much slower, leave it (the per-band table moves); the 8th
+    moves it (earlier)."""
+    std = _profile([(1, 50.0)] * 8 + [(8, 400.0)] * 8)
+    fly = _profile([(1, 80.0)] * 8 + [(8, 380.0)] * 8)
+    first = speculation_limit(std, fly)
+    for _ in range(7):
+        fly = add_point(fly, 8, 200.0, None)
+    held = speculation_limit(std, fly)
+    assert (held.running, held.text, held.curve) == (first.running, first.text, first.curve)
+    assert held.bands != first.bands  # the per-band table is current
+    fly = add_point(fly, 8, 200.0, None)
+    moved = speculation_limit(std, fly)
+    assert moved.running is not None
+    assert first.running is not None
+    assert moved.running < first.running
