@@ -52,7 +52,13 @@ from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import decision_table, reply_counts
+from specwatch.shadow.decision import (
+    ReplyCounts,
+    add_replies,
+    decision_table,
+    reply_counts,
+    stored_replies,
+)
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
@@ -178,6 +184,8 @@ class ShadowComponent:
         self.live: LiveTallies | None = None
         self._inputs: tuple[int, StatsInputs] | None = None
         self._decisions: tuple[tuple[Any, ...], tuple[DecisionRow, ...]] | None = None
+        #: Reply counts the ledger held when this process started (added to its own counters).
+        self._stored_replies: dict[tuple[str, str], ReplyCounts] = {}
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
@@ -262,7 +270,7 @@ class ShadowComponent:
         (the decision table is reused while it, the settings, the reply counts of ``io`` and
         the kept categories are unchanged); ``None``: computed afresh."""
         p = self.paired_settings
-        replies = reply_counts(io)
+        replies = add_replies(self._stored_replies, reply_counts(io))
         kept = tuple(self.categories.kept)
         dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept)
         if version is None or self._decisions is None or self._decisions[0] != dkey:
@@ -420,6 +428,7 @@ class ShadowComponent:
             self.alarms = await ledger.fold_labelled(
                 lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p)
             )
+            self._stored_replies = stored_replies(await ledger.reply_totals())
         self.live = live
         log_event(
             logger,
