@@ -22,7 +22,12 @@ from matplotlib.figure import Figure
 
 from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
-from specwatch.shadow.decision import MIN_SPEED_PAIRS, arm_speeds, arm_tau_means
+from specwatch.shadow.decision import (
+    MIN_SPEED_PAIRS,
+    arm_speeds,
+    arm_tau_means,
+    tau_coverage_by_category,
+)
 from specwatch.shadow.summary import PairedSummary
 from specwatch.shadow.tally import ArmTotals
 from specwatch.shadow.verdict import Verdict, change_percent, verdict_from_summary, verdict_line
@@ -420,6 +425,27 @@ def _coverage_table(data: ReportData) -> str:
     )
 
 
+def _category_coverage_table(data: ReportData) -> str:
+    """Per-request τ coverage per category: pairs, pairs where both arms carried τ, share
+    (:func:`~specwatch.shadow.decision.tau_coverage_by_category` of the decision table)."""
+    found = tau_coverage_by_category(data.stats.decisions)
+    if not found:
+        return ""
+    body = "".join(
+        f'<tr data-coverage-category="{html.escape(c)}"><th scope="row">'
+        f"{html.escape(c)}</th>{_cell('pairs', n)}{_cell('tau_pairs', k)}"
+        f"{_cell('coverage', k / n if n else None, _fmt(k / n if n else None, 'pct'))}</tr>"
+        for c, n, k in found
+    )
+    return (
+        "<p>Per category: the share of pairs where both arms carried a per-request τ (the "
+        "pairs the τ gain of the decision table is measured on).</p>"
+        '<table class="num" id="tau-coverage-category"><thead><tr><th>category</th>'
+        f"<th>pairs</th><th>τ on both arms</th><th>coverage (%)</th></tr></thead><tbody>{body}"
+        "</tbody></table>"
+    )
+
+
 def _load_table(data: ReportData) -> str:
     """FLy and noise flip rates per running-request band."""
     if not data.stats.by_load:
@@ -589,6 +615,7 @@ here</em>: the e-value reached 1/α; otherwise the labelled pairs still needed (
 the observed discordance).</p>
 {_decision_table(data)}
 {_coverage_table(data)}
+{_category_coverage_table(data)}
 <h2>Flips by load</h2>
 <p>Answer flips against the standard arm by the running requests on the busiest arm's server
 when the pair was replayed, so "FLy flips more" is not confused with "the server flips more

@@ -24,7 +24,7 @@ settings):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from specwatch.core.config import OVERALL
@@ -189,6 +189,17 @@ def _verdict(
         )
     more = s.questions_still_needed
     return "not_decided", f"not decided: about {more} more pairs", more
+
+
+def tau_coverage_by_category(
+    rows: Sequence[DecisionRow],
+) -> tuple[tuple[str, int, int], ...]:
+    """Per-request τ coverage per category of a decision table: ``(category, paired requests,
+    those where both arms carried a per-request τ)``, the overall row first, then the
+    categories in table order (real vLLM sends no τ on some finishes, e.g. a stop string, so a
+    category answered that way has a τ gain from few of its pairs)."""
+    ordered = sorted(rows, key=lambda r: r.category != OVERALL)
+    return tuple((r.category, r.pairs, r.tau_pairs) for r in ordered)
 
 
 def decision_row(

@@ -583,3 +583,28 @@ def test_tau_coverage_by_finish_reason_beside_the_decision_table(tmp_path: Path)
         "fly/stop": 0.0,
         "standard/length": 1.0,
     }
+
+
+def test_tau_coverage_per_category(tmp_path: Path) -> None:
+    """Per category, the share of pairs whose both arms carried a per-request τ: math 5 pairs,
+    one finished by a stop string on FLy (no τ), so 4 of 5 = 80 %; code 2 of 2; all 6 of 7
+    (85.71 %), the overall row first; unpaired rows are no pairs."""
+    rows = [
+        row(T0 + i, "math", True, True, fly_finish_reason="stop" if i == 0 else "length",
+            fly_tau=None if i == 0 else 2.5)
+        for i in range(5)
+    ] + [row(T0 + 10 + i, "code", True, False) for i in range(2)]  # fmt: skip
+    rows.append(row(T0 + 20, "code", None, None))
+    data = report_of(tmp_path / "ledger.sqlite", rows)
+    table = parse_tables(render_html(data, plots=()), key="data-coverage-category")
+    got = {
+        c: (int(v["pairs"]["data-value"]), int(v["tau_pairs"]["data-value"]), v["coverage"])
+        for c, v in table.items()
+    }
+    assert {c: (n, k) for c, (n, k, _) in got.items()} == {
+        "_all": (7, 6),
+        "code": (2, 2),
+        "math": (5, 4),
+    }
+    assert float(got["math"][2]["data-value"]) == 0.8
+    assert list(table)[0] == "_all"
