@@ -304,7 +304,8 @@ class TestHtml:
         text = (rendered / "index.html").read_text(encoding="utf-8")
         tau = re.search(r"<span data-field='tau'[^>]*>([^<]*)</span>", text)
         speed = re.search(r"<span data-field='speed'[^>]*>([^<]*)</span>", text)
-        assert tau is not None and speed is not None
+        assert tau is not None
+        assert speed is not None
         assert tau.group(1) == (
             "Mean acceptance length τ: standard 2.00, FLy 2.50 (+25 %) over 96 pairs where both "
             "arms reported it."
@@ -607,4 +608,4 @@ def test_tau_coverage_per_category(tmp_path: Path) -> None:
         "math": (5, 4),
     }
     assert float(got["math"][2]["data-value"]) == 0.8
-    assert list(table)[0] == "_all"
+    assert next(iter(table)) == "_all"
