@@ -21,6 +21,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from specwatch.core.roles import Role
 from specwatch.core.store import Store
 from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
@@ -144,7 +145,7 @@ class TestCollector:
             settings = TargetSettings(
                 name=name,
                 url=f"http://{name}:1",
-                role="standard",
+                role=Role.STANDARD,
                 max_num_seqs=128,
                 max_num_batched_tokens=512,
                 num_speculative_tokens=k,
