@@ -39,12 +39,14 @@ from specwatch.export.catalogue import (
     LAST_SUCCESS,
     LATEST_GAUGES,
     LIMITS_CONFIGURED,
+    MISSED_TICKS,
     PAIR_GAUGES,
     PER_POSITION,
     PER_POSITION_CONDITIONAL,
     SCRAPE_DURATION,
     SCRAPE_ERRORS,
     SCRAPES,
+    SPECULATIVE_TOKENS,
     TARGET,
     TARGET_ENGINE,
     TARGET_STALE,
@@ -195,6 +197,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
+    fam.add(MISSED_TICKS, (t.name,), t.missed_ticks)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
@@ -221,6 +224,9 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
                 fam.add(_spec(WAITING_BY_REASON, eng), (*labels, reason), v)
     cap = t.capacity
     fam.add(LIMITS_CONFIGURED, (t.name, role), cap.limits_configured)
+    if cap.num_speculative_tokens is not None and cap.num_speculative_tokens_source is not None:
+        labels = (t.name, role, cap.num_speculative_tokens_source)
+        fam.add(SPECULATIVE_TOKENS, labels, cap.num_speculative_tokens)
     for attr, spec in CAPACITY_GAUGES.items():
         fam.add(spec, (t.name, role), getattr(cap, attr))
 
@@ -260,6 +266,8 @@ class SpecwatchCollector(Collector):
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
             fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, (), limit.running_lower)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, (), limit.running_upper)
             for state in LIMIT_STATUSES:
                 fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
             for b in limit.bands:
@@ -306,6 +314,13 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         ):
             fam.add(cat.LOAD_BAND_PAIRS, (band.band, arm), n)
             fam.add(cat.LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
+        if band.lossless_pairs:
+            fam.add(cat.LOSSLESS_LOAD_BAND_PAIRS, (band.band,), band.lossless_pairs)
+            for arm, ratio in (
+                ("standard", band.lossless_standard_flip_ratio),
+                ("noise", band.lossless_noise_flip_ratio),
+            ):
+                fam.add(cat.LOSSLESS_LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)

@@ -32,10 +32,11 @@ import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report import MAX_POINTS, REPORT_WINDOW
-from specwatch.shadow.decision import decision_table
+from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
+from specwatch.shadow.lossless import LosslessCheck, lossless_by_load, lossless_check
 from specwatch.shadow.stats.confseq import declaration_path
 from specwatch.shadow.stats.eprocess import count_log_e_path, net_loss_log_e_values
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
@@ -130,8 +131,10 @@ class LedgerDigest:
     ``bins``: labelled pairs per time bin (non-empty bins, the counts of
     :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
-    every labelled pair in ledger (write) order; ``tau_coverage``:
-    ``{(arm, finish_reason): (paired rows, rows with a per-request τ)}``.
+    every labelled pair in ledger (write) order; ``tau_coverage``: ``{(arm, finish_reason):
+    (paired rows, rows with a per-request τ)}``; ``replies``: the stored per-request
+    speculative-decoding counts per ``(arm, category)`` (``Ledger.reply_totals``, for the
+    acceptance gain).
     """
 
     span: ReportSpan
@@ -144,6 +147,7 @@ class LedgerDigest:
     bin_width: float
     stream: LabelledStream
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    replies: Mapping[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
 
 
 def split_tallies(
@@ -167,6 +171,8 @@ class ReportData:
     did. An e-process alarm stays valid once raised (Ville's inequality holds at any stopping
     time), so the report uses "ever crossed", not only the current value.
     ``first_labelled_time``: unix time of the first labelled pair (the plots' time origin).
+    ``arm_totals``: the τ and speed sums of every category together (the verdict's τ and speed
+    parts).
     """
 
     ledger: str
@@ -181,6 +187,8 @@ class ReportData:
     reasons: Mapping[tuple[str, str], int]
     first_alarm: Mapping[str, int | None]
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    arm_totals: ArmTotals = field(default_factory=ArmTotals)
+    lossless: LosslessCheck | None = None
 
 
 def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
@@ -319,17 +327,27 @@ async def read_ledger(
                 )
                 return span, count, width, stream
 
-            async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
-                return await third.report_arm_totals("speed"), await third.reason_counts()
+            async def speed() -> tuple[
+                dict[str, ArmTotals],
+                dict[tuple[str, str], int],
+                dict[tuple[str, str], tuple[int, int, int]],
+            ]:
+                return (
+                    await third.report_arm_totals("speed"),
+                    await third.reason_counts(),
+                    await third.reply_totals(),
+                )
 
             async def tau_part() -> tuple[
                 dict[str, ArmTotals], dict[tuple[str, str], tuple[int, int]]
             ]:
                 return await second.report_arm_totals("tau"), await second.tau_coverage()
 
-            (span, count, width, stream), (tau, coverage), (speeds, reasons) = await asyncio.gather(
-                streamed(), tau_part(), speed()
-            )
+            (
+                (span, count, width, stream),
+                (tau, coverage),
+                (speeds, reasons, replies),
+            ) = await asyncio.gather(streamed(), tau_part(), speed())
             tallies, load_tallies = split_tallies(stream.tallies())
             totals = {
                 cat: tau.get(cat, ArmTotals()) + speeds.get(cat, ArmTotals())
@@ -346,6 +364,7 @@ async def read_ledger(
                 bin_width=width,
                 stream=stream.labelled(),
                 tau_coverage=coverage,
+                replies=replies,
             )
         finally:
             for ledger in opened:
@@ -371,7 +390,8 @@ def build_report(
     """Assemble :class:`ReportData` from a :class:`LedgerDigest` (pure): the per-category
     statistics (``build_shadow_stats``), the decision table
     (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
-    series and the e-value paths (overall, and per category for the first alarms)."""
+    series, the e-value paths (overall, and per category for the first alarms) and the
+    lossless check (:func:`specwatch.shadow.lossless.lossless_check`, by load band too)."""
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, points)
     log_e = evalue.log_e_no_net_loss[-1] if evalue.pairs else None
@@ -404,9 +424,17 @@ def build_report(
             margin=margin,
             detect_net_loss=detect_net_loss,
             max_categories=max_categories,
+            replies=stored_replies(digest.replies),
             overall_log_e_value=log_e,
         ),
         by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
+    )
+    overall = stats.windows[REPORT_WINDOW].get(OVERALL)
+    lossless = lossless_check(
+        sum(digest.tallies.values(), PairTally()),
+        overall.lossless_e_value if overall is not None else 1.0,
+        lossless_by_load(digest.load_tallies, load_band_labels(load_bands)),
+        alpha=alpha,
     )
     return ReportData(
         ledger=ledger,
@@ -421,6 +449,8 @@ def build_report(
         reasons=dict(digest.reasons),
         first_alarm=first_alarms,
         tau_coverage=dict(digest.tau_coverage),
+        arm_totals=sum(digest.totals.values(), ArmTotals()),
+        lossless=lossless,
     )
 
 
