@@ -19,6 +19,7 @@ from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 
 if TYPE_CHECKING:  # pydantic's settings load when the command runs, not for ``--help``
+    from specwatch.server.checks import Finding
     from specwatch.settings import Settings
 
 logger = logging.getLogger("specwatch.run")
@@ -130,16 +131,18 @@ def preflight(settings: Settings) -> None:
             raise ConfigError(f"config error: shadow.canary_file: {exc}") from exc
 
 
-def whole_config(settings: Settings) -> None:
-    """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): each
-    warning printed on stderr; the first error raised as :class:`ConfigError`."""
+def whole_config(settings: Settings) -> list[Finding]:
+    """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): the
+    warnings returned (logged once logging is set up, so they follow ``log.format``); the
+    first error raised as :class:`ConfigError`."""
     from specwatch.server.checks import check_settings
     from specwatch.settings import ConfigError
 
-    for f in check_settings(settings):
+    found = check_settings(settings)
+    for f in found:
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-        print(f"specwatch run: {f.line()}", file=sys.stderr)
+    return [f for f in found if f.level != "error"]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -154,11 +157,15 @@ def main(args: argparse.Namespace) -> int:
         if not settings.targets:
             raise ConfigError("config error: targets: at least one --target is required")
         preflight(settings)
-        whole_config(settings)
+        warnings = whole_config(settings)
     except ConfigError as exc:
         print(f"specwatch run: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log.level, settings.log.format, secrets=settings.secret_values())
+    for f in warnings:
+        log_event(
+            logger, logging.WARNING, "configuration warning", setting=f.setting, message=f.message
+        )
     log_effective_config(settings)
     shadow = shadow_components(settings)
     alerting = alerting_components(settings)

@@ -24,6 +24,7 @@ import importlib
 import logging
 import multiprocessing
 import pickle
+import signal
 import socket
 import struct
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 
 from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.logs import log_event
+from specwatch.core.logs import LogSetup, current_setup, log_event, setup_logging
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.http1.forwarder import Forwarder
 from specwatch.http1.pool import Upstream
@@ -116,9 +117,22 @@ def _no_offer(_: ShadowRequest) -> str:  # the proxy process never offers: the m
     return "not_offered"
 
 
-def _proxy_process_main(sock: socket.socket, options: dict[str, Any], host: str, port: int) -> None:
+def _proxy_process_main(
+    sock: socket.socket,
+    options: dict[str, Any],
+    host: str,
+    port: int,
+    logs: LogSetup | None = None,
+) -> None:
     """Entry point of the proxy process (``multiprocessing`` spawn): serve until the main
-    process closes its end of ``sock`` (or dies), then stop."""
+    process closes its end of ``sock`` (or dies), then stop. ``logs``: the main process's
+    logging (:func:`~specwatch.core.logs.current_setup`), set up here the same way so this
+    process writes the same structured lines to the same stderr."""
+    if logs is not None:
+        setup_logging(logs.level, logs.fmt, secrets=logs.secrets)
+    # Ctrl-C reaches the whole process group: the main process stops this one (end of stream
+    # on ``sock``), so no KeyboardInterrupt traceback is written here and streams drain
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     loop = new_proxy_loop(bool(options["use_uvloop"]))
     asyncio.set_event_loop(loop)
     try:
@@ -369,7 +383,7 @@ class ShadowProxy:
         ctx = multiprocessing.get_context("spawn")
         process = ctx.Process(
             target=_proxy_process_main,
-            args=(there, options, host, port),
+            args=(there, options, host, port, current_setup()),
             name="specwatch-shadow-proxy",
             daemon=True,
         )
