@@ -433,7 +433,7 @@ class ShadowPipeline:
             pair = await self.replayer.replay(req, running=self._running())
         finally:
             self.in_flight -= 1
-        for a in (pair.standard, pair.fly, pair.noise):
+        for a in (pair.standard, pair.fly, pair.noise, pair.baseline):
             if a is None:
                 continue
             if not a.ok:
