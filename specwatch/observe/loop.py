@@ -99,6 +99,7 @@ class Scraper:
         self._last_processes: dict[str, int] = dict.fromkeys(names, 0)
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
+        self._last_implausible: dict[str, tuple[str, ...]] = {}
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -173,6 +174,7 @@ class Scraper:
             self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
         self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
+        self._log_implausible(target, tracker.implausible)
         self._log_processes(target.name, page.gauge_processes)
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:
@@ -201,6 +203,25 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_implausible(self, target: TargetSettings, samples: tuple[str, ...]) -> None:
+        """One warning line naming the target's URL and the samples refused for values no
+        server writes, when that set changes (not on every page that repeats it)."""
+        if samples == self._last_implausible.get(target.name, ()):
+            return
+        self._last_implausible[target.name] = samples
+        if samples:
+            log_event(
+                logger,
+                logging.WARNING,
+                "implausible values refused",
+                target=target.name,
+                url=redact_url(target.url),
+                reason="implausible_value",
+                samples=list(samples),
+                error="above 2^53, a NaN counter, or a counter rising faster than any server; "
+                "the last good values are kept",
+            )
 
     def _log_processes(self, target: str, processes: int) -> None:
         """Log "gauges per process" when the number of processes whose copies of the gauges a

@@ -17,8 +17,10 @@ line's label names with its own quoted values, so a cold page costs one library 
 the shapes vLLM writes are learnt at import. Any error sends the page through the whole parse.
 
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
-series is treated as absent. Values and labels no vLLM page carries (±Inf, negative counters,
-bad ``position``/``le`` labels) skip their series, counted in
+series is treated as absent (on a counter it is also refused and counted, as a value above
+2^53 is: :func:`specwatch.observe.plausible.implausible`, :attr:`PageReading.implausible`).
+Values and labels no vLLM page carries (±Inf, negative counters, bad ``position``/``le``
+labels) skip their series, counted in
 :attr:`PageReading.invalid_series`. The same series twice: identical copies count once; conflicting
 copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 """
@@ -35,6 +37,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.plausible import MAX_NAMED, implausible
 from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import FAMILIES, Family
@@ -291,8 +294,14 @@ def parse_page(
     families: set[str] = set()
     processes: set[str] = set()
     invalid = 0
+    refused: list[str] = []
     for ident, (value, series) in seen.items():
-        if value != value or (conflicts and ident in conflicts):  # NaN is unknown
+        if conflicts and ident in conflicts:
+            continue
+        if implausible(value, counter=series.family.kind != "gauge"):
+            refused.append(f"{ident[0]}{_label_text(ident[1])}={value:g}")
+            continue
+        if value != value:  # NaN is unknown
             continue
         if _invalid(series, value):
             invalid += 1
@@ -317,7 +326,14 @@ def parse_page(
         families=frozenset(families),
         invalid_series=invalid,
         gauge_processes=len(processes),
+        implausible_series=len(refused),
+        implausible=tuple(refused[:MAX_NAMED]),
     )
+
+
+def _label_text(labels: tuple[tuple[str, str], ...]) -> str:
+    """``{a="x",b="y"}`` (empty for no labels), for naming a refused sample."""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
 
 
 #: Largest ``position`` label + 1 read (K); vLLM's K is a handful. A larger or non-canonical

@@ -132,6 +132,7 @@ def test_each_vocabulary_is_assigned_in_one_module() -> None:
                 "counters_alternate",
                 "model_cap",
                 "engine_cap",
+                "implausible_value",
             ),
         ),
         (
