@@ -37,7 +37,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwatch.observe.plausible import MAX_NAMED, implausible
+from specwatch.observe.plausible import MAX_NAMED, implausible, sample_text
 from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import FAMILIES, Family
@@ -299,7 +299,7 @@ def parse_page(
         if conflicts and ident in conflicts:
             continue
         if implausible(value, counter=series.family.kind != "gauge"):
-            refused.append(f"{ident[0]}{_label_text(ident[1])}={value:g}")
+            refused.append(sample_text(ident[0], ident[1], value))
             continue
         if value != value:  # NaN is unknown
             continue
@@ -329,11 +329,6 @@ def parse_page(
         implausible_series=len(refused),
         implausible=tuple(refused[:MAX_NAMED]),
     )
-
-
-def _label_text(labels: tuple[tuple[str, str], ...]) -> str:
-    """``{a="x",b="y"}`` (empty for no labels), for naming a refused sample."""
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
 
 
 #: Largest ``position`` label + 1 read (K); vLLM's K is a handful. A larger or non-canonical

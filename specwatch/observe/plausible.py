@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from specwatch.observe.values import EngineKey, EngineReading, PageReading
 
-__all__ = ["MAX_COUNTER_RATE", "MAX_SAMPLE_VALUE", "JumpScreen", "implausible"]
+__all__ = ["MAX_COUNTER_RATE", "MAX_SAMPLE_VALUE", "JumpScreen", "implausible", "sample_text"]
 
 #: The largest sample value read (2^53).
 MAX_SAMPLE_VALUE = float(2**53)
@@ -32,6 +32,12 @@ MAX_COUNTER_RATE = 1e8
 
 #: Refused samples named in a page's log line, at most (the count has them all).
 MAX_NAMED = 5
+
+
+def sample_text(name: str, labels: tuple[tuple[str, str], ...], value: float) -> str:
+    """``name{a="x",b="y"}=value``: a refused sample as a log line names it."""
+    inner = ",".join(f'{k}="{v}"' for k, v in labels)
+    return f"{name}{{{inner}}}={value:g}" if labels else f"{name}={value:g}"
 
 
 def implausible(value: float, *, counter: bool) -> bool:
