@@ -38,6 +38,7 @@ def _sidecar_names() -> set[str]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Alert":
             first = node.args[0]
             assert isinstance(first, ast.Constant), ast.dump(first)
+            assert isinstance(first.value, str), ast.dump(first)
             names.add(first.value)
     return names
 
