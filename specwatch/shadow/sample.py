@@ -217,7 +217,7 @@ class CategoryBound:
         self.kept: set[str] = set()
         self.overflowed = 0
         self.demoted = 0
-        self._clock = mono_clock
+        self._mono_clock = mono_clock
         self._rule = takeover if takeover is not None else Takeover()
         self._room = candidates if candidates is not None else max(16, 2 * limit)
         self._origin: float | None = None
@@ -264,17 +264,17 @@ class CategoryBound:
         """The decayed request count of ``category`` now (0 when not tracked; an over-count
         for a candidate that replaced another entry)."""
         got = self._volume.get(category)
-        if got is None or self._clock is None or self._origin is None:
+        if got is None or self._mono_clock is None or self._origin is None:
             return 0.0 if got is None else got
-        return got * math.exp((self._origin - self._clock()) / self._rule.window_seconds)
+        return got * math.exp((self._origin - self._mono_clock()) / self._rule.window_seconds)
 
     # -- internals ------------------------------------------------------------------------
 
     def _weight(self) -> float | None:
         """The scaled weight of one request now (``None`` without a clock)."""
-        if self._clock is None:
+        if self._mono_clock is None:
             return None
-        now = self._clock()
+        now = self._mono_clock()
         if self._origin is None:
             self._origin = now
         x = (now - self._origin) / self._rule.window_seconds
@@ -310,8 +310,8 @@ class CategoryBound:
         if sure < need:
             self._beating.pop(category, None)
             return False
-        assert self._clock is not None
-        now = self._clock()
+        assert self._mono_clock is not None
+        now = self._mono_clock()
         since = self._beating.setdefault(category, now)
         if now - since < rule.sustain_seconds:
             return False
