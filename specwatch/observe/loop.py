@@ -173,7 +173,14 @@ class Scraper:
         for reason, count in tracker.capped.items():
             self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
-        self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
+        self._log_skipped(
+            target.name,
+            "invalid",
+            "invalid_series",
+            page.invalid_series,
+            url=redact_url(target.url),
+            samples=list(page.invalid),
+        )
         self._log_implausible(target, tracker.implausible)
         self._log_processes(target.name, page.gauge_processes)
         missing = tracker.snapshot().missing_families
@@ -240,15 +247,25 @@ class Scraper:
             read="largest copy" if processes else "one value per gauge",
         )
 
-    def _log_skipped(self, target: str, kind: str, reason: str, count: int) -> None:
+    def _log_skipped(
+        self, target: str, kind: str, reason: str, count: int, **where: object
+    ) -> None:
         """Log "<kind> series skipped" when a page's count for ``reason`` changes (once, not on
-        every page with the same count)."""
+        every page with the same count); ``where``: more fields (the URL, the samples)."""
         if count == self._last_skipped.get((target, reason), 0):
             return
         self._last_skipped[target, reason] = count
         if count:
             event = f"{kind} series skipped"
-            log_event(logger, logging.WARNING, event, target=target, reason=reason, count=count)
+            log_event(
+                logger,
+                logging.WARNING,
+                event,
+                target=target,
+                reason=reason,
+                count=count,
+                **where,
+            )
 
     def _failed(
         self,

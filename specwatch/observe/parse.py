@@ -295,6 +295,7 @@ def parse_page(
     processes: set[str] = set()
     invalid = 0
     refused: list[str] = []
+    invalid_named: list[str] = []
     for ident, (value, series) in seen.items():
         if conflicts and ident in conflicts:
             continue
@@ -305,6 +306,8 @@ def parse_page(
             continue
         if _invalid(series, value):
             invalid += 1
+            if len(invalid_named) < MAX_NAMED:
+                invalid_named.append(sample_text(ident[0], ident[1], value))
             continue
         fam = series.family
         families.add(fam.name)
@@ -328,6 +331,7 @@ def parse_page(
         gauge_processes=len(processes),
         implausible_series=len(refused),
         implausible=tuple(refused[:MAX_NAMED]),
+        invalid=tuple(invalid_named),
     )
 
 

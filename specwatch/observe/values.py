@@ -104,7 +104,7 @@ class PageReading:
     largest copy); 0 when every gauge has one value.
     ``implausible_series``: samples refused for a value no server writes (above 2^53, or a NaN
     counter: :mod:`specwatch.observe.plausible`), skipped and counted; ``implausible`` names
-    the first few (``name{labels}=value``).
+    the first few (``name{labels}=value``); ``invalid`` the first few ``invalid_series``.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -116,6 +116,7 @@ class PageReading:
     gauge_processes: int = 0
     implausible_series: int = 0
     implausible: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

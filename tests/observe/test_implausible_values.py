@@ -171,3 +171,19 @@ def test_a_restart_after_a_jump_is_counted_from_its_own_value() -> None:
     assert refused == []
     assert after.engines[("m", "0")].counters["drafts"] == 5
     assert MAX_SAMPLE_VALUE == 2.0**53
+
+
+@pytest.mark.parametrize(("bad", "shown"), [("-5", "-5"), ("+Inf", "inf")])
+async def test_a_negative_or_infinite_counter_names_the_url_and_the_sample(
+    sidecar: Sidecar, caplog: pytest.LogCaptureFixture, bad: str, shown: str
+) -> None:
+    """A negative or infinite drafts counter (``invalid_series``) is skipped as before, and its
+    one warning line names the URL and the sample; since start drafts = 130 - 100 = 30."""
+    caplog.set_level(logging.WARNING, logger="specwatch.scrape")
+    await _scrape_all(sidecar, [page("100", 300, 180), page(bad, 330, 198), page("130", 390, 234)])
+    (line,) = [
+        event_fields(r) for r in caplog.records if r.getMessage() == "invalid series skipped"
+    ]
+    assert line["url"] == sidecar[2].url
+    assert line["samples"] == [f"{DRAFTS}={shown}"]
+    assert (await _since_start(sidecar))["drafts"] == 30
