@@ -133,21 +133,44 @@ def preflight(settings: Settings) -> None:
 
 def whole_config(settings: Settings) -> list[Finding]:
     """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): the
-    warnings returned (logged once logging is set up, so they follow ``log.format``); the
-    first error raised as :class:`ConfigError`."""
-    from specwatch.server.checks import check_settings
+    warnings returned (logged once logging is set up, so they follow ``log.format``; but the
+    shutdown-budget ones, :func:`log_shutdown_fit` logs them); the first error raised as
+    :class:`ConfigError`."""
+    from specwatch.server.checks import check_settings, shutdown_findings
     from specwatch.settings import ConfigError
 
+    logged = shutdown_findings(settings)
     found = check_settings(settings)
     for f in found:
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-    return [f for f in found if f.level != "error"]
+    return [f for f in found if f.level != "error" and f not in logged]
+
+
+def log_shutdown_fit(settings: Settings) -> None:
+    """One WARNING line per way the shutdown budget does not fit the pod
+    (:func:`specwatch.server.checks.shutdown_findings`); nothing when it fits."""
+    from specwatch.server.checks import shutdown_findings
+
+    pod = settings.pod
+    for f in shutdown_findings(settings):
+        log_event(
+            logger,
+            logging.WARNING,
+            "shutdown budget does not fit the pod",
+            setting=f.setting,
+            message=f.message,
+            budget_seconds=settings.server.shutdown_timeout_seconds,
+            pre_stop_seconds=pod.pre_stop_seconds,
+            grace_seconds=pod.termination_grace_period_seconds,
+            container=pod.container,
+        )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from specwatch.core.shutdown import exit_now
     from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
     from specwatch.settings import ConfigError
@@ -167,6 +190,7 @@ def main(args: argparse.Namespace) -> int:
             logger, logging.WARNING, "configuration warning", setting=f.setting, message=f.message
         )
     log_effective_config(settings)
+    log_shutdown_fit(settings)
     shadow = shadow_components(settings)
     alerting = alerting_components(settings)
     app = build_app(settings, components=[*shadow, *alerting])
@@ -180,4 +204,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return 0
+    # drained and closed within the budget: no interpreter teardown to outlive it
+    exit_now(0)
