@@ -115,9 +115,11 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "last_success": t.last_success,
             "last_scrape_duration_seconds": t.last_scrape_duration_seconds,
             "scrapes_total": t.scrapes_total,
+            "missed_ticks": t.missed_ticks,
             "scrape_errors": dict(t.scrape_errors),
             "counter_resets": dict(t.counter_resets),
             "missing_families": list(t.missing_families),
+            "gauge_processes": t.gauge_processes,
             "limits": {
                 "max_num_seqs": lim.max_num_seqs,
                 "max_num_batched_tokens": lim.max_num_batched_tokens,

@@ -39,12 +39,14 @@ from specwatch.export.catalogue import (
     LAST_SUCCESS,
     LATEST_GAUGES,
     LIMITS_CONFIGURED,
+    MISSED_TICKS,
     PAIR_GAUGES,
     PER_POSITION,
     PER_POSITION_CONDITIONAL,
     SCRAPE_DURATION,
     SCRAPE_ERRORS,
     SCRAPES,
+    SPECULATIVE_TOKENS,
     TARGET,
     TARGET_ENGINE,
     TARGET_STALE,
@@ -195,6 +197,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
+    fam.add(MISSED_TICKS, (t.name,), t.missed_ticks)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
@@ -221,6 +224,9 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
                 fam.add(_spec(WAITING_BY_REASON, eng), (*labels, reason), v)
     cap = t.capacity
     fam.add(LIMITS_CONFIGURED, (t.name, role), cap.limits_configured)
+    if cap.num_speculative_tokens is not None and cap.num_speculative_tokens_source is not None:
+        labels = (t.name, role, cap.num_speculative_tokens_source)
+        fam.add(SPECULATIVE_TOKENS, labels, cap.num_speculative_tokens)
     for attr, spec in CAPACITY_GAUGES.items():
         fam.add(spec, (t.name, role), getattr(cap, attr))
 

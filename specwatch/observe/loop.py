@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -20,15 +21,17 @@ import aiohttp
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from specwatch.core.logs import log_event, redact_url
-from specwatch.observe.fetch import fetch_metrics
+from specwatch.observe.fetch import fetch_metrics, fetch_server_info
 from specwatch.observe.parse import PROCESS_LABEL, ParseError, parse_page
+from specwatch.observe.sglang_health import sglang_observed_k
 from specwatch.observe.tracker import TargetTracker, build_view
-from specwatch.observe.values import ObserveView
+from specwatch.observe.values import ObserveView, PageReading
+from specwatch.vllm.sglang import server_info_facts
 
 if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings built
     from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
-__all__ = ["Scraper"]
+__all__ = ["Scraper", "next_tick"]
 
 logger = logging.getLogger("specwatch.scrape")
 
@@ -62,13 +65,33 @@ def scrape_hint(url: str, content_type: str | None) -> str | None:
     return None
 
 
+def next_tick(tick: float, interval: float, now: float) -> tuple[int, float]:
+    """The tick after ``tick`` on a grid ``interval`` apart that is not yet past at ``now``, and
+    how many ticks between them were missed (passed at ``now``; pure). A tick exactly at
+    ``now`` is still to be made, not missed."""
+    due = tick + interval
+    if now <= due:
+        return 0, due
+    missed = math.ceil((now - due) / interval)
+    ahead = due + missed * interval
+    if ahead < now:  # rounding of the float division
+        missed += 1
+        ahead += interval
+    return missed, ahead
+
+
+#: Seconds before an SGLang target's ``/server_info`` is asked again after a failed read.
+SERVER_INFO_RETRY_SECONDS = 300.0
+
+
 class Scraper:
     """Scrape every target on its own interval and feed its tracker.
 
     ``targets``: the scraped servers; ``scrape``: the default interval, timeout (seconds) and
     body cap (bytes); ``window_seconds``: window name → length in seconds for each
     :class:`TargetTracker` (:attr:`trackers`, by target name). ``wall_clock`` gives the unix time
-    stamped on each page, ``mono_clock`` times each fetch and parse; ``on_update`` is called
+    stamped on each page, ``mono_clock`` times each fetch and parse and keeps the schedule
+    (:meth:`run_target`), ``sleep`` waits until the next tick; ``on_update`` is called
     (synchronously) after every scrape, good or bad. The HTTP session is handed over with
     :meth:`use_session` when the app starts.
     """
@@ -82,8 +105,10 @@ class Scraper:
         wall_clock: WallClock,
         on_update: Callable[[], None],
         mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._targets = tuple(targets)
+        self._sleep = sleep
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
             t.name: TargetTracker.from_settings(t, scrape, window_seconds) for t in self._targets
@@ -100,6 +125,8 @@ class Scraper:
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
         self._last_implausible: dict[str, tuple[str, ...]] = {}
+        #: target -> monotonic time before which /server_info is not asked again.
+        self._server_info_next: dict[str, float] = {}
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -165,6 +192,8 @@ class Scraper:
             self._failed(target, "parse", exc.message, exc.line, result.content_type)
             self._on_update()
             return False
+        if page.engine_kind == "sglang":
+            await self._read_server_info(target, tracker, page)
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
         if tracker.rejected is not None:
             self._failed(target, tracker.rejected, _REJECTED[tracker.rejected], None)
@@ -230,6 +259,51 @@ class Scraper:
                 "the last good values are kept",
             )
 
+    async def _read_server_info(
+        self, target: TargetSettings, tracker: TargetTracker, page: PageReading
+    ) -> None:
+        """For an SGLang target whose page does not show N (``sglang:spec_num_draft_tokens``,
+        before 0.5.13) and whose settings give no K: read N, and ``max_running_requests`` when
+        ``max_num_seqs`` is not set, from the server's ``/server_info`` once, as if configured
+        (one INFO line; on a failure one WARNING line, asked again after
+        :data:`SERVER_INFO_RETRY_SECONDS`)."""
+        have = tracker.target
+        if have.num_speculative_tokens is not None or sglang_observed_k(page) is not None:
+            return
+        now = self._mono_clock()
+        if now < self._server_info_next.get(target.name, now):
+            return
+        assert self._session is not None
+        token = target.bearer_token.get_secret_value() if target.bearer_token else None
+        doc, where = await fetch_server_info(
+            self._session, target.url, timeout_seconds=self.timeout_for(target), bearer_token=token
+        )
+        facts = server_info_facts(doc) if doc is not None else {}
+        n, running = facts.get("num_draft_tokens"), facts.get("max_running_requests")
+        if not isinstance(n, int) or n < 2:
+            self._server_info_next[target.name] = now + SERVER_INFO_RETRY_SECONDS
+            log_event(
+                logger,
+                logging.WARNING,
+                "sglang server_info without draft tokens",
+                target=target.name,
+                detail=where if doc is None else f"{where}: no speculative_num_draft_tokens >= 2",
+            )
+            return
+        update: dict[str, int] = {"num_speculative_tokens": n - 1}
+        if have.max_num_seqs is None and isinstance(running, int) and running > 0:
+            update["max_num_seqs"] = running
+        tracker.target = have.model_copy(update=update)
+        log_event(
+            logger,
+            logging.INFO,
+            "sglang server_info read",
+            target=target.name,
+            url=where,
+            num_draft_tokens=n,
+            max_running_requests=update.get("max_num_seqs"),
+        )
+
     def _log_processes(self, target: str, processes: int) -> None:
         """Log "gauges per process" when the number of processes whose copies of the gauges a
         page carries changes (once, not on every page): their gauges are read once, not summed
@@ -291,13 +365,32 @@ class Scraper:
         self._last_reason[target.name] = reason
 
     async def run_target(self, target: TargetSettings) -> None:
-        """Scrape ``target`` forever on its interval (cancel to stop)."""
+        """Scrape ``target`` forever on its interval (cancel to stop).
+
+        The scrapes keep a fixed schedule, ticks ``interval`` apart from the first: a scrape
+        that runs long (a slow target, a loaded machine) delays no later tick, and a late
+        wake-up is not carried into the next one. A tick that has passed while the scrape
+        before it was still running is skipped, not made late, and counted
+        (``specwatch_scrape_missed_ticks_total``); the next scrape is at the next tick ahead.
+        """
         interval = self.interval_for(target)
+        tracker = self.trackers[target.name]
+        tick = self._mono_clock()
         while True:
-            started = self._mono_clock()
             await self.scrape_once(target)
-            elapsed = self._mono_clock() - started
-            await asyncio.sleep(max(interval - elapsed, 0.0))
+            missed, tick = next_tick(tick, interval, self._mono_clock())
+            if missed:
+                tracker.record_missed(missed)
+                log_event(
+                    logger,
+                    logging.DEBUG,
+                    "scrape ticks missed",
+                    target=target.name,
+                    missed=missed,
+                    interval_seconds=interval,
+                )
+                self._on_update()
+            await self._sleep(max(tick - self._mono_clock(), 0.0))
 
     async def run(self) -> None:
         """Run every target's loop until cancelled."""

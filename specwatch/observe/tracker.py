@@ -115,6 +115,10 @@ class TargetTracker:
             last_scrape_duration_seconds=duration_seconds,
         )
 
+    def record_missed(self, ticks: int) -> None:
+        """``ticks`` scheduled scrapes skipped because the scrape before them ran past them."""
+        self._snap = replace(self._snap, missed_ticks=self._snap.missed_ticks + ticks)
+
     def _count_error(self, reason: ScrapeErrorReason, n: int) -> None:
         self._errors[reason] = self._errors.get(reason, 0) + n
 
