@@ -96,7 +96,8 @@ class ServerSettings(Frozen):
 
 
 class LogSettings(Frozen):
-    """Log level and format (``json`` one object per line, or ``plain``)."""
+    """Log level and format (``json`` one object per line, or ``plain``), for every process of
+    ``specwatch run`` (the proxy process too) and the configuration warnings it logs at start."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "plain"] = "json"

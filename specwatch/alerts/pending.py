@@ -11,7 +11,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from specwatch.alerts.alert import Alert, AlertKey, alert_key, keep_distinct
-from specwatch.alerts.rules import SustainedKey, candidates, sustained_levels
+from specwatch.alerts.rules import (
+    NOT_ONE_SERVER_WINDOW_SECONDS,
+    SustainedKey,
+    candidates,
+    sustained_levels,
+)
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import ObserveView
 from specwatch.shadow.summary import ShadowStats
@@ -84,6 +89,7 @@ def for_seconds(s: DetectSettings) -> Callable[[Alert], float]:
         "SpecFlipRateAboveNoise": s.flip_for,
         "SpecLosslessFlips": s.lossless_for,
         "SpecwatchTargetDown": s.target_down_for,
+        "SpecwatchTargetNotOneServer": s.target_down_for,
         "SpecwatchShadowStalled": s.shadow_stalled_for,
         "SpecwatchLedgerFailing": s.ledger_failing_for,
         "SpecNonInferiorityNotShown": s.quality_non_inferiority_for,
@@ -107,6 +113,7 @@ def evaluate(
     tracker: ForTracker | None = None,
     ledger_errors_increase: float | None = None,
     sustained_best: Mapping[SustainedKey, float] | None = None,
+    alternations: Mapping[str, float] | None = None,
 ) -> list[Alert]:
     """The alerts firing at ``now``: :func:`candidates` that have held for their ``for``
     duration according to ``tracker`` (keep one :class:`ForTracker` built with
@@ -121,6 +128,7 @@ def evaluate(
             settings,
             ledger_errors_increase=ledger_errors_increase,
             sustained_best=sustained_best,
+            alternations=alternations,
         )
     )
     return tracker.update(found, now) if tracker is not None else found
@@ -137,6 +145,7 @@ class Detector:
         self.tracker = ForTracker(for_seconds(settings))
         self._ledger: deque[tuple[float, float]] = deque()
         self._sustained: dict[SustainedKey, deque[tuple[float, float]]] = {}
+        self._alternate: dict[str, deque[tuple[float, float]]] = {}
 
     def _ledger_increase(self, shadow: ShadowStats | None, now: float) -> float | None:
         if shadow is None:
@@ -148,6 +157,23 @@ class Detector:
         ):
             self._ledger.popleft()
         return max(0.0, total - self._ledger[0][1])
+
+    def _alternations(self, observe: ObserveView, now: float) -> dict[str, float]:
+        """Each target's ``counters_alternate`` refusals over the last
+        :data:`~specwatch.alerts.rules.NOT_ONE_SERVER_WINDOW_SECONDS` (PromQL ``increase`` of
+        ``specwatch_scrape_errors_total{reason="counters_alternate"}``, sampled at each
+        evaluation); targets no longer configured are forgotten."""
+        out: dict[str, float] = {}
+        for name in [n for n in self._alternate if n not in observe.targets]:
+            del self._alternate[name]
+        for name, t in observe.targets.items():
+            total = float(t.scrape_errors.get("counters_alternate", 0))
+            q = self._alternate.setdefault(name, deque())
+            q.append((now, total))
+            while len(q) > 1 and q[1][0] <= now - NOT_ONE_SERVER_WINDOW_SECONDS:
+                q.popleft()
+            out[name] = max(0.0, total - q[0][1])
+        return out
 
     def _sustained_best(self, observe: ObserveView, now: float) -> dict[SustainedKey, float]:
         """Highest sustained-window α of each series over the lookback (PromQL
@@ -176,4 +202,5 @@ class Detector:
             tracker=self.tracker,
             ledger_errors_increase=self._ledger_increase(shadow, now),
             sustained_best=self._sustained_best(observe, now),
+            alternations=self._alternations(observe, now),
         )

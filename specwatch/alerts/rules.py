@@ -78,6 +78,29 @@ def _target_down(t: TargetSnapshot) -> list[Alert]:
     ]
 
 
+#: The window of ``SpecwatchTargetNotOneServer``: a ``counters_alternate`` refusal within it
+#: keeps the condition true (the mixin's rule reads ``increase(...[10m]) > 0``).
+NOT_ONE_SERVER_WINDOW_SECONDS = 600.0
+
+
+def _not_one_server(t: TargetSnapshot, increase: float | None) -> list[Alert]:
+    if increase is None or increase <= 0:
+        return []
+    return [
+        Alert(
+            "SpecwatchTargetNotOneServer",
+            Severity.WARNING,
+            "A specwatch target URL answers with counters of more than one vLLM server.",
+            f"The counters read from target {t.name} ({t.url}) fell and rose in turn "
+            f"{increase:g} times over the last {NOT_ONE_SERVER_WINDOW_SECONDS / 60:g}m (several "
+            "vLLM servers behind one URL: a load balancer or a cache); specwatch refuses those "
+            "pages, so the target's values are stale.",
+            {"target": t.name},
+            value=increase,
+        )
+    ]
+
+
 def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     short = _window(t, s.acceptance_short_window)
     base = _window(t, s.acceptance_baseline_window, fallback=True)
@@ -625,12 +648,16 @@ def candidates(
     *,
     ledger_errors_increase: float | None = None,
     sustained_best: Mapping[SustainedKey, float] | None = None,
+    alternations: Mapping[str, float] | None = None,
 ) -> list[Alert]:
     """Every condition that holds now, before ``for`` (pure).
 
     The Python detector's check set (the rules file has the same alerts on the same evidence):
 
     - per target: ``SpecwatchTargetDown`` (scraped at least once, last scrape failed);
+      ``SpecwatchTargetNotOneServer`` (``alternations[target]``, the target's
+      ``counters_alternate`` refusals over the last :data:`NOT_ONE_SERVER_WINDOW_SECONDS`, is
+      > 0: several servers behind its URL);
       ``SpecTokenBudgetBound`` (info, from configuration alone: D_full < max_num_seqs); for
       usable targets only (up, ready, not stale): ``SpecAcceptanceDrop`` (server, and each
       engine that dropped on a multi-engine server, also when the server dropped too),
@@ -657,6 +684,7 @@ def candidates(
     out: list[Alert] = []
     for t in observe.targets.values():
         out += _target_down(t)
+        out += _not_one_server(t, (alternations or {}).get(t.name))
         out += _budget_bound(t, settings)
         if not _usable(t):
             continue

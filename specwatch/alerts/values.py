@@ -12,7 +12,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["SEND_ERROR_REASONS", "STATE_ERROR_REASONS", "AlertingState", "FiringAlert"]
+__all__ = [
+    "ALERT_NAMES",
+    "RULES_ONLY_ALERTS",
+    "SEND_ERROR_REASONS",
+    "STATE_ERROR_REASONS",
+    "AlertingState",
+    "FiringAlert",
+]
+
+#: Every alert the sidecar's own evaluation raises and pushes to Alertmanager
+#: (:mod:`specwatch.alerts.rules`); the mixin (deploy/mixin) has the same names plus
+#: :data:`RULES_ONLY_ALERTS`, a test holds the two to that.
+ALERT_NAMES: tuple[str, ...] = (
+    "SpecQualityDrift",
+    "SpecFlipRateAboveNoise",
+    "SpecLosslessFlips",
+    "SpecNonInferiorityNotShown",
+    "SpecAcceptanceDrop",
+    "SpecAcceptanceDecay",
+    "SpecFLyGainLost",
+    "SpecDecodeInactive",
+    "SpecBudgetStarvation",
+    "SpecAdmissionStall",
+    "SpecTokenBudgetBound",
+    "SpecwatchTargetDown",
+    "SpecwatchTargetNotOneServer",
+    "SpecwatchShadowStalled",
+    "SpecwatchLedgerFailing",
+)
+
+#: Alerts only the Prometheus rules have, each with why the sidecar cannot raise it.
+RULES_ONLY_ALERTS: Mapping[str, str] = {
+    "SpecQualityDriftFleet": (
+        "the fleet-wide McNemar check sums the pairs of every specwatch replica; one sidecar "
+        "sees only its own"
+    ),
+}
 
 #: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
 SEND_ERROR_REASONS: tuple[str, ...] = (

@@ -19,6 +19,7 @@ from specwatch.core.config import parse_duration
 from specwatch.core.logs import log_event, setup_logging
 
 if TYPE_CHECKING:  # pydantic's settings load when the command runs, not for ``--help``
+    from specwatch.server.checks import Finding
     from specwatch.settings import Settings
 
 logger = logging.getLogger("specwatch.run")
@@ -130,19 +131,20 @@ def preflight(settings: Settings) -> None:
             raise ConfigError(f"config error: shadow.canary_file: {exc}") from exc
 
 
-def whole_config(settings: Settings) -> None:
-    """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): each
-    warning printed on stderr (but the shutdown-budget ones, :func:`log_shutdown_fit` logs
-    them); the first error raised as :class:`ConfigError`."""
+def whole_config(settings: Settings) -> list[Finding]:
+    """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): the
+    warnings returned (logged once logging is set up, so they follow ``log.format``; but the
+    shutdown-budget ones, :func:`log_shutdown_fit` logs them); the first error raised as
+    :class:`ConfigError`."""
     from specwatch.server.checks import check_settings, shutdown_findings
     from specwatch.settings import ConfigError
 
     logged = shutdown_findings(settings)
-    for f in check_settings(settings):
+    found = check_settings(settings)
+    for f in found:
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-        if f not in logged:
-            print(f"specwatch run: {f.line()}", file=sys.stderr)
+    return [f for f in found if f.level != "error" and f not in logged]
 
 
 def log_shutdown_fit(settings: Settings) -> None:
@@ -178,11 +180,15 @@ def main(args: argparse.Namespace) -> int:
         if not settings.targets:
             raise ConfigError("config error: targets: at least one --target is required")
         preflight(settings)
-        whole_config(settings)
+        warnings = whole_config(settings)
     except ConfigError as exc:
         print(f"specwatch run: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log.level, settings.log.format, secrets=settings.secret_values())
+    for f in warnings:
+        log_event(
+            logger, logging.WARNING, "configuration warning", setting=f.setting, message=f.message
+        )
     log_effective_config(settings)
     log_shutdown_fit(settings)
     shadow = shadow_components(settings)

@@ -529,6 +529,11 @@ SHADOW_CATEGORIES_FOLDED = _c(
     "Requests whose category was counted as 'other' (more distinct categories than "
     "shadow.max_categories).",
 )
+SHADOW_CATEGORY_TAKEOVERS = _c(
+    "specwatch_shadow_category_takeovers",
+    "Times a busier category took the slot of the least busy kept one "
+    "(shadow.category_takeover_*).",
+)
 SHADOW_QUEUE_DEPTH = _g("specwatch_shadow_queue_depth", "Sampled requests waiting to replay.")
 SHADOW_IN_FLIGHT = _g("specwatch_shadow_in_flight", "Shadow replays in flight.")
 SHADOW_DROPPED = _c(
@@ -709,6 +714,7 @@ SHADOW: tuple[MetricSpec, ...] = (
     LEDGER_STATE,
     LEDGER_PAIRS,
     SHADOW_CATEGORIES_FOLDED,
+    SHADOW_CATEGORY_TAKEOVERS,
     *SHADOW_IO,
 )
 

@@ -334,6 +334,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     for (category, arm, outcome), n in sorted(state.ledger_pairs.items()):
         fam.add(cat.LEDGER_PAIRS, (category, arm, outcome), n)
     fam.add(cat.SHADOW_CATEGORIES_FOLDED, (), state.categories_folded)
+    fam.add(cat.SHADOW_CATEGORY_TAKEOVERS, (), state.category_takeovers)
     io = state.io
     if io is None:
         return

@@ -124,6 +124,7 @@ class Scraper:
         self._last_processes: dict[str, int] = dict.fromkeys(names, 0)
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
+        self._last_implausible: dict[str, tuple[str, ...]] = {}
         #: target -> monotonic time before which /server_info is not asked again.
         self._server_info_next: dict[str, float] = {}
 
@@ -201,7 +202,15 @@ class Scraper:
         for reason, count in tracker.capped.items():
             self._log_skipped(target.name, "over-cap", reason, count)
         self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
-        self._log_skipped(target.name, "invalid", "invalid_series", page.invalid_series)
+        self._log_skipped(
+            target.name,
+            "invalid",
+            "invalid_series",
+            page.invalid_series,
+            url=redact_url(target.url),
+            samples=list(page.invalid),
+        )
+        self._log_implausible(target, tracker.implausible)
         self._log_processes(target.name, page.gauge_processes)
         missing = tracker.snapshot().missing_families
         if missing != self._last_missing[target.name]:
@@ -230,6 +239,25 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_implausible(self, target: TargetSettings, samples: tuple[str, ...]) -> None:
+        """One warning line naming the target's URL and the samples refused for values no
+        server writes, when that set changes (not on every page that repeats it)."""
+        if samples == self._last_implausible.get(target.name, ()):
+            return
+        self._last_implausible[target.name] = samples
+        if samples:
+            log_event(
+                logger,
+                logging.WARNING,
+                "implausible values refused",
+                target=target.name,
+                url=redact_url(target.url),
+                reason="implausible_value",
+                samples=list(samples),
+                error="above 2^53, a NaN counter, or a counter rising faster than any server; "
+                "the last good values are kept",
+            )
 
     async def _read_server_info(
         self, target: TargetSettings, tracker: TargetTracker, page: PageReading
@@ -293,15 +321,25 @@ class Scraper:
             read="largest copy" if processes else "one value per gauge",
         )
 
-    def _log_skipped(self, target: str, kind: str, reason: str, count: int) -> None:
+    def _log_skipped(
+        self, target: str, kind: str, reason: str, count: int, **where: object
+    ) -> None:
         """Log "<kind> series skipped" when a page's count for ``reason`` changes (once, not on
-        every page with the same count)."""
+        every page with the same count); ``where``: more fields (the URL, the samples)."""
         if count == self._last_skipped.get((target, reason), 0):
             return
         self._last_skipped[target, reason] = count
         if count:
             event = f"{kind} series skipped"
-            log_event(logger, logging.WARNING, event, target=target, reason=reason, count=count)
+            log_event(
+                logger,
+                logging.WARNING,
+                event,
+                target=target,
+                reason=reason,
+                count=count,
+                **where,
+            )
 
     def _failed(
         self,

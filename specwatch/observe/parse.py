@@ -17,8 +17,10 @@ line's label names with its own quoted values, so a cold page costs one library 
 the shapes vLLM writes are learnt at import. Any error sends the page through the whole parse.
 
 A malformed page raises :class:`ParseError` and nothing from it is used. NaN means unknown: the
-series is treated as absent. Values and labels no vLLM page carries (±Inf, negative counters,
-bad ``position``/``le`` labels) skip their series, counted in
+series is treated as absent (on a counter it is also refused and counted, as a value above
+2^53 is: :func:`specwatch.observe.plausible.implausible`, :attr:`PageReading.implausible`).
+Values and labels no vLLM page carries (±Inf, negative counters, bad ``position``/``le``
+labels) skip their series, counted in
 :attr:`PageReading.invalid_series`. The same series twice: identical copies count once; conflicting
 copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 """
@@ -35,6 +37,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.plausible import MAX_NAMED, implausible, sample_text
 from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import FAMILIES, Family
@@ -382,11 +385,20 @@ def parse_page(
     families: set[str] = set()
     processes: set[str] = set()
     invalid = 0
+    refused: list[str] = []
+    invalid_named: list[str] = []
     for ident, (value, series) in seen.items():
-        if value != value or (conflicts and ident in conflicts):  # NaN is unknown
+        if conflicts and ident in conflicts:
+            continue
+        if implausible(value, counter=series.family.kind != "gauge"):
+            refused.append(sample_text(ident[0], ident[1], value))
+            continue
+        if value != value:  # NaN is unknown
             continue
         if _invalid(series, value):
             invalid += 1
+            if len(invalid_named) < MAX_NAMED:
+                invalid_named.append(sample_text(ident[0], ident[1], value))
             continue
         fam = series.family
         families.add(fam.name)
@@ -418,6 +430,9 @@ def parse_page(
         families=frozenset(families),
         invalid_series=invalid,
         gauge_processes=len(processes),
+        implausible_series=len(refused),
+        implausible=tuple(refused[:MAX_NAMED]),
+        invalid=tuple(invalid_named),
     )
 
 

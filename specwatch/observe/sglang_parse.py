@@ -37,6 +37,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from specwatch.observe.plausible import MAX_NAMED, implausible, sample_text
 from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
 from specwatch.vllm.families import Family
 from specwatch.vllm.sglang import (
@@ -187,12 +188,16 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
         kept.append((fam, role, labels, value))
     engines: dict[EngineKey, _Acc] = {}
     names: set[str] = set()
+    refused: list[str] = []
     for fam, role, labels, value in kept:
-        if value != value:
-            continue  # NaN: unknown
         ident = (fam.name + "_" + role, tuple(sorted(labels.items())))
         if ident in conflicts:
             continue
+        if implausible(value, counter=fam.kind != "gauge"):
+            refused.append(sample_text(ident[0], ident[1], value))
+            continue
+        if value != value:
+            continue  # NaN: unknown
         if math.isinf(value) or (fam.kind != "gauge" and value < 0):
             invalid += 1
             continue
@@ -225,6 +230,8 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
         families=frozenset(names),
         invalid_series=invalid,
         engine_kind="sglang",
+        implausible_series=len(refused),
+        implausible=tuple(refused[:MAX_NAMED]),
     )
 
 

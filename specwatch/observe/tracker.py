@@ -17,6 +17,7 @@ from specwatch.core.logs import log_event, redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.concurrency import add_point, speculation_limit
 from specwatch.observe.health import capacity, model_windows, pair_view
+from specwatch.observe.plausible import MAX_NAMED, JumpScreen
 from specwatch.observe.sglang_health import sglang_observed_k
 from specwatch.observe.values import (
     Capacity,
@@ -60,6 +61,9 @@ class TargetTracker:
         #: (model_name, engine) pairs dropped from the last page, by ``model_cap`` / ``engine_cap``.
         self.capped: dict[ScrapeErrorReason, int] = {"model_cap": 0, "engine_cap": 0}
         self._seen_families: set[str] = set()
+        self._jumps = JumpScreen()
+        #: Samples refused on the last page for values no server writes (the first few).
+        self.implausible: tuple[str, ...] = ()
         self._errors: dict[str, int] = {}
         self._resets: dict[str, int] = {}
         self._invalid: dict[str, int] = {}
@@ -156,6 +160,7 @@ class TargetTracker:
         caps are dropped and counted (``model_cap``, ``engine_cap``); engines absent for
         ``stale_seconds`` are pruned."""
         self.rejected = None
+        self.implausible = ()
         if not any(f.startswith(("vllm:", "sglang:")) for f in page.families):
             # not a vLLM or SGLang page: no value is shown (never the last good ones, never 0)
             self.rejected = "no_vllm_families"
@@ -174,6 +179,7 @@ class TargetTracker:
             return []
         for gone in [e for e in self._resets if e not in {k[1] for k in self._windows.tracked}]:
             del self._resets[gone]
+        page = self._screen(t, page)
         if page.duplicate_conflicts:
             self._count_error("duplicate_conflict", page.duplicate_conflicts)
         if page.invalid_series:
@@ -230,6 +236,25 @@ class TargetTracker:
             gauge_processes=page.gauge_processes,
         )
         return [engine for _model, engine in resets]
+
+    def _screen(self, t: float, page: PageReading) -> PageReading:
+        """``page`` without the counter jumps no server makes (:mod:`~specwatch.observe.plausible`);
+        counts them and the parser's refusals as ``implausible_value`` and keeps their names
+        in :attr:`implausible`."""
+        latest = self._windows.latest_time
+        start = page.process_start_time_seconds
+        restarted = start is not None and start != self._windows.process_start
+        page, jumped = self._jumps.screen(
+            page,
+            self._windows.last_reading,
+            None if latest is None else t - latest,
+            restarted=restarted and self._windows.process_start is not None,
+        )
+        refused = page.implausible_series + len(jumped)
+        if refused:
+            self._count_error("implausible_value", refused)
+        self.implausible = (*page.implausible, *jumped)[:MAX_NAMED]
+        return page
 
     def _count_withheld(self, t: float, windows: Mapping[str, Mapping[str, ModelWindow]]) -> None:
         """Count, per reason, this page if any window's value was withheld; one log line when

@@ -102,6 +102,9 @@ class PageReading:
     ``gauge_processes``: distinct processes (:data:`specwatch.observe.parse.PROCESS_LABEL`
     values) whose gauges the page carries once per process, each such gauge read once (the
     largest copy); 0 when every gauge has one value.
+    ``implausible_series``: samples refused for a value no server writes (above 2^53, or a NaN
+    counter: :mod:`specwatch.observe.plausible`), skipped and counted; ``implausible`` names
+    the first few (``name{labels}=value``); ``invalid`` the first few ``invalid_series``.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -111,6 +114,9 @@ class PageReading:
     invalid_series: int = 0
     engine_kind: EngineKind = "vllm"
     gauge_processes: int = 0
+    implausible_series: int = 0
+    implausible: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +219,8 @@ class Health:
 #: ``parse``; the tracker (:mod:`specwatch.observe.tracker`): ``duplicate_conflict`` and
 #: ``invalid_series`` (series skipped on a good page), ``no_vllm_families`` and
 #: ``counters_alternate`` (a page rejected whole), ``model_cap`` and ``engine_cap`` (engines
-#: dropped over the per-target caps).
+#: dropped over the per-target caps), ``implausible_value`` (a sample above 2^53, a NaN
+#: counter, or a counter rising faster than any server can: :mod:`specwatch.observe.plausible`).
 ScrapeErrorReason = Literal[
     "timeout",
     "connect",
@@ -229,6 +236,7 @@ ScrapeErrorReason = Literal[
     "counters_alternate",
     "model_cap",
     "engine_cap",
+    "implausible_value",
 ]
 #: Every :data:`ScrapeErrorReason`, in that order.
 SCRAPE_ERROR_REASONS: tuple[ScrapeErrorReason, ...] = get_args(ScrapeErrorReason)

@@ -265,6 +265,16 @@ class RollingWindows:
             self._points.popleft()
         return resets
 
+    def last_reading(self, key: EngineKey) -> EngineReading | None:
+        """The engine's values as of the last good page (a series absent since keeps its last
+        value), ``None`` for an engine not seen."""
+        return self._last_raw.get(key)
+
+    @property
+    def process_start(self) -> float | None:
+        """``process_start_time_seconds`` of the last good page that had one."""
+        return self._process_start
+
     @property
     def latest_time(self) -> float | None:
         """Time of the latest good page, ``None`` before the first."""

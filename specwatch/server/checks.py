@@ -2,7 +2,8 @@
 
 :func:`check_settings` takes loaded :class:`~specwatch.settings.Settings` and returns
 :class:`Finding` values (pure; no I/O), each naming the setting to change. ``specwatch run``
-refuses to start on an ``error`` and prints each ``warning`` on stderr; ``specwatch doctor
+refuses to start on an ``error`` and logs each ``warning`` (a ``configuration warning``
+line in ``log.format``); ``specwatch doctor
 --config FILE`` prints them all. The combinations:
 
 - ``shadow.baseline`` with ``noise_kind: standard``: the noise arm speculates, so the lossless

@@ -64,9 +64,9 @@ from specwatch.shadow.decision import (
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.pipeline import ShadowPipeline, category_bound_from_settings
 from specwatch.shadow.replay import open_arm_session
-from specwatch.shadow.sample import ArmLoad, CategoryBound, LoadState
+from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.stats.alarms import LiveAlarmState
 from specwatch.shadow.stats.sequential import BettingEProcess
@@ -178,7 +178,7 @@ class ShadowComponent:
         self._sleep = sleep
         self._session = session
         self._compare_config = CompareConfig()
-        self.categories = CategoryBound(shadow.max_categories)
+        self.categories = category_bound_from_settings(shadow, mono_clock=mono_clock)
         self.counters = OutcomeCounters(self.categories)
         #: The no-net-loss e-process and its change detector, the margin e-process and the
         #: "within margin" declaration (folded pair by pair; replayed from the ledger at start).
@@ -290,6 +290,7 @@ class ShadowComponent:
                 overall_log_e_value=log_e,
             )
             self._decisions = (dkey, decisions)
+        self.counters.fold()
         ledger = self.ledger
         errors: dict[str, int] = {}
         if ledger is not None:
@@ -318,6 +319,7 @@ class ShadowComponent:
             by_load=inputs.by_load,
             categories=self.categories.kept,
             categories_folded=self.categories.overflowed,
+            category_takeovers=self.categories.demoted,
             replays_total=self.counters.by_status(),
             ledger_state=ledger.state if ledger is not None else "ok",
             net_loss_log_e_value=log_e,

@@ -42,7 +42,14 @@ from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.replay import ArmTarget, Replayer
-from specwatch.shadow.sample import PAUSE_REASONS, CategoryBound, LoadState, Sampler
+from specwatch.shadow.sample import (
+    OTHER_CATEGORY,
+    PAUSE_REASONS,
+    CategoryBound,
+    LoadState,
+    Sampler,
+    Takeover,
+)
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.summary import ShadowIO
 from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
@@ -65,6 +72,18 @@ def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarge
     )
 
 
+def category_bound_from_settings(s: ShadowSettings, *, mono_clock: MonotonicClock) -> CategoryBound:
+    """The :class:`CategoryBound` of ``s``: ``max_categories`` slots kept by volume with the
+    ``category_*`` takeover rule, timed by ``mono_clock``."""
+    rule = Takeover(
+        window_seconds=s.category_window_seconds,
+        ratio=s.category_takeover_ratio,
+        sustain_seconds=s.category_takeover_seconds,
+        min_requests=s.category_takeover_min_requests,
+    )
+    return CategoryBound(s.max_categories, mono_clock=mono_clock, takeover=rule)
+
+
 def sampler_from_settings(
     s: ShadowSettings,
     *,
@@ -73,7 +92,7 @@ def sampler_from_settings(
     categories: CategoryBound | None = None,
 ) -> Sampler:
     """The :class:`Sampler` of ``s``: sample probability and salt, queue, rate cap, category
-    quotas and bound (``categories``, else ``CategoryBound(s.max_categories)``) and the
+    quotas and bound (``categories``, else :func:`category_bound_from_settings`) and the
     load-aware pause over ``load_state``; ``mono_clock``: monotonic seconds."""
     return Sampler(
         probability=s.sample_probability,
@@ -88,7 +107,11 @@ def sampler_from_settings(
         pause_on_waiting=s.pause_on_waiting,
         pause_running_fraction=s.pause_running_fraction,
         load_state_max_age_seconds=s.load_state_max_age_seconds,
-        categories=categories if categories is not None else CategoryBound(s.max_categories),
+        categories=(
+            categories
+            if categories is not None
+            else category_bound_from_settings(s, mono_clock=mono_clock)
+        ),
     )
 
 
@@ -290,7 +313,7 @@ class ShadowPipeline:
         caller; ``load_state``: ``() -> {arm: ArmLoad}`` with keys ``standard``, ``fly`` (and
         ``noise`` when used), ``None`` to disable the load-aware pause; ``mono_clock``:
         monotonic seconds (sampler, replay timings); ``wall_clock``: unix seconds (``received_at``);
-        ``categories``: the category bound (default ``CategoryBound(max_categories)``);
+        ``categories``: the category bound (default :func:`category_bound_from_settings`);
         ``listen``, ``listener``, ``shutdown_timeout_seconds``: the proxy listener's limits,
         counters and exit deadline; ``serve_mirror``: start the mirror listener (``False`` when
         the caller serves :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the
@@ -488,7 +511,7 @@ class ShadowPipeline:
             pair = await self.replayer.replay(req, running=self._running())
         finally:
             self.in_flight -= 1
-        for a in (pair.standard, pair.fly, pair.noise):
+        for a in (pair.standard, pair.fly, pair.noise, pair.baseline):
             if a is None:
                 continue
             if not a.ok:
@@ -537,8 +560,12 @@ class ShadowPipeline:
     # -- metrics ------------------------------------------------------------------------------
 
     def metrics(self) -> ShadowIO:
-        """The I/O counters now (a copy; no I/O)."""
+        """The I/O counters now (a copy; no I/O). The per-category reply counters of a
+        category whose slot changed hands are counted as ``other`` from then on."""
         sm = self.sampler
+        for counts in (self.spec_steps, self.spec_drafted, self.spec_accepted):
+            for key in [k for k in counts if sm.categories.map(k[1]) != k[1]]:
+                counts[(key[0], OTHER_CATEGORY)] += counts.pop(key)
         ic = self.ingest_counters
         return ShadowIO(
             queue_depth=sm.queue.qsize(),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -164,24 +165,76 @@ def pause_reasons(
 OTHER_CATEGORY = "other"
 
 
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """When a category outside the kept set takes the slot of the weakest kept one (the
+    hysteresis of :class:`CategoryBound`): volumes are request counts decayed with time
+    constant ``window_seconds`` (about the requests of the last window); the newcomer's
+    volume, counted low, must be at least ``ratio`` times the weakest kept category's and at
+    least ``min_requests``, at each of its requests for ``sustain_seconds`` in a row."""
+
+    window_seconds: float = 600.0
+    ratio: float = 1.5
+    sustain_seconds: float = 120.0
+    min_requests: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.window_seconds <= 0 or self.ratio < 1 or self.sustain_seconds < 0:
+            raise ValueError("window_seconds > 0, ratio >= 1 and sustain_seconds >= 0 required")
+
+
+#: Decayed volumes are kept as ``count * exp((t - origin) / window)``; past this exponent the
+#: origin moves to now and every volume is rescaled (no float overflow, ever).
+_RESCALE_EXPONENT = 50.0
+
+
 class CategoryBound:
-    """At most ``limit`` distinct request categories; any other category reads as ``other``.
+    """At most ``limit`` distinct request categories, kept by volume; any other reads as ``other``.
 
     The category comes from traffic (``X-Specwatch-Category``, copied by Envoy/Istio from end
     users), so its values are unbounded; every per-category series (sampler buckets, ledger
     rows, ``specwatch_shadow_*{category}``) goes through this bound first. ``known``: the
     categories kept at start, in priority order (the ledger's categories by volume); the first
-    ``limit`` of them are kept, later new categories are admitted first come while there is room.
+    ``limit`` of them are kept, later new categories are admitted while there is room.
     ``other`` itself is always allowed and takes no slot. ``overflowed`` counts requests whose
     category was folded into ``other``; ``kept`` is the admitted set (size <= ``limit``).
+
+    Slots are not first come for ever: each call counts one request of its category (decayed
+    volumes, :class:`Takeover`), and a category outside the set whose volume beats the weakest
+    kept one's by the takeover rule takes that slot; the weakest is folded into ``other``
+    from then on (``demoted`` counts these changes). Categories outside the set are counted in
+    a bounded table of ``candidates`` entries (the Space-Saving heavy-hitter scheme: a new
+    category replaces the smallest entry and inherits its count as its possible
+    over-count, so only the count it surely has competes), so a flood of one-off categories
+    costs bounded memory and cannot take a slot from real traffic. Without ``mono_clock``
+    slots never change hands (first come, as at start).
     """
 
-    def __init__(self, limit: int, known: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        limit: int,
+        known: Iterable[str] = (),
+        *,
+        mono_clock: MonotonicClock | None = None,
+        takeover: Takeover | None = None,
+        candidates: int | None = None,
+    ) -> None:
         if limit < 0:
             raise ValueError("limit must be >= 0")
         self.limit = limit
         self.kept: set[str] = set()
         self.overflowed = 0
+        self.demoted = 0
+        self._mono_clock = mono_clock
+        self._rule = takeover if takeover is not None else Takeover()
+        self._room = candidates if candidates is not None else max(16, 2 * limit)
+        self._origin: float | None = None
+        #: Decayed volume (scaled at ``_origin``) of kept categories and candidates.
+        self._volume: dict[str, float] = {}
+        #: Candidates only: the possible over-count inherited from the entry they replaced.
+        self._error: dict[str, float] = {}
+        #: Candidates beating the weakest kept category since this time (monotonic seconds).
+        self._beating: dict[str, float] = {}
         self.seed(known)
 
     def seed(self, known: Iterable[str]) -> None:
@@ -192,15 +245,91 @@ class CategoryBound:
             if cat != OTHER_CATEGORY:
                 self.kept.add(cat)
 
+    def map(self, category: str) -> str:
+        """``category`` when kept (or ``other``), else ``other``; counts nothing (for rows
+        and tallies already stored)."""
+        return category if category == OTHER_CATEGORY or category in self.kept else OTHER_CATEGORY
+
     def __call__(self, category: str) -> str:
-        """``category`` when kept (or room is left to keep it), else ``other`` (counted)."""
-        if category == OTHER_CATEGORY or category in self.kept:
+        """One request of ``category``: the category when kept (or room is left to keep it, or
+        it takes the weakest slot now), else ``other`` (counted)."""
+        if category == OTHER_CATEGORY:
+            return category
+        weight = self._weight()
+        if category in self.kept:
+            self._add(category, weight)
             return category
         if len(self.kept) < self.limit:
             self.kept.add(category)
+            self._add(category, weight)
+            return category
+        if weight is not None and self.limit > 0 and self._takes_slot(category, weight):
             return category
         self.overflowed += 1
         return OTHER_CATEGORY
+
+    def volume(self, category: str) -> float:
+        """The decayed request count of ``category`` now (0 when not tracked; an over-count
+        for a candidate that replaced another entry)."""
+        got = self._volume.get(category)
+        if got is None or self._mono_clock is None or self._origin is None:
+            return 0.0 if got is None else got
+        return got * math.exp((self._origin - self._mono_clock()) / self._rule.window_seconds)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _weight(self) -> float | None:
+        """The scaled weight of one request now (``None`` without a clock)."""
+        if self._mono_clock is None:
+            return None
+        now = self._mono_clock()
+        if self._origin is None:
+            self._origin = now
+        x = (now - self._origin) / self._rule.window_seconds
+        if x > _RESCALE_EXPONENT:
+            shrink = math.exp(-x)
+            self._volume = {c: v * shrink for c, v in self._volume.items()}
+            self._error = {c: v * shrink for c, v in self._error.items()}
+            self._origin, x = now, 0.0
+        return math.exp(x)
+
+    def _add(self, category: str, weight: float | None) -> None:
+        if weight is not None:
+            self._volume[category] = self._volume.get(category, 0.0) + weight
+
+    def _takes_slot(self, category: str, weight: float) -> bool:
+        """Count ``category`` as a candidate; swap it in for the weakest kept category when
+        the takeover rule has held for its sustain time (True)."""
+        if category not in self._volume:
+            if len(self._error) >= self._room:
+                smallest = min(self._error, key=lambda c: self._volume[c])
+                floor = self._volume.pop(smallest)
+                del self._error[smallest]
+                self._beating.pop(smallest, None)
+            else:
+                floor = 0.0
+            self._volume[category] = floor
+            self._error[category] = floor
+        self._volume[category] += weight
+        weakest = min(self.kept, key=lambda c: (self._volume.get(c, 0.0), c))
+        sure = self._volume[category] - self._error[category]
+        rule = self._rule
+        need = max(rule.ratio * self._volume.get(weakest, 0.0), rule.min_requests * weight)
+        if sure < need:
+            self._beating.pop(category, None)
+            return False
+        assert self._mono_clock is not None
+        now = self._mono_clock()
+        since = self._beating.setdefault(category, now)
+        if now - since < rule.sustain_seconds:
+            return False
+        del self._beating[category], self._error[category]
+        self.kept.discard(weakest)
+        self.kept.add(category)
+        self.demoted += 1
+        self._error[weakest] = 0.0  # a candidate again, with what it surely had
+        self._volume.setdefault(weakest, 0.0)
+        return True
 
 
 class Sampler:
@@ -283,6 +412,10 @@ class Sampler:
 
     def _bucket(self, category: str) -> TokenBucket | None:
         if category not in self._buckets:
+            if len(self._buckets) > self.categories.limit:  # slots changed hands: drop the old
+                keep = self.categories.kept
+                for gone in [c for c in self._buckets if c not in keep and c != OTHER_CATEGORY]:
+                    del self._buckets[gone]
             rate = self._quota_rates.get(category, self._default_quota)
             self._buckets[category] = (
                 None if rate is None else TokenBucket(rate, self._quota_burst, self._mono_clock)

@@ -64,7 +64,11 @@ class ShadowSettings(BaseModel):
     Sampler: ``sample_probability`` p in [0, 1] decided by the request hash;
     ``category_quota_per_second`` (token bucket per category, burst ``category_quota_burst``);
     ``max_categories`` distinct request categories keep their own series (the ledger's largest
-    at start, then first come), every other category is counted as ``other``;
+    at start, then new ones while there is room), every other category is counted as ``other``;
+    slots are kept by volume: a category outside the set takes the weakest kept one's slot when
+    its requests over ``category_window_seconds`` (decayed) are at least
+    ``category_takeover_ratio`` times the weakest one's and at least
+    ``category_takeover_min_requests``, for ``category_takeover_seconds`` in a row;
     ``queue_size`` bounded queue; ``max_shadow_rps`` and ``max_in_flight`` caps; load-aware pause
     when any arm has waiting > 0 (``pause_on_waiting``) or running >= ``pause_running_fraction`` *
     max_num_seqs.
@@ -100,6 +104,10 @@ class ShadowSettings(BaseModel):
     default_category_quota_per_second: float | None = Field(default=None, gt=0)
     category_quota_burst: float = Field(default=5.0, ge=1.0)
     max_categories: int = Field(default=DEFAULT_MAX_CATEGORIES, ge=0, le=1000)
+    category_window_seconds: float = Field(default=600.0, gt=0)
+    category_takeover_ratio: float = Field(default=1.5, ge=1.0)
+    category_takeover_seconds: float = Field(default=120.0, ge=0)
+    category_takeover_min_requests: float = Field(default=10.0, ge=0)
     queue_size: int = Field(default=256, ge=1)
     max_shadow_rps: float = Field(default=5.0, gt=0)
     max_in_flight: int = Field(default=4, ge=1)

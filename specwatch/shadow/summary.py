@@ -242,7 +242,8 @@ class ShadowStats:
     while it runs; never recomputed from the pruned ledger);
     ``ledger_pairs[(category, arm, outcome)]`` the same counts over the rows the ledger holds
     now (a gauge: retention pruning lowers it); ``categories_folded`` requests whose
-    category was counted as ``other`` (the category bound);
+    category was counted as ``other`` (the category bound), ``category_takeovers`` the times a
+    slot changed hands;
     ``betting_log_e_value`` is the since-start margin e-process (``None`` if not run);
     ``change_log_value`` the change detector's ``ln M`` and ``change_threshold`` its alarm level
     (:mod:`~specwatch.shadow.stats.detector`; ``None`` if not run); ``within_margin_declared_at``
@@ -275,6 +276,7 @@ class ShadowStats:
     by_load: tuple[LoadBand, ...] = ()
     ledger_pairs: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     categories_folded: int = 0
+    category_takeovers: int = 0
     replays_total: Mapping[str, int] = field(default_factory=dict)
     ledger_state: str = "ok"
 
@@ -445,6 +447,7 @@ def build_shadow_stats(
     by_load: tuple[LoadBand, ...] = (),
     categories: Collection[str] | None = None,
     categories_folded: int = 0,
+    category_takeovers: int = 0,
     replays_total: Mapping[str, int] | None = None,
     ledger_state: str = "ok",
     net_loss_log_e_value: float | None = None,
@@ -504,6 +507,7 @@ def build_shadow_stats(
         by_load=by_load,
         ledger_pairs=ledger_pairs,
         categories_folded=categories_folded,
+        category_takeovers=category_takeovers,
         replays_total=dict(replays_total or {}),
         ledger_state=ledger_state,
     )
@@ -562,6 +566,16 @@ class OutcomeCounters:
         )
         self.seed({row.category: row_tally(row)}, reasons)
 
+    def fold(self) -> None:
+        """Count the pairs of every category the bound no longer keeps as ``other`` (a slot
+        that changed hands): the sum over categories is unchanged and the series stay at most
+        the kept categories and ``other``."""
+        bound = self._categories
+        if bound is None:
+            return
+        for key in [k for k in self.pairs if bound.map(k[0]) != k[0]]:
+            self._inc((OTHER_CATEGORY, key[1], key[2]), self.pairs.pop(key))
+
     def by_status(self) -> dict[str, int]:
         """Pairs per status (``paired``, ``unpaired``, ``excluded``; each present from 0)."""
         return {
@@ -577,7 +591,7 @@ class OutcomeCounters:
         category bound, a category it cannot keep is counted as ``other``."""
         for cat, t in by_category.items():
             if self._categories is not None:
-                cat = self._categories(cat)
+                cat = self._categories.map(cat)
             self.paired += t.paired
             for arm, label, n in arm_label_counts(t):
                 self._inc((cat, arm, label), n)

@@ -15,7 +15,7 @@ from specwatch.settings import Settings
 from specwatch.shadow.compare import compare
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-from tests.e2e.shadow_harness import sidecar, until
+from tests.e2e.shadow_harness import settings_for, sidecar, simulators, until
 
 
 def _settings(ledger: Path) -> Settings:
@@ -104,3 +104,74 @@ async def test_ten_thousand_categories_stay_bounded_across_restart_and_live(
         m = await sc.metrics()
         assert m[("specwatch_shadow_categories_folded_total", frozenset())] == 10_000
         assert _categories(m) == kept | {"other", "_all"}
+
+
+async def test_attacker_categories_sent_first_do_not_keep_a_busy_category_out(
+    tmp_path: Path,
+) -> None:
+    """15 slots (``shadow.max_categories``), filled by 15 attacker requests with 15 made-up
+    categories through the mirror (replayed to in-process standard and FLy simulators). Then
+    ``checkout`` at about 25 requests/s for 3 s: it reads as ``other`` until it has at least 10
+    requests (the takeover floor, above 1.5 x the weakest attacker's 1) for 1 s
+    (``category_takeover_seconds``), then takes an attacker's slot without a restart:
+    ``specwatch_paired_n{window="since_start",category="checkout"}`` appears in ``/metrics`` and
+    ``specwatch_shadow_pairs_total{category="checkout"}`` counts its pairs (the pairs of every
+    category still summing to the paired count), the
+    ``category`` label takes at most 15 + ``other`` + ``_all`` values, one attacker gone."""
+    async with simulators() as sims:
+        settings = settings_for(
+            sims,
+            tmp_path / "ledger.sqlite",
+            modes=["mirror"],
+            max_categories=15,
+            category_window_seconds=60.0,
+            category_takeover_seconds=1.0,
+        )
+        async with sidecar(settings) as sc:
+            await until(lambda: sc.component.latest_stats() is not None)
+
+            async def send(category: str, i: int) -> int:
+                body: dict[str, Any] = {
+                    "model": "sim-model",
+                    "prompt": f"{category} {i}",
+                    "max_tokens": 4,
+                }
+                async with sc.client.post(
+                    sc.mirror_url + "/v1/completions",
+                    json=body,
+                    headers={CATEGORY_HEADER: category},
+                ) as r:
+                    await r.read()
+                    return r.status
+
+            attackers = {f"evil-{i:02d}" for i in range(15)}
+            assert {await send(c, 0) for c in sorted(attackers)} == {202}
+            assert sc.component.categories.kept == attackers
+            for i in range(75):
+                assert await send("checkout", i) == 202
+                await asyncio.sleep(0.04)
+            assert "checkout" in sc.component.categories.kept
+            assert sc.component.categories.demoted == 1
+            await until(lambda: sum(sc.component.counters.by_status().values()) >= 90, limit=30)
+            await sc.component.refresh(flush=True)
+            m = await sc.metrics()
+            paired = sc.component.counters.paired
+    assert paired == 90  # 15 + 75 requests, every one replayed and compared
+    cats = _categories(m)
+    assert "checkout" in cats
+    assert len(cats) <= 17
+    assert len(cats & attackers) == 14
+    checkout = frozenset({("window", "since_start"), ("category", "checkout")})
+    assert ("specwatch_paired_n", checkout) in m
+    assert m[("specwatch_shadow_category_takeovers_total", frozenset())] == 1
+    compared: dict[str, float] = {}
+    for (name, labels), v in m.items():
+        outcome = dict(labels).get("outcome")
+        if name == "specwatch_shadow_pairs_total" and outcome in ("agree", "disagree"):
+            cat = dict(labels)["category"]
+            compared[cat] = compared.get(cat, 0.0) + v
+    # the FLy arm's pairs: one per request, the demoted attacker's and checkout's before its
+    # takeover in ``other``, the 14 attackers left with 1 each
+    assert sum(compared.values()) == paired
+    assert compared["checkout"] + compared["other"] == 76
+    assert {compared[c] for c in cats & attackers} == {1.0}

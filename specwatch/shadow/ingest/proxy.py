@@ -34,7 +34,7 @@ from typing import Any
 
 from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.logs import log_event
+from specwatch.core.logs import LogSetup, current_setup, log_event, setup_logging
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.http1.forwarder import Forwarder
 from specwatch.http1.pool import Upstream
@@ -121,11 +121,21 @@ def _no_offer(_: ShadowRequest) -> str:  # the proxy process never offers: the m
     return "not_offered"
 
 
-def _proxy_process_main(sock: socket.socket, options: dict[str, Any], host: str, port: int) -> None:
+def _proxy_process_main(
+    sock: socket.socket,
+    options: dict[str, Any],
+    host: str,
+    port: int,
+    logs: LogSetup | None = None,
+) -> None:
     """Entry point of the proxy process (``multiprocessing`` spawn): serve until the main
-    process closes its end of ``sock`` (or dies), then stop. SIGTERM and SIGINT are the main
-    process's to handle (a signal to the whole process group must not cut live streams
-    before the main process drains them)."""
+    process closes its end of ``sock`` (or dies), then stop. ``logs``: the main process's
+    logging (:func:`~specwatch.core.logs.current_setup`), set up here the same way so this
+    process writes the same structured lines to the same stderr. SIGTERM and SIGINT are the
+    main process's to handle (a signal to the whole process group must not cut live streams
+    before the main process drains them, nor write a KeyboardInterrupt traceback here)."""
+    if logs is not None:
+        setup_logging(logs.level, logs.fmt, secrets=logs.secrets)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     loop = new_proxy_loop(bool(options["use_uvloop"]))
@@ -381,7 +391,7 @@ class ShadowProxy:
         ctx = multiprocessing.get_context("spawn")
         process = ctx.Process(
             target=_proxy_process_main,
-            args=(there, options, host, port),
+            args=(there, options, host, port, current_setup()),
             name="specwatch-shadow-proxy",
             daemon=True,
         )
