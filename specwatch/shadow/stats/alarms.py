@@ -14,16 +14,18 @@ both agree (both right or both wrong).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from specwatch.shadow.stats.confseq import MarginDeclaration, declaration_path, run_declaration
 from specwatch.shadow.stats.detector import ChangeDetector, detector_log_path, run_detector
 from specwatch.shadow.stats.sequential import (
     BettingEProcess,
+    FloatArray,
     betting_log_wealth,
     first_alarm,
     net_loss_mixture_log_e_values,
@@ -50,7 +52,29 @@ class AlarmSettings(Protocol):
 ALARMS = ("net_loss_change", "no_net_loss", "margin", "within_margin")
 
 
-def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, int | None]:
+def first_count_alarm(
+    d: npt.NDArray[np.int64],
+    log_e: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.float64]],
+    alpha: float,
+) -> int | None:
+    """:func:`~specwatch.shadow.stats.sequential.first_alarm` of ``log_e(lost, gained)`` along
+    the cumulative counts of ``d`` (+1 / -1 / 0 per pair), for an e-value of the counts alone:
+    it stays put on concordant pairs, so it is evaluated only before the first pair and after
+    each discordant one (the same values at the same counts), not at every pair."""
+    if d.size == 0:
+        return None
+    moved = np.flatnonzero(d)
+    lost = np.concatenate(([0], np.cumsum(d[moved] == 1)))
+    gained = np.concatenate(([0], np.cumsum(d[moved] == -1)))
+    hit = first_alarm(log_e(lost, gained), alpha)
+    if hit is None:
+        return None
+    return 1 if hit == 1 else int(moved[hit - 2]) + 1
+
+
+def first_alarms(
+    outcomes: Sequence[int] | npt.NDArray[np.int64], settings: AlarmSettings
+) -> dict[str, int | None]:
     """For each alarm the sidecar raises live, the 1-based pair of ``outcomes`` at which it
     first fires (``None`` if it never does):
 
@@ -65,20 +89,23 @@ def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, 
       (:func:`~specwatch.shadow.stats.confseq.declaration_path`; a declaration, not an alarm).
 
     Raises ``ValueError`` on an outcome outside {-1, 0, 1}."""
-    d = np.asarray(list(outcomes), dtype=np.int64).reshape(-1)
+    given = outcomes if isinstance(outcomes, np.ndarray) else list(outcomes)
+    d = np.asarray(given, dtype=np.int64).reshape(-1)
     if not np.all((d == -1) | (d == 0) | (d == 1)):
         raise ValueError("outcomes must be -1, 0 or 1")
     alpha = settings.alpha
     if d.size == 0:
         return dict.fromkeys(ALARMS)
-    lost, gained = np.cumsum(d == 1), np.cumsum(d == -1)
-    since = net_loss_mixture_log_e_values(lost, gained, settings.detect_net_loss)
+
+    def since(lost: npt.NDArray[np.int64], gained: npt.NDArray[np.int64]) -> FloatArray:
+        return net_loss_mixture_log_e_values(lost, gained, settings.detect_net_loss)
+
     det = ChangeDetector.fresh(settings.detect_net_loss, settings.change_arl)
     det_path, _ = detector_log_path(d, det)
     bet, _ = betting_log_wealth(d.astype(np.float64), settings.margin)
     return {
         "net_loss_change": first_alarm(det_path, 1.0 / settings.change_arl),
-        "no_net_loss": first_alarm(since, alpha),
+        "no_net_loss": first_count_alarm(d, since, alpha),
         "margin": first_alarm(bet, alpha),
         "within_margin": declaration_path(d, settings.margin, alpha),
     }

@@ -135,14 +135,15 @@ def detector_log_path(d: npt.ArrayLike, start: ChangeDetector) -> tuple[FloatArr
     lw = np.log(w)
     up, down = np.log(2.0 * q), np.log(2.0 * (1.0 - q))
     r = np.asarray(start.log_r, dtype=np.float64).copy()
-    out = np.empty(x.size, dtype=np.float64)
+    moved = np.flatnonzero(x)  # the path stays put on concordant pairs: step on the others
+    after = np.empty(moved.size + 1, dtype=np.float64)
     with np.errstate(divide="ignore"):
-        cur = float(np.logaddexp.reduce(lw + r))
-        for i, xi in enumerate(x.tolist()):
-            if xi != 0:
-                r = (up if xi == 1 else down) + np.logaddexp(r, 0.0)
-                cur = float(np.logaddexp.reduce(lw + r))
-            out[i] = cur
+        after[0] = float(np.logaddexp.reduce(lw + r))
+        for k, xi in enumerate(x[moved].tolist(), start=1):
+            r = (up if xi == 1 else down) + np.logaddexp(r, 0.0)
+            after[k] = float(np.logaddexp.reduce(lw + r))
+    # pair i holds the value after the discordant pairs up to and including it
+    out: FloatArray = after[np.searchsorted(moved, np.arange(x.size), side="right")]
     return out, r
 
 
