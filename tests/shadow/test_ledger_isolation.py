@@ -230,9 +230,9 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
         conn = sqlite3.connect(ledger)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
-        with ledger.open("r+b") as f:
-            f.seek(4096 * 3)
-            f.write(b"\xff" * 4096 * 4)
+        with ledger.open("r+b") as f:  # pages 2-7: the rows' root page among them
+            f.seek(4096 * 1)
+            f.write(b"\xff" * 4096 * 6)
         await until(lambda: comp.ledger is not None and comp.ledger.state == "corrupt", 20)
         health = await _healthz(sc)
         state = await _state(sc)
