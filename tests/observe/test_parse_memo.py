@@ -255,3 +255,31 @@ def test_without_value_parser_every_line_is_parsed_whole(monkeypatch: pytest.Mon
     for page in (text, grown(text, 4.0)):
         assert ours(page) == reference_whole(page)
     assert not parse_mod._SERIES_MEMO
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "process_start_time_seconds 1.7e+09",
+        "process_start_time_seconds\t1.7e+09",
+        "process_start_time_seconds  1.7e+09",
+        "process_start_time_seconds 1.7e+09 1700000000000",
+        "process_start_time_seconds NaN",
+        "process_start_time_seconds 12x",
+        "process_start_time_secondsx 3",
+    ],
+)
+def test_unlabelled_sample_same_as_whole_page_parse(line: str) -> None:
+    """A sample line without labels (its name memoised at import) reads, or fails, as the whole
+    page's library parse does: spacing, a tab, a timestamp, NaN, a bad value, another name."""
+    for page in (f"{LINE} 5\n{line}\n", f"{line}\n{LINE} 6\n"):
+        try:
+            want: object = reference_whole(page)
+        except (ValueError, IndexError, KeyError, TypeError):
+            want = "malformed"
+        try:
+            got: object = ours(page)
+        except (ValueError, IndexError, KeyError, TypeError):  # ParseError is a ValueError
+            got = "malformed"
+        assert got == want
+    assert "process_start_time_seconds" in parse_mod._BARE_MEMO
