@@ -1,6 +1,6 @@
 """Where the shadow proxy's time goes: cProfile of ShadowProxy relaying non-streaming requests.
 
-The upstream is bench_proxy's fake server in its own process; the proxy runs on this process's
+The upstream is ``specwatch simulate`` in its own process; the proxy runs on this process's
 main thread (profiled); a load generator on a second thread (not profiled: cProfile follows one
 thread) sends ``--requests`` sequential POSTs. Prints the top functions by own time and by
 cumulative time.
@@ -19,7 +19,6 @@ import json
 import pstats
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 from bench_proxy import PLAIN_BODY, free_port, wait_port  # bench/ is sys.path[0]
@@ -70,8 +69,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--top", type=int, default=25)
     up_port = free_port()
-    me = Path(__file__).resolve().parent / "bench_proxy.py"
-    up = subprocess.Popen([sys.executable, str(me), "_upstream", str(up_port), "16"])
+    sim = ["simulate", "--host", "127.0.0.1", "--port", str(up_port), "--time-scale", "0"]
+    up = subprocess.Popen([sys.executable, "-m", "specwatch", *sim])
     try:
         asyncio.run(main_async(ap.parse_args(), up_port))
     finally:

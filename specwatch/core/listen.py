@@ -129,7 +129,12 @@ class ListenerStats:
 def json_too_deep(raw: bytes | str, max_depth: int) -> bool:
     """True when the JSON text ``raw`` nests arrays/objects deeper than ``max_depth``
     (brackets inside strings are skipped). Linear; never recurses."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if isinstance(raw, bytes):
+        if raw.count(b"[") + raw.count(b"{") <= max_depth:  # the common body: no decode at all
+            return False
+        text = raw.decode("utf-8", "replace")
+    else:
+        text = raw
     if text.count("[") + text.count("{") <= max_depth:
         return False
     depth = 0

@@ -43,6 +43,13 @@ DROP_REASONS: tuple[str, ...] = (
 PAUSE_REASONS: tuple[str, ...] = ("waiting", "running_near_max", "load_stale")
 
 
+#: The canonical encoder (what ``json.dumps`` with these options builds on every call, made once:
+#: the same bytes, without an encoder per request on the proxy's hand-over path).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_request_bytes(path: str, body: Mapping[str, Any]) -> bytes:
     """Canonical JSON of ``{"path", "body"}`` (sorted keys, no spaces, UTF-8), volatile fields
     removed.
@@ -50,13 +57,7 @@ def canonical_request_bytes(path: str, body: Mapping[str, Any]) -> bytes:
     Raises ``TypeError``/``ValueError`` for bodies that are not JSON-serialisable.
     """
     clean = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
-    return json.dumps(
-        {"path": path, "body": clean},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    ).encode("utf-8")
+    return _CANONICAL.encode({"path": path, "body": clean}).encode("utf-8")
 
 
 def request_hash(path: str, body: Mapping[str, Any], salt: str = "") -> str:

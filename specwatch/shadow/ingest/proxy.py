@@ -52,7 +52,7 @@ log = logging.getLogger("specwatch.shadow.ingest")
 COUNTER_SYNC_SECONDS = 0.5
 #: The proxy process sends the hand-overs of this many seconds in one write (a copy reaches the
 #: shadow side at most this late; one send per batch instead of one per live request).
-HANDOVER_BATCH_SECONDS = 0.05
+HANDOVER_BATCH_SECONDS = 0.2
 #: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
 #: ``proxy_offer_lost``): the proxy process never waits on the shadow side.
 CHANNEL_MAX_BUFFER = 64 << 20
