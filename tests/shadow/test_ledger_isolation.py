@@ -271,5 +271,7 @@ async def test_damage_first_read_by_the_rebuild_marks_the_ledger_corrupt(tmp_pat
         await until(lambda: sc.component.live is not None, 20)
         state = await _state(sc)
         health = await _healthz(sc)
-        rows_seen = sc.component.live.rows()
+        live = sc.component.live
+        assert live is not None
+        rows_seen = live.rows()
     assert (state, health, rows_seen) == ("corrupt", 200, 0)
