@@ -41,6 +41,7 @@ from specwatch.core.config import check_windows, parse_duration, split_list
 from specwatch.core.frozen import Frozen
 from specwatch.core.listen import ListenLimits
 from specwatch.core.logs import mask_secrets, redact_url
+from specwatch.core.pod import PodSettings
 from specwatch.core.wire import server_base
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
@@ -63,9 +64,11 @@ class ServerSettings(Frozen):
     (a body trickled a byte a second times out); at most ``max_connections`` are open at once,
     at most ``max_connections_per_client`` of them from one client address (more get 503);
     JSON bodies nest at most ``json_max_depth`` deep (deeper: 400 ``too_deep``); idle
-    keep-alive connections close after ``keepalive_timeout_seconds``. On SIGTERM specwatch stops
-    accepting, gives open requests up to 40 % of ``shutdown_timeout_seconds`` and exits within
-    ``shutdown_timeout_seconds`` (below Kubernetes' default 30 s grace period)."""
+    keep-alive connections close after ``keepalive_timeout_seconds``. On SIGTERM specwatch answers
+    ``/readyz`` 503, stops accepting on the proxy and mirror ports, lets live proxied streams
+    and replays in flight run until ``shutdown_timeout_seconds`` less a close reserve (10 %, at
+    most 1 s), cuts or abandons (counted) what is left, saves its state and exits within
+    ``shutdown_timeout_seconds``; ``pod`` says whether that fits the pod's grace period."""
 
     host: str = "0.0.0.0"
     port: int = Field(default=9477, ge=0, le=65535)
@@ -129,7 +132,8 @@ class Settings(BaseSettings):
     ``since_start`` is always added). Groups: ``scrape``, ``server``, ``log``, ``alerting``
     (Alertmanager delivery), ``detect`` (detector thresholds and windows), ``shadow``
     (:class:`~specwatch.shadow.settings.ShadowSettings`; an arm given as ``{"target": NAME}``
-    without ``url`` is sent to that target's base URL), ``ledger``, ``paired``.
+    without ``url`` is sent to that target's base URL), ``ledger``, ``paired``, ``pod`` (the
+    pod's termination grace period and container order, :mod:`specwatch.core.pod`).
     """
 
     model_config = SettingsConfigDict(
@@ -149,6 +153,7 @@ class Settings(BaseSettings):
     shadow: ShadowSettings = ShadowSettings()
     ledger: LedgerSettings = LedgerSettings()
     paired: PairedSettings = PairedSettings()
+    pod: PodSettings = PodSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -10,8 +10,11 @@ scheduler); the acceptance rates are the server's (summed over engines). Output
 "per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
 "assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
 ``--standard-series`` and ``--fly-series`` are given: saved pages of each server,
-``--series-interval`` seconds apart) says from how many running requests FLy decodes no faster
-per request than the standard arm (:mod:`specwatch.observe.concurrency`). Exit 2 with one
+``--series-interval`` seconds apart) says at how many running requests FLy decodes no faster
+per request than the standard arm, or than the server without speculation of
+``--baseline-series`` when given: interpolated, with a 95 % bootstrap interval, "not reached"
+unless the gain's interval is below zero at some concurrency seen
+(:mod:`specwatch.observe.concurrency`; the same sentence as the live view). Exit 2 with one
 line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
 """
@@ -79,6 +82,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--fly-series", type=Path, nargs="+", metavar="PAGE", help="the same for the FLy server"
     )
     p.add_argument(
+        "--baseline-series",
+        type=Path,
+        nargs="+",
+        metavar="PAGE",
+        help="the same for a server without speculation: when given, FLy is compared with it "
+        "instead of the standard server",
+    )
+    p.add_argument(
         "--series-interval",
         type=float,
         metavar="S",
@@ -131,18 +142,21 @@ def series_profile(paths: list[Path], interval: float, model: str | None) -> Con
 
 
 def limit_doc(args: argparse.Namespace) -> SpeculationLimit | None:
-    """Where speculation stops paying, from ``--standard-series`` and ``--fly-series`` (``None``
-    when neither is given). :class:`AnalyzeError` when only one is, or without an interval."""
-    std, fly = args.standard_series, args.fly_series
-    if std is None and fly is None:
+    """Where speculation stops paying, from ``--standard-series`` and ``--fly-series`` and, when
+    given, ``--baseline-series`` (the reference then) (``None`` when none is given).
+    :class:`AnalyzeError` when only one of the first two is, or without an interval."""
+    std, fly, base = args.standard_series, args.fly_series, args.baseline_series
+    if std is None and fly is None and base is None:
         return None
     if std is None or fly is None:
         raise AnalyzeError("--standard-series and --fly-series go together")
     if args.series_interval is None or args.series_interval <= 0:
         raise AnalyzeError("the series need --series-interval > 0 (seconds between pages)")
+    interval, model = args.series_interval, args.model
     return speculation_limit(
-        series_profile(std, args.series_interval, args.model),
-        series_profile(fly, args.series_interval, args.model),
+        series_profile(std, interval, model),
+        series_profile(fly, interval, model),
+        baseline=None if base is None else series_profile(base, interval, model),
     )
 
 
@@ -164,9 +178,13 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     observed = max((r for r in running if r is not None), default=None)
     concurrency = args.running
     note: str | None = None
+    label: str | None = (
+        None if concurrency is None else f"the planned {concurrency:g} running requests (--running)"
+    )
     if concurrency is None:
         if observed:
             concurrency = observed
+            label = f"the {observed:g} running requests now"
         elif n is not None:
             concurrency = float(n)
             note = "no requests running on the page: planning for max_num_seqs"
@@ -186,6 +204,8 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         configured_k=k if usable else None,
         max_num_seqs=n,
         max_num_batched_tokens=b,
+        concurrency=concurrency,
+        concurrency_label=label,
     )
     if note is not None:
         words.append(note)

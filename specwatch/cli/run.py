@@ -132,19 +132,43 @@ def preflight(settings: Settings) -> None:
 
 def whole_config(settings: Settings) -> None:
     """The whole-configuration checks (:func:`specwatch.server.checks.check_settings`): each
-    warning printed on stderr; the first error raised as :class:`ConfigError`."""
-    from specwatch.server.checks import check_settings
+    warning printed on stderr (but the shutdown-budget ones, :func:`log_shutdown_fit` logs
+    them); the first error raised as :class:`ConfigError`."""
+    from specwatch.server.checks import check_settings, shutdown_findings
     from specwatch.settings import ConfigError
 
+    logged = shutdown_findings(settings)
     for f in check_settings(settings):
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-        print(f"specwatch run: {f.line()}", file=sys.stderr)
+        if f not in logged:
+            print(f"specwatch run: {f.line()}", file=sys.stderr)
+
+
+def log_shutdown_fit(settings: Settings) -> None:
+    """One WARNING line per way the shutdown budget does not fit the pod
+    (:func:`specwatch.server.checks.shutdown_findings`); nothing when it fits."""
+    from specwatch.server.checks import shutdown_findings
+
+    pod = settings.pod
+    for f in shutdown_findings(settings):
+        log_event(
+            logger,
+            logging.WARNING,
+            "shutdown budget does not fit the pod",
+            setting=f.setting,
+            message=f.message,
+            budget_seconds=settings.server.shutdown_timeout_seconds,
+            pre_stop_seconds=pod.pre_stop_seconds,
+            grace_seconds=pod.termination_grace_period_seconds,
+            container=pod.container,
+        )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM; 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from specwatch.core.shutdown import exit_now
     from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
     from specwatch.settings import ConfigError
@@ -160,6 +184,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.log.level, settings.log.format, secrets=settings.secret_values())
     log_effective_config(settings)
+    log_shutdown_fit(settings)
     shadow = shadow_components(settings)
     alerting = alerting_components(settings)
     app = build_app(settings, components=[*shadow, *alerting])
@@ -173,4 +198,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return 0
+    # drained and closed within the budget: no interpreter teardown to outlive it
+    exit_now(0)

@@ -162,7 +162,7 @@ async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -
     print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    deadline = ShutdownDeadline(grace * 0.95)  # the same shares as ``specwatch run``
+    deadline = ShutdownDeadline(grace * 0.95)  # a simulated vLLM: it cuts its streams early
 
     def on_signal() -> None:
         deadline.start()

@@ -346,6 +346,9 @@ def build_view(
             f"tok/s {change_percent(p.throughput_ratio)} (equal traffic)"
         )
         parts.append((LINKS, [line]))
+    limit = snap.observe.speculation_limit
+    if limit is not None and limit.status != "no_data":
+        parts.append((DETAIL, list(_wrapped(limit.text, width, "dim"))))
     verdict = snapshot_verdict(snap)
     if verdict:
         parts.append((KEEP, list(_wrapped(verdict, width, "bold"))))

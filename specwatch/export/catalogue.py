@@ -167,6 +167,11 @@ SCRAPE_DURATION = _g(
     "specwatch_scrape_duration_seconds", "Duration of the last scrape of the target.", ("target",)
 )
 SCRAPES = _c("specwatch_scrapes", "Scrapes attempted per target.", ("target",))
+MISSED_TICKS = _c(
+    "specwatch_scrape_missed_ticks",
+    "Scheduled scrapes of the target skipped because the scrape before them ran past them.",
+    ("target",),
+)
 SCRAPE_ERRORS = _c(
     "specwatch_scrape_errors", "Failed scrapes and skipped series by reason.", ("target", "reason")
 )
@@ -222,8 +227,18 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
 
 SPECULATION_LIMIT_RUNNING = _g(
     "specwatch_speculation_limit_running",
-    "Running requests from which FLy decodes no faster per request than the standard arm "
-    "(lowest such band); absent while not reached or without data.",
+    "Running requests at which FLy's per-request decode speed falls to the reference arm's (the "
+    "no-speculation baseline when configured, else the standard arm), interpolated; absent "
+    "while not reached or without data.",
+)
+SPECULATION_LIMIT_RUNNING_LOWER = _g(
+    "specwatch_speculation_limit_running_lower",
+    "Lower end of the 95% bootstrap interval of specwatch_speculation_limit_running.",
+)
+SPECULATION_LIMIT_RUNNING_UPPER = _g(
+    "specwatch_speculation_limit_running_upper",
+    "Upper end of the 95% bootstrap interval of specwatch_speculation_limit_running; absent "
+    "when it reaches beyond the concurrencies seen.",
 )
 SPECULATION_LIMIT_STATE = _g(
     "specwatch_speculation_limit_state",
@@ -276,6 +291,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     TARGET_ENGINE,
     SCRAPE_DURATION,
     SCRAPES,
+    MISSED_TICKS,
     SCRAPE_ERRORS,
     LAST_SUCCESS,
     TARGET_STALE,
@@ -291,6 +307,8 @@ OBSERVE: tuple[MetricSpec, ...] = (
     WAITING_BY_REASON,
     *PAIR_GAUGES.values(),
     SPECULATION_LIMIT_RUNNING,
+    SPECULATION_LIMIT_RUNNING_LOWER,
+    SPECULATION_LIMIT_RUNNING_UPPER,
     SPECULATION_LIMIT_STATE,
     CONCURRENCY_SPEED_RATIO,
     THROUGHPUT_WITHHELD,
@@ -444,6 +462,18 @@ LOAD_BAND_PAIRS = _g(
     "specwatch_load_band_pairs",
     "Paired requests compared per running-request band and arm, since start.",
     ("band", "arm"),
+)
+LOSSLESS_LOAD_BAND_FLIP_RATIO = _g(
+    "specwatch_lossless_load_band_flip_ratio",
+    "Share of greedy paired requests whose answer differs from the no-speculation baseline's, "
+    "by the running requests at replay time (band) and arm (standard, noise), since start.",
+    ("band", "arm"),
+)
+LOSSLESS_LOAD_BAND_PAIRS = _g(
+    "specwatch_lossless_load_band_pairs",
+    "Greedy paired requests where the baseline and the noise arm both answered, per "
+    "running-request band, since start.",
+    ("band",),
 )
 MCNEMAR_P = _g(
     "specwatch_paired_mcnemar_p_value",
@@ -652,6 +682,8 @@ SHADOW: tuple[MetricSpec, ...] = (
     DECISION_VERDICT,
     LOAD_BAND_FLIP_RATIO,
     LOAD_BAND_PAIRS,
+    LOSSLESS_LOAD_BAND_FLIP_RATIO,
+    LOSSLESS_LOAD_BAND_PAIRS,
     LEDGER_ROWS,
     LEDGER_STATE,
     LEDGER_PAIRS,

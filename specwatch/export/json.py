@@ -115,6 +115,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "last_success": t.last_success,
             "last_scrape_duration_seconds": t.last_scrape_duration_seconds,
             "scrapes_total": t.scrapes_total,
+            "missed_ticks": t.missed_ticks,
             "scrape_errors": dict(t.scrape_errors),
             "counter_resets": dict(t.counter_resets),
             "missing_families": list(t.missing_families),

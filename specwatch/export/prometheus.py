@@ -39,6 +39,7 @@ from specwatch.export.catalogue import (
     LAST_SUCCESS,
     LATEST_GAUGES,
     LIMITS_CONFIGURED,
+    MISSED_TICKS,
     PAIR_GAUGES,
     PER_POSITION,
     PER_POSITION_CONDITIONAL,
@@ -195,6 +196,7 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
         fam.add(TARGET_ENGINE, (t.name, role, t.engine_kind), 1)
     fam.add(SCRAPE_DURATION, (t.name,), t.last_scrape_duration_seconds)
     fam.add(SCRAPES, (t.name,), t.scrapes_total)
+    fam.add(MISSED_TICKS, (t.name,), t.missed_ticks)
     for reason in sorted({*SCRAPE_ERROR_REASONS, *t.scrape_errors}):
         fam.add(SCRAPE_ERRORS, (t.name, reason), t.scrape_errors.get(reason, 0))
     fam.add(LAST_SUCCESS, (t.name,), t.last_success)
@@ -260,6 +262,8 @@ class SpecwatchCollector(Collector):
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
             fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, (), limit.running_lower)
+            fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, (), limit.running_upper)
             for state in LIMIT_STATUSES:
                 fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
             for b in limit.bands:
@@ -306,6 +310,13 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         ):
             fam.add(cat.LOAD_BAND_PAIRS, (band.band, arm), n)
             fam.add(cat.LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
+        if band.lossless_pairs:
+            fam.add(cat.LOSSLESS_LOAD_BAND_PAIRS, (band.band,), band.lossless_pairs)
+            for arm, ratio in (
+                ("standard", band.lossless_standard_flip_ratio),
+                ("noise", band.lossless_noise_flip_ratio),
+            ):
+                fam.add(cat.LOSSLESS_LOAD_BAND_FLIP_RATIO, (band.band, arm), ratio)
     if state.betting_log_e_value is not None:
         lw = state.betting_log_e_value
         e = exp_or_inf(lw)

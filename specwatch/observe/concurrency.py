@@ -7,9 +7,16 @@ same curve). Each good scrape of a target adds one point to its :class:`Concurre
 the running requests at the scrape (``vllm:num_requests_running``, summed over engines), the
 generation throughput and the median inter-token latency of the target's shortest window. Points
 are kept as sums per running-request band (powers of two: ``1``, ``2-3``, ``4-7``, …,
-``512+``), so memory is fixed. :func:`speculation_limit` compares FLy's per-request decode speed
-(generation tokens/s ÷ running requests) with the standard arm's band by band and reports the
-lowest band from which FLy is no faster, or that it is not reached.
+``512+``, the descriptive per-band table) and, for the estimate, the last :data:`MAX_POINTS`
+points themselves (``(running, per-request decode speed)``), so memory is fixed.
+
+:func:`speculation_limit` estimates where FLy's per-request decode speed (generation tokens/s ÷
+running requests) falls to the reference arm's: the no-speculation baseline target (role
+``baseline``) when one is configured, else the standard arm. The estimate is
+:func:`specwatch.core.crossover.crossover` (a local linear fit over log(running), interpolated,
+with a bootstrap interval; "not reached" unless the gain's interval is wholly below zero at some
+concurrency seen), recomputed every :data:`REFRESH_POINTS` points with a fixed seed, so every
+view of the same points shows the same numbers.
 
 Assumptions, stated in the output: both arms serve comparable requests (prompt and output
 lengths), a window's throughput is attributed to the running count at its end, and a band
@@ -18,9 +25,12 @@ counts only with at least :data:`MIN_POINTS` points on each arm.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Literal
+
+from specwatch.core.crossover import CROSSOVER_STATUSES, CrossoverStatus, GainPoint, crossover
 
 #: Lower bounds of the running-request bands.
 BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -28,11 +38,23 @@ BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: Points per arm a band needs before it is compared.
 MIN_POINTS = 3
 
+#: Points per target kept for the estimate (the most recent).
+MAX_POINTS = 1024
+
+#: The estimate is recomputed when an arm's points reach a multiple of this (between, the last
+#: estimate stands).
+REFRESH_POINTS = 8
+
+#: Seed of the bootstrap behind the live and ``advise`` estimates.
+SEED = 0
+
 #: What the comparison assumes (printed with the result).
 ASSUMPTIONS: tuple[str, ...] = (
     "both arms serve comparable requests (prompt and output lengths)",
     "a window's throughput is attributed to the running requests at its end",
     f"a band is compared only with at least {MIN_POINTS} scrapes on each arm",
+    "the crossover is interpolated from a local linear fit over log(running), its interval a "
+    "bootstrap over scrapes",
 )
 
 
@@ -66,10 +88,16 @@ class BandSums:
 
 @dataclass(frozen=True, slots=True)
 class ConcurrencyProfile:
-    """Per-band sums of one target (``bands[lower bound]``); immutable, :func:`add_point`
-    returns a new one."""
+    """Per-band sums of one target (``bands[lower bound]``), the last :data:`MAX_POINTS`
+    points ``(running, per-request decode speed)``, ``seen`` the points ever added and
+    ``settled`` the points as they were when ``seen`` last reached a multiple of
+    :data:`REFRESH_POINTS` (what the estimate reads); immutable, :func:`add_point` returns a
+    new one."""
 
     bands: tuple[tuple[int, BandSums], ...] = ()
+    points: tuple[tuple[float, float], ...] = ()
+    seen: int = 0
+    settled: tuple[tuple[float, float], ...] = ()
 
     def get(self, lo: int) -> BandSums:
         """The sums of band ``lo`` (zeros when unseen)."""
@@ -101,7 +129,10 @@ def add_point(
     )
     bands = dict(profile.bands)
     bands[lo] = new
-    return ConcurrencyProfile(tuple(sorted(bands.items())))
+    points = (*profile.points[-(MAX_POINTS - 1) :], (float(running), tokens_per_second / running))
+    seen = profile.seen + 1
+    settled = points if seen % REFRESH_POINTS == 0 else profile.settled
+    return ConcurrencyProfile(tuple(sorted(bands.items())), points, seen, settled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,25 +154,33 @@ class BandComparison:
 
 #: Where the speculation limit stands (:attr:`SpeculationLimit.status`;
 #: ``specwatch_speculation_limit_state{state}`` exports each, 1 on the current one).
-LimitStatus = Literal["reached", "not_reached", "no_data"]
+LimitStatus = CrossoverStatus
 #: Every :data:`LimitStatus`, in that order.
-LIMIT_STATUSES: tuple[LimitStatus, ...] = get_args(LimitStatus)
+LIMIT_STATUSES: tuple[LimitStatus, ...] = CROSSOVER_STATUSES
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculationLimit:
-    """Where FLy stops being faster than the standard arm.
+    """Where FLy stops decoding faster per request than the reference arm.
 
-    ``status``: ``reached`` (``running`` = the lower bound of the first band where FLy's
-    per-request speed is ≤ the standard arm's), ``not_reached`` (FLy faster in every band
-    compared; ``running`` is ``None``), ``no_data`` (no band with enough points on both).
-    ``text`` says it in words; ``bands`` the comparisons; ``assumptions`` what it rests on.
+    ``status``: ``reached`` (the gain's interval is wholly below zero at some concurrency seen;
+    ``running`` the interpolated concurrency where the gain reaches zero, ``running_lower`` /
+    ``running_upper`` its interval, ``running_upper`` ``None`` when it reaches beyond the
+    concurrencies seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
+    ``reference``: ``baseline`` (the no-speculation target) or ``standard``. ``text`` says it in
+    words (:func:`specwatch.core.crossover.crossover_text`, the one sentence every surface
+    shows); ``curve`` the gain over concurrency with its interval; ``bands`` the per-band table;
+    ``assumptions`` what it rests on.
     """
 
     status: LimitStatus
-    running: int | None
+    running: float | None
     text: str
     bands: tuple[BandComparison, ...]
+    running_lower: float | None = None
+    running_upper: float | None = None
+    reference: Literal["baseline", "standard"] = "standard"
+    curve: tuple[GainPoint, ...] = ()
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
 
@@ -149,10 +188,10 @@ def _mean(total: float, n: int) -> float | None:
     return total / n if n else None
 
 
-def speculation_limit(
+def band_table(
     standard: ConcurrencyProfile, fly: ConcurrencyProfile, *, min_points: int = MIN_POINTS
-) -> SpeculationLimit:
-    """Compare the two profiles band by band (see :class:`SpeculationLimit`). Pure."""
+) -> tuple[BandComparison, ...]:
+    """The bands seen on both arms with ``min_points`` points each, compared. Pure."""
     rows: list[BandComparison] = []
     for lo in BANDS:
         s, f = standard.get(lo), fly.get(lo)
@@ -174,28 +213,42 @@ def speculation_limit(
                 fly_itl_seconds=_mean(f.itl_sum, f.itl_points),
             )
         )
-    if not rows:
-        return SpeculationLimit(
-            "no_data",
-            None,
-            "not enough data: no running-request band seen on both arms "
-            f"({min_points} scrapes each)",
-            (),
-        )
-    slower = next((r for r in rows if r.speed_ratio <= 1.0), None)
-    if slower is None:
-        top = rows[-1]
-        return SpeculationLimit(
-            "not_reached",
-            None,
-            f"not reached: FLy decodes faster per request in every band seen (up to "
-            f"{top.band} running, {top.speed_ratio:.2f}× there)",
-            tuple(rows),
-        )
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=16)
+def _estimate(
+    fly: tuple[tuple[float, float], ...],
+    ref: tuple[tuple[float, float], ...],
+    reference: str,
+) -> tuple[CrossoverStatus, float | None, float | None, float | None, tuple[GainPoint, ...], str]:
+    import numpy as np
+
+    name = "the no-speculation baseline" if reference == "baseline" else "the standard arm"
+    c = crossover(fly, ref, rng=np.random.default_rng(SEED), reference_name=name)
+    return c.status, c.running, c.lower, c.upper, c.curve, c.text
+
+
+def speculation_limit(
+    standard: ConcurrencyProfile,
+    fly: ConcurrencyProfile,
+    *,
+    baseline: ConcurrencyProfile | None = None,
+    min_points: int = MIN_POINTS,
+) -> SpeculationLimit:
+    """Where FLy stops paying against ``baseline`` when given (a target without speculation),
+    else against ``standard`` (see :class:`SpeculationLimit`); ``bands`` always compare FLy
+    with ``standard``. Deterministic (fixed seed), cached on the points."""
+    reference: Literal["baseline", "standard"] = "baseline" if baseline is not None else "standard"
+    ref = baseline if baseline is not None else standard
+    status, running, lower, upper, curve, text = _estimate(fly.settled, ref.settled, reference)
     return SpeculationLimit(
-        "reached",
-        slower.running_from,
-        f"speculation stops paying from {slower.running_from} running requests: FLy decodes "
-        f"{slower.speed_ratio:.2f}× the standard arm's per-request speed in band {slower.band}",
-        tuple(rows),
+        status=status,
+        running=running,
+        text=text,
+        bands=band_table(standard, fly, min_points=min_points),
+        running_lower=lower,
+        running_upper=upper,
+        reference=reference,
+        curve=curve,
     )

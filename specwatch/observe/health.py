@@ -13,7 +13,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from specwatch.observe.sglang_health import is_sglang, sglang_capacity, sglang_health
 from specwatch.observe.values import (
@@ -57,7 +57,7 @@ def _quantiles_of(
     if len(buckets) < 2 or buckets[-1][0] != math.inf:
         return [None] * len(qs)
     # cumulative counts made monotonic, as PromQL does for float noise
-    counts = list(accumulate((c for _, c in buckets), max))
+    counts = list(accumulate([c for _, c in buckets], max))
     total = counts[-1]
     out: list[float | None] = []
     for q in qs:
@@ -291,6 +291,27 @@ def _sum_opt(values: Iterable[float | None]) -> float | None:
     return sum(present) if present else None
 
 
+def _same_bounds(parts: Sequence[Histogram]) -> tuple[float, ...] | None:
+    """The bucket bounds of ``parts`` when every one has the same bounds, distinct and
+    ascending (as parsed pages give them), else ``None``."""
+    first = [le for le, _ in parts[0].buckets]
+    if any(a >= b for a, b in pairwise(first)):
+        return None
+    for h in parts[1:]:
+        if [le for le, _ in h.buckets] != first:
+            return None
+    return tuple(first)
+
+
+def _column_sums(parts: Sequence[Histogram]) -> list[float]:
+    """Per bucket, the sum of the parts' counts, added in the parts' order from 0.0 (the same
+    float sums as adding bucket by bucket)."""
+    sums = [0.0] * len(parts[0].buckets)
+    for h in parts:
+        sums = [t + v for t, (_, v) in zip(sums, h.buckets, strict=True)]
+    return sums
+
+
 def sum_deltas(deltas: Sequence[Delta]) -> Delta:
     """Server view: counters, per-position, bucket increases, running/waiting summed over engines;
     KV-cache usage averaged; K the largest; interval the longest of the engines'.
@@ -305,6 +326,10 @@ def sum_deltas(deltas: Sequence[Delta]) -> Delta:
     hists: dict[str, Histogram] = {}
     for name in {h for d in deltas for h in d.histograms}:
         parts = [d.histograms[name] for d in deltas if name in d.histograms]
+        same = _same_bounds(parts)
+        if same is not None:
+            hists[name] = Histogram(tuple(zip(same, _column_sums(parts), strict=True)))
+            continue
         common = set.intersection(*(set(le for le, _ in h.buckets) for h in parts))
         summed: dict[float, float] = {}
         for h in parts:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -28,7 +29,7 @@ from specwatch.observe.values import ObserveView
 if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings built
     from specwatch.observe.settings import ScrapeSettings, TargetSettings
 
-__all__ = ["Scraper"]
+__all__ = ["Scraper", "next_tick"]
 
 logger = logging.getLogger("specwatch.scrape")
 
@@ -62,13 +63,29 @@ def scrape_hint(url: str, content_type: str | None) -> str | None:
     return None
 
 
+def next_tick(tick: float, interval: float, now: float) -> tuple[int, float]:
+    """The tick after ``tick`` on a grid ``interval`` apart that is not yet past at ``now``, and
+    how many ticks between them were missed (passed at ``now``; pure). A tick exactly at
+    ``now`` is still to be made, not missed."""
+    due = tick + interval
+    if now <= due:
+        return 0, due
+    missed = math.ceil((now - due) / interval)
+    ahead = due + missed * interval
+    if ahead < now:  # rounding of the float division
+        missed += 1
+        ahead += interval
+    return missed, ahead
+
+
 class Scraper:
     """Scrape every target on its own interval and feed its tracker.
 
     ``targets``: the scraped servers; ``scrape``: the default interval, timeout (seconds) and
     body cap (bytes); ``window_seconds``: window name → length in seconds for each
     :class:`TargetTracker` (:attr:`trackers`, by target name). ``wall_clock`` gives the unix time
-    stamped on each page, ``mono_clock`` times each fetch and parse; ``on_update`` is called
+    stamped on each page, ``mono_clock`` times each fetch and parse and keeps the schedule
+    (:meth:`run_target`), ``sleep`` waits until the next tick; ``on_update`` is called
     (synchronously) after every scrape, good or bad. The HTTP session is handed over with
     :meth:`use_session` when the app starts.
     """
@@ -82,8 +99,10 @@ class Scraper:
         wall_clock: WallClock,
         on_update: Callable[[], None],
         mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._targets = tuple(targets)
+        self._sleep = sleep
         self._scrape_settings = scrape
         self.trackers: dict[str, TargetTracker] = {
             t.name: TargetTracker.from_settings(t, scrape, window_seconds) for t in self._targets
@@ -253,13 +272,32 @@ class Scraper:
         self._last_reason[target.name] = reason
 
     async def run_target(self, target: TargetSettings) -> None:
-        """Scrape ``target`` forever on its interval (cancel to stop)."""
+        """Scrape ``target`` forever on its interval (cancel to stop).
+
+        The scrapes keep a fixed schedule, ticks ``interval`` apart from the first: a scrape
+        that runs long (a slow target, a loaded machine) delays no later tick, and a late
+        wake-up is not carried into the next one. A tick that has passed while the scrape
+        before it was still running is skipped, not made late, and counted
+        (``specwatch_scrape_missed_ticks_total``); the next scrape is at the next tick ahead.
+        """
         interval = self.interval_for(target)
+        tracker = self.trackers[target.name]
+        tick = self._mono_clock()
         while True:
-            started = self._mono_clock()
             await self.scrape_once(target)
-            elapsed = self._mono_clock() - started
-            await asyncio.sleep(max(interval - elapsed, 0.0))
+            missed, tick = next_tick(tick, interval, self._mono_clock())
+            if missed:
+                tracker.record_missed(missed)
+                log_event(
+                    logger,
+                    logging.DEBUG,
+                    "scrape ticks missed",
+                    target=target.name,
+                    missed=missed,
+                    interval_seconds=interval,
+                )
+                self._on_update()
+            await self._sleep(max(tick - self._mono_clock(), 0.0))
 
     async def run(self) -> None:
         """Run every target's loop until cancelled."""

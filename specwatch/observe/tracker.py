@@ -111,6 +111,10 @@ class TargetTracker:
             last_scrape_duration_seconds=duration_seconds,
         )
 
+    def record_missed(self, ticks: int) -> None:
+        """``ticks`` scheduled scrapes skipped because the scrape before them ran past them."""
+        self._snap = replace(self._snap, missed_ticks=self._snap.missed_ticks + ticks)
+
     def _count_error(self, reason: ScrapeErrorReason, n: int) -> None:
         self._errors[reason] = self._errors.get(reason, 0) + n
 
@@ -260,7 +264,9 @@ class TargetTracker:
 
 def build_view(targets: Sequence[TargetSnapshot], *, now: float) -> ObserveView:
     """Assemble the :class:`ObserveView` at unix time ``now``; the pair view uses the first
-    ``fly`` and first ``standard`` target and each one's first model's server view."""
+    ``fly`` and first ``standard`` target and each one's first model's server view; the
+    speculation limit compares FLy with the first ``baseline`` target (no speculation) when
+    there is one, else with the standard target."""
     by_name = {t.name: t for t in targets}
     pair: dict[str, PairView] = {}
     std = next((t for t in targets if t.role is Role.STANDARD), None)
@@ -273,8 +279,13 @@ def build_view(targets: Sequence[TargetSnapshot], *, now: float) -> ObserveView:
             s_h = s_models[min(s_models)].server if s_models else None
             f_h = f_models[min(f_models)].server if f_models else None
             pair[w] = pair_view(std.name, s_h, fly.name, f_h)
+    base = next((t for t in targets if t.role is Role.BASELINE), None)
     limit = (
-        speculation_limit(std.concurrency, fly.concurrency)
+        speculation_limit(
+            std.concurrency,
+            fly.concurrency,
+            baseline=base.concurrency if base is not None else None,
+        )
         if std is not None and fly is not None
         else None
     )

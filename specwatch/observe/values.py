@@ -332,6 +332,9 @@ class TargetSnapshot:
     last_success: float | None = None
     last_scrape_duration_seconds: float | None = None
     scrapes_total: int = 0
+    #: scheduled scrapes skipped because the scrape before ran past them (the loop keeps a
+    #: fixed schedule: a skipped tick is counted, never made late)
+    missed_ticks: int = 0
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     counter_resets: Mapping[str, int] = field(default_factory=dict)
     invalid_values: Mapping[str, int] = field(default_factory=dict)

@@ -207,8 +207,29 @@ class RollingWindows:
                 new.per_position[pos] = base + _inc(old, value, reset)
             for hname, hist in cur.histograms.items():
                 old_h = prev.histograms.get(hname) if prev is not None else None
-                old_b = dict(old_h.buckets) if old_h is not None else {}
                 base_b = acc.buckets.get(hname, {})
+                bounds = [le for le, _ in hist.buckets]
+                if (
+                    not reset
+                    and old_h is not None
+                    and [le for le, _ in old_h.buckets] == bounds
+                    and list(base_b) == bounds
+                ):
+                    # the same bounds as the page before: base + (now - before), bucket by bucket
+                    new.buckets[hname] = dict(
+                        zip(
+                            bounds,
+                            [
+                                b + (v - o)
+                                for b, (_, v), (_, o) in zip(
+                                    base_b.values(), hist.buckets, old_h.buckets, strict=True
+                                )
+                            ],
+                            strict=True,
+                        )
+                    )
+                    continue
+                old_b = dict(old_h.buckets) if old_h is not None else {}
                 new.buckets[hname] = {
                     le: base_b.get(le, 0.0) + _inc(old_b.get(le), value, reset)
                     for le, value in hist.buckets
@@ -303,7 +324,16 @@ class RollingWindows:
                 if ob is None:
                     continue
                 # bucket dicts are built in ascending ``le`` order (parse sorts them)
-                pairs = tuple((le, v - ob[le]) for le, v in buckets.items() if le in ob)
+                if list(ob) == list(buckets):  # the same bounds in the same order
+                    pairs = tuple(
+                        zip(
+                            buckets,
+                            [v - o for v, o in zip(buckets.values(), ob.values(), strict=True)],
+                            strict=True,
+                        )
+                    )
+                else:
+                    pairs = tuple((le, v - ob[le]) for le, v in buckets.items() if le in ob)
                 if not pairs or pairs[-1][0] != math.inf:
                     continue
                 hists[hname] = Histogram(pairs)

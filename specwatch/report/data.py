@@ -31,10 +31,11 @@ import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report import MAX_POINTS, REPORT_WINDOW
-from specwatch.shadow.decision import decision_table
+from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
+from specwatch.shadow.lossless import LosslessCheck, lossless_by_load, lossless_check
 from specwatch.shadow.stats.confseq import declaration_path
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import (
@@ -132,7 +133,8 @@ class LedgerDigest:
     :meth:`Ledger.labelled_bins`, from the streamed read) of ``bin_count`` bins of
     ``bin_width`` seconds from ``span.labelled_first_time``; ``stream``: category and outcome of
     every labelled pair in time order; ``tau_coverage``: ``{(arm, finish_reason): (paired rows,
-    rows with a per-request τ)}``.
+    rows with a per-request τ)}``; ``replies``: the stored per-request speculative-decoding
+    counts per ``(arm, category)`` (``Ledger.reply_totals``, for the acceptance gain).
     """
 
     span: ReportSpan
@@ -145,6 +147,7 @@ class LedgerDigest:
     bin_width: float
     stream: LabelledStream
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    replies: Mapping[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
 
 
 def split_tallies(
@@ -182,6 +185,7 @@ class ReportData:
     reasons: Mapping[tuple[str, str], int]
     first_alarm: Mapping[str, int | None]
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    lossless: LosslessCheck | None = None
 
 
 def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
@@ -341,17 +345,27 @@ async def read_ledger(
                 )
                 return span, count, width, stream
 
-            async def speed() -> tuple[dict[str, ArmTotals], dict[tuple[str, str], int]]:
-                return await third.report_arm_totals("speed"), await third.reason_counts()
+            async def speed() -> tuple[
+                dict[str, ArmTotals],
+                dict[tuple[str, str], int],
+                dict[tuple[str, str], tuple[int, int, int]],
+            ]:
+                return (
+                    await third.report_arm_totals("speed"),
+                    await third.reason_counts(),
+                    await third.reply_totals(),
+                )
 
             async def tau_part() -> tuple[
                 dict[str, ArmTotals], dict[tuple[str, str], tuple[int, int]]
             ]:
                 return await second.report_arm_totals("tau"), await second.tau_coverage()
 
-            (span, count, width, stream), (tau, coverage), (speeds, reasons) = await asyncio.gather(
-                streamed(), tau_part(), speed()
-            )
+            (
+                (span, count, width, stream),
+                (tau, coverage),
+                (speeds, reasons, replies),
+            ) = await asyncio.gather(streamed(), tau_part(), speed())
             tallies, load_tallies = split_tallies(stream.tallies())
             totals = {
                 cat: tau.get(cat, ArmTotals()) + speeds.get(cat, ArmTotals())
@@ -368,6 +382,7 @@ async def read_ledger(
                 bin_width=width,
                 stream=stream.labelled(),
                 tau_coverage=coverage,
+                replies=replies,
             )
         finally:
             for ledger in opened:
@@ -393,7 +408,8 @@ def build_report(
     """Assemble :class:`ReportData` from a :class:`LedgerDigest` (pure): the per-category
     statistics (``build_shadow_stats``), the decision table
     (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
-    series and the e-value paths (overall, and per category for the first alarms)."""
+    series, the e-value paths (overall, and per category for the first alarms) and the
+    lossless check (:func:`specwatch.shadow.lossless.lossless_check`, by load band too)."""
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, detect_net_loss, points)
     first_alarms: dict[str, int | None] = {OVERALL: evalue.first_alarm_no_net_loss}
@@ -423,8 +439,16 @@ def build_report(
             margin=margin,
             detect_net_loss=detect_net_loss,
             max_categories=max_categories,
+            replies=stored_replies(digest.replies),
         ),
         by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
+    )
+    overall = stats.windows[REPORT_WINDOW].get(OVERALL)
+    lossless = lossless_check(
+        sum(digest.tallies.values(), PairTally()),
+        overall.lossless_e_value if overall is not None else 1.0,
+        lossless_by_load(digest.load_tallies, load_band_labels(load_bands)),
+        alpha=alpha,
     )
     return ReportData(
         ledger=ledger,
@@ -439,6 +463,7 @@ def build_report(
         reasons=dict(digest.reasons),
         first_alarm=first_alarms,
         tau_coverage=dict(digest.tau_coverage),
+        lossless=lossless,
     )
 
 

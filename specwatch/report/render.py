@@ -405,6 +405,37 @@ def _load_table(data: ReportData) -> str:
     )
 
 
+def _lossless_section(data: ReportData) -> str:
+    """The lossless check: the verdict sentence and the flips against the baseline by band."""
+    check = data.lossless
+    if check is None:
+        return ""
+    rows = [*check.bands, check.overall]
+    body = "".join(
+        f'<tr data-lossless-band="{html.escape(b.band)}"><th scope="row">'
+        f"{html.escape('all bands' if b is check.overall else b.band)}</th>"
+        f"{_cell('pairs', b.pairs)}{_cell('spec_only', b.spec_only)}"
+        f"{_cell('noise_only', b.noise_only)}{_cell('both', b.both)}"
+        f"{_cell('spec_flip_ratio', b.spec_flip_ratio, _fmt(b.spec_flip_ratio, 'pct'))}"
+        f"{_cell('noise_flip_ratio', b.noise_flip_ratio, _fmt(b.noise_flip_ratio, 'pct'))}</tr>"
+        for b in rows
+    )
+    e = check.e_value
+    return (
+        f'<p class="lossless-verdict" data-field="lossless_verdict" data-value="{check.verdict}">'
+        f"{html.escape(check.text)}</p>"
+        f'<p>Noise floor <span data-field="lossless_noise_floor">'
+        f"{_fmt(check.overall.noise_flip_ratio, 'pct')}</span> %, excess "
+        f'<span data-field="lossless_excess">{_fmt(check.excess_flip_ratio, "pct")}</span> '
+        f'points, e-value <span data-field="lossless_e_value">'
+        f"{'∞' if math.isinf(e) else _fmt(e, 'p')}</span> (alarm at 1/α = {1 / check.alpha:g}, "
+        f"at least {check.min_pairs} pairs).</p>"
+        '<table class="num" id="lossless"><thead><tr><th>running requests</th><th>pairs</th>'
+        "<th>standard only</th><th>noise only</th><th>both</th><th>standard flip (%)</th>"
+        f"<th>noise flip (%)</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
 def _points_note(data: ReportData) -> str:
     """Says when the e-value plot shows fewer points than there are labelled pairs."""
     e = data.evalue
@@ -554,6 +585,14 @@ the observed discordance).</p>
 when the pair was replayed, so "FLy flips more" is not confused with "the server flips more
 when busy".</p>
 {_load_table(data)}
+<h2>Lossless check</h2>
+<p>Greedy requests only, where the no-speculation baseline (<code>shadow.baseline</code>) and the
+noise arm both answered: how often the standard (speculative) arm's answer differs from the
+baseline's, against how often a second lossless replay (the noise arm) differs by itself, by the
+running requests when the pair was replayed. Standard only = the standard arm differs and the
+noise arm does not. The e-value is the beta-binomial mixture on standard-only against
+noise-only flips (anytime valid), the rule of the <code>SpecLosslessFlips</code> alert.</p>
+{_lossless_section(data)}
 <h2>Flips over time</h2>{imgs.get("flips.png", "")}
 <h2>E-value path</h2>
 <p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked

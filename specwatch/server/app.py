@@ -20,7 +20,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from aiohttp import web
@@ -28,11 +28,11 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.registry import Collector
 
-from specwatch.core.clock import SYSTEM_WALL, WallClock
+from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
-from specwatch.core.shutdown import ShutdownDeadline
+from specwatch.core.shutdown import Drain, ShutdownDeadline, close_reserve_seconds
 from specwatch.core.store import Store
 from specwatch.export.json import snapshot_json
 from specwatch.export.prometheus import ListenerCollector, SpecwatchCollector
@@ -86,6 +86,8 @@ SESSION_KEY = web.AppKey("specwatch_session", aiohttp.ClientSession)
 SCRAPER_KEY = web.AppKey("specwatch_scraper", Scraper)
 #: Counters of specwatch's listeners (``main``; a component adds its own, e.g. ``proxy``).
 LISTENERS_KEY = web.AppKey("specwatch_listeners", list[ListenerStats])
+#: The shutdown timeline (:class:`~specwatch.core.shutdown.Drain`): begun on SIGTERM.
+DRAIN_KEY = web.AppKey("specwatch_drain", Drain)
 
 
 class Component(Protocol):
@@ -100,6 +102,20 @@ class Component(Protocol):
     ) -> None:
         """Add routes / ``app.cleanup_ctx`` entries / ``registry.register(...)`` collectors."""
         ...
+
+
+@runtime_checkable
+class Draining(Protocol):
+    """A component with work to let finish on SIGTERM (live streams, replays in flight)."""
+
+    async def drain(self, until: float) -> None:
+        """Accept nothing new; let what is open finish until ``until`` (monotonic seconds),
+        then cut or abandon (and count) what is left."""
+        ...
+
+
+#: The components of an app that drain on SIGTERM (:class:`Draining`), in install order.
+DRAINERS_KEY: web.AppKey[list[Draining]] = web.AppKey("specwatch_drainers")
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -119,6 +135,8 @@ def statistics_state(shadow_enabled: bool, snapshot: Snapshot) -> str:
 
 
 async def _readyz(request: web.Request) -> web.Response:
+    if request.app[DRAIN_KEY].draining:  # SIGTERM: out of load balancing before anything closes
+        return web.json_response({"ready": False, "draining": True}, status=503)
     scraper = request.app[SCRAPER_KEY]
     waiting = [name for name, t in scraper.trackers.items() if not t.snapshot().ready]
     statistics = statistics_state(
@@ -135,7 +153,8 @@ ENDPOINT_HELP: dict[str, str] = {
     "/": "this list",
     "/metrics": "Prometheus metrics (specwatch_*)",
     "/healthz": "liveness: ok, or 503 when a component failed",
-    "/readyz": "readiness: 200 once every target was scraped and the statistics are rebuilt",
+    "/readyz": "readiness: 200 once every target was scraped and the statistics are rebuilt; "
+    "503 while shutting down",
     "/api/v1/snapshot": "everything specwatch knows now, as JSON (with the verdict)",
 }
 
@@ -210,6 +229,9 @@ def build_app(
     app[SCRAPER_KEY] = scraper
     app[REGISTRY_KEY] = reg
     app[LISTENERS_KEY] = listeners
+    app[DRAIN_KEY] = Drain(settings.server.shutdown_timeout_seconds, SYSTEM_MONOTONIC)
+    drainers: list[Draining] = [c for c in components if isinstance(c, Draining)]
+    app[DRAINERS_KEY] = drainers
     app.router.add_get("/", _index)
     app.router.add_get("/metrics", make_aiohttp_handler(reg))
     app.router.add_get("/healthz", _healthz)
@@ -244,37 +266,36 @@ def build_app(
     return app
 
 
-#: Shares of ``server.shutdown_timeout_seconds``: open requests may finish within the first
-#: share; the whole cleanup (requests, in-flight replays cancelled, ledger flushed, sessions
-#: closed) is cut off at the second; at the third the process ends whatever is still running
-#: (:class:`~specwatch.core.shutdown.ShutdownDeadline`), so it is gone before the grace period.
-OPEN_REQUESTS_SHARE = 0.4
-CLEANUP_SHARE = 0.7
-DEADLINE_SHARE = 0.95
-
-
 def serve(app: web.Application, settings: Settings) -> None:
     """Serve ``app`` on ``settings.server`` until SIGTERM or SIGINT, then shut down within
-    ``server.shutdown_timeout_seconds``: stop accepting, give open requests up to
-    :data:`OPEN_REQUESTS_SHARE` of it (then close them), run the app's cleanup (cancel
-    in-flight replays, flush the ledger, close sessions) until :data:`CLEANUP_SHARE` of it,
-    and return; the process is ended at :data:`DEADLINE_SHARE` of it if its teardown hangs.
-    Raises ``OSError`` when the address cannot be bound."""
-    deadline = ShutdownDeadline(settings.server.shutdown_timeout_seconds * DEADLINE_SHARE)
+    ``server.shutdown_timeout_seconds`` (the budget, see :mod:`specwatch.core.shutdown`):
+    ``/readyz`` answers 503 at once, every :class:`Draining` component stops accepting and lets
+    its live streams and replays in flight run until the budget less the close reserve, then
+    the main listener closes and the app's cleanup runs (alert state saved, ledger flushed,
+    sessions closed) until the budget; the process is ended at the budget if its teardown
+    hangs. Raises ``OSError`` when the address cannot be bound."""
+    deadline = ShutdownDeadline(settings.server.shutdown_timeout_seconds)
     try:
         asyncio.run(_serve(app, settings, deadline))
     finally:
         deadline.cancel()
 
 
+#: Seconds before the budget's end the cleanup is cut off, so ``serve`` returns and the
+#: interpreter exits before :class:`ShutdownDeadline` has to end it.
+EXIT_MARGIN_SECONDS = 0.2
+
+
 async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDeadline) -> None:
     srv = settings.server
-    grace = srv.shutdown_timeout_seconds
+    budget = srv.shutdown_timeout_seconds
+    drain = app[DRAIN_KEY]
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=False,
-        shutdown_timeout=grace * OPEN_REQUESTS_SHARE,
+        # the main listener closes after the drain: its requests (probes, scrapes) are short
+        shutdown_timeout=close_reserve_seconds(budget) / 4,
         keepalive_timeout=srv.keepalive_timeout_seconds,
         max_line_size=MAX_FIELD_BYTES,
         max_field_size=MAX_FIELD_BYTES,
@@ -285,6 +306,7 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
 
     def on_signal() -> None:
         deadline.start()
+        drain.begin()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -295,21 +317,36 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
         )
         await site.start()
         await stop.wait()
-        log_event(logger, logging.INFO, "shutting down", grace_seconds=grace)
+        log_event(logger, logging.INFO, "shutting down", budget_seconds=budget)
+        drainers: list[Draining] = app[DRAINERS_KEY]
+        await _drain(drainers, drain)
     finally:
-        started = loop.time()
+        drain.begin()  # an error above: the cleanup still keeps to a budget
         try:
-            async with asyncio.timeout(grace * CLEANUP_SHARE):
+            async with asyncio.timeout(max(0.0, drain.exit_left() - EXIT_MARGIN_SECONDS)):
                 await runner.cleanup()
             deadline.cleaned()
         except TimeoutError:
             log_event(
                 logger,
                 logging.WARNING,
-                "shutdown grace exceeded",
+                "shutdown budget exceeded",
                 reason="shutdown_timeout",
-                grace_seconds=grace,
+                budget_seconds=budget,
             )
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        log_event(logger, logging.INFO, "stopped", seconds=round(loop.time() - started, 3))
+        log_event(logger, logging.INFO, "stopped", seconds=round(drain.elapsed(), 3))
+
+
+async def _drain(drainers: Sequence[Draining], drain: Drain) -> None:
+    """Run every component's drain together until :attr:`Drain.until` (a component that
+    overruns it is cancelled with a WARNING line)."""
+    if not drainers:
+        return
+    until = drain.until
+    try:
+        async with asyncio.timeout(drain.left() + 0.1):
+            await asyncio.gather(*(d.drain(until) for d in drainers))
+    except TimeoutError:
+        log_event(logger, logging.WARNING, "drain overran its budget", reason="shutdown_timeout")

@@ -15,6 +15,9 @@ refuses to start on an ``error`` and prints each ``warning`` on stderr; ``specwa
   warning.
 - targets with no ``fly`` or no ``standard`` role: the FLy vs standard comparison and its
   alerts have nothing to compare: warning (none when nothing is scraped at all).
+- the shutdown budget does not fit the pod's termination grace period, or a regular-container
+  sidecar cuts proxied streams the vLLM containers could still finish
+  (:func:`shutdown_findings`, :func:`specwatch.core.pod.shutdown_fit`): warning.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from specwatch.core.pod import shutdown_fit
 from specwatch.core.roles import Role
 from specwatch.server.wiring import arm_targets
 from specwatch.settings import Settings
@@ -40,6 +44,16 @@ class Finding:
     def line(self) -> str:
         """``error: shadow.noise_kind: ...``, the line the CLI prints."""
         return f"{self.level}: {self.setting}: {self.message}"
+
+
+def shutdown_findings(settings: Settings) -> list[Finding]:
+    """The warnings of :func:`~specwatch.core.pod.shutdown_fit` for ``settings`` (``pod``,
+    ``server.shutdown_timeout_seconds``, whether the shadow proxy is on)."""
+    proxy = settings.shadow.enabled and "proxy" in settings.shadow.modes
+    problems = shutdown_fit(
+        settings.pod, budget=settings.server.shutdown_timeout_seconds, proxy=proxy
+    )
+    return [Finding("warning", p.setting, p.message) for p in problems]
 
 
 def check_settings(settings: Settings) -> list[Finding]:
@@ -100,4 +114,5 @@ def check_settings(settings: Settings) -> list[Finding]:
                         "(pair gauges, SpecFLyGainLost) has nothing to compare",
                     )
                 )
+    out.extend(shutdown_findings(settings))
     return sorted(out, key=lambda f: f.level != "error")

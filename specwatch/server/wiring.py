@@ -33,7 +33,7 @@ from specwatch.core.wire import server_base
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import ObserveView, TargetSnapshot
-from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, OPEN_REQUESTS_SHARE, SESSION_KEY
+from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, SESSION_KEY
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.sample import ArmLoad, LoadState
@@ -157,11 +157,16 @@ class ShadowPlug:
             mono_clock=mono_clock,
             session=session,
             listen=settings.server.limits,
-            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds * OPEN_REQUESTS_SHARE,
+            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds,
         )
 
     def _observe(self) -> ObserveView | None:
         return None if self._store is None else self._store.get().observe
+
+    async def drain(self, until: float) -> None:
+        """SIGTERM: the shadow chain's live streams and replays in flight run until ``until``
+        (:meth:`ShadowComponent.drain`)."""
+        await self.component.drain(until)
 
     def _publish(self, stats: ShadowStats) -> None:
         if self._store is not None:

@@ -168,6 +168,7 @@ def _arm_outcome(
         content_agrees=content,
         tool_calls_agree=tools,
         reasoning_agrees=reasoning,
+        spec_decode=r.spec_decode,
     )
 
 

@@ -52,7 +52,13 @@ from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import log_event
 from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import decision_table, reply_counts
+from specwatch.shadow.decision import (
+    ReplyCounts,
+    add_replies,
+    decision_table,
+    reply_counts,
+    stored_replies,
+)
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
@@ -83,6 +89,9 @@ logger = logging.getLogger("specwatch.shadow.component")
 STATS_BUCKET_SECONDS = 10.0
 #: How often a ledger that cannot store rows (full, read-only, unavailable) is tried again.
 LEDGER_RETRY_SECONDS = 30.0
+#: The share of the shutdown timeout the mirror listener gives the copies it is reading (they
+#: are copies, not live answers: the live streams and replays get the whole drain).
+MIRROR_SHUTDOWN_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +184,8 @@ class ShadowComponent:
         self.live: LiveTallies | None = None
         self._inputs: tuple[int, StatsInputs] | None = None
         self._decisions: tuple[tuple[Any, ...], tuple[DecisionRow, ...]] | None = None
+        #: Reply counts the ledger held when this process started (added to its own counters).
+        self._stored_replies: dict[tuple[str, str], ReplyCounts] = {}
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
@@ -198,6 +209,19 @@ class ShadowComponent:
     def pauses(self) -> Mapping[str, int] | None:
         """Transitions into a load pause by reason, ``None`` while the pipeline is not built."""
         return None if self.pipeline is None else dict(self.pipeline.sampler.pauses)
+
+    async def drain(self, until: float) -> None:
+        """SIGTERM: the pipeline drains until ``until`` (monotonic seconds; see
+        :meth:`ShadowPipeline.drain <specwatch.shadow.pipeline.ShadowPipeline.drain>`) while the
+        mirror listener stops accepting and finishes the copies it is reading (within
+        :data:`MIRROR_SHUTDOWN_SHARE` of the shutdown timeout)."""
+        parts: list[Awaitable[None]] = []
+        if self.pipeline is not None:
+            parts.append(self.pipeline.drain(until))
+        mirror, self._mirror_listener = self._mirror_listener, None
+        if mirror is not None:
+            parts.append(mirror.stop())
+        await asyncio.gather(*parts)
 
     def load_state(self) -> Mapping[str, ArmLoad]:
         """Per-arm load as the sampler reads it (``{}`` without a ``load_state`` callable)."""
@@ -246,7 +270,7 @@ class ShadowComponent:
         (the decision table is reused while it, the settings, the reply counts of ``io`` and
         the kept categories are unchanged); ``None``: computed afresh."""
         p = self.paired_settings
-        replies = reply_counts(io)
+        replies = add_replies(self._stored_replies, reply_counts(io))
         kept = tuple(self.categories.kept)
         dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept)
         if version is None or self._decisions is None or self._decisions[0] != dkey:
@@ -410,6 +434,7 @@ class ShadowComponent:
             self.alarms = await ledger.fold_labelled(
                 lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p)
             )
+            self._stored_replies = stored_replies(await ledger.reply_totals())
         self.live = live
         log_event(
             logger,
@@ -498,7 +523,7 @@ class ShadowComponent:
                     max_body_bytes=sh.mirror_max_body_bytes,
                     listen=self._listen,
                     listener=self.mirror_listener,
-                    shutdown_timeout_seconds=self._shutdown_timeout,
+                    shutdown_timeout_seconds=self._shutdown_timeout * MIRROR_SHUTDOWN_SHARE,
                 )
                 port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
                 self._mirror_listener = listener

@@ -96,6 +96,25 @@ def reply_counts(io: ShadowIO | None) -> dict[tuple[str, str], ReplyCounts]:
     }
 
 
+def add_replies(
+    *parts: Mapping[tuple[str, str], ReplyCounts],
+) -> dict[tuple[str, str], ReplyCounts]:
+    """The per-key sum of reply counts (e.g. what the ledger stored before this process started
+    plus this process's own counters)."""
+    out: dict[tuple[str, str], ReplyCounts] = {}
+    for part in parts:
+        for k, r in part.items():
+            out[k] = out.get(k, ReplyCounts()) + r
+    return out
+
+
+def stored_replies(
+    totals: Mapping[tuple[str, str], tuple[int, int, int]],
+) -> dict[tuple[str, str], ReplyCounts]:
+    """:class:`ReplyCounts` from the ledger's sums (``Ledger.reply_totals``)."""
+    return {k: ReplyCounts(*v) for k, v in totals.items()}
+
+
 def bound_categories(
     tallies: Mapping[str, PairTally],
     max_categories: int,
@@ -231,7 +250,8 @@ def decision_table(
     """The decision table: one row per bounded category (sorted, :data:`OTHER` last) and an
     ``overall`` row, from since-start per-category tallies (``Ledger.tally()``), speed sums
     (``Ledger.arm_totals()``) and the reply counts ``{(arm, category): ReplyCounts}``
-    (:func:`reply_counts`; this process only). Categories with no row in ``totals`` have no
+    (:func:`reply_counts` of this process plus what the ledger stored, :func:`add_replies`).
+    Categories with no row in ``totals`` have no
     speed data. ``kept``/``max_categories``: the category bound (:func:`bound_categories`).
     Pure; raises ``ValueError`` for ``max_categories < 0``."""
     names = bound_categories(tallies, max_categories, kept)

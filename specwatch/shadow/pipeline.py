@@ -23,6 +23,7 @@ the replies' speculative-decoding counts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -49,6 +50,7 @@ from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
 log = logging.getLogger("specwatch.shadow.pipeline")
 
 PairSink = Callable[[ReplayPair], Awaitable[None]]
+CANARY_TASK = "shadow-canary"
 
 
 def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarget:
@@ -254,6 +256,13 @@ class ShadowPipeline:
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
+        #: Workers holding a request (taken from the queue, not yet handed to ``on_pair``).
+        self._holding = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        #: Pairs handed to ``on_pair`` so far.
+        self.delivered = 0
         #: the proxy listener is up (:meth:`start_proxy` ran and :meth:`stop` has not)
         self.proxy_started = False
 
@@ -341,7 +350,7 @@ class ShadowPipeline:
         traffic is never refused while they load. Copies it hands over before :meth:`start`
         wait in the sampler's queue (bounded, aged out as usual). Raises ``OSError`` when the
         port cannot be bound."""
-        if self.proxy is None or self.proxy_started:
+        if self.proxy is None or self.proxy_started or self._draining:
             return
         start = (
             self.proxy.start_in_process
@@ -356,7 +365,9 @@ class ShadowPipeline:
 
     async def start(self) -> None:
         """Start replay workers, the proxy listener (unless :meth:`start_proxy` did) and the
-        canary runner (as configured)."""
+        canary runner (as configured); nothing once :meth:`drain` began."""
+        if self._draining:
+            return
         if self.mirror_listener is not None:
             port = await self.mirror_listener.start(
                 self.settings.mirror_listen_host, self.settings.mirror_listen_port
@@ -366,14 +377,73 @@ class ShadowPipeline:
             self._tasks.append(asyncio.create_task(self._worker(), name=f"shadow-replay-{i}"))
         await self.start_proxy()
         if self.canary is not None:
-            self._tasks.append(asyncio.create_task(self.canary.run(), name="shadow-canary"))
+            self._tasks.append(asyncio.create_task(self.canary.run(), name=CANARY_TASK))
 
-    async def stop(self) -> None:
-        """Cancel workers and canary, stop the proxy. Queued requests are abandoned."""
+    async def drain(self, until: float, mono_clock: MonotonicClock = SYSTEM_MONOTONIC) -> None:
+        """Shut down within a budget: admit nothing more (offers and the requests still queued
+        are dropped as ``shutdown_queued``), stop the proxy listener accepting and let its open
+        exchanges run, and let the replays in flight finish, all until ``until`` (monotonic
+        seconds on ``mono_clock``); then cut the proxy's exchanges still open, and count each replay
+        still in flight as ``shutdown_in_flight`` (its worker is cancelled). Logs one line with
+        the counts (WARNING when a replay was abandoned)."""
+        started = mono_clock()
+        self.sampler.closed = True
+        self._draining = True
+        queued = self._drop_queued()
+        for t in self._tasks:
+            if t.get_name() == CANARY_TASK:  # the canary offers nothing more
+                t.cancel()
+        delivered = self.delivered
+
+        async def replays() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
+
+        parts = [replays()]
+        if self.proxy is not None and self.proxy_started:
+            parts.append(self.proxy.stop(max(0.0, until - mono_clock())))
+        await asyncio.gather(*parts)
+        self.proxy_started = False
+        abandoned = await self._cancel_workers()
+        log_event(
+            log,
+            logging.WARNING if abandoned else logging.INFO,
+            "shadow replays drained",
+            completed=self.delivered - delivered,
+            abandoned_in_flight=abandoned,
+            abandoned_queued=queued,
+            seconds=round(mono_clock() - started, 3),
+        )
+
+    def _drop_queued(self) -> int:
+        """Drop every request still queued as ``shutdown_queued``; returns how many."""
+        q, n = self.sampler.queue, 0
+        while not q.empty():
+            q.get_nowait()
+            q.task_done()
+            n += 1
+        for _ in range(n):
+            self.sampler.count_drop("shutdown_queued")
+        return n
+
+    async def _cancel_workers(self) -> int:
+        """Cancel workers and canary; each request a worker still held is counted as
+        ``shutdown_in_flight``. Returns that count."""
+        held = self._holding
+        for _ in range(held):
+            self.sampler.count_drop("shutdown_in_flight")
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        return held
+
+    async def stop(self) -> None:
+        """Cancel workers and canary (a request a worker still held is counted as
+        ``shutdown_in_flight``), stop the proxy and the mirror listener. Queued requests are
+        abandoned."""
+        self.sampler.closed = True
+        await self._cancel_workers()
         if self.proxy is not None:
             await self.proxy.stop()
             self.proxy_started = False
@@ -389,9 +459,14 @@ class ShadowPipeline:
         q = self.sampler.queue
         while True:
             req = await q.get()
+            self._holding += 1
+            self._idle.clear()
             try:
                 await self._process(req)
             finally:
+                self._holding -= 1
+                if self._holding == 0:
+                    self._idle.set()
                 q.task_done()
 
     async def _process(self, req: ShadowRequest) -> None:
@@ -401,6 +476,9 @@ class ShadowPipeline:
                 return
             if self.sampler.held():  # queued before the ledger failed: not replayed
                 self.sampler.count_drop("ledger_unusable")
+                return
+            if self._draining:  # waited out a load pause into the shutdown: never replayed
+                self.sampler.count_drop("shutdown_queued")
                 return
             if not self.sampler.current_pause():
                 break
@@ -436,6 +514,7 @@ class ShadowPipeline:
                 self.spec_accepted[key] += sd.num_accepted_draft_tokens
         try:
             await self._on_pair(pair)
+            self.delivered += 1
         except asyncio.CancelledError:
             raise
         except Exception:  # the sink is injected code: count, log, keep the workers alive

@@ -12,6 +12,11 @@ Admission order for each offered request (first failing step decides, each count
 4. ``rate_limit``: the global shadow requests/s token bucket is empty;
 5. ``queue_full``: the bounded queue is full (``put_nowait``; never waits).
 
+On shutdown (:attr:`Sampler.closed`) every offer is dropped as ``shutdown_queued``, as are the
+requests still queued; a replay still in flight when the shutdown budget ends is counted as
+``shutdown_in_flight`` (see :meth:`ShadowPipeline.drain
+<specwatch.shadow.pipeline.ShadowPipeline.drain>`).
+
 The clock is injected (a :class:`~specwatch.core.clock.MonotonicClock`) so buckets and staleness
 are testable.
 """
@@ -39,6 +44,8 @@ DROP_REASONS: tuple[str, ...] = (
     "queue_full",
     "expired",
     "ledger_unusable",
+    "shutdown_queued",
+    "shutdown_in_flight",
 )
 PAUSE_REASONS: tuple[str, ...] = ("waiting", "running_near_max", "load_stale")
 
@@ -246,6 +253,8 @@ class Sampler:
         #: Why nothing may be replayed now (``None``: go): the shadow component sets it to a
         #: callable naming the ledger's state while its rows cannot be stored.
         self.hold: Callable[[], str | None] | None = None
+        #: The process is shutting down: nothing more is admitted.
+        self.closed = False
 
     def held(self) -> bool:
         """Nothing may be replayed now (see :attr:`hold`)."""
@@ -293,6 +302,8 @@ class Sampler:
         if not force and not self.is_sampled(req):
             self.not_sampled += 1
             return "not_sampled"
+        if self.closed:
+            return self._drop("shutdown_queued")
         if self.held():
             return self._drop("ledger_unusable")
         bucket = self._bucket(req.category)

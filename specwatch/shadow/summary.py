@@ -12,6 +12,7 @@ from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.ledger.aggregates import HistoryGroup, HistoryGrouping
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.lossless import LosslessBand
 from specwatch.shadow.sample import OTHER_CATEGORY, CategoryBound
 from specwatch.shadow.stats.confseq import net_loss_upper_sequence, within_margin_log_e_value
 from specwatch.shadow.stats.paired import (
@@ -282,13 +283,19 @@ class LoadBand:
     """Flip rates of the pairs replayed while ``band`` requests were running (since start, all
     categories): ``pairs`` paired requests, ``fly_flip_ratio`` share where FLy's answer differs
     from the standard's; ``noise_pairs`` those with a noise answer, ``noise_flip_ratio`` the
-    noise arm's share (NaN when there are none)."""
+    noise arm's share (NaN when there are none). The lossless check in the band
+    (:mod:`specwatch.shadow.lossless`): ``lossless_pairs`` greedy pairs where the no-speculation
+    baseline and the noise arm answered, the standard arm's and the noise arm's flip rates
+    against the baseline (NaN without such pairs)."""
 
     band: str
     pairs: int
     fly_flip_ratio: float
     noise_pairs: int
     noise_flip_ratio: float
+    lossless_pairs: int = 0
+    lossless_standard_flip_ratio: float = math.nan
+    lossless_noise_flip_ratio: float = math.nan
 
 
 def load_bands(tallies: Mapping[str, PairTally], labels: Sequence[str]) -> tuple[LoadBand, ...]:
@@ -299,6 +306,7 @@ def load_bands(tallies: Mapping[str, PairTally], labels: Sequence[str]) -> tuple
     for name in names:
         t = tallies.get(name, PairTally())
         nn = t.noise_agree + t.noise_disagree
+        lossless = LosslessBand.of(name, t.lossless_flip_counts())
         out.append(
             LoadBand(
                 band=name,
@@ -306,6 +314,9 @@ def load_bands(tallies: Mapping[str, PairTally], labels: Sequence[str]) -> tuple
                 fly_flip_ratio=t.disagree / t.paired if t.paired else math.nan,
                 noise_pairs=nn,
                 noise_flip_ratio=t.noise_disagree / nn if nn else math.nan,
+                lossless_pairs=lossless.pairs,
+                lossless_standard_flip_ratio=lossless.spec_flip_ratio,
+                lossless_noise_flip_ratio=lossless.noise_flip_ratio,
             )
         )
     return tuple(out)

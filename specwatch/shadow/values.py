@@ -139,8 +139,9 @@ class ArmOutcome:
     :mod:`specwatch.shadow.compare`); ``truncated`` marks a ``length`` / ``content_filter``
     finish; ``content_agrees``, ``tool_calls_agree`` and ``reasoning_agrees`` are the per-field
     comparisons behind ``agrees`` (``None`` where ``agrees`` is, or where neither arm has the
-    field). ``error_code`` is an in-band error's code. Texts are kept only so a ledger with
-    ``store_text`` can save them.
+    field). ``error_code`` is an in-band error's code. ``spec_decode``: the reply's per-request
+    speculative-decoding counts (as :class:`ArmResult`), kept so the ledger stores them. Texts
+    are kept only so a ledger with ``store_text`` can save them.
     """
 
     arm: Arm
@@ -167,6 +168,7 @@ class ArmOutcome:
     content_agrees: bool | None = None
     tool_calls_agree: bool | None = None
     reasoning_agrees: bool | None = None
+    spec_decode: SpecDecodeReading | None = None
 
 
 @dataclass(frozen=True, slots=True)

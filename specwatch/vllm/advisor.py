@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specwatch.vllm.budget import budget_limits
+from specwatch.vllm.budget import BudgetLimits, budget_limits
 from specwatch.vllm.methods import BudgetRegime
 
 #: Fewest drafts for per-position rates to support a claim (binomial SE <= 0.025 per rate).
@@ -96,7 +96,9 @@ class KRow:
     ``decode_full_per_step_requests`` (requests served with all K drafts per step),
     ``served_full_requests`` = min(concurrency, decode_full_per_step),
     ``expected_tokens_per_step`` = served_full · τ(K) + (requests served below full drafts) · 1,
-    ``budget_for_max_num_seqs`` (tokens; see :func:`budget_for_full_decode`).
+    ``budget_for_max_num_seqs`` (tokens; see :func:`budget_for_full_decode`),
+    ``expected_tokens_per_step_at_max_num_seqs`` the same expectation with all ``max_num_seqs``
+    running under the configured budget (what a larger budget is weighed against at full load).
     """
 
     k: int
@@ -106,6 +108,16 @@ class KRow:
     served_full_requests: int | None = None
     expected_tokens_per_step: float | None = None
     budget_for_max_num_seqs: int | None = None
+    expected_tokens_per_step_at_max_num_seqs: float | None = None
+
+
+def _tokens_per_step(want: float, lim: BudgetLimits, max_num_seqs: int, tau: float) -> float:
+    """Expected tokens per step with ``want`` requests wanting a step under ``lim``: those
+    served with full drafts give τ each, the rest that still get a step 1 each."""
+    running = min(want, float(lim.admission_cap), float(max_num_seqs))
+    full = min(running, float(lim.decode_full_per_step))
+    partial = max(0.0, min(running, float(lim.decode_any_per_step)) - full)
+    return full * tau + partial
 
 
 def rows_by_k(
@@ -142,7 +154,6 @@ def rows_by_k(
         want = float(max_num_seqs) if concurrency is None else float(concurrency)
         running = min(want, float(lim.admission_cap), float(max_num_seqs))
         full = min(running, float(lim.decode_full_per_step))
-        partial = max(0.0, min(running, float(lim.decode_any_per_step)) - full)
         out.append(
             KRow(
                 k,
@@ -150,9 +161,12 @@ def rows_by_k(
                 admission_cap_requests=lim.admission_cap,
                 decode_full_per_step_requests=lim.decode_full_per_step,
                 served_full_requests=int(full),
-                expected_tokens_per_step=full * tau + partial,
+                expected_tokens_per_step=_tokens_per_step(want, lim, max_num_seqs, tau),
                 budget_for_max_num_seqs=budget_for_full_decode(
                     max_num_seqs, k, method, parallel_drafting=parallel_drafting, regime=regime
+                ),
+                expected_tokens_per_step_at_max_num_seqs=_tokens_per_step(
+                    float(max_num_seqs), lim, max_num_seqs, tau
                 ),
             )
         )
@@ -166,12 +180,19 @@ def advice(
     configured_k: int | None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    concurrency: float | None = None,
+    concurrency_label: str | None = None,
 ) -> list[str]:
     """Recommendations in words (or why none can be made) for the rows of :func:`rows_by_k`.
 
     No claim below :data:`MIN_DRAFTS` drafts or without per-position data; a smaller K or a
     larger budget is recommended only when it raises expected tokens per step by at least
-    :data:`MIN_GAIN` under the model in :data:`ASSUMPTIONS`.
+    :data:`MIN_GAIN` under the model in :data:`ASSUMPTIONS`. The budget line quotes the gain
+    at ``concurrency`` (the rows' concurrency; ``concurrency_label`` names it, e.g. "the 100
+    running requests now") and at ``max_num_seqs``, each labelled
+    (:func:`budget_gains`); it recommends the larger budget when the gain at ``concurrency``
+    reaches :data:`MIN_GAIN`, and says it pays only under more load when only the gain at
+    ``max_num_seqs`` does.
     """
     if not rows or configured_k is None:
         return [
@@ -221,19 +242,102 @@ def advice(
             f"K={cur.k} is the best K up to {rows[-1].k} under this model "
             f"({cur_tok:.1f} expected tokens per step)."
         )
-    if (
-        max_num_seqs is not None
-        and max_num_batched_tokens is not None
-        and cur.budget_for_max_num_seqs is not None
-        and cur.budget_for_max_num_seqs > max_num_batched_tokens
-        and (cur.served_full_requests or 0) < max_num_seqs
-    ):
-        full_tok = max_num_seqs * cur.mean_acceptance_length
-        if full_tok > cur_tok * (1 + MIN_GAIN):
-            lines.append(
-                f"a larger budget should give more throughput: max_num_batched_tokens="
-                f"{cur.budget_for_max_num_seqs} (now {max_num_batched_tokens}) lets all "
-                f"{max_num_seqs} max_num_seqs decode with K={cur.k} full drafts "
-                f"({full_tok:.1f} vs {cur_tok:.1f} tokens per step at that concurrency)."
-            )
+    budget = budget_line(
+        cur,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        concurrency=concurrency,
+        concurrency_label=concurrency_label,
+    )
+    if budget is not None:
+        lines.append(budget)
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGain:
+    """The relative gain in expected tokens per step of a budget that serves every request
+    with full drafts over the configured one, at one concurrency: ``label`` names it
+    (``at the 100 running requests now``, ``at max_num_seqs=256``), ``running`` the requests
+    counted, ``now`` and ``full`` the tokens per step under each budget, ``gain`` = full / now −
+    1 (a fraction)."""
+
+    label: str
+    running: float
+    now: float
+    full: float
+    gain: float
+
+    def text(self) -> str:
+        """``at max_num_seqs=256: +50.6 % (385.6 vs 256.0 tokens per step)``."""
+        return (
+            f"{self.label}: {100 * self.gain:+.1f} % ({self.full:.1f} vs {self.now:.1f} tokens "
+            "per step)"
+        )
+
+
+def budget_gains(
+    row: KRow,
+    *,
+    max_num_seqs: int,
+    concurrency: float | None,
+    concurrency_label: str | None,
+) -> list[BudgetGain]:
+    """The gains of :attr:`KRow.budget_for_max_num_seqs` over the configured budget for
+    ``row`` (a row of :func:`rows_by_k` with limits): first at ``concurrency`` (left out when
+    it is ``None`` or ``max_num_seqs`` itself), then at ``max_num_seqs``. Empty when the row
+    has no budget columns or a concurrency's tokens per step is 0."""
+    tau = row.mean_acceptance_length
+    out: list[BudgetGain] = []
+    points: list[tuple[str, float, float | None]] = []
+    if concurrency is not None and concurrency != max_num_seqs:
+        label = concurrency_label or f"{concurrency:g} running requests"
+        points.append((f"at {label}", concurrency, row.expected_tokens_per_step))
+    points.append(
+        (
+            f"at max_num_seqs={max_num_seqs}",
+            float(max_num_seqs),
+            row.expected_tokens_per_step_at_max_num_seqs,
+        )
+    )
+    for label, running, now in points:
+        if now is None or now <= 0:
+            continue
+        full = min(running, float(max_num_seqs)) * tau
+        out.append(BudgetGain(label, running, now, full, full / now - 1.0))
+    return out
+
+
+def budget_line(
+    cur: KRow,
+    *,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    concurrency: float | None,
+    concurrency_label: str | None,
+) -> str | None:
+    """The larger-budget sentence for the configured K's row (``None`` when the budget
+    already serves ``max_num_seqs`` in full or no gain reaches :data:`MIN_GAIN`)."""
+    if (
+        max_num_seqs is None
+        or max_num_batched_tokens is None
+        or cur.budget_for_max_num_seqs is None
+        or cur.budget_for_max_num_seqs <= max_num_batched_tokens
+    ):
+        return None
+    gains = budget_gains(
+        cur,
+        max_num_seqs=max_num_seqs,
+        concurrency=concurrency,
+        concurrency_label=concurrency_label,
+    )
+    if not gains or all(g.gain < MIN_GAIN for g in gains):
+        return None
+    quoted = "; ".join(g.text() for g in gains)
+    what = (
+        f"max_num_batched_tokens={cur.budget_for_max_num_seqs} (now {max_num_batched_tokens}) "
+        f"lets all {max_num_seqs} max_num_seqs decode with K={cur.k} full drafts"
+    )
+    if gains[0].gain >= MIN_GAIN:
+        return f"a larger budget should give more throughput: {what}; {quoted}."
+    return f"a larger budget pays only under more load: {what}; {quoted}."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -188,19 +189,20 @@ def _series(tmp_path: Path, name: str, points: list[tuple[float, float]]) -> lis
 
 
 def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
-    """Pages 10 s apart. Standard: 3 windows at 1 running with 500 tokens (50 tokens/s per
-    request), then 3 at 8 running with 3,200 (320/8 = 40). FLy: 800 at 1 (80, 1.6×), then
-    2,800 at 8 (280/8 = 35, 35/40 = 0.875×): speculation stops paying from 8 running."""
-    std = _series(
-        tmp_path,
-        "std",
-        [(1, 0), (1, 500), (1, 1000), (1, 1500), (8, 4700), (8, 7900), (8, 11100)],
-    )
-    fly = _series(
-        tmp_path,
-        "fly",
-        [(1, 0), (1, 800), (1, 1600), (1, 2400), (8, 5200), (8, 8000), (8, 10800)],
-    )
+    """Pages 10 s apart. Standard: 8 windows at 1 running with 500 tokens (50 tokens/s per
+    request), then 8 at 8 running with 3,200 (320/8 = 40). FLy: 800 at 1 (80, 1.6×), then 2,800
+    at 8 (280/8 = 35, 0.875×). The log ratio is ln 1.6 at 1 and ln 0.875 at 8, a straight line
+    in ln(running) between them: zero at t = ln 1.6 / (ln 1.6 − ln 0.875) = 0.7788, so 8^0.7788 =
+    5.05 running, interpolated (the bands would say "from 8"). A baseline series (no
+    speculation, 50 per request at both) is the reference when given: the log ratio is ln 1.6
+    at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7)) = 3.53."""
+
+    def pages(name: str, at1: int, at8: int) -> list[str]:
+        counts = [(1.0, float(at1 * i)) for i in range(9)]
+        counts += [(8.0, float(at1 * 8 + at8 * i)) for i in range(1, 9)]
+        return _series(tmp_path, name, counts)
+
+    std, fly = pages("std", 500, 3200), pages("fly", 800, 2800)
     doc = _json(
         str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
         "--standard-series",
@@ -212,12 +214,41 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     )
     lim = doc["speculation_limit"]
     assert lim["status"] == "reached"
-    assert lim["running"] == 8
+    assert lim["reference"] == "standard"
+    t = math.log(1.6) / (math.log(1.6) - math.log(0.875))
+    assert lim["running"] == pytest.approx(8**t, rel=1e-6)
     assert [b["band"] for b in lim["bands"]] == ["1", "8-15"]
     assert [round(b["speed_ratio"], 6) for b in lim["bands"]] == [1.6, 0.875]
     assert [b["standard_speed"] for b in lim["bands"]] == [50.0, 40.0]
     assert lim["text"] in doc["advice"]
-    assert lim["text"].startswith("speculation stops paying from 8 running requests")
+    assert lim["text"].startswith("speculation stops paying at about 5 running requests")
+    table = _advise(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        "--standard-series",
+        *std,
+        "--fly-series",
+        *fly,
+        "--series-interval",
+        "10",
+        "--format",
+        "table",
+    ).stdout
+    assert f"- {lim['text']}" in table
+    base = pages("base", 500, 4000)
+    with_base = _json(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        "--standard-series",
+        *std,
+        "--fly-series",
+        *fly,
+        "--baseline-series",
+        *base,
+        "--series-interval",
+        "10",
+    )["speculation_limit"]
+    assert with_base["reference"] == "baseline"
+    assert with_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
+    assert "no faster than the no-speculation baseline" in with_base["text"]
     # without the series: null; one series alone or no interval: exit 2, one line
     assert _json(str(FIXTURES / "real-cpu-draft-model-midflight.txt"))["speculation_limit"] is None
     bad = _advise(
@@ -227,3 +258,49 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     assert bad.stderr.strip() == (
         "specwatch advise: --standard-series and --fly-series go together"
     )
+
+
+def _running_page(tmp_path: Path, running: float) -> str:
+    """The ngram capture with ``running`` requests on its running gauge."""
+    text = (FIXTURES / "real-cpu-ngram.txt").read_text(encoding="utf-8")
+    old = 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0'
+    assert old in text
+    path = tmp_path / f"running-{running:g}.txt"
+    path.write_text(
+        text.replace(old, f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}'),
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def test_budget_gain_quoted_at_the_observed_concurrency_and_at_max_num_seqs(
+    tmp_path: Path,
+) -> None:
+    """ngram (S = 0), K = 4, τ = 1 + 184/488 = 1.37705, N = 256, B = 400: D_full = 400 // 5 = 80,
+    every other running request gets 1 token. The page shows 100 running. By hand, now: 80·τ +
+    20 = 130.16 tokens per step; with the full budget 256·5 = 1280 all 100 get full drafts:
+    100·τ = 137.70, +5.8 %. At max_num_seqs: 80·τ + 176 = 286.16 against 256·τ = 352.52,
+    +23.2 %. Both are quoted and labelled; with 80 running (all already in full) the gain now
+    is +0.0 % and the line says the budget pays only under more load."""
+    limits = ("--max-num-seqs", "256", "--max-num-batched-tokens", "400", "--method", "ngram")
+    doc = _json(_running_page(tmp_path, 100), *limits)
+    assert doc["concurrency"] == 100
+    k4 = doc["by_k"][3]
+    tau = 1 + 184 / 488
+    assert k4["expected_tokens_per_step"] == pytest.approx(80 * tau + 20)
+    assert k4["expected_tokens_per_step_at_max_num_seqs"] == pytest.approx(80 * tau + 176)
+    line = next(a for a in doc["advice"] if a.startswith("a larger budget"))
+    assert line.startswith("a larger budget should give more throughput: ")
+    assert "max_num_batched_tokens=1280 (now 400)" in line
+    assert "at the 100 running requests now: +5.8 % (137.7 vs 130.2 tokens per step)" in line
+    assert "at max_num_seqs=256: +23.2 % (352.5 vs 286.2 tokens per step)" in line
+    table = _advise(_running_page(tmp_path, 100), *limits, "--format", "table").stdout
+    assert "at the 100 running requests now: +5.8 %" in table
+    light = _json(_running_page(tmp_path, 80), *limits)
+    line = next(a for a in light["advice"] if a.startswith("a larger budget"))
+    assert line.startswith("a larger budget pays only under more load: ")
+    assert "at the 80 running requests now: +0.0 %" in line
+    assert "at max_num_seqs=256: +23.2 %" in line
+    planned = _json(_running_page(tmp_path, 100), *limits, "--running", "50")
+    line = next(a for a in planned["advice"] if a.startswith("a larger budget"))
+    assert "at the planned 50 running requests (--running): +0.0 %" in line

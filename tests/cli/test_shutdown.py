@@ -9,6 +9,7 @@ mid-body (``run``) or a long streaming completion (``simulate``) before the sign
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sqlite3
 from pathlib import Path
@@ -122,3 +123,29 @@ async def test_simulate_exits_within_the_default_grace_with_a_stream_open(tmp_pa
         assert done
     assert code == 0, p.log_text()[-2000:]
     assert seconds < 10.0, seconds
+
+
+async def test_run_warns_once_when_the_budget_does_not_fit_the_pod(tmp_path: Path) -> None:
+    """``pod.termination_grace_period_seconds: 30`` with a 30 s budget (31 s needed with the
+    1 s margin): one WARNING line ``shutdown budget does not fit the pod`` naming the setting
+    and 29 s; nothing of it on stderr's plain warnings; SIGTERM still exits 0 at once."""
+    port = free_port()
+    cfg = run_config(
+        tmp_path,
+        port,
+        server={"shutdown_timeout_seconds": 30.0},
+        pod={"termination_grace_period_seconds": 30, "container": "container"},
+    )
+    async with specwatch_process(tmp_path, ["run", "--config", str(cfg)], port=port) as p:
+        code, seconds = await p.stop(signal.SIGTERM)
+    lines = [
+        json.loads(line)
+        for line in p.log_text().splitlines()
+        if '"event":"shutdown budget does not fit the pod"' in line
+    ]
+    assert code == 0
+    assert seconds < 5.0, seconds
+    [line] = lines
+    assert (line["level"], line["setting"]) == ("warning", "server.shutdown_timeout_seconds")
+    assert "lower it to 29 s" in line["message"]
+    assert "terminationGracePeriodSeconds" not in p.log_text().replace(line["message"], "")

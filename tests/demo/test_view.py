@@ -268,3 +268,24 @@ def test_the_view_reads_typed_values_only() -> None:
         and isinstance(n.slice.value, str)
     ]
     assert subscripts_by_string == []
+
+
+def test_view_shows_the_speculation_limit_sentence_of_the_snapshot() -> None:
+    """The view prints the speculation limit's own sentence (the one ``/api/v1/snapshot`` and
+    ``specwatch advise`` carry), after the pair line; nothing while there is no data."""
+    from specwatch.export.json import snapshot_json
+    from specwatch.observe.concurrency import ConcurrencyProfile, add_point, speculation_limit
+
+    std, fly = ConcurrencyProfile(), ConcurrencyProfile()
+    for running, s, f in [(1, 50.0, 80.0)] * 8 + [(8, 400.0, 380.0)] * 8:
+        std, fly = add_point(std, running, s, None), add_point(fly, running, f, None)
+    limit = speculation_limit(std, fly)
+    snap = _snap()
+    snap = replace(snap, observe=replace(snap.observe, speculation_limit=limit))
+    lines = render_text(build_view(snap, CTX, width=400), width=400).splitlines()
+    assert lines[10] == limit.text
+    assert limit.text.startswith("speculation stops paying at about 7 running requests")
+    assert snapshot_json(snap)["speculation_limit"]["text"] == limit.text
+    none = replace(snap.observe, speculation_limit=speculation_limit(ConcurrencyProfile(), fly))
+    text = render_text(build_view(replace(snap, observe=none), CTX, width=400), width=400)
+    assert "speculation" not in text

@@ -68,7 +68,7 @@ def _full_snapshot() -> Snapshot:
     view = build_view([std.snapshot(), fly.snapshot()], now=31.0)
     # a speculation limit reached at 4 running: standard 100 tokens/s per request, FLy 75
     std_p, fly_p = ConcurrencyProfile(), ConcurrencyProfile()
-    for _ in range(3):
+    for _ in range(8):
         std_p = add_point(std_p, 4, 400.0, 0.01)
         fly_p = add_point(fly_p, 4, 300.0, 0.012)
     return Snapshot(observe=replace(view, speculation_limit=speculation_limit(std_p, fly_p)))

@@ -3,6 +3,7 @@ and the profile a tracker builds from real vLLM /metrics pages."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -33,32 +34,68 @@ def test_bands_are_powers_of_two() -> None:
     assert [band_label(b) for b in (1, 2, 4, 512)] == ["1", "2-3", "4-7", "512+"]
 
 
+#: 8^(ln 1.6 / ln(80/47.5)): where FLy's log-linear speed meets 50 (see below).
+_CROSS = 8 ** (math.log(1.6) / math.log(80 / 47.5))
+
+
 def test_limit_reached_where_fly_is_no_faster_per_request() -> None:
-    """Band 1-ish: standard 50 tokens/s per request, FLy 80 (1.6×); band 8-15: standard
-    400/8 = 50 per request, FLy 380/8 = 47.5 (0.95×): the limit is 8 running requests."""
-    std = _profile([(1, 50.0)] * 3 + [(8, 400.0)] * 3, itl=0.02)
-    fly = _profile([(1, 80.0)] * 3 + [(8, 380.0)] * 3, itl=0.0125)
+    """8 scrapes at 1 running: standard 50 tokens/s per request, FLy 80 (1.6×); 4 at 8
+    running: standard 400/8 = 50, FLy 380/8 = 47.5 (0.95×). With data at two concurrencies the
+    local linear fit of log speed over log(running) is the straight line between them: FLy's
+    log speed ln 80 − t·ln(80/47.5) (t = ln c / ln 8) meets ln 50 at t = ln 1.6 / ln(80/47.5) =
+    0.9016, c = 8^0.9016 = 6.52, interpolated, not the band "from 8". Noise-free, so the
+    interval is that point; the bands keep their ratios."""
+    std = _profile([(1, 50.0)] * 8 + [(8, 400.0)] * 8, itl=0.02)
+    fly = _profile([(1, 80.0)] * 8 + [(8, 380.0)] * 8, itl=0.0125)
     lim = speculation_limit(std, fly)
     assert lim.status == "reached"
-    assert lim.running == 8
+    assert lim.reference == "standard"
+    assert lim.running == pytest.approx(_CROSS, rel=1e-6)
+    assert lim.running is not None
+    assert lim.running_lower is not None
+    assert lim.running_upper is not None
+    assert lim.running_lower <= lim.running <= lim.running_upper
     assert [b.band for b in lim.bands] == ["1", "8-15"]
     assert lim.bands[0].speed_ratio == pytest.approx(1.6)
     assert lim.bands[1].speed_ratio == pytest.approx(0.95)
     assert lim.bands[0].fly_itl_seconds == pytest.approx(0.0125)
-    assert lim.text.startswith("speculation stops paying from 8 running requests")
+    assert lim.text.startswith("speculation stops paying at about 7 running requests (95 %")
+    assert "no faster than the standard arm" in lim.text
+    assert "at 8 running: -5.0 %" in lim.text
 
 
 def test_not_reached_and_no_data() -> None:
-    """FLy faster in every band seen → not reached; fewer than 3 points per arm → no data."""
-    std = _profile([(2, 100.0)] * 3)
-    fly = _profile([(2, 150.0)] * 3)
+    """FLy 1.5× at the one concurrency seen (8 scrapes each at 2 running) → not reached, with
+    the gain there (+50.0 %); fewer than 8 scrapes on an arm → no data."""
+    std = _profile([(2, 100.0)] * 8)
+    fly = _profile([(2, 150.0)] * 8)
     lim = speculation_limit(std, fly)
     assert lim.status == "not_reached"
     assert lim.running is None
-    assert "up to 2-3 running, 1.50×" in lim.text
-    few = speculation_limit(_profile([(2, 100.0)] * 2), fly)
+    assert lim.text.startswith("not reached: FLy's per-request decode speed is not shown below")
+    assert "at 2 running: +50.0 %" in lim.text
+    few = speculation_limit(_profile([(2, 100.0)] * 7), fly)
     assert few.status == "no_data"
-    assert few.bands == ()
+    assert few.text.startswith("not enough data")
+
+
+def test_limit_against_the_no_speculation_baseline() -> None:
+    """With a baseline target (no speculation) the reference is the baseline, not the standard
+    arm. FLy is 1.2× the standard arm at both concurrencies (never reached against it), but
+    against the baseline (50 per request at 1 and at 8 running) it is the first test's line:
+    80 at 1, 47.5 at 8, reaching 50 at 8^0.9016 = 6.52 running."""
+    std = _profile([(1, 80 / 1.2)] * 8 + [(8, 380 / 1.2)] * 8)
+    fly = _profile([(1, 80.0)] * 8 + [(8, 380.0)] * 8)
+    base = _profile([(1, 50.0)] * 8 + [(8, 400.0)] * 8)
+    against_std = speculation_limit(std, fly)
+    assert against_std.status == "not_reached"
+    lim = speculation_limit(std, fly, baseline=base)
+    assert lim.reference == "baseline"
+    assert lim.status == "reached"
+    assert lim.running == pytest.approx(_CROSS, rel=1e-6)
+    assert "no faster than the no-speculation baseline" in lim.text
+    # the per-band table still compares FLy with the standard arm
+    assert [round(b.speed_ratio, 6) for b in lim.bands] == [1.2, 1.2]
 
 
 def test_tracker_builds_the_profile_from_real_pages() -> None:
@@ -87,3 +124,23 @@ def test_tracker_builds_the_profile_from_real_pages() -> None:
     view = build_view([std.snapshot(), fly.snapshot()], now=31.0)
     assert view.speculation_limit is not None
     assert view.speculation_limit.status == "no_data"
+
+
+def test_the_estimate_moves_only_every_eight_scrapes() -> None:
+    """The estimate reads the points as of the last multiple of 8 scrapes per arm, so the 2 s
+    view refreshes show one number between them: 16 scrapes each give the 6.52 crossing; 7
+    more FLy scrapes at 8 running, much slower, leave it (the per-band table moves); the 8th
+    moves it (earlier)."""
+    std = _profile([(1, 50.0)] * 8 + [(8, 400.0)] * 8)
+    fly = _profile([(1, 80.0)] * 8 + [(8, 380.0)] * 8)
+    first = speculation_limit(std, fly)
+    for _ in range(7):
+        fly = add_point(fly, 8, 200.0, None)
+    held = speculation_limit(std, fly)
+    assert (held.running, held.text, held.curve) == (first.running, first.text, first.curve)
+    assert held.bands != first.bands  # the per-band table is current
+    fly = add_point(fly, 8, 200.0, None)
+    moved = speculation_limit(std, fly)
+    assert moved.running is not None
+    assert first.running is not None
+    assert moved.running < first.running

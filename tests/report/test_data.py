@@ -33,6 +33,7 @@ from specwatch.report.data import (
 from specwatch.report.render import render_html
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.lossless import lossless_by_load, lossless_check
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import betting_path, net_loss_log_e_value
 from specwatch.shadow.summary import build_shadow_stats, load_bands
@@ -218,6 +219,12 @@ def reference_report(
         by_load=load_bands(by_band, load_band_labels(BANDS)),
     )
     lab_times = [r.time for r in rows if labelled_outcome(r) is not None]
+    lossless = lossless_check(
+        sum(tallies.values(), PairTally()),
+        stats.windows["since_start"][OVERALL].lossless_e_value,
+        lossless_by_load(by_band, load_band_labels(BANDS)),
+        alpha=alpha,
+    )
     return ReportData(
         ledger=ledger,
         rows=len(rows),
@@ -231,6 +238,7 @@ def reference_report(
         reasons=dict(reasons),
         first_alarm=first_alarm,
         tau_coverage=reference_tau_coverage(rows),
+        lossless=lossless,
     )
 
 

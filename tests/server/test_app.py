@@ -29,5 +29,6 @@ async def test_root_lists_every_endpoint_with_what_it_is_for() -> None:
         "about": "Prometheus metrics (specwatch_*)",
     }
     assert by_path["/readyz"]["about"] == (
-        "readiness: 200 once every target was scraped and the statistics are rebuilt"
+        "readiness: 200 once every target was scraped and the statistics are rebuilt; "
+        "503 while shutting down"
     )

@@ -24,6 +24,7 @@ import importlib
 import logging
 import multiprocessing
 import pickle
+import signal
 import socket
 import struct
 import threading
@@ -67,6 +68,10 @@ _REMOTE_CALLS = frozenset(
     }
 )
 _FRAME = struct.Struct("!I")
+_GRACE = struct.Struct("!d")
+#: How long a proxy process that was told to stop may take past its grace (hand-overs sent,
+#: counters synced, the process gone) before it is killed.
+CHILD_EXIT_SECONDS = 0.5
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[str, tuple[Any, ...]] | None:
@@ -118,7 +123,11 @@ def _no_offer(_: ShadowRequest) -> str:  # the proxy process never offers: the m
 
 def _proxy_process_main(sock: socket.socket, options: dict[str, Any], host: str, port: int) -> None:
     """Entry point of the proxy process (``multiprocessing`` spawn): serve until the main
-    process closes its end of ``sock`` (or dies), then stop."""
+    process closes its end of ``sock`` (or dies), then stop. SIGTERM and SIGINT are the main
+    process's to handle (a signal to the whole process group must not cut live streams
+    before the main process drains them)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     loop = new_proxy_loop(bool(options["use_uvloop"]))
     asyncio.set_event_loop(loop)
     try:
@@ -154,10 +163,13 @@ async def _proxy_process(
             channel.sync(proxy.listener)
 
     syncing = asyncio.create_task(sync())
-    await reader.read()  # EOF: the main process is stopping us, or it died
+    # EOF: the main process is stopping us (after the seconds its open exchanges may still
+    # run, as a double), or it died (nothing sent: our own shutdown timeout)
+    sent = await reader.read()
+    grace = _GRACE.unpack(sent[-_GRACE.size :])[0] if len(sent) >= _GRACE.size else None
     syncing.cancel()
     if proxy._forwarder is not None:
-        await proxy._forwarder.stop(proxy._shutdown_timeout)
+        await proxy._forwarder.stop(proxy._shutdown_timeout if grace is None else grace)
     proxy._flush()  # the hand-overs of the last batch
     channel.sync(proxy.listener)
     with contextlib.suppress(ConnectionError):
@@ -408,18 +420,22 @@ class ShadowProxy:
         before :meth:`stop`, so a watcher can mark specwatch unhealthy."""
         return self._child.receiving if self._child is not None else None
 
-    async def stop(self) -> None:
-        """Stop serving (any mode): stop accepting, let answers in progress finish for up to the
-        shutdown timeout, then close what is left."""
+    async def stop(self, grace_seconds: float | None = None) -> None:
+        """Stop serving (any mode; once: later calls do nothing): stop accepting, let answers
+        in progress finish for up to ``grace_seconds`` (``None``: the shutdown timeout), then
+        cut what is left. The proxy process is told the grace, gets
+        :data:`CHILD_EXIT_SECONDS` more to end and is killed if it has not."""
+        grace = self._shutdown_timeout if grace_seconds is None else grace_seconds
         child = self._child
         if child is not None:
             self._child = None
             with contextlib.suppress(OSError):
+                child.writer.write(_GRACE.pack(grace))
                 child.writer.write_eof()
             with contextlib.suppress(TimeoutError, ProxyProcessExited):
-                await asyncio.wait_for(asyncio.shield(child.receiving), self._shutdown_timeout + 5)
+                await asyncio.wait_for(asyncio.shield(child.receiving), grace + CHILD_EXIT_SECONDS)
             child.writer.close()
-            await asyncio.to_thread(child.process.join, 10)
+            await asyncio.to_thread(child.process.join, CHILD_EXIT_SECONDS)
             if child.process.is_alive():
                 child.process.kill()
                 await asyncio.to_thread(child.process.join)
@@ -428,14 +444,14 @@ class ShadowProxy:
         thread, loop = self._thread, self._thread_loop
         if thread is not None and loop is not None:
             if fwd is not None:
-                done = asyncio.run_coroutine_threadsafe(fwd.stop(self._shutdown_timeout), loop)
+                done = asyncio.run_coroutine_threadsafe(fwd.stop(grace), loop)
                 await asyncio.wrap_future(done)
             loop.call_soon_threadsafe(loop.stop)
             await asyncio.to_thread(thread.join)
             self._thread = self._thread_loop = None
             return
         if fwd is not None:
-            await fwd.stop(self._shutdown_timeout)
+            await fwd.stop(grace)
 
     def _schedule(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main

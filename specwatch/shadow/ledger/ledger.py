@@ -324,6 +324,11 @@ class Ledger:
         (:meth:`RowQueries.arm_totals`)."""
         return await self._rows.arm_totals(since, until, fixed_point=fixed_point)
 
+    async def reply_totals(self) -> dict[tuple[str, str], tuple[int, int, int]]:
+        """Per-request speculative-decoding counts summed per ``(arm, category)``
+        (:meth:`RowQueries.reply_totals`)."""
+        return await self._rows.reply_totals()
+
     async def labelled_outcomes(self) -> list[tuple[bool, bool]]:
         """``(standard_correct, fly_correct)`` of every labelled pair, oldest first
         (:meth:`RowQueries.labelled_outcomes`)."""

@@ -23,6 +23,9 @@ from specwatch.shadow.tally import ArmSums, ArmTotals, PairTally
 
 S = TypeVar("S")
 
+#: The arms whose per-request speculative-decoding counts the ledger stores.
+REPLY_ARMS: tuple[str, ...] = ("standard", "fly", "noise")
+
 
 #: The :class:`~specwatch.shadow.tally.ArmSums` sums, in field order (τ and seconds in fixed
 #: point, so every grouping of the same rows gives the same totals).
@@ -135,6 +138,27 @@ class RowQueries:
             )
             for r in raw
         }
+
+    async def reply_totals(self) -> dict[tuple[str, str], tuple[int, int, int]]:
+        """``{(arm, category): (verify steps, draft tokens, accepted tokens)}`` summed over the
+        stored per-request speculative-decoding counts of every row (arms ``standard``,
+        ``fly``, ``noise``; an arm with no counted reply in a category is absent): what the
+        reply counters of the processes that wrote the ledger counted, so the acceptance gain
+        survives a restart."""
+        cols = ", ".join(
+            f"SUM({arm}_{c})"
+            for arm in REPLY_ARMS
+            for c in ("spec_steps", "draft_tokens", "accepted_tokens")
+        )
+        sql = f"SELECT category, {cols} FROM pairs GROUP BY category"
+        raw = await asyncio.to_thread(self._db.read, sql, ())
+        out: dict[tuple[str, str], tuple[int, int, int]] = {}
+        for r in raw:
+            for i, arm in enumerate(REPLY_ARMS):
+                steps, drafted, accepted = (int(v or 0) for v in r[1 + 3 * i : 4 + 3 * i])
+                if steps:
+                    out[(arm, str(r[0]))] = (steps, drafted, accepted)
+        return out
 
     async def _tally_by(
         self, group: str, since: float | None, until: float | None

@@ -37,7 +37,13 @@ class LedgerRow:
     ``greedy`` (temperature 0 or top_k 1), ``running_at_replay`` (running requests on the
     busiest arm's server when replayed), ``baseline_agrees`` (standard arm = no-speculation
     baseline) and ``noise_baseline_agrees`` (noise arm = baseline) are ``None`` in rows written
-    before they existed."""
+    before they existed.
+
+    Per arm, vLLM's per-request speculative-decoding counts of an arm that answered with at
+    least one verify step (``--per-request-spec-decode-metrics``): ``*_spec_steps``,
+    ``*_draft_tokens``, ``*_accepted_tokens`` (the same replies the reply counters count);
+    ``None`` otherwise and in rows written before they existed. The decision table's acceptance
+    gain is summed from them, so it survives a restart."""
 
     time: float
     request_hash: str
@@ -99,6 +105,15 @@ class LedgerRow:
     standard_reasoning: str | None = None
     fly_reasoning: str | None = None
     noise_reasoning: str | None = None
+    standard_spec_steps: int | None = None
+    fly_spec_steps: int | None = None
+    noise_spec_steps: int | None = None
+    standard_draft_tokens: int | None = None
+    fly_draft_tokens: int | None = None
+    noise_draft_tokens: int | None = None
+    standard_accepted_tokens: int | None = None
+    fly_accepted_tokens: int | None = None
+    noise_accepted_tokens: int | None = None
     id: int | None = None
 
     @classmethod
@@ -115,6 +130,7 @@ class LedgerRow:
         def text(get: Callable[[ArmOutcome], Any]) -> Any:
             return (get(o.standard), get(o.fly), noise(get)) if store_text else (None,) * 3
 
+        sc, fc, nc = _spec_counts(o.standard), _spec_counts(o.fly), _spec_counts(n)
         texts = text(operator.attrgetter("text"))
         reasonings = text(operator.attrgetter("reasoning"))
         tools = text(lambda a: _tool_calls_json(a.tool_calls) if a.tool_calls else None)
@@ -180,7 +196,28 @@ class LedgerRow:
             fly_reasoning=reasonings[1],
             noise_reasoning=reasonings[2],
             request_id=o.request_id,
+            standard_spec_steps=sc[0],
+            standard_draft_tokens=sc[1],
+            standard_accepted_tokens=sc[2],
+            fly_spec_steps=fc[0],
+            fly_draft_tokens=fc[1],
+            fly_accepted_tokens=fc[2],
+            noise_spec_steps=nc[0],
+            noise_draft_tokens=nc[1],
+            noise_accepted_tokens=nc[2],
         )
+
+
+_NO_COUNTS: tuple[None, None, None] = (None, None, None)
+
+
+def _spec_counts(a: ArmOutcome | None) -> tuple[int, int, int] | tuple[None, None, None]:
+    """``(verify steps, draft tokens, accepted tokens)`` of an arm's reply when it answered
+    with at least one verify step, else ``None`` each."""
+    sd = a.spec_decode if a is not None and a.ok else None
+    if sd is None or sd.num_spec_steps <= 0:
+        return _NO_COUNTS
+    return sd.num_spec_steps, sd.num_draft_tokens, sd.num_accepted_draft_tokens
 
 
 def _tool_calls_json(calls: Sequence[ToolCall]) -> str:
