@@ -504,9 +504,6 @@ _TYPE_OK: set[str] = set()
 #: Memo of sample line shapes (:func:`_shape`) → (sample name, label names in order), taken
 #: from a whole line prometheus_client parsed. Bounded; cleared when full.
 _SHAPE_MEMO: dict[str, tuple[str, tuple[str, ...]]] = {}
-#: Memo of the names of kept sample lines without labels → the series prometheus_client parsed
-#: from such a line (``process_start_time_seconds``). Bounded; cleared when full.
-_BARE_MEMO: dict[str, _Series] = {}
 
 
 def _accepted_type_lines() -> frozenset[str]:
@@ -528,17 +525,14 @@ def _accepted_type_lines() -> frozenset[str]:
 
 
 def clear_memo(*, seed: bool = True) -> None:
-    """Forget every memoised labels part, shape, bare name and TYPE line: the next parse is
-    cold, as the first scrape of a process (``seed``: with the shapes and bare names of vLLM's
-    own pages memoised, as at import; ``False``: none, as a page of shapes vLLM does not
-    write)."""
+    """Forget every memoised labels part, shape and TYPE line: the next parse is cold, as the
+    first scrape of a process (``seed``: with the shapes of vLLM's own pages memoised, as at
+    import; ``False``: none, as a page of shapes vLLM does not write)."""
     _SERIES_MEMO.clear()
     _SHAPE_MEMO.clear()
-    _BARE_MEMO.clear()
     _TYPE_OK.clear()
     if seed:
         _seed_shapes()
-        _seed_bare()
 
 
 def _malformed(exc: Exception, body: str, kept: list[str], index: int | None) -> ParseError:
@@ -627,12 +621,10 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
                 batch.append(line)
             continue
         end = line.rfind("}")
-        if end < 0 and '"' not in line and "{" not in line:
-            cut = _bare_name_end(line)
-            bare = _BARE_MEMO.get(line[:cut]) if cut > 0 else None
-            if bare is not None:  # a sample without labels whose name was parsed before
-                out.append((bare, value_of(line[cut + 1 :])[0]))
-                continue
+        bare = _bare_name(line) if end < 0 else None
+        if bare is not None and bare in memo:  # no labels, a name parsed before: as in 1.
+            out.append((memo[bare], value_of(line[len(bare) + 1 :])[0]))
+            continue
         if end > 0:
             head = line[: end + 1]
             hit = memo.get(head)
@@ -678,8 +670,8 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
                 head = line[: end + 1]
                 _remember(head, series)
                 _learn_shape(head, sample.name, sample.labels)
-            elif sample.timestamp is None:
-                _remember_bare(line, series)
+            elif sample.timestamp is None and _bare_name(line) == sample.name:
+                _remember(sample.name, series)  # no labels: memoised by the name
         if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
             _TYPE_OK.clear()
         _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
@@ -720,7 +712,8 @@ def _seed_shapes() -> None:
     ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
     them), each from a line of that shape with empty label values parsed by prometheus_client,
     so that even the first page a process reads has one parse per series only for shapes vLLM
-    does not write. A seed line that does not parse as expected is left out."""
+    does not write; and the unlabelled ``process_start_time_seconds`` by its name. A seed line
+    that does not parse as expected is left out."""
     extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
@@ -728,7 +721,13 @@ def _seed_shapes() -> None:
     }
     for sample_name in sorted(_NAMES_TEXT):
         fam, role = _SAMPLES[sample_name]
-        if fam.key == "process_start_time_seconds":
+        if fam.key == "process_start_time_seconds":  # no labels: the name is memoised
+            got = [
+                s for m in text_string_to_metric_families(f"{sample_name} 0\n") for s in m.samples
+            ]
+            series = _series(sample_name, {})
+            if series is not None and [(g.name, g.labels) for g in got] == [(sample_name, {})]:
+                _remember(sample_name, series)
             continue
         plain: tuple[str, ...] = ("engine", "model_name")
         keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key, plain)
@@ -745,44 +744,13 @@ def _seed_shapes() -> None:
             _learn_shape(head, sample_name, samples[0].labels)
 
 
-def _bare_name_end(line: str) -> int:
-    """Where the name of a sample line without labels or quotes ends: its first space or tab,
-    as prometheus_client splits such a line (-1: neither)."""
-    ends = [i for i in (line.find(" "), line.find("\t")) if i >= 0]
-    return min(ends) if ends else -1
-
-
-def _remember_bare(line: str, series: _Series) -> None:
-    """Memoise the name of a sample line without labels (no ``{``, no ``"``) that
-    prometheus_client parsed whole into ``series`` with exactly that name and no labels, so a
-    later line of that name has only its value parsed (bounded: cleared when full)."""
+def _bare_name(line: str) -> str | None:
+    """The name of a sample line without labels or quotes (``None`` for any other line): up to
+    its first space or tab, where prometheus_client splits such a line."""
     if "{" in line or '"' in line:
-        return
-    cut = _bare_name_end(line)
-    if cut <= 0 or line[:cut] != series.ident[0] or series.labels:
-        return
-    if len(_BARE_MEMO) >= _SERIES_MEMO_MAX:
-        _BARE_MEMO.clear()
-    _BARE_MEMO[line[:cut]] = series
-
-
-def _seed_bare() -> None:
-    """Memoise the allow-listed samples vLLM writes without labels
-    (``process_start_time_seconds``), each from a line parsed by prometheus_client, so the
-    first page of a process sends no line to the library parser."""
-    for sample_name in sorted(_NAMES_TEXT):
-        fam, _ = _SAMPLES[sample_name]
-        if fam.key != "process_start_time_seconds":
-            continue
-        line = f"{sample_name} 0"
-        try:
-            samples = [s for m in text_string_to_metric_families(line + "\n") for s in m.samples]
-        except (ValueError, IndexError, KeyError, TypeError):
-            continue
-        if len(samples) == 1 and samples[0].timestamp is None:
-            series = _series(samples[0].name, samples[0].labels)
-            if series is not None:
-                _remember_bare(line, series)
+        return None
+    ends = [i for i in (line.find(" "), line.find("\t")) if i > 0]
+    return line[: min(ends)] if ends else None
 
 
 def _remember(head: str, series: _Series) -> None:
@@ -800,10 +768,6 @@ def _renames(type_line: str) -> bool:
 
 #: Canonical TYPE lines of the allow-listed families, accepted by prometheus_client at import.
 _TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
-
-
-_seed_shapes()
-_seed_bare()
 
 
 def _kept_samples(metrics: Iterable[Metric]) -> list[tuple[_Series, float]]:
@@ -923,3 +887,6 @@ def _locate(text: str, numbers: list[int], openmetrics: bool) -> int:
         except (ValueError, IndexError, KeyError, TypeError):
             return numbers[index]
     return 0
+
+
+_seed_shapes()  # last: it reads the whole module
