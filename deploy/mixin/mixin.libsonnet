@@ -13,7 +13,9 @@
 //                        Python defaults; do not edit).
 //   prometheusRules      {groups: [...]}: the recording rule groups.
 //   prometheusAlerts     {groups: [...]}: the alerting rule groups, every alert with a runbook_url.
-//   grafanaDashboards    file name -> dashboard JSON (the dashboards of the repository's grafana/).
+//   grafanaDashboards    file name -> dashboard JSON: the dashboards of the repository's grafana/
+//                        with clusterLabel and the selectors of _config applied
+//                        (dashboards.libsonnet; the defaults leave them as checked in).
 //
 // The rule texts live once, in rules/<area>.yaml.tmpl: YAML with %(name)s placeholders filled
 // from _config (a string or number key). Grafana reads the dashboards from ../../grafana, so
@@ -76,10 +78,9 @@ local withRunbook(rule, pattern) =
     ],
   },
 
+  local dashboards = import 'dashboards.libsonnet',
   grafanaDashboards+:: {
-    'specwatch-alerts.json': import '../../grafana/specwatch-alerts.json',
-    'specwatch-capacity.json': import '../../grafana/specwatch-capacity.json',
-    'specwatch-overview.json': import '../../grafana/specwatch-overview.json',
-    'specwatch-quality.json': import '../../grafana/specwatch-quality.json',
+    [name]: dashboards.configure(dashboards.files[name], $._config)
+    for name in std.objectFields(dashboards.files)
   },
 }

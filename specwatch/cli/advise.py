@@ -17,6 +17,11 @@ unless the gain's interval is below zero at some concurrency seen
 (:mod:`specwatch.observe.concurrency`; the same sentence as the live view). Exit 2 with one
 line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
+
+An SGLang page (no per-position acceptance) gets what it can tell: τ, α and N draft tokens per
+verify step, tokens emitted and verified per step at the concurrency, and with
+``--max-num-seqs`` (read as ``--max-running-requests``) SGLang's verify budget; it cannot give τ
+for a smaller K, and says so (``by_k`` empty, ``serving_engine`` ``"sglang"``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from specwatch.observe.values import ModelWindow
 from specwatch.observe.window import page_delta
 from specwatch.vllm.advisor import ASSUMPTIONS, advice, rows_by_k
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
+from specwatch.vllm.sglang import EngineKind
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,22 +106,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
-def _window(args: argparse.Namespace) -> tuple[str, ModelWindow]:
+def _window(args: argparse.Namespace) -> tuple[str, ModelWindow, EngineKind | None]:
+    """The model's window of the pages and the engine that wrote them."""
     before = read_page(args.before)
     after = read_page(args.after) if args.after is not None else None
     for page, which in ((before, "BEFORE"), (after, "AFTER")):
         if page is not None and not page.engines:
             raise AnalyzeError(f"{which} {NO_ENGINE_SERIES}")
+    kind = (after or before).engine_kind
     models = model_windows(page_delta(before if after else None, after or before, None))
     if args.model is not None:
         if args.model not in models:
             raise AnalyzeError(f"model {args.model!r} not on the page (have: {', '.join(models)})")
-        return args.model, models[args.model]
+        return args.model, models[args.model], kind
     if len(models) != 1:
         raise AnalyzeError(
             f"several models on the page, pick one with --model: {', '.join(models)}"
         )
-    return next(iter(models.items()))
+    name, mw = next(iter(models.items()))
+    return name, mw, kind
 
 
 def series_profile(paths: list[Path], interval: float, model: str | None) -> ConcurrencyProfile:
@@ -238,6 +247,72 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     }
 
 
+#: What ``advise`` cannot say from an SGLang page, and why.
+SGLANG_CANNOT = (
+    "SGLang exports no per-position acceptance, so τ for a smaller K (fewer "
+    "--speculative-num-steps or --speculative-num-draft-tokens) cannot be worked out from its "
+    "page: run each candidate and compare τ and tokens/s"
+)
+
+
+def sglang_advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str, Any]:
+    """The document for an SGLang page, with the keys of :func:`advise_doc` (``by_k`` empty,
+    ``limits`` ``null``) plus ``serving_engine``, ``mean_acceptance_length`` and
+    ``acceptance_rate``: what the page tells (τ, α = (τ − 1) / (N − 1), N draft tokens per
+    verify step, the tokens verified per step under SGLang's rule, running × N, up to
+    ``--max-num-seqs`` taken as ``--max-running-requests``) and what it cannot
+    (:data:`SGLANG_CANNOT`)."""
+    h = mw.server
+    n = args.max_num_seqs
+    if n is not None and n <= 0:
+        raise AnalyzeError("--max-num-seqs must be > 0")
+    k = h.num_speculative_tokens
+    tau, alpha = h.mean_acceptance_length, h.acceptance_rate
+    running = [e.num_requests_running for e in mw.engines.values()]
+    observed = max((r for r in running if r is not None), default=None)
+    concurrency = args.running if args.running is not None else observed
+    words: list[str] = []
+    if tau is None or k is None:
+        words.append("no speculative decoding measured on the page (no τ or draft length)")
+    else:
+        shown = "-" if alpha is None else f"{alpha:.3f}"
+        words.append(
+            f"τ {tau:.2f} tokens per verify step, α {shown}, at N = {k + 1} draft tokens per "
+            f"verify step (K = {k})"
+        )
+        if concurrency:
+            words.append(
+                f"at {concurrency:g} running requests: about {concurrency * tau:,.0f} tokens "
+                f"emitted and {concurrency * (k + 1):,.0f} verified per step"
+            )
+        if n is not None:
+            words.append(
+                f"max_running_requests {n}: up to {n * (k + 1):,} tokens verified per step "
+                "(SGLang's rule: N per running request, no token-budget cap on drafts)"
+            )
+    words.append(SGLANG_CANNOT)
+    if args.max_num_batched_tokens is not None or args.method is not None:
+        words.append("--max-num-batched-tokens and --method apply to vLLM pages only")
+    limit = limit_doc(args)
+    if limit is not None:
+        words.append(limit.text)
+    return {
+        "model_name": name,
+        "serving_engine": "sglang",
+        "drafts": h.drafts,
+        "num_speculative_tokens": k,
+        "mean_acceptance_length": tau,
+        "acceptance_rate": alpha,
+        "per_position_acceptance_rate": [],
+        "concurrency": concurrency,
+        "limits": None,
+        "by_k": [],
+        "advice": words,
+        "assumptions": [],
+        "speculation_limit": None if limit is None else asdict(limit),
+    }
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -258,23 +333,25 @@ def render_table(doc: dict[str, Any]) -> str:
         ("budget_for_max_num_seqs", "budget for N"),
     ]
     cells = [[_fmt(r[key]) for key, _ in cols] for r in doc["by_k"]]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(cols)]
     lines = [
         f"model {doc['model_name']}: drafts {_fmt(doc['drafts'])}, "
         f"K {_fmt(doc['num_speculative_tokens'])}, concurrency {_fmt(doc['concurrency'])}",
-        "  ".join(h.rjust(w) for (_, h), w in zip(cols, widths, strict=True)),
     ]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines += ["", *(f"- {a}" for a in doc["advice"]), "assumptions:"]
-    lines += [f"  {a}" for a in doc["assumptions"]]
+    if cells:  # an SGLang page has no row per K
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(cols)]
+        lines.append("  ".join(h.rjust(w) for (_, h), w in zip(cols, widths, strict=True)))
+        lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines += ["", *(f"- {a}" for a in doc["advice"])]
+    if doc["assumptions"]:
+        lines += ["assumptions:", *(f"  {a}" for a in doc["assumptions"])]
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the advice; 2 on bad input (one line on stderr)."""
     try:
-        name, mw = _window(args)
-        doc = advise_doc(name, mw, args)
+        name, mw, kind = _window(args)
+        doc = sglang_advise_doc(name, mw, args) if kind == "sglang" else advise_doc(name, mw, args)
     except AnalyzeError as exc:
         print(f"specwatch advise: {exc}", file=sys.stderr)
         return 2

@@ -173,6 +173,66 @@ def check_inhibit_rules(
     return out
 
 
+#: The destination label and replacement of a ``label_replace`` after its first argument.
+_REPLACE_ARGS = re.compile(r'\s*,\s*"((?:[^"\\]|\\.)*)"\s*,\s*"((?:[^"\\]|\\.)*)"')
+
+
+def label_replace_labels(expr: str) -> dict[str, list[str] | None]:
+    """The labels every ``label_replace(v, "dst", "replacement", ...)`` of ``expr`` sets, with
+    their values (``None`` where the replacement refers to a capture group, so any value):
+    the labels an alerting rule adds that no series has, e.g. ``scope`` on SpecAcceptanceDrop.
+    The first argument is skipped by its brackets (those in quoted strings ignored)."""
+    out: dict[str, list[str] | None] = {}
+    for m in re.finditer(r"\blabel_replace\s*\(", expr):
+        depth, i, quote = 1, m.end(), False
+        while i < len(expr) and not (depth == 1 and expr[i] == "," and not quote):
+            c = expr[i]
+            if c == '"' and expr[i - 1] != "\\":
+                quote = not quote
+            elif not quote and c in "([{":
+                depth += 1
+            elif not quote and c in ")]}":
+                depth -= 1
+            i += 1
+        args = _REPLACE_ARGS.match(expr, i)
+        if args is None:
+            continue
+        label, value = args.group(1), _unescape(args.group(2))
+        known = out.get(label, [])
+        if "$" in value or known is None:
+            out[label] = None
+        else:
+            out[label] = sorted({*known, value})
+    return out
+
+
+def rule_labels(rules: Mapping[str, Any]) -> dict[str, list[str] | None]:
+    """The labels the alerting rules of the ``specwatch*`` groups of ``rules`` (Prometheus's
+    ``/api/v1/rules`` answer) give their alerts besides ``severity``, whether or not one fires:
+    each rule's ``labels``, those of its active ``alerts`` and those its expression (``query``)
+    sets with ``label_replace`` (:func:`label_replace_labels`, values where known)."""
+    out: dict[str, list[str] | None] = {}
+
+    def add(label: str, values: list[str] | None) -> None:
+        known = out.get(label, [])
+        out[label] = None if values is None or known is None else sorted({*known, *values})
+
+    for group in rules.get("groups") or []:
+        if not str(group.get("name", "")).startswith("specwatch"):
+            continue
+        for rule in group.get("rules") or []:
+            for labels in [rule.get("labels") or {}] + [
+                a.get("labels") or {} for a in rule.get("alerts") or []
+            ]:
+                for k in labels:
+                    if k != "severity":
+                        add(str(k), None)
+            expr = rule.get("query") or rule.get("expr") or ""
+            for label, values in label_replace_labels(str(expr)).items():
+                add(label, values)
+    return out
+
+
 # -- lookups ------------------------------------------------------------------------------------
 
 
@@ -204,8 +264,10 @@ async def _carried_labels(
 ) -> dict[str, list[str] | None]:
     """The labels specwatch's alerts may carry, with known values (``None``: any): the labels
     of specwatch's series (rule alerts keep theirs; the sidecar's carry ``target``, ``role``,
-    ``model_name``, also on its series), the labels and firing alerts of the ``specwatch*``
-    rule groups, Prometheus's external labels, ``alertname`` and ``severity``."""
+    ``model_name``, also on its series), the labels of the ``specwatch*`` alerting rules
+    (:func:`rule_labels`: their own, their firing alerts', and those ``label_replace`` sets in
+    their expressions, so ``scope`` / ``reason`` count before any such alert fires),
+    Prometheus's external labels, ``alertname`` and ``severity``."""
     names = await api_get(
         session, url, "/api/v1/labels", {"match[]": f'{{job=~"{job_pattern}"}}'}, limit_s=limit_s
     )
@@ -218,9 +280,10 @@ async def _carried_labels(
                 for labels in [rule.get("labels") or {}] + [
                     a.get("labels") or {} for a in rule.get("alerts") or []
                 ]:
-                    carried.update({str(k): None for k in labels if k != "severity"})
                     if "severity" in labels:
                         severities.add(str(labels["severity"]))
+    for label, values in rule_labels(rules).items():
+        carried[label] = values if label not in carried else None
     status = await api_get(session, url, "/api/v1/status/config", limit_s=limit_s)
     try:
         glob = (yaml.safe_load(str((status or {}).get("yaml", ""))) or {}).get("global") or {}

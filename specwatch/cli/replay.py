@@ -22,7 +22,8 @@ shadow traffic is replayed, so the paired-quality alerts never fire here.
 
 Output: ``--format json`` prints ``{"alerts": [{"alertname", "severity", "labels", "value",
 "summary", "fired_at", "resolved_at"}]}`` (times in seconds since start, ``resolved_at`` null
-while still firing at the end), ordered by ``fired_at``; ``--format table`` one line per alert.
+while still firing at the end), ordered by ``fired_at``; ``--format table`` (the default) at
+most 80 columns: one line per alert, its labels and summary wrapped below it.
 Exit code 2 (one line on stderr) for a bad flag or setting, a missing directory, a directory
 without bodies or a body name that is not a number of seconds. A body that fails to parse is a
 failed scrape (as in ``run``): counted per reason, logged once, and the replay goes on.
@@ -35,6 +36,7 @@ import json
 import logging
 import math
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,29 +241,48 @@ def transitions_json(found: Sequence[Transition]) -> dict[str, Any]:
     }
 
 
-def render_table(found: Sequence[Transition]) -> str:
-    """One line per firing interval: fired, resolved, alert, severity, labels, value, summary."""
+#: The widest line :func:`render_table` writes (a terminal's width).
+TABLE_WIDTH = 80
+
+
+def render_table(found: Sequence[Transition], width: int = TABLE_WIDTH) -> str:
+    """At most ``width`` columns: one line per firing interval (fired and resolved seconds,
+    severity, value, alert name, cut with ``…`` if it cannot fit), then its labels and its
+    summary, each wrapped between words below it, indented by two spaces."""
     if not found:
         return "no alert fired"
-    rows = [("fired_at", "resolved_at", "alertname", "severity", "labels", "value", "summary")]
-    for tr in found:
-        a = tr.alert
-        rows.append(
-            (
-                f"{tr.fired_at:g}",
-                "-" if tr.resolved_at is None else f"{tr.resolved_at:g}",
-                a.alertname,
-                str(a.severity),
-                ",".join(f"{k}={v}" for k, v in sorted(a.labels.items())) or "-",
-                "-" if a.value is None else f"{a.value:.6g}",
-                a.summary,
-            )
+    head = ("fired_at", "resolved_at", "severity", "value", "alertname")
+    rows = [
+        (
+            f"{tr.fired_at:g}",
+            "-" if tr.resolved_at is None else f"{tr.resolved_at:g}",
+            str(tr.alert.severity),
+            "-" if tr.alert.value is None else f"{tr.alert.value:.6g}",
+            tr.alert.alertname,
         )
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
-    return "\n".join(
-        "  ".join([*(r[c].ljust(widths[c]) for c in range(len(widths))), r[-1]]).rstrip()
-        for r in rows
-    )
+        for tr in found
+    ]
+    widths = [max(len(r[c]) for r in (head, *rows)) for c in range(len(head) - 1)]
+    indent = "  "
+    room = max(width - sum(widths) - 2 * len(widths), 2)
+
+    def line(cells: Sequence[str]) -> str:
+        name = cells[-1] if len(cells[-1]) <= room else cells[-1][: room - 1] + "…"
+        return "  ".join([*(c.ljust(w) for c, w in zip(cells, widths, strict=False)), name])
+
+    out = [line(head)]
+    for tr, cells in zip(found, rows, strict=True):
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(tr.alert.labels.items())) or "-"
+        out.append(line(cells))
+        for text in (labels, tr.alert.summary):
+            out += textwrap.wrap(
+                text,
+                width,
+                initial_indent=indent,
+                subsequent_indent=indent,
+                break_on_hyphens=False,
+            )
+    return "\n".join(out)
 
 
 def main(args: argparse.Namespace) -> int:

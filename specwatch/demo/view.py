@@ -34,6 +34,7 @@ from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.export.json import snapshot_verdict
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import Health, ModelWindow, TargetSnapshot
+from specwatch.shadow.decision import tau_coverage_by_category
 from specwatch.shadow.summary import PairedSummary, ShadowStats
 from specwatch.shadow.verdict import change_percent, e_value_text
 from specwatch.simulate.loadgen import LoadStats
@@ -185,6 +186,16 @@ def _shadow_lines(stats: ShadowStats, window: str) -> list[Text]:
     return lines
 
 
+def _coverage_line(stats: ShadowStats) -> Text | None:
+    """Per-request τ coverage per category (pairs where both arms carried τ), overall first;
+    ``None`` before the decision table has a row."""
+    found = tau_coverage_by_category(stats.decisions)
+    if not found:
+        return None
+    cells = [f"{'all' if c == OVERALL else c} {_rate(k, n)}" for c, n, k in found]
+    return _line("τ coverage: " + ", ".join(cells), "dim")
+
+
 def alert_name(alert: FiringAlert) -> str:
     """The ``alertname`` label of a firing alert (``?`` without one)."""
     return alert.labels.get("alertname", "?")
@@ -316,7 +327,8 @@ def build_view(
     ``%``: the demo sends both servers the same traffic); the verdict sentence
     (:func:`~specwatch.export.json.snapshot_verdict`, wrapped between words); once a component
     published shadow statistics, the shadow lines (pairs, e-value against 1/α, flip rates, the
-    fixed-n p-value; replay state); ``load`` (sent, ok, errors; then every arm's canary score
+    fixed-n p-value; replay state; per-request τ coverage per category, the share of pairs
+    whose both arms carried τ); ``load`` (sent, ok, errors; then every arm's canary score
     on a line of its own); once the alert loop published its state, the alerts with the labels
     that tell them apart and ``ctx.alert_notes``.
 
@@ -356,6 +368,9 @@ def build_view(
         shadow = _shadow_lines(snap.shadow, window)
         parts.append((PAIRS, [shadow[0]]))
         parts.extend((LINKS if i == 1 else DETAIL, [ln]) for i, ln in enumerate(shadow[1:], 1))
+        coverage = _coverage_line(snap.shadow)
+        if coverage is not None:
+            parts.append((DETAIL, [coverage]))
     if load is not None:
         parts.append((DETAIL, [_load_line(load)]))
         canary = _canary_line(load)

@@ -255,8 +255,15 @@ CONCURRENCY_SPEED_RATIO = _g(
 CAP = ("target", "role")
 LIMITS_CONFIGURED = _g(
     "specwatch_limits_configured",
-    "1 when max_num_seqs, max_num_batched_tokens, K and method are configured for the target.",
+    "1 when max_num_seqs, max_num_batched_tokens, K (observed or configured) and method are "
+    "known for the target.",
     CAP,
+)
+SPECULATIVE_TOKENS = _g(
+    "specwatch_speculative_tokens",
+    "K the token budget and capacity gauges use, with its source: observed (the page's "
+    "position labels, which vLLM creates at start-up) or configured.",
+    ("target", "role", "source"),
 )
 CAPACITY_GAUGES: dict[str, MetricSpec] = {
     "max_num_seqs": _g("specwatch_max_num_seqs", "Configured max_num_seqs.", CAP),
@@ -313,6 +320,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     CONCURRENCY_SPEED_RATIO,
     THROUGHPUT_WITHHELD,
     LIMITS_CONFIGURED,
+    SPECULATIVE_TOKENS,
     *CAPACITY_GAUGES.values(),
 )
 

@@ -119,6 +119,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "scrape_errors": dict(t.scrape_errors),
             "counter_resets": dict(t.counter_resets),
             "missing_families": list(t.missing_families),
+            "gauge_processes": t.gauge_processes,
             "limits": {
                 "max_num_seqs": lim.max_num_seqs,
                 "max_num_batched_tokens": lim.max_num_batched_tokens,

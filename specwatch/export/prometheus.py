@@ -46,6 +46,7 @@ from specwatch.export.catalogue import (
     SCRAPE_DURATION,
     SCRAPE_ERRORS,
     SCRAPES,
+    SPECULATIVE_TOKENS,
     TARGET,
     TARGET_ENGINE,
     TARGET_STALE,
@@ -223,6 +224,9 @@ def _target_rows(fam: _Families, t: TargetSnapshot) -> None:
                 fam.add(_spec(WAITING_BY_REASON, eng), (*labels, reason), v)
     cap = t.capacity
     fam.add(LIMITS_CONFIGURED, (t.name, role), cap.limits_configured)
+    if cap.num_speculative_tokens is not None and cap.num_speculative_tokens_source is not None:
+        labels = (t.name, role, cap.num_speculative_tokens_source)
+        fam.add(SPECULATIVE_TOKENS, labels, cap.num_speculative_tokens)
     for attr, spec in CAPACITY_GAUGES.items():
         fam.add(spec, (t.name, role), getattr(cap, attr))
 

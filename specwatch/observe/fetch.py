@@ -8,8 +8,10 @@ streamed body cap bounds the inflated size), an optional bearer token, and retur
 from __future__ import annotations
 
 import asyncio
+import json
 import zlib
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -174,3 +176,55 @@ async def fetch_metrics(
     return ScrapeResult(
         True, mono_clock() - start, body=body, content_type=content_type, status=200
     )
+
+
+#: Where an SGLang server answers its server arguments: ``/server_info`` (0.5.6 on), else the
+#: older ``/get_server_info``; both beside ``/metrics``.
+SERVER_INFO_PATHS = ("server_info", "get_server_info")
+#: The most of a ``/server_info`` body read (it is the server arguments: a few KiB).
+SERVER_INFO_MAX_BYTES = 1 << 20
+
+
+def server_info_urls(metrics_url: str) -> list[str]:
+    """The ``/server_info`` URLs beside a ``/metrics`` URL (same scheme, host and path prefix,
+    no query): ``http://h:30000/metrics`` → ``http://h:30000/server_info``, then
+    ``.../get_server_info``."""
+    parts = urlsplit(metrics_url)
+    prefix = parts.path.rsplit("/", 1)[0]
+    return [
+        urlunsplit((parts.scheme, parts.netloc, f"{prefix}/{p}", "", "")) for p in SERVER_INFO_PATHS
+    ]
+
+
+async def fetch_server_info(
+    session: aiohttp.ClientSession,
+    metrics_url: str,
+    *,
+    timeout_seconds: float,
+    bearer_token: str | None = None,
+) -> tuple[dict[str, object] | None, str]:
+    """An SGLang server's ``/server_info`` JSON object, and where it came from (or, with
+    ``None``, why there is none: the last failure). Never raises for network, HTTP or JSON
+    failures."""
+    why = "no /server_info URL"
+    for url in server_info_urls(metrics_url):
+        got = await fetch_metrics(
+            session,
+            url,
+            timeout_seconds=timeout_seconds,
+            max_body_bytes=SERVER_INFO_MAX_BYTES,
+            bearer_token=bearer_token,
+        )
+        if not got.ok:
+            why = f"{redact_url(url)}: {got.detail}"
+            if got.status == 404:
+                continue
+            return None, why
+        try:
+            doc = json.loads(got.body)
+        except json.JSONDecodeError as exc:
+            return None, f"{redact_url(url)}: not JSON ({exc})"
+        if not isinstance(doc, dict):
+            return None, f"{redact_url(url)}: not a JSON object"
+        return doc, redact_url(url)
+    return None, why

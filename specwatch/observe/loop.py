@@ -21,10 +21,12 @@ import aiohttp
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock, WallClock
 from specwatch.core.logs import log_event, redact_url
-from specwatch.observe.fetch import fetch_metrics
+from specwatch.observe.fetch import fetch_metrics, fetch_server_info
 from specwatch.observe.parse import PROCESS_LABEL, ParseError, parse_page
+from specwatch.observe.sglang_health import sglang_observed_k
 from specwatch.observe.tracker import TargetTracker, build_view
-from specwatch.observe.values import ObserveView
+from specwatch.observe.values import ObserveView, PageReading
+from specwatch.vllm.sglang import server_info_facts
 
 if TYPE_CHECKING:  # annotations only: the loop runs on values the root settings built
     from specwatch.observe.settings import ScrapeSettings, TargetSettings
@@ -78,6 +80,10 @@ def next_tick(tick: float, interval: float, now: float) -> tuple[int, float]:
     return missed, ahead
 
 
+#: Seconds before an SGLang target's ``/server_info`` is asked again after a failed read.
+SERVER_INFO_RETRY_SECONDS = 300.0
+
+
 class Scraper:
     """Scrape every target on its own interval and feed its tracker.
 
@@ -118,6 +124,8 @@ class Scraper:
         self._last_processes: dict[str, int] = dict.fromkeys(names, 0)
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
+        #: target -> monotonic time before which /server_info is not asked again.
+        self._server_info_next: dict[str, float] = {}
 
     def use_session(self, session: aiohttp.ClientSession | None) -> None:
         """The session the scrapes use (``None`` when the app stops)."""
@@ -183,6 +191,8 @@ class Scraper:
             self._failed(target, "parse", exc.message, exc.line, result.content_type)
             self._on_update()
             return False
+        if page.engine_kind == "sglang":
+            await self._read_server_info(target, tracker, page)
         resets = tracker.record_page(now, page, duration_seconds=result.duration_seconds)
         if tracker.rejected is not None:
             self._failed(target, tracker.rejected, _REJECTED[tracker.rejected], None)
@@ -220,6 +230,51 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    async def _read_server_info(
+        self, target: TargetSettings, tracker: TargetTracker, page: PageReading
+    ) -> None:
+        """For an SGLang target whose page does not show N (``sglang:spec_num_draft_tokens``,
+        before 0.5.13) and whose settings give no K: read N, and ``max_running_requests`` when
+        ``max_num_seqs`` is not set, from the server's ``/server_info`` once, as if configured
+        (one INFO line; on a failure one WARNING line, asked again after
+        :data:`SERVER_INFO_RETRY_SECONDS`)."""
+        have = tracker.target
+        if have.num_speculative_tokens is not None or sglang_observed_k(page) is not None:
+            return
+        now = self._mono_clock()
+        if now < self._server_info_next.get(target.name, now):
+            return
+        assert self._session is not None
+        token = target.bearer_token.get_secret_value() if target.bearer_token else None
+        doc, where = await fetch_server_info(
+            self._session, target.url, timeout_seconds=self.timeout_for(target), bearer_token=token
+        )
+        facts = server_info_facts(doc) if doc is not None else {}
+        n, running = facts.get("num_draft_tokens"), facts.get("max_running_requests")
+        if not isinstance(n, int) or n < 2:
+            self._server_info_next[target.name] = now + SERVER_INFO_RETRY_SECONDS
+            log_event(
+                logger,
+                logging.WARNING,
+                "sglang server_info without draft tokens",
+                target=target.name,
+                detail=where if doc is None else f"{where}: no speculative_num_draft_tokens >= 2",
+            )
+            return
+        update: dict[str, int] = {"num_speculative_tokens": n - 1}
+        if have.max_num_seqs is None and isinstance(running, int) and running > 0:
+            update["max_num_seqs"] = running
+        tracker.target = have.model_copy(update=update)
+        log_event(
+            logger,
+            logging.INFO,
+            "sglang server_info read",
+            target=target.name,
+            url=where,
+            num_draft_tokens=n,
+            max_running_requests=update.get("max_num_seqs"),
+        )
 
     def _log_processes(self, target: str, processes: int) -> None:
         """Log "gauges per process" when the number of processes whose copies of the gauges a

@@ -171,6 +171,8 @@ class ReportData:
     did. An e-process alarm stays valid once raised (Ville's inequality holds at any stopping
     time), so the report uses "ever crossed", not only the current value.
     ``first_labelled_time``: unix time of the first labelled pair (the plots' time origin).
+    ``arm_totals``: the τ and speed sums of every category together (the verdict's τ and speed
+    parts).
     """
 
     ledger: str
@@ -185,6 +187,7 @@ class ReportData:
     reasons: Mapping[tuple[str, str], int]
     first_alarm: Mapping[str, int | None]
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    arm_totals: ArmTotals = field(default_factory=ArmTotals)
     lossless: LosslessCheck | None = None
 
 
@@ -463,6 +466,7 @@ def build_report(
         reasons=dict(digest.reasons),
         first_alarm=first_alarms,
         tau_coverage=dict(digest.tau_coverage),
+        arm_totals=sum(digest.totals.values(), ArmTotals()),
         lossless=lossless,
     )
 

@@ -22,8 +22,15 @@ from matplotlib.figure import Figure
 
 from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
+from specwatch.shadow.decision import (
+    MIN_SPEED_PAIRS,
+    arm_speeds,
+    arm_tau_means,
+    tau_coverage_by_category,
+)
 from specwatch.shadow.summary import PairedSummary
-from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
+from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.verdict import Verdict, change_percent, verdict_from_summary, verdict_line
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).
@@ -302,6 +309,38 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
     return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
 
 
+def _speed_parts(t: ArmTotals) -> str:
+    """The verdict's τ and speed parts per arm, from the ledger's per-pair values
+    (:func:`~specwatch.shadow.decision.arm_tau_means` and
+    :func:`~specwatch.shadow.decision.arm_speeds`, the decision table's functions)."""
+    taus, speeds = arm_tau_means(t), arm_speeds(t)
+    if taus is None:
+        tau = "<span data-field='tau'>Mean acceptance length τ: no pair has it on both arms.</span>"
+    else:
+        tau = (
+            f"<span data-field='tau' data-standard='{taus[0]:.6g}' data-fly='{taus[1]:.6g}'>"
+            f"Mean acceptance length τ: standard {taus[0]:.2f}, FLy {taus[1]:.2f} "
+            f"({change_percent(taus[1] / taus[0] if taus[0] > 0 else None)}) over "
+            f"{t.tau_pairs:,} pairs where both arms reported it.</span>"
+        )
+    if speeds is None:
+        speed = (
+            f"<span data-field='speed'>Speed per request: {t.speed_pairs:,} pairs with tokens "
+            f"and latency on both arms (need {MIN_SPEED_PAIRS}).</span>"
+        )
+    else:
+        std_lat, fly_lat = t.standard_seconds / t.speed_pairs, t.fly_seconds / t.speed_pairs
+        speed = (
+            f"<span data-field='speed' data-standard='{speeds[0]:.6g}' "
+            f"data-fly='{speeds[1]:.6g}'>Speed per request (tokens ÷ latency): standard "
+            f"{speeds[0]:,.1f} tok/s, FLy {speeds[1]:,.1f} tok/s "
+            f"({change_percent(speeds[1] / speeds[0])}); mean latency standard "
+            f"{std_lat:.3g} s, FLy {fly_lat:.3g} s ({change_percent(fly_lat / std_lat)}) over "
+            f"{t.speed_pairs:,} pairs.</span>"
+        )
+    return f'<p class="speed-parts">{tau} {speed}</p>'
+
+
 def _decision_table(data: ReportData) -> str:
     """The per-category decision table (one row per :class:`DecisionRow`)."""
     head = "".join(
@@ -382,6 +421,27 @@ def _coverage_table(data: ReportData) -> str:
         "replies only (vLLM sends none when a stop string ends the request, or for n &gt; 1).</p>"
         '<table class="num" id="tau-coverage"><thead><tr><th>arm</th><th>finish reason</th>'
         f"<th>pairs</th><th>with τ</th><th>coverage (%)</th></tr></thead><tbody>{body}"
+        "</tbody></table>"
+    )
+
+
+def _category_coverage_table(data: ReportData) -> str:
+    """Per-request τ coverage per category: pairs, pairs where both arms carried τ, share
+    (:func:`~specwatch.shadow.decision.tau_coverage_by_category` of the decision table)."""
+    found = tau_coverage_by_category(data.stats.decisions)
+    if not found:
+        return ""
+    body = "".join(
+        f'<tr data-coverage-category="{html.escape(c)}"><th scope="row">'
+        f"{html.escape(c)}</th>{_cell('pairs', n)}{_cell('tau_pairs', k)}"
+        f"{_cell('coverage', k / n if n else None, _fmt(k / n if n else None, 'pct'))}</tr>"
+        for c, n, k in found
+    )
+    return (
+        "<p>Per category: the share of pairs where both arms carried a per-request τ (the "
+        "pairs the τ gain of the decision table is measured on).</p>"
+        '<table class="num" id="tau-coverage-category"><thead><tr><th>category</th>'
+        f"<th>pairs</th><th>τ on both arms</th><th>coverage (%)</th></tr></thead><tbody>{body}"
         "</tbody></table>"
     )
 
@@ -538,17 +598,22 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         if reasons
         else "<p>None.</p>"
     )
+    taus, speeds = arm_tau_means(data.arm_totals), arm_speeds(data.arm_totals)
+    tau_ratio = taus[1] / taus[0] if taus is not None and taus[0] > 0 else None
+    speed_ratio = speeds[1] / speeds[0] if speeds is not None and speeds[0] > 0 else None
     verdict_text = (
         verdict_line(
             verdict_from_summary(
                 overall,
                 alpha=st.alpha,
                 margin=st.margin,
+                tau_ratio=tau_ratio,
+                throughput_ratio=speed_ratio,
                 declared_at=st.within_margin_declared_at,
             )
         )
         if overall is not None
-        else verdict_line(Verdict())
+        else verdict_line(Verdict(tau_ratio=tau_ratio, throughput_ratio=speed_ratio))
     )
     imgs = {p: f'<img src="{html.escape(p)}" alt="{html.escape(p)}">' for p in plots}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADERS)
@@ -562,6 +627,7 @@ from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
 non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
 intervals at {1 - st.alpha:.0%}.</p>
 <p class="verdict-line" data-field="verdict">{html.escape(verdict_text)}</p>
+{_speed_parts(data.arm_totals)}
 {verdict}
 <h2>Per category</h2>
 <p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;
@@ -580,6 +646,7 @@ here</em>: the e-value reached 1/α; otherwise the labelled pairs still needed (
 the observed discordance).</p>
 {_decision_table(data)}
 {_coverage_table(data)}
+{_category_coverage_table(data)}
 <h2>Flips by load</h2>
 <p>Answer flips against the standard arm by the running requests on the busiest arm's server
 when the pair was replayed, so "FLy flips more" is not confused with "the server flips more

@@ -24,7 +24,7 @@ settings):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from specwatch.core.config import OVERALL
@@ -133,9 +133,29 @@ def bound_categories(
     return {c: (c if c in keep else OTHER) for c in cats}
 
 
+def arm_tau_means(t: ArmTotals) -> tuple[float, float] | None:
+    """``(standard, FLy)`` mean per-request acceptance length τ over the pairs where both arms
+    reported one; ``None`` without such pairs."""
+    if t.tau_pairs <= 0:
+        return None
+    return t.standard_tau_sum / t.tau_pairs, t.fly_tau_sum / t.tau_pairs
+
+
+def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
+    """``(standard, FLy)`` generation speed per request, tokens ÷ latency summed over the pairs
+    where both arms reported tokens and a latency (so equal requests on both arms); ``None``
+    below :data:`MIN_SPEED_PAIRS` such pairs or when an arm generated nothing in no time."""
+    if t.speed_pairs < MIN_SPEED_PAIRS:
+        return None
+    if t.standard_tokens <= 0 or t.fly_seconds <= 0 or t.standard_seconds <= 0:
+        return None
+    return t.standard_tokens / t.standard_seconds, t.fly_tokens / t.fly_seconds
+
+
 def _tau(t: ArmTotals, std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str | None]:
-    if t.tau_pairs > 0:
-        return (t.fly_tau_sum - t.standard_tau_sum) / t.tau_pairs, None
+    means = arm_tau_means(t)
+    if means is not None:
+        return means[1] - means[0], None
     if std.tau is not None and fly.tau is not None:
         return fly.tau - std.tau, None
     return None, NO_ACCEPTANCE
@@ -150,10 +170,10 @@ def _acceptance(std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str |
 def _speed(t: ArmTotals) -> tuple[float | None, str | None]:
     if t.speed_pairs < MIN_SPEED_PAIRS:
         return None, f"{t.speed_pairs} pairs with tokens and latency (need {MIN_SPEED_PAIRS})"
-    if t.standard_tokens <= 0 or t.fly_seconds <= 0 or t.standard_seconds <= 0:
+    speeds = arm_speeds(t)
+    if speeds is None:
         return None, "the standard arm generated no tokens"
-    fly = t.fly_tokens / t.fly_seconds
-    std = t.standard_tokens / t.standard_seconds
+    std, fly = speeds
     return fly / std - 1.0, None
 
 
@@ -188,6 +208,17 @@ def _verdict(
         )
     more = s.questions_still_needed
     return "not_decided", f"not decided: about {more} more pairs", more
+
+
+def tau_coverage_by_category(
+    rows: Sequence[DecisionRow],
+) -> tuple[tuple[str, int, int], ...]:
+    """Per-request τ coverage per category of a decision table: ``(category, paired requests,
+    those where both arms carried a per-request τ)``, the overall row first, then the
+    categories in table order (real vLLM sends no τ on some finishes, e.g. a stop string, so a
+    category answered that way has a τ gain from few of its pairs)."""
+    ordered = sorted(rows, key=lambda r: r.category != OVERALL)
+    return tuple((r.category, r.pairs, r.tau_pairs) for r in ordered)
 
 
 def decision_row(

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from specwatch.__main__ import main as cli_main
+from specwatch.cli.advise import SGLANG_CANNOT
 from specwatch.vllm.advisor import (
     MIN_DRAFTS,
     advice,
@@ -19,6 +21,7 @@ from specwatch.vllm.advisor import (
     rows_by_k,
 )
 from specwatch.vllm.methods import BudgetRegime
+from tests.fakes import REPO
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-metrics"
 
@@ -258,6 +261,32 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     assert bad.stderr.strip() == (
         "specwatch advise: --standard-series and --fly-series go together"
     )
+
+
+def test_sglang_page_says_what_it_can_and_cannot_tell(capsys: pytest.CaptureFixture[str]) -> None:
+    """An SGLang 0.5.23 EAGLE3 TP=2 page: τ 2.8 = 481600 / 172000 generated tokens per verify
+    call, α (2.8 − 1) / (4 − 1) = 0.6 at N = 4 (K 3), 32 running (one rank, not 64): about
+    32 × 2.8 = 89.6 tokens emitted and 32 × 4 = 128 verified per step; with
+    --max-num-seqs 64 read as max_running_requests, 256 verified per step. No row per K: the
+    page has no per-position acceptance, and the advice says so."""
+    page = REPO / "tests/fixtures/sglang/sglang-0.5.23-eagle3-tp2-default.metrics"
+    assert cli_main(["advise", str(page), "--max-num-seqs", "64", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["serving_engine"] == "sglang"
+    assert doc["mean_acceptance_length"] == pytest.approx(481600 / 172000)
+    assert doc["acceptance_rate"] == pytest.approx(0.6)
+    assert (doc["num_speculative_tokens"], doc["concurrency"], doc["by_k"]) == (3, 32.0, [])
+    assert doc["advice"] == [
+        "τ 2.80 tokens per verify step, α 0.600, at N = 4 draft tokens per verify step (K = 3)",
+        "at 32 running requests: about 90 tokens emitted and 128 verified per step",
+        "max_running_requests 64: up to 256 tokens verified per step (SGLang's rule: N per "
+        "running request, no token-budget cap on drafts)",
+        SGLANG_CANNOT,
+    ]
+    assert cli_main(["advise", str(page), "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert "no per-position acceptance" in table
+    assert "tau" not in table.splitlines()[1]  # no K table header
 
 
 def _running_page(tmp_path: Path, running: float) -> str:

@@ -16,8 +16,15 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
+from deploy.mixin.render import load_rules
 from specwatch.__main__ import main
-from specwatch.cli.doctor_stack import check_inhibit_rules, mirror_percentages, promql_matchers
+from specwatch.cli.doctor_stack import (
+    check_inhibit_rules,
+    label_replace_labels,
+    mirror_percentages,
+    promql_matchers,
+    rule_labels,
+)
 
 #: The label names Prometheus has on specwatch's series (``/api/v1/labels`` with its job).
 SPECWATCH_LABELS = ["__name__", "instance", "job", "model_name", "namespace", "role", "target"]
@@ -52,6 +59,14 @@ ALERTMANAGER = {
 }
 
 
+#: A rule expression as Prometheus's /api/v1/rules gives it (``query``): the label_replace
+#: form of the mixin's SpecAcceptanceDrop, a selector with a comma in its first argument.
+DROP_QUERY = (
+    'label_replace(x{window="5m", engine=""} < 0.8, "scope", "server", "", "") or '
+    'label_replace(max by (engine) (y) < 0.8, "scope", "engine", "", "")'
+)
+
+
 #: Increases over the last hour the mirror check asks for, by metric (set per test).
 COUNTS: dict[str, float] = {}
 
@@ -82,7 +97,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == "/api/v1/rules":
             rule = {"name": "SpecQualityDrift", "type": "alerting", "health": "ok"}
             rule["labels"] = {"severity": "critical"}  # type: ignore[assignment]
-            body = _api({"groups": [{"name": "specwatch.rules", "rules": [rule]}]})
+            # not firing: its scope label exists only in the expression
+            drop = {"name": "SpecAcceptanceDrop", "type": "alerting", "health": "ok"}
+            drop["query"] = DROP_QUERY
+            drop["labels"] = {"severity": "warning"}  # type: ignore[assignment]
+            drop["alerts"] = []  # type: ignore[assignment]
+            body = _api({"groups": [{"name": "specwatch.rules", "rules": [rule, drop]}]})
         elif url.path == "/api/v1/query" and q["query"].startswith("sum(increase("):
             metric = q["query"].removeprefix("sum(increase(").split("{")[0]
             value = [0, str(COUNTS[metric])]
@@ -162,6 +182,41 @@ def test_inhibit_equal_label_specwatch_alerts_lack(
             ("ok", f"{source}: inhibit rule 1: equal labels carried"),
         ]
         assert found[0]["check"] == "inhibit"
+
+
+def test_inhibit_equal_label_set_by_label_replace_before_any_alert_fires(
+    api: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inhibit rule comparing ``scope``: no series and no firing alert has it, but
+    SpecAcceptanceDrop's expression sets it with label_replace, so it is carried (before this
+    was read from the expressions the rule failed as "carry no scope")."""
+    conf = tmp_path / "alertmanager.yml"
+    scope_rule = {
+        "source_matchers": ['severity="critical"'],
+        "target_matchers": ['severity="warning"'],
+        "equal": ["namespace", "scope"],
+    }
+    conf.write_text(yaml.safe_dump({**ALERTMANAGER, "inhibit_rules": [scope_rule]}))
+    _rc, found = _doctor(capsys, "--prometheus-url", api, "--alertmanager-config", str(conf))
+    inhibit = [(f["status"], f["message"]) for f in found if f["check"] == "inhibit"]
+    assert inhibit == [("ok", "--alertmanager-config: inhibit rule 1: equal labels carried")]
+
+
+def test_labels_the_shipped_rules_set_without_firing() -> None:
+    """From the rendered mixin: ``scope`` (SpecAcceptanceDrop, SpecAcceptanceDecay: server or
+    engine) and ``reason`` (SpecBudgetStarvation's three) come from label_replace, with their
+    values; ``check`` is a rule label (any value)."""
+    assert rule_labels(load_rules()) == {
+        "scope": ["engine", "server"],
+        "reason": ["budget_cap", "draft_truncation", "drafts_per_step"],
+        "check": None,
+    }
+    # capture-group replacements give any value; brackets and quotes in the first argument
+    expr = (
+        'label_replace(f(x{a=",)"}[5m]), "dst", "$1", "src", "(.*)")'
+        ' or label_replace(y, "k", "v", "", "")'
+    )
+    assert label_replace_labels(expr) == {"dst": None, "k": ["v"]}
 
 
 def test_dashboard_matcher_on_missing_label(

@@ -214,28 +214,25 @@ class TestReplayCli:
         }
 
     def test_table(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-        """The table has a header and one row per firing interval, '-' while unresolved."""
+        """The default table fits 80 columns: a header, one line per firing interval ('-' while
+        unresolved), its labels and its summary wrapped between words below it, indented by two
+        spaces."""
         d = c08_timeline(tmp_path / "c08")
         rc, out, _ = _replay(capsys, "--target", f"c08={d},{C08_LIMITS}")
         assert rc == 0
         assert isinstance(out, str)
-        header, row = out.splitlines()
-        assert header.split()[:6] == [
-            "fired_at",
-            "resolved_at",
-            "alertname",
-            "severity",
-            "labels",
-            "value",
-        ]
-        assert row.split()[:6] == [
-            "360",
-            "-",
-            "SpecAdmissionStall",
-            "critical",
-            "model_name=example-model,role=standard,target=c08",
-            "0.015625",
-        ]
+        lines = out.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        assert lines[0].split() == ["fired_at", "resolved_at", "severity", "value", "alertname"]
+        assert lines[1].split() == ["360", "-", "critical", "0.015625", "SpecAdmissionStall"]
+        assert lines[1].index("SpecAdmissionStall") == lines[0].index("alertname")
+        assert lines[2] == "  model_name=example-model, role=standard, target=c08"
+        summary = " ".join(line.strip() for line in lines[3:])
+        assert summary == (
+            "Target c08 admits no work: requests wait, running is far below capacity and "
+            "nothing finishes."
+        )
+        assert all(line.startswith("  ") for line in lines[2:])
 
     def test_resolves_when_requests_finish_again(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

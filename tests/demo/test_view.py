@@ -270,6 +270,31 @@ def test_the_view_reads_typed_values_only() -> None:
     assert subscripts_by_string == []
 
 
+def test_view_shows_tau_coverage_per_category() -> None:
+    """Below the shadow lines, per-request τ coverage per category from the decision table:
+    math 5 pairs of which 4 carried τ on both arms (80.0 %), code 2 of 2, all 6 of 7
+    (85.7 %), overall first; a detail, so it goes first when the terminal is short."""
+    from specwatch.shadow.decision import decision_table
+    from specwatch.shadow.tally import ArmTotals
+
+    tallies = {"math": PairTally(agree=5), "code": PairTally(agree=2)}
+    totals = {"math": ArmTotals(tau_pairs=4), "code": ArmTotals(tau_pairs=2)}
+    decisions = decision_table(tallies, totals, alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    stats = ShadowStats(
+        generated_at=1.0,
+        alpha=0.05,
+        margin=0.01,
+        detect_net_loss=0.02,
+        windows={SINCE_START: {OVERALL: _summary(PairTally(agree=7))}},
+        decisions=decisions,
+    )
+    snap = _snap(shadow=stats)
+    lines = render_text(build_view(snap, CTX, width=80), width=80).splitlines()
+    assert "τ coverage: all 85.7 %, code 100.0 %, math 80.0 %" in lines
+    short = render_text(build_view(snap, CTX, width=80, height=12), width=80).splitlines()
+    assert not any(line.startswith("τ coverage") for line in short)
+
+
 def test_view_shows_the_speculation_limit_sentence_of_the_snapshot() -> None:
     """The view prints the speculation limit's own sentence (the one ``/api/v1/snapshot`` and
     ``specwatch advise`` carry), after the pair line; nothing while there is no data."""

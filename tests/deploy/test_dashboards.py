@@ -176,6 +176,14 @@ EXPORTED = (
     | fleet_exported_names()
 )
 VLLM = vllm_sample_names(VLLM_CAPTURE.read_text(encoding="utf-8"))
+#: Sample names of the SGLang pages in tests/fixtures/sglang (each names its source in its header).
+SGLANG = frozenset(
+    sample.name
+    for page in sorted((REPO / "tests/fixtures/sglang").glob("*.metrics"))
+    for family in text_string_to_metric_families(page.read_text(encoding="utf-8"))
+    for sample in family.samples
+    if sample.name.startswith("sglang:")
+)
 
 
 def iter_panels(dashboard: Obj) -> Iterator[Obj]:
@@ -409,11 +417,12 @@ class TestDashboard:
             cells |= cover
 
     def test_metric_names_are_exported_or_vllm(self, dashboard: Obj) -> None:
-        """Every selected series is exported by specwatch's code, a vLLM series, or ALERTS."""
+        """Every selected series is exported by specwatch's code, a vLLM or SGLang series (as
+        their captured pages name them), or ALERTS."""
         for where, expr in iter_exprs(dashboard):
             names = metric_names(expr)
             assert names, where
-            unknown = names - EXPORTED - VLLM - PROMETHEUS_BUILTINS
+            unknown = names - EXPORTED - VLLM - SGLANG - PROMETHEUS_BUILTINS
             assert not unknown, f"{where}: {sorted(unknown)}"
 
     def test_rates_use_rate_interval(self, dashboard: Obj) -> None:
@@ -452,24 +461,28 @@ class TestDashboard:
         assert panels_without_unit(board) == ["bare", "no fieldConfig"]
 
     def test_queries_scoped_to_cluster_namespace_and_job(self, dashboard: Obj) -> None:
-        """Every selector names $cluster and $namespace; all but ALERTS, the vLLM series and the
-        namespace and job variables name $job; a vLLM (``vllm:*``) selector names ``role!=""``
+        """Every selector names $cluster and $namespace; all but ALERTS, the serving engines'
+        series and the namespace and job variables name $job; a vLLM (``vllm:*``) or SGLang
+        (``sglang:*``) selector names ``role!=""``
         instead (the vLLM servers are scraped by their own job in the standalone layout, and
         told apart by role, never by container); every specwatch_* selector of a panel names
         $pod."""
         for where, expr in iter_exprs(dashboard):
             if where == "variable cluster":
-                continue  # the root of the chain lists every cluster
+                # the root of the chain lists every cluster (the mixin rewrites this exact query)
+                assert expr == "specwatch_build_info", where
+                continue
             blocks = selectors(expr)
             assert blocks, where
             for block in blocks:
-                assert 'cluster=~"$cluster"' in block, where
+                # first, so the mixin's _config can rewrite it (deploy/mixin/dashboards.libsonnet)
+                assert block.startswith('cluster=~"$cluster"'), where
                 if where == "variable namespace":
                     continue
                 assert 'namespace="$namespace"' in block, where
                 if "ALERTS" in expr or where == "variable job":
                     continue
-                if f"vllm:{{{block}}}" in re.sub(r"vllm:[a-z_]+\{", "vllm:{", expr):
+                if f"vllm:{{{block}}}" in re.sub(r"(?:vllm|sglang):[a-z_]+\{", "vllm:{", expr):
                     assert 'role!=""' in block, where
                     assert "job=" not in block, where
                 else:
@@ -524,3 +537,71 @@ class TestPromQL:
         """The same harness fails on an unbalanced expression, so the check above can fail."""
         bad = {"groups": [{"name": "x", "rules": [{"record": "a:b:c", "expr": "sum(rate(x[5m])"}]}]}
         assert promtool_check(bad, tmp_path).returncode != 0
+
+
+@pytest.mark.promtool
+def test_sglang_panels_read_one_rank_of_a_tp2_server(tmp_path: Path) -> None:
+    """The overview's SGLang panels, evaluated by promtool over the series of the SGLang 0.5.23
+    EAGLE3 TP=2 page (tests/fixtures/sglang) advancing per minute by one tenth of the page's
+    totals: τ from the counters = (38528 + 9632) / 17200 = 2.8 (481600 / 172000 on the page), the
+    interval gauge 2.8, running 32 and queued 0 from tensor-parallel rank 0, never 64 (the two
+    ranks summed)."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool missing (Debian prometheus package)"
+    overview = json.loads((GRAFANA / "specwatch-overview.json").read_text(encoding="utf-8"))
+    values = {"cluster": ".*", "namespace": "ns", "model": ".*", "__rate_interval": "5m"}
+    queries = {
+        (p["title"], t["refId"]): re.sub(r"\$(\w+)", lambda m: values[m.group(1)], t["expr"])
+        for p in iter_panels(overview)
+        if p["title"].startswith(("τ from SGLang", "SGLang running"))
+        for t in p["targets"]
+    }
+    assert len(queries) == 4
+    base = 'namespace="ns", role="fly", model_name="m", engine_type="unified"'
+    series = [
+        (f'sglang:generation_tokens_total{{{base}, is_streaming="false"}}', "0+38528x20"),
+        (f'sglang:generation_tokens_total{{{base}, is_streaming="true"}}', "0+9632x20"),
+        (f"sglang:spec_verify_calls_total{{{base}}}", "0+17200x20"),
+    ]
+    for rank in ("0", "1"):
+        ranked = f'{base}, pp_rank="0", tp_rank="{rank}"'
+        series += [
+            (f"sglang:spec_accept_length{{{ranked}}}", "2.8x20"),
+            (f"sglang:num_running_reqs{{{ranked}}}", "32x20"),
+            (f"sglang:num_queue_reqs{{{ranked}}}", "0x20"),
+        ]
+    want = {"A": [2.8, 32.0], "B": [2.8, 0.0]}
+    tests = [
+        {
+            "expr": expr,
+            "eval_time": "10m",
+            "exp_samples": [
+                {
+                    "labels": '{role="fly"}',
+                    "value": want[ref][0 if title.startswith("τ") else 1],
+                }
+            ],
+        }
+        for (title, ref), expr in queries.items()
+    ]
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "sglang_panels_test.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    out = subprocess.run(
+        [promtool, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

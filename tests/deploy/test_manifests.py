@@ -508,7 +508,9 @@ class TestSpecwatchSidecar:
         )
 
     def test_config_targets_match_the_servers(self, pod_spec: Obj, specwatch_config: Obj) -> None:
-        """Targets point at each server's localhost port with that server's limits, K and method."""
+        """Targets point at each server's localhost port with that server's limits and method;
+        K is left to the page (the position labels vLLM creates at start-up), so the settings
+        carry no copy of it that a redeploy with another K would make stale."""
         assert specwatch_config["server"]["port"] == SPECWATCH_PORT
         targets = {t["role"]: t for t in specwatch_config["targets"]}
         assert set(targets) == {"standard", "fly"}
@@ -519,7 +521,7 @@ class TestSpecwatchSidecar:
             assert target["url"] == f"http://127.0.0.1:{flags['--port']}"
             assert target["max_num_seqs"] == int(flags["--max-num-seqs"])
             assert target["max_num_batched_tokens"] == int(flags["--max-num-batched-tokens"])
-            assert target["num_speculative_tokens"] == spec["num_speculative_tokens"]
+            assert "num_speculative_tokens" not in target
             assert target["method"] == spec["method"]
 
 
@@ -724,7 +726,7 @@ class TestAgreementWithSpecwatch:
             assert t.url == f"http://127.0.0.1:{next(iter(port_by_name(c).values()))}/metrics"
             assert t.limits.max_num_seqs == int(flags["--max-num-seqs"])
             assert t.limits.max_num_batched_tokens == int(flags["--max-num-batched-tokens"])
-            assert t.limits.num_speculative_tokens == spec["num_speculative_tokens"]
+            assert t.limits.num_speculative_tokens is None  # read from the page
             assert t.limits.method == spec["method"]
             image_tag = {
                 i["name"]: i["newTag"]

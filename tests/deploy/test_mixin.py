@@ -419,6 +419,20 @@ class TestAlerts:
         }
 
 
+def _query_strings(value: Any) -> list[str]:
+    """Every string under an ``expr``, ``query`` or ``definition`` key of a dashboard."""
+    if isinstance(value, dict):
+        return [
+            q
+            for k, v in value.items()
+            for q in ([v] if isinstance(v, str) and k in ("expr", "query", "definition") else [])
+            + _query_strings(v)
+        ]
+    if isinstance(value, list):
+        return [q for v in value for q in _query_strings(v)]
+    return []
+
+
 class TestMixinStructure:
     def test_fields_and_group_kinds(self) -> None:
         """mixin.libsonnet exposes _config, prometheusRules (recording groups only) and
@@ -439,6 +453,58 @@ class TestMixinStructure:
         files = {p.name: json.loads(p.read_text()) for p in sorted(GRAFANA.glob("*.json"))}
         assert dashboards == files
         assert len(files) == 4
+
+    def test_cluster_label_and_selectors_reach_the_dashboards(self) -> None:
+        """clusterLabel and the three selectors of _config reach every dashboard query: the
+        cluster matcher and the cluster variable use the configured label, each series selector
+        starts with its engine's selector (Prometheus' ALERTS with none), and nothing else of
+        the dashboards changes (undoing exactly those edits gives the checked-in JSON)."""
+        overrides = {
+            "clusterLabel": "k8s_cluster",
+            "specwatchSelector": 'job="specwatch"',
+            "vllmSelector": 'job="vllm"',
+            "sglangSelector": 'job="sglang"',
+        }
+        dashboards = evaluate_mixin(overrides)["grafanaDashboards"]
+        files = {p.name: json.loads(p.read_text()) for p in sorted(GRAFANA.glob("*.json"))}
+        assert set(dashboards) == set(files)
+        overview = dashboards["specwatch-overview.json"]
+        alpha = next(p for p in overview["panels"] if p["title"].startswith("Acceptance rate"))
+        assert alpha["targets"][0]["expr"] == (
+            'specwatch_acceptance_ratio{job="specwatch", k8s_cluster=~"$cluster", '
+            'namespace="$namespace", job="$job", pod=~"$pod", window="$window", '
+            'target=~"$target", engine="", model_name=~"$model"}'
+        )
+        cluster_var = overview["templating"]["list"][1]
+        assert cluster_var["name"] == "cluster"
+        assert cluster_var["query"]["query"] == (
+            'label_values(specwatch_build_info{job="specwatch"}, k8s_cluster)'
+        )
+        prefix = {"specwatch_": 'job="specwatch", ', "vllm:": 'job="vllm", '}
+        prefix["sglang:"] = 'job="sglang", '
+        selectors = 0
+        for name, dashboard in dashboards.items():
+            for query in _query_strings(dashboard):
+                assert re.search(r'(?<!k8s_)cluster=~"', query) is None, (name, query)
+                for m in re.finditer(r"([A-Za-z_:][\w:]*)\{([^}]*)\}", query):
+                    metric, matchers = m.groups()
+                    want = next((v for k, v in prefix.items() if metric.startswith(k)), "")
+                    if query.startswith('label_values(specwatch_build_info{job="specwatch"}, '):
+                        assert query.endswith(", k8s_cluster)"), (name, query)  # the cluster list
+                        continue
+                    assert matchers.startswith(want + 'k8s_cluster=~"$cluster"'), (name, m[0])
+                    selectors += 1
+            undone = (
+                json.dumps(dashboard)
+                .replace('job=\\"specwatch\\", ', "")
+                .replace('{job=\\"specwatch\\"}', "")
+                .replace('job=\\"vllm\\", ', "")
+                .replace('job=\\"sglang\\", ', "")
+                .replace('k8s_cluster=~\\"$cluster\\"', 'cluster=~\\"$cluster\\"')
+                .replace(", k8s_cluster)", ", cluster)")
+            )
+            assert json.loads(undone) == files[name], name
+        assert selectors >= 100
 
     def test_thresholds_file_holds_the_settings_defaults(self) -> None:
         """thresholds.libsonnet, read by jsonnet, is DetectSettings/PairedSettings' defaults:

@@ -40,7 +40,7 @@ from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
 from tests.e2e.stack import AM_BIN, poll, run_prometheus
-from tests.e2e.test_dashboards_prometheus import empty_panels
+from tests.e2e.test_dashboards_prometheus import empty_at, empty_panels, variable_values
 from tests.e2e.test_prometheus_stack import scaled_rules
 from tests.fakes import REPO, free_port
 from tests.sidecar_process import run_specwatch, specwatch_process
@@ -420,10 +420,50 @@ async def fleet_is_the_sidecars_ledger(session: aiohttp.ClientSession, prom: str
     assert sum(got.values()) > 0
 
 
+#: What a token-budget panel reads: the budget the sidecar works out from the configured
+#: limits and the K it uses.
+BUDGET_SERIES = re.compile(
+    r"specwatch_(admission_cap_requests|decode_full_per_step_requests|budget_bound"
+    r"|speculative_tokens)\{"
+)
+
+
+async def token_budget_panels_read_the_pages_k(session: aiohttp.ClientSession, prom: str) -> None:
+    """The shipped config.yaml sets no num_speculative_tokens, yet every token-budget panel has
+    data at its default variables, and the K behind them is each server's own: the
+    ``--speculative-config`` K of the rendered Deployment, source ``observed``."""
+    dep = one(kustomize_build(REPO / "deploy/overlays/example"), "Deployment", "vllm-pair")
+    want = {}
+    for c in dep["spec"]["template"]["spec"]["containers"]:
+        if c["name"] in ("vllm-standard", "vllm-fly"):
+            role, flags = vllm_flags(c)
+            (k,) = [f.split("=", 1)[1] for f in flags if f.startswith("--num-speculative-tokens=")]
+            want[role] = ("observed", float(k))
+    got = {
+        r["metric"]["role"]: (r["metric"]["source"], float(r["value"][1]))
+        for r in await query(session, prom, "specwatch_speculative_tokens")
+    }
+    assert got == want
+    budget = 0
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text(encoding="utf-8"))
+        chosen = [
+            p
+            for p in dashboard["panels"]
+            if any(BUDGET_SERIES.search(t["expr"]) for t in p.get("targets", []))
+        ]
+        budget += len(chosen)
+        values = await variable_values(session, prom, dashboard)
+        assert await empty_at(session, prom, {**dashboard, "panels": chosen}, values, "K") == []
+    assert budget >= 3  # R_max / D_full, budget bound, limits and K
+
+
 async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
-    """The example overlay: dashboards full, doctor clean, fleet's table under the model name,
-    a scrape fault routed by severity to the ticket receiver."""
+    """The example overlay: dashboards full (the token-budget panels with the servers' own K),
+    doctor clean, fleet's table under the model name, a scrape fault routed by severity to the
+    ticket receiver."""
     async with layout(tmp_path, "in-pod") as (session, prom, am, urls):
+        await token_budget_panels_read_the_pages_k(session, prom)
         rendered = tmp_path / "rendered.yaml"
         rendered.write_text(
             yaml.safe_dump_all(kustomize_build(REPO / "deploy/overlays/example")), encoding="utf-8"

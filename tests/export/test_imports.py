@@ -4,6 +4,7 @@ beside its producer."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -112,43 +113,40 @@ def test_each_vocabulary_is_assigned_in_one_module() -> None:
     assert assigned == {name: [home] for name, home in HOMES.items()}
 
 
+def documented_values(family: str, label: str) -> set[str]:
+    """The values docs/metrics.md gives ``label`` of ``family``: the backticked plain names in
+    the parentheses after the label in the row's labels cell, else in the row's last cell (the
+    meaning, where a long list is explained value by value)."""
+    text = (REPO / "docs/metrics.md").read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| `{family}` |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    where = cells[-1]
+    for cell in cells[1:-1]:
+        m = re.search(rf"`{label}` \(([^)]*)\)", cell)
+        if m is not None:
+            where = m.group(1)
+    return set(re.findall(r"`([a-z][a-z_]*)`", where))
+
+
 @pytest.mark.parametrize(
-    ("vocabulary", "names"),
+    ("vocabulary", "family", "label"),
     [
-        (
-            observe_values.SCRAPE_ERROR_REASONS,
-            (
-                "timeout",
-                "connect",
-                "http_status",
-                "too_large",
-                "truncated",
-                "parse",
-                "decode",
-                "duplicate_conflict",
-                "invalid_series",
-                "http_error",
-                "no_vllm_families",
-                "counters_alternate",
-                "model_cap",
-                "engine_cap",
-            ),
-        ),
-        (
-            listen.REFUSAL_REASONS,
-            ("bad_request", "body_timeout", "client_share", "connection_limit", "header_timeout"),
-        ),
-        (observe_values.LIMIT_STATUSES, ("reached", "not_reached", "no_data")),
-        (shadow_values.VERDICTS, ("pays", "costs_quality", "not_faster", "not_decided")),
-        (alert_values.STATE_ERROR_REASONS, ("read", "corrupt", "too_old", "write")),
+        (observe_values.SCRAPE_ERROR_REASONS, "specwatch_scrape_errors_total", "reason"),
+        (listen.REFUSAL_REASONS, "specwatch_listener_refused_total", "reason"),
+        (observe_values.LIMIT_STATUSES, "specwatch_speculation_limit_state", "state"),
+        (shadow_values.VERDICTS, "specwatch_decision_verdict", "verdict"),
+        (alert_values.STATE_ERROR_REASONS, "specwatch_alert_state_errors_total", "reason"),
     ],
 )
-def test_literal_vocabularies_list_their_names(
-    vocabulary: tuple[str, ...], names: tuple[str, ...]
+def test_literal_vocabularies_are_the_documented_values(
+    vocabulary: tuple[str, ...], family: str, label: str
 ) -> None:
     """The tuples built from the ``Literal`` types the producers are typed with (so mypy checks
-    every name a producer writes) hold exactly the names written out here, in order."""
-    assert vocabulary == names
+    every name a producer writes) hold exactly the values docs/metrics.md documents for the
+    family's label, with no name twice: the written list operators read is the independent
+    source, so a name added to the code and not explained (or the reverse) fails here."""
+    assert len(set(vocabulary)) == len(vocabulary)
+    assert set(vocabulary) == documented_values(family, label)
 
 
 def test_producers_read_the_shared_definitions() -> None:

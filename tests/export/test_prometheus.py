@@ -21,6 +21,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from specwatch.core.roles import Role
 from specwatch.core.store import Store
 from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
@@ -132,6 +133,40 @@ class TestCollector:
             )
             == 1.0
         )
+
+    def test_k_from_the_page_completes_the_token_budget(self) -> None:
+        """A target configured with N, B and the method but no K: the budget series use the
+        page's own K (4 position labels), exported with source="observed"; a configured K that
+        the page contradicts (6) loses to it. draft_model K=4 on 0.32: S=1, so
+        D_full = min(128, 512 // 5, 512 // 6) = 85, the same as with K=4 configured."""
+        mid = parse_page(body("vllm-metrics/real-cpu-draft-model-midflight.txt"))
+
+        def tracker(name: str, k: int | None) -> TargetTracker:
+            settings = TargetSettings(
+                name=name,
+                url=f"http://{name}:1",
+                role=Role.STANDARD,
+                max_num_seqs=128,
+                max_num_batched_tokens=512,
+                num_speculative_tokens=k,
+                method="draft_model",
+                vllm_version="0.32.0",
+            )
+            return TargetTracker(settings, {"1m": 60.0})
+
+        unset, stale = tracker("a", None), tracker("b", 6)
+        for tracker_ in (unset, stale):
+            tracker_.record_page(0.0, mid, duration_seconds=0.01)
+        snap = Snapshot(observe=build_view([unset.snapshot(), stale.snapshot()], now=1.0))
+        reg = CollectorRegistry()
+        reg.register(SpecwatchCollector(lambda: snap))
+        get = reg.get_sample_value
+        for name in ("a", "b"):
+            cap = {"target": name, "role": "standard"}
+            assert get("specwatch_speculative_tokens", {**cap, "source": "observed"}) == 4
+            assert get("specwatch_speculative_tokens", {**cap, "source": "configured"}) is None
+            assert get("specwatch_limits_configured", cap) == 1
+            assert get("specwatch_decode_full_per_step_requests", cap) == 85
 
     @pytest.mark.promtool
     async def test_promtool_every_family(self) -> None:

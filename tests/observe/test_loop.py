@@ -398,9 +398,10 @@ async def test_per_process_gauges_said_in_metrics_and_one_log_line(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A page carrying each gauge once per process (eight ``pid`` copies of KV usage 0.3):
-    /metrics shows KV usage 0.3 (read once) and specwatch_target_processes 8; one
-    "gauges per process" line on the first such page, none on the next, one more (processes 0)
-    when the page goes back to one value per gauge."""
+    /metrics shows KV usage 0.3 (read once) and specwatch_target_processes 8, and
+    /api/v1/snapshot the same 8 as the target's ``gauge_processes``; one "gauges per process"
+    line on the first such page, none on the next, one more (processes 0) when the page goes
+    back to one value per gauge."""
     caplog.set_level(logging.INFO, logger="specwatch")
     per_process = "".join(
         f'vllm:kv_cache_usage_perc{{engine="0",model_name="tiny",pid="{100 + i}"}} 0.3\n'
@@ -411,6 +412,7 @@ async def test_per_process_gauges_said_in_metrics_and_one_log_line(
     assert await h.scrape()
     text = await h.metrics()
     assert _sample(text, "specwatch_target_processes", {"target": "fly"}) == 8
+    assert (await h.snapshot())["targets"]["fly"]["gauge_processes"] == 8
     kv = _sample(text, "specwatch_kv_cache_usage_ratio", {"target": "fly", "model_name": "tiny"})
     assert kv == 0.3
     h.wall_clock.advance(5)
@@ -419,6 +421,7 @@ async def test_per_process_gauges_said_in_metrics_and_one_log_line(
     assert await h.scrape()
     text = await h.metrics()
     assert _sample(text, "specwatch_target_processes", {"target": "fly"}) == 0
+    assert (await h.snapshot())["targets"]["fly"]["gauge_processes"] == 0
     said = [
         event_fields(r)
         for r in caplog.records

@@ -238,6 +238,7 @@ def reference_report(
         reasons=dict(reasons),
         first_alarm=first_alarm,
         tau_coverage=reference_tau_coverage(rows),
+        arm_totals=sum(reference_totals(rows).values(), ArmTotals()),
         lossless=lossless,
     )
 

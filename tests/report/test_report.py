@@ -284,14 +284,36 @@ class TestHtml:
             assert f'src="{name}"' in text
 
     def test_verdict_line_in_points(self, rendered: Path) -> None:
-        """The one verdict sentence: math + code = 96 labelled pairs, 12 lost and 5 gained, so
-        a net loss of 7/96 = 7.3 points; the e-value is read against 1/α = 20."""
+        """The one verdict sentence: every paired row has τ 2.0 standard and 2.5 FLy (τ +25 %)
+        and 10 tokens in 1.0 s against 0.8 s (10 and 12.5 tok/s, speed +25 %); math + code = 96
+        labelled pairs, 12 lost and 5 gained, so a net loss of 7/96 = 7.3 points; the e-value is
+        read against 1/α = 20."""
         text = (rendered / "index.html").read_text(encoding="utf-8")
         line = re.search(r'<p class="verdict-line" data-field="verdict">([^<]*)</p>', text)
         assert line is not None
-        assert line.group(1).startswith("FLy: net loss 7.3 pts (95 % CI, one-look ")
+        assert line.group(1).startswith(
+            "FLy: τ +25 %, speed per request +25 %, net loss 7.3 pts (95 % CI, one-look "
+        )
         assert "on 96 labelled pairs; e-value " in line.group(1)
         assert " of 20 needed; " in line.group(1)
+
+    def test_tau_and_speed_parts_per_arm(self, rendered: Path) -> None:
+        """Beside the verdict, each arm's mean τ and speed over the 96 paired rows (the unpaired
+        and excluded rows carry none): τ 2.00 and 2.50, 10.0 and 12.5 tok/s, mean latency 1 s
+        and 0.8 s (-20 %)."""
+        text = (rendered / "index.html").read_text(encoding="utf-8")
+        tau = re.search(r"<span data-field='tau'[^>]*>([^<]*)</span>", text)
+        speed = re.search(r"<span data-field='speed'[^>]*>([^<]*)</span>", text)
+        assert tau is not None
+        assert speed is not None
+        assert tau.group(1) == (
+            "Mean acceptance length τ: standard 2.00, FLy 2.50 (+25 %) over 96 pairs where both "
+            "arms reported it."
+        )
+        assert speed.group(1) == (
+            "Speed per request (tokens ÷ latency): standard 10.0 tok/s, FLy 12.5 tok/s (+25 %); "
+            "mean latency standard 1 s, FLy 0.8 s (-20 %) over 96 pairs."
+        )
 
     def test_plots_are_valid_non_trivial_pngs(self, rendered: Path) -> None:
         """Each plot is a PNG with real pixels: decodes, sensible size, not one flat colour."""
@@ -562,3 +584,28 @@ def test_tau_coverage_by_finish_reason_beside_the_decision_table(tmp_path: Path)
         "fly/stop": 0.0,
         "standard/length": 1.0,
     }
+
+
+def test_tau_coverage_per_category(tmp_path: Path) -> None:
+    """Per category, the share of pairs whose both arms carried a per-request τ: math 5 pairs,
+    one finished by a stop string on FLy (no τ), so 4 of 5 = 80 %; code 2 of 2; all 6 of 7
+    (85.71 %), the overall row first; unpaired rows are no pairs."""
+    rows = [
+        row(T0 + i, "math", True, True, fly_finish_reason="stop" if i == 0 else "length",
+            fly_tau=None if i == 0 else 2.5)
+        for i in range(5)
+    ] + [row(T0 + 10 + i, "code", True, False) for i in range(2)]  # fmt: skip
+    rows.append(row(T0 + 20, "code", None, None))
+    data = report_of(tmp_path / "ledger.sqlite", rows)
+    table = parse_tables(render_html(data, plots=()), key="data-coverage-category")
+    got = {
+        c: (int(v["pairs"]["data-value"]), int(v["tau_pairs"]["data-value"]), v["coverage"])
+        for c, v in table.items()
+    }
+    assert {c: (n, k) for c, (n, k, _) in got.items()} == {
+        "_all": (7, 6),
+        "code": (2, 2),
+        "math": (5, 4),
+    }
+    assert float(got["math"][2]["data-value"]) == 0.8
+    assert next(iter(table)) == "_all"

@@ -537,3 +537,23 @@ def test_packed_rows_name_every_status_and_column_the_rules_read() -> None:
     assert named <= set(predicates.STATUSES) == {"paired", "unpaired", "excluded"}
     assert set(predicates.TRI_COLUMNS) == read
     assert len(predicates.TRI_COLUMNS) == len(read) == 8
+
+
+def test_reads_have_one_home() -> None:
+    """Every read of the ledger is written once, in ``queries.py`` or ``reports.py``: the
+    ledger inherits them and defines none of them again (no forwarding copies whose signatures
+    and docstrings could drift apart)."""
+    from specwatch.shadow.ledger.queries import RowQueries
+    from specwatch.shadow.ledger.reports import ReportQueries
+
+    reads = {
+        name
+        for cls in (RowQueries, ReportQueries)
+        for name, value in vars(cls).items()
+        if callable(value) and not name.startswith("__")
+    }
+    assert {"query", "tally", "tau_coverage", "report_stream"} <= reads
+    from specwatch.shadow.ledger.ledger import Ledger as LedgerClass
+
+    assert reads & set(vars(LedgerClass)) == set()
+    assert all(callable(getattr(LedgerClass, name)) for name in reads)

@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.logs import log_event
@@ -45,15 +45,12 @@ from specwatch.shadow.ledger.aggregates import (
 from specwatch.shadow.ledger.cells import CELLS_SCHEMA
 from specwatch.shadow.ledger.connections import Connections
 from specwatch.shadow.ledger.queries import RowQueries
-from specwatch.shadow.ledger.reports import BinCounts, ReportQueries, ReportSpan, ReportStream
+from specwatch.shadow.ledger.reports import ReportQueries
 from specwatch.shadow.ledger.retention import Retention
 from specwatch.shadow.ledger.rows import SCHEMA, LedgerRow, add_missing_columns
 from specwatch.shadow.ledger.state import move_aside, quick_check_sync, state_of_error
 from specwatch.shadow.ledger.writer import LedgerHealth, QueueWriter
-from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.values import LedgerState, PairOutcome
-
-S = TypeVar("S")
 
 log = logging.getLogger("specwatch.shadow.ledger")
 
@@ -80,9 +77,13 @@ def _prepare(conn: sqlite3.Connection) -> None:
     add_missing_columns(conn)
 
 
-class Ledger:
+class Ledger(RowQueries, ReportQueries):
     """Async pair ledger over one SQLite file (or ``":memory:"`` is not supported: WAL needs a
     file).
+
+    The reads are :class:`~specwatch.shadow.ledger.queries.RowQueries`' (rows, tallies, arm
+    sums, labelled pairs) and :class:`~specwatch.shadow.ledger.reports.ReportQueries`' (the
+    report's), inherited: each is written once, there, on the ledger's read connection.
 
     Use ``await ledger.open()`` / ``await ledger.close()`` (or ``async with``). ``wall_clock``
     supplies "now" for retention. ``max_age_seconds`` / ``max_rows`` prune old rows after
@@ -119,8 +120,6 @@ class Ledger:
             queue_size=queue_size,
             wall_clock=wall_clock,
         )
-        self._rows = RowQueries(self._db)
-        self._reports = ReportQueries(self._db)
 
     @property
     def listener(self) -> HistoryListener | None:
@@ -290,100 +289,3 @@ class Ledger:
             )
         )
         return commit, groups
-
-    # -- reads (specwatch.shadow.ledger.queries) -------------------------------------------
-
-    async def query(
-        self,
-        since: float | None = None,
-        until: float | None = None,
-        category: str | None = None,
-        limit: int | None = None,
-    ) -> list[LedgerRow]:
-        """Rows with ``since <= time < until`` (and the category), oldest first."""
-        return await self._rows.query(since, until, category, limit)
-
-    async def tally(
-        self, since: float | None = None, until: float | None = None
-    ) -> dict[str, PairTally]:
-        """Per-category :class:`PairTally` over ``since <= time < until``, aggregated in SQL
-        (:meth:`RowQueries.tally`)."""
-        return await self._rows.tally(since, until)
-
-    async def tally_by_load(
-        self, bands: Sequence[int], since: float | None = None, until: float | None = None
-    ) -> dict[str, PairTally]:
-        """:class:`PairTally` per running-request band over ``since <= time < until``
-        (:meth:`RowQueries.tally_by_load`)."""
-        return await self._rows.tally_by_load(bands, since, until)
-
-    async def arm_totals(
-        self, since: float | None = None, until: float | None = None, *, fixed_point: bool = False
-    ) -> dict[str, ArmTotals]:
-        """Per-category τ and speed sums of paired rows over ``since <= time < until``
-        (:meth:`RowQueries.arm_totals`)."""
-        return await self._rows.arm_totals(since, until, fixed_point=fixed_point)
-
-    async def reply_totals(self) -> dict[tuple[str, str], tuple[int, int, int]]:
-        """Per-request speculative-decoding counts summed per ``(arm, category)``
-        (:meth:`RowQueries.reply_totals`)."""
-        return await self._rows.reply_totals()
-
-    async def labelled_outcomes(self) -> list[tuple[bool, bool]]:
-        """``(standard_correct, fly_correct)`` of every labelled pair, oldest first
-        (:meth:`RowQueries.labelled_outcomes`)."""
-        return await self._rows.labelled_outcomes()
-
-    async def fold_labelled(
-        self,
-        step: Callable[[S, list[tuple[bool, bool]]], S],
-        start: S,
-        chunk_rows: int = 65_536,
-    ) -> S:
-        """Fold ``step`` over the labelled pairs in chunks, oldest first
-        (:meth:`RowQueries.fold_labelled`)."""
-        return await self._rows.fold_labelled(step, start, chunk_rows)
-
-    async def reason_counts(self) -> dict[tuple[str, str], int]:
-        """``{(status, reason): rows}`` for unpaired and excluded rows (seeds the counters)."""
-        return await self._rows.reason_counts()
-
-    async def tau_coverage(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """``{(arm, finish_reason): (paired rows, rows with τ)}``
-        (:meth:`RowQueries.tau_coverage`)."""
-        return await self._rows.tau_coverage()
-
-    async def row_count(self) -> int:
-        """Rows in the ledger."""
-        return await self._rows.row_count()
-
-    # -- report reads (specwatch.shadow.ledger.reports) -----------------------------------
-
-    async def report_arm_totals(self, part: Literal["tau", "speed"]) -> dict[str, ArmTotals]:
-        """One half (``tau`` or ``speed``) of :meth:`arm_totals`' float sums
-        (:meth:`ReportQueries.report_arm_totals`)."""
-        return await self._reports.report_arm_totals(part)
-
-    async def report_span(self) -> ReportSpan:
-        """Row count and time range of the whole ledger and of its labelled pairs
-        (:meth:`ReportQueries.report_span`)."""
-        return await self._reports.report_span()
-
-    async def labelled_bins(self, start: float, width: float, bins: int) -> list[BinCounts]:
-        """Labelled pairs per time bin, grouped in SQL
-        (:meth:`ReportQueries.labelled_bins`)."""
-        return await self._reports.labelled_bins(start, width, bins)
-
-    async def report_stream(
-        self,
-        bands: Sequence[int],
-        *,
-        bin_start: float = 0.0,
-        bin_width: float = 0.0,
-        bins: int = 1,
-    ) -> ReportStream:
-        """Every row in time order as one packed integer, in one streamed read
-        (:meth:`ReportQueries.report_stream`)."""
-        return await self._reports.report_stream(
-            bands, bin_start=bin_start, bin_width=bin_width, bins=bins
-        )
