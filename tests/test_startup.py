@@ -63,7 +63,8 @@ def test_version_and_help_import_no_subcommand(argv: list[str]) -> None:
 @pytest.mark.parametrize("command", [command for command, _ in entry.HELP.values()])
 def test_subcommand_help_imports_no_server_or_numerics(command: str) -> None:
     """``python -m specwatch <command> --help`` (the module run as ``-m`` runs it) imports none
-    of HEAVY and no ``specwatch.server`` module: the parser is built before the server,
+    of HEAVY, no ``specwatch.server`` module and not pydantic (the settings' defaults a parser
+    shows are plain constants): the parser is built before the server,
     statistics and plotting stacks load, which the command's ``main`` imports when it runs."""
     code = (
         "import contextlib, io, runpy\n"
@@ -73,6 +74,7 @@ def test_subcommand_help_imports_no_server_or_numerics(command: str) -> None:
         f"assert 'usage: specwatch {command}' in out.getvalue(), out.getvalue()\n"
         "extra = sorted(m for m in sys.modules if m.startswith('specwatch.server'))\n"
         "assert not extra, extra\n"
+        "assert 'pydantic' not in sys.modules, 'pydantic'\n"
     )
     assert _loaded_after(code)["heavy"] == []
 

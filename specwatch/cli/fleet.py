@@ -27,9 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
 from specwatch.core.clock import SYSTEM_WALL
-from specwatch.core.config import DEFAULT_REPLICA_LABELS, parse_duration
+from specwatch.core.config import (
+    DEFAULT_ALPHA,
+    DEFAULT_MARGIN,
+    DEFAULT_REPLICA_LABELS,
+    parse_duration,
+)
 from specwatch.core.logs import setup_logging
-from specwatch.shadow.settings import PairedSettings
 
 if TYPE_CHECKING:  # aiohttp, the server and the statistics load in main, not for ``fleet --help``
     from specwatch.export.fleet import FleetStats
@@ -38,7 +42,6 @@ if TYPE_CHECKING:  # aiohttp, the server and the statistics load in main, not fo
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``fleet``."""
-    defaults = PairedSettings()
     p = add_described_command(
         subparsers,
         "fleet",
@@ -65,9 +68,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="label telling HA Prometheus replicas apart, repeatable (default "
         f"{', '.join(DEFAULT_REPLICA_LABELS)}; '' for none): series equal but for it count once",
     )
-    p.add_argument("--alpha", type=float, default=defaults.alpha, help="test level")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="test level")
     p.add_argument(
-        "--margin", type=float, default=defaults.margin, help="non-inferiority margin (fraction)"
+        "--margin", type=float, default=DEFAULT_MARGIN, help="non-inferiority margin (fraction)"
     )
     add_output_format(p)
     p.add_argument("--timeout", default="10s", metavar="DURATION", help="per query (10s)")

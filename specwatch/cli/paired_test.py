@@ -18,7 +18,6 @@ import argparse
 import csv
 import json
 import math
-import operator
 import re
 import sys
 from collections.abc import Sequence
@@ -38,7 +37,13 @@ from specwatch.shadow.inputs import (
 )
 
 if TYPE_CHECKING:  # numpy, scipy and the statistics load where computed, not for --help
+    import numpy as np
+    import numpy.typing as npt
+
     from specwatch.shadow.stats.paired import PairedCounts
+
+    BoolArray = npt.NDArray[np.bool_]
+    IntArray = npt.NDArray[np.int64]
 
 __all__ = [
     "InputError",
@@ -64,12 +69,24 @@ _PLAIN_ROW = re.compile(
 _PLAIN_LINES = re.compile(f"^(?:{_PLAIN_ROW.pattern})$", re.MULTILINE)
 
 
+#: Line boundaries of :meth:`str.splitlines` other than ``\n``.
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _line_count(text: str) -> int:
+    """``len(text.splitlines())``, counted without making the lines when ``\n`` is the only
+    line boundary in ``text``."""
+    if any(ch in text for ch in _OTHER_BREAKS):
+        return len(text.splitlines())
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
 def _plain_jsonl(text: str) -> dict[str, bool] | None:
     """``{id: correct}`` when every line of ``text`` is a plain-shape row (see
     :data:`_PLAIN_ROW`) and no id repeats, read in one pass; ``None`` otherwise (the caller
     then reads line by line, which also names the line of any error)."""
     found = _PLAIN_LINES.findall(text)
-    if not found or len(found) != len(text.splitlines()):
+    if not found or len(found) != _line_count(text):
         return None
     items = [text_id or int_id for text_id, int_id, _ in found]
     out = dict(zip(items, [correct in ("true", "1") for _, _, correct in found], strict=True))
@@ -170,20 +187,24 @@ def read_hashes(path: Path, *, filter_name: str | None = None) -> dict[str, dict
     path = _samples_path(path)
     if path.suffix.lower() == ".csv":
         return {}
+    with path.open(encoding="utf-8-sig") as f:  # the first row tells: no need to read on
+        first = next((line for line in f if line.strip()), None)
+    if first is None or not looks_like_lm_eval(json.loads(first)):
+        return {}
     rows: list[tuple[str, Any]] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         if line.strip():
             rows.append((f"{path}:{lineno}", json.loads(line)))
-            if not looks_like_lm_eval(rows[0][1]):
-                return {}
-    return lm_eval_hashes(rows, filter_name=filter_name, source=str(path)) if rows else {}
+    return lm_eval_hashes(rows, filter_name=filter_name, source=str(path))
 
 
 def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
     """Build the paired 2x2 table; raises :class:`InputError` when the id sets differ."""
+    import numpy as np
+
     from specwatch.shadow.stats.paired import PairedCounts
 
-    if base.keys() != cand.keys():
+    if list(base) != list(cand) and base.keys() != cand.keys():  # same order: same ids
         only_base = sorted(set(base) - set(cand))
         only_cand = sorted(set(cand) - set(base))
         parts = []
@@ -192,14 +213,35 @@ def pair_outcomes(base: dict[str, bool], cand: dict[str, bool]) -> PairedCounts:
         if only_cand:
             parts.append(f"{len(only_cand)} only in CAND (e.g. {', '.join(only_cand[:3])})")
         raise InputError("ids do not match: " + "; ".join(parts))
-    b, c = list(base.values()), list(map(cand.__getitem__, base))
-    both, base_right, cand_right = sum(map(operator.and_, b, c)), sum(b), sum(c)
+    b, c = _columns(base, cand)
+    both = int(np.count_nonzero(b & c))
+    base_right, cand_right = int(np.count_nonzero(b)), int(np.count_nonzero(c))
     return PairedCounts(
         both_correct=both,
         lost=base_right - both,
         gained=cand_right - both,
-        both_wrong=len(b) - base_right - cand_right + both,
+        both_wrong=b.size - base_right - cand_right + both,
     )
+
+
+def _columns(base: dict[str, bool], cand: dict[str, bool]) -> tuple[BoolArray, BoolArray]:
+    """BASE's and CAND's correctness as arrays in BASE order (same id sets): CAND's values as
+    they are when both files list the ids in the same order, else looked up per id."""
+    import numpy as np
+
+    n = len(base)
+    b = np.fromiter(base.values(), dtype=np.bool_, count=n)
+    same_order = list(base) == list(cand)
+    values = cand.values() if same_order else map(cand.__getitem__, base)
+    return b, np.fromiter(values, dtype=np.bool_, count=n)
+
+
+def outcome_array(base: dict[str, bool], cand: dict[str, bool]) -> IntArray:
+    """:func:`pair_sequence` as an ``int64`` array (what :func:`first_crossings` reads)."""
+    import numpy as np
+
+    b, c = _columns(base, cand)
+    return b.astype(np.int64) - c.astype(np.int64)
 
 
 def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
@@ -207,10 +249,13 @@ def pair_sequence(base: dict[str, bool], cand: dict[str, bool]) -> list[int]:
 
     Call after :func:`pair_outcomes` (which checks that the id sets match).
     """
-    return list(map(operator.sub, base.values(), map(cand.__getitem__, base)))
+    out: list[int] = outcome_array(base, cand).tolist()
+    return out
 
 
-def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, int | None]:
+def first_crossings(
+    d: Sequence[int] | IntArray, margin: float, alpha: float
+) -> dict[str, int | None]:
     """The 1-based pair at which each live alarm first fires (``None``: never): exactly
     :func:`specwatch.shadow.stats.first_alarms` at ``alpha``/``margin`` and the sidecar's default
     ``detect_net_loss`` and ``change_arl`` (``net_loss_change``, ``no_net_loss``, ``margin``,
@@ -221,18 +266,20 @@ def first_crossings(d: Sequence[int], margin: float, alpha: float) -> dict[str, 
 
     from specwatch.shadow.settings import PairedSettings
     from specwatch.shadow.stats import first_alarms
-    from specwatch.shadow.stats.sequential import beta_binomial_log_e_values, first_alarm
+    from specwatch.shadow.stats.alarms import first_count_alarm
+    from specwatch.shadow.stats.sequential import beta_binomial_log_e_values
 
-    out = first_alarms(d, PairedSettings(alpha=alpha, margin=margin))
-    lost = np.cumsum(np.asarray([x == 1 for x in d], dtype=np.int64))
-    gained = np.cumsum(np.asarray([x == -1 for x in d], dtype=np.int64))
-    beta_binomial = beta_binomial_log_e_values(lost, gained) if d else ()
-    out["no_net_loss_beta_binomial"] = first_alarm(beta_binomial, alpha)
+    x = np.asarray(d, dtype=np.int64).reshape(-1)
+    out = first_alarms(x, PairedSettings(alpha=alpha, margin=margin))
+    out["no_net_loss_beta_binomial"] = first_count_alarm(x, beta_binomial_log_e_values, alpha)
     return out
 
 
 def paired_report(
-    counts: PairedCounts, margin: float, alpha: float, d: Sequence[int] | None = None
+    counts: PairedCounts,
+    margin: float,
+    alpha: float,
+    d: Sequence[int] | IntArray | None = None,
 ) -> dict[str, Any]:
     """The JSON result: counts, exact McNemar p-values, Tango CI, non-inferiority, e-value.
 
@@ -391,7 +438,7 @@ def main(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"specwatch paired-test: {exc}", file=sys.stderr)
         return 2
-    report = paired_report(counts, args.margin, args.alpha, pair_sequence(base, cand))
+    report = paired_report(counts, args.margin, args.alpha, outcome_array(base, cand))
     if excluded:
         report["excluded"] = excluded
     print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
@@ -433,8 +480,9 @@ def _matched(
                 f"{why} (e.g. {_examples(ids)})",
                 file=sys.stderr,
             )
-    base = {k: v for k, v in base.items() if k not in differ}
-    cand = {k: v for k, v in cand.items() if k not in differ}
+    if differ:
+        base = {k: v for k, v in base.items() if k not in differ}
+        cand = {k: v for k, v in cand.items() if k not in differ}
     if not base:
         raise InputError("no item is in both runs")
     return base, cand, excluded

@@ -63,18 +63,32 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(handler=main)
 
 
-def _preload() -> bool:
-    """Import what building and drawing the report needs (matplotlib through the renderer,
-    scipy.optimize for the intervals): run in a thread while SQLite reads the ledger, which
-    releases the GIL, so the imports use the time the reads leave on the second core. False
-    when an import failed: :func:`main` imports the renderer again and reports that."""
+#: Ledger size (bytes) from which reading it takes longer than importing matplotlib: only
+#: then is the renderer imported during the read (below it, when the first plot is drawn).
+PRELOAD_RENDER_BYTES = 64 * 1024 * 1024
+
+
+def _preload(render: bool) -> bool:
+    """Import what building (scipy.optimize for the intervals) and, with ``render``, drawing
+    the report needs (matplotlib through the renderer): run in a thread while SQLite reads the
+    ledger, which releases the GIL, so the imports use the time the reads leave on the second
+    core. False when an import failed: :func:`main` imports the renderer again and reports
+    that."""
     try:
         import scipy.optimize  # noqa: F401
 
-        import specwatch.report.render  # noqa: F401
+        if render:
+            import specwatch.report.render  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _large(path: Path) -> bool:
+    try:
+        return path.stat().st_size >= PRELOAD_RENDER_BYTES
+    except OSError:  # the read reports it
+        return False
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
@@ -87,7 +101,8 @@ async def _gather(args: argparse.Namespace) -> ReportData:
     )
 
     digest, _ = await asyncio.gather(
-        read_ledger(args.ledger, bins=args.bins), asyncio.to_thread(_preload)
+        read_ledger(args.ledger, bins=args.bins),
+        asyncio.to_thread(_preload, _large(args.ledger)),
     )
     acceptance: Acceptance | None = None
     if args.metrics_url:
@@ -134,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch report: {exc}", file=sys.stderr)
         return 2
     try:
-        from specwatch.report.render import render_report  # loaded by _preload
+        from specwatch.report.render import render_report  # matplotlib loads here
     except ImportError:  # installed but not importable
         print(MISSING_EXTRA, file=sys.stderr)
         return 2

@@ -32,6 +32,11 @@ DEFAULT_LOAD_BANDS: tuple[int, ...] = (0, 8, 32)
 #: (``ShadowSettings.max_categories``).
 DEFAULT_MAX_CATEGORIES = 20
 
+#: Default level and non-inferiority margin (a fraction) of the paired tests:
+#: ``PairedSettings`` and every command's ``--alpha`` / ``--margin``.
+DEFAULT_ALPHA = 0.05
+DEFAULT_MARGIN = 0.01
+
 #: Labels that tell HA Prometheus replicas apart (prometheus-operator's ``prometheus_replica``,
 #: Thanos' and Cortex's ``replica``): a series that differs from another only in these is the same
 #: sidecar's series read through two replicas (``specwatch fleet`` counts it once).

@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL, SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
+from specwatch.export import catalogue_fleet as fc
 from specwatch.export.prometheus import _describe, _Families
 from specwatch.shadow.summary import PairedSummary, PairTally, build_shadow_stats
 
@@ -355,23 +356,23 @@ class FleetHealth:
 
 def _fleet_rows(fam: _Families, stats: FleetStats) -> None:
     for name, m in sorted(stats.models.items()):
-        fam.add(cat.FLEET_SIDECARS, (name,), m.sidecars)
+        fam.add(fc.FLEET_SIDECARS, (name,), m.sidecars)
         for category, s in sorted(m.summaries.items()):
             key = (name, category)
-            fam.add(cat.FLEET_N, key, s.n)
-            fam.add(cat.FLEET_LOST, key, s.lost)
-            fam.add(cat.FLEET_GAINED, key, s.gained)
-            fam.add(cat.FLEET_NET_LOSS, key, s.net_loss_ratio)
-            fam.add(cat.FLEET_CI_LOWER, key, s.ci_lower)
-            fam.add(cat.FLEET_CI_UPPER, key, s.ci_upper)
-            fam.add(cat.FLEET_NON_INFERIORITY, key, s.non_inferiority_pass)
-            fam.add(cat.FLEET_MCNEMAR_P, (*key, "two_sided"), s.p_two_sided)
-            fam.add(cat.FLEET_MCNEMAR_P, (*key, "loss"), s.p_loss)
-            fam.add(cat.FLEET_E_VALUE, (*key, "no_net_loss"), s.e_value)
-        fam.add(cat.FLEET_MARGIN_E_VALUE, (name, "mean"), m.margin_e_mean)
-        fam.add(cat.FLEET_MARGIN_E_VALUE, (name, "product"), m.margin_e_product)
-        fam.add(cat.FLEET_NET_LOSS_E_VALUE, (name, "mean"), m.net_loss_e_mean)
-        fam.add(cat.FLEET_NET_LOSS_E_VALUE, (name, "product"), m.net_loss_e_product)
+            fam.add(fc.FLEET_N, key, s.n)
+            fam.add(fc.FLEET_LOST, key, s.lost)
+            fam.add(fc.FLEET_GAINED, key, s.gained)
+            fam.add(fc.FLEET_NET_LOSS, key, s.net_loss_ratio)
+            fam.add(fc.FLEET_CI_LOWER, key, s.ci_lower)
+            fam.add(fc.FLEET_CI_UPPER, key, s.ci_upper)
+            fam.add(fc.FLEET_NON_INFERIORITY, key, s.non_inferiority_pass)
+            fam.add(fc.FLEET_MCNEMAR_P, (*key, "two_sided"), s.p_two_sided)
+            fam.add(fc.FLEET_MCNEMAR_P, (*key, "loss"), s.p_loss)
+            fam.add(fc.FLEET_E_VALUE, (*key, "no_net_loss"), s.e_value)
+        fam.add(fc.FLEET_MARGIN_E_VALUE, (name, "mean"), m.margin_e_mean)
+        fam.add(fc.FLEET_MARGIN_E_VALUE, (name, "product"), m.margin_e_product)
+        fam.add(fc.FLEET_NET_LOSS_E_VALUE, (name, "mean"), m.net_loss_e_mean)
+        fam.add(fc.FLEET_NET_LOSS_E_VALUE, (name, "product"), m.net_loss_e_product)
 
 
 #: ``() -> (latest FleetStats or None, FleetHealth)``.
@@ -379,7 +380,7 @@ FleetGetter = Callable[[], tuple[FleetStats | None, FleetHealth]]
 
 
 class FleetCollector(Collector):
-    """The fleet families (:data:`~specwatch.export.catalogue.FLEET`) from ``get()`` →
+    """The fleet families (:data:`~specwatch.export.catalogue_fleet.FLEET`) from ``get()`` →
     ``(latest FleetStats or None, FleetHealth)``. No I/O in :meth:`collect`."""
 
     def __init__(self, get: FleetGetter) -> None:
@@ -387,15 +388,15 @@ class FleetCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The fleet families, without samples."""
-        return _describe(cat.FLEET)
+        return _describe(fc.FLEET)
 
     def collect(self) -> Iterator[Metric]:
         """Yield the families of the latest fleet snapshot and the exporter's own counters."""
         stats, health = self._get()
-        fam = _Families(cat.FLEET)
+        fam = _Families(fc.FLEET)
         if stats is not None:
             _fleet_rows(fam, stats)
-        fam.add_counts(cat.FLEET_QUERY_ERRORS, health.query_errors)
-        fam.add_counts(cat.FLEET_BAD_SERIES, health.bad_series)
-        fam.add(cat.FLEET_LAST_SUCCESS, (), health.last_success)
+        fam.add_counts(fc.FLEET_QUERY_ERRORS, health.query_errors)
+        fam.add_counts(fc.FLEET_BAD_SERIES, health.bad_series)
+        fam.add(fc.FLEET_LAST_SUCCESS, (), health.last_success)
         yield from fam.families(keep_empty=True)

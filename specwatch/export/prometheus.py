@@ -56,9 +56,9 @@ from specwatch.export.catalogue import (
     WAITING_BY_REASON,
     WINDOW_GAUGES,
     WINDOWED,
-    MetricSpec,
 )
 from specwatch.export.snapshot import SnapshotGetter
+from specwatch.export.spec import MetricSpec
 from specwatch.observe.values import (
     INVALID_REASONS,
     LIMIT_STATUSES,

@@ -636,6 +636,10 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
                 batch.append(line)
             continue
         end = line.rfind("}")
+        bare = _bare_name(line) if end < 0 else None
+        if bare is not None and bare in memo:  # no labels, a name parsed before: as in 1.
+            out.append((memo[bare], value_of(line[len(bare) + 1 :])[0]))
+            continue
         if end > 0:
             head = line[: end + 1]
             hit = memo.get(head)
@@ -681,6 +685,8 @@ def _records_fast(kept: list[str], value_of: _ValueParser) -> list[tuple[_Series
                 head = line[: end + 1]
                 _remember(head, series)
                 _learn_shape(head, sample.name, sample.labels)
+            elif sample.timestamp is None and _bare_name(line) == sample.name:
+                _remember(sample.name, series)  # no labels: memoised by the name
         if len(_TYPE_OK) >= _SERIES_MEMO_MAX:
             _TYPE_OK.clear()
         _TYPE_OK.update(ln for ln in batch if ln[0] == "#")
@@ -721,7 +727,8 @@ def _seed_shapes() -> None:
     ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
     them), each from a line of that shape with empty label values parsed by prometheus_client,
     so that even the first page a process reads has one parse per series only for shapes vLLM
-    does not write. A seed line that does not parse as expected is left out."""
+    does not write; and the unlabelled ``process_start_time_seconds`` by its name. A seed line
+    that does not parse as expected is left out."""
     extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
@@ -729,7 +736,13 @@ def _seed_shapes() -> None:
     }
     for sample_name in sorted(_NAMES_TEXT):
         fam, role = _SAMPLES[sample_name]
-        if fam.key == "process_start_time_seconds":
+        if fam.key == "process_start_time_seconds":  # no labels: the name is memoised
+            got = [
+                s for m in text_string_to_metric_families(f"{sample_name} 0\n") for s in m.samples
+            ]
+            series = _series(sample_name, {})
+            if series is not None and [(g.name, g.labels) for g in got] == [(sample_name, {})]:
+                _remember(sample_name, series)
             continue
         plain: tuple[str, ...] = ("engine", "model_name")
         keys = ("engine", "le", "model_name") if role == "bucket" else extra.get(fam.key, plain)
@@ -744,6 +757,15 @@ def _seed_shapes() -> None:
             and tuple(samples[0].labels) == keys
         ):
             _learn_shape(head, sample_name, samples[0].labels)
+
+
+def _bare_name(line: str) -> str | None:
+    """The name of a sample line without labels or quotes (``None`` for any other line): up to
+    its first space or tab, where prometheus_client splits such a line."""
+    if "{" in line or '"' in line:
+        return None
+    ends = [i for i in (line.find(" "), line.find("\t")) if i > 0]
+    return line[: min(ends)] if ends else None
 
 
 def _remember(head: str, series: _Series) -> None:
@@ -761,9 +783,6 @@ def _renames(type_line: str) -> bool:
 
 #: Canonical TYPE lines of the allow-listed families, accepted by prometheus_client at import.
 _TYPE_KNOWN: frozenset[str] = _accepted_type_lines()
-
-
-_seed_shapes()
 
 
 def _kept_samples(metrics: Iterable[Metric]) -> list[tuple[_Series, float]]:
@@ -883,3 +902,6 @@ def _locate(text: str, numbers: list[int], openmetrics: bool) -> int:
         except (ValueError, IndexError, KeyError, TypeError):
             return numbers[index]
     return 0
+
+
+_seed_shapes()  # last: it reads the whole module

@@ -424,11 +424,17 @@ class ShadowComponent:
             bucket_seconds=STATS_BUCKET_SECONDS,
         )
         ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
+        as_of = 0  # nothing to read (the ledger cannot be read): the statistics start empty
         if ledger.state == "ok":
-            as_of, groups = await ledger.history(live.grouping())
-            await asyncio.to_thread(live.add_groups, groups)
-        else:  # nothing to read: the statistics start empty
-            as_of = 0
+            try:
+                as_of, groups = await ledger.history(live.grouping())
+            except sqlite3.DatabaseError:
+                # a damaged page the open did not touch: the integrity check marks the ledger
+                # corrupt (the next start moves it aside); anything else is raised
+                if await ledger.quick_check() is None:
+                    raise
+            else:
+                await asyncio.to_thread(live.add_groups, groups)
         live.start(as_of)
         since_start = live.tallies()[SINCE_START]
         self.categories.seed(categories_by_volume(since_start))

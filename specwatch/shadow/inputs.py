@@ -182,6 +182,8 @@ def split_shared(
 ) -> tuple[dict[str, bool], dict[str, bool], list[str], list[str]]:
     """``(base, cand)`` restricted to the items both have (BASE order kept), and the sorted
     ids only in BASE and only in CAND."""
+    if list(base) == list(cand) or base.keys() == cand.keys():  # the usual case: no filtering
+        return dict(base), dict(cand), [], []
     only_base = sorted(set(base) - set(cand))
     only_cand = sorted(set(cand) - set(base))
     return (

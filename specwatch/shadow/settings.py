@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode
 
 from specwatch.core.config import (
+    DEFAULT_ALPHA,
     DEFAULT_LOAD_BANDS,
+    DEFAULT_MARGIN,
     DEFAULT_MAX_CATEGORIES,
     SINCE_START,
     check_windows,
@@ -228,8 +230,8 @@ class PairedSettings(Frozen):
         ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
     to a false alarm under no loss is at least this many labelled pairs)."""
 
-    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    margin: float = Field(default=0.01, ge=0.0, lt=1.0)
+    alpha: float = Field(default=DEFAULT_ALPHA, gt=0.0, lt=1.0)
+    margin: float = Field(default=DEFAULT_MARGIN, ge=0.0, lt=1.0)
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
     change_arl: float = Field(default=50_000.0, gt=1.0)

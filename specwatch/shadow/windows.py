@@ -146,12 +146,15 @@ class WindowedSums(Generic[K, V]):
         floor = min(self._first.values()) if self._first else None
         spans = list(self._spans.items())
         into: dict[tuple[tuple[str, ...], K], list[V]] = {}
+        holding: dict[int | None, tuple[str, ...]] = {}  # the windows holding each bucket
         for bucket, key, value in items:
-            holders = tuple(
-                name
-                for name, secs in spans
-                if secs is None or (bucket is not None and bucket >= self._first[name])
-            )
+            holders = holding.get(bucket)
+            if holders is None:
+                holders = holding[bucket] = tuple(
+                    name
+                    for name, secs in spans
+                    if secs is None or (bucket is not None and bucket >= self._first[name])
+                )
             into.setdefault((holders, key), []).append(value)
             if bucket is None or floor is None or bucket < floor:
                 continue

@@ -79,3 +79,14 @@ def test_counts_and_sequence_of_a_hand_worked_pairing() -> None:
     counts = pair_outcomes(base, cand)
     assert (counts.both_correct, counts.lost, counts.gained, counts.both_wrong) == (1, 1, 1, 1)
     assert pair_sequence(base, cand) == [0, 1, -1, 0]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "a", "a\n", "a\nb", "a\n\nb\n", "a\r\nb", "a\rb", "\n", "x\u2028y", "p\x0cq\n"]
+)
+def test_line_count_is_splitlines(text: str) -> None:
+    """The one-pass reading counts lines as :meth:`str.splitlines` does, whatever the line
+    boundaries (only ``\\n`` counted fast, any other boundary by splitting)."""
+    from specwatch.cli.paired_test import _line_count
+
+    assert _line_count(text) == len(text.splitlines())

@@ -66,7 +66,7 @@ def test_matplotlib_installed_but_broken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """matplotlib present but failing to import (here ``matplotlib.figure`` blocked, as a
-    broken install would): the renderer loads during the ledger read and fails there; the
+    broken install would): the renderer fails to load when the first plot is to be drawn; the
     command exits 2 with the one 'report' extra line, no traceback, nothing written."""
     import asyncio
 
@@ -87,3 +87,38 @@ def test_matplotlib_installed_but_broken(
     assert err.count("\n") == 1
     assert "'report' extra" in err
     assert not out.exists()
+
+
+def test_matplotlib_loads_only_to_draw(tmp_path: Path) -> None:
+    """A small ledger's report (a fresh interpreter) has not imported matplotlib when the
+    ledger has been read and the statistics built (the start cost does not include it); the
+    plots are drawn and written after."""
+    import asyncio
+    import subprocess
+
+    from specwatch.shadow.ledger.ledger import Ledger
+
+    ledger = tmp_path / "pairs.db"
+
+    async def write() -> None:
+        async with Ledger(ledger) as led:
+            await led.write_many(["time", "category", "status"], [(1.0, "math", "paired")])
+
+    asyncio.run(write())
+    out = tmp_path / "out"
+    code = (
+        "import sys\n"
+        "import specwatch.report.data as data\n"
+        "built = data.build_report\n"
+        "def spy(*a, **k):\n"
+        "    print('matplotlib at build:', 'matplotlib' in sys.modules)\n"
+        "    return built(*a, **k)\n"
+        "data.build_report = spy\n"
+        "from specwatch.__main__ import main\n"
+        f"sys.exit(main(['report', '--ledger', {str(ledger)!r}, '--out', {str(out)!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.splitlines()[0] == "matplotlib at build: False"
+    assert (out / "index.html").is_file()

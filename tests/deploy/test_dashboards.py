@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats
-from specwatch.export import catalogue
+from specwatch.export import catalogue, catalogue_fleet
 from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
@@ -167,7 +167,7 @@ def listener_exported_names() -> frozenset[str]:
 
 def fleet_exported_names() -> frozenset[str]:
     """Sample names of the fleet view's families (``FLEET``; counters get ``_total``)."""
-    return frozenset(spec.sample_name for spec in catalogue.FLEET)
+    return frozenset(spec.sample_name for spec in catalogue_fleet.FLEET)
 
 
 EXPORTED = (

@@ -365,8 +365,8 @@ class TestCatalogueIsTheSource:
 
     def test_family_not_in_catalogue_cannot_be_emitted(self) -> None:
         """A spec outside the catalogue, or of another collector's part, raises KeyError."""
-        from specwatch.export.catalogue import MetricSpec
         from specwatch.export.prometheus import _Families
+        from specwatch.export.spec import MetricSpec
 
         fam = _Families(catalogue.OBSERVE)
         with pytest.raises(KeyError, match="specwatch_bogus"):

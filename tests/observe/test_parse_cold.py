@@ -131,12 +131,15 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def test_cold_real_capture_parses_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fresh process: every vLLM series of the real capture has a seeded shape, so only the
-    unlabelled ``process_start_time_seconds`` line goes to the library parser."""
+def test_cold_real_capture_parses_no_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh process: every vLLM series of the real capture has a seeded shape and the
+    unlabelled ``process_start_time_seconds`` a seeded name, so no line goes to the library
+    parser; the reading is the whole parse's."""
+    want = reference(REAL, "text/plain")
+    parse_mod.clear_memo()
     seen = _spy(monkeypatch)
-    parse_page(REAL)
-    assert [ln.split(" ")[0] for ln in seen] == ["process_start_time_seconds"]
+    assert parse_page(REAL) == want
+    assert seen == []
 
 
 def test_unseeded_real_capture_parses_one_line_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:

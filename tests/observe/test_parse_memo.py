@@ -95,7 +95,8 @@ def test_same_records_as_whole_page_parse(name: str) -> None:
     expected = reference_whole(text)
     assert ours(text) == expected  # cold
     assert ours(text) == expected  # warm: every labels part memoised
-    assert bool(parse_mod._SERIES_MEMO) == any(labels for _, labels, _ in expected)
+    memoised = {s.ident for s in parse_mod._SERIES_MEMO.values()}
+    assert memoised == {(n, labels) for n, labels, _ in expected}  # labelled or not
     nxt = grown(text, 7.5)
     assert ours(nxt) == reference_whole(nxt)
 
@@ -255,3 +256,31 @@ def test_without_value_parser_every_line_is_parsed_whole(monkeypatch: pytest.Mon
     for page in (text, grown(text, 4.0)):
         assert ours(page) == reference_whole(page)
     assert not parse_mod._SERIES_MEMO
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "process_start_time_seconds 1.7e+09",
+        "process_start_time_seconds\t1.7e+09",
+        "process_start_time_seconds  1.7e+09",
+        "process_start_time_seconds 1.7e+09 1700000000000",
+        "process_start_time_seconds NaN",
+        "process_start_time_seconds 12x",
+        "process_start_time_secondsx 3",
+    ],
+)
+def test_unlabelled_sample_same_as_whole_page_parse(line: str) -> None:
+    """A sample line without labels (its name memoised from the first page) reads, or fails,
+    as the whole page's library parse does: spacing, a tab, a timestamp, NaN, a bad value,
+    another name."""
+    for page in (f"{LINE} 5\n{line}\n", f"{line}\n{LINE} 6\n"):
+        try:
+            want: object = reference_whole(page)
+        except (ValueError, IndexError, KeyError, TypeError):
+            want = "malformed"
+        try:
+            got: object = ours(page)
+        except (ValueError, IndexError, KeyError, TypeError):  # ParseError is a ValueError
+            got = "malformed"
+        assert got == want

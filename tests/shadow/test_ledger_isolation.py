@@ -230,9 +230,9 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
         conn = sqlite3.connect(ledger)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
-        with ledger.open("r+b") as f:
-            f.seek(4096 * 3)
-            f.write(b"\xff" * 4096 * 4)
+        with ledger.open("r+b") as f:  # pages 2-7: the rows' root page among them
+            f.seek(4096 * 1)
+            f.write(b"\xff" * 4096 * 6)
         await until(lambda: comp.ledger is not None and comp.ledger.state == "corrupt", 20)
         health = await _healthz(sc)
         state = await _state(sc)
@@ -244,3 +244,34 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
         restarted = await _state(sc)
     assert restarted == "ok"
     assert len(corrupt_copies(tmp_path)) == 1
+
+
+async def test_damage_first_read_by_the_rebuild_marks_the_ledger_corrupt(tmp_path: Path) -> None:
+    """A damaged page the open does not touch (the stored aggregates' bookkeeping) is met by the
+    restart rebuild: the integrity check sets the state ``corrupt`` (pairing stops, the ledger
+    alert's state is exported), the statistics start empty and the task goes on (``/healthz``
+    200) instead of ending with the read's error."""
+    ledger = tmp_path / "ledger.sqlite"
+    async with sidecar(_settings(ledger)) as sc:
+        comp = sc.component
+        await until(lambda: comp.live is not None, 20)
+        assert comp.ledger is not None
+        rows = [(1_800_000_000.0 + i, f"cat{i % 7}", "paired") for i in range(2000)]
+        await comp.ledger.write_many(["time", "category", "status"], rows)
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (page,) = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'pair_sums_meta'"
+        ).fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    with ledger.open("r+b") as f:
+        f.seek((page - 1) * size)
+        f.write(b"\xff" * size)
+    async with sidecar(_settings(ledger)) as sc:
+        await until(lambda: sc.component.live is not None, 20)
+        state = await _state(sc)
+        health = await _healthz(sc)
+        live = sc.component.live
+        assert live is not None
+        rows_seen = live.rows()
+    assert (state, health, rows_seen) == ("corrupt", 200, 0)

@@ -19,6 +19,14 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from specwatch.core.logs import log_event
+from specwatch.shadow.ledger.cells import (
+    CELL_SECONDS,
+    CELLS_LAYOUT,
+    cells_history_sync,
+    cells_rebuild,
+    cells_rows,
+    cells_upsert_sql,
+)
 from specwatch.shadow.ledger.predicates import (
     ARM_SPEED,
     ARM_TAU,
@@ -143,7 +151,7 @@ SUMS_DAY_SECONDS = 86400.0
 _DAY_SQL = f"CAST(time / {SUMS_DAY_SECONDS!r} AS INTEGER)"
 #: What ``pair_sums`` is keyed and summed by; a ledger whose stored layout differs (written by
 #: a specwatch with other tally rules or another fixed point) has its aggregates rebuilt.
-_SUMS_LAYOUT = f"v1|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}"
+_SUMS_LAYOUT = f"v2|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}|{CELLS_LAYOUT}"
 _SUM_COLUMNS = ("n", "s_tau", "f_tau", "s_tok", "f_tok", "s_sec", "f_sec")
 SUMS_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pair_sums (day INTEGER NOT NULL, category TEXT NOT NULL, "
@@ -175,6 +183,7 @@ def sums_upsert_sql(where: str, sign: int) -> str:
 
 
 _SUMS_ADD_NEW = sums_upsert_sql("id > ?", 1)
+_CELLS_ADD_NEW = cells_upsert_sql("id > ?", 1)
 _SUMS_REBUILD = sums_upsert_sql("1", 1)
 
 
@@ -189,15 +198,15 @@ def _sums_mark(conn: sqlite3.Connection, *, layout: bool = False) -> None:
 
 
 def _sums_stale(conn: sqlite3.Connection) -> str | None:
-    """Why ``pair_sums`` does not describe ``pairs`` (``None``: it does): ``layout`` (missing
-    or another layout), ``rows`` (its counts do not add up to the rows), ``last_id`` (rows
-    written by something that did not update it)."""
+    """Why ``pair_sums`` and ``pair_cells`` do not describe ``pairs`` (``None``: they do):
+    ``layout`` (missing or another layout), ``rows`` (their counts do not add up to the rows),
+    ``last_id`` (rows written by something that did not update them)."""
     meta = dict(conn.execute("SELECT key, value FROM pair_sums_meta").fetchall())
     if meta.get("layout") != _SUMS_LAYOUT:
         return "layout"
     (stored,) = conn.execute("SELECT IFNULL(SUM(n), 0) FROM pair_sums").fetchone()
     count, last = conn.execute("SELECT COUNT(*), IFNULL(MAX(id), 0) FROM pairs").fetchone()
-    if int(stored) != int(count):
+    if int(stored) != int(count) or cells_rows(conn) != int(count):
         return "rows"
     if count and meta.get("last_id") != last:
         return "last_id"
@@ -205,18 +214,22 @@ def _sums_stale(conn: sqlite3.Connection) -> str | None:
 
 
 def sums_rebuild(conn: sqlite3.Connection) -> None:
-    """Recompute ``pair_sums`` from every row (inside the caller's transaction)."""
+    """Recompute ``pair_sums`` and ``pair_cells`` from every row (inside the caller's
+    transaction)."""
     conn.execute("DELETE FROM pair_sums")
     conn.execute(_SUMS_REBUILD)
+    cells_rebuild(conn)
     _sums_mark(conn, layout=True)
 
 
 def write_rows(conn: sqlite3.Connection, sql: str, values: Sequence[Sequence[Any]]) -> None:
-    """Insert ``values`` with ``sql`` and add their groups to ``pair_sums`` (inside the
-    caller's transaction, so the aggregates never miss a committed row)."""
+    """Insert ``values`` with ``sql`` and add their groups to ``pair_sums`` and their cells to
+    ``pair_cells`` (inside the caller's transaction, so the aggregates never miss a committed
+    row)."""
     (before,) = conn.execute("SELECT IFNULL(MAX(id), 0) FROM pairs").fetchone()
     conn.executemany(sql, values)
     conn.execute(_SUMS_ADD_NEW, (before,))
+    conn.execute(_CELLS_ADD_NEW, (before,))
     _sums_mark(conn)
 
 
@@ -292,6 +305,12 @@ def stored_history_sync(conn: sqlite3.Connection, grouping: HistoryGrouping) -> 
         return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
     day = int(grouping.horizon // SUMS_DAY_SECONDS)
     _add_cells(cells, conn.execute(f"{stored} WHERE day < ? GROUP BY category, band, code", (day,)))
+    if grouping.bucket_seconds == CELL_SECONDS:
+        # the horizon's day from the stored cells: one row per (bucket, category, band)
+        first = round(grouping.horizon / CELL_SECONDS)
+        pooled_from = round(day * SUMS_DAY_SECONDS / CELL_SECONDS)
+        cells_history_sync(conn, grouping.bands, pooled_from, first, cells)
+        return [HistoryGroup(b, cat, band, cell) for (b, cat, band), cell in cells.items()]
     # the time bound (a day's slack below) uses the index; the day test is the stored one's
     where = f"time >= ? AND {_DAY_SQL} >= ?"
     return history_sync(conn, grouping, where, (day * SUMS_DAY_SECONDS - 1.0, day), cells)

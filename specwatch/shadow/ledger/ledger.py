@@ -42,6 +42,7 @@ from specwatch.shadow.ledger.aggregates import (
     stored_history_sync,
     sums_rebuild,
 )
+from specwatch.shadow.ledger.cells import CELLS_SCHEMA
 from specwatch.shadow.ledger.connections import Connections
 from specwatch.shadow.ledger.queries import RowQueries
 from specwatch.shadow.ledger.reports import ReportQueries
@@ -67,7 +68,7 @@ def _probe(conn: sqlite3.Connection) -> None:
 def _prepare(conn: sqlite3.Connection) -> None:
     """Create the tables a ledger needs (a new file's empty aggregates are current before any
     numbered write) and add the columns an older ledger lacks."""
-    for stmt in (*SCHEMA, *SUMS_SCHEMA):
+    for stmt in (*SCHEMA, *SUMS_SCHEMA, *CELLS_SCHEMA):
         conn.execute(stmt)
     if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pairs)").fetchone()[0]:
         conn.execute("BEGIN IMMEDIATE")

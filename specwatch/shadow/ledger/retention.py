@@ -1,6 +1,7 @@
 """Retention: which rows the ledger deletes (older than ``max_age_seconds``, beyond the newest
 ``max_rows``), when it is due after a write (at most every ``prune_interval_seconds``), and the
-delete itself, which takes the rows' groups back out of ``pair_sums`` in the same transaction."""
+delete itself, which takes the rows' groups back out of ``pair_sums`` and ``pair_cells`` in the
+same transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from specwatch.shadow.ledger.aggregates import (
     history_sync,
     sums_upsert_sql,
 )
+from specwatch.shadow.ledger.cells import cells_drop_empty, cells_upsert_sql
 
 
 class Retention:
@@ -65,7 +67,9 @@ class Retention:
             if grouping is not None and groups is not None:
                 groups.extend(history_sync(conn, grouping, where, params))
             conn.execute(sums_upsert_sql(where, -1), params)
+            conn.execute(cells_upsert_sql(where, -1), params)
             removed += conn.execute(f"DELETE FROM pairs WHERE {where}", params).rowcount
         if removed:
             conn.execute("DELETE FROM pair_sums WHERE n = 0")
+            cells_drop_empty(conn)
         return removed

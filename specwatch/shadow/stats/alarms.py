@@ -14,11 +14,12 @@ both agree (both right or both wrong).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from specwatch.shadow.stats.confseq import MarginDeclaration, declaration_path, run_declaration
 from specwatch.shadow.stats.eprocess import NetLossState, check_outcomes, net_loss_path
@@ -49,7 +50,29 @@ class AlarmSettings(Protocol):
 ALARMS = ("net_loss_change", "no_net_loss", "margin", "within_margin")
 
 
-def first_alarms(outcomes: Sequence[int], settings: AlarmSettings) -> dict[str, int | None]:
+def first_count_alarm(
+    d: npt.NDArray[np.int64],
+    log_e: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.float64]],
+    alpha: float,
+) -> int | None:
+    """:func:`~specwatch.shadow.stats.sequential.first_alarm` of ``log_e(lost, gained)`` along
+    the cumulative counts of ``d`` (+1 / -1 / 0 per pair), for an e-value of the counts alone:
+    it stays put on concordant pairs, so it is evaluated only before the first pair and after
+    each discordant one (the same values at the same counts), not at every pair."""
+    if d.size == 0:
+        return None
+    moved = np.flatnonzero(d)
+    lost = np.concatenate(([0], np.cumsum(d[moved] == 1)))
+    gained = np.concatenate(([0], np.cumsum(d[moved] == -1)))
+    hit = first_alarm(log_e(lost, gained), alpha)
+    if hit is None:
+        return None
+    return 1 if hit == 1 else int(moved[hit - 2]) + 1
+
+
+def first_alarms(
+    outcomes: Sequence[int] | npt.NDArray[np.int64], settings: AlarmSettings
+) -> dict[str, int | None]:
     """For each alarm the sidecar raises live, the 1-based pair of ``outcomes`` at which it
     first fires (``None`` if it never does):
 

@@ -125,7 +125,21 @@ def declaration_path(d: npt.ArrayLike, margin: float, alpha: float) -> int | Non
         return None
     lost, gained = np.cumsum(x == 1), np.cumsum(x == -1)
     agree = np.arange(1, x.size + 1) - lost - gained
-    return first_alarm(within_margin_log_e_value(lost, gained, agree, margin), alpha)
+    # In chunks (each value is computed alone, so the same numbers) that stop at the first
+    # declaration: a long sequence never holds its (pairs x bets) table at once.
+    for start in range(0, x.size, _CHUNK):
+        end = start + _CHUNK
+        log_k = within_margin_log_e_value(
+            lost[start:end], gained[start:end], agree[start:end], margin
+        )
+        hit = first_alarm(log_k, alpha)
+        if hit is not None:
+            return start + hit
+    return None
+
+
+#: Pairs per chunk of :func:`declaration_path` (a chunk's table of bets fits in a cache).
+_CHUNK = 8192
 
 
 def run_declaration(d: Iterable[int], start: MarginDeclaration) -> MarginDeclaration:
