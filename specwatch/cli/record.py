@@ -24,7 +24,7 @@ from pathlib import Path
 from specwatch.cli.args import add_described_command
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.config import parse_duration
-from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE
+from specwatch.observe.prefilter import OPENMETRICS_CONTENT_TYPE
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
-from specwatch.observe.parse import OPENMETRICS_CONTENT_TYPE, ParseError, parse_page
+from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.prefilter import OPENMETRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:  # settings, parser, trackers and detectors load when replaying, not for --help
     from specwatch.alerts.alert import Alert, AlertKey

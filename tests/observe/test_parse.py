@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from specwatch.observe.parse import ParseError, kept_line_numbers, parse_page, prefilter
+from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.prefilter import kept_line_numbers, prefilter
 from tests.fixture_files import body
 
 

@@ -7,15 +7,16 @@ import random
 
 import pytest
 
-from specwatch.observe import parse as parse_mod
-from specwatch.observe.parse import _KEEP_TEXT, _kept, _kept_text_lines, parse_page, prefilter
+from specwatch.observe import prefilter as prefilter_mod
+from specwatch.observe.parse import parse_page
+from specwatch.observe.prefilter import KEEP_TEXT, kept, kept_text_lines, prefilter
 from tests.fixture_files import body
 
 
 @pytest.fixture
 def blockwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every page cut into family blocks, however small (the size threshold set to 0)."""
-    monkeypatch.setattr(parse_mod, "_BLOCKWISE_BYTES", 0)
+    monkeypatch.setattr(prefilter_mod, "_BLOCKWISE_BYTES", 0)
 
 
 CAPTURES = (
@@ -32,14 +33,14 @@ CAPTURES = (
 
 def reference(page: str) -> list[str]:
     """The prefix test applied to every line on its own (the rule of ``kept_line_numbers``)."""
-    return [ln for ln in page.split("\n") if _kept(ln, _KEEP_TEXT, False)]
+    return [ln for ln in page.split("\n") if kept(ln, KEEP_TEXT, False)]
 
 
 @pytest.mark.parametrize("name", CAPTURES)
 def test_real_captures(name: str, blockwise: None) -> None:
     """Every real capture: the same kept lines as the line-by-line test."""
     page = body(name)
-    assert _kept_text_lines(page) == reference(page)
+    assert kept_text_lines(page) == reference(page)
 
 
 DRAFTS = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7.0'
@@ -73,7 +74,7 @@ def test_pages_that_break_the_block_layout(case: str, blockwise: None) -> None:
     """Samples outside their family's block, names that prefix kept names, blank lines, tabs,
     carriage returns: the same kept lines as the line-by-line test."""
     page = TRICKY[case]
-    assert _kept_text_lines(page) == reference(page)
+    assert kept_text_lines(page) == reference(page)
 
 
 def test_random_shuffles_of_a_real_capture(blockwise: None) -> None:
@@ -99,7 +100,7 @@ def test_random_shuffles_of_a_real_capture(blockwise: None) -> None:
             else:
                 page.insert(j, "")
         text = "\n".join(page)
-        assert _kept_text_lines(text) == reference(text)
+        assert kept_text_lines(text) == reference(text)
 
 
 def test_prefilter_and_parse_unchanged_on_a_many_engine_page() -> None:
@@ -124,5 +125,5 @@ def test_prefilter_and_parse_unchanged_on_a_many_engine_page() -> None:
 def test_small_pages_are_read_line_by_line() -> None:
     """A page under the block-wise threshold gives the same lines (read line by line)."""
     page = body("vllm-metrics/real-cpu-ngram.txt")
-    assert len(page) < parse_mod._BLOCKWISE_BYTES
-    assert _kept_text_lines(page) == reference(page)
+    assert len(page) < prefilter_mod._BLOCKWISE_BYTES
+    assert kept_text_lines(page) == reference(page)

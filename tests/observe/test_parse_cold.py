@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.observe import parse as parse_mod
 from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.prefilter import NAMES_TEXT
 from specwatch.observe.values import PageReading
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -66,7 +67,7 @@ def whole_page_reading(text: str, monkeypatch: pytest.MonkeyPatch) -> PageReadin
         for metric in text_string_to_metric_families(body):
             for s in metric.samples:
                 series = parse_mod._series(s.name, s.labels)
-                if series is not None and s.name in parse_mod._NAMES_TEXT:
+                if series is not None and s.name in NAMES_TEXT:
                     out.append((series, s.value))
         return out
 
@@ -266,7 +267,7 @@ def test_seeded_shapes_and_type_lines() -> None:
     (25 = 26 sample names kept in the text format minus 1: the 18 before, V0's emitted-tokens
     and efficiency, and the ``_sum``/``_count`` of ITL, its old name and TTFT), and the 20
     canonical TYPE lines (18 and V0's two families)."""
-    assert len(parse_mod._NAMES_TEXT) == 26
+    assert len(NAMES_TEXT) == 26
     assert len(parse_mod._SHAPE_MEMO) == 25
     assert parse_mod._SHAPE_MEMO[
         'vllm:request_success_total{engine="",finished_reason="",model_name=""}'

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.observe import parse as parse_mod
-from specwatch.observe.parse import ParseError, parse_page, prefilter
+from specwatch.observe.parse import ParseError, parse_page
+from specwatch.observe.prefilter import NAMES_TEXT, prefilter
 from tests.fixture_files import FIXTURES, body
 
 _Rec = tuple[str, tuple[tuple[str, str], ...], float | str]
@@ -58,7 +59,7 @@ def reference_whole(text: str) -> list[_Rec]:
         (s.name, tuple(sorted(s.labels.items())), _norm(s.value))
         for m in text_string_to_metric_families(text)
         for s in m.samples
-        if s.name in parse_mod._NAMES_TEXT
+        if s.name in NAMES_TEXT
     ]
 
 

@@ -72,6 +72,8 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
     caplog.set_level(logging.INFO, logger="specwatch.shadow")
     async with sidecar(settings) as sc:
         comp = sc.component
+        # the category is admitted where the pipeline admits it, at sampling
+        assert comp.categories("math") == "math"
         comp.consume(_outcome(0, "answer: 42"))
         await comp.refresh(flush=True)
         # writes now fail (reads still work), as on a full disk
