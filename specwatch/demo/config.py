@@ -120,6 +120,9 @@ def simulator_configs(cfg: DemoConfig) -> tuple[SimConfig, SimConfig]:
         "seed": cfg.seed,
         "time_scale": cfg.time_scale,
         "fly_entropy_threshold": cfg.fly_entropy_threshold,
+        # every reply carries its own τ, as vLLM 0.33 with this flag does: the ledger then
+        # holds the verdict's τ, so the view and `specwatch report` print the same sentence
+        "per_request_spec_decode_metrics": "summary",
     }
     std = SimConfig(role=SimRole.STANDARD, **common)
     fly = SimConfig(role=SimRole.FLY, **common)

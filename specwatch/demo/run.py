@@ -54,6 +54,7 @@ from specwatch.demo.view import (
     load_summary,
     render_text,
 )
+from specwatch.export.json import shadow_verdict
 from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
 from specwatch.server.wiring import ShadowPlug
@@ -130,6 +131,7 @@ async def run_demo(
     gen: LoadGenerator | None = None
     files: DemoFiles | None = None
     shadow_pairs: Callable[[], int | None] = _no_pairs
+    components: Sequence[Component] = ()
     sock: socket.socket | None = None
     try:
         sock = bind_sidecar(cfg.host, cfg.port)
@@ -247,11 +249,24 @@ async def run_demo(
         pairs = shadow_pairs()
         _print(
             out,
-            f"specwatch demo: stopped; {st.sent} requests sent, {st.ok} answered"
-            + (f", {pairs} shadow pairs" if pairs is not None else "")
+            f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
+            + (f", {pairs:,} shadow pairs" if pairs is not None else "")
             + (f"; ledger kept at {files.ledger}" if files is not None and cfg.ledger_path else ""),
         )
+        verdict = final_verdict(components)
+        if verdict is not None:
+            _print(out, f"verdict: {verdict}")
     return 0
+
+
+def final_verdict(components: Sequence[Component]) -> str | None:
+    """The shadow component's last verdict sentence (its statistics at stop, every pair in the
+    ledger counted: what ``specwatch report`` prints from that ledger); ``None`` without one."""
+    for c in components:
+        if isinstance(c, ShadowPlug):
+            st = c.component.latest_stats()
+            return shadow_verdict(st) if st is not None else None
+    return None
 
 
 def _no_pairs() -> int | None:

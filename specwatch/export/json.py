@@ -172,47 +172,54 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
 def snapshot_verdict(snap: Snapshot) -> str | None:
     """The verdict sentence (:func:`specwatch.shadow.verdict.verdict_line`) for a snapshot.
 
-    τ ratio from the first pair window; throughput as per-request generation speed in the same
-    window (τ ÷ median inter-token latency of each server, by
-    :func:`specwatch.shadow.verdict.per_request_speed_ratio`: equal traffic, whatever share of
-    the load each server gets); quality from the ``since_start`` overall shadow summary
-    (its e-value is the anytime-valid one). ``None`` with neither a pair view nor shadow stats.
+    With shadow statistics: :func:`shadow_verdict` (τ and speed from the paired requests' own
+    per-request counts, as ``specwatch report`` reads them from the ledger, so the two print
+    the same sentence). Without: τ ratio from the first pair window and throughput as
+    per-request generation speed in the same window (τ ÷ median inter-token latency of each
+    server, by :func:`specwatch.shadow.verdict.per_request_speed_ratio`: equal traffic,
+    whatever share of the load each server gets). ``None`` with neither a pair view nor shadow
+    stats.
     """
     # imported here: the verdict's sample size needs scipy, which `specwatch analyze` never loads
-    from specwatch.shadow.verdict import (
-        Verdict,
-        per_request_speed_ratio,
-        verdict_from_summary,
-        verdict_line,
-    )
+    from specwatch.shadow.verdict import Verdict, per_request_speed_ratio, verdict_line
 
-    tau: float | None = None
-    speed: float | None = None
+    if snap.shadow is not None:
+        return shadow_verdict(snap.shadow)
     window, pv = next(iter(snap.pair.items()), (None, None))
-    if window is not None and pv is not None:
-        tau = pv.mean_acceptance_length_ratio
+    if window is None or pv is None:
+        return None
+    tau = pv.mean_acceptance_length_ratio
+    speed: float | None = None
 
-        def server(name: str) -> Health | None:
-            t = snap.targets.get(name)
-            models = t.windows.get(window, {}) if t is not None else {}
-            return next(iter(models.values())).server if len(models) == 1 else None
+    def server(name: str) -> Health | None:
+        t = snap.targets.get(name)
+        models = t.windows.get(window, {}) if t is not None else {}
+        return next(iter(models.values())).server if len(models) == 1 else None
 
-        std, fly = server(pv.standard), server(pv.fly)
-        if std is not None and fly is not None:
-            speed = per_request_speed_ratio(
-                fly.mean_acceptance_length,
-                fly.inter_token_latency_seconds.get(0.5),
-                std.mean_acceptance_length,
-                std.inter_token_latency_seconds.get(0.5),
-            )
-    st = snap.shadow
-    overall = None
-    if st is not None:
-        cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
-        overall = cats.get(OVERALL)
-    if overall is None or st is None:
-        if pv is None:
-            return None
+    std, fly = server(pv.standard), server(pv.fly)
+    if std is not None and fly is not None:
+        speed = per_request_speed_ratio(
+            fly.mean_acceptance_length,
+            fly.inter_token_latency_seconds.get(0.5),
+            std.mean_acceptance_length,
+            std.inter_token_latency_seconds.get(0.5),
+        )
+    return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
+
+
+def shadow_verdict(st: ShadowStats) -> str:
+    """The verdict sentence of shadow statistics: quality from the ``since_start`` overall
+    summary (its e-value is the anytime-valid one), τ and speed from ``st.arm_totals``
+    (:func:`specwatch.shadow.decision.arm_ratios`, the function ``specwatch report`` uses on
+    the ledger's sums): one source for the view, ``/api/v1/snapshot``, the demo's exit line and
+    the report."""
+    from specwatch.shadow.decision import arm_ratios
+    from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
+
+    tau, speed = arm_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
+    cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
+    overall = cats.get(OVERALL)
+    if overall is None:
         return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
     return verdict_line(
         verdict_from_summary(

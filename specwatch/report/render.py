@@ -24,6 +24,7 @@ from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.decision import (
     MIN_SPEED_PAIRS,
+    arm_ratios,
     arm_speeds,
     arm_tau_means,
     tau_coverage_by_category,
@@ -598,9 +599,7 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         if reasons
         else "<p>None.</p>"
     )
-    taus, speeds = arm_tau_means(data.arm_totals), arm_speeds(data.arm_totals)
-    tau_ratio = taus[1] / taus[0] if taus is not None and taus[0] > 0 else None
-    speed_ratio = speeds[1] / speeds[0] if speeds is not None and speeds[0] > 0 else None
+    tau_ratio, speed_ratio = arm_ratios(data.arm_totals)
     verdict_text = (
         verdict_line(
             verdict_from_summary(

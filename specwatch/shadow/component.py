@@ -259,6 +259,17 @@ class ShadowComponent:
             self._on_stats(stats)
         return stats
 
+    async def _final_refresh(self) -> None:
+        """At stop, once the pipeline finished its pairs: the last statistics
+        (:meth:`latest_stats`), so what the process prints at exit counts every pair the
+        ledger holds. Skipped before the startup rebuild finished; a failing ledger is logged."""
+        if not self._ready.is_set() or self.live is None:
+            return
+        try:
+            await self.refresh(flush=True)
+        except (OSError, RuntimeError, sqlite3.Error) as exc:
+            log_event(logger, logging.WARNING, "shadow final statistics failed", error=repr(exc))
+
     def build_stats(
         self,
         inputs: StatsInputs,
@@ -323,6 +334,7 @@ class ShadowComponent:
             replays_total=self.counters.by_status(),
             ledger_state=ledger.state if ledger is not None else "ok",
             net_loss_log_e_value=log_e,
+            arm_totals=sum(inputs.arm_totals.values(), ArmTotals()),
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -548,6 +560,7 @@ class ShadowComponent:
                     await runner
             if self.pipeline is not None and (self._started or self.pipeline.proxy_started):
                 await self.pipeline.stop()
+            await self._final_refresh()
             self._started = False
             self._ready.clear()
             if self._mirror_listener is not None:

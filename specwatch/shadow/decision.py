@@ -153,6 +153,17 @@ def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
     return t.standard_tokens / t.standard_seconds, t.fly_tokens / t.fly_seconds
 
 
+def arm_ratios(t: ArmTotals) -> tuple[float | None, float | None]:
+    """``(τ ratio, speed ratio)`` FLy / standard from the paired rows' per-request sums
+    (:func:`arm_tau_means`, :func:`arm_speeds`): the verdict sentence's τ and speed parts, the
+    same numbers for the live view, ``/api/v1/snapshot`` and ``specwatch report``. ``None``
+    where the pairs carry no τ (or too few speeds), or the standard arm's value is 0."""
+    taus, speeds = arm_tau_means(t), arm_speeds(t)
+    tau = taus[1] / taus[0] if taus is not None and taus[0] > 0 else None
+    speed = speeds[1] / speeds[0] if speeds is not None and speeds[0] > 0 else None
+    return tau, speed
+
+
 def _tau(t: ArmTotals, std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str | None]:
     means = arm_tau_means(t)
     if means is not None:

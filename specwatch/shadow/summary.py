@@ -279,6 +279,7 @@ class ShadowStats:
     category_takeovers: int = 0
     replays_total: Mapping[str, int] = field(default_factory=dict)
     ledger_state: str = "ok"
+    arm_totals: ArmTotals | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +452,7 @@ def build_shadow_stats(
     replays_total: Mapping[str, int] | None = None,
     ledger_state: str = "ok",
     net_loss_log_e_value: float | None = None,
+    arm_totals: ArmTotals | None = None,
 ) -> ShadowStats:
     """Summarise ``{window: {category: tally}}`` (from ``Ledger.tally`` per window or
     :func:`window_tallies`) into a :class:`ShadowStats`, adding the :data:`OVERALL` category.
@@ -461,7 +463,9 @@ def build_shadow_stats(
     ``len(categories) + 2`` categories per window. ``None``: no folding. ``ledger_pairs`` is
     built from the ``since_start`` window (the whole ledger) when it is present.
     ``net_loss_log_e_value``: the ordered e-process's ``ln E`` (the sidecar's live state), the
-    e-value of ``since_start`` / :data:`OVERALL`; ``None``: its count form."""
+    e-value of ``since_start`` / :data:`OVERALL`; ``None``: its count form. ``arm_totals``:
+    the since-start per-request τ and speed sums of every category together (the verdict's τ
+    and speed, :func:`specwatch.shadow.decision.arm_ratios`)."""
     windows: dict[str, dict[str, PairedSummary]] = {}
     if categories is not None:
         tallies = {w: fold_categories(by_cat, categories) for w, by_cat in tallies.items()}
@@ -510,6 +514,7 @@ def build_shadow_stats(
         category_takeovers=category_takeovers,
         replays_total=dict(replays_total or {}),
         ledger_state=ledger_state,
+        arm_totals=arm_totals,
     )
 
 
