@@ -37,7 +37,7 @@ async def _live_verdict(url: str) -> str:
         while True:
             async with s.get(url) as r:
                 verdict = json.loads(await r.text()).get("verdict") or ""
-            if "labelled pairs" in verdict:
+            if re.search(r" on [\d,]+ labelled pairs", verdict):
                 return str(verdict)
             await asyncio.sleep(0.5)
 
