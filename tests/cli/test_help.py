@@ -38,3 +38,32 @@ def test_plain_help_drops_markup_and_wraps_long_lines_at_their_indent() -> None:
         "  word word word word word",
         "end",
     ]
+
+
+def test_plain_help_reflows_a_long_list_item_with_its_continuation_lines() -> None:
+    """A long ``* `` item takes its continuation lines (indented under its text) and wraps
+    as one, hanging under the text; the next item and a short line stay as they are."""
+    text = "* one two three four five six\n  seven eight\n* nine\nshort"
+    assert plain_help(text, width=20).splitlines() == [
+        "* one two three four",
+        "  five six seven",
+        "  eight",
+        "* nine",
+        "short",
+    ]
+
+
+def test_doctor_help_keeps_its_check_list_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``specwatch doctor --help``: each check of the list is one item wrapped under its text
+    (no fragment left at the margin), e.g. the targets check on two lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("* targets: every specwatch target Prometheus knows (job matching")
+    assert lines[start + 1] == "  --specwatch-job) is up; none at all is a failure;"
+    assert lines[start + 2].startswith("* rules: ")
+    items = lines[start : lines.index("", start)]
+    assert all(ln.startswith(("* ", "  ")) for ln in items), items
