@@ -187,7 +187,9 @@ def advice(
 
     No claim below :data:`MIN_DRAFTS` drafts or without per-position data; a smaller K or a
     larger budget is recommended only when it raises expected tokens per step by at least
-    :data:`MIN_GAIN` under the model in :data:`ASSUMPTIONS`. The budget line quotes the gain
+    :data:`MIN_GAIN` under the model in :data:`ASSUMPTIONS`; when several K are within
+    :data:`MIN_GAIN` of the best, the smallest of them is named (:func:`smallest_k_within`) and,
+    when the configured K is among them, the line says "no K pays". The budget line quotes the gain
     at ``concurrency`` (the rows' concurrency; ``concurrency_label`` names it, e.g. "the 100
     running requests now") and at ``max_num_seqs``, each labelled
     (:func:`budget_gains`); it recommends the larger budget when the gain at ``concurrency``
@@ -224,18 +226,25 @@ def advice(
                 )
                 break
         return lines
-    best = max(rows, key=lambda r: (r.expected_tokens_per_step or 0.0, -r.k))
+    best_tok = max(r.expected_tokens_per_step or 0.0 for r in rows)
+    pick = smallest_k_within(rows, best_tok)
     cur_tok = cur.expected_tokens_per_step or 0.0
-    best_tok = best.expected_tokens_per_step or 0.0
-    if best.k < cur.k and best_tok > cur_tok * (1 + MIN_GAIN):
+    pick_tok = pick.expected_tokens_per_step or 0.0
+    if pick.k < cur.k and best_tok > cur_tok * (1 + MIN_GAIN):
         lines.append(
-            f"K={best.k} should give more throughput than K={cur.k}: "
-            f"{best_tok:.1f} vs {cur_tok:.1f} expected tokens per step "
-            f"({100 * (best_tok / cur_tok - 1):+.1f}%) because the token budget serves "
-            f"{best.served_full_requests} instead of {cur.served_full_requests} requests with "
+            f"K={pick.k} should give more throughput than K={cur.k}: "
+            f"{pick_tok:.1f} vs {cur_tok:.1f} expected tokens per step "
+            f"({100 * (pick_tok / cur_tok - 1):+.1f}%) because the token budget serves "
+            f"{pick.served_full_requests} instead of {cur.served_full_requests} requests with "
             "full drafts."
             if cur_tok > 0
-            else f"K={best.k} should give more throughput than K={cur.k}."
+            else f"K={pick.k} should give more throughput than K={cur.k}."
+        )
+    elif pick.k < cur.k:
+        lines.append(
+            f"no K pays: every K from {pick.k} to {cur.k} gives within {100 * MIN_GAIN:g} % of "
+            f"the best {best_tok:.1f} expected tokens per step (K={cur.k}: {cur_tok:.1f}), so "
+            f"K={pick.k} is enough; a larger K costs drafter compute this model leaves out."
         )
     else:
         lines.append(
@@ -252,6 +261,15 @@ def advice(
     if budget is not None:
         lines.append(budget)
     return lines
+
+
+def smallest_k_within(rows: Sequence[KRow], best_tokens: float) -> KRow:
+    """The smallest K whose expected tokens per step is within :data:`MIN_GAIN` of
+    ``best_tokens`` (at least ``best_tokens / (1 + MIN_GAIN)``): a tie, within that tolerance,
+    goes to the smaller K, whose drafter costs less (the model leaves drafter compute out).
+    ``rows`` non-empty, ascending K."""
+    floor = best_tokens / (1 + MIN_GAIN)
+    return next((r for r in rows if (r.expected_tokens_per_step or 0.0) >= floor), rows[-1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from specwatch.__main__ import main as cli_main
 from specwatch.cli.advise import SGLANG_CANNOT
 from specwatch.vllm.advisor import (
     MIN_DRAFTS,
+    KRow,
     advice,
     budget_for_full_decode,
     mean_acceptance_length,
@@ -68,8 +69,9 @@ def test_tau_for_smaller_k_on_the_ngram_capture() -> None:
 def test_ngram_budget_rows_and_advice() -> None:
     """ngram (S = 0), N = 128, B = 512, no requests running on the page, so concurrency 128.
     K=4: D_full = 512 // 5 = 102, the other 26 requests get 1 token: 102·(1 + 184/488) + 26 =
-    166.45; K=3: 512 // 4 = 128 in full: 128·(1 + 176/488) = 174.16 (+4.6%), so K=3 is advised;
-    the budget for all 128 at K=4 is 128·5 = 640."""
+    166.45; K=3: 512 // 4 = 128 in full: 128·(1 + 176/488) = 174.16 (+4.6%, the best); K=2:
+    128·(1 + 164/488) = 171.02, within 2 % of the best (174.16 / 1.02 = 170.75), so the smaller
+    K=2 is advised (+2.7 % over K=4); the budget for all 128 at K=4 is 128·5 = 640."""
     doc = _json(
         str(FIXTURES / "real-cpu-ngram.txt"),
         "--max-num-seqs",
@@ -85,7 +87,10 @@ def test_ngram_budget_rows_and_advice() -> None:
     assert by_k[4]["expected_tokens_per_step"] == pytest.approx(102 * (1 + 184 / 488) + 26)
     assert by_k[3]["expected_tokens_per_step"] == pytest.approx(128 * (1 + 176 / 488))
     assert [by_k[k]["budget_for_max_num_seqs"] for k in (1, 2, 3, 4)] == [256, 384, 512, 640]
-    assert doc["advice"][0].startswith("K=3 should give more throughput than K=4")
+    assert doc["advice"][0].startswith(
+        "K=2 should give more throughput than K=4: 171.0 vs 166.5 expected tokens per step "
+        "(+2.7%)"
+    )
     assert any("max_num_batched_tokens=640" in a for a in doc["advice"])
 
 
@@ -333,3 +338,43 @@ def test_budget_gain_quoted_at_the_observed_concurrency_and_at_max_num_seqs(
     planned = _json(_running_page(tmp_path, 100), *limits, "--running", "50")
     line = next(a for a in planned["advice"] if a.startswith("a larger budget"))
     assert "at the planned 50 running requests (--running): +0.0 %" in line
+
+
+def test_all_k_tie_goes_to_the_smallest_k_through_the_cli() -> None:
+    """The draft-model pair (τ = 1 + 33/2603 for every K) with N = 256 and a budget of 8192
+    that serves all 256 requests with full drafts at every K: each K gives 256 · 1.0126777 =
+    259.2 tokens per step, so no K pays and the smallest, K=1, is named (not K=4)."""
+    doc = _json(
+        str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
+        str(FIXTURES / "real-cpu-draft-model.txt"),
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--method", "draft_model",
+    )  # fmt: skip
+    toks = [r["expected_tokens_per_step"] for r in doc["by_k"]]
+    assert toks == pytest.approx([256 * (1 + 33 / 2603)] * 4)
+    assert doc["advice"][0] == (
+        "no K pays: every K from 1 to 4 gives within 2 % of the best 259.2 expected tokens per "
+        "step (K=4: 259.2), so K=1 is enough; a larger K costs drafter compute this model "
+        "leaves out."
+    )
+
+
+def test_ties_within_two_percent_go_to_the_smallest_k() -> None:
+    """Hand-worked, tolerance 2 %: tokens per step 100, 101.5, 103 (K=3 configured): the best
+    is 103, the floor 103 / 1.02 = 100.98, so K=2 is the smallest within it and K=3 does not
+    beat it by 2 %: "no K pays", K=2. Tokens 108, 110, 100: floor 110 / 1.02 = 107.84, so K=1
+    (108) is named, +8.0 % over K=3's 100."""
+    def rows(*toks: float) -> list[KRow]:
+        return [
+            KRow(k=i, mean_acceptance_length=1.5, served_full_requests=64,
+                 expected_tokens_per_step=t)
+            for i, t in enumerate(toks, 1)
+        ]  # fmt: skip
+
+    tie = advice(rows(100.0, 101.5, 103.0), drafts=1000, configured_k=3)
+    assert tie[0].startswith("no K pays: every K from 2 to 3 gives within 2 % of the best 103.0")
+    assert "so K=2 is enough" in tie[0]
+    win = advice(rows(108.0, 110.0, 100.0), drafts=1000, configured_k=3)
+    assert win[0].startswith(
+        "K=1 should give more throughput than K=3: 108.0 vs 100.0 expected tokens per step "
+        "(+8.0%)"
+    )
