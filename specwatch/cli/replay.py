@@ -35,6 +35,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -313,4 +314,55 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(transitions_json(found), indent=2, allow_nan=False))
     else:
         print(render_table(found))
+    if not found:
+        print(
+            nothing_fired_note(
+                [(raw["name"], raw.get("num_speculative_tokens")) for raw, _ in specs],
+                scrapes,
+                settings.window_seconds,
+            ),
+            file=sys.stderr,
+        )
     return 0
+
+
+_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos\S*position="(\d+)"', re.M)
+
+
+def page_k(body: str) -> int | None:
+    """K as a vLLM page shows it: the draft positions of
+    ``vllm:spec_decode_num_accepted_tokens_per_pos`` (highest position + 1); ``None`` without
+    that counter."""
+    positions = [int(m) for m in _POSITION.findall(body)]
+    return max(positions) + 1 if positions else None
+
+
+def nothing_fired_note(
+    targets: Sequence[tuple[str, object]],
+    scrapes: Sequence[Scrape],
+    windows: Mapping[str, float],
+) -> str:
+    """What was evaluated when no alert fired (for stderr), so a mismatch shows: per target the
+    pages read, the K used and where it came from (``--target``'s ``num_speculative_tokens``,
+    or not set), and the K its last page shows; then the windows and the time span."""
+    parts: list[str] = []
+    for name, k in targets:
+        pages = [s for s in scrapes if s.target == name]
+        used = (
+            f"K={k} from --target"
+            if k is not None
+            else "K not set (--target ...,num_speculative_tokens=K)"
+        )
+        shown = page_k(pages[-1].body) if pages else None
+        seen = f", the pages show K={shown}" if shown is not None else ""
+        parts.append(f"{name}: {len(pages)} pages, {used}{seen}")
+    span = (
+        f"{min(s.t for s in scrapes):g} to {max(s.t for s in scrapes):g} s"
+        if scrapes
+        else "no time"
+    )
+    return (
+        "specwatch replay: no alert fired; evaluated "
+        + "; ".join(parts)
+        + f"; windows {', '.join(windows)} over {span}"
+    )

@@ -446,3 +446,24 @@ def test_each_fired_summary_is_true_on_the_raw_pages(
             assert (m[7], b, n, k, s) == ("tight", 512, 256, 3, 0)
             assert need == n * (1 + k + s) > b
             assert most == b // (1 + k + s) == a["value"]
+
+
+def test_nothing_fired_says_what_was_evaluated(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A K=4 timeline (the ngram capture, per-position counters for positions 0 to 3) replayed
+    with K=3 on --target: no alert, and stderr says what was evaluated (2 pages, K=3 from
+    --target, the pages show K=4, the windows and the span 0 to 60 s) so the mismatch shows."""
+    d = tmp_path / "fly"
+    d.mkdir()
+    page = (FIXTURES / "vllm-metrics" / "real-cpu-ngram.txt").read_text(encoding="utf-8")
+    for t in (0, 60):
+        (d / f"{t}.prom").write_text(page, encoding="utf-8")
+    rc, doc, err = _replay(
+        capsys, "--target", f"fly={d},num_speculative_tokens=3", "--format", "json"
+    )
+    assert (rc, doc) == (0, {"alerts": []})
+    assert err.strip().splitlines()[-1] == (
+        "specwatch replay: no alert fired; evaluated fly: 2 pages, K=3 from --target, the pages "
+        "show K=4; windows 1m, 5m, 15m over 0 to 60 s"
+    )
