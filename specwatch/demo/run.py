@@ -247,15 +247,15 @@ async def run_demo(
     if gen is not None:
         st = gen.stats
         pairs = shadow_pairs()
+        verdict = final_verdict(components)
+        if verdict is not None:
+            _print(out, f"verdict: {verdict}")
         _print(
             out,
             f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
             + (f", {pairs:,} shadow pairs" if pairs is not None else "")
             + (f"; ledger kept at {files.ledger}" if files is not None and cfg.ledger_path else ""),
         )
-        verdict = final_verdict(components)
-        if verdict is not None:
-            _print(out, f"verdict: {verdict}")
     return 0
 
 

@@ -88,8 +88,7 @@ def test_ngram_budget_rows_and_advice() -> None:
     assert by_k[3]["expected_tokens_per_step"] == pytest.approx(128 * (1 + 176 / 488))
     assert [by_k[k]["budget_for_max_num_seqs"] for k in (1, 2, 3, 4)] == [256, 384, 512, 640]
     assert doc["advice"][0].startswith(
-        "K=2 should give more throughput than K=4: 171.0 vs 166.5 expected tokens per step "
-        "(+2.7%)"
+        "K=2 should give more throughput than K=4: 171.0 vs 166.5 expected tokens per step (+2.7%)"
     )
     assert any("max_num_batched_tokens=640" in a for a in doc["advice"])
 
@@ -363,6 +362,7 @@ def test_ties_within_two_percent_go_to_the_smallest_k() -> None:
     is 103, the floor 103 / 1.02 = 100.98, so K=2 is the smallest within it and K=3 does not
     beat it by 2 %: "no K pays", K=2. Tokens 108, 110, 100: floor 110 / 1.02 = 107.84, so K=1
     (108) is named, +8.0 % over K=3's 100."""
+
     def rows(*toks: float) -> list[KRow]:
         return [
             KRow(k=i, mean_acceptance_length=1.5, served_full_requests=64,
@@ -375,6 +375,5 @@ def test_ties_within_two_percent_go_to_the_smallest_k() -> None:
     assert "so K=2 is enough" in tie[0]
     win = advice(rows(108.0, 110.0, 100.0), drafts=1000, configured_k=3)
     assert win[0].startswith(
-        "K=1 should give more throughput than K=3: 108.0 vs 100.0 expected tokens per step "
-        "(+8.0%)"
+        "K=1 should give more throughput than K=3: 108.0 vs 100.0 expected tokens per step (+8.0%)"
     )
