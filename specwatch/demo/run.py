@@ -360,7 +360,9 @@ async def _view_loop(
     """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal,
     sized to the rows ``intro`` (printed above it) leaves, less one for the cursor, so nothing
     scrolls off (the view drops its least important parts to fit); else as plain text blocks
-    as wide as ``COLUMNS`` (default 100), every part shown."""
+    as wide as ``COLUMNS`` (default 100), every part shown. On a terminal the frame is drawn
+    once more when the loop is cancelled at stop (the load generator already stopped), so the
+    view's last "sent" equals the exit line's."""
     window = cfg.windows[0] if cfg.windows else SINCE_START
     alert_clock = _AlertClock()
     total = f" / {cfg.duration_s:g} s" if cfg.duration_s is not None else ""
@@ -389,10 +391,17 @@ async def _view_loop(
                 _print(out, render_text(frame(width), width=width) + "\n")
     console = Console(file=out, force_terminal=True)
     with live_display(console, stderr_is_terminal=_stderr_is_terminal()) as live:
-        while True:
-            await asyncio.sleep(cfg.refresh_s)
+        try:
+            while True:
+                await asyncio.sleep(cfg.refresh_s)
+                if latest.snap is not None:
+                    live.update(frame(*view_size(console, intro)), refresh=True)
+        except asyncio.CancelledError:
+            # the last frame stays on screen: draw it with the load stopped, so its "sent"
+            # is the count the exit line prints
             if latest.snap is not None:
                 live.update(frame(*view_size(console, intro)), refresh=True)
+            raise
 
 
 @dataclass

@@ -36,7 +36,8 @@ async def test_tty_view_redraws_and_default_port_falls_back(
     taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a terminal rich's live display redraws the view in place (cursor up and erase, no
-    screen clear piling frames up); a taken default port moves to a free one and says so."""
+    screen clear piling frames up); a taken default port moves to a free one and says so; the
+    last frame's "sent" is the exit line's count."""
     monkeypatch.setattr(demo_config, "DEFAULT_PORT", taken_port)
     out = WatchedOutput()
     stop = asyncio.Event()
@@ -64,6 +65,11 @@ async def test_tty_view_redraws_and_default_port_falls_back(
         assert await task == 0
     last = out.getvalue().rstrip().splitlines()[-1]
     assert last.removeprefix("\x1b[?25h").startswith("specwatch demo: stopped;")  # cursor back
+    # the view's last frame is drawn after the load stopped: its "sent" is the exit line's,
+    # with the same thousands separators
+    sent = re.findall(r"load: sent (\d+(?:,\d{3})*)", out.getvalue())
+    assert sent, "the view shows the load line"
+    assert f"; {sent[-1]} requests sent" in last
     leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert leftover == []
     # nothing listens any more on the sidecar's port
