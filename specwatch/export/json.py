@@ -210,11 +210,10 @@ def snapshot_verdict(snap: Snapshot) -> str | None:
 def shadow_verdict(st: ShadowStats) -> str:
     """The verdict sentence of shadow statistics: quality from the ``since_start`` overall
     summary (its e-value is the anytime-valid one), τ and speed from ``st.arm_totals``
-    (:func:`specwatch.shadow.decision.arm_ratios`, the function ``specwatch report`` uses on
+    (:func:`specwatch.shadow.verdict.arm_ratios`, the function ``specwatch report`` uses on
     the ledger's sums): one source for the view, ``/api/v1/snapshot``, the demo's exit line and
     the report."""
-    from specwatch.shadow.decision import arm_ratios
-    from specwatch.shadow.verdict import Verdict, verdict_from_summary, verdict_line
+    from specwatch.shadow.verdict import Verdict, arm_ratios, verdict_from_summary, verdict_line
 
     tau, speed = arm_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
     cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})

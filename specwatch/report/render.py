@@ -24,14 +24,19 @@ from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.decision import (
     MIN_SPEED_PAIRS,
-    arm_ratios,
     arm_speeds,
     arm_tau_means,
     tau_coverage_by_category,
 )
 from specwatch.shadow.summary import PairedSummary
 from specwatch.shadow.tally import ArmTotals
-from specwatch.shadow.verdict import Verdict, change_percent, verdict_from_summary, verdict_line
+from specwatch.shadow.verdict import (
+    Verdict,
+    arm_ratios,
+    change_percent,
+    verdict_from_summary,
+    verdict_line,
+)
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).

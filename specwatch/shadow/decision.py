@@ -38,16 +38,15 @@ from specwatch.shadow.summary import (
     categories_by_volume,
     summarize,
 )
+from specwatch.shadow.tally import MIN_SPEED_PAIRS as MIN_SPEED_PAIRS
 from specwatch.shadow.tally import ArmTotals, PairTally
+from specwatch.shadow.tally import arm_speeds as arm_speeds
+from specwatch.shadow.tally import arm_tau_means as arm_tau_means
 from specwatch.shadow.values import Verdict
 from specwatch.shadow.verdict import MIN_VERDICT_PAIRS
 
 #: The category the categories beyond the bound are pooled into (the sampler's ``other``).
 OTHER = OTHER_CATEGORY
-
-#: Paired requests with tokens and latency on both arms needed before a throughput gain is
-#: reported (fewer: the gain is ``None`` with a reason).
-MIN_SPEED_PAIRS = 5
 
 #: Why the acceptance gain (or the reply τ) is empty.
 NO_ACCEPTANCE = (
@@ -132,36 +131,6 @@ def bound_categories(
     cats = {c: t for c, t in tallies.items() if c != OVERALL}
     keep = set(kept) if kept is not None else set(categories_by_volume(cats)[:max_categories])
     return {c: (c if c in keep else OTHER) for c in cats}
-
-
-def arm_tau_means(t: ArmTotals) -> tuple[float, float] | None:
-    """``(standard, FLy)`` mean per-request acceptance length τ over the pairs where both arms
-    reported one; ``None`` without such pairs."""
-    if t.tau_pairs <= 0:
-        return None
-    return t.standard_tau_sum / t.tau_pairs, t.fly_tau_sum / t.tau_pairs
-
-
-def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
-    """``(standard, FLy)`` generation speed per request, tokens ÷ latency summed over the pairs
-    where both arms reported tokens and a latency (so equal requests on both arms); ``None``
-    below :data:`MIN_SPEED_PAIRS` such pairs or when an arm generated nothing in no time."""
-    if t.speed_pairs < MIN_SPEED_PAIRS:
-        return None
-    if t.standard_tokens <= 0 or t.fly_seconds <= 0 or t.standard_seconds <= 0:
-        return None
-    return t.standard_tokens / t.standard_seconds, t.fly_tokens / t.fly_seconds
-
-
-def arm_ratios(t: ArmTotals) -> tuple[float | None, float | None]:
-    """``(τ ratio, speed ratio)`` FLy / standard from the paired rows' per-request sums
-    (:func:`arm_tau_means`, :func:`arm_speeds`): the verdict sentence's τ and speed parts, the
-    same numbers for the live view, ``/api/v1/snapshot`` and ``specwatch report``. ``None``
-    where the pairs carry no τ (or too few speeds), or the standard arm's value is 0."""
-    taus, speeds = arm_tau_means(t), arm_speeds(t)
-    tau = taus[1] / taus[0] if taus is not None and taus[0] > 0 else None
-    speed = speeds[1] / speeds[0] if speeds is not None and speeds[0] > 0 else None
-    return tau, speed
 
 
 def _tau(t: ArmTotals, std: ReplyCounts, fly: ReplyCounts) -> tuple[float | None, str | None]:

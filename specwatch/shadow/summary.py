@@ -465,7 +465,7 @@ def build_shadow_stats(
     ``net_loss_log_e_value``: the ordered e-process's ``ln E`` (the sidecar's live state), the
     e-value of ``since_start`` / :data:`OVERALL`; ``None``: its count form. ``arm_totals``:
     the since-start per-request τ and speed sums of every category together (the verdict's τ
-    and speed, :func:`specwatch.shadow.decision.arm_ratios`)."""
+    and speed, :func:`specwatch.shadow.verdict.arm_ratios`)."""
     windows: dict[str, dict[str, PairedSummary]] = {}
     if categories is not None:
         tallies = {w: fold_categories(by_cat, categories) for w, by_cat in tallies.items()}

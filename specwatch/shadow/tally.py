@@ -321,6 +321,30 @@ class ArmTotals:
         )
 
 
+#: Paired requests with tokens and latency on both arms needed before a throughput gain is
+#: reported (fewer: the gain is ``None`` with a reason).
+MIN_SPEED_PAIRS = 5
+
+
+def arm_tau_means(t: ArmTotals) -> tuple[float, float] | None:
+    """``(standard, FLy)`` mean per-request acceptance length τ over the pairs where both arms
+    reported one; ``None`` without such pairs."""
+    if t.tau_pairs <= 0:
+        return None
+    return t.standard_tau_sum / t.tau_pairs, t.fly_tau_sum / t.tau_pairs
+
+
+def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
+    """``(standard, FLy)`` generation speed per request, tokens ÷ latency summed over the pairs
+    where both arms reported tokens and a latency (so equal requests on both arms); ``None``
+    below :data:`MIN_SPEED_PAIRS` such pairs or when an arm generated nothing in no time."""
+    if t.speed_pairs < MIN_SPEED_PAIRS:
+        return None
+    if t.standard_tokens <= 0 or t.fly_seconds <= 0 or t.standard_seconds <= 0:
+        return None
+    return t.standard_tokens / t.standard_seconds, t.fly_tokens / t.fly_seconds
+
+
 class ArmRow(TallyRow, Protocol):
     """What :func:`row_arm_sums` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
 

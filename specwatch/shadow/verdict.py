@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
+from specwatch.shadow.tally import ArmTotals, arm_speeds, arm_tau_means
 
 if TYPE_CHECKING:  # annotations only
     from specwatch.shadow.summary import PairedSummary
@@ -224,3 +225,14 @@ def per_request_speed_ratio(
         vals.append(x)
     fly_t, fly_gap, std_t, std_gap = vals
     return (fly_t / fly_gap) / (std_t / std_gap)
+
+
+def arm_ratios(t: ArmTotals) -> tuple[float | None, float | None]:
+    """``(τ ratio, speed ratio)`` FLy / standard from the paired rows' per-request sums
+    (:func:`arm_tau_means`, :func:`arm_speeds`): the verdict sentence's τ and speed parts, the
+    same numbers for the live view, ``/api/v1/snapshot`` and ``specwatch report``. ``None``
+    where the pairs carry no τ (or too few speeds), or the standard arm's value is 0."""
+    taus, speeds = arm_tau_means(t), arm_speeds(t)
+    tau = taus[1] / taus[0] if taus is not None and taus[0] > 0 else None
+    speed = speeds[1] / speeds[0] if speeds is not None and speeds[0] > 0 else None
+    return tau, speed
