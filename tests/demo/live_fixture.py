@@ -31,6 +31,7 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, summarize
+from specwatch.shadow.tally import ArmTotals
 
 INTRO = "specwatch demo: sidecar on http://127.0.0.1:9477\n  stop: Ctrl-C (or wait 100 s)"
 
@@ -99,6 +100,8 @@ def snapshot() -> Snapshot:
         detect_net_loss=0.02,
         windows={SINCE_START: {OVERALL: summarize(tally)}},
         io=ShadowIO(in_flight=8, queue_depth=3, paused={}, dropped={}),
+        # the verdict's τ: 100 pairs with per-request τ, means 3.18 and 3.53 (+11 %)
+        arm_totals=ArmTotals(tau_pairs=100, standard_tau_sum=318.0, fly_tau_sum=353.0),
     )
     observe = ObserveView(
         generated_at=1.0,
