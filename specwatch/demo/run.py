@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
@@ -249,7 +250,11 @@ async def run_demo(
         pairs = shadow_pairs()
         verdict = final_verdict(components)
         if verdict is not None:
-            _print(out, f"verdict: {verdict}")
+            line = f"verdict: {verdict}"
+            if tty:  # on a terminal within its width (piped: one line, for grep)
+                cols = shutil.get_terminal_size((100, 24)).columns
+                line = "\n".join(textwrap.wrap(line, cols - 1, subsequent_indent="  "))
+            _print(out, line)
         _print(
             out,
             f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
