@@ -254,9 +254,7 @@ MAX_POSITIONS = 128
 MAX_WAITING_REASONS = 16
 
 
-def _named(
-    conflicts: set[_Ident], seen: Mapping[_Ident, tuple[float, _Series]]
-) -> tuple[str, ...]:
+def _named(conflicts: set[_Ident], seen: Mapping[_Ident, tuple[float, _Series]]) -> tuple[str, ...]:
     """The first few series seen twice with different values (``name{labels}=first value``),
     in sorted order so the same page names the same series."""
     return tuple(sample_text(i[0], i[1], seen[i][0]) for i in sorted(conflicts)[:MAX_NAMED])

@@ -227,9 +227,7 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
     return PageReading(
         engines={key: _freeze(acc, era_code) for key, acc in sorted(engines.items())},
         duplicate_conflicts=len(conflicts),
-        duplicates=tuple(
-            sample_text(i[0], i[1], seen[i]) for i in sorted(conflicts)[:MAX_NAMED]
-        ),
+        duplicates=tuple(sample_text(i[0], i[1], seen[i]) for i in sorted(conflicts)[:MAX_NAMED]),
         families=frozenset(names),
         invalid_series=invalid,
         engine_kind="sglang",

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from specwatch.core.listen import ListenerStats
+from specwatch.core.logs import event_fields
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from tests.fakes import FakeWallClock
@@ -118,32 +119,29 @@ async def test_every_upload_over_the_cap_is_counted_when_the_upstream_fails_firs
     assert dict(proxy.counters.errors) == {("proxy", "too_large"): 3}
 
 
-async def test_an_upload_cut_by_an_early_answer_is_counted_incomplete() -> None:
+async def test_an_upload_cut_by_an_early_answer_is_counted_incomplete(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A chunked body (no declared length) to an upstream that refuses connections: the
     ``502`` comes after the first chunk and the connection is closed, so the copy never
     completes; it is counted once as ``incomplete_body``, and the log line names the client's
     address and the path."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("specwatch.shadow.ingest")
-    logger.addHandler(handler)
-    try:
-        async with proxy_for("loop", await _refusing_upstream()) as (port, proxy):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                b"\r\n5\r\n{\"a\":\r\n"
-            )
-            answer = await asyncio.wait_for(reader.read(), 10)
-            writer.close()
-            await _until(lambda: proxy.counters.received["proxy"] == 1)
-    finally:
-        logger.removeHandler(handler)
+    caplog.set_level(logging.WARNING, logger="specwatch.shadow.ingest")
+    async with proxy_for("loop", await _refusing_upstream()) as (port, proxy):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b'\r\n5\r\n{"a":\r\n'
+        )
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        await _until(lambda: proxy.counters.received["proxy"] == 1)
+    records = caplog.records
     assert answer.startswith(b"HTTP/1.1 502 ")
     assert dict(proxy.counters.errors) == {("proxy", "incomplete_body"): 1}
-    fields = [r.__dict__.get("specwatch_fields", {}) for r in records if r.msg == "shadow ingest rejected"]
-    assert fields and fields[0]["peer"] == "127.0.0.1"
+    fields = [event_fields(r) for r in records if r.getMessage() == "shadow ingest rejected"]
+    assert len(fields) == 1
+    assert fields[0]["peer"] == "127.0.0.1"
     assert fields[0]["path"] == "/v1/completions"
     assert fields[0]["reason"] == "incomplete_body"
 
