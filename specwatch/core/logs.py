@@ -11,8 +11,8 @@ other way is never dropped.
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import re
 import sys
 import time

@@ -17,14 +17,12 @@ from specwatch.__main__ import main as cli_main
 
 
 class _Canned(BaseHTTPRequestHandler):
-    """Answers every GET with ``body`` (200, ``application/json``); ``by_path`` overrides the
-    body for a path (the part before ``?``)."""
+    """Answers every GET with ``body`` (200, ``application/json``)."""
 
     body: bytes = b""
-    by_path: dict[str, bytes] = {}
 
     def do_GET(self) -> None:
-        body = self.by_path.get(self.path.split("?")[0], self.body)
+        body = self.body
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -37,8 +35,8 @@ class _Canned(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def _serve(body: bytes, by_path: dict[str, bytes] | None = None) -> Iterator[str]:
-    handler = type("H", (_Canned,), {"body": body, "by_path": by_path or {}})
+def _serve(body: bytes) -> Iterator[str]:
+    handler = type("H", (_Canned,), {"body": body})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

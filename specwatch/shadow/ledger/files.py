@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from specwatch.shadow.ledger.rows import ledger_columns
+
 
 class LedgerFileError(Exception):
     """A file that is not a readable specwatch ledger; the message is one line naming the file."""
@@ -46,6 +48,13 @@ def check_ledger_file(path: Path) -> None:
         raise LedgerFileError(
             f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column "
             "(not a specwatch ledger)"
+        )
+    missing = [c for c in ledger_columns() if c not in have]
+    if missing:
+        raise LedgerFileError(
+            f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column (an older "
+            "or altered ledger; it is read as it is, read-only: a `specwatch run` with this "
+            "ledger adds the columns it lacks)"
         )
 
 
