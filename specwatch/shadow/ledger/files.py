@@ -4,6 +4,7 @@ specwatch ledger, opened read-only: what ``specwatch report`` reads) and :func:`
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -56,6 +57,23 @@ def check_ledger_file(path: Path) -> None:
             "or altered ledger; it is read as it is, read-only: a `specwatch run` with this "
             "ledger adds the columns it lacks)"
         )
+
+
+def path_problem(path: Path | str) -> str | None:
+    """Why a ledger file cannot be created or written at ``path``, in words (its parent
+    directory missing, not a directory or not writable; the file itself not writable), or
+    ``None`` when none of those is the case. Blocking; for an error message."""
+    file = Path(path)
+    parent = file.parent
+    if not parent.exists():
+        return f"parent directory {str(parent)!r} does not exist"
+    if not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if file.exists():
+        return None if os.access(file, os.R_OK | os.W_OK) else f"{str(file)!r} is not writable"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"parent directory {str(parent)!r} is not writable"
+    return None
 
 
 def check_openable(path: Path | str) -> None:
