@@ -48,7 +48,8 @@ def test_ledger_path_says_why_it_cannot_be_opened(
         parent.chmod(0o555)
     _shadow_env(monkeypatch, parent / "pairs.sqlite")
     code, err = _err(TARGETS, capsys)
-    parent.chmod(0o755) if case == "read_only" else None
+    if case == "read_only":
+        parent.chmod(0o755)
     assert code == 2
     assert err.count("\n") == 1, err
     says = {
@@ -56,10 +57,8 @@ def test_ledger_path_says_why_it_cannot_be_opened(
         "file": f"{str(parent)!r} is not a directory",
         "read_only": f"parent directory {str(parent)!r} is not writable",
     }[case]
-    assert (
-        err
-        == f"specwatch run: config error: ledger.path: cannot open {str(parent / 'pairs.sqlite')!r}: {says}\n"
-    )
+    ledger = str(parent / "pairs.sqlite")
+    assert err == f"specwatch run: config error: ledger.path: cannot open {ledger!r}: {says}\n"
 
 
 def test_port_in_use_leaves_the_alert_state_file_alone(
