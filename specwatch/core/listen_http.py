@@ -151,15 +151,16 @@ class GuardedSite(web.TCPSite):
         """Listen (as :meth:`TCPSite.start`; on the address ``bound``, when given) with every
         connection wrapped."""
         await web.BaseSite.start(self)
-        if self.bound is not None:
+        if self.bound is not None and self.bound.server is not None:
             self.bound.site = self
-            self._server = self.bound.server
+            server = self.bound.server
         else:
             loop = asyncio.get_running_loop()
-            self._server = await loop.create_server(
+            server = await loop.create_server(
                 self.protocol, self._host, self._port, reuse_address=self._reuse_address
             )
-        await self._server.start_serving()
+        self._server = server
+        await server.start_serving()  # a no-op for the server just created (it serves)
 
 
 class BoundAddress:
