@@ -40,6 +40,14 @@ class SlowBackend:
     requests: int = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the proxy gave up on a request whose client left (a slow upload)
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n"):
@@ -72,7 +80,6 @@ class SlowBackend:
             task.cancel()
         else:
             eof.cancel()
-        writer.close()
 
 
 @asynccontextmanager
