@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specwatch.cli.analyze import NO_ENGINE_SERIES, AnalyzeError, read_page
+from specwatch.cli.analyze import AnalyzeError, read_page, require_engines
 from specwatch.cli.args import add_output_format
 from specwatch.core.helptext import plain_help
 from specwatch.observe.concurrency import (
@@ -57,8 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="τ for every smaller K and the token budget per K, from saved /metrics bodies",
         description=plain_help(__doc__ or ""),
     )
-    p.add_argument("before", type=Path, metavar="BEFORE")
-    p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
+    p.add_argument("before", metavar="BEFORE")
+    p.add_argument("after", nargs="?", metavar="AFTER")
     p.add_argument("--max-num-seqs", type=int, metavar="N")
     p.add_argument("--max-num-batched-tokens", type=int, metavar="B")
     p.add_argument(
@@ -110,9 +110,9 @@ def _window(args: argparse.Namespace) -> tuple[str, ModelWindow, EngineKind | No
     """The model's window of the pages and the engine that wrote them."""
     before = read_page(args.before)
     after = read_page(args.after) if args.after is not None else None
-    for page, which in ((before, "BEFORE"), (after, "AFTER")):
-        if page is not None and not page.engines:
-            raise AnalyzeError(f"{which} {NO_ENGINE_SERIES}")
+    require_engines(before, args.before)
+    if after is not None:
+        require_engines(after, args.after)
     kind = (after or before).engine_kind
     models = model_windows(page_delta(before if after else None, after or before, None))
     if args.model is not None:

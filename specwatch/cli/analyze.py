@@ -54,8 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="FILE",
         help="a saved SGLang /server_info JSON body (N = speculative_num_draft_tokens)",
     )
-    p.add_argument("before", type=Path, metavar="BEFORE")
-    p.add_argument("after", type=Path, nargs="?", metavar="AFTER")
+    p.add_argument("before", metavar="BEFORE")
+    p.add_argument("after", nargs="?", metavar="AFTER")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between the bodies")
     p.add_argument(
         "--format",
@@ -80,8 +80,16 @@ def read_server_info(path: Path) -> dict[str, int | str | None]:
     return server_info_facts(cast(dict[str, object], doc))
 
 
-def read_page(path: Path, engine: EngineKind | None = None) -> PageReading:
-    """Read and parse one saved body; :class:`AnalyzeError` names the file (and line)."""
+def read_page(path: Path | str, engine: EngineKind | None = None) -> PageReading:
+    """Read and parse one saved body; :class:`AnalyzeError` names the file (and line). A URL
+    is refused with how to save its body (these commands read saved files)."""
+    if isinstance(path, str):
+        if path.startswith(("http://", "https://")):
+            raise AnalyzeError(
+                f"{path}: a URL; this command reads saved /metrics files: save one with "
+                f"`curl -s {path} > page.txt` (or a timeline with `specwatch record`)"
+            )
+        path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -94,6 +102,22 @@ def read_page(path: Path, engine: EngineKind | None = None) -> PageReading:
     except ParseError as exc:
         where = f"{path}:{exc.line}" if exc.line else str(path)
         raise AnalyzeError(f"{where}: {exc.message}") from None
+
+
+def require_engines(page: PageReading, path: Path | str) -> None:
+    """Raise :class:`AnalyzeError` naming ``path`` unless ``page`` has an engine's series: a
+    page whose vllm:*/sglang:* samples were all skipped (NaN, ±Inf, ...) says so."""
+    if page.engines:
+        return
+    skipped = page.implausible_series + page.invalid_series
+    if skipped:
+        first = (page.implausible + page.invalid)[:1]
+        example = f", e.g. {first[0]}" if first else ""
+        raise AnalyzeError(
+            f"{path}: every vllm:*/sglang:* sample was skipped ({skipped} with a value no "
+            f"server writes{example})"
+        )
+    raise AnalyzeError(f"{path} {NO_ENGINE_SERIES}")
 
 
 def looks_swapped(before: PageReading, after: PageReading) -> bool:
@@ -242,6 +266,9 @@ def main(args: argparse.Namespace) -> int:
             k = n - 1 if isinstance(n, int) and n >= 2 else None
         before = read_page(args.before, engine)
         after = read_page(args.after, engine) if args.after is not None else None
+        require_engines(before, args.before)
+        if after is not None:
+            require_engines(after, args.after)
         doc = analyze(before, after, interval=args.interval, model=args.model, configured_k=k)
     except AnalyzeError as exc:
         print(f"specwatch analyze: {exc}", file=sys.stderr)

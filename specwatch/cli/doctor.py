@@ -111,6 +111,23 @@ def check_targets(targets: Mapping[str, Any], job_pattern: str) -> list[Finding]
     return out
 
 
+def _require_targets_shape(targets: object, url: str) -> None:
+    """Raise ``PromApiError("decode", ...)`` naming the URL unless ``targets`` has the shape of
+    ``/api/v1/targets`` data (``activeTargets``: a list of objects whose ``labels`` is an object):
+    the checks would otherwise report made-up targets."""
+    from specwatch.core.logs import redact_url
+    from specwatch.server.prom_api import PromApiError
+
+    active = targets.get("activeTargets") if isinstance(targets, dict) else None
+    if not isinstance(active, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("labels", {}), dict) for t in active
+    ):
+        where = redact_url(url.rstrip("/") + "/api/v1/targets")
+        raise PromApiError(
+            "decode", f"{where}: malformed answer (not a targets list with activeTargets)"
+        )
+
+
 def _pod_specs(objects: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any], Any]]:
     """``(what, pod labels, pod spec)`` of each Deployment/StatefulSet/DaemonSet/Pod."""
     out: list[tuple[str, Mapping[str, Any], Any]] = []
@@ -628,6 +645,7 @@ async def diagnose(
             targets = await api_get(
                 session, url, "/api/v1/targets", {"state": "active"}, limit_s=limit_s
             )
+            _require_targets_shape(targets, url)
             out += check_targets(targets, job_pattern)
             builtins = grafana_builtins(scrape_seconds(targets, job_pattern))
             rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)

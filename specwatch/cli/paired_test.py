@@ -19,6 +19,7 @@ import csv
 import json
 import math
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,10 +116,7 @@ def read_outcomes(
     duplicate id. A directory is lm-eval's ``--output_path``: its one samples file is read.
     """
     path = _samples_path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from exc
+    text = _read_text(path)
     # (line number, parsed record); a plain-shape JSONL row is read as the tuple (id, correct).
     rows: list[tuple[int, Any]] = []
     if path.suffix.lower() == ".csv":
@@ -171,6 +169,47 @@ def read_outcomes(
     if not out:
         raise InputError(f"{path}: no rows")
     return out
+
+
+#: The longest line :func:`read_outcomes` reads (an lm-eval sample row with its prompt and
+#: answers is kilobytes; a file without newlines, such as a device, is refused at this size).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+def _read_text(path: Path, chunk: int = 1 << 20) -> str:
+    """The UTF-8 text (a BOM dropped) of the file or pipe at ``path``. Raises
+    :class:`InputError` naming ``path`` for anything else (a device, a socket), an unreadable
+    file, a line over :data:`MAX_LINE_BYTES` (at ``path:line``) or bytes that are not UTF-8."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise InputError(f"{path}: is not a regular file")
+    parts: list[bytes] = []
+    lines = 0  # newlines read so far
+    open_line = 0  # bytes of the line not yet ended
+    try:
+        with path.open("rb") as f:
+            while block := f.read(min(chunk, MAX_LINE_BYTES)):
+                first = block.find(b"\n")
+                longest = open_line + (len(block) if first < 0 else first)
+                if longest > MAX_LINE_BYTES:
+                    raise InputError(f"{path}:{lines + 1}: line longer than {MAX_LINE_BYTES} bytes")
+                if first >= 0:
+                    lines += block.count(b"\n")
+                    open_line = len(block) - block.rfind(b"\n") - 1
+                else:
+                    open_line = longest
+                parts.append(block)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    raw = b"".join(parts)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 (byte {exc.start})") from None
 
 
 def _samples_path(path: Path) -> Path:

@@ -28,6 +28,10 @@ MISSING_EXTRA = (
 )
 
 
+#: How long ``--metrics-url`` may take to answer.
+METRICS_TIMEOUT_SECONDS = 10.0
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``report``."""
     p = subparsers.add_parser(
@@ -106,7 +110,7 @@ async def _gather(args: argparse.Namespace) -> ReportData:
     )
     acceptance: Acceptance | None = None
     if args.metrics_url:
-        text = await fetch_text(args.metrics_url)
+        text = await fetch_text(args.metrics_url, METRICS_TIMEOUT_SECONDS)
         acceptance = parse_acceptance(text, args.window, args.metrics_url)
     return build_report(
         str(args.ledger),

@@ -114,13 +114,14 @@ def preflight(settings: Settings) -> None:
     # The ledger and canary modules load here, not when ``--help`` builds the parser.
     from specwatch.settings import ConfigError
     from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
-    from specwatch.shadow.ledger.files import check_openable
+    from specwatch.shadow.ledger.files import check_openable, path_problem
 
     path = settings.ledger.path
     try:
         check_openable(path)
     except sqlite3.Error as exc:
-        raise ConfigError(f"config error: ledger.path: cannot open {path!r}: {exc}") from exc
+        cause = path_problem(path) or str(exc)
+        raise ConfigError(f"config error: ledger.path: cannot open {path!r}: {cause}") from exc
     shadow = settings.shadow
     if "canary" in shadow.modes:
         try:

@@ -54,9 +54,15 @@ MAX_FIELD_BYTES = 32 << 10
 #: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
 #: every one exported from 0): a request head aiohttp cannot parse, a request body that
 #: stopped arriving or was not whole by its deadline, a client over its share of the
-#: connections, a connection over ``max_connections``, no complete head in time.
+#: connections, a connection over ``max_connections``, no complete head in time, a request
+#: head over the proxy's cap (``431``).
 RefusalReason = Literal[
-    "bad_request", "body_timeout", "client_share", "connection_limit", "header_timeout"
+    "bad_request",
+    "body_timeout",
+    "client_share",
+    "connection_limit",
+    "header_timeout",
+    "header_too_large",
 ]
 #: Every :data:`RefusalReason`, in that order.
 REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)

@@ -131,27 +131,64 @@ class GuardedSite(web.TCPSite):
         *,
         limits: ListenLimits,
         stats: ListenerStats,
+        bound: BoundAddress | None = None,
     ) -> None:
         super().__init__(runner, host, port)
         self.limits = limits
         self.stats = stats
+        self.bound = bound
         self._bad_request_log = _BadRequestLog(stats)
 
-    async def start(self) -> None:
-        """Listen (as :meth:`TCPSite.start`) with every connection wrapped."""
-        await web.BaseSite.start(self)
+    def protocol(self) -> asyncio.Protocol:
+        """The protocol of one accepted connection (the runner's handler, wrapped)."""
         server = self._runner.server
-        assert server is not None
+        assert server is not None  # connections are accepted only once start has run
+        handler = server()
+        handler.logger = self._bad_request_log  # type: ignore[assignment]
+        return _Guarded(handler, self)
 
-        def factory() -> asyncio.Protocol:
-            handler = server()
-            handler.logger = self._bad_request_log  # type: ignore[assignment]
-            return _Guarded(handler, self)
+    async def start(self) -> None:
+        """Listen (as :meth:`TCPSite.start`; on the address ``bound``, when given) with every
+        connection wrapped."""
+        await web.BaseSite.start(self)
+        if self.bound is not None and self.bound.server is not None:
+            self.bound.site = self
+            server = self.bound.server
+        else:
+            loop = asyncio.get_running_loop()
+            server = await loop.create_server(
+                self.protocol, self._host, self._port, reuse_address=self._reuse_address
+            )
+        self._server = server
+        await server.start_serving()  # a no-op for the server just created (it serves)
 
+
+class BoundAddress:
+    """A listening socket taken before the app's runner is set up (:meth:`take`), accepting
+    no connection until the :class:`GuardedSite` given it as ``bound`` starts: a port in use
+    then fails before any start-up hook has run."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.AbstractServer | None = None
+        self.site: GuardedSite | None = None
+
+    def __call__(self) -> asyncio.Protocol:
+        assert self.site is not None  # serving starts in GuardedSite.start, which sets it
+        return self.site.protocol()
+
+    @classmethod
+    async def take(cls, host: str | None, port: int) -> BoundAddress:
+        """Bind and listen on ``host:port`` without serving. Raises ``OSError`` (or
+        ``OverflowError`` for a port out of range)."""
+        bound = cls()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            factory, self._host, self._port, reuse_address=self._reuse_address
-        )
+        bound.server = await loop.create_server(bound, host, port, start_serving=False)
+        return bound
+
+    def close(self) -> None:
+        """Give the address back (when no site took it over)."""
+        if self.server is not None and self.site is None:
+            self.server.close()
 
 
 def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middleware:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sys
 import time
@@ -61,7 +62,22 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             out["exc"] = record.exc_text
-        return json.dumps(out, default=str, separators=(",", ":"))
+        return json.dumps(_json_safe(out), default=str, separators=(",", ":"), allow_nan=False)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (anywhere in dicts, lists and tuples) written as
+    the string Prometheus uses for it (``"NaN"``, ``"+Inf"``, ``"-Inf"``): strict JSON has no
+    NaN or Infinity literal."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 class PlainFormatter(logging.Formatter):

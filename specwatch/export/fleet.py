@@ -165,7 +165,8 @@ def _skip(bad: dict[str, int], reason: str, labels: Mapping[str, str], value: fl
         "fleet series skipped",
         reason=reason,
         series=dict(sorted(labels.items())),
-        value=value,
+        # a value that was not a number keeps the text the server sent (see prom_api)
+        value=getattr(value, "text", value),
     )
 
 

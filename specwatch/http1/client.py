@@ -37,6 +37,8 @@ from specwatch.http1.exchange import Exchange
 from specwatch.http1.fast import fast_request
 from specwatch.http1.framing import (
     BAD_400,
+    DIGITS,
+    HEAD_431,
     LIMIT_503,
     MAX_HEAD_BYTES,
     TIMEOUT_408,
@@ -45,6 +47,15 @@ from specwatch.http1.framing import (
 from specwatch.http1.heads import rebuild_request, refuse_framing
 
 __all__ = ["Client"]
+
+
+def _declared_length(lowered: list[bytes], headers: list[tuple[bytes, bytes]]) -> int:
+    """The request's ``Content-Length`` (``-1``: none, or not a plain number)."""
+    for name, (_, value) in zip(lowered, headers, strict=True):
+        if name == b"content-length":
+            v = value.strip()
+            return int(v) if DIGITS.fullmatch(v) else -1
+    return -1
 
 
 class Client(asyncio.Protocol):
@@ -292,18 +303,45 @@ class Client(asyncio.Protocol):
 
     def _bad_request(self, exc: Exception) -> None:
         # counted and logged (rate-limited), never with the request bytes: a head may carry
-        # credentials; a refusal raised in a parser callback is named by its own class
+        # credentials; a refusal raised in a parser callback is named by its own class. A head
+        # (or a body's framing without body bytes) past the cap is ``431``, anything else the
+        # parser refuses ``400``; both are answered while no answer has started (a bad chunk
+        # size included: the request that went up is cut), else the connection is aborted
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         error = type(cause if cause is not None else exc).__name__
-        self.fwd.stats.refuse("bad_request", status=400, error=error)
+        too_large = isinstance(exc, HeadTooLarge)
+        in_body = self.req is not None and not self.in_head
+        path = self.req.path.decode("latin-1") if self.req is not None else ""
+        fields = {"peer": self.peer.decode(), "path": path}
+        if too_large:
+            self.fwd.stats.refuse("header_too_large", status=431, limit=MAX_HEAD_BYTES, **fields)
+        else:
+            part = "body" if in_body else "head"
+            self.fwd.stats.refuse("bad_request", status=400, error=error, part=part, **fields)
         if self.transport is None:
             return
+        answer = HEAD_431 if too_large else BAD_400
         if not self.queue:
             self.gone = True
-            self.transport.write(BAD_400)
+            self.transport.write(answer)
             self.transport.close()
-        else:
-            self.transport.abort()
+            return
+        ex = self.queue[0]
+        if len(self.queue) == 1 and ex is self.req and not ex.started:
+            ex.started = ex.resp_done = ex.ended = True
+            ex.drop_copy()
+            ex.cancel_connect()
+            up, ex.up = ex.up, None
+            if up is not None:
+                up.exchange = None
+                up.close()
+            self.queue.clear()
+            self.req = None
+            self.gone = True
+            self.transport.write(answer)
+            self.transport.close()
+            return
+        self.transport.abort()
 
     # -- the fast path -------------------------------------------------------------------------
 
@@ -354,9 +392,13 @@ class Client(asyncio.Protocol):
         ex.shadow = shadowed_path and not marked
         if shadowed_path and marked:
             fwd.handover.marked()
-        if ex.shadow:
-            ex.copy = bytearray()
         ex.path = path
+        if ex.shadow:
+            declared = _declared_length(lowered, headers)
+            if declared > fwd.max_body:  # counted now: the body may never be read to its end
+                fwd.copy_refused("too_large", self.peer, path)
+            else:
+                ex.copy = bytearray()
         ex.chunked_req = chunked
         ex.is_head = method == b"HEAD"
         ex.keep_client = parser.should_keep_alive()

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Protocol
 
 from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.logs import log_event
+from specwatch.core.logs import RateLimitedLog, log_event
 from specwatch.http1.framing import DROP_REQUEST
 from specwatch.http1.pool import Upstream, UpstreamPool
 
@@ -87,6 +87,7 @@ class Engine:
         self.limits = limits
         self.stats = stats
         self.log = log if log is not None else logging.getLogger("specwatch.http1")
+        self.rejects = RateLimitedLog(self.log)
         self.shadow_paths = frozenset(p.encode() for p in shadow_paths)
         self.marker = marker.lower()
         self.category_header = category_header.lower()
@@ -117,6 +118,23 @@ class Engine:
         self.clients.discard(c)
         if self.drained is not None and not self.clients:
             self.drained.set()
+
+    def copy_refused(self, reason: str, peer: bytes, path: bytes) -> None:
+        """A request on a copied path gets no copy: ``too_large`` (its body is, or was
+        declared, over the cap) or ``incomplete_body`` (it stopped before its end, also when
+        the proxy closed the connection after an early answer). Handed over to be counted and
+        logged, rate-limited, with the client's address and the path (never the bytes)."""
+        if reason == "too_large":
+            self.handover.too_large()
+        else:
+            self.handover.incomplete(True)
+        self.rejects.warning(
+            "shadow ingest rejected",
+            source="proxy",
+            reason=reason,
+            peer=peer.decode("latin-1"),
+            path=path.decode("latin-1"),
+        )
 
     def upstream_error(self, reason: str, started: bool) -> None:
         """Count and log an upstream failure (``started``: the answer had begun)."""

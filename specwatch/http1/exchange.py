@@ -45,6 +45,7 @@ class ClientSide(Protocol):
 
     transport: asyncio.Transport | None
     gone: bool
+    peer: bytes
 
     @property
     def fwd(self) -> Engine:
@@ -135,7 +136,7 @@ class Exchange:
             copy += data
             if len(copy) > self.fwd.max_body:
                 self.copy = None
-                self.fwd.handover.too_large()
+                self.fwd.copy_refused("too_large", self.client.peer, self.path)
 
     def request_complete(self) -> None:
         self.body_done = True
@@ -390,6 +391,7 @@ class Exchange:
             # the upstream answered before the whole request arrived: the client connection
             # is out of step now; close it after the answer
             self.keep_client = False
+            self.drop_copy()
         up = self.up
         self.up = None
         if up is not None:
@@ -457,12 +459,21 @@ class Exchange:
         self.started = True
         if not self.body_done:
             self.keep_client = False
+            self.drop_copy()
         phrase = "Gateway Timeout" if status == 504 else "Bad Gateway"
         if c.transport is not None:
             c.transport.write(
                 json_error(status, phrase, f"upstream {reason}", not self.keep_client)
             )
         self.client.exchange_done(self)
+
+    def drop_copy(self) -> None:
+        """The request body will not be read to its end (the client left, or the connection is
+        closed after an answer that came first): a copy in progress is counted
+        ``incomplete_body``, so every request on a copied path is counted once."""
+        if self.copy is not None:
+            self.copy = None
+            self.fwd.copy_refused("incomplete_body", self.client.peer, self.path)
 
     def client_lost(self) -> None:
         """The client connection closed while this exchange was first in its queue."""
@@ -474,8 +485,14 @@ class Exchange:
             up.close()
         fwd = self.fwd
         if not self.body_done:
-            fwd.handover.incomplete(self.shadow)
-            log_event(fwd.log, logging.WARNING, "proxy client body incomplete")
+            self.drop_copy()
+            log_event(
+                fwd.log,
+                logging.WARNING,
+                "proxy client body incomplete",
+                peer=self.client.peer.decode("latin-1"),
+                path=self.path.decode("latin-1"),
+            )
             return
         if not self.resp_done:
             fwd.counters.proxy_client_disconnects += 1

@@ -176,7 +176,7 @@ def fast_request(c: Requesting, data: bytes) -> bool:
         fwd.handover.marked()
     elif ex.shadow and body:
         if len(body) > fwd.max_body:
-            fwd.handover.too_large()
+            fwd.copy_refused("too_large", c.peer, path)
         else:
             fwd.handover.copy(path.decode("latin-1"), body, category, request_id)
     return True

@@ -16,6 +16,7 @@ __all__ = [
     "DIGITS",
     "DROP_REQUEST",
     "DROP_RESPONSE",
+    "HEAD_431",
     "HOP_BY_HOP",
     "LIMIT_503",
     "MAX_HEAD_BYTES",
@@ -46,8 +47,8 @@ HOP_BY_HOP: frozenset[str] = frozenset(
 PROXY_CREDENTIALS: frozenset[str] = frozenset(
     {"proxy-authorization", "proxy-authenticate", "proxy-authentication-info"}
 )
-#: Longest request head accepted (request line and fields); a longer one is refused with ``400``
-#: (``bad_request``) while it is still coming, so a client cannot make the proxy buffer more.
+#: Longest request head accepted (request line and fields); a longer one is refused with ``431``
+#: (``header_too_large``) while it is still coming, so a client cannot make the proxy buffer more.
 MAX_HEAD_BYTES = 64 << 10
 
 #: Request fields (lower-cased bytes) never sent up as they came: ``Host`` is set to the
@@ -65,8 +66,13 @@ DIGITS = re.compile(rb"[0-9]{1,18}")
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: The connection cap is reached.
 LIMIT_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-#: A request the parser refuses, or a head past :data:`MAX_HEAD_BYTES`.
+#: A request the parser refuses (a malformed head, a bad chunk size).
 BAD_400 = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+#: A request head (or a body's framing without body bytes) past :data:`MAX_HEAD_BYTES`.
+HEAD_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
 #: A request body that stopped arriving.
 TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"

@@ -125,6 +125,8 @@ class Scraper:
         #: (target, reason) -> series skipped on the last page, so a count is logged once.
         self._last_skipped: dict[tuple[str, str], int] = {}
         self._last_implausible: dict[str, tuple[str, ...]] = {}
+        #: target -> engines whose counters fell on the last page (a reset logged once)
+        self._last_resets: dict[str, frozenset[str]] = {}
         #: target -> monotonic time before which /server_info is not asked again.
         self._server_info_next: dict[str, float] = {}
 
@@ -201,7 +203,14 @@ class Scraper:
             return False
         for reason, count in tracker.capped.items():
             self._log_skipped(target.name, "over-cap", reason, count)
-        self._log_skipped(target.name, "duplicate", "duplicate_conflict", page.duplicate_conflicts)
+        self._log_skipped(
+            target.name,
+            "duplicate",
+            "duplicate_conflict",
+            page.duplicate_conflicts,
+            url=redact_url(target.url),
+            samples=list(page.duplicates),
+        )
         self._log_skipped(
             target.name,
             "invalid",
@@ -223,8 +232,7 @@ class Scraper:
                     target=target.name,
                     families=list(missing),
                 )
-        for engine in resets:
-            log_event(logger, logging.WARNING, "counter reset", target=target.name, engine=engine)
+        self._log_resets(target, resets, tracker.snapshot().counter_resets)
         if self._last_reason[target.name] is not None:
             log_event(logger, logging.INFO, "scrape recovered", target=target.name)
         self._last_reason[target.name] = None
@@ -239,6 +247,26 @@ class Scraper:
         )
         self._on_update()
         return True
+
+    def _log_resets(
+        self, target: TargetSettings, resets: list[str], totals: Mapping[str, int]
+    ) -> None:
+        """One "counter reset" line per engine whose counters fell on this page after a page
+        on which they did not (a server restart); an engine that resets on every page (a broken
+        exporter) is logged once, with its count so far, until a page without a reset."""
+        now = frozenset(resets)
+        before = self._last_resets.get(target.name, frozenset())
+        self._last_resets[target.name] = now
+        for engine in sorted(now - before):
+            log_event(
+                logger,
+                logging.WARNING,
+                "counter reset",
+                target=target.name,
+                url=redact_url(target.url),
+                engine=engine,
+                resets=totals.get(engine, 0),
+            )
 
     def _log_implausible(self, target: TargetSettings, samples: tuple[str, ...]) -> None:
         """One warning line naming the target's URL and the samples refused for values no

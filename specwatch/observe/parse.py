@@ -28,7 +28,7 @@ copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
@@ -193,9 +193,13 @@ def parse_page(
     refused: list[str] = []
     invalid_named: list[str] = []
     for ident, (value, series) in seen.items():
+        fam = series.family
+        # present on the page even when every sample of it is skipped below: such a family is
+        # reported as invalid (the skipped-series lines), never as missing
+        families.add(fam.name)
         if conflicts and ident in conflicts:
             continue
-        if implausible(value, counter=series.family.kind != "gauge"):
+        if implausible(value, counter=fam.kind != "gauge"):
             refused.append(sample_text(ident[0], ident[1], value))
             continue
         if value != value:  # NaN is unknown
@@ -205,8 +209,6 @@ def parse_page(
             if len(invalid_named) < MAX_NAMED:
                 invalid_named.append(sample_text(ident[0], ident[1], value))
             continue
-        fam = series.family
-        families.add(fam.name)
         if fam.key == "process_start_time_seconds":
             process_start = value
             continue
@@ -232,6 +234,7 @@ def parse_page(
         engines={k: engines[k].freeze() for k in sorted(engines)},
         process_start_time_seconds=process_start,
         duplicate_conflicts=len(conflicts),
+        duplicates=_named(conflicts, seen),
         families=frozenset(families),
         invalid_series=invalid,
         gauge_processes=len(processes),
@@ -249,6 +252,12 @@ MAX_POSITIONS = 128
 #: Distinct ``reason`` labels of ``vllm:num_requests_waiting_by_reason`` kept per engine (vLLM
 #: has a handful); further reasons are summed into ``other``.
 MAX_WAITING_REASONS = 16
+
+
+def _named(conflicts: set[_Ident], seen: Mapping[_Ident, tuple[float, _Series]]) -> tuple[str, ...]:
+    """The first few series seen twice with different values (``name{labels}=first value``),
+    in sorted order so the same page names the same series."""
+    return tuple(sample_text(i[0], i[1], seen[i][0]) for i in sorted(conflicts)[:MAX_NAMED])
 
 
 def _invalid(series: _Series, value: float) -> bool:

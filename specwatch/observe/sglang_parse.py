@@ -191,6 +191,7 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
     refused: list[str] = []
     for fam, role, labels, value in kept:
         ident = (fam.name + "_" + role, tuple(sorted(labels.items())))
+        names.add(fam.name)  # present even when skipped below: invalid, never missing
         if ident in conflicts:
             continue
         if implausible(value, counter=fam.kind != "gauge"):
@@ -208,7 +209,6 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
             except ValueError:
                 invalid += 1
                 continue
-        names.add(fam.name)
         key: EngineKey = (labels.get("model_name", ""), labels.get(DP_LABEL, "0"))
         acc = engines.get(key)
         if acc is None:
@@ -227,6 +227,7 @@ def parse_sglang_page(body: str, *, openmetrics: bool = False) -> PageReading:
     return PageReading(
         engines={key: _freeze(acc, era_code) for key, acc in sorted(engines.items())},
         duplicate_conflicts=len(conflicts),
+        duplicates=tuple(sample_text(i[0], i[1], seen[i]) for i in sorted(conflicts)[:MAX_NAMED]),
         families=frozenset(names),
         invalid_series=invalid,
         engine_kind="sglang",

@@ -104,7 +104,9 @@ class PageReading:
     largest copy); 0 when every gauge has one value.
     ``implausible_series``: samples refused for a value no server writes (above 2^53, or a NaN
     counter: :mod:`specwatch.observe.plausible`), skipped and counted; ``implausible`` names
-    the first few (``name{labels}=value``); ``invalid`` the first few ``invalid_series``.
+    the first few (``name{labels}=value``); ``invalid`` the first few ``invalid_series``;
+    ``duplicates`` the first few ``duplicate_conflicts`` (with the first value seen). A family
+    is in ``families`` when the page carries it, also when every sample of it was skipped.
     """
 
     engines: Mapping[EngineKey, EngineReading]
@@ -117,6 +119,7 @@ class PageReading:
     implausible_series: int = 0
     implausible: tuple[str, ...] = ()
     invalid: tuple[str, ...] = ()
+    duplicates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

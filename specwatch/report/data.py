@@ -312,8 +312,8 @@ async def read_ledger(
     try:
         try:
             for ledger in ledgers:
-                await ledger.open()
                 opened.append(ledger)
+                await ledger.open_read_only()
             first, second, third = ledgers
 
             async def streamed() -> tuple[ReportSpan, int, float, ReportStream]:
@@ -550,13 +550,29 @@ async def fetch_text(source: str, timeout_seconds: float = 10.0) -> str:
             ):
                 if resp.status != 200:
                     raise ReportInputError(f"{source}: HTTP {resp.status}")
-                return await resp.text()
-        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
+                raw = await resp.read()
+        except TimeoutError:
+            raise ReportInputError(f"{source}: no answer within {timeout_seconds:g} s") from None
+        except aiohttp.ClientError as exc:
             raise ReportInputError(f"{source}: {type(exc).__name__}: {exc}") from None
+        return _utf8(raw, source)
     try:
-        return await asyncio.to_thread(Path(source).read_text, encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportInputError(f"{source}: {exc}") from None
+        raw = await asyncio.to_thread(Path(source).read_bytes)
+    except OSError as exc:
+        raise ReportInputError(f"{source}: {exc.strerror or exc}") from None
+    return _utf8(raw, source)
+
+
+def _utf8(raw: bytes, source: str) -> str:
+    """``raw`` decoded as UTF-8; raises :class:`ReportInputError` naming ``source``, the line
+    and the byte offset of the first byte that is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ReportInputError(
+            f"{source}:{line}: not UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})"
+        ) from None
 
 
 __all__ = [

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats
-from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
+from specwatch.core.listen_http import BoundAddress, GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
 from specwatch.core.shutdown import Drain, ShutdownDeadline, close_reserve_seconds
 from specwatch.core.store import Store
@@ -300,7 +300,14 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
         max_line_size=MAX_FIELD_BYTES,
         max_field_size=MAX_FIELD_BYTES,
     )
-    await runner.setup()
+    # the port is taken before the runner's start-up (ledger opened, alert state restored), so
+    # a port in use fails a start that has changed nothing
+    bound = await BoundAddress.take(srv.host, srv.port)
+    try:
+        await runner.setup()
+    except BaseException:
+        bound.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -313,7 +320,12 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
         loop.add_signal_handler(sig, on_signal)
     try:
         site = GuardedSite(
-            runner, srv.host, srv.port, limits=srv.limits, stats=app[LISTENERS_KEY][0]
+            runner,
+            srv.host,
+            srv.port,
+            limits=srv.limits,
+            stats=app[LISTENERS_KEY][0],
+            bound=bound,
         )
         await site.start()
         await stop.wait()

@@ -57,12 +57,18 @@ async def api_get(
         async with session.get(
             url, params=dict(params or {}), timeout=aiohttp.ClientTimeout(total=limit_s)
         ) as resp:
-            text = await resp.text()
+            raw = await resp.read()
             status = resp.status
     except TimeoutError as exc:
         raise PromApiError("timeout", f"{where}: no answer within {limit_s:g} s") from exc
     except aiohttp.ClientError as exc:
         raise PromApiError("connect", f"{where}: {exc}") from exc
+    try:
+        text = raw.decode("utf-8")  # the API answers JSON, which is UTF-8 (RFC 8259)
+    except UnicodeDecodeError as exc:
+        if status >= 400:
+            raise PromApiError("http_status", f"{where}: HTTP {status}") from exc
+        raise PromApiError("decode", f"{where}: not UTF-8") from exc
     try:
         body = json.loads(text)
     except RecursionError:
@@ -104,8 +110,20 @@ async def instant_query(
     return rows
 
 
+class SampleValue(float):
+    """A sample's value that is not a number (``"bad"``): NaN as a float, and the ``text`` the
+    server sent, for a log line to show."""
+
+    text: str
+
+    def __new__(cls, text: str) -> SampleValue:
+        self = super().__new__(cls, math.nan)
+        self.text = text
+        return self
+
+
 def _value(text: object) -> float:
     try:
         return float(str(text))
     except ValueError:
-        return math.nan
+        return SampleValue(str(text))

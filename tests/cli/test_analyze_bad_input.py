@@ -40,13 +40,14 @@ def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def test_file_without_vllm_series_is_exit_2_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, fmt: str
 ) -> None:
-    """A file with no vLLM series exits 2 with one line on stderr and nothing on stdout."""
+    """A file with no vLLM series exits 2 with one line on stderr naming the file and nothing
+    on stdout."""
     f = tmp_path / "empty.prom"
     f.write_text(text)
     rc, out, err = _run([str(f), "--format", fmt], capsys)
     assert (rc, out) == (2, "")
     assert err == (
-        "specwatch analyze: BEFORE has neither vllm:* nor sglang:* series"
+        f"specwatch analyze: {f} has neither vllm:* nor sglang:* series"
         " (not a vLLM or SGLang /metrics body?)\n"
     )
 

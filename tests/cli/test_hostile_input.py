@@ -220,3 +220,30 @@ def test_run_config_infinite_duration(
     assert cli_main(["run", "--config", str(cfg), "--port", "0"]) == 2
     err = _one_line(capsys)
     assert f"config error: {field}: Input should be a finite number" in err
+
+
+def test_paired_test_refuses_a_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``paired-test /dev/zero good.jsonl``: exit 2 at once with "is not a regular file" (before:
+    it read without end, memory growing, then a MemoryError traceback and exit 0)."""
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": 1, "correct": 1}\n', encoding="utf-8")
+    assert cli_main(["paired-test", "/dev/zero", str(good)]) == 2
+    err = _one_line(capsys)
+    assert err == "specwatch paired-test: /dev/zero: is not a regular file\n"
+
+
+def test_paired_test_line_too_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row longer than the line limit (here lowered to 1,000 bytes; the third line has
+    5,000) is refused at file:line (exit 2) without reading the rest of the file."""
+    import specwatch.cli.paired_test as paired_test
+
+    monkeypatch.setattr(paired_test, "MAX_LINE_BYTES", 1000)
+    base = tmp_path / "base.jsonl"
+    cand = tmp_path / "cand.jsonl"
+    base.write_text('{"id": 1, "correct": 1}\n', encoding="utf-8")
+    cand.write_text('{"id": 1, "correct": 1}\n\n' + "x" * 5000 + "\n", encoding="utf-8")
+    assert cli_main(["paired-test", str(base), str(cand)]) == 2
+    err = _one_line(capsys)
+    assert err == f"specwatch paired-test: {cand}:3: line longer than 1000 bytes\n"

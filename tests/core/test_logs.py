@@ -53,6 +53,16 @@ class TestLogs:
         assert doc["event"] == "scrape failed"
         assert (doc["level"], doc["target"], doc["reason"]) == ("warning", "fly", "timeout")
 
+    def test_json_line_has_no_nan_or_infinity(self) -> None:
+        """Non-finite floats, also nested, are written as Prometheus spells them ("NaN",
+        "+Inf", "-Inf"): the line parses as strict JSON."""
+        stream = io.StringIO()
+        setup_logging("INFO", "json", stream)
+        nan, inf = float("nan"), float("inf")
+        log_event(logging.getLogger("specwatch.t"), logging.INFO, "x", v=nan, w={"a": [inf, -inf]})
+        doc = json.loads(stream.getvalue(), parse_constant=lambda c: pytest.fail(c))
+        assert (doc["v"], doc["w"]) == ("NaN", {"a": ["+Inf", "-Inf"]})
+
     def test_plain_line(self) -> None:
         """The plain format is one line: level, logger, event, key=value."""
         stream = io.StringIO()

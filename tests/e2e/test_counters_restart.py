@@ -86,6 +86,7 @@ async def _run(
     comp = _component(path, clocks)
     n = start
     async with comp.running():
+        comp.categories("math")  # admitted where the pipeline admits it, at sampling
         for _ in range(minutes):
             for std_ok, fly_ok in ((True, False), (True, False), (False, True)):
                 comp.consume(_pair(clocks.wall(), n, std_ok, fly_ok))

@@ -23,7 +23,7 @@ from specwatch.http1 import client as client_module
 from specwatch.http1 import exchange as exchange_module
 from specwatch.http1 import fast as fast_module
 from specwatch.http1.forwarder import Forwarder
-from specwatch.http1.framing import BAD_400, MAX_HEAD_BYTES
+from specwatch.http1.framing import BAD_400, HEAD_431, MAX_HEAD_BYTES
 from specwatch.http1.pool import Upstream
 
 JSON = b'{"model": "m", "prompt": "hi", "max_tokens": 4}'
@@ -731,8 +731,8 @@ async def test_trailer_fields_of_a_chunked_upload_go_nowhere(path: Path) -> None
 async def test_endless_trailer_fields_are_cut_off(path: Path) -> None:
     """Trailer fields after a chunked upload are buffered by the parser until they end (and
     grow at a cost that rises with their square): past ``MAX_HEAD_BYTES`` of reads that carry
-    no body byte the upload is cut off (the client connection aborted, counted as
-    ``bad_request``, handed over as an incomplete upload on a copied path)."""
+    no body byte the upload is cut off (answered ``431`` while no answer has started, counted
+    as ``header_too_large``, handed over as an incomplete upload on a copied path)."""
     start = (
         b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
         + chunk(JSON)
@@ -740,9 +740,9 @@ async def test_endless_trailer_fields_are_cut_off(path: Path) -> None:
     )
     steps = [([start, b"a" * (MAX_HEAD_BYTES + 16384)], 1)]
     run = await path.through([], PLAIN, steps=steps, read=read_to_close)
-    assert run.client_got[0] in (b"", b"<reset>")
+    assert run.client_got[0].startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
     assert run.upstream_got == []
-    assert run.refused == {"bad_request": 1}
+    assert run.refused == {"header_too_large": 1}
     assert run.handed == [("incomplete", True)]
     assert run.counters == (1, {}, 0)
 
@@ -884,16 +884,16 @@ async def test_heads_near_the_fast_path_limit(
     ],
 )
 async def test_a_head_past_the_cap_is_refused_before_it_ends(head: bytes, path: Path) -> None:
-    """A request head that grows past ``MAX_HEAD_BYTES`` (64 KiB) is refused with the
-    parser's 400 while it is still coming (the engine does not keep buffering it, nor send it
-    up), counted as ``bad_request``. The client writes it in 8 KiB pieces and never ends it."""
+    """A request head that grows past ``MAX_HEAD_BYTES`` (64 KiB) is refused with ``431``
+    while it is still coming (the engine does not keep buffering it, nor send it up), counted
+    as ``header_too_large``. The client writes it in 8 KiB pieces and never ends it."""
     start = b"POST /v1/completions HTTP/1.1\r\nHost: h\r\n" + head
     pieces = [start[i : i + 8192] for i in range(0, len(start), 8192)]
     run = await path.through([], PLAIN, steps=[(pieces, 1)])
-    assert run.client_got == [BAD_400]
+    assert run.client_got == [HEAD_431]
     assert run.upstream_got == []
     assert run.connections == 0
-    assert run.refused == {"bad_request": 1}
+    assert run.refused == {"header_too_large": 1}
 
 
 async def test_a_head_request_gets_the_head_of_an_answer_with_a_length(path: Path) -> None:
@@ -916,13 +916,14 @@ async def test_an_answer_before_the_request_body_is_in(path: Path) -> None:
     """The upstream answers as soon as the head is in, before the client sent the rest of its
     body: the fast answer path is not taken (the request is not complete); the answer is
     relayed, the upstream connection closed (its request was not finished, so the fake
-    upstream records none) and no copy of the partial body handed over."""
+    upstream records none) and no copy of the partial body handed over: it is counted as an
+    incomplete upload (the connection is closed after the answer, the body never ends)."""
     cut = ONE.index(b"\r\n\r\n") + 4 + 10
     run = await path.through([], PLAIN, steps=[([ONE[:cut]], 1)], early=True)
     assert run.fast_requests == run.fast_answers == 0
     assert run.client_got == PLAIN
     assert run.upstream_got == []
-    assert run.handed == []
+    assert run.handed == [("incomplete", True)]
     assert run.counters == (1, {}, 0)
 
 

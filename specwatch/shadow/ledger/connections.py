@@ -46,6 +46,14 @@ class Connections:
         prepare(self._wconn)
         self._rconn = self._connect()
 
+    def open_read_only(self) -> None:
+        """Open only the read connection, with SQLite's ``mode=ro``: no schema, no migration,
+        no pragma that writes; the file is never changed. Raises ``sqlite3.Error``."""
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=5000")
+        self._rconn = conn
+
     def close(self) -> None:
         """Close both connections (those open)."""
         for conn in (self._wconn, self._rconn):

@@ -4,8 +4,11 @@ specwatch ledger, opened read-only: what ``specwatch report`` reads) and :func:`
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
+
+from specwatch.shadow.ledger.rows import ledger_columns
 
 
 class LedgerFileError(Exception):
@@ -47,6 +50,30 @@ def check_ledger_file(path: Path) -> None:
             f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column "
             "(not a specwatch ledger)"
         )
+    missing = [c for c in ledger_columns() if c not in have]
+    if missing:
+        raise LedgerFileError(
+            f"ledger {path}: its 'pairs' table has no {', '.join(missing)} column (an older "
+            "or altered ledger; it is read as it is, read-only: a `specwatch run` with this "
+            "ledger adds the columns it lacks)"
+        )
+
+
+def path_problem(path: Path | str) -> str | None:
+    """Why a ledger file cannot be created or written at ``path``, in words (its parent
+    directory missing, not a directory or not writable; the file itself not writable), or
+    ``None`` when none of those is the case. Blocking; for an error message."""
+    file = Path(path)
+    parent = file.parent
+    if not parent.exists():
+        return f"parent directory {str(parent)!r} does not exist"
+    if not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if file.exists():
+        return None if os.access(file, os.R_OK | os.W_OK) else f"{str(file)!r} is not writable"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"parent directory {str(parent)!r} is not writable"
+    return None
 
 
 def check_openable(path: Path | str) -> None:

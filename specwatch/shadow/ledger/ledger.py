@@ -161,6 +161,12 @@ class Ledger(RowQueries, ReportQueries):
             return
         self._writer.start()
 
+    async def open_read_only(self) -> None:
+        """Open the ledger for reads only (SQLite ``mode=ro``): nothing is created, migrated or
+        written and no writer runs; what ``specwatch report`` uses. Raises ``sqlite3.Error``
+        when the file cannot be read."""
+        await asyncio.to_thread(self._db.open_read_only)
+
     #: Where :meth:`open` moved a corrupt file (``None``: it did not).
     moved_aside: Path | None = None
 

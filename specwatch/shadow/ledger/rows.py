@@ -248,6 +248,11 @@ SCHEMA = (
 )
 
 
+def ledger_columns() -> tuple[str, ...]:
+    """The ``pairs`` columns of the current schema (``id`` aside), in table order."""
+    return tuple(f.name for f in fields(LedgerRow) if f.name != "id")
+
+
 def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
     """Additive schema migration: ``ALTER TABLE pairs ADD COLUMN`` for every :class:`LedgerRow`
     column a ledger written by an older specwatch lacks (old rows read them as ``NULL``: not
