@@ -41,19 +41,23 @@ from specwatch.core.crossover import crossover
 Points = list[tuple[float, float]]
 Ratio = Callable[[float], float]
 
-#: ln 1.4 / ln 50: the power law 1.4·r^(-b) falls to 1 at r = 50.
-_POWER_B = math.log(1.4) / math.log(50.0)
+#: ln 2 / ln 40: the power law 2·r^(-b) falls to 1 at r = 40.
+_POWER_B = math.log(2.0) / math.log(40.0)
 
 
 def _hump(r: float) -> float:
-    """Rises from 1.1 at 1 running to 1.3 at 8, then falls: 1 at 8·e^(√1.5·ln 8) ≈ 102."""
-    return 1.3 - 0.2 * (math.log(r / 8.0) / math.log(8.0)) ** 2
+    """Rises from 1.1 at 1 running to 1.4 at 4 (linear in log r), then falls by 0.12 a
+    doubling: 1 at 4·2^(0.4/0.12) ≈ 40.3, 0.8 at 128."""
+    if r <= 4.0:
+        return 1.1 + 0.3 * math.log(r) / math.log(4.0)
+    return 1.4 - 0.12 * math.log2(r / 4.0)
 
 
 def _dip(r: float) -> float:
-    """1.2 outside a dip to 0.85 at 16 running (width 0.35 in ln r); below 1 between
-    16·e^(-w) and 16·e^(+w), w = 0.35·√(2 ln 1.75) ≈ 0.370: from ≈ 11.05 to ≈ 23.2."""
-    return 1.2 - 0.35 * math.exp(-((math.log(r / 16.0)) ** 2) / (2 * 0.35**2))
+    """1.2 outside a dip to 0.8 at 16 running (width 0.35 in ln r); below 1 between
+    16·e^(-w) and 16·e^(+w), w = 0.35·√(2 ln 2) ≈ 0.412: from ≈ 10.6 to ≈ 24.2, then pays
+    again."""
+    return 1.2 - 0.4 * math.exp(-((math.log(r / 16.0)) ** 2) / (2 * 0.35**2))
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,11 @@ SHAPES: dict[str, Shape] = {
     for s in (
         Shape("linear 1.3-0.01r", lambda r: 1.3 - 0.01 * r, 30.0),
         Shape("linear 1.2-0.01r", lambda r: 1.2 - 0.01 * r, 20.0),
-        Shape("power 1.4r^-b", lambda r: 1.4 * r**-_POWER_B, 50.0),
-        Shape("step 1.2/0.85 at 24", lambda r: 1.2 if r < 24.0 else 0.85, 24.0),
-        Shape("hump 1.1-1.3-", _hump, 8.0 * math.exp(math.sqrt(1.5) * math.log(8.0))),
-        Shape("dip to 0.85 at 16", _dip, 16.0 * math.exp(-0.35 * math.sqrt(2 * math.log(1.75)))),
+        Shape("power 2r^-b", lambda r: 2.0 * r**-_POWER_B, 40.0),
+        Shape("step at 22 (mid-gap)", lambda r: 1.2 if r < 22.0 else 0.85, 22.0),
+        Shape("step at 25 (by a level)", lambda r: 1.2 if r < 25.0 else 0.85, 25.0),
+        Shape("hump 1.1-1.4-", _hump, 4.0 * 2.0 ** (0.4 / 0.12)),
+        Shape("dip to 0.8 at 16", _dip, 16.0 * math.exp(-0.35 * math.sqrt(2 * math.log(2.0)))),
         Shape("flat +10 %", lambda r: 1.1, math.inf),
     )
 }
@@ -121,7 +126,8 @@ def load_before(rev: str) -> Estimator:
     path = Path(tempfile.mkdtemp()) / f"crossover_{rev}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(f"crossover_{rev}", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -189,7 +195,7 @@ def _fmt(row: dict[str, Any]) -> str:
         if "median_rel_error" in row:
             extra += f"  bias {100 * row['median_rel_error']:+5.1f} %"
     return (
-        f"{row['shape']:<20} noise {100 * row['noise']:3.0f} %  {row['points']:2d}/level  "
+        f"{row['shape']:<23} noise {100 * row['noise']:3.0f} %  {row['points']:2d}/level  "
         f"reached {row['reached']:3d}/{runs:<3d} {verdict:<18}{extra}"
     )
 

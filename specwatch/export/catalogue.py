@@ -209,12 +209,14 @@ SPECULATION_LIMIT_RUNNING = _g(
 )
 SPECULATION_LIMIT_RUNNING_LOWER = _g(
     "specwatch_speculation_limit_running_lower",
-    "Lower end of the 95% bootstrap interval of specwatch_speculation_limit_running.",
+    "Lower end of the 95% interval of specwatch_speculation_limit_running: the highest "
+    "concurrency below it at which FLy is shown faster per request, every lower one too; absent "
+    "when the crossing may lie at or below the lowest concurrency seen.",
 )
 SPECULATION_LIMIT_RUNNING_UPPER = _g(
     "specwatch_speculation_limit_running_upper",
-    "Upper end of the 95% bootstrap interval of specwatch_speculation_limit_running; absent "
-    "when it reaches beyond the concurrencies seen.",
+    "Upper end of the 95% interval of specwatch_speculation_limit_running: the first "
+    "concurrency at which FLy is shown no faster per request.",
 )
 SPECULATION_LIMIT_STATE = _g(
     "specwatch_speculation_limit_state",

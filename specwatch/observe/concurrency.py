@@ -13,10 +13,10 @@ points themselves (``(running, per-request decode speed)``), so memory is fixed.
 :func:`speculation_limit` estimates where FLy's per-request decode speed (generation tokens/s ÷
 running requests) falls to the reference arm's: the no-speculation baseline target (role
 ``baseline``) when one is configured, else the standard arm. The estimate is
-:func:`specwatch.core.crossover.crossover` (a local linear fit over log(running), interpolated,
-with a bootstrap interval; "not reached" unless the gain's interval is wholly below zero at some
-concurrency seen), recomputed every :data:`REFRESH_POINTS` points with a fixed seed, so every
-view of the same points shows the same numbers.
+:func:`specwatch.core.crossover.crossover` (per-level comparisons at the concurrencies seen, with
+intervals simultaneous over the levels; "not reached" unless the gain's interval is wholly below
+zero at some level), recomputed every :data:`REFRESH_POINTS` points, so every view of the same
+points shows the same numbers.
 
 Assumptions, stated in the output: both arms serve comparable requests (prompt and output
 lengths), a window's throughput is attributed to the running count at its end, and a band
@@ -45,16 +45,15 @@ MAX_POINTS = 1024
 #: estimate stands).
 REFRESH_POINTS = 8
 
-#: Seed of the bootstrap behind the live and ``advise`` estimates.
-SEED = 0
-
 #: What the comparison assumes (printed with the result).
 ASSUMPTIONS: tuple[str, ...] = (
     "both arms serve comparable requests (prompt and output lengths)",
     "a window's throughput is attributed to the running requests at its end",
     f"a band is compared only with at least {MIN_POINTS} scrapes on each arm",
-    "the crossover is interpolated from a local linear fit over log(running), its interval a "
-    "bootstrap over scrapes",
+    "the arms are compared per concurrency level seen (a quarter of a doubling wide), with "
+    "intervals that hold over all levels at once; the crossover is interpolated between the "
+    "levels around it",
+    "the scatter of an arm's decode speed is of one size (in proportion) at every level",
 )
 
 
@@ -163,10 +162,10 @@ LIMIT_STATUSES: tuple[LimitStatus, ...] = CROSSOVER_STATUSES
 class SpeculationLimit:
     """Where FLy stops decoding faster per request than the reference arm.
 
-    ``status``: ``reached`` (the gain's interval is wholly below zero at some concurrency seen;
+    ``status``: ``reached`` (the gain's interval is wholly below zero at some level seen;
     ``running`` the interpolated concurrency where the gain reaches zero, ``running_lower`` /
-    ``running_upper`` its interval, ``running_upper`` ``None`` when it reaches beyond the
-    concurrencies seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
+    ``running_upper`` its interval, ``running_lower`` ``None`` when it may lie at or below the
+    lowest level seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
     ``reference``: ``baseline`` (the no-speculation target) or ``standard``. ``text`` says it in
     words (:func:`specwatch.core.crossover.crossover_text`, the one sentence every surface
     shows); ``curve`` the gain over concurrency with its interval; ``bands`` the per-band table;
@@ -225,7 +224,7 @@ def _estimate(
     import numpy as np
 
     name = "the no-speculation baseline" if reference == "baseline" else "the standard arm"
-    c = crossover(fly, ref, rng=np.random.default_rng(SEED), reference_name=name)
+    c = crossover(fly, ref, rng=np.random.default_rng(0), reference_name=name)
     return c.status, c.running, c.lower, c.upper, c.curve, c.text
 
 
@@ -238,7 +237,7 @@ def speculation_limit(
 ) -> SpeculationLimit:
     """Where FLy stops paying against ``baseline`` when given (a target without speculation),
     else against ``standard`` (see :class:`SpeculationLimit`); ``bands`` always compare FLy
-    with ``standard``. Deterministic (fixed seed), cached on the points."""
+    with ``standard``. Deterministic, cached on the points."""
     reference: Literal["baseline", "standard"] = "baseline" if baseline is not None else "standard"
     ref = baseline if baseline is not None else standard
     status, running, lower, upper, curve, text = _estimate(fly.settled, ref.settled, reference)
