@@ -98,17 +98,32 @@ def check_truths() -> None:
 
 
 def series(
-    rng: np.random.Generator, shape: Shape, noise: float, points: int, levels: int
+    rng: np.random.Generator,
+    shape: Shape,
+    noise: float,
+    points: int,
+    levels: int,
+    design: str = "levels",
 ) -> tuple[Points, Points]:
-    """One (candidate, reference) pair of series (see the module docstring)."""
-    rs = np.repeat(np.geomspace(1.0, 128.0, levels), points)
-    base = 100.0 / (1.0 + rs / 40.0)
-    ratio = np.asarray([shape.ratio(float(r)) for r in rs])
-    cand = base * ratio * np.exp(noise * rng.standard_normal(rs.size))
-    ref = base * np.exp(noise * rng.standard_normal(rs.size))
+    """One (candidate, reference) pair of series (see the module docstring). ``design``
+    ``scattered``: instead of shared levels, each arm's running counts are drawn on their own,
+    log-uniform over 1..128 and rounded (as live scrapes see them), as many as the levels
+    would give; ``hetero``: shared levels, noise σ·√(16/r) (the same at 16 running, 2.8σ at 1,
+    σ/2.8 at 128: a per-request speed averaged over fewer requests scatters more)."""
+    n = levels * points
+    if design == "scattered":
+        rc = np.round(np.exp(rng.uniform(0.0, math.log(128.0), n)))
+        rr = np.round(np.exp(rng.uniform(0.0, math.log(128.0), n)))
+    else:
+        rc = rr = np.repeat(np.geomspace(1.0, 128.0, levels), points)
+    sc = noise * np.sqrt(16.0 / rc) if design == "hetero" else noise
+    sr = noise * np.sqrt(16.0 / rr) if design == "hetero" else noise
+    ratio = np.asarray([shape.ratio(float(r)) for r in rc])
+    cand = 100.0 / (1.0 + rc / 40.0) * ratio * np.exp(sc * rng.standard_normal(n))
+    ref = 100.0 / (1.0 + rr / 40.0) * np.exp(sr * rng.standard_normal(n))
     return (
-        [(float(r), float(v)) for r, v in zip(rs, cand, strict=True)],
-        [(float(r), float(v)) for r, v in zip(rs, ref, strict=True)],
+        [(float(r), float(v)) for r, v in zip(rc, cand, strict=True)],
+        [(float(r), float(v)) for r, v in zip(rr, ref, strict=True)],
     )
 
 
@@ -143,6 +158,7 @@ def cell(
     runs: int,
     levels: int,
     seed: int,
+    design: str = "levels",
 ) -> dict[str, Any]:
     """Run ``runs`` series of one cell through ``estimator``; the summary row."""
     reached = covered = 0
@@ -151,7 +167,7 @@ def cell(
     ups: list[float] = []
     for run in range(runs):
         data = np.random.default_rng([seed, run])
-        cand, ref = series(data, shape, noise, points, levels)
+        cand, ref = series(data, shape, noise, points, levels, design)
         c = estimator(cand, ref, rng=np.random.default_rng(run))
         if c.status != "reached":
             continue
@@ -168,6 +184,7 @@ def cell(
         "noise": noise,
         "points": points,
         "runs": runs,
+        "design": design,
         "reached": reached,
         "not_reached": runs - reached,
         "covered": covered if math.isfinite(shape.truth) else None,
@@ -213,6 +230,13 @@ def main() -> None:
         action="store_true",
         help="only the cells of the issue's table (4 points per level; 5 and 15 %% noise)",
     )
+    ap.add_argument(
+        "--design",
+        default="levels",
+        choices=["levels", "scattered", "hetero"],
+        help="shared levels (default), running counts scattered per arm, or noise growing "
+        "at low concurrency (see series())",
+    )
     ap.add_argument("--before", metavar="REV", help="also run crossover() as of git REV")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -232,7 +256,7 @@ def main() -> None:
         print(f"# {label}")
         rows = []
         for shape, nz, p in grid:
-            row = cell(est, shape, nz, p, args.runs, args.levels, args.seed)
+            row = cell(est, shape, nz, p, args.runs, args.levels, args.seed, args.design)
             rows.append(row)
             print(_fmt(row), flush=True)
         print(f"# {label}: {time.process_time() - t0:.1f} s CPU")

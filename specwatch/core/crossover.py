@@ -18,10 +18,12 @@ with the noise, its bootstrap interval does, so the cleaner the data the worse i
    the arms' running counts differ within a level, both are moved to the level's concurrency
    along one within-level slope of log speed on log running, pooled over levels and arms (an
    analysis of covariance; it is zero when every level is a single running count).
-3. Scatter: each arm's residual variance of log speed within levels, pooled over its levels
-   (multiplicative noise of one size per arm, the model of a one-way layout); the standard
-   error of ``d`` combines the two arms' (and the slope's), with Welch–Satterthwaite degrees
-   of freedom.
+3. Scatter: each arm's residual variance of log speed within each level, shrunk toward one
+   common variance as far as the levels' variances agree (empirical Bayes, Smyth 2004: with
+   one size of noise everywhere this is the pooled variance of a one-way layout, with noise
+   that changes with concurrency each level keeps nearly its own; see :func:`_moderated`);
+   the standard error of ``d`` combines the two arms' (and the slope's), with
+   Welch–Satterthwaite degrees of freedom.
 4. Simultaneous intervals: ``d ± t·se``, ``t`` Student's quantile for a two-sided coverage of
    ``level^{1/m}`` at each of the ``m`` levels, so that all ``m`` intervals hold together with
    probability at least ``level`` (Šidák 1967, *JASA* 62: 626-633, which covers studentised
@@ -44,9 +46,8 @@ with the noise, its bootstrap interval does, so the cleaner the data the worse i
 The interval holds for any shape of the two speed curves, monotone or not, at the observed
 levels; between two neighbouring levels nothing is seen, so it assumes the ratio does not dip
 below 1 and back between two levels both shown paying, and a step between two levels is
-located only to that gap (the estimate then reads a point inside it). The scatter is assumed
-to be of one size per arm at every level (log-normal noise); where it grows with concurrency
-the noisier levels' intervals are too narrow. No randomness is drawn:
+located only to that gap (the estimate then reads a point inside it). The noise is taken as
+log-normal and independent between points. No randomness is drawn:
 ``rng`` is accepted so that every caller passes the same arguments as before.
 """
 
@@ -177,32 +178,44 @@ def crossover(
         why = "the two arms were seen at no common concurrency"
         return _no_data(candidate_name, reference_name, why, level)
 
-    # within-level sums of each arm, over all its levels (the slope and the scatter pool them)
-    def sums(arm: _Arm) -> tuple[float, float, float, int]:
-        sxx = sxy = syy = 0.0
-        df = 0
+    # within-level sums of each arm, per level (the slope pools them over levels and arms)
+    def sums(arm: _Arm) -> dict[int, tuple[float, float, float, int]]:
+        out: dict[int, tuple[float, float, float, int]] = {}
         for k, xl in arm.xs.items():
             x, y = np.asarray(xl), np.asarray(arm.ys[k])
             dx, dy = x - x.mean(), y - y.mean()
-            sxx += float(dx @ dx)
-            sxy += float(dx @ dy)
-            syy += float(dy @ dy)
-            df += len(xl) - 1
-        return sxx, sxy, syy, df
+            out[k] = (float(dx @ dx), float(dx @ dy), float(dy @ dy), len(xl) - 1)
+        return out
 
-    c_xx, c_xy, c_yy, c_df = sums(ca)
-    r_xx, r_xy, r_yy, r_df = sums(ra)
-    sxx = c_xx + r_xx
+    c_sums, r_sums = sums(ca), sums(ra)
+    sxx = sum(v[0] for v in (*c_sums.values(), *r_sums.values()))
+    sxy = sum(v[1] for v in (*c_sums.values(), *r_sums.values()))
     fitted = sxx > 1e-12
-    slope = (c_xy + r_xy) / sxx if fitted else 0.0
-    if fitted:  # one slope shared by both arms: one degree of freedom, taken from the larger
-        c_df, r_df = (c_df - 1, r_df) if c_df >= r_df else (c_df, r_df - 1)
-    if c_df < 1 or r_df < 1:
+    slope = sxy / sxx if fitted else 0.0
+
+    def scatter(per: dict[int, tuple[float, float, float, int]]) -> dict[int, tuple[float, float]]:
+        ss = {
+            k: max(0.0, yy - 2 * slope * xy + slope * slope * xx)
+            for k, (xx, xy, yy, _) in per.items()
+        }
+        return _moderated(ss, {k: v[3] for k, v in per.items()})
+
+    c_df = sum(v[3] for v in c_sums.values())
+    r_df = sum(v[3] for v in r_sums.values())
+    if min(c_df, r_df) - (1 if fitted else 0) < 1:
         why = "no concurrency level with repeated points on each arm to measure the scatter"
         return _no_data(candidate_name, reference_name, why, level)
-    c_var = max(0.0, c_yy - 2 * slope * c_xy + slope * slope * c_xx) / c_df
-    r_var = max(0.0, r_yy - 2 * slope * r_xy + slope * slope * r_xx) / r_df
-    slope_var = (c_var * c_xx + r_var * r_xx) / (sxx * sxx) if fitted else 0.0
+    c_var, r_var = scatter(c_sums), scatter(r_sums)
+    if fitted:  # the slope's variance, from each arm's pooled scatter
+        pooled = [
+            sum(max(0.0, yy - 2 * slope * xy + slope * slope * xx) for xx, xy, yy, _ in p.values())
+            / max(df, 1)
+            for p, df in ((c_sums, c_df - 1), (r_sums, r_df - 1))
+        ]
+        c_xx = sum(v[0] for v in c_sums.values())
+        slope_var = (pooled[0] * c_xx + pooled[1] * (sxx - c_xx)) / (sxx * sxx)
+    else:
+        slope_var = 0.0
 
     m = len(shared)
     tail = 1.0 - level ** (1.0 / m)  # Šidák: two-sided, per level
@@ -215,12 +228,13 @@ def crossover(
         gap = xc - xr
         at[i] = 0.5 * (xc + xr)
         d[i] = sum(ca.ys[k]) / nc - sum(ra.ys[k]) / nr - slope * gap
-        a, b = c_var / nc, r_var / nr
+        (vc, dfc), (vr, dfr) = c_var[k], r_var[k]
+        a, b = vc / nc, vr / nr
         var = a + b + gap * gap * slope_var
         if var <= 0.0:
             half[i] = 0.0
             continue
-        dof = (a + b) ** 2 / (a * a / c_df + b * b / r_df) if a + b > 0 else math.inf
+        dof = (a + b) ** 2 / (a * a / dfc + b * b / dfr) if a + b > 0 else math.inf
         half[i] = float(student.ppf(1.0 - tail / 2.0, dof)) * math.sqrt(var)
     low, up = d - half, d + half
     curve = tuple(
@@ -256,6 +270,57 @@ def crossover(
         level,
         math.exp(at[first + 1 + int(again[0])]) if again.size else None,
     )
+
+
+def _trigamma_inverse(x: float) -> float:
+    """``y`` with ψ′(y) = ``x`` (Newton's method on 1/ψ′, Smyth 2004, appendix)."""
+    from scipy.special import polygamma
+
+    if x > 1e7:
+        return 1.0 / math.sqrt(x)
+    if x < 1e-6:
+        return 1.0 / x
+    y = 0.5 + 1.0 / x
+    for _ in range(50):
+        tri = float(polygamma(1, y))
+        step = tri * (1.0 - tri / x) / float(polygamma(2, y))
+        y += step
+        if -step / y < 1e-8:
+            break
+    return y
+
+
+def _moderated(ss: dict[int, float], dfs: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per level of one arm, its variance of log speed and the degrees of freedom behind it,
+    from the residual sums of squares ``ss`` on ``dfs`` degrees of freedom per level: each
+    level's own variance shrunk toward a common one as far as the levels' variances agree
+    (Smyth 2004, "Linear models and empirical Bayes methods for assessing differential
+    expression in microarray experiments", *Stat. Appl. Genet. Mol. Biol.* 3(1), §6.2: the
+    prior's degrees of freedom ``d0`` and scale ``s0²`` fitted to the log variances by
+    moments). One scatter everywhere gives ``d0`` = ∞, the pooled variance; a scatter that
+    changes with concurrency gives a small ``d0``, each level nearly on its own. The degrees
+    of freedom are capped at the arm's total (the prior is fitted from the same points)."""
+    from scipy.special import digamma, polygamma
+
+    total = sum(dfs.values())
+    pooled = sum(ss.values()) / total
+    own = {k: ss[k] / dfs[k] for k in ss if dfs[k] > 0}
+    if len(own) < 3 or pooled <= 0.0:
+        return {k: (pooled, float(total)) for k in ss}
+    floor = 1e-6 * pooled  # a level whose points all agree: not log(0)
+    e = {
+        k: math.log(max(v, floor)) - float(digamma(dfs[k] / 2)) + math.log(dfs[k] / 2)
+        for k, v in own.items()
+    }
+    mean = sum(e.values()) / len(e)
+    g = len(e)
+    spread = sum((v - mean) ** 2 for v in e.values()) / (g - 1)
+    rhs = spread - sum(float(polygamma(1, dfs[k] / 2)) for k in e) / g
+    if rhs <= 0:
+        return {k: (pooled, float(total)) for k in ss}
+    d0 = 2.0 * _trigamma_inverse(rhs)
+    s0 = math.exp(mean + float(digamma(d0 / 2)) - math.log(d0 / 2))
+    return {k: ((d0 * s0 + ss[k]) / (d0 + dfs[k]), min(d0 + dfs[k], float(total))) for k in ss}
 
 
 def _decreasing(d: npt.NDArray[np.float64], half: npt.NDArray[np.float64]) -> list[float]:

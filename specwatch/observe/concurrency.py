@@ -53,7 +53,7 @@ ASSUMPTIONS: tuple[str, ...] = (
     "the arms are compared per concurrency level seen (a quarter of a doubling wide), with "
     "intervals that hold over all levels at once; the crossover is interpolated between the "
     "levels around it",
-    "the scatter of an arm's decode speed is of one size (in proportion) at every level",
+    "scrapes scatter independently around each level's mean (log-normal noise)",
 )
 
 

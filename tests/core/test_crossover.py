@@ -155,6 +155,23 @@ def test_flat_gain_of_ten_percent_is_not_reached() -> None:
     assert not_reached >= 19
 
 
+def test_noise_that_grows_at_low_concurrency_does_not_fake_a_crossing() -> None:
+    """A true gain of +10 % everywhere, noise 10 % · √(16/r) (40 % at 1 running, 3.5 % at 128:
+    a per-request speed averaged over few requests scatters more), 4 scrapes a level: "not
+    reached" in at least 19 of 20 series. One variance pooled over the levels would make the
+    noisy low levels' intervals too narrow (it said "reached" at 1 running in 14 of 100 in
+    the bench)."""
+    not_reached = 0
+    for seed in range(20):
+        rng = np.random.default_rng(300 + seed)
+        rs = np.repeat(np.geomspace(1.0, 128.0, 16), 4).tolist()
+        cand = [(r, 110 * math.exp(0.1 * math.sqrt(16 / r) * rng.standard_normal())) for r in rs]
+        ref = [(r, 100 * math.exp(0.1 * math.sqrt(16 / r) * rng.standard_normal())) for r in rs]
+        c = crossover(cand, ref, rng=np.random.default_rng(seed))
+        not_reached += c.status == "not_reached"
+    assert not_reached >= 19
+
+
 def test_deterministic_and_guards() -> None:
     """The answer does not depend on ``rng``; fewer than 8 points on an arm, arms seen at no
     common concurrency, or no repeated scrape within a level on an arm give no data with the
