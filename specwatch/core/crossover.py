@@ -163,7 +163,7 @@ def crossover(
     ``reference`` (points ``(running, per-request speed)``). See the module docstring for the
     method. Pure; ``rng`` is not drawn from (the intervals are closed-form)."""
     import numpy as np
-    from scipy.stats import t as student
+    from scipy.special import stdtrit  # Student's t quantile; scipy.stats is slow to import
 
     del rng
     ca, ra = _group(candidate), _group(reference)
@@ -235,7 +235,7 @@ def crossover(
             half[i] = 0.0
             continue
         dof = (a + b) ** 2 / (a * a / dfc + b * b / dfr) if a + b > 0 else math.inf
-        half[i] = float(student.ppf(1.0 - tail / 2.0, dof)) * math.sqrt(var)
+        half[i] = float(stdtrit(dof, 1.0 - tail / 2.0)) * math.sqrt(var)
     low, up = d - half, d + half
     curve = tuple(
         GainPoint(math.exp(x), math.expm1(v), math.expm1(lo), math.expm1(hi))
