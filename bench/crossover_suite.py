@@ -262,7 +262,11 @@ def main() -> None:
         print(f"# {label}: {time.process_time() - t0:.1f} s CPU")
         out[label] = rows
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        lines = ",\n".join(
+            f"{json.dumps(label)}: [\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]"
+            for label, rows in out.items()
+        )
+        args.json.write_text("{\n" + lines + "\n}\n")
 
 
 if __name__ == "__main__":
