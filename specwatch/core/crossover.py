@@ -144,9 +144,8 @@ def _group(points: Sequence[tuple[float, float]]) -> _Arm:
 
 
 def _no_data(candidate: str, reference: str, why: str, level: float) -> Crossover:
-    return Crossover(
-        "no_data", None, None, None, candidate, reference, (), level, f"not enough data: {why}"
-    )
+    text = f"{candidate} vs {reference}: not enough data: {why}"
+    return Crossover("no_data", None, None, None, candidate, reference, (), level, text)
 
 
 def crossover(
@@ -155,7 +154,7 @@ def crossover(
     *,
     rng: np.random.Generator,
     candidate_name: str = "FLy",
-    reference_name: str = "the standard arm",
+    reference_name: str = "standard speculation",
     level: float = LEVEL,
     min_points: int = MIN_POINTS,
 ) -> Crossover:
@@ -375,41 +374,38 @@ def _pct(v: float) -> str:
     return f"{100 * v:+.1f} %"
 
 
+def crossover_label(c: Crossover) -> str:
+    """What is compared: ``"FLy vs no speculation"``, ``"FLy vs standard speculation"``."""
+    return f"{c.candidate} vs {c.reference}"
+
+
 def crossover_text(c: Crossover) -> str:
-    """The one sentence for a :class:`Crossover` (the CLI, the view, the report and the JSON
-    all show this): the crossover with its interval, or why it is not reached, with the gain
-    at the largest concurrency seen."""
+    """The one sentence for a :class:`Crossover`, labelled with what is compared (the CLI,
+    the view, the report and the JSON all show this): where it stops paying with the interval,
+    or "not reached within the observed range" naming the highest concurrency seen; then the
+    gain at that concurrency with its interval."""
+    label = crossover_label(c)
     if c.status == "no_data" or not c.curve:
-        return c.text
+        return c.text  # the reason, labelled when it was made
     top = c.curve[-1]
     pct = f"{100 * c.level:g} %"
-    seen = (
-        f"{c.curve[0].running:.0f}-{top.running:.0f} running"
-        if len(c.curve) > 1
-        else f"{top.running:.0f} running"
-    )
     at_top = (
-        f"at {top.running:.0f} running: {_pct(top.gain)}, {pct} interval "
-        f"{_pct(top.lower)} to {_pct(top.upper)}"
+        f"per-request decode speed at {top.running:.0f} running: {_pct(top.gain)} "
+        f"({pct} interval {_pct(top.lower)} to {_pct(top.upper)})"
     )
-    if c.status == "not_reached" or c.running is None:
+    if c.status == "not_reached" or c.running is None or c.upper is None:
         return (
-            f"not reached: {c.candidate}'s per-request decode speed is not shown below "
-            f"{c.reference}'s at any concurrency seen ({seen}); {at_top}"
+            f"{label}: not reached within the observed range (highest concurrency seen: "
+            f"{top.running:.0f}); {at_top}"
         )
-    upper = "beyond the concurrencies seen" if c.upper is None else f"{c.upper:.0f}"
     interval = (
-        f"{pct} interval at most {upper}"
+        f"{pct} interval: at most {c.upper:.0f}"
         if c.lower is None
-        else f"{pct} interval {c.lower:.0f} to {upper}"
+        else f"{pct} interval {c.lower:.0f}-{c.upper:.0f}"
     )
-    again = (
-        ""
-        if c.pays_again is None
-        else f"; shown paying again at {c.pays_again:.0f} running (not monotone)"
-    )
+    again = "" if c.pays_again is None else f"; shown paying again at {c.pays_again:.0f} running"
     return (
-        f"speculation stops paying at about {c.running:.0f} running requests ({interval}): "
-        f"{c.candidate} decodes per request no faster than {c.reference} from there; "
+        f"{label}: stops paying from about {c.running:.0f} running "
+        f"request{'' if round(c.running) == 1 else 's'} ({interval}); "
         f"{at_top}{again}"
     )

@@ -359,7 +359,7 @@ def build_view(
         )
         parts.append((LINKS, [line]))
     limit = snap.observe.speculation_limit
-    if limit is not None and limit.status != "no_data":
+    if limit is not None and any(c.status != "no_data" for c in limit.comparisons):
         parts.append((DETAIL, list(_wrapped(limit.text, width, "dim"))))
     verdict = snapshot_verdict(snap)
     if verdict:

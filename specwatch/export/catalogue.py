@@ -203,25 +203,30 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
 
 SPECULATION_LIMIT_RUNNING = _g(
     "specwatch_speculation_limit_running",
-    "Running requests at which FLy's per-request decode speed falls to the reference arm's (the "
-    "no-speculation baseline when configured, else the standard arm), interpolated; absent "
-    "while not reached or without data.",
+    "Running requests from which FLy's per-request decode speed is no higher than the reference "
+    "arm's (baseline: the no-speculation target, speculation against none; standard: the "
+    "standard speculative arm), interpolated between the levels seen; absent while not reached "
+    "or without data.",
+    ("reference",),
 )
 SPECULATION_LIMIT_RUNNING_LOWER = _g(
     "specwatch_speculation_limit_running_lower",
     "Lower end of the 95% interval of specwatch_speculation_limit_running: the highest "
     "concurrency below it at which FLy is shown faster per request, every lower one too; absent "
     "when the crossing may lie at or below the lowest concurrency seen.",
+    ("reference",),
 )
 SPECULATION_LIMIT_RUNNING_UPPER = _g(
     "specwatch_speculation_limit_running_upper",
     "Upper end of the 95% interval of specwatch_speculation_limit_running: the first "
     "concurrency at which FLy is shown no faster per request.",
+    ("reference",),
 )
 SPECULATION_LIMIT_STATE = _g(
     "specwatch_speculation_limit_state",
-    "1 on the current state of the speculation limit (reached, not_reached, no_data).",
-    ("state",),
+    "1 on the current state of the speculation limit against each reference (reached, "
+    "not_reached, no_data).",
+    ("reference", "state"),
 )
 CONCURRENCY_SPEED_RATIO = _g(
     "specwatch_concurrency_speed_ratio",
@@ -776,6 +781,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "band": "paired.load_bands (default 3) + unknown; the speed ratio's 10 powers-of-two bands "
     "(observe.concurrency.BANDS)",
     "state": "3: reached, not_reached, no_data",
+    "reference": "2: baseline (when a baseline target is configured), standard",
     "source": "3: mirror, proxy, canary",
     "status": "3: paired, unpaired, excluded",
     "alertname": "the detectors' alerts (fixed in code)",

@@ -82,7 +82,8 @@ def health_json(h: Health) -> dict[str, Any]:
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     """The ``/api/v1/snapshot`` document (shape in ``docs/architecture.md``); NaN/missing → null.
 
-    ``speculation_limit``: where FLy stops decoding faster per request than the standard arm
+    ``speculation_limit``: where FLy stops decoding faster per request than the no-speculation
+    baseline (when configured) and than the standard arm, each a labelled comparison
     (:class:`~specwatch.observe.concurrency.SpeculationLimit` as an object, ``null`` without
     both targets). Per window: ``server``/``engines`` of the target's only model (``null`` when
     it serves several or none yet) and ``models`` with every model.

@@ -265,11 +265,13 @@ class SpecwatchCollector(Collector):
                 labels = (window, pv.standard, pv.fly, reason)
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
-            fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
-            fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, (), limit.running_lower)
-            fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, (), limit.running_upper)
-            for state in LIMIT_STATUSES:
-                fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
+            for c in limit.comparisons:
+                ref = (c.reference,)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING, ref, c.running)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, ref, c.running_lower)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, ref, c.running_upper)
+                for state in LIMIT_STATUSES:
+                    fam.add(cat.SPECULATION_LIMIT_STATE, (c.reference, state), c.status == state)
             for b in limit.bands:
                 fam.add(cat.CONCURRENCY_SPEED_RATIO, (b.band,), b.speed_ratio)
         yield from fam.families(keep_empty=False)

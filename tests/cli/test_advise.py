@@ -201,8 +201,9 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     at 8 (280/8 = 35, 0.875×). The log ratio is ln 1.6 at 1 and ln 0.875 at 8, a straight line
     in ln(running) between them: zero at t = ln 1.6 / (ln 1.6 − ln 0.875) = 0.7788, so 8^0.7788 =
     5.05 running, interpolated (the bands would say "from 8"). A baseline series (no
-    speculation, 50 per request at both) is the reference when given: the log ratio is ln 1.6
-    at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7)) = 3.53."""
+    speculation, 50 per request at both) is compared first when given, each comparison
+    labelled: the log ratio is ln 1.6 at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7))
+    = 3.26."""
 
     def pages(name: str, at1: int, at8: int) -> list[str]:
         counts = [(1.0, float(at1 * i)) for i in range(9)]
@@ -220,15 +221,19 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
         "10",
     )
     lim = doc["speculation_limit"]
-    assert lim["status"] == "reached"
-    assert lim["reference"] == "standard"
+    (std_cmp,) = lim["comparisons"]
+    assert (std_cmp["reference"], std_cmp["status"]) == ("standard", "reached")
     t = math.log(1.6) / (math.log(1.6) - math.log(0.875))
-    assert lim["running"] == pytest.approx(8**t, rel=1e-6)
+    assert std_cmp["running"] == pytest.approx(8**t, rel=1e-6)
     assert [b["band"] for b in lim["bands"]] == ["1", "8-15"]
     assert [round(b["speed_ratio"], 6) for b in lim["bands"]] == [1.6, 0.875]
     assert [b["standard_speed"] for b in lim["bands"]] == [50.0, 40.0]
     assert lim["text"] in doc["advice"]
-    assert lim["text"].startswith("speculation stops paying at about 5 running requests")
+    assert lim["text"] == std_cmp["text"]
+    assert lim["text"].startswith(
+        "FLy vs standard speculation: stops paying from about 5 running requests (95 % "
+        "interval 1-8)"
+    )
     table = _advise(
         str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
         "--standard-series",
@@ -253,9 +258,12 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
         "--series-interval",
         "10",
     )["speculation_limit"]
-    assert with_base["reference"] == "baseline"
-    assert with_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
-    assert "no faster than the no-speculation baseline" in with_base["text"]
+    against_base, against_std = with_base["comparisons"]
+    assert against_base["reference"] == "baseline"
+    assert against_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
+    assert against_std == std_cmp
+    assert with_base["text"] == f"{against_base['text']}. {std_cmp['text']}"
+    assert with_base["text"].startswith("FLy vs no speculation: stops paying from about 3 running")
     # without the series: null; one series alone or no interval: exit 2, one line
     assert _json(str(FIXTURES / "real-cpu-draft-model-midflight.txt"))["speculation_limit"] is None
     bad = _advise(

@@ -55,8 +55,10 @@ def test_noiseless_step_reads_between_the_levels_around_it() -> None:
     assert c.running == pytest.approx(8 * 2 ** (math.log(1.2) / math.log(1.2 / 0.9)), rel=1e-9)
     assert c.pays_again is None
     assert [round(g.gain, 9) for g in c.curve] == [0.2, 0.2, 0.2, 0.2, -0.1, -0.1]
-    assert c.text.startswith(
-        "speculation stops paying at about 12 running requests (95 % interval 8 to 16)"
+    assert c.text == (
+        "FLy vs standard speculation: stops paying from about 12 running requests (95 % "
+        "interval 8-16); per-request decode speed at 32 running: -10.0 % (95 % interval "
+        "-10.0 % to -10.0 %)"
     )
 
 
@@ -81,7 +83,7 @@ def test_not_paying_from_the_lowest_level_has_no_lower_end() -> None:
     assert c.status == "reached"
     assert c.lower is None
     assert [c.running, c.upper] == pytest.approx([1.0, 2.0])
-    assert "(95 % interval at most 2)" in c.text
+    assert "stops paying from about 1 running request (95 % interval: at most 2)" in c.text
 
 
 def test_arms_at_different_running_counts_within_a_level_are_compared_at_one() -> None:
@@ -152,6 +154,13 @@ def test_flat_gain_of_ten_percent_is_not_reached() -> None:
         cand, ref = _noisy(np.random.default_rng(100 + seed), lambda r: 1.1, 0.15)
         c = crossover(cand, ref, rng=np.random.default_rng(seed))
         not_reached += c.status == "not_reached"
+        if c.status == "not_reached":
+            top = c.curve[-1]
+            assert c.text.startswith(
+                "FLy vs standard speculation: not reached within the observed range (highest "
+                f"concurrency seen: 128); per-request decode speed at 128 running: "
+                f"{100 * top.gain:+.1f} %"
+            )
     assert not_reached >= 19
 
 
@@ -182,7 +191,10 @@ def test_deterministic_and_guards() -> None:
     )
     few = crossover(cand[:7], ref, rng=np.random.default_rng(0))
     assert few.status == "no_data"
-    assert "7 points for FLy" in few.text
+    assert few.text == (
+        "FLy vs standard speculation: not enough data: 7 points for FLy, 64 for standard "
+        "speculation (need 8 each)"
+    )
     apart = crossover([(1.0, 10.0)] * 8, [(50.0, 5.0)] * 8, rng=np.random.default_rng(0))
     assert apart.status == "no_data"
     assert "no common concurrency" in apart.text

@@ -309,7 +309,10 @@ def test_view_shows_the_speculation_limit_sentence_of_the_snapshot() -> None:
     snap = replace(snap, observe=replace(snap.observe, speculation_limit=limit))
     lines = render_text(build_view(snap, CTX, width=400), width=400).splitlines()
     assert lines[10] == limit.text
-    assert limit.text.startswith("speculation stops paying at about 7 running requests")
+    assert limit.text.startswith(
+        "FLy vs standard speculation: stops paying from about 7 running requests (95 % "
+        "interval 1-8)"
+    )
     assert snapshot_json(snap)["speculation_limit"]["text"] == limit.text
     none = replace(snap.observe, speculation_limit=speculation_limit(ConcurrencyProfile(), fly))
     text = render_text(build_view(replace(snap, observe=none), CTX, width=400), width=400)
