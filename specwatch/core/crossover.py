@@ -75,6 +75,15 @@ MIN_POINTS = 8
 #: Levels per doubling of the running count (4: levels 19 % wide; 1, 2, 3, 4 apart).
 LEVELS_PER_OCTAVE = 4
 
+#: The speculative arm the crossover is estimated for, as the sentence names it.
+CANDIDATE_NAME = "FLy"
+#: How the sentence names each reference arm the candidate is compared with ("FLy vs no
+#: speculation: …"): ``baseline``, the no-speculation target; ``standard``, the standard arm.
+REFERENCE_NAMES: dict[str, str] = {
+    "baseline": "no speculation",
+    "standard": "standard speculation",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class GainPoint:
@@ -153,8 +162,8 @@ def crossover(
     reference: Sequence[tuple[float, float]],
     *,
     rng: np.random.Generator,
-    candidate_name: str = "FLy",
-    reference_name: str = "standard speculation",
+    candidate_name: str = CANDIDATE_NAME,
+    reference_name: str = REFERENCE_NAMES["standard"],
     level: float = LEVEL,
     min_points: int = MIN_POINTS,
 ) -> Crossover:
@@ -379,33 +388,50 @@ def crossover_label(c: Crossover) -> str:
     return f"{c.candidate} vs {c.reference}"
 
 
+def limit_headline(
+    label: str,
+    status: CrossoverStatus,
+    running: float | None,
+    lower: float | None,
+    upper: float | None,
+    highest: float | None,
+    level: float = LEVEL,
+) -> str:
+    """The first part of :func:`crossover_text`, from the numbers alone (what ``/metrics``
+    carries): ``"<label>: stops paying from about N running requests (95 % interval a-b)"``,
+    ``"<label>: not reached within the observed range (highest concurrency seen: N)"`` or
+    ``"<label>: not enough data"``."""
+    if status == "no_data" or highest is None:
+        return f"{label}: not enough data"
+    if status == "not_reached" or running is None or upper is None:
+        return (
+            f"{label}: not reached within the observed range (highest concurrency seen: "
+            f"{highest:.0f})"
+        )
+    pct = f"{100 * level:g} %"
+    interval = (
+        f"{pct} interval: at most {upper:.0f}"
+        if lower is None
+        else f"{pct} interval {lower:.0f}-{upper:.0f}"
+    )
+    plural = "" if round(running) == 1 else "s"
+    return f"{label}: stops paying from about {running:.0f} running request{plural} ({interval})"
+
+
 def crossover_text(c: Crossover) -> str:
     """The one sentence for a :class:`Crossover`, labelled with what is compared (the CLI,
-    the view, the report and the JSON all show this): where it stops paying with the interval,
-    or "not reached within the observed range" naming the highest concurrency seen; then the
-    gain at that concurrency with its interval."""
-    label = crossover_label(c)
+    the view, the report and the JSON all show this): :func:`limit_headline` (where it stops
+    paying with the interval, or "not reached within the observed range" naming the highest
+    concurrency seen), then the gain at that concurrency with its interval."""
     if c.status == "no_data" or not c.curve:
         return c.text  # the reason, labelled when it was made
     top = c.curve[-1]
     pct = f"{100 * c.level:g} %"
-    at_top = (
-        f"per-request decode speed at {top.running:.0f} running: {_pct(top.gain)} "
-        f"({pct} interval {_pct(top.lower)} to {_pct(top.upper)})"
-    )
-    if c.status == "not_reached" or c.running is None or c.upper is None:
-        return (
-            f"{label}: not reached within the observed range (highest concurrency seen: "
-            f"{top.running:.0f}); {at_top}"
-        )
-    interval = (
-        f"{pct} interval: at most {c.upper:.0f}"
-        if c.lower is None
-        else f"{pct} interval {c.lower:.0f}-{c.upper:.0f}"
+    head = limit_headline(
+        crossover_label(c), c.status, c.running, c.lower, c.upper, top.running, c.level
     )
     again = "" if c.pays_again is None else f"; shown paying again at {c.pays_again:.0f} running"
     return (
-        f"{label}: stops paying from about {c.running:.0f} running "
-        f"request{'' if round(c.running) == 1 else 's'} ({interval}); "
-        f"{at_top}{again}"
+        f"{head}; per-request decode speed at {top.running:.0f} running: {_pct(top.gain)} "
+        f"({pct} interval {_pct(top.lower)} to {_pct(top.upper)}){again}"
     )

@@ -222,6 +222,12 @@ SPECULATION_LIMIT_RUNNING_UPPER = _g(
     "concurrency at which FLy is shown no faster per request.",
     ("reference",),
 )
+SPECULATION_LIMIT_HIGHEST_RUNNING = _g(
+    "specwatch_speculation_limit_highest_running",
+    "Highest concurrency at which FLy and the reference arm were compared (the top of the "
+    "observed range behind specwatch_speculation_limit_state); absent without data.",
+    ("reference",),
+)
 SPECULATION_LIMIT_STATE = _g(
     "specwatch_speculation_limit_state",
     "1 on the current state of the speculation limit against each reference (reached, "
@@ -299,6 +305,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     SPECULATION_LIMIT_RUNNING,
     SPECULATION_LIMIT_RUNNING_LOWER,
     SPECULATION_LIMIT_RUNNING_UPPER,
+    SPECULATION_LIMIT_HIGHEST_RUNNING,
     SPECULATION_LIMIT_STATE,
     CONCURRENCY_SPEED_RATIO,
     THROUGHPUT_WITHHELD,

@@ -270,6 +270,7 @@ class SpecwatchCollector(Collector):
                 fam.add(cat.SPECULATION_LIMIT_RUNNING, ref, c.running)
                 fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, ref, c.running_lower)
                 fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, ref, c.running_upper)
+                fam.add(cat.SPECULATION_LIMIT_HIGHEST_RUNNING, ref, c.highest)
                 for state in LIMIT_STATUSES:
                     fam.add(cat.SPECULATION_LIMIT_STATE, (c.reference, state), c.status == state)
             for b in limit.bands:

@@ -31,7 +31,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-from specwatch.core.crossover import CROSSOVER_STATUSES, CrossoverStatus, GainPoint, crossover
+from specwatch.core.crossover import (
+    CROSSOVER_STATUSES,
+    REFERENCE_NAMES,
+    CrossoverStatus,
+    GainPoint,
+    crossover,
+)
 
 #: Lower bounds of the running-request bands.
 BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -165,11 +171,6 @@ LIMIT_STATUSES: tuple[LimitStatus, ...] = CROSSOVER_STATUSES
 LimitReference = Literal["baseline", "standard"]
 #: Every :data:`LimitReference`, in that order.
 LIMIT_REFERENCES: tuple[LimitReference, ...] = get_args(LimitReference)
-#: How the sentence names each reference ("FLy vs no speculation: …").
-REFERENCE_NAMES: dict[LimitReference, str] = {
-    "baseline": "no speculation",
-    "standard": "standard speculation",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,8 @@ class LimitComparison:
     ``running`` the interpolated concurrency where the gain reaches zero, ``running_lower`` /
     ``running_upper`` its interval, ``running_lower`` ``None`` when it may lie at or below the
     lowest level seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
-    ``curve`` the gain per level with its interval; ``text`` the labelled sentence
+    ``highest``: the highest concurrency level the arms were compared at (``None`` without
+    data); ``curve`` the gain per level with its interval; ``text`` the labelled sentence
     (:func:`specwatch.core.crossover.crossover_text`).
     """
 
@@ -189,6 +191,7 @@ class LimitComparison:
     running: float | None
     running_lower: float | None
     running_upper: float | None
+    highest: float | None
     curve: tuple[GainPoint, ...]
     text: str
 
@@ -284,7 +287,10 @@ def _compare(
 
     name = REFERENCE_NAMES[reference]
     c = crossover(fly, ref, rng=np.random.default_rng(0), reference_name=name)
-    return LimitComparison(reference, c.status, c.running, c.lower, c.upper, c.curve, c.text)
+    highest = c.curve[-1].running if c.curve else None
+    return LimitComparison(
+        reference, c.status, c.running, c.lower, c.upper, highest, c.curve, c.text
+    )
 
 
 def speculation_limit(

@@ -8,6 +8,7 @@ statistics functions applied to the same hand counts, the e-value from the close
 from __future__ import annotations
 
 import asyncio
+import html
 import math
 import random
 import re
@@ -517,6 +518,65 @@ class TestAcceptance:
         assert float(tables["fly"]["p3"]["data-value"]) == 0.45
         assert float(tables["standard"]["p1"]["data-value"]) == 0.7
         assert rc_bad == 2
+
+
+class TestSpeculationLimit:
+    async def test_the_sidecars_sentence_on_the_page(
+        self, ledger_file: Path, tmp_path: Path
+    ) -> None:
+        """A sidecar-like server answers /api/v1/snapshot and /metrics for a snapshot whose
+        limit (FLy 150 vs 100 per request at 1 running, 75 vs 100 at 4) is reached at
+        4^(ln 1.5 / ln 2) = 2.25 running, interval 1-4. With the snapshot the report shows the
+        sentence the view and advise show, verbatim; with /metrics its first part, rebuilt
+        from the gauges in the same words; without a source it says what it needs."""
+        from specwatch.export.json import snapshot_json
+        from specwatch.export.prometheus import SpecwatchCollector
+        from tests.export.test_prometheus import _full_snapshot
+
+        snap = _full_snapshot()
+        limit = snap.observe.speculation_limit
+        assert limit is not None
+        reg = CollectorRegistry()
+        reg.register(SpecwatchCollector(lambda: snap))
+        exposition_text = generate_latest(reg).decode()
+
+        async def snapshot(_: web.Request) -> web.Response:
+            return web.json_response(snapshot_json(snap))
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=exposition_text, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/api/v1/snapshot", snapshot)
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        pages = {}
+        try:
+            for path in ("api/v1/snapshot", "metrics", None):
+                out = tmp_path / (path or "none").replace("/", "_")
+                argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
+                if path is not None:
+                    argv += ["--metrics-url", f"http://127.0.0.1:{port}/{path}"]
+                assert await asyncio.to_thread(main, argv) == 0
+                pages[path] = (out / "index.html").read_text(encoding="utf-8")
+        finally:
+            await runner.cleanup()
+        headline = (
+            "FLy vs standard speculation: stops paying from about 2 running requests (95 % "
+            "interval 1-4)"
+        )
+        assert limit.text.startswith(f"{headline}; per-request decode speed at 4 running")
+        field = re.compile(r'<p data-field="speculation_limit">([^<]*)</p>')
+        assert [field.findall(pages[p]) for p in ("api/v1/snapshot", "metrics", None)] == [
+            [html.escape(limit.text)],
+            [html.escape(headline)],
+            [],
+        ]
+        assert "needs <code>--metrics-url</code> from a sidecar" in pages[None]
 
 
 class TestErrors:
