@@ -10,11 +10,12 @@ scheduler); the acceptance rates are the server's (summed over engines). Output
 "per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
 "assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
 ``--standard-series`` and ``--fly-series`` are given: saved pages of each server,
-``--series-interval`` seconds apart) says at how many running requests FLy decodes no faster
-per request than the standard arm, or than the server without speculation of
-``--baseline-series`` when given: interpolated, with a 95 % bootstrap interval, "not reached"
-unless the gain's interval is below zero at some concurrency seen
-(:mod:`specwatch.observe.concurrency`; the same sentence as the live view). Exit 2 with one
+``--series-interval`` seconds apart) says from how many running requests FLy decodes no
+faster per request than the server without speculation of ``--baseline-series`` (when given)
+and than the standard arm, each comparison labelled: compared per concurrency level seen, with
+a 95 % interval that holds for all levels at once, "not reached within the observed range"
+unless the gain's interval is below zero at some level (:mod:`specwatch.observe.concurrency`;
+the same sentence as the live view and the report). Exit 2 with one
 line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
 
@@ -152,7 +153,7 @@ def series_profile(paths: list[Path], interval: float, model: str | None) -> Con
 
 def limit_doc(args: argparse.Namespace) -> SpeculationLimit | None:
     """Where speculation stops paying, from ``--standard-series`` and ``--fly-series`` and, when
-    given, ``--baseline-series`` (the reference then) (``None`` when none is given).
+    given, ``--baseline-series`` (compared first) (``None`` when none is given).
     :class:`AnalyzeError` when only one of the first two is, or without an interval."""
     std, fly, base = args.standard_series, args.fly_series, args.baseline_series
     if std is None and fly is None and base is None:
