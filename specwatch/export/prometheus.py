@@ -109,7 +109,7 @@ class _Families:
         value: float | int | bool | None,
         extra: Mapping[str, str] | None = None,
     ) -> None:
-        if cat.BY_NAME.get(spec.name) is None or spec.name not in self.f:
+        if spec.name not in self.f:
             raise KeyError(f"{spec.name} is not a family of this collector's catalogue")
         v = _num(value)
         if v is None:

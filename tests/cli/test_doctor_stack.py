@@ -18,7 +18,7 @@ import yaml
 
 from deploy.mixin.render import load_rules
 from specwatch.__main__ import main
-from specwatch.cli.doctor_stack import (
+from specwatch.tools.doctor.stack import (
     check_inhibit_rules,
     label_replace_labels,
     mirror_percentages,

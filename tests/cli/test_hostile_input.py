@@ -237,7 +237,7 @@ def test_paired_test_line_too_long(
 ) -> None:
     """A row longer than the line limit (here lowered to 1,000 bytes; the third line has
     5,000) is refused at file:line (exit 2) without reading the rest of the file."""
-    import specwatch.cli.paired_test as paired_test
+    import specwatch.tools.offline.paired_test as paired_test
 
     monkeypatch.setattr(paired_test, "MAX_LINE_BYTES", 1000)
     base = tmp_path / "base.jsonl"

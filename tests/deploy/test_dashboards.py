@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats
-from specwatch.export import catalogue, catalogue_fleet
+from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
@@ -41,6 +41,7 @@ from specwatch.shadow.summary import (
     load_bands,
 )
 from specwatch.shadow.tally import ArmTotals
+from specwatch.tools.fleet import catalogue as catalogue_fleet
 from tests.fakes import REPO
 
 ROOT = REPO
@@ -282,7 +283,7 @@ class TestHelpers:
         for gone in ("specwatch_counter_resets_total", "specwatch_scrapes", "specwatch_"):
             assert gone not in EXPORTED
         # no name exported twice
-        assert len(EXPORTED) == len(CATALOGUE)
+        assert len(EXPORTED) == len(CATALOGUE) + len(catalogue_fleet.FLEET)
 
     def test_shadow_names_are_all_read_back(self) -> None:
         """Every shadow family of the catalogue has samples in the full stats used above."""

@@ -22,15 +22,6 @@ import pytest
 
 from specwatch.__main__ import main
 from specwatch.core.config import OVERALL
-from specwatch.report.data import (
-    MAX_POINTS,
-    EValuePath,
-    FlipSeries,
-    ReportData,
-    build_report,
-    read_ledger,
-)
-from specwatch.report.render import render_html
 from specwatch.shadow.decision import decision_table
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.lossless import lossless_by_load, lossless_check
@@ -45,6 +36,15 @@ from specwatch.shadow.tally import (
     load_band_labels,
     tally_rows,
 )
+from specwatch.tools.report.data import (
+    MAX_POINTS,
+    EValuePath,
+    FlipSeries,
+    ReportData,
+    build_report,
+    read_ledger,
+)
+from specwatch.tools.report.render import render_html
 from tests.report.test_report import T0, row, write_ledger
 from tests.shadow.stats.eprocess_reference import count_form, reference
 

@@ -25,11 +25,11 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from scipy.stats import binomtest
 
 from specwatch.__main__ import main
-from specwatch.report.data import ReportData, build_report, parse_acceptance, read_ledger
-from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
+from specwatch.tools.report.data import ReportData, build_report, parse_acceptance, read_ledger
+from specwatch.tools.report.render import elapsed_axis, evalue_figure, render_html
 from tests.shadow.stats.eprocess_reference import count_form, reference
 
 T0 = 1_764_460_800.0
@@ -573,7 +573,7 @@ class TestErrors:
     ) -> None:
         """Without matplotlib: one line naming the 'report' extra, exit 2, nothing written."""
         monkeypatch.setitem(sys.modules, "matplotlib", None)
-        monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+        monkeypatch.delitem(sys.modules, "specwatch.tools.report.render", raising=False)
         out = tmp_path / "o"
         rc, err = self.run(["report", "--ledger", str(ledger_file), "--out", str(out)], capsys)
         assert rc == 2

@@ -116,7 +116,7 @@ def _require_targets_shape(targets: object, url: str) -> None:
     ``/api/v1/targets`` data (``activeTargets``: a list of objects whose ``labels`` is an object):
     the checks would otherwise report made-up targets."""
     from specwatch.core.logs import redact_url
-    from specwatch.server.prom_api import PromApiError
+    from specwatch.tools.prom_api import PromApiError
 
     active = targets.get("activeTargets") if isinstance(targets, dict) else None
     if not isinstance(active, list) or not all(
@@ -590,7 +590,7 @@ async def _dashboard_findings(
     limit_s: float,
     builtins: Mapping[str, str] = _BUILTINS,
 ) -> list[Finding]:
-    from specwatch.server.prom_api import PromApiError, api_get, instant_query
+    from specwatch.tools.prom_api import PromApiError, api_get, instant_query
 
     title = dash["title"]
     out: list[Finding] = []
@@ -636,8 +636,8 @@ async def diagnose(
     finding for check ``prometheus`` and ends the run)."""
     import aiohttp
 
-    from specwatch.cli.doctor_stack import inhibit_findings, label_findings, mirror_findings
-    from specwatch.server.prom_api import PromApiError, api_get, instant_query
+    from specwatch.tools.doctor.stack import inhibit_findings, label_findings, mirror_findings
+    from specwatch.tools.prom_api import PromApiError, api_get, instant_query
 
     out: list[Finding] = []
     async with aiohttp.ClientSession() as session:

@@ -31,7 +31,6 @@ import numpy as np
 import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
-from specwatch.report import MAX_POINTS, REPORT_WINDOW
 from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
@@ -44,6 +43,7 @@ from specwatch.shadow.stats.sequential import betting_log_wealth, first_alarm
 from specwatch.shadow.summary import ShadowStats, build_shadow_stats
 from specwatch.shadow.summary import load_bands as load_bands_of
 from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
+from specwatch.tools.report import MAX_POINTS, REPORT_WINDOW
 
 #: The running-request bands and category bound the report uses: the live defaults
 #: (:data:`specwatch.core.config.DEFAULT_LOAD_BANDS`, ``DEFAULT_MAX_CATEGORIES``).
@@ -164,7 +164,7 @@ def split_tallies(
 
 @dataclass(frozen=True, slots=True)
 class ReportData:
-    """Everything :func:`specwatch.report.render.render_report` draws.
+    """Everything :func:`specwatch.tools.report.render.render_report` draws.
 
     ``first_alarm[category]`` (and :data:`OVERALL`): the 1-based number of the labelled pair of
     that category at which the no-net-loss e-value first reached 1/alpha, ``None`` if it never

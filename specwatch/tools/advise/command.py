@@ -45,7 +45,7 @@ from specwatch.observe.concurrency import (
 from specwatch.observe.health import model_windows
 from specwatch.observe.values import ModelWindow
 from specwatch.observe.window import page_delta
-from specwatch.vllm.advisor import ASSUMPTIONS, advice, rows_by_k
+from specwatch.tools.advise.advisor import ASSUMPTIONS, advice, rows_by_k
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
 from specwatch.vllm.sglang import EngineKind
 

@@ -36,8 +36,8 @@ from specwatch.core.config import (
 from specwatch.core.logs import setup_logging
 
 if TYPE_CHECKING:  # aiohttp, the server and the statistics load in main, not for ``fleet --help``
-    from specwatch.export.fleet import FleetStats
-    from specwatch.server.fleet import FleetQuery
+    from specwatch.tools.fleet.server import FleetQuery
+    from specwatch.tools.fleet.stats import FleetStats
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -126,7 +126,7 @@ def _table(stats: FleetStats) -> str:
 async def _once(q: FleetQuery) -> FleetStats:
     import aiohttp
 
-    from specwatch.server.fleet import query_fleet
+    from specwatch.tools.fleet.server import query_fleet
 
     async with aiohttp.ClientSession() as session:
         return await query_fleet(session, q, now=time.time())
@@ -155,9 +155,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from aiohttp import web
 
-    from specwatch.export.fleet import fleet_json
-    from specwatch.server.fleet import FleetQuery, build_fleet_app
-    from specwatch.server.prom_api import PromApiError
+    from specwatch.tools.fleet.server import FleetQuery, build_fleet_app
+    from specwatch.tools.fleet.stats import fleet_json
+    from specwatch.tools.prom_api import PromApiError
 
     q = FleetQuery(
         prometheus_url=args.prometheus_url,

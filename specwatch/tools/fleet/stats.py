@@ -27,7 +27,7 @@ for one sidecar it is that sidecar's value. Alarm on the mean unless the sidecar
 independent. Series read through several HA Prometheus replicas count once.
 
 This module takes the query results as values (``(labels, value)`` rows) and returns values;
-the HTTP queries live in :mod:`specwatch.server.fleet`.
+the HTTP queries live in :mod:`specwatch.tools.fleet.server`.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from prometheus_client.registry import Collector
 from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL, SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
-from specwatch.export import catalogue_fleet as fc
 from specwatch.export.prometheus import _describe, _Families
 from specwatch.shadow.summary import PairedSummary, PairTally, build_shadow_stats
+from specwatch.tools.fleet import catalogue as fc
 
 log = logging.getLogger("specwatch.fleet")
 
@@ -381,7 +381,7 @@ FleetGetter = Callable[[], tuple[FleetStats | None, FleetHealth]]
 
 
 class FleetCollector(Collector):
-    """The fleet families (:data:`~specwatch.export.catalogue_fleet.FLEET`) from ``get()`` →
+    """The fleet families (:data:`~specwatch.tools.fleet.catalogue.FLEET`) from ``get()`` →
     ``(latest FleetStats or None, FleetHealth)``. No I/O in :meth:`collect`."""
 
     def __init__(self, get: FleetGetter) -> None:

@@ -1,9 +1,13 @@
-"""The fleet view's metric families (``specwatch fleet --listen``), part of the catalogue
-(:mod:`specwatch.export.catalogue` places :data:`FLEET` last in the
-exposition order)."""
+"""The fleet view's metric families (``specwatch fleet --listen``), kept with the tool so the
+running sidecar's catalogue (:mod:`specwatch.export.catalogue`) does not carry them.
+
+:data:`DOCUMENTED` joins both: ``docs/metrics.md`` lists every family of the sidecar and of
+the fleet view (checked by a test), and :data:`DOCUMENTED_LABEL_BOUNDS` bounds all their labels.
+"""
 
 from __future__ import annotations
 
+from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
 from specwatch.export.spec import REASON, MetricSpec, _c, _g
 
 # -- fleet (``specwatch fleet --listen``: one process over the sidecars' counters in Prometheus) --
@@ -106,3 +110,14 @@ FLEET: tuple[MetricSpec, ...] = (
     FLEET_BAD_SERIES,
     FLEET_LAST_SUCCESS,
 )
+
+#: The fleet view's own labels → what bounds their values (the others are the sidecar's).
+FLEET_LABEL_BOUNDS: dict[str, str] = {
+    "combination": "2: mean, product (the fleet margin e-value)",
+}
+
+#: Every family ``docs/metrics.md`` lists: the running sidecar's, then the fleet view's.
+DOCUMENTED: tuple[MetricSpec, ...] = (*CATALOGUE, *FLEET)
+
+#: Every label of a documented family → its bound.
+DOCUMENTED_LABEL_BOUNDS: dict[str, str] = {**LABEL_BOUNDS, **FLEET_LABEL_BOUNDS}

@@ -1,6 +1,6 @@
 """Draw the report's plots (matplotlib, Agg, no pyplot state) and write ``index.html``.
 
-Importing this module imports matplotlib, the ``report`` extra; :mod:`specwatch.cli.report`
+Importing this module imports matplotlib, the ``report`` extra; :mod:`.command` (the subcommand)
 turns its absence into one error line. Every number in the HTML tables is also written as a
 ``data-value`` attribute (``repr`` of the float) so tools and tests can read exact values.
 """
@@ -21,7 +21,6 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
-from specwatch.report.data import REPORT_WINDOW, ReportData
 from specwatch.shadow.decision import (
     MIN_SPEED_PAIRS,
     arm_speeds,
@@ -37,6 +36,7 @@ from specwatch.shadow.verdict import (
     verdict_from_summary,
     verdict_line,
 )
+from specwatch.tools.report.data import REPORT_WINDOW, ReportData
 
 #: Plot files written next to ``index.html`` (``per_position.png`` only with an acceptance
 #: source that has per-position data).

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specwatch.core.helptext import plain_help
-from specwatch.report import MAX_POINTS, REPORT_WINDOW
+from specwatch.tools.report import MAX_POINTS, REPORT_WINDOW
 
 if TYPE_CHECKING:  # the ledger, numpy and statistics load in main, not for ``report --help``
-    from specwatch.report.data import ReportData
+    from specwatch.tools.report.data import ReportData
 
 MISSING_EXTRA = (
     "specwatch report: matplotlib is not installed; install the 'report' extra "
@@ -82,7 +82,7 @@ def _preload(render: bool) -> bool:
         import scipy.optimize  # noqa: F401
 
         if render:
-            import specwatch.report.render  # noqa: F401
+            import specwatch.tools.report.render  # noqa: F401
     except ImportError:
         return False
     return True
@@ -96,7 +96,7 @@ def _large(path: Path) -> bool:
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
-    from specwatch.report.data import (
+    from specwatch.tools.report.data import (
         Acceptance,
         build_report,
         fetch_text,
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.bins <= MAX_POINTS:
         print(f"specwatch report: --bins must be in [1, {MAX_POINTS}]", file=sys.stderr)
         return 2
-    from specwatch.report.data import ReportInputError
+    from specwatch.tools.report.data import ReportInputError
 
     try:
         data = asyncio.run(_gather(args))
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch report: {exc}", file=sys.stderr)
         return 2
     try:
-        from specwatch.report.render import render_report  # matplotlib loads here
+        from specwatch.tools.report.render import render_report  # matplotlib loads here
     except ImportError:  # installed but not importable
         print(MISSING_EXTRA, file=sys.stderr)
         return 2

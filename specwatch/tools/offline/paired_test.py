@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format
 from specwatch.core.helptext import plain_help
-from specwatch.shadow.inputs import (
+from specwatch.tools.offline.inputs import (
     InputError,
     hash_mismatches,
     lm_eval_hashes,
@@ -110,7 +110,7 @@ def read_outcomes(
     """Read ``{id: correct}`` from a JSONL or CSV file (CSV when the name ends in ``.csv``), or
     from lm-evaluation-harness ``samples_*.jsonl`` (recognised by content; joined on ``doc_id``;
     ``filter_name``/``metric`` pick the filter and metric, see
-    :func:`specwatch.shadow.inputs.lm_eval_outcomes`).
+    :func:`specwatch.tools.offline.inputs.lm_eval_outcomes`).
 
     Raises :class:`InputError` for an unreadable file, a malformed row, a missing field or a
     duplicate id. A directory is lm-eval's ``--output_path``: its one samples file is read.

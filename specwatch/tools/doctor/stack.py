@@ -10,8 +10,8 @@ out) and the lookups in Prometheus / Alertmanager that feed them.
   no series of that metric has in Prometheus: the selector can never match, so the panel stays
   empty whatever the data.
 
-The findings are :class:`specwatch.cli.doctor.Finding`-shaped ``(status, check, message)``
-tuples; :mod:`specwatch.cli.doctor` wraps them.
+The findings are :class:`specwatch.tools.doctor.command.Finding`-shaped ``(status, check, message)``
+tuples; :mod:`specwatch.tools.doctor.command` wraps them.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import aiohttp
 import yaml
 
 from specwatch.alerts.alert import Severity
-from specwatch.server.prom_api import PromApiError, api_get, instant_query
+from specwatch.tools.prom_api import PromApiError, api_get, instant_query
 
-#: ``(status, check, message)``, as :class:`specwatch.cli.doctor.Finding` takes them.
+#: ``(status, check, message)``, as :class:`specwatch.tools.doctor.command.Finding` takes them.
 Found = tuple[str, str, str]
 
 #: A selector: optional metric name, then ``{...}`` (no nested braces in PromQL selectors).

@@ -1,9 +1,9 @@
 """The fleet view's I/O: query Prometheus for the sidecars' pair counters and margin e-values,
-build a :class:`~specwatch.export.fleet.FleetStats`, and (with ``--listen``) serve it.
+build a :class:`~specwatch.tools.fleet.stats.FleetStats`, and (with ``--listen``) serve it.
 
 :func:`query_fleet` does one round of queries; :func:`build_fleet_app` returns an aiohttp
 application whose background task refreshes every ``interval`` seconds and whose ``/metrics``
-exposes :class:`~specwatch.export.fleet.FleetCollector` (``/healthz`` answers while it runs).
+exposes :class:`~specwatch.tools.fleet.stats.FleetCollector` (``/healthz`` answers while it runs).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from specwatch.core.clock import WallClock
 from specwatch.core.config import DEFAULT_REPLICA_LABELS
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.store import Store
-from specwatch.export.fleet import (
+from specwatch.tools.fleet.stats import (
     FleetCollector,
     FleetHealth,
     FleetStats,
@@ -32,7 +32,7 @@ from specwatch.export.fleet import (
     net_loss_e_selector,
     pairs_selector,
 )
-from specwatch.server.prom_api import PromApiError, instant_query
+from specwatch.tools.prom_api import PromApiError, instant_query
 
 log = logging.getLogger("specwatch.fleet")
 
@@ -58,7 +58,7 @@ class FleetQuery:
 async def query_fleet(session: aiohttp.ClientSession, q: FleetQuery, *, now: float) -> FleetStats:
     """Run the three instant queries (pair counts, margin and no-net-loss e-values) and
     summarise them (see :func:`fleet_stats`). Raises
-    :class:`~specwatch.server.prom_api.PromApiError` when any query fails."""
+    :class:`~specwatch.tools.prom_api.PromApiError` when any query fails."""
     pairs, margins, net_loss = await asyncio.gather(
         instant_query(session, q.prometheus_url, pairs_selector(q.matchers), limit_s=q.timeout),
         instant_query(session, q.prometheus_url, margin_e_selector(q.matchers), limit_s=q.timeout),
