@@ -37,7 +37,7 @@ LAYERS = (
     "demo",
     "cli",
     "simulate",
-    "report",
+    "tools",
 )
 
 
