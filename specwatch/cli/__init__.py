@@ -1,4 +1,4 @@
-"""The sidecar's, simulator's and demo's subcommands; may import demo and all below, simulate.
+"""Sidecar, simulator and demo subcommands; may import demo and everything below it, and simulate.
 
 Each module: ``add_parser(subparsers)`` sets ``handler=main`` via set_defaults.
 """
