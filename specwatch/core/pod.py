@@ -48,8 +48,12 @@ class PodSettings(Frozen):
     own)."""
 
     termination_grace_period_seconds: float | None = Field(default=None, ge=0)
+    """The pod's `terminationGracePeriodSeconds`; unset: the shutdown fit is not checked."""
     pre_stop_seconds: float = Field(default=0.0, ge=0)
+    """How long specwatch's `preStop` hook runs before SIGTERM (0: none)."""
     container: Container | None = None
+    """How specwatch runs in the pod: `native_sidecar` (init container with `restartPolicy:
+    Always`), `container` (beside the vLLM ones) or `standalone`."""
 
 
 @dataclass(frozen=True, slots=True)
