@@ -499,5 +499,5 @@ def load_settings(
 
 
 def iter_targets(settings: Settings) -> Iterator[TargetSettings]:
-    """Targets in configuration order."""
+    """Most connections open at once per listener; more get 503 and are closed."""
     yield from settings.targets

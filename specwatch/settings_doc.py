@@ -46,6 +46,11 @@ sizes bytes, rates per second, unless the name says otherwise. An unknown or mis
 an error that names the field.
 """
 
+_TARGETS = (
+    "The keys of each entry of `targets`: a list in the config file, a JSON list in"
+    " `SPECWATCH_TARGETS`, or `--target NAME=URL[,key=value...]` on the command line."
+)
+
 
 def _type_name(annotation: Any) -> str:
     """A short, readable name of a field's type: ``float``, ``"json" | "plain"``,
@@ -156,11 +161,6 @@ def _table(rows: Iterator[tuple[str, ...]]) -> list[str]:
     return out
 
 
-def _first_paragraph(model: type[BaseModel]) -> str:
-    doc = (model.__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(doc.split())
-
-
 def render() -> str:
     """The whole page as Markdown."""
     lines = [_INTRO.format(regenerate=REGENERATE)]
@@ -177,7 +177,7 @@ def render() -> str:
         for n, f in top
     )
     target = _target_model()
-    lines += ["", "## `targets[]`: each vLLM server", "", _first_paragraph(target), ""]
+    lines += ["", "## `targets[]`: each vLLM server", "", _TARGETS, ""]
     lines += _table(_rows(target, "targets[].", ""))
     for name, field in Settings.model_fields.items():
         sub = _model_of(field.annotation)

@@ -242,8 +242,8 @@ class AlertingSettings(BaseModel):
     restore_max_age: float = Field(default=3600.0, gt=0)
     """A saved state older than this many seconds is not restored at start."""
     restore_grace: float = Field(default=600.0, ge=0)
-    """A restored alert the detectors do not find again keeps firing at most this many
-    seconds after start."""
+    """SpecwatchShadowStalled fires only while the servers together generate more than
+    this many tokens per second (live traffic flows)."""
 
     @field_validator("urls")
     @classmethod

@@ -39,13 +39,7 @@ Container = Literal["native_sidecar", "container", "standalone"]
 
 
 class PodSettings(Frozen):
-    """The pod's termination, as its manifest sets it (``None``: not known, nothing checked).
-
-    ``termination_grace_period_seconds``: the pod's ``terminationGracePeriodSeconds``;
-    ``pre_stop_seconds``: how long specwatch's ``preStop`` hook runs before SIGTERM (0: none);
-    ``container``: ``native_sidecar`` (an init container with ``restartPolicy: Always``),
-    ``container`` (a regular container beside the vLLM ones) or ``standalone`` (a pod of its
-    own)."""
+    """The pod's termination, as its manifest sets it (``None``: not known, nothing checked)."""
 
     termination_grace_period_seconds: float | None = Field(default=None, ge=0)
     """The pod's `terminationGracePeriodSeconds`; unset: the shutdown fit is not checked."""

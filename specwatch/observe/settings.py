@@ -21,17 +21,8 @@ from specwatch.vllm.sglang import EngineKind
 
 
 class TargetSettings(Frozen):
-    """One vLLM server to scrape.
-
-    ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
-    ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
-    ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
-    ``vllm_version``) feed the capacity / budget view. ``engine``: ``vllm`` or ``sglang``
-    (``None``: told from each page); for an SGLang target ``max_num_seqs`` is its
-    ``max_running_requests`` and ``num_speculative_tokens`` its
-    ``speculative_num_draft_tokens`` − 1. ``bearer_token`` is sent as
-    ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
-    :class:`ScrapeSettings` when set.
+    """One vLLM (or SGLang) server to scrape. Its limits feed the capacity and budget views
+    (:attr:`limits`); each field says what it is (and ``docs/settings.md`` lists them).
     """
 
     name: str
@@ -153,14 +144,8 @@ class TargetSettings(Frozen):
 
 
 class ScrapeSettings(Frozen):
-    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed).
-
-    Bounds on what one target may make specwatch keep: ``max_models_per_target`` distinct
-    ``model_name`` values and ``max_engines_per_target`` (model_name, engine) pairs (series
-    already tracked keep their place; further ones are dropped from each page and counted as
-    ``model_cap`` / ``engine_cap``); state of a (model_name, engine) absent for
-    ``stale_series_seconds`` is dropped, freeing its place.
-    """
+    """Scrape defaults, and the bounds on how many series one target may make specwatch keep
+    (series already tracked keep their place; further ones are dropped and counted)."""
 
     interval_seconds: float = Field(default=5.0, gt=0)
     """Seconds between two scrapes of each target. Lower it for quicker detection, raise it

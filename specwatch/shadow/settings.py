@@ -31,17 +31,7 @@ NoiseKind = Literal["off", "standard", "baseline"]
 
 
 class ArmEndpoint(BaseModel):
-    """Where one replay arm is sent.
-
-    ``url`` is the OpenAI-compatible base URL without ``/v1`` (``http://vllm-std:8000``); ``target``
-    names the observe target of the same server (used by ``load_state`` for the load-aware pause);
-    ``token`` is sent as ``Authorization: Bearer <token>`` when set; ``model`` overrides the
-    request's ``model`` field when set (the two servers may serve the model under different names).
-    ``keepalive_seconds`` is how long the replay client keeps an idle connection to this arm: keep
-    it below the server's idle timeout (vLLM closes idle connections after
-    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the client never reuses a socket the
-    server is closing.
-    """
+    """Where one replay arm is sent (the fields say how)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -207,7 +197,7 @@ class ShadowSettings(BaseModel):
     """The server the proxy forwards live traffic to (`http://vllm:8000`); required in proxy
     mode."""
     proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
-    """Largest request body the proxy forwards, in bytes; larger requests get 413."""
+    """Largest request body the proxy forwards, in bytes; larger requests are refused."""
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     """Seconds the proxy waits to connect to the upstream."""
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
@@ -284,13 +274,9 @@ class ShadowSettings(BaseModel):
 
 
 class LedgerSettings(Frozen):
-    """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
-    directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
-    ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
-    Prompt and completion text are stored only with ``shadow.store_text``. While running,
-    SQLite's quick integrity check runs every ``integrity_check_seconds`` in a worker thread
-    (``None``: never); a ledger found corrupt stops pairing and is moved aside at the next
-    start."""
+    """The paired-outcome ledger (SQLite, WAL) and its retention. Prompt and completion text are
+    stored only with ``shadow.store_text``; a ledger found corrupt stops pairing and is moved
+    aside at the next start."""
 
     path: str = "specwatch-ledger.sqlite"
     """SQLite file of the ledger; relative paths are under the working directory (the
@@ -308,17 +294,9 @@ class LedgerSettings(Frozen):
 
 
 class PairedSettings(Frozen):
-    """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
-        ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
-        ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
-        ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-        defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
-        kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
-        length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
-        are updated per stored pair, the ledger is read only at start), ``load_bands``
-        (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
-        ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
-    to a false alarm under no loss is at least this many labelled pairs)."""
+    """Paired statistics over the ledger. Windows are kept in memory in 10-second buckets, so a
+    window reaches back up to 10 s further than its length; the in-memory tallies are updated
+    per stored pair and the ledger is read only at start."""
 
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0.0, lt=1.0)
     """Test level: the e-value alarm fires at 1/alpha. Lower it for fewer false alarms and
