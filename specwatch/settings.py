@@ -84,7 +84,7 @@ class ServerSettings(Frozen):
     """A request body must arrive whole within this many seconds, however steadily it
     trickles."""
     max_connections: int = Field(default=1024, ge=1)
-    """Most connections open at once per listener; more wait to be accepted."""
+    """Most connections open at once per listener; more get 503 and are closed."""
     max_connections_per_client: int = Field(default=512, ge=1)
     """Most open connections from one client address; more are answered 503. Lower it if one
     client can crowd out the others."""
@@ -499,5 +499,5 @@ def load_settings(
 
 
 def iter_targets(settings: Settings) -> Iterator[TargetSettings]:
-    """Most connections open at once per listener; more get 503 and are closed."""
+    """Targets in configuration order."""
     yield from settings.targets

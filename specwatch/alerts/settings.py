@@ -105,8 +105,8 @@ class DetectSettings(BaseModel):
     target_down_for: float = Field(default=300.0, ge=0)
     """Seconds a target's scrapes must fail before SpecwatchTargetDown fires."""
     shadow_min_generation_tokens_per_second: float = Field(default=10.0, ge=0)
-    """SpecwatchShadowStalled looks only at arms generating at least this many tokens per
-    second."""
+    """SpecwatchShadowStalled fires only while the servers together generate more than this
+    many tokens per second (live traffic flows)."""
     shadow_stalled_for: float = Field(default=900.0, ge=0)
     """Seconds with no new pair (while the arms generate) before SpecwatchShadowStalled
     fires."""
@@ -242,8 +242,8 @@ class AlertingSettings(BaseModel):
     restore_max_age: float = Field(default=3600.0, gt=0)
     """A saved state older than this many seconds is not restored at start."""
     restore_grace: float = Field(default=600.0, ge=0)
-    """SpecwatchShadowStalled fires only while the servers together generate more than
-    this many tokens per second (live traffic flows)."""
+    """A restored alert the detectors do not find again keeps firing at most this many
+    seconds after start."""
 
     @field_validator("urls")
     @classmethod
