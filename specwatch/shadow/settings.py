@@ -313,7 +313,8 @@ class PairedSettings(Frozen):
     least this many labelled pairs. Raise it for fewer false alarms."""
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     """Rolling windows of the paired statistics (`since_start`, the whole ledger, is always
-    added); must include the detectors' `flip_window` and `shadow_stalled_window`."""
+    added). Keep the detectors' `flip_window` and `shadow_stalled_window` among them: a
+    detector window absent here reads `since_start` instead."""
     refresh_seconds: float = Field(default=2.0, gt=0)
     """Seconds between two publications of the paired statistics."""
     load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS
