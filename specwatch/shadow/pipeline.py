@@ -13,7 +13,7 @@ or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 ``"mirror"`` in modes and ``serve_mirror``; :attr:`mirror_port` is the bound port), the proxy on
 its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
 one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
-waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
+waits while the sampler reports a load pause (re-checked every :data:`PAUSE_POLL_SECONDS`), replays
 it through all arms and awaits ``on_pair(pair)``. Every pair is delivered unjudged: the pipeline
 never classifies a pair (the sink compares it, :func:`specwatch.shadow.compare.compare`, which
 gives it its one status); its own counters are the I/O side's (sampler, ingest, arm failures,
@@ -58,6 +58,9 @@ log = logging.getLogger("specwatch.shadow.pipeline")
 
 PairSink = Callable[[ReplayPair], Awaitable[None]]
 CANARY_TASK = "shadow-canary"
+
+#: Seconds between two checks of a load pause by a request waiting for it to end.
+PAUSE_POLL_SECONDS = 0.5
 
 
 def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarget:
@@ -237,7 +240,7 @@ class ShadowPipeline:
 
     :meth:`from_settings` builds one from the ``shadow`` settings group; ``__init__`` takes the
     built parts: ``settings`` (the group; the pipeline reads its listen addresses, proxy mode,
-    ``max_in_flight``, ``max_queue_age_seconds`` and ``pause_poll_seconds``), the ``sampler``,
+    ``max_in_flight`` and ``max_queue_age_seconds``), the ``sampler``,
     the ``replayer``, the ``ingest`` parts offering to that sampler, ``on_pair``: ``async
     (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` (the running count stamped
     on each pair; ``None``: unknown); ``wall_clock``: unix seconds (a queued request's age);
@@ -505,7 +508,7 @@ class ShadowPipeline:
                 return
             if not self.sampler.current_pause():
                 break
-            await self._sleep(self.settings.pause_poll_seconds)
+            await self._sleep(PAUSE_POLL_SECONDS)
         self.in_flight += 1
         try:
             pair = await self.replayer.replay(req, running=self._running())

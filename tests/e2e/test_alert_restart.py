@@ -155,7 +155,6 @@ async def test_sigkill_while_firing_keeps_the_alert(tmp_path: Path) -> None:
                         "urls": [am_url],
                         "evaluation_interval": 0.5,
                         "resend_interval": 3.0,
-                        "lease_factor": 4.0,
                         "max_attempts": 1,
                         "timeout": 2.0,
                     },

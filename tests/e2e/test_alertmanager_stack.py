@@ -32,7 +32,6 @@ def _alerting(am: Alertmanager) -> AlertingSettings:
         urls=[am.url],
         evaluation_interval=0.5,
         resend_interval=1.0,
-        lease_factor=4.0,
         max_attempts=1,
         timeout=2.0,
     )

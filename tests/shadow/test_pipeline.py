@@ -14,7 +14,12 @@ from aiohttp.test_utils import TestServer
 
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.offer import build_shadow_request
-from specwatch.shadow.pipeline import ShadowPipeline, ingest_from_settings, replayer_from_settings
+from specwatch.shadow.pipeline import (
+    PAUSE_POLL_SECONDS,
+    ShadowPipeline,
+    ingest_from_settings,
+    replayer_from_settings,
+)
 from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
@@ -193,7 +198,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         serve_arm(FakeArm()) as fu,
         aiohttp.ClientSession() as session,
     ):
-        settings = _settings(su, fu, pause_poll_seconds=0.25, max_in_flight=1)
+        settings = _settings(su, fu, max_in_flight=1)
         pipe = ShadowPipeline.from_settings(
             settings,
             session=session,
@@ -209,7 +214,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         await _until(lambda: len(pairs) == 1)
         m = pipe.metrics()
         await pipe.stop()
-    assert sleeps == [0.25, 0.25, 0.25]
+    assert sleeps == [PAUSE_POLL_SECONDS] * 3
     assert m.pauses_total == {"waiting": 1, "running_near_max": 1, "load_stale": 0}
     assert m.paused == {"waiting": 0, "running_near_max": 0, "load_stale": 0}
     assert len(std.seen) == 1
@@ -234,7 +239,7 @@ async def test_expired_requests_are_dropped() -> None:
         await asyncio.sleep(0)
 
     async with serve_arm(FakeArm()) as su, serve_arm(FakeArm()) as fu:
-        settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
+        settings = _settings(su, fu, max_queue_age_seconds=10.0)
         async with sidecar(
             settings,
             load_state=lambda: loads,
