@@ -78,10 +78,8 @@ class ShadowSettings(BaseModel):
     Mirror: mirrored copies are received on their own listener, ``mirror_listen_host``:
     ``mirror_listen_port`` (default 9402; 0 = any free port), never on the ``/metrics`` port;
     bodies over ``mirror_max_body_bytes`` (16 MiB) are refused (``too_large``). The proxy's body
-    limit ``proxy_max_body_bytes`` is 16 MiB as well. The proxy runs in a child process of its
-    own (``proxy_own_process``, default true: no shared loop or GIL with the shadow side; shadow
-    copies cross over a local socket pair); with ``proxy_own_process: false`` on its own thread
-    and event loop (``proxy_own_thread``, default true) or else on the sidecar's loop.
+    limit ``proxy_max_body_bytes`` is 16 MiB as well (bodies over it are relayed, not copied).
+    The proxy (for users without a mesh) is an aiohttp streaming proxy on the sidecar's loop.
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
@@ -145,9 +143,6 @@ class ShadowSettings(BaseModel):
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
     proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
-    proxy_own_thread: bool = True
-    proxy_own_process: bool = True
-    proxy_uvloop: bool = True
 
     # canary
     canary_file: str | None = None
