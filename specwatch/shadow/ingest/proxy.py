@@ -353,9 +353,7 @@ class _Tee:
 
 def _failed(reason: str, status: int) -> web.Response:
     """The answer to a request whose upstream failed before its answer started."""
-    resp = web.json_response({"error": {"message": "upstream " + reason}}, status=status)
-    resp.force_close()
-    return resp
+    return web.json_response({"error": {"message": "upstream " + reason}}, status=status)
 
 
 def _upstream_failure(exc: BaseException, stalled: bool) -> tuple[str, int]:

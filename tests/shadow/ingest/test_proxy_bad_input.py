@@ -203,7 +203,7 @@ _HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
     [
         # CL.TE: a front end reading Content-Length and a back end reading chunks disagree
         _HEAD
-        + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n",
+        + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\n",
         # two different lengths
         _HEAD
         + b"Content-Length: 2\r\nContent-Length: 30\r\n\r\n{}GET /x HTTP/1.1\r\nHost: x\r\n\r\n",

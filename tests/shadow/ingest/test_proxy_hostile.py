@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from aiohttp import web
 
 from specwatch.core.listen import ListenerStats, ListenLimits
