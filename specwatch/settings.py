@@ -97,7 +97,7 @@ class ServerSettings(Frozen):
 
 class LogSettings(Frozen):
     """Log level and format (``json`` one object per line, or ``plain``), for every process of
-    ``specwatch run`` (the proxy process too) and the configuration warnings it logs at start."""
+    ``specwatch run`` and the configuration warnings it logs at start."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "plain"] = "json"

@@ -324,7 +324,6 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
                 for t in pipe._tasks:
                     t.cancel()
                 second = await asyncio.gather(*(live(i) for i in range(12, 24)))
-            # the proxy process sends its counters every COUNTER_SYNC_SECONDS
             await _until_true(lambda: pipe.metrics().proxy_requests == 24)
             m = pipe.metrics()
             await pipe.stop()
