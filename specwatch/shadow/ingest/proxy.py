@@ -221,6 +221,23 @@ class ShadowProxy:
         if copy and (request.content_length or 0) > self._max:
             self._count_copy_error(request, "too_large")  # decided from the declared length
             copy = False
+        length = request.content_length
+        if (
+            length is not None
+            and length <= self._max
+            and not request.headers.get("Transfer-Encoding")
+        ):
+            # a body of known length under the cap (every JSON completion request): read whole,
+            # then sent up in one write; its copy needs no tee
+            try:
+                raw = await request.read()
+            except (asyncio.CancelledError, OSError, aiohttp.ClientError):
+                if copy:  # the client left or stalled before its body was whole
+                    self._count_copy_error(request, "incomplete_body")
+                raise
+            if copy:
+                self._offer_soon(request, raw)
+            return await self._exchange(request, session, headers, raw if raw else None)
         tee = _Tee(self._max) if copy else None
         body = self._body(request, tee) if request.body_exists else None
         try:
@@ -234,7 +251,7 @@ class ShadowProxy:
         request: web.Request,
         session: aiohttp.ClientSession,
         headers: CIMultiDict[str],
-        body: AsyncIterator[bytes] | None,
+        body: AsyncIterator[bytes] | bytes | None,
     ) -> web.StreamResponse:
         """Send the request up and relay the answer (see the class docstring for failures)."""
         loop = asyncio.get_running_loop()
@@ -296,13 +313,18 @@ class ShadowProxy:
             yield chunk
         if tee is not None:
             tee.pending = False
-            asyncio.get_running_loop().call_soon(
-                self._offer_copy,
-                request.path,
-                b"".join(tee.chunks),
-                request.headers.get(CATEGORY_HEADER),
-                request.headers.get(REQUEST_ID_HEADER),
-            )
+            self._offer_soon(request, b"".join(tee.chunks))
+
+    def _offer_soon(self, request: web.Request, raw: bytes) -> None:
+        """Hand the copy of ``request`` (its whole body ``raw``) to the offerer on a later turn
+        of the loop: the live exchange goes on first."""
+        asyncio.get_running_loop().call_soon(
+            self._offer_copy,
+            request.path,
+            raw,
+            request.headers.get(CATEGORY_HEADER),
+            request.headers.get(REQUEST_ID_HEADER),
+        )
 
     def _offer_copy(
         self, path: str, raw: bytes, category: str | None, request_id: str | None
