@@ -21,9 +21,9 @@ What runs, all on fixed loopback ports (``--base-port``, default 18470, and the 
 Each window sends one kind (``json``: a completion answered with one JSON body; ``sse``: the
 same with ``"stream": true``) at one rate through one path (``specwatch``, ``nginx``, and
 ``direct`` unless ``--no-direct``) for ``--seconds``; windows are interleaved in rounds, the
-path order rotating each round, so drift on a shared machine hits every path alike. Over each window it reads the
-CPU (user + system, ``/proc/PID/stat``) of the whole sidecar process tree (``specwatch run``
-and any descendant) and of nginx's master and workers. Latency is clocked
+path order rotating each round, so drift on a shared machine hits every path alike. Over each
+window it reads the CPU (user + system, ``/proc/PID/stat``) of the whole sidecar process tree
+(``specwatch run`` and any descendant) and of nginx's master and workers. Latency is clocked
 from the client's first byte sent (aiohttp's ``on_request_headers_sent``) to the first and to the
 last byte of the answer; how late each send left against the open-loop schedule is reported
 apart (``lag``: the client's own stalls, which a closed-loop or late clock hides).

@@ -11,7 +11,8 @@ specwatch process drains and exits within ``server.shutdown_timeout_seconds`` (t
 - :class:`ShutdownDeadline` arms a daemon timer when the signal arrives; if the process is
   still alive at T (its teardown hangs: a thread stuck in I/O, the interpreter's executor
   shutdown on a loaded machine), it logs one line and ends the process with ``os._exit``
-  (exit code 0 when the orderly cleanup had finished, i.e. only the interpreter's own teardown was slow; 1 when it did not).
+  (exit code 0 when the orderly cleanup had finished, i.e. only the interpreter's own teardown
+  was slow; 1 when it did not).
 """
 
 from __future__ import annotations
