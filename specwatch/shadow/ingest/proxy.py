@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -74,6 +75,9 @@ _DROP_REQUEST = HOP_BY_HOP | {"host", "expect", "x-forwarded-for"}
 #: How long an upload the answer did not wait for is still read (and dropped) before its
 #: connection is closed, so the client reads the answer rather than a reset.
 LINGER_SECONDS = 0.5
+#: What the runner's own shutdown may take once :meth:`ShadowProxy.stop` has ended every
+#: exchange (only idle connections are left to close).
+CLOSE_SECONDS = 0.05
 #: Fields the client session would add on its own; the proxy sends the client's only.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
@@ -144,6 +148,9 @@ class ShadowProxy:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._errors = RateLimitedLog(log)
+        #: the tasks running an exchange now (what :meth:`stop` waits for, then cuts)
+        self._exchanges: set[asyncio.Task[Any]] = set()
+        self._cutting = False
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -166,7 +173,7 @@ class ShadowProxy:
             access_log=None,
             handler_cancellation=True,  # a client that leaves cancels its exchange
             lingering_time=LINGER_SECONDS,
-            shutdown_timeout=self._shutdown_timeout,
+            shutdown_timeout=CLOSE_SECONDS,  # at stop no exchange is left (stop cut them)
             keepalive_timeout=self._listen.keepalive_timeout_seconds,
             max_line_size=MAX_FIELD_BYTES,
             max_field_size=MAX_FIELD_BYTES,
@@ -184,19 +191,38 @@ class ShadowProxy:
         return self.port
 
     async def stop(self, grace_seconds: float | None = None) -> None:
-        """Stop accepting, let answers in progress finish for up to ``grace_seconds``
-        (``None``: the shutdown timeout), then cut what is left and close the upstream
-        connections. Later calls do nothing."""
+        """Stop accepting, let exchanges in progress finish for up to ``grace_seconds``
+        (``None``: the shutdown timeout), then cut what is left (their clients see a cut
+        answer) and close idle connections and the upstream connections. Returns within the
+        grace and a few milliseconds. Later calls do nothing."""
         runner, self._runner = self._runner, None
         if runner is not None:
-            if grace_seconds is not None:
-                runner._shutdown_timeout = max(0.0, grace_seconds)
-            await runner.cleanup()
+            grace = self._shutdown_timeout if grace_seconds is None else max(0.0, grace_seconds)
+            for site in list(runner.sites):
+                await site.stop()
+            if self._exchanges:
+                await asyncio.wait(set(self._exchanges), timeout=grace)
+            left = set(self._exchanges)
+            self._cutting = True
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left)
+            await runner.cleanup()  # no exchange left: closes the idle connections at once
         session, self._session = self._session, None
         if session is not None:
             await session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each handler in a task
+        self._exchanges.add(task)
+        try:
+            return await self._proxy(request)
+        finally:
+            self._exchanges.discard(task)
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
         self.counters.proxy_requests += 1
         if any(
             v.strip().lower() != "chunked" for v in request.headers.getall("Transfer-Encoding", ())
@@ -280,7 +306,8 @@ class ShadowProxy:
                     await out.write_eof()
                     return out
         except asyncio.CancelledError:
-            self.counters.proxy_client_disconnects += 1  # the client left: its handler cut
+            if not self._cutting:  # the client left (else: stop cut the exchange)
+                self.counters.proxy_client_disconnects += 1
             raise
         except ConnectionResetError:
             if out is None:  # the upstream reset the connection before answering
