@@ -112,7 +112,7 @@ class ServerSettings(Frozen):
 
 class LogSettings(Frozen):
     """Log level and format (``json`` one object per line, or ``plain``), for every process of
-    ``specwatch run`` (the proxy process too) and the configuration warnings it logs at start."""
+    ``specwatch run`` and the configuration warnings it logs at start."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe log level written: `DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
@@ -445,6 +445,9 @@ REMOVED_SETTINGS: Mapping[str, str] = {
     "alerting.retry_initial_backoff": "retries wait 0.5 s, doubling",
     "alerting.retry_max_backoff": "retries wait at most 8 s",
     "shadow.pause_poll_seconds": "a load pause is re-checked every 0.5 s",
+    "shadow.proxy_own_thread": "the proxy runs on the sidecar's event loop (aiohttp)",
+    "shadow.proxy_own_process": "the proxy runs in the sidecar's process (aiohttp)",
+    "shadow.proxy_uvloop": "the proxy runs on the sidecar's event loop (aiohttp)",
 }
 
 

@@ -474,9 +474,6 @@ class ShadowComponent:
         Runs as a background task so a large ledger never delays serving ``/healthz``.
         """
         await pipeline.start_proxy()  # the live path first: it needs nothing from the ledger
-        channel = pipeline.proxy.channel if pipeline.proxy is not None else None
-        if channel is not None and self._watch is not None:
-            self._watch(channel)  # the proxy process dying makes /healthz fail
         await self._rebuild(ledger)
         pipeline.sampler.hold = self._ledger_hold
         await pipeline.start()
@@ -502,8 +499,7 @@ class ShadowComponent:
         exit.
 
         ``watch`` is handed the background task (the server marks the process failed when it
-        dies) and, with the proxy in its own process, the task that fails when that process
-        dies. Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
+        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
         ``OSError`` when the mirror port cannot be bound.
         """
         self._watch = watch

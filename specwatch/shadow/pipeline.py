@@ -214,7 +214,6 @@ def ingest_from_settings(
             connect_timeout_seconds=s.proxy_connect_timeout_seconds,
             total_timeout_seconds=s.proxy_total_timeout_seconds,
             stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
-            use_uvloop=s.proxy_uvloop,
             listen=listen,
             listener=listener,
             shutdown_timeout_seconds=shutdown_timeout_seconds,
@@ -378,14 +377,9 @@ class ShadowPipeline:
         port cannot be bound."""
         if self.proxy is None or self.proxy_started or self._draining:
             return
-        start = (
-            self.proxy.start_in_process
-            if self.settings.proxy_own_process
-            else self.proxy.start_in_thread
-            if self.settings.proxy_own_thread
-            else self.proxy.start
+        port = await self.proxy.start(
+            self.settings.proxy_listen_host, self.settings.proxy_listen_port
         )
-        port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
         self.proxy_started = True
         log_event(log, logging.INFO, "shadow proxy listening", port=port)
 

@@ -79,10 +79,8 @@ class ShadowSettings(BaseModel):
     Mirror: mirrored copies are received on their own listener, ``mirror_listen_host``:
     ``mirror_listen_port`` (default 9402; 0 = any free port), never on the ``/metrics`` port;
     bodies over ``mirror_max_body_bytes`` (16 MiB) are refused (``too_large``). The proxy's body
-    limit ``proxy_max_body_bytes`` is 16 MiB as well. The proxy runs in a child process of its
-    own (``proxy_own_process``, default true: no shared loop or GIL with the shadow side; shadow
-    copies cross over a local socket pair); with ``proxy_own_process: false`` on its own thread
-    and event loop (``proxy_own_thread``, default true) or else on the sidecar's loop.
+    limit ``proxy_max_body_bytes`` is 16 MiB as well (bodies over it are relayed, not copied).
+    The proxy (for users without a mesh) is an aiohttp streaming proxy on the sidecar's loop.
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
@@ -204,13 +202,6 @@ class ShadowSettings(BaseModel):
     """Longest a proxied request may take in all, in seconds; unset: no limit."""
     proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
     """A proxied stream silent for this many seconds is cut; unset: never."""
-    proxy_own_thread: bool = True
-    """Run the proxy on its own thread and event loop (when not in its own process)."""
-    proxy_own_process: bool = True
-    """Run the proxy in a child process of its own, sharing no event loop or GIL with the
-    shadow side."""
-    proxy_uvloop: bool = True
-    """Use uvloop for the proxy's event loop when it is installed."""
 
     # canary
     canary_file: str | None = None

@@ -137,7 +137,7 @@ async def test_sigterm_lets_an_8s_stream_finish_cuts_a_longer_one_at_the_budget(
         )
         async with specwatch_process(tmp_path, ["run", "--config", str(cfg)], port=port) as p:
             proxy = f"http://127.0.0.1:{proxy_port}/v1/completions"
-            for _ in range(300):  # the proxy process binds after the main listener
+            for _ in range(300):  # the proxy binds after the main listener
                 try:
                     _, w = await asyncio.open_connection("127.0.0.1", proxy_port)
                     w.close()

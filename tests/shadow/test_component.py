@@ -279,8 +279,6 @@ async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
                 "proxy_listen_host": "127.0.0.1",
                 "proxy_listen_port": 0,
                 "proxy_upstream": urls["fly"],
-                "proxy_own_process": False,
-                "proxy_own_thread": False,
                 "standard": {"url": urls["standard"]},
                 "fly": {"url": urls["fly"]},
             }
