@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from specwatch.__main__ import main as cli_main
+from tests.fakes.http import threaded_http_server
 
 
 class _Canned(BaseHTTPRequestHandler):
@@ -37,14 +37,8 @@ class _Canned(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def _serve(body: bytes) -> Iterator[str]:
     handler = type("H", (_Canned,), {"body": body})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded_http_server(handler) as url:
+        yield url
 
 
 def _vector(value: str, metric: dict[str, str]) -> bytes:

@@ -6,14 +6,14 @@ in exit code 2 and one stderr line that names what failed (the file, line or set
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from specwatch.__main__ import main as cli_main
+from tests.fakes.http import threaded_http_server
 
 #: A nesting depth far past Python's recursion limit (1000): a recursive parser fails on it.
 DEEP = 100_000
@@ -178,14 +178,8 @@ class _DeepJson(BaseHTTPRequestHandler):
 @pytest.fixture
 def deep_prometheus() -> Iterator[str]:
     """The URL of a :class:`_DeepJson` server on 127.0.0.1 (a free port)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _DeepJson)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded_http_server(_DeepJson) as url:
+        yield url
 
 
 def test_fleet_prometheus_answer_nested_too_deep(

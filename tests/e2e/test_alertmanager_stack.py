@@ -22,7 +22,9 @@ import pytest
 from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import format_rfc3339
-from tests.e2e.stack import Alertmanager, Stack, poll, running_alertmanager, running_stack
+from tests.e2e.stack import Stack, running_stack
+from tests.fakes.alertmanager import Alertmanager, running_alertmanager
+from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
 

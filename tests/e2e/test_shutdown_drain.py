@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from specwatch.core.wire import SHADOW_MARKER_HEADER
+from tests.fakes.wait import until_listening
 from tests.sidecar_process import free_port, run_config, specwatch_process
 
 #: Seconds between two chunks of the slow upstream's stream.
@@ -137,13 +138,7 @@ async def test_sigterm_lets_an_8s_stream_finish_cuts_a_longer_one_at_the_budget(
         )
         async with specwatch_process(tmp_path, ["run", "--config", str(cfg)], port=port) as p:
             proxy = f"http://127.0.0.1:{proxy_port}/v1/completions"
-            for _ in range(300):  # the proxy process binds after the main listener
-                try:
-                    _, w = await asyncio.open_connection("127.0.0.1", proxy_port)
-                    w.close()
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
+            await until_listening(proxy_port)  # the proxy binds after the main listener
             short, long = Stream(), Stream()
             tasks = [
                 asyncio.create_task(short.run(proxy, 8)),

@@ -22,8 +22,8 @@ from specwatch.observe.plausible import MAX_SAMPLE_VALUE, JumpScreen
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
 from tests.fakes import FakeWallClock
+from tests.fakes.vllm import FakeVllm, Reply
 
 LBL = 'engine="0",model_name="m"'
 DRAFTS = f"vllm:spec_decode_num_drafts_total{{{LBL}}}"

@@ -21,7 +21,7 @@ from specwatch.shadow.ingest.offer import build_shadow_request
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 def _request(i: int) -> ShadowRequest:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specwatch.core.wire import ShadowOrigin, shadow_origin
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
 from tests.shadow.test_pipeline import CHAT, _settings, sidecar
 
 BODY = json.dumps(CHAT).encode()
