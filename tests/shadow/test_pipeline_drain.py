@@ -114,7 +114,8 @@ async def test_a_replay_that_finishes_within_the_drain_is_delivered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The arm answers 0.3 s into a 30 s drain: the pair is delivered, the drain returns then
-    (under 15 s: well before its 30 s, with slack for a loaded machine), ``shutdown_in_flight`` 0, one INFO line with completed 1."""
+    (under 15 s: well before its 30 s, with slack for a loaded machine), ``shutdown_in_flight``
+    0, one INFO line with completed 1."""
     caplog.set_level(logging.INFO, logger="specwatch")
     pipe, took, _, pairs = await _drain_with(FakeArm(mode="hang"), 30.0, 0.3)
     dropped = pipe.metrics().dropped

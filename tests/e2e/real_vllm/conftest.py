@@ -62,7 +62,8 @@ def _missing(message: str) -> NoReturn:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection, which reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test under tests/e2e/real_vllm ``real_vllm`` and ``slow`` (with a 900 s timeout
-    unless it sets one), and run those last (stable order), so their servers are up only at the end."""
+    unless it sets one), and run those last (stable order), so their servers are up only at the
+    end."""
     here = Path(__file__).parent
     for item in items:
         if item.path.is_relative_to(here) and item.get_closest_marker("real_vllm") is None:
