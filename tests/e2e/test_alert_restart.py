@@ -103,6 +103,7 @@ async def snapshot_alerts(s: aiohttp.ClientSession, url: str) -> list[dict[str, 
         return alerts or None
 
 
+@pytest.mark.slow  # about 40 s: the alert must fire, survive a SIGKILL and a 16 s gap
 async def test_sigkill_while_firing_keeps_the_alert(tmp_path: Path) -> None:
     """SIGKILL while SpecwatchTargetDown fires, restart: Alertmanager never sends "resolved", the
     alert keeps its startsAt (in Alertmanager and in specwatch's snapshot), and the webhook got
