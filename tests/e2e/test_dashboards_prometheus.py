@@ -51,9 +51,9 @@ from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
-from tests.e2e.stack import run_prometheus
 from tests.e2e.test_prometheus_stack import host, scaled_rules
 from tests.fakes import REPO
+from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(400)]

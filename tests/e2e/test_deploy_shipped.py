@@ -39,11 +39,11 @@ from specwatch.core.config import OVERALL
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
-from tests.e2e.stack import run_prometheus
 from tests.e2e.test_dashboards_prometheus import empty_at, empty_panels, variable_values
 from tests.e2e.test_prometheus_stack import scaled_rules
 from tests.fakes import REPO, free_port
 from tests.fakes.alertmanager import running_alertmanager
+from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 from tests.sidecar_process import run_specwatch, specwatch_process
 

@@ -19,8 +19,8 @@ from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
-from tests.e2e.stack import run_prometheus
 from tests.fakes import free_port
+from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 from tests.sidecar_process import run_specwatch
 

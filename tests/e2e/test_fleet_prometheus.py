@@ -31,8 +31,8 @@ from tests.e2e.shadow_harness import (
     until,
     write_canary,
 )
-from tests.e2e.stack import run_prometheus
 from tests.fakes import free_port
+from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 from tests.shadow.stats.eprocess_reference import count_form
 from tests.sidecar_process import run_specwatch

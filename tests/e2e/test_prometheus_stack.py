@@ -25,7 +25,8 @@ import yaml
 
 from deploy.mixin.render import load_rules
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from tests.e2e.stack import Stack, run_prometheus, running_stack
+from tests.e2e.stack import Stack, running_stack
+from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
