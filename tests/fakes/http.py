@@ -21,3 +21,32 @@ def threaded_http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Canned(BaseHTTPRequestHandler):
+    """Answers every GET with ``body`` (200, ``application/json``); quiet."""
+
+    body: bytes = b""
+
+    def do_GET(self) -> None:
+        body = self.body
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        # a client that stops reading early (fleet after one failed query) closes the socket:
+        # that must not print a traceback into the stderr a test reads
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@contextlib.contextmanager
+def canned_json_server(body: bytes) -> Iterator[str]:
+    """A threaded server answering every GET with ``body`` as 200 ``application/json``; yields
+    its base URL (a stand-in Prometheus for the offline tools)."""
+    handler = type("Canned", (_Canned,), {"body": body})
+    with threaded_http_server(handler) as url:
+        yield url
