@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 #: How long :func:`raw_exchange` waits for the server to close (then ``TimeoutError``).
 READ_LIMIT_S = 30.0
 
