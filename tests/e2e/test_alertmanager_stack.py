@@ -63,6 +63,7 @@ async def _baseline_ready(stack: Stack) -> bool | None:
     return True
 
 
+@pytest.mark.slow
 async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Path) -> None:
     """An injected acceptance drop reaches a real Alertmanager, survives a sidecar restart and
     resolves."""

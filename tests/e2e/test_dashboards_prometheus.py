@@ -357,6 +357,7 @@ def sidecar_settings(sims: dict[str, SimulatorHandle], tmp: Path) -> Settings:
     )
 
 
+@pytest.mark.slow
 async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
     """Every Grafana panel query returns data from a real Prometheus scraping the sidecar and
     simulators."""

@@ -433,6 +433,7 @@ async def token_budget_panels_read_the_pages_k(session: aiohttp.ClientSession, p
     assert budget >= 3  # R_max / D_full, budget bound, limits and K
 
 
+@pytest.mark.slow
 async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
     """The example overlay: dashboards full (the token-budget panels with the servers' own K),
     doctor clean, fleet's table under the model name, a scrape fault routed by severity to the
@@ -487,6 +488,7 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
         assert {a["status"]["state"] for a in alerts} == {"active"}
 
 
+@pytest.mark.slow
 async def test_standalone_deployment_tells_roles_apart(tmp_path: Path) -> None:
     """The standalone layout beside production-stack / llm-d servers (both container "vllm"):
     every dashboard full at defaults, and the vLLM cross-check panel gives one α per role equal to

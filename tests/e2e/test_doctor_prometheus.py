@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
@@ -149,6 +150,7 @@ def _files(tmp: Path, *, healthy: bool) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
     """Healthy: exit 0, no FAIL, the documented-empty panel a WARN, the panel filtered by a
     variable without a saved value finds the sidecar's series (the variable takes the first

@@ -141,6 +141,7 @@ async def _query(session: aiohttp.ClientSession, url: str, expr: str) -> list[di
         return result
 
 
+@pytest.mark.slow
 async def test_mixin_alerts_fire_on_injected_faults(tmp_path: Path) -> None:
     """The mixin's alerts fire in a real Prometheus on injected simulator faults, for the faulted
     role only."""
