@@ -20,8 +20,8 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.clock import SYSTEM_WALL, format_rfc3339
-from tests.e2e.stack import Alertmanager, running_alertmanager
 from tests.fakes import FakeWallClock
+from tests.fakes.alertmanager import Alertmanager, running_alertmanager
 
 pytestmark = pytest.mark.promtool
 

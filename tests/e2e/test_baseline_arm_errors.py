@@ -16,7 +16,7 @@ import pytest
 
 from specwatch.settings import Settings
 from tests.e2e.shadow_harness import sidecar, until
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 @asynccontextmanager

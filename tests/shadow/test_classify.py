@@ -35,8 +35,8 @@ from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSett
 from specwatch.shadow.summary import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import until
-from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 from tests.fakes import REPO
+from tests.fakes.arm import FakeArm, RawReply, raw_reply_file, serve_arm
 
 _PKG = REPO / "specwatch"
 

@@ -39,8 +39,8 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until
-from tests.fake_arm import FakeArm, serve_arm
 from tests.fakes import FakeWallClock
+from tests.fakes.arm import FakeArm, serve_arm
 from tests.shadow.test_summary import NOW, PAIRED, varied_rows
 
 

@@ -23,8 +23,8 @@ from specwatch.shadow.pipeline import (
 from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
-from tests.fake_arm import FakeArm, serve_arm
 from tests.fakes import FakeClocks
+from tests.fakes.arm import FakeArm, serve_arm
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

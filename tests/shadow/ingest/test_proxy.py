@@ -20,8 +20,8 @@ from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
-from tests.fake_arm import FakeArm, serve_arm
 from tests.fakes import FakeWallClock
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 def long_sse_stream(n_events: int, seed: int) -> list[bytes]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 #: The repository root (tests read fixtures, docs and deploy files from it).
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 WALL_START = 1_800_000_000.0  # 2027-01-15T08:00:00Z, a fixed unix time in seconds
 MONOTONIC_START = 1000.0  # seconds; arbitrary, like time.monotonic()'s origin

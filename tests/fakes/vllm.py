@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -24,11 +25,14 @@ class Reply:
 
 
 class FakeVllm:
-    """Serves ``/metrics`` from a queue of :class:`Reply`; the last reply repeats."""
+    """Serves ``/metrics`` from a queue of :class:`Reply`; the last reply repeats. With ``page``,
+    the n-th scrape (from 1) answers ``page(n)`` instead (counters that advance per scrape)."""
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, page: Callable[[int], str] | None = None) -> None:
         self.replies: deque[Reply] = deque()
         self.token = token
+        self.page = page
+        self.scrapes = 0
         self.auth_seen: list[str | None] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -60,6 +64,9 @@ class FakeVllm:
             and request.headers.get("Authorization") != f"Bearer {self.token}"
         ):
             return web.Response(status=401, text="unauthorized")
+        self.scrapes += 1
+        if self.page is not None:
+            return web.Response(text=self.page(self.scrapes), content_type="text/plain")
         reply = self.replies.popleft() if len(self.replies) > 1 else self.replies[0]
         if reply.kind == "hang":
             await self._never.wait()
