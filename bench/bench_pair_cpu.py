@@ -4,9 +4,9 @@ Run from the repository root: ``PYTHONPATH=. python bench/bench_pair_cpu.py [--p
 [--rate R] [--profile FILE]``.
 
 A child process serves three fake OpenAI arms (standard, FLy, noise; each answers one fixed
-completion with vLLM's per-request speculative-decoding metrics; ``noise_kind: standard``) and sends ``--pairs`` mirrored
-``/v1/completions`` requests at ``--rate`` per second to the sidecar's mirror listener on
-127.0.0.1. This process runs :class:`~specwatch.shadow.component.ShadowComponent` as the
+completion with vLLM's per-request speculative-decoding metrics; ``noise_kind: standard``) and
+sends ``--pairs`` mirrored ``/v1/completions`` requests at ``--rate`` per second to the sidecar's
+mirror listener on 127.0.0.1. This process runs :class:`~specwatch.shadow.component.ShadowComponent` as the
 sidecar does (mirror mode, a real SQLite ledger in a temporary folder, the statistics refreshed
 every ``paired.refresh_seconds``, default windows) and counts ``time.process_time`` from the
 first request until every pair is counted and one last refresh ran: mirror ingest, sampling,
@@ -101,14 +101,12 @@ async def _parent(pairs: int, rate: float, profile: Path | None) -> None:
     from specwatch.shadow.component import ShadowComponent
     from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--child"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--child", stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    assert child.stdin is not None and child.stdout is not None
-    ports = json.loads(child.stdout.readline())
+    assert child.stdin is not None
+    assert child.stdout is not None
+    ports = json.loads(await child.stdout.readline())
     with tempfile.TemporaryDirectory() as tmp:
         shadow = ShadowSettings.model_validate(
             {
@@ -126,26 +124,25 @@ async def _parent(pairs: int, rate: float, profile: Path | None) -> None:
             shadow, PairedSettings(), LedgerSettings(path=str(Path(tmp) / "ledger.sqlite"))
         )
         async with comp.running():
-            while not comp._ready.is_set():
-                await asyncio.sleep(0.05)
+            await comp._ready.wait()
             prof = cProfile.Profile() if profile is not None else None
             wall0, cpu0 = time.monotonic(), time.process_time()
             if prof is not None:
                 prof.enable()
-            child.stdin.write(json.dumps({"port": comp.mirror_port, "pairs": pairs, "rate": rate}))
-            child.stdin.write("\n")
-            child.stdin.flush()
-            while sum(comp.counters.by_status().values()) < pairs:
+            cmd = {"port": comp.mirror_port, "pairs": pairs, "rate": rate}
+            child.stdin.write(json.dumps(cmd).encode() + b"\n")
+            # a tree before the pair path was straightened kept them on the component
+            counters = getattr(comp, "statistics", comp).counters
+            while sum(counters.by_status().values()) < pairs:  # noqa: ASYNC110 (no event to wait on)
                 await asyncio.sleep(0.05)
             stats = await comp.refresh(flush=True)
             cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(str(profile))
-        child.stdin.write("\n")
-        child.stdin.flush()
-        child.wait(timeout=30)
-    status = comp.counters.by_status()
+        child.stdin.write(b"\n")
+        await asyncio.wait_for(child.wait(), 30)
+    status = getattr(comp, "statistics", comp).counters.by_status()
     print(f"pairs {pairs} at {rate:g}/s: statuses {status}, ledger rows {stats.ledger_rows}")
     print(
         f"CPU {cpu * 1000 / pairs:.2f} ms per pair ({cpu:.2f} s CPU over {wall:.1f} s wall, "

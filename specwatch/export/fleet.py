@@ -45,7 +45,9 @@ from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
 from specwatch.export import catalogue_fleet as fc
 from specwatch.export.prometheus import _describe, _Families
-from specwatch.shadow.summary import PairedSummary, PairTally, build_shadow_stats
+from specwatch.shadow.published import PairedSummary
+from specwatch.shadow.summary import Levels, OrderedState, build_shadow_stats
+from specwatch.shadow.tally import PairTally
 
 log = logging.getLogger("specwatch.fleet")
 
@@ -242,10 +244,8 @@ def fleet_stats(
         stats = build_shadow_stats(
             {FLEET_WINDOW: tallies},
             now=now,
-            alpha=alpha,
-            margin=margin,
-            detect_net_loss=detect_net_loss,
-            net_loss_log_e_value=_log_mean(net_loss.get(model, [])),
+            levels=Levels(alpha, margin, detect_net_loss),
+            ordered=OrderedState(net_loss_log_e_value=_log_mean(net_loss.get(model, []))),
         )
         es = margins.get(model, [])
         ns = net_loss.get(model, [])

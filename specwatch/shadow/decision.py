@@ -29,15 +29,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from specwatch.core.config import OVERALL
+from specwatch.shadow.published import DecisionRow, PairedSummary, ShadowIO
 from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.stats.sequential import e_value_alarm
-from specwatch.shadow.summary import (
-    DecisionRow,
-    PairedSummary,
-    ShadowIO,
-    categories_by_volume,
-    summarize,
-)
+from specwatch.shadow.summary import categories_by_volume, summarize
 from specwatch.shadow.tally import MIN_SPEED_PAIRS as MIN_SPEED_PAIRS
 from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.tally import arm_speeds as arm_speeds
@@ -58,7 +53,7 @@ NO_ACCEPTANCE = (
 @dataclass(frozen=True, slots=True)
 class ReplyCounts:
     """Per-request speculative-decoding counts summed over the replies of one arm (this
-    process, from :class:`~specwatch.shadow.summary.ShadowIO`): verify ``steps``, ``drafted``
+    process, from :class:`~specwatch.shadow.published.ShadowIO`): verify ``steps``, ``drafted``
     and ``accepted`` draft tokens."""
 
     steps: int = 0

@@ -35,7 +35,9 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.settings import Settings, load_settings
-from specwatch.shadow.summary import PairTally, ShadowStats, build_shadow_stats
+from specwatch.shadow.published import ShadowStats
+from specwatch.shadow.summary import build_shadow_stats
+from specwatch.shadow.tally import PairTally
 
 MODEL = "example-model"
 

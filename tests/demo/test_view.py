@@ -28,7 +28,9 @@ from specwatch.observe.values import (
     PairView,
     TargetSnapshot,
 )
-from specwatch.shadow.summary import PairedSummary, PairTally, ShadowIO, ShadowStats, summarize
+from specwatch.shadow.published import PairedSummary, ShadowIO, ShadowStats
+from specwatch.shadow.summary import summarize
+from specwatch.shadow.tally import PairTally
 
 CTX = ViewContext(
     title="specwatch demo  12 s  window 1m  Ctrl-C stops",

@@ -33,14 +33,9 @@ from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
 from specwatch.shadow.decision import decision_table
-from specwatch.shadow.summary import (
-    PairTally,
-    ShadowIO,
-    ShadowStats,
-    build_shadow_stats,
-    load_bands,
-)
-from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.published import ShadowIO, ShadowStats
+from specwatch.shadow.summary import build_shadow_stats, load_bands
+from specwatch.shadow.tally import ArmTotals, PairTally
 from tests.fakes import REPO
 
 ROOT = REPO

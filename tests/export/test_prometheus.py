@@ -405,7 +405,8 @@ class TestCatalogueIsTheSource:
         from dataclasses import fields
 
         from specwatch.export.prometheus import ShadowCollector
-        from specwatch.shadow.summary import ShadowIO, build_shadow_stats
+        from specwatch.shadow.published import ShadowIO
+    from specwatch.shadow.summary import build_shadow_stats
 
         values: dict[str, Any] = {}
         expected: dict[str, float] = {}

@@ -16,19 +16,12 @@ from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import OutcomeCounters
+from specwatch.shadow.published import ShadowIO, ShadowStats
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import run_betting
-from specwatch.shadow.summary import (
-    OutcomeCounters,
-    PairTally,
-    ShadowIO,
-    ShadowStats,
-    build_shadow_stats,
-    summarize,
-    tally_rows,
-    window_tallies,
-)
-from specwatch.shadow.tally import labelled_outcome
+from specwatch.shadow.summary import build_shadow_stats, summarize
+from specwatch.shadow.tally import PairTally, labelled_outcome, tally_rows, window_tallies
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.shadow.stats.eprocess_reference import count_form
 

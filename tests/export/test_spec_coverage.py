@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.export.prometheus import ShadowCollector
-from specwatch.shadow.summary import ShadowIO, build_shadow_stats
+from specwatch.shadow.published import ShadowIO
+from specwatch.shadow.summary import build_shadow_stats
 
 COVERAGE = "specwatch_shadow_spec_metrics_coverage_ratio"
 

@@ -32,7 +32,7 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.summary import tally_rows
+from specwatch.shadow.tally import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import until
 from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm

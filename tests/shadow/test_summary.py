@@ -18,8 +18,9 @@ from specwatch.core.config import SINCE_START
 from specwatch.shadow.component import StatsInputs, ledger_inputs
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import LiveTallies
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.summary import LiveTallies, build_shadow_stats
+from specwatch.shadow.summary import build_shadow_stats
 from specwatch.shadow.tally import PairTally
 from tests.fakes import FakeWallClock
 

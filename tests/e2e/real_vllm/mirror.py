@@ -19,8 +19,9 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.published import PairedSummary, ShadowStats
 from specwatch.shadow.settings import ShadowSettings
-from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
+from specwatch.shadow.summary import build_shadow_stats
 from specwatch.shadow.values import ReplayPair
 
 WORDS = [
