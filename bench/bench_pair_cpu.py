@@ -5,14 +5,15 @@ Run from the repository root: ``PYTHONPATH=. python bench/bench_pair_cpu.py [--p
 
 A child process serves three fake OpenAI arms (standard, FLy, noise; each answers one fixed
 completion with vLLM's per-request speculative-decoding metrics; ``noise_kind: standard``) and
-sends ``--pairs`` mirrored ``/v1/completions`` requests at ``--rate`` per second to the sidecar's
-mirror listener on 127.0.0.1. This process runs :class:`~specwatch.shadow.component.ShadowComponent` as the
-sidecar does (mirror mode, a real SQLite ledger in a temporary folder, the statistics refreshed
-every ``paired.refresh_seconds``, default windows) and counts ``time.process_time`` from the
-first request until every pair is counted and one last refresh ran: mirror ingest, sampling,
-the three replays, compare, the ledger row and its write, the live tallies, the e-processes and
-the published snapshot. The arms' and the sender's CPU are in the child and not counted.
-Prints CPU milliseconds per pair and the share of one core at the rate.
+sends ``--pairs`` mirrored ``/v1/completions`` requests at ``--rate`` per second to the
+sidecar's mirror listener on 127.0.0.1. This process runs
+:class:`~specwatch.shadow.component.ShadowComponent` as the sidecar does (mirror mode, a real
+SQLite ledger in a temporary folder, the statistics refreshed every ``paired.refresh_seconds``,
+default windows) and counts ``time.process_time`` from the first request until every pair is
+counted and one last refresh ran: mirror ingest, sampling, the three replays, compare, the
+ledger row and its write, the live tallies, the e-processes and the published snapshot. The
+arms' and the sender's CPU are in the child and not counted. Prints CPU milliseconds per pair
+and the share of one core at the rate.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ async def _child() -> None:
             delay = start + i * gap - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = {"prompt": f"question {i}", "max_tokens": 8, "temperature": 0}
+            req: dict[str, object] = {"prompt": f"q {i}", "max_tokens": 8, "temperature": 0}
             headers = {"X-Specwatch-Category": f"c{i % 3}"}
-            async with session.post(url, json=body, headers=headers) as r:
+            async with session.post(url, json=req, headers=headers) as r:
                 await r.read()
     print("sent", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
@@ -132,7 +133,8 @@ async def _parent(pairs: int, rate: float, profile: Path | None) -> None:
             cmd = {"port": comp.mirror_port, "pairs": pairs, "rate": rate}
             child.stdin.write(json.dumps(cmd).encode() + b"\n")
             # a tree before the pair path was straightened kept them on the component
-            counters = getattr(comp, "statistics", comp).counters
+            holder: Any = getattr(comp, "statistics", comp)
+            counters = holder.counters
             while sum(counters.by_status().values()) < pairs:  # noqa: ASYNC110 (no event to wait on)
                 await asyncio.sleep(0.05)
             stats = await comp.refresh(flush=True)
@@ -142,7 +144,7 @@ async def _parent(pairs: int, rate: float, profile: Path | None) -> None:
                 prof.dump_stats(str(profile))
         child.stdin.write(b"\n")
         await asyncio.wait_for(child.wait(), 30)
-    status = getattr(comp, "statistics", comp).counters.by_status()
+    status = counters.by_status()
     print(f"pairs {pairs} at {rate:g}/s: statuses {status}, ledger rows {stats.ledger_rows}")
     print(
         f"CPU {cpu * 1000 / pairs:.2f} ms per pair ({cpu:.2f} s CPU over {wall:.1f} s wall, "

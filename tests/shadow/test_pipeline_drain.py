@@ -22,6 +22,7 @@ from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
 from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes import PairSinkFn
 
 
 def _request(i: int) -> ShadowRequest:
@@ -72,7 +73,7 @@ async def _drain_with(
                 "fly": ArmEndpoint(url=fu, timeout_seconds=30),
             }
         )
-        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
         for i in range(3):
             assert pipe.offer(_request(i)) == "admitted"
         await pipe.start()
