@@ -428,9 +428,7 @@ def build_report(
             decisions=decision_table(
                 digest.tallies,
                 digest.totals,
-                alpha=alpha,
-                margin=margin,
-                detect_net_loss=detect_net_loss,
+                levels=Levels(alpha=alpha, margin=margin, detect_net_loss=detect_net_loss),
                 max_categories=max_categories,
                 replies=stored_replies(digest.replies),
                 overall_log_e_value=log_e,

@@ -379,9 +379,7 @@ class ShadowStatistics:
             decisions = decision_table(
                 inputs.tallies[SINCE_START],
                 inputs.arm_totals,
-                alpha=p.alpha,
-                margin=p.margin,
-                detect_net_loss=p.detect_net_loss,
+                levels=Levels(alpha=p.alpha, margin=p.margin, detect_net_loss=p.detect_net_loss),
                 power=p.power,
                 replies=replies,
                 kept=self.categories.kept,

@@ -49,6 +49,8 @@ from specwatch.shadow.sample import (
     OTHER_CATEGORY,
     PAUSE_REASONS,
     CategoryBound,
+    CategoryQuota,
+    LoadPause,
     LoadState,
     Sampler,
     Takeover,
@@ -127,13 +129,14 @@ def sampler_from_settings(
         queue_size=s.queue_size,
         max_rps=s.max_shadow_rps,
         salt=s.sample_salt,
-        category_quota_per_second=s.category_quota_per_second,
-        default_category_quota_per_second=s.default_category_quota_per_second,
-        category_quota_burst=s.category_quota_burst,
-        load_state=load_state,
-        pause_on_waiting=s.pause_on_waiting,
-        pause_running_fraction=s.pause_running_fraction,
-        load_state_max_age_seconds=s.load_state_max_age_seconds,
+        quota=CategoryQuota(
+            s.category_quota_per_second,
+            s.default_category_quota_per_second,
+            s.category_quota_burst,
+        ),
+        pause=LoadPause(
+            load_state, s.pause_on_waiting, s.pause_running_fraction, s.load_state_max_age_seconds
+        ),
         categories=(
             categories
             if categories is not None

@@ -29,7 +29,7 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.shadow.published import PairedSummary, ShadowIO, ShadowStats
-from specwatch.shadow.summary import summarize
+from specwatch.shadow.summary import Levels, summarize
 from specwatch.shadow.tally import PairTally
 
 CTX = ViewContext(
@@ -281,7 +281,9 @@ def test_view_shows_tau_coverage_per_category() -> None:
 
     tallies = {"math": PairTally(agree=5), "code": PairTally(agree=2)}
     totals = {"math": ArmTotals(tau_pairs=4), "code": ArmTotals(tau_pairs=2)}
-    decisions = decision_table(tallies, totals, alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    decisions = decision_table(
+        tallies, totals, levels=Levels(alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    )
     stats = ShadowStats(
         generated_at=1.0,
         alpha=0.05,

@@ -37,6 +37,7 @@ from specwatch.shadow.published import ShadowIO, ShadowStats
 from specwatch.shadow.summary import (
     Carried,
     LedgerView,
+    Levels,
     OrderedState,
     ProcessCounts,
     build_shadow_stats,
@@ -124,9 +125,7 @@ def full_shadow_stats() -> ShadowStats:
             decisions=decision_table(
                 {"math": tally},
                 {"math": ArmTotals(5, 10.0, 15.0, 10, 100, 100, 10.0, 8.0)},
-                alpha=0.05,
-                margin=0.01,
-                detect_net_loss=0.02,
+                levels=Levels(alpha=0.05, margin=0.01, detect_net_loss=0.02),
             ),
             by_load=load_bands({"0-7": tally}, ("0-7", "8-31", "32+")),
         ),

@@ -232,9 +232,7 @@ def reference_report(
             decisions=decision_table(
                 tallies,
                 reference_totals(rows),
-                alpha=alpha,
-                margin=margin,
-                detect_net_loss=0.02,
+                levels=Levels(alpha=alpha, margin=margin, detect_net_loss=0.02),
                 overall_log_e_value=log_e_all,
             ),
             by_load=load_bands(by_band, load_band_labels(BANDS)),
