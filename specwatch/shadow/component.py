@@ -147,10 +147,12 @@ class ShadowComponent:
         return {} if self._load_state is None else self._load_state()
 
     async def refresh(self, *, flush: bool = False) -> ShadowStats:
-        """Build :class:`ShadowStats` now and hand it to ``on_stats`` (``flush``: wait for
-        queued rows first).
+        """Build :class:`ShadowStats` now and hand it to the :class:`StatsSink` (``flush``: wait
+        for queued rows first).
 
-        No SQL: expires the buckets that left a window and reads :attr:`live`; the window
+        No SQL: expires the buckets that left a window and reads the in-memory tallies
+        (:meth:`ShadowStatistics.current_inputs
+        <specwatch.shadow.live.ShadowStatistics.current_inputs>`); the window
         tallies and the decision table are computed again only when they changed. Waits until
         the startup rebuild from the ledger is done. Raises ``RuntimeError`` when the component
         is not running.

@@ -260,7 +260,7 @@ class RowSink(Protocol):
     """Where :class:`ShadowStatistics` hands each pair's ledger row: :meth:`Ledger.submit
     <specwatch.shadow.ledger.ledger.Ledger.submit>` (queues it for writing, never waits)."""
 
-    def submit(self, row: LedgerRow) -> bool: ...
+    def submit(self, row: LedgerRow, /) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
