@@ -70,7 +70,7 @@ from specwatch.observe.values import (
     SpeculationLimit,
     TargetSnapshot,
 )
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 from specwatch.shadow.values import (
     EXCLUDED_REASONS,
     LEDGER_STATES,

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.summary import PairTally, summarize
-from specwatch.shadow.tally import tally_rows
+from specwatch.shadow.summary import summarize
+from specwatch.shadow.tally import PairTally, tally_rows
 from tests.e2e.shadow_harness import (
     Sidecar,
     canary_done,

@@ -15,7 +15,7 @@ import pytest
 from scipy.stats import binomtest
 
 from specwatch.core.config import OVERALL
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 from tests.e2e.shadow_harness import (
     canary_done,
     expected,

@@ -34,7 +34,7 @@ from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
-from specwatch.shadow.summary import build_shadow_stats
+from specwatch.shadow.summary import Carried, LedgerView, build_shadow_stats
 from specwatch.tools.fleet.catalogue import DOCUMENTED, DOCUMENTED_LABEL_BOUNDS, FLEET
 from tests.fakes import REPO
 from tests.fixture_files import body
@@ -233,7 +233,7 @@ class _Component:
         store.subscribe(self.seen.append)
 
         async def ctx(app: web.Application) -> Any:
-            stats = build_shadow_stats({}, now=0.0, ledger_rows=3)
+            stats = build_shadow_stats({}, now=0.0, ledger=LedgerView(rows=3))
             store.update(lambda snap: replace(snap, shadow=stats))
             self.started.set()
             yield
@@ -410,7 +410,8 @@ class TestCatalogueIsTheSource:
         from dataclasses import fields
 
         from specwatch.export.prometheus import ShadowCollector
-        from specwatch.shadow.summary import ShadowIO, build_shadow_stats
+        from specwatch.shadow.published import ShadowIO
+        from specwatch.shadow.summary import build_shadow_stats
 
         values: dict[str, Any] = {}
         expected: dict[str, float] = {}
@@ -425,7 +426,7 @@ class TestCatalogueIsTheSource:
             else:
                 values[f.name] = n
             expected[f.name] = float(n)
-        stats = build_shadow_stats({}, now=1.0, io=ShadowIO(**values))
+        stats = build_shadow_stats({}, now=1.0, carried=Carried(io=ShadowIO(**values)))
         reg = CollectorRegistry()
         reg.register(ShadowCollector(lambda: stats))
         exposed = {

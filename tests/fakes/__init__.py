@@ -7,8 +7,11 @@ The fixtures that hand them out (``wall_clock``, ``registry``) live in ``tests/c
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import ClassVar, Literal
+
+from specwatch.shadow.values import ReplayPair
 
 #: The repository root (tests read fixtures, docs and deploy files from it).
 REPO = Path(__file__).resolve().parents[2]
@@ -69,3 +72,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+class PairSinkFn:
+    """A :class:`~specwatch.shadow.pipeline.PairSink` that hands each pair to the async function
+    ``fn`` (a test collects pairs or fails on one)."""
+
+    def __init__(self, fn: Callable[[ReplayPair], Awaitable[None]]) -> None:
+        self._fn = fn
+
+    async def take_pair(self, pair: ReplayPair) -> None:
+        """Await ``fn(pair)``."""
+        await self._fn(pair)

@@ -27,7 +27,14 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.lossless import lossless_by_load, lossless_check
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import betting_path
-from specwatch.shadow.summary import build_shadow_stats, load_bands
+from specwatch.shadow.summary import (
+    Carried,
+    LedgerView,
+    Levels,
+    OrderedState,
+    build_shadow_stats,
+    load_bands,
+)
 from specwatch.shadow.tally import (
     UNKNOWN_BAND,
     ArmTotals,
@@ -216,20 +223,20 @@ def reference_report(
     stats = build_shadow_stats(
         {"since_start": tallies},
         now=0.0,
-        alpha=alpha,
-        margin=margin,
-        betting_log_e_value=margin_states[-1].log_wealth,
-        net_loss_log_e_value=log_e_all,
-        ledger_rows=len(rows),
-        decisions=decision_table(
-            tallies,
-            reference_totals(rows),
-            alpha=alpha,
-            margin=margin,
-            detect_net_loss=0.02,
-            overall_log_e_value=log_e_all,
+        levels=Levels(alpha=alpha, margin=margin),
+        ordered=OrderedState(
+            betting_log_e_value=margin_states[-1].log_wealth, net_loss_log_e_value=log_e_all
         ),
-        by_load=load_bands(by_band, load_band_labels(BANDS)),
+        ledger=LedgerView(rows=len(rows)),
+        carried=Carried(
+            decisions=decision_table(
+                tallies,
+                reference_totals(rows),
+                levels=Levels(alpha=alpha, margin=margin, detect_net_loss=0.02),
+                overall_log_e_value=log_e_all,
+            ),
+            by_load=load_bands(by_band, load_band_labels(BANDS)),
+        ),
     )
     lab_times = [r.time for r in rows if labelled_outcome(r) is not None]
     lossless = lossless_check(

@@ -43,7 +43,7 @@ async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Pa
         async with sidecar(settings) as sc:
             pipe = sc.component.pipeline
             assert pipe is not None
-            counters = sc.component.counters
+            counters = sc.component.statistics.counters
 
             def started() -> int:
                 # compared pairs (the regex checker compares on the loop: no await between a

@@ -16,6 +16,7 @@ from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.offer import build_shadow_request
 from specwatch.shadow.pipeline import (
     PAUSE_POLL_SECONDS,
+    Runtime,
     ShadowPipeline,
     ingest_from_settings,
     replayer_from_settings,
@@ -23,7 +24,7 @@ from specwatch.shadow.pipeline import (
 from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
-from tests.fakes import FakeClocks
+from tests.fakes import FakeClocks, PairSinkFn
 from tests.fakes.arm import FakeArm, serve_arm
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -60,7 +61,12 @@ async def sidecar(
         pairs.append(p)
 
     async with aiohttp.ClientSession() as replay_session:
-        pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink, **kw)  # type: ignore[arg-type]
+        pipe = ShadowPipeline.from_settings(
+            settings,
+            session=replay_session,
+            sink=PairSinkFn(sink),
+            **kw,  # type: ignore[arg-type]
+        )
         app = web.Application()
 
         async def healthz(request: web.Request) -> web.Response:
@@ -202,11 +208,9 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         pipe = ShadowPipeline.from_settings(
             settings,
             session=session,
-            on_pair=sink,
+            sink=PairSinkFn(sink),
             load_state=lambda: loads,
-            mono_clock=clocks.mono,
-            wall_clock=clocks.wall,
-            sleep=fake_sleep,
+            runtime=Runtime(wall_clock=clocks.wall, mono_clock=clocks.mono, sleep=fake_sleep),
         )
         assert pipe.offer(_request()) == "admitted"
         loads["fly"] = ArmLoad(8, 3, 8, clocks.mono.t)  # load rises while the request is queued
@@ -243,9 +247,7 @@ async def test_expired_requests_are_dropped() -> None:
         async with sidecar(
             settings,
             load_state=lambda: loads,
-            mono_clock=clocks.mono,
-            wall_clock=clocks.wall,
-            sleep=fake_sleep,
+            runtime=Runtime(wall_clock=clocks.wall, mono_clock=clocks.mono, sleep=fake_sleep),
         ) as (_, pipe, pairs, _c, _m):
             loads["standard"] = ArmLoad(0, 0, 8, 0.0)
             assert pipe.offer(_request()) == "admitted"
@@ -374,9 +376,9 @@ class TestFromSettings:
             async def sink(p: ReplayPair) -> None:
                 raise AssertionError("no pair expected")
 
-            pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+            pipe = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
             alone = ShadowPipeline.from_settings(
-                settings, session=session, on_pair=sink, serve_mirror=False
+                settings, session=session, sink=PairSinkFn(sink), serve_mirror=False
             )
         assert pipe.sampler.probability == 0.25
         assert pipe.sampler.queue.maxsize == 3
@@ -409,7 +411,7 @@ class TestFromSettings:
                     sleep=asyncio.sleep,
                     serve_mirror=False,
                 ),
-                on_pair=sink,
+                sink=PairSinkFn(sink),
             )
         assert pipe.offer(_request()) == "not_sampled"
         assert (sampler.offered, sampler.not_sampled) == (1, 1)
@@ -426,4 +428,4 @@ class TestFromSettings:
 
         async with aiohttp.ClientSession() as session:
             with pytest.raises(ValueError, match=r"shadow\.standard and shadow\.fly"):
-                ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+                ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))

@@ -21,6 +21,7 @@ from specwatch.shadow.ingest.offer import build_shadow_request
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
+from tests.fakes import PairSinkFn
 from tests.fakes.arm import FakeArm, serve_arm
 
 
@@ -72,7 +73,7 @@ async def _drain_with(
                 "fly": ArmEndpoint(url=fu, timeout_seconds=30),
             }
         )
-        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
         for i in range(3):
             assert pipe.offer(_request(i)) == "admitted"
         await pipe.start()

@@ -44,7 +44,9 @@ from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL, SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.export import catalogue as cat
 from specwatch.export.prometheus import _describe, _Families
-from specwatch.shadow.summary import PairedSummary, PairTally, build_shadow_stats
+from specwatch.shadow.published import PairedSummary
+from specwatch.shadow.summary import Levels, OrderedState, build_shadow_stats
+from specwatch.shadow.tally import PairTally
 from specwatch.tools.fleet import catalogue as fc
 
 log = logging.getLogger("specwatch.fleet")
@@ -242,10 +244,8 @@ def fleet_stats(
         stats = build_shadow_stats(
             {FLEET_WINDOW: tallies},
             now=now,
-            alpha=alpha,
-            margin=margin,
-            detect_net_loss=detect_net_loss,
-            net_loss_log_e_value=_log_mean(net_loss.get(model, [])),
+            levels=Levels(alpha, margin, detect_net_loss),
+            ordered=OrderedState(net_loss_log_e_value=_log_mean(net_loss.get(model, []))),
         )
         es = margins.get(model, [])
         ns = net_loss.get(model, [])

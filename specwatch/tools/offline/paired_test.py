@@ -330,7 +330,8 @@ def paired_report(
     :func:`first_crossings`), and the verdict's "within margin" is the confidence sequence's
     declaration along that order.
     """
-    from specwatch.shadow.summary import PairTally, summarize
+    from specwatch.shadow.summary import summarize
+    from specwatch.shadow.tally import PairTally
     from specwatch.shadow.verdict import verdict_from_summary, verdict_line
 
     tally = PairTally(

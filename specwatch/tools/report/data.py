@@ -36,11 +36,18 @@ from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.reports import BinCounts, LabelledStream, ReportSpan, ReportStream
 from specwatch.shadow.lossless import LosslessCheck, lossless_by_load, lossless_check
+from specwatch.shadow.published import ShadowStats
 from specwatch.shadow.stats.confseq import declaration_path
 from specwatch.shadow.stats.eprocess import count_log_e_path, net_loss_log_e_values
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, net_loss_ratio
 from specwatch.shadow.stats.sequential import betting_log_wealth, first_alarm
-from specwatch.shadow.summary import ShadowStats, build_shadow_stats
+from specwatch.shadow.summary import (
+    Carried,
+    LedgerView,
+    Levels,
+    OrderedState,
+    build_shadow_stats,
+)
 from specwatch.shadow.summary import load_bands as load_bands_of
 from specwatch.shadow.tally import ArmTotals, PairTally, load_band_labels
 from specwatch.tools.report import MAX_POINTS, REPORT_WINDOW
@@ -410,24 +417,24 @@ def build_report(
     stats = build_shadow_stats(
         {REPORT_WINDOW: dict(digest.tallies)},
         now=now,
-        alpha=alpha,
-        margin=margin,
-        detect_net_loss=detect_net_loss,
-        net_loss_log_e_value=log_e,
-        betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
-        within_margin_declared_at=declaration_path(stream.d, margin, alpha),
-        ledger_rows=digest.span.rows,
-        decisions=decision_table(
-            digest.tallies,
-            digest.totals,
-            alpha=alpha,
-            margin=margin,
-            detect_net_loss=detect_net_loss,
-            max_categories=max_categories,
-            replies=stored_replies(digest.replies),
-            overall_log_e_value=log_e,
+        levels=Levels(alpha, margin, detect_net_loss),
+        ordered=OrderedState(
+            net_loss_log_e_value=log_e,
+            betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
+            within_margin_declared_at=declaration_path(stream.d, margin, alpha),
         ),
-        by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
+        ledger=LedgerView(rows=digest.span.rows),
+        carried=Carried(
+            decisions=decision_table(
+                digest.tallies,
+                digest.totals,
+                levels=Levels(alpha=alpha, margin=margin, detect_net_loss=detect_net_loss),
+                max_categories=max_categories,
+                replies=stored_replies(digest.replies),
+                overall_log_e_value=log_e,
+            ),
+            by_load=load_bands_of(digest.load_tallies, load_band_labels(load_bands)),
+        ),
     )
     overall = stats.windows[REPORT_WINDOW].get(OVERALL)
     lossless = lossless_check(

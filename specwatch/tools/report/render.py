@@ -27,7 +27,7 @@ from specwatch.shadow.decision import (
     arm_tau_means,
     tau_coverage_by_category,
 )
-from specwatch.shadow.summary import PairedSummary
+from specwatch.shadow.published import PairedSummary
 from specwatch.shadow.tally import ArmTotals
 from specwatch.shadow.verdict import (
     Verdict,

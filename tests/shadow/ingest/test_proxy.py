@@ -20,7 +20,7 @@ from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
-from tests.fakes import FakeWallClock
+from tests.fakes import FakeWallClock, PairSinkFn
 from tests.fakes.arm import FakeArm, serve_arm
 
 
@@ -301,7 +301,9 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
             proxy_upstream=base,
         )
         async with aiohttp.ClientSession() as replay_session:
-            pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink)
+            pipe = ShadowPipeline.from_settings(
+                settings, session=replay_session, sink=PairSinkFn(sink)
+            )
             await pipe.start()
             assert pipe.proxy is not None
             assert pipe.proxy.port is not None
