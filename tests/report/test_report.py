@@ -21,16 +21,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from scipy.stats import binomtest
 
 from specwatch.__main__ import main
-from specwatch.report.data import ReportData, build_report, parse_acceptance, read_ledger
-from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
+from specwatch.tools.report.data import ReportData, build_report, parse_acceptance, read_ledger
+from specwatch.tools.report.render import elapsed_axis, evalue_figure, render_html
+from tests.fakes.vllm import FakeVllm, Reply
 from tests.shadow.stats.eprocess_reference import count_form, reference
 
 T0 = 1_764_460_800.0
@@ -492,27 +492,14 @@ class TestAcceptance:
 
     async def test_metrics_url_end_to_end(self, ledger_file: Path, tmp_path: Path) -> None:
         """--metrics-url against a live /metrics server: the table lists both arms' p_i."""
-        text = exposition()
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=text, content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
         out = tmp_path / "out"
-        try:
+        async with FakeVllm() as target:
+            target.push(Reply(exposition()))
             argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
-            argv += ["--metrics-url", f"http://127.0.0.1:{port}/metrics"]
+            argv += ["--metrics-url", target.url]
             rc = await asyncio.to_thread(main, argv)
-            bad = [*argv[:-1], f"http://127.0.0.1:{port}/nope"]
+            bad = [*argv[:-1], target.url.replace("/metrics", "/nope")]
             rc_bad = await asyncio.to_thread(main, bad)
-        finally:
-            await runner.cleanup()
         assert rc == 0
         tables = parse_tables((out / "index.html").read_text(encoding="utf-8"))
         assert float(tables["fly"]["p3"]["data-value"]) == 0.45
@@ -524,11 +511,13 @@ class TestSpeculationLimit:
     async def test_the_sidecars_sentence_on_the_page(
         self, ledger_file: Path, tmp_path: Path
     ) -> None:
-        """A sidecar-like server answers /api/v1/snapshot and /metrics for a snapshot whose
-        limit (FLy 150 vs 100 per request at 1 running, 75 vs 100 at 4) is reached at
-        4^(ln 1.5 / ln 2) = 2.25 running, interval 1-4. With the snapshot the report shows the
-        sentence the view and advise show, verbatim; with /metrics its first part, rebuilt
-        from the gauges in the same words; without a source it says what it needs."""
+        """A live server answers a snapshot document, then specwatch's /metrics text, for a
+        snapshot whose limit (FLy 150 vs 100 per request at 1 running, 75 vs 100 at 4) is
+        reached at 4^(ln 1.5 / ln 2) = 2.25 running, interval 1-4. With the snapshot the report
+        shows the sentence the view and advise show, verbatim; with /metrics its first part,
+        rebuilt from the gauges in the same words; without a source it says what it needs."""
+        import json
+
         from specwatch.export.json import snapshot_json
         from specwatch.export.prometheus import SpecwatchCollector
         from tests.export.test_prometheus import _full_snapshot
@@ -538,45 +527,31 @@ class TestSpeculationLimit:
         assert limit is not None
         reg = CollectorRegistry()
         reg.register(SpecwatchCollector(lambda: snap))
-        exposition_text = generate_latest(reg).decode()
-
-        async def snapshot(_: web.Request) -> web.Response:
-            return web.json_response(snapshot_json(snap))
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=exposition_text, content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/api/v1/snapshot", snapshot)
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        pages = {}
-        try:
-            for path in ("api/v1/snapshot", "metrics", None):
-                out = tmp_path / (path or "none").replace("/", "_")
+        pages = []
+        async with FakeVllm() as sidecar:
+            sidecar.push(
+                Reply(json.dumps(snapshot_json(snap)), content_type="application/json"),
+                Reply(generate_latest(reg).decode()),
+            )
+            for n, url in enumerate([sidecar.url, sidecar.url, None]):
+                out = tmp_path / f"out{n}"
                 argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
-                if path is not None:
-                    argv += ["--metrics-url", f"http://127.0.0.1:{port}/{path}"]
+                if url is not None:
+                    argv += ["--metrics-url", url]
                 assert await asyncio.to_thread(main, argv) == 0
-                pages[path] = (out / "index.html").read_text(encoding="utf-8")
-        finally:
-            await runner.cleanup()
+                pages.append((out / "index.html").read_text(encoding="utf-8"))
         headline = (
             "FLy vs standard speculation: stops paying from about 2 running requests (95 % "
             "interval 1-4)"
         )
         assert limit.text.startswith(f"{headline}; per-request decode speed at 4 running")
         field = re.compile(r'<p data-field="speculation_limit">([^<]*)</p>')
-        assert [field.findall(pages[p]) for p in ("api/v1/snapshot", "metrics", None)] == [
+        assert [field.findall(page) for page in pages] == [
             [html.escape(limit.text)],
             [html.escape(headline)],
             [],
         ]
-        assert "needs <code>--metrics-url</code> from a sidecar" in pages[None]
+        assert "needs <code>--metrics-url</code> from a sidecar" in pages[2]
 
 
 class TestErrors:
@@ -633,7 +608,7 @@ class TestErrors:
     ) -> None:
         """Without matplotlib: one line naming the 'report' extra, exit 2, nothing written."""
         monkeypatch.setitem(sys.modules, "matplotlib", None)
-        monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+        monkeypatch.delitem(sys.modules, "specwatch.tools.report.render", raising=False)
         out = tmp_path / "o"
         rc, err = self.run(["report", "--ledger", str(ledger_file), "--out", str(out)], capsys)
         assert rc == 2

@@ -69,8 +69,9 @@ def test_vectorised_fold_equals_the_formulas_pair_by_pair() -> None:
 
 
 def test_same_value_however_the_pairs_are_folded() -> None:
-    """Pair by pair, in one pass, and in uneven chunks: the same e-value bit for bit (the
-    order of the floating-point operations is the same), and the detector to 1e-12."""
+    """Pair by pair, in one pass, and in uneven chunks: the same e-value and detector to 1e-12
+    (the same code and order of operations, but numpy may run arrays of other lengths through
+    other SIMD loops, so no bit-for-bit claim)."""
     rng = np.random.default_rng(5)
     x = rng.choice([-1, 0, 0, 0, 0, 1, 1], size=600)
     whole = run_net_loss(x)
@@ -80,7 +81,8 @@ def test_same_value_however_the_pairs_are_folded() -> None:
     chunked = NetLossState()
     for a, b in ((0, 7), (7, 300), (300, 599), (599, 600)):
         chunked = run_net_loss(x[a:b], chunked)
-    assert one.log_wealth == whole.log_wealth == chunked.log_wealth
+    assert one.log_wealth == pytest.approx(whole.log_wealth, rel=0, abs=1e-12)
+    assert chunked.log_wealth == pytest.approx(whole.log_wealth, rel=0, abs=1e-12)
     assert (one.pairs, one.discordant) == (whole.pairs, whole.discordant) == (600, whole.discordant)
     assert one.log_detector == pytest.approx(whole.log_detector, abs=1e-12)
     assert chunked.log_detector == pytest.approx(whole.log_detector, abs=1e-12)
