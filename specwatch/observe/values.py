@@ -396,8 +396,9 @@ class ObserveView:
     """What the observe chain publishes: every scraped target and the FLy/standard pair views.
 
     ``generated_at``: unix seconds of the last rebuild. ``targets`` by name; ``pair`` by window
-    (absent without both a fly and a standard target); ``speculation_limit`` where FLy stops
-    being faster than the standard arm by running requests (``None`` without both targets).
+    (absent without both a fly and a standard target); ``speculation_limit`` from how many
+    running requests FLy stops being faster per request than the no-speculation baseline (when
+    configured) and than the standard arm (``None`` without both targets).
     Immutable; replaced by swapping one reference.
     """
 
