@@ -1,0 +1,182 @@
+"""Alert delivery to a real Alertmanager cluster: three ``prometheus-alertmanager`` processes
+gossiping on loopback ports (``--cluster.listen-address``/``--cluster.peer``), each a peer in
+``alerting.urls``, one of them down for a while, and a webhook receiver run by the test.
+
+The shape of a two-minute outage at the defaults (resend 60 s, lease 240 s: the outage spans two
+resend intervals and half a lease) is kept at a shorter scale: resend 3 s, evaluation 0.5 s,
+lease 12 s, the peer down for 6 s. Meanwhile the firing alert's description carries a live value
+that changes at every evaluation (as the detectors' texts do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.alertmanager import AlertLoop
+from specwatch.alerts.settings import AlertingSettings
+from tests.fakes import free_port
+from tests.fakes.alertmanager import Alertmanager, Webhook, hook_route
+from tests.fakes.wait import poll
+
+pytestmark = pytest.mark.promtool
+
+RESEND = 3.0
+EVALUATION = 0.5
+DOWN = 2 * RESEND
+
+
+class Findings:
+    """What the detectors find at each evaluation: the named alerts, each with a description
+    carrying a value that changes every call (a live acceptance rate, say)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.calls = 0
+
+    def __call__(self) -> list[Alert]:
+        self.calls += 1
+        return [
+            Alert(name, Severity.WARNING, f"{name} fired", f"live value {self.calls}", {})
+            for name in self.names
+        ]
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    tmp: Path, session: aiohttp.ClientSession, config: str
+) -> AsyncIterator[list[Alertmanager]]:
+    """Three clustered Alertmanagers, started and ready, each knowing the other two; stopped
+    on exit."""
+    ports = [free_port() for _ in range(3)]
+    ams = []
+    for i, port in enumerate(ports):
+        (tmp / f"am{i}").mkdir()
+        others = [p for p in ports if p != port]
+        ams.append(
+            Alertmanager(tmp / f"am{i}", config=config, cluster_port=port, cluster_peers=others)
+        )
+    try:
+        await asyncio.gather(*(am.start(session) for am in ams))
+        yield ams
+    finally:
+        for am in ams:
+            await am.stop()
+
+
+async def members(session: aiohttp.ClientSession, am: Alertmanager) -> int:
+    async with session.get(f"{am.url}/api/v2/status") as resp:
+        body: dict[str, Any] = await resp.json()
+        return len(body["cluster"].get("peers") or [])
+
+
+async def received(session: aiohttp.ClientSession, am: Alertmanager, status: str) -> float:
+    """``alertmanager_alerts_received_total{status}`` of ``am`` (alerts posted to it)."""
+    async with session.get(f"{am.url}/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("alertmanager_alerts_received_total{") and f'status="{status}"' in line
+    )
+
+
+def names(alerts: list[dict[str, Any]]) -> set[str]:
+    return {a["labels"]["alertname"] for a in alerts if a["status"]["state"] == "active"}
+
+
+@pytest.mark.slow  # about 30 s: three Alertmanagers, a 6 s outage, several resend intervals
+async def test_three_peers_one_down(tmp_path: Path) -> None:
+    """Alert A fires, the second peer goes down for two resend intervals, A resolves and B
+    fires during the outage, the peer comes back with empty storage. Then:
+
+    - the counters and last-error state are the down peer's alone (connect errors, a failed
+      last send during the outage, a good one after it); the other two have no error;
+    - every peer lists B active and not A, the returning one included (its outbox kept B and
+      A's resolve);
+    - the receiver was notified of A firing, A resolved and B firing, never of B resolved;
+    - each peer received a firing alert once per resend interval, not at every evaluation,
+      though the description changed at every one; the resolve of A was re-sent (each peer
+      received it more than once).
+    """
+    hook = Webhook()
+    findings = Findings()
+    async with (
+        aiohttp.ClientSession() as session,
+        hook.running(),
+        cluster(tmp_path, session, hook_route(hook)) as ams,
+    ):
+        for am in ams:
+            await poll("three cluster members", lambda am=am: _three(session, am), within=30)
+        settings = AlertingSettings(
+            urls=[am.url for am in ams],
+            resend_interval=RESEND,
+            evaluation_interval=EVALUATION,
+            timeout=1.0,
+            max_attempts=1,
+        )
+        loop = AlertLoop(settings, session, findings)
+        findings.names = ["ClusterA"]
+        task = asyncio.create_task(loop.run())
+        started = time.monotonic()
+        try:
+            await poll("A notified", lambda: _notified(hook, "ClusterA", "firing"))
+            down = ams[1]
+            await down.stop()
+            down_at = time.time()
+            findings.names = ["ClusterB"]
+            await asyncio.sleep(DOWN)
+            during = loop.state.peers[1]
+            assert during.last_send_ok is False
+            assert during.last_error == "connect"
+            assert (during.last_error_at or 0.0) >= down_at
+            await down.start(session)
+            await poll("B on the returning peer", lambda: _only_b(session, down), within=30)
+            await poll("A resolved notified", lambda: _notified(hook, "ClusterA", "resolved"))
+            await poll("B notified", lambda: _notified(hook, "ClusterB", "firing"))
+            await asyncio.sleep(2 * RESEND)  # more resends of B and of A's resolve
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        elapsed = time.monotonic() - started
+        for am in ams:
+            assert names(await am.alerts(session)) == {"ClusterB"}
+        evaluations = findings.calls
+        first = await received(session, ams[0], "firing")
+        resolved_first = await received(session, ams[0], "resolved")
+    peers = loop.state.peers
+    assert [p.peer for p in peers] == [am.url for am in ams]
+    assert peers[1].errors["connect"] >= 1
+    assert peers[1].last_send_ok is True
+    for p in (peers[0], peers[2]):
+        assert sum(p.errors.values()) == 0
+        assert (p.last_send_ok, p.last_error, p.last_error_at) == (True, "", None)
+        assert abs(p.clock_offset if p.clock_offset is not None else 99.0) < 2.0
+    assert set(hook.statuses_of("ClusterB")) == {"firing"}
+    assert set(hook.statuses_of("ClusterA")) == {"firing", "resolved"}
+    # One firing post per alert per resend interval (plus the first of each and a margin of
+    # two for the edges), where one per evaluation would be about `evaluations`.
+    bound = elapsed / RESEND + 2 + 2
+    assert first <= bound < evaluations / 2
+    assert resolved_first >= 2
+
+
+async def _three(session: aiohttp.ClientSession, am: Alertmanager) -> bool | None:
+    return True if await members(session, am) == 3 else None
+
+
+async def _notified(hook: Webhook, name: str, status: str) -> bool | None:
+    return True if status in hook.statuses_of(name) else None
+
+
+async def _only_b(session: aiohttp.ClientSession, am: Alertmanager) -> bool | None:
+    return True if names(await am.alerts(session)) == {"ClusterB"} else None
