@@ -129,12 +129,18 @@ def build_payload(
 ) -> list[dict[str, Any]]:
     """JSON body for ``POST /api/v2/alerts``: one object per delivery.
 
-    Firing alerts get ``endsAt = now + lease`` (seconds); resolved ones their own ``ends_at``.
-    Every time is shifted by ``offset`` seconds (the peer's clock minus specwatch's).
+    Firing alerts get ``endsAt = now + lease`` (seconds); resolved ones their own ``ends_at``
+    less :data:`CLOCK_TOLERANCE_SECONDS` (never before ``starts_at``): Alertmanager takes an
+    ``endsAt`` still in its future as a shorter lease, which loses to the lease it holds, so a
+    resolve must reach it already past even under an offset too small to measure. Every time
+    is shifted by ``offset`` seconds (the peer's clock minus specwatch's).
     """
     body: list[dict[str, Any]] = []
     for d in deliveries:
-        ends = d.ends_at if d.ends_at is not None else now + lease
+        if d.ends_at is None:
+            ends = now + lease
+        else:
+            ends = max(d.ends_at - CLOCK_TOLERANCE_SECONDS, d.starts_at)
         item: dict[str, Any] = {
             "labels": dict(d.labels),
             "annotations": {k: v for k, v in d.annotations.items() if v},

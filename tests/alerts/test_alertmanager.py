@@ -186,7 +186,8 @@ class TestPayload:
         assert format_rfc3339(1_800_000_000.0) == "2027-01-15T08:00:00.000Z"
 
     def test_firing_gets_lease_resolved_keeps_end(self) -> None:
-        """A firing delivery ends at now+lease; a resolved one at its resolution time."""
+        """A firing delivery ends at now+lease; a resolved one 2 s before its resolution time
+        (the clock tolerance), never before its start; an offset shifts both times."""
         fire = Delivery({"alertname": "A"}, {"summary": "s", "description": ""}, 100.0, None)
         done = Delivery({"alertname": "B"}, {"summary": "s"}, 50.0, 90.0, "http://sw/")
         body = build_payload([fire, done], now=200.0, lease=240.0)
@@ -196,8 +197,15 @@ class TestPayload:
             "startsAt": format_rfc3339(100.0),
             "endsAt": format_rfc3339(440.0),
         }
-        assert body[1]["endsAt"] == format_rfc3339(90.0)
+        assert body[1]["endsAt"] == format_rfc3339(88.0)
         assert body[1]["generatorURL"] == "http://sw/"
+        quick = Delivery({"alertname": "C"}, {}, 89.0, 90.0)
+        assert build_payload([quick], now=200.0, lease=240.0)[0]["endsAt"] == format_rfc3339(89.0)
+        shifted = build_payload([fire, done], now=200.0, lease=240.0, offset=-360.0)
+        assert [(a["startsAt"], a["endsAt"]) for a in shifted] == [
+            (format_rfc3339(-260.0), format_rfc3339(80.0)),
+            (format_rfc3339(-310.0), format_rfc3339(-272.0)),
+        ]
 
 
 class TestActiveAlerts:
@@ -433,7 +441,7 @@ class TestSender:
         assert last["1"]["startsAt"] == format_rfc3339(1000.0)
         assert last["1"]["endsAt"] == format_rfc3339(1015.0 + 240.0)
         assert last["2"]["startsAt"] == format_rfc3339(1000.0)
-        assert last["2"]["endsAt"] == format_rfc3339(1015.0)
+        assert last["2"]["endsAt"] == format_rfc3339(1013.0)
         assert loop.state.outbox_depth == 0
 
     async def test_connect_error_counted(self) -> None:
@@ -798,7 +806,7 @@ class TestClockOffset:
         """A peer whose ``Date`` is 6 minutes behind or ahead of specwatch's clock (resend 60 s,
         lease 240 s, shorter than the skew): the first post, built before any answer, is
         posted again at once in the peer's clock; from then on every firing alert ends
-        ``now + 240 s`` and every resolve at its resolution time, both in the peer's clock
+        ``now + 240 s`` and every resolve 2 s before its resolution time, both in the peer's clock
         (Alertmanager sees a live lease, then a resolve in its past). Uncompensated, the slow
         case's lease would end 120 s in the peer's past (accepted, never notified) and the
         fast case's resolve 360 s in its future (the alert hangs on). The offset is exported
@@ -828,7 +836,7 @@ class TestClockOffset:
         ]
         # the first post is in specwatch's clock, the rest in the peer's: endsAt - peer now
         assert peer_time[0] == pytest.approx(240.0 - skew, abs=1.0)
-        assert peer_time[1:] == pytest.approx([240.0, 240.0, 0.0], abs=1.0)
+        assert peer_time[1:] == pytest.approx([240.0, 240.0, -2.0], abs=1.0)
         starts = [parse_rfc3339(a["startsAt"]) for _, [a] in am.requests[1:]]
         assert starts == pytest.approx([1_800_000_000.0 + skew] * 3, abs=1.0)
         (peer,) = loop.state.peers

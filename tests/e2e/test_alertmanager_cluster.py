@@ -1,6 +1,8 @@
-"""Alert delivery to a real Alertmanager cluster: three ``prometheus-alertmanager`` processes
-gossiping on loopback ports (``--cluster.listen-address``/``--cluster.peer``), each a peer in
-``alerting.urls``, one of them down for a while, and a webhook receiver run by the test.
+"""Alert delivery to Alertmanager as it is deployed: three real ``prometheus-alertmanager``
+processes as a cluster gossiping on loopback ports (``--cluster.listen-address``/
+``--cluster.peer``), each a peer in ``alerting.urls``, one of them down for a while; and one
+Alertmanager whose clock is 6 minutes off specwatch's, either way. A webhook receiver run by
+the test gets the notifications.
 
 The shape of a two-minute outage at the defaults (resend 60 s, lease 240 s: the outage spans two
 resend intervals and half a lease) is kept at a shorter scale: resend 3 s, evaluation 0.5 s,
@@ -15,7 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 import pytest
@@ -24,7 +26,7 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
 from tests.fakes import free_port
-from tests.fakes.alertmanager import Alertmanager, Webhook, hook_route
+from tests.fakes.alertmanager import Alertmanager, Webhook, hook_route, running_alertmanager
 from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
@@ -180,3 +182,48 @@ async def _notified(hook: Webhook, name: str, status: str) -> bool | None:
 
 async def _only_b(session: aiohttp.ClientSession, am: Alertmanager) -> bool | None:
     return True if names(await am.alerts(session)) == {"ClusterB"} else None
+
+
+class SkewedClock:
+    """A wall clock ``skew`` seconds off the real time (a node whose NTP failed)."""
+
+    kind: ClassVar[Literal["wall"]] = "wall"
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+
+@pytest.mark.parametrize("skew", [-360.0, 360.0], ids=["specwatch_slow", "specwatch_fast"])
+async def test_clock_six_minutes_off_still_notifies_and_resolves(
+    tmp_path: Path, skew: float
+) -> None:
+    """specwatch's clock 6 minutes behind or ahead of a real Alertmanager's, the default 60 s
+    resend (lease 240 s, shorter than the skew): the receiver is notified of the alert firing,
+    then of it resolved, each within 20 s; the measured offset is the skew's opposite (the
+    peer's clock minus specwatch's) within 2 s. Sent in specwatch's own clock, the slow case's
+    alert would arrive already ended (never notified) and the fast case's resolve would end
+    6 minutes in Alertmanager's future (not notified within 20 s)."""
+    hook = Webhook()
+    findings = Findings()
+    async with (
+        aiohttp.ClientSession() as session,
+        hook.running(),
+        running_alertmanager(tmp_path, session, config=hook_route(hook)) as am,
+    ):
+        settings = AlertingSettings(urls=[am.url], evaluation_interval=EVALUATION, timeout=1.0)
+        loop = AlertLoop(settings, session, findings, wall_clock=SkewedClock(skew))
+        findings.names = ["Skewed"]
+        task = asyncio.create_task(loop.run())
+        try:
+            await poll("firing notified", lambda: _notified(hook, "Skewed", "firing"))
+            findings.names = []
+            await poll("resolved notified", lambda: _notified(hook, "Skewed", "resolved"))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    (peer,) = loop.state.peers
+    assert peer.clock_offset == pytest.approx(-skew, abs=2.0)
