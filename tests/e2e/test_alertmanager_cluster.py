@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -25,8 +24,13 @@ import pytest
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
-from tests.fakes import free_port
-from tests.fakes.alertmanager import Alertmanager, Webhook, hook_route, running_alertmanager
+from tests.fakes.alertmanager import (
+    Alertmanager,
+    Webhook,
+    hook_route,
+    running_alertmanager,
+    running_cluster,
+)
 from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
@@ -50,28 +54,6 @@ class Findings:
             Alert(name, Severity.WARNING, f"{name} fired", f"live value {self.calls}", {})
             for name in self.names
         ]
-
-
-@contextlib.asynccontextmanager
-async def cluster(
-    tmp: Path, session: aiohttp.ClientSession, config: str
-) -> AsyncIterator[list[Alertmanager]]:
-    """Three clustered Alertmanagers, started and ready, each knowing the other two; stopped
-    on exit."""
-    ports = [free_port() for _ in range(3)]
-    ams = []
-    for i, port in enumerate(ports):
-        (tmp / f"am{i}").mkdir()
-        others = [p for p in ports if p != port]
-        ams.append(
-            Alertmanager(tmp / f"am{i}", config=config, cluster_port=port, cluster_peers=others)
-        )
-    try:
-        await asyncio.gather(*(am.start(session) for am in ams))
-        yield ams
-    finally:
-        for am in ams:
-            await am.stop()
 
 
 async def members(session: aiohttp.ClientSession, am: Alertmanager) -> int:
@@ -114,7 +96,7 @@ async def test_three_peers_one_down(tmp_path: Path) -> None:
     async with (
         aiohttp.ClientSession() as session,
         hook.running(),
-        cluster(tmp_path, session, hook_route(hook)) as ams,
+        running_cluster(tmp_path, session, config=hook_route(hook)) as ams,
     ):
         for am in ams:
             await poll("three cluster members", lambda am=am: _three(session, am), within=30)

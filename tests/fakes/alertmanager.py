@@ -132,6 +132,28 @@ async def running_alertmanager(
         await am.stop()
 
 
+@contextlib.asynccontextmanager
+async def running_cluster(
+    tmp: Path, session: aiohttp.ClientSession, *, config: str = NULL_ROUTE
+) -> AsyncIterator[list[Alertmanager]]:
+    """Three clustered Alertmanagers, started and ready, each knowing the other two; stopped
+    on exit."""
+    ports = [free_port() for _ in range(3)]
+    ams = []
+    for i, port in enumerate(ports):
+        (tmp / f"am{i}").mkdir()
+        others = [p for p in ports if p != port]
+        ams.append(
+            Alertmanager(tmp / f"am{i}", config=config, cluster_port=port, cluster_peers=others)
+        )
+    try:
+        await asyncio.gather(*(am.start(session) for am in ams))
+        yield ams
+    finally:
+        for am in ams:
+            await am.stop()
+
+
 class Webhook:
     """An aiohttp receiver on 127.0.0.1 that keeps every notification Alertmanager posts."""
 
