@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, Literal
 import aiohttp
 import pytest
 
+from specwatch.__main__ import main
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
@@ -209,3 +211,28 @@ async def test_clock_six_minutes_off_still_notifies_and_resolves(
                 await task
     (peer,) = loop.state.peers
     assert peer.clock_offset == pytest.approx(-skew, abs=2.0)
+
+
+async def test_doctor_flags_one_url_in_front_of_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``specwatch doctor --config`` against a real three-peer cluster: one URL listed (what a
+    Service in front of the replicas amounts to) is a warning naming the 3 peers; all three
+    listed is OK for each."""
+    async with aiohttp.ClientSession() as session, running_cluster(tmp_path, session) as ams:
+        for am in ams:
+            await poll("three cluster members", lambda am=am: _three(session, am), within=30)
+        rows: list[list[dict[str, str]]] = []
+        for urls in ([ams[0].url], [am.url for am in ams]):
+            cfg = tmp_path / "config.yaml"
+            cfg.write_text(json.dumps({"alerting": {"urls": urls}}))
+            await asyncio.to_thread(main, ["doctor", "--config", str(cfg), "--format", "json"])
+            out = json.loads(capsys.readouterr().out)
+            rows.append([r for r in out if r["check"] == "alertmanager"])
+    [one] = rows[0]
+    assert one["status"] == "warn"
+    assert (
+        f"{ams[0].url} is one of a cluster of 3 Alertmanagers but alerting.urls lists 1"
+        in (one["message"])
+    )
+    assert [r["status"] for r in rows[1]] == ["ok"] * 3
