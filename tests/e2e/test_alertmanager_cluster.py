@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from pathlib import Path
@@ -101,7 +102,7 @@ async def test_three_peers_one_down(tmp_path: Path) -> None:
         running_cluster(tmp_path, session, config=hook_route(hook)) as ams,
     ):
         for am in ams:
-            await poll("three cluster members", lambda am=am: _three(session, am), within=30)
+            await poll("three cluster members", functools.partial(_three, session, am), within=30)
         settings = AlertingSettings(
             urls=[am.url for am in ams],
             resend_interval=RESEND,
@@ -221,7 +222,7 @@ async def test_doctor_flags_one_url_in_front_of_a_cluster(
     listed is OK for each."""
     async with aiohttp.ClientSession() as session, running_cluster(tmp_path, session) as ams:
         for am in ams:
-            await poll("three cluster members", lambda am=am: _three(session, am), within=30)
+            await poll("three cluster members", functools.partial(_three, session, am), within=30)
         rows: list[list[dict[str, str]]] = []
         for urls in ([ams[0].url], [am.url for am in ams]):
             cfg = tmp_path / "config.yaml"

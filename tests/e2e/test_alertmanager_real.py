@@ -130,6 +130,7 @@ async def test_restart_loses_nothing(
     listed = _by_engine(await manager.alerts(session))
     assert sorted(listed) == ["1", "2"]
     offset = loop.state.peers[0].clock_offset
+    assert offset is not None
     assert offset == pytest.approx(-30.0, abs=2.0)
     listed_at = {e: datetime.fromisoformat(a["startsAt"]).timestamp() for e, a in listed.items()}
     assert listed_at == pytest.approx({"1": start_1 + offset, "2": start_2 + offset}, abs=1.0)
