@@ -15,14 +15,12 @@ import pytest
 import yaml
 
 from specwatch.__main__ import main
+from specwatch.cli.run import ledger_filesystem
 from specwatch.core.pod import PodSettings, shutdown_fit
 from specwatch.server.checks import check_settings
 from specwatch.settings import Settings
-from specwatch.tools.doctor.deployed import (
-    filesystem_of,
-    ledger_filesystem_findings,
-    native_sidecar_findings,
-)
+from specwatch.shadow.ledger.files import filesystem_of
+from specwatch.tools.doctor.deployed import ledger_filesystem_findings, native_sidecar_findings
 from tests.fakes import REPO
 
 #: A container's mounts as the kernel lists them (proc(5)); the fields a real one has, written
@@ -75,6 +73,37 @@ def test_network_and_memory_filesystems_warn_local_is_ok(tmp_path: Path) -> None
         True,
     )
     assert _row("/data/ledger.sqlite")[0] == "ok"
+
+
+def test_run_warns_at_start_on_network_and_memory_filesystems(tmp_path: Path) -> None:
+    """``specwatch run``'s start-up checks (the warnings it logs): the ledger under a directory
+    the mount table shows on tmpfs, then on NFS, is one ``ledger.path`` warning each; on ext4,
+    or with shadow off, none."""
+    table = tmp_path / "mountinfo"
+    ledger = tmp_path / "state" / "ledger.sqlite"
+    ledger.parent.mkdir()
+    point = str(ledger.parent.resolve())
+    arms = {"standard": {"url": "http://127.0.0.1:1"}, "fly": {"url": "http://127.0.0.1:2"}}
+    on = {"shadow": {"enabled": True, **arms}}
+    settings = Settings.model_validate({**on, "ledger": {"path": str(ledger)}})
+    for fstype, source, words in [
+        ("tmpfs", "tmpfs", "held in memory"),
+        ("nfs", "nas:/x", "a network filesystem"),
+        ("ext4", "/dev/sda1", None),
+    ]:
+        table.write_text(
+            f"1 0 0:1 / / rw - ext4 /dev/sda1 rw\n2 1 0:2 / {point} rw - {fstype} {source} rw\n"
+        )
+        found = ledger_filesystem(settings, table)
+        if words is None:
+            assert found == []
+            continue
+        [warning] = found
+        assert (warning.level, warning.setting) == ("warning", "ledger.path")
+        assert f"is on {fstype} ({source} at {point}), {words}" in warning.message
+    table.write_text(f"1 0 0:1 / / rw - ext4 /dev/sda1 rw\n2 1 0:2 / {point} rw - tmpfs t rw\n")
+    off = Settings.model_validate({"ledger": {"path": str(ledger)}})
+    assert ledger_filesystem(off, table) == []
 
 
 @pytest.mark.skipif(shutil.which("findmnt") is None, reason="needs util-linux findmnt")

@@ -35,82 +35,26 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.core.config import parse_duration
 from specwatch.core.pod import PodSettings, shutdown_fit
+from specwatch.shadow.ledger.files import (
+    LAYER_FILESYSTEMS,
+    MEMORY_FILESYSTEMS,
+    MOUNTINFO,
+    NETWORK_FILESYSTEMS,
+    filesystem_of,
+)
 
 if TYPE_CHECKING:
     from specwatch.settings import Settings
 
 __all__ = [
-    "MEMORY_FILESYSTEMS",
-    "NETWORK_FILESYSTEMS",
     "alertmanager_peer_findings",
     "dashboard_export_findings",
-    "filesystem_of",
     "ledger_filesystem_findings",
     "native_sidecar_findings",
     "rule_range_findings",
 ]
 
 Row = tuple[str, str, str]
-
-#: Filesystem types (``mountinfo``'s type field) that are served over the network.
-NETWORK_FILESYSTEMS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ceph",
-        "glusterfs",
-        "lustre",
-        "gpfs",
-        "afs",
-        "9p",
-        "fuse.sshfs",
-        "fuse.s3fs",
-        "fuse.gcsfuse",
-        "fuse.blobfuse",
-        "fuse.blobfuse2",
-        "fuse.goofys",
-        "fuse.rclone",
-        "fuse.juicefs",
-        "fuse.glusterfs",
-        "fuse.cephfs",
-    }
-)
-#: Filesystem types held in memory.
-MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
-#: The container runtime's layered root filesystem.
-LAYER_FILESYSTEMS = frozenset({"overlay", "aufs"})
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def filesystem_of(path: str, mountinfo: str) -> tuple[str, str, str] | None:
-    """``(filesystem type, mount point, source)`` of the mount holding ``path`` (absolute,
-    symlinks resolved by the caller) in ``mountinfo`` text (proc(5)): the mount whose mount
-    point is the longest prefix of ``path``, the last one listed when several share it (a later
-    mount hides an earlier one). ``None`` when no line parses."""
-    best: tuple[str, str, str] | None = None
-    best_len = -1
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if "-" not in fields[6:]:
-            continue
-        sep = fields.index("-", 6)
-        if len(fields) < sep + 3:
-            continue
-        point = _unescape(fields[4])
-        fstype, source = fields[sep + 1], _unescape(fields[sep + 2])
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best_len:
-            best, best_len = (fstype, point, source), len(point)
-    return best
 
 
 def ledger_filesystem_findings(ledger: Path, mountinfo: str) -> list[Row]:
@@ -396,10 +340,6 @@ def file_rows(
         else:
             out += rule_range_findings(rule_docs, interval)
     return out
-
-
-#: Where the kernel lists this process's mounts.
-MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 async def _statuses(urls: Sequence[str], limit_s: float) -> dict[str, Mapping[str, Any] | str]:
