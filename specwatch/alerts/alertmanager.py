@@ -383,6 +383,7 @@ class _Peer:
     last_error_at: float | None = None
     clock_offset: float | None = None
     clock_warned: bool = False
+    compensating: bool = False
 
     @property
     def label(self) -> str:
@@ -390,9 +391,11 @@ class _Peer:
 
     @property
     def applied_offset(self) -> float:
-        """The offset sent times are shifted by (0 below :data:`CLOCK_TOLERANCE_SECONDS`)."""
+        """The offset sent times are shifted by: on from :data:`CLOCK_TOLERANCE_SECONDS`, off
+        again only under half of it (so the header's rounding near the edge does not switch
+        it at every answer)."""
         off = self.clock_offset
-        return off if off is not None and abs(off) >= CLOCK_TOLERANCE_SECONDS else 0.0
+        return off if off is not None and self.compensating else 0.0
 
     def state(self) -> PeerState:
         return PeerState(
@@ -536,6 +539,10 @@ class AlertSender:
         if offset is None:
             return
         peer.clock_offset = offset
+        if abs(offset) >= CLOCK_TOLERANCE_SECONDS:
+            peer.compensating = True
+        elif abs(offset) < CLOCK_TOLERANCE_SECONDS / 2:
+            peer.compensating = False
         far = abs(offset) > CLOCK_WARN_SECONDS
         if far and not peer.clock_warned:
             log_event(

@@ -844,6 +844,32 @@ class TestClockOffset:
         warned = [r for r in caplog.records if "clock differs" in r.getMessage()]
         assert len(warned) == 1
 
+    async def test_offset_near_the_tolerance_does_not_flap(
+        self, fake_am: tuple[FakeAM, str]
+    ) -> None:
+        """A peer whose ``Date`` reads 2 s, then 1 s, then 0 s (twice) ahead (read as 2.5, 1.5 and
+        0.5 s: whole seconds plus their mean truncation): compensation starts at 2.5 (>= 2 s),
+        stays on at 1.5 (not under 1 s), and stops at 0.5. A post is built with the offset of
+        the answer before it (the first one's answer causes the only re-post: the offset moved
+        by 2 s or more, the later moves are under that)."""
+        am, url = fake_am
+        clock = FakeWallClock(1_800_000_000.0)
+        am.clock = clock
+        findings = [drop()]
+        async with aiohttp.ClientSession() as session:
+            settings = AlertingSettings(urls=[url], resend_interval=15, evaluation_interval=15)
+            loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=Sleeps())
+            applied = []
+            for skew in (2.0, 1.0, 0.0, 0.0):
+                am.skew = skew
+                await loop.tick()
+                (peer,) = loop.state.peers
+                sent = parse_rfc3339(am.requests[-1][1][0]["startsAt"]) - 1_800_000_000.0
+                applied.append((round(peer.clock_offset or 0.0, 1), round(sent, 1)))
+                clock.advance(15)
+        assert applied == [(2.5, 2.5), (1.5, 2.5), (0.5, 1.5), (0.5, 0.0)]
+        assert len(am.requests) == 5  # the first answer showed the offset: one re-post
+
     def test_date_offset_reads_the_header(self) -> None:
         """``Date: Sun, 06 Dec 2026 20:00:00 GMT`` (1796587200, worked out by hand: 20793 days
         after 1970-01-01 times 86400 plus 20 h) answered to a request made between 1796587559
