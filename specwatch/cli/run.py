@@ -145,7 +145,37 @@ def whole_config(settings: Settings) -> list[Finding]:
     for f in found:
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-    return [f for f in found if f.level != "error" and f not in logged]
+    return [f for f in found if f.level != "error" and f not in logged] + ledger_filesystem(
+        settings
+    )
+
+
+#: What each risky filesystem does to the ledger (SQLite in WAL mode).
+_FS_RISK = {
+    "network": "a network filesystem: SQLite's write-ahead log needs working locks and shared "
+    "memory on one host ('database is locked', corruption); use a local disk",
+    "memory": "held in memory: every pair is lost at the next start; use a lasting volume",
+}
+
+
+def ledger_filesystem(settings: Settings, mountinfo: Path | None = None) -> list[Finding]:
+    """A warning (setting ``ledger.path``) when shadow is on and the ledger's directory is on a
+    network or memory filesystem (:func:`specwatch.shadow.ledger.files.filesystem_risk`; the
+    container-layer case is left to ``specwatch doctor --config``: a local run from a
+    checkout in a dev container is on one)."""
+    if not settings.shadow.enabled:
+        return []
+    from specwatch.server.checks import Finding
+    from specwatch.shadow.ledger.files import MOUNTINFO, filesystem_risk
+
+    found = filesystem_risk(settings.ledger.path, mountinfo or MOUNTINFO)
+    if found is None:
+        return []
+    risk, fstype, point, source = found
+    if risk not in _FS_RISK:
+        return []
+    where = f"{settings.ledger.path!r} is on {fstype} ({source} at {point}), "
+    return [Finding("warning", "ledger.path", where + _FS_RISK[risk])]
 
 
 def log_shutdown_fit(settings: Settings) -> None:

@@ -716,14 +716,35 @@ ALERT_FIRING = MetricSpec(
     ("alertname", "severity"),
     open_labels=True,
 )
+ALERTMANAGER_SENT = _c(
+    "specwatch_alertmanager_sent_alerts",
+    "Alerts (firing and resolved) an Alertmanager accepted, by peer (its URL).",
+    ("peer",),
+)
 ALERTMANAGER_SEND_ERRORS = _c(
     "specwatch_alertmanager_send_errors",
-    "Failed Alertmanager sends and dropped deliveries, by reason.",
-    REASON,
+    "Failed Alertmanager sends and dropped deliveries, by peer (its URL) and reason.",
+    ("peer", "reason"),
 )
 ALERTMANAGER_OUTBOX_DEPTH = _g(
     "specwatch_alertmanager_outbox_depth",
-    "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
+    "Alert deliveries waiting for an Alertmanager, by peer (its URL).",
+    ("peer",),
+)
+ALERTMANAGER_LAST_SEND_SUCCESS = _g(
+    "specwatch_alertmanager_last_send_success",
+    "1 when the last send to this Alertmanager succeeded, 0 when it failed (absent before one).",
+    ("peer",),
+)
+ALERTMANAGER_LAST_ERROR = _g(
+    "specwatch_alertmanager_last_error_timestamp_seconds",
+    "Unix time of the last failed send to this Alertmanager (absent before one).",
+    ("peer",),
+)
+ALERTMANAGER_CLOCK_OFFSET = _g(
+    "specwatch_alertmanager_clock_offset_seconds",
+    "This Alertmanager's clock minus specwatch's, from the Date header of its last answer.",
+    ("peer",),
 )
 
 ALERT_STATE_ERRORS = _c(
@@ -735,8 +756,12 @@ ALERT_STATE_ERRORS = _c(
 #: The alerting families, in exposition order.
 ALERTS: tuple[MetricSpec, ...] = (
     ALERT_FIRING,
+    ALERTMANAGER_SENT,
     ALERTMANAGER_SEND_ERRORS,
     ALERTMANAGER_OUTBOX_DEPTH,
+    ALERTMANAGER_LAST_SEND_SUCCESS,
+    ALERTMANAGER_LAST_ERROR,
+    ALERTMANAGER_CLOCK_OFFSET,
     ALERT_STATE_ERRORS,
 )
 
@@ -794,6 +819,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "alertname": "the detectors' alerts (fixed in code)",
     "severity": "the detectors' severities (fixed in code)",
     "listener": "3: main, proxy, simulator",
+    "peer": "the configured Alertmanager URLs (alerting.urls)",
 }
 
 #: Family name (without ``_total``) → spec.
