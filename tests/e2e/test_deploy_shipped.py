@@ -376,11 +376,28 @@ async def layout(
             ]
         config = prometheus_config(objs, pods, tmp, am)
         prom = await stack.enter_async_context(run_prometheus(tmp, config, session))
-        load = LoadGenerator(
-            list(urls.values()),
-            LoadConfig(concurrency=6, duration_s=None, fanout=True, max_tokens=48, temperature=1.0),
-            session=session,
-        )
+        if name == "in-pod":
+            # as the mesh does: live traffic to the standard server (the vllm Service), and the
+            # rendered VirtualService's share of it copied to the sidecar's mirror listener
+            vs = one(objs, "VirtualService")
+            (share,) = {
+                m["percentage"]["value"] for r in vs["spec"]["http"] for m in r.get("mirrors", [])
+            }
+            mirror_port = yaml.safe_load(cfg.read_text())["shadow"]["mirror_listen_port"]
+            shape = LoadConfig(
+                concurrency=6,
+                duration_s=None,
+                max_tokens=48,
+                temperature=1.0,
+                mirror_url=f"http://127.0.0.1:{mirror_port}",
+                mirror_fraction=share / 100,
+            )
+            load = LoadGenerator([urls["standard"]], shape, session=session)
+        else:
+            shape = LoadConfig(
+                concurrency=6, duration_s=None, fanout=True, max_tokens=48, temperature=1.0
+            )
+            load = LoadGenerator(list(urls.values()), shape, session=session)
         task = asyncio.create_task(load.run())
 
         async def stop_load() -> None:
@@ -543,8 +560,12 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
                 return None
             # the live Alertmanager's inhibit rule compares labels specwatch's alerts carry
             assert f"OK    inhibit    {am}: inhibit rule 1: equal labels carried" in out, out
-            # the ledger on the overlay's PersistentVolumeClaim: no warning at all
-            assert "WARN" not in out, out
+            # the ledger on the overlay's PersistentVolumeClaim, and the mesh's 100 % copies
+            assert (
+                "OK    ledger     Deployment vllm-pair keeps the ledger on a lasting volume" in out
+            )
+            assert "WARN  ledger" not in out, out
+            assert "OK    mirror" in out, out
             return True
 
         try:
