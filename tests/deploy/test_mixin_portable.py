@@ -48,6 +48,8 @@ def go_jsonnet() -> ModuleType:
 
 
 def test_go_jsonnet_renders_what_the_wheel_renders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """go-jsonnet (the gojsonnet wheel) evaluates render.py's snippet to the same rules and
+    dashboards as the C++ wheel."""
     want = reference()
     monkeypatch.setattr(render, "_jsonnet", go_jsonnet())
     got = render.evaluate_mixin(thresholds=render.threshold_values())
@@ -55,6 +57,8 @@ def test_go_jsonnet_renders_what_the_wheel_renders(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_jsonnet_command_renders_it_or_names_the_minimum(tmp_path: Path) -> None:
+    """A `jsonnet` on PATH renders the vendored mixin as the wheel does (>= 0.20), or stops
+    with the mixin's message naming 0.20 and writes nothing (Debian 12's 0.18)."""
     binary = shutil.which("jsonnet")
     if binary is None:
         pytest.skip("no jsonnet command on PATH (apt install jsonnet)")

@@ -30,6 +30,8 @@ async def _live_loop(client: aiohttp.ClientSession, url: str, stop: asyncio.Even
 
 
 async def test_starved_budget_keeps_a_moving_verdict_and_says_why(tmp_path: Path) -> None:
+    """Paused on waiting the whole run, graded pairs still grow by the trickle, and the
+    sampler, /metrics, the snapshot and the verdict say the pause and its cause."""
     canary = tmp_path / "canary.jsonl"
     write_canary(canary, variants=1, temperature=0.0)
     slow_std = SimConfig(role=Role.STANDARD, time_scale=1.0, max_num_seqs=2)
