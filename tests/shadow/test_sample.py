@@ -235,18 +235,23 @@ def test_canonical_rejects_nan() -> None:
 def test_pause_explanation_names_the_arm_and_its_numbers() -> None:
     """The sentence behind the pause, worked out by hand for each reason."""
     now = 100.0
-    kw = {"on_waiting": True, "running_fraction": 0.8, "max_age_seconds": 30.0}
-    assert pause_explanation({"standard": ArmLoad(3, 0, 10, now)}, now, **kw) == ""
+
+    def explain(loads: dict[str, ArmLoad]) -> str:
+        return pause_explanation(
+            loads, now, on_waiting=True, running_fraction=0.8, max_age_seconds=30.0
+        )
+
+    assert explain({"standard": ArmLoad(3, 0, 10, now)}) == ""
     assert (
-        pause_explanation({"standard": ArmLoad(5, 12, 128, now)}, now, **kw)
+        explain({"standard": ArmLoad(5, 12, 128, now)})
         == "paused: standard has 12 requests waiting"
     )
     assert (
-        pause_explanation({"fly": ArmLoad(110, 1, 128, now)}, now, **kw)
+        explain({"fly": ArmLoad(110, 1, 128, now)})
         == "paused: fly has 1 request waiting; fly runs 110 of 128 sequences (pauses at 80%)"
     )
     assert (
-        pause_explanation({"fly": ArmLoad(0, 0, 10, now - 42)}, now, **kw)
+        explain({"fly": ArmLoad(0, 0, 10, now - 42)})
         == "paused: fly's last load reading is 42 s old"
     )
 
