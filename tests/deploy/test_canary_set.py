@@ -1,4 +1,4 @@
-"""The canary set the base ships (``deploy/base/canary.jsonl``): it loads as the sidecar loads it,
+"""The canary set both layouts ship (``deploy/canary/canary.jsonl``): it loads as the sidecar loads it,
 its gold answers are right (worked out here from each question's own words, not from the file),
 its checker reads the answer a model is asked to write, and it fits a ConfigMap."""
 
@@ -11,7 +11,7 @@ from specwatch.shadow.checkers import make_checker
 from specwatch.shadow.ingest.canary import load_canary
 from tests.fakes import REPO
 
-CANARY = REPO / "deploy" / "base" / "canary.jsonl"
+CANARY = REPO / "deploy" / "canary" / "canary.jsonl"
 
 
 def worked_out(prompt: str) -> int:

@@ -754,8 +754,14 @@ class TestAgreementWithSpecwatch:
         }
         assert sh.canary_file == f"{mounts['specwatch-config']}/canary.jsonl"
         kust = load_yaml_docs(BASE / "kustomization.yaml")[0]
-        gen = next(g for g in kust["configMapGenerator"] if g["name"] == "specwatch-config")
-        assert gen["files"] == ["config.yaml", "canary.jsonl"]
+        assert "../canary" in kust["components"]
+        comp = load_yaml_docs(BASE.parent / "canary" / "kustomization.yaml")[0]
+        (gen,) = comp["configMapGenerator"]
+        assert (gen["name"], gen["behavior"], gen["files"]) == (
+            "specwatch-config",
+            "merge",
+            ["canary.jsonl"],
+        )
         for arm, name in ((sh.standard, "vllm-standard"), (sh.fly, "vllm-fly")):
             port = next(iter(port_by_name(container(pod_spec, name)).values()))
             assert arm.url == f"http://127.0.0.1:{port}"
