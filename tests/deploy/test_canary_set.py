@@ -1,6 +1,6 @@
-"""The canary set both layouts ship (``deploy/canary/canary.jsonl``): it loads as the sidecar loads it,
-its gold answers are right (worked out here from each question's own words, not from the file),
-its checker reads the answer a model is asked to write, and it fits a ConfigMap."""
+"""The canary set both layouts ship (``deploy/canary/canary.jsonl``): it loads as the sidecar
+loads it, its gold answers are right (worked out here from each question's own words, not from
+the file), its checker reads the answer a model is asked to write, and it fits a ConfigMap."""
 
 from __future__ import annotations
 
