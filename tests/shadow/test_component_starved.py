@@ -68,6 +68,7 @@ async def test_starved_budget_keeps_a_moving_verdict_and_says_why(tmp_path: Path
                 assert re.fullmatch(r"paused: standard has \d+ requests? waiting", text), text
                 m = await sc.metrics()
                 assert m[("specwatch_shadow_paused", frozenset({("reason", "waiting")}))] == 1.0
+                assert m[("specwatch_shadow_canary_trickled_total", frozenset())] >= 3
                 async with sc.client.get(sc.url + "/api/v1/snapshot") as r:
                     snap = await r.json()
                 io = snap["shadow"]["io"]
