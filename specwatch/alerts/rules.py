@@ -33,6 +33,7 @@ from specwatch.core.numbers import exp_or_inf
 from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.published import PairedSummary, ShadowStats
+from specwatch.shadow.sample import CHOSEN_PAUSES
 from specwatch.shadow.stats.sequential import alarm
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
@@ -619,6 +620,8 @@ def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -
     summ = _shadow_window(shadow, s.shadow_stalled_window).get(OVERALL)
     if summ is None or summ.tally.paired > 0:
         return []
+    if shadow.io is not None and any(shadow.io.paused.get(r) for r in CHOSEN_PAUSES):
+        return []  # specwatch chose to pause (live requests wait): not a stall
     rates = [
         mw.server.generation_tokens_per_second
         for t in snap.targets.values()

@@ -183,6 +183,8 @@ def _shadow_lines(stats: ShadowStats, window: str) -> list[Text]:
                 "dim",
             )
         )
+        if io_state.pause_text:
+            lines.append(_line(f"{io_state.pause_text} (canary trickle: {io_state.trickled})"))
     return lines
 
 

@@ -534,6 +534,11 @@ SHADOW_PAUSED = _g(
 SHADOW_PAUSES = _c(
     "specwatch_shadow_pauses", "Times shadow replay entered a load-aware pause, by reason.", REASON
 )
+SHADOW_TRICKLED = _c(
+    "specwatch_shadow_canary_trickled",
+    "Canary requests admitted through a load pause specwatch chose "
+    "(shadow.canary_min_rate_per_second), so the quality verdict keeps moving.",
+)
 
 # Shadow I/O self-health counters (ShadowIO), after the families above.
 SHADOW_RECEIVED = _c(
@@ -653,6 +658,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_DROPPED,
     SHADOW_PAUSED,
     SHADOW_PAUSES,
+    SHADOW_TRICKLED,
     SHADOW_RECEIVED,
     SHADOW_INGEST_ERRORS,
     SHADOW_OFFERED,

@@ -220,17 +220,21 @@ def shadow_verdict(st: ShadowStats) -> str:
     cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
     overall = cats.get(OVERALL)
     if overall is None:
-        return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
-    return verdict_line(
-        verdict_from_summary(
-            overall,
-            alpha=st.alpha,
-            margin=st.margin,
-            tau_ratio=tau,
-            throughput_ratio=speed,
-            declared_at=st.within_margin_declared_at,
+        line = verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
+    else:
+        line = verdict_line(
+            verdict_from_summary(
+                overall,
+                alpha=st.alpha,
+                margin=st.margin,
+                tau_ratio=tau,
+                throughput_ratio=speed,
+                declared_at=st.within_margin_declared_at,
+            )
         )
-    )
+    # replays paused for load: the verdict says why it moves slowly (or not at all)
+    pause = st.io.pause_text if st.io is not None else ""
+    return f"{line} ({pause})" if pause else line
 
 
 def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
@@ -302,6 +306,8 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
             "in_flight": io.in_flight,
             "dropped_total": dict(io.dropped),
             "paused": {r: bool(v) for r, v in io.paused.items()},
+            "pause": io.pause_text,
+            "trickled_total": io.trickled,
         },
         "decisions": [
             {f.name: _json_num(getattr(r, f.name)) for f in fields(r)} for r in stats.decisions

@@ -346,6 +346,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add_counts(cat.SHADOW_DROPPED, io.dropped)
     fam.add_counts(cat.SHADOW_PAUSED, io.paused)
     fam.add_counts(cat.SHADOW_PAUSES, io.pauses_total)
+    fam.add(cat.SHADOW_TRICKLED, (), io.trickled)
     fam.add_counts(cat.SHADOW_RECEIVED, io.received)
     fam.add_counts(cat.SHADOW_INGEST_ERRORS, io.ingest_errors)
     fam.add(cat.SHADOW_OFFERED, (), io.offered)

@@ -16,7 +16,8 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
 * ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
 * ``mirror``: with ``--manifest`` holding an Istio VirtualService or Gateway API HTTPRoute
   mirror, the share of live requests that reached specwatch's mirror listener over the last
-  hour is at least half the configured percentage;
+  hour against each route's percentage (every Istio and Gateway API form): under half the
+  smallest fails, short of it by more than the window's edges explain warns with the numbers;
 * ``inhibit``: with ``--alertmanager-config FILE`` or ``--alertmanager-url URL``, each inhibit
   rule that selects specwatch's alerts compares (``equal``) only labels they carry;
 * ``labels``: with ``--dashboard``, every label a panel's matcher needs exists on some series of
