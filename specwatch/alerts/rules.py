@@ -16,6 +16,7 @@ from dataclasses import replace
 from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.conditions import (
     BudgetInputs,
+    acceptance_causes,
     acceptance_decay,
     acceptance_drop,
     admission_stall,
@@ -26,6 +27,7 @@ from specwatch.alerts.conditions import (
     lossless_flips,
     quality_drift,
     token_budget_bound,
+    truncation_causes,
 )
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
@@ -39,6 +41,65 @@ __all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
+#: What each cause means and what to do, as the alert texts say it (the runbook has the same
+#: actions under each alert's "Causes").
+CAUSES: dict[str, str] = {
+    "token_budget": "the token budget cuts drafts short (steps are filled to "
+    "max_num_batched_tokens): raise --max-num-batched-tokens or lower num_speculative_tokens",
+    "dynamic_k": "the server shortens drafts as the batch grows "
+    "(num_speculative_tokens_per_batch_size): by design, nothing to fix",
+    "structured_output": "grammar-constrained requests: vLLM subtracts the draft tokens the "
+    "grammar invalidates: by design, nothing to fix",
+    "drafter_context_limit": "steps whose longest sequence plus K exceeds the drafter's "
+    "max_model_len get zero-filled drafts, counted as drafted and rejected (the conditional "
+    "per-position rates stay, long prompts are on the page): raise the drafter's max_model_len "
+    "or route long prompts to a server without speculation",
+    "drafter_change": "the drafter, its weights or the speculative config changed: compare the "
+    "deployed drafter and --speculative-config with the last good ones, roll back",
+    "traffic_change": "the traffic changed (prompts the drafter predicts worse): compare the "
+    "request mix with the baseline period",
+    "fly_threshold": "FLy's verification (entropy threshold or window) changed while the "
+    "standard arm with the same drafter kept its acceptance: check the FLy server's "
+    "--speculative-config",
+    "disaggregation": "the decode server accepts far less than its monolithic baseline with the "
+    "same drafter: with prefill/decode disaggregation the drafter's KV (or hidden states) is "
+    "likely not transferred from the prefill server; check the KV connector carries the draft "
+    "model's layers",
+}
+
+
+def _cause(causes: tuple[str, ...]) -> tuple[str, str, str]:
+    """The ``cause`` label (one cause, or ``undetermined``), the summary's words for it (``cause:
+    X`` or ``cause undetermined: X or Y``) and the description's sentence naming it, or the
+    candidates that remain, with what to do."""
+    if len(causes) == 1:
+        return causes[0], f"cause: {causes[0]}", f" Cause: {causes[0]}: {CAUSES[causes[0]]}."
+    return (
+        "undetermined",
+        "cause undetermined: " + " or ".join(causes),
+        (
+            " Cause undetermined from the page; candidates: "
+            + "; ".join(f"{c} ({CAUSES[c]})" for c in causes)
+            + "."
+        ),
+    )
+
+
+def _long_prompt_share(h: Health, limit: int | None, k: int | None) -> float | None:
+    """Share of the window's prompts longer than the largest prompt-length bucket bound within
+    the drafter's ``limit`` minus ``k`` (an upper bound: sequences grow while they decode);
+    ``None`` when the limit or the histogram is unknown or no prompt finished."""
+    hist = h.prompt_length
+    if limit is None or hist is None or not hist.buckets:
+        return None
+    total = hist.buckets[-1][1]
+    if total <= 0:
+        return None
+    room = limit - (k or 0)
+    below = max((c for le, c in hist.buckets if le <= room), default=0.0)
+    return max(total - below, 0.0) / total
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -101,7 +162,7 @@ def _not_one_server(t: TargetSnapshot, increase: float | None) -> list[Alert]:
     ]
 
 
-def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
+def _acceptance(t: TargetSnapshot, s: DetectSettings, fly_alone: bool | None) -> list[Alert]:
     short = _window(t, s.acceptance_short_window)
     base = _window(t, s.acceptance_baseline_window, fallback=True)
     out: list[Alert] = []
@@ -119,7 +180,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             s,
         )
         if v is not None:
-            out.append(_drop_alert(t, model, None, v, h, b, s))
+            out.append(_drop_alert(t, model, None, v, h, b, s, fly_alone))
         if len(mw.engines) < 2:
             continue  # one engine is the server: its alert is the server's
         # every engine that dropped keeps its own alert, also when the server dropped too;
@@ -138,7 +199,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 s,
             )
             if ev is not None:
-                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s, fly_alone))
         if len(found) < len(mw.engines):
             out += found
     return out
@@ -148,9 +209,16 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
 SustainedKey = tuple[str, str, str]
 
 
-def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, float]) -> list[Alert]:
+def _decay(
+    t: TargetSnapshot,
+    s: DetectSettings,
+    best: Mapping[SustainedKey, float],
+    fly_alone: bool | None = None,
+) -> list[Alert]:
     out: list[Alert] = []
+    base = _window(t, s.acceptance_baseline_window, fallback=True)
     for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+        bw = base.get(model)
         rows: list[tuple[str, Health]] = [("", mw.server)]
         if len(mw.engines) > 1:
             rows += sorted(mw.engines.items())
@@ -166,19 +234,21 @@ def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, flo
                 labels["engine"] = engine
                 where = f"engine {engine} of {t.name}"
             restarts = sum(t.counter_resets.values())
+            bh = None if bw is None else (bw.engines.get(engine) if engine else bw.server)
+            labels["cause"], short, because = _acceptance_cause(t, h, bh, fly_alone)
             out.append(
                 Alert(
                     "SpecAcceptanceDecay",
                     Severity.WARNING,
                     f"Acceptance on {where} is below {s.acceptance_drop_ratio:.0%} of its best "
-                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h.",
+                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h "
+                    f"({short}).",
                     f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
                     f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)}, {v:.0%} of the "
                     f"best {s.acceptance_sustained_window} level {_fmt(peak)} seen in the last "
                     f"{s.acceptance_decay_lookback / 3600:g}h (threshold "
-                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: {restarts}. "
-                    "A slow decay or a restart that came back lower (new image, weights, "
-                    "config) looks like this.",
+                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: "
+                    f"{restarts}.{because}",
                     labels,
                     value=v,
                 )
@@ -206,6 +276,23 @@ def sustained_levels(observe: ObserveView, s: DetectSettings) -> dict[SustainedK
     return out
 
 
+def _acceptance_cause(
+    t: TargetSnapshot, h: Health, b: Health | None, fly_alone: bool | None
+) -> tuple[str, str, str]:
+    """The ``cause`` label and sentence of an acceptance alert (:func:`acceptance_causes`)."""
+    return _cause(
+        acceptance_causes(
+            conditional_short=h.per_position_conditional_acceptance_rate,
+            conditional_base=() if b is None else b.per_position_conditional_acceptance_rate,
+            long_prompts=_long_prompt_share(
+                h, t.drafter_max_model_len, t.capacity.num_speculative_tokens
+            ),
+            fly_alone=fly_alone,
+            restarted=sum(t.counter_resets.values()) > 0,
+        )
+    )
+
+
 def _drop_alert(
     t: TargetSnapshot,
     model: str,
@@ -214,8 +301,10 @@ def _drop_alert(
     h: Health,
     b: Health,
     s: DetectSettings,
+    fly_alone: bool | None = None,
 ) -> Alert:
     labels = _base(t, model)
+    labels["cause"], short, because = _acceptance_cause(t, h, b, fly_alone)
     where = t.name
     if engine is None:
         labels["scope"] = "server"
@@ -226,12 +315,12 @@ def _drop_alert(
     return Alert(
         "SpecAcceptanceDrop",
         Severity.WARNING,
-        f"Speculative-decoding acceptance dropped on {where}.",
+        f"Speculative-decoding acceptance dropped on {where} ({short}).",
         f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
         f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)} and the mean acceptance "
         f"length {_fmt(h.mean_acceptance_length)}, against {_fmt(b.acceptance_rate)} and "
         f"{_fmt(b.mean_acceptance_length)} in the baseline: {value:.0%} of it (threshold "
-        f"{s.acceptance_drop_ratio:.0%}).",
+        f"{s.acceptance_drop_ratio:.0%}).{because}",
         labels,
         value=value,
     )
@@ -249,9 +338,9 @@ def _speculation_k(t: TargetSnapshot) -> int | None:
     """
     cap = t.capacity
     k = cap.num_speculative_tokens
-    if k is None or k <= 0:
+    if k is None or k <= 0 or t.role is Role.PREFILL:
         return None
-    if t.limits.num_speculative_tokens is not None or t.role is not Role.BASELINE:
+    if t.limits.num_speculative_tokens is not None or t.role.speculates:
         return k
     drafted = any((mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values())
     return k if drafted else None
@@ -309,7 +398,19 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             labels = {**_base(t, model), "reason": reason}
             if engine:
                 labels["engine"] = engine
-            out.append(_budget_alert(t, model, reason, engine, value, h, s, labels))
+            because = ""
+            if reason == "draft_truncation":
+                causes = truncation_causes(
+                    designed=t.designed_short_drafts,
+                    scheduled_tokens_per_step=h.scheduled_tokens_per_step,
+                    max_num_batched_tokens=cap.max_num_batched_tokens,
+                    running=cap.num_requests_running,
+                    d_full=cap.decode_full_per_step_requests,
+                )
+                if "token_budget" not in causes:
+                    continue  # shorter drafts by design: the budget does not starve them
+                labels["cause"], _short, because = _cause(causes)
+            out.append(_budget_alert(t, model, reason, engine, value, h, s, labels, because))
     return out
 
 
@@ -337,6 +438,7 @@ def _budget_alert(
     h: Health,
     s: DetectSettings,
     labels: dict[str, str],
+    because: str = "",
 ) -> Alert:
     cap = t.capacity
     k = cap.num_speculative_tokens
@@ -360,12 +462,19 @@ def _budget_alert(
             "the token budget or not drafting."
         )
     else:
-        summary = f"The drafts of target {t.name} are truncated below K."
+        cause = labels.get("cause", "token_budget")
+        summary = f"The drafts of target {t.name} are truncated below K " + (
+            "by the token budget." if cause == "token_budget" else "(cause undetermined)."
+        )
         text = (
             f"Over {s.rate_window} the mean draft length of {t.name} is {value:.3g}, under "
-            f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}: the "
-            "token budget cuts drafts short."
+            f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}; "
+            f"{_fmt(h.scheduled_tokens_per_step, '.4g')} tokens scheduled per engine step "
+            f"(max_num_batched_tokens {_fmt(cap.max_num_batched_tokens, 'g')})."
+            + because
+            + (_budget_finding(t) if cause == "token_budget" else "")
         )
+        return Alert("SpecBudgetStarvation", Severity.WARNING, summary, text, labels, value=value)
     return Alert(
         "SpecBudgetStarvation",
         Severity.WARNING,
@@ -452,6 +561,77 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             value=d_full,
         )
     ]
+
+
+def _fly_alone(observe: ObserveView, s: DetectSettings) -> bool | None:
+    """Whether the standard target's acceptance held (no drop against its own baseline) while
+    the FLy target's is judged: a FLy-only drop then points at FLy's verification settings.
+    ``None`` without a usable standard target with values in both windows."""
+    std = next((t for t in observe.targets.values() if t.role is Role.STANDARD), None)
+    if std is None or not _usable(std):
+        return None
+    got = _first_model(std, s.acceptance_short_window)
+    base = _first_model(std, s.acceptance_baseline_window) or _first_model(std, SINCE_START)
+    if got is None or base is None or got[1].acceptance_rate is None:
+        return None
+    h, b = got[1], base[1]
+    dropped = acceptance_drop(
+        h.acceptance_rate,
+        b.acceptance_rate,
+        h.mean_acceptance_length,
+        b.mean_acceptance_length,
+        h.drafts_per_second,
+        s,
+    )
+    return dropped is None
+
+
+def _decode_vs_baseline(observe: ObserveView, s: DetectSettings) -> list[Alert]:
+    """SpecAcceptanceDrop ``scope="baseline"``: a ``decode`` target (disaggregated serving)
+    against the first ``baseline`` target serving the same model and speculating (a monolithic
+    server with the same drafter), both over ``acceptance_short_window``, by the drop ratio. A
+    baseline without drafts gives nothing here (its comparison is the speed one)."""
+    base = next((t for t in observe.targets.values() if t.role is Role.BASELINE), None)
+    if base is None or not _usable(base):
+        return []
+    reference = _window(base, s.acceptance_short_window)
+    out: list[Alert] = []
+    for t in observe.targets.values():
+        if t.role is not Role.DECODE or not _usable(t):
+            continue
+        for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+            bw = reference.get(model)
+            if bw is None:
+                continue
+            h, b = mw.server, bw.server
+            v = acceptance_drop(
+                h.acceptance_rate,
+                b.acceptance_rate,
+                h.mean_acceptance_length,
+                b.mean_acceptance_length,
+                h.drafts_per_second,
+                s,
+            )
+            if v is None:
+                continue
+            labels = {**_base(t, model), "scope": "baseline", "baseline": base.name}
+            labels["cause"], short, because = _cause(("disaggregation",))
+            out.append(
+                Alert(
+                    "SpecAcceptanceDrop",
+                    Severity.WARNING,
+                    f"Decode server {t.name} accepts far fewer drafts than baseline "
+                    f"{base.name} ({short}).",
+                    f"Over {s.acceptance_short_window} decode server {t.name} (model {model}) "
+                    f"has acceptance rate {_fmt(h.acceptance_rate)} and mean acceptance length "
+                    f"{_fmt(h.mean_acceptance_length)}, against {_fmt(b.acceptance_rate)} and "
+                    f"{_fmt(b.mean_acceptance_length)} on baseline {base.name}: {v:.0%} of it "
+                    f"(threshold {s.acceptance_drop_ratio:.0%}).{because}",
+                    labels,
+                    value=v,
+                )
+            )
+    return out
 
 
 def _first_model(t: TargetSnapshot, window: str) -> tuple[str, Health] | None:
@@ -682,17 +862,20 @@ def candidates(
     rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
     """
     out: list[Alert] = []
+    fly_alone = _fly_alone(observe, settings)
     for t in observe.targets.values():
         out += _target_down(t)
         out += _not_one_server(t, (alternations or {}).get(t.name))
         out += _budget_bound(t, settings)
         if not _usable(t):
             continue
-        out += _acceptance(t, settings)
-        out += _decay(t, settings, sustained_best or {})
+        alone = fly_alone if t.role is Role.FLY else None
+        out += _acceptance(t, settings, alone)
+        out += _decay(t, settings, sustained_best or {}, alone)
         out += _inactive(t, settings)
         out += _budget(t, settings)
         out += _stall(t, settings)
+    out += _decode_vs_baseline(observe, settings)
     out += _fly_gain(observe, settings)
     shadow_found: list[Alert] = []
     if shadow is not None:

@@ -749,7 +749,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS)
 LABEL_BOUNDS: dict[str, str] = {
     "version": "1 (the running version)",
     "target": "the configured targets",
-    "role": "3: standard, fly, baseline",
+    "role": "5: standard, fly, baseline, prefill, decode",
     "serving_engine": "2: vllm, sglang",
     "model_name": "scrape.max_models_per_target per target (default 8); further models are "
     'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',

@@ -47,7 +47,15 @@ from specwatch.observe.prefilter import (
     prefilter,
 )
 from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
-from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
+from specwatch.observe.values import (
+    PROMPT_SOURCES,
+    CacheConfig,
+    EngineKey,
+    EngineReading,
+    Histogram,
+    LoraState,
+    PageReading,
+)
 from specwatch.vllm.families import FAMILIES, Family
 from specwatch.vllm.sglang import EngineKind, detect_engine
 
@@ -192,6 +200,7 @@ def parse_page(
     invalid = 0
     refused: list[str] = []
     invalid_named: list[str] = []
+    info: list[tuple[str, dict[str, str], float]] = []
     for ident, (value, series) in seen.items():
         fam = series.family
         # present on the page even when every sample of it is skipped below: such a family is
@@ -211,6 +220,9 @@ def parse_page(
             continue
         if fam.key == "process_start_time_seconds":
             process_start = value
+            continue
+        if fam.key in _INFO_KEYS:  # the page's own facts, never an engine's (no model_name)
+            info.append((fam.key, series.labels, value))
             continue
         acc = engines.get(series.engine)
         if acc is None:
@@ -241,6 +253,50 @@ def parse_page(
         implausible_series=len(refused),
         implausible=tuple(refused[:MAX_NAMED]),
         invalid=tuple(invalid_named),
+        cache_config=_cache_config([(lb, v) for k, lb, v in info if k == "cache_config_info"]),
+        lora=_lora([(lb, v) for k, lb, v in info if k == "lora_requests_info"]),
+    )
+
+
+#: Families read as facts of the whole page (:func:`_cache_config`, :func:`_lora`).
+_INFO_KEYS = frozenset({"cache_config_info", "lora_requests_info"})
+
+
+def _int_label(labels: Mapping[str, str], name: str) -> int | None:
+    try:
+        return int(float(labels.get(name, "")))
+    except ValueError:
+        return None
+
+
+def _cache_config(rows: list[tuple[dict[str, str], float]]) -> CacheConfig | None:
+    """The lowest engine's ``vllm:cache_config_info`` labels (``None`` without the family)."""
+    if not rows:
+        return None
+    labels = min(rows, key=lambda r: (_int_label(r[0], "engine") or 0, sorted(r[0].items())))[0]
+    flag = labels.get("enable_prefix_caching", "").strip().lower()
+    return CacheConfig(
+        block_size=_int_label(labels, "block_size"),
+        enable_prefix_caching={"true": True, "false": False}.get(flag),
+        kv_cache_size_tokens=_int_label(labels, "kv_cache_size_tokens"),
+    )
+
+
+def _lora(rows: list[tuple[dict[str, str], float]]) -> LoraState | None:
+    """The series of ``vllm:lora_requests_info`` with the largest value (vLLM stamps the current
+    state with the wall time; older label sets keep older times), ``None`` without the family."""
+    if not rows:
+        return None
+    labels, value = max(rows, key=lambda r: (r[1], sorted(r[0].items())))
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(n for n in (x.strip() for x in labels.get(key, "").split(",")) if n)
+
+    return LoraState(
+        max_lora=_int_label(labels, "max_lora"),
+        running=names("running_lora_adapters"),
+        waiting=names("waiting_lora_adapters"),
+        updated_at=value,
     )
 
 
@@ -657,6 +713,11 @@ def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: fl
         if reason not in acc.waiting and len(acc.waiting) >= MAX_WAITING_REASONS:
             reason = "other"
         acc.waiting[reason] = acc.waiting.get(reason, 0.0) + value
+    elif key == "prompt_tokens_by_source":
+        source = labels.get("source", "")
+        if source in PROMPT_SOURCES:
+            name = f"prompt_tokens_{source}"
+            acc.counters[name] = acc.counters.get(name, 0.0) + value
     elif fam.kind == "gauge":
         acc.gauges[key] = acc.gauges.get(key, 0.0) + value
     else:

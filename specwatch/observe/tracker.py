@@ -74,6 +74,15 @@ class TargetTracker:
             url=redact_url(target.url),
             limits=target.limits,
             capacity=capacity(target.limits, []),
+            drafter_max_model_len=target.drafter_max_model_len,
+            designed_short_drafts=tuple(
+                name
+                for name, on in (
+                    ("dynamic_k", target.dynamic_k),
+                    ("structured_output", target.structured_output),
+                )
+                if on
+            ),
         )
 
     @classmethod
@@ -234,6 +243,8 @@ class TargetTracker:
             windows=windows,
             engine_kind=page.engine_kind,
             gauge_processes=page.gauge_processes,
+            cache_config=page.cache_config or self._snap.cache_config,
+            lora=page.lora,
         )
         return [engine for _model, engine in resets]
 
