@@ -31,6 +31,19 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "Mean acceptance length tau = 1 + increase(accepted)/increase(drafts), tokens per step.",
         WINDOWED,
     ),
+    "speculation_coverage": _g(
+        "specwatch_speculation_coverage",
+        "Share of output tokens emitted by steps that verified a draft = (increase(accepted) + "
+        "increase(drafts))/increase(generation_tokens); below 1 when steps had no proposal "
+        "(ngram, suffix): tau then describes only the covered steps.",
+        WINDOWED,
+    ),
+    "prefix_cache_hit_rate": _g(
+        "specwatch_prefix_cache_hit_ratio",
+        "Prefix-cache hit rate = increase(prefix_cache_hits)/increase(prefix_cache_queries) "
+        "(tokens, the local prefix cache).",
+        WINDOWED,
+    ),
     "mean_draft_length": _g(
         "specwatch_mean_draft_length",
         "Mean draft length = increase(draft_tokens)/increase(drafts).",

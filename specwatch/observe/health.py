@@ -21,6 +21,7 @@ from specwatch.observe.values import (
     PROMPT_SOURCES,
     QUANTILES,
     THROUGHPUT_RATE_TOLERANCE,
+    CacheConfig,
     Capacity,
     Delta,
     EngineKey,
@@ -134,6 +135,23 @@ def _scheduled(c: Mapping[str, float | None], accepted: float | None) -> float |
     if prompt is None or gen is None:
         return None
     return _div(prompt + gen + (drafted or 0.0) - (accepted or 0.0), c.get("engine_steps"))
+
+
+def prefix_cache_below_block(cache: CacheConfig | None, prompts: Histogram | None) -> bool | None:
+    """Whether prefix caching is on and every prompt in ``prompts`` (bucket increases of
+    ``vllm:request_prompt_tokens``) is shorter than one KV block of ``cache.block_size`` tokens:
+    vLLM caches whole blocks only, so such a prefix cache never hits. ``None`` when the cache
+    config, its block size or the prompts are unknown or no prompt finished; ``False`` with
+    prefix caching off."""
+    if cache is None or cache.block_size is None or prompts is None or not prompts.buckets:
+        return None
+    if cache.enable_prefix_caching is False:
+        return False
+    total = prompts.buckets[-1][1]
+    if total <= 0:
+        return None
+    below = max((c for le, c in prompts.buckets if le < cache.block_size), default=0.0)
+    return below >= total
 
 
 def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:

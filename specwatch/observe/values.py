@@ -415,6 +415,10 @@ class TargetSnapshot:
     #: ``vllm:cache_config_info`` and ``vllm:lora_requests_info`` of the latest good page
     cache_config: CacheConfig | None = None
     lora: LoraState | None = None
+    #: prefix caching is on but no prompt since start reached one KV block (``block_size``
+    #: tokens), so it can never hit (``None``: unknown; see
+    #: :func:`specwatch.observe.health.prefix_cache_below_block`)
+    prefix_cache_below_block: bool | None = None
     #: the drafter's context limit (tokens) as configured, for the context-limit cause
     drafter_max_model_len: int | None = None
     #: shorter drafts by design, as configured: ``dynamic_k`` / ``structured_output``
