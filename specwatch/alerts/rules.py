@@ -52,6 +52,8 @@ CAUSES: dict[str, str] = {
     "(num_speculative_tokens_per_batch_size): by design, nothing to fix",
     "structured_output": "grammar-constrained requests: vLLM subtracts the draft tokens the "
     "grammar invalidates: by design, nothing to fix",
+    "no_proposal": "the proposer (ngram, suffix) found nothing to propose for many steps; "
+    "those steps draft nothing (see specwatch_speculation_coverage): by design, nothing to fix",
     "drafter_context_limit": "steps whose longest sequence plus K exceeds the drafter's "
     "max_model_len get zero-filled drafts, counted as drafted and rejected (the conditional "
     "per-position rates stay, long prompts are on the page): raise the drafter's max_model_len "
@@ -399,9 +401,12 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             if engine:
                 labels["engine"] = engine
             because = ""
-            if reason == "draft_truncation":
+            short_method = t.limits.method in _SHORT_DRAFT_METHODS
+            if reason == "draft_truncation" or (reason == "drafts_per_step" and short_method):
+                # drafts_per_step on ngram/suffix: steps without a proposal draft nothing
+                designed = ("no_proposal",) if short_method else t.designed_short_drafts
                 causes = truncation_causes(
-                    designed=t.designed_short_drafts,
+                    designed=designed,
                     scheduled_tokens_per_step=h.scheduled_tokens_per_step,
                     max_num_batched_tokens=cap.max_num_batched_tokens,
                     running=cap.num_requests_running,
@@ -459,7 +464,7 @@ def _budget_alert(
         text = (
             f"Over {s.rate_window}, engine {engine} of {t.name} verified {value:.3g} drafts per "
             "step while at least twice as many requests run: running requests are skipped by "
-            "the token budget or not drafting."
+            "the token budget or not drafting." + because
         )
     else:
         cause = labels.get("cause", "token_budget")
