@@ -5,9 +5,9 @@ them). From the per-position acceptance of the window, τ for every K' <= K is e
 ``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--method`` each K' also gets the
 scheduler limits of that vLLM version and the expected tokens per step at the observed
 concurrency and the observed coverage (a step without a proposal, ngram or suffix finding
-nothing, emits 1 token, not τ). Limits, concurrency and tokens per step are per engine (each engine has its own
-scheduler); the acceptance rates are the server's (summed over engines). Output
-(``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
+nothing, emits 1 token, not τ). Limits, concurrency and tokens per step are per engine
+(each engine has its own scheduler); the acceptance rates are the server's (summed over
+engines). Output (``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
 "per_position_acceptance_rate", "speculation_coverage", "step_coverage", "concurrency",
 "limits", "by_k": [...], "advice": [...],
 "assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
