@@ -170,8 +170,9 @@ def test_grammar_short_drafts_are_no_budget_starvation(
     K 4 (0.8 tokens a draft invalidated on average). The budget is far from full (scheduled
     (1000 + 19200 · (1 + 2.0) + 19200 · 3.2 − 19200 · 2.0) / 600 ≈ 136 tokens a step of 8192),
     so no SpecBudgetStarvation, configured as structured output or not. The ℓ = 2 pages of
-    :data:`SHORT` on a server whose steps fill the budget (B 100: 97.67 ≥ 0.9 · 100 and 32 running > D_full 100 // 5 = 20) fire draft_truncation with
-    ``cause="token_budget"`` and the summary saying so."""
+    :data:`SHORT` on a server whose steps fill the budget (B 100: 97.67 ≥ 0.9 · 100, and 32
+    running > D_full 100 // 5 = 20) fire draft_truncation with ``cause="token_budget"`` and the
+    summary saying so."""
     grammar = Minute(drafts=19200.0, draft_len=3.2, per_pos=(0.8, 0.6, 0.4, 0.2))
     d = write_timeline(tmp_path / "json", [(25, grammar)])
     for extra in ("", ",structured_output=true"):
