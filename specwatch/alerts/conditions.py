@@ -20,7 +20,6 @@ from specwatch.shadow.stats.sequential import e_value_alarm
 
 __all__ = [
     "BudgetInputs",
-    "acceptance_causes",
     "acceptance_decay",
     "acceptance_drop",
     "admission_stall",
@@ -31,7 +30,6 @@ __all__ = [
     "mcnemar_z",
     "quality_drift",
     "token_budget_bound",
-    "truncation_causes",
     "two_proportion_z",
 ]
 
@@ -282,100 +280,3 @@ def lossless_flips(
     if e_value is None or math.isnan(e_value) or n is None or n < s.lossless_min_pairs:
         return None
     return e_value if e_value_alarm(e_value, alpha) else None
-
-
-#: Share of ``max_num_batched_tokens`` the tokens scheduled per step must reach before the token
-#: budget can be what cuts drafts short (below it every step had room for full drafts).
-BUDGET_FILL_RATIO = 0.9
-
-
-def truncation_causes(
-    *,
-    designed: tuple[str, ...],
-    scheduled_tokens_per_step: float | None,
-    max_num_batched_tokens: float | None,
-    running: float | None,
-    d_full: float | None,
-) -> tuple[str, ...]:
-    """What can make the mean draft length ℓ fall below K (vllm-metrics.md §6), those the page
-    and the configuration leave open, the token budget first.
-
-    ``token_budget`` stays a candidate unless the page rules it out: the tokens scheduled per
-    engine step (:attr:`~specwatch.observe.values.Health.scheduled_tokens_per_step`) below
-    :data:`BUDGET_FILL_RATIO` × ``max_num_batched_tokens`` (every step had room), else, without
-    that, ``running`` at most ``d_full`` (the budget verifies full drafts for all). When it is
-    shown (steps filled to the ratio) it is the only cause returned. ``designed``: the causes the
-    target is configured with (``dynamic_k``, ``structured_output``); when none is configured
-    and the budget is ruled out, both remain (the page cannot tell them apart).
-    """
-    fill, b = _f(scheduled_tokens_per_step), _f(max_num_batched_tokens)
-    r, d = _f(running), _f(d_full)
-    budget: bool | None = None  # None: the page cannot tell
-    if fill is not None and b is not None and b > 0:
-        if fill >= BUDGET_FILL_RATIO * b:
-            return ("token_budget",)
-        budget = False
-    elif r is not None and d is not None:
-        budget = r > d
-    if designed:  # configured by design: the budget only when the page points at it
-        return ("token_budget", *designed) if budget else designed
-    by_design = ("dynamic_k", "structured_output")
-    return by_design if budget is False else ("token_budget", *by_design)
-
-
-#: Largest relative change of a conditional per-position rate (positions 1 and up) still read
-#: as "the same": a drafter that got worse changes them, whole drafts rejected do not.
-CONDITIONAL_TOLERANCE = 0.15
-
-
-def _conditional_same(
-    short: tuple[float | None, ...], base: tuple[float | None, ...]
-) -> bool | None:
-    """Whether every conditional rate from position 1 on is within :data:`CONDITIONAL_TOLERANCE`
-    of the baseline's (``None``: no position 1 rate known on both sides)."""
-    ratios: list[float] = []
-    for a, b in zip(short[1:], base[1:], strict=False):
-        fa, fb = _f(a), _f(b)
-        if fa is not None and fb is not None and fb > 0:
-            ratios.append(fa / fb)
-    if not ratios:
-        return None
-    return all(abs(r - 1.0) <= CONDITIONAL_TOLERANCE for r in ratios)
-
-
-def acceptance_causes(
-    *,
-    conditional_short: tuple[float | None, ...],
-    conditional_base: tuple[float | None, ...],
-    long_prompts: float | None,
-    fly_alone: bool | None,
-    restarted: bool,
-) -> tuple[str, ...]:
-    """The causes of an acceptance drop the page leaves open, most specific first.
-
-    - Conditional rates from position 1 on unchanged (within :data:`CONDITIONAL_TOLERANCE`):
-      whole drafts were rejected from their first token, the pattern of vLLM zero-filling the
-      drafts of steps whose longest sequence plus K exceeds the drafter's ``max_model_len``:
-      ``drafter_context_limit`` when ``long_prompts`` (the share of prompts over the drafter's
-      limit minus K in the window) is above 0, ``None`` (limit or histogram unknown) keeps it a
-      candidate beside ``drafter_change``; 0 leaves ``drafter_change`` and ``traffic_change``.
-    - Otherwise the drafter's per-token acceptance changed: on a FLy target whose standard
-      partner did not drop (``fly_alone``) ``fly_threshold``; after a counter reset
-      (``restarted``) ``drafter_change`` (new drafter, weights or speculative config); else
-      ``drafter_change`` and ``traffic_change`` remain.
-    """
-    same = _conditional_same(conditional_short, conditional_base)
-    share = _f(long_prompts)
-    if same:
-        if share is not None and share > 0:
-            return ("drafter_context_limit",)
-        if share is None:
-            return ("drafter_context_limit", "drafter_change")
-        return ("drafter_change", "traffic_change")
-    if fly_alone:
-        return ("fly_threshold",)
-    if restarted:
-        return ("drafter_change",)
-    if same is None and share is not None and share > 0:
-        return ("drafter_context_limit", "drafter_change", "traffic_change")
-    return ("drafter_change", "traffic_change")

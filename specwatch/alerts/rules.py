@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.causes import acceptance_cause, cause_words, truncation_causes
 from specwatch.alerts.conditions import (
     BudgetInputs,
-    acceptance_causes,
     acceptance_decay,
     acceptance_drop,
     admission_stall,
@@ -27,7 +27,6 @@ from specwatch.alerts.conditions import (
     lossless_flips,
     quality_drift,
     token_budget_bound,
-    truncation_causes,
 )
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import OVERALL, SINCE_START
@@ -41,67 +40,6 @@ __all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
 #: Proposers whose drafts are short by design: ``draft_truncation`` is not judged for them.
 _SHORT_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
-
-
-#: What each cause means and what to do, as the alert texts say it (the runbook has the same
-#: actions under each alert's "Causes").
-CAUSES: dict[str, str] = {
-    "token_budget": "the token budget cuts drafts short (steps are filled to "
-    "max_num_batched_tokens): raise --max-num-batched-tokens or lower num_speculative_tokens",
-    "dynamic_k": "the server shortens drafts as the batch grows "
-    "(num_speculative_tokens_per_batch_size): by design, nothing to fix",
-    "structured_output": "grammar-constrained requests: vLLM subtracts the draft tokens the "
-    "grammar invalidates: by design, nothing to fix",
-    "no_proposal": "the proposer (ngram, suffix) found nothing to propose for many steps; "
-    "those steps draft nothing (see specwatch_speculation_coverage): by design, nothing to fix",
-    "drafter_context_limit": "steps whose longest sequence plus K exceeds the drafter's "
-    "max_model_len get zero-filled drafts, counted as drafted and rejected (the conditional "
-    "per-position rates stay, long prompts are on the page): raise the drafter's max_model_len "
-    "or route long prompts to a server without speculation",
-    "drafter_change": "the drafter, its weights or the speculative config changed: compare the "
-    "deployed drafter and --speculative-config with the last good ones, roll back",
-    "traffic_change": "the traffic changed (prompts the drafter predicts worse): compare the "
-    "request mix with the baseline period",
-    "fly_threshold": "FLy's verification (entropy threshold or window) changed while the "
-    "standard arm with the same drafter kept its acceptance: check the FLy server's "
-    "--speculative-config",
-    "disaggregation": "the decode server accepts far less than its monolithic baseline with the "
-    "same drafter: with prefill/decode disaggregation the drafter's KV (or hidden states) is "
-    "likely not transferred from the prefill server; check the KV connector carries the draft "
-    "model's layers",
-}
-
-
-def _cause(causes: tuple[str, ...]) -> tuple[str, str, str]:
-    """The ``cause`` label (one cause, or ``undetermined``), the summary's words for it (``cause:
-    X`` or ``cause undetermined: X or Y``) and the description's sentence naming it, or the
-    candidates that remain, with what to do."""
-    if len(causes) == 1:
-        return causes[0], f"cause: {causes[0]}", f" Cause: {causes[0]}: {CAUSES[causes[0]]}."
-    return (
-        "undetermined",
-        "cause undetermined: " + " or ".join(causes),
-        (
-            " Cause undetermined from the page; candidates: "
-            + "; ".join(f"{c} ({CAUSES[c]})" for c in causes)
-            + "."
-        ),
-    )
-
-
-def _long_prompt_share(h: Health, limit: int | None, k: int | None) -> float | None:
-    """Share of the window's prompts longer than the largest prompt-length bucket bound within
-    the drafter's ``limit`` minus ``k`` (an upper bound: sequences grow while they decode);
-    ``None`` when the limit or the histogram is unknown or no prompt finished."""
-    hist = h.prompt_length
-    if limit is None or hist is None or not hist.buckets:
-        return None
-    total = hist.buckets[-1][1]
-    if total <= 0:
-        return None
-    room = limit - (k or 0)
-    below = max((c for le, c in hist.buckets if le <= room), default=0.0)
-    return max(total - below, 0.0) / total
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -237,7 +175,7 @@ def _decay(
                 where = f"engine {engine} of {t.name}"
             restarts = sum(t.counter_resets.values())
             bh = None if bw is None else (bw.engines.get(engine) if engine else bw.server)
-            labels["cause"], short, because = _acceptance_cause(t, h, bh, fly_alone)
+            labels["cause"], short, because = acceptance_cause(t, h, bh, fly_alone)
             out.append(
                 Alert(
                     "SpecAcceptanceDecay",
@@ -278,23 +216,6 @@ def sustained_levels(observe: ObserveView, s: DetectSettings) -> dict[SustainedK
     return out
 
 
-def _acceptance_cause(
-    t: TargetSnapshot, h: Health, b: Health | None, fly_alone: bool | None
-) -> tuple[str, str, str]:
-    """The ``cause`` label and sentence of an acceptance alert (:func:`acceptance_causes`)."""
-    return _cause(
-        acceptance_causes(
-            conditional_short=h.per_position_conditional_acceptance_rate,
-            conditional_base=() if b is None else b.per_position_conditional_acceptance_rate,
-            long_prompts=_long_prompt_share(
-                h, t.drafter_max_model_len, t.capacity.num_speculative_tokens
-            ),
-            fly_alone=fly_alone,
-            restarted=sum(t.counter_resets.values()) > 0,
-        )
-    )
-
-
 def _drop_alert(
     t: TargetSnapshot,
     model: str,
@@ -306,7 +227,7 @@ def _drop_alert(
     fly_alone: bool | None = None,
 ) -> Alert:
     labels = _base(t, model)
-    labels["cause"], short, because = _acceptance_cause(t, h, b, fly_alone)
+    labels["cause"], short, because = acceptance_cause(t, h, b, fly_alone)
     where = t.name
     if engine is None:
         labels["scope"] = "server"
@@ -414,8 +335,8 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 )
                 if "token_budget" not in causes:
                     continue  # shorter drafts by design: the budget does not starve them
-                labels["cause"], _short, because = _cause(causes)
-            out.append(_budget_alert(t, model, reason, engine, value, h, s, labels, because))
+                labels["cause"], _short, because = cause_words(causes)
+            out.append(_budget_alert(t, model, reason, value, h, s, labels, because))
     return out
 
 
@@ -438,7 +359,6 @@ def _budget_alert(
     t: TargetSnapshot,
     model: str,
     reason: str,
-    engine: str,
     value: float,
     h: Health,
     s: DetectSettings,
@@ -446,6 +366,7 @@ def _budget_alert(
     because: str = "",
 ) -> Alert:
     cap = t.capacity
+    engine = labels.get("engine", "")
     k = cap.num_speculative_tokens
     if reason == "budget_cap":
         summary = f"Target {t.name} is limited by max_num_batched_tokens, not max_num_seqs."
@@ -468,9 +389,8 @@ def _budget_alert(
         )
     else:
         cause = labels.get("cause", "token_budget")
-        summary = f"The drafts of target {t.name} are truncated below K " + (
-            "by the token budget." if cause == "token_budget" else "(cause undetermined)."
-        )
+        by = "by the token budget" if cause == "token_budget" else "(cause undetermined)"
+        summary = f"The drafts of target {t.name} are truncated below K {by}."
         text = (
             f"Over {s.rate_window} the mean draft length of {t.name} is {value:.3g}, under "
             f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}; "
@@ -620,7 +540,7 @@ def _decode_vs_baseline(observe: ObserveView, s: DetectSettings) -> list[Alert]:
             if v is None:
                 continue
             labels = {**_base(t, model), "scope": "baseline", "baseline": base.name}
-            labels["cause"], short, because = _cause(("disaggregation",))
+            labels["cause"], short, because = cause_words(("disaggregation",))
             out.append(
                 Alert(
                     "SpecAcceptanceDrop",

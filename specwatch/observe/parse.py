@@ -28,6 +28,7 @@ copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ from specwatch.observe.values import (
     LoraState,
     PageReading,
 )
-from specwatch.vllm.families import FAMILIES, Family
+from specwatch.vllm.families import CACHE_CONFIG_INFO, FAMILIES, LORA_REQUESTS_INFO, Family
 from specwatch.vllm.sglang import EngineKind, detect_engine
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
@@ -200,7 +201,6 @@ def parse_page(
     invalid = 0
     refused: list[str] = []
     invalid_named: list[str] = []
-    info: list[tuple[str, dict[str, str], float]] = []
     for ident, (value, series) in seen.items():
         fam = series.family
         # present on the page even when every sample of it is skipped below: such a family is
@@ -221,9 +221,6 @@ def parse_page(
         if fam.key == "process_start_time_seconds":
             process_start = value
             continue
-        if fam.key in _INFO_KEYS:  # the page's own facts, never an engine's (no model_name)
-            info.append((fam.key, series.labels, value))
-            continue
         acc = engines.get(series.engine)
         if acc is None:
             acc = engines[series.engine] = _Acc()
@@ -242,6 +239,9 @@ def parse_page(
             acc.per_position[pos] = acc.per_position.get(pos, 0.0) + value
         else:
             _ingest(acc, fam, role, series.labels, value)
+    cache_rows, lora_rows, bad_info = read_info(body)
+    invalid += len(bad_info)
+    invalid_named += bad_info[: max(MAX_NAMED - len(invalid_named), 0)]
     return PageReading(
         engines={k: engines[k].freeze() for k in sorted(engines)},
         process_start_time_seconds=process_start,
@@ -253,13 +253,56 @@ def parse_page(
         implausible_series=len(refused),
         implausible=tuple(refused[:MAX_NAMED]),
         invalid=tuple(invalid_named),
-        cache_config=_cache_config([(lb, v) for k, lb, v in info if k == "cache_config_info"]),
-        lora=_lora([(lb, v) for k, lb, v in info if k == "lora_requests_info"]),
+        cache_config=_cache_config(cache_rows),
+        lora=_lora(lora_rows),
     )
 
 
-#: Families read as facts of the whole page (:func:`_cache_config`, :func:`_lora`).
-_INFO_KEYS = frozenset({"cache_config_info", "lora_requests_info"})
+_INFO_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_InfoRows = list[tuple[dict[str, str], float]]
+
+
+def _info_sample(line: str) -> tuple[dict[str, str], float] | None:
+    """``name{labels} value`` → (labels, value); ``None`` when the line is not well formed."""
+    open_, close = line.find("{"), line.rfind("}")
+    if open_ < 0 or close < open_:
+        return None
+    inner, labels, pos = line[open_ + 1 : close], {}, 0
+    while pos < len(inner):
+        m = _INFO_LABEL.match(inner, pos)
+        if m is None:
+            return None
+        labels[m[1]] = re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e[0]], m[2])
+        pos = m.end()
+    try:
+        value = float(line[close + 1 :].split()[0])
+    except (ValueError, IndexError):
+        return None
+    return (labels, value) if math.isfinite(value) else None
+
+
+def read_info(body: str) -> tuple[_InfoRows, _InfoRows, list[str]]:
+    """The samples of ``vllm:cache_config_info`` and ``vllm:lora_requests_info`` (info gauges of
+    the whole page: no ``model_name``, and so many labels that one vLLM adds must not break the
+    page), read line by line apart from the allow-listed families: (cache rows, LoRA rows, the
+    first few lines skipped as malformed). A malformed line is skipped and counted with the
+    page's invalid series; the rest of the page is read as always."""
+    rows: dict[str, _InfoRows] = {CACHE_CONFIG_INFO: [], LORA_REQUESTS_INFO: []}
+    bad: list[str] = []
+    for name, got in rows.items():
+        start = body.find(name + "{")
+        while start >= 0:
+            end = body.find("\n", start)
+            line = body[start : end if end >= 0 else len(body)]
+            if start == 0 or body[start - 1] == "\n":
+                sample = _info_sample(line)
+                if sample is None:
+                    bad.append(line[:200])
+                else:
+                    got.append(sample)
+            start = body.find(name + "{", start + 1)
+    return rows[CACHE_CONFIG_INFO], rows[LORA_REQUESTS_INFO], bad
 
 
 def _int_label(labels: Mapping[str, str], name: str) -> int | None:
@@ -269,7 +312,7 @@ def _int_label(labels: Mapping[str, str], name: str) -> int | None:
         return None
 
 
-def _cache_config(rows: list[tuple[dict[str, str], float]]) -> CacheConfig | None:
+def _cache_config(rows: _InfoRows) -> CacheConfig | None:
     """The lowest engine's ``vllm:cache_config_info`` labels (``None`` without the family)."""
     if not rows:
         return None
@@ -282,7 +325,7 @@ def _cache_config(rows: list[tuple[dict[str, str], float]]) -> CacheConfig | Non
     )
 
 
-def _lora(rows: list[tuple[dict[str, str], float]]) -> LoraState | None:
+def _lora(rows: _InfoRows) -> LoraState | None:
     """The series of ``vllm:lora_requests_info`` with the largest value (vLLM stamps the current
     state with the wall time; older label sets keep older times), ``None`` without the family."""
     if not rows:

@@ -53,12 +53,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:time_per_output_token_seconds", "histogram", "itl_old"),
     Family("vllm:time_to_first_token_seconds", "histogram", "ttft"),
     Family("vllm:request_prompt_tokens", "histogram", "prompt_length"),
-    # info gauges of the whole page (no model_name): read apart, never as an engine's values
-    Family("vllm:cache_config_info", "gauge", "cache_config_info"),
-    Family("vllm:lora_requests_info", "gauge", "lora_requests_info"),
     Family("process_start_time_seconds", "gauge", "process_start_time_seconds"),
 )
 
+
+#: Info gauges of the whole page (no ``model_name``; many labels), read apart from
+#: :data:`FAMILIES` by :func:`specwatch.observe.parse.read_info`, never as an engine's values.
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 #: Family by ``key``.
 BY_KEY: dict[str, Family] = {f.key: f for f in FAMILIES}
