@@ -637,7 +637,7 @@ def _learn_shape(head: str, name: str, labels: dict[str, str]) -> None:
 
 def _seed_shapes() -> None:
     """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus ``position``,
-    ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
+    ``reason``, ``source``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
     them), each from a line of that shape with empty label values parsed by prometheus_client,
     so that even the first page a process reads has one parse per series only for shapes vLLM
     does not write; and the unlabelled ``process_start_time_seconds`` by its name. A seed line
@@ -645,6 +645,7 @@ def _seed_shapes() -> None:
     extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
+        "prompt_tokens_by_source": ("engine", "model_name", "source"),
         "requests_finished": ("engine", "finished_reason", "model_name"),
     }
     for sample_name in sorted(NAMES_TEXT):
