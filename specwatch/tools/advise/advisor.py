@@ -122,8 +122,7 @@ class KRow:
     ``decode_full_per_step_requests`` (requests served with all K drafts per step),
     ``served_full_requests`` = min(concurrency, decode_full_per_step),
     ``tokens_per_request_step`` = 1 + coverage · (τ(K) − 1) (:func:`tokens_per_request_step`),
-    ``expected_tokens_per_step`` = served_full · that + (requests served below full drafts) · 1
-    (without limits: concurrency · that, when the concurrency is known),
+    ``expected_tokens_per_step`` = served_full · that + (requests served below full drafts) · 1,
     ``budget_for_max_num_seqs`` (tokens; see :func:`budget_for_full_decode`),
     ``expected_tokens_per_step_at_max_num_seqs`` the same expectation with all ``max_num_seqs``
     running under the configured budget (what a larger budget is weighed against at full load).
@@ -175,8 +174,7 @@ def rows_by_k(
         tau = mean_acceptance_length(per_position, k)
         eff = tokens_per_request_step(tau, coverage)
         if max_num_seqs is None or max_num_batched_tokens is None or method is None:
-            planned = None if concurrency is None else float(concurrency) * eff
-            out.append(KRow(k, tau, eff, expected_tokens_per_step=planned))
+            out.append(KRow(k, tau, eff))
             continue
         lim = budget_limits(
             max_num_batched_tokens=max_num_batched_tokens,
@@ -245,7 +243,7 @@ def advice(
         ]
     cur = next((r for r in rows if r.k == configured_k), rows[-1])
     lines: list[str] = []
-    if cur.admission_cap_requests is None:
+    if cur.expected_tokens_per_step is None:
         lines.append(
             f"without --max-num-seqs, --max-num-batched-tokens and --method a smaller K only "
             f"lowers τ (K={cur.k}: τ={cur.mean_acceptance_length:.3f}); whether it still pays "
