@@ -636,12 +636,13 @@ def _learn_shape(head: str, name: str, labels: dict[str, str]) -> None:
 
 
 def _seed_shapes() -> None:
-    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus ``position``,
-    ``reason``, ``source``, ``finished_reason`` or ``le`` where the family has it, in the order
-    vLLM writes them), each from a line of that shape with empty label values parsed by
-    prometheus_client, so that even the first page a process reads has one parse per series only for shapes vLLM
-    does not write; and the unlabelled ``process_start_time_seconds`` by its name. A seed line
-    that does not parse as expected is left out."""
+    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus
+    ``position``, ``reason``, ``source``, ``finished_reason`` or ``le`` where the family has it,
+    in the order vLLM writes them), each from a line of that shape with empty label values
+    parsed by prometheus_client, so that even the first page a process reads has one parse per
+    series only for shapes vLLM does not write; and the unlabelled
+    ``process_start_time_seconds`` by its name. A seed line that does not parse as expected is
+    left out."""
     extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
