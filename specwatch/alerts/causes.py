@@ -19,6 +19,7 @@ __all__ = [
     "BUDGET_FILL_RATIO",
     "CAUSES",
     "CONDITIONAL_TOLERANCE",
+    "FLY_FLOOR_RATIO",
     "acceptance_cause",
     "acceptance_causes",
     "cause_words",
@@ -71,6 +72,10 @@ def truncation_causes(
     return by_design if budget is False else ("token_budget", *by_design)
 
 
+#: FLy's acceptance at or above this share of the standard arm's (same drafter, same window)
+#: still reads as "FLy at least as lenient as the exact rule" (sampling noise allowed for).
+FLY_FLOOR_RATIO = 0.95
+
 #: Largest relative change of a conditional per-position rate (positions 1 and up) still read
 #: as "the same": a drafter that got worse changes them, whole drafts rejected do not.
 CONDITIONAL_TOLERANCE = 0.15
@@ -98,6 +103,7 @@ def acceptance_causes(
     long_prompts: float | None,
     fly_alone: bool | None,
     restarted: bool,
+    fly_above_standard: bool | None = None,
 ) -> tuple[str, ...]:
     """The causes of an acceptance drop the page leaves open, most specific first.
 
@@ -108,7 +114,10 @@ def acceptance_causes(
       limit minus K in the window) is above 0, ``None`` (limit or histogram unknown) keeps it a
       candidate beside ``drafter_change``; 0 leaves ``drafter_change`` and ``traffic_change``.
     - Otherwise the drafter's per-token acceptance changed: on a FLy target whose standard
-      partner did not drop (``fly_alone``) ``fly_threshold``; after a counter reset
+      partner did not drop (``fly_alone``), ``fly_threshold`` while FLy still accepts at least
+      what standard does (``fly_above_standard``: FLy's relaxed verification accepts everything
+      the exact rule accepts, so a stricter threshold moves FLy toward standard's level, never
+      below it), ``drafter_change`` below it (FLy's own drafter or weights); after a counter reset
       (``restarted``) ``drafter_change`` (new drafter, weights or speculative config); else
       ``drafter_change`` and ``traffic_change`` remain.
     """
@@ -121,7 +130,7 @@ def acceptance_causes(
             return ("drafter_context_limit", "drafter_change")
         return ("drafter_change", "traffic_change")
     if fly_alone:
-        return ("fly_threshold",)
+        return ("fly_threshold",) if fly_above_standard else ("drafter_change",)
     if restarted:
         return ("drafter_change",)
     if same is None and share is not None and share > 0:
@@ -191,7 +200,7 @@ def long_prompt_share(h: Health, limit: int | None, k: int | None) -> float | No
 
 
 def acceptance_cause(
-    t: TargetSnapshot, h: Health, b: Health | None, fly_alone: bool | None
+    t: TargetSnapshot, h: Health, b: Health | None, standard_alpha: float | None
 ) -> tuple[str, str, str]:
     """The ``cause`` label and sentence of an acceptance alert (:func:`acceptance_causes`)."""
     return cause_words(
@@ -201,7 +210,10 @@ def acceptance_cause(
             long_prompts=long_prompt_share(
                 h, t.drafter_max_model_len, t.capacity.num_speculative_tokens
             ),
-            fly_alone=fly_alone,
+            fly_alone=None if standard_alpha is None else True,
+            fly_above_standard=None
+            if standard_alpha is None or h.acceptance_rate is None
+            else h.acceptance_rate >= FLY_FLOOR_RATIO * standard_alpha,
             restarted=sum(t.counter_resets.values()) > 0,
         )
     )

@@ -102,7 +102,7 @@ def _not_one_server(t: TargetSnapshot, increase: float | None) -> list[Alert]:
     ]
 
 
-def _acceptance(t: TargetSnapshot, s: DetectSettings, fly_alone: bool | None) -> list[Alert]:
+def _acceptance(t: TargetSnapshot, s: DetectSettings, standard_alpha: float | None) -> list[Alert]:
     short = _window(t, s.acceptance_short_window)
     base = _window(t, s.acceptance_baseline_window, fallback=True)
     out: list[Alert] = []
@@ -120,7 +120,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings, fly_alone: bool | None) ->
             s,
         )
         if v is not None:
-            out.append(_drop_alert(t, model, None, v, h, b, s, fly_alone))
+            out.append(_drop_alert(t, model, None, v, h, b, s, standard_alpha))
         if len(mw.engines) < 2:
             continue  # one engine is the server: its alert is the server's
         # every engine that dropped keeps its own alert, also when the server dropped too;
@@ -139,7 +139,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings, fly_alone: bool | None) ->
                 s,
             )
             if ev is not None:
-                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s, fly_alone))
+                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s, standard_alpha))
         if len(found) < len(mw.engines):
             out += found
     return out
@@ -153,7 +153,7 @@ def _decay(
     t: TargetSnapshot,
     s: DetectSettings,
     best: Mapping[SustainedKey, float],
-    fly_alone: bool | None = None,
+    standard_alpha: float | None = None,
 ) -> list[Alert]:
     out: list[Alert] = []
     base = _window(t, s.acceptance_baseline_window, fallback=True)
@@ -175,7 +175,7 @@ def _decay(
                 where = f"engine {engine} of {t.name}"
             restarts = sum(t.counter_resets.values())
             bh = None if bw is None else (bw.engines.get(engine) if engine else bw.server)
-            labels["cause"], short, because = acceptance_cause(t, h, bh, fly_alone)
+            labels["cause"], short, because = acceptance_cause(t, h, bh, standard_alpha)
             out.append(
                 Alert(
                     "SpecAcceptanceDecay",
@@ -224,10 +224,10 @@ def _drop_alert(
     h: Health,
     b: Health,
     s: DetectSettings,
-    fly_alone: bool | None = None,
+    standard_alpha: float | None = None,
 ) -> Alert:
     labels = _base(t, model)
-    labels["cause"], short, because = acceptance_cause(t, h, b, fly_alone)
+    labels["cause"], short, because = acceptance_cause(t, h, b, standard_alpha)
     where = t.name
     if engine is None:
         labels["scope"] = "server"
@@ -488,10 +488,11 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
     ]
 
 
-def _fly_alone(observe: ObserveView, s: DetectSettings) -> bool | None:
-    """Whether the standard target's acceptance held (no drop against its own baseline) while
-    the FLy target's is judged: a FLy-only drop then points at FLy's verification settings.
-    ``None`` without a usable standard target with values in both windows."""
+def _standard_alpha(observe: ObserveView, s: DetectSettings) -> float | None:
+    """The standard target's acceptance rate over ``acceptance_short_window`` when it held (no
+    drop against its own baseline): a FLy-only drop is then judged against it
+    (:func:`~specwatch.alerts.causes.acceptance_causes`). ``None`` when the standard target
+    dropped too, or without a usable standard target with values in both windows."""
     std = next((t for t in observe.targets.values() if t.role is Role.STANDARD), None)
     if std is None or not _usable(std):
         return None
@@ -508,7 +509,7 @@ def _fly_alone(observe: ObserveView, s: DetectSettings) -> bool | None:
         h.drafts_per_second,
         s,
     )
-    return dropped is None
+    return h.acceptance_rate if dropped is None else None
 
 
 def _decode_vs_baseline(observe: ObserveView, s: DetectSettings) -> list[Alert]:
@@ -787,14 +788,14 @@ def candidates(
     rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
     """
     out: list[Alert] = []
-    fly_alone = _fly_alone(observe, settings)
+    standard_alpha = _standard_alpha(observe, settings)
     for t in observe.targets.values():
         out += _target_down(t)
         out += _not_one_server(t, (alternations or {}).get(t.name))
         out += _budget_bound(t, settings)
         if not _usable(t):
             continue
-        alone = fly_alone if t.role is Role.FLY else None
+        alone = standard_alpha if t.role is Role.FLY else None
         out += _acceptance(t, settings, alone)
         out += _decay(t, settings, sustained_best or {}, alone)
         out += _inactive(t, settings)

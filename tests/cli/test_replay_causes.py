@@ -242,18 +242,35 @@ def test_worse_drafter_is_not_the_context_limit(
     assert "drafter_change or traffic_change" in drop[0]["summary"]
 
 
+#: FLy's relaxed verification on the GOOD drafter: p = (0.85, 0.7, 0.55), α = 0.7.
+FLY_GOOD = Minute(drafts=6000.0, draft_len=3.0, per_pos=(0.85, 0.7, 0.55))
+#: A stricter FLy threshold: p = (0.75, 0.5, 0.3), α = 0.5167 (standard's level), conditional
+#: rates 0.667, 0.6 against 0.824, 0.786 before.
+FLY_STRICT = Minute(drafts=6000.0, draft_len=3.0, per_pos=(0.75, 0.5, 0.3))
+
+
 def test_fly_threshold_change_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """The FLy server's acceptance falls with its conditional rates while the standard server
-    (same drafter) keeps its own: ``cause="fly_threshold"`` on the FLy target's alert, and the
-    standard target fires nothing."""
+    """The standard server keeps α = (0.7 + 0.5 + 0.35) / 3 = 0.5167 throughout. The FLy server
+    (same drafter) falls from α 0.7 to 0.5167 with its conditional rates: α(5m) / α(since
+    start) < 0.8, standard did not drop, and FLy still accepts at least 0.95 × standard's α, as
+    a stricter FLy threshold does (FLy accepts all the exact rule accepts): ``cause=
+    "fly_threshold"`` on the FLy target only. When FLy falls below standard's level (α 0.283,
+    :data:`WORSE`), a threshold cannot explain it: ``drafter_change`` (FLy's own drafter)."""
     good = write_timeline(tmp_path / "std", [(80, GOOD)])
-    fly = write_timeline(tmp_path / "fly", [(60, GOOD), (20, WORSE)])
+    fly = write_timeline(tmp_path / "fly", [(60, FLY_GOOD), (20, FLY_STRICT)])
     alerts = replay(capsys, f"standard={good},{K3}", f"fly={fly},{K3}")
     drop = _names(alerts, "SpecAcceptanceDrop")
     assert [(a["labels"]["target"], a["labels"]["cause"]) for a in drop] == [
         ("fly", "fly_threshold")
     ]
     assert "cause: fly_threshold" in drop[0]["summary"]
+    worse = write_timeline(tmp_path / "fly-worse", [(60, FLY_GOOD), (20, WORSE)])
+    drop = _names(
+        replay(capsys, f"standard={good},{K3}", f"fly={worse},{K3}"), "SpecAcceptanceDrop"
+    )
+    assert [(a["labels"]["target"], a["labels"]["cause"]) for a in drop] == [
+        ("fly", "drafter_change")
+    ]
 
 
 def test_ngram_without_proposals(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
