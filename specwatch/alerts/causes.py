@@ -16,7 +16,6 @@ import math
 from specwatch.observe.values import Health, TargetSnapshot
 
 __all__ = [
-    "BUDGET_FILL_RATIO",
     "CAUSES",
     "CONDITIONAL_TOLERANCE",
     "FLY_FLOOR_RATIO",
@@ -33,11 +32,6 @@ def _f(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-#: Share of ``max_num_batched_tokens`` the tokens scheduled per step must reach before the token
-#: budget can be what cuts drafts short (below it every step had room for full drafts).
-BUDGET_FILL_RATIO = 0.9
-
-
 def truncation_causes(
     *,
     designed: tuple[str, ...],
@@ -45,13 +39,14 @@ def truncation_causes(
     max_num_batched_tokens: float | None,
     running: float | None,
     d_full: float | None,
+    fill_ratio: float,
 ) -> tuple[str, ...]:
     """What can make the mean draft length ℓ fall below K (vllm-metrics.md §6), those the page
     and the configuration leave open, the token budget first.
 
     ``token_budget`` stays a candidate unless the page rules it out: the tokens scheduled per
     engine step (:attr:`~specwatch.observe.values.Health.scheduled_tokens_per_step`) below
-    :data:`BUDGET_FILL_RATIO` × ``max_num_batched_tokens`` (every step had room), else, without
+    ``fill_ratio`` (``detect.budget_fill_ratio``) × ``max_num_batched_tokens`` (every step had room), else, without
     that, ``running`` at most ``d_full`` (the budget verifies full drafts for all). When it is
     shown (steps filled to the ratio) it is the only cause returned. ``designed``: the causes the
     target is configured with (``dynamic_k``, ``structured_output``); when none is configured
@@ -61,7 +56,7 @@ def truncation_causes(
     r, d = _f(running), _f(d_full)
     budget: bool | None = None  # None: the page cannot tell
     if fill is not None and b is not None and b > 0:
-        if fill >= BUDGET_FILL_RATIO * b:
+        if fill >= fill_ratio * b:
             return ("token_budget",)
         budget = False
     elif r is not None and d is not None:

@@ -332,6 +332,7 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                     max_num_batched_tokens=cap.max_num_batched_tokens,
                     running=cap.num_requests_running,
                     d_full=cap.decode_full_per_step_requests,
+                    fill_ratio=s.budget_fill_ratio,
                 )
                 if "token_budget" not in causes:
                     continue  # shorter drafts by design: the budget does not starve them

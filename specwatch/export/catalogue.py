@@ -44,6 +44,13 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "(tokens, the local prefix cache).",
         WINDOWED,
     ),
+    "scheduled_tokens_per_step": _g(
+        "specwatch_scheduled_tokens_per_step",
+        "Tokens scheduled per engine step ~ (increase(prompt tokens computed locally, else all) + "
+        "increase(generation_tokens) + increase(draft_tokens) - increase(accepted)) / "
+        "increase(engine steps); compared with max_num_batched_tokens.",
+        WINDOWED,
+    ),
     "mean_draft_length": _g(
         "specwatch_mean_draft_length",
         "Mean draft length = increase(draft_tokens)/increase(drafts).",
