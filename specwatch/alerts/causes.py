@@ -47,10 +47,11 @@ def truncation_causes(
     ``token_budget`` stays a candidate unless the page rules it out: the tokens scheduled per
     engine step (:attr:`~specwatch.observe.values.Health.scheduled_tokens_per_step`) below
     ``fill_ratio`` (``detect.budget_fill_ratio``) × ``max_num_batched_tokens`` (every step had
-    room), else, without that, ``running`` at most ``d_full`` (the budget verifies full drafts for all). When it is
-    shown (steps filled to the ratio) it is the only cause returned. ``designed``: the causes the
-    target is configured with (``dynamic_k``, ``structured_output``); when none is configured
-    and the budget is ruled out, both remain (the page cannot tell them apart).
+    room), else, without that, ``running`` at most ``d_full`` (the budget verifies full drafts
+    for all). When it is shown (steps filled to the ratio) it is the only cause returned.
+    ``designed``: the causes the target is configured with (``dynamic_k``,
+    ``structured_output``); when none is configured and the budget is ruled out, both remain
+    (the page cannot tell them apart).
     """
     fill, b = _f(scheduled_tokens_per_step), _f(max_num_batched_tokens)
     r, d = _f(running), _f(d_full)
