@@ -106,7 +106,7 @@ def _only_model(t: TargetSnapshot, window: str | None) -> ModelWindow | None:
 
 def _targets_table(targets: Mapping[str, TargetSnapshot], window: str, wide: bool) -> Table:
     table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), header_style="dim")
-    for name in ("target", "up", "α", "τ", "tok/s", "run/max", "wait"):
+    for name in ("target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait"):
         table.add_column(name, no_wrap=True, overflow="ellipsis")
     if wide:
         table.add_column("α per engine", no_wrap=True, overflow="ellipsis")
@@ -121,6 +121,7 @@ def _targets_table(targets: Mapping[str, TargetSnapshot], window: str, wide: boo
             "up" if t.up else ("stale" if t.stale else "down"),
             _num(server.acceptance_rate),
             _num(server.mean_acceptance_length, ".2f"),
+            _num(server.speculation_coverage, ".2f"),
             _int(server.generation_tokens_per_second),
             f"{_int(running)}/{_int(t.limits.max_num_seqs)}",
             _int(server.num_requests_waiting),

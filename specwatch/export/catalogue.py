@@ -31,6 +31,26 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "Mean acceptance length tau = 1 + increase(accepted)/increase(drafts), tokens per step.",
         WINDOWED,
     ),
+    "speculation_coverage": _g(
+        "specwatch_speculation_coverage",
+        "Share of output tokens emitted by steps that verified a draft = (increase(accepted) + "
+        "increase(drafts))/increase(generation_tokens); below 1 when steps had no proposal "
+        "(ngram, suffix): tau then describes only the covered steps.",
+        WINDOWED,
+    ),
+    "prefix_cache_hit_rate": _g(
+        "specwatch_prefix_cache_hit_ratio",
+        "Prefix-cache hit rate = increase(prefix_cache_hits)/increase(prefix_cache_queries) "
+        "(tokens, the local prefix cache).",
+        WINDOWED,
+    ),
+    "scheduled_tokens_per_step": _g(
+        "specwatch_scheduled_tokens_per_step",
+        "Tokens scheduled per engine step ~ (increase(prompt tokens computed locally, else all) + "
+        "increase(generation_tokens) + increase(draft_tokens) - increase(accepted)) / "
+        "increase(engine steps); compared with max_num_batched_tokens.",
+        WINDOWED,
+    ),
     "mean_draft_length": _g(
         "specwatch_mean_draft_length",
         "Mean draft length = increase(draft_tokens)/increase(drafts).",
@@ -794,7 +814,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS)
 LABEL_BOUNDS: dict[str, str] = {
     "version": "1 (the running version)",
     "target": "the configured targets",
-    "role": "3: standard, fly, baseline",
+    "role": "5: standard, fly, baseline, prefill, decode",
     "serving_engine": "2: vllm, sglang",
     "model_name": "scrape.max_models_per_target per target (default 8); further models are "
     'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',

@@ -39,6 +39,7 @@ def health_json(h: Health) -> dict[str, Any]:
             "interval_seconds": h.interval_seconds,
             "acceptance_rate": h.acceptance_rate,
             "mean_acceptance_length": h.mean_acceptance_length,
+            "speculation_coverage": h.speculation_coverage,
             "mean_draft_length": h.mean_draft_length,
             "per_position_acceptance_rate": list(h.per_position_acceptance_rate),
             "per_position_conditional_acceptance_rate": list(
@@ -60,6 +61,9 @@ def health_json(h: Health) -> dict[str, Any]:
             "requests_finished": h.requests_finished,
             "requests_finished_per_second": h.requests_finished_per_second,
             "prompt_tokens_per_second": h.prompt_tokens_per_second,
+            "prompt_tokens_by_source": dict(h.prompt_tokens_by_source),
+            "prefix_cache_hit_rate": h.prefix_cache_hit_rate,
+            "scheduled_tokens_per_step": h.scheduled_tokens_per_step,
             "inter_token_latency_seconds": {
                 str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
             },
@@ -121,6 +125,16 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "counter_resets": dict(t.counter_resets),
             "missing_families": list(t.missing_families),
             "gauge_processes": t.gauge_processes,
+            "cache_config": None if t.cache_config is None else asdict(t.cache_config),
+            "prefix_cache_below_block": t.prefix_cache_below_block,
+            "lora": None
+            if t.lora is None
+            else {
+                "max_lora": t.lora.max_lora,
+                "running_adapters": list(t.lora.running),
+                "waiting_adapters": list(t.lora.waiting),
+                "updated_at": t.lora.updated_at,
+            },
             "limits": {
                 "max_num_seqs": lim.max_num_seqs,
                 "max_num_batched_tokens": lim.max_num_batched_tokens,

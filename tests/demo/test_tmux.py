@@ -54,7 +54,7 @@ def test_80x24_shows_everything_that_matters_and_drops_detail() -> None:
     assert "curl -X POST 127.0.0.1:41232/admin/faults -d '{\"fly_entropy_threshold\":0.05}'" in (
         p.lines
     )
-    assert any(line.startswith("standard  up  0.546  3.18  1,226") for line in p.lines)
+    assert any(line.startswith("standard  up  0.546  3.18  -    1,226") for line in p.lines)
     assert "pairs (since_start) 200, labelled 131: lost 22 gained 7; e-value 24 of 20" in p.lines
     assert "shadow ledger: /tmp/specwatch-demo-x/ledger.sqlite (removed at exit)" in p.lines
     assert "replay:" not in text

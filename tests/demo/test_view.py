@@ -118,12 +118,12 @@ def test_wide_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
     assert lines[4] == fault_command(CTX.fly_url)
     assert lines[5] == CTX.notes[0]
     assert lines[6].split() == [
-        "target", "up", "α", "τ", "tok/s", "run/max", "wait", "α", "per", "engine",
+        "target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait", "α", "per", "engine",
     ]  # fmt: skip
     assert lines[7].split() == [
-        "standard", "up", "0.650", "3.50", "1,234", "11/16", "3", "e0=0.600", "e1=0.700",
+        "standard", "up", "0.650", "3.50", "-", "1,234", "11/16", "3", "e0=0.600", "e1=0.700",
     ]  # fmt: skip
-    assert lines[8].split()[:7] == ["fly", "up", "0.750", "3.50", "1,234", "12/16", "3"]
+    assert lines[8].split()[:8] == ["fly", "up", "0.750", "3.50", "-", "1,234", "12/16", "3"]
     assert lines[9] == "FLy vs standard (1m): α +0.100, τ +12 %, tok/s n/a (equal traffic)"
     assert lines[10:] == ["FLy: τ +12 %, no labelled pairs yet (quality unknown)"]
 
@@ -140,8 +140,8 @@ def test_unknown_values_show_a_dash() -> None:
     lines = render_text(
         build_view(_snap({"standard": nan, "fly": down}), CTX, width=160), width=160
     ).splitlines()
-    assert lines[7].split() == ["standard", "up", "-", "-", "1,234", "2/16", "1", "-"]
-    assert lines[8].split() == ["fly", "down", "-", "-", "-", "-/-", "-", "-"]
+    assert lines[7].split() == ["standard", "up", "-", "-", "-", "1,234", "2/16", "1", "-"]
+    assert lines[8].split() == ["fly", "down", "-", "-", "-", "-", "-/-", "-", "-"]
 
 
 def test_narrow_view_fits_80_columns_and_cuts_with_an_ellipsis() -> None:
@@ -234,7 +234,7 @@ def test_view_hides_sections_no_component_published() -> None:
     bare = Snapshot(observe=ObserveView(generated_at=1.0))
     assert snapshot_verdict(bare) is None
     lines = render_text(build_view(bare, CTX, width=80), width=80).splitlines()
-    assert lines[-1].split() == ["target", "up", "α", "τ", "tok/s", "run/max", "wait"]
+    assert lines[-1].split() == ["target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait"]
     published = Snapshot(
         observe=ObserveView(generated_at=1.0),
         shadow=ShadowStats(

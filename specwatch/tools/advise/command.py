@@ -4,10 +4,12 @@ Reads pages as ``specwatch analyze`` does (one body: totals since start; two: th
 them). From the per-position acceptance of the window, τ for every K' <= K is exact; with
 ``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--method`` each K' also gets the
 scheduler limits of that vLLM version and the expected tokens per step at the observed
-concurrency. Limits, concurrency and tokens per step are per engine (each engine has its own
-scheduler); the acceptance rates are the server's (summed over engines). Output
-(``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
-"per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
+concurrency and the observed coverage (a step without a proposal, ngram or suffix finding
+nothing, emits 1 token, not τ). Limits, concurrency and tokens per step are per engine
+(each engine has its own scheduler); the acceptance rates are the server's (summed over
+engines). Output (``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
+"per_position_acceptance_rate", "speculation_coverage", "step_coverage", "concurrency",
+"limits", "by_k": [...], "advice": [...],
 "assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
 ``--standard-series`` and ``--fly-series`` are given: saved pages of each server,
 ``--series-interval`` seconds apart) says from how many running requests FLy decodes no
@@ -46,7 +48,7 @@ from specwatch.observe.concurrency import (
 from specwatch.observe.health import model_windows
 from specwatch.observe.values import ModelWindow
 from specwatch.observe.window import page_delta
-from specwatch.tools.advise.advisor import ASSUMPTIONS, advice, rows_by_k
+from specwatch.tools.advise.advisor import ASSUMPTIONS, advice, rows_by_k, step_coverage
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
 from specwatch.vllm.sglang import EngineKind
 
@@ -199,6 +201,7 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
             concurrency = float(n)
             note = "no requests running on the page: planning for max_num_seqs"
     limits_given = n is not None and b is not None and args.method is not None
+    coverage = step_coverage(h.drafts, h.accepted_tokens, h.generation_tokens)
     rows = rows_by_k(
         per_pos,
         max_num_seqs=n,
@@ -207,6 +210,7 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         regime=regime,
         parallel_drafting=args.parallel_drafting,
         concurrency=concurrency,
+        coverage=coverage,
     )
     words = advice(
         rows,
@@ -219,6 +223,12 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     )
     if note is not None:
         words.append(note)
+    if coverage is not None and coverage < 1.0 - 1e-9:
+        words.append(
+            f"only {coverage:.0%} of request steps drafted (speculation coverage "
+            f"{_fmt(h.speculation_coverage)} of output tokens): tokens per step are planned at "
+            "that coverage, 1 token for a step without a proposal"
+        )
     limit = limit_doc(args)
     if limit is not None:
         words.append(limit.text)
@@ -231,6 +241,8 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         "drafts": h.drafts,
         "num_speculative_tokens": k,
         "per_position_acceptance_rate": rates,
+        "speculation_coverage": h.speculation_coverage,
+        "step_coverage": coverage,
         "concurrency": concurrency,
         "limits": {
             "max_num_seqs": n,
@@ -327,6 +339,7 @@ def render_table(doc: dict[str, Any]) -> str:
     cols = [
         ("k", "k"),
         ("mean_acceptance_length", "tau"),
+        ("tokens_per_request_step", "tok/req step"),
         ("admission_cap_requests", "admission cap"),
         ("decode_full_per_step_requests", "decode full/step"),
         ("served_full_requests", "served full"),

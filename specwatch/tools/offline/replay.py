@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_output_format, add_windows
 from specwatch.core.logs import log_event, setup_logging
+from specwatch.core.roles import Role
 from specwatch.observe.parse import ParseError, parse_page
 from specwatch.observe.prefilter import OPENMETRICS_CONTENT_TYPE
 
@@ -114,7 +115,7 @@ def _target(spec: str) -> tuple[dict[str, Any], Path]:
     raw = parse_target_spec(spec)
     directory = Path(raw.pop("url"))
     raw["url"] = f"http://replay.invalid/{raw['name']}"
-    raw.setdefault("role", raw["name"] if raw["name"] in ("standard", "fly", "baseline") else "")
+    raw.setdefault("role", raw["name"] if raw["name"] in tuple(Role) else "")
     if not raw["role"]:
         raw["role"] = "standard"
     return raw, directory
