@@ -47,7 +47,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.cli.args import (
+    add_described_command,
+    add_output_format,
+    add_prometheus_url,
+    output_format,
+)
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
 
@@ -823,7 +828,7 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     findings = triage(findings)
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(
             json.dumps(
                 [{"status": f.status, "check": f.check, "message": f.message} for f in findings],

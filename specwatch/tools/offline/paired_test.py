@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.core.helptext import plain_help
 from specwatch.tools.offline.inputs import (
     InputError,
@@ -481,7 +481,7 @@ def main(args: argparse.Namespace) -> int:
     report = paired_report(counts, args.margin, args.alpha, outcome_array(base, cand))
     if excluded:
         report["excluded"] = excluded
-    print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
+    print(json.dumps(report, indent=2) if output_format(args.format) == "json" else _table(report))
     return 0
 
 
