@@ -255,11 +255,15 @@ async def run_demo(
                 cols = shutil.get_terminal_size((100, 24)).columns
                 line = "\n".join(textwrap.wrap(line, cols - 1, subsequent_indent="  "))
             _print(out, line)
+        # "kept" only where the file is (a ledger that could not be written is not claimed)
+        kept = files is not None and bool(cfg.ledger_path)
+        if kept and files is not None:
+            kept = await asyncio.to_thread(files.ledger.is_file)
         _print(
             out,
             f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
             + (f", {pairs:,} shadow pairs" if pairs is not None else "")
-            + (f"; ledger kept at {files.ledger}" if files is not None and cfg.ledger_path else ""),
+            + (f"; ledger kept at {files.ledger}" if kept else ""),
         )
     return 0
 
