@@ -298,6 +298,14 @@ def _fault_lines(fly_url: str, width: int) -> list[Text]:
     return [_line(head + " \\"), _line("  -d " + body)]
 
 
+#: The subject put before a speculation-limit sentence that starts with its finding alone
+#: ("not reached: ..."; the other sentence starts "speculation stops paying at ...").
+LIMIT_SUBJECT = "where speculation stops paying"
+
+#: Under the verdict: where each figure of the screen (the interval, the e-value and its
+#: threshold, the speculation limit) is explained in words.
+READING_GUIDE = "what each figure means: docs/demo.md#reading-the-screen"
+
 #: Priorities of the view's parts: lower is kept longer when the terminal is short. The
 #: verdict, every firing alert and the canary scores are never dropped.
 KEEP, TABLE, FAULT, PAIRS, LINKS, DETAIL = range(6)
@@ -360,10 +368,14 @@ def build_view(
         parts.append((LINKS, [line]))
     limit = snap.observe.speculation_limit
     if limit is not None and limit.status != "no_data":
-        parts.append((DETAIL, list(_wrapped(limit.text, width, "dim"))))
+        said = limit.text
+        if limit.status == "not_reached":  # the sentence starts "not reached: ..."
+            said = f"{LIMIT_SUBJECT}: {said}"
+        parts.append((DETAIL, list(_wrapped(said, width, "dim"))))
     verdict = snapshot_verdict(snap)
     if verdict:
         parts.append((KEEP, list(_wrapped(verdict, width, "bold"))))
+        parts.append((PAIRS, [_line(READING_GUIDE, "dim")]))
     if snap.shadow is not None:
         shadow = _shadow_lines(snap.shadow, window)
         parts.append((PAIRS, [shadow[0]]))
