@@ -256,14 +256,14 @@ async def run_demo(
                 line = "\n".join(textwrap.wrap(line, cols - 1, subsequent_indent="  "))
             _print(out, line)
         # "kept" only where the file is (a ledger that could not be written is not claimed)
-        kept = files is not None and bool(cfg.ledger_path)
-        if kept and files is not None:
-            kept = await asyncio.to_thread(files.ledger.is_file)
+        kept = files.ledger if files is not None and cfg.ledger_path else None
+        if kept is not None and not await asyncio.to_thread(kept.is_file):
+            kept = None
         _print(
             out,
             f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
             + (f", {pairs:,} shadow pairs" if pairs is not None else "")
-            + (f"; ledger kept at {files.ledger}" if kept else ""),
+            + (f"; ledger kept at {kept}" if kept is not None else ""),
         )
     return 0
 
