@@ -819,23 +819,30 @@ _KUBERNETES_LABELS = ("namespace", "pod", "container", "cluster")
 
 
 def _fold_missing_labels(findings: list[Finding]) -> tuple[list[Finding], list[Finding]]:
-    """Fold the failures that one missing label explains: every ``labels`` failure about the
-    same label becomes one line (how many metrics, which dashboards), and every dashboard
-    failure whose query or variable selects on a missing label is counted on one line after it.
+    """Fold the failures that one missing label explains: the ``labels`` failures about the
+    same label (when there are several) become one line (how many metrics, which dashboards),
+    and every dashboard failure whose query or variable selects on such a label is counted on
+    one line after it.
     Returns (the other findings, the folded lines to print first: the root cause). A label
     Kubernetes' scrape adds (``namespace``...) says how to set it outside Kubernetes; ``role``
     on the vLLM series points to the role check's failure, which already names its fix."""
     missing: dict[str, tuple[list[str], list[str]]] = {}
+    found: dict[str, list[Finding]] = {}
     rest: list[Finding] = []
     for f in findings:
         m = _MISSING_LABEL.match(f.message) if f.check == "labels" and f.status == "fail" else None
         if m is None:
             rest.append(f)
             continue
+        found.setdefault(m["label"], []).append(f)
         metrics, dashes = missing.setdefault(m["label"], ([], []))
         for value, into in ((m["metric"], metrics), (m["dash"], dashes)):
             if value not in into:
                 into.append(value)
+    for label, alone in found.items():
+        if len(alone) == 1:  # one metric: its own line says more than a summary would
+            rest += alone
+            del missing[label]
     if not missing:
         return findings, []
 
