@@ -50,10 +50,13 @@ def _closed_pipe_commands(tmp_path: Path) -> dict[str, list[str]]:
         "replay-json": ["replay", "--target", f"z={timeline}", "--format", "json"],
         "doctor": ["doctor", "--config", str(REPO / "deploy" / "base" / "config.yaml")],
         "analyze": ["analyze", str(PAGE), "--format", "json"],
+        "demo": ["demo", "--no-shadow", "--duration", "60", "--port", "0"],
     }
 
 
-@pytest.mark.parametrize("name", ["paired-test", "advise", "replay-json", "doctor", "analyze"])
+@pytest.mark.parametrize(
+    "name", ["paired-test", "advise", "replay-json", "doctor", "analyze", "demo"]
+)
 def test_closed_pipe_ends_silently(name: str, tmp_path: Path) -> None:
     """stdout is a pipe whose reader is already gone (``| head`` that has read its lines): the
     command writes nothing on stderr (no BrokenPipeError traceback, no "Exception ignored")
@@ -68,6 +71,24 @@ def test_closed_pipe_ends_silently(name: str, tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=120)
     assert err.decode() == ""
     assert proc.returncode == 1
+
+
+def test_demo_view_into_head_ends_silently_and_cleans_up() -> None:
+    """``specwatch demo | head -12``: the reader takes the intro and the first view, then
+    closes; the demo stops at once (well before its 60 s), silently, exit 1, with its servers
+    and tasks shut down (no "error occurred during closing of asynchronous generator")."""
+    proc = _spawn(
+        ["demo", "--no-shadow", "--duration", "60", "--port", "0"], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    started = time.monotonic()
+    lines = [proc.stdout.readline() for _ in range(12)]
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=50)
+    assert lines[0].startswith(b"specwatch demo: sidecar on http://127.0.0.1:")
+    assert err.decode() == ""
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 50
 
 
 def _interrupt(
