@@ -301,6 +301,10 @@ def _fault_lines(fly_url: str, width: int) -> list[Text]:
     return [_line(head + " \\"), _line("  -d " + body)]
 
 
+#: Under the verdict: where each figure of the screen (the interval, the e-value and its
+#: threshold, the speculation limit) is explained in words.
+READING_GUIDE = "what each figure means: docs/demo.md#reading-the-screen"
+
 #: Priorities of the view's parts: lower is kept longer when the terminal is short. The
 #: verdict, every firing alert and the canary scores are never dropped.
 KEEP, TABLE, FAULT, PAIRS, LINKS, DETAIL = range(6)
@@ -367,6 +371,7 @@ def build_view(
     verdict = snapshot_verdict(snap)
     if verdict:
         parts.append((KEEP, list(_wrapped(verdict, width, "bold"))))
+        parts.append((PAIRS, [_line(READING_GUIDE, "dim")]))
     if snap.shadow is not None:
         shadow = _shadow_lines(snap.shadow, window)
         parts.append((PAIRS, [shadow[0]]))

@@ -554,6 +554,7 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
                 *(f"--manifest={m}" for m in manifests),
                 *(f"--dashboard={d}" for d in DASHBOARDS),
                 f"--alertmanager-url={am}",
+                "--format=table",
             )
             last[:] = [out + err]
             if rc != 0 or "FAIL" in out:

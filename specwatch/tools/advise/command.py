@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import AnalyzeError, read_page, require_engines
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.core.helptext import plain_help
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
@@ -105,7 +105,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="seconds between successive series pages (required with the series)",
     )
     p.add_argument("--model", help="model_name to use when a page serves several")
-    add_output_format(p, default="json")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 
@@ -370,6 +370,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch advise: {exc}", file=sys.stderr)
         return 2
     print(
-        json.dumps(doc, indent=2, allow_nan=False) if args.format == "json" else render_table(doc)
+        json.dumps(doc, indent=2, allow_nan=False)
+        if output_format(args.format) == "json"
+        else render_table(doc)
     )
     return 0

@@ -62,9 +62,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.cli.args import (
+    add_described_command,
+    add_output_format,
+    add_prometheus_url,
+    output_format,
+)
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
+from specwatch.tools.doctor.fold import fold_missing_labels
 
 if TYPE_CHECKING:  # aiohttp and the Prometheus client load when diagnosing, not for --help
     import aiohttp
@@ -819,8 +825,10 @@ def triage(findings: Sequence[Finding]) -> list[Finding]:
                 "failure above (no specwatch target is up); fix it and run doctor again",
             )
         )
+    rest, first = fold_missing_labels(rest, Finding)
     severity = {"fail": 0, "warn": 1, "ok": 2}
-    return sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+    ordered = sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+    return first + ordered
 
 
 def main(args: argparse.Namespace) -> int:
@@ -853,7 +861,7 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     findings = triage(findings)
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(
             json.dumps(
                 [{"status": f.status, "check": f.check, "message": f.message} for f in findings],
