@@ -28,7 +28,8 @@ _HEAD_END = b"\r\n\r\n"
 
 class _Guarded(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: counts the connection, enforces the cap and the
-    header timeout, and passes everything else through unchanged."""
+    header timeout, makes room near the cap (:meth:`GuardedSite.make_room`), and passes
+    everything else through unchanged."""
 
     def __init__(self, inner: asyncio.Protocol, site: GuardedSite) -> None:
         self._inner = inner
@@ -37,26 +38,66 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self._counted = False
-        self._peer = ""
+        self._admitted = False
+        self.peer = ""
+        #: loop time of the last byte received, or of the last answer's end
+        self.last_progress = 0.0
+        #: the request being handled now (set by the body-timeout middleware), else ``None``
+        self.request: web.BaseRequest | None = None
+        #: loop time the request's handler started
+        self.request_started = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        stats, limits = self._site.stats, self._site.limits
+        site = self._site
+        stats, limits = site.stats, site.limits
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
-            self._peer = str(peer[0])
-        if not stats.admit(self._peer, limits):
+            self.peer = str(peer[0])
+        loop = asyncio.get_running_loop()
+        self.last_progress = loop.time()
+        if stats.open >= limits.max_connections - limits.reserve:
+            site.make_room(self.last_progress)
+        if not stats.admit(self.peer, limits):
             transport.write(
                 b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
                 b"Content-Length: 0\r\n\r\n"
             )
             transport.close()
             return
-        self._counted = True
-        loop = asyncio.get_running_loop()
+        self._counted = self._admitted = True
+        site.track(self, transport)
         self._timer = loop.call_later(limits.header_timeout_seconds, self._header_timeout)
         self._inner.connection_made(transport)
+
+    def waiting_for(self, now: float) -> tuple[int, float] | None:
+        """How this connection waits on its client, as a sort key (lower: closed first), or
+        ``None`` when it may not be closed to make room (its request is being answered):
+        ``(0, -idle seconds)`` for an idle keep-alive or a head still arriving, ``(1, bytes a
+        second)`` for a request body still arriving."""
+        request = self.request
+        if request is None:
+            return 0, -(now - self.last_progress)
+        content = request.content
+        if request.body_exists and not content.is_eof():
+            seconds = max(now - self.request_started, 1e-3)
+            return 1, content.total_bytes / seconds
+        return None
+
+    def evict(self) -> None:
+        """Close this connection to make room (counted as ``evicted``)."""
+        if self._counted and self._transport is not None:
+            self._release()
+            self._site.stats.refuse("evicted", peer=self.peer)
+            self._transport.abort()
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._site.stats.release(self.peer)
+            if self._transport is not None:
+                self._site.untrack(self, self._transport)
 
     def _header_timeout(self) -> None:
         self._timer = None
@@ -67,8 +108,9 @@ class _Guarded(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if not self._counted:
+        if not self._admitted:
             return
+        self.last_progress = asyncio.get_running_loop().time()
         if self._timer is not None:
             seen = self._tail + data
             if _HEAD_END in seen:
@@ -80,24 +122,28 @@ class _Guarded(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._counted else None
+        return self._inner.eof_received() if self._admitted else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._counted:
-            self._counted = False
-            self._site.stats.release(self._peer)
+        self._release()
+        if self._admitted:
+            self._admitted = False
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if self._counted:
+        if self._admitted:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._counted:
+        if self._admitted:
             self._inner.resume_writing()
+
+
+#: The guarded connection of each open transport (what the body-timeout middleware marks).
+_CONNECTIONS: dict[asyncio.BaseTransport, _Guarded] = {}
 
 
 class _BadRequestLog(logging.LoggerAdapter[logging.Logger]):
@@ -138,6 +184,37 @@ class GuardedSite(web.TCPSite):
         self.stats = stats
         self.bound = bound
         self._bad_request_log = _BadRequestLog(stats)
+        #: the open connections by client address
+        self._by_peer: dict[str, set[_Guarded]] = {}
+
+    def track(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
+        """An admitted connection opened."""
+        self._by_peer.setdefault(conn.peer, set()).add(conn)
+        _CONNECTIONS[transport] = conn
+
+    def untrack(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
+        """An admitted connection closed (or was closed to make room)."""
+        conns = self._by_peer.get(conn.peer)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self._by_peer[conn.peer]
+        _CONNECTIONS.pop(transport, None)
+
+    def make_room(self, now: float) -> bool:
+        """Close one connection waiting on its client (see :mod:`specwatch.core.listen`):
+        from the address holding the most connections that has one, the idlest keep-alive or
+        head first, else the slowest body. False when every connection is being answered."""
+        for peer in sorted(self._by_peer, key=lambda p: len(self._by_peer[p]), reverse=True):
+            best: tuple[tuple[int, float], _Guarded] | None = None
+            for conn in self._by_peer[peer]:
+                key = conn.waiting_for(now)
+                if key is not None and (best is None or key < best[0]):
+                    best = (key, conn)
+            if best is not None:
+                best[1].evict()
+                return True
+        return False
 
     def protocol(self) -> asyncio.Protocol:
         """The protocol of one accepted connection (the runner's handler, wrapped)."""
@@ -193,21 +270,38 @@ class BoundAddress:
 
 def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middleware:
     """An aiohttp middleware: while a request's body is still arriving, a pause longer than
-    ``limits.body_timeout_seconds``, or a body not whole ``limits.body_deadline_seconds`` after
-    the handler started, cancels the handler and answers ``408`` (connection closed, counted
-    as ``body_timeout``). Requests without a body pass straight through."""
+    ``limits.body_timeout_seconds``, or a body not whole by its deadline
+    (:meth:`ListenLimits.body_deadline`: scaled to its declared length) after the handler
+    started, cancels the handler and answers ``408`` (connection closed, counted as
+    ``body_timeout``). Requests without a body pass straight through. On a guarded site it
+    also marks the connection as answering a request (see :meth:`GuardedSite.make_room`)."""
     idle = limits.body_timeout_seconds
-    whole = limits.body_deadline_seconds
 
     @web.middleware
     async def guard(
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
+        transport = request.transport
+        conn = _CONNECTIONS.get(transport) if transport is not None else None
+        loop = asyncio.get_running_loop()
+        if conn is None:
+            return await _guarded(request, handler, loop)
+        conn.request, conn.request_started = request, loop.time()
+        try:
+            return await _guarded(request, handler, loop)
+        finally:
+            conn.request, conn.last_progress = None, loop.time()
+
+    async def _guarded(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> web.StreamResponse:
         if not request.body_exists:
             return await handler(request)
         content = request.content
-        loop = asyncio.get_running_loop()
+        whole = limits.body_deadline(request.content_length)
         deadline = loop.time() + whole
         task = asyncio.ensure_future(handler(request))
         try:
