@@ -14,10 +14,11 @@ listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are i
 - one client address may hold at most ``max_connections_per_client`` of the connections (more
   get ``503``, counted as ``client_share``), so one slow peer cannot fill the cap for the rest.
 - many addresses together cannot fill it either: once the connections reach the cap less its
-  live reserve (:attr:`ListenLimits.reserve`), each new connection closes one that is waiting
+  live reserve (:attr:`ListenLimits.reserve`), a new connection from the address holding the
+  most gets ``503`` (``client_share``), and one from any other address closes one that is waiting
   on its client (an idle keep-alive, a request head or body still arriving; never one whose
-  request is being answered), taken from the address holding the most connections, the
-  idlest first, then the slowest body (counted as ``evicted``). The reserve is only for
+  request is being answered), taken from the address holding the most connections, the one
+  longest without a byte first (counted as ``evicted``). The reserve is only for
   connections when none can be closed, so slow clients never hold the last slots.
 - a body's deadline scales with its declared length: ``header_timeout_seconds`` plus the
   length at ``body_min_bytes_per_second``, at most ``body_deadline_seconds``.

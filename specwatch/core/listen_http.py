@@ -40,12 +40,8 @@ class _Guarded(asyncio.Protocol):
         self._counted = False
         self._admitted = False
         self.peer = ""
-        #: loop time of the last byte received, or of the last answer's end
-        self.last_progress = 0.0
         #: the request being handled now (set by the body-timeout middleware), else ``None``
         self.request: web.BaseRequest | None = None
-        #: loop time the request's handler started
-        self.request_started = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -56,34 +52,34 @@ class _Guarded(asyncio.Protocol):
         if isinstance(peer, tuple) and peer:
             self.peer = str(peer[0])
         loop = asyncio.get_running_loop()
-        self.last_progress = loop.time()
-        if stats.open >= limits.max_connections - limits.reserve:
-            site.make_room(self.last_progress)
+        near_cap = stats.open >= limits.max_connections - limits.reserve
+        if near_cap and site.holds_most(self.peer):
+            # near the cap the address holding the most gets no more (cheaply: no request is
+            # read), so a crowd at its share cannot churn the others' connections
+            stats.refuse("client_share", near_cap=limits.max_connections - limits.reserve)
+            _refuse(transport)
+            return
+        if near_cap:
+            site.make_room()
         if not stats.admit(self.peer, limits):
-            transport.write(
-                b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
-                b"Content-Length: 0\r\n\r\n"
-            )
-            transport.close()
+            _refuse(transport)
             return
         self._counted = self._admitted = True
         site.track(self, transport)
         self._timer = loop.call_later(limits.header_timeout_seconds, self._header_timeout)
         self._inner.connection_made(transport)
 
-    def waiting_for(self, now: float) -> tuple[int, float] | None:
-        """How this connection waits on its client, as a sort key (lower: closed first), or
-        ``None`` when it may not be closed to make room (its request is being answered):
-        ``(0, -idle seconds)`` for an idle keep-alive or a head still arriving, ``(1, bytes a
-        second)`` for a request body still arriving."""
+    def waiting(self) -> bool:
+        """Whether this connection waits on its client (an idle keep-alive, a request head or
+        body still arriving): one that may be closed to make room; not while its request is
+        being answered."""
         request = self.request
-        if request is None:
-            return 0, -(now - self.last_progress)
-        content = request.content
-        if request.body_exists and not content.is_eof():
-            seconds = max(now - self.request_started, 1e-3)
-            return 1, content.total_bytes / seconds
-        return None
+        return request is None or (request.body_exists and not request.content.is_eof())
+
+    def progressed(self) -> None:
+        """A byte arrived or an answer ended: last in its address's order."""
+        if self._counted:
+            self._site.touch(self)
 
     def evict(self) -> None:
         """Close this connection to make room (counted as ``evicted``)."""
@@ -110,7 +106,7 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return
-        self.last_progress = asyncio.get_running_loop().time()
+        self.progressed()
         if self._timer is not None:
             seen = self._tail + data
             if _HEAD_END in seen:
@@ -140,6 +136,13 @@ class _Guarded(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._admitted:
             self._inner.resume_writing()
+
+
+def _refuse(transport: asyncio.Transport) -> None:
+    transport.write(
+        b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    transport.close()
 
 
 #: The guarded connection of each open transport (what the body-timeout middleware marks).
@@ -184,36 +187,45 @@ class GuardedSite(web.TCPSite):
         self.stats = stats
         self.bound = bound
         self._bad_request_log = _BadRequestLog(stats)
-        #: the open connections by client address
-        self._by_peer: dict[str, set[_Guarded]] = {}
+        #: the open connections by client address, each in the order of their last progress
+        #: (a byte received, an answer ended): the idlest first
+        self._by_peer: dict[str, dict[_Guarded, None]] = {}
 
     def track(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
         """An admitted connection opened."""
-        self._by_peer.setdefault(conn.peer, set()).add(conn)
+        self._by_peer.setdefault(conn.peer, {})[conn] = None
         _CONNECTIONS[transport] = conn
+
+    def touch(self, conn: _Guarded) -> None:
+        """``conn`` progressed: last in its address's order (constant time)."""
+        conns = self._by_peer.get(conn.peer)
+        if conns is not None and conns.pop(conn, 0) is None:
+            conns[conn] = None
 
     def untrack(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
         """An admitted connection closed (or was closed to make room)."""
         conns = self._by_peer.get(conn.peer)
         if conns is not None:
-            conns.discard(conn)
+            conns.pop(conn, None)
             if not conns:
                 del self._by_peer[conn.peer]
         _CONNECTIONS.pop(transport, None)
 
-    def make_room(self, now: float) -> bool:
+    def holds_most(self, peer: str) -> bool:
+        """Whether ``peer`` holds as many open connections as any address (and some)."""
+        held = len(self._by_peer.get(peer, ()))
+        return held > 0 and held >= max(len(c) for c in self._by_peer.values())
+
+    def make_room(self) -> bool:
         """Close one connection waiting on its client (see :mod:`specwatch.core.listen`):
-        from the address holding the most connections that has one, the idlest keep-alive or
-        head first, else the slowest body. False when every connection is being answered."""
+        from the address holding the most connections that has one, the one longest without
+        progress (an idle keep-alive, a stalled head, the slowest trickle of a body). False
+        when every connection is being answered."""
         for peer in sorted(self._by_peer, key=lambda p: len(self._by_peer[p]), reverse=True):
-            best: tuple[tuple[int, float], _Guarded] | None = None
             for conn in self._by_peer[peer]:
-                key = conn.waiting_for(now)
-                if key is not None and (best is None or key < best[0]):
-                    best = (key, conn)
-            if best is not None:
-                best[1].evict()
-                return True
+                if conn.waiting():
+                    conn.evict()
+                    return True
         return False
 
     def protocol(self) -> asyncio.Protocol:
@@ -287,11 +299,12 @@ def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middl
         loop = asyncio.get_running_loop()
         if conn is None:
             return await _guarded(request, handler, loop)
-        conn.request, conn.request_started = request, loop.time()
+        conn.request = request
         try:
             return await _guarded(request, handler, loop)
         finally:
-            conn.request, conn.last_progress = None, loop.time()
+            conn.request = None
+            conn.progressed()
 
     async def _guarded(
         request: web.Request,

@@ -8,12 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import resource
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import pytest
+
 from tests.fakes.wait import until_listening
+from tests.server.hostile_inputs import probing
 from tests.sidecar_process import Process, free_port, run_config, specwatch_process
 
 
@@ -84,3 +89,118 @@ async def test_a_burst_of_aborted_uploads_writes_a_few_lines_per_reason(tmp_path
     assert kinds, "\n".join(lines[-20:])
     assert kinds[("shadow ingest rejected", "incomplete_body", "mirror")] >= 1
     assert max(kinds.values()) <= 10, kinds
+
+
+#: The crowd: three loopback addresses, each with 400 slow uploads and 400 idle keep-alives
+#: (2,400 connections against the default cap of 1,024 and share of 512).
+CROWD = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SLOW_PER_ADDRESS = IDLE_PER_ADDRESS = 400
+#: How long the crowd keeps coming back (each connection reopened a second after it is
+#: closed), and how many live requests are sent meanwhile.
+ATTACK_SECONDS = 20.0
+LIVE_REQUESTS = 30
+
+
+async def _crowd_member(port: int, address: str, slow: bool, end: float) -> int:
+    """One attacker connection from ``address``, reopened a second after each close until
+    ``end`` (monotonic): a slow upload (a head announcing 100,000 bytes, then one byte every
+    5 s) or an idle keep-alive (one answered request, then nothing). Returns how many times
+    it was opened."""
+    loop = asyncio.get_running_loop()
+    opened = 0
+    while loop.time() < end:
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(address, 0)
+            )
+        except OSError:
+            await asyncio.sleep(1.0)
+            continue
+        opened += 1
+        try:
+            if slow:
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+                )
+                while loop.time() < end and not writer.is_closing():
+                    try:
+                        got = await asyncio.wait_for(reader.read(1024), timeout=5.0)
+                    except TimeoutError:
+                        writer.write(b" ")
+                        continue
+                    if not got:
+                        break
+            else:
+                writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(), timeout=max(0.1, end - loop.time()))
+        except OSError:
+            pass
+        finally:
+            writer.close()
+        await asyncio.sleep(1.0)
+    return opened
+
+
+async def _live(proxy_port: int, count: int) -> list[int]:
+    """``count`` completions through the proxy from 127.0.0.1, one connection each, one after
+    another; their statuses (a connection refused or cut: 0)."""
+    body = {"model": "sim-model", "prompt": "What is 11 + 7?", "max_tokens": 4}
+    statuses = []
+    timeout = aiohttp.ClientTimeout(total=30)
+    for _ in range(count):
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+            try:
+                async with s.post(f"http://127.0.0.1:{proxy_port}/v1/completions", json=body) as r:
+                    await r.read()
+                    statuses.append(r.status)
+            except (aiohttp.ClientError, TimeoutError):
+                statuses.append(0)
+        await asyncio.sleep(0.3)
+    return statuses
+
+
+@pytest.mark.slow
+async def test_a_crowd_from_three_addresses_cannot_take_the_live_path(tmp_path: Path) -> None:
+    """1,200 slow uploads and 1,200 idle keep-alives from 127.0.0.2-4 (each reopened a second
+    after it is closed, for 20 s) against the proxy's default cap of 1,024: every one of 30
+    live completions through the proxy from 127.0.0.1 meanwhile is answered 200 (before: 503
+    for as long as the crowd held the cap), ``/healthz`` answers 200 in under 1 s throughout,
+    and the crowd's connections were closed to make room (``evicted``)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (HARD_FILES, HARD_FILES))
+    async with _sidecar(tmp_path) as (run, proxy_port, _):
+        async with probing(run.url) as healthz:
+            end = asyncio.get_running_loop().time() + ATTACK_SECONDS
+            crowd = [
+                asyncio.create_task(_crowd_member(proxy_port, address, slow, end))
+                for address in CROWD
+                for slow, n in ((True, SLOW_PER_ADDRESS), (False, IDLE_PER_ADDRESS))
+                for _ in range(n)
+            ]
+            await asyncio.sleep(5.0)  # the crowd holds the cap
+            statuses = await _live(proxy_port, LIVE_REQUESTS)
+            opened = sum(await asyncio.gather(*crowd))
+        async with aiohttp.ClientSession() as s, s.get(run.url + "/metrics") as r:
+            metrics = await r.text()
+    evicted = _counter(
+        metrics, 'specwatch_listener_refused_total{listener="proxy",reason="evicted"}'
+    )
+    assert statuses == [200] * LIVE_REQUESTS, (Counter(statuses), run.log_text()[-2000:])
+    assert opened >= 2400
+    assert evicted > 0
+    assert len(healthz) >= 20
+    assert max(healthz) < 1.0, " ".join(f"{t:.2f}" for t in healthz)
+
+
+#: The open files the test process (2,400 crowd sockets) and the sidecar it starts may hold.
+HARD_FILES = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 16384)
+
+
+def _counter(text: str, series: str) -> float:
+    """The value of ``series`` (name and labels as written) in the exposition ``text``."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not in /metrics")

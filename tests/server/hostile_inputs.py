@@ -101,10 +101,10 @@ print(json.dumps(out))
 
 
 @asynccontextmanager
-async def probing(sc: Sidecar) -> AsyncIterator[list[float]]:
-    """Time ``/healthz`` from another process for the ``with`` block; the list is filled with
-    the answer times (seconds) when the block ends."""
-    port = sc.url.rsplit(":", 1)[1]
+async def probing(sc: Sidecar | str) -> AsyncIterator[list[float]]:
+    """Time ``/healthz`` of ``sc`` (a sidecar or its base URL) from another process for the
+    ``with`` block; the list is filled with the answer times (seconds) when the block ends."""
+    port = (sc if isinstance(sc, str) else sc.url).rsplit(":", 1)[1]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
