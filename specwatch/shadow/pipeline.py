@@ -441,20 +441,15 @@ class ShadowPipeline:
             if t.get_name() == CANARY_TASK:  # the canary offers nothing more
                 t.cancel()
         delivered = self.delivered
+        logged = False
 
-        async def replays() -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
-
-        parts = [replays()]
-        if self.proxy is not None and self.proxy_started:
-            parts.append(self.proxy.stop(max(0.0, until - mono_clock())))
-        try:
-            await asyncio.gather(*parts)
-        finally:
-            # also when the drain itself is cut (a loaded machine): the counts are logged
-            # before anything else is awaited
-            self.proxy_started = False
+        def log_counts() -> None:
+            # once, as soon as the replays' time is up: before the proxy's connections are
+            # closed, and also when the drain itself is cut (a loaded machine)
+            nonlocal logged
+            if logged:
+                return
+            logged = True
             abandoned = self._abandon_workers()
             log_event(
                 log,
@@ -465,6 +460,22 @@ class ShadowPipeline:
                 abandoned_queued=queued,
                 seconds=round(mono_clock() - started, 3),
             )
+
+        async def replays() -> None:
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
+            finally:
+                log_counts()
+
+        parts = [replays()]
+        if self.proxy is not None and self.proxy_started:
+            parts.append(self.proxy.stop(max(0.0, until - mono_clock())))
+        try:
+            await asyncio.gather(*parts)
+        finally:
+            self.proxy_started = False
+            log_counts()
         await self._reap_workers()
 
     def _drop_queued(self) -> int:
