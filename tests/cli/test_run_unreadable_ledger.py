@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -45,7 +46,7 @@ def _zip() -> bytes:
     return buf.getvalue()
 
 
-KINDS = {
+KINDS: dict[str, Callable[[Path], bytes]] = {
     "random_bytes": lambda path: os.urandom(64 << 10),
     "empty": lambda path: b"",
     "truncated": _real_ledger_cut_in_half,
