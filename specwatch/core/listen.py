@@ -15,7 +15,8 @@ listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are i
   get ``503``, counted as ``client_share``), so one slow peer cannot fill the cap for the rest.
 - many addresses together cannot fill it either: once the connections reach the cap less its
   live reserve (:attr:`ListenLimits.reserve`), a new connection from the address holding the
-  most gets ``503`` (``client_share``), and one from any other address closes one that is waiting
+  most (when others hold some) gets ``503`` (``client_share``), and any other closes one that
+  is waiting
   on its client (an idle keep-alive, a request head or body still arriving; never one whose
   request is being answered), taken from the address holding the most connections, the one
   longest without a byte first (counted as ``evicted``). The reserve is only for

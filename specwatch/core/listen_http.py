@@ -212,9 +212,11 @@ class GuardedSite(web.TCPSite):
         _CONNECTIONS.pop(transport, None)
 
     def holds_most(self, peer: str) -> bool:
-        """Whether ``peer`` holds as many open connections as any address (and some)."""
+        """Whether ``peer`` holds as many open connections as any other address (and some
+        other address holds any: one address alone makes room among its own)."""
         held = len(self._by_peer.get(peer, ()))
-        return held > 0 and held >= max(len(c) for c in self._by_peer.values())
+        others = [len(c) for p, c in self._by_peer.items() if p != peer]
+        return held > 0 and bool(others) and held >= max(others)
 
     def make_room(self) -> bool:
         """Close one connection waiting on its client (see :mod:`specwatch.core.listen`):
