@@ -122,7 +122,8 @@ def log_effective_config(settings: Settings, *, human: bool = False) -> None:
 def preflight(settings: Settings) -> None:
     """Check, before the event loop starts, what would otherwise fail deep in start-up.
 
-    With shadow on: the ledger file can be opened as SQLite, and the canary set (when the
+    With shadow on: the ledger file can be opened as SQLite (or is a file of another format,
+    which the ledger moves aside when it opens), and the canary set (when the
     ``canary`` mode is on) loads. Raises :class:`ConfigError` naming the setting.
     """
     if not settings.shadow.enabled:
@@ -131,13 +132,18 @@ def preflight(settings: Settings) -> None:
     from specwatch.settings import ConfigError
     from specwatch.shadow.ingest.canary import CanaryFileError, load_canary
     from specwatch.shadow.ledger.files import check_openable, path_problem
+    from specwatch.shadow.ledger.state import state_of_error
 
     path = settings.ledger.path
     try:
         check_openable(path)
     except sqlite3.Error as exc:
-        cause = path_problem(path) or str(exc)
-        raise ConfigError(f"config error: ledger.path: cannot open {path!r}: {cause}") from exc
+        cause = path_problem(path)
+        # a file of another format is no reason to stop: the ledger's open moves it aside
+        if cause is not None or state_of_error(exc) != "corrupt":
+            raise ConfigError(
+                f"config error: ledger.path: cannot open {path!r}: {cause or exc}"
+            ) from exc
     shadow = settings.shadow
     if "canary" in shadow.modes:
         try:

@@ -53,6 +53,7 @@ log-normal and independent between points. No randomness is drawn:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -252,7 +253,18 @@ def crossover(
     not_paying = np.flatnonzero(up < 0)
     if not_paying.size == 0:
         return _result(
-            "not_reached", None, None, None, candidate_name, reference_name, curve, level, None
+            Crossover(
+                "not_reached",
+                None,
+                None,
+                None,
+                candidate_name,
+                reference_name,
+                curve,
+                level,
+                "",
+                None,
+            )
         )
     first = int(not_paying[0])
     paying = low[:first] > 0
@@ -268,15 +280,18 @@ def crossover(
             break
     again = np.flatnonzero(low[first + 1 :] > 0)
     return _result(
-        "reached",
-        point,
-        math.exp(at[run - 1]) if run > 0 else None,
-        math.exp(at[first]),
-        candidate_name,
-        reference_name,
-        curve,
-        level,
-        math.exp(at[first + 1 + int(again[0])]) if again.size else None,
+        Crossover(
+            "reached",
+            point,
+            math.exp(at[run - 1]) if run > 0 else None,
+            math.exp(at[first]),
+            candidate_name,
+            reference_name,
+            curve,
+            level,
+            "",
+            math.exp(at[first + 1 + int(again[0])]) if again.size else None,
+        )
     )
 
 
@@ -351,32 +366,9 @@ def _decreasing(d: npt.NDArray[np.float64], half: npt.NDArray[np.float64]) -> li
     return [b[0] for b in blocks for _ in range(int(b[2]))]
 
 
-def _result(
-    status: CrossoverStatus,
-    running: float | None,
-    lower: float | None,
-    upper: float | None,
-    candidate: str,
-    reference: str,
-    curve: tuple[GainPoint, ...],
-    level: float,
-    pays_again: float | None,
-) -> Crossover:
-    draft = Crossover(
-        status, running, lower, upper, candidate, reference, curve, level, "", pays_again
-    )
-    return Crossover(
-        status,
-        running,
-        lower,
-        upper,
-        candidate,
-        reference,
-        curve,
-        level,
-        crossover_text(draft),
-        pays_again,
-    )
+def _result(draft: Crossover) -> Crossover:
+    """``draft`` (its ``text`` empty) with the sentence that says it."""
+    return dataclasses.replace(draft, text=crossover_text(draft))
 
 
 def _pct(v: float) -> str:

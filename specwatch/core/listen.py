@@ -13,6 +13,16 @@ listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are i
   sent a byte a second never pauses long), is answered ``408`` and its connection closed.
 - one client address may hold at most ``max_connections_per_client`` of the connections (more
   get ``503``, counted as ``client_share``), so one slow peer cannot fill the cap for the rest.
+- many addresses together cannot fill it either: once the connections reach the cap less its
+  live reserve (:attr:`ListenLimits.reserve`), a new connection from the address holding the
+  most (when others hold some) gets ``503`` (``client_share``), and any other closes one that
+  is waiting
+  on its client (an idle keep-alive, a request head or body still arriving; never one whose
+  request is being answered), taken from the address holding the most connections, the one
+  longest without a byte first (counted as ``evicted``). The reserve is only for
+  connections when none can be closed, so slow clients never hold the last slots.
+- a body's deadline scales with its declared length: ``header_timeout_seconds`` plus the
+  length at ``body_min_bytes_per_second``, at most ``body_deadline_seconds``.
 - :func:`json_too_deep`: whether a JSON text nests deeper than a limit, decided by a scan of
   its brackets before any parser recurses (a deep body otherwise raises ``RecursionError``).
 - :func:`json_too_many_keys`: whether a JSON text has more object members than a limit,
@@ -20,7 +30,8 @@ listener (main, mirror, proxy) shares; the aiohttp parts that enforce them are i
   is parsed and hashed; the parser holds the interpreter, so a thread would not help).
 
 Each refusal is counted in :attr:`ListenerStats.refused` by reason (``connection_limit``,
-``header_timeout``, ``body_timeout``, ``bad_request``: a request head aiohttp cannot parse) and
+``header_timeout``, ``body_timeout``, ``evicted``, ``bad_request``: a request head aiohttp cannot
+parse) and
 logged through :class:`RateLimitedLog`.
 """
 
@@ -53,12 +64,14 @@ MAX_FIELD_BYTES = 32 << 10
 #: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
 #: every one exported from 0): a request head aiohttp cannot parse, a request body that
 #: stopped arriving or was not whole by its deadline, a client over its share of the
-#: connections, a connection over ``max_connections``, no complete head in time.
+#: connections, a connection over ``max_connections``, a waiting connection closed to make
+#: room near the cap, no complete head in time.
 RefusalReason = Literal[
     "bad_request",
     "body_timeout",
     "client_share",
     "connection_limit",
+    "evicted",
     "header_timeout",
 ]
 #: Every :data:`RefusalReason`, in that order.
@@ -74,7 +87,8 @@ class ListenLimits:
     ``max_connections_per_client``: open connections of one client address at once (more get
     ``503``); ``json_max_depth``: the deepest JSON nesting accepted; ``json_max_keys``: the
     most object members a JSON body may have (all objects together);
-    ``keepalive_timeout_seconds``: how long an idle keep-alive connection is kept."""
+    ``keepalive_timeout_seconds``: how long an idle keep-alive connection is kept;
+    ``body_min_bytes_per_second``: the slowest upload a declared length's deadline allows."""
 
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
@@ -84,6 +98,21 @@ class ListenLimits:
     json_max_depth: int = 64
     json_max_keys: int = 10_000
     keepalive_timeout_seconds: float = 15.0
+    body_min_bytes_per_second: float = 1024.0
+
+    @property
+    def reserve(self) -> int:
+        """Connections kept for requests to be answered: past ``max_connections`` less this
+        many, a new connection closes a waiting one (one sixteenth of the cap, at least 1)."""
+        return max(1, self.max_connections // 16)
+
+    def body_deadline(self, declared: int | None) -> float:
+        """Seconds a request body may take after its head: for a declared length, the head
+        timeout plus the length at the minimum rate; at most ``body_deadline_seconds``."""
+        if declared is None:
+            return self.body_deadline_seconds
+        scaled = self.header_timeout_seconds + declared / self.body_min_bytes_per_second
+        return min(self.body_deadline_seconds, scaled)
 
 
 @dataclass(slots=True)

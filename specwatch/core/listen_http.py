@@ -28,7 +28,8 @@ _HEAD_END = b"\r\n\r\n"
 
 class _Guarded(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: counts the connection, enforces the cap and the
-    header timeout, and passes everything else through unchanged."""
+    header timeout, makes room near the cap (:meth:`GuardedSite.make_room`), and passes
+    everything else through unchanged."""
 
     def __init__(self, inner: asyncio.Protocol, site: GuardedSite) -> None:
         self._inner = inner
@@ -37,26 +38,62 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self._counted = False
-        self._peer = ""
+        self._admitted = False
+        self.peer = ""
+        #: the request being handled now (set by the body-timeout middleware), else ``None``
+        self.request: web.BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        stats, limits = self._site.stats, self._site.limits
+        site = self._site
+        stats, limits = site.stats, site.limits
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
-            self._peer = str(peer[0])
-        if not stats.admit(self._peer, limits):
-            transport.write(
-                b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
-                b"Content-Length: 0\r\n\r\n"
-            )
-            transport.close()
-            return
-        self._counted = True
+            self.peer = str(peer[0])
         loop = asyncio.get_running_loop()
+        near_cap = stats.open >= limits.max_connections - limits.reserve
+        if near_cap and site.holds_most(self.peer):
+            # near the cap the address holding the most gets no more (cheaply: no request is
+            # read), so a crowd at its share cannot churn the others' connections
+            stats.refuse("client_share", near_cap=limits.max_connections - limits.reserve)
+            _refuse(transport)
+            return
+        if near_cap:
+            site.make_room()
+        if not stats.admit(self.peer, limits):
+            _refuse(transport)
+            return
+        self._counted = self._admitted = True
+        site.track(self, transport)
         self._timer = loop.call_later(limits.header_timeout_seconds, self._header_timeout)
         self._inner.connection_made(transport)
+
+    def waiting(self) -> bool:
+        """Whether this connection waits on its client (an idle keep-alive, a request head or
+        body still arriving): one that may be closed to make room; not while its request is
+        being answered."""
+        request = self.request
+        return request is None or (request.body_exists and not request.content.is_eof())
+
+    def progressed(self) -> None:
+        """A byte arrived or an answer ended: last in its address's order."""
+        if self._counted:
+            self._site.touch(self)
+
+    def evict(self) -> None:
+        """Close this connection to make room (counted as ``evicted``)."""
+        if self._counted and self._transport is not None:
+            self._release()
+            self._site.stats.refuse("evicted", peer=self.peer)
+            self._transport.abort()
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._site.stats.release(self.peer)
+            if self._transport is not None:
+                self._site.untrack(self, self._transport)
 
     def _header_timeout(self) -> None:
         self._timer = None
@@ -67,8 +104,9 @@ class _Guarded(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if not self._counted:
+        if not self._admitted:
             return
+        self.progressed()
         if self._timer is not None:
             seen = self._tail + data
             if _HEAD_END in seen:
@@ -80,24 +118,35 @@ class _Guarded(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._counted else None
+        return self._inner.eof_received() if self._admitted else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._counted:
-            self._counted = False
-            self._site.stats.release(self._peer)
+        self._release()
+        if self._admitted:
+            self._admitted = False
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if self._counted:
+        if self._admitted:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._counted:
+        if self._admitted:
             self._inner.resume_writing()
+
+
+def _refuse(transport: asyncio.Transport) -> None:
+    transport.write(
+        b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    transport.close()
+
+
+#: The guarded connection of each open transport (what the body-timeout middleware marks).
+_CONNECTIONS: dict[asyncio.BaseTransport, _Guarded] = {}
 
 
 class _BadRequestLog(logging.LoggerAdapter[logging.Logger]):
@@ -138,6 +187,48 @@ class GuardedSite(web.TCPSite):
         self.stats = stats
         self.bound = bound
         self._bad_request_log = _BadRequestLog(stats)
+        #: the open connections by client address, each in the order of their last progress
+        #: (a byte received, an answer ended): the idlest first
+        self._by_peer: dict[str, dict[_Guarded, None]] = {}
+
+    def track(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
+        """An admitted connection opened."""
+        self._by_peer.setdefault(conn.peer, {})[conn] = None
+        _CONNECTIONS[transport] = conn
+
+    def touch(self, conn: _Guarded) -> None:
+        """``conn`` progressed: last in its address's order (constant time)."""
+        conns = self._by_peer.get(conn.peer)
+        if conns is not None and conns.pop(conn, 0) is None:
+            conns[conn] = None
+
+    def untrack(self, conn: _Guarded, transport: asyncio.BaseTransport) -> None:
+        """An admitted connection closed (or was closed to make room)."""
+        conns = self._by_peer.get(conn.peer)
+        if conns is not None:
+            conns.pop(conn, None)
+            if not conns:
+                del self._by_peer[conn.peer]
+        _CONNECTIONS.pop(transport, None)
+
+    def holds_most(self, peer: str) -> bool:
+        """Whether ``peer`` holds as many open connections as any other address (and some
+        other address holds any: one address alone makes room among its own)."""
+        held = len(self._by_peer.get(peer, ()))
+        others = [len(c) for p, c in self._by_peer.items() if p != peer]
+        return held > 0 and bool(others) and held >= max(others)
+
+    def make_room(self) -> bool:
+        """Close one connection waiting on its client (see :mod:`specwatch.core.listen`):
+        from the address holding the most connections that has one, the one longest without
+        progress (an idle keep-alive, a stalled head, the slowest trickle of a body). False
+        when every connection is being answered."""
+        for peer in sorted(self._by_peer, key=lambda p: len(self._by_peer[p]), reverse=True):
+            for conn in self._by_peer[peer]:
+                if conn.waiting():
+                    conn.evict()
+                    return True
+        return False
 
     def protocol(self) -> asyncio.Protocol:
         """The protocol of one accepted connection (the runner's handler, wrapped)."""
@@ -193,21 +284,39 @@ class BoundAddress:
 
 def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middleware:
     """An aiohttp middleware: while a request's body is still arriving, a pause longer than
-    ``limits.body_timeout_seconds``, or a body not whole ``limits.body_deadline_seconds`` after
-    the handler started, cancels the handler and answers ``408`` (connection closed, counted
-    as ``body_timeout``). Requests without a body pass straight through."""
+    ``limits.body_timeout_seconds``, or a body not whole by its deadline
+    (:meth:`ListenLimits.body_deadline`: scaled to its declared length) after the handler
+    started, cancels the handler and answers ``408`` (connection closed, counted as
+    ``body_timeout``). Requests without a body pass straight through. On a guarded site it
+    also marks the connection as answering a request (see :meth:`GuardedSite.make_room`)."""
     idle = limits.body_timeout_seconds
-    whole = limits.body_deadline_seconds
 
     @web.middleware
     async def guard(
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
+        transport = request.transport
+        conn = _CONNECTIONS.get(transport) if transport is not None else None
+        loop = asyncio.get_running_loop()
+        if conn is None:
+            return await _guarded(request, handler, loop)
+        conn.request = request
+        try:
+            return await _guarded(request, handler, loop)
+        finally:
+            conn.request = None
+            conn.progressed()
+
+    async def _guarded(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> web.StreamResponse:
         if not request.body_exists:
             return await handler(request)
         content = request.content
-        loop = asyncio.get_running_loop()
+        whole = limits.body_deadline(request.content_length)
         deadline = loop.time() + whole
         task = asyncio.ensure_future(handler(request))
         try:

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -100,55 +100,150 @@ def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> 
     contain secrets (pass URLs through :func:`redact_url`); the keys ``ts``, ``level``,
     ``logger``, ``event`` and ``exc`` are taken by the line itself and a field with one of those
     names is not shown."""
+    _emit(logger, level, event, fields, limited=False)
+
+
+#: A record attribute: the line was limited where it was written (:class:`RateLimitedLog`), so
+#: :class:`LimitFilter` passes it (its clock and budget are that log's).
+_LIMITED = "_specwatch_limited"
+
+
+def _emit(
+    logger: logging.Logger, level: int, event: str, fields: dict[str, Any], *, limited: bool
+) -> None:
     if logger.isEnabledFor(level):
         exc_info = bool(fields.pop("exc_info", False))
-        logger.log(level, event, exc_info=exc_info, extra={_FIELDS: fields})
+        logger.log(level, event, exc_info=exc_info, extra={_FIELDS: fields, _LIMITED: limited})
+
+
+#: The fields that tell one repeated warning from another besides its event: the same event
+#: with another reason, setting, target, listener, source, arm or task has its own budget.
+LIMIT_KEY_FIELDS = ("reason", "setting", "target", "listener", "source", "arm", "task")
+#: Lines of one kind written per period (what the runbook promises: 10 a minute per reason).
+LIMIT_BURST = 10
+LIMIT_PERIOD_SECONDS = 60.0
+#: Kinds remembered at most; past it the oldest periods are forgotten (an event name or reason
+#: is code's, so this bounds only what a bug could grow).
+_MAX_KINDS = 4096
+
+
+class LogLimiter:
+    """The one rate limiter of repeated log lines: at most ``burst`` lines per
+    ``period_seconds`` for each kind (a hashable key); the lines over that are left out and
+    counted, and the next line admitted for that kind is told how many were (``suppressed``).
+    ``suppressed_total`` counts every line left out. ``mono_clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        *,
+        burst: int = LIMIT_BURST,
+        period_seconds: float = LIMIT_PERIOD_SECONDS,
+        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+    ) -> None:
+        self._burst = burst
+        self._period = period_seconds
+        self._mono_clock = mono_clock
+        self._state: dict[Hashable, list[float]] = {}  # [period start, lines, suppressed]
+        self.suppressed_total = 0
+
+    def admit(self, kind: Hashable) -> int | None:
+        """``None`` when a line of ``kind`` is to be left out now (counted); else the number
+        left out since the last one written (0: none)."""
+        now = self._mono_clock()
+        st = self._state.get(kind)
+        if st is None or now - st[0] >= self._period:
+            suppressed = st[2] if st is not None else 0.0
+            if st is None and len(self._state) >= _MAX_KINDS:
+                self._forget(now)
+            st = self._state[kind] = [now, 0.0, suppressed]
+        if st[1] >= self._burst:
+            st[2] += 1
+            self.suppressed_total += 1
+            return None
+        st[1] += 1
+        left_out, st[2] = int(st[2]), 0.0
+        return left_out
+
+    def _forget(self, now: float) -> None:
+        for kind in [k for k, st in self._state.items() if now - st[0] >= self._period]:
+            del self._state[kind]
+        if len(self._state) >= _MAX_KINDS:
+            self._state.clear()
+
+
+def limit_kind(logger_name: str, event: str, fields: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What one repeated line is counted as: its logger, its event and the
+    :data:`LIMIT_KEY_FIELDS` it has."""
+    return (logger_name, event, *(str(fields.get(k, "")) for k in LIMIT_KEY_FIELDS))
 
 
 class RateLimitedLog:
     """:func:`log_event` for events that outside input can repeat at will (bad requests,
-    refused connections): at most ``burst`` lines per ``period_seconds`` for each (event,
-    ``reason`` field); the lines over that are not written but counted, and the next line
-    written for that key carries ``suppressed=N`` (how many were left out since the last one).
-    ``suppressed_total`` counts every line left out. ``mono_clock``: monotonic seconds."""
+    refused connections), limited by a :class:`LogLimiter` of its own: at most ``burst``
+    lines per ``period_seconds`` for each (event, ``reason``, ...) kind (:func:`limit_kind`);
+    the next line written for that kind carries ``suppressed=N``. Every other WARNING or
+    ERROR line is limited the same way where it is written (:class:`LimitFilter` on the
+    handler of :func:`setup_logging`); this one also counts (``suppressed_total``) and takes a
+    clock."""
 
     def __init__(
         self,
         logger: logging.Logger,
         *,
-        burst: int = 10,
-        period_seconds: float = 60.0,
+        burst: int = LIMIT_BURST,
+        period_seconds: float = LIMIT_PERIOD_SECONDS,
         mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
     ) -> None:
         self._logger = logger
-        self._burst = burst
-        self._period = period_seconds
-        self._mono_clock = mono_clock
-        self._state: dict[tuple[str, str], list[float]] = {}  # [period start, lines, suppressed]
-        self.suppressed_total = 0
+        self._limiter = LogLimiter(
+            burst=burst, period_seconds=period_seconds, mono_clock=mono_clock
+        )
+
+    @property
+    def suppressed_total(self) -> int:
+        """Every line left out so far."""
+        return self._limiter.suppressed_total
 
     def log(self, level: int, event: str, **fields: Any) -> bool:
         """Write the line unless over the limit; True when written."""
-        key = (event, str(fields.get("reason", "")))
-        now = self._mono_clock()
-        st = self._state.get(key)
-        if st is None or now - st[0] >= self._period:
-            suppressed = int(st[2]) if st is not None else 0
-            st = self._state[key] = [now, 0.0, float(suppressed)]
-        if st[1] >= self._burst:
-            st[2] += 1
-            self.suppressed_total += 1
+        left_out = self._limiter.admit(limit_kind(self._logger.name, event, fields))
+        if left_out is None:
             return False
-        st[1] += 1
-        if st[2]:
-            fields["suppressed"] = int(st[2])
-            st[2] = 0
-        log_event(self._logger, level, event, **fields)
+        if left_out:
+            fields["suppressed"] = left_out
+        _emit(self._logger, level, event, fields, limited=True)
         return True
 
     def warning(self, event: str, **fields: Any) -> bool:
         """:meth:`log` at WARNING."""
         return self.log(logging.WARNING, event, **fields)
+
+
+class LimitFilter(logging.Filter):
+    """A handler filter: every record at WARNING or above (specwatch's and the libraries')
+    is limited per kind (:func:`limit_kind`: its logger, event or message template, and its
+    reason-like fields) by one :class:`LogLimiter`; a record over the limit is dropped and the
+    next one of its kind written carries ``suppressed=N``. INFO and DEBUG pass untouched."""
+
+    def __init__(self, limiter: LogLimiter | None = None) -> None:
+        super().__init__()
+        self.limiter = limiter if limiter is not None else LogLimiter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a record left out; adds ``suppressed`` to the next one written."""
+        if record.levelno < logging.WARNING or getattr(record, _LIMITED, False):
+            return True
+        fields = event_fields(record)
+        left_out = self.limiter.admit(limit_kind(record.name, str(record.msg), fields))
+        if left_out is None:
+            return False
+        if left_out and "suppressed" not in fields:
+            given = getattr(record, _FIELDS, None)
+            if isinstance(given, dict):
+                setattr(record, _FIELDS, {**given, "suppressed": left_out})
+            else:
+                record.suppressed = left_out
+        return True
 
 
 #: Loggers of the libraries specwatch serves and fetches with; their records go through the
@@ -175,8 +270,9 @@ def setup_logging(
 ) -> None:
     """Configure the ``specwatch`` logger tree (idempotent): one handler writing to ``stream``
     (default stderr, so stdout stays free for command output); ``fmt`` is ``json``, ``plain`` or
-    ``auto`` (:func:`resolve_format`);
-    ``level`` a logging level name (``INFO``). The handler masks credentials in every record
+    ``auto`` (:func:`resolve_format`); ``level`` a logging level name (``INFO``). The handler
+    writes at most 10 lines a minute of each kind of WARNING or ERROR (:class:`LimitFilter`: per
+    event and reason, the next line carrying ``suppressed=N``), masks credentials in every record
     (:class:`SecretFilter`, with the configured ``secrets`` masked wherever they appear) and
     also writes aiohttp's and asyncio's records (:data:`LIBRARY_LOGGERS`, level WARNING), which
     otherwise reach stderr unformatted and unmasked (aiohttp echoes a bad request's header
@@ -184,6 +280,7 @@ def setup_logging(
     handler = logging.StreamHandler(stream or sys.stderr)
     fmt = resolve_format(fmt, handler.stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
+    handler.addFilter(LimitFilter())  # first: a line left out is never masked or formatted
     masking = SecretFilter(secrets)
     handler.addFilter(masking)
     for name in ("specwatch", *LIBRARY_LOGGERS):

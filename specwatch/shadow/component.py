@@ -52,6 +52,9 @@ logger = logging.getLogger("specwatch.shadow.component")
 
 #: How often a ledger that cannot store rows (full, read-only, unavailable) is tried again.
 LEDGER_RETRY_SECONDS = 30.0
+#: Seconds between the cheap header checks of an open ledger (a file overwritten or cut while
+#: running is found within a minute; the full integrity check runs far less often).
+HEADER_CHECK_SECONDS = 60.0
 #: The share of the shutdown timeout the mirror listener gives the copies it is reading (they
 #: are copies, not live answers: the live streams and replays get the whole drain).
 MIRROR_SHUTDOWN_SHARE = 0.5
@@ -109,7 +112,7 @@ class ShadowComponent:
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
         self._ledger_state_seen = "ok"
-        self._last_retry = self._last_check = 0.0
+        self._last_retry = self._last_check = self._last_header_check = 0.0
         self._ready = asyncio.Event()
         self._started = False
         self._mirror_listener: MirrorListener | None = None
@@ -255,7 +258,8 @@ class ShadowComponent:
 
     async def _ledger_upkeep(self, ledger: Ledger) -> None:
         """Between refreshes: try a failing ledger again every :data:`LEDGER_RETRY_SECONDS`,
-        and run the integrity check every ``ledger.integrity_check_seconds`` (worker thread)."""
+        run the integrity check every ``ledger.integrity_check_seconds`` and the header check
+        every :data:`HEADER_CHECK_SECONDS` (worker threads)."""
         now = self.runtime.mono_clock()
         if ledger.state not in ("ok", "corrupt") and now - self._last_retry >= (
             LEDGER_RETRY_SECONDS
@@ -266,6 +270,9 @@ class ShadowComponent:
         if every is not None and ledger.state == "ok" and now - self._last_check >= every:
             self._last_check = now
             await ledger.quick_check()
+        if ledger.state == "ok" and now - self._last_header_check >= HEADER_CHECK_SECONDS:
+            self._last_header_check = now
+            await ledger.header_check()
 
     async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
         """Start the proxy listener (proxy mode), rebuild from the ledger, start the rest of
@@ -282,6 +289,7 @@ class ShadowComponent:
         self._started = True
         self._ready.set()
         self._last_retry = self._last_check = self.runtime.mono_clock()
+        self._last_header_check = self._last_retry
         while True:
             try:
                 await self._ledger_upkeep(ledger)

@@ -321,6 +321,7 @@ class ShadowPipeline:
         self._tasks: list[asyncio.Task[None]] = []
         #: Workers holding a request (taken from the queue, not yet handed to the sink).
         self._holding = 0
+        self._abandoned = False  # the requests held counted as shutdown_in_flight already
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = False
@@ -448,26 +449,42 @@ class ShadowPipeline:
             if t.get_name() == CANARY_TASK:  # the canary offers nothing more
                 t.cancel()
         delivered = self.delivered
+        logged = False
+
+        def log_counts() -> None:
+            # once, as soon as the replays' time is up: before the proxy's connections are
+            # closed, and also when the drain itself is cut (a loaded machine)
+            nonlocal logged
+            if logged:
+                return
+            logged = True
+            abandoned = self._abandon_workers()
+            log_event(
+                log,
+                logging.WARNING if abandoned else logging.INFO,
+                "shadow replays drained",
+                completed=self.delivered - delivered,
+                abandoned_in_flight=abandoned,
+                abandoned_queued=queued,
+                seconds=round(mono_clock() - started, 3),
+            )
 
         async def replays() -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), max(0.0, until - mono_clock()))
+            finally:
+                log_counts()
 
         parts = [replays()]
         if self.proxy is not None and self.proxy_started:
             parts.append(self.proxy.stop(max(0.0, until - mono_clock())))
-        await asyncio.gather(*parts)
-        self.proxy_started = False
-        abandoned = await self._cancel_workers()
-        log_event(
-            log,
-            logging.WARNING if abandoned else logging.INFO,
-            "shadow replays drained",
-            completed=self.delivered - delivered,
-            abandoned_in_flight=abandoned,
-            abandoned_queued=queued,
-            seconds=round(mono_clock() - started, 3),
-        )
+        try:
+            await asyncio.gather(*parts)
+        finally:
+            self.proxy_started = False
+            log_counts()
+        await self._reap_workers()
 
     def _drop_queued(self) -> int:
         """Drop every request still queued as ``shutdown_queued``; returns how many."""
@@ -483,14 +500,25 @@ class ShadowPipeline:
     async def _cancel_workers(self) -> int:
         """Cancel workers and canary; each request a worker still held is counted as
         ``shutdown_in_flight``. Returns that count."""
-        held = self._holding
+        held = self._abandon_workers()
+        await self._reap_workers()
+        return held
+
+    def _abandon_workers(self) -> int:
+        """Count each request a worker still holds as ``shutdown_in_flight`` (once) and cancel
+        every worker and the canary, without waiting; returns that count."""
+        held = 0 if self._abandoned else self._holding
+        self._abandoned = True
         for _ in range(held):
             self.sampler.count_drop("shutdown_in_flight")
         for t in self._tasks:
             t.cancel()
+        return held
+
+    async def _reap_workers(self) -> None:
+        """Wait for the cancelled workers to end."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        return held
 
     async def stop(self) -> None:
         """Cancel workers and canary (a request a worker still held is counted as

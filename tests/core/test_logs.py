@@ -17,7 +17,14 @@ import specwatch
 from specwatch.alerts.alertmanager import AlertSender, Delivery
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.listen import json_too_deep
-from specwatch.core.logs import RateLimitedLog, log_event, setup_logging
+from specwatch.core.logs import (
+    JsonFormatter,
+    LimitFilter,
+    LogLimiter,
+    RateLimitedLog,
+    log_event,
+    setup_logging,
+)
 from specwatch.shadow.ingest.canary import parse_lines
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
@@ -219,6 +226,47 @@ def test_rate_limited_log_counts_what_it_leaves_out() -> None:
     assert "suppressed" not in docs[9]
     assert (docs[-1]["n"], docs[-1]["suppressed"]) == (25, 15)
     assert limited.suppressed_total == 15
+
+
+def test_every_repeated_warning_is_limited_where_it_is_written() -> None:
+    """The handler's filter limits any WARNING or ERROR, not only a :class:`RateLimitedLog`'s:
+    25 ``log_event`` warnings of one event and reason in a minute write 10, another reason has
+    its own 10, an aiohttp ERROR with a traceback repeated 25 times writes 10, INFO lines all
+    pass; the first line of a kind in the next minute carries ``suppressed=15``."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    mono_clock = FakeMonotonicClock()
+    handler.addFilter(LimitFilter(LogLimiter(mono_clock=mono_clock)))
+    ours, lib = logging.getLogger("specwatch.test.limit"), logging.getLogger("aiohttp.test")
+    for lg in (ours, lib):
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+    try:
+        for i in range(25):
+            log_event(ours, logging.WARNING, "upload cut", reason="incomplete_body", n=i)
+            log_event(ours, logging.WARNING, "upload cut", reason="too_large", n=i)
+            log_event(ours, logging.INFO, "quiet", n=i)
+            try:
+                raise ConnectionResetError("peer gone")
+            except ConnectionResetError:
+                lib.exception("Error handling request from %s", f"127.0.0.{i}")
+        mono_clock.advance(60)
+        log_event(ours, logging.WARNING, "upload cut", reason="incomplete_body", n=25)
+    finally:
+        for lg in (ours, lib):
+            lg.removeHandler(handler)
+    docs = _json_lines(stream)
+    cut = [d for d in docs if d["event"] == "upload cut" and d["reason"] == "incomplete_body"]
+    assert [d["n"] for d in cut] == [*range(10), 25]
+    assert cut[-1]["suppressed"] == 15
+    assert "suppressed" not in cut[9]
+    assert len([d for d in docs if d["event"] == "upload cut" and d["reason"] == "too_large"]) == 10
+    assert len([d for d in docs if d["event"] == "quiet"]) == 25
+    errors = [d for d in docs if d["logger"] == "aiohttp.test"]
+    assert len(errors) == 10
+    assert "ConnectionResetError" in errors[0]["exc"]
 
 
 @pytest.mark.parametrize(

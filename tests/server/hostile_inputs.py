@@ -41,12 +41,13 @@ def many_keys_body(keys: int = KEYS) -> bytes:
     return json.dumps(body).encode()
 
 
-def settings_for(target_url: str, ledger: Path) -> Settings:
-    """One target (scraped every 30 s: the first scrape is the one timed) and the mirror."""
+def settings_for(target_url: str, ledger: Path, interval_seconds: float = 30.0) -> Settings:
+    """One target (scraped every 30 s by default: the first scrape is the one timed) and the
+    mirror."""
     return Settings.model_validate(
         {
             "targets": [{"name": "standard", "url": target_url}],
-            "scrape": {"interval_seconds": 30.0, "timeout_seconds": 20.0},
+            "scrape": {"interval_seconds": interval_seconds, "timeout_seconds": 20.0},
             "shadow": {
                 "enabled": True,
                 "modes": ["mirror"],
@@ -100,10 +101,10 @@ print(json.dumps(out))
 
 
 @asynccontextmanager
-async def probing(sc: Sidecar) -> AsyncIterator[list[float]]:
-    """Time ``/healthz`` from another process for the ``with`` block; the list is filled with
-    the answer times (seconds) when the block ends."""
-    port = sc.url.rsplit(":", 1)[1]
+async def probing(sc: Sidecar | str) -> AsyncIterator[list[float]]:
+    """Time ``/healthz`` of ``sc`` (a sidecar or its base URL) from another process for the
+    ``with`` block; the list is filled with the answer times (seconds) when the block ends."""
+    port = (sc if isinstance(sc, str) else sc.url).rsplit(":", 1)[1]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -151,3 +152,28 @@ async def run(tmp: Path, *, models: int = MODELS, keys: int = KEYS, bodies: int 
                     await r.read()
             await asyncio.sleep(0.2)
     return Timed(tuple(page_times), tuple(body_times), up, tuple(statuses))
+
+
+async def run_repeated(tmp: Path, *, scrapes: int, models: int = MODELS) -> tuple[float, ...]:
+    """Start a sidecar on the hostile page scraped back to back (every second) and time
+    ``/healthz`` until ``scrapes`` scrapes of it were parsed; the answer times (seconds)."""
+    page = many_models_page(models)
+    served = 0
+
+    def serve(_: object) -> str:
+        nonlocal served
+        served += 1
+        return page
+
+    async with (
+        FakeVllm(page=serve) as target,
+        sidecar(settings_for(target.url, tmp / "ledger.sqlite", 1.0)) as sc,
+    ):
+        key = ("specwatch_target_up", frozenset({("target", "standard"), ("role", "standard")}))
+        async with probing(sc) as times:
+            end = time.monotonic() + 120
+            while time.monotonic() < end:
+                if served > scrapes and (await sc.metrics()).get(key, -1.0) == 1.0:
+                    break
+                await asyncio.sleep(0.2)
+    return tuple(times)

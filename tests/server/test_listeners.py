@@ -97,18 +97,22 @@ async def test_drip_fed_body_gets_408(sidecar: Process) -> None:
     assert await _refused(sidecar.url, "mirror", "body_timeout") == 1
 
 
-async def test_connection_limit_answers_503(sidecar: Process) -> None:
-    """With 6 connections open (each sending nothing yet), a 7th is answered 503 and closed;
-    once the idle ones are closed by the header timeout, ``/metrics`` answers again."""
+async def test_idle_connections_make_room_for_a_request(sidecar: Process) -> None:
+    """With the cap at 6 (its live reserve 1) and 6 connections open sending nothing, a 7th
+    that asks for ``/metrics`` is answered 200 at once: the two idlest were closed to make
+    room (``evicted`` 2, no ``connection_limit``; before, the 7th got 503 until the header
+    timeout closed the idle ones); the other four are closed by the header timeout."""
     held = [await asyncio.open_connection("127.0.0.1", sidecar.port) for _ in range(6)]
     reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     answer = await _closed(reader)
     writer.close()
-    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     for r, w in held:
         assert await _closed(r) == b""
         w.close()
-    assert await _refused(sidecar.url, "main", "connection_limit") == 1
+    assert await _refused(sidecar.url, "main", "evicted") == 2
+    assert await _refused(sidecar.url, "main", "connection_limit") == 0
 
 
 async def test_deep_json_is_a_clear_400_without_traceback(sidecar: Process) -> None:

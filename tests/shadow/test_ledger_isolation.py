@@ -275,3 +275,37 @@ async def test_damage_first_read_by_the_rebuild_marks_the_ledger_corrupt(tmp_pat
         assert live is not None
         rows_seen = live.rows()
     assert (state, health, rows_seen) == ("corrupt", 200, 0)
+
+
+@pytest.mark.parametrize("damage", ["overwritten", "truncated"])
+async def test_a_ledger_overwritten_or_cut_while_running_is_found_by_the_header_check(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the full integrity check off, a running ledger whose file is replaced by another
+    format's bytes, or cut to a third, is found by the cheap header check (every minute by
+    default, every 0.2 s here; confirmed by the quick check): the state becomes ``corrupt``
+    and ``/healthz`` stays 200."""
+    from specwatch.shadow import component
+
+    monkeypatch.setattr(component, "HEADER_CHECK_SECONDS", 0.2)
+    ledger = tmp_path / "ledger.sqlite"
+    settings = _settings(ledger, integrity_check_seconds=None)
+    async with sidecar(settings) as sc:
+        comp = sc.component
+        await until(lambda: comp.statistics.live is not None, 20)
+        assert comp.ledger is not None
+        rows = [(1_800_000_000.0 + i, f"cat{i % 7}", "paired") for i in range(5000)]
+        await comp.ledger.write_many(["time", "category", "status"], rows)
+        conn = sqlite3.connect(ledger)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        assert comp.ledger.state == "ok"
+        size = ledger.stat().st_size
+        with ledger.open("r+b") as f:
+            if damage == "overwritten":
+                f.write(b'{"not": "a ledger"}' + b" " * 200)
+            else:
+                f.truncate(size // 3)
+        await until(lambda: comp.ledger is not None and comp.ledger.state == "corrupt", 20)
+        health = await _healthz(sc)
+    assert health == 200

@@ -48,7 +48,12 @@ from specwatch.shadow.ledger.queries import RowQueries
 from specwatch.shadow.ledger.reports import ReportQueries
 from specwatch.shadow.ledger.retention import Retention
 from specwatch.shadow.ledger.rows import SCHEMA, LedgerRow, add_missing_columns
-from specwatch.shadow.ledger.state import move_aside, quick_check_sync, state_of_error
+from specwatch.shadow.ledger.state import (
+    header_problem,
+    move_aside,
+    quick_check_sync,
+    state_of_error,
+)
 from specwatch.shadow.ledger.writer import LedgerHealth, QueueWriter
 from specwatch.shadow.values import LedgerState, PairOutcome
 
@@ -172,6 +177,12 @@ class Ledger(RowQueries, ReportQueries):
 
     def _open_sync(self) -> tuple[LedgerState, str | None]:
         try:
+            problem = header_problem(self.path)
+        except OSError as exc:
+            return state_of_error(exc), f"{type(exc).__name__}: {exc}"
+        if problem is not None:  # another format, a cut header, a truncated file
+            return "corrupt", problem
+        try:
             self._db.open(_prepare)
             self._db.transaction(_probe)
         except (sqlite3.Error, OSError) as exc:
@@ -214,6 +225,22 @@ class Ledger(RowQueries, ReportQueries):
         if problem is not None:
             self._writer.mark("corrupt", problem)
         return problem
+
+    async def header_check(self) -> str | None:
+        """The cheap check run every minute: the file's header and size
+        (:func:`~.state.header_problem`, a 100-byte read), confirmed by
+        :meth:`quick_check` when it finds a problem (a header read while a checkpoint grows
+        the file can look short for a moment). ``None`` when sound (or the ledger is not
+        open), else the problem, and the state is then ``corrupt``."""
+        if not self._writer.started:
+            return None
+        try:
+            problem = await asyncio.to_thread(header_problem, self.path)
+        except OSError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            return None
+        return await self.quick_check()
 
     async def close(self) -> None:
         """Write everything queued, stop the writer and close both connections."""

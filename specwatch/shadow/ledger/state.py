@@ -12,12 +12,14 @@ on (``specwatch_ledger_state{state}``, ``SpecwatchLedgerFailing``).
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from pathlib import Path
 
 from specwatch.shadow.values import LedgerState
 
 __all__ = [
+    "header_problem",
     "move_aside",
     "quick_check_sync",
     "state_of_error",
@@ -59,6 +61,43 @@ def move_aside(path: Path, stamp: str) -> Path:
             extra.rename(aside.with_name(aside.name + suffix))
     path.rename(aside)
     return aside
+
+
+#: The first 16 bytes of every SQLite 3 database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def header_problem(path: Path) -> str | None:
+    """What makes the file at ``path`` no SQLite database, read from its 100-byte header and
+    its size alone (cheap: one small read and a stat, run every minute while the ledger is
+    open): another format (random bytes, JSON, a zip), a header cut short, a page size SQLite
+    never writes, a file shorter than the pages its header counts (truncated), or an empty
+    file (no ledger was ever written there: kept aside too, so whatever made it can be
+    found). ``None`` when the header is sound or the file absent. Blocking; raises
+    ``OSError`` when the file cannot be read."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(100)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return None
+    if not head:
+        return "empty file"
+    if not head.startswith(SQLITE_MAGIC[: len(head)]) or len(head) < len(SQLITE_MAGIC):
+        return "not an SQLite database (its first bytes are another format's)"
+    if len(head) < 100:
+        return f"SQLite header cut short ({len(head)} of 100 bytes)"
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    if page < 512 or page > 65536 or page & (page - 1):
+        return f"SQLite header names page size {page}"
+    pages = int.from_bytes(head[28:32], "big")
+    valid_for = int.from_bytes(head[92:96], "big")
+    changes = int.from_bytes(head[24:28], "big")
+    if pages and valid_for == changes and size < pages * page:
+        # the header's page count is kept on every commit to the main file (and checkpoint)
+        return f"truncated: {size} bytes where its header counts {pages} pages of {page}"
+    return None
 
 
 def quick_check_sync(path: Path) -> str | None:

@@ -308,31 +308,47 @@ async def test_expect_100_continue_is_answered_by_the_proxy() -> None:
 
 
 async def test_listener_limits_hold_on_the_proxy_port() -> None:
-    """With ``max_connections=2``, ``header_timeout_seconds=0.3`` and
+    """With ``max_connections=3``, ``header_timeout_seconds=0.3`` and
     ``body_timeout_seconds=0.3``: a half-open connection is closed (``header_timeout``), a
-    stalled body gets 408 (``body_timeout``), and a third connection while two are open gets
-    503 (``connection_limit``)."""
+    stalled body gets 408 (``body_timeout``); then with three requests being answered (their
+    upstream holds them), a fourth connection gets 503 (``connection_limit``): no connection
+    waiting on its client is there to be closed for it."""
+    release = asyncio.Event()
 
     async def read_all(request: web.Request) -> web.Response:
         return web.Response(body=await request.read())
 
+    async def hold(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(text="held\n")
+
     app = web.Application()
     app.router.add_post("/v1/completions", read_all)
-    limits = ListenLimits(max_connections=2, header_timeout_seconds=0.3, body_timeout_seconds=0.3)
+    app.router.add_get("/hold", hold)
+    limits = ListenLimits(max_connections=3, header_timeout_seconds=0.3, body_timeout_seconds=0.3)
     async with running(app) as base, proxy_to(base, listen=limits) as (port, proxy):
         r1, w1 = await asyncio.open_connection("127.0.0.1", port)
         w1.write(b"GET / HTTP/1.1\r\nHost")  # never finishes its head
         r2, w2 = await asyncio.open_connection("127.0.0.1", port)
         w2.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
-        await asyncio.sleep(0.05)
+        first = await r1.read()
+        second = await r2.read()
+        held = []
+        for _ in range(3):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append((r, w))
+        await asyncio.sleep(0.1)
         r3, w3 = await asyncio.open_connection("127.0.0.1", port)
         third = await r3.read()
-        assert await r1.read() == b""
-        second = await r2.read()
-        for w in (w1, w2, w3):
+        release.set()
+        answers = [await r.readuntil(b"held\n") for r, _ in held]
+        for w in (w1, w2, w3, *(w for _, w in held)):
             w.close()
+    assert first == b""
     assert third.startswith(b"HTTP/1.1 503 ")
     assert second.startswith(b"HTTP/1.1 408 ")
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
     assert dict(proxy.listener.refused) == {
         "connection_limit": 1,
         "header_timeout": 1,
