@@ -531,7 +531,7 @@ SHADOW_INGEST_ERRORS = _c(
     "specwatch_shadow_ingest_errors",
     "Requests not offered for shadowing, by source and reason (too_large, incomplete_body, "
     "bad_encoding, invalid_json, too_deep, not_object, unsupported_path, not_shadow_host, "
-    "offer_error).",
+    "offer_error; client_retry: an SDK retry of a request already taken in).",
     ("source", "reason"),
 )
 SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")

@@ -232,6 +232,14 @@ class StreamResult:
         ]
         return self
 
+    def _output_size(self) -> int:
+        """Pieces of generated output received so far (text, reasoning, tool-call parts)."""
+        return (
+            len(self._parts)
+            + len(self._reasoning_parts or ())
+            + sum(len(tc.arguments) + bool(tc.name) for tc in self._tool_parts.values())
+        )
+
     def _add_reasoning(self, holder: Mapping[str, Any]) -> None:
         for key in ("reasoning_content", "reasoning"):
             piece = holder.get(key)
@@ -342,6 +350,8 @@ class CompletionStreamAccumulator:
         self.decoder = SSEDecoder()
         self._r = StreamResult()
         self._empty = 0
+        #: Choice-0 chunks that carried generated output (text, reasoning or a tool call).
+        self.output_events = 0
 
     @property
     def result(self) -> StreamResult:
@@ -409,6 +419,7 @@ class CompletionStreamAccumulator:
                     continue
                 delta = ch.get("delta")
                 piece: object = None
+                before = r._output_size()
                 if isinstance(delta, Mapping):
                     piece = delta.get("content")
                     r._add_reasoning(delta)
@@ -417,6 +428,8 @@ class CompletionStreamAccumulator:
                     piece = ch.get("text")
                 if isinstance(piece, str) and piece:
                     r._parts.append(piece)
+                if r._output_size() > before:
+                    self.output_events += 1
                 fr = ch.get("finish_reason")
                 if isinstance(fr, str):
                     r.finish_reason = fr

@@ -62,13 +62,15 @@ class FakeArm:
 
     ``spec_steps``: tokens accepted at each verify step (K = 4 drafted per step); when set the
     reply carries vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics
-    summary`` shape; in a stream only on the usage chunk, when ``include_usage`` was asked)."""
+    summary`` shape; in a stream only on the usage chunk, when ``include_usage`` was asked).
+    ``prompt_tokens`` is the ``usage.prompt_tokens`` it reports."""
 
     text: str = "hello"
     mode: str = "ok"
     status: int = 200
     message: str = ""
     spec_steps: list[int] | None = None
+    prompt_tokens: int = 3
     seen: list[Seen] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
@@ -109,7 +111,7 @@ class FakeArm:
             await resp.write(f"data: {json.dumps(fin)}\n\n".encode())
             usage: dict[str, Any] = {
                 "choices": [],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": 2},
             }
             if self.spec_steps is not None and body.get("stream_options", {}).get("include_usage"):
                 usage["metrics"] = self._metrics(streamed=True)
@@ -123,7 +125,11 @@ class FakeArm:
             choice["text"] = self.text
         out: dict[str, Any] = {
             "choices": [choice],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": 2,
+                "total_tokens": self.prompt_tokens + 2,
+            },
         }
         if self.spec_steps is not None:
             out["metrics"] = self._metrics(streamed=False)

@@ -1,0 +1,172 @@
+"""Pairs that real clients and real servers cannot fool, driven through the mirror listener over
+real HTTP on 127.0.0.1 into a real ledger: an SDK's own retries are one request, arms that
+tokenised the prompt differently or lack the model (adapter) asked for are excluded with their
+reason, never scored."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.ledger.ledger import Ledger
+from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
+from tests.e2e.shadow_harness import until
+from tests.fakes.arm import FakeArm, serve_arm
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 8}
+RETRY = "X-Stainless-Retry-Count"
+
+
+@dataclass
+class Shadow:
+    comp: ShadowComponent
+    client: aiohttp.ClientSession
+    ledger: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.comp.mirror_port}/v1/chat/completions"
+
+    async def post(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
+        async with self.client.post(self.url, json=body, headers=dict(headers)) as r:
+            assert r.status == 202
+            answer = await r.json()
+        return str(answer["shadow"])
+
+    def replayed(self) -> int:
+        return sum(self.comp.statistics.counters.by_status().values())
+
+    async def rows(self) -> list[LedgerRow]:
+        await self.comp.refresh(flush=True)
+        async with Ledger(self.ledger) as led:
+            return await led.query()
+
+
+@asynccontextmanager
+async def shadow(tmp_path: Path, std: FakeArm, fly: FakeArm) -> AsyncIterator[Shadow]:
+    """The shadow component (mirror listener on port 0, real SQLite ledger) replaying to
+    ``std`` and ``fly`` served on 127.0.0.1."""
+    async with serve_arm(std) as su, serve_arm(fly) as fu:
+        settings = ShadowSettings.model_validate(
+            {
+                "enabled": True,
+                "modes": ["mirror"],
+                "sample_probability": 1.0,
+                "max_shadow_rps": 1000.0,
+                "max_in_flight": 1,
+                "pause_on_waiting": False,
+                "mirror_listen_host": "127.0.0.1",
+                "mirror_listen_port": 0,
+                "standard": {"url": su},
+                "fly": {"url": fu},
+            }
+        )
+        ledger = tmp_path / "ledger.sqlite"
+        comp = ShadowComponent(
+            settings,
+            PairedSettings(windows=("1h",), refresh_seconds=3600.0),
+            LedgerSettings(path=str(ledger)),
+        )
+        async with comp.running(), aiohttp.ClientSession() as client:
+            await until(lambda: comp.pipeline is not None and comp._started)
+            yield Shadow(comp, client, ledger)
+
+
+def _ingest(comp: ShadowComponent) -> dict[tuple[str, str], int]:
+    pipe = comp.pipeline
+    assert pipe is not None
+    return {k: v for k, v in pipe.metrics().ingest_errors.items() if v}
+
+
+async def test_sdk_retries_are_one_pair_and_a_later_repeat_is_another(tmp_path: Path) -> None:
+    """openai-python's attempts of one request (``X-Stainless-Retry-Count`` 0, 1, 2, sent after
+    its 0.5 s and 1 s back-offs) are replayed once and the two retries counted ``client_retry``;
+    the same body sent again later without the header (a user asking again) is a second pair,
+    and a retry of it a third copy counted. The header never reaches an arm."""
+    std, fly = FakeArm(text="4"), FakeArm(text="4")
+    async with shadow(tmp_path, std, fly) as sh:
+        assert await sh.post(CHAT, {RETRY: "0"}) == "admitted"
+        await asyncio.sleep(0.5)
+        assert await sh.post(CHAT, {RETRY: "1"}) == "client_retry"
+        await asyncio.sleep(1.0)
+        assert await sh.post(CHAT, {RETRY: "2"}) == "client_retry"
+        await until(lambda: sh.replayed() == 1)
+        assert await sh.post(CHAT, {}) == "admitted"
+        assert await sh.post(CHAT, {RETRY: "1"}) == "client_retry"
+        await until(lambda: sh.replayed() == 2)
+        rows = await sh.rows()
+        ingest = _ingest(sh.comp)
+    assert [r.status for r in rows] == ["paired", "paired"]
+    assert ingest == {("mirror", "client_retry"): 3}
+    assert len(std.seen) == len(fly.seen) == 2
+    for seen in std.seen + fly.seen:
+        assert RETRY.lower() not in {k.lower() for k in seen.headers}
+
+
+async def test_retry_header_on_a_body_never_seen_is_replayed(tmp_path: Path) -> None:
+    """An attempt numbered 1 whose first attempt never reached the mirror is the only copy of
+    that request: it is replayed (one pair), not dropped; a different body with the same
+    attempt number is a different request."""
+    std, fly = FakeArm(text="4"), FakeArm(text="4")
+    other = {**CHAT, "max_tokens": 9}
+    async with shadow(tmp_path, std, fly) as sh:
+        assert await sh.post(CHAT, {RETRY: "1"}) == "admitted"
+        assert await sh.post(other, {RETRY: "1"}) == "admitted"
+        await until(lambda: sh.replayed() == 2)
+        assert _ingest(sh.comp) == {}
+
+
+async def test_arms_that_count_different_prompt_tokens_are_excluded(tmp_path: Path) -> None:
+    """37 prompt tokens on the standard arm, 36 on FLy (a BOS token one template adds): the
+    different answers are excluded ``prompt_tokens_mismatch``, stored so in the ledger, never
+    a FLy divergence; the same arms with equal counts pair."""
+    std = FakeArm(text="four", prompt_tokens=37)
+    fly = FakeArm(text="4", prompt_tokens=36)
+    async with shadow(tmp_path, std, fly) as sh:
+        await sh.post(CHAT, {})
+        await until(lambda: sh.replayed() == 1)
+        fly.prompt_tokens = 37
+        await sh.post({**CHAT, "max_tokens": 9}, {})
+        await until(lambda: sh.replayed() == 2)
+        rows = await sh.rows()
+        excluded = dict(sh.comp.statistics.counters.excluded)
+    assert [(r.status, r.reason) for r in rows] == [
+        ("excluded", "prompt_tokens_mismatch"),
+        ("paired", None),
+    ]
+    assert rows[1].fly_agrees is False
+    assert (rows[0].standard_prompt_tokens, rows[0].fly_prompt_tokens) == (37, 36)
+    assert excluded == {"prompt_tokens_mismatch": 1}
+
+
+async def test_model_missing_on_one_arm_is_excluded_not_a_failure(tmp_path: Path) -> None:
+    """A LoRA adapter served by the standard arm only: FLy answers vLLM's 404 "The model
+    `sql-lora` does not exist." The pair is excluded ``fly_model_not_found`` (not unpaired);
+    the mirror image is ``standard_model_not_found``."""
+    missing = "The model `sql-lora` does not exist."
+    std = FakeArm(text="4")
+    fly = FakeArm(mode="status", status=404, message=missing)
+    async with shadow(tmp_path, std, fly) as sh:
+        await sh.post({**CHAT, "model": "sql-lora"}, {})
+        await until(lambda: sh.replayed() == 1)
+        std.mode, std.status, std.message = "status", 404, missing
+        fly.mode = "ok"
+        await sh.post({**CHAT, "model": "sql-lora", "max_tokens": 9}, {})
+        await until(lambda: sh.replayed() == 2)
+        rows = await sh.rows()
+        counters = sh.comp.statistics.counters
+        excluded, unpaired = dict(counters.excluded), dict(counters.unpaired)
+    assert [(r.status, r.reason) for r in rows] == [
+        ("excluded", "fly_model_not_found"),
+        ("excluded", "standard_model_not_found"),
+    ]
+    assert excluded == {"fly_model_not_found": 1, "standard_model_not_found": 1}
+    assert unpaired == {}
