@@ -592,6 +592,13 @@ SHADOW_REPLY_DRAFT_TOKENS = _c(
     "Draft tokens reported in replayed replies (num_draft_tokens), by arm and category.",
     ARM_CATEGORY,
 )
+SHADOW_REPLY_SPEC_REFUSED = _c(
+    "specwatch_shadow_reply_spec_refused",
+    "Replayed replies whose speculative-decoding counts were inconsistent and not counted, by "
+    "arm and reason (malformed, accepted_over_drafted, histogram_steps, histogram_accepted, "
+    "tau_mismatch).",
+    ("arm", "reason"),
+)
 SHADOW_REPLY_ACCEPTED_TOKENS = _c(
     "specwatch_shadow_reply_accepted_tokens",
     "Accepted draft tokens reported in replayed replies (num_accepted_draft_tokens), by arm and "
@@ -657,6 +664,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_REPLY_SPEC_STEPS,
     SHADOW_REPLY_DRAFT_TOKENS,
     SHADOW_REPLY_ACCEPTED_TOKENS,
+    SHADOW_REPLY_SPEC_REFUSED,
     SHADOW_REPLY_ACCEPTANCE,
     SHADOW_REPLY_TAU,
     SHADOW_REPLY_FINISHES,

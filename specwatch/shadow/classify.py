@@ -274,6 +274,7 @@ def _result(
         tool_calls=normalise_tool_calls(r.tool_calls),
         reasoning=r.reasoning,
         error_code=r.error_code,
+        spec_refused=r.spec_problem,
     )
 
 

@@ -300,15 +300,19 @@ UNKNOWN_BAND = "unknown"
 class ArmTotals:
     """Per-request speed and speculation sums over paired rows (one window and category).
 
-    ``tau_pairs`` rows where both the standard and FLy arm returned a per-request mean
-    acceptance length, with the sums ``standard_tau_sum`` / ``fly_tau_sum``; ``speed_pairs`` rows
+    ``tau_pairs`` rows where both the standard and FLy arm returned per-request
+    speculative-decoding counts with at least one verify step, with each arm's summed verify
+    steps and accepted draft tokens (``standard_steps`` / ``standard_accepted``, ``fly_steps`` /
+    ``fly_accepted``: τ is summed, never averaged); ``speed_pairs`` rows
     where both arms reported completion tokens and a latency, with token sums and latency sums
     (seconds). Additive, so categories can be pooled.
     """
 
     tau_pairs: int = 0
-    standard_tau_sum: float = 0.0
-    fly_tau_sum: float = 0.0
+    standard_steps: int = 0
+    standard_accepted: int = 0
+    fly_steps: int = 0
+    fly_accepted: int = 0
     speed_pairs: int = 0
     standard_tokens: int = 0
     fly_tokens: int = 0
@@ -327,11 +331,12 @@ MIN_SPEED_PAIRS = 5
 
 
 def arm_tau_means(t: ArmTotals) -> tuple[float, float] | None:
-    """``(standard, FLy)`` mean per-request acceptance length τ over the pairs where both arms
-    reported one; ``None`` without such pairs."""
-    if t.tau_pairs <= 0:
+    """``(standard, FLy)`` acceptance length τ over the pairs where both arms reported verify
+    steps: per arm ``1 + accepted / steps`` of the summed counts (a long reply weighs by its
+    steps; the per-request τ values are never averaged); ``None`` without such pairs."""
+    if t.tau_pairs <= 0 or t.standard_steps <= 0 or t.fly_steps <= 0:
         return None
-    return t.standard_tau_sum / t.tau_pairs, t.fly_tau_sum / t.tau_pairs
+    return 1.0 + t.standard_accepted / t.standard_steps, 1.0 + t.fly_accepted / t.fly_steps
 
 
 def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
@@ -349,9 +354,13 @@ class ArmRow(TallyRow, Protocol):
     """What :func:`row_arm_sums` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
 
     @property
-    def standard_tau(self) -> float | None: ...
+    def standard_spec_steps(self) -> int | None: ...
     @property
-    def fly_tau(self) -> float | None: ...
+    def standard_accepted_tokens(self) -> int | None: ...
+    @property
+    def fly_spec_steps(self) -> int | None: ...
+    @property
+    def fly_accepted_tokens(self) -> int | None: ...
     @property
     def standard_tokens(self) -> int | None: ...
     @property
@@ -378,12 +387,14 @@ def fixed(value: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ArmSums:
-    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the τ and
-    seconds sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
+    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the seconds
+    sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
 
     tau_pairs: int = 0
-    standard_tau: int = 0
-    fly_tau: int = 0
+    standard_steps: int = 0
+    standard_accepted: int = 0
+    fly_steps: int = 0
+    fly_accepted: int = 0
     speed_pairs: int = 0
     standard_tokens: int = 0
     fly_tokens: int = 0
@@ -400,8 +411,10 @@ class ArmSums:
         """The :class:`ArmTotals` (fixed-point sums divided back to floats)."""
         return ArmTotals(
             tau_pairs=self.tau_pairs,
-            standard_tau_sum=self.standard_tau / FIXED_POINT,
-            fly_tau_sum=self.fly_tau / FIXED_POINT,
+            standard_steps=self.standard_steps,
+            standard_accepted=self.standard_accepted,
+            fly_steps=self.fly_steps,
+            fly_accepted=self.fly_accepted,
             speed_pairs=self.speed_pairs,
             standard_tokens=self.standard_tokens,
             fly_tokens=self.fly_tokens,
@@ -417,13 +430,15 @@ _arm_values: Callable[[ArmSums], tuple[int, ...]] = operator.attrgetter(
 
 def row_arm_sums(row: ArmRow) -> ArmSums:
     """The :class:`ArmSums` of one row: the same conditions ``Ledger.arm_totals`` renders as
-    SQL (τ on paired rows with both arms' τ; speed on paired rows with both arms' tokens and a
-    latency above 0 on both)."""
+    SQL (τ counts on paired rows with verify steps on both arms; speed on paired rows with both
+    arms' tokens and a latency above 0 on both)."""
     if row.status != "paired":
         return ArmSums()
-    tau = (0, 0, 0)
-    if row.standard_tau is not None and row.fly_tau is not None:
-        tau = (1, fixed(row.standard_tau), fixed(row.fly_tau))
+    tau: tuple[int, ...] = (0, 0, 0, 0, 0)
+    ss, fs = row.standard_spec_steps, row.fly_spec_steps
+    sa, fa = row.standard_accepted_tokens, row.fly_accepted_tokens
+    if ss is not None and fs is not None and sa is not None and fa is not None and ss > 0 < fs:
+        tau = (1, ss, sa, fs, fa)
     speed = (0, 0, 0, 0, 0)
     st, ft = row.standard_tokens, row.fly_tokens
     sl, fl = row.standard_latency_seconds, row.fly_latency_seconds

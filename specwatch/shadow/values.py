@@ -92,6 +92,8 @@ class ArmResult:
     ``last_token_seconds`` (streamed replies only, else ``None``): seconds from sending the
     request to the first and the last network read that carried generated output (text,
     reasoning or a tool call), so TTFT and the decode time after it are told apart.
+    ``spec_refused``: why the reply's speculative-decoding counts were refused as inconsistent
+    (:data:`specwatch.vllm.request_metrics.SPEC_PROBLEMS`; ``spec_decode`` is then ``None``).
     """
 
     arm: Arm
@@ -111,6 +113,7 @@ class ArmResult:
     error_code: int | None = None
     first_token_seconds: float | None = None
     last_token_seconds: float | None = None
+    spec_refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

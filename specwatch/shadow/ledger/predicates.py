@@ -51,7 +51,10 @@ TRI_COLUMNS: tuple[str, ...] = tuple(
 
 #: The rows the τ sums of :class:`~specwatch.shadow.tally.ArmSums` add up, and those the speed
 #: sums add up.
-ARM_TAU = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+ARM_TAU = (
+    "status = 'paired' AND standard_spec_steps > 0 AND fly_spec_steps > 0 "
+    "AND standard_accepted_tokens IS NOT NULL AND fly_accepted_tokens IS NOT NULL"
+)
 ARM_SPEED = (
     "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
     "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"

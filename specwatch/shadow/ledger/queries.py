@@ -31,8 +31,10 @@ REPLY_ARMS: tuple[str, ...] = ("standard", "fly", "noise")
 #: point, so every grouping of the same rows gives the same totals).
 _ARM_SQL = (
     f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('standard_tau')} ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('fly_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_accepted_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_accepted_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
@@ -44,8 +46,10 @@ _ARM_SQL = (
 #: The :class:`ArmTotals` sums as plain float sums, in field order.
 _ARM_FLOAT_SQL = (
     f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN standard_tau ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_accepted_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_accepted_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
@@ -128,13 +132,15 @@ class RowQueries:
         return {
             str(r[0]): ArmTotals(
                 tau_pairs=int(r[1] or 0),
-                standard_tau_sum=float(r[2] or 0.0),
-                fly_tau_sum=float(r[3] or 0.0),
-                speed_pairs=int(r[4] or 0),
-                standard_tokens=int(r[5] or 0),
-                fly_tokens=int(r[6] or 0),
-                standard_seconds=float(r[7] or 0.0),
-                fly_seconds=float(r[8] or 0.0),
+                standard_steps=int(r[2] or 0),
+                standard_accepted=int(r[3] or 0),
+                fly_steps=int(r[4] or 0),
+                fly_accepted=int(r[5] or 0),
+                speed_pairs=int(r[6] or 0),
+                standard_tokens=int(r[7] or 0),
+                fly_tokens=int(r[8] or 0),
+                standard_seconds=float(r[9] or 0.0),
+                fly_seconds=float(r[10] or 0.0),
             )
             for r in raw
         }

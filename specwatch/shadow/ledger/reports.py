@@ -196,13 +196,20 @@ class ReportQueries:
         ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
         if part == "tau":
             sql = (
-                "SELECT category, COUNT(*), SUM(standard_tau), SUM(fly_tau) FROM pairs "
-                f"WHERE {ARM_TAU} GROUP BY category"
+                "SELECT category, COUNT(*), SUM(standard_spec_steps), "
+                "SUM(standard_accepted_tokens), SUM(fly_spec_steps), SUM(fly_accepted_tokens) "
+                f"FROM pairs WHERE {ARM_TAU} GROUP BY category"
             )
             raw = await asyncio.to_thread(self._db.read, sql, ())
             return {
-                str(c): ArmTotals(tau_pairs=int(n), standard_tau_sum=float(a), fly_tau_sum=float(b))
-                for c, n, a, b in raw
+                str(c): ArmTotals(
+                    tau_pairs=int(n),
+                    standard_steps=int(a),
+                    standard_accepted=int(b),
+                    fly_steps=int(d),
+                    fly_accepted=int(e),
+                )
+                for c, n, a, b, d, e in raw
             }
         sql = (
             "SELECT category, COUNT(*), SUM(standard_tokens), SUM(fly_tokens), "

@@ -327,7 +327,8 @@ def _speed_parts(t: ArmTotals) -> str:
             f"<span data-field='tau' data-standard='{taus[0]:.6g}' data-fly='{taus[1]:.6g}'>"
             f"Mean acceptance length τ: standard {taus[0]:.2f}, FLy {taus[1]:.2f} "
             f"({change_percent(taus[1] / taus[0] if taus[0] > 0 else None)}) over "
-            f"{t.tau_pairs:,} pairs where both arms reported it.</span>"
+            f"{t.tau_pairs:,} pairs where both arms reported verify steps (1 + accepted ÷ "
+            "steps, summed over the pairs).</span>"
         )
     if speeds is None:
         speed = (
