@@ -6,6 +6,7 @@ reason, never scored."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until
-from tests.fakes.arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, RawReply, serve_arm
+from tests.fixture_files import FIXTURES
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 8}
 RETRY = "X-Stainless-Retry-Count"
@@ -170,3 +173,89 @@ async def test_model_missing_on_one_arm_is_excluded_not_a_failure(tmp_path: Path
     ]
     assert excluded == {"fly_model_not_found": 1, "standard_model_not_found": 1}
     assert unpaired == {}
+
+
+def _vllm_reply(steps: int, accepted: int, *, hist: list[int] | None = None) -> RawReply:
+    """A vLLM chat reply ``"4"`` whose ``metrics.speculative_decoding`` says ``accepted`` of
+    ``4 * steps`` drafts accepted over ``steps`` verify steps (K = 4); ``hist`` replaces the
+    acceptance histogram (by default one consistent with the counts)."""
+    if hist is None:
+        hist = [0] * 5
+        left = accepted
+        for _ in range(steps):  # fill steps greedily: a valid histogram for these counts
+            take = min(4, left)
+            hist[take] += 1
+            left -= take
+    body = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"content": "4"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        "metrics": {
+            "speculative_decoding": {
+                "mean_acceptance_length": 1.0 + accepted / steps,
+                "draft_acceptance_rate": accepted / (4 * steps),
+                "acceptance_histogram": hist,
+                "num_spec_steps": steps,
+                "num_accepted_draft_tokens": accepted,
+                "num_draft_tokens": 4 * steps,
+                "num_spec_tokens": 4,
+            }
+        },
+    }
+    return RawReply(200, "application/json", json.dumps(body).encode())
+
+
+def _sglang_reply() -> RawReply:
+    """SGLang 0.5.23's chat reply with ``sglext.spec_tokens_details`` (3 verifies, 4 of 9
+    drafts accepted), as captured, its usage set to 5 prompt tokens like the vLLM arm."""
+    text = (FIXTURES / "sglang" / "replies" / "sglang-0.5.23-chat-spec-details.http").read_text()
+    lines = [ln for ln in text.split("\n") if not ln.startswith("#")]
+    body = json.loads("\n".join(lines).split("\n\n", 1)[1])
+    body["usage"]["prompt_tokens"] = 5
+    return RawReply(200, "application/json", json.dumps(body).encode())
+
+
+async def test_acceptance_is_summed_checked_and_read_from_sglang(tmp_path: Path) -> None:
+    """Category ``sum``: two pairs. Standard 0 of 4 accepted in 1 step, then 10 of 40 in 10;
+    FLy 30 of 40 in 10, then 4 of 4 in 1. Summed, τ standard = 1 + 10/11, FLy = 1 + 34/11:
+    gain 24/11 = 2.18 (the mean of per-request τ would say (4 + 5)/2 − (1 + 2)/2 = 3.0).
+    Category ``odd``: FLy's acceptance histogram counts 21 steps for its 20 (refused: counted
+    ``histogram_steps``, its counts stored nowhere), then an SGLang FLy reply whose
+    ``sglext`` counts (3 steps, 4 accepted) are read and stored."""
+    chat = {**CHAT}
+    std = FakeArm(mode="script")
+    fly = FakeArm(mode="script")
+    std.replies = {
+        "a": _vllm_reply(1, 0),
+        "b": _vllm_reply(10, 10),
+        "c": _vllm_reply(20, 20),
+        "d": _vllm_reply(5, 5),
+    }
+    fly.replies = {
+        "a": _vllm_reply(10, 30),
+        "b": _vllm_reply(1, 4),
+        "c": _vllm_reply(20, 40, hist=[0, 1, 20, 0, 0]),
+        "d": _sglang_reply(),
+    }
+    async with shadow(tmp_path, std, fly) as sh:
+        for i, key in enumerate("abcd"):
+            body = {**chat, "messages": [{"role": "user", "content": key}]}
+            await sh.post(body, {"X-Specwatch-Category": "sum" if key in "ab" else "odd"})
+            await until(lambda n=i + 1: sh.replayed() == n)  # type: ignore[misc]
+        stats = await sh.comp.refresh(flush=True)
+        rows = await sh.rows()
+        pipe = sh.comp.pipeline
+        assert pipe is not None
+        io = pipe.metrics()
+    decisions = {r.category: r for r in stats.decisions}
+    assert decisions["sum"].tau_pairs == 2
+    assert decisions["sum"].tau_gain == pytest.approx(24 / 11, rel=1e-12)
+    assert dict(io.reply_spec_refused) == {("fly", "histogram_steps"): 1}
+    by_key = {r.request_hash: r for r in rows}
+    assert len(by_key) == 4
+    c, d = rows[2], rows[3]
+    assert (c.fly_spec_steps, c.fly_accepted_tokens, c.fly_tau) == (None, None, None)
+    assert (d.fly_spec_steps, d.fly_draft_tokens, d.fly_accepted_tokens) == (3, 9, 4)
+    # odd: only d carries counts on both arms: standard 1 + 5/5, FLy 1 + 4/3
+    assert decisions["odd"].tau_pairs == 1
+    assert decisions["odd"].tau_gain == pytest.approx(4 / 3 - 1, rel=1e-12)
