@@ -390,12 +390,35 @@ DC = ("category",)
 DECISION_GAUGES: dict[str, MetricSpec] = {
     "tau_gain": _g(
         "specwatch_decision_tau_gain",
-        "Mean per-request acceptance length (tau) of FLy minus the standard arm's.",
+        "Acceptance length (tau, 1 + accepted / verify steps summed over the pairs) of FLy "
+        "minus the standard arm's.",
         DC,
     ),
     "throughput_gain_ratio": _g(
         "specwatch_decision_throughput_gain_ratio",
         "FLy's replay decode throughput over the standard arm's, minus 1.",
+        DC,
+    ),
+    "standard_decode_tokens_per_second": _g(
+        "specwatch_decision_standard_decode_tokens_per_second",
+        "Standard arm's decode speed on replays both arms streamed: tokens after the first over "
+        "seconds after the first output (TTFT left out), summed since start.",
+        DC,
+    ),
+    "fly_decode_tokens_per_second": _g(
+        "specwatch_decision_fly_decode_tokens_per_second",
+        "FLy arm's decode speed on replays both arms streamed: tokens after the first over "
+        "seconds after the first output (TTFT left out), summed since start.",
+        DC,
+    ),
+    "standard_ttft_seconds": _g(
+        "specwatch_decision_standard_ttft_seconds",
+        "Standard arm's mean time to the first output on replays both arms streamed.",
+        DC,
+    ),
+    "fly_ttft_seconds": _g(
+        "specwatch_decision_fly_ttft_seconds",
+        "FLy arm's mean time to the first output on replays both arms streamed.",
         DC,
     ),
     "net_loss_ratio": _g(

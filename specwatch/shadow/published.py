@@ -171,7 +171,10 @@ class DecisionRow:
     ``acceptance_gain`` = α_FLy − α_standard (accepted / drafted draft tokens summed over the
     replies of this process); ``throughput_gain_ratio`` = FLy tokens/s ÷ standard tokens/s − 1
     (completion tokens over replay seconds summed over
-    ``speed_pairs`` requests);
+    ``speed_pairs`` requests, time to first token included); per arm, over the
+    ``decode_pairs`` requests both arms streamed (from the first), ``*_decode_tokens_per_second``
+    (tokens after the first ÷ seconds after the first output, summed: TTFT left out) and
+    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair;
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the no-net-loss e-value (since start; see :class:`PairedSummary`);
     ``fly_flip_ratio`` and the noise floor
@@ -201,6 +204,11 @@ class DecisionRow:
     verdict: Verdict
     verdict_text: str
     pairs_more: int | None
+    decode_pairs: int = 0
+    standard_decode_tokens_per_second: float | None = None
+    fly_decode_tokens_per_second: float | None = None
+    standard_ttft_seconds: float | None = None
+    fly_ttft_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -318,6 +318,13 @@ class ArmTotals:
     fly_tokens: int = 0
     standard_seconds: float = 0.0
     fly_seconds: float = 0.0
+    decode_pairs: int = 0
+    standard_decode_tokens: int = 0
+    fly_decode_tokens: int = 0
+    standard_decode_seconds: float = 0.0
+    fly_decode_seconds: float = 0.0
+    standard_ttft_seconds: float = 0.0
+    fly_ttft_seconds: float = 0.0
 
     def __add__(self, other: ArmTotals) -> ArmTotals:
         return ArmTotals(
@@ -366,6 +373,14 @@ class ArmRow(TallyRow, Protocol):
     @property
     def fly_tokens(self) -> int | None: ...
     @property
+    def standard_first_token_seconds(self) -> float | None: ...
+    @property
+    def standard_last_token_seconds(self) -> float | None: ...
+    @property
+    def fly_first_token_seconds(self) -> float | None: ...
+    @property
+    def fly_last_token_seconds(self) -> float | None: ...
+    @property
     def standard_latency_seconds(self) -> float | None: ...
     @property
     def fly_latency_seconds(self) -> float | None: ...
@@ -400,6 +415,13 @@ class ArmSums:
     fly_tokens: int = 0
     standard_seconds: int = 0
     fly_seconds: int = 0
+    decode_pairs: int = 0
+    standard_decode_tokens: int = 0
+    fly_decode_tokens: int = 0
+    standard_decode_seconds: int = 0
+    fly_decode_seconds: int = 0
+    standard_ttft_seconds: int = 0
+    fly_ttft_seconds: int = 0
 
     def __add__(self, other: ArmSums) -> ArmSums:
         return ArmSums(*map(operator.add, _arm_values(self), _arm_values(other)))
@@ -420,6 +442,13 @@ class ArmSums:
             fly_tokens=self.fly_tokens,
             standard_seconds=self.standard_seconds / FIXED_POINT,
             fly_seconds=self.fly_seconds / FIXED_POINT,
+            decode_pairs=self.decode_pairs,
+            standard_decode_tokens=self.standard_decode_tokens,
+            fly_decode_tokens=self.fly_decode_tokens,
+            standard_decode_seconds=self.standard_decode_seconds / FIXED_POINT,
+            fly_decode_seconds=self.fly_decode_seconds / FIXED_POINT,
+            standard_ttft_seconds=self.standard_ttft_seconds / FIXED_POINT,
+            fly_ttft_seconds=self.fly_ttft_seconds / FIXED_POINT,
         )
 
 
@@ -444,7 +473,36 @@ def row_arm_sums(row: ArmRow) -> ArmSums:
     sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
     if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
         speed = (1, st, ft, fixed(sl), fixed(fl))
-    return ArmSums(*tau, *speed)
+    return ArmSums(*tau, *speed, *_decode_sums(row))
+
+
+def _decode_sums(row: ArmRow) -> tuple[int, ...]:
+    """The decode part of :func:`row_arm_sums` (``ARM_DECODE`` in SQL): both arms streamed at
+    least two tokens with a last output after the first; tokens after the first, the seconds
+    after the first output and the time to it, per arm."""
+    st, ft = row.standard_tokens, row.fly_tokens
+    s1, sn = row.standard_first_token_seconds, row.standard_last_token_seconds
+    f1, fn = row.fly_first_token_seconds, row.fly_last_token_seconds
+    if st is None or ft is None or s1 is None or sn is None or f1 is None or fn is None:
+        return (0,) * 7
+    if st < 2 or ft < 2 or not (sn > s1 and fn > f1):
+        return (0,) * 7
+    return (1, st - 1, ft - 1, fixed(sn - s1), fixed(fn - f1), fixed(s1), fixed(f1))
+
+
+def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """``((standard, FLy) decode tokens/s, (standard, FLy) mean TTFT seconds)`` over the pairs
+    where both arms streamed (:func:`row_arm_sums`' decode condition): tokens after the first ÷
+    seconds after the first output, summed, so TTFT is never in the speed; from the first such
+    pair. ``None`` without one."""
+    if t.decode_pairs <= 0 or t.standard_decode_seconds <= 0 or t.fly_decode_seconds <= 0:
+        return None
+    speeds = (
+        t.standard_decode_tokens / t.standard_decode_seconds,
+        t.fly_decode_tokens / t.fly_decode_seconds,
+    )
+    ttft = (t.standard_ttft_seconds / t.decode_pairs, t.fly_ttft_seconds / t.decode_pairs)
+    return speeds, ttft
 
 
 def row_band(running: float | None, bands: Sequence[int]) -> str:

@@ -18,6 +18,7 @@ from specwatch.shadow.ledger.predicates import (
     ARM_TAU,
     TALLY_SQL,
     band_sql,
+    decode_sql,
     fixed_sql,
 )
 from specwatch.shadow.tally import ArmSums, HistoryCell, PairTally
@@ -48,6 +49,7 @@ _ROW_VALUES = (
     f"CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN {fixed_sql('standard_latency_seconds')} ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN {fixed_sql('fly_latency_seconds')} ELSE 0 END",
+    *decode_sql(fixed_point=True),
 )
 if len(_ROW_VALUES) != len(_COLUMNS):  # pragma: no cover - a field added to ArmSums
     raise RuntimeError("pair_cells columns and their row values disagree")

@@ -16,6 +16,7 @@ from specwatch.shadow.ledger.predicates import (
     LABELLED_SQL,
     TALLY_SQL,
     band_sql,
+    decode_sql,
     fixed_sql,
 )
 from specwatch.shadow.ledger.rows import COLUMNS, LedgerRow, values_to_row
@@ -40,6 +41,7 @@ _ARM_SQL = (
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('standard_latency_seconds')} ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('fly_latency_seconds')} ELSE 0 END)",
+    *(f"SUM({e})" for e in decode_sql(fixed_point=True)),
 )
 
 
@@ -55,6 +57,7 @@ _ARM_FLOAT_SQL = (
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+    *(f"SUM({e})" for e in decode_sql(fixed_point=False)),
 )
 
 
@@ -141,6 +144,13 @@ class RowQueries:
                 fly_tokens=int(r[8] or 0),
                 standard_seconds=float(r[9] or 0.0),
                 fly_seconds=float(r[10] or 0.0),
+                decode_pairs=int(r[11] or 0),
+                standard_decode_tokens=int(r[12] or 0),
+                fly_decode_tokens=int(r[13] or 0),
+                standard_decode_seconds=float(r[14] or 0.0),
+                fly_decode_seconds=float(r[15] or 0.0),
+                standard_ttft_seconds=float(r[16] or 0.0),
+                fly_ttft_seconds=float(r[17] or 0.0),
             )
             for r in raw
         }

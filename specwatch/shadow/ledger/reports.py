@@ -15,11 +15,13 @@ import numpy.typing as npt
 
 from specwatch.shadow.ledger.connections import Connections
 from specwatch.shadow.ledger.predicates import (
+    ARM_DECODE,
     ARM_SPEED,
     ARM_TAU,
     LABELLED_SQL,
     STATUSES,
     TRI_COLUMNS,
+    decode_sql,
 )
 from specwatch.shadow.tally import UNKNOWN_BAND, ArmTotals, PairTally, load_band_labels, row_tally
 
@@ -211,21 +213,36 @@ class ReportQueries:
                 )
                 for c, n, a, b, d, e in raw
             }
+        speed = (
+            "1",
+            "standard_tokens",
+            "fly_tokens",
+            "standard_latency_seconds",
+            "fly_latency_seconds",
+        )
+        cols = [f"SUM(CASE WHEN {ARM_SPEED} THEN {c} ELSE 0 END)" for c in speed]
+        cols += [f"SUM({e})" for e in decode_sql(fixed_point=False)]
         sql = (
-            "SELECT category, COUNT(*), SUM(standard_tokens), SUM(fly_tokens), "
-            "SUM(standard_latency_seconds), SUM(fly_latency_seconds) FROM pairs "
-            f"WHERE {ARM_SPEED} GROUP BY category"
+            f"SELECT category, {', '.join(cols)} FROM pairs "
+            f"WHERE ({ARM_SPEED}) OR ({ARM_DECODE}) GROUP BY category"
         )
         raw = await asyncio.to_thread(self._db.read, sql, ())
         return {
-            str(c): ArmTotals(
-                speed_pairs=int(n),
-                standard_tokens=int(st),
-                fly_tokens=int(ft),
-                standard_seconds=float(ss),
-                fly_seconds=float(fs),
+            str(r[0]): ArmTotals(
+                speed_pairs=int(r[1]),
+                standard_tokens=int(r[2]),
+                fly_tokens=int(r[3]),
+                standard_seconds=float(r[4]),
+                fly_seconds=float(r[5]),
+                decode_pairs=int(r[6]),
+                standard_decode_tokens=int(r[7]),
+                fly_decode_tokens=int(r[8]),
+                standard_decode_seconds=float(r[9]),
+                fly_decode_seconds=float(r[10]),
+                standard_ttft_seconds=float(r[11]),
+                fly_ttft_seconds=float(r[12]),
             )
-            for c, n, st, ft, ss, fs in raw
+            for r in raw
         }
 
     async def report_span(self) -> ReportSpan:

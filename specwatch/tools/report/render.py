@@ -33,6 +33,7 @@ from specwatch.shadow.verdict import (
     Verdict,
     arm_ratios,
     change_percent,
+    decode_ratios,
     verdict_from_summary,
     verdict_line,
 )
@@ -606,6 +607,7 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         else "<p>None.</p>"
     )
     tau_ratio, speed_ratio = arm_ratios(data.arm_totals)
+    dec = decode_ratios(data.arm_totals)
     verdict_text = (
         verdict_line(
             verdict_from_summary(
@@ -615,10 +617,18 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
                 tau_ratio=tau_ratio,
                 throughput_ratio=speed_ratio,
                 declared_at=st.within_margin_declared_at,
+                decode=dec,
             )
         )
         if overall is not None
-        else verdict_line(Verdict(tau_ratio=tau_ratio, throughput_ratio=speed_ratio))
+        else verdict_line(
+            Verdict(
+                tau_ratio=tau_ratio,
+                throughput_ratio=speed_ratio,
+                decode_ratio=dec[0],
+                ttft_ratio=dec[1],
+            )
+        )
     )
     imgs = {p: f'<img src="{html.escape(p)}" alt="{html.escape(p)}">' for p in plots}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADERS)
