@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specwatch.export.json import shadow_verdict
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
@@ -54,12 +55,15 @@ class Shadow:
 
 
 @asynccontextmanager
-async def shadow(tmp_path: Path, std: FakeArm, fly: FakeArm) -> AsyncIterator[Shadow]:
+async def shadow(
+    tmp_path: Path, std: FakeArm, fly: FakeArm, **extra: object
+) -> AsyncIterator[Shadow]:
     """The shadow component (mirror listener on port 0, real SQLite ledger) replaying to
-    ``std`` and ``fly`` served on 127.0.0.1."""
+    ``std`` and ``fly`` served on 127.0.0.1; ``extra`` shadow settings."""
     async with serve_arm(std) as su, serve_arm(fly) as fu:
         settings = ShadowSettings.model_validate(
-            {
+            extra
+            | {
                 "enabled": True,
                 "modes": ["mirror"],
                 "sample_probability": 1.0,
@@ -259,3 +263,45 @@ async def test_acceptance_is_summed_checked_and_read_from_sglang(tmp_path: Path)
     # odd: only d carries counts on both arms: standard 1 + 5/5, FLy 1 + 4/3
     assert decisions["odd"].tau_pairs == 1
     assert decisions["odd"].tau_gain == pytest.approx(4 / 3 - 1, rel=1e-12)
+
+
+async def test_decode_speed_and_ttft_per_arm_from_the_first_pair(tmp_path: Path) -> None:
+    """Both arms stream (one SSE chunk per engine step, several tokens each). Standard: first
+    output after 0.3 s, then 2 more chunks 0.2 s apart, 9 tokens in its usage; FLy: first
+    after 0.3 s, one more chunk 0.2 s later, 9 tokens. The ledger keeps each arm's first and
+    last output times; from this first pair the decision table's decode speed per arm is the
+    8 tokens after the first ÷ the seconds after the first output (not 9 ÷ the whole
+    latency, not 3 chunks), so FLy's decode is about twice the standard arm's while TTFT is
+    about equal; the verdict sentence states them."""
+    std = FakeArm(mode="stream", chunks=["a b c", " d e f", " g h i"], completion_tokens=9)
+    fly = FakeArm(mode="stream", chunks=["a b c d e", " f g h i"], completion_tokens=9)
+    for arm in (std, fly):
+        arm.first_delay, arm.chunk_delay = 0.3, 0.2
+    async with shadow(tmp_path, std, fly, stream_arms=["standard", "fly"]) as sh:
+        await sh.post(CHAT, {})
+        await until(lambda: sh.replayed() == 1)
+        stats = await sh.comp.refresh(flush=True)
+        rows = await sh.rows()
+    (row,) = rows
+    assert row.status == "paired"
+    s1, sn = row.standard_first_token_seconds, row.standard_last_token_seconds
+    f1, fn = row.fly_first_token_seconds, row.fly_last_token_seconds
+    assert None not in (s1, sn, f1, fn)
+    assert s1 is not None
+    assert sn is not None
+    assert f1 is not None
+    assert fn is not None
+    # the arms' own delays are lower bounds on any machine
+    assert min(s1, f1) >= 0.3
+    assert sn - s1 >= 0.4
+    assert fn - f1 >= 0.2
+    assert (row.standard_latency_seconds or 0.0) >= sn
+    decision = {r.category: r for r in stats.decisions}["default"]
+    assert decision.decode_pairs == 1
+    assert decision.standard_decode_tokens_per_second == pytest.approx(8 / (sn - s1), rel=1e-6)
+    assert decision.fly_decode_tokens_per_second == pytest.approx(8 / (fn - f1), rel=1e-6)
+    assert decision.standard_ttft_seconds == pytest.approx(s1, rel=1e-6)
+    assert decision.fly_ttft_seconds == pytest.approx(f1, rel=1e-6)
+    verdict = shadow_verdict(stats)
+    assert "decode tokens/s" in verdict
+    assert "TTFT" in verdict
