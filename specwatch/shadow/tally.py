@@ -463,7 +463,7 @@ def row_arm_sums(row: ArmRow) -> ArmSums:
     arms' tokens and a latency above 0 on both)."""
     if row.status != "paired":
         return ArmSums()
-    tau: tuple[int, ...] = (0, 0, 0, 0, 0)
+    tau: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     ss, fs = row.standard_spec_steps, row.fly_spec_steps
     sa, fa = row.standard_accepted_tokens, row.fly_accepted_tokens
     if ss is not None and fs is not None and sa is not None and fa is not None and ss > 0 < fs:
@@ -473,10 +473,10 @@ def row_arm_sums(row: ArmRow) -> ArmSums:
     sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
     if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
         speed = (1, st, ft, fixed(sl), fixed(fl))
-    return ArmSums(*tau, *speed, *_decode_sums(row))
+    return ArmSums(*tau, *speed) + _decode_sums(row)
 
 
-def _decode_sums(row: ArmRow) -> tuple[int, ...]:
+def _decode_sums(row: ArmRow) -> ArmSums:
     """The decode part of :func:`row_arm_sums` (``ARM_DECODE`` in SQL): both arms streamed at
     least two tokens with a last output after the first; tokens after the first, the seconds
     after the first output and the time to it, per arm."""
@@ -484,10 +484,18 @@ def _decode_sums(row: ArmRow) -> tuple[int, ...]:
     s1, sn = row.standard_first_token_seconds, row.standard_last_token_seconds
     f1, fn = row.fly_first_token_seconds, row.fly_last_token_seconds
     if st is None or ft is None or s1 is None or sn is None or f1 is None or fn is None:
-        return (0,) * 7
+        return ArmSums()
     if st < 2 or ft < 2 or not (sn > s1 and fn > f1):
-        return (0,) * 7
-    return (1, st - 1, ft - 1, fixed(sn - s1), fixed(fn - f1), fixed(s1), fixed(f1))
+        return ArmSums()
+    return ArmSums(
+        decode_pairs=1,
+        standard_decode_tokens=st - 1,
+        fly_decode_tokens=ft - 1,
+        standard_decode_seconds=fixed(sn - s1),
+        fly_decode_seconds=fixed(fn - f1),
+        standard_ttft_seconds=fixed(s1),
+        fly_ttft_seconds=fixed(f1),
+    )
 
 
 def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] | None:
