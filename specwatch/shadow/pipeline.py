@@ -38,7 +38,11 @@ from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.core.logs import RateLimitedLog, log_event
-from specwatch.shadow.classify import COMPLETE_FINISH_REASONS, TRUNCATED_FINISH_REASONS
+from specwatch.shadow.classify import (
+    COMPLETE_FINISH_REASONS,
+    TRUNCATED_FINISH_REASONS,
+    is_structured_output,
+)
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
@@ -174,6 +178,11 @@ def replayer_from_settings(
             _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
         ),
     )
+
+
+#: The ``finish_reason`` label τ coverage counts a structured-output reply under, whatever its
+#: finish (vLLM does not speculate on those requests: counted apart, not as missing τ).
+STRUCTURED_LABEL = "structured_output"
 
 
 def finish_label(reason: str | None) -> str:
@@ -562,7 +571,10 @@ class ShadowPipeline:
                 )
             sd = a.spec_decode
             if a.ok:
-                finish = (a.arm.value, finish_label(a.finish_reason))
+                label = finish_label(a.finish_reason)
+                if is_structured_output(req.body):
+                    label = STRUCTURED_LABEL
+                finish = (a.arm.value, label)
                 self.finishes[finish] += 1
                 self.finishes_with_spec[finish] += sd is not None
             if a.ok and sd is not None and sd.num_spec_steps > 0:

