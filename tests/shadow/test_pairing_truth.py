@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specwatch.__main__ import main
 from specwatch.export.json import shadow_verdict
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.ledger import Ledger
@@ -152,6 +154,19 @@ async def test_arms_that_count_different_prompt_tokens_are_excluded(tmp_path: Pa
     assert rows[1].fly_agrees is False
     assert (rows[0].standard_prompt_tokens, rows[0].fly_prompt_tokens) == (37, 36)
     assert excluded == {"prompt_tokens_mismatch": 1}
+    page = await _report(sh.ledger, tmp_path)
+    row_html = "<th scope='row'>excluded</th><td>prompt_tokens_mismatch</td>"
+    assert row_html + '<td data-field="count" data-value="1">' in page
+
+
+async def _report(ledger: Path, tmp_path: Path) -> str:
+    """``specwatch report`` on the ledger, as a user runs it (its own event loop, in a
+    thread): the page's HTML."""
+    out = tmp_path / "report"
+    assert (
+        await asyncio.to_thread(main, ["report", "--ledger", str(ledger), "--out", str(out)]) == 0
+    )
+    return (out / "index.html").read_text(encoding="utf-8")
 
 
 async def test_model_missing_on_one_arm_is_excluded_not_a_failure(tmp_path: Path) -> None:
@@ -305,6 +320,11 @@ async def test_decode_speed_and_ttft_per_arm_from_the_first_pair(tmp_path: Path)
     verdict = shadow_verdict(stats)
     assert "decode tokens/s" in verdict
     assert "TTFT" in verdict
+    page = await _report(sh.ledger, tmp_path)
+    span = re.search(r"<span data-field='decode' data-standard='([^']*)' data-fly='([^']*)'", page)
+    assert span is not None
+    assert float(span[1]) == pytest.approx(8 / (sn - s1), rel=1e-5)
+    assert float(span[2]) == pytest.approx(8 / (fn - f1), rel=1e-5)
 
 
 async def test_structured_output_is_counted_apart_in_tau_coverage(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from specwatch.shadow.decision import (
     tau_coverage_by_category,
 )
 from specwatch.shadow.published import PairedSummary
-from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.tally import ArmTotals, arm_decode
 from specwatch.shadow.verdict import (
     Verdict,
     arm_ratios,
@@ -346,7 +346,24 @@ def _speed_parts(t: ArmTotals) -> str:
             f"{std_lat:.3g} s, FLy {fly_lat:.3g} s ({change_percent(fly_lat / std_lat)}) over "
             f"{t.speed_pairs:,} pairs.</span>"
         )
-    return f'<p class="speed-parts">{tau} {speed}</p>'
+    dec = arm_decode(t)
+    if dec is None:
+        decode = (
+            "<span data-field='decode'>Decode speed and TTFT: no pair where both arms streamed "
+            "(set shadow.stream_arms to time them).</span>"
+        )
+    else:
+        (s_tps, f_tps), (s_ttft, f_ttft) = dec
+        decode = (
+            f"<span data-field='decode' data-standard='{s_tps:.6g}' data-fly='{f_tps:.6g}' "
+            f"data-standard-ttft='{s_ttft:.6g}' data-fly-ttft='{f_ttft:.6g}'>"
+            f"Decode (tokens after the first ÷ seconds after the first output): standard "
+            f"{s_tps:,.1f} tok/s, FLy {f_tps:,.1f} tok/s ({change_percent(f_tps / s_tps)}); "
+            f"TTFT standard {s_ttft:.3g} s, FLy {f_ttft:.3g} s "
+            f"({change_percent(f_ttft / s_ttft if s_ttft > 0 else None)}) over "
+            f"{t.decode_pairs:,} streamed pairs.</span>"
+        )
+    return f'<p class="speed-parts">{tau} {speed} {decode}</p>'
 
 
 def _decision_table(data: ReportData) -> str:
