@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -496,6 +497,22 @@ def _decode_sums(row: ArmRow) -> ArmSums:
         standard_ttft_seconds=fixed(s1),
         fly_ttft_seconds=fixed(f1),
     )
+
+
+def ratio_interval(
+    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = 1.959963984540054
+) -> tuple[float, float] | None:
+    """The two-sided interval (normal, ``z`` = 1.96: 95 %) of the ratio of sums ``R = t / s``
+    over ``n`` pairs (decode tokens ÷ decode seconds), by the delta method: the variance of
+    ``R`` is ``Σ(T_i − R·S_i)² / ((n − 1) · n · S̄²)``, from the sums ``t = ΣT``, ``s = ΣS``,
+    ``tt = ΣT²``, ``ts = ΣT·S``, ``ss = ΣS²``. ``None`` below 2 pairs or without seconds."""
+    if n < 2 or s <= 0:
+        return None
+    r = t / s
+    resid = max(tt - 2.0 * r * ts + r * r * ss, 0.0)
+    mean_s = s / n
+    half = z * math.sqrt(resid / ((n - 1) * n)) / mean_s
+    return r - half, r + half
 
 
 def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
+from specwatch.shadow.tally import ratio_interval
 from tests.e2e.shadow_harness import until
 from tests.fakes.arm import FakeArm, RawReply, serve_arm
 from tests.fixture_files import FIXTURES
@@ -325,6 +327,21 @@ async def test_decode_speed_and_ttft_per_arm_from_the_first_pair(tmp_path: Path)
     assert span is not None
     assert float(span[1]) == pytest.approx(8 / (sn - s1), rel=1e-5)
     assert float(span[2]) == pytest.approx(8 / (fn - f1), rel=1e-5)
+    assert "95 % interval: needs 2 streamed pairs" in page
+
+
+def test_ratio_interval_by_hand() -> None:
+    """Two pairs (8 tokens in 0.4 s, 8 in 0.2 s): R = 16 / 0.6 = 26.67; residuals
+    8 − R·0.4 = −2.667 and 8 − R·0.2 = 2.667, Σ² = 14.22; var = 14.22 / (1 · 2 · 0.3²) = 79.01,
+    so the 95 % half-width is 1.96 · 8.889 = 17.42. One pair gives no interval."""
+    t, s = 16.0, 0.6
+    ci = ratio_interval(2, t, s, 128.0, 8 * 0.4 + 8 * 0.2, 0.4**2 + 0.2**2)
+    assert ci is not None
+    r = 16 / 0.6
+    half = 1.959963984540054 * math.sqrt(((8 - r * 0.4) ** 2 + (8 - r * 0.2) ** 2) / 2) / 0.3
+    assert ci == pytest.approx((r - half, r + half), rel=1e-9)
+    assert half == pytest.approx(17.42, abs=0.01)
+    assert ratio_interval(1, 8.0, 0.4, 64.0, 3.2, 0.16) is None
 
 
 async def test_structured_output_is_counted_apart_in_tau_coverage(tmp_path: Path) -> None:

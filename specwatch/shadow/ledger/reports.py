@@ -245,6 +245,23 @@ class ReportQueries:
             for r in raw
         }
 
+    async def decode_spread(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per arm (standard, FLy), over the rows both arms streamed (``ARM_DECODE``), the
+        sums a ratio interval of decode tokens/s needs: ``(n, ΣT, ΣS, ΣT², ΣT·S, ΣS²)`` with
+        ``T`` the tokens after the first and ``S`` the seconds after the first output (see
+        :func:`specwatch.shadow.tally.ratio_interval`). Raises ``sqlite3.Error``."""
+        out: list[tuple[float, ...]] = []
+        for arm in ("standard", "fly"):
+            t = f"({arm}_tokens - 1)"
+            s = f"({arm}_last_token_seconds - {arm}_first_token_seconds)"
+            sql = (
+                f"SELECT COUNT(*), SUM({t}), SUM({s}), SUM({t} * {t}), SUM({t} * {s}), "
+                f"SUM({s} * {s}) FROM pairs WHERE {ARM_DECODE}"
+            )
+            ((n, *sums),) = await asyncio.to_thread(self._db.read, sql, ())
+            out.append((float(n), *(float(v or 0.0) for v in sums)))
+        return out[0], out[1]
+
     async def report_span(self) -> ReportSpan:
         """Row count and time range of the whole ledger and of its labelled pairs
         (:data:`~specwatch.shadow.tally.LABELLED`); the times come from the ``time`` index."""
