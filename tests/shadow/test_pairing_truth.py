@@ -66,8 +66,7 @@ async def shadow(
     ``std`` and ``fly`` served on 127.0.0.1; ``extra`` shadow settings."""
     async with serve_arm(std) as su, serve_arm(fly) as fu:
         settings = ShadowSettings.model_validate(
-            extra
-            | {
+            {
                 "enabled": True,
                 "modes": ["mirror"],
                 "sample_probability": 1.0,
@@ -79,6 +78,7 @@ async def shadow(
                 "standard": {"url": su},
                 "fly": {"url": fu},
             }
+            | extra
         )
         ledger = tmp_path / "ledger.sqlite"
         comp = ShadowComponent(
@@ -366,3 +366,47 @@ async def test_structured_output_is_counted_apart_in_tau_coverage(tmp_path: Path
         ("fly", "structured_output"): 1,
     }
     assert io.spec_metrics_coverage()[("fly", "stop")] == 1.0
+
+
+async def test_sdk_retries_through_the_proxy_are_one_pair(tmp_path: Path) -> None:
+    """The proxy in front of the live server: the live server answers 500 twice, so the client
+    (doing what openai-python does) sends attempts 0, 1 and 2 of one request 0.5 s and 1 s
+    apart. Every attempt reaches the live server with its retry header (the live path is the
+    client's own); the arms get one replay, without the header; two copies are
+    ``client_retry``."""
+    live = FakeArm(mode="status", status=500, message="overloaded")
+    std, fly = FakeArm(text="4"), FakeArm(text="4")
+    async with (
+        serve_arm(live) as lu,
+        shadow(
+            tmp_path,
+            std,
+            fly,
+            modes=["proxy"],
+            proxy_upstream=lu,
+            proxy_listen_host="127.0.0.1",
+            proxy_listen_port=0,
+        ) as sh,
+    ):
+        pipe = sh.comp.pipeline
+        assert pipe is not None
+        assert pipe.proxy is not None
+        url = f"http://127.0.0.1:{pipe.proxy.port}/v1/chat/completions"
+        statuses = []
+        for attempt, pause in ((0, 0.0), (1, 0.5), (2, 1.0)):
+            await asyncio.sleep(pause)
+            if attempt == 2:
+                live.mode = "ok"
+            headers = {RETRY: str(attempt)}
+            async with sh.client.post(url, json=CHAT, headers=headers) as r:
+                statuses.append(r.status)
+                await r.read()
+        await until(lambda: sh.replayed() == 1)
+        await until(lambda: sum(_ingest(sh.comp).values()) == 2)
+        ingest = _ingest(sh.comp)
+    assert statuses == [500, 500, 200]
+    assert [s.headers.get(RETRY) for s in live.seen] == ["0", "1", "2"]
+    assert ingest == {("proxy", "client_retry"): 2}
+    assert len(std.seen) == len(fly.seen) == 1
+    assert RETRY not in std.seen[0].headers
+    assert RETRY not in fly.seen[0].headers
