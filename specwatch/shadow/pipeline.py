@@ -572,7 +572,7 @@ class ShadowPipeline:
             sd = a.spec_decode
             if a.ok:
                 label = finish_label(a.finish_reason)
-                if is_structured_output(req.body):
+                if is_structured_output(req.body, req.path):
                     label = STRUCTURED_LABEL
                 finish = (a.arm.value, label)
                 self.finishes[finish] += 1
