@@ -39,12 +39,12 @@ def test_structured_output_is_not_speculated(vllm_spec_server: VllmServer) -> No
     ``guided_choice`` are speculated (verify steps > 0: specwatch does not count them apart); a
     ``structured_outputs`` choice or schema and ``response_format`` json_schema report 0 steps
     (the reply still carries the metrics object), and specwatch counts exactly those apart."""
-    speculated = (
+    speculated: tuple[dict[str, Any], ...] = (
         {},
         {"response_format": {"type": "json_object"}},
         {"guided_choice": ["red", "green"]},
     )
-    grammar = (
+    grammar: tuple[dict[str, Any], ...] = (
         {"structured_outputs": {"choice": ["red", "green", "blue"]}},
         {"structured_outputs": {"json": SCHEMA}},
         {
