@@ -424,12 +424,35 @@ DC = ("category",)
 DECISION_GAUGES: dict[str, MetricSpec] = {
     "tau_gain": _g(
         "specwatch_decision_tau_gain",
-        "Mean per-request acceptance length (tau) of FLy minus the standard arm's.",
+        "Acceptance length (tau, 1 + accepted / verify steps summed over the pairs) of FLy "
+        "minus the standard arm's.",
         DC,
     ),
     "throughput_gain_ratio": _g(
         "specwatch_decision_throughput_gain_ratio",
         "FLy's replay decode throughput over the standard arm's, minus 1.",
+        DC,
+    ),
+    "standard_decode_tokens_per_second": _g(
+        "specwatch_decision_standard_decode_tokens_per_second",
+        "Standard arm's decode speed on replays both arms streamed: tokens after the first over "
+        "seconds after the first output (TTFT left out), summed since start.",
+        DC,
+    ),
+    "fly_decode_tokens_per_second": _g(
+        "specwatch_decision_fly_decode_tokens_per_second",
+        "FLy arm's decode speed on replays both arms streamed: tokens after the first over "
+        "seconds after the first output (TTFT left out), summed since start.",
+        DC,
+    ),
+    "standard_ttft_seconds": _g(
+        "specwatch_decision_standard_ttft_seconds",
+        "Standard arm's mean time to the first output on replays both arms streamed.",
+        DC,
+    ),
+    "fly_ttft_seconds": _g(
+        "specwatch_decision_fly_ttft_seconds",
+        "FLy arm's mean time to the first output on replays both arms streamed.",
         DC,
     ),
     "net_loss_ratio": _g(
@@ -570,7 +593,7 @@ SHADOW_INGEST_ERRORS = _c(
     "specwatch_shadow_ingest_errors",
     "Requests not offered for shadowing, by source and reason (too_large, incomplete_body, "
     "bad_encoding, invalid_json, too_deep, not_object, unsupported_path, not_shadow_host, "
-    "offer_error).",
+    "offer_error; client_retry: an SDK retry of a request already taken in).",
     ("source", "reason"),
 )
 SHADOW_OFFERED = _c("specwatch_shadow_offered", "Requests offered to the shadow sampler.")
@@ -630,6 +653,13 @@ SHADOW_REPLY_DRAFT_TOKENS = _c(
     "specwatch_shadow_reply_draft_tokens",
     "Draft tokens reported in replayed replies (num_draft_tokens), by arm and category.",
     ARM_CATEGORY,
+)
+SHADOW_REPLY_SPEC_REFUSED = _c(
+    "specwatch_shadow_reply_spec_refused",
+    "Replayed replies whose speculative-decoding counts were inconsistent and not counted, by "
+    "arm and reason (malformed, accepted_over_drafted, histogram_steps, histogram_accepted, "
+    "tau_mismatch).",
+    ("arm", "reason"),
 )
 SHADOW_REPLY_ACCEPTED_TOKENS = _c(
     "specwatch_shadow_reply_accepted_tokens",
@@ -697,6 +727,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_REPLY_SPEC_STEPS,
     SHADOW_REPLY_DRAFT_TOKENS,
     SHADOW_REPLY_ACCEPTED_TOKENS,
+    SHADOW_REPLY_SPEC_REFUSED,
     SHADOW_REPLY_ACCEPTANCE,
     SHADOW_REPLY_TAU,
     SHADOW_REPLY_FINISHES,

@@ -228,13 +228,22 @@ def shadow_verdict(st: ShadowStats) -> str:
     (:func:`specwatch.shadow.verdict.arm_ratios`, the function ``specwatch report`` uses on
     the ledger's sums): one source for the view, ``/api/v1/snapshot``, the demo's exit line and
     the report."""
-    from specwatch.shadow.verdict import Verdict, arm_ratios, verdict_from_summary, verdict_line
+    from specwatch.shadow.verdict import (
+        Verdict,
+        arm_ratios,
+        decode_ratios,
+        verdict_from_summary,
+        verdict_line,
+    )
 
     tau, speed = arm_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
+    dec = decode_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
     cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
     overall = cats.get(OVERALL)
     if overall is None:
-        line = verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
+        line = verdict_line(
+            Verdict(tau_ratio=tau, throughput_ratio=speed, decode_ratio=dec[0], ttft_ratio=dec[1])
+        )
     else:
         line = verdict_line(
             verdict_from_summary(
@@ -244,6 +253,7 @@ def shadow_verdict(st: ShadowStats) -> str:
                 tau_ratio=tau,
                 throughput_ratio=speed,
                 declared_at=st.within_margin_declared_at,
+                decode=dec,
             )
         )
     # replays paused for load: the verdict says why it moves slowly (or not at all)

@@ -366,6 +366,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add_counts(cat.SHADOW_REPLY_SPEC_STEPS, io.reply_spec_steps)
     fam.add_counts(cat.SHADOW_REPLY_DRAFT_TOKENS, io.reply_draft_tokens)
     fam.add_counts(cat.SHADOW_REPLY_ACCEPTED_TOKENS, io.reply_accepted_tokens)
+    fam.add_counts(cat.SHADOW_REPLY_SPEC_REFUSED, io.reply_spec_refused)
     for key, alpha in sorted(io.reply_alpha().items()):
         fam.add(cat.SHADOW_REPLY_ACCEPTANCE, key, alpha)
     for key, tau in sorted(io.reply_tau().items()):

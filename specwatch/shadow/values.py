@@ -88,7 +88,12 @@ class ArmResult:
     there was none or it carried no code); ``token_ids`` when the server returned them;
     ``spec_decode`` vLLM's per-request speculative-decoding counts when returned
     (``--per-request-spec-decode-metrics``), ``mean_acceptance_length`` its τ when measured (never
-    vLLM's 1.0 placeholder for a reply without a verify step).
+    vLLM's 1.0 placeholder for a reply without a verify step). ``first_token_seconds`` and
+    ``last_token_seconds`` (streamed replies only, else ``None``): seconds from sending the
+    request to the first and the last network read that carried generated output (text,
+    reasoning or a tool call), so TTFT and the decode time after it are told apart.
+    ``spec_refused``: why the reply's speculative-decoding counts were refused as inconsistent
+    (:data:`specwatch.vllm.request_metrics.SPEC_PROBLEMS`; ``spec_decode`` is then ``None``).
     """
 
     arm: Arm
@@ -106,6 +111,9 @@ class ArmResult:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
     error_code: int | None = None
+    first_token_seconds: float | None = None
+    last_token_seconds: float | None = None
+    spec_refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +148,8 @@ class ArmOutcome:
     finish; ``content_agrees``, ``tool_calls_agree`` and ``reasoning_agrees`` are the per-field
     comparisons behind ``agrees`` (``None`` where ``agrees`` is, or where neither arm has the
     field). ``error_code`` is an in-band error's code. ``spec_decode``: the reply's per-request
-    speculative-decoding counts (as :class:`ArmResult`), kept so the ledger stores them. Texts
+    speculative-decoding counts (as :class:`ArmResult`), kept so the ledger stores them, as
+    are ``first_token_seconds`` / ``last_token_seconds`` (as :class:`ArmResult`). Texts
     are kept only so a ledger with ``store_text`` can save them.
     """
 
@@ -169,6 +178,8 @@ class ArmOutcome:
     tool_calls_agree: bool | None = None
     reasoning_agrees: bool | None = None
     spec_decode: SpecDecodeReading | None = None
+    first_token_seconds: float | None = None
+    last_token_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +232,16 @@ class PairOutcome:
 #: Why a pair is excluded (``specwatch_shadow_excluded_total{reason}``, exported from 0; the
 #: pair-status rule of :mod:`specwatch.shadow.classify` gives them): an arm refused the request
 #: as one it does not support (400/422 naming a parameter) or as otherwise bad (other 400/422),
-#: the request's checker spec is invalid, or it asks for more than one choice.
+#: the request's checker spec is invalid, it asks for more than one choice, the arms counted
+#: different prompt tokens, or one arm does not serve the model (or adapter) asked for.
 EXCLUDED_REASONS: tuple[str, ...] = (
     "unsupported_parameter",
     "bad_request",
     "bad_checker",
     "multiple_choices",
+    "prompt_tokens_mismatch",
+    "standard_model_not_found",
+    "fly_model_not_found",
 )
 
 #: Known ``specwatch_ledger_write_errors_total{reason}`` values, exported from 0 (the ledger's

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
-from specwatch.shadow.tally import ArmTotals, arm_speeds, arm_tau_means
+from specwatch.shadow.tally import ArmTotals, arm_decode, arm_speeds, arm_tau_means
 
 if TYPE_CHECKING:  # annotations only
     from specwatch.shadow.published import PairedSummary
@@ -37,7 +37,10 @@ class Verdict:
     """The numbers the verdict sentence reads (all optional parts ``None`` when unknown).
 
     ``tau_ratio``: τ FLy / τ standard; ``throughput_ratio``: FLy / standard per-request
-    generation speed (equal traffic); ``n``: labelled pairs; ``net_loss``, ``ci_lower``,
+    generation speed (equal traffic, TTFT included); ``decode_ratio`` / ``ttft_ratio``: FLy /
+    standard decode tokens/s (TTFT left out) and mean TTFT on the pairs both arms streamed
+    (:func:`decode_ratios`; when known they replace the per-request speed); ``n``: labelled
+    pairs; ``net_loss``, ``ci_lower``,
     ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
     no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
     ``non_inferior``: "within margin" declared by the confidence sequence (never withdrawn);
@@ -47,6 +50,8 @@ class Verdict:
 
     tau_ratio: float | None = None
     throughput_ratio: float | None = None
+    decode_ratio: float | None = None
+    ttft_ratio: float | None = None
     n: int = 0
     net_loss: float = math.nan
     ci_lower: float = math.nan
@@ -74,14 +79,18 @@ def verdict_from_summary(
     tau_ratio: float | None = None,
     throughput_ratio: float | None = None,
     declared_at: int | None = None,
+    decode: tuple[float | None, float | None] = (None, None),
 ) -> Verdict:
     """A :class:`Verdict` from one :class:`PairedSummary` (use the ``since_start`` overall one:
     its e-value is the anytime-valid one) and the optional speed ratios. ``declared_at``: the
     pair at which the live confidence sequence declared "within margin" (the sidecar keeps it);
-    without it the declaration is read from the summary's counts."""
+    without it the declaration is read from the summary's counts. ``decode``: the
+    :func:`decode_ratios`."""
     return Verdict(
         tau_ratio=tau_ratio,
         throughput_ratio=throughput_ratio,
+        decode_ratio=decode[0],
+        ttft_ratio=decode[1],
         n=s.n,
         net_loss=s.net_loss_ratio,
         ci_lower=s.ci_lower,
@@ -168,7 +177,11 @@ def verdict_line(v: Verdict) -> str:
     speed: list[str] = []
     if _finite(v.tau_ratio):
         speed.append(f"τ {change_percent(v.tau_ratio)}")
-    if _finite(v.throughput_ratio):
+    if _finite(v.decode_ratio):
+        speed.append(f"decode tokens/s {change_percent(v.decode_ratio)}")
+        if _finite(v.ttft_ratio):
+            speed.append(f"TTFT {change_percent(v.ttft_ratio)}")
+    elif _finite(v.throughput_ratio):
         speed.append(f"speed per request {change_percent(v.throughput_ratio)}")
     head = "FLy: " + (", ".join(speed) + ", " if speed else "")
     if v.n <= 0 or not math.isfinite(v.net_loss):
@@ -225,6 +238,20 @@ def per_request_speed_ratio(
         vals.append(x)
     fly_t, fly_gap, std_t, std_gap = vals
     return (fly_t / fly_gap) / (std_t / std_gap)
+
+
+def decode_ratios(t: ArmTotals) -> tuple[float | None, float | None]:
+    """``(decode tokens/s ratio, TTFT ratio)`` FLy / standard over the pairs both arms
+    streamed (:func:`~specwatch.shadow.tally.arm_decode`), from the first such pair; ``None``
+    each without one (or a standard value of 0)."""
+    d = arm_decode(t)
+    if d is None:
+        return None, None
+    (s_speed, f_speed), (s_ttft, f_ttft) = d
+    return (
+        f_speed / s_speed if s_speed > 0 else None,
+        f_ttft / s_ttft if s_ttft > 0 else None,
+    )
 
 
 def arm_ratios(t: ArmTotals) -> tuple[float | None, float | None]:

@@ -190,9 +190,14 @@ def parse_request(
     min_p = _number(body, "min_p", 0.0)
     if not 0 <= min_p <= 1:
         raise err.parameter_error(f"min_p must be in [0, 1], got {min_p}.", "min_p", min_p)
-    n = err.as_int(body.get("n")) or 1
-    if n < 1:
-        raise err.parameter_error(f"n must be at least 1, got {n}.", "n", n)
+    n = err.as_int(body.get("n"))
+    n = 1 if n is None else n
+    if n < 1:  # vLLM 0.32's words and its null param (checked against the real server)
+        raise APIError(400, f"n must be at least 1, got {n}.")
+    if not chat and body.get("suffix") is not None:
+        raise APIError(
+            400, "suffix is only supported for models with FIM completion rendering", "suffix"
+        )
     sampled = temperature >= SAMPLING_EPS
     if n > 1 and not sampled:
         raise err.greedy_n(n)

@@ -84,27 +84,83 @@ def _count(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
-def read_spec_decode(obj: Mapping[str, Any]) -> SpecDecodeReading | None:
-    """``metrics.speculative_decoding`` of a vLLM reply or stream chunk, or ``None`` when absent
-    or malformed (a count missing or negative, accepted > drafted, or a reported τ that is not
-    finite or below 1). Pure."""
+#: Why a reply's ``speculative_decoding`` object is refused (:func:`spec_decode_problem`).
+SPEC_PROBLEMS: tuple[str, ...] = (
+    "malformed",
+    "accepted_over_drafted",
+    "histogram_steps",
+    "histogram_accepted",
+    "tau_mismatch",
+)
+
+#: How far a reported τ may be from ``1 + accepted / steps`` (vLLM rounds nothing: a float
+#: division; the slack only absorbs a JSON round trip).
+TAU_TOLERANCE = 1e-6
+
+
+def _spec_object(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     metrics = obj.get("metrics")
     if not isinstance(metrics, Mapping):
         return None
     sd = metrics.get("speculative_decoding")
-    if not isinstance(sd, Mapping):
+    return sd if isinstance(sd, Mapping) else None
+
+
+def _histogram_problem(hist: object, steps: int, accepted: int) -> str | None:
+    if hist is None:
+        return None
+    if not isinstance(hist, list) or any(_count(h) is None for h in hist):
+        return "malformed"
+    if sum(hist) != steps:
+        return "histogram_steps"
+    if sum(i * h for i, h in enumerate(hist)) != accepted:
+        return "histogram_accepted"
+    return None
+
+
+def spec_decode_problem(obj: Mapping[str, Any]) -> str | None:
+    """Why the ``metrics.speculative_decoding`` object of a reply is not to be believed, or
+    ``None`` (absent, or consistent). Reasons (:data:`SPEC_PROBLEMS`): ``malformed`` (a count
+    missing, negative or not an integer, a reported τ not a finite number >= 1, a histogram
+    that is not a list of counts), ``accepted_over_drafted``, ``histogram_steps`` (the
+    acceptance histogram's steps do not add up to ``num_spec_steps``), ``histogram_accepted``
+    (its accepted tokens, ``sum(i * hist[i])``, are not ``num_accepted_draft_tokens``),
+    ``tau_mismatch`` (a reported τ other than ``1 + accepted / steps`` when steps ran). Pure."""
+    sd = _spec_object(obj)
+    if sd is None:
         return None
     steps = _count(sd.get("num_spec_steps"))
     drafted = _count(sd.get("num_draft_tokens"))
     accepted = _count(sd.get("num_accepted_draft_tokens"))
-    if steps is None or drafted is None or accepted is None or accepted > drafted:
-        return None
+    if steps is None or drafted is None or accepted is None:
+        return "malformed"
+    if accepted > drafted:
+        return "accepted_over_drafted"
     reported = sd.get("mean_acceptance_length")
     if reported is not None:
         if isinstance(reported, bool) or not isinstance(reported, int | float):
-            return None
+            return "malformed"
         if not math.isfinite(float(reported)) or float(reported) < 1.0:
-            return None
+            return "malformed"
+    problem = _histogram_problem(sd.get("acceptance_histogram"), steps, accepted)
+    if problem is not None:
+        return problem
+    off = (
+        reported is not None
+        and abs(float(reported) - (1.0 + accepted / max(steps, 1))) > TAU_TOLERANCE
+    )
+    return "tau_mismatch" if off and steps > 0 else None
+
+
+def read_spec_decode(obj: Mapping[str, Any]) -> SpecDecodeReading | None:
+    """``metrics.speculative_decoding`` of a vLLM reply or stream chunk, or ``None`` when absent
+    or refused by :func:`spec_decode_problem` (malformed or inconsistent). Pure."""
+    sd = _spec_object(obj)
+    if sd is None or spec_decode_problem(obj) is not None:
+        return None
+    steps = int(sd["num_spec_steps"])
+    drafted = int(sd["num_draft_tokens"])
+    accepted = int(sd["num_accepted_draft_tokens"])
     if steps == 0:
         return SpecDecodeReading(0, drafted, accepted, None, None)
     tau = 1.0 + accepted / steps

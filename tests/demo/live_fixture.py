@@ -101,8 +101,14 @@ def snapshot() -> Snapshot:
         detect_net_loss=0.02,
         windows={SINCE_START: {OVERALL: summarize(tally)}},
         io=ShadowIO(in_flight=8, queue_depth=3, paused={}, dropped={}),
-        # the verdict's τ: 100 pairs with per-request τ, means 3.18 and 3.53 (+11 %)
-        arm_totals=ArmTotals(tau_pairs=100, standard_tau_sum=318.0, fly_tau_sum=353.0),
+        # the verdict's τ: 100 pairs, 1 + 218/100 = 3.18 and 1 + 253/100 = 3.53 (+11 %)
+        arm_totals=ArmTotals(
+            tau_pairs=100,
+            standard_steps=100,
+            standard_accepted=218,
+            fly_steps=100,
+            fly_accepted=253,
+        ),
     )
     observe = ObserveView(
         generated_at=1.0,

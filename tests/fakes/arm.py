@@ -62,13 +62,22 @@ class FakeArm:
 
     ``spec_steps``: tokens accepted at each verify step (K = 4 drafted per step); when set the
     reply carries vLLM's ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics
-    summary`` shape; in a stream only on the usage chunk, when ``include_usage`` was asked)."""
+    summary`` shape; in a stream only on the usage chunk, when ``include_usage`` was asked).
+    ``prompt_tokens`` is the ``usage.prompt_tokens`` it reports. In ``stream`` mode the
+    content goes out as ``chunks`` (default: the text in two pieces), the first after
+    ``first_delay`` seconds and each next one ``chunk_delay`` seconds later, and the usage chunk
+    says ``completion_tokens``."""
 
     text: str = "hello"
     mode: str = "ok"
     status: int = 200
     message: str = ""
     spec_steps: list[int] | None = None
+    prompt_tokens: int = 3
+    chunks: list[str] | None = None
+    chunk_delay: float = 0.0
+    first_delay: float = 0.0
+    completion_tokens: int = 2
     seen: list[Seen] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
@@ -101,7 +110,11 @@ class FakeArm:
         if self.mode == "stream":
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for piece in (self.text[:2], self.text[2:]):
+            pieces = self.chunks if self.chunks is not None else [self.text[:2], self.text[2:]]
+            await asyncio.sleep(self.first_delay)
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(self.chunk_delay)
                 delta = {"delta": {"content": piece}} if chat else {"text": piece}
                 chunk = {"choices": [{"index": 0, **delta, "finish_reason": None}]}
                 await resp.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
@@ -109,7 +122,10 @@ class FakeArm:
             await resp.write(f"data: {json.dumps(fin)}\n\n".encode())
             usage: dict[str, Any] = {
                 "choices": [],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                "usage": {
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                },
             }
             if self.spec_steps is not None and body.get("stream_options", {}).get("include_usage"):
                 usage["metrics"] = self._metrics(streamed=True)
@@ -123,7 +139,11 @@ class FakeArm:
             choice["text"] = self.text
         out: dict[str, Any] = {
             "choices": [choice],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": 2,
+                "total_tokens": self.prompt_tokens + 2,
+            },
         }
         if self.spec_steps is not None:
             out["metrics"] = self._metrics(streamed=False)

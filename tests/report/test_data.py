@@ -113,6 +113,10 @@ def varied_rows(n: int, seed: int = 11) -> list[LedgerRow]:
                 noise_tokens=None,
                 standard_tau=rng.uniform(2.0, 2.8) if tau else None,
                 fly_tau=rng.uniform(2.6, 3.5) if tau else None,
+                standard_spec_steps=rng.randint(5, 40) if tau else None,
+                standard_accepted_tokens=rng.randint(5, 60) if tau else None,
+                fly_spec_steps=rng.randint(5, 40) if tau else None,
+                fly_accepted_tokens=rng.randint(10, 90) if tau else None,
                 noise_tau=None,
                 greedy=greedy,
                 running_at_replay=rng.choice([None, 0.0, 3.0, 8.0, 20.0, 32.0, 50.0])
@@ -139,8 +143,10 @@ def reference_totals(rows: list[LedgerRow]) -> dict[str, ArmTotals]:
         if r.status != "paired":
             continue
         add = ArmTotals()
-        if r.standard_tau is not None and r.fly_tau is not None:
-            add = add + ArmTotals(1, r.standard_tau, r.fly_tau)
+        ss, fs = r.standard_spec_steps, r.fly_spec_steps
+        sa, fa = r.standard_accepted_tokens, r.fly_accepted_tokens
+        if ss and fs and sa is not None and fa is not None:
+            add = add + ArmTotals(1, ss, sa, fs, fa)
         sl, fl = r.standard_latency_seconds, r.fly_latency_seconds
         if (
             r.standard_tokens is not None
@@ -150,7 +156,7 @@ def reference_totals(rows: list[LedgerRow]) -> dict[str, ArmTotals]:
             and sl > 0
             and fl > 0
         ):
-            add = add + ArmTotals(0, 0.0, 0.0, 1, r.standard_tokens, r.fly_tokens, sl, fl)
+            add = add + ArmTotals(0, 0, 0, 0, 0, 1, r.standard_tokens, r.fly_tokens, sl, fl)
         out[r.category] = out.get(r.category, ArmTotals()) + add
     return out
 

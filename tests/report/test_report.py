@@ -83,6 +83,12 @@ def row(t: float, category: str, std: bool | None, fly: bool | None, **kw: objec
         "noise_tau": None,
     }
     fields.update(kw)
+    for arm in ("standard", "fly"):  # the counts behind a τ: two verify steps
+        tau = fields[f"{arm}_tau"]
+        if f"{arm}_spec_steps" not in kw and isinstance(tau, float):
+            fields[f"{arm}_spec_steps"] = 2
+            fields[f"{arm}_accepted_tokens"] = round((tau - 1.0) * 2)
+            fields[f"{arm}_draft_tokens"] = 8
     return LedgerRow(**fields)  # type: ignore[arg-type]
 
 
@@ -273,7 +279,8 @@ class TestHtml:
         for got in rows.values():
             assert float(got["tau_gain"]["data-value"]) == pytest.approx(0.5)
             assert float(got["throughput_gain_ratio"]["data-value"]) == pytest.approx(0.25)
-            assert got["acceptance_gain"]["data-value"] == ""
+            # every row's counts: standard 2 of 8 drafts accepted, FLy 3 of 8
+            assert float(got["acceptance_gain"]["data-value"]) == pytest.approx(0.125)
         assert rows["code"]["verdict"]["data-value"] == "not_decided"
         assert "not decided: about 7368 more pairs" in text
         bands = parse_tables(text, key="data-band")
@@ -323,7 +330,7 @@ class TestHtml:
         assert speed is not None
         assert tau.group(1) == (
             "Mean acceptance length τ: standard 2.00, FLy 2.50 (+25 %) over 96 pairs where both "
-            "arms reported it."
+            "arms reported verify steps (1 + accepted ÷ steps, summed over the pairs)."
         )
         assert speed.group(1) == (
             "Speed per request (tokens ÷ latency): standard 10.0 tok/s, FLy 12.5 tok/s (+25 %); "

@@ -108,6 +108,9 @@ def test_rule_order_checker_then_refusal_then_failure() -> None:
         "bad_request",
         "bad_checker",
         "multiple_choices",
+        "prompt_tokens_mismatch",
+        "standard_model_not_found",
+        "fly_model_not_found",
     }
 
 

@@ -81,11 +81,14 @@ def test_too_few_pairs_is_not_a_verdict() -> None:
 
 
 def test_speed_needs_five_pairs_and_tau_needs_replies() -> None:
-    """Below 5 speed pairs the gain is None with a reason; τ gain is the mean difference."""
+    """Below 5 speed pairs the gain is None with a reason; τ gain is the difference of the
+    summed τ: standard 1 + 10/10 = 2.0, FLy 1 + 25/10 = 3.5."""
     totals = ArmTotals(
         tau_pairs=4,
-        standard_tau_sum=8.0,
-        fly_tau_sum=14.0,
+        standard_steps=10,
+        standard_accepted=10,
+        fly_steps=10,
+        fly_accepted=25,
         speed_pairs=4,
         standard_tokens=40,
         fly_tokens=40,

@@ -104,14 +104,16 @@ async def test_rebuild_from_the_ledger_equals_the_live_e_process(tmp_path: Path)
 
 
 def test_sum_cells_equals_adding_one_by_one() -> None:
-    """Three cells: both_correct 1 + 0 + 2 = 3, lost 0 + 1 + 0 = 1, τ fixed-point sums
+    """Three cells: both_correct 1 + 0 + 2 = 3, lost 0 + 1 + 0 = 1, verify-step sums
     2.5e9 + 3e9 + 10**20 (beyond 64 bits, still exact), rows 1 + 1 + 2 = 4; equal to ``a + b +
     c``; no cells give the zero cell."""
-    a = HistoryCell(PairTally(both_correct=1), ArmSums(tau_pairs=1, standard_tau=2_500_000_000), 1)
-    b = HistoryCell(PairTally(lost=1), ArmSums(tau_pairs=1, standard_tau=3_000_000_000), 1)
-    c = HistoryCell(PairTally(both_correct=2), ArmSums(tau_pairs=2, standard_tau=10**20), 2)
+    a = HistoryCell(
+        PairTally(both_correct=1), ArmSums(tau_pairs=1, standard_steps=2_500_000_000), 1
+    )
+    b = HistoryCell(PairTally(lost=1), ArmSums(tau_pairs=1, standard_steps=3_000_000_000), 1)
+    c = HistoryCell(PairTally(both_correct=2), ArmSums(tau_pairs=2, standard_steps=10**20), 2)
     got = sum_cells([a, b, c])
     assert got == a + b + c
     assert (got.tally.both_correct, got.tally.lost, got.rows) == (3, 1, 4)
-    assert got.arms.standard_tau == 5_500_000_000 + 10**20
+    assert got.arms.standard_steps == 5_500_000_000 + 10**20
     assert sum_cells([]) == HistoryCell()

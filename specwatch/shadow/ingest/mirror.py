@@ -33,6 +33,7 @@ from specwatch.core.wire import (
 )
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
+    RETRY_COUNT_HEADER,
     SHADOW_PATHS,
     IngestCounters,
     Offer,
@@ -165,6 +166,7 @@ class MirrorIngest:
             bytes(buf),
             request.headers.get(CATEGORY_HEADER),
             request.headers.get(REQUEST_ID_HEADER),
+            request.headers.get(RETRY_COUNT_HEADER),
         )
         refused = ("invalid_json", "too_deep", "too_many_keys", "not_object")
         status = 400 if result in refused else 202

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,6 +45,57 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
+#: The attempt number the openai SDKs send with every request (openai-python since 1.44 and
+#: openai-node since 4.64, both Stainless-generated: ``0`` on the first attempt, ``1``, ``2``, ...
+#: on their own retries after a 408, 409, 429, 5xx or a timeout). Read by ingest only; the
+#: replayer builds each arm's headers itself, so it never reaches an arm.
+RETRY_COUNT_HEADER = "X-Stainless-Retry-Count"
+
+#: How long after an attempt a retry of it can come (seconds): the SDKs' default request
+#: timeout (600 s in openai-python and openai-node) plus their longest back-off (8 s), rounded up.
+CLIENT_RETRY_WINDOW_SECONDS = 610.0
+
+#: Request hashes remembered for retry recognition (the oldest are forgotten first).
+CLIENT_RETRY_MEMORY = 65_536
+
+
+def retry_attempt(value: str | None) -> int:
+    """The attempt number of :data:`RETRY_COUNT_HEADER` (``0`` when absent or not a small
+    non-negative integer: such a request is taken as a first attempt)."""
+    if value is None:
+        return 0
+    v = value.strip()
+    return int(v) if v.isdigit() and len(v) <= 3 else 0
+
+
+class RetryMemory:
+    """When each request body (its hash) was last seen, for at most :data:`CLIENT_RETRY_MEMORY`
+    bodies and :data:`CLIENT_RETRY_WINDOW_SECONDS`.
+
+    :meth:`is_retry` says whether a request is an SDK's retry of one already taken in: its
+    attempt number is 1 or more and the same body came within the window before (a later
+    attempt extends the window). A first attempt (no header, or ``0``) is always a new request,
+    however often the same body came before. Pure bookkeeping: the caller passes the time."""
+
+    def __init__(
+        self,
+        window_seconds: float = CLIENT_RETRY_WINDOW_SECONDS,
+        capacity: int = CLIENT_RETRY_MEMORY,
+    ) -> None:
+        self._window = window_seconds
+        self._capacity = capacity
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def is_retry(self, request_hash: str, attempt: int, now: float) -> bool:
+        """Record ``request_hash`` at ``now``; True when ``attempt`` >= 1 and it was seen
+        within the window."""
+        last = self._seen.pop(request_hash, None)
+        self._seen[request_hash] = now
+        while len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+        return attempt >= 1 and last is not None and 0 <= now - last <= self._window
+
+
 def clean_request_id(value: str | None) -> str | None:
     """``value`` when it is 1-200 printable ASCII characters without spaces, else ``None``."""
     return value if value is not None and _REQUEST_ID_RE.match(value) else None
@@ -60,7 +111,9 @@ class IngestCounters:
     (``connect|timeout|disconnected|client_error``; never a client that went away),
     ``proxy_client_disconnects`` (clients that went away before the whole answer was sent),
     ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
-    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). In thread mode the
+    ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). A client SDK's
+    retry of a request already taken in is counted in ``errors[(source, "client_retry")]``
+    and not offered (one logical request, one pair). In thread mode the
     ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
 
     received: Counter[str] = field(default_factory=Counter)
@@ -134,6 +187,7 @@ class Offerer:
         self._wall_clock = wall_clock
         self._salt = salt
         self._rejects = RateLimitedLog(log)
+        self._retries = RetryMemory()
 
     def offer_raw(
         self,
@@ -142,9 +196,12 @@ class Offerer:
         raw: bytes,
         category: str | None,
         request_id: str | None = None,
+        retry_count: str | None = None,
     ) -> str:
         """Build the request from ``raw``, offer it, count the outcome; returns the outcome or
-        the rejection reason (also logged once)."""
+        the rejection reason (also logged once). ``retry_count`` is the request's
+        :data:`RETRY_COUNT_HEADER`: an SDK retry of a body taken in within the window is
+        ``client_retry`` (counted, never offered, not logged: retries are normal traffic)."""
         c = self.counters
         c.received[source.value] += 1
         built = build_shadow_request(
@@ -165,6 +222,10 @@ class Offerer:
                 request_id=clean_request_id(request_id),
             )
             return built
+        attempt = retry_attempt(retry_count)
+        if self._retries.is_retry(built.request_hash, attempt, built.received_at):
+            c.errors[(source.value, "client_retry")] += 1
+            return "client_retry"
         try:
             result = self._offer(built)
         except (RuntimeError, ValueError, TypeError, asyncio.QueueFull) as exc:

@@ -42,6 +42,7 @@ from specwatch.core.logs import RateLimitedLog
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
+    RETRY_COUNT_HEADER,
     SHADOW_PATHS,
     IngestCounters,
     Offer,
@@ -351,12 +352,18 @@ class ShadowProxy:
             raw,
             request.headers.get(CATEGORY_HEADER),
             request.headers.get(REQUEST_ID_HEADER),
+            request.headers.get(RETRY_COUNT_HEADER),
         )
 
     def _offer_copy(
-        self, path: str, raw: bytes, category: str | None, request_id: str | None
+        self,
+        path: str,
+        raw: bytes,
+        category: str | None,
+        request_id: str | None,
+        retry_count: str | None,
     ) -> None:
-        self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id)
+        self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id, retry_count)
 
     def _count_copy_error(self, request: web.Request, reason: str) -> None:
         """A copy not made: counted as received and rejected, logged (rate-limited)."""

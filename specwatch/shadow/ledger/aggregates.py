@@ -33,6 +33,7 @@ from specwatch.shadow.ledger.predicates import (
     STATUSES,
     TRI_COLUMNS,
     band_sql,
+    decode_sql,
     fixed_sql,
 )
 from specwatch.shadow.ledger.rows import LedgerRow
@@ -136,12 +137,15 @@ _PATTERN_SQL = _pattern_sql()
 
 #: The fixed-point sums every grouped pass reads, in :class:`ArmSums` order after the counts.
 _SUM_EXPRS = (
-    f"SUM({fixed_sql('standard_tau')})",
-    f"SUM({fixed_sql('fly_tau')})",
+    "SUM(standard_spec_steps)",
+    "SUM(standard_accepted_tokens)",
+    "SUM(fly_spec_steps)",
+    "SUM(fly_accepted_tokens)",
     "SUM(standard_tokens)",
     "SUM(fly_tokens)",
     f"SUM({fixed_sql('standard_latency_seconds')})",
     f"SUM({fixed_sql('fly_latency_seconds')})",
+    *(f"SUM({e})" for e in decode_sql(fixed_point=True)),
 )
 _SUMS_SQL = ", ".join(_SUM_EXPRS)
 
@@ -151,8 +155,11 @@ SUMS_DAY_SECONDS = 86400.0
 _DAY_SQL = f"CAST(time / {SUMS_DAY_SECONDS!r} AS INTEGER)"
 #: What ``pair_sums`` is keyed and summed by; a ledger whose stored layout differs (written by
 #: a specwatch with other tally rules or another fixed point) has its aggregates rebuilt.
-_SUMS_LAYOUT = f"v2|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}|{CELLS_LAYOUT}"
-_SUM_COLUMNS = ("n", "s_tau", "f_tau", "s_tok", "f_tok", "s_sec", "f_sec")
+_SUMS_LAYOUT = f"v3|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}|{CELLS_LAYOUT}"
+_SUM_COLUMNS = (
+    *("n", "s_steps", "s_acc", "f_steps", "f_acc", "s_tok", "f_tok", "s_sec", "f_sec"),
+    *("d_n", "s_dtok", "f_dtok", "s_dsec", "f_dsec", "s_ttft", "f_ttft"),
+)
 SUMS_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pair_sums (day INTEGER NOT NULL, category TEXT NOT NULL, "
     "running_at_replay REAL NOT NULL, code INTEGER NOT NULL, "
@@ -238,7 +245,7 @@ def _add_cells(
 ) -> None:
     """Add grouped rows ``(bucket, category, band, pattern code, count, six fixed-point
     sums)`` into ``cells`` per (bucket, category, band)."""
-    for b, cat, band, code, n, s_tau, f_tau, s_tok, f_tok, s_sec, f_sec in rows:
+    for b, cat, band, code, n, s_st, s_acc, f_st, f_acc, s_tok, f_tok, s_sec, f_sec, *dec in rows:
         n = int(n)
         if not n:
             continue
@@ -246,13 +253,23 @@ def _add_cells(
         tally = one if n == 1 else PairTally(*(n * v for v in _tally_values(one)))
         arms = ArmSums(
             tau_pairs=n if tau else 0,
-            standard_tau=int(s_tau) if tau else 0,
-            fly_tau=int(f_tau) if tau else 0,
+            standard_steps=int(s_st) if tau else 0,
+            standard_accepted=int(s_acc) if tau else 0,
+            fly_steps=int(f_st) if tau else 0,
+            fly_accepted=int(f_acc) if tau else 0,
             speed_pairs=n if speed else 0,
             standard_tokens=int(s_tok) if speed else 0,
             fly_tokens=int(f_tok) if speed else 0,
             standard_seconds=int(s_sec) if speed else 0,
             fly_seconds=int(f_sec) if speed else 0,
+            # the decode sums are not in the pattern code: summed per group as they are
+            decode_pairs=int(dec[0] or 0),
+            standard_decode_tokens=int(dec[1] or 0),
+            fly_decode_tokens=int(dec[2] or 0),
+            standard_decode_seconds=int(dec[3] or 0),
+            fly_decode_seconds=int(dec[4] or 0),
+            standard_ttft_seconds=int(dec[5] or 0),
+            fly_ttft_seconds=int(dec[6] or 0),
         )
         key = (None if b is None else int(b), str(cat), str(band))
         cell = HistoryCell(tally, arms, n)

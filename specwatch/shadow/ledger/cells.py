@@ -18,6 +18,7 @@ from specwatch.shadow.ledger.predicates import (
     ARM_TAU,
     TALLY_SQL,
     band_sql,
+    decode_sql,
     fixed_sql,
 )
 from specwatch.shadow.tally import ArmSums, HistoryCell, PairTally
@@ -39,13 +40,16 @@ _ROW_VALUES = (
     "1",
     *(f"CASE WHEN {TALLY_SQL[name]} THEN 1 ELSE 0 END" for name in _TALLY_COLUMNS),
     f"CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END",
-    f"CASE WHEN {ARM_TAU} THEN {fixed_sql('standard_tau')} ELSE 0 END",
-    f"CASE WHEN {ARM_TAU} THEN {fixed_sql('fly_tau')} ELSE 0 END",
+    f"CASE WHEN {ARM_TAU} THEN standard_spec_steps ELSE 0 END",
+    f"CASE WHEN {ARM_TAU} THEN standard_accepted_tokens ELSE 0 END",
+    f"CASE WHEN {ARM_TAU} THEN fly_spec_steps ELSE 0 END",
+    f"CASE WHEN {ARM_TAU} THEN fly_accepted_tokens ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN {fixed_sql('standard_latency_seconds')} ELSE 0 END",
     f"CASE WHEN {ARM_SPEED} THEN {fixed_sql('fly_latency_seconds')} ELSE 0 END",
+    *decode_sql(fixed_point=True),
 )
 if len(_ROW_VALUES) != len(_COLUMNS):  # pragma: no cover - a field added to ArmSums
     raise RuntimeError("pair_cells columns and their row values disagree")

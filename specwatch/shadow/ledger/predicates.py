@@ -51,11 +51,43 @@ TRI_COLUMNS: tuple[str, ...] = tuple(
 
 #: The rows the τ sums of :class:`~specwatch.shadow.tally.ArmSums` add up, and those the speed
 #: sums add up.
-ARM_TAU = "status = 'paired' AND standard_tau IS NOT NULL AND fly_tau IS NOT NULL"
+ARM_TAU = (
+    "status = 'paired' AND standard_spec_steps > 0 AND fly_spec_steps > 0 "
+    "AND standard_accepted_tokens IS NOT NULL AND fly_accepted_tokens IS NOT NULL"
+)
 ARM_SPEED = (
     "status = 'paired' AND standard_tokens IS NOT NULL AND fly_tokens IS NOT NULL "
     "AND standard_latency_seconds > 0 AND fly_latency_seconds > 0"
 )
+
+
+#: The rows the decode sums add up: both arms streamed two tokens or more, the last output
+#: after the first (TTFT and decode time told apart).
+ARM_DECODE = (
+    "status = 'paired' AND standard_tokens >= 2 AND fly_tokens >= 2 "
+    "AND standard_last_token_seconds > standard_first_token_seconds "
+    "AND fly_last_token_seconds > fly_first_token_seconds"
+)
+#: What the decode sums add per row, in :class:`~specwatch.shadow.tally.ArmSums` order (the
+#: seconds still to be put in fixed point or summed as floats).
+DECODE_TERMS = (
+    "standard_tokens - 1",
+    "fly_tokens - 1",
+    "(standard_last_token_seconds - standard_first_token_seconds)",
+    "(fly_last_token_seconds - fly_first_token_seconds)",
+    "standard_first_token_seconds",
+    "fly_first_token_seconds",
+)
+
+
+def decode_sql(*, fixed_point: bool, when: bool = True) -> tuple[str, ...]:
+    """The seven decode expressions (count, then :data:`DECODE_TERMS`), each ``CASE WHEN
+    ARM_DECODE``; seconds in fixed point when ``fixed_point``; without the ``SUM``."""
+    out = [f"CASE WHEN {ARM_DECODE} THEN 1 ELSE 0 END"]
+    for i, term in enumerate(DECODE_TERMS):
+        value = fixed_sql(term) if fixed_point and i >= 2 else term
+        out.append(f"CASE WHEN {ARM_DECODE} THEN {value} ELSE 0 END")
+    return tuple(out)
 
 
 def fixed_sql(column: str) -> str:

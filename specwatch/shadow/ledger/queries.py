@@ -16,6 +16,7 @@ from specwatch.shadow.ledger.predicates import (
     LABELLED_SQL,
     TALLY_SQL,
     band_sql,
+    decode_sql,
     fixed_sql,
 )
 from specwatch.shadow.ledger.rows import COLUMNS, LedgerRow, values_to_row
@@ -31,26 +32,32 @@ REPLY_ARMS: tuple[str, ...] = ("standard", "fly", "noise")
 #: point, so every grouping of the same rows gives the same totals).
 _ARM_SQL = (
     f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('standard_tau')} ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN {fixed_sql('fly_tau')} ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_accepted_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_accepted_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('standard_latency_seconds')} ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN {fixed_sql('fly_latency_seconds')} ELSE 0 END)",
+    *(f"SUM({e})" for e in decode_sql(fixed_point=True)),
 )
 
 
 #: The :class:`ArmTotals` sums as plain float sums, in field order.
 _ARM_FLOAT_SQL = (
     f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN standard_tau ELSE 0 END)",
-    f"SUM(CASE WHEN {ARM_TAU} THEN fly_tau ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN standard_accepted_tokens ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_spec_steps ELSE 0 END)",
+    f"SUM(CASE WHEN {ARM_TAU} THEN fly_accepted_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN 1 ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_tokens ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN standard_latency_seconds ELSE 0 END)",
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
+    *(f"SUM({e})" for e in decode_sql(fixed_point=False)),
 )
 
 
@@ -128,13 +135,22 @@ class RowQueries:
         return {
             str(r[0]): ArmTotals(
                 tau_pairs=int(r[1] or 0),
-                standard_tau_sum=float(r[2] or 0.0),
-                fly_tau_sum=float(r[3] or 0.0),
-                speed_pairs=int(r[4] or 0),
-                standard_tokens=int(r[5] or 0),
-                fly_tokens=int(r[6] or 0),
-                standard_seconds=float(r[7] or 0.0),
-                fly_seconds=float(r[8] or 0.0),
+                standard_steps=int(r[2] or 0),
+                standard_accepted=int(r[3] or 0),
+                fly_steps=int(r[4] or 0),
+                fly_accepted=int(r[5] or 0),
+                speed_pairs=int(r[6] or 0),
+                standard_tokens=int(r[7] or 0),
+                fly_tokens=int(r[8] or 0),
+                standard_seconds=float(r[9] or 0.0),
+                fly_seconds=float(r[10] or 0.0),
+                decode_pairs=int(r[11] or 0),
+                standard_decode_tokens=int(r[12] or 0),
+                fly_decode_tokens=int(r[13] or 0),
+                standard_decode_seconds=float(r[14] or 0.0),
+                fly_decode_seconds=float(r[15] or 0.0),
+                standard_ttft_seconds=float(r[16] or 0.0),
+                fly_ttft_seconds=float(r[17] or 0.0),
             )
             for r in raw
         }

@@ -15,11 +15,13 @@ import numpy.typing as npt
 
 from specwatch.shadow.ledger.connections import Connections
 from specwatch.shadow.ledger.predicates import (
+    ARM_DECODE,
     ARM_SPEED,
     ARM_TAU,
     LABELLED_SQL,
     STATUSES,
     TRI_COLUMNS,
+    decode_sql,
 )
 from specwatch.shadow.tally import UNKNOWN_BAND, ArmTotals, PairTally, load_band_labels, row_tally
 
@@ -196,30 +198,69 @@ class ReportQueries:
         ``sqlite3.Error`` / ``ValueError`` (closed ledger)."""
         if part == "tau":
             sql = (
-                "SELECT category, COUNT(*), SUM(standard_tau), SUM(fly_tau) FROM pairs "
-                f"WHERE {ARM_TAU} GROUP BY category"
+                "SELECT category, COUNT(*), SUM(standard_spec_steps), "
+                "SUM(standard_accepted_tokens), SUM(fly_spec_steps), SUM(fly_accepted_tokens) "
+                f"FROM pairs WHERE {ARM_TAU} GROUP BY category"
             )
             raw = await asyncio.to_thread(self._db.read, sql, ())
             return {
-                str(c): ArmTotals(tau_pairs=int(n), standard_tau_sum=float(a), fly_tau_sum=float(b))
-                for c, n, a, b in raw
+                str(c): ArmTotals(
+                    tau_pairs=int(n),
+                    standard_steps=int(a),
+                    standard_accepted=int(b),
+                    fly_steps=int(d),
+                    fly_accepted=int(e),
+                )
+                for c, n, a, b, d, e in raw
             }
+        speed = (
+            "1",
+            "standard_tokens",
+            "fly_tokens",
+            "standard_latency_seconds",
+            "fly_latency_seconds",
+        )
+        cols = [f"SUM(CASE WHEN {ARM_SPEED} THEN {c} ELSE 0 END)" for c in speed]
+        cols += [f"SUM({e})" for e in decode_sql(fixed_point=False)]
         sql = (
-            "SELECT category, COUNT(*), SUM(standard_tokens), SUM(fly_tokens), "
-            "SUM(standard_latency_seconds), SUM(fly_latency_seconds) FROM pairs "
-            f"WHERE {ARM_SPEED} GROUP BY category"
+            f"SELECT category, {', '.join(cols)} FROM pairs "
+            f"WHERE ({ARM_SPEED}) OR ({ARM_DECODE}) GROUP BY category"
         )
         raw = await asyncio.to_thread(self._db.read, sql, ())
         return {
-            str(c): ArmTotals(
-                speed_pairs=int(n),
-                standard_tokens=int(st),
-                fly_tokens=int(ft),
-                standard_seconds=float(ss),
-                fly_seconds=float(fs),
+            str(r[0]): ArmTotals(
+                speed_pairs=int(r[1]),
+                standard_tokens=int(r[2]),
+                fly_tokens=int(r[3]),
+                standard_seconds=float(r[4]),
+                fly_seconds=float(r[5]),
+                decode_pairs=int(r[6]),
+                standard_decode_tokens=int(r[7]),
+                fly_decode_tokens=int(r[8]),
+                standard_decode_seconds=float(r[9]),
+                fly_decode_seconds=float(r[10]),
+                standard_ttft_seconds=float(r[11]),
+                fly_ttft_seconds=float(r[12]),
             )
-            for c, n, st, ft, ss, fs in raw
+            for r in raw
         }
+
+    async def decode_spread(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per arm (standard, FLy), over the rows both arms streamed (``ARM_DECODE``), the
+        sums a ratio interval of decode tokens/s needs: ``(n, ΣT, ΣS, ΣT², ΣT·S, ΣS²)`` with
+        ``T`` the tokens after the first and ``S`` the seconds after the first output (see
+        :func:`specwatch.shadow.tally.ratio_interval`). Raises ``sqlite3.Error``."""
+        out: list[tuple[float, ...]] = []
+        for arm in ("standard", "fly"):
+            t = f"({arm}_tokens - 1)"
+            s = f"({arm}_last_token_seconds - {arm}_first_token_seconds)"
+            sql = (
+                f"SELECT COUNT(*), SUM({t}), SUM({s}), SUM({t} * {t}), SUM({t} * {s}), "
+                f"SUM({s} * {s}) FROM pairs WHERE {ARM_DECODE}"
+            )
+            ((n, *sums),) = await asyncio.to_thread(self._db.read, sql, ())
+            out.append((float(n), *(float(v or 0.0) for v in sums)))
+        return out[0], out[1]
 
     async def report_span(self) -> ReportSpan:
         """Row count and time range of the whole ledger and of its labelled pairs

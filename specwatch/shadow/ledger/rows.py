@@ -43,7 +43,13 @@ class LedgerRow:
     least one verify step (``--per-request-spec-decode-metrics``): ``*_spec_steps``,
     ``*_draft_tokens``, ``*_accepted_tokens`` (the same replies the reply counters count);
     ``None`` otherwise and in rows written before they existed. The decision table's acceptance
-    gain is summed from them, so it survives a restart."""
+    gain is summed from them, so it survives a restart.
+
+    Per arm (standard and FLy), ``*_prompt_tokens`` (the reply's ``usage.prompt_tokens``: a pair
+    whose arms differ is excluded ``prompt_tokens_mismatch``) and, for a streamed reply,
+    ``*_first_token_seconds`` / ``*_last_token_seconds`` (seconds from sending the request to
+    the first and the last chunk that carried generated output: TTFT, and the decode time
+    after it); ``None`` when unknown and in rows written before they existed."""
 
     time: float
     request_hash: str
@@ -114,6 +120,12 @@ class LedgerRow:
     standard_accepted_tokens: int | None = None
     fly_accepted_tokens: int | None = None
     noise_accepted_tokens: int | None = None
+    standard_prompt_tokens: int | None = None
+    fly_prompt_tokens: int | None = None
+    standard_first_token_seconds: float | None = None
+    standard_last_token_seconds: float | None = None
+    fly_first_token_seconds: float | None = None
+    fly_last_token_seconds: float | None = None
     id: int | None = None
 
     @classmethod
@@ -205,6 +217,12 @@ class LedgerRow:
             noise_spec_steps=nc[0],
             noise_draft_tokens=nc[1],
             noise_accepted_tokens=nc[2],
+            standard_prompt_tokens=o.standard.prompt_tokens,
+            fly_prompt_tokens=o.fly.prompt_tokens,
+            standard_first_token_seconds=o.standard.first_token_seconds,
+            standard_last_token_seconds=o.standard.last_token_seconds,
+            fly_first_token_seconds=o.fly.first_token_seconds,
+            fly_last_token_seconds=o.fly.last_token_seconds,
         )
 
 

@@ -28,11 +28,12 @@ from specwatch.shadow.decision import (
     tau_coverage_by_category,
 )
 from specwatch.shadow.published import PairedSummary
-from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.tally import ArmTotals, arm_decode, ratio_interval
 from specwatch.shadow.verdict import (
     Verdict,
     arm_ratios,
     change_percent,
+    decode_ratios,
     verdict_from_summary,
     verdict_line,
 )
@@ -315,7 +316,21 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
     return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
 
 
-def _speed_parts(t: ArmTotals) -> str:
+def _decode_interval(spread: tuple[float, ...] | None) -> str:
+    """`` (95 % interval a to b)`` of one arm's decode tokens/s from its spread sums, or the
+    reason there is none."""
+    if spread is None:
+        return ""
+    n, *sums = spread
+    ci = ratio_interval(int(n), *sums)
+    if ci is None:
+        return " (95 % interval: needs 2 streamed pairs)"
+    return f" (95 % interval {ci[0]:,.1f} to {ci[1]:,.1f})"
+
+
+def _speed_parts(
+    t: ArmTotals, spread: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+) -> str:
     """The verdict's τ and speed parts per arm, from the ledger's per-pair values
     (:func:`~specwatch.shadow.decision.arm_tau_means` and
     :func:`~specwatch.shadow.decision.arm_speeds`, the decision table's functions)."""
@@ -327,7 +342,8 @@ def _speed_parts(t: ArmTotals) -> str:
             f"<span data-field='tau' data-standard='{taus[0]:.6g}' data-fly='{taus[1]:.6g}'>"
             f"Mean acceptance length τ: standard {taus[0]:.2f}, FLy {taus[1]:.2f} "
             f"({change_percent(taus[1] / taus[0] if taus[0] > 0 else None)}) over "
-            f"{t.tau_pairs:,} pairs where both arms reported it.</span>"
+            f"{t.tau_pairs:,} pairs where both arms reported verify steps (1 + accepted ÷ "
+            "steps, summed over the pairs).</span>"
         )
     if speeds is None:
         speed = (
@@ -344,7 +360,26 @@ def _speed_parts(t: ArmTotals) -> str:
             f"{std_lat:.3g} s, FLy {fly_lat:.3g} s ({change_percent(fly_lat / std_lat)}) over "
             f"{t.speed_pairs:,} pairs.</span>"
         )
-    return f'<p class="speed-parts">{tau} {speed}</p>'
+    dec = arm_decode(t)
+    if dec is None:
+        decode = (
+            "<span data-field='decode'>Decode speed and TTFT: no pair where both arms streamed "
+            "(set shadow.stream_arms to time them).</span>"
+        )
+    else:
+        (s_tps, f_tps), (s_ttft, f_ttft) = dec
+        decode = (
+            f"<span data-field='decode' data-standard='{s_tps:.6g}' data-fly='{f_tps:.6g}' "
+            f"data-standard-ttft='{s_ttft:.6g}' data-fly-ttft='{f_ttft:.6g}'>"
+            f"Decode (tokens after the first ÷ seconds after the first output): standard "
+            f"{s_tps:,.1f} tok/s{_decode_interval(spread[0] if spread else None)}, FLy "
+            f"{f_tps:,.1f} tok/s{_decode_interval(spread[1] if spread else None)} "
+            f"({change_percent(f_tps / s_tps)}); "
+            f"TTFT standard {s_ttft:.3g} s, FLy {f_ttft:.3g} s "
+            f"({change_percent(f_ttft / s_ttft if s_ttft > 0 else None)}) over "
+            f"{t.decode_pairs:,} streamed pairs.</span>"
+        )
+    return f'<p class="speed-parts">{tau} {speed} {decode}</p>'
 
 
 def _decision_table(data: ReportData) -> str:
@@ -622,6 +657,7 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
         else "<p>None.</p>"
     )
     tau_ratio, speed_ratio = arm_ratios(data.arm_totals)
+    dec = decode_ratios(data.arm_totals)
     verdict_text = (
         verdict_line(
             verdict_from_summary(
@@ -631,10 +667,18 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
                 tau_ratio=tau_ratio,
                 throughput_ratio=speed_ratio,
                 declared_at=st.within_margin_declared_at,
+                decode=dec,
             )
         )
         if overall is not None
-        else verdict_line(Verdict(tau_ratio=tau_ratio, throughput_ratio=speed_ratio))
+        else verdict_line(
+            Verdict(
+                tau_ratio=tau_ratio,
+                throughput_ratio=speed_ratio,
+                decode_ratio=dec[0],
+                ttft_ratio=dec[1],
+            )
+        )
     )
     imgs = {p: f'<img src="{html.escape(p)}" alt="{html.escape(p)}">' for p in plots}
     head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADERS)
@@ -648,7 +692,7 @@ from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
 non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
 intervals at {1 - st.alpha:.0%}.</p>
 <p class="verdict-line" data-field="verdict">{html.escape(verdict_text)}</p>
-{_speed_parts(data.arm_totals)}
+{_speed_parts(data.arm_totals, data.decode_spread)}
 {verdict}
 <h2>Per category</h2>
 <p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;
