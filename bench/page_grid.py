@@ -2,7 +2,8 @@
 
 Every history is replayed through :func:`specwatch.shadow.stats.first_pages`, the function
 that applies the shipped policy (the sidecar's evaluator and the rendered rules use the same
-thresholds and e-values), with the default ``paired`` settings and K = 21 category series.
+thresholds and e-values), with the default ``paired`` settings (the change warning at ``change_arl`` = 500,000 pairs)
+and K = 21 category series.
 
 ``false``: the family-wise false-page grid. 10 harmless categories (in each, FLy loses and gains
 alike; the categories' discordances spread from 0.5x to 1.5x the base), ``--pairs`` pairs
@@ -48,7 +49,7 @@ from scipy.special import betaincc, betaln
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.stats.policy import CHANGE, PAGE, first_pages
+from specwatch.shadow.stats.policy import CHANGE, DEFAULT_CHANGE_ARL, PAGE, first_pages
 from specwatch.shadow.stats.power import exact_questions_needed, questions_needed
 
 IntArray = npt.NDArray[np.int64]
@@ -57,7 +58,7 @@ FloatArray = npt.NDArray[np.float64]
 D_GRID = (0.02, 0.06, 0.10, 0.20, 0.30)
 L_GRID = (0.01, 0.02, 0.05)
 CATEGORIES = 10
-SETTINGS = PairedSettings()
+SETTINGS = PairedSettings(change_arl=DEFAULT_CHANGE_ARL)
 LOG20 = math.log(20.0)
 LOG_OVERALL = math.log(40.0)
 QUIET_CELLS = ((0.02, 0.02), (0.06, 0.02), (0.10, 0.02), (0.30, 0.05))

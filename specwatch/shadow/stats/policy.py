@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_ALPHA, DEFAULT_MARGIN, DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.shadow.stats.detector import detector_alarm
 from specwatch.shadow.stats.eprocess import check_outcomes, net_loss_log_e_values, net_loss_path
-from specwatch.shadow.stats.sequential import betting_log_wealth, first_alarm
+from specwatch.shadow.stats.sequential import alarm, betting_log_wealth, first_alarm
 
 #: The critical page and the change warning (alert names).
 PAGE = "SpecQualityDrift"
@@ -115,21 +115,25 @@ class PagePolicy:
             return SHARE_MARGIN
         raise ValueError(f"no page for hypothesis {hypothesis!r} in category {category!r}")
 
+    def test_alpha(self, category: str, hypothesis: str) -> float:
+        """The test's own level ``alpha x share``: it pages at ``E >= 1 / test_alpha``."""
+        return self.alpha * self.share(category, hypothesis)
+
     def level(self, category: str, hypothesis: str) -> float:
         """The e-value at or over which the test pages: ``1 / (alpha share)``."""
-        return 1.0 / (self.alpha * self.share(category, hypothesis))
+        return 1.0 / self.test_alpha(category, hypothesis)
 
     def log_level(self, category: str, hypothesis: str) -> float:
         """``ln`` of :meth:`level`."""
-        return -math.log(self.alpha * self.share(category, hypothesis))
+        return -math.log(self.test_alpha(category, hypothesis))
 
     def pages(self, category: str, hypothesis: str, log_e: float) -> bool:
         """Whether a since-start e-value ``ln E = log_e`` fires the page (NaN never does)."""
-        return log_e >= self.log_level(category, hypothesis)
+        return alarm(log_e, self.test_alpha(category, hypothesis))
 
     def change_fires(self, log_detector: float) -> bool:
         """Whether the change detector's ``ln M`` reaches ``change_arl`` (the warning)."""
-        return log_detector >= math.log(self.change_arl)
+        return detector_alarm(log_detector, self.change_arl)
 
     def change_interval_days(self, pairs_per_second: float) -> float | None:
         """The change warning's mean interval between false alarms in days at a labelled-pair
@@ -155,10 +159,6 @@ def fleet_log_e_value(log_e_values: Iterable[float]) -> float | None:
     if not math.isfinite(m):
         return m
     return m + math.log(float(np.mean(np.exp(v - m))))
-
-
-def _first_at(log_path: npt.NDArray[np.float64], log_level: float) -> int | None:
-    return first_alarm(log_path, math.exp(-log_level))
 
 
 def first_pages(
@@ -191,14 +191,14 @@ def first_pages(
             out[page_key(alert, labels)] = None
         return out
     path = net_loss_path(x)
-    out[page_key(PAGE, all_key)] = _first_at(path.log_e, policy.log_level(OVERALL, NO_NET_LOSS))
+    out[page_key(PAGE, all_key)] = first_alarm(path.log_e, policy.test_alpha(OVERALL, NO_NET_LOSS))
     names = np.array(cats, dtype=object)
     for cat in sorted(set(cats)):
         idx = np.flatnonzero(names == cat)
-        hit = _first_at(net_loss_log_e_values(x[idx]), policy.log_level(cat, NO_NET_LOSS))
+        hit = first_alarm(net_loss_log_e_values(x[idx]), policy.test_alpha(cat, NO_NET_LOSS))
         key = page_key(PAGE, {"category": cat, "hypothesis": NO_NET_LOSS})
         out[key] = None if hit is None else int(idx[hit - 1]) + 1
     bet, _ = betting_log_wealth(x.astype(np.float64), policy.margin)
-    out[page_key(PAGE, margin_key)] = _first_at(bet, policy.log_level(OVERALL, MARGIN))
-    out[page_key(CHANGE, change_key)] = _first_at(path.log_detector, math.log(policy.change_arl))
+    out[page_key(PAGE, margin_key)] = first_alarm(bet, policy.test_alpha(OVERALL, MARGIN))
+    out[page_key(CHANGE, change_key)] = first_alarm(path.log_detector, 1.0 / policy.change_arl)
     return out
