@@ -86,6 +86,20 @@ def _history(
     return cat, x
 
 
+def _flat(d: float) -> Callable[[IntArray], FloatArray]:
+    def disc(t: IntArray) -> FloatArray:
+        return np.full(t.size, d)
+
+    return disc
+
+
+def _share(theta: float) -> Callable[[IntArray, IntArray], FloatArray]:
+    def share(t: IntArray, cat: IntArray) -> FloatArray:
+        return np.full(t.size, theta)
+
+    return share
+
+
 def _drift(t: IntArray) -> FloatArray:
     out: FloatArray = 0.02 + 0.28 * (0.5 - 0.5 * np.cos(2.0 * math.pi * t / 50_000.0))
     return out
@@ -95,9 +109,9 @@ def false_pages(runs: int, pairs: int, seed: int) -> list[dict[str, Any]]:
     """Share of harmless histories with any critical page, per discordance scenario."""
     rows = []
     for name, disc in (
-        ("1 %", lambda t: np.full(t.size, 0.01)),
-        ("6 %", lambda t: np.full(t.size, 0.06)),
-        ("30 %", lambda t: np.full(t.size, 0.30)),
+        ("1 %", _flat(0.01)),
+        ("6 %", _flat(0.06)),
+        ("30 %", _flat(0.30)),
         ("drift 2-30 %", _drift),
     ):
         rng = np.random.default_rng(seed)
@@ -105,7 +119,7 @@ def false_pages(runs: int, pairs: int, seed: int) -> list[dict[str, Any]]:
         paged = warned = 0
         by_test: dict[str, int] = {}
         for _ in range(runs):
-            cat, x = _history(rng, pairs, disc, lambda t, c: np.full(t.size, 0.5))
+            cat, x = _history(rng, pairs, disc, _share(0.5))
             got = first_pages(_pairs(cat, x), SETTINGS)
             fired = [k for k, v in got.items() if v is not None and k.startswith(PAGE + "{")]
             paged += bool(fired)
@@ -186,9 +200,7 @@ def detect(runs: int, seed: int, horizon: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             page, orc, bb = [], [], []
             for _ in range(runs):
-                cat, x = _history(
-                    rng, horizon, lambda t, d=d: np.full(t.size, d), lambda t, c, th=th: th
-                )
+                cat, x = _history(rng, horizon, _flat(d), _share(th))
                 page.append(_page(first_pages(_pairs(cat, x), SETTINGS)))
                 orc.append(_oracle(x, th))
                 bb.append(_beta_binomial(x))
@@ -249,9 +261,7 @@ def detect(runs: int, seed: int, horizon: int) -> dict[str, Any]:
             fresh, after_quiet, after_harmless, warn_harmless = [], [], [], []
             pre = 10_000
             for _ in range(runs):
-                cat, x = _history(
-                    rng, horizon, lambda t, d=d: np.full(t.size, d), lambda t, c, th=th: th
-                )
+                cat, x = _history(rng, horizon, _flat(d), _share(th))
                 fresh.append(_page(first_pages(_pairs(cat, x), SETTINGS)))
                 qcat = rng.integers(0, CATEGORIES, pre)
                 got = first_pages(
@@ -262,9 +272,7 @@ def detect(runs: int, seed: int, horizon: int) -> dict[str, Any]:
                     SETTINGS,
                 )
                 after_quiet.append(_page(got) - pre)
-                hcat, hx = _history(
-                    rng, pre, lambda t, d=d: np.full(t.size, d), lambda t, c: np.full(t.size, 0.5)
-                )
+                hcat, hx = _history(rng, pre, _flat(d), _share(0.5))
                 got = first_pages(
                     _pairs(np.concatenate([hcat, cat]), np.concatenate([hx, x])), SETTINGS
                 )

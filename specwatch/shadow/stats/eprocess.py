@@ -35,7 +35,8 @@ A loss of L points at discordance d is a lost share ``θ = 1/2 + L / (2 d)``: 2 
 ``θ = 0.667`` at 6 % and ``0.533`` at 30 %. No single bet is right for both, so the prior
 spreads over the shares of the bench grid (discordance 2-30 %, loss 1-5 points) with most of
 its weight near the operating point (6 %, 2 points); the weights were chosen on that grid
-(``bench/robust_grid.py``; results and costs in ``docs/benchmarks.md``).
+(``bench/mixture_weights.py``; the page on the grid: ``bench/page_grid.py``, results and
+costs in ``docs/benchmarks.md``).
 
 The change detector (:mod:`specwatch.shadow.stats.detector`) is built from the same
 components' factors: a Shiryaev-Roberts e-detector on the pair clock (Shin, Ramdas & Rinaldo

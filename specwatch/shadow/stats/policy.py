@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class PagePolicy:
     def of(cls, settings: object) -> PagePolicy:
         """The policy of the ``paired`` settings group, or of a whole ``Settings`` (whose
         ``shadow.max_categories`` sets K; the default K without it)."""
-        paired: PolicySettings = getattr(settings, "paired", settings)  # type: ignore[assignment]
+        paired = cast(PolicySettings, getattr(settings, "paired", settings))
         shadow = getattr(settings, "shadow", None)
         k = getattr(shadow, "max_categories", DEFAULT_MAX_CATEGORIES) + 1
         return cls(paired.alpha, paired.margin, int(k), float(paired.change_arl))
