@@ -2,8 +2,8 @@
 
 Every history is replayed through :func:`specwatch.shadow.stats.first_pages`, the function
 that applies the shipped policy (the sidecar's evaluator and the rendered rules use the same
-thresholds and e-values), with the default ``paired`` settings (the change warning at ``change_arl`` = 500,000 pairs)
-and K = 21 category series.
+thresholds and e-values), with the default ``paired`` settings (the change warning at
+``change_arl`` = 500,000 pairs) and K = 21 category series.
 
 ``false``: the family-wise false-page grid. 10 harmless categories (in each, FLy loses and gains
 alike; the categories' discordances spread from 0.5x to 1.5x the base), ``--pairs`` pairs
