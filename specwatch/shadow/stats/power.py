@@ -93,16 +93,17 @@ def pairs_to_decide(
     shown when the no-net-loss e-value of all pairs reaches its page threshold
     (:class:`~specwatch.shadow.stats.policy.PagePolicy` at ``alpha``: 40 at 5 %); "within
     ``margin``" when the confidence sequence's e-value reaches ``1/alpha``
-    (:func:`~specwatch.shadow.stats.confseq.within_margin_log_e_value`, for ``L̂ < margin``). Each
-    is followed along the expected path (every further pair adds the observed shares of lost,
-    gained and agreeing pairs), where its log is convex in the pairs added, so the first pair at
-    which it reaches the threshold is found by bisection. The median of the real paths comes
-    somewhat sooner (the mixture rides its luckiest components: 10-25 % sooner in simulations
-    at the grid's rates), so this is an upper estimate of the median pairs to decide. Returns 0 when one is already
-    decided, ``None`` without labelled pairs, for a NaN rate, or when neither question can be
-    decided at the observed rates (no loss and no margin, or no discordant pairs). The one
-    function behind every "about N more pairs". ``power`` is not used (a forecast of the
-    median, not a fixed-n plan); it is accepted while callers still pass it."""
+    (:func:`~specwatch.shadow.stats.confseq.within_margin_log_e_value`, for ``L̂ < margin``).
+    Each is followed along the expected path (every further pair adds the observed shares of
+    lost, gained and agreeing pairs), where its log is convex in the pairs added, so the first
+    pair at which it reaches the threshold is found by bisection. Real paths get there
+    somewhat sooner (the mixture rides its luckiest components: the median 10-25 % sooner in
+    simulations at the grid's rates), so this is an upper estimate of the median.
+
+    Returns 0 when one is already decided, ``None`` without labelled pairs, for a NaN rate, or
+    when neither can be decided at the observed rates (no loss and no margin, or no discordant
+    pairs). The one function behind every "about N more pairs". ``power`` is not used (a
+    forecast, not a fixed-n plan); it is accepted while callers still pass it."""
     del power
     if n <= 0 or not math.isfinite(net_loss) or not math.isfinite(discordant):
         return None

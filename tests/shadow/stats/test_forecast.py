@@ -17,7 +17,8 @@ def test_loss_forecast_is_the_first_pair_on_the_expected_path() -> None:
     is the first whole number of further pairs at which the e-value along the expected path
     (each pair adding 0.04 lost and 0.02 gained) reaches the page's 40."""
     m = pairs_to_decide(0.02, 0.06, 200, margin=0.0)
-    assert m is not None and m > 0
+    assert m is not None
+    assert m > 0
 
     def log_e(k: float) -> float:
         return float(count_log_e_values(8 + 0.04 * k, 4 + 0.02 * k))
@@ -49,7 +50,8 @@ def test_within_margin_forecast_and_the_edges() -> None:
     test is decided; None without pairs, for NaN, or when nothing can be decided."""
     n = 1000
     m = pairs_to_decide(0.0, 0.06, n, margin=0.01)
-    assert m is not None and m > 0
+    assert m is not None
+    assert m > 0
 
     def log_k(k: float) -> float:
         return float(within_margin_log_e_value(30 + 0.03 * k, 30 + 0.03 * k, 940 + 0.94 * k, 0.01))
