@@ -12,7 +12,7 @@ For each ledger size (default 0, 10,000, 100,000 and 1,000,000 rows) the script
    aggregates of the days before the longest window's plus one grouped SQL pass over the rows
    after, and one streamed read for the e-process, in worker threads), wall and CPU seconds;
    and, for comparison, one full SQL recomputation of the statistics' inputs
-   (:func:`~specwatch.shadow.component.ledger_inputs`: what every refresh cost before the
+   (:func:`~specwatch.shadow.live.ledger_inputs`: what every refresh cost before the
    statistics were kept live);
 3. runs the real CLI, ``python -m specwatch run --config …`` (shadow on, mirror mode, both arms
    at a closed port, one unreachable scrape target, no traffic), waits for the log line
@@ -44,10 +44,11 @@ from pathlib import Path
 
 import yaml
 
-from specwatch.shadow.component import STATS_BUCKET_SECONDS, ShadowComponent, ledger_inputs
+from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.aggregates import HistoryGrouping
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import STATS_BUCKET_SECONDS, ledger_inputs
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""CPU per request of the whole ``specwatch run`` process tree as a live proxy, beside nginx.
+"""The live path: latency added by ``specwatch run``'s proxy and by nginx against a direct
+connection, and CPU per request, at several request rates in one interleaved run.
 
 What runs, all on fixed loopback ports (``--base-port``, default 18470, and the next four):
 
@@ -12,32 +13,33 @@ What runs, all on fixed loopback ports (``--base-port``, default 18470, and the 
 - nginx (Debian ``/usr/sbin/nginx``, one worker, an upstream block with ``keepalive``,
   ``proxy_http_version 1.1``, ``proxy_buffering off`` and ``proxy_request_buffering off``, no
   access log) in front of the same simulator;
-- this open-loop client (aiohttp): ``--rps`` requests a second (200) whatever the answers do,
-  each body distinct (its prompt numbers it), so sampling by a stable hash of the request picks
-  ``probability`` of them and the shadow side runs at its cap (200 x 0.05 = 10 sampled a second
-  against a cap of 5).
+- this open-loop client (aiohttp): each of ``--rps`` requests a second (50 and 200) whatever
+  the answers do, each body distinct (its prompt numbers it), so sampling by a stable hash of
+  the request picks ``probability`` of them and the shadow side runs at its cap at every rate
+  (50 x 0.2 = 10 sampled a second against a cap of 5).
 
 Each window sends one kind (``json``: a completion answered with one JSON body; ``sse``: the
-same with ``"stream": true``) through one path (``specwatch``, ``nginx``, and ``direct`` unless
-``--no-direct``) for ``--seconds``; windows are interleaved in rounds, the path order rotating
-each round, so drift on a shared machine hits every path alike. Over each window it reads the
-CPU (user + system, ``/proc/PID/stat``) of the whole sidecar process tree (``specwatch run``, its
-proxy process and every other descendant) and of nginx's master and workers. Latency is clocked
+same with ``"stream": true``) at one rate through one path (``specwatch``, ``nginx``, and
+``direct`` unless ``--no-direct``) for ``--seconds``; windows are interleaved in rounds, the
+path order rotating each round, so drift on a shared machine hits every path alike. Over each
+window it reads the CPU (user + system, ``/proc/PID/stat``) of the whole sidecar process tree
+(``specwatch run`` and any descendant) and of nginx's master and workers. Latency is clocked
 from the client's first byte sent (aiohttp's ``on_request_headers_sent``) to the first and to the
 last byte of the answer; how late each send left against the open-loop schedule is reported
 apart (``lag``: the client's own stalls, which a closed-loop or late clock hides).
 
-Printed: CPU per request of each path and kind and the ratio specwatch / nginx, the sidecar's
-CPU split by process, latency percentiles (first byte and whole answer), the replays a second the
+Printed: per rate, kind and path, latency percentiles (first byte and whole answer) and what
+each proxy adds to them against ``direct`` in the same rounds, CPU per request of each path
+and the ratio specwatch / nginx, the replays a second the
 shadow side made during specwatch's windows (and its drops by reason: ``rate_limit`` is the cap
 at work), and the load average before and after.
 
-Run from the repository root (about 2 minutes with the defaults)::
+Run from the repository root (about 4 minutes with the defaults)::
 
     PYTHONPATH=. python bench/bench_proxy.py
-    PYTHONPATH=. python bench/bench_proxy.py --rounds 6 --seconds 5 --json
+    PYTHONPATH=. python bench/bench_proxy.py --rps 200 --rounds 6 --seconds 5 --json
     PYTHONPATH=. python bench/bench_proxy.py --profile-main /tmp/main.pstats  # cProfile the
-    # sidecar's main process (the shadow side; the proxy process is not profiled)
+    # sidecar's process (the proxy and the shadow side share it)
 """
 
 from __future__ import annotations
@@ -70,8 +72,6 @@ PATHS = ("specwatch", "before", "nginx", "direct")
 #: The paths whose proxy is a sidecar process tree (``before``: the sidecar of ``--before DIR``).
 SIDECARS = ("specwatch", "before")
 KINDS = ("json", "sse")
-#: Kept for ``bench/profile_proxy.py`` (one fixed body, sequential requests).
-PLAIN_BODY = {"model": MODEL, "prompt": "bench", "max_tokens": 16}
 #: ``--profile-main``: ``specwatch ARGS`` under cProfile timed by the process's CPU clock (not
 #: the wall clock, which would charge a busy machine's preemptions to whatever ran), dumped on exit.
 PROFILE_MAIN = """
@@ -138,15 +138,17 @@ class Ports:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The bench's command line (``argv``: ``None`` reads ``sys.argv``)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--rps", type=float, default=200.0, help="requests a second (open loop)")
-    ap.add_argument("--seconds", type=float, default=4.0, help="length of one window")
+    ap.add_argument(
+        "--rps", type=float, nargs="+", default=[50.0, 200.0], help="request rates (open loop)"
+    )
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of one window")
     ap.add_argument("--rounds", type=int, default=4, help="rounds of every path and kind")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds per path before round 1")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--no-direct", action="store_true", help="skip the direct path")
     ap.add_argument("--base-port", type=int, default=18470, help="first of five fixed ports")
     ap.add_argument("--cap", type=float, default=5.0, help="shadow.max_shadow_rps")
-    ap.add_argument("--probability", type=float, default=0.05, help="shadow.sample_probability")
+    ap.add_argument("--probability", type=float, default=0.2, help="shadow.sample_probability")
     ap.add_argument("--max-tokens", type=int, default=16, help="max_tokens of every request")
     ap.add_argument(
         "--scrape-interval", type=float, default=5.0, help="the sidecar's scrape interval (s)"
@@ -170,7 +172,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
-    if args.rps <= 0 or args.seconds <= 0 or args.rounds < 1:
+    if min(args.rps) <= 0 or args.seconds <= 0 or args.rounds < 1:
         ap.error("--rps and --seconds must be positive and --rounds at least 1")
     if not 1024 <= args.base_port <= 65528:
         ap.error("--base-port must be in 1024..65528")
@@ -295,14 +297,8 @@ def tree_cpu(root: int) -> dict[int, float]:
 
 
 def role_of(pid: int, root: int) -> str:
-    """``main`` (the sidecar), ``proxy`` (its multiprocessing spawn child) or ``other``."""
-    if pid == root:
-        return "main"
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "other"
-    return "proxy" if b"spawn_main" in cmd else "other"
+    """``main`` (the sidecar or nginx's master) or ``other`` (a descendant)."""
+    return "main" if pid == root else "other"
 
 
 @dataclass
@@ -459,16 +455,16 @@ def tracing() -> Any:
 
 
 async def open_loop(
-    session: Any, url: str, kind: str, args: argparse.Namespace, first_n: int
+    session: Any, url: str, kind: str, args: argparse.Namespace, first_n: int, rps: float
 ) -> tuple[list[Sample], list[str]]:
     """``rps`` requests a second for ``seconds``, each sent at its time whatever the answers."""
-    n = int(args.rps * args.seconds)
+    n = int(rps * args.seconds)
     out: list[Sample] = []
     errors: list[str] = []
     start = time.perf_counter() + 0.02
     tasks = []
     for i in range(n):
-        due = start + i / args.rps
+        due = start + i / rps
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -526,6 +522,7 @@ class Window:
 
     path: str
     kind: str
+    rps: float
     samples: list[Sample]
     errors: list[str]
     cpu: float  # CPU seconds of the path's proxy (a sidecar's tree; nginx master + workers)
@@ -570,31 +567,34 @@ async def measure(
         for path in paths:
             await until_ready(f"http://127.0.0.1:{ports.path_port(path)}/health")
         warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
+        top = max(args.rps)
         for path in paths:
             url = f"http://127.0.0.1:{ports.path_port(path)}/v1/completions"
-            await open_loop(s, url, "json", warm, n)
-            n += int(args.rps * args.warmup)
+            await open_loop(s, url, "json", warm, n, top)
+            n += int(top * args.warmup)
         await asyncio.sleep(SETTLE_SECONDS)
         shadow0 = {p: await shadow_counts(s, ports.sidecar(p)[0]) for p in stack.sidecars}
         for r in range(args.rounds):
             order = paths[r % len(paths) :] + paths[: r % len(paths)]
-            for kind in args.kinds:
+            for rps, kind in ((rps, kind) for rps in args.rps for kind in args.kinds):
                 for path in order:
                     url = f"http://127.0.0.1:{ports.path_port(path)}/v1/completions"
                     root = roots.get(path, 0)
                     cpu0, side0 = tree_cpu(root), tree_cpu(roots["specwatch"])
                     up0 = sum(tree_cpu(upstream).values())
                     t0 = time.perf_counter()
-                    got, errors = await open_loop(s, url, kind, args, n)
+                    got, errors = await open_loop(s, url, kind, args, n, rps)
                     seconds = time.perf_counter() - t0
                     cpu1, side1 = tree_cpu(root), tree_cpu(roots["specwatch"])
                     up1 = sum(tree_cpu(upstream).values())
-                    n += int(args.rps * args.seconds)
+                    n += int(rps * args.seconds)
                     by_role = cpu_delta(cpu0, cpu1, root) if root else {}
                     sidecar = sum(cpu_delta(side0, side1, roots["specwatch"]).values())
                     cpu = sum(by_role.values())
                     windows.append(
-                        Window(path, kind, got, errors, cpu, by_role, sidecar, up1 - up0, seconds)
+                        Window(
+                            path, kind, rps, got, errors, cpu, by_role, sidecar, up1 - up0, seconds
+                        )
                     )
         await asyncio.sleep(SETTLE_SECONDS)
         for p, before in shadow0.items():
@@ -624,10 +624,10 @@ def summarise(
     per-round ratios; each sidecar's shadow counters a second of its windows (as scheduled:
     ``--seconds`` each, the answers' tail not counted)."""
     out: dict[str, Any] = {"kinds": {}}
-    for kind in args.kinds:
+    for rps, kind in ((rps, kind) for rps in args.rps for kind in args.kinds):
         per: dict[str, Any] = {}
         for path in paths_of(args):
-            ws = [w for w in windows if w.kind == kind and w.path == path]
+            ws = [w for w in windows if w.kind == kind and w.path == path and w.rps == rps]
             samples = [x for w in ws for x in w.samples]
             req = len(samples) + sum(len(w.errors) for w in ws)
             first = [1e3 * x.first for x in samples]
@@ -678,7 +678,21 @@ def summarise(
                 "pooled": x / y if x and y else None,
                 "round_median": quantile(rounds, 0.5) if rounds else None,
             }
-        out["kinds"][kind] = {"paths": per, "cpu_ratios": ratios}
+        added: dict[str, Any] = {}
+        if "direct" in per:
+            base = per["direct"]
+            for path, row in per.items():
+                if path != "direct":
+                    added[path] = {
+                        f"{edge}_{q}": row[f"{edge}_byte_ms"][q] - base[f"{edge}_byte_ms"][q]
+                        for edge in ("first", "last")
+                        for q in ("p50", "p99")
+                    }
+        out["kinds"][f"{rps:g}/s {kind}"] = {
+            "paths": per,
+            "cpu_ratios": ratios,
+            "added_ms": added,
+        }
     out["shadow_per_second"] = {}
     for path, counts in shadow.items():
         secs = args.seconds * sum(1 for w in windows if w.path == path)  # as scheduled
@@ -694,7 +708,7 @@ def print_table(res: dict[str, Any]) -> None:
     """The summary as text."""
     print(res["header"])
     print(
-        f"{'kind':<5}{'path':<10}{'req':>6}{'err':>5}{'cpu us':>8}{'first p50':>10}"
+        f"{'rate kind':<12}{'path':<10}{'req':>6}{'err':>5}{'cpu us':>8}{'first p50':>10}"
         f"{'first p99':>10}{'last p50':>9}{'last p99':>9}{'max':>8}{'lag p99':>8}"
         f"{'sidecar/s':>10}{'up us':>7}"
     )
@@ -702,7 +716,7 @@ def print_table(res: dict[str, Any]) -> None:
         for path, r in k["paths"].items():
             cpu = r["cpu_us_per_request"]
             print(
-                f"{kind:<5}{path:<10}{r['requests']:>6}{r['errors']:>5}"
+                f"{kind:<12}{path:<10}{r['requests']:>6}{r['errors']:>5}"
                 f"{'-' if cpu is None else f'{cpu:.0f}':>8}"
                 f"{r['first_byte_ms']['p50']:>10.2f}{r['first_byte_ms']['p99']:>10.2f}"
                 f"{r['last_byte_ms']['p50']:>9.2f}{r['last_byte_ms']['p99']:>9.2f}"
@@ -720,6 +734,13 @@ def print_table(res: dict[str, Any]) -> None:
                 f"  {kind}: CPU per request {name} = "
                 f"{'-' if pooled is None else f'{pooled:.2f}'}x pooled, "
                 f"{'-' if median is None else f'{median:.2f}'}x round median"
+            )
+    print("added against direct (ms): first byte p50 / p99, last byte p50 / p99")
+    for kind, k in res["kinds"].items():
+        for path, a in k["added_ms"].items():
+            print(
+                f"  {kind:<12}{path:<10}{a['first_p50']:+7.2f} {a['first_p99']:+7.2f}"
+                f"   {a['last_p50']:+7.2f} {a['last_p99']:+7.2f}"
             )
     for kind, k in res["kinds"].items():
         for path, r in k["paths"].items():
@@ -798,7 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     res["load_average"] = {"before": load0, "after": load1}
     res["header"] = (
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, aiohttp {aiohttp.__version__}; {args.rps:g} requests/s, "
+        f"{platform.python_version()}, aiohttp {aiohttp.__version__}; "
+        f"{' and '.join(f'{r:g}' for r in args.rps)} requests/s, "
         f"{args.rounds} rounds x {args.seconds:g} s per path and kind; sampling "
         f"{args.probability:g}, cap {args.cap:g} replays/s; load average {load0[0]:.2f} before, "
         f"{load1[0]:.2f} after"
@@ -808,29 +830,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print_table(res)
     return 0
-
-
-# kept for bench/profile_proxy.py
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_port(port: int, limit: float = 20.0) -> None:
-    """Wait until something accepts TCP connections on 127.0.0.1:``port``."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.1)
-            continue
-        w.close()
-        await w.wait_closed()
-        return
-    raise RuntimeError(f"port {port} did not open")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ async def run_one(
                 pipe = comp.pipeline
                 if pipe is not None and pipe.canary is not None and pipe.canary.passes == 1:
                     m = pipe.metrics()
-                    compared = sum(comp.counters.by_status().values())
+                    compared = sum(comp.statistics.counters.by_status().values())
                     if m.queue_depth == 0 and compared == m.admitted:
                         break
                 await asyncio.sleep(0.2)

@@ -18,6 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/venv.sh"
 
 LM_EVAL_REQUIREMENT="lm-eval[api]==0.4.13"
 LM_EVAL_VERSION="0.4.13"
+VENV_CONSTRAINTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/requirements/lm-eval-constraints.txt"
 VENV_LOG_NAME=setup_lm_eval
 VENV="${SPECWATCH_LM_EVAL_VENV:-$HOME/.cache/specwatch/venv-lm-eval}"
 BASE_PYTHON="${SPECWATCH_LM_EVAL_BASE_PYTHON:-python3}"

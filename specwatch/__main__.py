@@ -1,7 +1,10 @@
 """Command-line entry point: ``specwatch <command>`` and ``python -m specwatch``.
 
-Each subcommand lives in its own module under :mod:`specwatch.cli` and exposes
-``add_parser(subparsers) -> None`` and ``main(args: argparse.Namespace) -> int``.
+Each subcommand lives in its own module and exposes ``add_parser(subparsers) -> None`` and
+``main(args: argparse.Namespace) -> int``: the sidecar's commands (``run``, ``analyze``,
+``power``) and the simulator's and demo's under :mod:`specwatch.cli`, the offline tools'
+(doctor, advise, fleet, report, paired-test, bench-result, record, replay) under
+:mod:`specwatch.tools`.
 A module that is not importable (an optional extra missing) is skipped with a note.
 
 Start-up is kept short: :func:`main` imports only the module of the subcommand on the command
@@ -14,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
-import importlib.util
 import re
 import sys
 from collections.abc import Sequence
@@ -24,40 +25,46 @@ from typing import NoReturn, Protocol, cast
 from specwatch import __version__
 
 #: The one table of subcommands, in the order ``--help`` lists them: module under
-#: :mod:`specwatch.cli` → (command name, one-line help), exactly as the module's ``add_parser``
+#: :mod:`specwatch` → (command name, one-line help), exactly as the module's ``add_parser``
 #: registers it (a test checks they agree), so ``--help`` lists every command without imports.
 HELP: dict[str, tuple[str, str]] = {
-    "run": ("run", "scrape vLLM servers and export speculative-decoding health"),
-    "analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
-    "replay": ("replay", "run every detector over saved /metrics timelines (offline)"),
-    "record": ("record", "save running servers' /metrics as timelines for replay"),
-    "advise": (
+    "cli.run": ("run", "scrape vLLM servers and export speculative-decoding health"),
+    "cli.analyze": ("analyze", "derive spec-decode health from saved /metrics bodies"),
+    "tools.offline.replay": (
+        "replay",
+        "run every detector over saved /metrics timelines (offline)",
+    ),
+    "tools.offline.record": ("record", "save running servers' /metrics as timelines for replay"),
+    "tools.advise.command": (
         "advise",
         "τ for every smaller K and the token budget per K, from saved /metrics bodies",
     ),
-    "simulate": (
+    "cli.simulate": (
         "simulate",
         "run a simulated vLLM server with speculative decoding (standard, FLy or baseline)",
     ),
-    "demo": (
+    "cli.demo": (
         "demo",
         "run a simulated standard + FLy pair with live traffic and the sidecar (no GPU)",
     ),
-    "paired_test": (
+    "tools.offline.paired_test": (
         "paired-test",
         "exact McNemar + non-inferiority on per-item correctness of two runs",
     ),
-    "power": (
+    "cli.power": (
         "power",
         "questions needed to detect a net accuracy loss with a paired McNemar test",
     ),
-    "report": ("report", "HTML report with plots from the pair ledger (needs the 'report' extra)"),
-    "fleet": (
+    "tools.report.command": (
+        "report",
+        "HTML report with plots from the pair ledger (needs the 'report' extra)",
+    ),
+    "tools.fleet.command": (
         "fleet",
         "fleet-wide paired statistics per model from the sidecars' counters in Prometheus",
     ),
-    "doctor": ("doctor", "say why a specwatch dashboard would be empty"),
-    "bench_result": (
+    "tools.doctor.command": ("doctor", "say why a specwatch dashboard would be empty"),
+    "tools.offline.bench_result": (
         "bench-result",
         "the minimum spec-decode table from vllm bench serve result files",
     ),
@@ -123,11 +130,15 @@ class _CommandModule(Protocol):
 
 
 def _import_command(name: str) -> _CommandModule | None:
-    """The module ``specwatch.cli.<name>``; ``None`` when it does not exist (not built yet)."""
+    """The module ``specwatch.<name>``; ``None`` when it does not exist (not built yet)."""
+    module = f"specwatch.{name}"
     try:
-        return cast(_CommandModule, importlib.import_module(f"specwatch.cli.{name}"))
+        # ``__import__`` (the import statement's path), not ``importlib.import_module``: only
+        # the former is timed by ``-X importtime``, which tests/test_runtime_imports.py reads.
+        __import__(module)
+        return cast(_CommandModule, sys.modules[module])
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.startswith("specwatch.cli"):
+        if exc.name is not None and (module + ".").startswith(exc.name + "."):
             return None
         raise
 
@@ -156,7 +167,8 @@ def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
     a module name from :data:`COMMANDS` imports only that one; ``None`` imports none. A command
     whose module is not imported gets a stub entry (name and help from :data:`HELP`, so
     ``--help`` lists it the same way), which is only valid for listing, never for parsing its
-    arguments. Modules that do not exist are left out.
+    arguments. Nothing of a command not chosen is imported, not even its package (so
+    ``specwatch run`` loads no tool's ``__init__``).
     """
     parser, sub = _top_parser()
     for name in COMMANDS:
@@ -165,8 +177,6 @@ def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
             if module is not None:
                 module.add_parser(sub)
             continue
-        if importlib.util.find_spec(f"specwatch.cli.{name}") is None:
-            continue  # subcommand not built yet
         command, help_text = HELP[name]
         sub.add_parser(command, help=help_text)
     return parser

@@ -71,15 +71,30 @@ class ServerSettings(Frozen):
     ``shutdown_timeout_seconds``; ``pod`` says whether that fits the pod's grace period."""
 
     host: str = "0.0.0.0"
+    """Address the main listener (`/metrics`, `/healthz`, `/readyz`, `/api/v1/snapshot`)
+    binds; `127.0.0.1` keeps it inside the pod."""
     port: int = Field(default=9477, ge=0, le=65535)
+    """Port of the main listener; 0 picks a free port."""
     header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A client must send its whole request head within this many seconds, or the connection
+    is closed (all specwatch listeners)."""
     body_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Longest pause, in seconds, allowed while a client sends a request body."""
     body_deadline_seconds: float = Field(default=120.0, gt=0)
+    """A request body must arrive whole within this many seconds, however steadily it
+    trickles."""
     max_connections: int = Field(default=1024, ge=1)
+    """Most connections open at once per listener; more get 503 and are closed."""
     max_connections_per_client: int = Field(default=512, ge=1)
+    """Most open connections from one client address; more are answered 503. Lower it if one
+    client can crowd out the others."""
     json_max_depth: int = Field(default=64, ge=1, le=10000)
+    """Deepest nesting accepted in a JSON request body; deeper bodies get 400 `too_deep`."""
     keepalive_timeout_seconds: float = Field(default=15.0, gt=0)
+    """Idle keep-alive connections are closed after this many seconds."""
     shutdown_timeout_seconds: float = Field(default=10.0, gt=0)
+    """On SIGTERM, specwatch drains streams and replays, saves its state and exits within
+    this many seconds; keep it below the pod's grace period (see `pod`)."""
 
     @property
     def limits(self) -> ListenLimits:
@@ -97,10 +112,12 @@ class ServerSettings(Frozen):
 
 class LogSettings(Frozen):
     """Log level and format (``json`` one object per line, or ``plain``), for every process of
-    ``specwatch run`` (the proxy process too) and the configuration warnings it logs at start."""
+    ``specwatch run`` and the configuration warnings it logs at start."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Least severe log level written: `DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
     format: Literal["json", "plain"] = "json"
+    """`json`: one JSON object per line (for log collectors); `plain`: text for a terminal."""
 
     @field_validator("level", mode="before")
     @classmethod
@@ -142,19 +159,40 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
+        use_attribute_docstrings=True,
     )
 
     targets: tuple[TargetSettings, ...] = ()
+    """The vLLM (or SGLang) servers to scrape, each a mapping with the keys listed under
+    `targets[]`; in the environment a JSON list."""
     windows: Annotated[tuple[str, ...], NoDecode] = ("1m", "5m", "15m")
+    """Rolling windows the observe gauges are computed over (durations such as `1m`, `5m`;
+    `since_start` is always added)."""
     scrape: ScrapeSettings = ScrapeSettings()
+    """How often and how much specwatch reads each target's `/metrics`, and how many series
+    one target may make it keep."""
     server: ServerSettings = ServerSettings()
+    """The main listener (metrics, health, snapshot) and the limits every specwatch listener
+    applies to its clients."""
     log: LogSettings = LogSettings()
+    """Log level and format of every specwatch process."""
     alerting: AlertingSettings = AlertingSettings()
+    """Delivery of alerts to Alertmanager: where, with what credentials, how often, and the
+    labels that say which pod sent them."""
     detect: DetectSettings = DetectSettings()
+    """Thresholds and `for` durations of the built-in detectors. The defaults equal the
+    constants of the shipped Prometheus rules (`deploy/`); change both together."""
     shadow: ShadowSettings = ShadowSettings()
+    """Shadow replay: which requests are copied (sampling, quotas, load-aware pause), where
+    they come from (mirror, proxy, canary) and the arms they are replayed to."""
     ledger: LedgerSettings = LedgerSettings()
+    """The SQLite ledger of paired outcomes: where it lives and how much of it is kept."""
     paired: PairedSettings = PairedSettings()
+    """The paired statistics over the ledger: test level, margin, windows and how often they
+    are published."""
     pod: PodSettings = PodSettings()
+    """The pod's termination settings as its manifest sets them, so specwatch can check at
+    start that its shutdown fits the grace period."""
 
     @model_validator(mode="before")
     @classmethod
@@ -399,12 +437,30 @@ def close_field(loc: Sequence[int | str], root: type[BaseModel] | None = None) -
     return match[0] if match else None
 
 
+#: Settings that existed once and are fixed inside specwatch now: path → what replaced them.
+#: An old config file or environment that still sets one fails with this line, not with a
+#: guess at a near name.
+REMOVED_SETTINGS: Mapping[str, str] = {
+    "alerting.lease_factor": "the endsAt lease is always 4 x max(resend, evaluation interval)",
+    "alerting.retry_initial_backoff": "retries wait 0.5 s, doubling",
+    "alerting.retry_max_backoff": "retries wait at most 8 s",
+    "shadow.pause_poll_seconds": "a load pause is re-checked every 0.5 s",
+    "shadow.proxy_own_thread": "the proxy runs on the sidecar's event loop (aiohttp)",
+    "shadow.proxy_own_process": "the proxy runs in the sidecar's process (aiohttp)",
+    "shadow.proxy_uvloop": "the proxy runs on the sidecar's event loop (aiohttp)",
+}
+
+
 def format_validation_error(exc: ValidationError) -> str:
     """One line naming the first failing field: ``config error: targets.0.url: must be ...``;
-    an unknown field names the closest known one (``did you mean 'targets'?``)."""
+    an unknown field names the closest known one (``did you mean 'targets'?``), a removed one
+    (:data:`REMOVED_SETTINGS`) says it is no longer a setting."""
     first = exc.errors()[0]
     msg = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
+    removed = REMOVED_SETTINGS.get(_loc(first["loc"]))
+    if first["type"] == "extra_forbidden" and removed is not None:
+        msg = f"no longer a setting ({removed}); remove it"
+    elif first["type"] == "extra_forbidden":
         near = close_field(first["loc"])
         msg = "unknown setting" + (f"; did you mean {near!r}?" if near else "")
     return f"config error: {_loc(first['loc'])}: {msg}"

@@ -27,7 +27,6 @@ MAX_MODULE_LINES = 900
 LAYERS = (
     "core",
     "vllm",
-    "http1",
     "observe",
     "shadow",
     "alerts",
@@ -37,7 +36,7 @@ LAYERS = (
     "demo",
     "cli",
     "simulate",
-    "report",
+    "tools",
 )
 
 

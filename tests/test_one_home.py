@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from specwatch.alerts import conditions, rules
-from specwatch.cli.paired_test import _table, paired_report
 from specwatch.core import config as core_config
 from specwatch.core import roles, wire
 from specwatch.core.numbers import exp_or_inf, finite_or_none
@@ -20,6 +19,7 @@ from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.stats import paired
 from specwatch.shadow.stats.paired import PairedCounts
 from specwatch.simulate import config as sim_config
+from specwatch.tools.offline.paired_test import _table, paired_report
 from tests.fakes import REPO
 from tests.shadow.stats.eprocess_reference import count_form
 

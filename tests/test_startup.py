@@ -25,14 +25,18 @@ HEAVY = ("scipy", "numpy", "matplotlib", "rapidfuzz", "aiohttp")
 
 
 def _loaded_after(code: str) -> dict[str, list[str]]:
-    """Which of HEAVY (and of the subcommand modules) a fresh interpreter has after ``code``."""
+    """Which of HEAVY (and of the subcommand modules: under ``specwatch.cli`` or a tool's
+    command) a fresh interpreter has after ``code``."""
     probe = (
         "import sys, json\n"
         + code
         + "\nnames = list(sys.modules)\n"
         + "print(json.dumps({'heavy': sorted(m for m in names if m.split('.')[0] in "
         + repr(HEAVY)
-        + "), 'cli': sorted(m for m in names if m.startswith('specwatch.cli.'))}))\n"
+        + "), 'cli': sorted(m for m in names if m.startswith('specwatch.cli.')"
+        + " or m.removeprefix('specwatch.') in "
+        + repr(tuple(entry.HELP))
+        + ")}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
@@ -105,14 +109,14 @@ def test_help_table_matches_modules() -> None:
     full = entry.build_parser()
     assert _subparser_help(full) == [entry.HELP[name] for name in entry.COMMANDS]
     assert entry.build_parser(load=None).format_help() == full.format_help()
-    assert entry.build_parser(load="analyze").format_help() == full.format_help()
+    assert entry.build_parser(load="cli.analyze").format_help() == full.format_help()
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["analyze", "a.txt"], "analyze"),
-        (["paired-test", "a", "b"], "paired_test"),
+        (["analyze", "a.txt"], "cli.analyze"),
+        (["paired-test", "a", "b"], "tools.offline.paired_test"),
         (["-h"], None),
         (["--version"], None),
         ([], None),

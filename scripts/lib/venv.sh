@@ -13,15 +13,43 @@
 #   venv_probe     exit status 0 when "$VENV/bin/python" has what the venv is for (output is discarded)
 #   venv_install   the install steps, each through `venv_pip ARGS...`
 #   venv_prepare   optional: runs under the lock before a build (e.g. install the base interpreter)
+# Every pip install in the venv takes `-c "$VENV_CONSTRAINTS"` when the caller sets it (a pip
+# constraints file with exact pins); venv_pinned then tells whether the venv still holds those pins.
 # venv_setup prints the venv's python path as the last line of stdout and exits the script:
 # 0 when the venv is usable, 1 when a pip step or the final probe fails (pip's log tail on stderr).
 
 venv_log() { echo "$VENV_LOG_NAME: $*" >&2; }
 
+# 0 when every package pinned in $VENV_CONSTRAINTS (or none set) is installed in the venv at its pin;
+# a venv built before the pins changed is then rebuilt instead of reused.
+venv_pinned() {
+  [[ -n "${VENV_CONSTRAINTS:-}" ]] || return 0
+  "$VENV/bin/python" - "$VENV_CONSTRAINTS" <<'PY'
+import importlib.metadata as md
+import re
+import sys
+
+wrong = []
+with open(sys.argv[1], encoding="utf-8") as f:
+    for line in f:
+        pin = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)", line.split("#", 1)[0].strip())
+        if pin is None:
+            continue
+        try:
+            version = md.version(pin[1])
+        except md.PackageNotFoundError:
+            version = None
+        if version != pin[2]:
+            wrong.append(f"{pin[1]} {version} (pinned {pin[2]})")
+if wrong:
+    sys.exit("not at the pinned versions: " + ", ".join(wrong))
+PY
+}
+
 # 0 when the stamp is there and the venv's python passes the caller's probe.
 venv_ok() {
   [[ -f "$VENV_STAMP" && -x "$VENV/bin/python" ]] || return 1
-  venv_probe >/dev/null 2>&1
+  venv_probe >/dev/null 2>&1 && venv_pinned >/dev/null 2>&1
 }
 
 venv_reuse_if_ok() {
@@ -35,7 +63,11 @@ venv_reuse_if_ok() {
 # pip inside the venv, output to $VENV/pip-install.log; on failure the log's tail and exit 1.
 venv_pip() {
   local install_log="$VENV/pip-install.log"
-  if ! "$VENV/bin/python" -m pip "$@" >>"$install_log" 2>&1; then
+  local pins=()
+  if [[ "$1" == install && -n "${VENV_CONSTRAINTS:-}" ]]; then
+    pins=(-c "$VENV_CONSTRAINTS")
+  fi
+  if ! "$VENV/bin/python" -m pip "$@" "${pins[@]}" >>"$install_log" 2>&1; then
     tail -n 40 "$install_log" >&2
     venv_log "pip $* failed; full log in $install_log"
     exit 1

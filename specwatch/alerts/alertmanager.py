@@ -6,7 +6,7 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
   endsAt, generatorURL}``; ``labels`` identify an alert (``alertname`` required), annotations
   are last-received-wins (``summary``, ``description``, ``runbook_url``).
 * ``startsAt`` is fixed for the life of an alert; every (re)send carries ``endsAt = now + lease``
-  with ``lease = lease_factor * max(resend_interval, evaluation_interval)`` (Prometheus uses 4x),
+  with ``lease = LEASE_FACTOR * max(resend_interval, evaluation_interval)`` (4, as Prometheus),
   so Alertmanager resolves on its own if specwatch dies; a cleared alert is sent once with
   ``endsAt = now`` (resolution time).
 * Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*`` under stable names, and an empty
@@ -49,6 +49,11 @@ from specwatch.alerts.settings import (
 from specwatch.alerts.values import SEND_ERROR_REASONS, AlertingState, FiringAlert
 from specwatch.core.clock import SYSTEM_WALL, WallClock, format_rfc3339
 from specwatch.core.logs import log_event, redact_url
+
+#: The first retry of a failed send waits this many seconds; each further one twice as long.
+RETRY_INITIAL_BACKOFF_SECONDS = 0.5
+#: No retry waits longer than this many seconds.
+RETRY_MAX_BACKOFF_SECONDS = 8.0
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -302,8 +307,9 @@ class AlertSender:
     """Posts deliveries to every configured Alertmanager, each with its own outbox.
 
     A send is one ``POST``; connection errors, timeouts and 5xx are retried up to
-    ``max_attempts`` with exponential backoff (``retry_initial_backoff * 2**n`` capped at
-    ``retry_max_backoff``) through the injected ``sleep``; what still fails stays in the outbox
+    ``max_attempts`` with exponential backoff (:data:`RETRY_INITIAL_BACKOFF_SECONDS`
+    ``* 2**n`` capped at :data:`RETRY_MAX_BACKOFF_SECONDS`) through the injected ``sleep``;
+    what still fails stays in the outbox
     for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
     dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx).
     One flush of one Alertmanager is cut off after ``evaluation_interval`` seconds (counted as
@@ -376,14 +382,14 @@ class AlertSender:
     async def _attempts(
         self, endpoint: str, body: list[dict[str, Any]], outbox: Outbox, pending: list[Delivery]
     ) -> None:
-        delay = self._settings.retry_initial_backoff
+        delay = RETRY_INITIAL_BACKOFF_SECONDS
         for attempt in range(1, self._settings.max_attempts + 1):
             outcome = await self._post(endpoint, body)
             if outcome in ("ok", "http_4xx"):  # a 4xx cannot succeed on resend: drop the batch
                 outbox.remove(pending)
                 return
             if attempt < self._settings.max_attempts:
-                await self._sleep(min(delay, self._settings.retry_max_backoff))
+                await self._sleep(min(delay, RETRY_MAX_BACKOFF_SECONDS))
                 delay *= 2
 
     async def _post(self, endpoint: str, body: list[dict[str, Any]]) -> str:

@@ -40,7 +40,7 @@ from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.observe.values import ObserveView
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 
 __all__ = ["AlertInputs", "AlertingComponent", "missing_windows"]
 

@@ -19,7 +19,7 @@ from specwatch.alerts.rules import (
 )
 from specwatch.alerts.settings import DetectSettings
 from specwatch.observe.values import ObserveView
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 
 __all__ = ["Detector", "ForTracker", "evaluate", "for_seconds"]
 

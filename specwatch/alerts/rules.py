@@ -2,7 +2,7 @@
 
 :func:`candidates` takes the observe chain's :class:`~specwatch.observe.values.ObserveView`
 (targets and FLy/standard pair views) and the shadow chain's
-:class:`~specwatch.shadow.summary.ShadowStats` (or ``None``), never the published snapshot, and
+:class:`~specwatch.shadow.published.ShadowStats` (or ``None``), never the published snapshot, and
 calls the pure conditions of :mod:`specwatch.alerts.conditions` per target, model, engine,
 window and category. It is pure: values in, :class:`~specwatch.alerts.alert.Alert` list out.
 """
@@ -32,8 +32,8 @@ from specwatch.core.config import OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
+from specwatch.shadow.published import PairedSummary, ShadowStats
 from specwatch.shadow.stats.sequential import alarm
-from specwatch.shadow.summary import PairedSummary, ShadowStats
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
 

@@ -5,7 +5,7 @@ timestamp format sent to Alertmanager and shown in ``/api/v1/snapshot``.
 times, ``received_at``. :class:`MonotonicClock` returns seconds from an arbitrary origin
 (``time.monotonic``) of which only differences mean anything: latencies, token buckets,
 staleness, rate limits. Production passes :data:`SYSTEM_WALL` and :data:`SYSTEM_MONOTONIC`;
-tests pass fakes (``tests/fakes.py``).
+tests pass fakes (``tests/fakes/``).
 
 Both are called the same way (``clock() -> float``), so a bare callable would let one stand in
 for the other unnoticed. Each protocol therefore also requires a ``kind`` marker of its own

@@ -10,4 +10,6 @@ class Frozen(BaseModel):
     """Immutable, unknown fields are an error (a typo in a config file fails loudly), and a
     float setting must be finite (`.inf` or `.nan` for a duration or rate is a config error)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True
+    )

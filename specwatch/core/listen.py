@@ -46,23 +46,20 @@ __all__ = [
 
 logger = logging.getLogger("specwatch.listen")
 
-#: The longest request line and header field the aiohttp listeners (main, mirror) accept:
-#: aiohttp's own 8,190 bytes refuse a real 12 KB JWT bearer token with ``400``. The proxy caps
-#: the whole head at 64 KiB instead (``specwatch.http1.framing.MAX_HEAD_BYTES``).
+#: The longest request line and header field the listeners (main, mirror, proxy) accept:
+#: aiohttp's own 8,190 bytes refuse a real 12 KB JWT bearer token with ``400``.
 MAX_FIELD_BYTES = 32 << 10
 
 #: Why a listener refused a connection or request (``specwatch_listener_refused_total{reason}``,
 #: every one exported from 0): a request head aiohttp cannot parse, a request body that
 #: stopped arriving or was not whole by its deadline, a client over its share of the
-#: connections, a connection over ``max_connections``, no complete head in time, a request
-#: head over the proxy's cap (``431``).
+#: connections, a connection over ``max_connections``, no complete head in time.
 RefusalReason = Literal[
     "bad_request",
     "body_timeout",
     "client_share",
     "connection_limit",
     "header_timeout",
-    "header_too_large",
 ]
 #: Every :data:`RefusalReason`, in that order.
 REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)

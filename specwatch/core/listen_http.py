@@ -235,5 +235,7 @@ def body_timeout_middleware(limits: ListenLimits, stats: ListenerStats) -> Middl
         finally:
             if not task.done():
                 task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved: a handler failing as its client left is no error
 
     return guard

@@ -18,7 +18,6 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -171,12 +170,10 @@ def setup_logging(
     also writes aiohttp's and asyncio's records (:data:`LIBRARY_LOGGERS`, level WARNING), which
     otherwise reach stderr unformatted and unmasked (aiohttp echoes a bad request's header
     lines, ``Authorization`` included)."""
-    global _CURRENT
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
     masking = SecretFilter(secrets)
     handler.addFilter(masking)
-    _CURRENT = (level, fmt, masking)
     for name in ("specwatch", *LIBRARY_LOGGERS):
         lg = logging.getLogger(name)
         for old in list(lg.handlers):
@@ -191,29 +188,6 @@ def setup_logging(
         lib = logging.getLogger(name)
         if lib.level == logging.NOTSET:
             lib.setLevel(logging.WARNING)
-
-
-@dataclass(frozen=True, slots=True)
-class LogSetup:
-    """What :func:`setup_logging` was given (level, format, masked secrets), to set up a child
-    process's logging the same way: ``setup_logging(s.level, s.fmt, secrets=s.secrets)``."""
-
-    level: str
-    fmt: str
-    secrets: tuple[str, ...] = ()
-
-
-#: The last :func:`setup_logging` call's level, format and secret filter (``None`` before).
-_CURRENT: tuple[str, str, SecretFilter] | None = None
-
-
-def current_setup() -> LogSetup | None:
-    """The logging this process set up (secrets added since included), ``None`` when
-    :func:`setup_logging` was never called."""
-    if _CURRENT is None:
-        return None
-    level, fmt, masking = _CURRENT
-    return LogSetup(level, fmt, masking.secrets)
 
 
 _SECRET_PATTERNS: tuple[re.Pattern[str], ...] = (

@@ -39,17 +39,15 @@ Container = Literal["native_sidecar", "container", "standalone"]
 
 
 class PodSettings(Frozen):
-    """The pod's termination, as its manifest sets it (``None``: not known, nothing checked).
-
-    ``termination_grace_period_seconds``: the pod's ``terminationGracePeriodSeconds``;
-    ``pre_stop_seconds``: how long specwatch's ``preStop`` hook runs before SIGTERM (0: none);
-    ``container``: ``native_sidecar`` (an init container with ``restartPolicy: Always``),
-    ``container`` (a regular container beside the vLLM ones) or ``standalone`` (a pod of its
-    own)."""
+    """The pod's termination, as its manifest sets it (``None``: not known, nothing checked)."""
 
     termination_grace_period_seconds: float | None = Field(default=None, ge=0)
+    """The pod's `terminationGracePeriodSeconds`; unset: the shutdown fit is not checked."""
     pre_stop_seconds: float = Field(default=0.0, ge=0)
+    """How long specwatch's `preStop` hook runs before SIGTERM (0: none)."""
     container: Container | None = None
+    """How specwatch runs in the pod: `native_sidecar` (init container with `restartPolicy:
+    Always`), `container` (beside the vLLM ones) or `standalone`."""
 
 
 @dataclass(frozen=True, slots=True)

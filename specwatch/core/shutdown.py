@@ -10,15 +10,14 @@ specwatch process drains and exits within ``server.shutdown_timeout_seconds`` (t
   ledger flushed, sessions and listeners closed.
 - :class:`ShutdownDeadline` arms a daemon timer when the signal arrives; if the process is
   still alive at T (its teardown hangs: a thread stuck in I/O, the interpreter's executor
-  shutdown on a loaded machine), it logs one line, kills the process's own children (the proxy
-  process) and ends the process with ``os._exit`` (exit code 0 when the orderly cleanup had
-  finished, i.e. only the interpreter's own teardown was slow; 1 when it did not).
+  shutdown on a loaded machine), it logs one line and ends the process with ``os._exit``
+  (exit code 0 when the orderly cleanup had finished, i.e. only the interpreter's own teardown
+  was slow; 1 when it did not).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import sys
 import threading
@@ -133,16 +132,14 @@ class ShutdownDeadline:
             seconds=self.seconds,
             cleanup_finished=self._cleaned,
         )
-        for child in multiprocessing.active_children():
-            child.kill()  # our own proxy process: never left serving after we are gone
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(code)
 
 
 def exit_now(code: int) -> NoReturn:
-    """The orderly shutdown is done (requests drained, alert state saved, ledger flushed, the
-    proxy process joined): flush the logs and end the process at once, skipping the
+    """The orderly shutdown is done (requests drained, alert state saved, ledger flushed):
+    flush the logs and end the process at once, skipping the
     interpreter's own teardown (with scipy and the rest loaded it took 0.3-1.2 s on a loaded
     machine, time the budget does not have)."""
     logging.shutdown()

@@ -285,7 +285,6 @@ def demo_settings(
             "pause_on_waiting": cfg.shadow_pause_on_waiting,
             "load_state_max_age_seconds": max(5.0, 5 * cfg.scrape_interval_s),
             "max_queue_age_seconds": 10.0,
-            "pause_poll_seconds": 0.2,
             "max_tokens_cap": 2 * cfg.max_tokens,
             "mirror_require_shadow_host": True,
             "canary_file": str(files.canary),

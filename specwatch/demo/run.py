@@ -59,7 +59,7 @@ from specwatch.export.json import shadow_verdict
 from specwatch.export.snapshot import Snapshot
 from specwatch.server.app import STORE_KEY, Component, build_app
 from specwatch.server.wiring import ShadowPlug
-from specwatch.shadow.summary import OutcomeCounters
+from specwatch.shadow.live import OutcomeCounters
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 
@@ -292,7 +292,7 @@ def _pairs_counter(components: Sequence[Component]) -> Callable[[], int | None]:
     """Reads the shadow component's paired requests (:func:`_no_pairs` without one)."""
     for c in components:
         if isinstance(c, ShadowPlug):
-            return functools.partial(paired_requests, c.component.counters)
+            return functools.partial(paired_requests, c.component.statistics.counters)
     return _no_pairs
 
 

@@ -1,7 +1,7 @@
 """The demo's live view: a pure function of the published :class:`Snapshot`, drawn with rich.
 
 It reads the typed values themselves (the observe view's targets and pair views, the shadow
-chain's :class:`~specwatch.shadow.summary.ShadowStats`, the alert loop's
+chain's :class:`~specwatch.shadow.published.ShadowStats`, the alert loop's
 :class:`~specwatch.alerts.values.AlertingState`), never the ``/api/v1/snapshot`` JSON made from
 them; a part no component has published yet (``None``) has no section.
 :func:`build_view` returns a rich renderable sized for the terminal: every line is cut with an
@@ -35,7 +35,7 @@ from specwatch.export.json import snapshot_verdict
 from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import Health, ModelWindow, TargetSnapshot
 from specwatch.shadow.decision import tau_coverage_by_category
-from specwatch.shadow.summary import PairedSummary, ShadowStats
+from specwatch.shadow.published import PairedSummary, ShadowStats
 from specwatch.shadow.verdict import change_percent, e_value_text
 from specwatch.simulate.loadgen import LoadStats
 

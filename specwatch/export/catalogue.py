@@ -3,14 +3,14 @@
 Each :class:`MetricSpec` gives the family name (counters without ``_total``; the exposition adds
 it), type, help text and label names. The collectors in :mod:`specwatch.export.prometheus` emit
 only families listed here (:data:`BY_NAME`); ``docs/metrics.md`` lists the same names, types and
-labels (checked by a test). Order of :data:`CATALOGUE` = order of the exposition. The fleet
-view's families live in :mod:`specwatch.export.catalogue_fleet` and are placed last here; the
-spec type in :mod:`specwatch.export.spec`.
+labels, with the fleet tool's families (checked by a test). Order of :data:`CATALOGUE` = order of
+the exposition. These are the running sidecar's families only: the fleet view's
+(``specwatch fleet --listen``) live with that tool, in :mod:`specwatch.tools.fleet.catalogue`;
+the spec type in :mod:`specwatch.export.spec`.
 """
 
 from __future__ import annotations
 
-from specwatch.export.catalogue_fleet import FLEET
 from specwatch.export.spec import REASON, MetricSpec, _c, _g
 
 # -- observe chain ------------------------------------------------------------------------------
@@ -742,7 +742,7 @@ LISTENER_OPEN = _g(
 LISTENERS: tuple[MetricSpec, ...] = (LISTENER_REFUSED, LISTENER_OPEN)
 
 #: Every exported family, in exposition order.
-CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS, *FLEET)
+CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS)
 
 #: Every label of an exported family → what bounds its values (the number of distinct values
 #: is fixed by configuration or by code, never by traffic or by what a target serves).
@@ -779,7 +779,6 @@ LABEL_BOUNDS: dict[str, str] = {
     "alertname": "the detectors' alerts (fixed in code)",
     "severity": "the detectors' severities (fixed in code)",
     "listener": "3: main, proxy, simulator",
-    "combination": "2: mean, product (the fleet margin e-value)",
 }
 
 #: Family name (without ``_total``) → spec.

@@ -19,7 +19,7 @@ from specwatch.observe.values import QUANTILES, Health
 if TYPE_CHECKING:  # annotations only: `specwatch analyze` loads neither aiohttp nor scipy
     from specwatch.alerts.values import AlertingState
     from specwatch.export.snapshot import Snapshot
-    from specwatch.shadow.summary import PairedSummary, ShadowStats
+    from specwatch.shadow.published import PairedSummary, ShadowStats
 
 
 def _jsonable(value: Any) -> Any:
@@ -253,9 +253,9 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
     Non-finite numbers (NaN, an overflowed e-value) become ``null`` (``log_e_value`` and
     ``betting_log_e_value`` stay finite); ``pairs_total`` becomes a
     list of ``{"category", "arm", "outcome", "count"}``; ``decisions`` the per-category
-    decision table (one object per :class:`~specwatch.shadow.summary.DecisionRow`, categories
+    decision table (one object per :class:`~specwatch.shadow.published.DecisionRow`, categories
     bounded, ``overall`` last) and ``by_load`` the flip rates per running-request band (one
-    object per :class:`~specwatch.shadow.summary.LoadBand`); ``change_detector`` the change
+    object per :class:`~specwatch.shadow.published.LoadBand`); ``change_detector`` the change
     detector's ``ln M`` and its threshold (``null`` when not run), ``within_margin_declared_at``
     the labelled pair at which "within margin" was declared (``null`` while not).
     """

@@ -70,7 +70,7 @@ from specwatch.observe.values import (
     SpeculationLimit,
     TargetSnapshot,
 )
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 from specwatch.shadow.values import (
     EXCLUDED_REASONS,
     LEDGER_STATES,
@@ -109,7 +109,7 @@ class _Families:
         value: float | int | bool | None,
         extra: Mapping[str, str] | None = None,
     ) -> None:
-        if cat.BY_NAME.get(spec.name) is None or spec.name not in self.f:
+        if spec.name not in self.f:
             raise KeyError(f"{spec.name} is not a family of this collector's catalogue")
         v = _num(value)
         if v is None:

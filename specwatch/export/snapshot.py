@@ -15,7 +15,7 @@ from specwatch.observe.values import ObserveView, PairView, TargetSnapshot, Wind
 
 if TYPE_CHECKING:
     from specwatch.alerts.values import AlertingState
-    from specwatch.shadow.summary import ShadowStats
+    from specwatch.shadow.published import ShadowStats
 
 __all__ = ["Snapshot", "SnapshotGetter"]
 

@@ -21,32 +21,46 @@ from specwatch.vllm.sglang import EngineKind
 
 
 class TargetSettings(Frozen):
-    """One vLLM server to scrape.
-
-    ``url``: base URL or full ``/metrics`` URL (``/metrics`` is appended when the path is empty).
-    ``role`` defaults to the name when the name is a role. Limits (``max_num_seqs``,
-    ``max_num_batched_tokens``, ``num_speculative_tokens`` K, ``method``, ``parallel_drafting``,
-    ``vllm_version``) feed the capacity / budget view. ``engine``: ``vllm`` or ``sglang``
-    (``None``: told from each page); for an SGLang target ``max_num_seqs`` is its
-    ``max_running_requests`` and ``num_speculative_tokens`` its
-    ``speculative_num_draft_tokens`` − 1. ``bearer_token`` is sent as
-    ``Authorization: Bearer``; never logged or exported. Scrape interval/timeout override
-    :class:`ScrapeSettings` when set.
+    """One vLLM (or SGLang) server to scrape. Its limits feed the capacity and budget views
+    (:attr:`limits`); each field says what it is (and ``docs/settings.md`` lists them).
     """
 
     name: str
+    """Name of the target, used in metric labels: 1-64 letters, digits, `_ . : -`. A name
+    that is a role (`standard`, `fly`, `baseline`) sets the role too."""
     url: str
+    """Base URL of the server (`http://vllm:8000`) or its full metrics URL; `/metrics` is
+    added when the path is empty."""
     role: Role | None = None
+    """What the server is in the comparison: `standard`, `fly` or `baseline`; needed when
+    the name is not a role."""
     max_num_seqs: int | None = Field(default=None, gt=0)
+    """The server's `--max-num-seqs` (SGLang: `max_running_requests`); enables the capacity
+    and budget views."""
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    """The server's `--max-num-batched-tokens` token budget per step; enables the budget
+    view."""
     num_speculative_tokens: int | None = Field(default=None, gt=0)
+    """Draft length K (`num_speculative_tokens`; SGLang: `speculative_num_draft_tokens` -
+    1)."""
     method: str | None = None
+    """Speculative method (`eagle`, `eagle3`, `mtp`, `ngram`, ...); `*_mtp` is read as
+    `mtp`."""
     parallel_drafting: bool = False
+    """True when the drafter proposes all K tokens in one pass (parallel drafting); changes
+    the budget arithmetic."""
     vllm_version: str | None = None
+    """vLLM version of the server (`0.10.1`), when its metrics cannot tell; picks the metric
+    regime."""
     engine: EngineKind | None = None
+    """`vllm` or `sglang`; unset: told from each scraped page."""
     bearer_token: SecretStr | None = None
+    """Sent as `Authorization: Bearer` on every scrape; never logged or exported. Do not
+    combine with a `user:password` URL."""
     scrape_interval_seconds: float | None = Field(default=None, gt=0)
+    """This target's scrape interval, overriding `scrape.interval_seconds`."""
     scrape_timeout_seconds: float | None = Field(default=None, gt=0)
+    """This target's scrape timeout, overriding `scrape.timeout_seconds`."""
 
     @field_validator("name")
     @classmethod
@@ -130,18 +144,24 @@ class TargetSettings(Frozen):
 
 
 class ScrapeSettings(Frozen):
-    """Scrape defaults: interval and timeout in seconds, body cap in bytes (decompressed).
-
-    Bounds on what one target may make specwatch keep: ``max_models_per_target`` distinct
-    ``model_name`` values and ``max_engines_per_target`` (model_name, engine) pairs (series
-    already tracked keep their place; further ones are dropped from each page and counted as
-    ``model_cap`` / ``engine_cap``); state of a (model_name, engine) absent for
-    ``stale_series_seconds`` is dropped, freeing its place.
-    """
+    """Scrape defaults, and the bounds on how many series one target may make specwatch keep
+    (series already tracked keep their place; further ones are dropped and counted)."""
 
     interval_seconds: float = Field(default=5.0, gt=0)
+    """Seconds between two scrapes of each target. Lower it for quicker detection, raise it
+    to load the server less."""
     timeout_seconds: float = Field(default=4.0, gt=0)
+    """A scrape that takes longer than this many seconds fails (counted); keep it below the
+    interval."""
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Largest `/metrics` page read, in bytes after decompression; a larger page is refused
+    and counted."""
     max_models_per_target: int = Field(default=8, ge=1, le=1000)
+    """Most distinct `model_name` values kept per target; more are dropped from each page
+    and counted (`model_cap`). Raise it for a server with many LoRA adapters."""
     max_engines_per_target: int = Field(default=64, ge=1, le=10000)
+    """Most (model_name, engine) pairs kept per target; more are dropped and counted
+    (`engine_cap`). Raise it for very wide data-parallel servers."""
     stale_series_seconds: float = Field(default=1800.0, gt=0)
+    """State of a (model_name, engine) not seen for this many seconds is forgotten, freeing
+    its place."""

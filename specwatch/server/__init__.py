@@ -1,1 +1,1 @@
-"""The aiohttp app, wiring, fleet server; may import settings and everything below it."""
+"""The aiohttp app, its wiring, the config checks; may import settings and everything below it."""

@@ -36,9 +36,10 @@ from specwatch.observe.values import ObserveView, TargetSnapshot
 from specwatch.server.app import LISTENERS_KEY, LIVENESS_KEY, SESSION_KEY
 from specwatch.settings import Settings
 from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.pipeline import Runtime
+from specwatch.shadow.published import ShadowStats
 from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import ArmEndpoint
-from specwatch.shadow.summary import ShadowStats
 
 __all__ = [
     "AlertingPlug",
@@ -152,12 +153,14 @@ class ShadowPlug:
             settings.paired,
             settings.ledger,
             load_state=loads if arms else None,
-            on_stats=self._publish,
-            wall_clock=wall_clock,
-            mono_clock=mono_clock,
+            publish=self,
+            runtime=Runtime(
+                wall_clock=wall_clock,
+                mono_clock=mono_clock,
+                listen=settings.server.limits,
+                shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds,
+            ),
             session=session,
-            listen=settings.server.limits,
-            shutdown_timeout_seconds=settings.server.shutdown_timeout_seconds,
         )
 
     def _observe(self) -> ObserveView | None:
@@ -168,7 +171,9 @@ class ShadowPlug:
         (:meth:`ShadowComponent.drain`)."""
         await self.component.drain(until)
 
-    def _publish(self, stats: ShadowStats) -> None:
+    def publish(self, stats: ShadowStats) -> None:
+        """The component's :class:`~specwatch.shadow.component.StatsSink`: ``stats`` becomes
+        ``Snapshot.shadow``."""
         if self._store is not None:
             self._store.update(lambda snap: replace(snap, shadow=stats))
 

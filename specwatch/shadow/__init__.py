@@ -1,1 +1,1 @@
-"""Shadow chain: ingest, replay, compare, ledger; may import vllm, http1, core (not observe)."""
+"""Shadow chain: ingest, replay, compare, ledger; may import vllm, core (not observe)."""

@@ -1,38 +1,20 @@
-"""The shadow chain as one unit: ingest → sample → replay → compare → ledger → stats.
+"""The shadow chain's lifetime: the ledger, the pipeline, the mirror listener and the refresh loop.
 
 :class:`ShadowComponent` takes its settings groups (``shadow``, ``paired``, ``ledger``), a
 :data:`~specwatch.shadow.sample.LoadState` callable (the arms' load, joined from the observe
-chain by the server) and an ``on_stats`` callback (the server publishes what it is given). The
-server (:mod:`specwatch.server.wiring`) mounts :meth:`ShadowComponent.routes`, registers it as a
-collector and enters :meth:`ShadowComponent.running` with the app. While running it opens the
-:class:`~specwatch.shadow.ledger.Ledger` and, in a background task (a large ledger never delays
-``/healthz``),
-
-1. rebuilds the order-dependent statistics (the no-net-loss e-process with its change
-   detector, the margin e-process, the "within margin" declaration) by replaying the ledger's
-   labelled pairs in write order, the order they were folded live (a restart keeps the
-   statistics; the ledger's totals are exported as gauges, while the counters start at 0 with
-   the process) and seeds the category bound with the ledger's categories, most rows first;
-2. starts the :class:`~specwatch.shadow.pipeline.ShadowPipeline`, whose ``on_pair`` runs
-   :func:`~specwatch.shadow.compare.compare` (in a worker thread for the ``math`` checker; the
-   pair's one classification), turns the outcome into its one ledger row, queues it
-   (``Ledger.submit``) and counts it (``OutcomeCounters.add``, the one set of pair counters);
-3. every ``paired.refresh_seconds`` builds :class:`~specwatch.shadow.summary.ShadowStats` from
-   the in-memory :class:`~specwatch.shadow.summary.LiveTallies` over ``paired.windows`` (plus
-   ``since_start`` = the whole ledger) and the pipeline's queue/drop/pause state, the
-   per-category decision table (:func:`~specwatch.shadow.decision.decision_table`) and the flip
-   rates per running-request band, exports it (``ShadowCollector``) and hands it to
-   ``on_stats``.
-
-The statistics never re-read the ledger while running: :class:`LiveTallies` is rebuilt once at
-start from the ledger's stored per-day aggregates plus one grouped SQL pass over the recent
-rows (:meth:`Ledger.history <specwatch.shadow.ledger.Ledger.history>`, in a worker thread) and
-then told by the ledger of
-every committed batch and every retention prune (O(1) per row); a refresh tick only expires the
-time buckets that left a window and computes the derived statistics again when something
-changed (the per-tally summaries are remembered). Windows are bucket-granular
-(:data:`STATS_BUCKET_SECONDS`; see :mod:`specwatch.shadow.windows`). :func:`ledger_inputs`
-is the full recomputation from SQL, kept as the reference the live path is tested against.
+chain by the server) and a :class:`StatsSink` (the server publishes what it is given). The pair
+path itself does not turn through it: the :class:`~specwatch.shadow.pipeline.ShadowPipeline`
+hands each :class:`~specwatch.shadow.values.ReplayPair` to
+:class:`~specwatch.shadow.live.ShadowStatistics` (compare, ledger row, counters, e-processes),
+which hands the row to the :class:`~specwatch.shadow.ledger.Ledger`; the ledger tells
+:class:`~specwatch.shadow.live.LiveTallies` of every committed batch. While running, in a
+background task (a large ledger never delays ``/healthz``), the component rebuilds the
+statistics from the ledger (:meth:`ShadowStatistics.rebuild
+<specwatch.shadow.live.ShadowStatistics.rebuild>`), starts the pipeline, then every
+``paired.refresh_seconds`` builds the published
+:class:`~specwatch.shadow.published.ShadowStats` (no SQL: the in-memory tallies) and hands it to
+the sink. :func:`~specwatch.shadow.live.ledger_inputs` is the full recomputation from SQL, kept
+as the reference the live path is tested against.
 """
 
 from __future__ import annotations
@@ -43,52 +25,31 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, MonotonicClock, WallClock
-from specwatch.core.config import SINCE_START
-from specwatch.core.listen import ListenerStats, ListenLimits
+from specwatch.core.listen import ListenerStats
 from specwatch.core.logs import log_event
-from specwatch.shadow.compare import CompareConfig, compare
-from specwatch.shadow.decision import (
-    ReplyCounts,
-    add_replies,
-    decision_table,
-    reply_counts,
-    stored_replies,
-)
 from specwatch.shadow.ingest.mirror import MirrorListener, mirror_routes
 from specwatch.shadow.ledger.ledger import Ledger
-from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.pipeline import ShadowPipeline, category_bound_from_settings
+from specwatch.shadow.live import ShadowStatistics, SnapshotSide, StatsInputs
+from specwatch.shadow.pipeline import (
+    DEFAULT_RUNTIME,
+    Runtime,
+    ShadowPipeline,
+    category_bound_from_settings,
+)
+from specwatch.shadow.published import ShadowIO, ShadowStats
 from specwatch.shadow.replay import open_arm_session
 from specwatch.shadow.sample import ArmLoad, LoadState
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.stats.alarms import LiveAlarmState
-from specwatch.shadow.stats.sequential import BettingEProcess
-from specwatch.shadow.summary import (
-    DecisionRow,
-    LiveTallies,
-    LoadBand,
-    OutcomeCounters,
-    ShadowIO,
-    ShadowStats,
-    build_shadow_stats,
-    categories_by_volume,
-    load_bands,
-)
-from specwatch.shadow.tally import ArmTotals, PairTally, labelled_outcome, load_band_labels
-from specwatch.shadow.values import Arm, PairOutcome, ReplayPair
+from specwatch.shadow.summary import LedgerView
+from specwatch.shadow.values import Arm
 
 logger = logging.getLogger("specwatch.shadow.component")
 
-#: Width of the live statistics' time buckets: every finite window reaches back between its
-#: length and its length plus this (see :mod:`specwatch.shadow.windows`).
-STATS_BUCKET_SECONDS = 10.0
 #: How often a ledger that cannot store rows (full, read-only, unavailable) is tried again.
 LEDGER_RETRY_SECONDS = 30.0
 #: The share of the shutdown timeout the mirror listener gives the copies it is reading (they
@@ -96,54 +57,23 @@ LEDGER_RETRY_SECONDS = 30.0
 MIRROR_SHUTDOWN_SHARE = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class StatsInputs:
-    """What :class:`ShadowStats` is built from, however it was counted: ``tallies[window]
-    [category]``, since-start ``arm_totals[category]`` and load bands ``by_load``, and the
-    ledger's ``rows``."""
+class StatsSink(Protocol):
+    """Where each new published snapshot goes: the server's
+    :meth:`ShadowPlug.publish <specwatch.server.wiring.ShadowPlug.publish>` (into
+    ``Snapshot.shadow``)."""
 
-    tallies: Mapping[str, Mapping[str, PairTally]]
-    arm_totals: Mapping[str, ArmTotals]
-    by_load: tuple[LoadBand, ...]
-    rows: int
-
-    @classmethod
-    def from_live(cls, live: LiveTallies) -> StatsInputs:
-        """From the in-memory tallies (no I/O)."""
-        return cls(
-            live.tallies(),
-            live.arm_totals(),
-            load_bands(live.by_load(), load_band_labels(live.bands)),
-            live.rows(),
-        )
-
-
-async def ledger_inputs(ledger: Ledger, paired: PairedSettings, now: float) -> StatsInputs:
-    """The full recomputation from the ledger's SQL tallies (one query per window, plus arm
-    totals in fixed point, load bands and the row count): exact per-row window edges ``time >=
-    now - seconds``; the reference :class:`LiveTallies` is checked against."""
-    tallies = {
-        name: await ledger.tally(since=None if secs is None else now - secs)
-        for name, secs in paired.window_seconds.items()
-    }
-    if SINCE_START not in tallies:
-        tallies[SINCE_START] = await ledger.tally()
-    by_load = load_bands(
-        await ledger.tally_by_load(paired.load_bands), load_band_labels(paired.load_bands)
-    )
-    totals = await ledger.arm_totals(fixed_point=True)
-    return StatsInputs(tallies, totals, by_load, await ledger.row_count())
+    def publish(self, stats: ShadowStats) -> None: ...
 
 
 class ShadowComponent:
-    """The shadow chain (see module docstring).
+    """The shadow chain's lifetime (see module docstring).
 
     ``shadow``, ``paired``, ``ledger``: its settings groups. ``load_state``: per-arm load for the
-    sampler's load-aware pause (``None``: never pauses for load). ``on_stats``: called with each
-    new :class:`ShadowStats` (the server publishes it). ``wall_clock``: unix seconds (ledger times,
-    windows); ``mono_clock``: the sampler's clock; ``sleep``: async sleep (pipeline and refresh
-    loop); ``session``: the replay session (``None``: one is opened by :meth:`running` and closed
-    on exit). :meth:`latest_stats` is ``None`` until the first refresh.
+    sampler's load-aware pause (``None``: never pauses for load). ``publish``: given each new
+    :class:`ShadowStats` (the server publishes it). ``runtime``: clocks, sleep and the
+    listeners' limits (:class:`~specwatch.shadow.pipeline.Runtime`); ``session``: the replay
+    session (``None``: one per arm is opened by :meth:`running` and closed on exit).
+    :meth:`latest_stats` is ``None`` until the first refresh.
     """
 
     def __init__(
@@ -153,42 +83,28 @@ class ShadowComponent:
         ledger: LedgerSettings,
         *,
         load_state: LoadState | None = None,
-        on_stats: Callable[[ShadowStats], None] | None = None,
-        wall_clock: WallClock = SYSTEM_WALL,
-        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        publish: StatsSink | None = None,
+        runtime: Runtime = DEFAULT_RUNTIME,
         session: aiohttp.ClientSession | None = None,
-        listen: ListenLimits | None = None,
-        shutdown_timeout_seconds: float = 5.0,
     ) -> None:
         self.shadow_settings = shadow
-        self._listen = listen if listen is not None else ListenLimits()
-        self._shutdown_timeout = shutdown_timeout_seconds
+        self.paired_settings = paired
+        self.ledger_settings = ledger
+        self.runtime = runtime
         self._watch: Callable[[asyncio.Task[Any]], None] | None = None
         #: Counters of the proxy listener (proxy mode).
         self.proxy_listener = ListenerStats("proxy")
         #: Counters of the mirror listener (mirror mode).
         self.mirror_listener = ListenerStats("mirror")
-        self.paired_settings = paired
-        self.ledger_settings = ledger
         self._load_state = load_state
-        self._on_stats = on_stats
-        self._wall_clock = wall_clock
-        self._mono_clock = mono_clock
-        self._sleep = sleep
+        self._publish = publish
         self._session = session
-        self._compare_config = CompareConfig()
-        self.categories = category_bound_from_settings(shadow, mono_clock=mono_clock)
-        self.counters = OutcomeCounters(self.categories)
-        #: The no-net-loss e-process and its change detector, the margin e-process and the
-        #: "within margin" declaration (folded pair by pair; replayed from the ledger at start).
-        self.alarms = LiveAlarmState.fresh(paired)
-        #: The in-memory tallies, built when the component starts (``None`` before).
-        self.live: LiveTallies | None = None
-        self._inputs: tuple[int, StatsInputs] | None = None
-        self._decisions: tuple[tuple[Any, ...], tuple[DecisionRow, ...]] | None = None
-        #: Reply counts the ledger held when this process started (added to its own counters).
-        self._stored_replies: dict[tuple[str, str], ReplyCounts] = {}
+        #: Compare, ledger row, counters, e-processes and the published snapshot.
+        self.statistics = ShadowStatistics(
+            paired,
+            category_bound_from_settings(shadow, mono_clock=runtime.mono_clock),
+            shadow.store_text,
+        )
         self.ledger: Ledger | None = None
         self.pipeline: ShadowPipeline | None = None
         self._stats: ShadowStats | None = None
@@ -231,10 +147,12 @@ class ShadowComponent:
         return {} if self._load_state is None else self._load_state()
 
     async def refresh(self, *, flush: bool = False) -> ShadowStats:
-        """Build :class:`ShadowStats` now and hand it to ``on_stats`` (``flush``: wait for
-        queued rows first).
+        """Build :class:`ShadowStats` now and hand it to the :class:`StatsSink` (``flush``: wait
+        for queued rows first).
 
-        No SQL: expires the buckets that left a window and reads :attr:`live`; the window
+        No SQL: expires the buckets that left a window and reads the in-memory tallies
+        (:meth:`ShadowStatistics.current_inputs
+        <specwatch.shadow.live.ShadowStatistics.current_inputs>`); the window
         tallies and the decision table are computed again only when they changed. Waits until
         the startup rebuild from the ledger is done. Raises ``RuntimeError`` when the component
         is not running.
@@ -245,25 +163,20 @@ class ShadowComponent:
         await self._ready.wait()
         if flush:
             await ledger.flush()
-        live = self.live
-        if live is None:
-            raise RuntimeError("shadow component is not running")
-        now = self._wall_clock()
-        live.advance(now)
+        now = self.runtime.wall_clock()
+        version, inputs = self.statistics.current_inputs(now)
         io = self.pipeline.metrics() if self.pipeline is not None else None
-        if self._inputs is None or self._inputs[0] != live.version:
-            self._inputs = (live.version, StatsInputs.from_live(live))
-        stats = self.build_stats(self._inputs[1], now, io, version=live.version)
+        stats = self.build_stats(inputs, now, io, version=version)
         self._stats = stats
-        if self._on_stats is not None:
-            self._on_stats(stats)
+        if self._publish is not None:
+            self._publish.publish(stats)
         return stats
 
     async def _final_refresh(self) -> None:
         """At stop, once the pipeline finished its pairs: the last statistics
         (:meth:`latest_stats`), so what the process prints at exit counts every pair the
         ledger holds. Skipped before the startup rebuild finished; a failing ledger is logged."""
-        if not self._ready.is_set() or self.live is None:
+        if not self._ready.is_set() or self.statistics.live is None:
             return
         try:
             await self.refresh(flush=True)
@@ -278,64 +191,21 @@ class ShadowComponent:
         *,
         version: int | None = None,
     ) -> ShadowStats:
-        """:class:`ShadowStats` from ``inputs`` with this component's settings, counters,
-        e-process, category bound and ledger health (no I/O; logs when ledger writes start or
-        stop failing). ``version``: the :attr:`LiveTallies.version` ``inputs`` were read at
-        (the decision table is reused while it, the settings, the reply counts of ``io`` and
-        the kept categories are unchanged); ``None``: computed afresh."""
-        p = self.paired_settings
-        replies = add_replies(self._stored_replies, reply_counts(io))
-        kept = tuple(self.categories.kept)
-        log_e = self.alarms.net_loss.log_e_value
-        dkey = (version, p.alpha, p.margin, p.detect_net_loss, p.power, replies, kept, log_e)
-        if version is None or self._decisions is None or self._decisions[0] != dkey:
-            decisions = decision_table(
-                inputs.tallies[SINCE_START],
-                inputs.arm_totals,
-                alpha=p.alpha,
-                margin=p.margin,
-                detect_net_loss=p.detect_net_loss,
-                power=p.power,
-                replies=replies,
-                kept=self.categories.kept,
-                overall_log_e_value=log_e,
-            )
-            self._decisions = (dkey, decisions)
-        self.counters.fold()
+        """:class:`ShadowStats` from ``inputs`` with this component's statistics and ledger
+        health (no I/O; logs when ledger writes start or stop failing). ``version``: the
+        :attr:`LiveTallies.version` ``inputs`` were read at (see
+        :meth:`ShadowStatistics.snapshot <specwatch.shadow.live.ShadowStatistics.snapshot>`);
+        ``None``: computed afresh."""
+        view = LedgerView()
         ledger = self.ledger
-        errors: dict[str, int] = {}
         if ledger is not None:
             health = ledger.health
             errors = dict(health.write_errors)
             if health.dropped:
                 errors["queue_full"] = health.dropped
             self._note_ledger_state(health.state, health.last_error)
-        return build_shadow_stats(
-            inputs.tallies,
-            now=now,
-            alpha=p.alpha,
-            margin=p.margin,
-            detect_net_loss=p.detect_net_loss,
-            pairs_total=self.counters.pairs,
-            unpaired_total=self.counters.unpaired,
-            excluded_total=self.counters.excluded,
-            betting_log_e_value=self.betting.log_wealth,
-            change_log_value=self.alarms.net_loss.log_detector,
-            change_threshold=self.alarms.change_arl,
-            within_margin_declared_at=self.alarms.declaration.declared_at,
-            ledger_rows=inputs.rows,
-            ledger_write_errors=errors,
-            io=io,
-            decisions=self._decisions[1],
-            by_load=inputs.by_load,
-            categories=self.categories.kept,
-            categories_folded=self.categories.overflowed,
-            category_takeovers=self.categories.demoted,
-            replays_total=self.counters.by_status(),
-            ledger_state=ledger.state if ledger is not None else "ok",
-            net_loss_log_e_value=log_e,
-            arm_totals=sum(inputs.arm_totals.values(), ArmTotals()),
-        )
+            view = LedgerView(write_errors=errors, state=ledger.state)
+        return self.statistics.snapshot(inputs, now, SnapshotSide(io, view, version))
 
     # -- internals ------------------------------------------------------------------------
 
@@ -357,32 +227,6 @@ class ShadowComponent:
         if pipe is None:
             return web.json_response({"shadow": "not_started"}, status=503)
         return await pipe.mirror.handle(request)
-
-    def _needs_thread(self, pair: ReplayPair) -> bool:
-        return pair.request.checker == "math"
-
-    async def _on_pair(self, pair: ReplayPair) -> None:
-        if self._needs_thread(pair):
-            outcome = await asyncio.to_thread(compare, pair, self._compare_config)
-        else:
-            outcome = compare(pair, self._compare_config)
-        self.consume(outcome)
-
-    @property
-    def betting(self) -> BettingEProcess:
-        """The since-start margin e-process (part of :attr:`alarms`)."""
-        return self.alarms.betting
-
-    def consume(self, outcome: PairOutcome) -> None:
-        """Store and count one compared pair (event-loop thread): its one ledger row is queued
-        for writing, counted and fed to the order-dependent statistics (:attr:`alarms`)."""
-        row = LedgerRow.from_outcome(outcome, self.shadow_settings.store_text)
-        if self.ledger is not None:
-            self.ledger.submit(row)
-        self.counters.add(row)
-        labelled = labelled_outcome(row)
-        if labelled is not None:
-            self.alarms = self.alarms.add([labelled])
 
     def _note_ledger_state(self, state: str, last_error: str | None) -> None:
         """One log line when the ledger's state changes (pairing stops or starts again)."""
@@ -412,7 +256,7 @@ class ShadowComponent:
     async def _ledger_upkeep(self, ledger: Ledger) -> None:
         """Between refreshes: try a failing ledger again every :data:`LEDGER_RETRY_SECONDS`,
         and run the integrity check every ``ledger.integrity_check_seconds`` (worker thread)."""
-        now = self._mono_clock()
+        now = self.runtime.mono_clock()
         if ledger.state not in ("ok", "corrupt") and now - self._last_retry >= (
             LEDGER_RETRY_SECONDS
         ):
@@ -423,49 +267,6 @@ class ShadowComponent:
             self._last_check = now
             await ledger.quick_check()
 
-    async def _rebuild(self, ledger: Ledger) -> None:
-        # One grouped SQL pass for every tally and one streamed read for the order-dependent
-        # e-process, both in worker threads. The counters start at 0 with the process (a
-        # restart is a true counter reset); the ledger only chooses which categories keep
-        # their own series (most rows first).
-        p = self.paired_settings
-        live = LiveTallies(
-            p.window_seconds,
-            p.load_bands,
-            now=self._wall_clock(),
-            bucket_seconds=STATS_BUCKET_SECONDS,
-        )
-        ledger.listener = live  # holds back what is committed meanwhile (see LiveTallies.start)
-        as_of = 0  # nothing to read (the ledger cannot be read): the statistics start empty
-        if ledger.state == "ok":
-            try:
-                as_of, groups = await ledger.history(live.grouping())
-            except sqlite3.DatabaseError:
-                # a damaged page the open did not touch: the integrity check marks the ledger
-                # corrupt (the next start moves it aside); anything else is raised
-                if await ledger.quick_check() is None:
-                    raise
-            else:
-                await asyncio.to_thread(live.add_groups, groups)
-        live.start(as_of)
-        since_start = live.tallies()[SINCE_START]
-        self.categories.seed(categories_by_volume(since_start))
-        if ledger.state == "ok":
-            # in write order: the order the live fold saw the pairs (as replays finished)
-            self.alarms = await ledger.fold_labelled(
-                lambda state, chunk: state.add(chunk), LiveAlarmState.fresh(p), written_order=True
-            )
-            self._stored_replies = stored_replies(await ledger.reply_totals())
-        self.live = live
-        log_event(
-            logger,
-            logging.INFO,
-            "shadow statistics rebuilt from the ledger",
-            labelled_pairs=sum(t.paired_counts().n for t in since_start.values()),
-            rows=live.rows(),
-            path=str(ledger.path),
-        )
-
     async def _run(self, pipeline: ShadowPipeline, ledger: Ledger) -> None:
         """Start the proxy listener (proxy mode), rebuild from the ledger, start the rest of
         the pipeline, then refresh the statistics every ``paired.refresh_seconds`` (a cheap
@@ -474,15 +275,13 @@ class ShadowComponent:
         Runs as a background task so a large ledger never delays serving ``/healthz``.
         """
         await pipeline.start_proxy()  # the live path first: it needs nothing from the ledger
-        channel = pipeline.proxy.channel if pipeline.proxy is not None else None
-        if channel is not None and self._watch is not None:
-            self._watch(channel)  # the proxy process dying makes /healthz fail
-        await self._rebuild(ledger)
+        self.statistics.rows = ledger
+        await self.statistics.rebuild(ledger, self.runtime.wall_clock())
         pipeline.sampler.hold = self._ledger_hold
         await pipeline.start()
         self._started = True
         self._ready.set()
-        self._last_retry = self._last_check = self._mono_clock()
+        self._last_retry = self._last_check = self.runtime.mono_clock()
         while True:
             try:
                 await self._ledger_upkeep(ledger)
@@ -491,7 +290,7 @@ class ShadowComponent:
                 log_event(
                     logger, logging.WARNING, "shadow statistics refresh failed", error=repr(exc)
                 )
-            await self._sleep(self.paired_settings.refresh_seconds)
+            await self.runtime.sleep(self.paired_settings.refresh_seconds)
 
     @asynccontextmanager
     async def running(
@@ -502,8 +301,7 @@ class ShadowComponent:
         exit.
 
         ``watch`` is handed the background task (the server marks the process failed when it
-        dies) and, with the proxy in its own process, the task that fails when that process
-        dies. Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
+        dies). Raises what :meth:`Ledger.open` raises when the ledger cannot be opened and
         ``OSError`` when the mirror port cannot be bound.
         """
         self._watch = watch
@@ -514,7 +312,7 @@ class ShadowComponent:
             max_age_seconds=led.max_age_seconds,
             max_rows=led.max_rows,
             synchronous=led.synchronous,
-            wall_clock=self._wall_clock,
+            wall_clock=self.runtime.wall_clock,
         )
         await ledger.open()  # a failing file leaves it open in that state (never raises for it)
         self.ledger = ledger
@@ -525,15 +323,11 @@ class ShadowComponent:
             pipeline = ShadowPipeline.from_settings(
                 self.shadow_settings,
                 session=session,
-                on_pair=self._on_pair,
+                sink=self.statistics,
                 load_state=self._load_state,
-                mono_clock=self._mono_clock,
-                wall_clock=self._wall_clock,
-                sleep=self._sleep,
-                categories=self.categories,
-                listen=self._listen,
+                runtime=self.runtime,
+                categories=self.statistics.categories,
                 listener=self.proxy_listener,
-                shutdown_timeout_seconds=self._shutdown_timeout,
                 serve_mirror=False,
             )
             self.pipeline = pipeline
@@ -542,9 +336,10 @@ class ShadowComponent:
                 listener = MirrorListener(
                     mirror_routes(self._mirror),
                     max_body_bytes=sh.mirror_max_body_bytes,
-                    listen=self._listen,
+                    listen=self.runtime.listen,
                     listener=self.mirror_listener,
-                    shutdown_timeout_seconds=self._shutdown_timeout * MIRROR_SHUTDOWN_SHARE,
+                    shutdown_timeout_seconds=self.runtime.shutdown_timeout_seconds
+                    * MIRROR_SHUTDOWN_SHARE,
                 )
                 port = await listener.start(sh.mirror_listen_host, sh.mirror_listen_port)
                 self._mirror_listener = listener
@@ -569,8 +364,7 @@ class ShadowComponent:
             ledger.listener = None
             await ledger.close()
             self.ledger = None
-            self.live = None
-            self._inputs = self._decisions = None
+            self.statistics.reset()
             if own_session and isinstance(session, Mapping):
                 for s in session.values():
                     await s.close()

@@ -29,15 +29,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from specwatch.core.config import OVERALL
+from specwatch.shadow.published import DecisionRow, PairedSummary, ShadowIO
 from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.stats.sequential import e_value_alarm
-from specwatch.shadow.summary import (
-    DecisionRow,
-    PairedSummary,
-    ShadowIO,
-    categories_by_volume,
-    summarize,
-)
+from specwatch.shadow.summary import Levels, categories_by_volume, summarize
 from specwatch.shadow.tally import MIN_SPEED_PAIRS as MIN_SPEED_PAIRS
 from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.tally import arm_speeds as arm_speeds
@@ -58,7 +53,7 @@ NO_ACCEPTANCE = (
 @dataclass(frozen=True, slots=True)
 class ReplyCounts:
     """Per-request speculative-decoding counts summed over the replies of one arm (this
-    process, from :class:`~specwatch.shadow.summary.ShadowIO`): verify ``steps``, ``drafted``
+    process, from :class:`~specwatch.shadow.published.ShadowIO`): verify ``steps``, ``drafted``
     and ``accepted`` draft tokens."""
 
     steps: int = 0
@@ -207,32 +202,29 @@ def decision_row(
     tally: PairTally,
     totals: ArmTotals,
     *,
-    alpha: float,
-    margin: float,
-    detect_net_loss: float,
+    levels: Levels,
     power: float = 0.8,
-    standard_reply: ReplyCounts | None = None,
-    fly_reply: ReplyCounts | None = None,
+    replies: tuple[ReplyCounts, ReplyCounts] | None = None,
     log_e_value: float | None = None,
 ) -> DecisionRow:
     """The :class:`DecisionRow` of one category's since-start tally and speed sums, and the
-    arms' reply counts (τ gain from the ledger's per-pair τ when it has them, else from the
-    reply counts; acceptance gain from the reply counts). ``log_e_value``: the ordered
-    no-net-loss e-process when the pairs were folded in order (see
-    :func:`~specwatch.shadow.summary.summarize`)."""
+    arms' reply counts ``replies`` = (standard, FLy) (τ gain from the ledger's per-pair τ when
+    it has them, else from the reply counts; acceptance gain from the reply counts) at
+    ``levels``. ``log_e_value``: the ordered no-net-loss e-process when the pairs were folded
+    in order (see :func:`~specwatch.shadow.summary.summarize`)."""
     s = summarize(
         tally,
-        alpha=alpha,
-        margin=margin,
-        detect_net_loss=detect_net_loss,
+        alpha=levels.alpha,
+        margin=levels.margin,
+        detect_net_loss=levels.detect_net_loss,
         power=power,
         log_e_value=log_e_value,
     )
-    std_r, fly_r = standard_reply or ReplyCounts(), fly_reply or ReplyCounts()
+    std_r, fly_r = replies or (ReplyCounts(), ReplyCounts())
     tau, tau_why = _tau(totals, std_r, fly_r)
     acc, acc_why = _acceptance(std_r, fly_r)
     speed, speed_why = _speed(totals)
-    verdict, text, more = _verdict(s, speed, alpha)
+    verdict, text, more = _verdict(s, speed, levels.alpha)
     return DecisionRow(
         category=category,
         pairs=tally.paired,
@@ -261,9 +253,7 @@ def decision_table(
     tallies: Mapping[str, PairTally],
     totals: Mapping[str, ArmTotals],
     *,
-    alpha: float,
-    margin: float,
-    detect_net_loss: float,
+    levels: Levels,
     power: float = 0.8,
     max_categories: int = 20,
     replies: Mapping[tuple[str, str], ReplyCounts] | None = None,
@@ -293,7 +283,6 @@ def decision_table(
     order = sorted(pooled_t, key=lambda c: (c == OTHER, c))
     all_t = sum(pooled_t.values(), PairTally())
     all_a = sum(pooled_a.values(), ArmTotals())
-    kw = {"alpha": alpha, "margin": margin, "detect_net_loss": detect_net_loss, "power": power}
 
     def arm_total(arm: str) -> ReplyCounts:
         return sum((r for (a, _), r in pooled_r.items() if a == arm), ReplyCounts())
@@ -303,9 +292,12 @@ def decision_table(
             c,
             pooled_t[c],
             pooled_a[c],
-            standard_reply=pooled_r.get(("standard", c)),
-            fly_reply=pooled_r.get(("fly", c)),
-            **kw,
+            levels=levels,
+            power=power,
+            replies=(
+                pooled_r.get(("standard", c), ReplyCounts()),
+                pooled_r.get(("fly", c), ReplyCounts()),
+            ),
         )
         for c in order
     ]
@@ -314,10 +306,10 @@ def decision_table(
             OVERALL,
             all_t,
             all_a,
-            standard_reply=arm_total("standard"),
-            fly_reply=arm_total("fly"),
+            levels=levels,
+            power=power,
+            replies=(arm_total("standard"), arm_total("fly")),
             log_e_value=overall_log_e_value,
-            **kw,
         )
     )
     return tuple(rows)

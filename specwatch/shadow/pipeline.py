@@ -1,9 +1,10 @@
-"""Wires shadow ingest -> sampler -> replay and hands every :class:`ReplayPair` to a sink.
+"""Wires shadow ingest -> sampler -> replay and hands every :class:`ReplayPair` to a
+:class:`PairSink` (in the sidecar :class:`~specwatch.shadow.live.ShadowStatistics`).
 
 Usage on the sidecar's aiohttp app::
 
     pipeline = ShadowPipeline.from_settings(
-        settings.shadow, session=session, on_pair=sink, load_state=loads
+        settings.shadow, session=session, sink=statistics, load_state=loads
     )
     pipeline.mount(app)          # start/stop with the app's lifecycle
 
@@ -13,11 +14,11 @@ or without an app: ``await pipeline.start()`` ... ``await pipeline.stop()``.
 ``"mirror"`` in modes and ``serve_mirror``; :attr:`mirror_port` is the bound port), the proxy on
 its own port (if ``"proxy"`` in modes) and the canary runner (if ``"canary"``). Each worker takes
 one queued request, drops it as ``expired`` if it waited longer than ``max_queue_age_seconds``,
-waits while the sampler reports a load pause (re-checked every ``pause_poll_seconds``), replays
-it through all arms and awaits ``on_pair(pair)``. Every pair is delivered unjudged: the pipeline
-never classifies a pair (the sink compares it, :func:`specwatch.shadow.compare.compare`, which
-gives it its one status); its own counters are the I/O side's (sampler, ingest, arm failures,
-the replies' speculative-decoding counts).
+waits while the sampler reports a load pause (re-checked every :data:`PAUSE_POLL_SECONDS`), replays
+it through all arms and awaits ``sink.take_pair(pair)``. Every pair is delivered unjudged: the
+pipeline never classifies a pair (the sink compares it,
+:func:`specwatch.shadow.compare.compare`, which gives it its one status); its own counters are
+the I/O side's (sampler, ingest, arm failures, the replies' speculative-decoding counts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -41,23 +43,53 @@ from specwatch.shadow.ingest.canary import CanaryRunner, load_canary
 from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
+from specwatch.shadow.published import ShadowIO
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import (
     OTHER_CATEGORY,
     PAUSE_REASONS,
     CategoryBound,
+    CategoryQuota,
+    LoadPause,
     LoadState,
     Sampler,
     Takeover,
 )
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.summary import ShadowIO
 from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
 
 log = logging.getLogger("specwatch.shadow.pipeline")
 
-PairSink = Callable[[ReplayPair], Awaitable[None]]
 CANARY_TASK = "shadow-canary"
+
+#: Seconds between two checks of a load pause by a request waiting for it to end.
+PAUSE_POLL_SECONDS = 0.5
+
+
+class PairSink(Protocol):
+    """Where the pipeline hands each replayed pair, unjudged: in the sidecar
+    :meth:`ShadowStatistics.take_pair <specwatch.shadow.live.ShadowStatistics.take_pair>`
+    (compare, ledger row, counters, e-processes)."""
+
+    async def take_pair(self, pair: ReplayPair) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """How the shadow side meets the world: ``wall_clock`` (unix seconds: ``received_at``,
+    ledger times, windows), ``mono_clock`` (the sampler's and the replays' clock), ``sleep``
+    (the load-pause poll, the refresh loop), the listeners' ``listen`` limits and their
+    ``shutdown_timeout_seconds`` exit deadline."""
+
+    wall_clock: WallClock = SYSTEM_WALL
+    mono_clock: MonotonicClock = SYSTEM_MONOTONIC
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    listen: ListenLimits = field(default_factory=ListenLimits)
+    shutdown_timeout_seconds: float = 5.0
+
+
+#: The system clocks, ``asyncio.sleep`` and the default listen limits.
+DEFAULT_RUNTIME = Runtime()
 
 
 def _target(arm: Arm, ep: ArmEndpoint, stream_arms: tuple[str, ...]) -> ArmTarget:
@@ -100,13 +132,14 @@ def sampler_from_settings(
         queue_size=s.queue_size,
         max_rps=s.max_shadow_rps,
         salt=s.sample_salt,
-        category_quota_per_second=s.category_quota_per_second,
-        default_category_quota_per_second=s.default_category_quota_per_second,
-        category_quota_burst=s.category_quota_burst,
-        load_state=load_state,
-        pause_on_waiting=s.pause_on_waiting,
-        pause_running_fraction=s.pause_running_fraction,
-        load_state_max_age_seconds=s.load_state_max_age_seconds,
+        quota=CategoryQuota(
+            s.category_quota_per_second,
+            s.default_category_quota_per_second,
+            s.category_quota_burst,
+        ),
+        pause=LoadPause(
+            load_state, s.pause_on_waiting, s.pause_running_fraction, s.load_state_max_age_seconds
+        ),
         categories=(
             categories
             if categories is not None
@@ -211,7 +244,6 @@ def ingest_from_settings(
             connect_timeout_seconds=s.proxy_connect_timeout_seconds,
             total_timeout_seconds=s.proxy_total_timeout_seconds,
             stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
-            use_uvloop=s.proxy_uvloop,
             listen=listen,
             listener=listener,
             shutdown_timeout_seconds=shutdown_timeout_seconds,
@@ -237,9 +269,9 @@ class ShadowPipeline:
 
     :meth:`from_settings` builds one from the ``shadow`` settings group; ``__init__`` takes the
     built parts: ``settings`` (the group; the pipeline reads its listen addresses, proxy mode,
-    ``max_in_flight``, ``max_queue_age_seconds`` and ``pause_poll_seconds``), the ``sampler``,
-    the ``replayer``, the ``ingest`` parts offering to that sampler, ``on_pair``: ``async
-    (ReplayPair) -> None``; ``load_state``: ``() -> {arm: ArmLoad}`` (the running count stamped
+    ``max_in_flight`` and ``max_queue_age_seconds``), the ``sampler``,
+    the ``replayer``, the ``ingest`` parts offering to that sampler, the ``sink`` every pair is
+    handed to; ``load_state``: ``() -> {arm: ArmLoad}`` (the running count stamped
     on each pair; ``None``: unknown); ``wall_clock``: unix seconds (a queued request's age);
     ``sleep``: async sleep (the load-pause poll).
     """
@@ -251,13 +283,13 @@ class ShadowPipeline:
         sampler: Sampler,
         replayer: Replayer,
         ingest: Ingest,
-        on_pair: PairSink,
+        sink: PairSink,
         load_state: LoadState | None = None,
         wall_clock: WallClock = SYSTEM_WALL,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.settings = settings
-        self._on_pair = on_pair
+        self._sink = sink
         self._wall_clock = wall_clock
         self._sleep = sleep
         self.sampler = sampler
@@ -279,12 +311,12 @@ class ShadowPipeline:
         self.spec_accepted: Counter[tuple[str, str]] = Counter()
         self.sink_errors = 0
         self._tasks: list[asyncio.Task[None]] = []
-        #: Workers holding a request (taken from the queue, not yet handed to ``on_pair``).
+        #: Workers holding a request (taken from the queue, not yet handed to the sink).
         self._holding = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = False
-        #: Pairs handed to ``on_pair`` so far.
+        #: Pairs handed to the sink so far.
         self.delivered = 0
         #: the proxy listener is up (:meth:`start_proxy` ran and :meth:`stop` has not)
         self.proxy_started = False
@@ -295,15 +327,11 @@ class ShadowPipeline:
         settings: ShadowSettings,
         *,
         session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
-        on_pair: PairSink,
+        sink: PairSink,
         load_state: LoadState | None = None,
-        mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
-        wall_clock: WallClock = SYSTEM_WALL,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        runtime: Runtime = DEFAULT_RUNTIME,
         categories: CategoryBound | None = None,
-        listen: ListenLimits | None = None,
         listener: ListenerStats | None = None,
-        shutdown_timeout_seconds: float = 5.0,
         serve_mirror: bool = True,
     ) -> ShadowPipeline:
         """The pipeline of the ``shadow`` settings group.
@@ -311,27 +339,27 @@ class ShadowPipeline:
         ``session``: an open ``aiohttp.ClientSession`` for replays, or one per arm (``{Arm:
         session}``, see :func:`~specwatch.shadow.replay.open_arm_session`), owned by the
         caller; ``load_state``: ``() -> {arm: ArmLoad}`` with keys ``standard``, ``fly`` (and
-        ``noise`` when used), ``None`` to disable the load-aware pause; ``mono_clock``:
-        monotonic seconds (sampler, replay timings); ``wall_clock``: unix seconds (``received_at``);
+        ``noise`` when used), ``None`` to disable the load-aware pause; ``runtime``: clocks,
+        sleep and the proxy listener's limits and exit deadline (:class:`Runtime`);
         ``categories``: the category bound (default :func:`category_bound_from_settings`);
-        ``listen``, ``listener``, ``shutdown_timeout_seconds``: the proxy listener's limits,
-        counters and exit deadline; ``serve_mirror``: start the mirror listener (``False`` when
-        the caller serves :attr:`mirror` itself). Raises ``ValueError`` if the settings lack the
-        standard/FLy arms and :class:`~specwatch.core.canary_file.CanaryFileError` if canary
-        mode has no usable item.
+        ``listener``: the proxy listener's counters; ``serve_mirror``: start the mirror listener
+        (``False`` when the caller serves :attr:`mirror` itself). Raises ``ValueError`` if the
+        settings lack the standard/FLy arms and
+        :class:`~specwatch.core.canary_file.CanaryFileError` if canary mode has no usable item.
         """
-        replayer = replayer_from_settings(settings, session, mono_clock=mono_clock)
+        mono = runtime.mono_clock
+        replayer = replayer_from_settings(settings, session, mono_clock=mono)
         sampler = sampler_from_settings(
-            settings, mono_clock=mono_clock, load_state=load_state, categories=categories
+            settings, mono_clock=mono, load_state=load_state, categories=categories
         )
         ingest = ingest_from_settings(
             settings,
             sampler,
-            wall_clock=wall_clock,
-            sleep=sleep,
-            listen=listen,
+            wall_clock=runtime.wall_clock,
+            sleep=runtime.sleep,
+            listen=runtime.listen,
             listener=listener,
-            shutdown_timeout_seconds=shutdown_timeout_seconds,
+            shutdown_timeout_seconds=runtime.shutdown_timeout_seconds,
             serve_mirror=serve_mirror,
         )
         return cls(
@@ -339,10 +367,10 @@ class ShadowPipeline:
             sampler=sampler,
             replayer=replayer,
             ingest=ingest,
-            on_pair=on_pair,
+            sink=sink,
             load_state=load_state,
-            wall_clock=wall_clock,
-            sleep=sleep,
+            wall_clock=runtime.wall_clock,
+            sleep=runtime.sleep,
         )
 
     # -- ingest entry -------------------------------------------------------------------------
@@ -375,14 +403,9 @@ class ShadowPipeline:
         port cannot be bound."""
         if self.proxy is None or self.proxy_started or self._draining:
             return
-        start = (
-            self.proxy.start_in_process
-            if self.settings.proxy_own_process
-            else self.proxy.start_in_thread
-            if self.settings.proxy_own_thread
-            else self.proxy.start
+        port = await self.proxy.start(
+            self.settings.proxy_listen_host, self.settings.proxy_listen_port
         )
-        port = await start(self.settings.proxy_listen_host, self.settings.proxy_listen_port)
         self.proxy_started = True
         log_event(log, logging.INFO, "shadow proxy listening", port=port)
 
@@ -505,7 +528,7 @@ class ShadowPipeline:
                 return
             if not self.sampler.current_pause():
                 break
-            await self._sleep(self.settings.pause_poll_seconds)
+            await self._sleep(PAUSE_POLL_SECONDS)
         self.in_flight += 1
         try:
             pair = await self.replayer.replay(req, running=self._running())
@@ -536,7 +559,7 @@ class ShadowPipeline:
                 self.spec_drafted[key] += sd.num_draft_tokens
                 self.spec_accepted[key] += sd.num_accepted_draft_tokens
         try:
-            await self._on_pair(pair)
+            await self._sink.take_pair(pair)
             self.delivered += 1
         except asyncio.CancelledError:
             raise

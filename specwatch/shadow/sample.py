@@ -29,7 +29,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwatch.core.clock import MonotonicClock
@@ -332,6 +332,33 @@ class CategoryBound:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class CategoryQuota:
+    """Per-category admission rates: ``per_second[category]`` requests per second, categories
+    not named get ``default_per_second`` (``None``: no quota), each with a burst of ``burst``."""
+
+    per_second: Mapping[str, float] = field(default_factory=dict)
+    default_per_second: float | None = None
+    burst: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPause:
+    """The load-aware pause: ``load_state`` read per arm (``None``: never pauses), paused while
+    requests wait (``on_waiting``) or running ones pass ``running_fraction`` of the server's
+    batch; a reading older than ``max_age_seconds`` pauses too (see :func:`pause_reasons`)."""
+
+    load_state: LoadState | None = None
+    on_waiting: bool = True
+    running_fraction: float = 0.8
+    max_age_seconds: float = 30.0
+
+
+#: No per-category quota; never pauses for load.
+NO_QUOTA = CategoryQuota()
+NO_PAUSE = LoadPause()
+
+
 class Sampler:
     """Admits offered requests into a bounded ``asyncio.Queue`` (see module docstring for order).
 
@@ -348,13 +375,8 @@ class Sampler:
         queue_size: int,
         max_rps: float,
         salt: str = "",
-        category_quota_per_second: Mapping[str, float] | None = None,
-        default_category_quota_per_second: float | None = None,
-        category_quota_burst: float = 5.0,
-        load_state: LoadState | None = None,
-        pause_on_waiting: bool = True,
-        pause_running_fraction: float = 0.8,
-        load_state_max_age_seconds: float = 30.0,
+        quota: CategoryQuota = NO_QUOTA,
+        pause: LoadPause = NO_PAUSE,
         categories: CategoryBound | None = None,
     ) -> None:
         if not 0.0 <= probability <= 1.0:
@@ -364,15 +386,15 @@ class Sampler:
         self._mono_clock = mono_clock
         self.queue: asyncio.Queue[ShadowRequest] = asyncio.Queue(maxsize=queue_size)
         self._rps = TokenBucket(max_rps, max(1.0, max_rps), mono_clock)
-        self._quota_rates = dict(category_quota_per_second or {})
-        self._default_quota = default_category_quota_per_second
-        self._quota_burst = category_quota_burst
+        self._quota_rates = dict(quota.per_second)
+        self._default_quota = quota.default_per_second
+        self._quota_burst = quota.burst
         self._buckets: dict[str, TokenBucket | None] = {}
         self.categories = categories if categories is not None else CategoryBound(20)
-        self._load_state = load_state
-        self._on_waiting = pause_on_waiting
-        self._running_fraction = pause_running_fraction
-        self._max_age = load_state_max_age_seconds
+        self._load_state = pause.load_state
+        self._on_waiting = pause.on_waiting
+        self._running_fraction = pause.running_fraction
+        self._max_age = pause.max_age_seconds
         self.offered = 0
         self.not_sampled = 0
         self.admitted = 0

@@ -31,26 +31,27 @@ NoiseKind = Literal["off", "standard", "baseline"]
 
 
 class ArmEndpoint(BaseModel):
-    """Where one replay arm is sent.
+    """Where one replay arm is sent (the fields say how)."""
 
-    ``url`` is the OpenAI-compatible base URL without ``/v1`` (``http://vllm-std:8000``); ``target``
-    names the observe target of the same server (used by ``load_state`` for the load-aware pause);
-    ``token`` is sent as ``Authorization: Bearer <token>`` when set; ``model`` overrides the
-    request's ``model`` field when set (the two servers may serve the model under different names).
-    ``keepalive_seconds`` is how long the replay client keeps an idle connection to this arm: keep
-    it below the server's idle timeout (vLLM closes idle connections after
-    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default), so the client never reuses a socket the
-    server is closing.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     url: str
+    """OpenAI-compatible base URL of the arm's server, without `/v1`
+    (`http://vllm-std:8000`); may be left out when `target` is given."""
     target: str | None = None
+    """Name of the observe target that is the same server: its URL is used when `url` is
+    absent, and its load drives the load-aware pause."""
     token: str | None = Field(default=None, repr=False)
+    """Sent as `Authorization: Bearer` on replays to this arm; never logged."""
     model: str | None = None
+    """Replaces the request's `model` field on replays, when the two servers serve the model
+    under different names."""
     timeout_seconds: float = Field(default=120.0, gt=0)
+    """A replay to this arm that takes longer than this many seconds is abandoned and
+    counted."""
     keepalive_seconds: float = Field(default=4.0, gt=0)
+    """How long an idle connection to this arm is kept; keep it below the server's idle
+    timeout (vLLM: 5 s) so a closing socket is never reused."""
 
     @field_validator("url")
     @classmethod
@@ -78,10 +79,8 @@ class ShadowSettings(BaseModel):
     Mirror: mirrored copies are received on their own listener, ``mirror_listen_host``:
     ``mirror_listen_port`` (default 9402; 0 = any free port), never on the ``/metrics`` port;
     bodies over ``mirror_max_body_bytes`` (16 MiB) are refused (``too_large``). The proxy's body
-    limit ``proxy_max_body_bytes`` is 16 MiB as well. The proxy runs in a child process of its
-    own (``proxy_own_process``, default true: no shared loop or GIL with the shadow side; shadow
-    copies cross over a local socket pair); with ``proxy_own_process: false`` on its own thread
-    and event loop (``proxy_own_thread``, default true) or else on the sidecar's loop.
+    limit ``proxy_max_body_bytes`` is 16 MiB as well (bodies over it are relayed, not copied).
+    The proxy (for users without a mesh) is an aiohttp streaming proxy on the sidecar's loop.
 
     Replay: arms ``standard``, ``fly`` and optional ``noise`` (``noise_kind``: ``standard`` = a
     second replay to the standard arm's endpoint unless ``noise`` is given, ``baseline`` = a
@@ -94,70 +93,134 @@ class ShadowSettings(BaseModel):
     :mod:`specwatch.shadow.sse`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     enabled: bool = False
+    """Turn shadow replay on; needs `shadow.standard` and `shadow.fly`."""
     modes: tuple[IngestMode, ...] = ("mirror",)
+    """Where requests to replay come from: `mirror` (copies sent by a mesh or nginx to the
+    mirror port), `proxy` (specwatch forwards live traffic) and/or `canary` (a fixed prompt
+    set)."""
 
     # sampler
     sample_probability: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Fraction of incoming requests replayed, chosen by a hash of the request (the same
+    request is always in or out)."""
     sample_salt: str = ""
+    """Mixed into the sampling hash; change it to sample a different subset of requests."""
     category_quota_per_second: dict[str, float] = Field(default_factory=dict)
+    """Most replays per second per request category (`{"chat": 1.0}`); categories not listed
+    use `default_category_quota_per_second`."""
     default_category_quota_per_second: float | None = Field(default=None, gt=0)
+    """Quota per second of each category absent from `category_quota_per_second`; unset: no
+    quota."""
     category_quota_burst: float = Field(default=5.0, ge=1.0)
+    """How many replays a category may take at once above its quota (token-bucket size)."""
     max_categories: int = Field(default=DEFAULT_MAX_CATEGORIES, ge=0, le=1000)
+    """Most request categories given their own series; the rest are counted as `other`.
+    Bounds metric cardinality."""
     category_window_seconds: float = Field(default=600.0, gt=0)
+    """Time scale, in seconds, over which category volumes are compared when a new category
+    competes for a slot."""
     category_takeover_ratio: float = Field(default=1.5, ge=1.0)
+    """A new category takes the weakest kept category's slot when its recent volume is at
+    least this many times the weakest one's."""
     category_takeover_seconds: float = Field(default=120.0, ge=0)
+    """... and has stayed so for this many seconds in a row."""
     category_takeover_min_requests: float = Field(default=10.0, ge=0)
+    """... and has at least this many recent requests."""
     queue_size: int = Field(default=256, ge=1)
+    """Most sampled requests waiting for replay; more are dropped and counted."""
     max_shadow_rps: float = Field(default=5.0, gt=0)
+    """Most replays started per second, all arms together; the main guard on GPU load added
+    by the shadow side."""
     max_in_flight: int = Field(default=4, ge=1)
+    """Most replays running at once."""
     pause_on_waiting: bool = True
+    """Pause replays while any arm's server has requests waiting, so the shadow side never
+    queues ahead of live traffic."""
     pause_running_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    """Also pause while an arm runs at least this fraction of its `max_num_seqs`."""
     load_state_max_age_seconds: float = Field(default=30.0, gt=0)
+    """Pause too when an arm's last good scrape is older than this many seconds (its load is
+    unknown); keep it a few scrape intervals."""
     max_queue_age_seconds: float = Field(default=60.0, gt=0)
-    pause_poll_seconds: float = Field(default=0.5, gt=0)
+    """A sampled request that waited longer than this many seconds is dropped instead of
+    replayed."""
 
     # replay arms
     standard: ArmEndpoint | None = None
+    """The arm without FLy (the reference)."""
     fly: ArmEndpoint | None = None
+    """The arm with FLy speculation (the candidate)."""
     noise: ArmEndpoint | None = None
+    """Optional second endpoint measuring the noise floor (see `noise_kind`)."""
     noise_kind: NoiseKind = "off"
+    """`off`; `standard`: replay each request twice to the standard arm (or to `noise`) to
+    measure agreement by chance; `baseline`: `noise` is a target-only server."""
     baseline: ArmEndpoint | None = None
+    """Optional server without speculation; the standard arm is compared with it on greedy
+    requests (the lossless check)."""
     stream_arms: tuple[Literal["standard", "fly", "noise", "baseline"], ...] = ()
+    """Arms that only answer streaming requests; their replays are sent as streams and
+    parsed."""
     max_tokens_cap: int = Field(default=512, ge=1)
+    """Replays ask for at most this many tokens (`max_tokens` / `max_completion_tokens` is
+    lowered to it)."""
     replay_extra_body: dict[str, Any] = Field(default_factory=dict)
+    """JSON fields added to every replayed request body."""
     marker_header: str = SHADOW_MARKER_HEADER
+    """Header set to `1` on every shadow request, so servers and meshes can tell replays
+    from live traffic."""
 
     # mirror: its own listener, never the /metrics port (anyone who can scrape must not be able
     # to inject requests that are replayed to the GPU arms)
     mirror_listen_host: str = "0.0.0.0"
+    """Address the mirror listener binds (never the `/metrics` port: who can scrape must not
+    be able to inject replays)."""
     mirror_listen_port: int = Field(default=9402, ge=0, le=65535)
+    """Port mirrored copies are sent to; 0 picks a free port."""
     mirror_max_body_bytes: int = Field(default=16 << 20, ge=1024)
+    """Mirrored bodies larger than this many bytes are refused (`too_large`)."""
     mirror_require_shadow_host: bool = False
+    """Accept mirrored copies only when their Host ends in `-shadow` (what Envoy and Istio
+    mirroring set)."""
 
     # proxy
     proxy_listen_host: str = "0.0.0.0"
+    """Address the proxy listener binds (proxy mode)."""
     proxy_listen_port: int = Field(default=9401, ge=0, le=65535)
+    """Port live traffic is sent to in proxy mode; 0 picks a free port."""
     proxy_upstream: str | None = None
+    """The server the proxy forwards live traffic to (`http://vllm:8000`); required in proxy
+    mode."""
     proxy_max_body_bytes: int = Field(default=16 << 20, ge=1024)
+    """Largest request body the proxy forwards, in bytes; larger requests are refused."""
     proxy_connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    """Seconds the proxy waits to connect to the upstream."""
     proxy_total_timeout_seconds: float | None = Field(default=None, gt=0)
+    """Longest a proxied request may take in all, in seconds; unset: no limit."""
     proxy_stream_idle_timeout_seconds: float | None = Field(default=60.0, gt=0)
-    proxy_own_thread: bool = True
-    proxy_own_process: bool = True
-    proxy_uvloop: bool = True
+    """A proxied stream silent for this many seconds is cut; unset: never."""
 
     # canary
     canary_file: str | None = None
+    """JSONL file of canary requests replayed in `canary` mode."""
     canary_builtin: bool = False
+    """Also replay the built-in canary prompts in `canary` mode (with or without
+    `canary_file`)."""
     canary_rate_per_second: float = Field(default=0.2, gt=0)
+    """Canary requests sent per second."""
     canary_loop: bool = True
+    """Start the canary file again when it ends (false: send it once)."""
     canary_model: str | None = None
+    """`model` of canary requests whose line names none (and of the built-in set); unset:
+    left out."""
 
     # ledger hint (read by the ledger owner)
     store_text: bool = False
+    """Store prompt and completion text in the ledger (off: only hashes and outcomes). Mind
+    what your prompts contain."""
 
     @field_validator("proxy_upstream")
     @classmethod
@@ -202,42 +265,52 @@ class ShadowSettings(BaseModel):
 
 
 class LedgerSettings(Frozen):
-    """The paired-outcome ledger (SQLite, WAL): ``path`` (relative paths are under the working
-    directory; the container's is ``/var/lib/specwatch``), retention ``max_age_seconds`` and
-    ``max_rows`` (``None`` = keep), ``synchronous`` (SQLite; ``FULL`` also survives power loss).
-    Prompt and completion text are stored only with ``shadow.store_text``. While running,
-    SQLite's quick integrity check runs every ``integrity_check_seconds`` in a worker thread
-    (``None``: never); a ledger found corrupt stops pairing and is moved aside at the next
-    start."""
+    """The paired-outcome ledger (SQLite, WAL) and its retention. Prompt and completion text are
+    stored only with ``shadow.store_text``; a ledger found corrupt stops pairing and is moved
+    aside at the next start."""
 
     path: str = "specwatch-ledger.sqlite"
+    """SQLite file of the ledger; relative paths are under the working directory (the
+    container's is `/var/lib/specwatch`)."""
     max_age_seconds: float | None = Field(default=30 * 86400.0, gt=0)
+    """Rows older than this many seconds are deleted; unset: kept."""
     max_rows: int | None = Field(default=5_000_000, gt=0)
+    """Oldest rows beyond this count are deleted; unset: kept."""
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    """SQLite `synchronous` mode: `NORMAL` survives a crash of specwatch, `FULL` also a
+    power loss, `OFF` neither."""
     integrity_check_seconds: float | None = Field(default=3600.0, gt=0)
+    """Seconds between SQLite quick integrity checks (in a worker thread); a corrupt ledger
+    stops pairing and is moved aside at the next start. Unset: never."""
 
 
 class PairedSettings(Frozen):
-    """Paired statistics over the ledger: ``alpha`` (test level; e-value alarm at 1/alpha),
-        ``margin`` (non-inferiority margin on the net loss, a fraction: 0.01 = one point),
-        ``detect_net_loss`` (the net loss ``questions_needed`` is sized for, power ``power``),
-        ``windows`` (rolling windows; ``since_start`` = the whole ledger is always added; the
-        defaults include the alert detectors' ``flip_window`` 1h and ``shadow_stalled_window`` 15m;
-        kept in memory in 10-second buckets, so a window reaches back up to 10 s further than its
-        length), ``refresh_seconds`` (how often the statistics are published: the in-memory tallies
-        are updated per stored pair, the ledger is read only at start), ``load_bands``
-        (lower bounds of the running-request bands flips are split by: ``0,8,32`` gives ``0-7``,
-        ``8-31``, ``32+``), ``change_arl`` (the change detector's threshold: its mean run length
-    to a false alarm under no loss is at least this many labelled pairs)."""
+    """Paired statistics over the ledger. Windows are kept in memory in 10-second buckets, so a
+    window reaches back up to 10 s further than its length; the in-memory tallies are updated
+    per stored pair and the ledger is read only at start."""
 
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0.0, lt=1.0)
+    """Test level: the e-value alarm fires at 1/alpha. Lower it for fewer false alarms and
+    slower detection."""
     margin: float = Field(default=DEFAULT_MARGIN, ge=0.0, lt=1.0)
+    """Non-inferiority margin on the net loss, a fraction (0.01 = one point): losses below
+    it are accepted."""
     detect_net_loss: float = Field(default=0.02, gt=0.0, lt=1.0)
+    """The net loss `questions_needed` is sized for."""
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
+    """The power `questions_needed` is sized for."""
     change_arl: float = Field(default=50_000.0, gt=1.0)
+    """Threshold of the change detector: its mean run to a false alarm with no loss is at
+    least this many labelled pairs. Raise it for fewer false alarms."""
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
+    """Rolling windows of the paired statistics (`since_start`, the whole ledger, is always
+    added). Keep the detectors' `flip_window` and `shadow_stalled_window` among them: a
+    detector window absent here reads `since_start` instead."""
     refresh_seconds: float = Field(default=2.0, gt=0)
+    """Seconds between two publications of the paired statistics."""
     load_bands: Annotated[tuple[int, ...], NoDecode] = DEFAULT_LOAD_BANDS
+    """Lower bounds of the running-request bands flips are split by: `0,8,32` gives `0-7`,
+    `8-31`, `32+`."""
 
     @field_validator("load_bands", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.tally import ArmTotals, arm_speeds, arm_tau_means
 
 if TYPE_CHECKING:  # annotations only
-    from specwatch.shadow.summary import PairedSummary
+    from specwatch.shadow.published import PairedSummary
 
 
 @dataclass(frozen=True, slots=True)

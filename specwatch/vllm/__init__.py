@@ -1,1 +1,1 @@
-"""vLLM facts: metric families, spec methods, budget limits, the K advisor; may import core."""
+"""vLLM facts: metric families, spec methods, budget limits; may import core."""

@@ -303,7 +303,6 @@ class TestSettings:
             {"basic_username": "u"},
             {"external_labels": {"bad-name": "x"}},
             {"external_labels": {"ok": ""}},
-            {"lease_factor": 1.0},
             {"tls": {"cert_file": "/c.pem"}},
         ],
     )
@@ -347,16 +346,14 @@ class TestSender:
         assert loop.state.send_errors["http_5xx"] == 2
 
     async def test_backoff_is_capped(self, fake_am: tuple[FakeAM, str]) -> None:
-        """Backoff doubles up to retry_max_backoff."""
+        """Backoff doubles from 0.5 s up to its 8 s cap."""
         am, url = fake_am
-        am.statuses = [500] * 5
+        am.statuses = [500] * 7
         clock, sleeps = FakeWallClock(), Sleeps()
-        loop, session = await _loop(
-            url, [drop()], clock, sleeps, max_attempts=5, retry_max_backoff=1.5
-        )
+        loop, session = await _loop(url, [drop()], clock, sleeps, max_attempts=7)
         async with session:
             await loop.tick()
-        assert sleeps.calls == [0.5, 1.0, 1.5, 1.5]
+        assert sleeps.calls == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
         assert loop.state.outbox_depth == 1  # kept for the next tick
 
     async def test_429_is_retried(self, fake_am: tuple[FakeAM, str]) -> None:

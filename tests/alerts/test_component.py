@@ -20,8 +20,9 @@ from specwatch.core.logs import event_fields
 from specwatch.observe.settings import TargetSettings
 from specwatch.server.wiring import AlertingPlug, alerting_components
 from specwatch.settings import Settings
-from tests.e2e.stack import poll, running_stack
+from tests.e2e.stack import running_stack
 from tests.fakes import FakeWallClock
+from tests.fakes.wait import poll
 
 
 def test_alerting_components_for_run() -> None:

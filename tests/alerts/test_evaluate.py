@@ -35,7 +35,9 @@ from specwatch.observe.values import (
     TargetSnapshot,
 )
 from specwatch.settings import Settings, load_settings
-from specwatch.shadow.summary import PairTally, ShadowStats, build_shadow_stats
+from specwatch.shadow.published import ShadowStats
+from specwatch.shadow.summary import Levels, OrderedState, build_shadow_stats
+from specwatch.shadow.tally import PairTally
 
 MODEL = "example-model"
 
@@ -573,7 +575,7 @@ def test_fly_gain_lost_from_the_pair_view() -> None:
 
 
 def _shadow(tallies: Mapping[str, Mapping[str, PairTally]]) -> ShadowStats:
-    return build_shadow_stats(tallies, now=0.0, alpha=0.05, margin=0.01)
+    return build_shadow_stats(tallies, now=0.0, levels=Levels(alpha=0.05, margin=0.01))
 
 
 def test_quality_and_flip_from_shadow_stats() -> None:
@@ -625,9 +627,19 @@ def test_e_value_bound_is_one_over_paired_alpha() -> None:
     """With paired.alpha 0.01 the margin e-process fires at 1/0.01 = 100, not at 20: e = 50 is
     quiet and e = 120 fires SpecQualityDrift{check="e_value", hypothesis="margin"}."""
     s = no_for()
-    quiet = build_shadow_stats({}, now=0.0, alpha=0.01, betting_log_e_value=math.log(50.0))
+    quiet = build_shadow_stats(
+        {},
+        now=0.0,
+        levels=Levels(alpha=0.01),
+        ordered=OrderedState(betting_log_e_value=math.log(50.0)),
+    )
     assert evaluate(ObserveView(generated_at=0.0), quiet, s, 0.0) == []
-    loud = build_shadow_stats({}, now=0.0, alpha=0.01, betting_log_e_value=math.log(120.0))
+    loud = build_shadow_stats(
+        {},
+        now=0.0,
+        levels=Levels(alpha=0.01),
+        ordered=OrderedState(betting_log_e_value=math.log(120.0)),
+    )
     fired = evaluate(ObserveView(generated_at=0.0), loud, s, 0.0)
     assert [(a.alertname, dict(a.labels)) for a in fired] == [
         (
@@ -735,7 +747,12 @@ def test_shadow_alerts_name_the_pair_they_come_from() -> None:
         for tr in (std, fly):
             tr.record_page(i * 10.0, parse_page(page(engines)), duration_seconds=0.01)
     view = build_view([std.snapshot(), fly.snapshot()], now=30.0)
-    loud = build_shadow_stats({}, now=0.0, alpha=0.05, betting_log_e_value=math.log(50.0))
+    loud = build_shadow_stats(
+        {},
+        now=0.0,
+        levels=Levels(alpha=0.05),
+        ordered=OrderedState(betting_log_e_value=math.log(50.0)),
+    )
     (alert,) = evaluate(view, loud, no_for(), 30.0)
     assert dict(alert.labels) == {
         "target": "fly-a",

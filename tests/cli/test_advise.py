@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from specwatch.__main__ import main as cli_main
-from specwatch.cli.advise import SGLANG_CANNOT
-from specwatch.vllm.advisor import (
+from specwatch.tools.advise.advisor import (
     MIN_DRAFTS,
     KRow,
     advice,
@@ -21,6 +20,7 @@ from specwatch.vllm.advisor import (
     mean_acceptance_length,
     rows_by_k,
 )
+from specwatch.tools.advise.command import SGLANG_CANNOT
 from specwatch.vllm.methods import BudgetRegime
 from tests.fakes import REPO
 

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from specwatch.__main__ import main
-from specwatch.cli.doctor import check_roles, check_selectors, dashboard_queries, selector_matches
+from specwatch.tools.doctor.command import (
+    check_roles,
+    check_selectors,
+    dashboard_queries,
+    selector_matches,
+)
 from tests.fakes import free_port
 
 

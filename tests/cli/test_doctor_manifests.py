@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from specwatch.cli.doctor import Finding, check_ledger_volume, check_ports
+from specwatch.tools.doctor.command import Finding, check_ledger_volume, check_ports
 from tests.deploy.test_manifests import kustomize_build
 from tests.fakes import REPO
 

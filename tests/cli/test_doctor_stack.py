@@ -6,9 +6,8 @@ dashboard matcher on a label no series of its metric has."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -18,13 +17,14 @@ import yaml
 
 from deploy.mixin.render import load_rules
 from specwatch.__main__ import main
-from specwatch.cli.doctor_stack import (
+from specwatch.tools.doctor.stack import (
     check_inhibit_rules,
     label_replace_labels,
     mirror_percentages,
     promql_matchers,
     rule_labels,
 )
+from tests.fakes.http import threaded_http_server
 
 #: The label names Prometheus has on specwatch's series (``/api/v1/labels`` with its job).
 SPECWATCH_LABELS = ["__name__", "instance", "job", "model_name", "namespace", "role", "target"]
@@ -140,14 +140,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def api() -> Iterator[str]:
     """The fake Prometheus + Alertmanager on a free port, as its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded_http_server(_Handler) as url:
+        yield url
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, str]]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specwatch.cli.doctor import Finding, grafana_builtins, scrape_seconds, triage
+from specwatch.tools.doctor.command import Finding, grafana_builtins, scrape_seconds, triage
 
 
 def test_rate_interval_is_grafanas_rule() -> None:

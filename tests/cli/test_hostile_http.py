@@ -5,46 +5,12 @@ and every JSON log line stays strict JSON.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from specwatch.__main__ import main as cli_main
-
-
-class _Canned(BaseHTTPRequestHandler):
-    """Answers every GET with ``body`` (200, ``application/json``)."""
-
-    body: bytes = b""
-
-    def do_GET(self) -> None:
-        body = self.body
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet."""
-
-
-@contextlib.contextmanager
-def _serve(body: bytes) -> Iterator[str]:
-    handler = type("H", (_Canned,), {"body": body})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.fakes.http import canned_json_server
 
 
 def _vector(value: str, metric: dict[str, str]) -> bytes:
@@ -58,7 +24,7 @@ def test_prometheus_answer_not_utf8(command: str, capsys: pytest.CaptureFixture[
     """A "Prometheus" answering ``\\xff\\x00garbage`` as application/json: one line saying
     ``decode: URL: not UTF-8`` (as for an answer that is not JSON), no UnicodeDecodeError
     traceback; exit 1, the code both commands give when Prometheus cannot be queried."""
-    with _serve(b"\xff\x00garbage") as url:
+    with canned_json_server(b"\xff\x00garbage") as url:
         rc = cli_main([command, "--prometheus-url", url])
     assert rc == 1
     out = capsys.readouterr()
@@ -72,7 +38,7 @@ def test_doctor_targets_answer_of_the_wrong_shape(capsys: pytest.CaptureFixture[
     """A Prometheus whose ``/api/v1/targets`` answer is valid API JSON but a vector, not the
     targets shape: doctor says the answer is malformed, naming the URL, and invents no target
     (before: "vLLM target (job ) has no role label")."""
-    with _serve(_vector("1", {})) as url:
+    with canned_json_server(_vector("1", {})) as url:
         rc = cli_main(["doctor", "--prometheus-url", url])
     assert rc == 1
     out = capsys.readouterr()
@@ -86,7 +52,7 @@ def test_fleet_logs_a_non_numeric_value_as_text(capsys: pytest.CaptureFixture[st
     """A pairs series whose value is ``"bad"``: fleet skips it and its JSON log line is strict
     JSON (no bare ``NaN``) carrying the text the server sent."""
     body = _vector("bad", {"model_name": "m", "outcome": "both_correct", "category": "c"})
-    with _serve(body) as url:
+    with canned_json_server(body) as url:
         rc = cli_main(["fleet", "--prometheus-url", url, "--log-format", "json"])
     assert rc == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "series skipped" in ln]

@@ -5,15 +5,13 @@ in exit code 2 and one stderr line that names what failed (the file, line or set
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from specwatch.__main__ import main as cli_main
+from tests.fakes.http import canned_json_server
 
 #: A nesting depth far past Python's recursion limit (1000): a recursive parser fails on it.
 DEEP = 100_000
@@ -157,35 +155,11 @@ def test_doctor_dashboard_nested_too_deep(
     assert f"{dash}: cannot read dashboard JSON: nested too deep" in err
 
 
-class _DeepJson(BaseHTTPRequestHandler):
-    """A "Prometheus" whose every answer is 200 JSON nested 100,000 deep."""
-
-    def do_GET(self) -> None:
-        body = ("[" * DEEP + "]" * DEEP).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        # fleet stops reading once one query fails: the other queries' answers meet a closed
-        # socket, which must not print a traceback into the stderr this test reads
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet."""
-
-
 @pytest.fixture
 def deep_prometheus() -> Iterator[str]:
-    """The URL of a :class:`_DeepJson` server on 127.0.0.1 (a free port)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _DeepJson)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """A "Prometheus" on 127.0.0.1 whose every answer is 200 JSON nested 100,000 deep."""
+    with canned_json_server(("[" * DEEP + "]" * DEEP).encode()) as url:
+        yield url
 
 
 def test_fleet_prometheus_answer_nested_too_deep(
@@ -237,7 +211,7 @@ def test_paired_test_line_too_long(
 ) -> None:
     """A row longer than the line limit (here lowered to 1,000 bytes; the third line has
     5,000) is refused at file:line (exit 2) without reading the rest of the file."""
-    import specwatch.cli.paired_test as paired_test
+    import specwatch.tools.offline.paired_test as paired_test
 
     monkeypatch.setattr(paired_test, "MAX_LINE_BYTES", 1000)
     base = tmp_path / "base.jsonl"

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.cli.paired_test import InputError, pair_outcomes, pair_sequence, read_outcomes
+from specwatch.tools.offline.paired_test import (
+    InputError,
+    pair_outcomes,
+    pair_sequence,
+    read_outcomes,
+)
 
 #: Lines in the plain shape (spacing, integer ids, 0/1 and true/false, non-ASCII ids, CRLF).
 PLAIN = [
@@ -87,6 +92,6 @@ def test_counts_and_sequence_of_a_hand_worked_pairing() -> None:
 def test_line_count_is_splitlines(text: str) -> None:
     """The one-pass reading counts lines as :meth:`str.splitlines` does, whatever the line
     boundaries (only ``\\n`` counted fast, any other boundary by splitting)."""
-    from specwatch.cli.paired_test import _line_count
+    from specwatch.tools.offline.paired_test import _line_count
 
     assert _line_count(text) == len(text.splitlines())

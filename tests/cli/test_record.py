@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from specwatch.__main__ import main as cli_main
-from specwatch.cli.record import body_name, record, replay_command
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
+from specwatch.tools.offline.record import body_name, record, replay_command
 from tests.fakes import REPO
 
 

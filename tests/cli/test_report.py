@@ -80,7 +80,7 @@ def test_matplotlib_installed_but_broken(
 
     asyncio.run(write())
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+    monkeypatch.delitem(sys.modules, "specwatch.tools.report.render", raising=False)
     out = tmp_path / "out"
     rc, err = _run(["report", "--ledger", str(ledger), "--out", str(out)], capsys)
     assert rc == 2
@@ -108,7 +108,7 @@ def test_matplotlib_loads_only_to_draw(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = (
         "import sys\n"
-        "import specwatch.report.data as data\n"
+        "import specwatch.tools.report.data as data\n"
         "built = data.build_report\n"
         "def spy(*a, **k):\n"
         "    print('matplotlib at build:', 'matplotlib' in sys.modules)\n"

@@ -77,7 +77,7 @@ def test_metrics_url_that_times_out(
 ) -> None:
     """``--metrics-url`` on a server that accepts and never answers: one line naming the URL
     and the limit (before: "TimeoutError: " and nothing after)."""
-    import specwatch.cli.report as report_cli
+    import specwatch.tools.report.command as report_cli
 
     monkeypatch.setattr(report_cli, "METRICS_TIMEOUT_SECONDS", 0.5)
     path = _ledger(tmp_path / "pairs.db")

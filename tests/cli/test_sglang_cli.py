@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from specwatch.__main__ import main as cli_main
-from tests.fake_vllm import FakeVllm, Reply
 from tests.fakes import free_port
+from tests.fakes.vllm import FakeVllm, Reply
 from tests.fixture_files import FIXTURES
 from tests.sidecar_process import run_config, specwatch_process
 

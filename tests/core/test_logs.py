@@ -22,7 +22,7 @@ from specwatch.shadow.ingest.canary import parse_lines
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair
-from tests.fakes import FakeMonotonicClock, free_port
+from tests.fakes import FakeMonotonicClock, PairSinkFn, free_port
 
 
 @pytest.fixture(autouse=True)
@@ -178,7 +178,7 @@ async def test_proxy_listening_line_has_port() -> None:
         return None
 
     async with aiohttp.ClientSession() as session:
-        pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+        pipe = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
         await pipe.start()
         try:
             assert pipe.proxy is not None

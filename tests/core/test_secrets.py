@@ -22,8 +22,8 @@ from specwatch.core.logs import event_fields, redact_url
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
 from tests.fakes import FakeWallClock
+from tests.fakes.vllm import FakeVllm, Reply
 
 GOOD = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n'
 SECRETS = ("PWLEAK42", "QLEAK42", "TOKLEAK42")

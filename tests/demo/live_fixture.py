@@ -30,8 +30,9 @@ from specwatch.observe.values import (
     PairView,
     TargetSnapshot,
 )
-from specwatch.shadow.summary import PairTally, ShadowIO, ShadowStats, summarize
-from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.published import ShadowIO, ShadowStats
+from specwatch.shadow.summary import summarize
+from specwatch.shadow.tally import ArmTotals, PairTally
 
 INTRO = "specwatch demo: sidecar on http://127.0.0.1:9477\n  stop: Ctrl-C (or wait 100 s)"
 

@@ -5,7 +5,11 @@ on a quiet one the alerts come in about a third of that)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.demo.faults import fault_to_alert
+
+pytestmark = pytest.mark.slow  # 17-76 s each (a demo run until its alert fires)
 
 
 def test_fly_entropy_fault_fires_quality_drift_within_120_s() -> None:

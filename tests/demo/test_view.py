@@ -28,7 +28,9 @@ from specwatch.observe.values import (
     PairView,
     TargetSnapshot,
 )
-from specwatch.shadow.summary import PairedSummary, PairTally, ShadowIO, ShadowStats, summarize
+from specwatch.shadow.published import PairedSummary, ShadowIO, ShadowStats
+from specwatch.shadow.summary import Levels, summarize
+from specwatch.shadow.tally import PairTally
 
 CTX = ViewContext(
     title="specwatch demo  12 s  window 1m  Ctrl-C stops",
@@ -279,7 +281,9 @@ def test_view_shows_tau_coverage_per_category() -> None:
 
     tallies = {"math": PairTally(agree=5), "code": PairTally(agree=2)}
     totals = {"math": ArmTotals(tau_pairs=4), "code": ArmTotals(tau_pairs=2)}
-    decisions = decision_table(tallies, totals, alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    decisions = decision_table(
+        tallies, totals, levels=Levels(alpha=0.05, margin=0.01, detect_net_loss=0.02)
+    )
     stats = ShadowStats(
         generated_at=1.0,
         alpha=0.05,

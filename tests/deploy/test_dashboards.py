@@ -28,19 +28,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import SINCE_START
 from specwatch.core.listen import ListenerStats
-from specwatch.export import catalogue, catalogue_fleet
+from specwatch.export import catalogue
 from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.prometheus import ListenerCollector, ShadowCollector
 from specwatch.settings import Settings
 from specwatch.shadow.decision import decision_table
+from specwatch.shadow.published import ShadowIO, ShadowStats
 from specwatch.shadow.summary import (
-    PairTally,
-    ShadowIO,
-    ShadowStats,
+    Carried,
+    LedgerView,
+    Levels,
+    OrderedState,
+    ProcessCounts,
     build_shadow_stats,
     load_bands,
 )
-from specwatch.shadow.tally import ArmTotals
+from specwatch.shadow.tally import ArmTotals, PairTally
+from specwatch.tools.fleet import catalogue as catalogue_fleet
 from tests.fakes import REPO
 
 ROOT = REPO
@@ -82,49 +86,50 @@ def full_shadow_stats() -> ShadowStats:
     return build_shadow_stats(
         {"since_start": {"math": tally}},
         now=1.0,
-        pairs_total={("math", "fly", "lost"): 6},
-        unpaired_total={"fly_timeout": 1},
-        excluded_total={"unsupported_parameter": 1},
-        replays_total={"paired": 7, "unpaired": 1, "excluded": 1},
-        betting_log_e_value=0.5,
-        change_log_value=1.5,
-        change_threshold=50_000.0,
-        ledger_rows=68,
-        ledger_write_errors={"OperationalError": 0},
-        io=ShadowIO(
-            queue_depth=1,
-            in_flight=1,
-            offered=40,
-            not_sampled=30,
-            admitted=9,
-            dropped={"queue_full": 0, "paused": 1},
-            paused={"waiting": 0},
-            pauses_total={"waiting": 2},
-            received={"mirror": 38, "proxy": 4},
-            ingest_errors={("mirror", "too_large"): 1, ("proxy", "invalid_json"): 1},
-            arm_errors={("fly", "timeout"): 1, ("noise", "invalid_body"): 1},
-            sink_errors=1,
-            proxy_requests=4,
-            proxy_client_disconnects=1,
-            proxy_offer_lost=1,
-            proxy_upstream_errors={"connect": 1},
-            canary_offered=3,
-            canary_bad_lines={"invalid_json": 2},
-            replay_retries={"noise": 1},
-            reply_spec_steps={("fly", "math"): 5},
-            reply_draft_tokens={("fly", "math"): 20},
-            reply_accepted_tokens={("fly", "math"): 12},
-            reply_finishes={("fly", "stop"): 4, ("fly", "length"): 2},
-            reply_finishes_with_spec={("fly", "length"): 2},
+        counts=ProcessCounts(
+            pairs_total={("math", "fly", "lost"): 6},
+            unpaired_total={"fly_timeout": 1},
+            excluded_total={"unsupported_parameter": 1},
+            replays_total={"paired": 7, "unpaired": 1, "excluded": 1},
         ),
-        decisions=decision_table(
-            {"math": tally},
-            {"math": ArmTotals(5, 10.0, 15.0, 10, 100, 100, 10.0, 8.0)},
-            alpha=0.05,
-            margin=0.01,
-            detect_net_loss=0.02,
+        ordered=OrderedState(
+            betting_log_e_value=0.5, change_log_value=1.5, change_threshold=50_000.0
         ),
-        by_load=load_bands({"0-7": tally}, ("0-7", "8-31", "32+")),
+        ledger=LedgerView(rows=68, write_errors={"OperationalError": 0}),
+        carried=Carried(
+            io=ShadowIO(
+                queue_depth=1,
+                in_flight=1,
+                offered=40,
+                not_sampled=30,
+                admitted=9,
+                dropped={"queue_full": 0, "paused": 1},
+                paused={"waiting": 0},
+                pauses_total={"waiting": 2},
+                received={"mirror": 38, "proxy": 4},
+                ingest_errors={("mirror", "too_large"): 1, ("proxy", "invalid_json"): 1},
+                arm_errors={("fly", "timeout"): 1, ("noise", "invalid_body"): 1},
+                sink_errors=1,
+                proxy_requests=4,
+                proxy_client_disconnects=1,
+                proxy_offer_lost=1,
+                proxy_upstream_errors={"connect": 1},
+                canary_offered=3,
+                canary_bad_lines={"invalid_json": 2},
+                replay_retries={"noise": 1},
+                reply_spec_steps={("fly", "math"): 5},
+                reply_draft_tokens={("fly", "math"): 20},
+                reply_accepted_tokens={("fly", "math"): 12},
+                reply_finishes={("fly", "stop"): 4, ("fly", "length"): 2},
+                reply_finishes_with_spec={("fly", "length"): 2},
+            ),
+            decisions=decision_table(
+                {"math": tally},
+                {"math": ArmTotals(5, 10.0, 15.0, 10, 100, 100, 10.0, 8.0)},
+                levels=Levels(alpha=0.05, margin=0.01, detect_net_loss=0.02),
+            ),
+            by_load=load_bands({"0-7": tally}, ("0-7", "8-31", "32+")),
+        ),
     )
 
 
@@ -282,7 +287,7 @@ class TestHelpers:
         for gone in ("specwatch_counter_resets_total", "specwatch_scrapes", "specwatch_"):
             assert gone not in EXPORTED
         # no name exported twice
-        assert len(EXPORTED) == len(CATALOGUE)
+        assert len(EXPORTED) == len(CATALOGUE) + len(catalogue_fleet.FLEET)
 
     def test_shadow_names_are_all_read_back(self) -> None:
         """Every shadow family of the catalogue has samples in the full stats used above."""

@@ -596,6 +596,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
     assert out.stdout.count("SUCCESS: 51 rules found") == 3
 
 
+@pytest.mark.slow
 @pytest.mark.promtool
 def test_promtool_test_rules() -> None:
     """Every promtool unit test file passes."""

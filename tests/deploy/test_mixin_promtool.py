@@ -13,48 +13,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import shutil
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from deploy.mixin.render import DEFAULT_RULES
-from tests.fakes import free_port
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.vllm import FakeVllm
 
 pytestmark = pytest.mark.promtool
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
+def counters_page(
+    drafts: int, draft_tokens: int, accepted: int, generation: int
+) -> Callable[[int], str]:
+    """A vLLM page whose spec-decode counters advance by one step per scrape (n-th scrape: n
+    steps), for :class:`~tests.fakes.vllm.FakeVllm`'s ``page``."""
 
-@dataclass
-class FakeVllm:
-    """Counters advanced by one step per scrape."""
-
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    generation: int
-    scrapes: int = 0
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        self.scrapes += 1
-        n = self.scrapes
+    def page(n: int) -> str:
         lab = 'engine="0",model_name="llama"'
         lines = [
             "# TYPE vllm:spec_decode_num_drafts_total counter",
-            f"vllm:spec_decode_num_drafts_total{{{lab}}} {n * self.drafts}",
+            f"vllm:spec_decode_num_drafts_total{{{lab}}} {n * drafts}",
             "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-            f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {n * self.draft_tokens}",
+            f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {n * draft_tokens}",
             "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-            f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {n * self.accepted}",
+            f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {n * accepted}",
             "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{lab}}} {n * self.generation}",
+            f"vllm:generation_tokens_total{{{lab}}} {n * generation}",
             # a speculating server exposes its K per-position counters (here K 3), at 0 when idle
             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
             *(
@@ -63,64 +52,41 @@ class FakeVllm:
             ),
             "",
         ]
-        return web.Response(text="\n".join(lines), content_type="text/plain")
+        return "\n".join(lines)
 
-
-async def _serve(fake: FakeVllm) -> TestServer:
-    app = web.Application()
-    app.router.add_get("/metrics", fake.metrics)
-    server = TestServer(app, port=0)
-    await server.start_server()
-    return server
+    return page
 
 
 @pytest.fixture
 async def prometheus(tmp_path: Path) -> AsyncIterator[str]:
-    fakes = {
-        "standard": FakeVllm(drafts=60, draft_tokens=180, accepted=90, generation=150),
-        "fly": FakeVllm(drafts=60, draft_tokens=180, accepted=108, generation=168),
-        "idle": FakeVllm(drafts=0, draft_tokens=0, accepted=0, generation=100),
+    pages = {
+        "standard": counters_page(drafts=60, draft_tokens=180, accepted=90, generation=150),
+        "fly": counters_page(drafts=60, draft_tokens=180, accepted=108, generation=168),
+        "idle": counters_page(drafts=0, draft_tokens=0, accepted=0, generation=100),
     }
-    servers = {role: await _serve(f) for role, f in fakes.items()}
-    scrape_configs = []
-    for role, server in servers.items():
-        scrape_configs.append(
-            f"""  - job_name: vllm-{role}
-    scrape_interval: 1s
-    static_configs:
-      - targets: ["127.0.0.1:{server.port}"]
-        labels:
-          role: {"standard" if role == "idle" else role}
-"""
-        )
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files:\n  - {DEFAULT_RULES}\n"
-        "scrape_configs:\n" + "".join(scrape_configs)
-    )
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        PROMETHEUS,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        stdout=log,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        log.close()
-        for server in servers.values():
-            await server.close()
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        jobs = []
+        for role, page in pages.items():
+            fake = await stack.enter_async_context(FakeVllm(page=page))
+            jobs.append(
+                {
+                    "job_name": f"vllm-{role}",
+                    "scrape_interval": "1s",
+                    "static_configs": [
+                        {
+                            "targets": [fake.url.split("//")[1].split("/")[0]],
+                            "labels": {"role": "standard" if role == "idle" else role},
+                        }
+                    ],
+                }
+            )
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(DEFAULT_RULES)],
+            "scrape_configs": jobs,
+        }
+        yield await stack.enter_async_context(run_prometheus(tmp_path, config, session))
 
 
 async def _query_until(

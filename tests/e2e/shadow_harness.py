@@ -162,7 +162,7 @@ def canary_done(comp: ShadowComponent, items: int) -> bool:
     if pipe is None or pipe.canary is None:
         return False
     m = pipe.metrics()
-    replayed = sum(comp.counters.by_status().values())
+    replayed = sum(comp.statistics.counters.by_status().values())
     return pipe.canary.passes == 1 and m.queue_depth == 0 and replayed == m.admitted
 
 

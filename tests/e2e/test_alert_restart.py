@@ -25,8 +25,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.e2e.stack import AM_BIN, poll
 from tests.fakes import free_port
+from tests.fakes.alertmanager import running_alertmanager
+from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
 
@@ -62,12 +63,9 @@ class Webhook:
         return [(n["status"], n["alerts"][0]["startsAt"]) for n in self.notifications]
 
 
-@contextlib.asynccontextmanager
-async def alertmanager(tmp: Path, hook: Webhook) -> AsyncIterator[str]:
-    """A real Alertmanager routing everything to ``hook`` (resolved notifications on)."""
-    port = free_port()
-    config = tmp / "am.yml"
-    config.write_text(
+def hook_route(hook: Webhook) -> str:
+    """Alertmanager's configuration routing everything to ``hook`` (resolved notifications on)."""
+    return (
         "route:\n"
         '  receiver: hook\n  group_by: ["alertname"]\n'
         "  group_wait: 500ms\n  group_interval: 1s\n  repeat_interval: 1h\n"
@@ -75,31 +73,6 @@ async def alertmanager(tmp: Path, hook: Webhook) -> AsyncIterator[str]:
         f"  - name: hook\n    webhook_configs:\n      - url: {hook.url}\n"
         "        send_resolved: true\n"
     )
-    (tmp / "am-data").mkdir()
-    with (tmp / "alertmanager.log").open("ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            AM_BIN,
-            f"--config.file={config}",
-            f"--storage.path={tmp / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            "--log.level=warn",
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as s:
-
-            async def ready() -> bool | None:
-                async with s.get(f"{url}/-/ready") as resp:
-                    return True if resp.status == 200 else None
-
-            await poll("alertmanager ready", ready, within=15, every=0.05)
-        yield url
-    finally:
-        proc.terminate()
-        await proc.wait()
 
 
 async def start_specwatch(config: Path, log: Path) -> asyncio.subprocess.Process:
@@ -130,6 +103,7 @@ async def snapshot_alerts(s: aiohttp.ClientSession, url: str) -> list[dict[str, 
         return alerts or None
 
 
+@pytest.mark.slow  # about 40 s: the alert must fire, survive a SIGKILL and a 16 s gap
 async def test_sigkill_while_firing_keeps_the_alert(tmp_path: Path) -> None:
     """SIGKILL while SpecwatchTargetDown fires, restart: Alertmanager never sends "resolved", the
     alert keeps its startsAt (in Alertmanager and in specwatch's snapshot), and the webhook got
@@ -139,7 +113,12 @@ async def test_sigkill_while_firing_keeps_the_alert(tmp_path: Path) -> None:
     sw_url = f"http://127.0.0.1:{port}"
     log = tmp_path / "specwatch.log"
     state_file = tmp_path / "ledger.sqlite-alerts.json"
-    async with hook.running(), alertmanager(tmp_path, hook) as am_url:
+    async with (
+        hook.running(),
+        aiohttp.ClientSession() as am_session,
+        running_alertmanager(tmp_path, am_session, config=hook_route(hook)) as am,
+    ):
+        am_url = am.url
         config = tmp_path / "specwatch.json"
         config.write_text(
             json.dumps(
@@ -155,7 +134,6 @@ async def test_sigkill_while_firing_keeps_the_alert(tmp_path: Path) -> None:
                         "urls": [am_url],
                         "evaluation_interval": 0.5,
                         "resend_interval": 3.0,
-                        "lease_factor": 4.0,
                         "max_attempts": 1,
                         "timeout": 2.0,
                     },

@@ -20,8 +20,8 @@ from specwatch.alerts.alert import Alert, Severity
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.settings import AlertingSettings
 from specwatch.core.clock import SYSTEM_WALL, format_rfc3339
-from tests.e2e.stack import Alertmanager, running_alertmanager
 from tests.fakes import FakeWallClock
+from tests.fakes.alertmanager import Alertmanager, running_alertmanager
 
 pytestmark = pytest.mark.promtool
 
@@ -156,9 +156,7 @@ async def test_resends_never_flap(am: tuple[Alertmanager, aiohttp.ClientSession]
     payload carried that same startsAt and an endsAt in the future."""
     manager, session = am
     findings = [_finding("0")]
-    settings = AlertingSettings(
-        urls=[manager.url], resend_interval=0.001, evaluation_interval=60, lease_factor=4
-    )
+    settings = AlertingSettings(urls=[manager.url], resend_interval=0.001, evaluation_interval=60)
     starts: set[str] = set()
     ends: list[str] = []
     loop = AlertLoop(settings, session, lambda: findings, wall_clock=SYSTEM_WALL, sleep=_no_sleep)

@@ -22,7 +22,9 @@ import pytest
 from specwatch.alerts.alertmanager import DEFAULT_RUNBOOK_BASE_URL
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
 from specwatch.core.clock import format_rfc3339
-from tests.e2e.stack import Alertmanager, Stack, poll, running_alertmanager, running_stack
+from tests.e2e.stack import Stack, running_stack
+from tests.fakes.alertmanager import Alertmanager, running_alertmanager
+from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
 
@@ -32,7 +34,6 @@ def _alerting(am: Alertmanager) -> AlertingSettings:
         urls=[am.url],
         evaluation_interval=0.5,
         resend_interval=1.0,
-        lease_factor=4.0,
         max_attempts=1,
         timeout=2.0,
     )
@@ -61,6 +62,7 @@ async def _baseline_ready(stack: Stack) -> bool | None:
     return True
 
 
+@pytest.mark.slow
 async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Path) -> None:
     """An injected acceptance drop reaches a real Alertmanager, survives a sidecar restart and
     resolves."""

@@ -16,7 +16,7 @@ import pytest
 
 from specwatch.settings import Settings
 from tests.e2e.shadow_harness import sidecar, until
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 @asynccontextmanager
@@ -94,7 +94,9 @@ async def test_baseline_arm_failures_are_counted_with_their_reason(
                 }
                 async with sc.client.post(sc.mirror_url + "/v1/completions", json=body) as r:
                     assert r.status == 202
-            await until(lambda: sum(sc.component.counters.by_status().values()) == 3, limit=30)
+            await until(
+                lambda: sum(sc.component.statistics.counters.by_status().values()) == 3, limit=30
+            )
             await sc.component.refresh(flush=True)
             m = await sc.metrics()
     errors = {
@@ -114,4 +116,4 @@ async def test_baseline_arm_failures_are_counted_with_their_reason(
     )
     lines = [r for r in caplog.records if r.getMessage() == "shadow arm failed"]
     assert sum(getattr(r, "specwatch_fields", {}).get("arm") == "baseline" for r in lines) == 3
-    assert sc.component.counters.by_status()["paired"] == 3
+    assert sc.component.statistics.counters.by_status()["paired"] == 3

@@ -146,16 +146,18 @@ async def test_attacker_categories_sent_first_do_not_keep_a_busy_category_out(
 
             attackers = {f"evil-{i:02d}" for i in range(15)}
             assert {await send(c, 0) for c in sorted(attackers)} == {202}
-            assert sc.component.categories.kept == attackers
+            assert sc.component.statistics.categories.kept == attackers
             for i in range(75):
                 assert await send("checkout", i) == 202
                 await asyncio.sleep(0.04)
-            assert "checkout" in sc.component.categories.kept
-            assert sc.component.categories.demoted == 1
-            await until(lambda: sum(sc.component.counters.by_status().values()) >= 90, limit=30)
+            assert "checkout" in sc.component.statistics.categories.kept
+            assert sc.component.statistics.categories.demoted == 1
+            await until(
+                lambda: sum(sc.component.statistics.counters.by_status().values()) >= 90, limit=30
+            )
             await sc.component.refresh(flush=True)
             m = await sc.metrics()
-            paired = sc.component.counters.paired
+            paired = sc.component.statistics.counters.paired
     assert paired == 90  # 15 + 75 requests, every one replayed and compared
     cats = _categories(m)
     assert "checkout" in cats

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.component import ShadowComponent
+from specwatch.shadow.pipeline import Runtime
 from specwatch.shadow.settings import (
     ArmEndpoint,
     LedgerSettings,
@@ -61,8 +62,7 @@ def _component(path: Path, clocks: FakeClocks) -> ShadowComponent:
         ),
         PairedSettings(),
         LedgerSettings(path=str(path), max_rows=30, max_age_seconds=None),
-        wall_clock=clocks.wall,
-        mono_clock=clocks.mono,
+        runtime=Runtime(wall_clock=clocks.wall, mono_clock=clocks.mono),
     )
 
 
@@ -86,10 +86,10 @@ async def _run(
     comp = _component(path, clocks)
     n = start
     async with comp.running():
-        comp.categories("math")  # admitted where the pipeline admits it, at sampling
+        comp.statistics.categories("math")  # admitted where the pipeline admits it, at sampling
         for _ in range(minutes):
             for std_ok, fly_ok in ((True, False), (True, False), (False, True)):
-                comp.consume(_pair(clocks.wall(), n, std_ok, fly_ok))
+                comp.statistics.take_outcome(_pair(clocks.wall(), n, std_ok, fly_ok))
                 n += 1
             clocks.advance(60)
             await comp.refresh(flush=True)

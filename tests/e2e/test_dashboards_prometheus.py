@@ -51,9 +51,10 @@ from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
-from tests.e2e.stack import poll, run_prometheus
 from tests.e2e.test_prometheus_stack import host, scaled_rules
 from tests.fakes import REPO
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.wait import poll
 
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(400)]
 
@@ -356,6 +357,7 @@ def sidecar_settings(sims: dict[str, SimulatorHandle], tmp: Path) -> Settings:
     )
 
 
+@pytest.mark.slow
 async def test_every_panel_query_returns_data(tmp_path: Path) -> None:
     """Every Grafana panel query returns data from a real Prometheus scraping the sidecar and
     simulators."""

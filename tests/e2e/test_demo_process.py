@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import REPO
@@ -193,6 +194,7 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
+@pytest.mark.slow
 async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
     """`specwatch demo --duration` serves metrics and pairs, then exits 0 leaving no child
     process or directory."""

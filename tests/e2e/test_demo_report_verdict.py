@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.fakes import REPO
 
@@ -42,6 +43,7 @@ async def _live_verdict(url: str) -> str:
             await asyncio.sleep(0.5)
 
 
+@pytest.mark.slow
 async def test_demo_exit_verdict_equals_report_verdict(tmp_path: Path) -> None:
     """The demo's exit verdict equals ``specwatch report``'s on the ledger it kept, and both
     (and the live snapshot's) carry τ and speed per request."""

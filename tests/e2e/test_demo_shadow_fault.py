@@ -8,6 +8,7 @@ import asyncio
 import re
 
 import aiohttp
+import pytest
 
 from specwatch.demo.config import DemoConfig
 from specwatch.demo.run import run_demo
@@ -33,6 +34,7 @@ def _flagged(text: str, start: int) -> bool:
     return lost >= 2 * gained + 10 and "SpecQualityDrift" in block
 
 
+@pytest.mark.slow
 async def test_fly_fault_shows_losses_and_fires_the_quality_alert() -> None:
     """A FLy fault in the demo shows paired losses and fires SpecQualityDrift."""
     out = WatchedOutput()

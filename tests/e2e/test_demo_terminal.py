@@ -45,6 +45,7 @@ def _frames(tmp_path: Path, size: str, duration: int) -> tuple[int, int, list[tu
     return int(meta["cols"]), int(meta["rows"]), frames
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("size", "duration"), [("80x24", 40), ("160x45", 30)])
 def test_every_frame_fits_and_shows_the_key_numbers(
     tmp_path: Path, size: str, duration: int

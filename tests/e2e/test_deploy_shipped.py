@@ -39,10 +39,12 @@ from specwatch.core.config import OVERALL
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
-from tests.e2e.stack import AM_BIN, poll, run_prometheus
 from tests.e2e.test_dashboards_prometheus import empty_at, empty_panels, variable_values
 from tests.e2e.test_prometheus_stack import scaled_rules
 from tests.fakes import REPO, free_port
+from tests.fakes.alertmanager import running_alertmanager
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.wait import poll
 from tests.sidecar_process import run_specwatch, specwatch_process
 
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(240)]
@@ -192,37 +194,6 @@ def prometheus_config(objs: Sequence[Obj], pods: Sequence[Pod], tmp: Path, am: s
     }
 
 
-@contextlib.asynccontextmanager
-async def alertmanager(tmp: Path, session: aiohttp.ClientSession) -> AsyncIterator[str]:
-    """A real Alertmanager with :data:`AM_CONFIG`; yields its URL."""
-    port = free_port()
-    (tmp / "am.yml").write_text(yaml.safe_dump(AM_CONFIG))
-    (tmp / "am-data").mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        AM_BIN,
-        f"--config.file={tmp / 'am.yml'}",
-        f"--storage.path={tmp / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",
-        "--log.level=warn",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        async def ready() -> bool | None:
-            assert proc.returncode is None
-            async with session.get(f"{url}/-/ready") as r:
-                return True if r.status == 200 else None
-
-        await poll("alertmanager", ready, within=15)
-        yield url
-    finally:
-        proc.terminate()
-        await proc.wait()
-
-
 async def query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[Obj]:
     async with session.get(f"{prom}/api/v1/query", params={"query": expr}) as r:
         body: Obj = await r.json()
@@ -283,7 +254,11 @@ async def layout(
                     f"--max-num-batched-tokens={t['max_num_batched_tokens']}",
                 ]
                 urls[role] = await stack.enter_async_context(simulate(tmp, role, role, flags))
-        am = await stack.enter_async_context(alertmanager(tmp, session))
+        am = (
+            await stack.enter_async_context(
+                running_alertmanager(tmp, session, config=yaml.safe_dump(AM_CONFIG))
+            )
+        ).url
         cfg = sidecar_config(objs, urls, tmp, port)
         await stack.enter_async_context(
             specwatch_process(tmp, ["run", "--config", str(cfg)], port=port)
@@ -458,6 +433,7 @@ async def token_budget_panels_read_the_pages_k(session: aiohttp.ClientSession, p
     assert budget >= 3  # R_max / D_full, budget bound, limits and K
 
 
+@pytest.mark.slow
 async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
     """The example overlay: dashboards full (the token-budget panels with the servers' own K),
     doctor clean, fleet's table under the model name, a scrape fault routed by severity to the
@@ -512,6 +488,7 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
         assert {a["status"]["state"] for a in alerts} == {"active"}
 
 
+@pytest.mark.slow
 async def test_standalone_deployment_tells_roles_apart(tmp_path: Path) -> None:
     """The standalone layout beside production-stack / llm-d servers (both container "vllm"):
     every dashboard full at defaults, and the vLLM cross-check panel gives one α per role equal to

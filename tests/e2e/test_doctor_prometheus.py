@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
@@ -19,8 +20,9 @@ from specwatch.server.app import build_app
 from specwatch.settings import Settings
 from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import start_simulator
-from tests.e2e.stack import poll, run_prometheus
 from tests.fakes import free_port
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.wait import poll
 from tests.sidecar_process import run_specwatch
 
 RULES = {
@@ -148,6 +150,7 @@ def _files(tmp: Path, *, healthy: bool) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
     """Healthy: exit 0, no FAIL, the documented-empty panel a WARN, the panel filtered by a
     variable without a saved value finds the sidecar's series (the variable takes the first

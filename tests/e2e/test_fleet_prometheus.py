@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.summary import PairTally, summarize
-from specwatch.shadow.tally import tally_rows
+from specwatch.shadow.summary import summarize
+from specwatch.shadow.tally import PairTally, tally_rows
 from tests.e2e.shadow_harness import (
     Sidecar,
     canary_done,
@@ -31,8 +32,9 @@ from tests.e2e.shadow_harness import (
     until,
     write_canary,
 )
-from tests.e2e.stack import poll, run_prometheus
 from tests.fakes import free_port
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.wait import poll
 from tests.shadow.stats.eprocess_reference import count_form
 from tests.sidecar_process import run_specwatch
 
@@ -79,6 +81,7 @@ def _fly_series(m: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> int:
     )
 
 
+@pytest.mark.slow
 async def test_fleet_equals_union_of_ledgers(tmp_path: Path) -> None:
     """Per model, the fleet n/lost/gained equal the union of the ledgers, the exact McNemar p
     equals scipy's binomial test on the union, the interval and e-value equal a single

@@ -25,7 +25,9 @@ import yaml
 
 from deploy.mixin.render import load_rules
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from tests.e2e.stack import Stack, poll, run_prometheus, running_stack
+from tests.e2e.stack import Stack, running_stack
+from tests.fakes.prometheus import run_prometheus
+from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
 
@@ -139,6 +141,7 @@ async def _query(session: aiohttp.ClientSession, url: str, expr: str) -> list[di
         return result
 
 
+@pytest.mark.slow
 async def test_mixin_alerts_fire_on_injected_faults(tmp_path: Path) -> None:
     """The mixin's alerts fire in a real Prometheus on injected simulator faults, for the faulted
     role only."""

@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.fakes import REPO
+from tests.fakes.raw import raw_exchange
 from tests.sidecar_process import free_port, run_config, specwatch_process
 
 TARGET_TOKEN = "TOKLEAK-target-77810"
@@ -87,11 +88,7 @@ async def _bad_requests(port: int) -> None:
         b"X-Big: " + b"a" * 20_000 + b"\r\n\r\n",
     ]
     for data in raw:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(data)
-        await writer.drain()
-        await asyncio.wait_for(reader.read(), timeout=30)
-        writer.close()
+        await raw_exchange(port, data)
 
 
 async def test_no_secret_in_logs_metrics_snapshot_ledger_or_alerts(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from scipy.stats import binomtest
 
 from specwatch.core.config import OVERALL
-from specwatch.shadow.summary import ShadowStats
+from specwatch.shadow.published import ShadowStats
 from tests.e2e.shadow_harness import (
     canary_done,
     expected,
@@ -44,6 +45,7 @@ async def _run(tmp_path: Path, threshold: float) -> tuple[ShadowStats, int]:
     return stats, items
 
 
+@pytest.mark.slow
 async def test_low_entropy_threshold_is_flagged(tmp_path: Path) -> None:
     """With threshold 0 FLy loses answers: the ledger counts match, the e-value alarms and non-
     inferiority fails."""
@@ -68,6 +70,7 @@ async def test_low_entropy_threshold_is_flagged(tmp_path: Path) -> None:
     assert s.excess_flip_ratio == s.fly_flip_ratio
 
 
+@pytest.mark.slow
 async def test_infinite_entropy_threshold_is_not_flagged(tmp_path: Path) -> None:
     """With an infinite threshold FLy matches the standard: no flips, no alarm, non-inferiority
     passes."""

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
-from tests.e2e.stack import poll
-from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 from tests.fakes import REPO, free_port
+from tests.fakes.arm import FakeArm, RawReply, raw_reply_file, serve_arm
+from tests.fakes.wait import poll
 
 CASES = REPO / "tests" / "fixtures" / "cases"
 C29: list[dict[str, Any]] = json.loads((CASES / "C29_replay_pairs.json").read_text())["pairs"]

@@ -192,7 +192,7 @@ async def test_mirror_pairs_are_counted_as_agreement(tmp_path: Path) -> None:
                 ) as r:
                     assert r.status == 202
                     sent += (await r.json())["shadow"] == "admitted"
-            await until(lambda: sum(comp.counters.by_status().values()) == sent)
+            await until(lambda: sum(comp.statistics.counters.by_status().values()) == sent)
             await comp.refresh(flush=True)
             m = await sc.metrics()
     rows = await read_rows(ledger)

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from specwatch.core.config import OVERALL
-from specwatch.export.fleet import (
+from specwatch.tools.fleet.stats import (
     FleetCollector,
     FleetHealth,
     fleet_stats,

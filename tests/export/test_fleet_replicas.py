@@ -5,7 +5,7 @@ apart only by the replica label."""
 from __future__ import annotations
 
 from specwatch.core.config import DEFAULT_REPLICA_LABELS, OVERALL
-from specwatch.export.fleet import fleet_json, fleet_stats
+from specwatch.tools.fleet.stats import fleet_json, fleet_stats
 
 
 def _sidecar(

@@ -21,7 +21,8 @@ PKG = REPO / "specwatch"
 
 #: What export/ may import from the rest of specwatch: the package version, the shared core
 #: helpers, each chain's values module, and the shadow chain's published statistics
-#: (``ShadowStats`` and the summary they are built from) with its one verdict sentence.
+#: (``ShadowStats`` in ``published``, the builder in ``summary`` and the ``PairTally`` it
+#: summarises) with its one verdict sentence.
 ALLOWED: frozenset[str] = frozenset(
     {
         "specwatch",  # __version__
@@ -32,7 +33,9 @@ ALLOWED: frozenset[str] = frozenset(
         "specwatch.core.numbers",
         "specwatch.observe.values",
         "specwatch.shadow.values",
+        "specwatch.shadow.published",
         "specwatch.shadow.summary",
+        "specwatch.shadow.tally",
         "specwatch.shadow.verdict",
         "specwatch.alerts.values",
     }

@@ -34,7 +34,8 @@ from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
-from specwatch.shadow.summary import build_shadow_stats
+from specwatch.shadow.summary import Carried, LedgerView, build_shadow_stats
+from specwatch.tools.fleet.catalogue import DOCUMENTED, DOCUMENTED_LABEL_BOUNDS, FLEET
 from tests.fakes import REPO
 from tests.fixture_files import body
 
@@ -81,18 +82,20 @@ class TestCatalogue:
         names a label in use; ``docs/metrics.md`` has the label bounds section."""
         used = {label for spec in CATALOGUE for label in spec.labels}
         assert used == set(LABEL_BOUNDS)
+        documented = {label for spec in DOCUMENTED for label in spec.labels}
+        assert documented == set(DOCUMENTED_LABEL_BOUNDS)
         assert "## Label bounds" in (ROOT / "docs/metrics.md").read_text()
 
     def test_every_family_documented(self) -> None:
         """Each exported family appears in docs/metrics.md (the one written list of names)."""
         metrics_doc = (ROOT / "docs/metrics.md").read_text()
-        for spec in CATALOGUE:
+        for spec in DOCUMENTED:
             name = _exported_name(spec.name, spec.kind)
             assert f"`{name}`" in metrics_doc, name
 
     def test_names_follow_conventions(self) -> None:
         """specwatch_ prefix, snake case, no _total on gauges."""
-        for spec in CATALOGUE:
+        for spec in DOCUMENTED:
             assert re.fullmatch(r"specwatch_[a-z0-9_]+", spec.name)
             assert spec.kind == "counter" or not spec.name.endswith("_total")
 
@@ -230,7 +233,7 @@ class _Component:
         store.subscribe(self.seen.append)
 
         async def ctx(app: web.Application) -> Any:
-            stats = build_shadow_stats({}, now=0.0, ledger_rows=3)
+            stats = build_shadow_stats({}, now=0.0, ledger=LedgerView(rows=3))
             store.update(lambda snap: replace(snap, shadow=stats))
             self.started.set()
             yield
@@ -344,10 +347,12 @@ def documented_families() -> dict[str, tuple[str, set[str]]]:
 
 class TestCatalogueIsTheSource:
     def test_docs_match_catalogue(self) -> None:
-        """docs/metrics.md lists exactly the catalogue's families, each with its type and labels."""
+        """docs/metrics.md lists exactly the sidecar's and the fleet view's families, each with
+        its type and labels; the sidecar's catalogue has none of the fleet view's."""
         docs = documented_families()
-        want = {spec.sample_name: (spec.kind, set(spec.labels)) for spec in CATALOGUE}
+        want = {spec.sample_name: (spec.kind, set(spec.labels)) for spec in DOCUMENTED}
         assert docs == want
+        assert not {spec.name for spec in FLEET} & {spec.name for spec in CATALOGUE}
 
     def test_doc_parser_reads_a_known_row(self) -> None:
         """The doc parser finds labels in the heading and in the row, and the type column."""
@@ -405,7 +410,8 @@ class TestCatalogueIsTheSource:
         from dataclasses import fields
 
         from specwatch.export.prometheus import ShadowCollector
-        from specwatch.shadow.summary import ShadowIO, build_shadow_stats
+        from specwatch.shadow.published import ShadowIO
+        from specwatch.shadow.summary import build_shadow_stats
 
         values: dict[str, Any] = {}
         expected: dict[str, float] = {}
@@ -420,7 +426,7 @@ class TestCatalogueIsTheSource:
             else:
                 values[f.name] = n
             expected[f.name] = float(n)
-        stats = build_shadow_stats({}, now=1.0, io=ShadowIO(**values))
+        stats = build_shadow_stats({}, now=1.0, carried=Carried(io=ShadowIO(**values)))
         reg = CollectorRegistry()
         reg.register(ShadowCollector(lambda: stats))
         exposed = {

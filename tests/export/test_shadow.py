@@ -16,19 +16,20 @@ from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import OutcomeCounters
+from specwatch.shadow.published import ShadowIO, ShadowStats
 from specwatch.shadow.stats.power import questions_needed
 from specwatch.shadow.stats.sequential import run_betting
 from specwatch.shadow.summary import (
-    OutcomeCounters,
-    PairTally,
-    ShadowIO,
-    ShadowStats,
+    Carried,
+    LedgerView,
+    Levels,
+    OrderedState,
+    ProcessCounts,
     build_shadow_stats,
     summarize,
-    tally_rows,
-    window_tallies,
 )
-from specwatch.shadow.tally import labelled_outcome
+from specwatch.shadow.tally import PairTally, labelled_outcome, tally_rows, window_tallies
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.shadow.stats.eprocess_reference import count_form
 
@@ -128,7 +129,7 @@ def test_windows_rows_counters_and_betting() -> None:
         "b": PairTally(gained=1, lost=1, agree=0, disagree=2),
     }
     assert tally_rows(rows)["a"].lost == 1
-    stats = build_shadow_stats(tallies, now=200.0, margin=0.01)
+    stats = build_shadow_stats(tallies, now=200.0, levels=Levels(margin=0.01))
     assert stats.windows["since_start"][OVERALL].n == 4
     assert stats.windows["since_start"][OVERALL].lost == 2
     assert stats.windows["1m"][OVERALL].n == 3
@@ -167,17 +168,20 @@ def _exposition() -> str:
     stats = build_shadow_stats(
         {"since_start": {"gsm8k": t, "empty": PairTally()}},
         now=1.0,
-        pairs_total={("gsm8k", "fly", "lost"): 25, ("gsm8k", "fly", "gained"): 2},
-        unpaired_total={"fly_timeout": 3},
-        excluded_total={"unsupported_parameter": 1},
-        betting_log_e_value=math.log(7.5),
-        ledger_rows=431,
-        ledger_write_errors={"OperationalError": 2},
-        io=ShadowIO(
-            queue_depth=4,
-            in_flight=2,
-            dropped={"queue_full": 9},
-            paused={"waiting": 1, "running_near_max": 0},
+        counts=ProcessCounts(
+            pairs_total={("gsm8k", "fly", "lost"): 25, ("gsm8k", "fly", "gained"): 2},
+            unpaired_total={"fly_timeout": 3},
+            excluded_total={"unsupported_parameter": 1},
+        ),
+        ordered=OrderedState(betting_log_e_value=math.log(7.5)),
+        ledger=LedgerView(rows=431, write_errors={"OperationalError": 2}),
+        carried=Carried(
+            io=ShadowIO(
+                queue_depth=4,
+                in_flight=2,
+                dropped={"queue_full": 9},
+                paused={"waiting": 1, "running_near_max": 0},
+            )
         ),
     )
     reg = CollectorRegistry()
@@ -261,8 +265,8 @@ def test_known_reasons_exported_from_zero() -> None:
         build_shadow_stats(
             {},
             now=2.0,
-            excluded_total={"bad_checker": 2, "legacy_reason": 1},
-            ledger_write_errors={"queue_full": 5, "InterfaceError": 1},
+            counts=ProcessCounts(excluded_total={"bad_checker": 2, "legacy_reason": 1}),
+            ledger=LedgerView(write_errors={"queue_full": 5, "InterfaceError": 1}),
         )
     )
     assert later[(ex, "bad_checker")] == 2
@@ -293,9 +297,9 @@ def test_snapshot_json_is_strict_json() -> None:
     stats = build_shadow_stats(
         {"since_start": {"a": t, "b": PairTally()}},
         now=5.0,
-        pairs_total={("a", "fly", "lost"): 3},
-        betting_log_e_value=1000.0,  # overflows: null, not Infinity
-        io=ShadowIO(queue_depth=1),
+        counts=ProcessCounts(pairs_total={("a", "fly", "lost"): 3}),
+        ordered=OrderedState(betting_log_e_value=1000.0),
+        carried=Carried(io=ShadowIO(queue_depth=1)),
     )
     doc = json.loads(json.dumps(shadow_stats_json(stats), allow_nan=False))
     assert doc["windows"]["since_start"]["a"]["lost"] == 3

@@ -7,14 +7,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.export.prometheus import ShadowCollector
-from specwatch.shadow.summary import ShadowIO, build_shadow_stats
+from specwatch.shadow.published import ShadowIO
+from specwatch.shadow.summary import Carried, build_shadow_stats
 
 COVERAGE = "specwatch_shadow_spec_metrics_coverage_ratio"
 
 
 def coverage_samples(io: ShadowIO) -> dict[tuple[str, str], float]:
     """The coverage series the shadow collector exposes for ``io``, read back from the text."""
-    stats = build_shadow_stats({}, now=0.0, io=io)
+    stats = build_shadow_stats({}, now=0.0, carried=Carried(io=io))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ShadowCollector(lambda: stats))
     text = generate_latest(registry).decode()

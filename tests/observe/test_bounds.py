@@ -20,8 +20,8 @@ from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.observe.tracker import TargetTracker
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
 from tests.fakes import FakeWallClock
+from tests.fakes.vllm import FakeVllm, Reply
 
 
 def page(

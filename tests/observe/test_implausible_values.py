@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.logs import event_fields
 from specwatch.observe.parse import parse_page
 from specwatch.observe.plausible import MAX_SAMPLE_VALUE, JumpScreen
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.server.app import SCRAPER_KEY, build_app
-from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeWallClock
+from tests.observe.scraped_sidecar import Sidecar, scrape_all
 
 LBL = 'engine="0",model_name="m"'
 DRAFTS = f"vllm:spec_decode_num_drafts_total{{{LBL}}}"
@@ -39,33 +32,6 @@ def page(drafts: str, draft_tokens: float, accepted: float) -> str:
         "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
         f"vllm:spec_decode_num_accepted_tokens_total{{{LBL}}} {accepted}\n"
     )
-
-
-Sidecar = tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock]
-
-
-@pytest.fixture
-async def sidecar() -> AsyncIterator[Sidecar]:
-    clock = FakeWallClock()
-    async with FakeVllm() as fake:
-        settings = Settings(
-            targets=(TargetSettings(name="fly", url=fake.url),),
-            scrape=ScrapeSettings(timeout_seconds=2.0),
-        )
-        app = build_app(settings, wall_clock=clock, scrape=False)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield app, client, fake, clock
-
-
-async def _scrape_all(sc: Sidecar, bodies: list[str]) -> None:
-    """Serve each body once, scraping every 30 s of the fake clock; every scrape succeeds."""
-    app, _, fake, clock = sc
-    target = app[SCRAPER_KEY].trackers["fly"].target
-    fake.push(*(Reply(b) for b in bodies))
-    for i in range(len(bodies)):
-        if i:
-            clock.advance(30)
-        assert await app[SCRAPER_KEY].scrape_once(target)
 
 
 async def _since_start(sc: Sidecar) -> dict[str, Any]:
@@ -106,7 +72,7 @@ async def test_a_counter_at_1e300_or_nan_is_refused_and_the_windows_keep_the_las
     start drafts = 130 - 100 = 30, α = (234 - 180) / (390 - 300) = 0.6, τ = 1 + 54/30 = 2.8:
     never a window of 1e300."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
-    await _scrape_all(
+    await scrape_all(
         sidecar,
         [
             page("100", 300, 180),
@@ -134,7 +100,7 @@ async def test_a_counter_jumping_faster_than_any_server_is_refused_then_continue
     refusal, one line naming the sample; since start drafts = 30, α = 54/90 = 0.6 as above:
     the jump is never counted, neither at once nor later."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
-    await _scrape_all(
+    await scrape_all(
         sidecar,
         [
             page("100", 300, 180),
@@ -180,7 +146,7 @@ async def test_a_negative_or_infinite_counter_names_the_url_and_the_sample(
     """A negative or infinite drafts counter (``invalid_series``) is skipped as before, and its
     one warning line names the URL and the sample; since start drafts = 130 - 100 = 30."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
-    await _scrape_all(sidecar, [page("100", 300, 180), page(bad, 330, 198), page("130", 390, 234)])
+    await scrape_all(sidecar, [page("100", 300, 180), page(bad, 330, 198), page("130", 390, 234)])
     (line,) = [
         event_fields(r) for r in caplog.records if r.getMessage() == "invalid series skipped"
     ]

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.logs import event_fields
 from specwatch.observe.parse import parse_page
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
+from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker
-from specwatch.server.app import SCRAPER_KEY, build_app
-from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeWallClock
+from specwatch.server.app import SCRAPER_KEY
+from tests.fakes.vllm import Reply
+from tests.observe.scraped_sidecar import Sidecar
 
 LBL = 'engine="0",model_name="m"'
 
@@ -97,27 +93,12 @@ def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
     return None
 
 
-@pytest.fixture
-async def app_and_fake() -> AsyncIterator[
-    tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock]
-]:
-    clock = FakeWallClock()
-    async with FakeVllm() as fake:
-        settings = Settings(
-            targets=(TargetSettings(name="fly", url=fake.url),),
-            scrape=ScrapeSettings(timeout_seconds=2.0),
-        )
-        app = build_app(settings, wall_clock=clock, scrape=False)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield app, client, fake, clock
-
-
 async def test_inf_drafts_in_run_no_wrong_tau_strict_json_counter_and_one_log_line(
-    app_and_fake: tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock],
+    sidecar: Sidecar,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Infinite drafts in a run give no wrong tau, strict JSON, a counted error and one log line."""
-    app, client, fake, clock = app_and_fake
+    app, client, fake, clock = sidecar
     target = app[SCRAPER_KEY].trackers["fly"].target
     fake.push(
         Reply(page("10", "5", "20")),

@@ -21,8 +21,8 @@ from specwatch.core.logs import event_fields
 from specwatch.observe.settings import ScrapeSettings, TargetSettings
 from specwatch.server.app import SCRAPER_KEY, build_app
 from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
 from tests.fakes import FakeWallClock
+from tests.fakes.vllm import FakeVllm, Reply
 from tests.fixture_files import body
 
 GOOD = body("vllm-metrics/real-cpu-ngram.txt")

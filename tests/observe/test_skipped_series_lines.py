@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from specwatch.core.logs import event_fields
-from specwatch.observe.settings import ScrapeSettings, TargetSettings
-from specwatch.server.app import SCRAPER_KEY, build_app
-from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
-from tests.fakes import FakeWallClock
+from tests.observe.scraped_sidecar import Sidecar, scrape_all
 
 LBL = 'engine="0",model_name="m"'
 DRAFTS = f"vllm:spec_decode_num_drafts_total{{{LBL}}}"
@@ -39,33 +32,6 @@ def page(drafts: float, draft_tokens: float, accepted: float, extra: str = "") -
     )
 
 
-Sidecar = tuple[web.Application, TestClient[Any, Any], FakeVllm, FakeWallClock]
-
-
-@pytest.fixture
-async def sidecar() -> AsyncIterator[Sidecar]:
-    clock = FakeWallClock()
-    async with FakeVllm() as fake:
-        settings = Settings(
-            targets=(TargetSettings(name="fly", url=fake.url),),
-            scrape=ScrapeSettings(timeout_seconds=2.0),
-        )
-        app = build_app(settings, wall_clock=clock, scrape=False)
-        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-            yield app, client, fake, clock
-
-
-async def _scrape_all(sc: Sidecar, bodies: list[str]) -> None:
-    """Serve each body once, scraping every 30 s of the fake clock; every scrape succeeds."""
-    app, _, fake, clock = sc
-    target = app[SCRAPER_KEY].trackers["fly"].target
-    fake.push(*(Reply(b) for b in bodies))
-    for i in range(len(bodies)):
-        if i:
-            clock.advance(30)
-        assert await app[SCRAPER_KEY].scrape_once(target)
-
-
 def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, Any]]:
     return [
         event_fields(r)
@@ -81,7 +47,7 @@ async def test_a_duplicate_series_is_logged_once_with_the_url_and_the_series(
     with the URL and the series with its first value, not four."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
     dup = f"{ACCEPTED} 999\n"
-    await _scrape_all(sidecar, [page(100 + 10 * i, 300, 180, dup) for i in range(4)])
+    await scrape_all(sidecar, [page(100 + 10 * i, 300, 180, dup) for i in range(4)])
     (line,) = _lines(caplog, "duplicate series skipped")
     assert line["url"] == sidecar[2].url
     assert line["count"] == 1
@@ -96,7 +62,7 @@ async def test_counters_falling_on_every_page_are_logged_once_until_they_stop(
     with 1 reset so far and the second with 4, each naming the URL and the engine."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
     values = [100, 50, 20, 10, 30, 5]
-    await _scrape_all(sidecar, [page(v, 3 * v, 2 * v) for v in values])
+    await scrape_all(sidecar, [page(v, 3 * v, 2 * v) for v in values])
     lines = _lines(caplog, "counter reset")
     assert [(x["url"], x["engine"], x["resets"]) for x in lines] == [
         (sidecar[2].url, "0", 1),
@@ -111,7 +77,7 @@ async def test_a_family_whose_samples_are_all_invalid_is_not_missing(
     invalid): no "families missing" line, the snapshot's missing_families is [], and one
     "invalid series skipped" line names the URL and the sample."""
     caplog.set_level(logging.WARNING, logger="specwatch.scrape")
-    await _scrape_all(sidecar, [page(100, 300, 180), page(110, 330, -1), page(120, 360, -1)])
+    await scrape_all(sidecar, [page(100, 300, 180), page(110, 330, -1), page(120, 360, -1)])
     doc = json.loads(await (await sidecar[1].get("/api/v1/snapshot")).text())
     assert doc["targets"]["fly"]["missing_families"] == []
     assert _lines(caplog, "families missing") == []

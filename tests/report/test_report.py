@@ -20,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from scipy.stats import binomtest
 
 from specwatch.__main__ import main
-from specwatch.report.data import ReportData, build_report, parse_acceptance, read_ledger
-from specwatch.report.render import elapsed_axis, evalue_figure, render_html
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.stats.paired import PairedCounts, net_loss_ci, non_inferiority_test
+from specwatch.tools.report.data import ReportData, build_report, parse_acceptance, read_ledger
+from specwatch.tools.report.render import elapsed_axis, evalue_figure, render_html
+from tests.fakes.vllm import FakeVllm, Reply
 from tests.shadow.stats.eprocess_reference import count_form, reference
 
 T0 = 1_764_460_800.0
@@ -491,27 +491,14 @@ class TestAcceptance:
 
     async def test_metrics_url_end_to_end(self, ledger_file: Path, tmp_path: Path) -> None:
         """--metrics-url against a live /metrics server: the table lists both arms' p_i."""
-        text = exposition()
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=text, content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
         out = tmp_path / "out"
-        try:
+        async with FakeVllm() as target:
+            target.push(Reply(exposition()))
             argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
-            argv += ["--metrics-url", f"http://127.0.0.1:{port}/metrics"]
+            argv += ["--metrics-url", target.url]
             rc = await asyncio.to_thread(main, argv)
-            bad = [*argv[:-1], f"http://127.0.0.1:{port}/nope"]
+            bad = [*argv[:-1], target.url.replace("/metrics", "/nope")]
             rc_bad = await asyncio.to_thread(main, bad)
-        finally:
-            await runner.cleanup()
         assert rc == 0
         tables = parse_tables((out / "index.html").read_text(encoding="utf-8"))
         assert float(tables["fly"]["p3"]["data-value"]) == 0.45
@@ -573,7 +560,7 @@ class TestErrors:
     ) -> None:
         """Without matplotlib: one line naming the 'report' extra, exit 2, nothing written."""
         monkeypatch.setitem(sys.modules, "matplotlib", None)
-        monkeypatch.delitem(sys.modules, "specwatch.report.render", raising=False)
+        monkeypatch.delitem(sys.modules, "specwatch.tools.report.render", raising=False)
         out = tmp_path / "o"
         rc, err = self.run(["report", "--ledger", str(ledger_file), "--out", str(out)], capsys)
         assert rc == 2

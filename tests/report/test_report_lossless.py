@@ -108,7 +108,8 @@ def test_live_load_bands_carry_the_lossless_split_to_the_metrics() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from specwatch.export.prometheus import ShadowCollector
-    from specwatch.shadow.summary import build_shadow_stats, load_bands, tally_rows
+    from specwatch.shadow.summary import Carried, build_shadow_stats, load_bands
+    from specwatch.shadow.tally import tally_rows
 
     busy = tally_rows([r for r in _rows() if r.running_at_replay == 40.0])["math"]
     bands = load_bands({"32+": busy}, load_band_labels(DEFAULT_LOAD_BANDS))
@@ -117,7 +118,9 @@ def test_live_load_bands_carry_the_lossless_split_to_the_metrics() -> None:
     assert top.lossless_standard_flip_ratio == pytest.approx(0.6)
     assert top.lossless_noise_flip_ratio == pytest.approx(0.05)
     assert bands[0].lossless_pairs == 0
-    stats = build_shadow_stats({"since_start": {"math": busy}}, now=0.0, by_load=bands)
+    stats = build_shadow_stats(
+        {"since_start": {"math": busy}}, now=0.0, carried=Carried(by_load=bands)
+    )
     registry = CollectorRegistry()
     registry.register(ShadowCollector(lambda: stats))
     text = generate_latest(registry).decode()

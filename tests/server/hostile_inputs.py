@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from specwatch.settings import Settings
 from tests.e2e.shadow_harness import Sidecar, sidecar, until
+from tests.fakes.vllm import FakeVllm
 from tests.fixture_files import body as fixture
 
 #: Model names on the hostile target page.
@@ -39,25 +39,6 @@ def many_keys_body(keys: int = KEYS) -> bytes:
     body: dict[str, object] = {"model": "m", "prompt": "hi"}
     body.update({f"k{i:06d}": i for i in range(keys)})
     return json.dumps(body).encode()
-
-
-@asynccontextmanager
-async def serving_page(page: str) -> AsyncIterator[str]:
-    """A ``/metrics`` endpoint serving ``page``; yields its URL."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=page, content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
-    finally:
-        await runner.cleanup()
 
 
 def settings_for(target_url: str, ledger: Path) -> Settings:
@@ -144,9 +125,10 @@ async def probing(sc: Sidecar) -> AsyncIterator[list[float]]:
 async def run(tmp: Path, *, models: int = MODELS, keys: int = KEYS, bodies: int = 6) -> Timed:
     """Start a sidecar on the hostile page, time ``/healthz`` through its first scrape, then
     through ``bodies`` hostile mirrored bodies sent one after another."""
+    page = many_models_page(models)
     async with (
-        serving_page(many_models_page(models)) as url,
-        sidecar(settings_for(url, tmp / "ledger.sqlite")) as sc,
+        FakeVllm(page=lambda _: page) as target,
+        sidecar(settings_for(target.url, tmp / "ledger.sqlite")) as sc,
     ):
         key = ("specwatch_target_up", frozenset({("target", "standard"), ("role", "standard")}))
         up = -1.0

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from specwatch.observe.settings import TargetSettings
 from specwatch.server.app import STORE_KEY, build_app
 from specwatch.settings import Settings
-from tests.fake_vllm import FakeVllm, Reply
+from tests.fakes.vllm import FakeVllm, Reply
 from tests.fixture_files import body
 
 

@@ -18,7 +18,7 @@ from specwatch.server.app import STORE_KEY, build_app
 from specwatch.server.wiring import AlertingPlug, arm_loads
 from specwatch.settings import Settings
 from specwatch.shadow.sample import ArmLoad
-from specwatch.shadow.summary import build_shadow_stats
+from specwatch.shadow.summary import Levels, OrderedState, build_shadow_stats
 from tests.fakes import FakeMonotonicClock, FakeWallClock
 
 
@@ -66,7 +66,12 @@ async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() ->
         initial = store.get().alerts
         assert initial is not None
         assert initial.firing == ()
-        stats = build_shadow_stats({}, now=1000.0, alpha=0.01, betting_log_e_value=math.log(120))
+        stats = build_shadow_stats(
+            {},
+            now=1000.0,
+            levels=Levels(alpha=0.01),
+            ordered=OrderedState(betting_log_e_value=math.log(120)),
+        )
         start = len(seen)
         store.update(lambda snap: replace(snap, shadow=stats))
         await plug.component.tick()
@@ -95,7 +100,12 @@ async def test_e_value_under_one_over_alpha_stays_quiet() -> None:
     app = build_app(settings, scrape=False, components=[plug], wall_clock=FakeWallClock(1000.0))
     store = app[STORE_KEY]
     async with TestClient(TestServer(app, host="127.0.0.1")):
-        stats = build_shadow_stats({}, now=1000.0, alpha=0.01, betting_log_e_value=math.log(50))
+        stats = build_shadow_stats(
+            {},
+            now=1000.0,
+            levels=Levels(alpha=0.01),
+            ordered=OrderedState(betting_log_e_value=math.log(50)),
+        )
         store.update(lambda snap: replace(snap, shadow=stats))
         await plug.component.tick()
         alerts = store.get().alerts

@@ -32,11 +32,11 @@ from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
-from specwatch.shadow.summary import tally_rows
+from specwatch.shadow.tally import tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import until
-from tests.fake_arm import FakeArm, RawReply, raw_reply_file, serve_arm
 from tests.fakes import REPO
+from tests.fakes.arm import FakeArm, RawReply, raw_reply_file, serve_arm
 
 _PKG = REPO / "specwatch"
 
@@ -202,7 +202,7 @@ async def test_a_replay_through_the_component_is_classified_once_per_pair(
         comp = ShadowComponent(shadow, paired, LedgerSettings(path=str(tmp_path / "l.sqlite")))
 
         def compared(n: int) -> Callable[[], bool]:
-            return lambda: sum(comp.counters.by_status().values()) == n
+            return lambda: sum(comp.statistics.counters.by_status().values()) == n
 
         async with comp.running(), aiohttp.ClientSession() as client:
             await until(lambda: comp.pipeline is not None and comp._started)
@@ -217,9 +217,9 @@ async def test_a_replay_through_the_component_is_classified_once_per_pair(
                 await until(compared(i))
             stats = await comp.refresh(flush=True)
     assert calls == ["classify"] * 3
-    assert comp.counters.by_status() == {"paired": 1, "unpaired": 1, "excluded": 1}
-    assert comp.counters.unpaired == {"fly_http_5xx": 1}
-    assert comp.counters.excluded == {"multiple_choices": 1}
+    assert comp.statistics.counters.by_status() == {"paired": 1, "unpaired": 1, "excluded": 1}
+    assert comp.statistics.counters.unpaired == {"fly_http_5xx": 1}
+    assert comp.statistics.counters.excluded == {"multiple_choices": 1}
     assert stats.replays_total == {"paired": 1, "unpaired": 1, "excluded": 1}
     assert stats.ledger_rows == 3
 

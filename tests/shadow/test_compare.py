@@ -18,11 +18,11 @@ from specwatch.shadow.compare import (
     similarity,
 )
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import OutcomeCounters
 from specwatch.shadow.replay import ArmTarget, Replayer
 from specwatch.shadow.sample import request_hash
-from specwatch.shadow.summary import OutcomeCounters
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source, ToolCall
-from tests.fake_arm import FakeArm, RawReply, serve_arm
+from tests.fakes.arm import FakeArm, RawReply, serve_arm
 
 
 def _req(

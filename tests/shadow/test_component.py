@@ -33,14 +33,16 @@ from specwatch.alerts.settings import DetectSettings
 from specwatch.export.json import shadow_stats_json
 from specwatch.export.prometheus import ShadowCollector
 from specwatch.observe.values import ObserveView
-from specwatch.shadow.component import ShadowComponent, ledger_inputs
+from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import ShadowStatistics, ledger_inputs
+from specwatch.shadow.pipeline import Runtime
 from specwatch.shadow.sample import ArmLoad
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from tests.e2e.shadow_harness import until
-from tests.fake_arm import FakeArm, serve_arm
 from tests.fakes import FakeWallClock
+from tests.fakes.arm import FakeArm, serve_arm
 from tests.shadow.test_summary import NOW, PAIRED, varied_rows
 
 
@@ -92,7 +94,7 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
             await until(lambda: comp.pipeline is not None and comp._started)
             for i in range(16):
                 if i == 8:
-                    await until(lambda: sum(comp.counters.by_status().values()) == 8)
+                    await until(lambda: sum(comp.statistics.counters.by_status().values()) == 8)
                     running["now"] = 40.0
                 greedy = i < 6 or 8 <= i < 14
                 body = {
@@ -103,7 +105,7 @@ async def _run(tmp_path: Path) -> tuple[Any, dict[tuple[str, frozenset[tuple[str
                 headers = {"X-Specwatch-Category": "t0" if greedy else "t1"}
                 async with client.post(url, json=body, headers=headers) as r:
                     assert r.status == 202
-            await until(lambda: sum(comp.counters.by_status().values()) == 16)
+            await until(lambda: sum(comp.statistics.counters.by_status().values()) == 16)
             stats = await comp.refresh(flush=True)
     registry = CollectorRegistry()
     registry.register(ShadowCollector(lambda: stats))
@@ -209,7 +211,7 @@ async def test_live_statistics_equal_the_sql_recomputation_through_a_restart(
         shadow,
         PAIRED,
         LedgerSettings.model_validate({"path": str(path)}),
-        wall_clock=wall_clock,
+        runtime=Runtime(wall_clock=wall_clock),
     )
 
     async def both() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -261,13 +263,13 @@ async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
     rebuild held back, a completion through the proxy port is answered by the upstream (its
     text), and the copy is replayed once the rebuild ends and the pipeline starts."""
     held = asyncio.Event()
-    rebuild = ShadowComponent._rebuild
+    rebuild = ShadowStatistics.rebuild
 
-    async def slow_rebuild(self: ShadowComponent, ledger: Ledger) -> None:
+    async def slow_rebuild(self: ShadowStatistics, ledger: Ledger, now: float) -> None:
         await held.wait()
-        await rebuild(self, ledger)
+        await rebuild(self, ledger, now)
 
-    monkeypatch.setattr(ShadowComponent, "_rebuild", slow_rebuild)
+    monkeypatch.setattr(ShadowStatistics, "rebuild", slow_rebuild)
     arms = {"standard": FakeArm(text="alpha beta"), "fly": FakeArm(text="alpha beta")}
     async with _arms(arms) as urls:
         shadow = ShadowSettings.model_validate(
@@ -279,8 +281,6 @@ async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
                 "proxy_listen_host": "127.0.0.1",
                 "proxy_listen_port": 0,
                 "proxy_upstream": urls["fly"],
-                "proxy_own_process": False,
-                "proxy_own_thread": False,
                 "standard": {"url": urls["standard"]},
                 "fly": {"url": urls["fly"]},
             }
@@ -297,7 +297,7 @@ async def test_the_proxy_relays_live_traffic_while_the_statistics_are_rebuilt(
             async with client.post(url, json={"prompt": "q", "max_tokens": 4}) as r:
                 assert r.status == 200
                 assert (await r.json())["choices"][0]["text"] == "alpha beta"
-            assert sum(comp.counters.by_status().values()) == 0
+            assert sum(comp.statistics.counters.by_status().values()) == 0
             held.set()
-            await until(lambda: sum(comp.counters.by_status().values()) == 1)
+            await until(lambda: sum(comp.statistics.counters.by_status().values()) == 1)
             assert comp._started

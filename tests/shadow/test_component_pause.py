@@ -38,13 +38,12 @@ async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Pa
             canary_loop=True,
             canary_rate_per_second=4.0,
             max_in_flight=1,  # the shadow side alone never makes the standard server queue
-            pause_poll_seconds=0.05,
         )
         std = sims["standard"].url
         async with sidecar(settings) as sc:
             pipe = sc.component.pipeline
             assert pipe is not None
-            counters = sc.component.counters
+            counters = sc.component.statistics.counters
 
             def started() -> int:
                 # compared pairs (the regex checker compares on the loop: no await between a

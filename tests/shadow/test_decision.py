@@ -14,9 +14,10 @@ from specwatch.shadow.decision import (
     decision_row,
     decision_table,
 )
+from specwatch.shadow.summary import Levels
 from specwatch.shadow.tally import ArmTotals, PairTally
 
-KW: dict[str, Any] = {"alpha": 0.05, "margin": 0.01, "detect_net_loss": 0.02}
+KW: dict[str, Any] = {"levels": Levels(alpha=0.05, margin=0.01, detect_net_loss=0.02)}
 
 #: 20 pairs, FLy twice the standard arm's tokens per second: 200 tokens in 10 s vs 200 in 5 s.
 FAST = ArmTotals(

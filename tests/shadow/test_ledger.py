@@ -22,8 +22,7 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.aggregates import HistoryGrouping
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.summary import tally_rows
-from specwatch.shadow.tally import HistoryCell, row_band, row_cell
+from specwatch.shadow.tally import HistoryCell, row_band, row_cell, tally_rows
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fakes import REPO, FakeWallClock
 from tests.shadow.test_summary import varied_rows

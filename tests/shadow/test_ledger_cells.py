@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from specwatch.core.logs import event_fields
-from specwatch.shadow.component import STATS_BUCKET_SECONDS
 from specwatch.shadow.ledger.aggregates import HistoryGrouping, history_sync
 from specwatch.shadow.ledger.cells import CELL_SECONDS
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import STATS_BUCKET_SECONDS
 from specwatch.shadow.tally import HistoryCell, row_band, row_cell
 from tests.fakes import FakeWallClock
 from tests.shadow.test_summary import varied_rows

@@ -73,8 +73,8 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
     async with sidecar(settings) as sc:
         comp = sc.component
         # the category is admitted where the pipeline admits it, at sampling
-        assert comp.categories("math") == "math"
-        comp.consume(_outcome(0, "answer: 42"))
+        assert comp.statistics.categories("math") == "math"
+        comp.statistics.take_outcome(_outcome(0, "answer: 42"))
         await comp.refresh(flush=True)
         # writes now fail (reads still work), as on a full disk
         _trigger(
@@ -83,11 +83,11 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
             "BEGIN SELECT RAISE(ABORT, 'refused by test'); END",
         )
         for i in (1, 2):
-            comp.consume(_outcome(i, "answer: 41"))
+            comp.statistics.take_outcome(_outcome(i, "answer: 41"))
             stats = await comp.refresh(flush=True)
         m = await sc.metrics()
         _trigger(ledger, "DROP TRIGGER refuse")
-        comp.consume(_outcome(3, "answer: 42"))
+        comp.statistics.take_outcome(_outcome(3, "answer: 42"))
         after = await comp.refresh(flush=True)
     assert sum(stats.ledger_write_errors.values()) == 2
     ((reason, n),) = stats.ledger_write_errors.items()

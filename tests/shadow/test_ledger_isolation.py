@@ -120,9 +120,9 @@ async def test_a_corrupt_ledger_at_start_is_moved_aside_and_a_fresh_one_used(
     caplog.set_level(logging.INFO, logger="specwatch")
     async with sidecar(_settings(ledger)) as sc:
         comp = sc.component
-        await until(lambda: comp.live is not None, 20)
+        await until(lambda: comp.statistics.live is not None, 20)
         assert await _healthz(sc) == 200
-        comp.consume(_outcome(0, "answer: 42"))
+        comp.statistics.take_outcome(_outcome(0, "answer: 42"))
         stats = await comp.refresh(flush=True)
         state = await _state(sc)
     (aside,) = corrupt_copies(tmp_path)
@@ -146,7 +146,7 @@ async def test_a_read_only_ledger_stops_pairing_and_nothing_else(
         ledger = read_only_ledger(fs)
         async with sidecar(_settings(ledger)) as sc:
             comp = sc.component
-            await until(lambda: comp.live is not None, 20)
+            await until(lambda: comp.statistics.live is not None, 20)
             assert comp.pipeline is not None
             offered = comp.pipeline.sampler.offer(_request(1))
             stats = await comp.refresh()
@@ -175,7 +175,7 @@ async def test_a_full_disk_stops_pairing_then_recovers_when_space_comes_back(
         ledger = fs / "ledger.sqlite"
         async with sidecar(_settings(ledger)) as sc:
             comp = sc.component
-            await until(lambda: comp.live is not None, 20)
+            await until(lambda: comp.statistics.live is not None, 20)
             assert comp.ledger is not None
             assert comp.pipeline is not None
             filler = fs / "filler"
@@ -185,19 +185,19 @@ async def test_a_full_disk_stops_pairing_then_recovers_when_space_comes_back(
                     f.flush()
                     os.fsync(f.fileno())
             for i in range(40):
-                comp.consume(_outcome(i, "answer: 42" if i % 2 else "answer: 41"))
+                comp.statistics.take_outcome(_outcome(i, "answer: 42" if i % 2 else "answer: 41"))
                 await comp.refresh(flush=True)
                 if comp.ledger.state == "full":
                     break
             for i in range(40, 45):
-                comp.consume(_outcome(i, "answer: 42"))
+                comp.statistics.take_outcome(_outcome(i, "answer: 42"))
             full = await comp.refresh(flush=True)
             offered = comp.pipeline.sampler.offer(_request(2))
             health = await _healthz(sc)
             state_full = await _state(sc)
             filler.unlink()
             assert await comp.ledger.retry() == "ok"
-            comp.consume(_outcome(99, "answer: 42"))
+            comp.statistics.take_outcome(_outcome(99, "answer: 42"))
             after = await comp.refresh(flush=True)
             state_after = await _state(sc)
     assert full.ledger_state == "full"
@@ -223,7 +223,7 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
     settings = _settings(ledger, integrity_check_seconds=0.2)
     async with sidecar(settings) as sc:
         comp = sc.component
-        await until(lambda: comp.live is not None, 20)
+        await until(lambda: comp.statistics.live is not None, 20)
         assert comp.ledger is not None
         rows = [(1_800_000_000.0 + i, f"cat{i % 7}", "paired") for i in range(5000)]
         await comp.ledger.write_many(["time", "category", "status"], rows)
@@ -240,7 +240,7 @@ async def test_corruption_while_running_is_found_by_the_integrity_check(
     assert state == "corrupt"
     assert _ledger_lines(caplog) == ["ledger writes failing"]
     async with sidecar(_settings(ledger)) as sc:
-        await until(lambda: sc.component.live is not None, 20)
+        await until(lambda: sc.component.statistics.live is not None, 20)
         restarted = await _state(sc)
     assert restarted == "ok"
     assert len(corrupt_copies(tmp_path)) == 1
@@ -254,7 +254,7 @@ async def test_damage_first_read_by_the_rebuild_marks_the_ledger_corrupt(tmp_pat
     ledger = tmp_path / "ledger.sqlite"
     async with sidecar(_settings(ledger)) as sc:
         comp = sc.component
-        await until(lambda: comp.live is not None, 20)
+        await until(lambda: comp.statistics.live is not None, 20)
         assert comp.ledger is not None
         rows = [(1_800_000_000.0 + i, f"cat{i % 7}", "paired") for i in range(2000)]
         await comp.ledger.write_many(["time", "category", "status"], rows)
@@ -268,10 +268,10 @@ async def test_damage_first_read_by_the_rebuild_marks_the_ledger_corrupt(tmp_pat
         f.seek((page - 1) * size)
         f.write(b"\xff" * size)
     async with sidecar(_settings(ledger)) as sc:
-        await until(lambda: sc.component.live is not None, 20)
+        await until(lambda: sc.component.statistics.live is not None, 20)
         state = await _state(sc)
         health = await _healthz(sc)
-        live = sc.component.live
+        live = sc.component.statistics.live
         assert live is not None
         rows_seen = live.rows()
     assert (state, health, rows_seen) == ("corrupt", 200, 0)

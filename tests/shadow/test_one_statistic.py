@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.__main__ import main
 from specwatch.core.config import OVERALL, SINCE_START
-from specwatch.export.fleet import fleet_stats
 from specwatch.server.app import build_app
 from specwatch.server.wiring import shadow_components
 from specwatch.settings import Settings
@@ -27,6 +26,7 @@ from specwatch.shadow.settings import PairedSettings
 from specwatch.shadow.stats import first_alarms
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.verdict import more_pairs_needed, verdict_from_summary
+from specwatch.tools.fleet.stats import fleet_stats
 from tests.report.test_report import T0, report_of, row, write_ledger
 from tests.shadow.stats.eprocess_reference import count_form, reference
 

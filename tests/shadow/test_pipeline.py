@@ -14,12 +14,18 @@ from aiohttp.test_utils import TestServer
 
 from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.ingest.offer import build_shadow_request
-from specwatch.shadow.pipeline import ShadowPipeline, ingest_from_settings, replayer_from_settings
+from specwatch.shadow.pipeline import (
+    PAUSE_POLL_SECONDS,
+    Runtime,
+    ShadowPipeline,
+    ingest_from_settings,
+    replayer_from_settings,
+)
 from specwatch.shadow.sample import ArmLoad, Sampler
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest, Source
-from tests.fake_arm import FakeArm, serve_arm
-from tests.fakes import FakeClocks
+from tests.fakes import FakeClocks, PairSinkFn
+from tests.fakes.arm import FakeArm, serve_arm
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,7 +61,12 @@ async def sidecar(
         pairs.append(p)
 
     async with aiohttp.ClientSession() as replay_session:
-        pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink, **kw)  # type: ignore[arg-type]
+        pipe = ShadowPipeline.from_settings(
+            settings,
+            session=replay_session,
+            sink=PairSinkFn(sink),
+            **kw,  # type: ignore[arg-type]
+        )
         app = web.Application()
 
         async def healthz(request: web.Request) -> web.Response:
@@ -193,15 +204,13 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         serve_arm(FakeArm()) as fu,
         aiohttp.ClientSession() as session,
     ):
-        settings = _settings(su, fu, pause_poll_seconds=0.25, max_in_flight=1)
+        settings = _settings(su, fu, max_in_flight=1)
         pipe = ShadowPipeline.from_settings(
             settings,
             session=session,
-            on_pair=sink,
+            sink=PairSinkFn(sink),
             load_state=lambda: loads,
-            mono_clock=clocks.mono,
-            wall_clock=clocks.wall,
-            sleep=fake_sleep,
+            runtime=Runtime(wall_clock=clocks.wall, mono_clock=clocks.mono, sleep=fake_sleep),
         )
         assert pipe.offer(_request()) == "admitted"
         loads["fly"] = ArmLoad(8, 3, 8, clocks.mono.t)  # load rises while the request is queued
@@ -209,7 +218,7 @@ async def test_worker_waits_while_paused_then_replays() -> None:
         await _until(lambda: len(pairs) == 1)
         m = pipe.metrics()
         await pipe.stop()
-    assert sleeps == [0.25, 0.25, 0.25]
+    assert sleeps == [PAUSE_POLL_SECONDS] * 3
     assert m.pauses_total == {"waiting": 1, "running_near_max": 1, "load_stale": 0}
     assert m.paused == {"waiting": 0, "running_near_max": 0, "load_stale": 0}
     assert len(std.seen) == 1
@@ -234,13 +243,11 @@ async def test_expired_requests_are_dropped() -> None:
         await asyncio.sleep(0)
 
     async with serve_arm(FakeArm()) as su, serve_arm(FakeArm()) as fu:
-        settings = _settings(su, fu, max_queue_age_seconds=10.0, pause_poll_seconds=1.0)
+        settings = _settings(su, fu, max_queue_age_seconds=10.0)
         async with sidecar(
             settings,
             load_state=lambda: loads,
-            mono_clock=clocks.mono,
-            wall_clock=clocks.wall,
-            sleep=fake_sleep,
+            runtime=Runtime(wall_clock=clocks.wall, mono_clock=clocks.mono, sleep=fake_sleep),
         ) as (_, pipe, pairs, _c, _m):
             loads["standard"] = ArmLoad(0, 0, 8, 0.0)
             assert pipe.offer(_request()) == "admitted"
@@ -369,9 +376,9 @@ class TestFromSettings:
             async def sink(p: ReplayPair) -> None:
                 raise AssertionError("no pair expected")
 
-            pipe = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+            pipe = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
             alone = ShadowPipeline.from_settings(
-                settings, session=session, on_pair=sink, serve_mirror=False
+                settings, session=session, sink=PairSinkFn(sink), serve_mirror=False
             )
         assert pipe.sampler.probability == 0.25
         assert pipe.sampler.queue.maxsize == 3
@@ -404,7 +411,7 @@ class TestFromSettings:
                     sleep=asyncio.sleep,
                     serve_mirror=False,
                 ),
-                on_pair=sink,
+                sink=PairSinkFn(sink),
             )
         assert pipe.offer(_request()) == "not_sampled"
         assert (sampler.offered, sampler.not_sampled) == (1, 1)
@@ -421,4 +428,4 @@ class TestFromSettings:
 
         async with aiohttp.ClientSession() as session:
             with pytest.raises(ValueError, match=r"shadow\.standard and shadow\.fly"):
-                ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+                ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))

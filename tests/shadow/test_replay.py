@@ -19,7 +19,7 @@ from specwatch.shadow.classify import classify_pair
 from specwatch.shadow.replay import ArmTarget, Replayer, open_arm_session, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 def _req(body: dict[str, Any], path: str = "/v1/chat/completions") -> ShadowRequest:

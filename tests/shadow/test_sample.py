@@ -11,6 +11,8 @@ from specwatch.shadow.sample import (
     OTHER_CATEGORY,
     ArmLoad,
     CategoryBound,
+    CategoryQuota,
+    LoadPause,
     Sampler,
     TokenBucket,
     canonical_request_bytes,
@@ -103,9 +105,7 @@ def test_category_quotas_are_per_category() -> None:
         mono_clock=clock,
         queue_size=100,
         max_rps=1e9,
-        category_quota_per_second={"math": 1.0},
-        default_category_quota_per_second=None,
-        category_quota_burst=2.0,
+        quota=CategoryQuota({"math": 1.0}, None, burst=2.0),
     )
     math = [s.offer(_req(i, "math")) for i in range(4)]
     other = [s.offer(_req(100 + i, "chat")) for i in range(4)]
@@ -127,8 +127,7 @@ def test_ten_thousand_categories_keep_twenty_and_fold_the_rest() -> None:
         mono_clock=clock,
         queue_size=20_000,
         max_rps=1e9,
-        default_category_quota_per_second=1.0,
-        category_quota_burst=2.0,
+        quota=CategoryQuota(default_per_second=1.0, burst=2.0),
         categories=bound,
     )
     results = [s.offer(_req(i, f"user-{i:05d}")) for i in range(10_000)]
@@ -195,7 +194,11 @@ def test_sampler_pauses_and_counts_transitions() -> None:
     clock = FakeMonotonicClock(1000.0)
     loads = {"standard": ArmLoad(0, 0, 10, clock.t), "fly": ArmLoad(0, 0, 10, clock.t)}
     s = Sampler(
-        probability=1.0, mono_clock=clock, queue_size=100, max_rps=1e9, load_state=lambda: loads
+        probability=1.0,
+        mono_clock=clock,
+        queue_size=100,
+        max_rps=1e9,
+        pause=LoadPause(lambda: loads),
     )
     assert s.offer(_req(1)) == "admitted"
     loads["fly"] = ArmLoad(3, 1, 10, clock.t)

@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from specwatch.core.config import SINCE_START
-from specwatch.shadow.component import StatsInputs, ledger_inputs
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
+from specwatch.shadow.live import LiveTallies, StatsInputs, ledger_inputs
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.summary import LiveTallies, build_shadow_stats
+from specwatch.shadow.summary import Carried, LedgerView, build_shadow_stats
 from specwatch.shadow.tally import PairTally
 from tests.fakes import FakeWallClock
 
@@ -94,7 +94,9 @@ async def _filled(path: Path, rows: list[LedgerRow]) -> Ledger:
 
 
 def _stats(inputs: StatsInputs) -> object:
-    return build_shadow_stats(inputs.tallies, now=NOW, by_load=inputs.by_load, ledger_rows=0)
+    return build_shadow_stats(
+        inputs.tallies, now=NOW, carried=Carried(by_load=inputs.by_load), ledger=LedgerView(rows=0)
+    )
 
 
 async def test_rebuilt_and_pair_by_pair_equal_the_sql_recomputation(tmp_path: Path) -> None:

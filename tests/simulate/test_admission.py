@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwatch.cli.simulate import add_parser, config_from_args
 from specwatch.simulate.config import SimConfig, StepTimeModel
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
-from tests.e2e.stack import poll
+from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.timeout(30)
 

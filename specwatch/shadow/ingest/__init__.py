@@ -1,1 +1,1 @@
-"""Live requests into the shadow chain (mirror, proxy, canary); may import shadow, http1, core."""
+"""Live requests into the shadow chain (mirror, proxy, canary); may import shadow, core."""

@@ -2,8 +2,8 @@
 offer step (build → offer → count, never raises).
 
 Both turn a live OpenAI-compatible request into a :class:`ShadowRequest` and hand it to an
-injected synchronous ``offer(request) -> str`` (normally :meth:`Sampler.offer`, which only does a
-``put_nowait``), so ingest never waits on replay.
+:class:`Offer` (:meth:`Sampler.offer <specwatch.shadow.sample.Sampler.offer>`, which only does
+a ``put_nowait``), so ingest never waits on replay.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from specwatch.core.clock import WallClock
 from specwatch.core.listen import ListenLimits, json_too_deep, json_too_many_keys
@@ -26,7 +26,16 @@ log = logging.getLogger("specwatch.shadow.ingest")
 
 SHADOW_PATHS: frozenset[str] = frozenset({"/v1/completions", "/v1/chat/completions"})
 _CATEGORY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-Offer = Callable[[ShadowRequest], str]
+
+
+class Offer(Protocol):
+    """The hop from ingest to sampling: :meth:`Sampler.offer
+    <specwatch.shadow.sample.Sampler.offer>` (a ``put_nowait`` into the replay queue, never
+    waits), which answers ``"admitted"`` or the reason it was not."""
+
+    def __call__(self, request: ShadowRequest, /) -> str: ...
+
+
 #: Deepest JSON nesting of a shadowed body (a chat request nests a handful of levels).
 JSON_MAX_DEPTH = ListenLimits().json_max_depth
 JSON_MAX_KEYS = ListenLimits().json_max_keys
@@ -73,19 +82,18 @@ def build_shadow_request(
     salt: str = "",
     category: str | None = None,
     request_id: str | None = None,
-    max_depth: int = JSON_MAX_DEPTH,
-    max_keys: int = JSON_MAX_KEYS,
 ) -> ShadowRequest | str:
     """Parse one request body into a :class:`ShadowRequest`, or return an error reason
     (``unsupported_path|invalid_json|too_deep|too_many_keys|not_object``; ``too_deep``: JSON
-    nested deeper than ``max_depth``, ``too_many_keys``: more than ``max_keys`` object members,
+    nested deeper than :data:`JSON_MAX_DEPTH`, ``too_many_keys``: more than :data:`JSON_MAX_KEYS`
+    object members,
     both refused before parsing); ``request_id`` is kept when :func:`clean_request_id` accepts
     it. Pure."""
     if path not in SHADOW_PATHS:
         return "unsupported_path"
-    if json_too_deep(raw, max_depth):
+    if json_too_deep(raw, JSON_MAX_DEPTH):
         return "too_deep"
-    if json_too_many_keys(raw, max_keys):
+    if json_too_many_keys(raw, JSON_MAX_KEYS):
         return "too_many_keys"
     try:
         body = json.loads(raw)

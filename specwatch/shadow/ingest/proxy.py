@@ -1,43 +1,45 @@
-"""Proxy ingest: a fail-open streaming reverse proxy in front of the live upstream.
+"""Proxy ingest: a fail-open streaming reverse proxy in front of the live upstream, for users
+without a service mesh (with one, the mesh mirrors requests to ``modes: [mirror]``).
 
-:class:`ShadowProxy` listens on its own port with the HTTP/1.1 forwarding engine of
-:mod:`specwatch.http1` (asyncio protocols, llhttp parsing, pooled keep-alive
-upstream connections, answers relayed as bytes: SSE and chunked bodies pass as they arrive,
-nothing is decompressed or re-encoded). Hop-by-hop fields are removed both ways (RFC 9110
-§7.6.1) and a client disconnect closes the upstream connection. Where it runs: in a child process
-of its own (:meth:`ShadowProxy.start_in_process`, the default of ``shadow.proxy_own_process``: no
-shared loop or GIL with the shadow side), on its own thread and event loop
-(:meth:`ShadowProxy.start_in_thread`) or on the caller's loop (:meth:`ShadowProxy.start`). The
-shadow copy of a ``POST`` to a shadowed path is handed to the shadow loop
-(``call_soon``/``call_soon_threadsafe``, or over a socket pair from the child process) after its
-body is read; any error there is counted and never reaches the live response (fail-open).
-Requests already carrying the shadow marker header are never re-ingested (no replay loops).
+:class:`ShadowProxy` is an :mod:`aiohttp.web` server on its own port and one
+:class:`aiohttp.ClientSession` to the upstream, on the sidecar's event loop. Bodies pass as
+bytes both ways: an answer is relayed chunk by chunk as it arrives (SSE events are not held
+back), nothing is decompressed or re-encoded (``auto_decompress=False``; ``Content-Encoding``
+and ``Content-Length`` pass unchanged). Hop-by-hop fields (RFC 9110 §7.6.1: ``Connection``
+and every field it names, ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``,
+``Transfer-Encoding``, ``Upgrade``) and proxy credentials are dropped both ways; the client's
+address is appended to ``X-Forwarded-For``.
+
+The listener is a :class:`~specwatch.core.listen_http.GuardedSite` (connection cap, each
+client's share of it, request head timeout) with the body-timeout middleware (a stalled or
+trickled upload is answered ``408``); aiohttp's parser (llhttp) refuses ambiguous framing
+(``Content-Length`` with ``Transfer-Encoding``, two ``Content-Length`` fields) with ``400``
+before any byte goes up. A client that leaves cancels its handler (``handler_cancellation``),
+which closes the upstream connection at once, before or after the first byte of the answer.
+
+The shadow copy of a ``POST`` to a shadowed path is handed to the offerer with
+``loop.call_soon`` once its body is whole: the live request never waits on the shadow side,
+and any failure there is counted, never seen by the live client (fail-open). Requests
+already carrying the shadow marker header are never re-ingested (no replay loops).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import gc
-import importlib
 import logging
-import multiprocessing
-import pickle
-import signal
-import socket
-import struct
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-from specwatch.core.clock import SYSTEM_WALL, WallClock
-from specwatch.core.listen import ListenerStats, ListenLimits
-from specwatch.core.logs import LogSetup, current_setup, log_event, setup_logging
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from specwatch.core.clock import WallClock
+from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
+from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
+from specwatch.core.logs import RateLimitedLog
 from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
-from specwatch.http1.forwarder import Forwarder
-from specwatch.http1.pool import Upstream
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
     SHADOW_PATHS,
@@ -45,228 +47,71 @@ from specwatch.shadow.ingest.offer import (
     Offer,
     Offerer,
 )
-from specwatch.shadow.values import ShadowRequest, Source
+from specwatch.shadow.values import Source
+
+__all__ = ["HOP_BY_HOP", "ShadowProxy", "forwarded_fields"]
 
 log = logging.getLogger("specwatch.shadow.ingest")
 
-#: How often the proxy process sends its ``proxy_*`` counters to the main process (seconds).
-COUNTER_SYNC_SECONDS = 0.5
-#: The proxy process sends the hand-overs of this many seconds in one write (a copy reaches the
-#: shadow side at most this late; one send per batch instead of one per live request).
-HANDOVER_BATCH_SECONDS = 0.2
-#: Copies queued towards a busy main process beyond this many bytes are dropped (counted as
-#: ``proxy_offer_lost``): the proxy process never waits on the shadow side.
-CHANNEL_MAX_BUFFER = 64 << 20
-#: What the proxy process may ask the main process to run (the hand-over methods only).
-_REMOTE_CALLS = frozenset(
+#: RFC 9110 §7.6.1 connection-specific fields (plus the legacy ``Proxy-Connection``) and the
+#: credentials meant for a proxy (RFC 9110 §11.7): never passed on, either way.
+HOP_BY_HOP: frozenset[str] = frozenset(
     {
-        "_offer_copy",
-        "_count_error",
-        "_count_too_large",
-        "_count_marked",
-        "_set_proxy_counters",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "proxy-authentication-info",
     }
 )
-_FRAME = struct.Struct("!I")
-_GRACE = struct.Struct("!d")
-#: How long a proxy process that was told to stop may take past its grace (hand-overs sent,
-#: counters synced, the process gone) before it is killed.
-CHILD_EXIT_SECONDS = 0.5
+#: Request fields not sent up as they came: ``Host`` is the upstream's (set by the client
+#: session), ``Expect`` is answered here, ``X-Forwarded-For`` is appended to.
+_DROP_REQUEST = HOP_BY_HOP | {"host", "expect", "x-forwarded-for"}
+#: How long an upload the answer did not wait for is still read (and dropped) before its
+#: connection is closed, so the client reads the answer rather than a reset.
+LINGER_SECONDS = 0.5
+#: What the runner's own shutdown may take once :meth:`ShadowProxy.stop` has ended every
+#: exchange (only idle connections are left to close).
+CLOSE_SECONDS = 0.05
+#: Fields the client session would add on its own; the proxy sends the client's only.
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[str, tuple[Any, ...]] | None:
-    """One ``(name, args)`` frame from our own proxy process; ``None`` at end of stream."""
-    try:
-        size = _FRAME.unpack(await reader.readexactly(_FRAME.size))[0]
-        name, args = pickle.loads(await reader.readexactly(size))
-    except asyncio.IncompleteReadError:
-        return None
-    return str(name), tuple(args)
-
-
-class _Channel:
-    """The proxy process's end of the hand-over socket: frames written without waiting."""
-
-    def __init__(self, writer: asyncio.StreamWriter, counters: IngestCounters) -> None:
-        self._writer = writer
-        self._counters = counters
-
-    def send(self, name: str, args: tuple[Any, ...], calls: int = 1) -> None:
-        """Queue one call (``calls``: the calls a ``_batch`` frame carries) for the main
-        process; dropped and counted when it cannot keep up or is gone (never blocks, never
-        raises)."""
-        w = self._writer
-        if w.is_closing() or w.transport.get_write_buffer_size() > CHANNEL_MAX_BUFFER:
-            self._counters.proxy_offer_lost += calls
-            return
-        body = pickle.dumps((name, args), protocol=pickle.HIGHEST_PROTOCOL)
-        w.write(_FRAME.pack(len(body)) + body)
-
-    def sync(self, listener: ListenerStats) -> None:
-        c = self._counters
-        self.send(
-            "_set_proxy_counters",
-            (
-                c.proxy_requests,
-                c.proxy_client_disconnects,
-                c.proxy_offer_lost,
-                dict(c.proxy_upstream_errors),
-                dict(listener.refused),
-                listener.open,
-            ),
-        )
-
-
-def _no_offer(_: ShadowRequest) -> str:  # the proxy process never offers: the main process does
-    return "not_offered"
-
-
-def _proxy_process_main(
-    sock: socket.socket,
-    options: dict[str, Any],
-    host: str,
-    port: int,
-    logs: LogSetup | None = None,
-) -> None:
-    """Entry point of the proxy process (``multiprocessing`` spawn): serve until the main
-    process closes its end of ``sock`` (or dies), then stop. ``logs``: the main process's
-    logging (:func:`~specwatch.core.logs.current_setup`), set up here the same way so this
-    process writes the same structured lines to the same stderr. SIGTERM and SIGINT are the
-    main process's to handle (a signal to the whole process group must not cut live streams
-    before the main process drains them, nor write a KeyboardInterrupt traceback here)."""
-    if logs is not None:
-        setup_logging(logs.level, logs.fmt, secrets=logs.secrets)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    loop = new_proxy_loop(bool(options["use_uvloop"]))
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_until_complete(_proxy_process(sock, options, host, port))
-    finally:
-        loop.close()
-
-
-async def _proxy_process(
-    sock: socket.socket, options: dict[str, Any], host: str, port: int
-) -> None:
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
-    proxy = ShadowProxy(
-        offer=_no_offer, counters=IngestCounters(), wall_clock=SYSTEM_WALL, **options
-    )
-    channel = _Channel(writer, proxy.counters)
-    proxy._channel = channel
-    try:
-        bound = await proxy._serve(host, port)
-    except OSError as exc:
-        channel.send("_failed", (str(exc),))
-        await writer.drain()
-        writer.close()
-        return
-    channel.send("_bound", (bound,))
-    # what start-up made lives as long as the process: out of the collector's way, so its
-    # full collections do not walk it during live traffic
-    gc.freeze()
-
-    async def sync() -> None:
-        while True:
-            await asyncio.sleep(COUNTER_SYNC_SECONDS)
-            channel.sync(proxy.listener)
-
-    syncing = asyncio.create_task(sync())
-    # EOF: the main process is stopping us (after the seconds its open exchanges may still
-    # run, as a double), or it died (nothing sent: our own shutdown timeout)
-    sent = await reader.read()
-    grace = _GRACE.unpack(sent[-_GRACE.size :])[0] if len(sent) >= _GRACE.size else None
-    syncing.cancel()
-    if proxy._forwarder is not None:
-        await proxy._forwarder.stop(proxy._shutdown_timeout if grace is None else grace)
-    proxy._flush()  # the hand-overs of the last batch
-    channel.sync(proxy.listener)
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
-    writer.close()
-
-
-@dataclass
-class _ProxyProcess:
-    process: multiprocessing.process.BaseProcess
-    writer: asyncio.StreamWriter
-    receiving: asyncio.Task[None]
-
-
-class ProxyProcessExited(RuntimeError):
-    """The proxy process ended while this process still served: the live port is gone."""
-
-
-__all__ = ["ProxyProcessExited", "ShadowProxy"]
-
-
-def new_proxy_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
-    """A fresh event loop for the proxy thread or process: uvloop's when asked and installed (a
-    dependency except on Windows), else asyncio's default loop."""
-    if use_uvloop:
-        try:
-            uvloop = importlib.import_module("uvloop")
-        except ImportError:
-            log.info("uvloop not installed; proxy uses the asyncio event loop")
-        else:
-            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-            return loop
-    return asyncio.new_event_loop()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _run_all(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> None:
-    """Run queued hand-overs on the shadow loop, in order."""
-    for fn, args in calls:
-        fn(*args)
-
-
-class _ToShadow:
-    """The engine's hand-over (:class:`~specwatch.http1.engine.Handover`) to the
-    shadow side through :meth:`ShadowProxy._schedule`."""
-
-    def __init__(self, proxy: ShadowProxy) -> None:
-        self._p = proxy
-
-    def copy(self, path: str, raw: bytes, category: str | None, request_id: str | None) -> None:
-        p = self._p
-        p._schedule(p._offer_copy, path, raw, category, request_id)
-
-    def too_large(self) -> None:
-        self._p._schedule(self._p._count_too_large)
-
-    def incomplete(self, shadow: bool) -> None:
-        if shadow:
-            self._p._schedule(self._p._count_error, "incomplete_body")
-
-    def marked(self) -> None:
-        self._p._schedule(self._p._count_marked)
+def forwarded_fields(fields: CIMultiDictProxy[str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """``fields`` in order, without those named in ``drop`` (lower-case) or listed in their
+    ``Connection`` field."""
+    named = {
+        token.strip().lower()
+        for value in fields.getall("Connection", ())
+        for token in value.split(",")
+    }
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in fields.items():
+        low = name.lower()
+        if low not in drop and low not in named:
+            out.add(name, value)
+    return out
 
 
 class ShadowProxy:
     """Streaming, fail-open reverse proxy in front of ``upstream`` (``http[s]://host:port``,
-    optionally with a base path).
+    optionally with a base path). Run it with :meth:`start`, then :meth:`stop`.
 
-    Run it with :meth:`start` (the caller's loop), :meth:`start_in_thread` or
-    :meth:`start_in_process`, then :meth:`stop`. ``connect_timeout_seconds`` bounds a new upstream
-    connection; ``total_timeout_seconds`` (``None``: no limit, streams may be long) bounds a whole
-    exchange; ``stream_idle_timeout_seconds`` (60 s; ``None``: none) bounds how long the upstream
-    may send nothing while an answer is owed (then both sides are closed, counted as
-    ``stalled``). Upstream failures before the response starts answer ``502`` (connect,
-    disconnected, malformed answer) or ``504`` (timeout, stalled) with a small JSON body; after
-    it starts, the client connection is aborted so the client sees a truncated response, never
-    a clean but short one.
-    ``listen`` limits the listener (connections, header/body read timeouts, keep-alive idle);
-    ``listener`` counts its refusals and open connections. Raises ``ValueError`` for an upstream
-    that is not an http(s) URL.
-    """
+    ``connect_timeout_seconds`` bounds a new upstream connection; ``total_timeout_seconds``
+    (``None``: no limit, streams may be long) bounds a whole exchange;
+    ``stream_idle_timeout_seconds`` (``None``: none) bounds how long an exchange may make no
+    progress (the upstream sends nothing, or the client reads nothing) while an answer is owed:
+    then both sides are closed, counted as ``stalled``. Upstream failures before the answer
+    starts answer ``502`` (``connect``, ``disconnected``, ``client_error``: a malformed
+    answer) or ``504`` (``timeout``, ``stalled``) with a small JSON body; after it starts the
+    client connection is aborted, so the client sees a truncated answer, never a clean short
+    one. ``listen`` limits the listener; ``listener`` counts its refusals and open
+    connections. Raises ``ValueError`` for an upstream that is not an http(s) URL."""
 
     def __init__(
         self,
@@ -281,255 +126,294 @@ class ShadowProxy:
         connect_timeout_seconds: float = 10.0,
         total_timeout_seconds: float | None = None,
         stream_idle_timeout_seconds: float | None = 60.0,
-        use_uvloop: bool = True,
         listen: ListenLimits | None = None,
         listener: ListenerStats | None = None,
         shutdown_timeout_seconds: float = 5.0,
     ) -> None:
-        self._use_uvloop = use_uvloop
-        self._listen = listen if listen is not None else ListenLimits()
-        self.listener = listener if listener is not None else ListenerStats("proxy")
-        self._shutdown_timeout = shutdown_timeout_seconds
-        self._base = upstream.rstrip("/")
-        self._upstream = Upstream.parse(
-            self._base, connect_timeout_seconds, total_timeout_seconds, stream_idle_timeout_seconds
-        )
+        base = URL(upstream.rstrip("/"))
+        if base.scheme not in ("http", "https") or not base.host:
+            raise ValueError(f"proxy upstream must be an http(s) URL: {upstream!r}")
+        self._base = str(base)
         self._offerer = Offerer(offer, counters, wall_clock, salt)
         self.counters = counters
         self._max = max_body_bytes
         self._marker = marker_header
-        self._forwarder: Forwarder | None = None
-        self._offer_loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._thread_loop: asyncio.AbstractEventLoop | None = None
-        self._channel: _Channel | None = None  # set in the proxy process only
-        self._child: _ProxyProcess | None = None  # set in the main process in process mode
-        self._lost_here = 0
-        self._outbox: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        self._connect_timeout = connect_timeout_seconds
+        self._total_timeout = total_timeout_seconds
+        self._idle = stream_idle_timeout_seconds
+        self._listen = listen if listen is not None else ListenLimits()
+        #: Counters of this listener (``proxy``): refused connections and requests.
+        self.listener = listener if listener is not None else ListenerStats("proxy")
+        self._shutdown_timeout = shutdown_timeout_seconds
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._errors = RateLimitedLog(log)
+        #: the tasks running an exchange now (what :meth:`stop` waits for, then cuts)
+        self._exchanges: set[asyncio.Task[Any]] = set()
+        self._cutting = False
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` (0 = any free port) on the running loop; returns the port."""
-        self._offer_loop = asyncio.get_running_loop()
-        return await self._serve(host, port)
-
-    async def _serve(self, host: str, port: int) -> int:
-        fwd = Forwarder(
-            self._upstream,
-            _ToShadow(self),
-            counters=self.counters,
-            limits=self._listen,
-            stats=self.listener,
-            shadow_paths=SHADOW_PATHS,
-            marker=self._marker.encode(),
-            category_header=CATEGORY_HEADER.encode(),
-            request_id_header=REQUEST_ID_HEADER.encode(),
-            max_body_bytes=self._max,
-            log=log,
+        """Serve on ``host:port`` (0 = any free port) on the running loop; returns the port.
+        Raises ``OSError`` when the address cannot be bound."""
+        app = web.Application(
+            client_max_size=0,  # bodies stream through; only the copy is capped
+            middlewares=[body_timeout_middleware(self._listen, self.listener)],
         )
-        self.port = await fwd.start(host, port)
-        self._forwarder = fwd
-        return self.port
-
-    async def start_in_thread(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` from a dedicated thread with its own event loop.
-
-        The live path then never waits on the caller's loop (the shadow chain, scrapes, statistics)
-        but shares the GIL with it: only the parsed-out shadow copy crosses over, with
-        ``call_soon_threadsafe``, and ingest counters other than ``proxy_*`` are updated on the
-        caller's loop. Returns the bound port.
-        """
-        self._offer_loop = asyncio.get_running_loop()
-        started: concurrent.futures.Future[int] = concurrent.futures.Future()
-        loop = new_proxy_loop(self._use_uvloop)
-        self._thread_loop = loop
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-
-            async def boot() -> None:
-                try:
-                    started.set_result(await self._serve(host, port))
-                except OSError as exc:
-                    started.set_exception(exc)
-
-            loop.run_until_complete(boot())
-            if started.exception() is None:
-                loop.run_forever()
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="specwatch-shadow-proxy", daemon=True)
-        self._thread.start()
-        return await asyncio.wrap_future(started)
-
-    async def start_in_process(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` from a separate process (``multiprocessing`` spawn), so the
-        live path shares neither the event loop nor the GIL with the shadow side.
-
-        The proxy process relays live traffic by itself; each shadow copy (and each ``too_large``
-        / ``incomplete_body`` count) is sent to this process over a local socket pair and handed
-        to the offerer here, and its ``proxy_*`` counters are sent every
-        :data:`COUNTER_SYNC_SECONDS`. It never waits for this process: copies beyond
-        :data:`CHANNEL_MAX_BUFFER` queued bytes are dropped and counted (fail-open). Its life is
-        tied to this process: it stops when :meth:`stop` closes the socket or when this process
-        dies (the socket's end of stream). Returns the bound port; raises ``OSError`` when the
-        port cannot be bound."""
-        self._offer_loop = asyncio.get_running_loop()
-        options: dict[str, Any] = {
-            "upstream": self._base,
-            "max_body_bytes": self._max,
-            "marker_header": self._marker,
-            "connect_timeout_seconds": self._upstream.connect_timeout,
-            "total_timeout_seconds": self._upstream.total_timeout,
-            "stream_idle_timeout_seconds": self._upstream.idle_timeout,
-            "use_uvloop": self._use_uvloop,
-            "listen": self._listen,
-            "shutdown_timeout_seconds": self._shutdown_timeout,
-        }
-        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        ctx = multiprocessing.get_context("spawn")
-        process = ctx.Process(
-            target=_proxy_process_main,
-            args=(there, options, host, port, current_setup()),
-            name="specwatch-shadow-proxy",
-            daemon=True,
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=self._total_timeout, connect=self._connect_timeout),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=_NO_AUTO_HEADERS,
         )
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,  # a client that leaves cancels its exchange
+            lingering_time=LINGER_SECONDS,
+            shutdown_timeout=CLOSE_SECONDS,  # at stop no exchange is left (stop cut them)
+            keepalive_timeout=self._listen.keepalive_timeout_seconds,
+            max_line_size=MAX_FIELD_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
+        )
+        await self._runner.setup()
         try:
-            await asyncio.to_thread(process.start)
-        finally:
-            there.close()
-        reader, writer = await asyncio.open_unix_connection(sock=here)
-        first = await _read_frame(reader)
-        if first is None or first[0] != "_bound":
-            writer.close()
-            await asyncio.to_thread(process.join, 10)
-            reason = first[1][0] if first is not None else "proxy process exited"
-            raise OSError(f"shadow proxy cannot listen on {host}:{port}: {reason}")
-        self.port = int(first[1][0])
-        receiving = asyncio.create_task(self._receive(reader), name="specwatch-proxy-channel")
-        self._child = _ProxyProcess(process, writer, receiving)
+            await GuardedSite(
+                self._runner, host, port, limits=self._listen, stats=self.listener
+            ).start()
+        except OSError:
+            await self.stop()
+            raise
+        addrs = self._runner.addresses
+        self.port = int(addrs[0][1]) if addrs else port
         return self.port
-
-    async def _receive(self, reader: asyncio.StreamReader) -> None:
-        """Run the proxy process's hand-overs here until its end of stream."""
-        while (frame := await _read_frame(reader)) is not None:
-            name, args = frame
-            calls = args if name == "_batch" else ((name, args),)
-            for call, call_args in calls:
-                if call in _REMOTE_CALLS:
-                    getattr(self, call)(*call_args)
-        if self._child is not None and not self._child.writer.is_closing():
-            log_event(log, logging.ERROR, "shadow proxy process exited")
-            raise ProxyProcessExited("shadow proxy process exited; its port no longer answers")
-
-    @property
-    def channel(self) -> asyncio.Task[None] | None:
-        """The task that reads the proxy process's hand-overs (process mode, while serving;
-        else ``None``). It fails with :class:`ProxyProcessExited` when the proxy process dies
-        before :meth:`stop`, so a watcher can mark specwatch unhealthy."""
-        return self._child.receiving if self._child is not None else None
 
     async def stop(self, grace_seconds: float | None = None) -> None:
-        """Stop serving (any mode; once: later calls do nothing): stop accepting, let answers
-        in progress finish for up to ``grace_seconds`` (``None``: the shutdown timeout), then
-        cut what is left. The proxy process is told the grace, gets
-        :data:`CHILD_EXIT_SECONDS` more to end and is killed if it has not."""
-        grace = self._shutdown_timeout if grace_seconds is None else grace_seconds
-        child = self._child
-        if child is not None:
-            self._child = None
-            with contextlib.suppress(OSError):
-                child.writer.write(_GRACE.pack(grace))
-                child.writer.write_eof()
-            with contextlib.suppress(TimeoutError, ProxyProcessExited):
-                await asyncio.wait_for(asyncio.shield(child.receiving), grace + CHILD_EXIT_SECONDS)
-            child.writer.close()
-            await asyncio.to_thread(child.process.join, CHILD_EXIT_SECONDS)
-            if child.process.is_alive():
-                child.process.kill()
-                await asyncio.to_thread(child.process.join)
-            return
-        fwd, self._forwarder = self._forwarder, None
-        thread, loop = self._thread, self._thread_loop
-        if thread is not None and loop is not None:
-            if fwd is not None:
-                done = asyncio.run_coroutine_threadsafe(fwd.stop(grace), loop)
-                await asyncio.wrap_future(done)
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.to_thread(thread.join)
-            self._thread = self._thread_loop = None
-            return
-        if fwd is not None:
-            await fwd.stop(grace)
+        """Stop accepting, let exchanges in progress finish for up to ``grace_seconds``
+        (``None``: the shutdown timeout), then cut what is left (their clients see a cut
+        answer) and close idle connections and the upstream connections. Returns within the
+        grace and a few milliseconds. Later calls do nothing."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            grace = self._shutdown_timeout if grace_seconds is None else max(0.0, grace_seconds)
+            for site in list(runner.sites):
+                await site.stop()
+            if self._exchanges:
+                await asyncio.wait(set(self._exchanges), timeout=grace)
+            left = set(self._exchanges)
+            self._cutting = True
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left)
+            await runner.cleanup()  # no exchange left: closes the idle connections at once
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
-    def _schedule(self, fn: Callable[..., object], *args: object) -> None:
-        """Run ``fn(*args)`` soon on the offer loop (in the proxy process: send it to the main
-        process); never blocks or raises into the live path. From another thread the hand-over
-        is queued and sent once the live callbacks of this loop iteration have run, so its
-        system call never comes before the live request's write; from the proxy process the
-        hand-overs of :data:`HANDOVER_BATCH_SECONDS` go in one frame."""
-        target = self._offer_loop
-        if self._channel is None and (target is None or target is _running_loop()):
-            asyncio.get_running_loop().call_soon(fn, *args)
-            return
-        self._outbox.append((fn, args))
-        if len(self._outbox) == 1:
-            loop = asyncio.get_running_loop()
-            if self._channel is not None:
-                loop.call_later(HANDOVER_BATCH_SECONDS, self._flush)
-            else:
-                loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        out, self._outbox = self._outbox, []
-        if not out:
-            return
-        channel = self._channel
-        if channel is not None:
-            batch = tuple((getattr(fn, "__name__", ""), args) for fn, args in out)
-            channel.send("_batch", batch, len(batch))
-            return
-        target = self._offer_loop
-        assert target is not None
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each handler in a task
+        self._exchanges.add(task)
         try:
-            target.call_soon_threadsafe(_run_all, out)
-        except RuntimeError:  # the offer loop is closed: the shadow side is gone, live goes on
-            self.counters.proxy_offer_lost += len(out)
+            return await self._proxy(request)
+        finally:
+            self._exchanges.discard(task)
 
-    def _count_error(self, reason: str) -> None:
-        self.counters.received[Source.PROXY.value] += 1
-        self.counters.errors[(Source.PROXY.value, reason)] += 1
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        self.counters.proxy_requests += 1
+        if any(
+            v.strip().lower() != "chunked" for v in request.headers.getall("Transfer-Encoding", ())
+        ):
+            # a coding besides chunked: sent up as plain chunked, its coded bytes would reach
+            # the upstream as the body itself
+            self.listener.refuse("bad_request", error="transfer_coding")
+            refused = web.Response(status=400, text="unsupported transfer coding\n")
+            refused.force_close()
+            return refused
+        session = self._session
+        assert session is not None  # handlers run only between start and stop
+        headers = forwarded_fields(request.headers, _DROP_REQUEST)
+        peer = request.remote
+        if peer:
+            prior = request.headers.getall("X-Forwarded-For", ())
+            headers["X-Forwarded-For"] = ", ".join([*prior, peer])
+        copy = request.method == "POST" and request.path in SHADOW_PATHS
+        if copy and self._marker in request.headers:
+            self.counters.skipped_marked += 1
+            copy = False
+        if copy and (request.content_length or 0) > self._max:
+            self._count_copy_error(request, "too_large")  # decided from the declared length
+            copy = False
+        length = request.content_length
+        if (
+            length is not None
+            and length <= self._max
+            and not request.headers.get("Transfer-Encoding")
+        ):
+            # a body of known length under the cap (every JSON completion request): read whole,
+            # then sent up in one write; its copy needs no tee
+            try:
+                raw = await request.read()
+            except (asyncio.CancelledError, OSError, aiohttp.ClientError):
+                if copy:  # the client left or stalled before its body was whole
+                    self._count_copy_error(request, "incomplete_body")
+                raise
+            if copy:
+                self._offer_soon(request, raw)
+            return await self._exchange(request, session, headers, raw if raw else None)
+        tee = _Tee(self._max) if copy else None
+        body = self._body(request, tee) if request.body_exists else None
+        try:
+            return await self._exchange(request, session, headers, body)
+        finally:
+            if tee is not None and tee.pending:
+                self._count_copy_error(request, "incomplete_body")
 
-    def _count_too_large(self) -> None:
-        self.counters.received[Source.PROXY.value] += 1
-        self.counters.errors[(Source.PROXY.value, "too_large")] += 1
+    async def _exchange(
+        self,
+        request: web.Request,
+        session: aiohttp.ClientSession,
+        headers: CIMultiDict[str],
+        body: AsyncIterator[bytes] | bytes | None,
+    ) -> web.StreamResponse:
+        """Send the request up and relay the answer (see the class docstring for failures)."""
+        loop = asyncio.get_running_loop()
+        idle = asyncio.timeout(None)
+        out: web.StreamResponse | None = None
+        try:
+            async with idle:
+                self._push(idle, loop)
+                async with session.request(
+                    request.method,
+                    URL(self._base + request.raw_path, encoded=True),
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                ) as up:
+                    out = web.StreamResponse(
+                        status=up.status,
+                        reason=up.reason,
+                        headers=forwarded_fields(up.headers, HOP_BY_HOP),
+                    )
+                    await out.prepare(request)
+                    self._push(idle, loop)
+                    async for chunk in up.content.iter_any():
+                        await out.write(chunk)
+                        self._push(idle, loop)
+                    await out.write_eof()
+                    return out
+        except asyncio.CancelledError:
+            if not self._cutting:  # the client left (else: stop cut the exchange)
+                self.counters.proxy_client_disconnects += 1
+            raise
+        except ConnectionResetError:
+            if out is None:  # the upstream reset the connection before answering
+                self.counters.proxy_upstream_errors["disconnected"] += 1
+                return _failed("disconnected", 502)
+            self.counters.proxy_client_disconnects += 1  # the client left mid-answer
+            return out
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason, status = _upstream_failure(exc, idle.expired())
+            self._count_upstream(reason, exc)
+            if out is None:
+                return _failed(reason, status)
+            if request.transport is not None:
+                request.transport.abort()  # a truncated answer, never a clean short one
+            return out
+
+    def _push(self, idle: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
+        """Move the no-progress deadline ``idle`` to a stream idle timeout from now."""
+        if self._idle is not None:
+            idle.reschedule(loop.time() + self._idle)
+
+    async def _body(self, request: web.Request, tee: _Tee | None) -> AsyncIterator[bytes]:
+        """The request body as it arrives, sent up chunk by chunk; with ``tee``, the chunks
+        are also kept (up to the cap) and the whole body is handed to the offerer once the
+        upload ends, on a later turn of the loop (the live exchange never waits for it)."""
+        async for chunk in request.content.iter_any():
+            if tee is not None and not tee.keep(chunk):
+                self._count_copy_error(request, "too_large")
+                tee = None
+            yield chunk
+        if tee is not None:
+            tee.pending = False
+            self._offer_soon(request, b"".join(tee.chunks))
+
+    def _offer_soon(self, request: web.Request, raw: bytes) -> None:
+        """Hand the copy of ``request`` (its whole body ``raw``) to the offerer on a later turn
+        of the loop: the live exchange goes on first."""
+        asyncio.get_running_loop().call_soon(
+            self._offer_copy,
+            request.path,
+            raw,
+            request.headers.get(CATEGORY_HEADER),
+            request.headers.get(REQUEST_ID_HEADER),
+        )
 
     def _offer_copy(
         self, path: str, raw: bytes, category: str | None, request_id: str | None
     ) -> None:
         self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id)
 
-    def _count_marked(self) -> None:
-        self.counters.skipped_marked += 1
+    def _count_copy_error(self, request: web.Request, reason: str) -> None:
+        """A copy not made: counted as received and rejected, logged (rate-limited)."""
+        self.counters.received[Source.PROXY.value] += 1
+        self.counters.errors[(Source.PROXY.value, reason)] += 1
+        self._errors.warning(
+            "shadow ingest rejected",
+            source=Source.PROXY.value,
+            reason=reason,
+            peer=request.remote or "",
+            path=request.path,
+        )
 
-    def _set_proxy_counters(
-        self,
-        requests: int,
-        disconnects: int,
-        offer_lost: int,
-        upstream_errors: dict[str, int],
-        refused: dict[str, int],
-        open_connections: int,
-    ) -> None:
-        """The proxy process's ``proxy_*`` counters and listener counts (its own totals, sent
-        every :data:`COUNTER_SYNC_SECONDS` and at stop)."""
-        c = self.counters
-        c.proxy_requests = requests
-        c.proxy_client_disconnects = disconnects
-        c.proxy_offer_lost = offer_lost + self._lost_here
-        c.proxy_upstream_errors.clear()
-        c.proxy_upstream_errors.update(upstream_errors)
-        self.listener.refused.clear()
-        self.listener.refused.update(refused)
-        self.listener.open = open_connections
+    def _count_upstream(self, reason: str, exc: BaseException) -> None:
+        self.counters.proxy_upstream_errors[reason] += 1
+        self._errors.warning(
+            "shadow proxy upstream failed", reason=reason, error=type(exc).__name__
+        )
+
+
+class _Tee:
+    """The kept chunks of one request body being copied (at most ``cap`` bytes);
+    ``pending`` until the copy is handed over or given up."""
+
+    __slots__ = ("cap", "chunks", "pending", "size")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.pending = True
+
+    def keep(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; ``False`` (and no longer pending) once the body is past the cap."""
+        self.size += len(chunk)
+        if self.size > self.cap:
+            self.pending = False
+            self.chunks.clear()
+            return False
+        self.chunks.append(chunk)
+        return True
+
+
+def _failed(reason: str, status: int) -> web.Response:
+    """The answer to a request whose upstream failed before its answer started."""
+    return web.json_response({"error": {"message": "upstream " + reason}}, status=status)
+
+
+def _upstream_failure(exc: BaseException, stalled: bool) -> tuple[str, int]:
+    """The reason (``proxy_upstream_errors`` key) and the status answered before the answer
+    started, for an upstream failure ``exc``; ``stalled``: the no-progress deadline passed."""
+    if stalled:
+        return "stalled", 504
+    if isinstance(exc, TimeoutError):
+        return "timeout", 504
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect", 502
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "client_error", 502
+    return "disconnected", 502

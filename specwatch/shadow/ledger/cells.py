@@ -23,7 +23,7 @@ from specwatch.shadow.ledger.predicates import (
 from specwatch.shadow.tally import ArmSums, HistoryCell, PairTally
 
 #: Width of a stored cell's time bucket (``CAST(time / CELL_SECONDS AS INTEGER)``): the live
-#: statistics' bucket (``specwatch.shadow.component.STATS_BUCKET_SECONDS``, a test keeps them
+#: statistics' bucket (``specwatch.shadow.live.STATS_BUCKET_SECONDS``, a test keeps them
 #: equal). A rebuild asked for other buckets groups the rows instead.
 CELL_SECONDS = 10.0
 

@@ -5,11 +5,16 @@ A failed write is never silent: it is counted per exception type
 (:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``), sets
 the ledger's :data:`~specwatch.shadow.ledger.state.LedgerState` (the shadow component logs
 one line when it changes, never one per batch: a full disk would write a line a second); a
-committed batch sets it back to ``ok``. Also the one bulk insert that bypasses the queue."""
+committed batch sets it back to ``ok``. A batch is committed once :data:`COMMIT_LINGER_SECONDS`
+passed after its first row (sooner when it is full or someone waits in :meth:`QueueWriter.flush`
+or :meth:`QueueWriter.stop`): at a few pairs a second that is one transaction, one worker-thread
+hand-over and one listener update for several rows. Also the one bulk insert that bypasses the
+queue."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +36,8 @@ from specwatch.shadow.values import LedgerState
 #: The states in which rows are not even queued (nothing could store them until
 #: :meth:`~specwatch.shadow.ledger.Ledger.retry` or a restart).
 _REFUSING: frozenset[LedgerState] = frozenset({"corrupt", "full", "read_only"})
+#: How long the writer gathers rows after the first of a batch before committing them.
+COMMIT_LINGER_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,8 @@ class QueueWriter:
         self._submitted = 0
         self._processed = 0
         self._progress = asyncio.Condition()
+        #: Set when someone waits for the queued rows: the writer commits without lingering.
+        self._hurry = asyncio.Event()
         self._rows_written = 0
         self._write_errors: dict[str, int] = {}
         self._dropped = 0
@@ -103,6 +112,7 @@ class QueueWriter:
         """Write everything queued, then stop the writer task (if started)."""
         if self._task is not None:
             await self._queue.put(None)
+            self._hurry.set()
             await self._task
             self._task = None
 
@@ -131,6 +141,7 @@ class QueueWriter:
         if writer is None:
             raise RuntimeError("ledger is not open")
         target = self._submitted
+        self._hurry.set()
         async with self._progress:
             await self._progress.wait_for(lambda: self._processed >= target or writer.done())
         if self._processed < target:
@@ -149,6 +160,10 @@ class QueueWriter:
         stop = False
         while not stop:
             first = await self._queue.get()
+            if first is not None and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), COMMIT_LINGER_SECONDS)
+            self._hurry.clear()
             batch: list[LedgerRow] = []
             if first is None:
                 stop = True

@@ -48,7 +48,7 @@ evidence at every pair.
 Everything here is pure: values in, values out. :class:`NetLossState` is the small frozen state
 (the counts, the detector's per-component logs); :func:`net_loss_path` folds a whole outcome
 sequence with numpy and :meth:`NetLossState.update` is the same code on one pair, so folding in
-any chunking gives the same e-value bit for bit (it depends on the counts only).
+any chunking gives the same counts and so the same e-value.
 """
 
 from __future__ import annotations

@@ -192,10 +192,10 @@ def betting_log_wealth(
     after each pair (shape ``(n,)``, float64) and the state after the last one (``start``, default
     a fresh process at ``margin``, when there are none). The aGRAPA bet before pair t depends only
     on the sums of the pairs before it, so the bets are computed from prefix sums and the wealth is
-    a running sum of ``log1p(λ_t (d_t - M))``, the same floating-point operations in the same
-    order as :meth:`BettingEProcess.update` applied pair by pair (equal bit for bit; a test checks
-    it). O(n) vectorised. Raises ``ValueError`` on a ``d`` outside {-1, 0, 1} and as
-    :class:`BettingEProcess` for a bad margin.
+    a running sum of ``log1p(λ_t (d_t - M))``, the same operations in the same order as
+    :meth:`BettingEProcess.update` applied pair by pair (numpy's log1p may differ from libm's by one
+    ulp per term, so the two agree within a tolerance a test states). O(n) vectorised. Raises
+    ``ValueError`` on a ``d`` outside {-1, 0, 1} and as :class:`BettingEProcess` for a bad margin.
     """
     state = start if start is not None else BettingEProcess(margin=margin)
     if isinstance(outcomes, np.ndarray):

@@ -61,12 +61,15 @@ def _missing(message: str) -> NoReturn:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection, which reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/e2e/real_vllm ``real_vllm`` (with a 900 s timeout unless it sets
-    one), and run those last (stable order), so their servers are up only at the end."""
+    """Mark every test under tests/e2e/real_vllm ``real_vllm`` and ``slow`` (with a 900 s timeout
+    unless it sets one), and run those last (stable order), so their servers are up only at the
+    end."""
     here = Path(__file__).parent
     for item in items:
         if item.path.is_relative_to(here) and item.get_closest_marker("real_vllm") is None:
             item.add_marker(pytest.mark.real_vllm)
+        if item.get_closest_marker("real_vllm") and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)  # a real vLLM CPU server: tens of seconds and more
         if item.get_closest_marker("real_vllm") and item.get_closest_marker("timeout") is None:
             # The first test to use a server also pays for its start (30-90 s per server).
             item.add_marker(pytest.mark.timeout(REAL_TEST_TIMEOUT_S))

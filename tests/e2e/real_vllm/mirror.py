@@ -19,9 +19,11 @@ from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.pipeline import ShadowPipeline
+from specwatch.shadow.published import PairedSummary, ShadowStats
 from specwatch.shadow.settings import ShadowSettings
-from specwatch.shadow.summary import PairedSummary, ShadowStats, build_shadow_stats
+from specwatch.shadow.summary import build_shadow_stats
 from specwatch.shadow.values import ReplayPair
+from tests.fakes import PairSinkFn
 
 WORDS = [
     "river",
@@ -128,7 +130,7 @@ async def mirror_run(
             if len(outcomes) == len(traffic):
                 all_done.set()
 
-        pipeline = ShadowPipeline.from_settings(settings, session=session, on_pair=sink)
+        pipeline = ShadowPipeline.from_settings(settings, session=session, sink=PairSinkFn(sink))
         app = web.Application()
         pipeline.mount(app)
         runner = web.AppRunner(app)

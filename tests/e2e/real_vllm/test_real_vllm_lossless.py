@@ -33,8 +33,8 @@ from specwatch.alerts.rules import candidates
 from specwatch.alerts.settings import DetectSettings
 from specwatch.core.config import SINCE_START
 from specwatch.observe.values import ObserveView
+from specwatch.shadow.published import PairedSummary
 from specwatch.shadow.settings import ArmEndpoint
-from specwatch.shadow.summary import PairedSummary
 
 from .mirror import completion_body, mirror_run, prompts
 from .servers import VllmServer

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from specwatch.core.wire import ShadowOrigin, shadow_origin
-from tests.fake_arm import FakeArm, serve_arm
+from tests.fakes.arm import FakeArm, serve_arm
+from tests.fakes.raw import raw_exchange
 from tests.shadow.test_pipeline import CHAT, _settings, sidecar
 
 BODY = json.dumps(CHAT).encode()
@@ -18,15 +19,10 @@ BODY = json.dumps(CHAT).encode()
 async def _post(port: int, target: str, headers: list[tuple[str, str]]) -> tuple[int, object]:
     """One ``POST`` written byte for byte on a new connection (so the request target and every
     header are exactly these, absolute form included); the status and the JSON answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = [f"POST {target} HTTP/1.1"]
     head += [f"{k}: {v}" for k, v in headers]
     head += ["Content-Type: application/json", f"Content-Length: {len(BODY)}", "Connection: close"]
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + BODY)
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), timeout=20)
-    writer.close()
-    await writer.wait_closed()
+    raw = await raw_exchange(port, ("\r\n".join(head) + "\r\n\r\n").encode() + BODY)
     status_line, _, rest = raw.partition(b"\r\n")
     body = rest.partition(b"\r\n\r\n")[2]
     return int(status_line.split()[1]), json.loads(body)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import random
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,8 +20,8 @@ from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.pipeline import ShadowPipeline
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
 from specwatch.shadow.values import ReplayPair, ShadowRequest
-from tests.fake_arm import FakeArm, serve_arm
-from tests.fakes import FakeWallClock
+from tests.fakes import FakeWallClock, PairSinkFn
+from tests.fakes.arm import FakeArm, serve_arm
 
 
 def long_sse_stream(n_events: int, seed: int) -> list[bytes]:
@@ -303,7 +301,9 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
             proxy_upstream=base,
         )
         async with aiohttp.ClientSession() as replay_session:
-            pipe = ShadowPipeline.from_settings(settings, session=replay_session, on_pair=sink)
+            pipe = ShadowPipeline.from_settings(
+                settings, session=replay_session, sink=PairSinkFn(sink)
+            )
             await pipe.start()
             assert pipe.proxy is not None
             assert pipe.proxy.port is not None
@@ -326,7 +326,6 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
                 for t in pipe._tasks:
                     t.cancel()
                 second = await asyncio.gather(*(live(i) for i in range(12, 24)))
-            # the proxy process sends its counters every COUNTER_SYNC_SECONDS
             await _until_true(lambda: pipe.metrics().proxy_requests == 24)
             m = pipe.metrics()
             await pipe.stop()
@@ -337,30 +336,34 @@ async def test_hanging_then_killed_shadow_side_changes_nothing_on_live_path() ->
     assert m.dropped["queue_full"] > 0
 
 
-async def test_thread_mode_relays_and_hands_copy_to_the_shadow_loop() -> None:
-    """In thread mode the proxy relays on its own thread and hands the copy to the shadow loop's
-    thread."""
+async def test_copy_keeps_its_category_and_the_answer_passes_byte_for_byte() -> None:
+    """The copy of a streamed request carries its category header and its parsed body; the
+    whole streamed answer is byte for byte the upstream's."""
     up = Upstream()
-    offered_on: list[int] = []
+    offered: list[tuple[str | None, Any]] = []
 
     def offer(r: ShadowRequest) -> str:
-        offered_on.append(threading.get_ident())
+        offered.append((r.category, r.body))
         return "admitted"
 
     async with running(up.app()) as base:
         proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
-        port = await proxy.start_in_thread("127.0.0.1", 0)
+        port = await proxy.start("127.0.0.1", 0)
         try:
             async with (
                 _session() as s,
-                s.post(f"http://127.0.0.1:{port}/v1/completions", json={"stream": True}) as r,
+                s.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    json={"stream": True},
+                    headers={"X-Specwatch-Category": "code"},
+                ) as r,
             ):
                 got = await r.read()
-            await _until_true(lambda: len(offered_on) == 1)
+            await _until_true(lambda: len(offered) == 1)
         finally:
             await proxy.stop()
     assert got == b"".join(up.sse_writes)
-    assert offered_on == [threading.get_ident()]  # the copy was handled on this (shadow) loop
+    assert offered == [("code", {"stream": True})]
     assert proxy.counters.proxy_requests == 1
     assert proxy.counters.outcomes[("proxy", "admitted")] == 1
 
@@ -472,81 +475,3 @@ async def test_upload_cut_mid_body_is_counted_without_traceback(
     assert dict(proxy.counters.errors) == {("proxy", "incomplete_body"): 1}
     assert dict(proxy.counters.proxy_upstream_errors) == {}
     assert not [x for x in caplog.records if x.exc_info]
-
-
-@asynccontextmanager
-async def upstream_in_thread(up: Upstream) -> AsyncIterator[str]:
-    """``up`` served from its own thread and event loop (it keeps answering while the test's
-    loop is blocked)."""
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(up.app())
-
-    async def boot() -> int:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return int(runner.addresses[0][1])
-
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    port = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(boot(), loop))
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runner.cleanup(), loop))
-        loop.call_soon_threadsafe(loop.stop)
-        await asyncio.to_thread(t.join)
-        loop.close()
-
-
-async def test_process_mode_relays_hands_copies_over_and_survives_a_frozen_shadow_loop() -> None:
-    """In process mode the proxy runs in a child process: a streamed answer comes back byte for
-    byte, the copy (with its category) is offered in this process, the child's proxy_* counters
-    arrive here; while this process's event loop is frozen (blocked in a join on the client
-    thread) a client in another thread still gets its whole answer; stop ends the child."""
-    up = Upstream()
-    offered: list[tuple[int, str | None, Any]] = []
-
-    def offer(r: ShadowRequest) -> str:
-        offered.append((threading.get_ident(), r.category, r.body))
-        return "admitted"
-
-    async with upstream_in_thread(up) as base:
-        proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
-        port = await proxy.start_in_process("127.0.0.1", 0)
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        child = proxy._child
-        assert child is not None
-        assert child.process.pid != os.getpid()
-        try:
-            async with (
-                _session() as s,
-                s.post(url, json={"stream": True}, headers={"X-Specwatch-Category": "code"}) as r,
-            ):
-                got = await r.read()
-            await _until_true(lambda: len(offered) == 1)
-            await _until_true(lambda: proxy.counters.proxy_requests == 1)
-
-            # freeze this process's loop; a live client on its own thread is still served
-            answer: list[bytes] = []
-
-            def client() -> None:
-                async def call() -> None:
-                    async with _session() as s2, s2.post(url, json={"prompt": "x"}) as r2:
-                        answer.append(await r2.read())
-
-                asyncio.run(call())
-
-            t = threading.Thread(target=client)
-            t.start()
-            t.join(timeout=60)  # blocks this loop: the frozen shadow side is the point
-            served_while_frozen = list(answer)
-        finally:
-            await proxy.stop()
-    assert got == b"".join(up.sse_writes)
-    assert offered[0][0] == threading.get_ident()
-    assert offered[0][1] == "code"
-    assert offered[0][2] == {"stream": True}
-    assert served_while_frozen == [up.json_body]
-    assert proxy.counters.proxy_requests == 2  # the last sync at stop
-    assert not child.process.is_alive()

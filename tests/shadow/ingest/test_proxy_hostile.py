@@ -1,6 +1,6 @@
 """The proxy against hostile clients and stalled servers, through real sockets on 127.0.0.1:
 a client that leaves (mid-stream and before the first token) frees the upstream within a
-second in every proxy mode, a body sent at one byte a second times out, one peer cannot fill
+second, a body sent at one byte a second times out, one peer cannot fill
 the connection cap, and an upstream that stops sending is cut by the stream idle timeout."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from aiohttp import web
 
 from specwatch.core.listen import ListenerStats, ListenLimits
@@ -95,9 +94,9 @@ async def serving(backend: SlowBackend) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def proxy_in(
-    mode: str, upstream: str, listen: ListenLimits | None = None
+    upstream: str, listen: ListenLimits | None = None
 ) -> AsyncIterator[tuple[int, ShadowProxy]]:
-    """A proxy for ``upstream`` run in ``mode`` (``loop``, ``thread``, ``process``)."""
+    """A proxy for ``upstream`` on the test's loop."""
     proxy = ShadowProxy(
         upstream,
         lambda r: "admitted",
@@ -106,12 +105,7 @@ async def proxy_in(
         listen=listen,
         listener=ListenerStats("proxy"),
     )
-    start = {
-        "loop": proxy.start,
-        "thread": proxy.start_in_thread,
-        "process": proxy.start_in_process,
-    }[mode]
-    port = await start("127.0.0.1", 0)
+    port = await proxy.start("127.0.0.1", 0)
     try:
         yield port, proxy
     finally:
@@ -134,17 +128,14 @@ async def _until(cond: object, within: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.parametrize("mode", ["loop", "thread", "process"])
-async def test_client_leaving_before_the_first_token_frees_the_upstream_within_a_second(
-    mode: str,
-) -> None:
+async def test_client_leaving_before_the_first_token_frees_the_upstream_within_a_second() -> None:
     """The case file's second scenario: the backend's first chunk comes at 8 s, the client
     closes at 1 s; the upstream connection is closed within the case's 1 s bound (not at the
     first failed write, 8 s), no chunk was sent, and it counts as a client disconnect, not an
     upstream error."""
     s2 = CASE["scenarios"]["S2_before_first_token"]
     backend = SlowBackend(first_at=s2["backend_first_chunk_at_s"], chunks=100, interval=0.2)
-    async with serving(backend) as base, proxy_in(mode, base) as (port, proxy):
+    async with serving(backend) as base, proxy_in(base) as (port, proxy):
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(completion_request())
         await writer.drain()
@@ -160,8 +151,7 @@ async def test_client_leaving_before_the_first_token_frees_the_upstream_within_a
     assert dict(proxy.counters.proxy_upstream_errors) == {}
 
 
-@pytest.mark.parametrize("mode", ["loop", "process"])
-async def test_client_leaving_mid_stream_frees_the_upstream_within_a_second(mode: str) -> None:
+async def test_client_leaving_mid_stream_frees_the_upstream_within_a_second() -> None:
     """The case file's first scenario: 100 chunks 0.2 s apart, the client reads 10 and closes;
     the upstream is closed within 1 s, having sent at most 15 chunks (not 100)."""
     s1 = CASE["scenarios"]["S1_mid_stream"]
@@ -169,7 +159,7 @@ async def test_client_leaving_mid_stream_frees_the_upstream_within_a_second(mode
     backend = SlowBackend(
         first_at=spec["first_chunk_at_s"], chunks=spec["chunks"], interval=spec["chunk_interval_s"]
     )
-    async with serving(backend) as base, proxy_in(mode, base) as (port, proxy):
+    async with serving(backend) as base, proxy_in(base) as (port, proxy):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(completion_request())
         await reader.readuntil(b"\r\n\r\n")
@@ -216,7 +206,7 @@ async def test_a_body_sent_a_byte_at_a_time_meets_the_whole_body_deadline() -> N
     whole-body deadline answers it ``408`` between 2 s and 3 s, counted as ``body_timeout``,
     and the upstream connection is closed without an answer."""
     backend = SlowBackend(first_at=0.0, chunks=1, interval=0.0)
-    async with serving(backend) as base, proxy_in("loop", base, TRICKLE_LIMITS) as (port, proxy):
+    async with serving(backend) as base, proxy_in(base, TRICKLE_LIMITS) as (port, proxy):
         got, at = await trickle(port, every=0.3, stop_after=6.0)
     assert got.startswith(b"HTTP/1.1 408 ")
     assert 2.0 <= at < 3.0
@@ -251,7 +241,7 @@ async def test_one_slow_client_cannot_fill_the_connection_cap() -> None:
     get their answers, while the slow ones still hold their slots."""
     limits = ListenLimits(max_connections=8, max_connections_per_client=4)
     backend = SlowBackend(first_at=0.0, chunks=2, interval=0.0)
-    async with serving(backend) as base, proxy_in("loop", base, limits) as (port, proxy):
+    async with serving(backend) as base, proxy_in(base, limits) as (port, proxy):
         slow = []
         for _ in range(8):
             r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
@@ -342,7 +332,7 @@ async def test_a_12_kb_bearer_token_passes_the_mirror_and_the_proxy() -> None:
     finally:
         await mirror.stop()
     backend = SlowBackend(first_at=0.0, chunks=1, interval=0.0)
-    async with serving(backend) as base, proxy_in("loop", base) as (pport, _):
+    async with serving(backend) as base, proxy_in(base) as (pport, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", pport)
         writer.write(
             completion_request().replace(
