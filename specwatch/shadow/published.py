@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specwatch.core.config import DEFAULT_CHANGE_ARL, DEFAULT_MAX_CATEGORIES
+from specwatch.shadow.stats.policy import PagePolicy
 from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.values import Verdict
 
@@ -222,7 +224,9 @@ class ShadowStats:
     decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
     categories); ``by_load`` flip rates per running-request band (since start);
     ``ledger_state`` whether the ledger can store rows
-    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``).
+    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``);
+    ``page_categories`` K, the category series the alerting policy divides its category share
+    by (``shadow.max_categories`` + ``other``; :attr:`policy`).
     """
 
     generated_at: float
@@ -248,6 +252,19 @@ class ShadowStats:
     replays_total: Mapping[str, int] = field(default_factory=dict)
     ledger_state: str = "ok"
     arm_totals: ArmTotals | None = None
+    page_categories: int = DEFAULT_MAX_CATEGORIES + 1
+
+    @property
+    def policy(self) -> PagePolicy:
+        """The alerting policy these statistics are paged by (its thresholds)."""
+        return PagePolicy(
+            alpha=self.alpha,
+            margin=self.margin,
+            categories=self.page_categories,
+            change_arl=self.change_threshold
+            if self.change_threshold is not None
+            else DEFAULT_CHANGE_ARL,
+        )
 
 
 @dataclass(frozen=True, slots=True)

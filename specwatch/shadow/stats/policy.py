@@ -43,7 +43,13 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from specwatch.core.config import DEFAULT_ALPHA, DEFAULT_MARGIN, DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.core.config import (
+    DEFAULT_ALPHA,
+    DEFAULT_CHANGE_ARL,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_CATEGORIES,
+    OVERALL,
+)
 from specwatch.shadow.stats.detector import detector_alarm
 from specwatch.shadow.stats.eprocess import check_outcomes, net_loss_log_e_values, net_loss_path
 from specwatch.shadow.stats.sequential import alarm, betting_log_wealth, first_alarm
@@ -59,10 +65,6 @@ MARGIN = "margin"
 SHARE_OVERALL = 0.50
 SHARE_CATEGORIES = 0.45
 SHARE_MARGIN = 0.05
-
-#: Default mean run length of the change detector to a false alarm, in labelled pairs: about
-#: 29 days at the default canary rate of 0.2 pairs/s (``paired.change_arl``).
-DEFAULT_CHANGE_ARL = 500_000.0
 
 SECONDS_PER_DAY = 86_400.0
 
