@@ -384,8 +384,8 @@ class TestAlerts:
 
     def test_critical_only_on_evidence(self, rules: dict[str, Any]) -> None:
         """A page (critical) fires only on evidence of harm: the anytime-valid e-values (per
-        sidecar, and their mean across the fleet), or a stall; "non-inferiority not shown yet" and configuration findings
-        are info and their summaries claim no loss."""
+        sidecar, and their mean across the fleet), or a stall; "non-inferiority not shown yet"
+        and configuration findings are info and their summaries claim no loss."""
         by_sev: dict[str, set[str]] = {}
         for rule in alert_rules(rules):
             by_sev.setdefault(rule["labels"]["severity"], set()).add(rule["alert"])
