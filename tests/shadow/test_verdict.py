@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from specwatch.shadow.stats.confseq import within_margin_log_e_value
 from specwatch.shadow.verdict import (
     Verdict,
     e_value_text,
@@ -41,12 +42,21 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
 
 
 def test_more_pairs_under_the_observed_effect() -> None:
-    """Net loss 0.2 pts at 4 % discordance on 351 pairs: "within 1 pt" is the closer question,
-    δ = 0.01 - 0.002 = 0.008: ceil((1.6449·0.2 + 0.8416·√(0.04 - 0.008²))² / 0.008²) = 3,863,
-    so 3,512 more, said as "about 3,500"."""
+    """Net loss 0.2 pts at 4 % discordance on 351 pairs: "within 1 pt" is the only question
+    (no loss to show); the forecast is the first k at which the confidence sequence's e-value
+    for "net loss >= 1 pt", on the counts plus k pairs at the observed shares (2.1 % lost,
+    1.9 % gained, 96 % agreeing), reaches 1/alpha = 20: found here by a plain scan, 5,793,
+    said as "about 5,800"."""
     v = Verdict(n=351, net_loss=0.002, ci_lower=-0.02, ci_upper=0.024, e_value=0.5, discordant=0.04)
-    assert more_pairs_needed(v) == 3863 - 351
-    assert verdict_line(v).endswith("not yet shown within 1 pt: about 3,500 more pairs")
+    lost, gained = 351 * 0.021, 351 * 0.019
+    k = 0
+    while within_margin_log_e_value(
+        lost + k * 0.021, gained + k * 0.019, 351 - lost - gained + k * 0.96, 0.01
+    ) < math.log(20.0):
+        k += 1
+    assert k == 5793
+    assert more_pairs_needed(v) == k
+    assert verdict_line(v).endswith("not yet shown within 1 pt: about 5,800 more pairs")
 
 
 def test_alarm_gain_and_non_inferiority_endings() -> None:
