@@ -128,9 +128,7 @@ def _summarize(
         non_inferiority_upper=ni.upper_bound,
         non_inferiority_pass=ni.passed,
         questions_needed=needed,
-        questions_still_needed=pairs_to_decide(
-            net_loss_ratio(pc), disc, pc.n, margin, alpha, power
-        ),
+        questions_still_needed=pairs_to_decide(net_loss_ratio(pc), disc, pc.n, margin, alpha),
         fly_flip_ratio=fly_flip,
         noise_flip_ratio=noise_flip,
         excess_flip_ratio=ex.excess_flip_ratio,

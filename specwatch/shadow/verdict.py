@@ -4,11 +4,12 @@ One pure function, :func:`verdict_line`, builds the sentence shown by the demo's
 ``/api/v1/snapshot`` (``"verdict"``) and ``specwatch report``, e.g.::
 
     FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) on
-    351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: about 2,100 more
+    351 labelled pairs; e-value 8.3 of 40 needed; not yet shown within 1 pt: about 2,100 more
     pairs
 
 Units: accuracy differences in points (1 pt = 1 % of the questions), rates and ratios as ``%``
-changes. The decision signal is the anytime-valid e-value (alarm at ``1/alpha``, Ville 1939);
+changes. The decision signal is the anytime-valid e-value (at the overall page's bound
+``1/(alpha x 0.5)``, 40 at alpha = 5 %: "net loss shown" exactly when the page fires; Ville 1939);
 no fixed-n p-value decides it. The interval is always on the scale of the printed number
 (a net gain is printed with the interval of the gain). "Shown within M pt" comes from the
 anytime-valid confidence sequence (:mod:`specwatch.shadow.stats.confseq`): once declared it is
@@ -24,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specwatch.core.config import OVERALL
+from specwatch.shadow.stats.policy import NO_NET_LOSS, PagePolicy
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.tally import ArmTotals, arm_speeds, arm_tau_means
@@ -187,11 +190,12 @@ def verdict_line(v: Verdict) -> str:
         else ""
     )
     quality = f"{word} {points(value)} pts{ci} on {v.n:,} labelled {pairs}"
-    threshold = 1.0 / v.alpha
-    evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
+    # the overall page's bound (the alerting policy): "net loss shown" exactly when it pages
+    page_alpha = PagePolicy(alpha=v.alpha).test_alpha(OVERALL, NO_NET_LOSS)
+    evidence = f"e-value {e_value_text(v.e_value)} of {1.0 / page_alpha:g} needed"
     margin_pts = 100.0 * v.margin
     margin = f"{margin_pts:g} pt" + ("" if margin_pts == 1 else "s")
-    if e_value_alarm(v.e_value, v.alpha):
+    if e_value_alarm(v.e_value, page_alpha):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
         end = f"shown within {margin} (confidence sequence)"

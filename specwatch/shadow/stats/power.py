@@ -83,7 +83,6 @@ def pairs_to_decide(
     n: int,
     margin: float,
     alpha: float = 0.05,
-    power: float = 0.8,
 ) -> int | None:
     """ "About N more pairs": the labelled pairs still needed, **at the observed rates**, for
     one of the two sequential tests that decide to decide, the one that needs fewer.
@@ -102,9 +101,7 @@ def pairs_to_decide(
 
     Returns 0 when one is already decided, ``None`` without labelled pairs, for a NaN rate, or
     when neither can be decided at the observed rates (no loss and no margin, or no discordant
-    pairs). The one function behind every "about N more pairs". ``power`` is not used (a
-    forecast, not a fixed-n plan); it is accepted while callers still pass it."""
-    del power
+    pairs). The one function behind every "about N more pairs"."""
     if n <= 0 or not math.isfinite(net_loss) or not math.isfinite(discordant):
         return None
     disc = min(max(discordant, 0.0), 1.0)
