@@ -47,9 +47,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import betaincc, betaln
 
-from specwatch.core.config import OVERALL
+from specwatch.core.config import DEFAULT_CHANGE_ARL, OVERALL
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.stats.policy import CHANGE, DEFAULT_CHANGE_ARL, PAGE, first_pages
+from specwatch.shadow.stats.policy import CHANGE, PAGE, first_pages
 from specwatch.shadow.stats.power import exact_questions_needed, questions_needed
 
 IntArray = npt.NDArray[np.int64]

@@ -20,7 +20,7 @@ def _weights() -> list[tuple[float, float]]:
     return [(theta, w / total) for theta, w in COMPONENTS]
 
 
-def count_form(lost: int, gained: int) -> float:
+def count_form(lost: float, gained: float) -> float:
     """``E(lost, gained) = Σ_j w_j (2 θ_j)^lost (2 (1 - θ_j))^gained``."""
     return math.fsum(
         w * (2 * theta) ** lost * (2 * (1 - theta)) ** gained for theta, w in _weights()
