@@ -109,6 +109,9 @@ def _key_name(key: tuple[str, str, str]) -> str:
 
 
 def test_rendered_rules_fire_where_first_pages_says(tmp_path: Path) -> None:
+    """On the stream's gauges the policy fires first where ``first_pages`` says (overall, the
+    lossy category and the margin test page; the harmless categories do not), and promtool
+    finds the shipped rules firing exactly those alerts at every checked minute."""
     pairs = _stream()
     settings = PairedSettings()
     policy = PagePolicy.of(settings)
