@@ -17,11 +17,11 @@ from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.observe import window
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.stats import paired
+from specwatch.shadow.stats.eprocess import COMPONENTS
 from specwatch.shadow.stats.paired import PairedCounts
 from specwatch.simulate import config as sim_config
 from specwatch.tools.offline.paired_test import _table, paired_report
 from tests.fakes import REPO
-from specwatch.shadow.stats.eprocess import COMPONENTS
 from tests.shadow.stats.eprocess_reference import count_form
 
 ROOT = REPO

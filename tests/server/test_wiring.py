@@ -50,8 +50,9 @@ class TestArmLoads:
 
 async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() -> None:
     """With paired.alpha 0.01, a published margin e-value of 2,500 (≥ its page bound
-    1/(0.01 x 0.05) = 2,000) fires SpecQualityDrift; the alert state comes back as Snapshot.alerts in exactly one more swap,
-    next to the same shadow stats the detectors read."""
+    1/(0.01 x 0.05) = 2,000) fires SpecQualityDrift; the alert state comes back as
+    Snapshot.alerts in exactly one more swap, next to the same shadow stats the detectors
+    read."""
     settings = Settings(
         targets=(TargetSettings(name="fly", url="http://127.0.0.1:9"),),
         alerting=AlertingSettings(evaluation_interval=3600.0),
