@@ -415,8 +415,8 @@ DECISION_GAUGES: dict[str, MetricSpec] = {
     ),
     "e_value": _g(
         "specwatch_decision_e_value",
-        "E-value against 'no net loss' since start (overall: the ordered e-process; "
-        "categories: its count form).",
+        "E-value against 'no net loss' since start (a function of the lost and gained "
+        "counts, overall and per category).",
         DC,
     ),
     "noise_flip_ratio": _g(

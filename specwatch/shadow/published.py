@@ -19,11 +19,12 @@ class PairedSummary:
 
     ``net_loss_ratio`` = acc(standard) - acc(FLy) with its Tango score interval
     ``[ci_lower, ci_upper]`` at ``ci_level``; ``p_two_sided`` / ``p_loss`` exact McNemar;
-    ``log_e_value`` / ``e_value`` the no-net-loss e-value and ``alarm`` = e >= 1/alpha: for the
-    ``since_start`` window of :data:`OVERALL` the ordered e-process the sidecar folds pair by
-    pair (:mod:`~specwatch.shadow.stats.eprocess`, anytime valid), elsewhere (rolling windows,
-    categories: counts without an order) its count form at the 6 % prior
-    (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`);
+    ``log_e_value`` / ``e_value`` the no-net-loss e-value and ``alarm`` = e >= 1/alpha: a
+    function of the lost and gained counts
+    (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`), anytime valid since start
+    (overall and per category; the page reads it at its policy's bounds); a rolling window's
+    is the same function of its counts, not anytime valid, so no surface shows it as an
+    e-value;
     ``non_inferiority_*`` the Tango test against the margin; ``questions_needed`` (Connor 1987)
     for detecting a net loss δ = ``detect_net_loss`` at the planning discordant rate
     p_d = max(observed discordant rate, δ) (a net loss of δ implies at least δ discordance;
