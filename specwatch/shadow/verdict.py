@@ -44,6 +44,8 @@ class Verdict:
     ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
     no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
     ``non_inferior``: "within margin" declared by the confidence sequence (never withdrawn);
+    ``declared_at``: the labelled pair at which it was declared when known (the sign-off is
+    about pairs 1 to it; ``None``: about all ``n`` pairs);
     ``one_look_within``: the one-look Tango test passes at these counts; ``discordant``: share of
     labelled pairs that flip; ``lost`` / ``gained``: the discordant counts.
     """
@@ -59,6 +61,7 @@ class Verdict:
     alpha: float = 0.05
     margin: float = 0.01
     non_inferior: bool = False
+    declared_at: int | None = None
     discordant: float = math.nan
     one_look_within: bool = False
     lost: int = 0
@@ -94,6 +97,7 @@ def verdict_from_summary(
         alpha=alpha,
         margin=margin,
         non_inferior=declared_at is not None or s.within_margin_declared,
+        declared_at=declared_at,
         discordant=s.discordant_ratio,
         one_look_within=s.non_inferiority_pass,
         lost=s.lost,
@@ -161,9 +165,12 @@ def verdict_line(v: Verdict) -> str:
     """The verdict sentence (one line, no trailing period; see the module docstring).
 
     Parts, in order: τ and throughput changes (``%``, omitted when both unknown); the net loss
-    (or net gain) in points with its interval and the labelled pairs; the e-value against
-    ``1/alpha``; the conclusion: "net loss shown" once the e-value reached ``1/alpha``, "shown
-    within M pt" once the confidence sequence declared it, else "net loss not yet shown" (the
+    (or net gain) in points with its interval and the labelled pairs; the e-value against the
+    overall page's bound; the conclusion: "net loss shown" once the e-value reached it (the
+    page fires), "shown within M pt over pairs 1-N" once the confidence sequence declared it
+    (at pair N; with "not signed off for later pairs" when the current interval lies above
+    the margin, so a sign-off never stands beside a contradicting interval or alarm: the alarm
+    comes first), else "net loss not yet shown" (the
     observed loss is at least the margin) or "not yet shown within M pt" (with the one-look
     test's result when it passes), and the pairs still needed. Below
     :data:`MIN_VERDICT_PAIRS` labelled pairs: "too few pairs" and no conclusion.
@@ -198,7 +205,11 @@ def verdict_line(v: Verdict) -> str:
     if e_value_alarm(v.e_value, page_alpha):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
-        end = f"shown within {margin} (confidence sequence)"
+        over = v.declared_at if v.declared_at is not None else v.n
+        end = f"shown within {margin} over pairs 1-{over:,} (confidence sequence)"
+        if _finite(v.ci_lower) and v.ci_lower > v.margin:
+            # a sign-off never stands beside an interval that contradicts it now
+            end += f"; the interval now lies above {margin}: not signed off for later pairs"
     else:
         more = more_pairs_needed(v)
         one_look = " (one-look test: within)" if v.one_look_within else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -61,8 +62,8 @@ def test_more_pairs_under_the_observed_effect() -> None:
 
 def test_alarm_gain_and_non_inferiority_endings() -> None:
     """The e-value at or above the overall page's bound (1/(α x 0.5) = 40) ends with "net loss
-    shown"; a declared "within margin" with
-    "shown within 1 pt (confidence sequence)"; a negative net loss is a net gain in points."""
+    shown"; a declared "within margin" with "shown within 1 pt over pairs 1-N (confidence
+    sequence)"; a negative net loss is a net gain in points."""
     base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=40.0)
     assert verdict_line(base).endswith(
         "e-value 40 of 40 needed; net loss shown (e-value reached the threshold)"
@@ -74,8 +75,27 @@ def test_alarm_gain_and_non_inferiority_endings() -> None:
     )
     assert verdict_line(gain) == (
         "FLy: net gain 0.4 pts (95 % CI, one-look -0.2 to 1.0) on 2,000 labelled pairs; "
-        "e-value 0.1 of 40 needed; shown within 1 pt (confidence sequence)"
+        "e-value 0.1 of 40 needed; shown within 1 pt over pairs 1-2,000 (confidence sequence)"
     )
+
+
+def test_sign_off_names_its_pairs_and_never_stands_beside_a_contradiction() -> None:
+    """The quiet-then-loss file: "within 1 pt" was declared at pair 1,200; later pairs moved the
+    interval to 1.2-2.4 pts, above the margin: the sentence says which pairs the sign-off is
+    about and that it does not hold for later pairs; once the e-value reaches the page's bound
+    the sentence is "net loss shown" and no sign-off stands beside it."""
+    later = Verdict(
+        n=4500, net_loss=0.018, ci_lower=0.012, ci_upper=0.024, e_value=12.0,
+        non_inferior=True, declared_at=1200,
+    )  # fmt: skip
+    assert verdict_line(later).endswith(
+        "shown within 1 pt over pairs 1-1,200 (confidence sequence); the interval now lies "
+        "above 1 pt: not signed off for later pairs"
+    )
+    alarmed = replace(later, e_value=41.0)
+    line = verdict_line(alarmed)
+    assert line.endswith("net loss shown (e-value reached the threshold)")
+    assert "within" not in line
 
 
 def test_fly_ahead_interval_contains_the_printed_gain() -> None:
