@@ -31,7 +31,7 @@ e-process of :mod:`specwatch.shadow.stats.sequential`) and the thresholds of
     >>> from specwatch.shadow.settings import PairedSettings
     >>> first_pages([("math", 1)] * 12, PairedSettings())[
     ...     "SpecQualityDrift{category=_all,hypothesis=no_net_loss}"]
-    11
+    9
 """
 
 from __future__ import annotations
