@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
@@ -195,9 +197,44 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+#: The exit code after Ctrl-C (128 + SIGINT, as a shell reports a process SIGINT ended).
+EXIT_INTERRUPTED = 130
+
+#: The exit code when stdout's reader went away (``specwatch analyze ... | head``), as
+#: Python's documentation of SIGPIPE advises.
+EXIT_CLOSED_PIPE = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the chosen subcommand; returns the process exit code."""
+    """Parse ``argv`` and run the chosen subcommand; returns the process exit code.
+
+    Every command ends the same two ways whatever it was doing: Ctrl-C (a
+    :class:`KeyboardInterrupt` that reached here: during start-up, or in a command that has no
+    handler of its own) prints ``specwatch COMMAND: interrupted`` and returns
+    :data:`EXIT_INTERRUPTED`; a reader that closed stdout ends the command silently with
+    :data:`EXIT_CLOSED_PIPE` (stdout is pointed at the null device so the interpreter's final
+    flush cannot fail either)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    word = next((a for a in args_list if not a.startswith("-")), None)
+    try:
+        code = _dispatch(args_list)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
+        return code
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during teardown
+        name = f"specwatch {word}" if word in _COMMAND_WORDS else "specwatch"
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+_COMMAND_WORDS = frozenset(command for command, _ in HELP.values())
+
+
+def _dispatch(args_list: list[str]) -> int:
     parser = build_parser(load=chosen_command(args_list))
     word = next((a for a in args_list if not a.startswith("-")), None)
     parser._specwatch_command = word  # type: ignore[attr-defined]  # for error messages

@@ -111,13 +111,15 @@ class ServerSettings(Frozen):
 
 
 class LogSettings(Frozen):
-    """Log level and format (``json`` one object per line, or ``plain``), for every process of
+    """Log level and format (``json`` one object per line, ``plain``, or ``auto``: plain on a
+    terminal, JSON otherwise), for every process of
     ``specwatch run`` and the configuration warnings it logs at start."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe log level written: `DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
-    format: Literal["json", "plain"] = "json"
-    """`json`: one JSON object per line (for log collectors); `plain`: text for a terminal."""
+    format: Literal["auto", "json", "plain"] = "auto"
+    """`json`: one JSON object per line (for log collectors); `plain`: text for a terminal;
+    `auto`: `plain` when stderr is a terminal, else `json`."""
 
     @field_validator("level", mode="before")
     @classmethod

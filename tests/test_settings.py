@@ -38,7 +38,7 @@ class TestDefaults:
         assert s.scrape.interval_seconds == 5.0
         assert s.windows == ("1m", "5m", "15m")
         assert s.window_seconds == {"1m": 60.0, "5m": 300.0, "15m": 900.0}
-        assert s.log.format == "json"
+        assert s.log.format == "auto"  # plain on a terminal, json otherwise
 
     def test_frozen(self) -> None:
         """Settings cannot be changed after construction."""

@@ -84,8 +84,9 @@ def test_subcommand_help_imports_no_server_or_numerics(command: str) -> None:
 
 
 def test_analyze_loads_only_its_module() -> None:
-    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` only, no other subcommand
-    module (not even the shared flag helpers), and none of HEAVY."""
+    """``analyze`` on a saved page imports ``specwatch.cli.analyze`` and the shared flag
+    helpers (``cli.args``: the one ``--format`` rule, table on a terminal and JSON in a pipe),
+    no other subcommand module, and none of HEAVY."""
     code = (
         "import contextlib, io\n"
         "from specwatch.__main__ import main\n"
@@ -94,7 +95,7 @@ def test_analyze_loads_only_its_module() -> None:
     )
     assert _loaded_after(code) == {
         "heavy": [],
-        "cli": ["specwatch.cli.analyze"],
+        "cli": ["specwatch.cli.analyze", "specwatch.cli.args"],
     }
 
 

@@ -20,6 +20,7 @@
 // The rule texts live once, in rules/<area>.yaml.tmpl: YAML with %(name)s placeholders filled
 // from _config (a string or number key). Grafana reads the dashboards from ../../grafana, so
 // vendor the whole repository with jsonnet-bundler (see README.md), not only this directory.
+local strings = import 'strings.libsonnet';
 local areas = [
   importstr 'rules/spec_decode.yaml.tmpl',
   importstr 'rules/fly.yaml.tmpl',
@@ -32,16 +33,16 @@ local areas = [
 // in one pass; any other % (printf "%.3f") is left alone. Then the matchers an empty selector
 // leaves behind are removed: x{a="1", } -> x{a="1"}, x{} -> x.
 local fill(text, config) =
-  local pieces = std.split(text, '%(');
+  local pieces = strings.split(text, '%(');
   local value(key) =
     assert std.objectHas(config, key) : 'unknown placeholder in a rule template: %(' + key + ')s';
     local v = config[key];
     if std.isNumber(v) then '%g' % v else if std.isString(v) then v
     else error 'placeholder %(' + key + ')s names a _config key that is not a string or number';
   local filled = pieces[0] + std.join('', [
-    local parts = std.splitLimit(p, ')s', 1);
-    assert std.length(parts) == 2 : 'unclosed placeholder in a rule template: %(' + parts[0];
-    value(parts[0]) + parts[1]
+    local parts = strings.split(p, ')s');
+    assert std.length(parts) >= 2 : 'unclosed placeholder in a rule template: %(' + parts[0];
+    value(parts[0]) + std.join(')s', parts[1:])
     for p in pieces[1:]
   ]);
   std.strReplace(std.strReplace(filled, ', }', '}'), '{}', '');
@@ -56,6 +57,12 @@ local withRunbook(rule, pattern) =
   else rule;
 
 {
+  // jsonnet >= 0.20 (std.trim is the marker): 0.18, Debian 12's, cannot read the templates'
+  // multi-line YAML strings with std.parseYaml; say so rather than fail inside it
+  assert std.objectHasAll(std, 'trim') :
+         'the specwatch mixin needs jsonnet >= 0.20 (C++ or go-jsonnet); Debian 12 has 0.18: '
+         + 'use `pip install jsonnet` or go-jsonnet, or take the rendered prometheusrule.yaml',
+
   _config+:: (import 'config.libsonnet') + (import 'thresholds.libsonnet'),
 
   local groups = std.flattenArrays([std.parseYaml(fill(area, $._config)).groups for area in areas]),

@@ -11,6 +11,7 @@
   "acceptance_min_drafts_per_second": 0.2,
   "budget_draft_length_ratio": 0.9,
   "budget_drafts_per_step_ratio": 0.5,
+  "budget_fill_ratio": 0.9,
   "budget_finding_for": "0s",
   "budget_for": "15m",
   "budget_min_running": 8.0,

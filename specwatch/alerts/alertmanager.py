@@ -7,8 +7,21 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
   are last-received-wins (``summary``, ``description``, ``runbook_url``).
 * ``startsAt`` is fixed for the life of an alert; every (re)send carries ``endsAt = now + lease``
   with ``lease = LEASE_FACTOR * max(resend_interval, evaluation_interval)`` (4, as Prometheus),
-  so Alertmanager resolves on its own if specwatch dies; a cleared alert is sent once with
-  ``endsAt = now`` (resolution time).
+  so Alertmanager resolves on its own if specwatch dies. A firing alert is re-posted every
+  ``resend_interval`` (its annotations, which carry live values, go with the next resend; a
+  change of them alone posts nothing). A cleared alert is sent with ``endsAt`` = its resolution
+  time, and re-sent with that ``endsAt`` every ``resend_interval`` for
+  :data:`RESOLVED_RETENTION_SECONDS` (Prometheus keeps resolved alerts 15 min and resends them
+  likewise), so a peer that missed the first resolve still gets it.
+* Each Alertmanager is a peer of its own (an HA cluster is several peers; each gets every
+  alert, as Prometheus sends them): its own outbox, counters and last-error state, and its own
+  clock offset, read from the ``Date`` header of its answers. ``startsAt``/``endsAt`` are sent
+  in the peer's clock (specwatch's time plus the offset, once the offset is
+  :data:`CLOCK_TOLERANCE_SECONDS` or more): a sidecar 6 minutes slow would otherwise post alerts
+  whose ``endsAt`` Alertmanager already sees as past (accepted, never notified), 6 minutes fast
+  resolves that end in its future (alerts hang on). Compensating rather than refusing keeps
+  alerts flowing while the clock is wrong; an offset over :data:`CLOCK_WARN_SECONDS` is logged
+  (once per peer until it comes back) and exported.
 * Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*`` under stable names, and an empty
   value is dropped only where that merges no two alerts
   (:func:`~specwatch.alerts.alert.keep_distinct`).
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
 import logging
 import ssl
 from collections import OrderedDict
@@ -46,7 +60,7 @@ from specwatch.alerts.settings import (
     AlertingSettings,
     TLSSettings,
 )
-from specwatch.alerts.values import SEND_ERROR_REASONS, AlertingState, FiringAlert
+from specwatch.alerts.values import SEND_ERROR_REASONS, AlertingState, FiringAlert, PeerState
 from specwatch.core.clock import SYSTEM_WALL, WallClock, format_rfc3339
 from specwatch.core.logs import log_event, redact_url
 
@@ -54,6 +68,14 @@ from specwatch.core.logs import log_event, redact_url
 RETRY_INITIAL_BACKOFF_SECONDS = 0.5
 #: No retry waits longer than this many seconds.
 RETRY_MAX_BACKOFF_SECONDS = 8.0
+#: A resolved alert is re-sent (same ``endsAt``) every ``resend_interval`` for this long after
+#: it resolved (Prometheus' resolved-alert retention, 15 min).
+RESOLVED_RETENTION_SECONDS = 900.0
+#: A peer's clock offset below this is not compensated: the ``Date`` header has one-second
+#: resolution, so smaller offsets cannot be told from rounding and the request's own time.
+CLOCK_TOLERANCE_SECONDS = 2.0
+#: A peer's clock offset above this many seconds is logged as a warning.
+CLOCK_WARN_SECONDS = 30.0
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -66,6 +88,7 @@ __all__ = [
     "TLSSettings",
     "build_payload",
     "build_ssl_context",
+    "date_offset",
 ]
 
 log = logging.getLogger("specwatch.alerts.alertmanager")
@@ -101,24 +124,49 @@ class Delivery:
         return self.ends_at is not None
 
 
-def build_payload(deliveries: Iterable[Delivery], now: float, lease: float) -> list[dict[str, Any]]:
+def build_payload(
+    deliveries: Iterable[Delivery], now: float, lease: float, offset: float = 0.0
+) -> list[dict[str, Any]]:
     """JSON body for ``POST /api/v2/alerts``: one object per delivery.
 
-    Firing alerts get ``endsAt = now + lease`` (seconds); resolved ones their own ``ends_at``.
+    Firing alerts get ``endsAt = now + lease`` (seconds); resolved ones their own ``ends_at``
+    less :data:`CLOCK_TOLERANCE_SECONDS` (never before ``starts_at``): Alertmanager takes an
+    ``endsAt`` still in its future as a shorter lease, which loses to the lease it holds, so a
+    resolve must reach it already past even under an offset too small to measure. Every time
+    is shifted by ``offset`` seconds (the peer's clock minus specwatch's).
     """
     body: list[dict[str, Any]] = []
     for d in deliveries:
-        ends = d.ends_at if d.ends_at is not None else now + lease
+        if d.ends_at is None:
+            ends = now + lease
+        else:
+            ends = max(d.ends_at - CLOCK_TOLERANCE_SECONDS, d.starts_at)
         item: dict[str, Any] = {
             "labels": dict(d.labels),
             "annotations": {k: v for k, v in d.annotations.items() if v},
-            "startsAt": format_rfc3339(d.starts_at),
-            "endsAt": format_rfc3339(ends),
+            "startsAt": format_rfc3339(d.starts_at + offset),
+            "endsAt": format_rfc3339(ends + offset),
         }
         if d.generator_url:
             item["generatorURL"] = d.generator_url
         body.append(item)
     return body
+
+
+def date_offset(date_header: str | None, sent_at: float, received_at: float) -> float | None:
+    """The peer's clock minus ours, in seconds, from its HTTP ``Date`` header (RFC 9110
+    IMF-fixdate, whole seconds) and our wall times before the request and after the answer:
+    the header's second plus 0.5 (its mean truncation) against the midpoint of the exchange.
+    ``None`` when the header is absent or unreadable."""
+    if not date_header:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(date_header)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.timestamp() + 0.5 - (sent_at + received_at) / 2
 
 
 @dataclass(slots=True)
@@ -128,15 +176,19 @@ class _Active:
     annotations: dict[str, str]
     starts_at: float
     last_sent: float
+    ends_at: float | None = None
 
 
 class ActiveAlerts:
     """Lease bookkeeping: which alerts fire, since when, and what must be (re)sent now.
 
     :meth:`update` takes the current findings and ``now`` (unix seconds) and returns the
-    deliveries due: new alerts, alerts whose last send is ``resend_interval`` old or whose
-    annotations changed, and alerts that disappeared (once, with ``ends_at = now``).
-    ``startsAt`` of an alert never changes while it stays in the findings.
+    deliveries due: new alerts, alerts whose last send is ``resend_interval`` old (with their
+    latest annotations; a change of annotations alone is not a reason to post), alerts that
+    disappeared (``ends_at = now``), and resolved alerts whose last send is ``resend_interval``
+    old, for :data:`RESOLVED_RETENTION_SECONDS` after they resolved (the same ``ends_at``).
+    ``startsAt`` of an alert never changes while it stays in the findings; one that fires
+    again after resolving is a new alert (a new ``startsAt``).
     """
 
     def __init__(
@@ -152,6 +204,7 @@ class ActiveAlerts:
         self._runbook_base = runbook_base_url
         self._generator_url = generator_url
         self._active: dict[AlertKey, _Active] = {}
+        self._resolved: dict[AlertKey, _Active] = {}
         self._held: set[AlertKey] = set()
         self._hold_until = float("-inf")
 
@@ -189,15 +242,27 @@ class ActiveAlerts:
             annotations = self._annotations(alert)
             current = self._active.get(key)
             if current is None:
+                self._resolved.pop(key, None)
                 current = _Active(alert, labels, annotations, starts_at=now, last_sent=now)
                 self._active[key] = current
-            elif now - current.last_sent >= self._resend or annotations != current.annotations:
-                current.alert = alert
-                current.annotations = annotations
-                current.last_sent = now
             else:
-                continue
+                current.alert = alert
+                current.annotations = annotations  # carried by the next resend
+                if now - current.last_sent < self._resend:
+                    continue
+                current.last_sent = now
             due.append(Delivery(labels, annotations, current.starts_at, None, self._generator_url))
+        for key, old in list(self._resolved.items()):
+            assert old.ends_at is not None
+            if now - old.ends_at >= RESOLVED_RETENTION_SECONDS:
+                del self._resolved[key]
+            elif now - old.last_sent >= self._resend:
+                old.last_sent = now
+                due.append(
+                    Delivery(
+                        old.labels, old.annotations, old.starts_at, old.ends_at, self._generator_url
+                    )
+                )
         self._held -= seen
         if now >= self._hold_until:
             self._held.clear()
@@ -213,6 +278,8 @@ class ActiveAlerts:
                     )
                 continue
             gone = self._active.pop(key)
+            gone.ends_at = gone.last_sent = now
+            self._resolved[key] = gone
             due.append(
                 Delivery(gone.labels, gone.annotations, gone.starts_at, now, self._generator_url)
             )
@@ -303,8 +370,49 @@ def build_ssl_context(tls: TLSSettings) -> ssl.SSLContext | bool:
     return ctx
 
 
+@dataclass(slots=True)
+class _Peer:
+    """One Alertmanager's outbox, counters, last-error state and clock offset."""
+
+    url: str
+    outbox: Outbox
+    errors: dict[str, int]
+    sent_alerts: int = 0
+    last_send_ok: bool | None = None
+    last_error: str = ""
+    last_error_at: float | None = None
+    clock_offset: float | None = None
+    clock_warned: bool = False
+    compensating: bool = False
+
+    @property
+    def label(self) -> str:
+        return redact_url(self.url)
+
+    @property
+    def applied_offset(self) -> float:
+        """The offset sent times are shifted by: on from :data:`CLOCK_TOLERANCE_SECONDS`, off
+        again only under half of it (so the header's rounding near the edge does not switch
+        it at every answer)."""
+        off = self.clock_offset
+        return off if off is not None and self.compensating else 0.0
+
+    def state(self) -> PeerState:
+        return PeerState(
+            peer=self.label,
+            sent_alerts=self.sent_alerts,
+            errors=dict(self.errors),
+            outbox_depth=len(self.outbox),
+            last_send_ok=self.last_send_ok,
+            last_error=self.last_error,
+            last_error_at=self.last_error_at,
+            clock_offset=self.clock_offset,
+        )
+
+
 class AlertSender:
-    """Posts deliveries to every configured Alertmanager, each with its own outbox.
+    """Posts deliveries to every configured Alertmanager (a peer each), each with its own outbox,
+    counters, last-error state and clock offset (see the module doc).
 
     A send is one ``POST``; connection errors, timeouts and 5xx are retried up to
     ``max_attempts`` with exponential backoff (:data:`RETRY_INITIAL_BACKOFF_SECONDS`
@@ -314,6 +422,9 @@ class AlertSender:
     dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx).
     One flush of one Alertmanager is cut off after ``evaluation_interval`` seconds (counted as
     ``timeout``), so a black-holed Alertmanager delays the loop by at most one interval.
+    An accepted batch whose answer shows the peer's clock offset moved by
+    :data:`CLOCK_TOLERANCE_SECONDS` or more from the one it was built with is posted once more
+    at once with corrected times (the first post to a peer whose clock is off).
     """
 
     def __init__(
@@ -323,13 +434,17 @@ class AlertSender:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         ssl_context: ssl.SSLContext | bool | None = None,
+        wall_clock: WallClock = SYSTEM_WALL,
     ) -> None:
         self._settings = settings
         self._session = session
         self._sleep = sleep
+        self._wall_clock = wall_clock
         self._ssl = build_ssl_context(settings.tls) if ssl_context is None else ssl_context
-        self._outboxes = {url: Outbox(settings.outbox_size) for url in settings.urls}
-        self.errors: dict[str, int] = dict.fromkeys(SEND_ERROR_REASONS, 0)
+        self._peers = [
+            _Peer(url, Outbox(settings.outbox_size), dict.fromkeys(SEND_ERROR_REASONS, 0))
+            for url in settings.urls
+        ]
         headers = {"Content-Type": "application/json"}
         if settings.bearer_token is not None:
             headers["Authorization"] = f"Bearer {settings.bearer_token.get_secret_value()}"
@@ -343,57 +458,114 @@ class AlertSender:
     @property
     def outbox_depth(self) -> int:
         """Pending deliveries summed over all Alertmanagers."""
-        return sum(len(o) for o in self._outboxes.values())
+        return sum(len(p.outbox) for p in self._peers)
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Failed sends by reason, summed over all Alertmanagers."""
+        out = dict.fromkeys(SEND_ERROR_REASONS, 0)
+        for p in self._peers:
+            for reason, n in p.errors.items():
+                out[reason] += n
+        return out
+
+    def peers(self) -> tuple[PeerState, ...]:
+        """Each Alertmanager's state now, in the order of ``alerting.urls``."""
+        return tuple(p.state() for p in self._peers)
 
     def enqueue(self, deliveries: Sequence[Delivery]) -> None:
-        for url, outbox in self._outboxes.items():
-            dropped = outbox.add(deliveries)
+        for peer in self._peers:
+            dropped = peer.outbox.add(deliveries)
             if dropped:
-                self.errors["outbox_overflow"] += dropped
+                peer.errors["outbox_overflow"] += dropped
                 log_event(
                     log,
                     logging.WARNING,
                     "alertmanager outbox full",
-                    url=redact_url(url),
+                    url=peer.label,
                     dropped=dropped,
                 )
 
+    def _failed(self, peer: _Peer, reason: str) -> None:
+        peer.errors[reason] += 1
+        peer.last_send_ok = False
+        peer.last_error = reason
+        peer.last_error_at = self._wall_clock()
+
     async def flush(self, now: float) -> None:
         """Try to deliver every outbox (concurrently across Alertmanagers)."""
-        await asyncio.gather(*(self._flush_one(url, ob, now) for url, ob in self._outboxes.items()))
+        await asyncio.gather(*(self._flush_one(peer, now) for peer in self._peers))
 
-    async def _flush_one(self, url: str, outbox: Outbox, now: float) -> None:
-        pending = outbox.peek()
+    async def _flush_one(self, peer: _Peer, now: float) -> None:
+        pending = peer.outbox.peek()
         if not pending:
             return
-        body = build_payload(pending, now, self._settings.lease)
-        endpoint = f"{url}/api/v2/alerts"
+        endpoint = f"{peer.url}/api/v2/alerts"
         try:
             # One flush never outlasts an evaluation interval, so an unreachable Alertmanager
             # cannot hold up the next evaluation; what is left stays queued.
             async with asyncio.timeout(self._settings.evaluation_interval):
-                await self._attempts(endpoint, body, outbox, pending)
+                await self._attempts(peer, endpoint, now, pending)
         except TimeoutError:
-            self.errors["timeout"] += 1
+            self._failed(peer, "timeout")
             log_event(
                 log, logging.WARNING, "alertmanager flush ran out of time", url=redact_url(endpoint)
             )
 
     async def _attempts(
-        self, endpoint: str, body: list[dict[str, Any]], outbox: Outbox, pending: list[Delivery]
+        self, peer: _Peer, endpoint: str, now: float, pending: list[Delivery]
     ) -> None:
         delay = RETRY_INITIAL_BACKOFF_SECONDS
-        for attempt in range(1, self._settings.max_attempts + 1):
-            outcome = await self._post(endpoint, body)
+        corrected = False
+        attempt = 1
+        while attempt <= self._settings.max_attempts:
+            offset = peer.applied_offset
+            body = build_payload(pending, now, self._settings.lease, offset)
+            outcome = await self._post(peer, endpoint, body)
+            moved = abs(peer.applied_offset - offset) >= CLOCK_TOLERANCE_SECONDS
+            if outcome == "ok" and moved and not corrected:
+                corrected = True  # built with a stale offset: once more, in the peer's clock
+                continue
             if outcome in ("ok", "http_4xx"):  # a 4xx cannot succeed on resend: drop the batch
-                outbox.remove(pending)
+                peer.outbox.remove(pending)
                 return
             if attempt < self._settings.max_attempts:
                 await self._sleep(min(delay, RETRY_MAX_BACKOFF_SECONDS))
                 delay *= 2
+            attempt += 1
 
-    async def _post(self, endpoint: str, body: list[dict[str, Any]]) -> str:
+    def _clock(self, peer: _Peer, date_header: str | None, sent_at: float) -> None:
+        offset = date_offset(date_header, sent_at, self._wall_clock())
+        if offset is None:
+            return
+        peer.clock_offset = offset
+        if abs(offset) >= CLOCK_TOLERANCE_SECONDS:
+            peer.compensating = True
+        elif abs(offset) < CLOCK_TOLERANCE_SECONDS / 2:
+            peer.compensating = False
+        far = abs(offset) > CLOCK_WARN_SECONDS
+        if far and not peer.clock_warned:
+            log_event(
+                log,
+                logging.WARNING,
+                "alertmanager clock differs from specwatch's; alert times are sent in its clock",
+                url=peer.label,
+                offset_seconds=round(offset, 1),
+                hint="fix NTP on this node or the Alertmanager's",
+            )
+        elif not far and peer.clock_warned:
+            log_event(
+                log,
+                logging.INFO,
+                "alertmanager clock agrees with specwatch's again",
+                url=peer.label,
+                offset_seconds=round(offset, 1),
+            )
+        peer.clock_warned = far
+
+    async def _post(self, peer: _Peer, endpoint: str, body: list[dict[str, Any]]) -> str:
         timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
+        sent_at = self._wall_clock()
         try:
             async with self._session.post(
                 endpoint,
@@ -402,11 +574,14 @@ class AlertSender:
                 ssl=self._ssl,
                 timeout=timeout,
             ) as resp:
+                self._clock(peer, resp.headers.get("Date"), sent_at)
                 if resp.status < 300:
+                    peer.sent_alerts += len(body)
+                    peer.last_send_ok = True
                     return "ok"
                 text = (await resp.text())[:200]
                 reason = "http_4xx" if 400 <= resp.status < 500 else "http_5xx"
-                self.errors[reason] += 1
+                self._failed(peer, reason)
                 log_event(
                     log,
                     logging.WARNING,
@@ -419,11 +594,11 @@ class AlertSender:
                     return "retry"
                 return reason
         except TimeoutError:
-            self.errors["timeout"] += 1
+            self._failed(peer, "timeout")
             log_event(log, logging.WARNING, "alertmanager send timed out", url=redact_url(endpoint))
             return "timeout"
         except aiohttp.ClientError as exc:
-            self.errors["connect"] += 1
+            self._failed(peer, "connect")
             log_event(
                 log,
                 logging.WARNING,
@@ -468,9 +643,11 @@ class AlertLoop:
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._active = ActiveAlerts.from_settings(settings)
-        self._sender = AlertSender(settings, session, sleep=sleep, ssl_context=ssl_context)
+        self._sender = AlertSender(
+            settings, session, sleep=sleep, ssl_context=ssl_context, wall_clock=wall_clock
+        )
         self._state = AlertingState(
-            send_errors=dict(self._sender.errors), state_errors=dict(self._state_errors)
+            peers=self._sender.peers(), state_errors=dict(self._state_errors)
         )
 
     @property
@@ -497,8 +674,7 @@ class AlertLoop:
     def _publish(self) -> None:
         self._state = AlertingState(
             firing=self._active.firing(),
-            send_errors=dict(self._sender.errors),
-            outbox_depth=self._sender.outbox_depth,
+            peers=self._sender.peers(),
             state_errors=dict(self._state_errors),
         )
         if self._on_state is not None:

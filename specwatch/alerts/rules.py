@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from specwatch.alerts.alert import Alert, Severity
+from specwatch.alerts.causes import acceptance_cause, cause_words, truncation_causes
 from specwatch.alerts.conditions import (
     BudgetInputs,
     acceptance_decay,
@@ -33,6 +34,7 @@ from specwatch.core.numbers import exp_or_inf
 from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.published import PairedSummary, ShadowStats
+from specwatch.shadow.sample import CHOSEN_PAUSES
 from specwatch.shadow.stats.policy import MARGIN, NO_NET_LOSS, PagePolicy
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
@@ -101,7 +103,7 @@ def _not_one_server(t: TargetSnapshot, increase: float | None) -> list[Alert]:
     ]
 
 
-def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
+def _acceptance(t: TargetSnapshot, s: DetectSettings, standard_alpha: float | None) -> list[Alert]:
     short = _window(t, s.acceptance_short_window)
     base = _window(t, s.acceptance_baseline_window, fallback=True)
     out: list[Alert] = []
@@ -119,7 +121,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             s,
         )
         if v is not None:
-            out.append(_drop_alert(t, model, None, v, h, b, s))
+            out.append(_drop_alert(t, model, None, v, h, b, s, standard_alpha))
         if len(mw.engines) < 2:
             continue  # one engine is the server: its alert is the server's
         # every engine that dropped keeps its own alert, also when the server dropped too;
@@ -138,7 +140,7 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
                 s,
             )
             if ev is not None:
-                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s))
+                found.append(_drop_alert(t, model, engine, ev, eh, ebh, s, standard_alpha))
         if len(found) < len(mw.engines):
             out += found
     return out
@@ -148,9 +150,16 @@ def _acceptance(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
 SustainedKey = tuple[str, str, str]
 
 
-def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, float]) -> list[Alert]:
+def _decay(
+    t: TargetSnapshot,
+    s: DetectSettings,
+    best: Mapping[SustainedKey, float],
+    standard_alpha: float | None = None,
+) -> list[Alert]:
     out: list[Alert] = []
+    base = _window(t, s.acceptance_baseline_window, fallback=True)
     for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+        bw = base.get(model)
         rows: list[tuple[str, Health]] = [("", mw.server)]
         if len(mw.engines) > 1:
             rows += sorted(mw.engines.items())
@@ -166,19 +175,21 @@ def _decay(t: TargetSnapshot, s: DetectSettings, best: Mapping[SustainedKey, flo
                 labels["engine"] = engine
                 where = f"engine {engine} of {t.name}"
             restarts = sum(t.counter_resets.values())
+            bh = None if bw is None else (bw.engines.get(engine) if engine else bw.server)
+            labels["cause"], short, because = acceptance_cause(t, h, bh, standard_alpha)
             out.append(
                 Alert(
                     "SpecAcceptanceDecay",
                     Severity.WARNING,
                     f"Acceptance on {where} is below {s.acceptance_drop_ratio:.0%} of its best "
-                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h.",
+                    f"sustained level in the last {s.acceptance_decay_lookback / 3600:g}h "
+                    f"({short}).",
                     f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
                     f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)}, {v:.0%} of the "
                     f"best {s.acceptance_sustained_window} level {_fmt(peak)} seen in the last "
                     f"{s.acceptance_decay_lookback / 3600:g}h (threshold "
-                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: {restarts}. "
-                    "A slow decay or a restart that came back lower (new image, weights, "
-                    "config) looks like this.",
+                    f"{s.acceptance_drop_ratio:.0%}); engine restarts seen so far: "
+                    f"{restarts}.{because}",
                     labels,
                     value=v,
                 )
@@ -214,8 +225,10 @@ def _drop_alert(
     h: Health,
     b: Health,
     s: DetectSettings,
+    standard_alpha: float | None = None,
 ) -> Alert:
     labels = _base(t, model)
+    labels["cause"], short, because = acceptance_cause(t, h, b, standard_alpha)
     where = t.name
     if engine is None:
         labels["scope"] = "server"
@@ -226,12 +239,12 @@ def _drop_alert(
     return Alert(
         "SpecAcceptanceDrop",
         Severity.WARNING,
-        f"Speculative-decoding acceptance dropped on {where}.",
+        f"Speculative-decoding acceptance dropped on {where} ({short}).",
         f"Over {s.acceptance_short_window} the acceptance rate of {where} (role "
         f"{t.role.value}, model {model}) is {_fmt(h.acceptance_rate)} and the mean acceptance "
         f"length {_fmt(h.mean_acceptance_length)}, against {_fmt(b.acceptance_rate)} and "
         f"{_fmt(b.mean_acceptance_length)} in the baseline: {value:.0%} of it (threshold "
-        f"{s.acceptance_drop_ratio:.0%}).",
+        f"{s.acceptance_drop_ratio:.0%}).{because}",
         labels,
         value=value,
     )
@@ -249,9 +262,9 @@ def _speculation_k(t: TargetSnapshot) -> int | None:
     """
     cap = t.capacity
     k = cap.num_speculative_tokens
-    if k is None or k <= 0:
+    if k is None or k <= 0 or t.role is Role.PREFILL:
         return None
-    if t.limits.num_speculative_tokens is not None or t.role is not Role.BASELINE:
+    if t.limits.num_speculative_tokens is not None or t.role.speculates:
         return k
     drafted = any((mw.server.drafts or 0.0) > 0 for mw in _window(t, SINCE_START).values())
     return k if drafted else None
@@ -309,7 +322,23 @@ def _budget(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             labels = {**_base(t, model), "reason": reason}
             if engine:
                 labels["engine"] = engine
-            out.append(_budget_alert(t, model, reason, engine, value, h, s, labels))
+            because = ""
+            short_method = t.limits.method in _SHORT_DRAFT_METHODS
+            if reason == "draft_truncation" or (reason == "drafts_per_step" and short_method):
+                # drafts_per_step on ngram/suffix: steps without a proposal draft nothing
+                designed = ("no_proposal",) if short_method else t.designed_short_drafts
+                causes = truncation_causes(
+                    designed=designed,
+                    scheduled_tokens_per_step=h.scheduled_tokens_per_step,
+                    max_num_batched_tokens=cap.max_num_batched_tokens,
+                    running=cap.num_requests_running,
+                    d_full=cap.decode_full_per_step_requests,
+                    fill_ratio=s.budget_fill_ratio,
+                )
+                if "token_budget" not in causes:
+                    continue  # shorter drafts by design: the budget does not starve them
+                labels["cause"], _short, because = cause_words(causes)
+            out.append(_budget_alert(t, model, reason, value, h, s, labels, because))
     return out
 
 
@@ -332,13 +361,14 @@ def _budget_alert(
     t: TargetSnapshot,
     model: str,
     reason: str,
-    engine: str,
     value: float,
     h: Health,
     s: DetectSettings,
     labels: dict[str, str],
+    because: str = "",
 ) -> Alert:
     cap = t.capacity
+    engine = labels.get("engine", "")
     k = cap.num_speculative_tokens
     if reason == "budget_cap":
         summary = f"Target {t.name} is limited by max_num_batched_tokens, not max_num_seqs."
@@ -357,15 +387,21 @@ def _budget_alert(
         text = (
             f"Over {s.rate_window}, engine {engine} of {t.name} verified {value:.3g} drafts per "
             "step while at least twice as many requests run: running requests are skipped by "
-            "the token budget or not drafting."
+            "the token budget or not drafting." + because
         )
     else:
-        summary = f"The drafts of target {t.name} are truncated below K."
+        cause = labels.get("cause", "token_budget")
+        by = "by the token budget" if cause == "token_budget" else "(cause undetermined)"
+        summary = f"The drafts of target {t.name} are truncated below K {by}."
         text = (
             f"Over {s.rate_window} the mean draft length of {t.name} is {value:.3g}, under "
-            f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}: the "
-            "token budget cuts drafts short."
+            f"{s.budget_draft_length_ratio:.0%} of num_speculative_tokens {_fmt(k, 'g')}; "
+            f"{_fmt(h.scheduled_tokens_per_step, '.4g')} tokens scheduled per engine step "
+            f"(max_num_batched_tokens {_fmt(cap.max_num_batched_tokens, 'g')})."
+            + because
+            + (_budget_finding(t) if cause == "token_budget" else "")
         )
+        return Alert("SpecBudgetStarvation", Severity.WARNING, summary, text, labels, value=value)
     return Alert(
         "SpecBudgetStarvation",
         Severity.WARNING,
@@ -452,6 +488,78 @@ def _budget_bound(t: TargetSnapshot, s: DetectSettings) -> list[Alert]:
             value=d_full,
         )
     ]
+
+
+def _standard_alpha(observe: ObserveView, s: DetectSettings) -> float | None:
+    """The standard target's acceptance rate over ``acceptance_short_window`` when it held (no
+    drop against its own baseline): a FLy-only drop is then judged against it
+    (:func:`~specwatch.alerts.causes.acceptance_causes`). ``None`` when the standard target
+    dropped too, or without a usable standard target with values in both windows."""
+    std = next((t for t in observe.targets.values() if t.role is Role.STANDARD), None)
+    if std is None or not _usable(std):
+        return None
+    got = _first_model(std, s.acceptance_short_window)
+    base = _first_model(std, s.acceptance_baseline_window) or _first_model(std, SINCE_START)
+    if got is None or base is None or got[1].acceptance_rate is None:
+        return None
+    h, b = got[1], base[1]
+    dropped = acceptance_drop(
+        h.acceptance_rate,
+        b.acceptance_rate,
+        h.mean_acceptance_length,
+        b.mean_acceptance_length,
+        h.drafts_per_second,
+        s,
+    )
+    return h.acceptance_rate if dropped is None else None
+
+
+def _decode_vs_baseline(observe: ObserveView, s: DetectSettings) -> list[Alert]:
+    """SpecAcceptanceDrop ``scope="baseline"``: a ``decode`` target (disaggregated serving)
+    against the first ``baseline`` target serving the same model and speculating (a monolithic
+    server with the same drafter), both over ``acceptance_short_window``, by the drop ratio. A
+    baseline without drafts gives nothing here (its comparison is the speed one)."""
+    base = next((t for t in observe.targets.values() if t.role is Role.BASELINE), None)
+    if base is None or not _usable(base):
+        return []
+    reference = _window(base, s.acceptance_short_window)
+    out: list[Alert] = []
+    for t in observe.targets.values():
+        if t.role is not Role.DECODE or not _usable(t):
+            continue
+        for model, mw in sorted(_window(t, s.acceptance_short_window).items()):
+            bw = reference.get(model)
+            if bw is None:
+                continue
+            h, b = mw.server, bw.server
+            v = acceptance_drop(
+                h.acceptance_rate,
+                b.acceptance_rate,
+                h.mean_acceptance_length,
+                b.mean_acceptance_length,
+                h.drafts_per_second,
+                s,
+            )
+            if v is None:
+                continue
+            labels = {**_base(t, model), "scope": "baseline", "baseline": base.name}
+            labels["cause"], short, because = cause_words(("disaggregation",))
+            out.append(
+                Alert(
+                    "SpecAcceptanceDrop",
+                    Severity.WARNING,
+                    f"Decode server {t.name} accepts far fewer drafts than baseline "
+                    f"{base.name} ({short}).",
+                    f"Over {s.acceptance_short_window} decode server {t.name} (model {model}) "
+                    f"has acceptance rate {_fmt(h.acceptance_rate)} and mean acceptance length "
+                    f"{_fmt(h.mean_acceptance_length)}, against {_fmt(b.acceptance_rate)} and "
+                    f"{_fmt(b.mean_acceptance_length)} on baseline {base.name}: {v:.0%} of it "
+                    f"(threshold {s.acceptance_drop_ratio:.0%}).{because}",
+                    labels,
+                    value=v,
+                )
+            )
+    return out
 
 
 def _first_model(t: TargetSnapshot, window: str) -> tuple[str, Health] | None:
@@ -661,6 +769,8 @@ def _shadow_stalled(snap: ObserveView, shadow: ShadowStats, s: DetectSettings) -
     summ = _shadow_window(shadow, s.shadow_stalled_window).get(OVERALL)
     if summ is None or summ.tally.paired > 0:
         return []
+    if shadow.io is not None and any(shadow.io.paused.get(r) for r in CHOSEN_PAUSES):
+        return []  # specwatch chose to pause (live requests wait): not a stall
     rates = [
         mw.server.generation_tokens_per_second
         for t in snap.targets.values()
@@ -724,17 +834,20 @@ def candidates(
     rules-only alert ``SpecQualityDriftFleet``. Windows missing from ``observe`` give nothing.
     """
     out: list[Alert] = []
+    standard_alpha = _standard_alpha(observe, settings)
     for t in observe.targets.values():
         out += _target_down(t)
         out += _not_one_server(t, (alternations or {}).get(t.name))
         out += _budget_bound(t, settings)
         if not _usable(t):
             continue
-        out += _acceptance(t, settings)
-        out += _decay(t, settings, sustained_best or {})
+        alone = standard_alpha if t.role is Role.FLY else None
+        out += _acceptance(t, settings, alone)
+        out += _decay(t, settings, sustained_best or {}, alone)
         out += _inactive(t, settings)
         out += _budget(t, settings)
         out += _stall(t, settings)
+    out += _decode_vs_baseline(observe, settings)
     out += _fly_gain(observe, settings)
     shadow_found: list[Alert] = []
     if shadow is not None:

@@ -61,6 +61,10 @@ class DetectSettings(BaseModel):
     drafts per step ..."""
     budget_draft_length_ratio: float = Field(default=0.9, gt=0, le=1)
     """... or drafts are shorter than this fraction of K."""
+    budget_fill_ratio: float = Field(default=0.9, gt=0, le=1)
+    """Short drafts are blamed on the token budget only while the tokens scheduled per engine
+    step reach this fraction of max_num_batched_tokens (below it every step had room: the
+    drafts are short by design, dynamic K or structured output)."""
     budget_for: float = Field(default=900.0, ge=0)
     """Seconds SpecBudgetStarvation's condition must hold before it fires."""
     # SpecTokenBudgetBound (info): a configuration finding, reported once limits are known

@@ -19,6 +19,7 @@ __all__ = [
     "STATE_ERROR_REASONS",
     "AlertingState",
     "FiringAlert",
+    "PeerState",
 ]
 
 #: Every alert the sidecar's own evaluation raises and pushes to Alertmanager
@@ -74,10 +75,42 @@ class FiringAlert:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerState:
+    """One configured Alertmanager as the sender sees it: ``peer`` (its URL, redacted), the
+    alerts it accepted (2xx), failed sends by reason (:data:`SEND_ERROR_REASONS`), deliveries
+    waiting for it, whether the last send succeeded (``None``: none tried yet), the reason and
+    unix time of the last failure, and its clock minus specwatch's in seconds (from the
+    ``Date`` header of its last answer; ``None`` before one)."""
+
+    peer: str
+    sent_alerts: int = 0
+    errors: Mapping[str, int] = field(default_factory=dict)
+    outbox_depth: int = 0
+    last_send_ok: bool | None = None
+    last_error: str = ""
+    last_error_at: float | None = None
+    clock_offset: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AlertingState:
-    """What the alert loop publishes (one immutable value, swapped per tick)."""
+    """What the alert loop publishes (one immutable value, swapped per tick); ``peers`` in the
+    order of ``alerting.urls``."""
 
     firing: tuple[FiringAlert, ...] = ()
-    send_errors: Mapping[str, int] = field(default_factory=dict)
-    outbox_depth: int = 0
+    peers: tuple[PeerState, ...] = ()
     state_errors: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def send_errors(self) -> dict[str, int]:
+        """Failed sends by reason, summed over the peers."""
+        out = dict.fromkeys(SEND_ERROR_REASONS, 0)
+        for p in self.peers:
+            for reason, n in p.errors.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
+    @property
+    def outbox_depth(self) -> int:
+        """Deliveries waiting, summed over the peers."""
+        return sum(p.outbox_depth for p in self.peers)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.export.json import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
@@ -57,11 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("before", metavar="BEFORE")
     p.add_argument("after", nargs="?", metavar="AFTER")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between the bodies")
-    p.add_argument(
-        "--format",
-        choices=("table", "json"),
-        help="table (default on a terminal, 80 columns) or json (default in a pipe)",
-    )
+    add_output_format(p)
     p.add_argument("--model", help="model_name to report when a page serves several")
     p.set_defaults(handler=main)
 
@@ -250,11 +247,6 @@ def render_table(doc: dict[str, Any], width: int = TABLE_WIDTH) -> str:
     return "\n".join(parts)
 
 
-def output_format(given: str | None, *, tty: bool) -> str:
-    """``--format`` when given, else ``table`` on a terminal and ``json`` in a pipe."""
-    return given if given is not None else ("table" if tty else "json")
-
-
 def main(args: argparse.Namespace) -> int:
     """Print the analysis; 2 on an unreadable/malformed file or an unknown model."""
     try:
@@ -280,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
             " (is BEFORE newer than AFTER?)",
             file=sys.stderr,
         )
-    if output_format(args.format, tty=sys.stdout.isatty()) == "json":
+    if output_format(args.format) == "json":
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:
         print(render_table(doc))

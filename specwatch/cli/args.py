@@ -8,6 +8,7 @@ and returns nothing but the new subparser; parsing errors are argparse's (exit 2
 from __future__ import annotations
 
 import argparse
+import sys
 
 from specwatch.core.helptext import plain_help
 
@@ -38,9 +39,24 @@ def add_prometheus_url(p: argparse.ArgumentParser, *, required: bool = True) -> 
     )
 
 
-def add_output_format(p: argparse.ArgumentParser, *, default: str = "table") -> None:
-    """``--format table|json``: what the command prints on stdout."""
-    p.add_argument("--format", choices=("table", "json"), default=default)
+def add_output_format(p: argparse.ArgumentParser) -> None:
+    """``--format table|json``: what the command prints on stdout (``args.format`` is ``None``
+    when not given; :func:`output_format` picks then)."""
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        help="table (default on a terminal) or json (default in a pipe or a file)",
+    )
+
+
+def output_format(given: str | None, *, tty: bool | None = None) -> str:
+    """``--format`` when given, else ``table`` when stdout is a terminal and ``json`` when it
+    is a pipe or a file (``tty``: whether stdout is a terminal; looked up when ``None``)."""
+    if given is not None:
+        return given
+    if tty is None:
+        tty = sys.stdout.isatty()
+    return "table" if tty else "json"
 
 
 def add_windows(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import TextIO, cast
@@ -25,6 +26,10 @@ Prints the URLs to open and a live view every ~2 s (plain text when stdout is no
 none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
 stops everything; exit 0. See docs/demo.md.
 """
+
+
+#: The variable ``specwatch run`` takes its port from; the demo's sidecar honours it too.
+PORT_VARIABLE = "SPECWATCH_SERVER__PORT"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,7 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--port",
         type=int,
         metavar="N",
-        help=f"sidecar port (default {DEFAULT_PORT}, or a free port when taken; 0 = free port)",
+        help=f"sidecar port (default ${PORT_VARIABLE}, else {DEFAULT_PORT} or a free port when "
+        "taken; 0 = free port)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", metavar="H", help="listen address of every server"
@@ -115,7 +121,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         duration = parse_duration(args.duration)
         if duration <= 0:
             raise ValueError("--duration must be longer than 0 s")
-    if args.port is not None and not 0 <= args.port <= 65535:
+    port = args.port if args.port is not None else _port_from_environment()
+    if port is not None and not 0 <= port <= 65535:
         raise ValueError("--port must be 0..65535")
     if args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
@@ -138,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     cfg = DemoConfig(
         duration_s=duration,
         host=args.host,
-        port=args.port,
+        port=port,
         data_parallel_size=args.data_parallel_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -158,6 +165,32 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return cfg
 
 
+def _port_from_environment() -> int | None:
+    """``SPECWATCH_SERVER__PORT`` as the sidecar's port when set (``--port`` wins); a
+    ``ValueError`` naming the variable when it is not a port number."""
+    text = os.environ.get(PORT_VARIABLE, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ValueError(f"{PORT_VARIABLE}={text!r}: not a port number (0..65535)")
+    return int(text)
+
+
+def ledger_problem(path: str) -> str | None:
+    """Why the ledger file at ``path`` cannot be opened or created as SQLite (in words), or
+    ``None`` when it can. Blocking; checked before anything starts, so an unwritable ``--ledger``
+    is one line and exit 2 rather than a demo that records nothing."""
+    import sqlite3
+
+    from specwatch.shadow.ledger.files import check_openable, path_problem
+
+    try:
+        check_openable(path)
+    except sqlite3.Error as exc:
+        return path_problem(path) or str(exc)
+    return None
+
+
 class _CurrentStderr:
     """A text stream writing to whatever ``sys.stderr`` is at the time of the write."""
 
@@ -175,6 +208,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
+    if cfg.shadow and cfg.ledger_path is not None:
+        problem = ledger_problem(cfg.ledger_path)
+        if problem is not None:
+            print(f"specwatch demo: --ledger {cfg.ledger_path}: {problem}", file=sys.stderr)
+            return 2
     # Logs go to stderr; looked up at each write, so under the live view (which redirects
     # stderr) a warning prints above the view instead of tearing it.
     setup_logging("WARNING", "plain", stream=cast(TextIO, _CurrentStderr()))
@@ -183,12 +221,12 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
-    except KeyboardInterrupt:  # Ctrl-C before the handlers were installed: already cleaned up
-        return 0
     except ConfigError as exc:  # e.g. a bad SPECWATCH_* environment value
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout's reader left (``| head``): the entry point ends quietly
+        raise
     except OSError as exc:
-        port = DEFAULT_PORT if args.port is None else args.port
+        port = DEFAULT_PORT if cfg.port is None else cfg.port
         print(f"specwatch demo: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr)
         return 2

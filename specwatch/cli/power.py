@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.core.helptext import plain_help
 
 
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specwatch power: {exc}", file=sys.stderr)
         return 2
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(
             json.dumps(
                 {

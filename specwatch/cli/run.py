@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from specwatch.cli.args import add_windows
 from specwatch.core.config import parse_duration
-from specwatch.core.logs import log_event, setup_logging
+from specwatch.core.logs import log_event, redact_url, resolve_format, setup_logging
 
 if TYPE_CHECKING:  # pydantic's settings load when the command runs, not for ``--help``
     from specwatch.server.checks import Finding
@@ -52,7 +52,9 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, help="largest /metrics body read (decompressed)")
     add_windows(p)
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--log-format", help="json or plain")
+    p.add_argument(
+        "--log-format", help="json, plain or auto (default: plain on a terminal, else json)"
+    )
 
 
 def _duration(flag: str, text: str | None) -> float | None:
@@ -98,9 +100,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(config_file=args.config, overrides=overrides)
 
 
-def log_effective_config(settings: Settings) -> None:
-    """Log the effective configuration once, secrets shown as ``**********``."""
-    log_event(logger, logging.INFO, "effective config", config=settings.redacted())
+def log_effective_config(settings: Settings, *, human: bool = False) -> None:
+    """Log the effective configuration once, secrets shown as ``**********``. ``human`` (plain
+    logs on a terminal): first one short line saying where it serves and what it scrapes, the
+    whole configuration only at ``DEBUG`` (``--log-level DEBUG``)."""
+    if not human:
+        log_event(logger, logging.INFO, "effective config", config=settings.redacted())
+        return
+    server = settings.server
+    log_event(
+        logger,
+        logging.INFO,
+        f"serving on http://{server.host}:{server.port}/metrics",
+        scraping=", ".join(f"{t.name}={redact_url(t.url)}" for t in settings.targets),
+        shadow="on" if settings.shadow.enabled else "off",
+        stop="Ctrl-C",
+    )
+    log_event(logger, logging.DEBUG, "effective config", config=settings.redacted())
 
 
 def preflight(settings: Settings) -> None:
@@ -145,7 +161,37 @@ def whole_config(settings: Settings) -> list[Finding]:
     for f in found:
         if f.level == "error":
             raise ConfigError(f"config error: {f.setting}: {f.message}")
-    return [f for f in found if f.level != "error" and f not in logged]
+    return [f for f in found if f.level != "error" and f not in logged] + ledger_filesystem(
+        settings
+    )
+
+
+#: What each risky filesystem does to the ledger (SQLite in WAL mode).
+_FS_RISK = {
+    "network": "a network filesystem: SQLite's write-ahead log needs working locks and shared "
+    "memory on one host ('database is locked', corruption); use a local disk",
+    "memory": "held in memory: every pair is lost at the next start; use a lasting volume",
+}
+
+
+def ledger_filesystem(settings: Settings, mountinfo: Path | None = None) -> list[Finding]:
+    """A warning (setting ``ledger.path``) when shadow is on and the ledger's directory is on a
+    network or memory filesystem (:func:`specwatch.shadow.ledger.files.filesystem_risk`; the
+    container-layer case is left to ``specwatch doctor --config``: a local run from a
+    checkout in a dev container is on one)."""
+    if not settings.shadow.enabled:
+        return []
+    from specwatch.server.checks import Finding
+    from specwatch.shadow.ledger.files import MOUNTINFO, filesystem_risk
+
+    found = filesystem_risk(settings.ledger.path, mountinfo or MOUNTINFO)
+    if found is None:
+        return []
+    risk, fstype, point, source = found
+    if risk not in _FS_RISK:
+        return []
+    where = f"{settings.ledger.path!r} is on {fstype} ({source} at {point}), "
+    return [Finding("warning", "ledger.path", where + _FS_RISK[risk])]
 
 
 def log_shutdown_fit(settings: Settings) -> None:
@@ -190,7 +236,7 @@ def main(args: argparse.Namespace) -> int:
         log_event(
             logger, logging.WARNING, "configuration warning", setting=f.setting, message=f.message
         )
-    log_effective_config(settings)
+    log_effective_config(settings, human=resolve_format(settings.log.format) == "plain")
     log_shutdown_fit(settings)
     shadow = shadow_components(settings)
     alerting = alerting_components(settings)

@@ -1,32 +1,60 @@
-"""Where speculation stops paying, with an interval: the crossover of a speculative arm's
-per-request decode speed with a reference arm's, over concurrency (pure; numpy).
+"""Where speculation stops paying, with an interval: the first concurrency at which a
+speculative arm's per-request decode speed falls to a reference arm's (pure; numpy, scipy).
 
 Input: points ``(running requests, per-request decode speed)`` of each arm (one per scrape or
-per request; speeds ≤ 0 are skipped). Each arm's log speed is smoothed over ``log(running)`` by
-a local linear regression with a Gaussian kernel (Fan & Gijbels, *Local Polynomial Modelling
-and Its Applications*, 1996: no boundary bias to first order, unlike a running mean; the
-bandwidth is Silverman's rule clipped to :data:`BANDWIDTH_BOUNDS`), evaluated on
-:data:`GRID_POINTS` concurrencies spaced evenly in ``log(running)`` over the range both arms
-cover. Fitting log speed makes the slowdown both arms share as the batch grows cancel in the
-ratio, so only the curvature of the gain itself biases the estimate. The gain at a concurrency
-is ``candidate speed / reference speed − 1``; the crossover is the first concurrency where the
-estimated log ratio reaches zero, interpolated linearly in ``log(running)`` between the two grid
-points around the sign change (no bands: a true crossover of 20 reads about 20, not "from 16"
-or "from 32").
+per request; points with running < 1 or a speed that is not finite and positive are skipped).
 
-Uncertainty: a Poisson bootstrap over the points (each point weighted by an independent
-Poisson(1) count per resample, both arms resampled independently; Hanley & MacGibbon 2006,
-Chamandy et al. 2012) gives, at every grid concurrency, a percentile interval of the gain, and
-per resample a crossover (``+inf`` when a resample never crosses), whose percentiles are the
-interval of the crossover. The verdict is conservative: ``reached`` only when at some observed
-concurrency the whole interval of the gain is below zero; when the interval covers zero
-everywhere, or stays above it, ``not_reached``. Randomness is the caller's
-:class:`numpy.random.Generator` (a fixed seed gives the same answer on every surface).
+Method: per-level comparisons at the concurrencies actually observed, with intervals that hold
+simultaneously over the levels; no curve is fitted across levels, so no shape is assumed and
+there is no smoothing bias to outrun the interval (a kernel smoother's bias does not shrink
+with the noise, its bootstrap interval does, so the cleaner the data the worse it covered).
+
+1. Levels. The points are grouped by ``running`` into levels :data:`LEVELS_PER_OCTAVE` to a
+   doubling (running counts 1, 2, 3, 4 fall in levels of their own); a level is compared when
+   both arms have points in it. Its concurrency is the mean of the two arms' mean
+   ``log(running)`` there.
+2. Per level, the difference ``d`` of the arms' mean log speeds: the log of the speed ratio,
+   whose sign is the gain's (the slowdown both arms share as the batch grows cancels). When
+   the arms' running counts differ within a level, both are moved to the level's concurrency
+   along one within-level slope of log speed on log running, pooled over levels and arms (an
+   analysis of covariance; it is zero when every level is a single running count).
+3. Scatter: each arm's residual variance of log speed within each level, shrunk toward one
+   common variance as far as the levels' variances agree (empirical Bayes, Smyth 2004: with
+   one size of noise everywhere this is the pooled variance of a one-way layout, with noise
+   that changes with concurrency each level keeps nearly its own; see :func:`_moderated`);
+   the standard error of ``d`` combines the two arms' (and the slope's), with
+   Welch–Satterthwaite degrees of freedom.
+4. Simultaneous intervals: ``d ± t·se``, ``t`` Student's quantile for a two-sided coverage of
+   ``level^{1/m}`` at each of the ``m`` levels, so that all ``m`` intervals hold together with
+   probability at least ``level`` (Šidák 1967, *JASA* 62: 626-633, which covers studentised
+   means sharing a variance estimate; a hair tighter than Bonferroni's ``1 − (1 − level)/m``;
+   Hochberg & Tamhane, *Multiple Comparison Procedures*, 1987, ch. 2).
+5. Verdict. A level is *shown not paying* when its whole interval is below zero and *shown
+   paying* when it is wholly above. ``reached`` when some level is shown not paying; the upper
+   end of the crossover's interval is the first such level (when all intervals hold, the true
+   ratio there is below 1, so the first crossing is at or below it). The lower end is the last
+   level of the unbroken run of levels, from the lowest, shown paying (``None`` when the
+   lowest is not: the crossing may lie at or below the lowest concurrency seen). The estimate
+   is where the log ratio first reaches zero between those two ends, interpolated linearly in
+   ``log(running)`` between the two levels around it (a crossing at 30 between levels 26 and
+   36 reads about 30, not "from 36"), read from the non-increasing sequence closest to ``d``
+   over those levels (pool-adjacent-violators, weighted by ``1/se²``) so that one noisy level
+   does not pull it early; the levels outside the two ends are not used, and the interval
+   does not depend on it. Above the first level shown not paying, a level shown paying again
+   is named in the sentence (a ratio that is not monotone).
+
+The interval holds for any shape of the two speed curves, monotone or not, at the observed
+levels; between two neighbouring levels nothing is seen, so it assumes the ratio does not dip
+below 1 and back between two levels both shown paying, and a step between two levels is
+located only to that gap (the estimate then reads a point inside it). The noise is taken as
+log-normal and independent between points. No randomness is drawn:
+``rng`` is accepted so that every caller passes the same arguments as before.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -40,24 +68,28 @@ CrossoverStatus = Literal["reached", "not_reached", "no_data"]
 #: Every :data:`CrossoverStatus`, in that order.
 CROSSOVER_STATUSES: tuple[CrossoverStatus, ...] = get_args(CrossoverStatus)
 
-#: Concurrencies the gain is evaluated at (evenly spaced in log(running)).
-GRID_POINTS = 32
-#: Bootstrap resamples.
-RESAMPLES = 200
-#: Coverage of the intervals.
+#: Coverage of the intervals (simultaneous over the levels).
 LEVEL = 0.95
 #: Points per arm needed before a crossover is estimated.
 MIN_POINTS = 8
-#: Kernel weight (in points) each arm needs near a grid concurrency for it to be evaluated.
-MIN_LOCAL_WEIGHT = 2.0
-#: Bounds of the kernel bandwidth in log(running) (0.1: ±10 %; 0.5: ±65 %).
-BANDWIDTH_BOUNDS = (0.1, 0.5)
+#: Levels per doubling of the running count (4: levels 19 % wide; 1, 2, 3, 4 apart).
+LEVELS_PER_OCTAVE = 4
+
+#: The speculative arm the crossover is estimated for, as the sentence names it.
+CANDIDATE_NAME = "FLy"
+#: How the sentence names each reference arm the candidate is compared with ("FLy vs no
+#: speculation: …"): ``baseline``, the no-speculation target; ``standard``, the standard arm.
+REFERENCE_NAMES: dict[str, str] = {
+    "baseline": "no speculation",
+    "standard": "standard speculation",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class GainPoint:
-    """The gain at one concurrency: ``running`` requests, ``gain`` = candidate / reference
-    per-request speed − 1 (a fraction), ``[lower, upper]`` its bootstrap interval."""
+    """The gain at one compared level: ``running`` requests (the level's concurrency),
+    ``gain`` = candidate / reference per-request speed − 1 (a fraction), ``[lower, upper]`` its
+    interval, simultaneous with every other level's."""
 
     running: float
     gain: float
@@ -69,13 +101,15 @@ class GainPoint:
 class Crossover:
     """The crossover estimate.
 
-    ``status``: ``reached`` (the gain's interval is wholly below zero at some concurrency
-    seen), ``not_reached``, ``no_data`` (fewer than :data:`MIN_POINTS` points on an arm, or no
-    concurrency both arms cover). ``running``: the interpolated concurrency where the gain
-    reaches zero (``None`` unless reached); ``lower``/``upper`` its interval (``upper`` ``None``:
-    beyond the largest concurrency seen). ``candidate``/``reference`` name the arms;
-    ``curve`` the gain over the grid; ``level`` the intervals' coverage; ``text`` the sentence
-    every surface shows (:func:`crossover_text`).
+    ``status``: ``reached`` (the gain's interval is wholly below zero at some level seen),
+    ``not_reached``, ``no_data`` (fewer than :data:`MIN_POINTS` points on an arm, no level both
+    arms were seen at, or no repeated points to measure the scatter). ``running``: the
+    interpolated concurrency where the gain first reaches zero (``None`` unless reached);
+    ``lower``/``upper`` its interval: ``upper`` the first level shown not paying, ``lower`` the
+    last level shown paying below it (``None``: at or below the lowest level seen).
+    ``candidate``/``reference`` name the arms; ``curve`` the gain per level; ``level`` the
+    intervals' coverage; ``text`` the sentence every surface shows (:func:`crossover_text`);
+    ``pays_again`` the first level above ``upper`` shown paying again (``None``: none).
     """
 
     status: CrossoverStatus
@@ -87,80 +121,40 @@ class Crossover:
     curve: tuple[GainPoint, ...]
     level: float
     text: str
+    pays_again: float | None = None
 
 
-def _bandwidth(x: npt.NDArray[np.float64]) -> float:
-    """Silverman's rule in log(running), clipped to :data:`BANDWIDTH_BOUNDS`."""
-    import numpy as np
-
-    lo, hi = BANDWIDTH_BOUNDS
-    sd = float(np.std(x))
-    rule: float = 1.06 * sd * float(len(x)) ** -0.2
-    return min(hi, max(lo, rule))
+def level_of(running: float) -> int:
+    """The level index of a running count ≥ 1 (``floor(LEVELS_PER_OCTAVE · log2 running)``,
+    nudged so that exact powers of two open their level)."""
+    return math.floor(LEVELS_PER_OCTAVE * math.log2(running) + 1e-9)
 
 
-def _local_linear(
-    x: npt.NDArray[np.float64],
-    y: npt.NDArray[np.float64],
-    grid: npt.NDArray[np.float64],
-    h: float,
-    weights: npt.NDArray[np.float64],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Local linear fits at ``grid`` for every row of ``weights`` (resamples × points):
-    ``(fits, kernel weight)``, each resamples × grid."""
-    import numpy as np
+@dataclass(slots=True)
+class _Arm:
+    """Per level: the log-running and log-speed values of one arm."""
 
-    d = x[None, :] - grid[:, None]  # grid × points
-    k = np.exp(-0.5 * (d / h) ** 2)
-    s0 = weights @ k.T
-    s1 = weights @ (k * d).T
-    s2 = weights @ (k * d * d).T
-    t0 = weights @ (k * y).T
-    t1 = weights @ (k * d * y).T
-    det = s0 * s2 - s1 * s1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        linear = (s2 * t0 - s1 * t1) / det
-        mean = t0 / s0
-    ok = np.abs(det) > 1e-12 * np.maximum(s0 * s2, 1e-300)
-    return np.where(ok, linear, mean), s0
+    xs: dict[int, list[float]]
+    ys: dict[int, list[float]]
+    count: int
 
 
-def _first_crossing(
-    grid: npt.NDArray[np.float64], gains: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """Per row of ``gains`` (rows × grid, log-running ``grid``; the log speed ratio, whose sign
-    is the gain's): the running count where it first reaches zero, interpolated linearly in
-    log(running); ``+inf`` when it never does; the first grid concurrency when it is already
-    ≤ 0 there."""
-    import numpy as np
-
-    below = gains <= 0
-    has = below.any(axis=1)
-    i = np.argmax(below, axis=1)
-    prev = np.maximum(i - 1, 0)
-    rows = np.arange(gains.shape[0])
-    g0, g1 = gains[rows, prev], gains[rows, i]
-    x0, x1 = grid[prev], grid[i]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(i > 0, g0 / (g0 - g1), 0.0)
-    at = np.exp(x0 + np.clip(frac, 0.0, 1.0) * (x1 - x0))
-    return np.where(has, at, np.inf)
-
-
-def _clean(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    xs: list[float] = []
-    ys: list[float] = []
+def _group(points: Sequence[tuple[float, float]]) -> _Arm:
+    xs: dict[int, list[float]] = defaultdict(list)
+    ys: dict[int, list[float]] = defaultdict(list)
+    n = 0
     for running, speed in points:
         if math.isfinite(running) and running >= 1 and math.isfinite(speed) and speed > 0:
-            xs.append(math.log(running))
-            ys.append(math.log(speed))
-    return xs, ys
+            k = level_of(running)
+            xs[k].append(math.log(running))
+            ys[k].append(math.log(speed))
+            n += 1
+    return _Arm(dict(xs), dict(ys), n)
 
 
 def _no_data(candidate: str, reference: str, why: str, level: float) -> Crossover:
-    return Crossover(
-        "no_data", None, None, None, candidate, reference, (), level, f"not enough data: {why}"
-    )
+    text = f"{candidate} vs {reference}: not enough data: {why}"
+    return Crossover("no_data", None, None, None, candidate, reference, (), level, text)
 
 
 def crossover(
@@ -168,85 +162,193 @@ def crossover(
     reference: Sequence[tuple[float, float]],
     *,
     rng: np.random.Generator,
-    candidate_name: str = "FLy",
-    reference_name: str = "the standard arm",
-    resamples: int = RESAMPLES,
+    candidate_name: str = CANDIDATE_NAME,
+    reference_name: str = REFERENCE_NAMES["standard"],
     level: float = LEVEL,
     min_points: int = MIN_POINTS,
 ) -> Crossover:
-    """Estimate where ``candidate`` stops decoding faster per request than ``reference``
-    (points ``(running, per-request speed)``; points with running < 1 or a non-finite value are
-    skipped). See the module docstring for the method. Pure but for ``rng``, which it draws
-    from."""
+    """Estimate where ``candidate`` first stops decoding faster per request than
+    ``reference`` (points ``(running, per-request speed)``). See the module docstring for the
+    method. Pure; ``rng`` is not drawn from (the intervals are closed-form)."""
     import numpy as np
+    from scipy.special import stdtrit  # Student's t quantile; scipy.stats is slow to import
 
-    cx, cy = _clean(candidate)
-    rx, ry = _clean(reference)
-    if len(cx) < min_points or len(rx) < min_points:
+    del rng
+    ca, ra = _group(candidate), _group(reference)
+    if ca.count < min_points or ra.count < min_points:
         why = (
-            f"{len(cx)} points for {candidate_name}, {len(rx)} for {reference_name} "
+            f"{ca.count} points for {candidate_name}, {ra.count} for {reference_name} "
             f"(need {min_points} each)"
         )
         return _no_data(candidate_name, reference_name, why, level)
-    xc, yc = np.asarray(cx), np.asarray(cy)
-    xr, yr = np.asarray(rx), np.asarray(ry)
-    lo, hi = max(xc.min(), xr.min()), min(xc.max(), xr.max())
-    if hi < lo:
+    shared = sorted(set(ca.xs) & set(ra.xs))
+    if not shared:
         why = "the two arms were seen at no common concurrency"
         return _no_data(candidate_name, reference_name, why, level)
-    grid = np.linspace(lo, hi, GRID_POINTS) if hi > lo else np.asarray([lo])
-    h = _bandwidth(np.concatenate([xc, xr]))
 
-    def fits(
-        x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        boot = rng.poisson(1.0, size=(resamples, len(x))).astype(np.float64)
-        w = np.vstack([np.ones((1, len(x))), boot])
-        f, s0 = _local_linear(x, y, grid, h, w)
-        return f[0], f[1:], s0[0]
+    # within-level sums of each arm, per level (the slope pools them over levels and arms)
+    def sums(arm: _Arm) -> dict[int, tuple[float, float, float, int]]:
+        out: dict[int, tuple[float, float, float, int]] = {}
+        for k, xl in arm.xs.items():
+            x, y = np.asarray(xl), np.asarray(arm.ys[k])
+            dx, dy = x - x.mean(), y - y.mean()
+            out[k] = (float(dx @ dx), float(dx @ dy), float(dy @ dy), len(xl) - 1)
+        return out
 
-    c_hat, c_boot, c_w = fits(xc, yc)
-    r_hat, r_boot, r_w = fits(xr, yr)
-    keep = (c_w >= MIN_LOCAL_WEIGHT) & (r_w >= MIN_LOCAL_WEIGHT)
-    if not keep.any():
-        why = "the two arms share no concurrency with enough points"
+    c_sums, r_sums = sums(ca), sums(ra)
+    sxx = sum(v[0] for v in (*c_sums.values(), *r_sums.values()))
+    sxy = sum(v[1] for v in (*c_sums.values(), *r_sums.values()))
+    fitted = sxx > 1e-12
+    slope = sxy / sxx if fitted else 0.0
+
+    def scatter(per: dict[int, tuple[float, float, float, int]]) -> dict[int, tuple[float, float]]:
+        ss = {
+            k: max(0.0, yy - 2 * slope * xy + slope * slope * xx)
+            for k, (xx, xy, yy, _) in per.items()
+        }
+        return _moderated(ss, {k: v[3] for k, v in per.items()})
+
+    c_df = sum(v[3] for v in c_sums.values())
+    r_df = sum(v[3] for v in r_sums.values())
+    if min(c_df, r_df) - (1 if fitted else 0) < 1:
+        why = "no concurrency level with repeated points on each arm to measure the scatter"
         return _no_data(candidate_name, reference_name, why, level)
-    grid, c_hat, r_hat = grid[keep], c_hat[keep], r_hat[keep]
-    c_boot, r_boot = c_boot[:, keep], r_boot[:, keep]
-    log_ratio, boot_ratio = c_hat - r_hat, c_boot - r_boot
-    gain, boot = np.expm1(log_ratio), np.expm1(boot_ratio)
-    tail = (1.0 - level) / 2.0
-    quantile = np.nanquantile if bool(np.isnan(boot).any()) else np.quantile
-    low = quantile(boot, tail, axis=0)
-    up = quantile(boot, 1.0 - tail, axis=0)
+    c_var, r_var = scatter(c_sums), scatter(r_sums)
+    if fitted:  # the slope's variance, from each arm's pooled scatter
+        pooled = [
+            sum(max(0.0, yy - 2 * slope * xy + slope * slope * xx) for xx, xy, yy, _ in p.values())
+            / max(df, 1)
+            for p, df in ((c_sums, c_df - 1), (r_sums, r_df - 1))
+        ]
+        c_xx = sum(v[0] for v in c_sums.values())
+        slope_var = (pooled[0] * c_xx + pooled[1] * (sxx - c_xx)) / (sxx * sxx)
+    else:
+        slope_var = 0.0
+
+    m = len(shared)
+    tail = 1.0 - level ** (1.0 / m)  # Šidák: two-sided, per level
+    at = np.empty(m)
+    d = np.empty(m)
+    half = np.empty(m)
+    for i, k in enumerate(shared):
+        nc, nr = len(ca.xs[k]), len(ra.xs[k])
+        xc, xr = sum(ca.xs[k]) / nc, sum(ra.xs[k]) / nr
+        gap = xc - xr
+        at[i] = 0.5 * (xc + xr)
+        d[i] = sum(ca.ys[k]) / nc - sum(ra.ys[k]) / nr - slope * gap
+        (vc, dfc), (vr, dfr) = c_var[k], r_var[k]
+        a, b = vc / nc, vr / nr
+        var = a + b + gap * gap * slope_var
+        if var <= 0.0:
+            half[i] = 0.0
+            continue
+        dof = (a + b) ** 2 / (a * a / dfc + b * b / dfr) if a + b > 0 else math.inf
+        half[i] = float(stdtrit(dof, 1.0 - tail / 2.0)) * math.sqrt(var)
+    low, up = d - half, d + half
     curve = tuple(
-        GainPoint(float(math.exp(g)), float(v), float(a), float(b))
-        for g, v, a, b in zip(grid, gain, low, up, strict=True)
-        if math.isfinite(v) and math.isfinite(a) and math.isfinite(b)
+        GainPoint(math.exp(x), math.expm1(v), math.expm1(lo), math.expm1(hi))
+        for x, v, lo, hi in zip(at, d, low, up, strict=True)
     )
-    if not curve:
-        why = "no concurrency with a finite estimate on both arms"
-        return _no_data(candidate_name, reference_name, why, level)
-    if not bool((up < 0).any()):
+    not_paying = np.flatnonzero(up < 0)
+    if not_paying.size == 0:
         return _result(
-            "not_reached", None, None, None, candidate_name, reference_name, curve, level
+            "not_reached", None, None, None, candidate_name, reference_name, curve, level, None
         )
-    point = float(_first_crossing(grid, log_ratio[None, :])[0])
-    if not math.isfinite(point):
-        point = float(math.exp(grid[int(np.argmax(up < 0))]))
-    crossings = _first_crossing(grid, np.nan_to_num(boot_ratio, nan=np.inf))
-    c_lo = float(np.quantile(crossings, tail))
-    c_up = float(np.quantile(crossings, 1.0 - tail))
+    first = int(not_paying[0])
+    paying = low[:first] > 0
+    run = first if bool(paying.all()) else int(np.argmin(paying))  # levels 0..run-1 pay
+    start = max(run - 1, 0)
+    fit = _decreasing(d[start : first + 1], half[start : first + 1])
+    point = math.exp(at[start])  # fit[0] <= 0: at or below the lowest level seen
+    for j in range(len(fit) - 1):
+        if fit[j] > 0 >= fit[j + 1]:
+            i = start + j
+            frac = fit[j] / (fit[j] - fit[j + 1])
+            point = math.exp(at[i] + frac * (at[i + 1] - at[i]))
+            break
+    again = np.flatnonzero(low[first + 1 :] > 0)
     return _result(
         "reached",
         point,
-        min(c_lo, point) if math.isfinite(c_lo) else point,
-        max(c_up, point) if math.isfinite(c_up) else None,
+        math.exp(at[run - 1]) if run > 0 else None,
+        math.exp(at[first]),
         candidate_name,
         reference_name,
         curve,
         level,
+        math.exp(at[first + 1 + int(again[0])]) if again.size else None,
     )
+
+
+def _trigamma_inverse(x: float) -> float:
+    """``y`` with ψ′(y) = ``x`` (Newton's method on 1/ψ′, Smyth 2004, appendix)."""
+    from scipy.special import polygamma
+
+    if x > 1e7:
+        return 1.0 / math.sqrt(x)
+    if x < 1e-6:
+        return 1.0 / x
+    y = 0.5 + 1.0 / x
+    for _ in range(50):
+        tri = float(polygamma(1, y))
+        step = tri * (1.0 - tri / x) / float(polygamma(2, y))
+        y += step
+        if -step / y < 1e-8:
+            break
+    return y
+
+
+def _moderated(ss: dict[int, float], dfs: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per level of one arm, its variance of log speed and the degrees of freedom behind it,
+    from the residual sums of squares ``ss`` on ``dfs`` degrees of freedom per level: each
+    level's own variance shrunk toward a common one as far as the levels' variances agree
+    (Smyth 2004, "Linear models and empirical Bayes methods for assessing differential
+    expression in microarray experiments", *Stat. Appl. Genet. Mol. Biol.* 3(1), §6.2: the
+    prior's degrees of freedom ``d0`` and scale ``s0²`` fitted to the log variances by
+    moments). One scatter everywhere gives ``d0`` = ∞, the pooled variance; a scatter that
+    changes with concurrency gives a small ``d0``, each level nearly on its own. The degrees
+    of freedom are capped at the arm's total (the prior is fitted from the same points)."""
+    from scipy.special import digamma, polygamma
+
+    total = sum(dfs.values())
+    pooled = sum(ss.values()) / total
+    own = {k: ss[k] / dfs[k] for k in ss if dfs[k] > 0}
+    if len(own) < 3 or pooled <= 0.0:
+        return {k: (pooled, float(total)) for k in ss}
+    floor = 1e-6 * pooled  # a level whose points all agree: not log(0)
+    e = {
+        k: math.log(max(v, floor)) - float(digamma(dfs[k] / 2)) + math.log(dfs[k] / 2)
+        for k, v in own.items()
+    }
+    mean = sum(e.values()) / len(e)
+    g = len(e)
+    spread = sum((v - mean) ** 2 for v in e.values()) / (g - 1)
+    rhs = spread - sum(float(polygamma(1, dfs[k] / 2)) for k in e) / g
+    if rhs <= 0:
+        return {k: (pooled, float(total)) for k in ss}
+    d0 = 2.0 * _trigamma_inverse(rhs)
+    s0 = math.exp(mean + float(digamma(d0 / 2)) - math.log(d0 / 2))
+    return {k: ((d0 * s0 + ss[k]) / (d0 + dfs[k]), min(d0 + dfs[k], float(total))) for k in ss}
+
+
+def _decreasing(d: npt.NDArray[np.float64], half: npt.NDArray[np.float64]) -> list[float]:
+    """The non-increasing sequence closest to ``d`` in squared error weighted by
+    ``1 / half²`` (equal weights where every ``half`` is zero): pool adjacent violators
+    (Barlow, Bartholomew, Bremner & Brunk, *Statistical Inference under Order Restrictions*,
+    1972)."""
+    import numpy as np
+
+    positive = half[half > 0]
+    floor = float(positive.min()) if positive.size else 1.0
+    weights = 1.0 / np.maximum(half, floor) ** 2
+    blocks: list[list[float]] = []  # [weighted mean, weight, length]
+    for v, w in zip(d.tolist(), weights.tolist(), strict=True):
+        blocks.append([v, w, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return [b[0] for b in blocks for _ in range(int(b[2]))]
 
 
 def _result(
@@ -258,10 +360,22 @@ def _result(
     reference: str,
     curve: tuple[GainPoint, ...],
     level: float,
+    pays_again: float | None,
 ) -> Crossover:
-    draft = Crossover(status, running, lower, upper, candidate, reference, curve, level, "")
+    draft = Crossover(
+        status, running, lower, upper, candidate, reference, curve, level, "", pays_again
+    )
     return Crossover(
-        status, running, lower, upper, candidate, reference, curve, level, crossover_text(draft)
+        status,
+        running,
+        lower,
+        upper,
+        candidate,
+        reference,
+        curve,
+        level,
+        crossover_text(draft),
+        pays_again,
     )
 
 
@@ -269,32 +383,55 @@ def _pct(v: float) -> str:
     return f"{100 * v:+.1f} %"
 
 
+def crossover_label(c: Crossover) -> str:
+    """What is compared: ``"FLy vs no speculation"``, ``"FLy vs standard speculation"``."""
+    return f"{c.candidate} vs {c.reference}"
+
+
+def limit_headline(
+    label: str,
+    status: CrossoverStatus,
+    running: float | None,
+    lower: float | None,
+    upper: float | None,
+    highest: float | None,
+    level: float = LEVEL,
+) -> str:
+    """The first part of :func:`crossover_text`, from the numbers alone (what ``/metrics``
+    carries): ``"<label>: stops paying from about N running requests (95 % interval a-b)"``,
+    ``"<label>: not reached within the observed range (highest concurrency seen: N)"`` or
+    ``"<label>: not enough data"``."""
+    if status == "no_data" or highest is None:
+        return f"{label}: not enough data"
+    if status == "not_reached" or running is None or upper is None:
+        return (
+            f"{label}: not reached within the observed range (highest concurrency seen: "
+            f"{highest:.0f})"
+        )
+    pct = f"{100 * level:g} %"
+    interval = (
+        f"{pct} interval: at most {upper:.0f}"
+        if lower is None
+        else f"{pct} interval {lower:.0f}-{upper:.0f}"
+    )
+    plural = "" if round(running) == 1 else "s"
+    return f"{label}: stops paying from about {running:.0f} running request{plural} ({interval})"
+
+
 def crossover_text(c: Crossover) -> str:
-    """The one sentence for a :class:`Crossover` (the CLI, the view, the report and the JSON
-    all show this): the crossover with its interval, or why it is not reached, with the gain
-    at the largest concurrency seen."""
+    """The one sentence for a :class:`Crossover`, labelled with what is compared (the CLI,
+    the view, the report and the JSON all show this): :func:`limit_headline` (where it stops
+    paying with the interval, or "not reached within the observed range" naming the highest
+    concurrency seen), then the gain at that concurrency with its interval."""
     if c.status == "no_data" or not c.curve:
-        return c.text
+        return c.text  # the reason, labelled when it was made
     top = c.curve[-1]
     pct = f"{100 * c.level:g} %"
-    seen = (
-        f"{c.curve[0].running:.0f}-{top.running:.0f} running"
-        if len(c.curve) > 1
-        else f"{top.running:.0f} running"
+    head = limit_headline(
+        crossover_label(c), c.status, c.running, c.lower, c.upper, top.running, c.level
     )
-    at_top = (
-        f"at {top.running:.0f} running: {_pct(top.gain)}, {pct} interval "
-        f"{_pct(top.lower)} to {_pct(top.upper)}"
-    )
-    if c.status == "not_reached" or c.running is None:
-        return (
-            f"not reached: {c.candidate}'s per-request decode speed is not shown below "
-            f"{c.reference}'s at any concurrency seen ({seen}); {at_top}"
-        )
-    upper = "beyond the concurrencies seen" if c.upper is None else f"{c.upper:.0f}"
-    lower = c.running if c.lower is None else c.lower
+    again = "" if c.pays_again is None else f"; shown paying again at {c.pays_again:.0f} running"
     return (
-        f"speculation stops paying at about {c.running:.0f} running requests ({pct} interval "
-        f"{lower:.0f} to {upper}): {c.candidate} decodes per request no faster than "
-        f"{c.reference} from there; {at_top}"
+        f"{head}; per-request decode speed at {top.running:.0f} running: {_pct(top.gain)} "
+        f"({pct} interval {_pct(top.lower)} to {_pct(top.upper)}){again}"
     )

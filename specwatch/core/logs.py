@@ -156,6 +156,16 @@ class RateLimitedLog:
 LIBRARY_LOGGERS = ("aiohttp", "asyncio")
 
 
+def resolve_format(fmt: str, stream: TextIO | None = None) -> str:
+    """``fmt`` (``json``, ``plain`` or ``auto``) made definite: ``auto`` is ``plain`` when
+    ``stream`` (default stderr) is a terminal, else ``json`` (a log collector's pipe or file)."""
+    if fmt != "auto":
+        return fmt
+    target = stream if stream is not None else sys.stderr
+    isatty = getattr(target, "isatty", None)
+    return "plain" if callable(isatty) and isatty() else "json"
+
+
 def setup_logging(
     level: str = "INFO",
     fmt: str = "json",
@@ -164,13 +174,15 @@ def setup_logging(
     secrets: Iterable[str] = (),
 ) -> None:
     """Configure the ``specwatch`` logger tree (idempotent): one handler writing to ``stream``
-    (default stderr, so stdout stays free for command output); ``fmt`` is ``json`` or ``plain``;
+    (default stderr, so stdout stays free for command output); ``fmt`` is ``json``, ``plain`` or
+    ``auto`` (:func:`resolve_format`);
     ``level`` a logging level name (``INFO``). The handler masks credentials in every record
     (:class:`SecretFilter`, with the configured ``secrets`` masked wherever they appear) and
     also writes aiohttp's and asyncio's records (:data:`LIBRARY_LOGGERS`, level WARNING), which
     otherwise reach stderr unformatted and unmasked (aiohttp echoes a bad request's header
     lines, ``Authorization`` included)."""
     handler = logging.StreamHandler(stream or sys.stderr)
+    fmt = resolve_format(fmt, handler.stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
     masking = SecretFilter(secrets)
     handler.addFilter(masking)

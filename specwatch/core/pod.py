@@ -13,6 +13,10 @@ P + T + M <= G. Its problems (each a setting to change and a one-line message):
 
 - P + T + M > G: the kubelet kills specwatch before its drain ends (streams cut, replays
   uncounted, alert state and ledger rows not saved);
+- a native sidecar (``pod.container: native_sidecar``) whose main containers take
+  ``pod.main_exit_seconds`` (E) to exit: it gets SIGTERM only then, so E + P + T + M > G
+  leaves too little of the grace period after vLLM exits (with G 30 s and vLLM exiting at
+  27 s, 3 s remain for the 10 s default budget);
 - a regular container (``pod.container: container``) with the shadow proxy on and
   P + T + M < G: the vLLM containers get SIGTERM at the same moment and may serve until G, but
   specwatch stops proxying at P + T less its close reserve, so streams vLLM would finish are
@@ -48,6 +52,10 @@ class PodSettings(Frozen):
     container: Container | None = None
     """How specwatch runs in the pod: `native_sidecar` (init container with `restartPolicy:
     Always`), `container` (beside the vLLM ones) or `standalone`."""
+    main_exit_seconds: float | None = Field(default=None, ge=0)
+    """As a native sidecar: seconds after termination begins by which the main (vLLM)
+    containers have exited (their preStop plus their own drain); specwatch gets SIGTERM only
+    then. Unset: not checked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +79,22 @@ def shutdown_fit(pod: PodSettings, *, budget: float, proxy: bool) -> list[FitPro
     needed = pre + budget + KILL_MARGIN_SECONDS
     fits_in = max(0.0, grace - pre - KILL_MARGIN_SECONDS)
     out: list[FitProblem] = []
-    if needed > grace:
+    after = pod.main_exit_seconds
+    if pod.container == "native_sidecar" and after is not None and after + needed > grace:
+        left = max(0.0, grace - after)
+        out.append(
+            FitProblem(
+                "server.shutdown_timeout_seconds",
+                f"as a native sidecar specwatch gets SIGTERM only after the vLLM containers "
+                f"exit ({after:g} s into terminationGracePeriodSeconds {grace:g} s): {left:g} s "
+                f"remain for {budget:g} s + preStop {pre:g} s + {KILL_MARGIN_SECONDS:g} s margin "
+                f"= {needed:g} s; lower it to {max(0.0, left - pre - KILL_MARGIN_SECONDS):g} s "
+                f"or raise terminationGracePeriodSeconds to {after + needed:g} s",
+                after + needed,
+                grace,
+            )
+        )
+    elif needed > grace:
         out.append(
             FitProblem(
                 "server.shutdown_timeout_seconds",

@@ -217,6 +217,8 @@ async def run_demo(
                     name="demo-view",
                 )
             )
+        for t in tasks:  # a task that fails (the view's stdout closed: ``| head``) stops the demo
+            t.add_done_callback(lambda done: _stop_on_failure(done, stop))
         timeout = cfg.duration_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout)
@@ -232,9 +234,14 @@ async def run_demo(
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(t), 5.0)
             t.cancel()
+        failed: Exception | None = None
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # raised once everything below is stopped
+                failed = failed or exc
         if runner is not None:
             await runner.cleanup()
         if sock is not None:
@@ -245,6 +252,8 @@ async def run_demo(
             await asyncio.to_thread(remove_demo_files, files)
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if failed is not None:
+            raise failed
     if gen is not None:
         st = gen.stats
         pairs = shadow_pairs()
@@ -255,13 +264,23 @@ async def run_demo(
                 cols = shutil.get_terminal_size((100, 24)).columns
                 line = "\n".join(textwrap.wrap(line, cols - 1, subsequent_indent="  "))
             _print(out, line)
+        # "kept" only where the file is (a ledger that could not be written is not claimed)
+        kept = files.ledger if files is not None and cfg.ledger_path else None
+        if kept is not None and not await asyncio.to_thread(kept.is_file):
+            kept = None
         _print(
             out,
             f"specwatch demo: stopped; {st.sent:,} requests sent, {st.ok:,} answered"
             + (f", {pairs:,} shadow pairs" if pairs is not None else "")
-            + (f"; ledger kept at {files.ledger}" if files is not None and cfg.ledger_path else ""),
+            + (f"; ledger kept at {kept}" if kept is not None else ""),
         )
     return 0
+
+
+def _stop_on_failure(task: asyncio.Task[Any], stop: asyncio.Event) -> None:
+    """Set ``stop`` when ``task`` ended with an exception (not when it was cancelled)."""
+    if not task.cancelled() and task.exception() is not None:
+        stop.set()
 
 
 def final_verdict(components: Sequence[Component]) -> str | None:

@@ -107,7 +107,7 @@ def _only_model(t: TargetSnapshot, window: str | None) -> ModelWindow | None:
 
 def _targets_table(targets: Mapping[str, TargetSnapshot], window: str, wide: bool) -> Table:
     table = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), header_style="dim")
-    for name in ("target", "up", "α", "τ", "tok/s", "run/max", "wait"):
+    for name in ("target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait"):
         table.add_column(name, no_wrap=True, overflow="ellipsis")
     if wide:
         table.add_column("α per engine", no_wrap=True, overflow="ellipsis")
@@ -122,6 +122,7 @@ def _targets_table(targets: Mapping[str, TargetSnapshot], window: str, wide: boo
             "up" if t.up else ("stale" if t.stale else "down"),
             _num(server.acceptance_rate),
             _num(server.mean_acceptance_length, ".2f"),
+            _num(server.speculation_coverage, ".2f"),
             _int(server.generation_tokens_per_second),
             f"{_int(running)}/{_int(t.limits.max_num_seqs)}",
             _int(server.num_requests_waiting),
@@ -189,6 +190,8 @@ def _shadow_lines(stats: ShadowStats, window: str) -> list[Text]:
                 "dim",
             )
         )
+        if io_state.pause_text:
+            lines.append(_line(f"{io_state.pause_text} (canary trickle: {io_state.trickled})"))
     return lines
 
 
@@ -304,6 +307,10 @@ def _fault_lines(fly_url: str, width: int) -> list[Text]:
     return [_line(head + " \\"), _line("  -d " + body)]
 
 
+#: Under the verdict: where each figure of the screen (the interval, the e-value and its
+#: threshold, the speculation limit) is explained in words.
+READING_GUIDE = "what each figure means: docs/demo.md#reading-the-screen"
+
 #: Priorities of the view's parts: lower is kept longer when the terminal is short. The
 #: verdict, every firing alert and the canary scores are never dropped.
 KEEP, TABLE, FAULT, PAIRS, LINKS, DETAIL = range(6)
@@ -365,11 +372,12 @@ def build_view(
         )
         parts.append((LINKS, [line]))
     limit = snap.observe.speculation_limit
-    if limit is not None and limit.status != "no_data":
+    if limit is not None and any(c.status != "no_data" for c in limit.comparisons):
         parts.append((DETAIL, list(_wrapped(limit.text, width, "dim"))))
     verdict = snapshot_verdict(snap)
     if verdict:
         parts.append((KEEP, list(_wrapped(verdict, width, "bold"))))
+        parts.append((PAIRS, [_line(READING_GUIDE, "dim")]))
     if snap.shadow is not None:
         shadow = _shadow_lines(snap.shadow, window)
         parts.append((PAIRS, [shadow[0]]))

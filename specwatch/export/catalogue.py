@@ -31,6 +31,26 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "Mean acceptance length tau = 1 + increase(accepted)/increase(drafts), tokens per step.",
         WINDOWED,
     ),
+    "speculation_coverage": _g(
+        "specwatch_speculation_coverage",
+        "Share of output tokens emitted by steps that verified a draft = (increase(accepted) + "
+        "increase(drafts))/increase(generation_tokens); below 1 when steps had no proposal "
+        "(ngram, suffix): tau then describes only the covered steps.",
+        WINDOWED,
+    ),
+    "prefix_cache_hit_rate": _g(
+        "specwatch_prefix_cache_hit_ratio",
+        "Prefix-cache hit rate = increase(prefix_cache_hits)/increase(prefix_cache_queries) "
+        "(tokens, the local prefix cache).",
+        WINDOWED,
+    ),
+    "scheduled_tokens_per_step": _g(
+        "specwatch_scheduled_tokens_per_step",
+        "Tokens scheduled per engine step ~ (increase(prompt tokens computed locally, else all) + "
+        "increase(generation_tokens) + increase(draft_tokens) - increase(accepted)) / "
+        "increase(engine steps); compared with max_num_batched_tokens.",
+        WINDOWED,
+    ),
     "mean_draft_length": _g(
         "specwatch_mean_draft_length",
         "Mean draft length = increase(draft_tokens)/increase(drafts).",
@@ -203,23 +223,36 @@ PAIR_GAUGES: dict[str, MetricSpec] = {
 
 SPECULATION_LIMIT_RUNNING = _g(
     "specwatch_speculation_limit_running",
-    "Running requests at which FLy's per-request decode speed falls to the reference arm's (the "
-    "no-speculation baseline when configured, else the standard arm), interpolated; absent "
-    "while not reached or without data.",
+    "Running requests from which FLy's per-request decode speed is no higher than the reference "
+    "arm's (baseline: the no-speculation target, speculation against none; standard: the "
+    "standard speculative arm), interpolated between the levels seen; absent while not reached "
+    "or without data.",
+    ("reference",),
 )
 SPECULATION_LIMIT_RUNNING_LOWER = _g(
     "specwatch_speculation_limit_running_lower",
-    "Lower end of the 95% bootstrap interval of specwatch_speculation_limit_running.",
+    "Lower end of the 95% interval of specwatch_speculation_limit_running: the highest "
+    "concurrency below it at which FLy is shown faster per request, every lower one too; absent "
+    "when the crossing may lie at or below the lowest concurrency seen.",
+    ("reference",),
 )
 SPECULATION_LIMIT_RUNNING_UPPER = _g(
     "specwatch_speculation_limit_running_upper",
-    "Upper end of the 95% bootstrap interval of specwatch_speculation_limit_running; absent "
-    "when it reaches beyond the concurrencies seen.",
+    "Upper end of the 95% interval of specwatch_speculation_limit_running: the first "
+    "concurrency at which FLy is shown no faster per request.",
+    ("reference",),
+)
+SPECULATION_LIMIT_HIGHEST_RUNNING = _g(
+    "specwatch_speculation_limit_highest_running",
+    "Highest concurrency at which FLy and the reference arm were compared (the top of the "
+    "observed range behind specwatch_speculation_limit_state); absent without data.",
+    ("reference",),
 )
 SPECULATION_LIMIT_STATE = _g(
     "specwatch_speculation_limit_state",
-    "1 on the current state of the speculation limit (reached, not_reached, no_data).",
-    ("state",),
+    "1 on the current state of the speculation limit against each reference (reached, "
+    "not_reached, no_data).",
+    ("reference", "state"),
 )
 CONCURRENCY_SPEED_RATIO = _g(
     "specwatch_concurrency_speed_ratio",
@@ -292,6 +325,7 @@ OBSERVE: tuple[MetricSpec, ...] = (
     SPECULATION_LIMIT_RUNNING,
     SPECULATION_LIMIT_RUNNING_LOWER,
     SPECULATION_LIMIT_RUNNING_UPPER,
+    SPECULATION_LIMIT_HIGHEST_RUNNING,
     SPECULATION_LIMIT_STATE,
     CONCURRENCY_SPEED_RATIO,
     THROUGHPUT_WITHHELD,
@@ -520,6 +554,11 @@ SHADOW_PAUSED = _g(
 SHADOW_PAUSES = _c(
     "specwatch_shadow_pauses", "Times shadow replay entered a load-aware pause, by reason.", REASON
 )
+SHADOW_TRICKLED = _c(
+    "specwatch_shadow_canary_trickled",
+    "Canary requests admitted through a load pause specwatch chose "
+    "(shadow.canary_min_rate_per_second), so the quality verdict keeps moving.",
+)
 
 # Shadow I/O self-health counters (ShadowIO), after the families above.
 SHADOW_RECEIVED = _c(
@@ -639,6 +678,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_DROPPED,
     SHADOW_PAUSED,
     SHADOW_PAUSES,
+    SHADOW_TRICKLED,
     SHADOW_RECEIVED,
     SHADOW_INGEST_ERRORS,
     SHADOW_OFFERED,
@@ -702,14 +742,35 @@ ALERT_FIRING = MetricSpec(
     ("alertname", "severity"),
     open_labels=True,
 )
+ALERTMANAGER_SENT = _c(
+    "specwatch_alertmanager_sent_alerts",
+    "Alerts (firing and resolved) an Alertmanager accepted, by peer (its URL).",
+    ("peer",),
+)
 ALERTMANAGER_SEND_ERRORS = _c(
     "specwatch_alertmanager_send_errors",
-    "Failed Alertmanager sends and dropped deliveries, by reason.",
-    REASON,
+    "Failed Alertmanager sends and dropped deliveries, by peer (its URL) and reason.",
+    ("peer", "reason"),
 )
 ALERTMANAGER_OUTBOX_DEPTH = _g(
     "specwatch_alertmanager_outbox_depth",
-    "Alert deliveries waiting for Alertmanager (summed over configured Alertmanagers).",
+    "Alert deliveries waiting for an Alertmanager, by peer (its URL).",
+    ("peer",),
+)
+ALERTMANAGER_LAST_SEND_SUCCESS = _g(
+    "specwatch_alertmanager_last_send_success",
+    "1 when the last send to this Alertmanager succeeded, 0 when it failed (absent before one).",
+    ("peer",),
+)
+ALERTMANAGER_LAST_ERROR = _g(
+    "specwatch_alertmanager_last_error_timestamp_seconds",
+    "Unix time of the last failed send to this Alertmanager (absent before one).",
+    ("peer",),
+)
+ALERTMANAGER_CLOCK_OFFSET = _g(
+    "specwatch_alertmanager_clock_offset_seconds",
+    "This Alertmanager's clock minus specwatch's, from the Date header of its last answer.",
+    ("peer",),
 )
 
 ALERT_STATE_ERRORS = _c(
@@ -721,8 +782,12 @@ ALERT_STATE_ERRORS = _c(
 #: The alerting families, in exposition order.
 ALERTS: tuple[MetricSpec, ...] = (
     ALERT_FIRING,
+    ALERTMANAGER_SENT,
     ALERTMANAGER_SEND_ERRORS,
     ALERTMANAGER_OUTBOX_DEPTH,
+    ALERTMANAGER_LAST_SEND_SUCCESS,
+    ALERTMANAGER_LAST_ERROR,
+    ALERTMANAGER_CLOCK_OFFSET,
     ALERT_STATE_ERRORS,
 )
 
@@ -749,7 +814,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (*OBSERVE, *SHADOW, *ALERTS, *LISTENERS)
 LABEL_BOUNDS: dict[str, str] = {
     "version": "1 (the running version)",
     "target": "the configured targets",
-    "role": "3: standard, fly, baseline",
+    "role": "5: standard, fly, baseline, prefill, decode",
     "serving_engine": "2: vllm, sglang",
     "model_name": "scrape.max_models_per_target per target (default 8); further models are "
     'dropped and counted in specwatch_scrape_errors_total{reason="model_cap"}',
@@ -774,11 +839,13 @@ LABEL_BOUNDS: dict[str, str] = {
     "band": "paired.load_bands (default 3) + unknown; the speed ratio's 10 powers-of-two bands "
     "(observe.concurrency.BANDS)",
     "state": "3: reached, not_reached, no_data",
+    "reference": "2: baseline (when a baseline target is configured), standard",
     "source": "3: mirror, proxy, canary",
     "status": "3: paired, unpaired, excluded",
     "alertname": "the detectors' alerts (fixed in code)",
     "severity": "the detectors' severities (fixed in code)",
     "listener": "3: main, proxy, simulator",
+    "peer": "the configured Alertmanager URLs (alerting.urls)",
 }
 
 #: Family name (without ``_total``) → spec.

@@ -43,6 +43,7 @@ def health_json(h: Health) -> dict[str, Any]:
             "interval_seconds": h.interval_seconds,
             "acceptance_rate": h.acceptance_rate,
             "mean_acceptance_length": h.mean_acceptance_length,
+            "speculation_coverage": h.speculation_coverage,
             "mean_draft_length": h.mean_draft_length,
             "per_position_acceptance_rate": list(h.per_position_acceptance_rate),
             "per_position_conditional_acceptance_rate": list(
@@ -64,6 +65,9 @@ def health_json(h: Health) -> dict[str, Any]:
             "requests_finished": h.requests_finished,
             "requests_finished_per_second": h.requests_finished_per_second,
             "prompt_tokens_per_second": h.prompt_tokens_per_second,
+            "prompt_tokens_by_source": dict(h.prompt_tokens_by_source),
+            "prefix_cache_hit_rate": h.prefix_cache_hit_rate,
+            "scheduled_tokens_per_step": h.scheduled_tokens_per_step,
             "inter_token_latency_seconds": {
                 str(q): h.inter_token_latency_seconds.get(q) for q in QUANTILES
             },
@@ -86,7 +90,8 @@ def health_json(h: Health) -> dict[str, Any]:
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     """The ``/api/v1/snapshot`` document (shape in ``docs/architecture.md``); NaN/missing → null.
 
-    ``speculation_limit``: where FLy stops decoding faster per request than the standard arm
+    ``speculation_limit``: where FLy stops decoding faster per request than the no-speculation
+    baseline (when configured) and than the standard arm, each a labelled comparison
     (:class:`~specwatch.observe.concurrency.SpeculationLimit` as an object, ``null`` without
     both targets). Per window: ``server``/``engines`` of the target's only model (``null`` when
     it serves several or none yet) and ``models`` with every model.
@@ -124,6 +129,16 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "counter_resets": dict(t.counter_resets),
             "missing_families": list(t.missing_families),
             "gauge_processes": t.gauge_processes,
+            "cache_config": None if t.cache_config is None else asdict(t.cache_config),
+            "prefix_cache_below_block": t.prefix_cache_below_block,
+            "lora": None
+            if t.lora is None
+            else {
+                "max_lora": t.lora.max_lora,
+                "running_adapters": list(t.lora.running),
+                "waiting_adapters": list(t.lora.waiting),
+                "updated_at": t.lora.updated_at,
+            },
             "limits": {
                 "max_num_seqs": lim.max_num_seqs,
                 "max_num_batched_tokens": lim.max_num_batched_tokens,
@@ -223,17 +238,21 @@ def shadow_verdict(st: ShadowStats) -> str:
     cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
     overall = cats.get(OVERALL)
     if overall is None:
-        return verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
-    return verdict_line(
-        verdict_from_summary(
-            overall,
-            alpha=st.alpha,
-            margin=st.margin,
-            tau_ratio=tau,
-            throughput_ratio=speed,
-            declared_at=st.within_margin_declared_at,
+        line = verdict_line(Verdict(tau_ratio=tau, throughput_ratio=speed))
+    else:
+        line = verdict_line(
+            verdict_from_summary(
+                overall,
+                alpha=st.alpha,
+                margin=st.margin,
+                tau_ratio=tau,
+                throughput_ratio=speed,
+                declared_at=st.within_margin_declared_at,
+            )
         )
-    )
+    # replays paused for load: the verdict says why it moves slowly (or not at all)
+    pause = st.io.pause_text if st.io is not None else ""
+    return f"{line} ({pause})" if pause else line
 
 
 def alerts_json(state: AlertingState) -> list[dict[str, Any]]:
@@ -308,6 +327,8 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
             "in_flight": io.in_flight,
             "dropped_total": dict(io.dropped),
             "paused": {r: bool(v) for r, v in io.paused.items()},
+            "pause": io.pause_text,
+            "trickled_total": io.trickled,
         },
         "decisions": [
             {f.name: _json_num(getattr(r, f.name)) for f in fields(r)} for r in stats.decisions

@@ -265,11 +265,14 @@ class SpecwatchCollector(Collector):
                 labels = (window, pv.standard, pv.fly, reason)
                 fam.add(THROUGHPUT_WITHHELD, labels, pv.throughput_ratio_withheld == reason)
         if limit is not None:
-            fam.add(cat.SPECULATION_LIMIT_RUNNING, (), limit.running)
-            fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, (), limit.running_lower)
-            fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, (), limit.running_upper)
-            for state in LIMIT_STATUSES:
-                fam.add(cat.SPECULATION_LIMIT_STATE, (state,), limit.status == state)
+            for c in limit.comparisons:
+                ref = (c.reference,)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING, ref, c.running)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING_LOWER, ref, c.running_lower)
+                fam.add(cat.SPECULATION_LIMIT_RUNNING_UPPER, ref, c.running_upper)
+                fam.add(cat.SPECULATION_LIMIT_HIGHEST_RUNNING, ref, c.highest)
+                for state in LIMIT_STATUSES:
+                    fam.add(cat.SPECULATION_LIMIT_STATE, (c.reference, state), c.status == state)
             for b in limit.bands:
                 fam.add(cat.CONCURRENCY_SPEED_RATIO, (b.band,), b.speed_ratio)
         yield from fam.families(keep_empty=False)
@@ -346,6 +349,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add_counts(cat.SHADOW_DROPPED, io.dropped)
     fam.add_counts(cat.SHADOW_PAUSED, io.paused)
     fam.add_counts(cat.SHADOW_PAUSES, io.pauses_total)
+    fam.add(cat.SHADOW_TRICKLED, (), io.trickled)
     fam.add_counts(cat.SHADOW_RECEIVED, io.received)
     fam.add_counts(cat.SHADOW_INGEST_ERRORS, io.ingest_errors)
     fam.add(cat.SHADOW_OFFERED, (), io.offered)
@@ -410,9 +414,10 @@ class ShadowCollector(Collector):
 class AlertsCollector(Collector):
     """The alerting families (:data:`~specwatch.export.catalogue.ALERTS`) from ``get_state()``:
     ``specwatch_alert_firing`` 1 per active alert (its identifying labels, no external labels),
-    ``specwatch_alertmanager_send_errors_total{reason}`` (the known reasons from 0) and
-    ``specwatch_alertmanager_outbox_depth`` and ``specwatch_alert_state_errors_total{reason}``
-    (the known reasons from 0)."""
+    per configured Alertmanager (``peer``, its redacted URL) the accepted alerts, failed sends
+    by reason (the known reasons from 0), the outbox depth, whether the last send succeeded,
+    when the last one failed and its clock offset; and
+    ``specwatch_alert_state_errors_total{reason}`` (the known reasons from 0)."""
 
     def __init__(self, get_state: Callable[[], AlertingState]) -> None:
         self._get = get_state
@@ -427,8 +432,14 @@ class AlertsCollector(Collector):
         fam = _Families(cat.ALERTS)
         for alert in state.firing:
             fam.add(cat.ALERT_FIRING, (), 1, extra=alert.labels)
-        fam.add_counts(cat.ALERTMANAGER_SEND_ERRORS, state.send_errors, SEND_ERROR_REASONS)
-        fam.add(cat.ALERTMANAGER_OUTBOX_DEPTH, (), state.outbox_depth)
+        for peer in state.peers:
+            fam.add(cat.ALERTMANAGER_SENT, (peer.peer,), peer.sent_alerts)
+            errors = {(peer.peer, r): peer.errors.get(r, 0) for r in SEND_ERROR_REASONS}
+            fam.add_counts(cat.ALERTMANAGER_SEND_ERRORS, errors)
+            fam.add(cat.ALERTMANAGER_OUTBOX_DEPTH, (peer.peer,), peer.outbox_depth)
+            fam.add(cat.ALERTMANAGER_LAST_SEND_SUCCESS, (peer.peer,), peer.last_send_ok)
+            fam.add(cat.ALERTMANAGER_LAST_ERROR, (peer.peer,), peer.last_error_at)
+            fam.add(cat.ALERTMANAGER_CLOCK_OFFSET, (peer.peer,), peer.clock_offset)
         fam.add_counts(cat.ALERT_STATE_ERRORS, state.state_errors, STATE_ERROR_REASONS)
         yield from fam.families(keep_empty=True)
 

@@ -11,12 +11,13 @@ are kept as sums per running-request band (powers of two: ``1``, ``2-3``, ``4-7`
 points themselves (``(running, per-request decode speed)``), so memory is fixed.
 
 :func:`speculation_limit` estimates where FLy's per-request decode speed (generation tokens/s ÷
-running requests) falls to the reference arm's: the no-speculation baseline target (role
-``baseline``) when one is configured, else the standard arm. The estimate is
-:func:`specwatch.core.crossover.crossover` (a local linear fit over log(running), interpolated,
-with a bootstrap interval; "not reached" unless the gain's interval is wholly below zero at some
-concurrency seen), recomputed every :data:`REFRESH_POINTS` points with a fixed seed, so every
-view of the same points shows the same numbers.
+running requests) falls to a reference arm's, once per reference, each labelled: the
+no-speculation baseline target (role ``baseline``, speculation against none) when one is
+configured, and the standard arm (FLy against standard speculation). The estimate is
+:func:`specwatch.core.crossover.crossover` (per-level comparisons at the concurrencies seen, with
+intervals simultaneous over the levels; "not reached" unless the gain's interval is wholly below
+zero at some level), recomputed every :data:`REFRESH_POINTS` points, so every view of the same
+points shows the same numbers.
 
 Assumptions, stated in the output: both arms serve comparable requests (prompt and output
 lengths), a window's throughput is attributed to the running count at its end, and a band
@@ -28,9 +29,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
-from specwatch.core.crossover import CROSSOVER_STATUSES, CrossoverStatus, GainPoint, crossover
+from specwatch.core.crossover import (
+    CROSSOVER_STATUSES,
+    REFERENCE_NAMES,
+    CrossoverStatus,
+    GainPoint,
+    crossover,
+)
 
 #: Lower bounds of the running-request bands.
 BANDS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -45,16 +52,15 @@ MAX_POINTS = 1024
 #: estimate stands).
 REFRESH_POINTS = 8
 
-#: Seed of the bootstrap behind the live and ``advise`` estimates.
-SEED = 0
-
 #: What the comparison assumes (printed with the result).
 ASSUMPTIONS: tuple[str, ...] = (
     "both arms serve comparable requests (prompt and output lengths)",
     "a window's throughput is attributed to the running requests at its end",
     f"a band is compared only with at least {MIN_POINTS} scrapes on each arm",
-    "the crossover is interpolated from a local linear fit over log(running), its interval a "
-    "bootstrap over scrapes",
+    "the arms are compared per concurrency level seen (a quarter of a doubling wide), with "
+    "intervals that hold over all levels at once; the crossover is interpolated between the "
+    "levels around it",
+    "scrapes scatter independently around each level's mean (log-normal noise)",
 )
 
 
@@ -159,29 +165,84 @@ LimitStatus = CrossoverStatus
 LIMIT_STATUSES: tuple[LimitStatus, ...] = CROSSOVER_STATUSES
 
 
-@dataclass(frozen=True, slots=True)
-class SpeculationLimit:
-    """Where FLy stops decoding faster per request than the reference arm.
+#: What FLy is compared with (``specwatch_speculation_limit_*{reference}``): ``baseline``, the
+#: no-speculation target (speculation against none, the question the limit answers), when one is
+#: configured; ``standard``, the standard speculative arm.
+LimitReference = Literal["baseline", "standard"]
+#: Every :data:`LimitReference`, in that order.
+LIMIT_REFERENCES: tuple[LimitReference, ...] = get_args(LimitReference)
 
-    ``status``: ``reached`` (the gain's interval is wholly below zero at some concurrency seen;
+
+@dataclass(frozen=True, slots=True)
+class LimitComparison:
+    """Where FLy stops decoding faster per request than ``reference``.
+
+    ``status``: ``reached`` (the gain's interval is wholly below zero at some level seen;
     ``running`` the interpolated concurrency where the gain reaches zero, ``running_lower`` /
-    ``running_upper`` its interval, ``running_upper`` ``None`` when it reaches beyond the
-    concurrencies seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
-    ``reference``: ``baseline`` (the no-speculation target) or ``standard``. ``text`` says it in
-    words (:func:`specwatch.core.crossover.crossover_text`, the one sentence every surface
-    shows); ``curve`` the gain over concurrency with its interval; ``bands`` the per-band table;
-    ``assumptions`` what it rests on.
+    ``running_upper`` its interval, ``running_lower`` ``None`` when it may lie at or below the
+    lowest level seen), ``not_reached`` (``running`` ``None``), ``no_data`` (too few points).
+    ``highest``: the highest concurrency level the arms were compared at (``None`` without
+    data); ``curve`` the gain per level with its interval; ``text`` the labelled sentence
+    (:func:`specwatch.core.crossover.crossover_text`).
     """
 
+    reference: LimitReference
     status: LimitStatus
     running: float | None
+    running_lower: float | None
+    running_upper: float | None
+    highest: float | None
+    curve: tuple[GainPoint, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationLimit:
+    """Where speculation stops paying: ``comparisons`` of FLy against the no-speculation
+    baseline (first, when one is configured) and against the standard arm, each labelled;
+    ``text`` their sentences in that order (the one text every surface shows); ``bands`` the
+    per-band table (FLy against the standard arm); ``assumptions`` what it rests on. The
+    properties read the first comparison (the baseline when configured)."""
+
+    comparisons: tuple[LimitComparison, ...]
     text: str
     bands: tuple[BandComparison, ...]
-    running_lower: float | None = None
-    running_upper: float | None = None
-    reference: Literal["baseline", "standard"] = "standard"
-    curve: tuple[GainPoint, ...] = ()
     assumptions: tuple[str, ...] = ASSUMPTIONS
+
+    @property
+    def primary(self) -> LimitComparison:
+        """The first comparison: against the baseline when configured, else the standard arm."""
+        return self.comparisons[0]
+
+    @property
+    def status(self) -> LimitStatus:
+        """:attr:`primary`'s status."""
+        return self.primary.status
+
+    @property
+    def running(self) -> float | None:
+        """:attr:`primary`'s crossover."""
+        return self.primary.running
+
+    @property
+    def running_lower(self) -> float | None:
+        """:attr:`primary`'s interval, lower end."""
+        return self.primary.running_lower
+
+    @property
+    def running_upper(self) -> float | None:
+        """:attr:`primary`'s interval, upper end."""
+        return self.primary.running_upper
+
+    @property
+    def reference(self) -> LimitReference:
+        """What :attr:`primary` compares FLy with."""
+        return self.primary.reference
+
+    @property
+    def curve(self) -> tuple[GainPoint, ...]:
+        """:attr:`primary`'s gain per level."""
+        return self.primary.curve
 
 
 def _mean(total: float, n: int) -> float | None:
@@ -217,16 +278,19 @@ def band_table(
 
 
 @functools.lru_cache(maxsize=16)
-def _estimate(
+def _compare(
     fly: tuple[tuple[float, float], ...],
     ref: tuple[tuple[float, float], ...],
-    reference: str,
-) -> tuple[CrossoverStatus, float | None, float | None, float | None, tuple[GainPoint, ...], str]:
+    reference: LimitReference,
+) -> LimitComparison:
     import numpy as np
 
-    name = "the no-speculation baseline" if reference == "baseline" else "the standard arm"
-    c = crossover(fly, ref, rng=np.random.default_rng(SEED), reference_name=name)
-    return c.status, c.running, c.lower, c.upper, c.curve, c.text
+    name = REFERENCE_NAMES[reference]
+    c = crossover(fly, ref, rng=np.random.default_rng(0), reference_name=name)
+    highest = c.curve[-1].running if c.curve else None
+    return LimitComparison(
+        reference, c.status, c.running, c.lower, c.upper, highest, c.curve, c.text
+    )
 
 
 def speculation_limit(
@@ -237,18 +301,14 @@ def speculation_limit(
     min_points: int = MIN_POINTS,
 ) -> SpeculationLimit:
     """Where FLy stops paying against ``baseline`` when given (a target without speculation),
-    else against ``standard`` (see :class:`SpeculationLimit`); ``bands`` always compare FLy
-    with ``standard``. Deterministic (fixed seed), cached on the points."""
-    reference: Literal["baseline", "standard"] = "baseline" if baseline is not None else "standard"
-    ref = baseline if baseline is not None else standard
-    status, running, lower, upper, curve, text = _estimate(fly.settled, ref.settled, reference)
+    then against ``standard`` (see :class:`SpeculationLimit`); ``bands`` compare FLy with
+    ``standard``. Deterministic, cached on the points."""
+    pairs: list[tuple[ConcurrencyProfile, LimitReference]] = [(standard, "standard")]
+    if baseline is not None:
+        pairs.insert(0, (baseline, "baseline"))
+    comparisons = tuple(_compare(fly.settled, ref.settled, name) for ref, name in pairs)
     return SpeculationLimit(
-        status=status,
-        running=running,
-        text=text,
+        comparisons=comparisons,
+        text=". ".join(c.text for c in comparisons),
         bands=band_table(standard, fly, min_points=min_points),
-        running_lower=lower,
-        running_upper=upper,
-        reference=reference,
-        curve=curve,
     )

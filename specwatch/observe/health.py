@@ -18,8 +18,10 @@ from itertools import accumulate, pairwise
 from specwatch.observe.sglang_health import is_sglang, sglang_capacity, sglang_health
 from specwatch.observe.values import (
     COUNTER_KEYS,
+    PROMPT_SOURCES,
     QUANTILES,
     THROUGHPUT_RATE_TOLERANCE,
+    CacheConfig,
     Capacity,
     Delta,
     EngineKey,
@@ -115,6 +117,43 @@ def speculative_tokens(
     return None
 
 
+def _coverage(
+    accepted: float | None, drafts: float | None, generation: float | None
+) -> float | None:
+    """(Δaccepted + Δdrafts) / Δgeneration (see :attr:`Health.speculation_coverage`)."""
+    if accepted is None or drafts is None:
+        return None
+    return _div(accepted + drafts, generation)
+
+
+def _scheduled(c: Mapping[str, float | None], accepted: float | None) -> float | None:
+    """Tokens scheduled per engine step (:attr:`Health.scheduled_tokens_per_step`)."""
+    prompt = c.get("prompt_tokens_local_compute")
+    if prompt is None:
+        prompt = c.get("prompt_tokens")
+    gen, drafted = c.get("generation_tokens"), c.get("draft_tokens")
+    if prompt is None or gen is None:
+        return None
+    return _div(prompt + gen + (drafted or 0.0) - (accepted or 0.0), c.get("engine_steps"))
+
+
+def prefix_cache_below_block(cache: CacheConfig | None, prompts: Histogram | None) -> bool | None:
+    """Whether prefix caching is on and every prompt in ``prompts`` (bucket increases of
+    ``vllm:request_prompt_tokens``) is shorter than one KV block of ``cache.block_size`` tokens:
+    vLLM caches whole blocks only, so such a prefix cache never hits. ``None`` when the cache
+    config, its block size or the prompts are unknown or no prompt finished; ``False`` with
+    prefix caching off."""
+    if cache is None or cache.block_size is None or prompts is None or not prompts.buckets:
+        return None
+    if cache.enable_prefix_caching is False:
+        return False
+    total = prompts.buckets[-1][1]
+    if total <= 0:
+        return None
+    below = max((c for le, c in prompts.buckets if le < cache.block_size), default=0.0)
+    return below >= total
+
+
 def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
     """Turn one :class:`Delta` into :class:`Health` (see its docstring for every formula).
 
@@ -192,6 +231,13 @@ def derive_health(delta: Delta, *, configured_k: int | None = None) -> Health:
         inter_token_latency_mean_seconds=_div(c.get("itl_sum"), c.get("itl_count")),
         time_to_first_token_mean_seconds=_div(c.get("ttft_sum"), c.get("ttft_count")),
         spec_decode_schema=schema,
+        speculation_coverage=_coverage(accepted, drafts, c.get("generation_tokens")),
+        prompt_tokens_by_source={
+            src: v for src in PROMPT_SOURCES if (v := c.get(f"prompt_tokens_{src}")) is not None
+        },
+        prefix_cache_hit_rate=_div(c.get("prefix_cache_hits"), c.get("prefix_cache_queries")),
+        scheduled_tokens_per_step=_scheduled(c, accepted),
+        prompt_length=delta.histograms.get("prompt_length"),
     )
     if is_sglang(g):
         h = sglang_health(h, delta, configured_k=configured_k)

@@ -28,6 +28,7 @@ copies are skipped and counted in :attr:`PageReading.duplicate_conflicts`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -47,8 +48,16 @@ from specwatch.observe.prefilter import (
     prefilter,
 )
 from specwatch.observe.sglang_parse import SglangPageError, parse_sglang_page
-from specwatch.observe.values import EngineKey, EngineReading, Histogram, PageReading
-from specwatch.vllm.families import FAMILIES, Family
+from specwatch.observe.values import (
+    PROMPT_SOURCES,
+    CacheConfig,
+    EngineKey,
+    EngineReading,
+    Histogram,
+    LoraState,
+    PageReading,
+)
+from specwatch.vllm.families import CACHE_CONFIG_INFO, FAMILIES, LORA_REQUESTS_INFO, Family
 from specwatch.vllm.sglang import EngineKind, detect_engine
 
 _ValueParser = Callable[[str], tuple[float, float | None]]
@@ -230,6 +239,9 @@ def parse_page(
             acc.per_position[pos] = acc.per_position.get(pos, 0.0) + value
         else:
             _ingest(acc, fam, role, series.labels, value)
+    cache_rows, lora_rows, bad_info = read_info(body)
+    invalid += len(bad_info)
+    invalid_named += bad_info[: max(MAX_NAMED - len(invalid_named), 0)]
     return PageReading(
         engines={k: engines[k].freeze() for k in sorted(engines)},
         process_start_time_seconds=process_start,
@@ -241,6 +253,93 @@ def parse_page(
         implausible_series=len(refused),
         implausible=tuple(refused[:MAX_NAMED]),
         invalid=tuple(invalid_named),
+        cache_config=_cache_config(cache_rows),
+        lora=_lora(lora_rows),
+    )
+
+
+_INFO_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_InfoRows = list[tuple[dict[str, str], float]]
+
+
+def _info_sample(line: str) -> tuple[dict[str, str], float] | None:
+    """``name{labels} value`` → (labels, value); ``None`` when the line is not well formed."""
+    open_, close = line.find("{"), line.rfind("}")
+    if open_ < 0 or close < open_:
+        return None
+    inner, labels, pos = line[open_ + 1 : close], {}, 0
+    while pos < len(inner):
+        m = _INFO_LABEL.match(inner, pos)
+        if m is None:
+            return None
+        labels[m[1]] = re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e[0]], m[2])
+        pos = m.end()
+    try:
+        value = float(line[close + 1 :].split()[0])
+    except (ValueError, IndexError):
+        return None
+    return (labels, value) if math.isfinite(value) else None
+
+
+def read_info(body: str) -> tuple[_InfoRows, _InfoRows, list[str]]:
+    """The samples of ``vllm:cache_config_info`` and ``vllm:lora_requests_info`` (info gauges of
+    the whole page: no ``model_name``, and so many labels that one vLLM adds must not break the
+    page), read line by line apart from the allow-listed families: (cache rows, LoRA rows, the
+    first few lines skipped as malformed). A malformed line is skipped and counted with the
+    page's invalid series; the rest of the page is read as always."""
+    rows: dict[str, _InfoRows] = {CACHE_CONFIG_INFO: [], LORA_REQUESTS_INFO: []}
+    bad: list[str] = []
+    for name, got in rows.items():
+        start = body.find(name + "{")
+        while start >= 0:
+            end = body.find("\n", start)
+            line = body[start : end if end >= 0 else len(body)]
+            if start == 0 or body[start - 1] == "\n":
+                sample = _info_sample(line)
+                if sample is None:
+                    bad.append(line[:200])
+                else:
+                    got.append(sample)
+            start = body.find(name + "{", start + 1)
+    return rows[CACHE_CONFIG_INFO], rows[LORA_REQUESTS_INFO], bad
+
+
+def _int_label(labels: Mapping[str, str], name: str) -> int | None:
+    try:
+        return int(float(labels.get(name, "")))
+    except ValueError:
+        return None
+
+
+def _cache_config(rows: _InfoRows) -> CacheConfig | None:
+    """The lowest engine's ``vllm:cache_config_info`` labels (``None`` without the family)."""
+    if not rows:
+        return None
+    labels = min(rows, key=lambda r: (_int_label(r[0], "engine") or 0, sorted(r[0].items())))[0]
+    flag = labels.get("enable_prefix_caching", "").strip().lower()
+    return CacheConfig(
+        block_size=_int_label(labels, "block_size"),
+        enable_prefix_caching={"true": True, "false": False}.get(flag),
+        kv_cache_size_tokens=_int_label(labels, "kv_cache_size_tokens"),
+    )
+
+
+def _lora(rows: _InfoRows) -> LoraState | None:
+    """The series of ``vllm:lora_requests_info`` with the largest value (vLLM stamps the current
+    state with the wall time; older label sets keep older times), ``None`` without the family."""
+    if not rows:
+        return None
+    labels, value = max(rows, key=lambda r: (r[1], sorted(r[0].items())))
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(n for n in (x.strip() for x in labels.get(key, "").split(",")) if n)
+
+    return LoraState(
+        max_lora=_int_label(labels, "max_lora"),
+        running=names("running_lora_adapters"),
+        waiting=names("waiting_lora_adapters"),
+        updated_at=value,
     )
 
 
@@ -537,15 +636,17 @@ def _learn_shape(head: str, name: str, labels: dict[str, str]) -> None:
 
 
 def _seed_shapes() -> None:
-    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus ``position``,
-    ``reason``, ``finished_reason`` or ``le`` where the family has it, in the order vLLM writes
-    them), each from a line of that shape with empty label values parsed by prometheus_client,
-    so that even the first page a process reads has one parse per series only for shapes vLLM
-    does not write; and the unlabelled ``process_start_time_seconds`` by its name. A seed line
-    that does not parse as expected is left out."""
+    """Memoise the shapes vLLM's own pages use (``engine`` and ``model_name``, plus
+    ``position``, ``reason``, ``source``, ``finished_reason`` or ``le`` where the family has it,
+    in the order vLLM writes them), each from a line of that shape with empty label values
+    parsed by prometheus_client, so that even the first page a process reads has one parse per
+    series only for shapes vLLM does not write; and the unlabelled
+    ``process_start_time_seconds`` by its name. A seed line that does not parse as expected is
+    left out."""
     extra: dict[str, tuple[str, ...]] = {
         "per_position": ("engine", "model_name", "position"),
         "waiting_by_reason": ("engine", "model_name", "reason"),
+        "prompt_tokens_by_source": ("engine", "model_name", "source"),
         "requests_finished": ("engine", "finished_reason", "model_name"),
     }
     for sample_name in sorted(NAMES_TEXT):
@@ -657,6 +758,11 @@ def _ingest(acc: _Acc, fam: Family, role: str, labels: dict[str, str], value: fl
         if reason not in acc.waiting and len(acc.waiting) >= MAX_WAITING_REASONS:
             reason = "other"
         acc.waiting[reason] = acc.waiting.get(reason, 0.0) + value
+    elif key == "prompt_tokens_by_source":
+        source = labels.get("source", "")
+        if source in PROMPT_SOURCES:
+            name = f"prompt_tokens_{source}"
+            acc.counters[name] = acc.counters.get(name, 0.0) + value
     elif fam.kind == "gauge":
         acc.gauges[key] = acc.gauges.get(key, 0.0) + value
     else:

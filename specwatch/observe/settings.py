@@ -27,13 +27,14 @@ class TargetSettings(Frozen):
 
     name: str
     """Name of the target, used in metric labels: 1-64 letters, digits, `_ . : -`. A name
-    that is a role (`standard`, `fly`, `baseline`) sets the role too."""
+    that is a role (`standard`, `fly`, `baseline`, `prefill`, `decode`) sets the role too."""
     url: str
     """Base URL of the server (`http://vllm:8000`) or its full metrics URL; `/metrics` is
     added when the path is empty."""
     role: Role | None = None
-    """What the server is in the comparison: `standard`, `fly` or `baseline`; needed when
-    the name is not a role."""
+    """What the server is in the comparison: `standard`, `fly` or `baseline`, or in
+    disaggregated serving `prefill` (never expected to speculate) or `decode` (compared with
+    the `baseline` target); needed when the name is not a role."""
     max_num_seqs: int | None = Field(default=None, gt=0)
     """The server's `--max-num-seqs` (SGLang: `max_running_requests`); enables the capacity
     and budget views."""
@@ -49,6 +50,17 @@ class TargetSettings(Frozen):
     parallel_drafting: bool = False
     """True when the drafter proposes all K tokens in one pass (parallel drafting); changes
     the budget arithmetic."""
+    drafter_max_model_len: int | None = Field(default=None, gt=0)
+    """The drafter's own context limit in tokens (its `max_model_len`; 2048 for stock EAGLE-3
+    heads). vLLM zero-fills the drafts of a step whose longest sequence plus K no longer fits
+    it; with it set, an acceptance drop on long prompts is named `drafter_context_limit`."""
+    dynamic_k: bool = False
+    """True when the server shortens drafts as the batch grows
+    (`num_speculative_tokens_per_batch_size`): a mean draft length below K is then by design,
+    not the token budget."""
+    structured_output: bool = False
+    """True when the traffic uses structured output (grammars, JSON schemas): vLLM subtracts the
+    draft tokens the grammar invalidates, so a mean draft length below K is by design."""
     vllm_version: str | None = None
     """vLLM version of the server (`0.10.1`), when its metrics cannot tell; picks the metric
     regime."""
@@ -113,8 +125,8 @@ class TargetSettings(Frozen):
                 object.__setattr__(self, "role", Role(self.name))
             except ValueError:
                 raise ValueError(
-                    f"target {self.name!r}: role is required (standard|fly|baseline) "
-                    "when the name is not a role"
+                    f"target {self.name!r}: role is required "
+                    "(standard|fly|baseline|prefill|decode) when the name is not a role"
                 ) from None
         if self.bearer_token is not None and urlsplit(self.url).password is not None:
             raise ValueError(

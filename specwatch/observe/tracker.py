@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.roles import Role
 from specwatch.observe.concurrency import add_point, speculation_limit
-from specwatch.observe.health import capacity, model_windows, pair_view
+from specwatch.observe.health import capacity, model_windows, pair_view, prefix_cache_below_block
 from specwatch.observe.plausible import MAX_NAMED, JumpScreen
 from specwatch.observe.sglang_health import sglang_observed_k
 from specwatch.observe.values import (
@@ -74,6 +75,15 @@ class TargetTracker:
             url=redact_url(target.url),
             limits=target.limits,
             capacity=capacity(target.limits, []),
+            drafter_max_model_len=target.drafter_max_model_len,
+            designed_short_drafts=tuple(
+                name
+                for name, on in (
+                    ("dynamic_k", target.dynamic_k),
+                    ("structured_output", target.structured_output),
+                )
+                if on
+            ),
         )
 
     @classmethod
@@ -234,8 +244,34 @@ class TargetTracker:
             windows=windows,
             engine_kind=page.engine_kind,
             gauge_processes=page.gauge_processes,
+            cache_config=page.cache_config or self._snap.cache_config,
+            lora=page.lora,
+            prefix_cache_below_block=self._below_block(t, page, windows),
         )
         return [engine for _model, engine in resets]
+
+    def _below_block(
+        self, t: float, page: PageReading, windows: Mapping[str, Mapping[str, ModelWindow]]
+    ) -> bool | None:
+        """:func:`~specwatch.observe.health.prefix_cache_below_block` over the since-start
+        prompts of every model; one warning log line when it turns true."""
+        cache = page.cache_config or self._snap.cache_config
+        found = [
+            prefix_cache_below_block(cache, mw.server.prompt_length)
+            for mw in windows.get(SINCE_START, {}).values()
+        ]
+        known = [f for f in found if f is not None]
+        below = all(known) if known else None
+        if below and not self._snap.prefix_cache_below_block and cache is not None:
+            log_event(
+                logger,
+                logging.WARNING,
+                "prefix cache cannot hit: every prompt is shorter than one KV block",
+                target=self.target.name,
+                block_size=cache.block_size,
+                t=t,
+            )
+        return below
 
     def _screen(self, t: float, page: PageReading) -> PageReading:
         """``page`` without the counter jumps no server makes (:mod:`~specwatch.observe.plausible`);

@@ -73,6 +73,11 @@ COUNTER_KEYS: tuple[str, ...] = (
     "accepted_tokens",
     "generation_tokens",
     "prompt_tokens",
+    "prompt_tokens_local_compute",
+    "prompt_tokens_local_cache_hit",
+    "prompt_tokens_external_kv_transfer",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
     "preemptions",
     "engine_steps",
     "requests_finished",
@@ -82,6 +87,10 @@ COUNTER_KEYS: tuple[str, ...] = (
     "ttft_sum",
     "ttft_count",
 )
+
+#: The ``source`` values of ``vllm:prompt_tokens_by_source_total`` read, each as the counter key
+#: ``prompt_tokens_<source>`` (vllm-metrics.md §2); other sources are left out.
+PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 #: Counters whose fall marks a reset of the engine (vLLM spec-decode counters).
 SPEC_DECODE_COUNTER_KEYS: tuple[str, ...] = ("drafts", "draft_tokens", "accepted_tokens")
@@ -120,6 +129,35 @@ class PageReading:
     implausible: tuple[str, ...] = ()
     invalid: tuple[str, ...] = ()
     duplicates: tuple[str, ...] = ()
+    cache_config: CacheConfig | None = None
+    lora: LoraState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """What ``vllm:cache_config_info`` says (its labels; the value is always 1), from the
+    lowest ``engine`` on the page: ``block_size`` (tokens per KV block; a prompt shorter than one
+    block never hits the prefix cache), ``enable_prefix_caching`` and the KV cache size in
+    tokens. ``None`` for a label the page does not carry or cannot be read as a number."""
+
+    block_size: int | None = None
+    enable_prefix_caching: bool | None = None
+    kv_cache_size_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraState:
+    """What ``vllm:lora_requests_info`` says. vLLM sets one series to the current wall time
+    whenever the adapters change (``set_to_current_time``), and old label sets stay on the page
+    with older times: the series with the largest value is the current state, never a sum.
+    ``max_lora``: adapters a batch can hold; ``running`` / ``waiting``: adapter names in the
+    current series' ``running_lora_adapters`` / ``waiting_lora_adapters`` (comma-separated);
+    ``updated_at``: its value (unix seconds)."""
+
+    max_lora: int | None = None
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    updated_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +214,18 @@ class Health:
     ``..._num_emitted_tokens_total`` and no drafts counter; drafts = draft tokens / K and
     τ = emitted / drafts, vLLM V0's ``SpecDecodeWorkerMetrics``), ``None`` without spec-decode
     counters. The two are never mixed in one window (:mod:`specwatch.observe.window`).
+    ``speculation_coverage`` = (Δaccepted + Δdrafts) / Δgeneration_tokens: the share of output
+    tokens emitted by verify steps (vLLM adds 1 + accepted to ``generation_tokens`` for every
+    request and step, and counts a draft only for a step that scheduled a draft token, so steps
+    without a proposal, an ngram or suffix proposer finding nothing, add 1 token each and no
+    draft); 1 when every step drafted (up to each request's first token, which its prefill
+    emits); τ describes only the covered steps. ``prompt_tokens_by_source``: Δ prompt tokens per
+    :data:`PROMPT_SOURCES` value the page carries. ``prefix_cache_hit_rate`` = Δhits / Δqueries
+    (tokens, local prefix cache). ``scheduled_tokens_per_step`` ≈ (Δprompt local_compute, else
+    Δprompt_tokens, + Δgeneration + Δdraft_tokens − Δaccepted) / Δengine_steps (vllm-metrics.md
+    §9; compared with max_num_batched_tokens; with the prompt total it is an upper bound).
+    ``prompt_length``: bucket increases of ``vllm:request_prompt_tokens`` (prompt length per
+    finished request).
     ``withheld``: reasons (:data:`INVALID_REASONS`, sorted) for values set to ``None`` because
     they cannot be right (α > 1, τ > K + 1, ℓ > K, a negative count or rate); empty normally.
     """
@@ -212,6 +262,11 @@ class Health:
     time_to_first_token_mean_seconds: float | None = None
     spec_decode_schema: str | None = None
     withheld: tuple[str, ...] = ()
+    speculation_coverage: float | None = None
+    prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict)
+    prefix_cache_hit_rate: float | None = None
+    scheduled_tokens_per_step: float | None = None
+    prompt_length: Histogram | None = None
 
 
 #: Why a scrape failed or a page lost series (``specwatch_scrape_errors_total{reason}``; each is
@@ -357,6 +412,17 @@ class TargetSnapshot:
     #: the serving engine of the latest good page (``None`` before one)
     engine_kind: EngineKind | None = None
     gauge_processes: int = 0
+    #: ``vllm:cache_config_info`` and ``vllm:lora_requests_info`` of the latest good page
+    cache_config: CacheConfig | None = None
+    lora: LoraState | None = None
+    #: prefix caching is on but no prompt since start reached one KV block (``block_size``
+    #: tokens), so it can never hit (``None``: unknown; see
+    #: :func:`specwatch.observe.health.prefix_cache_below_block`)
+    prefix_cache_below_block: bool | None = None
+    #: the drafter's context limit (tokens) as configured, for the context-limit cause
+    drafter_max_model_len: int | None = None
+    #: shorter drafts by design, as configured: ``dynamic_k`` / ``structured_output``
+    designed_short_drafts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,8 +462,9 @@ class ObserveView:
     """What the observe chain publishes: every scraped target and the FLy/standard pair views.
 
     ``generated_at``: unix seconds of the last rebuild. ``targets`` by name; ``pair`` by window
-    (absent without both a fly and a standard target); ``speculation_limit`` where FLy stops
-    being faster than the standard arm by running requests (``None`` without both targets).
+    (absent without both a fly and a standard target); ``speculation_limit`` from how many
+    running requests FLy stops being faster per request than the no-speculation baseline (when
+    configured) and than the standard arm (``None`` without both targets).
     Immutable; replaced by swapping one reference.
     """
 

@@ -138,7 +138,15 @@ def sampler_from_settings(
             s.category_quota_burst,
         ),
         pause=LoadPause(
-            load_state, s.pause_on_waiting, s.pause_running_fraction, s.load_state_max_age_seconds
+            load_state,
+            s.pause_on_waiting,
+            s.pause_running_fraction,
+            s.load_state_max_age_seconds,
+            trickle_per_second=(
+                min(s.canary_min_rate_per_second, s.canary_rate_per_second)
+                if "canary" in s.modes
+                else 0.0
+            ),
         ),
         categories=(
             categories
@@ -254,7 +262,7 @@ def ingest_from_settings(
         canary_load = load_canary(s.canary_file, builtin=s.canary_builtin, model=s.canary_model)
         canary = CanaryRunner(
             canary_load.items,
-            lambda r: sampler.offer(r, force=True),
+            lambda r: sampler.offer(r, force=True, trickle=True),
             rate_per_second=s.canary_rate_per_second,
             wall_clock=wall_clock,
             sleep=sleep,
@@ -516,6 +524,7 @@ class ShadowPipeline:
                 q.task_done()
 
     async def _process(self, req: ShadowRequest) -> None:
+        through = self.sampler.passes_pause(req)  # a canary trickled through a chosen pause
         while True:
             if self._expired(req):
                 self.sampler.count_drop("expired")
@@ -526,7 +535,7 @@ class ShadowPipeline:
             if self._draining:  # waited out a load pause into the shutdown: never replayed
                 self.sampler.count_drop("shutdown_queued")
                 return
-            if not self.sampler.current_pause():
+            if through or not self.sampler.current_pause():
                 break
             await self._sleep(PAUSE_POLL_SECONDS)
         self.in_flight += 1
@@ -598,6 +607,8 @@ class ShadowPipeline:
             admitted=sm.admitted,
             dropped=dict(sm.dropped),
             paused={r: int(r in sm.paused) for r in PAUSE_REASONS},
+            pause_text=sm.pause_text,
+            trickled=sm.trickled,
             pauses_total=dict(sm.pauses),
             received=dict(ic.received),
             ingest_errors=dict(ic.errors),

@@ -87,7 +87,10 @@ class ShadowIO:
     """The shadow I/O side's counters and state, one point-in-time copy (plain values, no I/O).
 
     Gauges: ``queue_depth`` (sampled requests waiting), ``in_flight`` (replays running),
-    ``paused[reason]`` (1 while paused). Counters since process start: ``offered`` /
+    ``paused[reason]`` (1 while paused), ``pause_text`` (why, naming the arm and its numbers:
+    ``"paused: standard has 12 requests waiting"``; ``""`` while not), ``trickled`` (canary
+    requests admitted through a pause specwatch chose, so the verdict keeps moving). Counters
+    since process start: ``offered`` /
     ``not_sampled`` / ``admitted`` (sampler decisions), ``dropped[reason]``,
     ``pauses_total[reason]`` (entries into a load pause), ``received[source]`` and
     ``ingest_errors[(source, reason)]`` (requests seen by mirror/proxy/ingest; reasons include
@@ -112,6 +115,8 @@ class ShadowIO:
     admitted: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
     paused: Mapping[str, int] = field(default_factory=dict)
+    pause_text: str = ""
+    trickled: int = 0
     pauses_total: Mapping[str, int] = field(default_factory=dict)
     received: Mapping[str, int] = field(default_factory=dict)
     ingest_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)

@@ -161,6 +161,46 @@ def pause_reasons(
     return frozenset(out)
 
 
+#: The pauses specwatch chooses to protect live traffic (``load_stale`` is a missing reading).
+CHOSEN_PAUSES: frozenset[str] = frozenset({"waiting", "running_near_max"})
+
+
+def pause_explanation(
+    loads: Mapping[str, ArmLoad],
+    now: float,
+    *,
+    on_waiting: bool,
+    running_fraction: float,
+    max_age_seconds: float,
+) -> str:
+    """Why replays pause now, in words, naming each arm and its numbers (``""``: not paused).
+    Pure; the same rules as :func:`pause_reasons`, e.g. ``"paused: standard has 12 requests
+    waiting"``."""
+    parts: list[str] = []
+    for arm, load in sorted(loads.items()):
+        if load.observed_at is None:
+            parts.append(f"{arm}'s load was never read")
+            continue
+        if now - load.observed_at > max_age_seconds:
+            age = now - load.observed_at
+            parts.append(f"{arm}'s last load reading is {age:.0f} s old")
+            continue
+        if on_waiting and load.waiting is not None and load.waiting > 0:
+            n = int(load.waiting)
+            parts.append(f"{arm} has {n} request{'s' if n != 1 else ''} waiting")
+        if (
+            load.running is not None
+            and load.max_num_seqs is not None
+            and load.max_num_seqs > 0
+            and load.running >= running_fraction * load.max_num_seqs
+        ):
+            parts.append(
+                f"{arm} runs {int(load.running)} of {load.max_num_seqs} sequences "
+                f"(pauses at {running_fraction:.0%})"
+            )
+    return "paused: " + "; ".join(parts) if parts else ""
+
+
 #: The category every request outside the bounded set is counted under.
 OTHER_CATEGORY = "other"
 
@@ -352,6 +392,9 @@ class LoadPause:
     on_waiting: bool = True
     running_fraction: float = 0.8
     max_age_seconds: float = 30.0
+    #: Canary requests admitted per second during a pause specwatch chose
+    #: (:data:`CHOSEN_PAUSES`), so the quality verdict still moves; 0: none.
+    trickle_per_second: float = 0.0
 
 
 #: No per-category quota; never pauses for load.
@@ -395,6 +438,16 @@ class Sampler:
         self._on_waiting = pause.on_waiting
         self._running_fraction = pause.running_fraction
         self._max_age = pause.max_age_seconds
+        self._trickle = (
+            TokenBucket(pause.trickle_per_second, 1.0, mono_clock)
+            if pause.trickle_per_second > 0
+            else None
+        )
+        #: Canary requests admitted through a chosen pause (the trickle).
+        self.trickled = 0
+        self._through: set[int] = set()  # id() of queued requests admitted by the trickle
+        #: Why replays pause now, in words (:func:`pause_explanation`); ``""`` while not.
+        self.pause_text = ""
         self.offered = 0
         self.not_sampled = 0
         self.admitted = 0
@@ -419,13 +472,26 @@ class Sampler:
         """Re-read the load state; update ``paused`` and the pause-transition counters."""
         if self._load_state is None:
             reasons: frozenset[str] = frozenset()
+            self.pause_text = ""
         else:
+            loads, now = self._load_state(), self._mono_clock()
             reasons = pause_reasons(
-                self._load_state(),
-                self._mono_clock(),
+                loads,
+                now,
                 on_waiting=self._on_waiting,
                 running_fraction=self._running_fraction,
                 max_age_seconds=self._max_age,
+            )
+            self.pause_text = (
+                pause_explanation(
+                    loads,
+                    now,
+                    on_waiting=self._on_waiting,
+                    running_fraction=self._running_fraction,
+                    max_age_seconds=self._max_age,
+                )
+                if reasons
+                else ""
             )
         for r in reasons - self.paused:
             self.pauses[r] += 1
@@ -444,11 +510,13 @@ class Sampler:
             )
         return self._buckets[category]
 
-    def offer(self, req: ShadowRequest, *, force: bool = False) -> str:
+    def offer(self, req: ShadowRequest, *, force: bool = False, trickle: bool = False) -> str:
         """Try to admit ``req``; returns ``"admitted"`` or the reason it was not.
 
         ``force`` skips the probability step (canary items are all meant to be replayed) but not
-        quotas, pauses, rate limit or the queue bound.
+        quotas, pauses, rate limit or the queue bound. ``trickle`` (canary items) lets the
+        request through a pause specwatch chose (:data:`CHOSEN_PAUSES`, never a stale load
+        reading) at most ``trickle_per_second`` times a second (:attr:`trickled`).
         """
         self.offered += 1
         bounded = self.categories(req.category)
@@ -464,7 +532,13 @@ class Sampler:
         bucket = self._bucket(req.category)
         if bucket is not None and not bucket.take():
             return self._drop("category_quota")
-        if self.current_pause():
+        paused = self.current_pause()
+        if paused and not (
+            trickle
+            and self._trickle is not None
+            and paused <= CHOSEN_PAUSES
+            and self._trickle.take()
+        ):
             return self._drop("paused")
         if not self._rps.take():
             return self._drop("rate_limit")
@@ -472,8 +546,19 @@ class Sampler:
             self.queue.put_nowait(req)
         except asyncio.QueueFull:
             return self._drop("queue_full")
+        if paused:
+            self.trickled += 1
+            self._through.add(id(req))
         self.admitted += 1
         return "admitted"
+
+    def passes_pause(self, req: ShadowRequest) -> bool:
+        """``req`` (taken from :attr:`queue`) was admitted by the trickle: the replay worker
+        runs it without waiting for the pause to end. Asked once per request."""
+        if id(req) in self._through:
+            self._through.discard(id(req))
+            return True
+        return False
 
     def _drop(self, reason: str) -> str:
         self.dropped[reason] += 1

@@ -212,6 +212,12 @@ class ShadowSettings(BaseModel):
     `canary_file`)."""
     canary_rate_per_second: float = Field(default=0.2, gt=0)
     """Canary requests sent per second."""
+    canary_min_rate_per_second: float = Field(default=0.01, ge=0)
+    """Canary requests still replayed per second while replays pause for load (requests waiting
+    or running near `max_num_seqs`, never a stale load reading), so the quality verdict keeps
+    moving when live traffic starves the shadow side; 0 turns the trickle off. Never more than
+    `canary_rate_per_second` (the lower of the two is used): one short request every 100 s
+    adds next to nothing to a busy server."""
     canary_loop: bool = True
     """Start the canary file again when it ends (false: send it once)."""
     canary_model: str | None = None

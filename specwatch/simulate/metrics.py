@@ -24,7 +24,7 @@ from prometheus_client import (
 
 from specwatch.simulate.config import SimConfig
 from specwatch.simulate.engine_core import SimRequest, StepStats
-from specwatch.vllm.families import BY_KEY
+from specwatch.vllm.families import BY_KEY, CACHE_CONFIG_INFO
 
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -189,7 +189,9 @@ class SimMetrics:
         )
         cache_labels = ["engine", *CACHE_CONFIG_LABELS]
         self.cache_info = gauge(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", cache_labels
+            CACHE_CONFIG_INFO,
+            "Information of the LLMEngine CacheConfig",
+            cache_labels,
         )
         self.sleep_state = gauge(
             "vllm:engine_sleep_state",
@@ -207,7 +209,9 @@ class SimMetrics:
             BY_KEY["prompt_tokens"].base, "Number of prefill tokens processed."
         )
         self.prompt_by_source = counter(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*lab, "source"]
+            BY_KEY["prompt_tokens_by_source"].base,
+            "Number of prompt tokens by source.",
+            [*lab, "source"],
         )
         self.prompt_cached = counter(
             "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
@@ -216,11 +220,12 @@ class SimMetrics:
             BY_KEY["generation_tokens"].base, "Number of generation tokens processed."
         )
         self.prefix_queries = counter(
-            "vllm:prefix_cache_queries",
+            BY_KEY["prefix_cache_queries"].base,
             "Prefix cache queries, in terms of number of queried tokens.",
         )
         self.prefix_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            BY_KEY["prefix_cache_hits"].base,
+            "Prefix cache hits, in terms of number of cached tokens.",
         )
         # frontend admission: one series per reason, no engine label, created at 0
         admission = counter(
@@ -238,7 +243,7 @@ class SimMetrics:
         )
         rt = request_tokens_buckets(c.max_model_len)
         self.h_prompt = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", rt
+            BY_KEY["prompt_length"].base, "Number of prefill tokens processed.", rt
         )
         self.h_gen = histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", rt

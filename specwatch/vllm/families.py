@@ -37,6 +37,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:spec_decode_efficiency", "gauge", "spec_decode_efficiency"),
     Family("vllm:generation_tokens_total", "counter", "generation_tokens"),
     Family("vllm:prompt_tokens_total", "counter", "prompt_tokens"),
+    # the prompt total by where it came from: local_compute, local_cache_hit, external_kv_transfer
+    Family("vllm:prompt_tokens_by_source_total", "counter", "prompt_tokens_by_source"),
+    Family("vllm:prefix_cache_queries_total", "counter", "prefix_cache_queries"),
+    Family("vllm:prefix_cache_hits_total", "counter", "prefix_cache_hits"),
     Family("vllm:num_preemptions_total", "counter", "preemptions"),
     Family("vllm:request_success_total", "counter", "requests_finished"),
     Family("vllm:num_requests_running", "gauge", "running"),
@@ -48,9 +52,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("vllm:inter_token_latency_seconds", "histogram", "itl"),
     Family("vllm:time_per_output_token_seconds", "histogram", "itl_old"),
     Family("vllm:time_to_first_token_seconds", "histogram", "ttft"),
+    Family("vllm:request_prompt_tokens", "histogram", "prompt_length"),
     Family("process_start_time_seconds", "gauge", "process_start_time_seconds"),
 )
 
+
+#: Info gauges of the whole page (no ``model_name``; many labels), read apart from
+#: :data:`FAMILIES` by :func:`specwatch.observe.parse.read_info`, never as an engine's values.
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 #: Family by ``key``.
 BY_KEY: dict[str, Family] = {f.key: f for f in FAMILIES}

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +41,10 @@ from specwatch.alerts.alertmanager import (
     Outbox,
     build_payload,
     build_ssl_context,
+    date_offset,
 )
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
-from specwatch.alerts.values import AlertingState
+from specwatch.alerts.values import AlertingState, PeerState
 from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
@@ -49,16 +53,22 @@ from tests.fakes import FakeWallClock
 
 @dataclass
 class FakeAM:
-    """Records every POST; answers with the queued statuses, then 200."""
+    """Records every POST; answers with the queued statuses, then 200. Its ``Date`` header is
+    ``clock() + skew`` when ``clock`` is set (a peer whose clock differs from specwatch's by
+    ``skew`` seconds), else empty (no clock to read: the tests' fake clocks are not the real
+    time a real ``Date`` would carry)."""
 
     statuses: list[int] = field(default_factory=list)
     requests: list[tuple[dict[str, str], list[dict[str, Any]]]] = field(default_factory=list)
+    clock: Callable[[], float] | None = None
+    skew: float = 0.0
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append((dict(request.headers), body))
         status = self.statuses.pop(0) if self.statuses else 200
-        return web.Response(status=status, text="fake")
+        date = "" if self.clock is None else formatdate(self.clock() + self.skew, usegmt=True)
+        return web.Response(status=status, text="fake", headers={"Date": date})
 
 
 @pytest.fixture
@@ -82,7 +92,7 @@ async def silent_am() -> AsyncIterator[str]:
 
     async def hang(request: web.Request) -> web.Response:
         await release.wait()
-        return web.Response(status=200)
+        return web.Response(status=200, headers={"Date": ""})
 
     app = web.Application()
     app.router.add_post("/api/v2/alerts", hang)
@@ -176,7 +186,8 @@ class TestPayload:
         assert format_rfc3339(1_800_000_000.0) == "2027-01-15T08:00:00.000Z"
 
     def test_firing_gets_lease_resolved_keeps_end(self) -> None:
-        """A firing delivery ends at now+lease; a resolved one at its resolution time."""
+        """A firing delivery ends at now+lease; a resolved one 2 s before its resolution time
+        (the clock tolerance), never before its start; an offset shifts both times."""
         fire = Delivery({"alertname": "A"}, {"summary": "s", "description": ""}, 100.0, None)
         done = Delivery({"alertname": "B"}, {"summary": "s"}, 50.0, 90.0, "http://sw/")
         body = build_payload([fire, done], now=200.0, lease=240.0)
@@ -186,14 +197,21 @@ class TestPayload:
             "startsAt": format_rfc3339(100.0),
             "endsAt": format_rfc3339(440.0),
         }
-        assert body[1]["endsAt"] == format_rfc3339(90.0)
+        assert body[1]["endsAt"] == format_rfc3339(88.0)
         assert body[1]["generatorURL"] == "http://sw/"
+        quick = Delivery({"alertname": "C"}, {}, 89.0, 90.0)
+        assert build_payload([quick], now=200.0, lease=240.0)[0]["endsAt"] == format_rfc3339(89.0)
+        shifted = build_payload([fire, done], now=200.0, lease=240.0, offset=-360.0)
+        assert [(a["startsAt"], a["endsAt"]) for a in shifted] == [
+            (format_rfc3339(-260.0), format_rfc3339(80.0)),
+            (format_rfc3339(-310.0), format_rfc3339(-272.0)),
+        ]
 
 
 class TestActiveAlerts:
     def test_lifecycle(self) -> None:
         """New → sent; within resend interval → quiet; after it → resent with the same start;
-        cleared → one resolve with endsAt = now, then nothing."""
+        cleared → a resolve with endsAt = now, quiet until the next resend interval."""
         aa = ActiveAlerts(resend_interval=60.0, external_labels={"cluster": "c1"})
         first = aa.update([drop()], 1000.0)
         assert len(first) == 1
@@ -211,8 +229,25 @@ class TestActiveAlerts:
         assert again[0].ends_at is None
         resolved = aa.update([], 1070.0)
         assert [(d.starts_at, d.ends_at) for d in resolved] == [(1000.0, 1070.0)]
-        assert aa.update([], 1200.0) == []
+        assert aa.update([], 1129.0) == []
         assert aa.firing() == ()
+
+    def test_resolved_alert_is_resent_for_fifteen_minutes(self) -> None:
+        """Resolved at 1000 s with a 60 s resend interval and evaluations every 15 s: the
+        resolve goes out at 1000 and is re-sent with the same endsAt at 1060, 1120, ..., 1840
+        (every 60 s while under 900 s old: 1 + 14 sends), then never again; firing again at
+        2000 s is a new alert (startsAt 2000)."""
+        aa = ActiveAlerts(resend_interval=60.0)
+        aa.update([drop()], 400.0)
+        sent: list[tuple[float, float, float | None]] = []
+        now = 1000.0
+        while now < 2000.0:
+            sent += [(now, d.starts_at, d.ends_at) for d in aa.update([], now)]
+            now += 15.0
+        assert [t for t, _, _ in sent] == [1000.0 + 60.0 * i for i in range(15)]
+        assert {(s, e) for _, s, e in sent} == {(400.0, 1000.0)}
+        (again,) = aa.update([drop()], 2000.0)
+        assert (again.starts_at, again.ends_at) == (2000.0, None)
 
     def test_from_settings_carries_the_groups_labels_and_urls(self) -> None:
         """``from_settings``: external labels plus namespace and pod on every delivery, the
@@ -238,23 +273,26 @@ class TestActiveAlerts:
         assert aa.update([drop()], 119.0) == []
         assert len(aa.update([drop()], 120.0)) == 1
 
-    def test_changed_annotation_resends_now(self) -> None:
-        """A new description is sent at once, without waiting for the resend interval."""
+    def test_changed_annotation_waits_for_the_resend(self) -> None:
+        """Annotations carry live values (the acceptance now): a description that changes at
+        every 15 s evaluation posts nothing before the 60 s resend interval, and the resend
+        carries the latest one: 2 sends in 75 s, not 6."""
         aa = ActiveAlerts(resend_interval=60.0)
-        aa.update([drop()], 0.0)
-        newer = Alert(
-            "SpecAcceptanceDrop",
-            Severity.WARNING,
-            "acceptance dropped",
-            "worse",
-            {
-                "target": "vllm-fly",
-                "engine": "3",
-            },
-        )
-        out = aa.update([newer], 5.0)
-        assert [d.annotations["description"] for d in out] == ["worse"]
-        assert out[0].starts_at == 0.0
+        out: list[Delivery] = []
+        for i in range(6):
+            live = Alert(
+                "SpecAcceptanceDrop",
+                Severity.WARNING,
+                "acceptance dropped",
+                f"alpha is now 0.{40 - i}",
+                {"target": "vllm-fly", "engine": "3"},
+            )
+            out += aa.update([live], 15.0 * i)
+        assert [d.annotations["description"] for d in out] == [
+            "alpha is now 0.40",
+            "alpha is now 0.36",
+        ]
+        assert [d.starts_at for d in out] == [0.0, 0.0]
 
     def test_external_labels_do_not_override(self) -> None:
         """An alert's own label wins over an external label of the same name."""
@@ -403,7 +441,7 @@ class TestSender:
         assert last["1"]["startsAt"] == format_rfc3339(1000.0)
         assert last["1"]["endsAt"] == format_rfc3339(1015.0 + 240.0)
         assert last["2"]["startsAt"] == format_rfc3339(1000.0)
-        assert last["2"]["endsAt"] == format_rfc3339(1015.0)
+        assert last["2"]["endsAt"] == format_rfc3339(1013.0)
         assert loop.state.outbox_depth == 0
 
     async def test_connect_error_counted(self) -> None:
@@ -508,12 +546,15 @@ async def test_on_state_and_alerts_json() -> None:
 
 class TestFamilies:
     def test_exposition(self) -> None:
-        """AlertsCollector renders firing gauges, error counters and outbox depth."""
+        """AlertsCollector renders firing gauges and, per peer, accepted alerts, error counters
+        (every reason from 0), outbox depth, last send, last error time and clock offset."""
         aa = ActiveAlerts(resend_interval=60.0, external_labels={"cluster": "c"})
         aa.update([drop()], 0.0)
-        state = AlertingState(
-            firing=aa.firing(), send_errors={"http_5xx": 2, "timeout": 0}, outbox_depth=3
+        peers = (
+            PeerState("http://am-0:9093", 5, {"http_5xx": 2}, 3, False, "http_5xx", 1700.0, -360.5),
+            PeerState("http://am-1:9093", 7),
         )
+        state = AlertingState(firing=aa.firing(), peers=peers)
 
         reg = CollectorRegistry()
         reg.register(AlertsCollector(lambda: state))
@@ -522,9 +563,18 @@ class TestFamilies:
             'specwatch_alert_firing{alertname="SpecAcceptanceDrop",engine="3",'
             'severity="warning",target="vllm-fly"} 1.0'
         ) in text
-        assert 'specwatch_alertmanager_send_errors_total{reason="http_5xx"} 2.0' in text
-        assert 'specwatch_alertmanager_send_errors_total{reason="connect"} 0.0' in text
-        assert "specwatch_alertmanager_outbox_depth 3.0" in text
+        am0, am1 = 'peer="http://am-0:9093"', 'peer="http://am-1:9093"'
+        assert f'specwatch_alertmanager_send_errors_total{{{am0},reason="http_5xx"}} 2.0' in text
+        assert f'specwatch_alertmanager_send_errors_total{{{am0},reason="connect"}} 0.0' in text
+        assert f'specwatch_alertmanager_send_errors_total{{{am1},reason="http_5xx"}} 0.0' in text
+        assert f"specwatch_alertmanager_sent_alerts_total{{{am1}}} 7.0" in text
+        assert f"specwatch_alertmanager_outbox_depth{{{am0}}} 3.0" in text
+        assert f"specwatch_alertmanager_last_send_success{{{am0}}} 0.0" in text
+        assert f"specwatch_alertmanager_last_error_timestamp_seconds{{{am0}}} 1700.0" in text
+        assert f"specwatch_alertmanager_clock_offset_seconds{{{am0}}} -360.5" in text
+        assert f"specwatch_alertmanager_last_send_success{{{am1}}}" not in text
+        assert f"specwatch_alertmanager_clock_offset_seconds{{{am1}}}" not in text
+        assert (state.send_errors["http_5xx"], state.outbox_depth) == (2, 3)
         assert "cluster" not in text
 
 
@@ -696,3 +746,135 @@ def test_restored_alert_found_again_is_ordinary() -> None:
     assert sent.starts_at == 100.0
     (gone,) = active.update([], 160.0)
     assert (gone.starts_at, gone.ends_at) == (100.0, 160.0)
+
+
+class TestPeers:
+    async def test_counters_and_last_error_are_per_peer(self) -> None:
+        """Two peers, one answering 503 then 200, one 200: the errors, the accepted alerts and
+        the last-error state belong to the peer they happened on."""
+        ams = [FakeAM(statuses=[503]), FakeAM()]
+        servers = []
+        for am in ams:
+            app = web.Application()
+            app.router.add_post("/api/v2/alerts", am.handle)
+            server = TestServer(app, port=0)
+            await server.start_server()
+            servers.append(server)
+        urls = [str(s.make_url("")).rstrip("/") for s in servers]
+        clock = FakeWallClock(1000.0)
+        try:
+            async with aiohttp.ClientSession() as session:
+                settings = AlertingSettings(urls=urls, max_attempts=1)
+                findings = [drop()]
+                loop = AlertLoop(
+                    settings, session, lambda: findings, wall_clock=clock, sleep=Sleeps()
+                )
+                await loop.tick()
+                bad, good = loop.state.peers
+                assert (bad.peer, bad.errors["http_5xx"], bad.sent_alerts) == (urls[0], 1, 0)
+                assert (bad.last_send_ok, bad.last_error, bad.last_error_at) == (
+                    False,
+                    "http_5xx",
+                    1000.0,
+                )
+                assert (bad.outbox_depth, good.outbox_depth) == (1, 0)
+                assert (good.errors["http_5xx"], good.sent_alerts, good.last_send_ok) == (
+                    0,
+                    1,
+                    True,
+                )
+                clock.advance(15)
+                await loop.tick()  # the queued alert reaches the first peer now
+                bad, good = loop.state.peers
+                assert (bad.sent_alerts, bad.last_send_ok, bad.last_error_at) == (1, True, 1000.0)
+                assert good.sent_alerts == 1  # nothing due for it within the resend interval
+        finally:
+            for server in servers:
+                await server.close()
+
+
+def parse_rfc3339(text: str) -> float:
+    """Unix seconds of an RFC 3339 time as the payload writes it (``...Z``)."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+class TestClockOffset:
+    @pytest.mark.parametrize("skew", [-360.0, 360.0])
+    async def test_peer_six_minutes_off_gets_times_in_its_clock(
+        self, fake_am: tuple[FakeAM, str], skew: float, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A peer whose ``Date`` is 6 minutes behind or ahead of specwatch's clock (resend 60 s,
+        lease 240 s, shorter than the skew): the first post, built before any answer, is
+        posted again at once in the peer's clock; from then on every firing alert ends
+        ``now + 240 s`` and every resolve 2 s before its resolution time, both in the peer's clock
+        (Alertmanager sees a live lease, then a resolve in its past). Uncompensated, the slow
+        case's lease would end 120 s in the peer's past (accepted, never notified) and the
+        fast case's resolve 360 s in its future (the alert hangs on). The offset is exported
+        and warned about once."""
+        am, url = fake_am
+        clock = FakeWallClock(1_800_000_000.0)
+        am.clock, am.skew = clock, skew
+        findings = [drop()]
+        async with aiohttp.ClientSession() as session:
+            settings = AlertingSettings(urls=[url], resend_interval=60, evaluation_interval=15)
+            loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=Sleeps())
+            with caplog.at_level(logging.WARNING, logger="specwatch.alerts.alertmanager"):
+                await loop.tick()
+                clock.advance(60)
+                await loop.tick()
+                findings.clear()
+                clock.advance(15)
+                await loop.tick()
+        assert len(am.requests) == 4
+        peer_time = [
+            parse_rfc3339(a["endsAt"]) - (t + skew)
+            for (_, [a]), t in zip(
+                am.requests,
+                [1_800_000_000.0, 1_800_000_000.0, 1_800_000_060.0, 1_800_000_075.0],
+                strict=True,
+            )
+        ]
+        # the first post is in specwatch's clock, the rest in the peer's: endsAt - peer now
+        assert peer_time[0] == pytest.approx(240.0 - skew, abs=1.0)
+        assert peer_time[1:] == pytest.approx([240.0, 240.0, -2.0], abs=1.0)
+        starts = [parse_rfc3339(a["startsAt"]) for _, [a] in am.requests[1:]]
+        assert starts == pytest.approx([1_800_000_000.0 + skew] * 3, abs=1.0)
+        (peer,) = loop.state.peers
+        assert peer.clock_offset == pytest.approx(skew, abs=1.0)
+        warned = [r for r in caplog.records if "clock differs" in r.getMessage()]
+        assert len(warned) == 1
+
+    async def test_offset_near_the_tolerance_does_not_flap(
+        self, fake_am: tuple[FakeAM, str]
+    ) -> None:
+        """A peer whose ``Date`` reads 2 s, then 1 s, then 0 s (twice) ahead (read as 2.5, 1.5 and
+        0.5 s: whole seconds plus their mean truncation): compensation starts at 2.5 (>= 2 s),
+        stays on at 1.5 (not under 1 s), and stops at 0.5. A post is built with the offset of
+        the answer before it (the first one's answer causes the only re-post: the offset moved
+        by 2 s or more, the later moves are under that)."""
+        am, url = fake_am
+        clock = FakeWallClock(1_800_000_000.0)
+        am.clock = clock
+        findings = [drop()]
+        async with aiohttp.ClientSession() as session:
+            settings = AlertingSettings(urls=[url], resend_interval=15, evaluation_interval=15)
+            loop = AlertLoop(settings, session, lambda: findings, wall_clock=clock, sleep=Sleeps())
+            applied = []
+            for skew in (2.0, 1.0, 0.0, 0.0):
+                am.skew = skew
+                await loop.tick()
+                (peer,) = loop.state.peers
+                sent = parse_rfc3339(am.requests[-1][1][0]["startsAt"]) - 1_800_000_000.0
+                applied.append((round(peer.clock_offset or 0.0, 1), round(sent, 1)))
+                clock.advance(15)
+        assert applied == [(2.5, 2.5), (1.5, 2.5), (0.5, 1.5), (0.5, 0.0)]
+        assert len(am.requests) == 5  # the first answer showed the offset: one re-post
+
+    def test_date_offset_reads_the_header(self) -> None:
+        """``Date: Sun, 06 Dec 2026 20:00:00 GMT`` (1796587200, worked out by hand: 20793 days
+        after 1970-01-01 times 86400 plus 20 h) answered to a request made between 1796587559
+        and 1796587561 locally: the peer is 360 - 0.5 s behind; no or bad header: None."""
+        offset = date_offset("Sun, 06 Dec 2026 20:00:00 GMT", 1796587559.0, 1796587561.0)
+        assert offset == pytest.approx(-359.5)
+        assert date_offset("", 0.0, 0.0) is None
+        assert date_offset("not a date", 0.0, 0.0) is None

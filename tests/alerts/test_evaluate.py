@@ -232,6 +232,7 @@ def test_one_engine_of_eight_decays() -> None:
         "model_name": MODEL,
         "scope": "engine",
         "engine": "3",
+        "cause": "undetermined",
     }
     assert "is 0.01 " in alert.description
     assert "2% of it" in alert.description
@@ -702,7 +703,10 @@ def test_engine_keeps_its_label_when_the_server_drops_too() -> None:
         ("server", None, pytest.approx(0.4 / (453600 / 780000))),
         ("engine", "3", 0.0),
     ]
-    assert fired[1].summary == "Speculative-decoding acceptance dropped on engine 3 of standard."
+    assert fired[1].summary == (
+        "Speculative-decoding acceptance dropped on engine 3 of standard (cause undetermined: "
+        "drafter_change or traffic_change)."
+    )
 
 
 def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
@@ -731,10 +735,14 @@ def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
         "role": "fly",
         "model_name": MODEL,
         "scope": "server",
+        # every conditional rate kept (the page shows no prompt lengths to judge the drafter's
+        # context limit by): whole drafts rejected or a changed drafter remain
+        "cause": "undetermined",
     }
     assert alert.value == pytest.approx(0.4 / 0.6)
     assert alert.summary == (
-        "Acceptance on fly is below 80% of its best sustained level in the last 6h."
+        "Acceptance on fly is below 80% of its best sustained level in the last 6h (cause "
+        "undetermined: drafter_context_limit or drafter_change)."
     )
 
 

@@ -68,10 +68,14 @@ def test_tau_for_smaller_k_on_the_ngram_capture() -> None:
 
 def test_ngram_budget_rows_and_advice() -> None:
     """ngram (S = 0), N = 128, B = 512, no requests running on the page, so concurrency 128.
-    K=4: D_full = 512 // 5 = 102, the other 26 requests get 1 token: 102·(1 + 184/488) + 26 =
-    166.45; K=3: 512 // 4 = 128 in full: 128·(1 + 176/488) = 174.16 (+4.6%, the best); K=2:
-    128·(1 + 164/488) = 171.02, within 2 % of the best (174.16 / 1.02 = 170.75), so the smaller
-    K=2 is advised (+2.7 % over K=4); the budget for all 128 at K=4 is 128·5 = 640."""
+    Only 488 of the 2656 − 184 = 2472 request steps drafted (coverage 0.197): a request emits
+    1 + (488/2472)·(τ(K) − 1) = 1 + Σ_{i<K} per_pos[i] / 2472 tokens a step.
+    K=4: D_full = 512 // 5 = 102, the other 26 requests get 1 token: 102·(1 + 184/2472) + 26 =
+    135.59; K=3: 512 // 4 = 128 in full: 128·(1 + 176/2472) = 137.11 (the best); K=1:
+    128·(1 + 146/2472) = 135.56, within 2 % of the best (137.11 / 1.02 = 134.42), and K=3 is
+    not 2 % above K=4: no K pays, K=1 is enough (planned as if every step drafted, K=2 looked
+    2.7 % better: 171.0 vs 166.5); the budget for all 128 at K=4 is 128·5 = 640, a gain under
+    2 % at this coverage, so no budget line."""
     doc = _json(
         str(FIXTURES / "real-cpu-ngram.txt"),
         "--max-num-seqs",
@@ -84,13 +88,17 @@ def test_ngram_budget_rows_and_advice() -> None:
     by_k = {r["k"]: r for r in doc["by_k"]}
     assert doc["concurrency"] == 128
     assert by_k[4]["decode_full_per_step_requests"] == 102
-    assert by_k[4]["expected_tokens_per_step"] == pytest.approx(102 * (1 + 184 / 488) + 26)
-    assert by_k[3]["expected_tokens_per_step"] == pytest.approx(128 * (1 + 176 / 488))
+    assert doc["step_coverage"] == pytest.approx(488 / 2472)
+    assert doc["speculation_coverage"] == pytest.approx((184 + 488) / 2656)
+    assert by_k[4]["expected_tokens_per_step"] == pytest.approx(102 * (1 + 184 / 2472) + 26)
+    assert by_k[3]["expected_tokens_per_step"] == pytest.approx(128 * (1 + 176 / 2472))
     assert [by_k[k]["budget_for_max_num_seqs"] for k in (1, 2, 3, 4)] == [256, 384, 512, 640]
     assert doc["advice"][0].startswith(
-        "K=2 should give more throughput than K=4: 171.0 vs 166.5 expected tokens per step (+2.7%)"
+        "no K pays: every K from 1 to 4 gives within 2 % of the best 137.1 expected tokens per "
+        "step (K=4: 135.6), so K=1 is enough"
     )
-    assert any("max_num_batched_tokens=640" in a for a in doc["advice"])
+    assert not any("max_num_batched_tokens=640" in a for a in doc["advice"])
+    assert any(a.startswith("only 20% of request steps drafted") for a in doc["advice"])
 
 
 @pytest.mark.parametrize(
@@ -201,8 +209,9 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
     at 8 (280/8 = 35, 0.875×). The log ratio is ln 1.6 at 1 and ln 0.875 at 8, a straight line
     in ln(running) between them: zero at t = ln 1.6 / (ln 1.6 − ln 0.875) = 0.7788, so 8^0.7788 =
     5.05 running, interpolated (the bands would say "from 8"). A baseline series (no
-    speculation, 50 per request at both) is the reference when given: the log ratio is ln 1.6
-    at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7)) = 3.53."""
+    speculation, 50 per request at both) is compared first when given, each comparison
+    labelled: the log ratio is ln 1.6 at 1 and ln 0.7 at 8, zero at 8^(ln 1.6 / ln(1.6/0.7))
+    = 3.26."""
 
     def pages(name: str, at1: int, at8: int) -> list[str]:
         counts = [(1.0, float(at1 * i)) for i in range(9)]
@@ -220,15 +229,19 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
         "10",
     )
     lim = doc["speculation_limit"]
-    assert lim["status"] == "reached"
-    assert lim["reference"] == "standard"
+    (std_cmp,) = lim["comparisons"]
+    assert (std_cmp["reference"], std_cmp["status"]) == ("standard", "reached")
     t = math.log(1.6) / (math.log(1.6) - math.log(0.875))
-    assert lim["running"] == pytest.approx(8**t, rel=1e-6)
+    assert std_cmp["running"] == pytest.approx(8**t, rel=1e-6)
     assert [b["band"] for b in lim["bands"]] == ["1", "8-15"]
     assert [round(b["speed_ratio"], 6) for b in lim["bands"]] == [1.6, 0.875]
     assert [b["standard_speed"] for b in lim["bands"]] == [50.0, 40.0]
     assert lim["text"] in doc["advice"]
-    assert lim["text"].startswith("speculation stops paying at about 5 running requests")
+    assert lim["text"] == std_cmp["text"]
+    assert lim["text"].startswith(
+        "FLy vs standard speculation: stops paying from about 5 running requests (95 % "
+        "interval 1-8)"
+    )
     table = _advise(
         str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
         "--standard-series",
@@ -253,9 +266,12 @@ def test_speculation_limit_from_saved_series(tmp_path: Path) -> None:
         "--series-interval",
         "10",
     )["speculation_limit"]
-    assert with_base["reference"] == "baseline"
-    assert with_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
-    assert "no faster than the no-speculation baseline" in with_base["text"]
+    against_base, against_std = with_base["comparisons"]
+    assert against_base["reference"] == "baseline"
+    assert against_base["running"] == pytest.approx(8 ** (math.log(1.6) / math.log(1.6 / 0.7)))
+    assert against_std == std_cmp
+    assert with_base["text"] == f"{against_base['text']}. {std_cmp['text']}"
+    assert with_base["text"].startswith("FLy vs no speculation: stops paying from about 3 running")
     # without the series: null; one series alone or no interval: exit 2, one line
     assert _json(str(FIXTURES / "real-cpu-draft-model-midflight.txt"))["speculation_limit"] is None
     bad = _advise(
@@ -294,11 +310,16 @@ def test_sglang_page_says_what_it_can_and_cannot_tell(capsys: pytest.CaptureFixt
 
 
 def _running_page(tmp_path: Path, running: float) -> str:
-    """The ngram capture with ``running`` requests on its running gauge."""
+    """The ngram capture with ``running`` requests on its running gauge, and as if every step
+    had drafted: generated tokens = drafts + accepted = 488 + 184 = 672 (coverage 1), so the
+    budget arithmetic is τ's alone."""
     text = (FIXTURES / "real-cpu-ngram.txt").read_text(encoding="utf-8")
     old = 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0'
+    gen = 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 2656.0'
     assert old in text
+    assert gen in text
     path = tmp_path / f"running-{running:g}.txt"
+    text = text.replace(gen, 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 672.0')
     path.write_text(
         text.replace(old, f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}'),
         encoding="utf-8",
@@ -340,16 +361,18 @@ def test_budget_gain_quoted_at_the_observed_concurrency_and_at_max_num_seqs(
 
 
 def test_all_k_tie_goes_to_the_smallest_k_through_the_cli() -> None:
-    """The draft-model pair (τ = 1 + 33/2603 for every K) with N = 256 and a budget of 8192
-    that serves all 256 requests with full drafts at every K: each K gives 256 · 1.0126777 =
-    259.2 tokens per step, so no K pays and the smallest, K=1, is named (not K=4)."""
+    """The draft-model pair (τ = 1 + 33/2603 for every K; 2603 of the 2656 − 33 = 2623 request
+    steps drafted, so a request emits 1 + (2603/2623)(33/2603) = 1 + 33/2623 tokens a step) with
+    N = 256 and a budget of 8192 that serves all 256 requests with full drafts at every K: each
+    K gives 256 · 1.0125810 = 259.2 tokens per step, so no K pays and the smallest, K=1, is
+    named (not K=4)."""
     doc = _json(
         str(FIXTURES / "real-cpu-draft-model-midflight.txt"),
         str(FIXTURES / "real-cpu-draft-model.txt"),
         "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--method", "draft_model",
     )  # fmt: skip
     toks = [r["expected_tokens_per_step"] for r in doc["by_k"]]
-    assert toks == pytest.approx([256 * (1 + 33 / 2603)] * 4)
+    assert toks == pytest.approx([256 * (1 + 33 / 2623)] * 4)
     assert doc["advice"][0] == (
         "no K pays: every K from 1 to 4 gives within 2 % of the best 259.2 expected tokens per "
         "step (K=4: 259.2), so K=1 is enough; a larger K costs drafter compute this model "

@@ -111,7 +111,7 @@ class TestAnalyze:
 
 def test_format_defaults_to_a_table_on_a_terminal_and_json_in_a_pipe() -> None:
     """No ``--format``: a table on a terminal, JSON in a pipe; a given format always wins."""
-    from specwatch.cli.analyze import output_format
+    from specwatch.cli.args import output_format
 
     assert output_format(None, tty=True) == "table"
     assert output_format(None, tty=False) == "json"

@@ -48,7 +48,7 @@ def test_minimum_table_values(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_table_text(capsys: pytest.CaptureFixture[str]) -> None:
     """The printed block names concurrency, percentiles, acceptance and unsent defaults."""
-    rc, out, _ = _run(capsys, str(FIXTURE))
+    rc, out, _ = _run(capsys, str(FIXTURE), "--format", "table")
     assert rc == 0
     lines = out.splitlines()
     assert "concurrency / request rate            2 / inf" in lines
@@ -78,7 +78,7 @@ def test_appended_results_and_missing_percentiles(
     assert [r["max_concurrency"] for r in rows] == [2, 8]
     assert rows[1]["ttft_ms"]["90"] is None
     assert rows[1]["acceptance_rate"] is None
-    rc, out, _ = _run(capsys, str(path))
+    rc, out, _ = _run(capsys, str(path), "--format", "table")
     assert "acceptance rate                       n/a (no spec decode metrics)" in out
 
 

@@ -93,7 +93,7 @@ def test_dashboard_variables_substituted() -> None:
 def test_unreachable_prometheus_is_one_fail(capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing listens: one FAIL line for check prometheus, exit 1."""
     url = f"http://127.0.0.1:{free_port()}"
-    rc = main(["doctor", "--prometheus-url", url, "--timeout", "5"])
+    rc = main(["doctor", "--prometheus-url", url, "--timeout", "5", "--format", "table"])
     out = capsys.readouterr().out.splitlines()
     assert rc == 1
     assert len(out) == 1

@@ -19,6 +19,7 @@ from deploy.mixin.render import load_rules
 from specwatch.__main__ import main
 from specwatch.tools.doctor.stack import (
     check_inhibit_rules,
+    check_mirror_coverage,
     label_replace_labels,
     mirror_percentages,
     promql_matchers,
@@ -321,7 +322,7 @@ def test_mirror_coverage_against_configured_percent(
     assert len(mirror) == 1
     assert mirror[0][0] == status
     assert mirror[0][1].startswith(message)
-    assert "HTTPRoute vllm-mirror (5 %)" in mirror[0][1]
+    assert "HTTPRoute vllm-mirror rule 1 (5 %)" in mirror[0][1]
     assert rc == (0 if status == "ok" else 1)
 
 
@@ -357,8 +358,79 @@ def test_mirror_percentages_of_both_meshes() -> None:
         },
     }
     assert mirror_percentages([vs, route]) == [
-        ("VirtualService vs", 5.0),
-        ("VirtualService vs", 100.0),
-        ("HTTPRoute r", 2.0),
-        ("HTTPRoute r", 100.0),
+        ("VirtualService vs route 1", 5.0),
+        ("VirtualService vs route 2", 100.0),
+        ("HTTPRoute r rule 1", 2.0),
+        ("HTTPRoute r rule 1", 100.0),
     ]
+
+
+def test_istio_mirror_percent_in_every_form() -> None:
+    """The older single ``mirror`` with each way Istio has written its share: ``mirrorPercentage``
+    / ``mirror_percentage`` (a Percent, ``{value: 7.5}``), the deprecated integer
+    ``mirrorPercent`` / ``mirror_percent`` (plain, or as a UInt32Value ``{value: 10}``), a
+    numeric string; a route's ``name`` names it. An old ``mirror_percent: 10`` is 10 %, not
+    Istio's 100 % default."""
+    forms: list[tuple[dict[str, object], float]] = [
+        ({"mirrorPercentage": {"value": 7.5}}, 7.5),
+        ({"mirror_percentage": {"value": 7.5}}, 7.5),
+        ({"mirrorPercent": 10}, 10.0),
+        ({"mirror_percent": 10}, 10.0),
+        ({"mirror_percent": {"value": 10}}, 10.0),
+        ({"mirrorPercent": "25"}, 25.0),
+        ({}, 100.0),
+    ]
+    routes = [
+        {"name": f"r{i}", "mirror": {"host": "specwatch"}, **f} for i, (f, _) in enumerate(forms)
+    ]
+    vs = {"kind": "VirtualService", "metadata": {"name": "vs"}, "spec": {"http": routes}}
+    assert mirror_percentages([vs]) == [
+        (f"VirtualService vs route r{i}", want) for i, (_, want) in enumerate(forms)
+    ]
+
+
+def test_gateway_api_mirror_percent_and_fraction() -> None:
+    """``percent: 50``; ``fraction`` 3/4 is 75 %, ``fraction`` without denominator is out of 100
+    (Gateway API's default); each rule named by its position."""
+    rules = [
+        {"filters": [{"type": "RequestMirror", "requestMirror": m}]}
+        for m in (
+            {"percent": 50},
+            {"fraction": {"numerator": 3, "denominator": 4}},
+            {"fraction": {"numerator": 20}},
+        )
+    ]
+    route = {"kind": "HTTPRoute", "metadata": {"name": "g"}, "spec": {"rules": rules}}
+    assert mirror_percentages([route]) == [
+        ("HTTPRoute g rule 1", 50.0),
+        ("HTTPRoute g rule 2", 75.0),
+        ("HTTPRoute g rule 3", 20.0),
+    ]
+
+
+def test_coverage_short_of_a_full_mirror_is_flagged_with_numbers() -> None:
+    """A 100 % mirror that delivered 1880 of 2000 live requests (94 %): 120 copies missing,
+    6 % of the 2000 expected, over the 2 % the window's edges explain (40), so a warning with
+    those numbers; 1990 (5 missing, under 40) is fine."""
+    configured = [("VirtualService vs route m", 100.0)]
+    ((status, check, message),) = check_mirror_coverage(configured, 1880, 2000)
+    assert (status, check) == ("warn", "mirror")
+    assert message.startswith(
+        "only 94 % (1880 of 2000 live requests in the last 1h) reached specwatch's mirror, "
+        "VirtualService vs route m (100 %) sends 100 %: 120 of 2000 expected copies (6 %) missing"
+    )
+    assert check_mirror_coverage(configured, 1990, 2000)[0][0] == "ok"
+
+
+def test_several_routes_are_judged_by_their_own_shares() -> None:
+    """Two routes, 100 % and 10 %: specwatch counts copies, not routes, so the share must lie
+    between 10 % and 100 %. 30 % of live requests is within (before, it was judged against
+    the largest, 100 %, and failed); 4 % is under half of the smaller route's 10 % and fails,
+    naming both routes."""
+    configured = [("HTTPRoute g rule 1", 100.0), ("HTTPRoute g rule 2", 10.0)]
+    assert check_mirror_coverage(configured, 600, 2000)[0][0] == "ok"
+    ((status, _check, message),) = check_mirror_coverage(configured, 80, 2000)
+    assert status == "fail"
+    assert "HTTPRoute g rule 1 (100 %), HTTPRoute g rule 2 (10 %) sends between 10 % and 100 %" in (
+        message
+    )

@@ -59,7 +59,7 @@ def test_paired_test_csv_table_and_non_inferior(
     out = json.loads(capsys.readouterr().out)
     assert (out["lost"], out["gained"], out["n"]) == (20, 22, 2000)
     assert out["non_inferiority"]["verdict"] == "non_inferior"
-    assert main(["paired-test", str(base), str(cand), "--margin", "0.02"]) == 0
+    assert main(["paired-test", str(base), str(cand), "--margin", "0.02", "--format", "table"]) == 0
     table = capsys.readouterr().out
     # the verdict first: net gain (22 - 20) / 2000 = 0.1 points, in points like everywhere
     assert table.splitlines()[0].startswith("FLy: net gain 0.1 pts (95 % CI, one-look ")

@@ -218,7 +218,7 @@ class TestReplayCli:
         unresolved), its labels and its summary wrapped between words below it, indented by two
         spaces."""
         d = c08_timeline(tmp_path / "c08")
-        rc, out, _ = _replay(capsys, "--target", f"c08={d},{C08_LIMITS}")
+        rc, out, _ = _replay(capsys, "--target", f"c08={d},{C08_LIMITS}", "--format", "table")
         assert rc == 0
         assert isinstance(out, str)
         lines = out.splitlines()

@@ -48,15 +48,17 @@ def _must_show(p: Pane, cols: int, rows: int) -> str:
 
 def test_80x24_shows_everything_that_matters_and_drops_detail() -> None:
     """80×24 (21 rows under the intro and the cursor): the table, the fault command on one
-    line, the notes and the pairs line stay; the lowest details (replay and load) go."""
+    line, the pairs line and the pointer to what each figure means stay; the lowest details
+    (notes, replay and load) go."""
     p = _show(80, 24)
     text = _must_show(p, 80, 24)
     assert "curl -X POST 127.0.0.1:41232/admin/faults -d '{\"fly_entropy_threshold\":0.05}'" in (
         p.lines
     )
-    assert any(line.startswith("standard  up  0.546  3.18  1,226") for line in p.lines)
+    assert any(line.startswith("standard  up  0.546  3.18  -    1,226") for line in p.lines)
     assert "pairs (since_start) 200, labelled 131: lost 22 gained 7; e-value 15 of 40" in p.lines
-    assert "shadow ledger: /tmp/specwatch-demo-x/ledger.sqlite (removed at exit)" in p.lines
+    assert "what each figure means: docs/demo.md#reading-the-screen" in p.lines
+    assert "shadow ledger:" not in text
     assert "replay:" not in text
     assert "load: sent" not in text
 

@@ -118,14 +118,17 @@ def test_wide_view_rows_show_alpha_tau_running_waiting_per_engine() -> None:
     assert lines[4] == fault_command(CTX.fly_url)
     assert lines[5] == CTX.notes[0]
     assert lines[6].split() == [
-        "target", "up", "α", "τ", "tok/s", "run/max", "wait", "α", "per", "engine",
+        "target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait", "α", "per", "engine",
     ]  # fmt: skip
     assert lines[7].split() == [
-        "standard", "up", "0.650", "3.50", "1,234", "11/16", "3", "e0=0.600", "e1=0.700",
+        "standard", "up", "0.650", "3.50", "-", "1,234", "11/16", "3", "e0=0.600", "e1=0.700",
     ]  # fmt: skip
-    assert lines[8].split()[:7] == ["fly", "up", "0.750", "3.50", "1,234", "12/16", "3"]
+    assert lines[8].split()[:8] == ["fly", "up", "0.750", "3.50", "-", "1,234", "12/16", "3"]
     assert lines[9] == "FLy vs standard (1m): α +0.100, τ +12 %, tok/s n/a (equal traffic)"
-    assert lines[10:] == ["FLy: τ +12 %, no labelled pairs yet (quality unknown)"]
+    assert lines[10:] == [
+        "FLy: τ +12 %, no labelled pairs yet (quality unknown)",
+        "what each figure means: docs/demo.md#reading-the-screen",
+    ]
 
 
 def test_unknown_values_show_a_dash() -> None:
@@ -140,8 +143,8 @@ def test_unknown_values_show_a_dash() -> None:
     lines = render_text(
         build_view(_snap({"standard": nan, "fly": down}), CTX, width=160), width=160
     ).splitlines()
-    assert lines[7].split() == ["standard", "up", "-", "-", "1,234", "2/16", "1", "-"]
-    assert lines[8].split() == ["fly", "down", "-", "-", "-", "-/-", "-", "-"]
+    assert lines[7].split() == ["standard", "up", "-", "-", "-", "1,234", "2/16", "1", "-"]
+    assert lines[8].split() == ["fly", "down", "-", "-", "-", "-", "-/-", "-", "-"]
 
 
 def test_narrow_view_fits_80_columns_and_cuts_with_an_ellipsis() -> None:
@@ -224,7 +227,8 @@ def test_view_shadow_load_and_alert_sections() -> None:
         "alerts: 1 firing",
         "  SpecQualityDrift [critical] fired after 351 labelled pairs, 95 s",
     ]
-    assert " ".join(lines[9:-7]) == snapshot_verdict(snap)  # between the pair line and these
+    assert " ".join(lines[9:-8]) == snapshot_verdict(snap)  # between the pair line and these
+    assert lines[-8] == "what each figure means: docs/demo.md#reading-the-screen"
     quiet = replace(snap, alerts=AlertingState())
     assert render_text(build_view(quiet, ctx, width=100), width=100).endswith("alerts: none firing")
 
@@ -235,7 +239,7 @@ def test_view_hides_sections_no_component_published() -> None:
     bare = Snapshot(observe=ObserveView(generated_at=1.0))
     assert snapshot_verdict(bare) is None
     lines = render_text(build_view(bare, CTX, width=80), width=80).splitlines()
-    assert lines[-1].split() == ["target", "up", "α", "τ", "tok/s", "run/max", "wait"]
+    assert lines[-1].split() == ["target", "up", "α", "τ", "cov", "tok/s", "run/max", "wait"]
     published = Snapshot(
         observe=ObserveView(generated_at=1.0),
         shadow=ShadowStats(
@@ -314,8 +318,30 @@ def test_view_shows_the_speculation_limit_sentence_of_the_snapshot() -> None:
     snap = replace(snap, observe=replace(snap.observe, speculation_limit=limit))
     lines = render_text(build_view(snap, CTX, width=400), width=400).splitlines()
     assert lines[10] == limit.text
-    assert limit.text.startswith("speculation stops paying at about 7 running requests")
+    assert limit.text.startswith(
+        "FLy vs standard speculation: stops paying from about 7 running requests (95 % "
+        "interval 1-8)"
+    )
     assert snapshot_json(snap)["speculation_limit"]["text"] == limit.text
     none = replace(snap.observe, speculation_limit=speculation_limit(ConcurrencyProfile(), fly))
     text = render_text(build_view(replace(snap, observe=none), CTX, width=400), width=400)
     assert "speculation" not in text
+
+
+def test_view_names_the_subject_of_a_limit_not_reached() -> None:
+    """A speculation limit that is not reached says what was compared and what was not reached
+    ("FLy vs standard speculation: not reached within the observed range ..."), and the view
+    shows that sentence whole, never a subject-less "not reached: ..."."""
+    from specwatch.observe.concurrency import ConcurrencyProfile, add_point, speculation_limit
+
+    std, fly = ConcurrencyProfile(), ConcurrencyProfile()
+    for running, s, f in [(1, 50.0, 80.0)] * 8 + [(8, 400.0, 480.0)] * 8:
+        std, fly = add_point(std, running, s, None), add_point(fly, running, f, None)
+    limit = speculation_limit(std, fly)
+    assert [c.status for c in limit.comparisons] == ["not_reached"]
+    assert limit.text.startswith("FLy vs standard speculation: not reached within the observed")
+    assert "highest concurrency seen: 8" in limit.text
+    snap = _snap()
+    snap = replace(snap, observe=replace(snap.observe, speculation_limit=limit))
+    lines = render_text(build_view(snap, CTX, width=400), width=400).splitlines()
+    assert limit.text in lines

@@ -743,10 +743,25 @@ class TestAgreementWithSpecwatch:
         s = deployed_settings
         sh = s.shadow
         assert sh.enabled
-        assert sh.modes == ("mirror",)
+        assert sh.modes == ("mirror", "canary")
+        assert sh.noise_kind == "standard"  # the noise floor, on the standard server
         assert sh.standard is not None
         assert sh.fly is not None
         assert sh.noise is None
+        # the canary set is the generated ConfigMap's second file, mounted beside config.yaml
+        mounts = {
+            m["name"]: m["mountPath"] for m in container(pod_spec, "specwatch")["volumeMounts"]
+        }
+        assert sh.canary_file == f"{mounts['specwatch-config']}/canary.jsonl"
+        kust = load_yaml_docs(BASE / "kustomization.yaml")[0]
+        assert "../canary" in kust["components"]
+        comp = load_yaml_docs(BASE.parent / "canary" / "kustomization.yaml")[0]
+        (gen,) = comp["configMapGenerator"]
+        assert (gen["name"], gen["behavior"], gen["files"]) == (
+            "specwatch-config",
+            "merge",
+            ["canary.jsonl"],
+        )
         for arm, name in ((sh.standard, "vllm-standard"), (sh.fly, "vllm-fly")):
             port = next(iter(port_by_name(container(pod_spec, name)).values()))
             assert arm.url == f"http://127.0.0.1:{port}"

@@ -11,68 +11,24 @@ it again later with a new ``startsAt`` (a second "firing" notification).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from tests.fakes import free_port
-from tests.fakes.alertmanager import running_alertmanager
+from tests.fakes.alertmanager import Webhook, hook_route, running_alertmanager
 from tests.fakes.wait import poll
 
 pytestmark = pytest.mark.promtool
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Webhook:
-    """An aiohttp receiver on 127.0.0.1 that keeps every notification Alertmanager posts."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/hook"
-
-    async def _hook(self, request: web.Request) -> web.Response:
-        self.notifications.append(await request.json())
-        return web.Response(text="ok")
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        app = web.Application()
-        app.router.add_post("/hook", self._hook)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
-        try:
-            yield
-        finally:
-            await runner.cleanup()
-
-    def statuses(self) -> list[tuple[str, str]]:
-        """``(notification status, startsAt of its first alert)`` for every notification."""
-        return [(n["status"], n["alerts"][0]["startsAt"]) for n in self.notifications]
-
-
-def hook_route(hook: Webhook) -> str:
-    """Alertmanager's configuration routing everything to ``hook`` (resolved notifications on)."""
-    return (
-        "route:\n"
-        '  receiver: hook\n  group_by: ["alertname"]\n'
-        "  group_wait: 500ms\n  group_interval: 1s\n  repeat_interval: 1h\n"
-        "receivers:\n"
-        f"  - name: hook\n    webhook_configs:\n      - url: {hook.url}\n"
-        "        send_resolved: true\n"
-    )
 
 
 async def start_specwatch(config: Path, log: Path) -> asyncio.subprocess.Process:

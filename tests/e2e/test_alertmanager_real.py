@@ -10,6 +10,7 @@ import json
 import shutil
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ async def test_restart_loses_nothing(
 ) -> None:
     """Alertmanager stopped while engine 1 fires; engine 2 fires during the outage; after the
     restart the outbox delivers engine 2 at once and the next resend brings engine 1 back
-    with its original startsAt."""
+    with its original startsAt. (The fake clock runs 30 s ahead of Alertmanager's by then, so
+    the startsAt it lists are in its own clock: ours plus the measured offset, within 1 s.)"""
     manager, session = am
     clock = FakeWallClock(time.time())
     findings = [_finding("1")]
@@ -127,8 +129,11 @@ async def test_restart_loses_nothing(
     assert loop.state.outbox_depth == 0
     listed = _by_engine(await manager.alerts(session))
     assert sorted(listed) == ["1", "2"]
-    assert listed["2"]["startsAt"] == format_rfc3339(start_2)
-    assert listed["1"]["startsAt"] == format_rfc3339(start_1)
+    offset = loop.state.peers[0].clock_offset
+    assert offset is not None
+    assert offset == pytest.approx(-30.0, abs=2.0)
+    listed_at = {e: datetime.fromisoformat(a["startsAt"]).timestamp() for e, a in listed.items()}
+    assert listed_at == pytest.approx({"1": start_1 + offset, "2": start_2 + offset}, abs=1.0)
     assert all(a["status"]["state"] == "active" for a in listed.values())
 
 

@@ -89,6 +89,8 @@ async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Pat
             "role": "fly",
             "model_name": "sim-model",
             "scope": "server",
+            # FLy's own drafts got worse while standard's held, below standard's level
+            "cause": "drafter_change",
         }
         assert first["annotations"]["runbook_url"] == (
             f"{DEFAULT_RUNBOOK_BASE_URL}#specacceptancedrop"

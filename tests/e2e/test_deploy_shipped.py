@@ -8,10 +8,12 @@ prometheus-operator derives it (:mod:`tests.e2e.operator_scrape`), the rules fro
 PrometheusRule (durations scaled as in ``tests/e2e/test_prometheus_stack.py``). Real processes on
 127.0.0.1: Prometheus, Alertmanager (routes by ``severity``, one inhibit rule), two
 ``specwatch simulate`` servers started with the rendered Deployment's vLLM flags, and
-``specwatch run`` with the rendered ``config.yaml`` (URLs and ports rewritten to 127.0.0.1,
-timing knobs shortened, the built-in canary added so that pairs have gold answers).
+``specwatch run`` with the rendered ``config.yaml`` and canary set, changed only where things are
+(:func:`localize`: addresses to 127.0.0.1, in-pod paths to files; a test fails when anything else
+changes), so the rates, sampling, canary set and noise arm are the shipped ones.
 
-Then, as the user would look: every panel of every dashboard has data at its default variables
+Then, as the user would look: within five minutes the snapshot has graded pairs and a noise floor
+(in-pod), every panel of every dashboard has data at its default variables
 (or says when it is empty), ``specwatch doctor`` with the shipped manifests and dashboards exits
 0, ``specwatch fleet`` gives the sidecar's own ledger table under the served model's name, the
 vLLM cross-check panel gives one α per role equal to each server's own counters, and a scrape
@@ -47,7 +49,7 @@ from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 from tests.sidecar_process import run_specwatch, specwatch_process
 
-pytestmark = [pytest.mark.promtool, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.promtool, pytest.mark.timeout(600)]
 
 Obj = dict[str, Any]
 DASHBOARDS = sorted((REPO / "grafana").glob("*.json"))
@@ -146,35 +148,91 @@ async def simulate(tmp: Path, name: str, role: str, flags: list[str]) -> AsyncIt
         log.close()
 
 
-def sidecar_config(objs: Sequence[Obj], urls: dict[str, str], tmp: Path, port: int) -> Path:
-    """The rendered ``config.yaml`` with its URLs and ports rewritten to 127.0.0.1, its ledger
-    under ``tmp``, timing knobs shortened and the built-in canary added."""
-    cm = one(objs, "ConfigMap", "specwatch-config")
-    doc = yaml.safe_load(cm["data"]["config.yaml"])
-    doc["server"] = {"host": "127.0.0.1", "port": port}
-    for t in doc["targets"]:
+#: The only leaves of the rendered ``config.yaml`` that :func:`localize` may change: where things
+#: are (listen addresses, server URLs, files), never how specwatch behaves (rates, modes, sampling,
+#: windows, timings). ``*`` stands for any list index.
+LOCAL_KEYS = frozenset(
+    {
+        ("server", "host"),
+        ("server", "port"),
+        ("targets", "*", "url"),
+        ("shadow", "standard", "url"),
+        ("shadow", "fly", "url"),
+        ("shadow", "mirror_listen_host"),
+        ("shadow", "mirror_listen_port"),
+        ("shadow", "canary_file"),
+        ("ledger", "path"),
+    }
+)
+
+
+def localize(doc: Obj, urls: dict[str, str], tmp: Path, port: int, files: dict[str, Path]) -> Obj:
+    """The one rewrite of the rendered ``config.yaml``: the cluster's addresses become this
+    machine's (127.0.0.1, free ports, each role's simulator) and its in-pod paths become files
+    under ``tmp`` or the ConfigMap's other files written out (``files``: file name → path).
+    Nothing else; :func:`changed_leaves` lets a test prove it."""
+    out: Obj = yaml.safe_load(yaml.safe_dump(doc))
+    out["server"].update(host="127.0.0.1", port=port)
+    for t in out["targets"]:
         t["url"] = urls[t["role"]]
-    sh = doc["shadow"]
+    sh = out["shadow"]
     for arm in ("standard", "fly"):
         sh[arm]["url"] = urls[arm]
-    sh.update(
-        mirror_listen_host="127.0.0.1",
-        mirror_listen_port=free_port(),
-        modes=["mirror", "canary"],
-        canary_builtin=True,
-        canary_loop=True,
-        canary_rate_per_second=40.0,
-        sample_probability=1.0,
-        max_shadow_rps=200.0,
-        max_in_flight=16,
-        pause_on_waiting=False,
-    )
-    doc["ledger"]["path"] = str(tmp / "ledger.sqlite")
-    doc["scrape"] = {"interval_seconds": 0.5, "timeout_seconds": 2.0}
-    doc.setdefault("paired", {})["refresh_seconds"] = 0.5
+    sh.update(mirror_listen_host="127.0.0.1", mirror_listen_port=free_port())
+    if "canary_file" in sh:
+        sh["canary_file"] = str(files[Path(sh["canary_file"]).name])
+    out["ledger"]["path"] = str(tmp / "ledger.sqlite")
+    return out
+
+
+def changed_leaves(a: object, b: object, at: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Paths (list indexes as ``*``) where ``a`` and ``b`` differ: a changed, added or removed
+    leaf, or a list of another length."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[tuple[str, ...]] = set()
+        for k in a.keys() | b.keys():
+            out |= changed_leaves(a.get(k), b.get(k), (*at, str(k)))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return set().union(*(changed_leaves(x, y, (*at, "*")) for x, y in zip(a, b, strict=True)))
+    return set() if a == b else {at}
+
+
+def sidecar_config(objs: Sequence[Obj], urls: dict[str, str], tmp: Path, port: int) -> Path:
+    """The rendered ``config.yaml`` through :func:`localize`, written with the ConfigMap's other
+    files (the canary set) under ``tmp``; the test fails if anything but an address or a path
+    changed."""
+    cm = one(objs, "ConfigMap", "specwatch-config")
+    files: dict[str, Path] = {}
+    for name, text in cm["data"].items():
+        if name != "config.yaml":
+            files[name] = tmp / name
+            files[name].write_text(text, encoding="utf-8")
+    rendered = yaml.safe_load(cm["data"]["config.yaml"])
+    doc = localize(rendered, urls, tmp, port, files)
+    assert changed_leaves(rendered, doc) <= LOCAL_KEYS, changed_leaves(rendered, doc) - LOCAL_KEYS
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
+
+
+def test_localize_changes_only_addresses_and_paths(tmp_path: Path) -> None:
+    """Both shipped configs go through :func:`localize` changing only :data:`LOCAL_KEYS`, every
+    one of the addresses it must change does change, and the guard sees a changed rate."""
+    for where in ("overlays/example", "standalone"):
+        objs = kustomize_build(REPO / "deploy" / where)
+        cm = one(objs, "ConfigMap", "specwatch-config")
+        rendered = yaml.safe_load(cm["data"]["config.yaml"])
+        urls = {"standard": "http://127.0.0.1:1", "fly": "http://127.0.0.1:2"}
+        files = {n: tmp_path / n for n in cm["data"]}
+        doc = localize(rendered, urls, tmp_path, 3, files)
+        changed = changed_leaves(rendered, doc)
+        assert changed <= LOCAL_KEYS, changed - LOCAL_KEYS
+        assert {("server", "port"), ("targets", "*", "url"), ("ledger", "path")} <= changed
+        assert yaml.safe_dump(doc).count("127.0.0.1") >= 6
+        assert "svc" not in yaml.safe_dump(doc)
+        doc["shadow"]["canary_rate_per_second"] = 40.0
+        assert ("shadow", "canary_rate_per_second") in changed_leaves(rendered, doc) - LOCAL_KEYS
 
 
 def prometheus_config(objs: Sequence[Obj], pods: Sequence[Pod], tmp: Path, am: str) -> Obj:
@@ -318,11 +376,28 @@ async def layout(
             ]
         config = prometheus_config(objs, pods, tmp, am)
         prom = await stack.enter_async_context(run_prometheus(tmp, config, session))
-        load = LoadGenerator(
-            list(urls.values()),
-            LoadConfig(concurrency=6, duration_s=None, fanout=True, max_tokens=48, temperature=1.0),
-            session=session,
-        )
+        if name == "in-pod":
+            # as the mesh does: live traffic to the standard server (the vllm Service), and the
+            # rendered VirtualService's share of it copied to the sidecar's mirror listener
+            vs = one(objs, "VirtualService")
+            (share,) = {
+                m["percentage"]["value"] for r in vs["spec"]["http"] for m in r.get("mirrors", [])
+            }
+            mirror_port = yaml.safe_load(cfg.read_text())["shadow"]["mirror_listen_port"]
+            shape = LoadConfig(
+                concurrency=6,
+                duration_s=None,
+                max_tokens=48,
+                temperature=1.0,
+                mirror_url=f"http://127.0.0.1:{mirror_port}",
+                mirror_fraction=share / 100,
+            )
+            load = LoadGenerator([urls["standard"]], shape, session=session)
+        else:
+            shape = LoadConfig(
+                concurrency=6, duration_s=None, fanout=True, max_tokens=48, temperature=1.0
+            )
+            load = LoadGenerator(list(urls.values()), shape, session=session)
         task = asyncio.create_task(load.run())
 
         async def stop_load() -> None:
@@ -339,7 +414,8 @@ async def layout(
             return True if not last else None
 
         try:
-            await poll("every panel has data", all_have_data, within=90, every=2)
+            # the shipped rates (canary 0.2/s, 5 s scrapes): five minutes, as a user would wait
+            await poll("every panel has data", all_have_data, within=300, every=5)
         except AssertionError:
             raise AssertionError("panels without data:\n" + "\n".join(last)) from None
         # the scrape labels never rename a series' own labels (honorLabels on specwatch)
@@ -433,12 +509,35 @@ async def token_budget_panels_read_the_pages_k(session: aiohttp.ClientSession, p
     assert budget >= 3  # R_max / D_full, budget bound, limits and K
 
 
+def largest(doc: object, key: str) -> float:
+    """The largest number under ``key`` anywhere in a JSON document (0 when none)."""
+    if isinstance(doc, dict):
+        here = [float(v) for k, v in doc.items() if k == key and isinstance(v, int | float)]
+        return max([*here, *(largest(v, key) for v in doc.values())], default=0.0)
+    if isinstance(doc, list):
+        return max((largest(v, key) for v in doc), default=0.0)
+    return 0.0
+
+
+async def graded_pairs_and_a_noise_floor(session: aiohttp.ClientSession, prom: str) -> None:
+    """With the shipped config as it is, the sidecar's snapshot holds labelled (graded) pairs
+    and noise-arm pairs (the noise floor) once the panels have data (within five minutes)."""
+    (instance,) = {
+        r["metric"]["instance"] for r in await query(session, prom, "specwatch_build_info")
+    }
+    async with session.get(f"http://{instance}/api/v1/snapshot") as r:
+        snap: Obj = await r.json()
+    assert largest(snap, "labelled") > 0, json.dumps(snap)[:3000]
+    assert largest(snap, "noise_pairs") > 0, json.dumps(snap)[:3000]
+
+
 @pytest.mark.slow
 async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
     """The example overlay: dashboards full (the token-budget panels with the servers' own K),
     doctor clean, fleet's table under the model name, a scrape fault routed by severity to the
     ticket receiver."""
     async with layout(tmp_path, "in-pod") as (session, prom, am, urls):
+        await graded_pairs_and_a_noise_floor(session, prom)
         await token_budget_panels_read_the_pages_k(session, prom)
         rendered = tmp_path / "rendered.yaml"
         rendered.write_text(
@@ -455,14 +554,19 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
                 *(f"--manifest={m}" for m in manifests),
                 *(f"--dashboard={d}" for d in DASHBOARDS),
                 f"--alertmanager-url={am}",
+                "--format=table",
             )
             last[:] = [out + err]
             if rc != 0 or "FAIL" in out:
                 return None
             # the live Alertmanager's inhibit rule compares labels specwatch's alerts carry
             assert f"OK    inhibit    {am}: inhibit rule 1: equal labels carried" in out, out
-            # the one warning about the manifests: the ledger on the shipped emptyDir
-            assert "WARN  ledger" in out, out
+            # the ledger on the overlay's PersistentVolumeClaim, and the mesh's 100 % copies
+            assert (
+                "OK    ledger     Deployment vllm-pair keeps the ledger on a lasting volume" in out
+            )
+            assert "WARN  ledger" not in out, out
+            assert "OK    mirror" in out, out
             return True
 
         try:

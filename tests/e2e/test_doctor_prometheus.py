@@ -187,7 +187,9 @@ async def test_doctor_healthy_then_each_fault_named(tmp_path: Path) -> None:
             args = _files(healthy_dir, healthy=True)
             async with run_prometheus(healthy_dir, config, session) as prom:
                 await _scraped(session, prom, jobs=2, rules=True)
-                rc, out, err = await run_specwatch("doctor", "--prometheus-url", prom, *args)
+                rc, out, err = await run_specwatch(
+                    "doctor", "--prometheus-url", prom, *args, "--format", "table"
+                )
             assert rc == 0, out + err
             lines = out.splitlines()
             assert not [ln for ln in lines if ln.startswith("FAIL")]

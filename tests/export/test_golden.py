@@ -18,7 +18,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from specwatch.alerts.values import AlertingState, FiringAlert
+from specwatch.alerts.values import AlertingState, FiringAlert, PeerState
 from specwatch.export.prometheus import AlertsCollector, ShadowCollector, SpecwatchCollector
 from tests.deploy.test_dashboards import full_shadow_stats
 from tests.export.test_prometheus import _full_snapshot
@@ -35,8 +35,18 @@ def _alerting() -> AlertingState:
                 starts_at=20.0,
             ),
         ),
-        send_errors={"timeout": 1},
-        outbox_depth=1,
+        peers=(
+            PeerState(
+                "http://alertmanager:9093",
+                sent_alerts=3,
+                errors={"timeout": 1},
+                outbox_depth=1,
+                last_send_ok=False,
+                last_error="timeout",
+                last_error_at=25.0,
+                clock_offset=-1.5,
+            ),
+        ),
     )
 
 

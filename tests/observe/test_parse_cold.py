@@ -154,7 +154,9 @@ def test_unseeded_real_capture_parses_one_line_per_shape(monkeypatch: pytest.Mon
     seen = _spy(monkeypatch)
     parse_page(REAL)
     names = [ln.split("{")[0].split(" ")[0] for ln in seen]
-    assert len(names) == len(set(names)) == 20
+    # 20, and the prompt tokens by source, the prefix-cache queries and hits and the
+    # prompt-length histogram's _bucket, _sum and _count
+    assert len(names) == len(set(names)) == 26
     assert "vllm:time_to_first_token_seconds_bucket" in names
     assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in names
 
@@ -264,11 +266,13 @@ def test_openmetrics_unchanged() -> None:
 def test_seeded_shapes_and_type_lines() -> None:
     """At import (and after ``clear_memo()``) the shapes of vLLM's pages are known, one per
     allow-listed text-format sample except the unlabelled ``process_start_time_seconds``
-    (25 = 26 sample names kept in the text format minus 1: the 18 before, V0's emitted-tokens
-    and efficiency, and the ``_sum``/``_count`` of ITL, its old name and TTFT), and the 20
-    canonical TYPE lines (18 and V0's two families)."""
-    assert len(NAMES_TEXT) == 26
-    assert len(parse_mod._SHAPE_MEMO) == 25
+    (31 = 32 sample names kept in the text format minus 1: the 18 before, V0's emitted-tokens
+    and efficiency, the ``_sum``/``_count`` of ITL, its old name and TTFT, the prompt tokens by
+    source, the prefix-cache queries and hits, and the prompt-length histogram's three), and
+    the 24 canonical TYPE lines (18, V0's two families, and the four of prompt tokens by
+    source, prefix-cache queries and hits and prompt lengths)."""
+    assert len(NAMES_TEXT) == 32
+    assert len(parse_mod._SHAPE_MEMO) == 31
     assert parse_mod._SHAPE_MEMO[
         'vllm:request_success_total{engine="",finished_reason="",model_name=""}'
     ] == (
@@ -276,7 +280,7 @@ def test_seeded_shapes_and_type_lines() -> None:
         ("engine", "finished_reason", "model_name"),
     )
     assert "# TYPE vllm:spec_decode_num_drafts_total counter" in parse_mod._TYPE_KNOWN
-    assert len(parse_mod._TYPE_KNOWN) == 20
+    assert len(parse_mod._TYPE_KNOWN) == 24
     parse_mod.clear_memo(seed=False)
     assert not parse_mod._SHAPE_MEMO
 

@@ -8,6 +8,7 @@ statistics functions applied to the same hand counts, the e-value from the close
 from __future__ import annotations
 
 import asyncio
+import html
 import math
 import random
 import re
@@ -504,6 +505,53 @@ class TestAcceptance:
         assert float(tables["fly"]["p3"]["data-value"]) == 0.45
         assert float(tables["standard"]["p1"]["data-value"]) == 0.7
         assert rc_bad == 2
+
+
+class TestSpeculationLimit:
+    async def test_the_sidecars_sentence_on_the_page(
+        self, ledger_file: Path, tmp_path: Path
+    ) -> None:
+        """A live server answers a snapshot document, then specwatch's /metrics text, for a
+        snapshot whose limit (FLy 150 vs 100 per request at 1 running, 75 vs 100 at 4) is
+        reached at 4^(ln 1.5 / ln 2) = 2.25 running, interval 1-4. With the snapshot the report
+        shows the sentence the view and advise show, verbatim; with /metrics its first part,
+        rebuilt from the gauges in the same words; without a source it says what it needs."""
+        import json
+
+        from specwatch.export.json import snapshot_json
+        from specwatch.export.prometheus import SpecwatchCollector
+        from tests.export.test_prometheus import _full_snapshot
+
+        snap = _full_snapshot()
+        limit = snap.observe.speculation_limit
+        assert limit is not None
+        reg = CollectorRegistry()
+        reg.register(SpecwatchCollector(lambda: snap))
+        pages = []
+        async with FakeVllm() as sidecar:
+            sidecar.push(
+                Reply(json.dumps(snapshot_json(snap)), content_type="application/json"),
+                Reply(generate_latest(reg).decode()),
+            )
+            for n, url in enumerate([sidecar.url, sidecar.url, None]):
+                out = tmp_path / f"out{n}"
+                argv = ["report", "--ledger", str(ledger_file), "--out", str(out)]
+                if url is not None:
+                    argv += ["--metrics-url", url]
+                assert await asyncio.to_thread(main, argv) == 0
+                pages.append((out / "index.html").read_text(encoding="utf-8"))
+        headline = (
+            "FLy vs standard speculation: stops paying from about 2 running requests (95 % "
+            "interval 1-4)"
+        )
+        assert limit.text.startswith(f"{headline}; per-request decode speed at 4 running")
+        field = re.compile(r'<p data-field="speculation_limit">([^<]*)</p>')
+        assert [field.findall(page) for page in pages] == [
+            [html.escape(limit.text)],
+            [html.escape(headline)],
+            [],
+        ]
+        assert "needs <code>--metrics-url</code> from a sidecar" in pages[2]
 
 
 class TestErrors:

@@ -96,7 +96,7 @@ def test_doctor_config_names_the_setting_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     blind = _shadow(baseline={"target": "nospec"}, noise_kind="standard")
     bad.write_text(yaml.safe_dump(blind), encoding="utf-8")
-    cmd = [sys.executable, "-m", "specwatch", "doctor", "--config"]
+    cmd = [sys.executable, "-m", "specwatch", "doctor", "--format", "table", "--config"]
     done = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=REPO, check=False)
     assert done.returncode == 1, done.stderr
     assert "FAIL  config     shadow.noise_kind: standard beside shadow.baseline" in done.stdout

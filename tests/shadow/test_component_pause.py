@@ -37,6 +37,7 @@ async def test_replays_pause_while_a_simulator_has_waiting_requests(tmp_path: Pa
             canary_file=str(canary),
             canary_loop=True,
             canary_rate_per_second=4.0,
+            canary_min_rate_per_second=0.0,  # no trickle: nothing at all passes the pause
             max_in_flight=1,  # the shadow side alone never makes the standard server queue
         )
         std = sims["standard"].url

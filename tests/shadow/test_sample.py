@@ -17,6 +17,7 @@ from specwatch.shadow.sample import (
     TokenBucket,
     canonical_request_bytes,
     hash_fraction,
+    pause_explanation,
     pause_reasons,
     request_hash,
     seed_from_hash,
@@ -229,3 +230,55 @@ def test_canonical_rejects_nan() -> None:
     with pytest.raises(ValueError, match="JSON"):
         canonical_request_bytes("/v1/completions", {"x": float("nan")})
     assert json.loads(canonical_request_bytes("/p", {"a": 1}))["body"] == {"a": 1}
+
+
+def test_pause_explanation_names_the_arm_and_its_numbers() -> None:
+    """The sentence behind the pause, worked out by hand for each reason."""
+    now = 100.0
+
+    def explain(loads: dict[str, ArmLoad]) -> str:
+        return pause_explanation(
+            loads, now, on_waiting=True, running_fraction=0.8, max_age_seconds=30.0
+        )
+
+    assert explain({"standard": ArmLoad(3, 0, 10, now)}) == ""
+    assert (
+        explain({"standard": ArmLoad(5, 12, 128, now)})
+        == "paused: standard has 12 requests waiting"
+    )
+    assert (
+        explain({"fly": ArmLoad(110, 1, 128, now)})
+        == "paused: fly has 1 request waiting; fly runs 110 of 128 sequences (pauses at 80%)"
+    )
+    assert (
+        explain({"fly": ArmLoad(0, 0, 10, now - 42)})
+        == "paused: fly's last load reading is 42 s old"
+    )
+
+
+def test_canary_trickle_passes_only_a_chosen_pause_at_its_rate() -> None:
+    """With a trickle of 0.1/s, canary offers pass a ``waiting`` pause once, then again after
+    10 s; live offers never do; a stale reading (not a chosen pause) lets nothing through; the
+    replay worker is told once that a trickled request need not wait."""
+    clock = FakeMonotonicClock(1000.0)
+    loads = {"standard": ArmLoad(2, 5, 10, clock.t)}
+    s = Sampler(
+        probability=1.0,
+        mono_clock=clock,
+        queue_size=100,
+        max_rps=1e9,
+        pause=LoadPause(lambda: loads, trickle_per_second=0.1),
+    )
+    assert s.offer(_req(1)) == "paused"
+    assert s.offer(_req(2), force=True, trickle=True) == "admitted"
+    assert s.offer(_req(3), force=True, trickle=True) == "paused"
+    assert s.pause_text == "paused: standard has 5 requests waiting"
+    clock.t += 10.0
+    loads["standard"] = ArmLoad(2, 5, 10, clock.t)
+    assert s.offer(_req(4), force=True, trickle=True) == "admitted"
+    assert s.trickled == 2
+    clock.t += 60.0  # the reading is now 60 s old: load_stale, not chosen
+    assert s.offer(_req(5), force=True, trickle=True) == "paused"
+    first = s.queue.get_nowait()
+    assert s.passes_pause(first)
+    assert not s.passes_pause(first)

@@ -1,12 +1,17 @@
 """Checks of a ledger file before it is used: :func:`check_ledger_file` (an existing, readable
-specwatch ledger, opened read-only: what ``specwatch report`` reads) and :func:`check_openable`
-(SQLite can open or create it: the start-up check of ``specwatch run``)."""
+specwatch ledger, opened read-only: what ``specwatch report`` reads), :func:`check_openable`
+(SQLite can open or create it: the start-up check of ``specwatch run``) and
+:func:`filesystem_risk` (the ledger's directory on a network, memory or container-layer
+filesystem, read from ``/proc/self/mountinfo``: ``specwatch run`` warns at start, ``specwatch
+doctor --config`` too)."""
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from pathlib import Path
+from typing import Literal
 
 from specwatch.shadow.ledger.rows import ledger_columns
 
@@ -85,3 +90,96 @@ def check_openable(path: Path | str) -> None:
         conn.execute("PRAGMA schema_version").fetchone()
     finally:
         conn.close()
+
+
+#: Filesystem types (``mountinfo``'s type field) that are served over the network.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "afs",
+        "9p",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.blobfuse",
+        "fuse.blobfuse2",
+        "fuse.goofys",
+        "fuse.rclone",
+        "fuse.juicefs",
+        "fuse.glusterfs",
+        "fuse.cephfs",
+    }
+)
+#: Filesystem types held in memory.
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+#: The container runtime's layered root filesystem.
+LAYER_FILESYSTEMS = frozenset({"overlay", "aufs"})
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as ``\\ooo``."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_of(path: str, mountinfo: str) -> tuple[str, str, str] | None:
+    """``(filesystem type, mount point, source)`` of the mount holding ``path`` (absolute,
+    symlinks resolved by the caller) in ``mountinfo`` text (proc(5)): the mount whose mount
+    point is the longest prefix of ``path``, the last one listed when several share it (a later
+    mount hides an earlier one). ``None`` when no line parses."""
+    best: tuple[str, str, str] | None = None
+    best_len = -1
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        if len(fields) < sep + 3:
+            continue
+        point = _unescape(fields[4])
+        fstype, source = fields[sep + 1], _unescape(fields[sep + 2])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best_len:
+            best, best_len = (fstype, point, source), len(point)
+    return best
+
+
+#: Where the kernel lists this process's mounts.
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+FilesystemRisk = Literal["network", "memory", "layer"]
+
+
+def filesystem_risk(
+    ledger: Path | str, mountinfo: Path = MOUNTINFO
+) -> tuple[FilesystemRisk, str, str, str] | None:
+    """``(risk, filesystem type, mount point, source)`` when the directory of ``ledger`` is on a
+    network, memory or container-layer filesystem by ``mountinfo``; ``None`` when it is on
+    another one or nothing can be told (no such table: not Linux). Blocking (reads a file)."""
+    try:
+        text = mountinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = filesystem_of(str(Path(ledger).parent.resolve()), text)
+    if found is None:
+        return None
+    fstype, point, source = found
+    risk: FilesystemRisk | None = (
+        "network"
+        if fstype in NETWORK_FILESYSTEMS
+        else "memory"
+        if fstype in MEMORY_FILESYSTEMS
+        else "layer"
+        if fstype in LAYER_FILESYSTEMS
+        else None
+    )
+    return None if risk is None else (risk, fstype, point, source)

@@ -29,7 +29,9 @@ MIN_DRAFTS: int = 400
 MIN_GAIN: float = 0.02
 
 ASSUMPTIONS: tuple[str, ...] = (
-    "steady pure decode: every running request drafts K tokens each engine step",
+    "steady pure decode: every running request takes one step each engine step, and the share "
+    "of those steps that draft (the step coverage) stays as observed; a step without a "
+    "proposal emits 1 token",
     "per-position acceptance rates stay the same when K shrinks (left-to-right drafting)",
     "requests the token budget cannot serve with full drafts count as 1 token per step "
     "(a lower bound)",
@@ -46,6 +48,30 @@ def mean_acceptance_length(per_position: Sequence[float], k: int) -> float:
     if not 1 <= k <= len(per_position):
         raise ValueError(f"k must be in 1..{len(per_position)}, got {k}")
     return 1.0 + float(sum(per_position[:k]))
+
+
+def step_coverage(
+    drafts: float | None, accepted: float | None, generation: float | None
+) -> float | None:
+    """The share of request steps that verified a draft: Δdrafts / (Δgeneration − Δaccepted).
+
+    vLLM adds 1 + accepted to ``generation_tokens`` per request and step, so Δgeneration −
+    Δaccepted counts request steps (and each request's first token, from its prefill); a draft
+    is counted only for a step that scheduled a draft token. The token share exported as
+    ``specwatch_speculation_coverage``, (Δaccepted + Δdrafts) / Δgeneration, comes from the same
+    counters. ``None`` when a count is unknown or no step was taken; at most 1."""
+    if drafts is None or accepted is None or generation is None:
+        return None
+    steps = generation - accepted
+    if steps <= 0:
+        return None
+    return min(drafts / steps, 1.0)
+
+
+def tokens_per_request_step(tau: float, coverage: float | None) -> float:
+    """Tokens a running request emits per engine step: τ on the covered share of steps, 1 on
+    the rest (``coverage`` ``None``: every step drafts, τ)."""
+    return tau if coverage is None else 1.0 + coverage * (tau - 1.0)
 
 
 def budget_for_full_decode(
@@ -95,7 +121,8 @@ class KRow:
     With limits (else ``None``): ``admission_cap_requests`` (most requests RUNNING),
     ``decode_full_per_step_requests`` (requests served with all K drafts per step),
     ``served_full_requests`` = min(concurrency, decode_full_per_step),
-    ``expected_tokens_per_step`` = served_full · τ(K) + (requests served below full drafts) · 1,
+    ``tokens_per_request_step`` = 1 + coverage · (τ(K) − 1) (:func:`tokens_per_request_step`),
+    ``expected_tokens_per_step`` = served_full · that + (requests served below full drafts) · 1,
     ``budget_for_max_num_seqs`` (tokens; see :func:`budget_for_full_decode`),
     ``expected_tokens_per_step_at_max_num_seqs`` the same expectation with all ``max_num_seqs``
     running under the configured budget (what a larger budget is weighed against at full load).
@@ -103,6 +130,7 @@ class KRow:
 
     k: int
     mean_acceptance_length: float
+    tokens_per_request_step: float | None = None
     admission_cap_requests: int | None = None
     decode_full_per_step_requests: int | None = None
     served_full_requests: int | None = None
@@ -129,8 +157,12 @@ def rows_by_k(
     regime: BudgetRegime = BudgetRegime.V0_33,
     parallel_drafting: bool = False,
     concurrency: float | None = None,
+    coverage: float | None = None,
 ) -> list[KRow]:
     """One :class:`KRow` per K' in ``1..len(per_position)``.
+
+    ``coverage``: the step coverage (:func:`step_coverage`) the tokens per step are planned at
+    (``None``: every step drafts).
 
     Budget columns need ``max_num_seqs``, ``max_num_batched_tokens`` and ``method``;
     ``concurrency`` (requests wanting a step) defaults to ``max_num_seqs`` and is capped by the
@@ -140,8 +172,9 @@ def rows_by_k(
     out: list[KRow] = []
     for k in range(1, len(per_position) + 1):
         tau = mean_acceptance_length(per_position, k)
+        eff = tokens_per_request_step(tau, coverage)
         if max_num_seqs is None or max_num_batched_tokens is None or method is None:
-            out.append(KRow(k, tau))
+            out.append(KRow(k, tau, eff))
             continue
         lim = budget_limits(
             max_num_batched_tokens=max_num_batched_tokens,
@@ -158,15 +191,16 @@ def rows_by_k(
             KRow(
                 k,
                 tau,
+                eff,
                 admission_cap_requests=lim.admission_cap,
                 decode_full_per_step_requests=lim.decode_full_per_step,
                 served_full_requests=int(full),
-                expected_tokens_per_step=_tokens_per_step(want, lim, max_num_seqs, tau),
+                expected_tokens_per_step=_tokens_per_step(want, lim, max_num_seqs, eff),
                 budget_for_max_num_seqs=budget_for_full_decode(
                     max_num_seqs, k, method, parallel_drafting=parallel_drafting, regime=regime
                 ),
                 expected_tokens_per_step_at_max_num_seqs=_tokens_per_step(
-                    float(max_num_seqs), lim, max_num_seqs, tau
+                    float(max_num_seqs), lim, max_num_seqs, eff
                 ),
             )
         )
@@ -305,7 +339,7 @@ def budget_gains(
     ``row`` (a row of :func:`rows_by_k` with limits): first at ``concurrency`` (left out when
     it is ``None`` or ``max_num_seqs`` itself), then at ``max_num_seqs``. Empty when the row
     has no budget columns or a concurrency's tokens per step is 0."""
-    tau = row.mean_acceptance_length
+    tau = row.tokens_per_request_step or row.mean_acceptance_length
     out: list[BudgetGain] = []
     points: list[tuple[str, float, float | None]] = []
     if concurrency is not None and concurrency != max_num_seqs:

@@ -4,17 +4,20 @@ Reads pages as ``specwatch analyze`` does (one body: totals since start; two: th
 them). From the per-position acceptance of the window, τ for every K' <= K is exact; with
 ``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--method`` each K' also gets the
 scheduler limits of that vLLM version and the expected tokens per step at the observed
-concurrency. Limits, concurrency and tokens per step are per engine (each engine has its own
-scheduler); the acceptance rates are the server's (summed over engines). Output
-(``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
-"per_position_acceptance_rate", "concurrency", "limits", "by_k": [...], "advice": [...],
+concurrency and the observed coverage (a step without a proposal, ngram or suffix finding
+nothing, emits 1 token, not τ). Limits, concurrency and tokens per step are per engine
+(each engine has its own scheduler); the acceptance rates are the server's (summed over
+engines). Output (``--format json``): ``{"model_name", "drafts", "num_speculative_tokens",
+"per_position_acceptance_rate", "speculation_coverage", "step_coverage", "concurrency",
+"limits", "by_k": [...], "advice": [...],
 "assumptions": [...], "speculation_limit"}``; ``speculation_limit`` (``null`` unless
 ``--standard-series`` and ``--fly-series`` are given: saved pages of each server,
-``--series-interval`` seconds apart) says at how many running requests FLy decodes no faster
-per request than the standard arm, or than the server without speculation of
-``--baseline-series`` when given: interpolated, with a 95 % bootstrap interval, "not reached"
-unless the gain's interval is below zero at some concurrency seen
-(:mod:`specwatch.observe.concurrency`; the same sentence as the live view). Exit 2 with one
+``--series-interval`` seconds apart) says from how many running requests FLy decodes no
+faster per request than the server without speculation of ``--baseline-series`` (when given)
+and than the standard arm, each comparison labelled: compared per concurrency level seen, with
+a 95 % interval that holds for all levels at once, "not reached within the observed range"
+unless the gain's interval is below zero at some level (:mod:`specwatch.observe.concurrency`;
+the same sentence as the live view and the report). Exit 2 with one
 line on an unreadable file, a page without vLLM series,
 several models without ``--model``, or bad limits.
 
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.analyze import AnalyzeError, read_page, require_engines
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.core.helptext import plain_help
 from specwatch.observe.concurrency import (
     ConcurrencyProfile,
@@ -45,7 +48,7 @@ from specwatch.observe.concurrency import (
 from specwatch.observe.health import model_windows
 from specwatch.observe.values import ModelWindow
 from specwatch.observe.window import page_delta
-from specwatch.tools.advise.advisor import ASSUMPTIONS, advice, rows_by_k
+from specwatch.tools.advise.advisor import ASSUMPTIONS, advice, rows_by_k, step_coverage
 from specwatch.vllm.methods import SPEC_METHODS, regime_for_version
 from specwatch.vllm.sglang import EngineKind
 
@@ -102,7 +105,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="seconds between successive series pages (required with the series)",
     )
     p.add_argument("--model", help="model_name to use when a page serves several")
-    add_output_format(p, default="json")
+    add_output_format(p)
     p.set_defaults(handler=main)
 
 
@@ -152,7 +155,7 @@ def series_profile(paths: list[Path], interval: float, model: str | None) -> Con
 
 def limit_doc(args: argparse.Namespace) -> SpeculationLimit | None:
     """Where speculation stops paying, from ``--standard-series`` and ``--fly-series`` and, when
-    given, ``--baseline-series`` (the reference then) (``None`` when none is given).
+    given, ``--baseline-series`` (compared first) (``None`` when none is given).
     :class:`AnalyzeError` when only one of the first two is, or without an interval."""
     std, fly, base = args.standard_series, args.fly_series, args.baseline_series
     if std is None and fly is None and base is None:
@@ -198,6 +201,7 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
             concurrency = float(n)
             note = "no requests running on the page: planning for max_num_seqs"
     limits_given = n is not None and b is not None and args.method is not None
+    coverage = step_coverage(h.drafts, h.accepted_tokens, h.generation_tokens)
     rows = rows_by_k(
         per_pos,
         max_num_seqs=n,
@@ -206,6 +210,7 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         regime=regime,
         parallel_drafting=args.parallel_drafting,
         concurrency=concurrency,
+        coverage=coverage,
     )
     words = advice(
         rows,
@@ -218,6 +223,12 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
     )
     if note is not None:
         words.append(note)
+    if coverage is not None and coverage < 1.0 - 1e-9:
+        words.append(
+            f"only {coverage:.0%} of request steps drafted (speculation coverage "
+            f"{_fmt(h.speculation_coverage)} of output tokens): tokens per step are planned at "
+            "that coverage, 1 token for a step without a proposal"
+        )
     limit = limit_doc(args)
     if limit is not None:
         words.append(limit.text)
@@ -230,6 +241,8 @@ def advise_doc(name: str, mw: ModelWindow, args: argparse.Namespace) -> dict[str
         "drafts": h.drafts,
         "num_speculative_tokens": k,
         "per_position_acceptance_rate": rates,
+        "speculation_coverage": h.speculation_coverage,
+        "step_coverage": coverage,
         "concurrency": concurrency,
         "limits": {
             "max_num_seqs": n,
@@ -326,6 +339,7 @@ def render_table(doc: dict[str, Any]) -> str:
     cols = [
         ("k", "k"),
         ("mean_acceptance_length", "tau"),
+        ("tokens_per_request_step", "tok/req step"),
         ("admission_cap_requests", "admission cap"),
         ("decode_full_per_step_requests", "decode full/step"),
         ("served_full_requests", "served full"),
@@ -356,6 +370,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch advise: {exc}", file=sys.stderr)
         return 2
     print(
-        json.dumps(doc, indent=2, allow_nan=False) if args.format == "json" else render_table(doc)
+        json.dumps(doc, indent=2, allow_nan=False)
+        if output_format(args.format) == "json"
+        else render_table(doc)
     )
     return 0

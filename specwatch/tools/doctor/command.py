@@ -16,7 +16,8 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
 * ``ledger``: with ``--manifest``, a warning when the ledger directory is an ``emptyDir``;
 * ``mirror``: with ``--manifest`` holding an Istio VirtualService or Gateway API HTTPRoute
   mirror, the share of live requests that reached specwatch's mirror listener over the last
-  hour is at least half the configured percentage;
+  hour against each route's percentage (every Istio and Gateway API form): under half the
+  smallest fails, short of it by more than the window's edges explain warns with the numbers;
 * ``inhibit``: with ``--alertmanager-config FILE`` or ``--alertmanager-url URL``, each inhibit
   rule that selects specwatch's alerts compares (``equal``) only labels they carry;
 * ``labels``: with ``--dashboard``, every label a panel's matcher needs exists on some series of
@@ -25,6 +26,20 @@ Checks, each printed as one line ``OK|WARN|FAIL  check  message``:
   default variable values returns data; a panel whose description says when it is empty is a
   warning, not a failure. A ``label_values`` query variable with no saved value takes the first
   value Prometheus returns for it (as Grafana opens the dashboard); none at all is a failure.
+
+Without Prometheus too (:mod:`specwatch.tools.doctor.deployed`):
+
+* ``filesystem``: with ``--config``, the ledger's filesystem (``/proc/self/mountinfo``, so run
+  it in the container): a warning on a network (NFS, CIFS/SMB, ...), memory (tmpfs, ramfs) or
+  container-layer filesystem;
+* ``alertmanager``: with ``--config``, each ``alerting.urls`` entry's ``/api/v2/status``: a
+  cluster of more peers than URLs listed is a Service in front of replicas (a warning);
+* ``dashboard``: with ``--dashboard``, one exported for sharing (``__inputs``, ``${DS_...}``)
+  instead of fit to provision is a warning;
+* ``rule-range``: with ``--rules``, a range under 4 scrape intervals (Prometheus' targets, else
+  the monitors' ``interval`` in ``--manifest``) is a warning;
+* ``shutdown``: with ``--manifest``, specwatch as a native sidecar whose drain budget does not
+  fit what the grace period leaves after the main containers' preStop is a warning.
 
 Failures come first, the most upstream check first (the root cause on the first line); when no
 specwatch target is up, the dashboard failures that follow are one line. ``$__rate_interval`` is
@@ -47,9 +62,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.cli.args import (
+    add_described_command,
+    add_output_format,
+    add_prometheus_url,
+    output_format,
+)
 from specwatch.core.config import parse_duration
 from specwatch.core.roles import Role
+from specwatch.tools.doctor.fold import fold_missing_labels
 
 if TYPE_CHECKING:  # aiohttp and the Prometheus client load when diagnosing, not for --help
     import aiohttp
@@ -554,6 +575,7 @@ class Inputs:
     objects: list[dict[str, Any]]
     dashboards: list[dict[str, Any]]
     alertmanager_config: dict[str, Any] | None = None
+    rule_docs: tuple[dict[str, Any], ...] = ()
 
 
 def read_inputs(args: argparse.Namespace) -> Inputs:
@@ -571,6 +593,7 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         objects=[o for p in args.manifest for o in _load_docs(p)],
         dashboards=[_load_dashboard(p) for p in args.dashboard],
         alertmanager_config=_load_alertmanager_config(getattr(args, "alertmanager_config", None)),
+        rule_docs=tuple(d for p in args.rules for d in _load_docs(p)),
     )
 
 
@@ -636,6 +659,7 @@ async def diagnose(
     finding for check ``prometheus`` and ends the run)."""
     import aiohttp
 
+    from specwatch.tools.doctor.deployed import rule_range_findings
     from specwatch.tools.doctor.stack import inhibit_findings, label_findings, mirror_findings
     from specwatch.tools.prom_api import PromApiError, api_get, instant_query
 
@@ -648,6 +672,8 @@ async def diagnose(
             _require_targets_shape(targets, url)
             out += check_targets(targets, job_pattern)
             builtins = grafana_builtins(scrape_seconds(targets, job_pattern))
+            ranges = rule_range_findings(inputs.rule_docs, scrape_seconds(targets, job_pattern))
+            out += [Finding(*r) for r in ranges]
             rules = await api_get(session, url, "/api/v1/rules", limit_s=limit_s)
             out += check_rules(rules, inputs.expected_groups)
             probes = [
@@ -692,12 +718,13 @@ async def diagnose(
     return out
 
 
-def config_findings(path: Path) -> list[Finding]:
+def config_findings(path: Path, limit_s: float = 10.0) -> list[Finding]:
     """The whole-configuration checks of the config file at ``path``
     (:func:`specwatch.server.checks.check_settings`) as findings of check ``config``: an error
     fails, a warning warns; a file that does not load raises :class:`InputError`."""
     from specwatch.server.checks import check_settings
     from specwatch.settings import ConfigError, load_settings
+    from specwatch.tools.doctor.deployed import deployment_rows
 
     try:
         settings = load_settings(config_file=path)
@@ -707,7 +734,8 @@ def config_findings(path: Path) -> list[Finding]:
         Finding("fail" if f.level == "error" else "warn", "config", f"{f.setting}: {f.message}")
         for f in check_settings(settings)
     ]
-    return found or [Finding("ok", "config", f"{path}: no check is blind")]
+    found = found or [Finding("ok", "config", f"{path}: no check is blind")]
+    return found + [Finding(*r) for r in deployment_rows(settings, limit_s)]
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -797,21 +825,31 @@ def triage(findings: Sequence[Finding]) -> list[Finding]:
                 "failure above (no specwatch target is up); fix it and run doctor again",
             )
         )
+    rest, first = fold_missing_labels(rest, Finding)
     severity = {"fail": 0, "warn": 1, "ok": 2}
-    return sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+    ordered = sorted(rest, key=lambda f: (severity.get(f.status, 1), rank.get(f.check, len(rank))))
+    return first + ordered
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the findings; 0 when none failed, 1 when one did, 2 on bad input."""
-    if args.config is None and args.prometheus_url is None:
+    files = args.dashboard or args.rules or args.manifest
+    if args.config is None and args.prometheus_url is None and not files:
         print("specwatch doctor: give --prometheus-url URL, --config FILE or both", file=sys.stderr)
         return 2
+    from specwatch.tools.doctor.deployed import file_rows
+
     try:
         inputs = read_inputs(args)
-        findings = config_findings(args.config) if args.config is not None else []
+        findings = config_findings(args.config, args.timeout) if args.config is not None else []
     except InputError as exc:
         print(f"specwatch doctor: {exc}", file=sys.stderr)
         return 2
+    objects = [*inputs.objects, *([inputs.prometheus_object] if inputs.prometheus_object else [])]
+    rows = file_rows(
+        inputs.dashboards, inputs.rule_docs, objects, offline=args.prometheus_url is None
+    )
+    findings += [Finding(*r) for r in rows]
     if args.prometheus_url is not None:
         findings += asyncio.run(
             diagnose(
@@ -823,7 +861,7 @@ def main(args: argparse.Namespace) -> int:
             )
         )
     findings = triage(findings)
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(
             json.dumps(
                 [{"status": f.status, "check": f.check, "message": f.message} for f in findings],

@@ -16,6 +16,7 @@ tuples; :mod:`specwatch.tools.doctor.command` wraps them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -354,29 +355,54 @@ MIRROR_WINDOW = "1h"
 MIRROR_MIN_EXPECTED = 20.0
 
 
+#: A shortfall of mirrored copies under this share of the expected count (or under 3 binomial
+#: standard deviations, or 5 requests) is the window's edges, not a route that loses copies.
+MIRROR_SHORTFALL_TOLERANCE = 0.02
+
+
 def _percent(value: object, default: float = 100.0) -> float:
-    return (
-        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-    )
+    """A percentage as a manifest writes it: a number, a numeric string (``"10"``, ``"10%"``),
+    or Istio's wrapper ``{value: 10}``; ``default`` when absent or unreadable."""
+    if isinstance(value, Mapping):
+        value = value.get("value")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().removesuffix("%"))
+        except ValueError:
+            return default
+    return default
+
+
+#: Istio's percentage fields of the single ``mirror`` of an HTTP route, newest first: the
+#: ``Percent`` message (``mirrorPercentage: {value: 5.0}``) and the deprecated integer
+#: (``mirrorPercent: 5``, or ``{value: 5}`` as a UInt32Value), each also as snake case.
+_ISTIO_MIRROR_PERCENT = ("mirrorPercentage", "mirror_percentage", "mirrorPercent", "mirror_percent")
 
 
 def mirror_percentages(objects: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
-    """``(object, percent)`` for each mirror in Istio VirtualServices (``mirrors[].percentage``,
-    or ``mirror`` with ``mirrorPercentage``; Istio mirrors 100 % when unset) and Gateway API
-    HTTPRoutes (``RequestMirror`` filters' ``percent`` or ``fraction``; 100 % when unset)."""
+    """``(route, percent)`` for each mirror in Istio VirtualServices (``mirrors[].percentage``,
+    or ``mirror`` with ``mirrorPercentage`` / the older ``mirrorPercent``, in camel or snake
+    case; Istio mirrors 100 % when unset) and Gateway API HTTPRoutes (``RequestMirror`` filters'
+    ``percent`` or ``fraction``, ``denominator`` 100 when unset; 100 % when neither), each named
+    by its object and route (Istio: the route's ``name`` or its position; Gateway API: the
+    rule's position, from 1)."""
     out: list[tuple[str, float]] = []
     for obj in objects:
         kind, spec = obj.get("kind"), obj.get("spec") or {}
-        where = f"{kind} {(obj.get('metadata') or {}).get('name', '?')}"
+        name = f"{kind} {(obj.get('metadata') or {}).get('name', '?')}"
         if kind == "VirtualService":
-            for route in spec.get("http") or []:
+            for i, route in enumerate(spec.get("http") or [], start=1):
+                where = f"{name} route {route.get('name') or i}"
                 for m in route.get("mirrors") or []:
-                    out.append((where, _percent((m.get("percentage") or {}).get("value"))))
+                    out.append((where, _percent(m.get("percentage"))))
                 if route.get("mirror"):
-                    pct = (route.get("mirrorPercentage") or {}).get("value")
-                    out.append((where, _percent(pct)))
+                    key = next((k for k in _ISTIO_MIRROR_PERCENT if k in route), None)
+                    out.append((where, _percent(route.get(key)) if key else 100.0))
         elif kind == "HTTPRoute":
-            for rule in spec.get("rules") or []:
+            for i, rule in enumerate(spec.get("rules") or [], start=1):
+                where = f"{name} rule {i}"
                 for f in rule.get("filters") or []:
                     if f.get("type") != "RequestMirror":
                         continue
@@ -397,18 +423,26 @@ def check_mirror_coverage(
 ) -> list[Found]:
     """Findings for the share of live requests that reached specwatch's mirror listener
     (``mirrored`` of ``live`` over :data:`MIRROR_WINDOW`) against the ``configured`` mirror
-    percentages: none reaching it, or under half the configured share, is a failure; over twice
-    it a warning; too little traffic to judge (fewer than :data:`MIRROR_MIN_EXPECTED` expected,
-    a few requests specwatch's own replays leave unaccounted at the window's edges) a warning."""
+    percentages, route by route.
+
+    specwatch counts copies, not the route that sent them, so with routes of different shares
+    the expected count lies between the smallest and the largest share of the live requests:
+    none reaching the mirror, or under half the smallest share, is a failure; under the smallest
+    share by more than the window's edges explain (:data:`MIRROR_SHORTFALL_TOLERANCE`, 3
+    binomial standard deviations, 5 requests) a warning with the numbers (94 % of a 100 %
+    mirror); over twice the largest a warning; too little traffic to judge (fewer than
+    :data:`MIRROR_MIN_EXPECTED` expected) a warning."""
     if not configured:
         return []
-    pct = max(p for _, p in configured)
+    low = min(p for _, p in configured)
+    high = max(p for _, p in configured)
     where = ", ".join(sorted({f"{w} ({p:g} %)" for w, p in configured}))
-    expected = live * pct / 100
+    sends = f"{low:g} %" if low == high else f"between {low:g} % and {high:g} %"
     if live <= 0:
         return [
             ("warn", "mirror", f"no live requests in the last {MIRROR_WINDOW}: {where} not judged")
         ]
+    expected = live * low / 100
     share = (
         f"{100 * mirrored / live:.3g} % ({mirrored:.0f} of {live:.0f} live requests in the last "
         f"{MIRROR_WINDOW})"
@@ -418,23 +452,38 @@ def check_mirror_coverage(
             (
                 "fail",
                 "mirror",
-                f"no live request reached specwatch's mirror listener, {where} sends {pct:g} %: "
+                f"no live request reached specwatch's mirror listener, {where} sends {sends}: "
                 "check the route binds the served Service, the mirror's backend names "
                 "specwatch's mirror port, and that the mesh's sidecar runs in the client pods",
             )
         ]
-    if expected < MIRROR_MIN_EXPECTED:
+    if live * high / 100 < MIRROR_MIN_EXPECTED:
         return [("warn", "mirror", f"too few requests to judge: {share}; {where}")]
     if mirrored < expected / 2:
         return [
             (
                 "fail",
                 "mirror",
-                f"only {share} reached specwatch's mirror, {where} sends {pct:g} %: part of the "
+                f"only {share} reached specwatch's mirror, {where} sends {sends}: part of the "
                 "traffic bypasses the route (another Service, path or port) or copies are lost",
             )
         ]
-    if mirrored > 2 * expected:
+    missing = expected - mirrored
+    p = low / 100
+    tolerance = max(MIRROR_SHORTFALL_TOLERANCE * expected, 3 * math.sqrt(live * p * (1 - p)), 5.0)
+    if missing > tolerance:
+        return [
+            (
+                "warn",
+                "mirror",
+                f"only {share} reached specwatch's mirror, {where} sends {sends}: "
+                f"{missing:.0f} of {expected:.0f} expected copies "
+                f"({100 * missing / expected:.2g} %) missing; some requests bypass the route "
+                "or copies are dropped (the mesh's mirror queue, "
+                "specwatch_shadow_ingest_errors_total)",
+            )
+        ]
+    if mirrored > 2 * live * high / 100:
         return [("warn", "mirror", f"{share} reached the mirror, more than {where} sends")]
     return [("ok", "mirror", f"{share} reached the mirror; {where}")]
 

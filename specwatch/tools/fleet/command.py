@@ -25,7 +25,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from specwatch.cli.args import add_described_command, add_output_format, add_prometheus_url
+from specwatch.cli.args import (
+    add_described_command,
+    add_output_format,
+    add_prometheus_url,
+    output_format,
+)
 from specwatch.core.clock import SYSTEM_WALL
 from specwatch.core.config import (
     DEFAULT_ALPHA,
@@ -185,5 +190,5 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch fleet: prometheus query failed: {exc}", file=sys.stderr)
         return 1
     doc: dict[str, Any] = fleet_json(stats)
-    print(json.dumps(doc, indent=2) if args.format == "json" else _table(stats))
+    print(json.dumps(doc, indent=2) if output_format(args.format) == "json" else _table(stats))
     return 0

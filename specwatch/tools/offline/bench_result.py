@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specwatch.cli.args import add_described_command, add_output_format
+from specwatch.cli.args import add_described_command, add_output_format, output_format
 from specwatch.core.helptext import plain_help
 
 #: vLLM's neutral sampling defaults (SamplingParams) used when neither the request nor the
@@ -205,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"specwatch bench-result: {exc}", file=sys.stderr)
         return 2
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(json.dumps([asdict(r) for r in rows], indent=2))
     else:
         print(format_table(rows))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specwatch.cli.args import add_output_format
+from specwatch.cli.args import add_output_format, output_format
 from specwatch.core.helptext import plain_help
 from specwatch.tools.offline.inputs import (
     InputError,
@@ -56,8 +56,10 @@ __all__ = [
 ]
 
 
-_TRUE = {"1", "true", "yes", "correct"}
-_FALSE = {"0", "false", "no", "incorrect", "wrong"}
+#: The words a CSV cell may hold for a correct / wrong item (a CSV cell is text; in JSON only
+#: ``true``/``false``/``0``/``1`` themselves, not a string, so ``"yes"`` or ``"no"`` is an error).
+_TRUE = {"1", "true"}
+_FALSE = {"0", "false"}
 
 #: A JSONL row in the plain shape ``{"id": "q1", "correct": true}`` (JSON whitespace anywhere, id
 #: a string without escapes or an integer, correct true/false/0/1): read by one match instead of
@@ -94,12 +96,14 @@ def _plain_jsonl(text: str) -> dict[str, bool] | None:
     return out if len(out) == len(items) else None
 
 
-def _as_bool(value: object, where: str) -> bool:
+def _as_bool(value: object, where: str, *, cell: bool) -> bool:
+    """A row's ``correct``: a JSON boolean or 0/1, or (``cell``: a CSV cell's text) the text
+    ``0``/``1``/``true``/``false``; anything else (``"yes"``, ``2``) is an :class:`InputError`."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+    if cell and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise InputError(f"{where}: 'correct' must be 0/1 or true/false, got {value!r}")
 
@@ -162,7 +166,8 @@ def read_outcomes(
             where = f"{path}:{lineno}"
             if not isinstance(rec, dict) or "id" not in rec or "correct" not in rec:
                 raise InputError(f"{where}: row needs 'id' and 'correct'")
-            item, ok = str(rec["id"]), _as_bool(rec["correct"], where)
+            item = str(rec["id"])
+            ok = _as_bool(rec["correct"], where, cell=path.suffix.lower() == ".csv")
         if item in out:
             raise InputError(f"{path}:{lineno}: duplicate id {item!r}")
         out[item] = ok
@@ -485,7 +490,7 @@ def main(args: argparse.Namespace) -> int:
     report = paired_report(counts, args.margin, args.alpha, outcome_array(base, cand))
     if excluded:
         report["excluded"] = excluded
-    print(json.dumps(report, indent=2) if args.format == "json" else _table(report))
+    print(json.dumps(report, indent=2) if output_format(args.format) == "json" else _table(report))
     return 0
 
 

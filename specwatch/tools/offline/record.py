@@ -6,9 +6,11 @@
 every ``--interval`` seconds (default 1) until ``--duration`` passes or Ctrl-C. Each body is
 written to ``OUT/NAME/<seconds since start>.prom`` (``.om`` when the server answered
 OpenMetrics), the layout ``specwatch replay --target NAME=OUT/NAME`` reads. A failed scrape
-writes nothing (replay sees a gap, as ``run`` would). The last line counts the bodies per
-target and gives the replay command. Exit 2 with one line for a bad flag or an ``OUT`` that
-cannot be written; 0 otherwise (also after Ctrl-C).
+writes nothing (replay sees a gap, as ``run`` would); the first failure of each target is
+one line on stderr (and recording goes on). The last line counts the bodies per target and
+gives the replay command. Exit 2 with one line for a bad flag or an ``OUT`` that cannot be
+written; 1 when a target gave no body at all (one line per such target, with why its last
+scrape failed); 0 otherwise (also after Ctrl-C).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,11 +66,15 @@ async def record(
     duration: float | None,
     stop: asyncio.Event,
     mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+    failed: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Scrape every ``targets`` name → metrics URL each ``interval`` s into ``out/NAME/``
     until ``duration`` s passed or ``stop`` is set (the directories are created; raises
-    ``OSError`` when they cannot be); returns the bodies written per name."""
+    ``OSError`` when they cannot be); returns the bodies written per name. ``failed`` (when
+    given) gets, per name, why its latest failed scrape failed; the first failure of a name is
+    one line on stderr."""
     written = dict.fromkeys(targets, 0)
+    failed = {} if failed is None else failed
     for name in targets:
         await asyncio.to_thread((out / name).mkdir, parents=True, exist_ok=True)
     started = mono_clock()
@@ -76,14 +83,28 @@ async def record(
     timeout = aiohttp.ClientTimeout(total=max(0.5, interval * 0.9))
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
+        def miss(name: str, url: str, reason: str) -> None:
+            if name not in failed:
+                print(
+                    f"specwatch record: {name}: {url}: {reason}; still trying every {interval:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            failed[name] = reason
+
         async def one(name: str, url: str, t: float) -> None:
             try:
                 async with session.get(url) as resp:
                     if resp.status != 200:
+                        miss(name, url, f"HTTP {resp.status}")
                         return
                     body = await resp.read()
                     ctype = resp.headers.get("Content-Type", "text/plain")
-            except (aiohttp.ClientError, TimeoutError):
+            except TimeoutError:
+                miss(name, url, f"no answer within {timeout.total:g} s")
+                return
+            except aiohttp.ClientError as exc:
+                miss(name, url, _reason(exc))
                 return
             path = out / name / body_name(t, ctype)
             await asyncio.to_thread(path.write_bytes, body)
@@ -112,11 +133,29 @@ async def _run(targets: Mapping[str, str], out: Path, interval: float, dur: floa
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    written = await record(targets, out, interval=interval, duration=dur, stop=stop)
+    failed: dict[str, str] = {}
+    written = await record(targets, out, interval=interval, duration=dur, stop=stop, failed=failed)
     counts = ", ".join(f"{n} {c:,}" for n, c in written.items())
     print(f"specwatch record: bodies written: {counts}")
-    print(f"  replay them: {replay_command(out, list(targets))}")
-    return 0
+    empty = [n for n, c in written.items() if c == 0]
+    for name in empty:
+        why = failed.get(name, "no scrape finished")
+        print(
+            f"specwatch record: {name}: no body recorded from {targets[name]} ({why})",
+            file=sys.stderr,
+        )
+    if len(empty) < len(written):
+        print(f"  replay them: {replay_command(out, [n for n in targets if n not in empty])}")
+    return 1 if empty else 0
+
+
+def _reason(exc: BaseException) -> str:
+    """A short why for a failed scrape: the OS error's words (``connection refused``), else
+    the exception's text or class."""
+    cause = getattr(exc, "os_error", None) or exc.__cause__
+    if isinstance(cause, OSError) and cause.errno:
+        return os.strerror(cause.errno).lower()
+    return str(exc) or type(exc).__name__
 
 
 def main(args: argparse.Namespace) -> int:

@@ -22,8 +22,9 @@ shadow traffic is replayed, so the paired-quality alerts never fire here.
 
 Output: ``--format json`` prints ``{"alerts": [{"alertname", "severity", "labels", "value",
 "summary", "fired_at", "resolved_at"}]}`` (times in seconds since start, ``resolved_at`` null
-while still firing at the end), ordered by ``fired_at``; ``--format table`` (the default) at
-most 80 columns: one line per alert, its labels and summary wrapped below it.
+while still firing at the end), ordered by ``fired_at``; ``--format table`` at most 80
+columns: one line per alert, its labels and summary wrapped below it. Without ``--format``: the
+table on a terminal, JSON in a pipe or a file (as every command that prints data).
 Exit code 2 (one line on stderr) for a bad flag or setting, a missing directory, a directory
 without bodies or a body name that is not a number of seconds. A body that fails to parse is a
 failed scrape (as in ``run``): counted per reason, logged once, and the replay goes on.
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specwatch.cli.args import add_output_format, add_windows
+from specwatch.cli.args import add_output_format, add_windows, output_format
 from specwatch.core.logs import log_event, setup_logging
+from specwatch.core.roles import Role
 from specwatch.observe.parse import ParseError, parse_page
 from specwatch.observe.prefilter import OPENMETRICS_CONTENT_TYPE
 
@@ -114,7 +116,7 @@ def _target(spec: str) -> tuple[dict[str, Any], Path]:
     raw = parse_target_spec(spec)
     directory = Path(raw.pop("url"))
     raw["url"] = f"http://replay.invalid/{raw['name']}"
-    raw.setdefault("role", raw["name"] if raw["name"] in ("standard", "fly", "baseline") else "")
+    raw.setdefault("role", raw["name"] if raw["name"] in tuple(Role) else "")
     if not raw["role"]:
         raw["role"] = "standard"
     return raw, directory
@@ -310,7 +312,7 @@ def main(args: argparse.Namespace) -> int:
         evaluation_interval=settings.alerting.evaluation_interval,
         scrape=settings.scrape,
     )
-    if args.format == "json":
+    if output_format(args.format) == "json":
         print(json.dumps(transitions_json(found), indent=2, allow_nan=False))
     else:
         print(render_table(found))

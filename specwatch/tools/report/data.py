@@ -31,6 +31,12 @@ import numpy as np
 import numpy.typing as npt
 
 from specwatch.core.config import DEFAULT_LOAD_BANDS, DEFAULT_MAX_CATEGORIES, OVERALL
+from specwatch.core.crossover import (
+    CANDIDATE_NAME,
+    CROSSOVER_STATUSES,
+    REFERENCE_NAMES,
+    limit_headline,
+)
 from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
 from specwatch.shadow.ledger.ledger import Ledger
@@ -120,11 +126,16 @@ class Acceptance:
     when the name is not its role), one window.
 
     ``arms[label][i]`` is p_i (``None`` when unknown); ``source`` names where it came from.
+    ``speculation_limit``: where speculation stops paying, the sidecar's sentence (from a
+    snapshot verbatim; from ``/metrics`` its first part per comparison, rebuilt from the
+    ``specwatch_speculation_limit_*`` gauges by :func:`~specwatch.core.crossover.limit_headline`);
+    ``None`` when the source has none.
     """
 
     source: str
     window: str
     arms: Mapping[str, tuple[float | None, ...]]
+    speculation_limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,7 +511,41 @@ def acceptance_from_snapshot(doc: Mapping[str, Any], window: str, source: str) -
         values = server.get("per_position_acceptance_rate") or []
         if values:
             found[(str(t.get("role", "?")), str(name))] = tuple(_num(v) for v in values)
-    return Acceptance(source=source, window=window, arms=_arm_labels(found))
+    limit = doc.get("speculation_limit")
+    text = limit.get("text") if isinstance(limit, Mapping) else None
+    return Acceptance(
+        source=source,
+        window=window,
+        arms=_arm_labels(found),
+        speculation_limit=text if isinstance(text, str) and text else None,
+    )
+
+
+#: The ``specwatch_speculation_limit_*`` gauges a ``/metrics`` text gives the sentence from.
+_LIMIT_GAUGES = {
+    "specwatch_speculation_limit_running": "running",
+    "specwatch_speculation_limit_running_lower": "lower",
+    "specwatch_speculation_limit_running_upper": "upper",
+    "specwatch_speculation_limit_highest_running": "highest",
+}
+
+
+def _limit_sentence(found: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The speculation limit's headline per comparison (baseline first), from the gauges read
+    per ``reference`` label; ``None`` without any."""
+    parts = []
+    for reference, name in REFERENCE_NAMES.items():
+        g = found.get(reference)
+        if g is None or g.get("state") not in CROSSOVER_STATUSES:
+            continue
+        label = f"{CANDIDATE_NAME} vs {name}"
+        state = g["state"]
+        parts.append(
+            limit_headline(
+                label, state, g.get("running"), g.get("lower"), g.get("upper"), g.get("highest")
+            )
+        )
+    return ". ".join(parts) if parts else None
 
 
 def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptance:
@@ -510,8 +555,17 @@ def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptanc
     from prometheus_client.parser import text_string_to_metric_families  # only with a source
 
     found: dict[tuple[str, str], dict[int, float]] = {}
+    limits: dict[str, dict[str, Any]] = {}
     try:
         for fam in text_string_to_metric_families(text):
+            if fam.name in _LIMIT_GAUGES or fam.name == "specwatch_speculation_limit_state":
+                for s in fam.samples:
+                    one = limits.setdefault(s.labels.get("reference", ""), {})
+                    if fam.name in _LIMIT_GAUGES:
+                        one[_LIMIT_GAUGES[fam.name]] = _num(s.value)
+                    elif s.value == 1:
+                        one["state"] = s.labels.get("state")
+                continue
             if fam.name != "specwatch_per_position_acceptance_ratio":
                 continue
             for s in fam.samples:
@@ -523,7 +577,12 @@ def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptanc
     except (ValueError, KeyError, IndexError) as exc:
         raise ReportInputError(f"{source}: not Prometheus text ({exc})") from None
     arms = {key: tuple(_num(pos.get(i)) for i in range(max(pos) + 1)) for key, pos in found.items()}
-    return Acceptance(source=source, window=window, arms=_arm_labels(arms))
+    return Acceptance(
+        source=source,
+        window=window,
+        arms=_arm_labels(arms),
+        speculation_limit=_limit_sentence(limits),
+    )
 
 
 def parse_acceptance(text: str, window: str, source: str) -> Acceptance:

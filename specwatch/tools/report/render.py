@@ -519,6 +519,23 @@ def _when(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _limit_section(data: ReportData) -> str:
+    """The sidecar's speculation-limit sentence, as every other surface shows it."""
+    acc = data.acceptance
+    if acc is None or acc.speculation_limit is None:
+        return (
+            "<p>Where FLy stops decoding faster per request than the no-speculation baseline "
+            "and than the standard arm, as the live view and <code>specwatch advise</code> "
+            "say it, needs <code>--metrics-url</code> from a sidecar that watches a FLy and a "
+            "standard target (its <code>/api/v1/snapshot</code> gives the whole sentence, its "
+            "<code>/metrics</code> the first part of each comparison).</p>"
+        )
+    return (
+        f'<p data-field="speculation_limit">{html.escape(acc.speculation_limit)}</p>'
+        f"<p>Source: <code>{html.escape(acc.source)}</code>.</p>"
+    )
+
+
 def _acceptance_table(data: ReportData) -> str:
     acc = data.acceptance
     if acc is None:
@@ -669,6 +686,8 @@ noise-only flips (anytime valid), the rule of the <code>SpecLosslessFlips</code>
 <p>Checked after every pair; the false-alarm rate stays at or below α however often it is looked
 at (Ville's inequality). {_points_note(data)}</p>{imgs.get("evalue.png", "")}
 <h2>Net loss and its interval</h2>{imgs.get("net_loss.png", "")}
+<h2>Where speculation stops paying</h2>
+{_limit_section(data)}
 <h2>Per-position acceptance per arm</h2>{imgs.get("per_position.png", "")}
 {_acceptance_table(data)}
 <h2>Unpaired and excluded requests</h2>{reasons_html}

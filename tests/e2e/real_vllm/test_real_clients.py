@@ -295,7 +295,7 @@ def test_bench_result_prints_the_minimum_table(bench_result: Path) -> None:
     assert row["acceptance_length"] == doc["spec_decode_acceptance_length"] >= 1.0
     assert row["sampling"]["temperature"] == "0"
     assert row["sampling"]["top_p"] is None
-    table = _specwatch("bench-result", str(bench_result))
+    table = _specwatch("bench-result", str(bench_result), "--format", "table")
     assert table.returncode == 0
     assert "concurrency / request rate            2 / inf" in table.stdout
     assert "top_p not sent [1]" in table.stdout
