@@ -17,6 +17,7 @@ from specwatch.core.numbers import exp_or_inf, finite_or_none
 from specwatch.observe import window
 from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.stats import paired
+from specwatch.shadow.stats.eprocess import COMPONENTS
 from specwatch.shadow.stats.paired import PairedCounts
 from specwatch.simulate import config as sim_config
 from specwatch.tools.offline.paired_test import _table, paired_report
@@ -108,16 +109,18 @@ def test_exp_or_inf_and_finite_or_none_by_hand() -> None:
 
 
 def test_paired_test_reports_inf_not_a_clamped_e_value() -> None:
-    """n losses and no gains, counts only: the no-net-loss e-value's count form is
-    Σ_j w_j (2 q_j)^n with the 6 % bets, dominated by its largest bet (0.98, weight 0.0108): for
-    n = 2000 its log is ≈ 2000 ln 1.96 ≈ 1345.9 > 709, so ``paired-test`` says inf (it used to
-    print exp(709)); for n = 1000 (log ≈ 668.5) it is the finite sum."""
+    """n losses and no gains: the no-net-loss e-value is Σ_j w_j (2 θ_j)^n, dominated by its
+    largest lost share (θ = 0.98, weight 0.021): for n = 2000 its log is ≈ 2000 ln 1.96 ≈ 1345.9
+    > 709, so ``paired-test`` says inf (it used to print exp(709)); for n = 1000 (log ≈ 669) it
+    is the finite sum."""
     big = paired_report(PairedCounts(0, 2000, 0, 0), margin=0.01, alpha=0.05)
     assert big["e_value"] == math.inf
     assert "inf" in _table(big)
     small = paired_report(PairedCounts(0, 1000, 0, 0), margin=0.01, alpha=0.05)
     assert small["e_value"] == pytest.approx(count_form(1000, 0), rel=1e-9)
-    assert small["e_value"] == pytest.approx(0.0108 * 1.96**1000, rel=0.01)
+    theta, weight = COMPONENTS[-1]
+    assert theta == 0.98
+    assert small["e_value"] == pytest.approx(weight * 1.96**1000, rel=0.01)
 
 
 def test_mcnemar_lives_in_stats_paired() -> None:

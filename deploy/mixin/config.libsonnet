@@ -25,16 +25,6 @@
   // Runbook link of every alert; %s is the alert name in lower case (the GitHub anchor of its
   // heading in docs/runbook.md). Point it at your own copy of the runbook if you keep one.
   runbookURLPattern: 'https://github.com/specwatch/specwatch/blob/main/docs/runbook.md#%s',
-  // SpecQualityDriftFleet (rules only: only Prometheus sees every sidecar): McNemar's normal z of
-  // lost against gained answers summed over every specwatch replica over 1h. 3.09 is the
-  // one-sided p <= 0.001 quantile of the standard normal.
-  mcnemarFleetZ: 3.09,
-  // ... and at least this many discordant (lost + gained) pairs, so the normal approximation holds.
-  mcnemarFleetMinDiscordant: 20,
-  // ... held for this long before firing.
-  mcnemarFleetFor: '15m',
-  // ... at this severity.
-  mcnemarFleetSeverity: 'critical',
   // metadata.name of the rendered PrometheusRule (prometheusrule.yaml).
   prometheusRuleName: 'specwatch',
   // metadata.labels of the rendered PrometheusRule; add your Prometheus ruleSelector's label

@@ -40,7 +40,9 @@ import _jsonnet
 import yaml
 
 from specwatch.alerts.settings import DetectSettings
+from specwatch.core.config import OVERALL
 from specwatch.shadow.settings import PairedSettings
+from specwatch.shadow.stats.policy import MARGIN, NO_NET_LOSS, PagePolicy
 
 __all__ = [
     "AREAS",
@@ -123,7 +125,10 @@ def threshold_values(
     """``_config`` key → value taken from the Python settings (defaults when not given).
 
     Keys: every int/float field of ``DetectSettings`` (``*_for`` as a duration string such as
-    ``"10m"``, the others as numbers) and ``e_value_bound`` = 1 / ``PairedSettings.alpha``.
+    ``"10m"``, the others as numbers), ``e_value_bound`` = 1 / ``PairedSettings.alpha`` (the
+    lossless check), the alerting policy's page bounds (``page_overall_bound``,
+    ``page_category_bound``, ``page_margin_bound``: :class:`PagePolicy` at the defaults, K =
+    ``shadow.max_categories`` + 1) and ``change_arl``.
     """
     detect = detect if detect is not None else DetectSettings()
     paired = paired if paired is not None else PairedSettings()
@@ -133,6 +138,12 @@ def threshold_values(
         if isinstance(value, int | float) and not isinstance(value, bool):
             values[name] = prometheus_duration(value) if name.endswith("_for") else float(value)
     values["e_value_bound"] = 1.0 / paired.alpha
+    policy = PagePolicy.of(paired)  # K = shadow.max_categories + 1 at its default
+    # as text with 10 significant digits: jsonnet would print a float with fewer
+    values["page_overall_bound"] = f"{policy.level(OVERALL, NO_NET_LOSS):.10g}"
+    values["page_category_bound"] = f"{policy.level('category', NO_NET_LOSS):.10g}"
+    values["page_margin_bound"] = f"{policy.level(OVERALL, MARGIN):.10g}"
+    values["change_arl"] = f"{policy.change_arl:.10g}"
     return values
 
 

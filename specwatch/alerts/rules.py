@@ -29,13 +29,13 @@ from specwatch.alerts.conditions import (
     token_budget_bound,
 )
 from specwatch.alerts.settings import DetectSettings
-from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.config import OVERALL, SINCE_START, parse_duration
 from specwatch.core.numbers import exp_or_inf
 from specwatch.core.roles import Role
 from specwatch.observe.values import Health, ModelWindow, ObserveView, TargetSnapshot
 from specwatch.shadow.published import PairedSummary, ShadowStats
 from specwatch.shadow.sample import CHOSEN_PAUSES
-from specwatch.shadow.stats.sequential import alarm
+from specwatch.shadow.stats.policy import MARGIN, NO_NET_LOSS, PagePolicy
 
 __all__ = ["SustainedKey", "candidates", "sustained_levels"]
 
@@ -604,52 +604,94 @@ def _shadow_window(shadow: ShadowStats, name: str) -> dict[str, PairedSummary]:
 
 
 def _quality(shadow: ShadowStats, s: DetectSettings) -> list[Alert]:
+    """SpecQualityDrift by the alerting policy (:class:`~specwatch.shadow.stats.policy.PagePolicy`:
+    every since-start e-value at its own share of alpha, so the page as a whole keeps alpha),
+    SpecNonInferiorityNotShown (info) and the change warning SpecQualityChange."""
     out: list[Alert] = []
+    policy = shadow.policy
     since = _shadow_window(shadow, SINCE_START)
     for category, summ in sorted(since.items()):
-        found = quality_drift(summ.e_value, summ.non_inferiority_pass, summ.n, shadow.alpha, s)
+        level = policy.test_alpha(category, NO_NET_LOSS)
+        found = quality_drift(summ.e_value, summ.non_inferiority_pass, summ.n, level, s)
         if "e_value" in found:
-            out.append(_quality_alert("e_value", category, "no_net_loss", found["e_value"], summ))
+            out.append(_quality_alert(category, NO_NET_LOSS, found["e_value"], summ, policy))
         if "non_inferiority" in found:
             out.append(_non_inferiority_alert(category, found["non_inferiority"], summ, s))
     bet = shadow.betting_log_e_value
     if bet is not None and math.isfinite(bet):
         e = exp_or_inf(bet)
-        found = quality_drift(e, None, None, shadow.alpha, s)
+        found = quality_drift(e, None, None, policy.test_alpha(OVERALL, MARGIN), s)
         if "e_value" in found:
-            out.append(_quality_alert("e_value", OVERALL, "margin", e, since.get(OVERALL)))
-    change, level = shadow.change_log_value, shadow.change_threshold
-    if change is not None and level is not None and alarm(change, 1.0 / level):
-        out.append(
-            _quality_alert(
-                "change", OVERALL, "net_loss_change", exp_or_inf(change), since.get(OVERALL)
-            )
-        )
+            out.append(_quality_alert(OVERALL, MARGIN, e, since.get(OVERALL), policy))
+    change = shadow.change_log_value
+    if change is not None and policy.change_fires(change):
+        out.append(_change_alert(exp_or_inf(change), shadow, policy))
     return out
 
 
+def _pair_rate(shadow: ShadowStats) -> float | None:
+    """Labelled pairs per second over the longest rolling window (``None`` without one)."""
+    best: tuple[float, int] | None = None
+    for name, cats in shadow.windows.items():
+        if name == SINCE_START or OVERALL not in cats:
+            continue
+        seconds = parse_duration(name)
+        if best is None or seconds > best[0]:
+            best = (seconds, cats[OVERALL].n)
+    return best[1] / best[0] if best is not None and best[0] > 0 else None
+
+
 def _quality_alert(
-    check: str, category: str, hypothesis: str | None, value: float, summ: PairedSummary | None
+    category: str, hypothesis: str, value: float, summ: PairedSummary | None, policy: PagePolicy
 ) -> Alert:
-    """Critical: the anytime-valid e-value reached ``1/alpha``, i.e. evidence of a loss."""
-    labels = {"check": check, "category": category, "hypothesis": hypothesis or "no_net_loss"}
+    """Critical: a since-start e-value reached its share of the page's alpha (evidence of a
+    loss; the page as a whole is wrong with probability at most alpha)."""
     counts = (
         f"lost {summ.lost}, gained {summ.gained} of {summ.n} labelled pairs"
         if summ is not None
         else "no labelled pairs summary"
     )
-    what = {
-        "no_net_loss": "FLy loses more answers than standard",
-        "net_loss_change": "FLy has started losing more answers than standard (change detector)",
-    }.get(labels["hypothesis"], "FLy's net loss exceeds the non-inferiority margin")
+    what = (
+        "FLy loses more answers than standard"
+        if hypothesis == NO_NET_LOSS
+        else "FLy's net loss exceeds the non-inferiority margin"
+    )
+    share = policy.share(category, hypothesis)
     return Alert(
         "SpecQualityDrift",
         Severity.CRITICAL,
-        f"Evidence that {what} (category {category}): the sequential e-value crossed 1/alpha.",
-        f"Since start, the paired e-value of FLy against standard (hypothesis "
-        f"{labels['hypothesis']}, category {category}) is {value:.3g}, at or over its 1/alpha "
-        f"bound ({counts}); anytime-valid, so this is evidence of a loss, not noise.",
-        labels,
+        f"Evidence that {what} (category {category}): its since-start e-value reached its "
+        "page bound.",
+        f"Since start, the paired e-value of FLy against standard (hypothesis {hypothesis}, "
+        f"category {category}) is {value:.3g}, at or over its bound "
+        f"{policy.level(category, hypothesis):.4g} = 1/(alpha x {share:.3g}) ({counts}). "
+        f"Every test of this page has its share of alpha = {policy.alpha:g}, so the page "
+        "fires on harmless traffic with probability at most alpha over the sidecar's life: "
+        "this is evidence of a loss, not noise.",
+        {"check": "e_value", "category": category, "hypothesis": hypothesis},
+        value=value,
+    )
+
+
+def _change_alert(value: float, shadow: ShadowStats, policy: PagePolicy) -> Alert:
+    """Warning: the change detector reached ``change_arl`` (a loss that may have started)."""
+    rate = _pair_rate(shadow)
+    days = policy.change_interval_days(rate) if rate is not None else None
+    interval = (
+        f"about one false warning per {days:.3g} days at the current {rate * 86400:.4g} "
+        "labelled pairs a day"
+        if days is not None and rate is not None
+        else "no pair rate yet to state it in days"
+    )
+    return Alert(
+        "SpecQualityChange",
+        Severity.WARNING,
+        "FLy may have started losing more answers than standard (change detector).",
+        f"The change detector (Shiryaev-Roberts on the pair clock) is {value:.3g}, at or over "
+        f"paired.change_arl = {policy.change_arl:g}: under no loss its false warnings come at "
+        f"most once per {policy.change_arl:g} labelled pairs on average ({interval}). A "
+        "warning, not a page: the since-start SpecQualityDrift decides.",
+        {"check": "change", "category": OVERALL},
         value=value,
     )
 
@@ -837,21 +879,32 @@ def candidates(
                 value=1.0,
             )
         )
-    pair = _pair_labels(observe)
-    out += [replace(a, labels={**pair, **a.labels}) for a in shadow_found]
+    out += [
+        replace(a, labels={**_pair_labels(observe, _about(a.alertname)), **a.labels})
+        for a in shadow_found
+    ]
     return out
 
 
-def _pair_labels(observe: ObserveView) -> dict[str, str]:
-    """Where a shadow alert comes from: the FLy target (``target``, ``role="fly"``, its first
-    model's ``model_name``) and the ``standard`` target it is compared with; empty without a
-    pair."""
+def _about(alert: str) -> str:
+    """The server a shadow alert is about: SpecLosslessFlips is about the standard arm (its
+    speculation is meant to be lossless), every other shadow alert about FLy."""
+    return "standard" if alert == "SpecLosslessFlips" else "fly"
+
+
+def _pair_labels(observe: ObserveView, about: str = "fly") -> dict[str, str]:
+    """Where a shadow alert comes from: the target it is about (``target``, ``role``, that
+    target's first model's ``model_name``) and the other side of the pair (``standard`` for a
+    FLy alert, ``fly`` for a standard one); empty without a pair."""
     pv = next(iter(observe.pair.values()), None)
     if pv is None:
         return {}
-    out = {"target": pv.fly, "role": "fly", "standard": pv.standard}
-    fly = observe.targets.get(pv.fly)
-    models = sorted({m for w in fly.windows.values() for m in w}) if fly is not None else []
+    if about == "standard":
+        target, out = pv.standard, {"target": pv.standard, "role": "standard", "fly": pv.fly}
+    else:
+        target, out = pv.fly, {"target": pv.fly, "role": "fly", "standard": pv.standard}
+    snap = observe.targets.get(target)
+    models = sorted({m for w in snap.windows.values() for m in w}) if snap is not None else []
     if models:
         out["model_name"] = models[0]
     return out

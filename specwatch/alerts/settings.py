@@ -83,11 +83,14 @@ class DetectSettings(BaseModel):
     """... and generation is below this many tokens per second."""
     stall_for: float = Field(default=300.0, ge=0)
     """Seconds SpecAdmissionStall's condition must hold before it fires."""
-    # SpecQualityDrift: the e-value bound is 1/paired.alpha (the summary's alarm), not a knob here
+    # SpecQualityDrift: the e-value bounds follow from paired.alpha (the alerting policy of
+    # specwatch.shadow.stats.policy), not knobs here
     quality_min_pairs: int = Field(default=200, ge=1)
     """SpecQualityDrift needs at least this many paired outcomes."""
-    quality_e_value_for: float = Field(default=300.0, ge=0)
-    """Seconds the e-value must stay above 1/`paired.alpha` before SpecQualityDrift fires."""
+    quality_e_value_for: float = Field(default=0.0, ge=0)
+    """Seconds the e-value must stay at its page bound before SpecQualityDrift fires (0: an
+    e-value at its bound is decisive when it gets there; Ville's inequality holds at any
+    stopping time)."""
     quality_non_inferiority_for: float = Field(default=900.0, ge=0)
     """Seconds non-inferiority must stay rejected before SpecQualityDrift fires."""
     # SpecFlipRateAboveNoise: pooled two-proportion z (one-sided p <= 0.001 at 3.09)
@@ -103,8 +106,10 @@ class DetectSettings(BaseModel):
     lossless_min_pairs: int = Field(default=10, ge=1)
     """SpecLosslessFlips needs at least this many greedy pairs with a baseline and a noise
     answer."""
-    lossless_for: float = Field(default=300.0, ge=0)
-    """Seconds SpecLosslessFlips' condition must hold before it fires."""
+    lossless_for: float = Field(default=0.0, ge=0)
+    """Seconds SpecLosslessFlips' condition must hold before it fires (0: the e-value at
+    1/alpha on at least `lossless_min_pairs` pairs is decisive; thin evidence is held back by
+    the minimum pairs, not by waiting)."""
     # self-health
     target_down_for: float = Field(default=300.0, ge=0)
     """Seconds a target's scrapes must fail before SpecwatchTargetDown fires."""

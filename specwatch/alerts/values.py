@@ -27,6 +27,7 @@ __all__ = [
 #: :data:`RULES_ONLY_ALERTS`, a test holds the two to that.
 ALERT_NAMES: tuple[str, ...] = (
     "SpecQualityDrift",
+    "SpecQualityChange",
     "SpecFlipRateAboveNoise",
     "SpecLosslessFlips",
     "SpecNonInferiorityNotShown",
@@ -46,8 +47,8 @@ ALERT_NAMES: tuple[str, ...] = (
 #: Alerts only the Prometheus rules have, each with why the sidecar cannot raise it.
 RULES_ONLY_ALERTS: Mapping[str, str] = {
     "SpecQualityDriftFleet": (
-        "the fleet-wide McNemar check sums the pairs of every specwatch replica; one sidecar "
-        "sees only its own"
+        "the fleet page averages the since-start e-values of every specwatch sidecar; one "
+        "sidecar sees only its own"
     ),
 }
 

@@ -37,6 +37,10 @@ DEFAULT_MAX_CATEGORIES = 20
 DEFAULT_ALPHA = 0.05
 DEFAULT_MARGIN = 0.01
 
+#: Default mean run length of the quality change detector to a false alarm, in labelled pairs
+#: (``PairedSettings.change_arl``): about 29 days at the default canary rate of 0.2 pairs/s.
+DEFAULT_CHANGE_ARL = 500_000.0
+
 #: Labels that tell HA Prometheus replicas apart (prometheus-operator's ``prometheus_replica``,
 #: Thanos' and Cortex's ``replica``): a series that differs from another only in these is the same
 #: sidecar's series read through two replicas (``specwatch fleet`` counts it once).

@@ -36,6 +36,7 @@ from specwatch.export.snapshot import Snapshot
 from specwatch.observe.values import Health, ModelWindow, TargetSnapshot
 from specwatch.shadow.decision import tau_coverage_by_category
 from specwatch.shadow.published import PairedSummary, ShadowStats
+from specwatch.shadow.stats.policy import NO_NET_LOSS
 from specwatch.shadow.verdict import change_percent, e_value_text
 from specwatch.simulate.loadgen import LoadStats
 
@@ -156,13 +157,18 @@ def _shadow_lines(stats: ShadowStats, window: str) -> list[Text]:
     t = s.tally
     paired = t.agree + t.disagree
     noise_n = t.noise_agree + t.noise_disagree
-    e = e_value_text(s.e_value) if math.isfinite(s.e_value) else "n/a"
-    alpha = stats.alpha
-    needed = f" of {1 / alpha:g}" if math.isfinite(alpha) and alpha > 0 else ""
+    # the e-value is anytime-valid since start only; beside it the overall page's bound
+    evidence = ""
+    if w == SINCE_START:
+        e = e_value_text(s.e_value) if math.isfinite(s.e_value) else "n/a"
+        alpha = stats.alpha
+        ok = math.isfinite(alpha) and 0 < alpha < 1
+        needed = f" of {stats.policy.level(OVERALL, NO_NET_LOSS):g}" if ok else ""
+        evidence = f"; e-value {e}{needed}"
     lines = [
         _line(
             f"pairs ({w}) {_int(paired)}, labelled {_int(s.n)}: "
-            f"lost {_int(s.lost)} gained {_int(s.gained)}; e-value {e}{needed}"
+            f"lost {_int(s.lost)} gained {_int(s.gained)}{evidence}"
         ),
         _line(
             f"flips vs standard: FLy {_rate(t.disagree, paired)}, "

@@ -411,7 +411,7 @@ LOSSLESS_FLIP_RATIO = _g(
 LOSSLESS_E_VALUE = _g(
     "specwatch_lossless_e_value",
     "Anytime-valid e-value (beta-binomial mixture, p0 = 1/2) that the standard arm flips greedy "
-    "answers against the baseline more often than the noise arm does (window since_start).",
+    "answers against the baseline more often than the noise arm does (window since_start only).",
     WC,
 )
 LOSSLESS_PAIRS = _g(
@@ -472,8 +472,8 @@ DECISION_GAUGES: dict[str, MetricSpec] = {
     ),
     "e_value": _g(
         "specwatch_decision_e_value",
-        "E-value against 'no net loss' since start (overall: the ordered e-process; "
-        "categories: its count form).",
+        "E-value against 'no net loss' since start (a function of the lost and gained "
+        "counts, overall and per category).",
         DC,
     ),
     "noise_flip_ratio": _g(
@@ -523,16 +523,16 @@ MCNEMAR_P = _g(
 )
 E_VALUE = _g(
     "specwatch_paired_e_value",
-    "Anytime-valid e-value against 'no net loss' (betting on the discordant pairs; alarm at "
-    ">= 1/alpha; the ordered e-process for window since_start, category overall, else its "
-    "count form) and, since start, against 'net loss <= margin' (betting).",
+    "Anytime-valid e-value, window since_start only: against 'no net loss' (a mixture over the "
+    "lost share of the discordant pairs, per category and overall) and against 'net loss <= "
+    "margin' (betting); each pages at its share of paired.alpha (the alerting policy).",
     (*WC, "hypothesis"),
 )
 CHANGE_DETECTOR = _g(
     "specwatch_paired_change_detector",
     "The change detector's value M (Shiryaev-Roberts e-detector on the no-net-loss bets, pair "
-    "clock; 0 before the first discordant pair); it alarms at paired.change_arl, its mean run "
-    "length to a false alarm in labelled pairs.",
+    "clock; 0 before the first discordant pair); the warning SpecQualityChange fires at "
+    "paired.change_arl, its mean run length to a false alarm in labelled pairs.",
 )
 CHANGE_DETECTOR_THRESHOLD = _g(
     "specwatch_paired_change_detector_threshold",

@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # annotations only: `specwatch analyze` loads neither aiohttp
     from specwatch.export.snapshot import Snapshot
     from specwatch.shadow.published import PairedSummary, ShadowStats
 
+#: Summary fields a rolling window leaves out (``null``): e-values are anytime-valid since
+#: start only; a window's counts, rates and intervals keep their own names.
+ROLLING_WITHOUT = ("log_e_value", "e_value", "alarm", "lossless_e_value")
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float):
@@ -289,10 +293,13 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
     the labelled pair at which "within margin" was declared (``null`` while not).
     """
 
-    def summary(s: PairedSummary) -> dict[str, object]:
+    def summary(s: PairedSummary, window: str) -> dict[str, object]:
         d: dict[str, object] = {
             f.name: _json_num(getattr(s, f.name)) for f in fields(s) if f.name != "tally"
         }
+        if window != SINCE_START:  # only since start is anytime-valid
+            for name in ROLLING_WITHOUT:
+                d[name] = None
         d["tally"] = asdict(s.tally)
         return d
 
@@ -304,7 +311,7 @@ def shadow_stats_json(stats: ShadowStats) -> dict[str, Any]:
         "margin": stats.margin,
         "detect_net_loss": stats.detect_net_loss,
         "windows": {
-            w: {cat: summary(s) for cat, s in cats.items()} for w, cats in stats.windows.items()
+            w: {cat: summary(s, w) for cat, s in cats.items()} for w, cats in stats.windows.items()
         },
         "pairs_total": [
             {"category": c, "arm": a, "outcome": o, "count": n}

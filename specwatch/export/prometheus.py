@@ -293,7 +293,9 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
         for category, s in cats.items():
             fam.add(cat.MCNEMAR_P, (window, category, "two_sided"), s.p_two_sided)
             fam.add(cat.MCNEMAR_P, (window, category, "loss"), s.p_loss)
-            fam.add(cat.E_VALUE, (window, category, "no_net_loss"), s.e_value)
+            if window == SINCE_START:  # only since start is anytime-valid: no e-value for a
+                # rolling window (its counts, rates and intervals have their own names)
+                fam.add(cat.E_VALUE, (window, category, "no_net_loss"), s.e_value)
             fam.add(cat.FLIP_RATIO, (window, category, "fly"), s.fly_flip_ratio)
             fam.add(cat.FLIP_RATIO, (window, category, "noise"), s.noise_flip_ratio)
             if s.lossless_pairs:
@@ -303,7 +305,8 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
                     (window, category, "noise"),
                     s.baseline_noise_flip_ratio,
                 )
-                fam.add(cat.LOSSLESS_E_VALUE, (window, category), s.lossless_e_value)
+                if window == SINCE_START:
+                    fam.add(cat.LOSSLESS_E_VALUE, (window, category), s.lossless_e_value)
             fam.add(cat.LOSSLESS_PAIRS, (window, category), s.lossless_pairs)
     for row in state.decisions:
         for attr, spec in cat.DECISION_GAUGES.items():

@@ -391,7 +391,7 @@ class ShadowStatistics:
         return build_shadow_stats(
             inputs.tallies,
             now=now,
-            levels=Levels(p.alpha, p.margin, p.detect_net_loss),
+            levels=Levels(p.alpha, p.margin, p.detect_net_loss, self.categories.limit + 1),
             ordered=OrderedState(
                 net_loss_log_e_value=log_e,
                 betting_log_e_value=a.betting.log_wealth,

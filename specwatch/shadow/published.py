@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specwatch.core.config import DEFAULT_CHANGE_ARL, DEFAULT_MAX_CATEGORIES
+from specwatch.shadow.stats.policy import PagePolicy
 from specwatch.shadow.tally import ArmTotals, PairTally
 from specwatch.shadow.values import Verdict
 
@@ -17,11 +19,12 @@ class PairedSummary:
 
     ``net_loss_ratio`` = acc(standard) - acc(FLy) with its Tango score interval
     ``[ci_lower, ci_upper]`` at ``ci_level``; ``p_two_sided`` / ``p_loss`` exact McNemar;
-    ``log_e_value`` / ``e_value`` the no-net-loss e-value and ``alarm`` = e >= 1/alpha: for the
-    ``since_start`` window of :data:`OVERALL` the ordered e-process the sidecar folds pair by
-    pair (:mod:`~specwatch.shadow.stats.eprocess`, anytime valid), elsewhere (rolling windows,
-    categories: counts without an order) its count form at the 6 % prior
-    (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`);
+    ``log_e_value`` / ``e_value`` the no-net-loss e-value and ``alarm`` = e >= 1/alpha: a
+    function of the lost and gained counts
+    (:func:`~specwatch.shadow.stats.eprocess.count_log_e_value`), anytime valid since start
+    (overall and per category; the page reads it at its policy's bounds); a rolling window's
+    is the same function of its counts, not anytime valid, so no surface shows it as an
+    e-value;
     ``non_inferiority_*`` the Tango test against the margin; ``questions_needed`` (Connor 1987)
     for detecting a net loss δ = ``detect_net_loss`` at the planning discordant rate
     p_d = max(observed discordant rate, δ) (a net loss of δ implies at least δ discordance;
@@ -239,7 +242,9 @@ class ShadowStats:
     decision table (:func:`specwatch.shadow.decision.decision_table`, since start, bounded
     categories); ``by_load`` flip rates per running-request band (since start);
     ``ledger_state`` whether the ledger can store rows
-    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``).
+    (:data:`~specwatch.shadow.ledger.state.LedgerState`; pairing stops while it is not ``ok``);
+    ``page_categories`` K, the category series the alerting policy divides its category share
+    by (``shadow.max_categories`` + ``other``; :attr:`policy`).
     """
 
     generated_at: float
@@ -265,6 +270,19 @@ class ShadowStats:
     replays_total: Mapping[str, int] = field(default_factory=dict)
     ledger_state: str = "ok"
     arm_totals: ArmTotals | None = None
+    page_categories: int = DEFAULT_MAX_CATEGORIES + 1
+
+    @property
+    def policy(self) -> PagePolicy:
+        """The alerting policy these statistics are paged by (its thresholds)."""
+        return PagePolicy(
+            alpha=self.alpha,
+            margin=self.margin,
+            categories=self.page_categories,
+            change_arl=self.change_threshold
+            if self.change_threshold is not None
+            else DEFAULT_CHANGE_ARL,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from pydantic_settings import NoDecode
 
 from specwatch.core.config import (
     DEFAULT_ALPHA,
+    DEFAULT_CHANGE_ARL,
     DEFAULT_LOAD_BANDS,
     DEFAULT_MARGIN,
     DEFAULT_MAX_CATEGORIES,
@@ -296,8 +297,10 @@ class PairedSettings(Frozen):
     per stored pair and the ledger is read only at start."""
 
     alpha: float = Field(default=DEFAULT_ALPHA, gt=0.0, lt=1.0)
-    """Test level: the e-value alarm fires at 1/alpha. Lower it for fewer false alarms and
-    slower detection."""
+    """Level of the whole critical quality page: the chance that SpecQualityDrift ever fires
+    while FLy loses nothing, every category and both hypotheses together, is at most alpha
+    (docs/runbook.md, "The quality alerting policy"). Lower it for fewer false pages and slower
+    detection."""
     margin: float = Field(default=DEFAULT_MARGIN, ge=0.0, lt=1.0)
     """Non-inferiority margin on the net loss, a fraction (0.01 = one point): losses below
     it are accepted."""
@@ -305,9 +308,10 @@ class PairedSettings(Frozen):
     """The net loss `questions_needed` is sized for."""
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
     """The power `questions_needed` is sized for."""
-    change_arl: float = Field(default=50_000.0, gt=1.0)
-    """Threshold of the change detector: its mean run to a false alarm with no loss is at
-    least this many labelled pairs. Raise it for fewer false alarms."""
+    change_arl: float = Field(default=DEFAULT_CHANGE_ARL, gt=1.0)
+    """Threshold of the change detector (the warning SpecQualityChange): its mean run to a
+    false alarm with no loss is at least this many labelled pairs (500,000: about 29 days at
+    0.2 pairs/s). Raise it for fewer false warnings."""
     windows: Annotated[tuple[str, ...], NoDecode] = ("15m", "1h", "24h")
     """Rolling windows of the paired statistics (`since_start`, the whole ledger, is always
     added). Keep the detectors' `flip_window` and `shadow_stalled_window` among them: a

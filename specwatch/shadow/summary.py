@@ -8,7 +8,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL, SINCE_START
 from specwatch.core.numbers import exp_or_inf
 from specwatch.shadow.lossless import LosslessBand
 from specwatch.shadow.published import DecisionRow, LoadBand, PairedSummary, ShadowIO, ShadowStats
@@ -128,9 +128,7 @@ def _summarize(
         non_inferiority_upper=ni.upper_bound,
         non_inferiority_pass=ni.passed,
         questions_needed=needed,
-        questions_still_needed=pairs_to_decide(
-            net_loss_ratio(pc), disc, pc.n, margin, alpha, power
-        ),
+        questions_still_needed=pairs_to_decide(net_loss_ratio(pc), disc, pc.n, margin, alpha),
         fly_flip_ratio=fly_flip,
         noise_flip_ratio=noise_flip,
         excess_flip_ratio=ex.excess_flip_ratio,
@@ -156,11 +154,13 @@ def _summarize(
 @dataclass(frozen=True, slots=True)
 class Levels:
     """The levels every statistic is computed at: ``alpha`` (error rate), ``margin`` (the
-    non-inferiority margin) and ``detect_net_loss`` (the net loss the sample size plans for)."""
+    non-inferiority margin), ``detect_net_loss`` (the net loss the sample size plans for) and
+    ``categories`` (K, the category series the page's category share is divided by)."""
 
     alpha: float = 0.05
     margin: float = 0.01
     detect_net_loss: float = 0.02
+    categories: int = DEFAULT_MAX_CATEGORIES + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +276,7 @@ def build_shadow_stats(
         change_log_value=ordered.change_log_value,
         change_threshold=ordered.change_threshold,
         within_margin_declared_at=ordered.within_margin_declared_at,
+        page_categories=levels.categories,
         ledger_rows=ledger.rows,
         ledger_write_errors=dict(ledger.write_errors),
         io=carried.io,

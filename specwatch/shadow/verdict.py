@@ -4,11 +4,12 @@ One pure function, :func:`verdict_line`, builds the sentence shown by the demo's
 ``/api/v1/snapshot`` (``"verdict"``) and ``specwatch report``, e.g.::
 
     FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) on
-    351 labelled pairs; e-value 8.3 of 20 needed; not yet shown within 1 pt: about 2,100 more
+    351 labelled pairs; e-value 8.3 of 40 needed; not yet shown within 1 pt: about 2,100 more
     pairs
 
 Units: accuracy differences in points (1 pt = 1 % of the questions), rates and ratios as ``%``
-changes. The decision signal is the anytime-valid e-value (alarm at ``1/alpha``, Ville 1939);
+changes. The decision signal is the anytime-valid e-value (at the overall page's bound
+``1/(alpha x 0.5)``, 40 at alpha = 5 %: "net loss shown" exactly when the page fires; Ville 1939);
 no fixed-n p-value decides it. The interval is always on the scale of the printed number
 (a net gain is printed with the interval of the gain). "Shown within M pt" comes from the
 anytime-valid confidence sequence (:mod:`specwatch.shadow.stats.confseq`): once declared it is
@@ -24,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specwatch.core.config import OVERALL
+from specwatch.shadow.stats.policy import NO_NET_LOSS, PagePolicy
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.tally import ArmTotals, arm_decode, arm_speeds, arm_tau_means
@@ -44,6 +47,8 @@ class Verdict:
     ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
     no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
     ``non_inferior``: "within margin" declared by the confidence sequence (never withdrawn);
+    ``declared_at``: the labelled pair at which it was declared when known (the sign-off is
+    about pairs 1 to it; ``None``: about all ``n`` pairs);
     ``one_look_within``: the one-look Tango test passes at these counts; ``discordant``: share of
     labelled pairs that flip; ``lost`` / ``gained``: the discordant counts.
     """
@@ -61,6 +66,7 @@ class Verdict:
     alpha: float = 0.05
     margin: float = 0.01
     non_inferior: bool = False
+    declared_at: int | None = None
     discordant: float = math.nan
     one_look_within: bool = False
     lost: int = 0
@@ -100,6 +106,7 @@ def verdict_from_summary(
         alpha=alpha,
         margin=margin,
         non_inferior=declared_at is not None or s.within_margin_declared,
+        declared_at=declared_at,
         discordant=s.discordant_ratio,
         one_look_within=s.non_inferiority_pass,
         lost=s.lost,
@@ -167,9 +174,12 @@ def verdict_line(v: Verdict) -> str:
     """The verdict sentence (one line, no trailing period; see the module docstring).
 
     Parts, in order: τ and throughput changes (``%``, omitted when both unknown); the net loss
-    (or net gain) in points with its interval and the labelled pairs; the e-value against
-    ``1/alpha``; the conclusion: "net loss shown" once the e-value reached ``1/alpha``, "shown
-    within M pt" once the confidence sequence declared it, else "net loss not yet shown" (the
+    (or net gain) in points with its interval and the labelled pairs; the e-value against the
+    overall page's bound; the conclusion: "net loss shown" once the e-value reached it (the
+    page fires), "shown within M pt over pairs 1-N" once the confidence sequence declared it
+    (at pair N; with "not signed off for later pairs" when the current interval lies above
+    the margin, so a sign-off never stands beside a contradicting interval or alarm: the alarm
+    comes first), else "net loss not yet shown" (the
     observed loss is at least the margin) or "not yet shown within M pt" (with the one-look
     test's result when it passes), and the pairs still needed. Below
     :data:`MIN_VERDICT_PAIRS` labelled pairs: "too few pairs" and no conclusion.
@@ -200,14 +210,19 @@ def verdict_line(v: Verdict) -> str:
         else ""
     )
     quality = f"{word} {points(value)} pts{ci} on {v.n:,} labelled {pairs}"
-    threshold = 1.0 / v.alpha
-    evidence = f"e-value {e_value_text(v.e_value)} of {threshold:g} needed"
+    # the overall page's bound (the alerting policy): "net loss shown" exactly when it pages
+    page_alpha = PagePolicy(alpha=v.alpha).test_alpha(OVERALL, NO_NET_LOSS)
+    evidence = f"e-value {e_value_text(v.e_value)} of {1.0 / page_alpha:g} needed"
     margin_pts = 100.0 * v.margin
     margin = f"{margin_pts:g} pt" + ("" if margin_pts == 1 else "s")
-    if e_value_alarm(v.e_value, v.alpha):
+    if e_value_alarm(v.e_value, page_alpha):
         end = "net loss shown (e-value reached the threshold)"
     elif v.non_inferior:
-        end = f"shown within {margin} (confidence sequence)"
+        over = v.declared_at if v.declared_at is not None else v.n
+        end = f"shown within {margin} over pairs 1-{over:,} (confidence sequence)"
+        if _finite(v.ci_lower) and v.ci_lower > v.margin:
+            # a sign-off never stands beside an interval that contradicts it now
+            end += f"; the interval now lies above {margin}: not signed off for later pairs"
     else:
         more = more_pairs_needed(v)
         one_look = " (one-look test: within)" if v.one_look_within else ""

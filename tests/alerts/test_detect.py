@@ -28,6 +28,7 @@ from specwatch.alerts.conditions import (
 from specwatch.alerts.pending import ForTracker
 from specwatch.alerts.settings import DetectSettings
 from specwatch.shadow.settings import PairedSettings
+from specwatch.shadow.stats.policy import PagePolicy
 from specwatch.vllm.budget import budget_limits
 
 S = DetectSettings()
@@ -159,8 +160,15 @@ class TestRulesAgree:
         by_check = {r["labels"]["check"]: r for r in rules["SpecQualityDrift"]}
         assert set(by_check) == {"e_value"}
         assert ALPHA == 0.05
-        assert _has(by_check["e_value"]["expr"], f">= {1 / ALPHA:g}")
-        assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for
+        policy = PagePolicy(alpha=ALPHA)
+        for category, hypothesis in (
+            ("_all", "no_net_loss"),
+            ("c", "no_net_loss"),
+            ("_all", "margin"),
+        ):
+            bound = f"{policy.level(category, hypothesis):.10g}"
+            assert _has(by_check["e_value"]["expr"], f">= {bound}"), bound
+        assert _seconds(by_check["e_value"]["for"]) == S.quality_e_value_for == 0
         assert by_check["e_value"]["labels"]["severity"] == "critical"
         (ni,) = rules["SpecNonInferiorityNotShown"]
         assert ni["labels"]["severity"] == "info"
@@ -171,7 +179,7 @@ class TestRulesAgree:
             f"{v:g}"
             for v in S.model_dump().values()
             if isinstance(v, int | float) and not isinstance(v, bool)
-        } | {"0", "1", f"{1 / ALPHA:g}"}
+        } | {"0", "1", f"{1 / ALPHA:g}", "40", "933.3333333", "400", "500000"}
         for name, group in rules.items():
             for rule in group:
                 for const in re.findall(r"[<>=]=?\s*(\d+(?:\.\d+)?)\b", rule["expr"]):

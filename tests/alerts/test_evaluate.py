@@ -624,22 +624,23 @@ def test_quality_and_flip_from_shadow_stats() -> None:
     )
 
 
-def test_e_value_bound_is_one_over_paired_alpha() -> None:
-    """With paired.alpha 0.01 the margin e-process fires at 1/0.01 = 100, not at 20: e = 50 is
-    quiet and e = 120 fires SpecQualityDrift{check="e_value", hypothesis="margin"}."""
+def test_margin_bound_is_its_share_of_paired_alpha() -> None:
+    """The margin e-process has 5 % of the page's alpha: with paired.alpha 0.01 it fires at
+    1/(0.01 x 0.05) = 2,000: e = 1,500 is quiet and e = 2,500 fires
+    SpecQualityDrift{check="e_value", hypothesis="margin"}."""
     s = no_for()
     quiet = build_shadow_stats(
         {},
         now=0.0,
         levels=Levels(alpha=0.01),
-        ordered=OrderedState(betting_log_e_value=math.log(50.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(1500.0)),
     )
     assert evaluate(ObserveView(generated_at=0.0), quiet, s, 0.0) == []
     loud = build_shadow_stats(
         {},
         now=0.0,
         levels=Levels(alpha=0.01),
-        ordered=OrderedState(betting_log_e_value=math.log(120.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(2500.0)),
     )
     fired = evaluate(ObserveView(generated_at=0.0), loud, s, 0.0)
     assert [(a.alertname, dict(a.labels)) for a in fired] == [
@@ -657,7 +658,8 @@ def test_for_seconds_by_alert_and_check() -> None:
     """Each alert's `for` comes from its settings field."""
     assert get(Alert("SpecNonInferiorityNotShown", Severity.INFO, "", "")) == 900.0
     assert get(Alert("SpecTokenBudgetBound", Severity.INFO, "", "")) == 0.0
-    assert get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "e_value"})) == 300.0
+    assert get(Alert("SpecQualityDrift", Severity.CRITICAL, "", "", {"check": "e_value"})) == 0.0
+    assert get(Alert("SpecLosslessFlips", Severity.WARNING, "", "")) == 0.0
     assert get(Alert("SpecwatchTargetDown", Severity.WARNING, "", "")) == 300.0
 
 
@@ -746,7 +748,9 @@ def test_decay_baseline_is_the_best_sustained_level_across_a_restart() -> None:
 
 def test_shadow_alerts_name_the_pair_they_come_from() -> None:
     """With a standard and a FLy target scraped, a quality alert carries the FLy target, its
-    role and model and the standard target it was compared with (two pairs never merge)."""
+    role and model and the standard target it was compared with (two pairs never merge); the
+    lossless alert is about the standard server, so it carries that one (role standard) and
+    names the FLy target beside it."""
     std = TargetTracker(TargetSettings(name="std-a", url="http://h:1", role=Role.STANDARD), WINDOWS)
     fly = TargetTracker(TargetSettings(name="fly-a", url="http://h:2", role=Role.FLY), WINDOWS)
     engines = {"0": Engine()}
@@ -759,9 +763,15 @@ def test_shadow_alerts_name_the_pair_they_come_from() -> None:
         {},
         now=0.0,
         levels=Levels(alpha=0.05),
-        ordered=OrderedState(betting_log_e_value=math.log(50.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(500.0)),
     )
     (alert,) = evaluate(view, loud, no_for(), 30.0)
+    assert rules_module._pair_labels(view, "standard") == {
+        "target": "std-a",
+        "role": "standard",
+        "fly": "fly-a",
+        "model_name": MODEL,
+    }
     assert dict(alert.labels) == {
         "target": "fly-a",
         "role": "fly",

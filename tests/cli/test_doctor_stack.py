@@ -200,11 +200,14 @@ def test_inhibit_equal_label_set_by_label_replace_before_any_alert_fires(
 def test_labels_the_shipped_rules_set_without_firing() -> None:
     """From the rendered mixin: ``scope`` (SpecAcceptanceDrop, SpecAcceptanceDecay: server or
     engine) and ``reason`` (SpecBudgetStarvation's three) come from label_replace, with their
-    values; ``check`` is a rule label (any value)."""
+    values; ``check``, ``category`` (SpecQualityChange) and ``role`` (SpecLosslessFlips, about
+    the standard server) are rule labels (any value)."""
     assert rule_labels(load_rules()) == {
         "scope": ["engine", "server"],
         "reason": ["budget_cap", "draft_truncation", "drafts_per_step"],
         "check": None,
+        "category": None,
+        "role": None,
     }
     # capture-group replacements give any value; brackets and quotes in the first argument
     expr = (

@@ -63,7 +63,8 @@ def test_paired_test_csv_table_and_non_inferior(
     table = capsys.readouterr().out
     # the verdict first: net gain (22 - 20) / 2000 = 0.1 points, in points like everywhere
     assert table.splitlines()[0].startswith("FLy: net gain 0.1 pts (95 % CI, one-look ")
-    assert table.splitlines()[0].endswith("of 20 needed; shown within 2 pts (confidence sequence)")
+    assert "of 40 needed; shown within 2 pts over pairs 1-" in table.splitlines()[0]
+    assert table.splitlines()[0].endswith("(confidence sequence)")
     assert "fixed-n McNemar p (two-sided)" in table
     assert "non_inferior" in table
     assert "20 / 22 / +2" in table
@@ -139,3 +140,31 @@ def test_power_cli_bad_range(capsys: pytest.CaptureFixture[str]) -> None:
     """A discordant rate below the net loss exits 2 naming the discordant rate."""
     assert main(["power", "--net-loss", "0.1", "--discordant", "0.05"]) == 2
     assert "discordant" in capsys.readouterr().err
+
+
+def test_quiet_then_loss_file_pages_and_signs_nothing_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1,500 agreeing pairs, then 3,000 with 90 lost and 45 gained in a seeded order (exact
+    McNemar p about 1e-4): the e-value reaches the page's 40 (the old bets peaked at 3.8
+    here), the sentence ends "net loss shown" and no "within 1 pt" sign-off stands beside it,
+    although the confidence sequence did declare it for the quiet pairs at the start."""
+    import numpy as np
+
+    rng = np.random.default_rng(20261206)
+    x = np.zeros(3000, dtype=np.int64)
+    pos = rng.permutation(3000)[:135]
+    x[pos[:90]], x[pos[90:]] = 1, -1
+    stream = [0] * 1500 + x.tolist()
+    base = [(f"q{i}", 0 if v == -1 else 1) for i, v in enumerate(stream)]
+    cand = [(f"q{i}", 0 if v == 1 else 1) for i, v in enumerate(stream)]
+    b = _write_jsonl(tmp_path / "base.jsonl", base)
+    c = _write_jsonl(tmp_path / "cand.jsonl", cand)
+    assert main(["paired-test", str(b), str(c), "--margin", "0.01", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["lost"], out["gained"], out["n"]) == (90, 45, 4500)
+    assert out["e_value"] >= 40.0
+    assert out["verdict"].endswith("net loss shown (e-value reached the threshold)")
+    assert "within" not in out["verdict"]
+    assert 1500 < out["first_crossing"]["no_net_loss"] <= 4500
+    assert out["first_crossing"]["within_margin"] is not None

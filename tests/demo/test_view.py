@@ -179,7 +179,8 @@ def test_narrow_view_fits_80_columns_and_cuts_with_an_ellipsis() -> None:
 def test_view_shadow_load_and_alert_sections() -> None:
     """Shadow: 200 pairs, FLy disagrees with standard on 50 (25.0 %), the noise arm on 2 of 200
     (1.0 %); since_start wins over the view's window (its e-value is the anytime-valid one,
-    read against 1/α = 20); McNemar's p is labelled fixed-n. Alerts carry the view's note."""
+    read against the overall page bound 1/(α x 0.5) = 40); McNemar's p is labelled fixed-n.
+    Alerts carry the view's note."""
     tally = PairTally(
         both_correct=60,
         lost=9,
@@ -218,7 +219,7 @@ def test_view_shadow_load_and_alert_sections() -> None:
     snap = _snap(shadow=stats, alerts=AlertingState(firing=(firing,)))
     lines = render_text(build_view(snap, ctx, width=100, load=load), width=100).splitlines()
     assert lines[-7:] == [
-        "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 20",
+        "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 40",
         "flips vs standard: FLy 25.0 %, noise floor 1.0 %; fixed-n McNemar p 0.073",
         "replay: in flight 3, queued 1, paused load_stale, dropped 9, unpaired 3",
         "load: sent 10, ok 9, errors 1",

@@ -43,6 +43,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 EXPECTED_ALERTS = {
     "SpecQualityDrift",
     "SpecQualityDriftFleet",
+    "SpecQualityChange",
     "SpecFlipRateAboveNoise",
     "SpecLosslessFlips",
     "SpecAcceptanceDrop",
@@ -57,6 +58,14 @@ EXPECTED_ALERTS = {
     "SpecNonInferiorityNotShown",
     "SpecTokenBudgetBound",
     "SpecAcceptanceDecay",
+}
+
+#: The alerting policy's bounds the templates read (thresholds.libsonnet), at the defaults.
+POLICY_KEYS = {
+    "page_overall_bound": 40.0,
+    "page_category_bound": 21 / 0.0225,
+    "page_margin_bound": 400.0,
+    "change_arl": 500_000.0,
 }
 
 
@@ -261,11 +270,12 @@ class TestRender:
 
 class TestThresholdsDefinedOnce:
     def test_every_placeholder_has_a_source_and_every_knob_is_used(self) -> None:
-        """Placeholders name settings fields, e_value_bound or config keys; each knob is used."""
+        """Placeholders name settings fields, the policy's bounds or config keys; each knob is
+        used."""
         config = own_config()
         texts = [(TEMPLATES_DIR / f"{area}.yaml.tmpl").read_text() for area in AREAS]
         used = {n for text in texts for n in placeholders(text)}
-        sources = set(DetectSettings.model_fields) | {"e_value_bound"} | set(config)
+        sources = set(DetectSettings.model_fields) | {"e_value_bound", *POLICY_KEYS} | set(config)
         assert used <= sources, used - sources
         knobs = {k for k, v in config.items() if not isinstance(v, dict)}
         knobs -= {"runbookURLPattern", "prometheusRuleName", "clusterLabel", *SELECTORS}
@@ -281,6 +291,8 @@ class TestThresholdsDefinedOnce:
         for name, text in found:
             if name == "e_value_bound":
                 assert float(text) == 1 / PairedSettings().alpha == 20, text
+            elif name in POLICY_KEYS:
+                assert float(text) == pytest.approx(POLICY_KEYS[name], rel=1e-9), name
             elif name in config:
                 assert text == str(config[name]), name
             elif name.endswith("_for"):
@@ -291,7 +303,9 @@ class TestThresholdsDefinedOnce:
         assert {"acceptance_drop_ratio", "flip_z", "quality_min_pairs", "e_value_bound"} <= names
 
     def test_hand_checked_values(self, rules: dict[str, Any]) -> None:
-        """Spot checks against the documented defaults: 0.8, 10m, e-value >= 20, fleet z 3.09."""
+        """Spot checks against the documented defaults: 0.8, 10m; the page at 40 (all pairs),
+        21 / 0.0225 (a category), 400 (margin); the change warning at 500,000 pairs; the fleet
+        page on the mean of the sidecars' overall e-values at 40."""
         by_name: dict[str, list[dict[str, Any]]] = {}
         for rule in alert_rules(rules):
             by_name.setdefault(rule["alert"], []).append(rule)
@@ -302,23 +316,33 @@ class TestThresholdsDefinedOnce:
         assert set(quality) == {"e_value"}
         (ni,) = by_name["SpecNonInferiorityNotShown"]
         assert ni["labels"] == {"severity": "info"}
-        assert quality["e_value"]["expr"] == 'specwatch_paired_e_value{window="since_start"} >= 20'
+        expr = quality["e_value"]["expr"]
+        assert 'category="_all", hypothesis="no_net_loss"} >= 40\n' in expr
+        assert 'category!="_all", hypothesis="no_net_loss"} >= 933.3333333\n' in expr
+        assert 'category="_all", hypothesis="margin"} >= 400\n' in expr
+        assert quality["e_value"]["for"] == "0s"
+        (change,) = by_name["SpecQualityChange"]
+        assert change["expr"] == "specwatch_paired_change_detector >= 500000"
+        assert change["labels"]["severity"] == "warning"
         (fleet,) = by_name["SpecQualityDriftFleet"]
-        assert 'mcnemar_z:increase1h{arm="fly"} >= 3.09\n' in fleet["expr"]
-        assert "discordant_pairs:increase1h >= 20\n" in fleet["expr"]
-        assert fleet["for"] == "15m"
+        assert "avg by (cluster, namespace, job) (" in fleet["expr"]
+        assert "max without (replica, prometheus_replica) (" in fleet["expr"]
+        assert fleet["expr"].endswith(") >= 40\n")
         assert fleet["labels"] == {"severity": "critical"}
 
     def test_e_value_bound_follows_alpha(self) -> None:
-        """alpha 0.01 renders the e-value alarm at 100; the fleet z stays the config's 3.09."""
+        """alpha 0.01 renders the page at 200 for all pairs, 4,666.67 for a category and 2,000 for
+        the margin test, and the fleet page at 200."""
         rules = render_rules(thresholds=threshold_values(paired=PairedSettings(alpha=0.01)))
         exprs = {
             r["labels"].get("check", r["alert"]): r["expr"]
             for r in alert_rules(rules)
             if r["alert"].startswith("SpecQualityDrift")
         }
-        assert exprs["e_value"] == 'specwatch_paired_e_value{window="since_start"} >= 100'
-        assert ">= 3.09\n" in exprs["SpecQualityDriftFleet"]
+        assert '"no_net_loss"} >= 200\n' in exprs["e_value"]
+        assert '"no_net_loss"} >= 4666.666667\n' in exprs["e_value"]
+        assert '"margin"} >= 2000\n' in exprs["e_value"]
+        assert exprs["SpecQualityDriftFleet"].endswith(") >= 200\n")
 
     def test_quality_drift_reads_only_the_sidecar_gauges(self, rules: dict[str, Any]) -> None:
         """SpecQualityDrift fires on the e-value or non-inferiority, never on McNemar's z."""
@@ -359,9 +383,9 @@ class TestAlerts:
             assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{name.lower()}", name
 
     def test_critical_only_on_evidence(self, rules: dict[str, Any]) -> None:
-        """A page (critical) fires only on evidence of harm: the anytime-valid e-value, the
-        fleet McNemar z, or a stall; "non-inferiority not shown yet" and configuration findings
-        are info and their summaries claim no loss."""
+        """A page (critical) fires only on evidence of harm: the anytime-valid e-values (per
+        sidecar, and their mean across the fleet), or a stall; "non-inferiority not shown yet"
+        and configuration findings are info and their summaries claim no loss."""
         by_sev: dict[str, set[str]] = {}
         for rule in alert_rules(rules):
             by_sev.setdefault(rule["labels"]["severity"], set()).add(rule["alert"])
@@ -593,7 +617,7 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 51 rules found") == 3
+    assert out.stdout.count("SUCCESS: 52 rules found") == 3
 
 
 @pytest.mark.slow

@@ -269,8 +269,9 @@ class TestHtml:
         """Every paired row has τ 2.0 (standard) and 2.5 (FLy) and 10 tokens in 1.0 s against
         0.8 s: τ gain 0.5, throughput gain 12.5/10 − 1 = 0.25 in every category. code (3 lost,
         3 gained of 50, discordance 0.12) is not decided: at the observed net loss 0 the question
-        is "within 1 pt", Connor's one-sided n for δ = 0.01 at ψ = 0.12 is
-        ceil((1.6449·√0.12 + 0.8416·√0.1199)² / 0.0001) = 7418, 7368 more. No row
+        is "within 1 pt", forecast along the confidence sequence's expected path (3 lost, 3 gained,
+        44 agreeing plus 6 %, 6 % and 88 % of each further pair) to its 1/alpha = 20: 11,478 more
+        (a plain scan of within_margin_log_e_value gives the same k). No row
         has a running count, so the load bands hold 0 pairs and `unknown` all 96."""
         text = (rendered / "index.html").read_text(encoding="utf-8")
         rows = parse_tables(text, key="data-decision")
@@ -282,7 +283,7 @@ class TestHtml:
             # every row's counts: standard 2 of 8 drafts accepted, FLy 3 of 8
             assert float(got["acceptance_gain"]["data-value"]) == pytest.approx(0.125)
         assert rows["code"]["verdict"]["data-value"] == "not_decided"
-        assert "not decided: about 7368 more pairs" in text
+        assert "not decided: about 11478 more pairs" in text
         bands = parse_tables(text, key="data-band")
         assert list(bands) == ["0-7", "8-31", "32+", "unknown"]
         assert [int(b["pairs"]["data-value"]) for b in bands.values()] == [0, 0, 0, 96]
@@ -317,7 +318,7 @@ class TestHtml:
             "FLy: τ +25 %, speed per request +25 %, net loss 7.3 pts (95 % CI, one-look "
         )
         assert "on 96 labelled pairs; e-value " in line.group(1)
-        assert " of 20 needed; " in line.group(1)
+        assert " of 40 needed; " in line.group(1)
 
     def test_tau_and_speed_parts_per_arm(self, rendered: Path) -> None:
         """Beside the verdict, each arm's mean τ and speed over the 96 paired rows (the unpaired
@@ -378,14 +379,13 @@ class TestSeries:
         assert path.first_alarm_no_net_loss == expected_first_alarms()["_all"]
 
     def test_evalue_alarm_index(self, tmp_path: Path) -> None:
-        """30 losses in a row: the first alarm is the first n with the e-process (worked pair by
-        pair) >= 20: its 12th loss (every pair is discordant, so the discordance estimate climbs
-        and the bets shrink: E = 19.8 after 11 losses, 25.3 after 12)."""
+        """30 losses in a row: the first alarm is the first n with the e-value (read from its
+        formulas, Σ_j w_j (2 θ_j)^n) >= 20: its 8th loss."""
         rows = [row(T0 + i, "x", True, False) for i in range(30)]
         path = report_of(tmp_path / "l.db", rows).evalue
         e, _ = reference([1] * 30)
         first = next(n for n, v in enumerate(e, start=1) if v >= 20)
-        assert path.first_alarm_no_net_loss == first == 12
+        assert path.first_alarm_no_net_loss == first == 8
 
     def test_alarm_stands_after_the_e_value_falls(self, tmp_path: Path) -> None:
         """12 losses then 30 gains: the e-value crossed 20 early and is now tiny; the page still

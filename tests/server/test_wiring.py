@@ -49,9 +49,10 @@ class TestArmLoads:
 
 
 async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() -> None:
-    """With paired.alpha 0.01, a published margin e-value of 120 (≥ 1/0.01 = 100) fires
-    SpecQualityDrift; the alert state comes back as Snapshot.alerts in exactly one more swap,
-    next to the same shadow stats the detectors read."""
+    """With paired.alpha 0.01, a published margin e-value of 2,500 (≥ its page bound
+    1/(0.01 x 0.05) = 2,000) fires SpecQualityDrift; the alert state comes back as
+    Snapshot.alerts in exactly one more swap, next to the same shadow stats the detectors
+    read."""
     settings = Settings(
         targets=(TargetSettings(name="fly", url="http://127.0.0.1:9"),),
         alerting=AlertingSettings(evaluation_interval=3600.0),
@@ -70,7 +71,7 @@ async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() ->
             {},
             now=1000.0,
             levels=Levels(alpha=0.01),
-            ordered=OrderedState(betting_log_e_value=math.log(120)),
+            ordered=OrderedState(betting_log_e_value=math.log(2500)),
         )
         start = len(seen)
         store.update(lambda snap: replace(snap, shadow=stats))

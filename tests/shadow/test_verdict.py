@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from specwatch.shadow.stats.confseq import within_margin_log_e_value
 from specwatch.shadow.verdict import (
     Verdict,
     e_value_text,
@@ -36,33 +38,64 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
     assert more_pairs_needed(v) == 0
     assert verdict_line(v) == (
         "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI, one-look 0.7 to 6.5) "
-        "on 351 labelled pairs; e-value 8.3 of 20 needed; net loss not yet shown"
+        "on 351 labelled pairs; e-value 8.3 of 40 needed; net loss not yet shown"
     )
 
 
 def test_more_pairs_under_the_observed_effect() -> None:
-    """Net loss 0.2 pts at 4 % discordance on 351 pairs: "within 1 pt" is the closer question,
-    δ = 0.01 - 0.002 = 0.008: ceil((1.6449·0.2 + 0.8416·√(0.04 - 0.008²))² / 0.008²) = 3,863,
-    so 3,512 more, said as "about 3,500"."""
+    """Net loss 0.2 pts at 4 % discordance on 351 pairs: "within 1 pt" is the only question
+    (no loss to show); the forecast is the first k at which the confidence sequence's e-value
+    for "net loss >= 1 pt", on the counts plus k pairs at the observed shares (2.1 % lost,
+    1.9 % gained, 96 % agreeing), reaches 1/alpha = 20: found here by a plain scan, 5,793,
+    said as "about 5,800"."""
     v = Verdict(n=351, net_loss=0.002, ci_lower=-0.02, ci_upper=0.024, e_value=0.5, discordant=0.04)
-    assert more_pairs_needed(v) == 3863 - 351
-    assert verdict_line(v).endswith("not yet shown within 1 pt: about 3,500 more pairs")
+    lost, gained = 351 * 0.021, 351 * 0.019
+    k = 0
+    while within_margin_log_e_value(
+        lost + k * 0.021, gained + k * 0.019, 351 - lost - gained + k * 0.96, 0.01
+    ) < math.log(20.0):
+        k += 1
+    assert k == 5793
+    assert more_pairs_needed(v) == k
+    assert verdict_line(v).endswith("not yet shown within 1 pt: about 5,800 more pairs")
 
 
 def test_alarm_gain_and_non_inferiority_endings() -> None:
-    """The e-value at or above 1/α ends with "net loss shown"; a declared "within margin" with
-    "shown within 1 pt (confidence sequence)"; a negative net loss is a net gain in points."""
-    base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=20.0)
+    """The e-value at or above the overall page's bound (1/(α x 0.5) = 40) ends with "net loss
+    shown"; a declared "within margin" with "shown within 1 pt over pairs 1-N (confidence
+    sequence)"; a negative net loss is a net gain in points."""
+    base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=40.0)
     assert verdict_line(base).endswith(
-        "e-value 20 of 20 needed; net loss shown (e-value reached the threshold)"
+        "e-value 40 of 40 needed; net loss shown (e-value reached the threshold)"
     )
+    below = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=39.0)
+    assert verdict_line(below).endswith("e-value 39 of 40 needed; net loss not yet shown")
     gain = Verdict(
         n=2000, net_loss=-0.004, ci_lower=-0.01, ci_upper=0.002, e_value=0.1, non_inferior=True
     )
     assert verdict_line(gain) == (
         "FLy: net gain 0.4 pts (95 % CI, one-look -0.2 to 1.0) on 2,000 labelled pairs; "
-        "e-value 0.1 of 20 needed; shown within 1 pt (confidence sequence)"
+        "e-value 0.1 of 40 needed; shown within 1 pt over pairs 1-2,000 (confidence sequence)"
     )
+
+
+def test_sign_off_names_its_pairs_and_never_stands_beside_a_contradiction() -> None:
+    """The quiet-then-loss file: "within 1 pt" was declared at pair 1,200; later pairs moved the
+    interval to 1.2-2.4 pts, above the margin: the sentence says which pairs the sign-off is
+    about and that it does not hold for later pairs; once the e-value reaches the page's bound
+    the sentence is "net loss shown" and no sign-off stands beside it."""
+    later = Verdict(
+        n=4500, net_loss=0.018, ci_lower=0.012, ci_upper=0.024, e_value=12.0,
+        non_inferior=True, declared_at=1200,
+    )  # fmt: skip
+    assert verdict_line(later).endswith(
+        "shown within 1 pt over pairs 1-1,200 (confidence sequence); the interval now lies "
+        "above 1 pt: not signed off for later pairs"
+    )
+    alarmed = replace(later, e_value=41.0)
+    line = verdict_line(alarmed)
+    assert line.endswith("net loss shown (e-value reached the threshold)")
+    assert "within" not in line
 
 
 def test_fly_ahead_interval_contains_the_printed_gain() -> None:

@@ -1,7 +1,9 @@
 """``first_alarms``: the pair at which each live alarm first fires, from per-pair outcomes.
 
-The same functions the sidecar folds pair by pair (and rebuilds from the ledger), applied to a
-whole sequence, so the statistics can be checked from outside::
+Each statistic's own first crossing (the pages and their bounds:
+:func:`~specwatch.shadow.stats.policy.first_pages`): the same functions the sidecar folds pair
+by pair (and rebuilds from the ledger), applied to a whole sequence, so the statistics can be
+checked from outside::
 
     >>> from specwatch.shadow.stats import first_alarms
     >>> from specwatch.shadow.settings import PairedSettings
@@ -77,7 +79,7 @@ def first_alarms(
     first fires (``None`` if it never does):
 
     * ``net_loss_change``: the change detector (:mod:`specwatch.shadow.stats.detector`)
-      reaches ``change_arl``; the live SpecQualityDrift alarm;
+      reaches ``change_arl``; the live SpecQualityChange warning;
     * ``no_net_loss``: the since-start e-process
       (:func:`~specwatch.shadow.stats.eprocess.net_loss_path`) reaches ``1/alpha`` (kept for
       the record: it never forgets);

@@ -6,8 +6,8 @@ detector restarts its evidence at every pair instead (e-detectors: Shin, Ramdas 
 "E-detectors: a nonparametric framework for sequential change detection", New England J.
 Statist. Data Sci.; Shiryaev-Roberts: Roberts 1966, Pollak 1985).
 
-It is built from the e-process's own per-pair factors ``f_j`` (``2 q_j`` on a loss, ``2 (1 -
-q_j)`` on a gain, 1 on agreement, with the same predictable bets). The Shiryaev-Roberts
+It is built from the e-process's own per-pair factors ``f_j`` (``2 θ_j`` on a loss, ``2 (1 -
+θ_j)`` on a gain, 1 on agreement, with the components' lost shares ``θ_j``). The Shiryaev-Roberts
 statistic on the **pair clock** is the sum, over every pair ``s <= n``, of the e-process
 started at ``s``. Starts inside a run of agreeing pairs all give the same process, so at the
 k-th discordant pair, per component, ``R_j <- (R_j + G_k) f_j`` with ``G_k`` the pairs since the
@@ -15,9 +15,14 @@ previous discordant pair (inclusive), and the detector is ``M = Σ_j w_j R_j``.
 
 Why the false-alarm rate is bounded. Under no net loss every started e-process is a test
 supermartingale, so ``M_n - n`` is a supermartingale and the mean run length to ``M >= A`` is at
-least ``A`` pairs (the alarm level :data:`DEFAULT_ARL`, ``paired.change_arl``). Two changes only
+least ``A`` pairs (the alarm level ``paired.change_arl``). Two changes only
 make the statistic smaller, so the bound holds: ``G_k`` is capped at :data:`GAP_CAP`, and the
 alarm is checked at discordant pairs only (a long run of agreeing pairs alone never alarms).
+
+Its false alarms come at a rate (one per ``A`` pairs at most, on average), not once in a
+lifetime as an e-value's do, so the alerting policy (:mod:`specwatch.shadow.stats.policy`)
+makes it the warning ``SpecQualityChange``, outside the critical page's budget, and states its
+mean interval between false alarms in days.
 """
 
 from __future__ import annotations
@@ -28,10 +33,6 @@ import numpy.typing as npt
 from specwatch.shadow.stats.sequential import alarm
 
 FloatArray = npt.NDArray[np.float64]
-
-#: Default alarm level: mean run length to a false alarm of at least this many pairs (about one
-#: false alarm per 50,000 labelled pairs with no loss; ``paired.change_arl``).
-DEFAULT_ARL = 50_000.0
 
 #: New starts credited at one discordant pair at most (pair clock; see the module docstring).
 GAP_CAP = 50

@@ -11,9 +11,9 @@ would compute on the union of the pairs, exactly:
 
 * exact McNemar p-values (two-sided and one-sided for a FLy loss), the net loss and its Tango
   score interval, the Tango non-inferiority test, the discordant ratio;
-* per category, the count form of the ``no_net_loss`` e-value
-  (:func:`specwatch.shadow.stats.eprocess.count_log_e_value`, fixed bets: a function of
-  ``(lost, gained)``, so exact for the pooled pairs).
+* per category, the ``no_net_loss`` e-value
+  (:func:`specwatch.shadow.stats.eprocess.count_log_e_value`: a function of ``(lost,
+  gained)``, so exact for the pooled pairs).
 
 The ``no_net_loss`` e-process of all pairs (:mod:`specwatch.shadow.stats.eprocess`) and the
 ``margin`` e-process (testing by betting) depend on the order of the pairs, which the counters

@@ -409,6 +409,10 @@ def _table(report: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{100 * x:+.2f} pts"
 
+    from specwatch.core.config import OVERALL
+    from specwatch.shadow.stats.policy import NO_NET_LOSS, PagePolicy
+
+    page = PagePolicy(alpha=ni["alpha"]).level(OVERALL, NO_NET_LOSS)
     lines = [
         ("pairs (n)", str(report["n"])),
         ("lost / gained / net", f"{report['lost']} / {report['gained']} / {report['net']:+d}"),
@@ -426,7 +430,7 @@ def _table(report: dict[str, Any]) -> str:
             else f"{100 * report['discordant_ratio']:.2f}%",
         ),
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
-        (f"e-value (loss; {1 / ni['alpha']:g} needed)", f"{report['e_value']:.3g}"),
+        (f"e-value (loss; {page:g} needed for the page)", f"{report['e_value']:.3g}"),
     ]
     for name, pair in report.get("first_crossing", {}).items():
         lines.append((f"first crossing ({name})", "never" if pair is None else f"pair {pair}"))

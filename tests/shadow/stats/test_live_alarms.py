@@ -21,20 +21,18 @@ from specwatch.shadow.stats.confseq import (
     within_margin_log_e_value,
 )
 from specwatch.shadow.stats.eprocess import COMPONENTS, NetLossState, net_loss_path, run_net_loss
-from tests.shadow.stats.eprocess_reference import bet
 
 
 def test_detector_is_shiryaev_roberts_on_the_pair_clock_by_hand() -> None:
-    """Lost, agree, lost, gained: per component, with the e-process's bets q_1, q_3, q_4 at
-    the estimates 3/50, 4/52 and 5/53, the pair clock credits min(gap, 50) new starts at each
-    discordant pair: R_1 = 1 * 2 q_1, R_3 = (R_1 + 2) 2 q_3, R_4 = (R_3 + 1) 2 (1 - q_4); the
-    detector is Σ w_j R_j and an agreeing pair leaves it alone."""
-    total = sum(w for w, _ in COMPONENTS)
+    """Lost, agree, lost, gained: per component (lost share θ), the pair clock credits
+    min(gap, 50) new starts at each discordant pair: R_1 = 1 * 2θ, R_3 = (R_1 + 2) 2θ,
+    R_4 = (R_3 + 1) 2 (1 - θ); the detector is Σ w_j R_j and an agreeing pair leaves it alone."""
+    total = sum(w for _, w in COMPONENTS)
     hand = [0.0, 0.0, 0.0, 0.0]
-    for w, knots in COMPONENTS:
-        r1 = 2 * bet(knots, 3 / 50)
-        r3 = (r1 + 2) * 2 * bet(knots, 4 / 52)
-        r4 = (r3 + 1) * 2 * (1 - bet(knots, 5 / 53))
+    for theta, w in COMPONENTS:
+        r1 = 2 * theta
+        r3 = (r1 + 2) * 2 * theta
+        r4 = (r3 + 1) * 2 * (1 - theta)
         for i, r in enumerate((r1, r1, r3, r4)):
             hand[i] += w / total * r
     path = net_loss_path([1, 0, 1, -1])
