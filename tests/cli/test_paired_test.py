@@ -168,3 +168,12 @@ def test_quiet_then_loss_file_pages_and_signs_nothing_off(
     assert "within" not in out["verdict"]
     assert 1500 < out["first_crossing"]["no_net_loss"] <= 4500
     assert out["first_crossing"]["within_margin"] is not None
+    # the page (bound 40 over all pairs) comes no sooner than the crossing of 20, and it is the
+    # pair the sidecar's policy (first_pages) names for the same pairs in the same order
+    from specwatch.shadow.settings import PairedSettings
+    from specwatch.shadow.stats import first_pages
+
+    page = out["first_page"]["SpecQualityDrift{category=_all,hypothesis=no_net_loss}"]
+    assert out["first_crossing"]["no_net_loss"] <= page <= 4500
+    want = first_pages([("x", v) for v in stream], PairedSettings(margin=0.01))
+    assert page == want["SpecQualityDrift{category=_all,hypothesis=no_net_loss}"]

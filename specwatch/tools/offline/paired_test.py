@@ -399,7 +399,20 @@ def paired_report(
     }
     if crossing is not None:
         out["first_crossing"] = crossing
+        out["first_page"] = first_page(d if d is not None else [], margin, alpha)
     return out
+
+
+def first_page(d: Sequence[int] | IntArray, margin: float, alpha: float) -> dict[str, int | None]:
+    """The 1-based pair at which each page and warning of the shipped policy over all pairs
+    (``category=_all``) first fires on these pairs, ``None`` if never: exactly
+    :func:`specwatch.shadow.stats.first_pages`, the code the sidecar's evaluator runs (the file's
+    pairs taken as one category)."""
+    from specwatch.shadow.settings import PairedSettings
+    from specwatch.shadow.stats import first_pages
+
+    got = first_pages([("file", int(v)) for v in d], PairedSettings(alpha=alpha, margin=margin))
+    return {k: v for k, v in got.items() if "category=_all" in k}
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -432,8 +445,12 @@ def _table(report: dict[str, Any]) -> str:
         (f"non-inferiority (margin {100 * ni['margin']:g} pts)", ni["verdict"]),
         (f"e-value (loss; {page:g} needed for the page)", f"{report['e_value']:.3g}"),
     ]
+    for name, pair in report.get("first_page", {}).items():
+        lines.append((f"page {name}", "never" if pair is None else f"pair {pair}"))
     for name, pair in report.get("first_crossing", {}).items():
-        lines.append((f"first crossing ({name})", "never" if pair is None else f"pair {pair}"))
+        lines.append(
+            (f"first crossing of 1/α ({name})", "never" if pair is None else f"pair {pair}")
+        )
     width = max(len(k) for k, _ in lines)
     return "\n".join([report["verdict"], *(f"{k:<{width}}  {v}" for k, v in lines)])
 
