@@ -51,8 +51,12 @@ BASES: dict[str, dict[str, Any]] = {
     "/tokenize": {"model": MODEL, "prompt": PROMPT},
     "/tokenize#chat": {"model": MODEL, "messages": MESSAGES},
     "/detokenize": {"model": MODEL, "tokens": [5, 6, 7]},
-    "/v1/responses": {"model": MODEL, "input": "Say something.", "max_output_tokens": 4,
-                      "temperature": 0},  # fmt: skip
+    "/v1/responses": {
+        "model": MODEL,
+        "input": "Say something.",
+        "max_output_tokens": 4,
+        "temperature": 0,
+    },
 }
 _TOOL = {
     "type": "function",
@@ -215,9 +219,7 @@ def _sample(endpoint: str, field: str) -> Any:
     return SAMPLES[field]
 
 
-def cases(
-    surface: dict[str, list[str]], served: list[str]
-) -> dict[str, dict[str, Any]]:
+def cases(surface: dict[str, list[str]], served: list[str]) -> dict[str, dict[str, Any]]:
     """``{kind: request}`` (method, path, headers, body): one per field and one per route."""
     out: dict[str, dict[str, Any]] = {}
     for endpoint, fields in surface.items():

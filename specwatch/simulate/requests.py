@@ -73,9 +73,11 @@ def _message_text(content: Any) -> str:
     raise APIError(400, "message content must be a string or a list of parts", "messages")
 
 
-def _chat_prompt(msgs: Any) -> tuple[str, str]:
+def chat_prompt(msgs: Any) -> tuple[str, str]:
     """The prompt key (the last user message when it is a quiz item) and the rendered chat."""
-    if not isinstance(msgs, list) or not msgs:
+    if isinstance(msgs, list) and not msgs:
+        raise err.empty_conversation()
+    if not isinstance(msgs, list):
         raise APIError(400, "messages must be a non-empty list", "messages")
     parts: list[str] = []
     key = ""
@@ -112,6 +114,8 @@ def _prompts(p: Any) -> list[tuple[str, list[int] | None]]:
 def _number(body: dict[str, Any], key: str, default: float) -> float:
     value = body.get(key, default)
     value = default if value is None else value
+    if isinstance(value, str):
+        value = float(value.strip())  # pydantic's lax number parsing (checked before)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise err.parameter_error(f"{key} must be a number, got {value}.", key, value)
     return float(value)
@@ -163,7 +167,7 @@ def parse_request(
     ids_of: Callable[[str], list[int]] = lambda s: prompt_token_ids(s, c.vocab_size)  # noqa: E731
     prompts: list[tuple[str, list[int] | None]]
     if chat:
-        key, rendered = _chat_prompt(body.get("messages"))
+        key, rendered = chat_prompt(body.get("messages"))
         prompts = [(key, None)]
         lens = [len(ids_of(rendered)) + CHAT_TEMPLATE_TOKENS]
         texts = [rendered]

@@ -60,7 +60,7 @@ from specwatch.simulate.replies import (
     prompt_token_ids,
     tool_call,
 )
-from specwatch.simulate.requests import Choice, ParsedRequest, parse_request
+from specwatch.simulate.requests import Choice, ParsedRequest, chat_prompt, parse_request
 from specwatch.vllm.budget import budget_limits
 from specwatch.vllm.request_metrics import metrics_object
 
@@ -150,6 +150,9 @@ class SimServer:
         app.router.add_get("/ping", self.h_health)
         app.router.add_post("/ping", self.h_health)
         app.router.add_post("/tokenize", self.h_tokenize)
+        app.router.add_post("/detokenize", self.h_detokenize)
+        app.router.add_get("/load", self.h_load)
+        app.router.add_get("/kv_event_sources", self.h_kv_event_sources)
         app.router.add_get("/v1/models", self.h_models)
         app.router.add_post("/v1/completions", self.h_completions)
         app.router.add_post("/v1/chat/completions", self.h_chat)
@@ -405,26 +408,59 @@ class SimServer:
         return await self._generate(request, chat=True)
 
     async def h_tokenize(self, request: web.Request) -> web.Response:
-        """vLLM's ``POST /tokenize`` for a text prompt (the synthetic tokenizer, no BOS unless
-        ``add_special_tokens``)."""
+        """vLLM's ``POST /tokenize`` for a text prompt or a chat (the synthetic tokenizer and
+        chat rendering, no BOS unless ``add_special_tokens``; ``return_token_strs`` gives the
+        vocabulary pieces)."""
         try:
             body = await self._json_body(request)
+            if not isinstance(body, dict):
+                raise err.missing_prompt()
+            if "messages" in body:
+                _key, prompt = chat_prompt(body["messages"])
+            else:
+                prompt = body.get("prompt")
+                if not isinstance(prompt, str):
+                    raise err.missing_prompt()
         except APIError as exc:
             return json_reply(exc.body(), exc.status)
-        prompt = body.get("prompt") if isinstance(body, dict) else None
-        if not isinstance(prompt, str):
-            return json_reply(err.missing_prompt().body(), 400)
         ids = prompt_token_ids(prompt, self.config.vocab_size)
-        if not body.get("add_special_tokens", True):
+        if not body.get("add_special_tokens", "messages" not in body):
             ids = ids[1:]
+        pieces = self.lm.pieces
+        strs = [pieces[i % len(pieces)] for i in ids] if body.get("return_token_strs") else None
         return json_reply(
             {
                 "count": len(ids),
                 "max_model_len": self.config.max_model_len,
                 "tokens": ids,
-                "token_strs": None,
+                "token_strs": strs,
             }
         )
+
+    async def h_detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /detokenize``: the vocabulary pieces of ``tokens`` joined."""
+        try:
+            body = await self._json_body(request)
+        except APIError as exc:
+            return json_reply(exc.body(), exc.status)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            errors = [{"type": "list_type", "loc": "body.tokens",
+                       "msg": "Input should be a valid list", "input": tokens}]  # fmt: skip
+            return json_reply(err.validation_error(errors).body(), 400)
+        pieces = self.lm.pieces
+        return json_reply({"prompt": "".join(pieces[t % len(pieces)] for t in tokens)})
+
+    async def h_load(self, _r: web.Request) -> web.Response:
+        """vLLM's ``GET /load``: requests in flight (running and waiting) on all engines."""
+        load = sum(len(c.running) + len(c.waiting) for c in self.cores)
+        return json_reply({"server_load": load})
+
+    async def h_kv_event_sources(self, _r: web.Request) -> web.Response:
+        """vLLM's ``GET /kv_event_sources``: no KV-event publishers configured."""
+        return json_reply({})
 
     async def _json_body(self, request: web.Request) -> Any:
         """The decoded body of a POST, refused as FastAPI refuses it."""

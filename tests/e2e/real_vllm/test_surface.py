@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
 from specwatch.simulate.launcher import start_simulator
 from tests.vllm_conformance import REAL_LIKE, compare, deviations, send, unexplained
 from tests.vllm_surface import SURFACE_HEADING, cases, request_surface, routes, uncovered
 
 from .servers import VllmServer
+
 
 async def _send_all(base: str, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
