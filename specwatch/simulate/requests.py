@@ -47,7 +47,12 @@ class ParsedRequest:
     prompt_tokens: int
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     return_token_ids: bool = False
+    #: ``prompt_logprobs`` (top-k count per prompt token); ``None`` = not asked
+    prompt_logprobs: int | None = None
+    #: chat ``return_prompt_text``: the rendered chat, else ``None``
+    prompt_text: str | None = None
     #: completions ``logprobs`` (top-k count) or chat ``top_logprobs``; ``None`` = not asked
     logprobs: int | None = None
     echo: bool = False
@@ -109,6 +114,17 @@ def _prompts(p: Any) -> list[tuple[str, list[int] | None]]:
         else:
             raise APIError(400, "prompt must be a string or a list of token ids", "prompt")
     return out
+
+
+def _prompt_logprobs(body: dict[str, Any], chat: bool, logprobs: int | None) -> int | None:
+    """The top-k count of ``prompt_logprobs``: asked for, or a chat ``echo`` (vLLM then gives
+    the prompt's own tokens, with ``top_logprobs`` more when logprobs are asked)."""
+    asked = body.get("prompt_logprobs")
+    if isinstance(asked, int) and not isinstance(asked, bool):
+        return asked
+    if chat and body.get("echo"):
+        return logprobs or 0
+    return None
 
 
 def _number(body: dict[str, Any], key: str, default: float) -> float:
@@ -251,7 +267,13 @@ def parse_request(
         prompt_tokens=sum(lens),
         stream=bool(body.get("stream", False)),
         include_usage=bool((body.get("stream_options") or {}).get("include_usage", False)),
+        continuous_usage=bool(
+            (body.get("stream_options") or {}).get("include_usage", False)
+            and (body.get("stream_options") or {}).get("continuous_usage_stats", False)
+        ),
         return_token_ids=bool(body.get("return_token_ids", False)),
+        prompt_logprobs=_prompt_logprobs(body, chat, logprobs),
+        prompt_text=texts[0] if chat and body.get("return_prompt_text") else None,
         logprobs=logprobs,
         echo=echo,
         tools=list(tools),

@@ -596,6 +596,11 @@ class SimServer:
             del message["tool_calls"]
         return message, finish
 
+    def _prompt_logprobs(self, parsed: ParsedRequest, ch: Choice) -> list[Any] | None:
+        if parsed.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(ch.prompt_ids, self.lm.pieces, parsed.prompt_logprobs)
+
     def _final_body(self, parsed: ParsedRequest, chat: bool, created: int) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         for ch in parsed.choices:
@@ -614,8 +619,8 @@ class SimServer:
                     "routed_experts": None,
                 }
             else:
-                plp = None
-                if parsed.echo and parsed.logprobs is not None:
+                plp = self._prompt_logprobs(parsed, ch)
+                if plp is None and parsed.echo and parsed.logprobs is not None:
                     plp = prompt_logprobs(ch.prompt_ids, self.lm.pieces, parsed.logprobs)
                 choice = {
                     "index": ch.index,
@@ -627,7 +632,7 @@ class SimServer:
                     "stop_reason": req.stop_reason,
                     "token_ids": ids,
                     "prompt_logprobs": plp,
-                    "prompt_token_ids": None,
+                    "prompt_token_ids": ch.prompt_ids if parsed.return_token_ids else None,
                     "routed_experts": None,
                 }
             choices.append(choice)
@@ -642,7 +647,12 @@ class SimServer:
             "usage": self._usage(parsed),
         }
         if chat:
-            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            first = parsed.choices[0]
+            body.update(
+                prompt_logprobs=self._prompt_logprobs(parsed, first),
+                prompt_token_ids=first.prompt_ids if parsed.return_token_ids else None,
+                prompt_text=parsed.prompt_text,
+            )
         body.update(kv_transfer_params=None, ec_transfer_params=None)
         body["metrics"] = self._spec_metrics(parsed, streamed=False)
         return body
@@ -670,6 +680,15 @@ class SimServer:
                 "model": name,
                 "choices": choices,
             }
+            if parsed.continuous_usage and choices:
+                done = sum(sent.values())
+                d["usage"] = {
+                    "prompt_tokens": parsed.prompt_tokens,
+                    "total_tokens": parsed.prompt_tokens + done,
+                    "completion_tokens": done,
+                }
+                if chat:
+                    d["usage"]["completion_tokens_details"] = None
             d.update(extra)
             return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
 
