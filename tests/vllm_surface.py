@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests.vllm_conformance import compare, metrics_differences
+
 ENUMERATE = """
 import json
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -36,6 +38,7 @@ print(json.dumps({k: sorted(f.alias or n for n, f in m.model_fields.items())
                   for k, m in models.items()}))
 """
 SURFACE_HEADING = "## Request surface differences"
+METRICS_ROUTE = "route GET /metrics"
 MODEL = "tiny"
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -99,7 +102,7 @@ SAMPLES: dict[str, Any] = {
     "metadata": None,
     "min_p": 0.1,
     "min_tokens": 2,
-    "mm_payload": None,
+    "mm_payload": "none",
     "mm_processor_kwargs": None,
     "model": MODEL,
     "n": 0,
@@ -124,7 +127,7 @@ SAMPLES: dict[str, Any] = {
     "return_token_offsets": True,
     "return_token_strs": True,
     "return_tokens_as_token_ids": True,
-    "routed_experts_prompt_start": None,
+    "routed_experts_prompt_start": 0,
     "seed": 1,
     "service_tier": None,
     "session_id": None,
@@ -254,3 +257,57 @@ def uncovered(surface: dict[str, list[str]], served: list[str]) -> list[str]:
     """Fields and routes of the installed vLLM with no conformance case."""
     missing = [f"field {e} {f}" for e, fs in surface.items() for f in fs if f not in SAMPLES]
     return missing + [f"route {r}" for r in served if r not in ROUTE_BODIES]
+
+
+def differences_of(
+    requests: dict[str, dict[str, Any]], real: dict[str, Any], other: dict[str, Any]
+) -> list[str]:
+    """:func:`tests.vllm_conformance.compare` on every case; the ``/metrics`` route by metric
+    family (:func:`tests.vllm_conformance.metrics_differences`), its values being counts."""
+    found: list[str] = []
+    for kind in requests:
+        if kind == METRICS_ROUTE and "body_text" in real[kind] and "body_text" in other[kind]:
+            pages = metrics_differences(real[kind]["body_text"], other[kind]["body_text"])
+            found += [d.replace("get-metrics:", f"{kind}:", 1) for d in pages]
+        else:
+            found += compare(kind, real[kind], other[kind])
+        found += _grammar_difference(kind, requests[kind], real[kind], other[kind])
+    return found
+
+
+def _reply_text(rec: dict[str, Any]) -> str | None:
+    body = rec.get("body")
+    if not isinstance(body, dict) or not body.get("choices"):
+        return None
+    choice = body["choices"][0]
+    text = choice.get("text")
+    return text if text is not None else (choice.get("message") or {}).get("content")
+
+
+def _grammar_difference(
+    kind: str, request: dict[str, Any] | None, real: dict[str, Any], other: dict[str, Any]
+) -> list[str]:
+    """For a ``structured_outputs.choice`` request: whether each reply's text is one of the
+    choices (vLLM's grammar makes it one; shapes alone cannot show that)."""
+    body = (request or {}).get("body")
+    spec = body.get("structured_outputs") if isinstance(body, dict) else None
+    if not isinstance(spec, dict) or "choice" not in spec:
+        return []
+    ok = [_reply_text(r) in spec["choice"] for r in (real, other)]
+    return [] if ok[0] == ok[1] else [f"{kind}: text is a choice: {ok[0]} vs {ok[1]}"]
+
+
+def _covers(row: tuple[str, str, str], difference: str) -> bool:
+    kind, _, rest = difference.partition(": ")
+    return (kind == row[0] or kind.startswith(row[0] + " ")) and rest.startswith(row[1])
+
+
+def unexplained_by(found: list[str], table: list[tuple[str, str, str]]) -> list[str]:
+    """The differences no row of ``table`` covers: a row ``(kind, aspect)`` covers a difference
+    of that kind, or of a kind that starts with it and a space, whose text starts with aspect."""
+    return [d for d in found if not any(_covers(row, d) for row in table)]
+
+
+def stale_rows(found: list[str], table: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The rows of ``table`` that cover no difference (the simulator now answers as vLLM)."""
+    return [row for row in table if not any(_covers(row, d) for d in found)]

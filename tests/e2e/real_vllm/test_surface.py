@@ -18,8 +18,17 @@ from typing import Any
 import aiohttp
 
 from specwatch.simulate.launcher import start_simulator
-from tests.vllm_conformance import REAL_LIKE, compare, deviations, send, unexplained
-from tests.vllm_surface import SURFACE_HEADING, cases, request_surface, routes, uncovered
+from tests.vllm_conformance import REAL_LIKE, deviations, send
+from tests.vllm_surface import (
+    SURFACE_HEADING,
+    cases,
+    differences_of,
+    request_surface,
+    routes,
+    stale_rows,
+    uncovered,
+    unexplained_by,
+)
 
 from .servers import VllmServer
 
@@ -48,10 +57,9 @@ async def test_every_field_and_route_answers_like_the_real_server(
         sim = await _send_all(handle.url, requests)
     finally:
         await handle.stop()
-    found = [d for kind in requests for d in compare(kind, real[kind], sim[kind])]
+    found = differences_of(requests, real, sim)
     table = deviations(heading=SURFACE_HEADING)
-    stale = [row for row in table if not any(d.startswith(f"{row[0]}: {row[1]}") for d in found)]
     print(f"{len(requests)} cases; differences:\n" + "\n".join(found))
     assert len(requests) >= 150
-    assert unexplained(found, table) == []
-    assert stale == []
+    assert unexplained_by(found, table) == []
+    assert stale_rows(found, table) == []
