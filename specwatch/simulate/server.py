@@ -418,9 +418,10 @@ class SimServer:
             if "messages" in body:
                 _key, prompt = chat_prompt(body["messages"])
             else:
-                prompt = body.get("prompt")
-                if not isinstance(prompt, str):
+                text = body.get("prompt")
+                if not isinstance(text, str):
                     raise err.missing_prompt()
+                prompt = text
         except APIError as exc:
             return json_reply(exc.body(), exc.status)
         ids = prompt_token_ids(prompt, self.config.vocab_size)
