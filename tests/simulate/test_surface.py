@@ -14,6 +14,7 @@ import pytest
 
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from tests.vllm_conformance import REAL_LIKE
+from tests.vllm_surface import cases, stale_rows, uncovered, unexplained_by
 
 PROMPT = "alpha beta gamma"  # the synthetic tokenizer: BOS, then one id per word -> 4 tokens
 
@@ -102,3 +103,28 @@ async def test_load_counts_nothing_when_idle(sim: SimulatorHandle) -> None:
     async with aiohttp.ClientSession() as s, s.get(sim.url + "/load") as r:
         assert r.status == 200
         assert await r.json() == {"server_load": 0}
+
+
+def test_the_surface_table_is_enforced_both_ways() -> None:
+    """A difference no row covers is reported, so is a row that covers none; a row's kind
+    covers longer kinds only at a word boundary."""
+    rows = [("field /v1/responses", "status", "not served"), ("route POST /x", "status", "r")]
+    found = [
+        "field /v1/responses seed: status: 200 vs 404",
+        "field /v1/responses_extra seed: status: 200 vs 404",
+        "route POST /x: keys/types $.a: 'int' vs 'str'",
+    ]
+    assert unexplained_by(found, rows) == found[1:]
+    assert stale_rows(found, rows) == [rows[1]]
+
+
+def test_a_field_without_a_sample_is_uncovered_and_gets_no_case() -> None:
+    surface = {"/v1/completions": ["prompt", "a_new_field"]}
+    served = ["GET /health", "POST /v1/new_route"]
+    assert uncovered(surface, served) == [
+        "field /v1/completions a_new_field",
+        "route POST /v1/new_route",
+    ]
+    made = cases(surface, served)
+    assert sorted(made) == ["field /v1/completions prompt", "route GET /health"]
+    assert made["field /v1/completions prompt"]["body"]["prompt"] == "Another prompt"
