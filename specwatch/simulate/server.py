@@ -1,7 +1,9 @@
 """vLLM's HTTP surface over the simulated engines (aiohttp), in real time.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE
-with ``data: [DONE]`` and a usage chunk when ``stream_options.include_usage``), ``GET /health``,
+with ``data: [DONE]`` and a usage chunk when ``stream_options.include_usage``, usage on every
+chunk with ``continuous_usage_stats``), ``POST /tokenize`` (prompt or messages),
+``POST /detokenize``, ``GET /health``, ``GET /ping``, ``GET /load``, ``GET /kv_event_sources``,
 ``GET /version``, ``GET /metrics``; admin: ``GET|POST|DELETE /admin/faults``,
 ``POST /admin/restart``, ``GET /admin/stats`` (ground truth). Errors use vLLM's body
 ``{"error": {"message", "type", "param", "code"}}``.
