@@ -123,6 +123,33 @@ def _int_error(field: str, value: Any) -> dict[str, Any] | None:
     }
 
 
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                "repetition_penalty", "length_penalty")  # fmt: skip
+
+
+def _float_error(field: str, value: Any) -> dict[str, Any] | None:
+    """Pydantic's complaint about ``value`` for an optional number field, or ``None``."""
+    if value is None or isinstance(value, int | float):
+        return None
+    loc = f"body.{field}"
+    if isinstance(value, str):
+        try:
+            float(value.strip())
+        except ValueError:
+            msg = "Input should be a valid number, unable to parse string as a number"
+            return {"type": "float_parsing", "loc": loc, "msg": msg, "input": value}
+        return None
+    return {"type": "float_type", "loc": loc, "msg": "Input should be a valid number",
+            "input": _input_repr(value)}  # fmt: skip
+
+
+def empty_conversation() -> APIError:
+    """vLLM's 400 for a chat (or chat ``/tokenize``) with an empty ``messages`` list."""
+    return APIError(
+        400, "Cannot apply chat template to an empty conversation. Provide at least one message."
+    )
+
+
 def _prompt_errors(value: Any) -> list[dict[str, Any]]:
     """Pydantic's four complaints about a ``prompt`` that is none of ``list[int]``,
     ``list[list[int]]``, ``str``, ``list[str]`` (a list of other things is left to vLLM)."""
@@ -164,6 +191,10 @@ def validate_body(body: Any, chat: bool) -> None:
         if chat and field == "logprobs":
             continue
         err = _int_error(field, body.get(field))
+        if err is not None:
+            errors.append(err)
+    for field in FLOAT_FIELDS:
+        err = _float_error(field, body.get(field))
         if err is not None:
             errors.append(err)
     if errors:

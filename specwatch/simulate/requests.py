@@ -47,7 +47,12 @@ class ParsedRequest:
     prompt_tokens: int
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     return_token_ids: bool = False
+    #: ``prompt_logprobs`` (top-k count per prompt token); ``None`` = not asked
+    prompt_logprobs: int | None = None
+    #: chat ``return_prompt_text``: the rendered chat, else ``None``
+    prompt_text: str | None = None
     #: completions ``logprobs`` (top-k count) or chat ``top_logprobs``; ``None`` = not asked
     logprobs: int | None = None
     echo: bool = False
@@ -73,9 +78,11 @@ def _message_text(content: Any) -> str:
     raise APIError(400, "message content must be a string or a list of parts", "messages")
 
 
-def _chat_prompt(msgs: Any) -> tuple[str, str]:
+def chat_prompt(msgs: Any) -> tuple[str, str]:
     """The prompt key (the last user message when it is a quiz item) and the rendered chat."""
-    if not isinstance(msgs, list) or not msgs:
+    if isinstance(msgs, list) and not msgs:
+        raise err.empty_conversation()
+    if not isinstance(msgs, list):
         raise APIError(400, "messages must be a non-empty list", "messages")
     parts: list[str] = []
     key = ""
@@ -109,9 +116,22 @@ def _prompts(p: Any) -> list[tuple[str, list[int] | None]]:
     return out
 
 
+def _prompt_logprobs(body: dict[str, Any], chat: bool, logprobs: int | None) -> int | None:
+    """The top-k count of ``prompt_logprobs``: asked for, or a chat ``echo`` (vLLM then gives
+    the prompt's own tokens, with ``top_logprobs`` more when logprobs are asked)."""
+    asked = body.get("prompt_logprobs")
+    if isinstance(asked, int) and not isinstance(asked, bool):
+        return asked
+    if chat and body.get("echo"):
+        return logprobs or 0
+    return None
+
+
 def _number(body: dict[str, Any], key: str, default: float) -> float:
     value = body.get(key, default)
     value = default if value is None else value
+    if isinstance(value, str):
+        value = float(value.strip())  # pydantic's lax number parsing (checked before)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise err.parameter_error(f"{key} must be a number, got {value}.", key, value)
     return float(value)
@@ -163,7 +183,7 @@ def parse_request(
     ids_of: Callable[[str], list[int]] = lambda s: prompt_token_ids(s, c.vocab_size)  # noqa: E731
     prompts: list[tuple[str, list[int] | None]]
     if chat:
-        key, rendered = _chat_prompt(body.get("messages"))
+        key, rendered = chat_prompt(body.get("messages"))
         prompts = [(key, None)]
         lens = [len(ids_of(rendered)) + CHAT_TEMPLATE_TOKENS]
         texts = [rendered]
@@ -247,7 +267,13 @@ def parse_request(
         prompt_tokens=sum(lens),
         stream=bool(body.get("stream", False)),
         include_usage=bool((body.get("stream_options") or {}).get("include_usage", False)),
+        continuous_usage=bool(
+            (body.get("stream_options") or {}).get("include_usage", False)
+            and (body.get("stream_options") or {}).get("continuous_usage_stats", False)
+        ),
         return_token_ids=bool(body.get("return_token_ids", False)),
+        prompt_logprobs=_prompt_logprobs(body, chat, logprobs),
+        prompt_text=texts[0] if chat and body.get("return_prompt_text") else None,
         logprobs=logprobs,
         echo=echo,
         tools=list(tools),

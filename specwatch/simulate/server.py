@@ -1,7 +1,9 @@
 """vLLM's HTTP surface over the simulated engines (aiohttp), in real time.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE
-with ``data: [DONE]`` and a usage chunk when ``stream_options.include_usage``), ``GET /health``,
+with ``data: [DONE]`` and a usage chunk when ``stream_options.include_usage``, usage on every
+chunk with ``continuous_usage_stats``), ``POST /tokenize`` (prompt or messages),
+``POST /detokenize``, ``GET /health``, ``GET /ping``, ``GET /load``, ``GET /kv_event_sources``,
 ``GET /version``, ``GET /metrics``; admin: ``GET|POST|DELETE /admin/faults``,
 ``POST /admin/restart``, ``GET /admin/stats`` (ground truth). Errors use vLLM's body
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -60,7 +62,7 @@ from specwatch.simulate.replies import (
     prompt_token_ids,
     tool_call,
 )
-from specwatch.simulate.requests import Choice, ParsedRequest, parse_request
+from specwatch.simulate.requests import Choice, ParsedRequest, chat_prompt, parse_request
 from specwatch.vllm.budget import budget_limits
 from specwatch.vllm.request_metrics import metrics_object
 
@@ -150,6 +152,9 @@ class SimServer:
         app.router.add_get("/ping", self.h_health)
         app.router.add_post("/ping", self.h_health)
         app.router.add_post("/tokenize", self.h_tokenize)
+        app.router.add_post("/detokenize", self.h_detokenize)
+        app.router.add_get("/load", self.h_load)
+        app.router.add_get("/kv_event_sources", self.h_kv_event_sources)
         app.router.add_get("/v1/models", self.h_models)
         app.router.add_post("/v1/completions", self.h_completions)
         app.router.add_post("/v1/chat/completions", self.h_chat)
@@ -405,26 +410,60 @@ class SimServer:
         return await self._generate(request, chat=True)
 
     async def h_tokenize(self, request: web.Request) -> web.Response:
-        """vLLM's ``POST /tokenize`` for a text prompt (the synthetic tokenizer, no BOS unless
-        ``add_special_tokens``)."""
+        """vLLM's ``POST /tokenize`` for a text prompt or a chat (the synthetic tokenizer and
+        chat rendering, no BOS unless ``add_special_tokens``; ``return_token_strs`` gives the
+        vocabulary pieces)."""
         try:
             body = await self._json_body(request)
+            if not isinstance(body, dict):
+                raise err.missing_prompt()
+            if "messages" in body:
+                _key, prompt = chat_prompt(body["messages"])
+            else:
+                text = body.get("prompt")
+                if not isinstance(text, str):
+                    raise err.missing_prompt()
+                prompt = text
         except APIError as exc:
             return json_reply(exc.body(), exc.status)
-        prompt = body.get("prompt") if isinstance(body, dict) else None
-        if not isinstance(prompt, str):
-            return json_reply(err.missing_prompt().body(), 400)
         ids = prompt_token_ids(prompt, self.config.vocab_size)
-        if not body.get("add_special_tokens", True):
+        if not body.get("add_special_tokens", "messages" not in body):
             ids = ids[1:]
+        pieces = self.lm.pieces
+        strs = [pieces[i % len(pieces)] for i in ids] if body.get("return_token_strs") else None
         return json_reply(
             {
                 "count": len(ids),
                 "max_model_len": self.config.max_model_len,
                 "tokens": ids,
-                "token_strs": None,
+                "token_strs": strs,
             }
         )
+
+    async def h_detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /detokenize``: the vocabulary pieces of ``tokens`` joined."""
+        try:
+            body = await self._json_body(request)
+        except APIError as exc:
+            return json_reply(exc.body(), exc.status)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            errors = [{"type": "list_type", "loc": "body.tokens",
+                       "msg": "Input should be a valid list", "input": tokens}]  # fmt: skip
+            return json_reply(err.validation_error(errors).body(), 400)
+        pieces = self.lm.pieces
+        return json_reply({"prompt": "".join(pieces[t % len(pieces)] for t in tokens)})
+
+    async def h_load(self, _r: web.Request) -> web.Response:
+        """vLLM's ``GET /load``: requests in flight (running and waiting) on all engines."""
+        load = sum(len(c.running) + len(c.waiting) for c in self.cores)
+        return json_reply({"server_load": load})
+
+    async def h_kv_event_sources(self, _r: web.Request) -> web.Response:
+        """vLLM's ``GET /kv_event_sources``: no KV-event publishers configured."""
+        return json_reply({})
 
     async def _json_body(self, request: web.Request) -> Any:
         """The decoded body of a POST, refused as FastAPI refuses it."""
@@ -560,6 +599,11 @@ class SimServer:
             del message["tool_calls"]
         return message, finish
 
+    def _prompt_logprobs(self, parsed: ParsedRequest, ch: Choice) -> list[Any] | None:
+        if parsed.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(ch.prompt_ids, self.lm.pieces, parsed.prompt_logprobs)
+
     def _final_body(self, parsed: ParsedRequest, chat: bool, created: int) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         for ch in parsed.choices:
@@ -578,8 +622,8 @@ class SimServer:
                     "routed_experts": None,
                 }
             else:
-                plp = None
-                if parsed.echo and parsed.logprobs is not None:
+                plp = self._prompt_logprobs(parsed, ch)
+                if plp is None and parsed.echo and parsed.logprobs is not None:
                     plp = prompt_logprobs(ch.prompt_ids, self.lm.pieces, parsed.logprobs)
                 choice = {
                     "index": ch.index,
@@ -591,7 +635,7 @@ class SimServer:
                     "stop_reason": req.stop_reason,
                     "token_ids": ids,
                     "prompt_logprobs": plp,
-                    "prompt_token_ids": None,
+                    "prompt_token_ids": ch.prompt_ids if parsed.return_token_ids else None,
                     "routed_experts": None,
                 }
             choices.append(choice)
@@ -606,7 +650,12 @@ class SimServer:
             "usage": self._usage(parsed),
         }
         if chat:
-            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            first = parsed.choices[0]
+            body.update(
+                prompt_logprobs=self._prompt_logprobs(parsed, first),
+                prompt_token_ids=first.prompt_ids if parsed.return_token_ids else None,
+                prompt_text=parsed.prompt_text,
+            )
         body.update(kv_transfer_params=None, ec_transfer_params=None)
         body["metrics"] = self._spec_metrics(parsed, streamed=False)
         return body
@@ -634,6 +683,15 @@ class SimServer:
                 "model": name,
                 "choices": choices,
             }
+            if parsed.continuous_usage and choices:
+                done = sum(sent.values())
+                d["usage"] = {
+                    "prompt_tokens": parsed.prompt_tokens,
+                    "total_tokens": parsed.prompt_tokens + done,
+                    "completion_tokens": done,
+                }
+                if chat:
+                    d["usage"]["completion_tokens_details"] = None
             d.update(extra)
             return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
 
