@@ -620,10 +620,6 @@ SHADOW_PROXY_CLIENT_DISCONNECTS = _c(
     "specwatch_shadow_proxy_client_disconnects",
     "Proxied requests whose client went away before the answer was sent.",
 )
-SHADOW_PROXY_OFFER_LOST = _c(
-    "specwatch_shadow_proxy_offer_lost",
-    "Proxied request copies not handed to shadowing (shadow loop gone or too far behind).",
-)
 SHADOW_PROXY_UPSTREAM_ERRORS = _c(
     "specwatch_shadow_proxy_upstream_errors",
     "Proxied requests the upstream server failed, by reason (connect, timeout, "
@@ -719,7 +715,6 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_SINK_ERRORS,
     SHADOW_PROXY_REQUESTS,
     SHADOW_PROXY_CLIENT_DISCONNECTS,
-    SHADOW_PROXY_OFFER_LOST,
     SHADOW_PROXY_UPSTREAM_ERRORS,
     SHADOW_CANARY_OFFERED,
     SHADOW_CANARY_BAD_LINES,

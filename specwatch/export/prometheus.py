@@ -359,7 +359,6 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add(cat.SHADOW_SINK_ERRORS, (), io.sink_errors)
     fam.add(cat.SHADOW_PROXY_REQUESTS, (), io.proxy_requests)
     fam.add(cat.SHADOW_PROXY_CLIENT_DISCONNECTS, (), io.proxy_client_disconnects)
-    fam.add(cat.SHADOW_PROXY_OFFER_LOST, (), io.proxy_offer_lost)
     fam.add_counts(
         cat.SHADOW_PROXY_UPSTREAM_ERRORS, io.proxy_upstream_errors, PROXY_UPSTREAM_ERROR_REASONS
     )

@@ -668,7 +668,6 @@ class ShadowPipeline:
             sink_errors=self.sink_errors,
             proxy_requests=ic.proxy_requests,
             proxy_client_disconnects=ic.proxy_client_disconnects,
-            proxy_offer_lost=ic.proxy_offer_lost,
             proxy_upstream_errors=dict(ic.proxy_upstream_errors),
             canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},

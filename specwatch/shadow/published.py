@@ -96,7 +96,7 @@ class ShadowIO:
     ``ingest_errors[(source, reason)]`` (requests seen by mirror/proxy/ingest; reasons include
     ``too_large`` and ``invalid_json``), ``arm_errors[(arm, reason)]`` (reasons include
     ``too_large`` and ``invalid_body``), ``sink_errors``, ``proxy_requests``,
-    ``proxy_client_disconnects``, ``proxy_offer_lost``, ``proxy_upstream_errors[reason]``,
+    ``proxy_client_disconnects``, ``proxy_upstream_errors[reason]``,
     ``canary_offered`` and ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent
     again after a close before any response byte), and from vLLM's per-request
     speculative-decoding metrics in the replies, by ``(arm, category)``: ``reply_spec_steps``
@@ -126,7 +126,6 @@ class ShadowIO:
     sink_errors: int = 0
     proxy_requests: int = 0
     proxy_client_disconnects: int = 0
-    proxy_offer_lost: int = 0
     proxy_upstream_errors: Mapping[str, int] = field(default_factory=dict)
     canary_offered: int = 0
     canary_bad_lines: Mapping[str, int] = field(default_factory=dict)

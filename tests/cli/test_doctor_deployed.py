@@ -174,7 +174,9 @@ def test_dashboard_exported_for_sharing_warns(
     shipped.write_text(json.dumps(_dashboard()))
     exported = tmp_path / "exported.json"
     exported.write_text(json.dumps(_exported(_dashboard())))
-    code = main(["doctor", "--dashboard", str(shipped), "--dashboard", str(exported)])
+    code = main(
+        ["doctor", "--format", "table", "--dashboard", str(shipped), "--dashboard", str(exported)]
+    )
     lines = [ln for ln in capsys.readouterr().out.splitlines() if " dashboard " in ln]
     title = _dashboard()["title"]
     assert code == 0
@@ -208,7 +210,7 @@ def test_rule_range_under_four_scrape_intervals_warns(
         )
     )
     monitor = REPO / "deploy" / "base" / "podmonitor.yaml"
-    code = main(["doctor", "--rules", str(rules), "--manifest", str(monitor)])
+    code = main(["doctor", "--format", "table", "--rules", str(rules), "--manifest", str(monitor)])
     out = capsys.readouterr().out.splitlines()
     ranged = [ln for ln in out if "rule-range" in ln]
     assert code == 0
@@ -219,7 +221,7 @@ def test_rule_range_under_four_scrape_intervals_warns(
         in (ranged[0])
     )
     shipped = REPO / "deploy" / "mixin" / "specwatch.rules.yaml"
-    main(["doctor", "--rules", str(shipped), "--manifest", str(monitor)])
+    main(["doctor", "--format", "table", "--rules", str(shipped), "--manifest", str(monitor)])
     ranged = [ln for ln in capsys.readouterr().out.splitlines() if "rule-range" in ln]
     assert len(ranged) == 1
     assert ranged[0].startswith("OK")

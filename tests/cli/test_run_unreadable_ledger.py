@@ -59,6 +59,9 @@ KINDS: dict[str, Callable[[Path], bytes]] = {
 async def test_an_unreadable_ledger_is_moved_aside_and_a_fresh_one_starts(
     kind: str, tmp_path: Path
 ) -> None:
+    """A ledger file that is not a readable SQLite database (random bytes, empty, truncated,
+    JSON, zip) is moved aside with one line and ``specwatch run`` starts on a fresh ledger; the
+    old bytes are kept whole beside it."""
     ledger = tmp_path / "ledger.sqlite"
     before = KINDS[kind](ledger)
     ledger.write_bytes(before)

@@ -39,7 +39,7 @@ def _commands(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "bench-result": (["bench-result", BENCH], "concurrency / request rate"),
         "paired-test": (["paired-test", *_paired(tmp_path)], "pairs (n)"),
         "replay": (["replay", "--target", f"z={timeline}"], "no alert fired"),
-        "doctor": (["doctor", "--config", CONFIG], "WARN  config"),
+        "doctor": (["doctor", "--config", CONFIG], "OK    config"),
     }
 
 

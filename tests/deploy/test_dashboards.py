@@ -112,7 +112,6 @@ def full_shadow_stats() -> ShadowStats:
                 sink_errors=1,
                 proxy_requests=4,
                 proxy_client_disconnects=1,
-                proxy_offer_lost=1,
                 proxy_upstream_errors={"connect": 1},
                 canary_offered=3,
                 canary_bad_lines={"invalid_json": 2},

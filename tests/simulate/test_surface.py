@@ -34,6 +34,8 @@ async def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
 
 
 async def test_tokenize_and_detokenize_agree(sim: SimulatorHandle) -> None:
+    """/tokenize then /detokenize gives back the joined token strings; a bad ``tokens`` is a
+    400 naming ``body.tokens`` (vLLM's validation error shape)."""
     status, text = await _post(
         sim.url + "/tokenize", {"model": "tiny", "prompt": PROMPT, "return_token_strs": True}
     )
@@ -51,6 +53,8 @@ async def test_tokenize_and_detokenize_agree(sim: SimulatorHandle) -> None:
 
 
 async def test_tokenize_with_messages_counts_the_rendered_chat(sim: SimulatorHandle) -> None:
+    """/tokenize with ``messages`` counts the chat as rendered; empty messages get vLLM's
+    "Cannot apply chat template to an empty conversation" error."""
     messages = [{"role": "user", "content": PROMPT}]
     status, text = await _post(sim.url + "/tokenize", {"model": "tiny", "messages": messages})
     assert status == 200
@@ -64,6 +68,9 @@ async def test_tokenize_with_messages_counts_the_rendered_chat(sim: SimulatorHan
 async def test_continuous_usage_stats_put_running_usage_on_every_chunk(
     sim: SimulatorHandle,
 ) -> None:
+    """``stream_options.continuous_usage_stats`` puts the running usage on every chunk:
+    completion tokens never go down and end at ``max_tokens``; prompt tokens are the same on
+    every chunk."""
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
             "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
@@ -77,6 +84,8 @@ async def test_continuous_usage_stats_put_running_usage_on_every_chunk(
 
 
 async def test_prompt_logprobs_and_prompt_token_ids(sim: SimulatorHandle) -> None:
+    """``prompt_logprobs`` and ``return_token_ids`` answer one entry per prompt token (the
+    first entry ``null``, as vLLM writes it)."""
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0,
             "prompt_logprobs": 1, "return_token_ids": True}  # fmt: skip
     status, text = await _post(sim.url + "/v1/completions", body)
@@ -88,6 +97,8 @@ async def test_prompt_logprobs_and_prompt_token_ids(sim: SimulatorHandle) -> Non
 
 
 async def test_wrong_type_temperature_is_pydantics_error(sim: SimulatorHandle) -> None:
+    """A temperature of "hot" is a 400 naming ``body.temperature``; a numeric string is
+    accepted, as vLLM's pydantic models accept it."""
     body = {"model": "tiny", "prompt": PROMPT, "temperature": "hot"}
     status, text = await _post(sim.url + "/v1/completions", body)
     error = json.loads(text)["error"]
@@ -100,6 +111,7 @@ async def test_wrong_type_temperature_is_pydantics_error(sim: SimulatorHandle) -
 
 
 async def test_load_counts_nothing_when_idle(sim: SimulatorHandle) -> None:
+    """``GET /load`` on an idle server answers ``{"server_load": 0}``."""
     async with aiohttp.ClientSession() as s, s.get(sim.url + "/load") as r:
         assert r.status == 200
         assert await r.json() == {"server_load": 0}
@@ -119,6 +131,8 @@ def test_the_surface_table_is_enforced_both_ways() -> None:
 
 
 def test_a_field_without_a_sample_is_uncovered_and_gets_no_case() -> None:
+    """A request field or route of the installed vLLM with no sample is named as uncovered
+    and gets no conformance case."""
     surface = {"/v1/completions": ["prompt", "a_new_field"]}
     served = ["GET /health", "POST /v1/new_route"]
     assert uncovered(surface, served) == [

@@ -110,11 +110,9 @@ class IngestCounters:
     ``proxy_requests`` (all proxied requests), ``proxy_upstream_errors[reason]``
     (``connect|timeout|disconnected|client_error``; never a client that went away),
     ``proxy_client_disconnects`` (clients that went away before the whole answer was sent),
-    ``proxy_offer_lost`` (copies not handed over because the shadow loop was gone),
     ``skipped_marked`` (requests carrying the shadow marker, not re-ingested). A client SDK's
     retry of a request already taken in is counted in ``errors[(source, "client_retry")]``
-    and not offered (one logical request, one pair). In thread mode the
-    ``proxy_*`` fields are written by the proxy thread only, the others by the shadow loop only."""
+    and not offered (one logical request, one pair)."""
 
     received: Counter[str] = field(default_factory=Counter)
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -122,7 +120,6 @@ class IngestCounters:
     proxy_requests: int = 0
     proxy_upstream_errors: Counter[str] = field(default_factory=Counter)
     proxy_client_disconnects: int = 0
-    proxy_offer_lost: int = 0
     skipped_marked: int = 0
 
 
