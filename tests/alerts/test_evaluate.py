@@ -807,8 +807,8 @@ def _summary_parts(tree: ast.Module) -> list[tuple[str, list[ast.expr]]]:
 def test_every_detector_summary_is_a_plain_capitalised_sentence() -> None:
     """Every summary the built-in detectors write (each ``Alert`` in alerts/rules.py and
     alerts/quality.py, read from its source) is a plain sentence as mixtool lint wants of the
-    rules: its first word is fixed text starting with a capital letter (never a target name or a lower-case "specwatch"), it
-    ends with a full stop, and it has no template ({{ }} or $)."""
+    rules: its first word is fixed text starting with a capital letter (never a target name or
+    a lower-case "specwatch"), it ends with a full stop, and it has no template ({{ }} or $)."""
     from specwatch.alerts import quality as quality_module
 
     found = [
