@@ -245,12 +245,14 @@ def test_expression_result_labels() -> None:
     keeps the left side's, ``or`` those both sides have, ``group_left(x)`` adds ``x``; a
     metric with no known series makes the result unknown."""
     of = {"a": frozenset({"job", "instance", "engine"}), "b": frozenset({"job", "role"})}
-    assert expression_labels('sum by (job, role) (rate(a{x="1"}[5m])) > 0', of) == {"job", "role"}
-    assert expression_labels("sum without (engine) (a)", of) == {"job", "instance"}
-    assert expression_labels("max(a) by (instance)", of) == {"instance"}
+    assert expression_labels('sum by (job, role) (rate(a{x="1"}[5m])) > 0', of) == frozenset(
+        {"job", "role"}
+    )
+    assert expression_labels("sum without (engine) (a)", of) == frozenset({"job", "instance"})
+    assert expression_labels("max(a) by (instance)", of) == frozenset({"instance"})
     assert expression_labels("max_over_time(a[1h:5m]) / 2 < 0.8", of) == of["a"]
     assert expression_labels("a and on (job) b", of) == of["a"]
-    assert expression_labels("a or b", of) == {"job"}
+    assert expression_labels("a or b", of) == frozenset({"job"})
     assert expression_labels("a * on (job) group_left (role) b", of) == of["a"] | {"role"}
     assert expression_labels("b unless a offset 5m", of) == of["b"]
     assert expression_labels("c + a", of) is None  # the result has the left side's labels
