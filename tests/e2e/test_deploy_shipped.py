@@ -71,7 +71,7 @@ AM_CONFIG = {
         {
             "source_matchers": ['severity="critical"'],
             "target_matchers": ['severity="warning"'],
-            "equal": ["namespace", "role"],
+            "equal": ["namespace"],
         }
     ],
     "receivers": [{"name": n} for n in ("default", "page", "ticket", "null")],

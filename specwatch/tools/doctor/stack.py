@@ -1,11 +1,11 @@
 """``specwatch doctor``'s checks of the operator's own stack: pure checks (values in, findings
 out) and the lookups in Prometheus / Alertmanager that feed them.
 
-* ``inhibit``: an Alertmanager inhibit rule that can select specwatch's alerts on both sides
-  (its ``source``/``target`` matchers) but whose ``equal`` names a label no specwatch alert
-  carries. Alertmanager compares a missing label as the empty string, so such a rule lets a
-  specwatch alert of one cluster/namespace/... inhibit another's, or never inhibits when the
-  other side's alerts carry the label.
+* ``inhibit``: an Alertmanager inhibit rule that pairs specwatch alerts (its ``source`` and
+  ``target`` matchers may select one each) where an ``equal`` label is missing from either
+  alert of a pair, judged per alert (:func:`alert_labels`). Alertmanager compares a missing
+  label as the empty string, so such a rule lets a specwatch alert of one cluster/namespace/...
+  inhibit another's, or never inhibits when the other alert carries the label.
 * ``labels``: a dashboard query whose label matcher (``{container="vllm"}``) names a label that
   no series of that metric has in Prometheus: the selector can never match, so the panel stays
   empty whatever the data.
