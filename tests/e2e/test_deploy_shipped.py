@@ -17,8 +17,8 @@ Then, as the user would look: within five minutes the snapshot has graded pairs 
 (or says when it is empty), ``specwatch doctor`` with the shipped manifests and dashboards exits
 0, ``specwatch fleet`` gives the sidecar's own ledger table under the served model's name, the
 vLLM cross-check panel gives one α per role equal to each server's own counters, every shipped
-rule is loaded and evaluated without error, and a quality fault on the FLy server (the demo's: FLy
-waives far more rejections) pages: the sidecar's own ``SpecQualityDrift`` push reaches
+rule is loaded and evaluated without error, and a quality fault on the FLy server (the
+simulator's ``wrong_answer_rate``) pages: the sidecar's own ``SpecQualityDrift`` push reaches
 Alertmanager routed by ``severity="critical"`` to the ``page`` receiver, as the runbook says,
 within minutes at the shipped canary rate.
 """
@@ -40,7 +40,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.core.config import OVERALL
-from specwatch.demo.view import FAULT_BODY
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
@@ -591,9 +590,10 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
 
         await rules_loaded_and_evaluated(session, prom)
 
-        # the demo's quality fault on the FLy server: it waives far more rejections, so FLy
-        # answers canary items wrong that standard answers right
-        async with session.post(f"{urls['fly']}/admin/faults", json=dict(FAULT_BODY)) as r:
+        # a quality fault on the FLy server: its model favours a wrong answer to every item, so
+        # FLy loses the canary items standard answers right
+        fault = {"wrong_answer_rate": 1.0}
+        async with session.post(f"{urls['fly']}/admin/faults", json=fault) as r:
             assert r.status == 200
 
         async def paged() -> list[Obj] | None:
