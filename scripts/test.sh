@@ -8,7 +8,8 @@
 #      pip at the versions pinned in requirements/test-constraints.txt, only when one is missing
 #      from the interpreter or installed at another version ($PYTHON; default: the active venv's
 #      python3, else the project's .venv, created when missing: PEP 668 systems need a venv).
-#   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool) and nginx-light,
+#   2. Debian packages prometheus (promtool), prometheus-alertmanager (amtool), nginx-light and
+#      jsonnet (the C++ jsonnet a Debian user has, for the mixin portability test),
 #      installed with apt-get only when a binary is missing; services are not started.
 #   3. The separate vLLM CPU venv (scripts/setup_vllm.sh), reused while it imports, and the
 #      separate lm-eval venv (scripts/setup_lm_eval.sh) for the lm-eval-harness test.
@@ -124,6 +125,7 @@ declare -A pkg_for=(
   [amtool]=prometheus-alertmanager
   [nginx]=nginx-light
   [tmux]=tmux
+  [jsonnet]=jsonnet
 )
 pkgs=()
 for bin in "${!pkg_for[@]}"; do

@@ -163,6 +163,7 @@ FAULT_KEYS: dict[str, type] = {
     "metrics_mode": str,
     "completion_delay_s": float,
     "completion_error_rate": float,
+    "wrong_answer_rate": float,
 }
 
 
@@ -179,6 +180,7 @@ class Faults:
     metrics_mode: str = "ok"
     completion_delay_s: float = 0.0
     completion_error_rate: float = 0.0
+    wrong_answer_rate: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

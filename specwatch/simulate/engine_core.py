@@ -18,9 +18,10 @@ dflash/dspark under v0.33. v0.32 uses its own S table and no cap; v0.20-v0.25 re
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -80,6 +81,11 @@ class RequestOutput:
     text: str
     finish_reason: str | None
     time: float
+
+
+def _unit(key: str) -> float:
+    """A uniform number in [0, 1) from ``key`` (the same request always draws the same)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") / 2**64
 
 
 @dataclass(eq=False, slots=True)
@@ -457,6 +463,10 @@ class EngineCore:
     def _admit(self, req: SimRequest, now: float) -> None:
         if req.row < 0:  # a preempted request keeps its model state
             params = params_for_prompt(req.prompt)
+            rate = self.faults.wrong_answer_rate
+            if rate > 0 and _unit(req.request_id) < rate:
+                wrong = "".join(str((int(d) + 1) % 10) for d in params.gold)
+                params = replace(params, gold=wrong)
             req.row = self.table.allocate(
                 params,
                 seed=req.seed,

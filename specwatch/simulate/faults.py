@@ -17,6 +17,9 @@ stall_admission            bool       admit no WAITING request (waiting grows)
 metrics_mode               str        ``ok`` | ``error`` (HTTP 500) | ``malformed`` (bad body)
 completion_delay_s         float      delay before each completion is queued
 completion_error_rate      float      fraction of completions answered with HTTP 500
+wrong_answer_rate          float      fraction of requests whose answer the model favours is a
+                                      wrong one (each digit of the gold shifted): a quality loss
+                                      on this server alone, whatever its rejection sampler
 =========================  =========  ==========================================================
 """
 
@@ -91,8 +94,8 @@ def apply_patch(faults: Faults, patch: dict[str, Any]) -> Faults:
                 regime_for_version(v)
             except ValueError as exc:
                 raise FaultError(str(exc)) from exc
-        if key == "completion_error_rate" and not 0.0 <= v <= 1.0:
-            raise FaultError("completion_error_rate must be in [0, 1]")
+        if key in ("completion_error_rate", "wrong_answer_rate") and not 0.0 <= v <= 1.0:
+            raise FaultError(f"{key} must be in [0, 1]")
         if key in {"completion_delay_s", "draft_noise_multiplier"} and v < 0:
             raise FaultError(f"{key} must be >= 0")
         if key == "fly_entropy_threshold" and v is not None and v < 0:

@@ -18,12 +18,15 @@ import yaml
 from deploy.mixin.render import load_rules
 from specwatch.__main__ import main
 from specwatch.tools.doctor.stack import (
+    AlertLabels,
+    alert_labels,
     check_inhibit_rules,
     check_mirror_coverage,
+    expression_labels,
+    expression_metrics,
     label_replace_labels,
     mirror_percentages,
     promql_matchers,
-    rule_labels,
 )
 from tests.fakes.http import threaded_http_server
 
@@ -64,7 +67,7 @@ ALERTMANAGER = {
 #: form of the mixin's SpecAcceptanceDrop, a selector with a comma in its first argument.
 DROP_QUERY = (
     'label_replace(x{window="5m", engine=""} < 0.8, "scope", "server", "", "") or '
-    'label_replace(max by (engine) (y) < 0.8, "scope", "engine", "", "")'
+    'label_replace(max by (namespace, role, engine) (y) < 0.8, "scope", "engine", "", "")'
 )
 
 
@@ -98,6 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == "/api/v1/rules":
             rule = {"name": "SpecQualityDrift", "type": "alerting", "health": "ok"}
             rule["labels"] = {"severity": "critical"}  # type: ignore[assignment]
+            rule["query"] = 'specwatch_paired_e_value{window="since_start"} >= 20'
             # not firing: its scope label exists only in the expression
             drop = {"name": "SpecAcceptanceDrop", "type": "alerting", "health": "ok"}
             drop["query"] = DROP_QUERY
@@ -117,8 +121,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == "/api/v1/labels":
             match = q.get("match[]", "")
             body = _api(
-                SPECWATCH_LABELS if match.startswith("{job=~") else
-                VLLM_LABELS if match == "vllm:num_requests_running" else []
+                SPECWATCH_LABELS if match == "specwatch_paired_e_value" else
+                VLLM_LABELS if match in ("vllm:num_requests_running", "x") else []
             )  # fmt: skip
         elif url.path == "/api/v1/status/config":
             body = _api({"yaml": "global:\n  external_labels:\n    cluster: eu-1\n"})
@@ -168,11 +172,12 @@ def test_inhibit_equal_label_specwatch_alerts_lack(
         assert inhibit == [
             (
                 "fail",
-                f"{source}: inhibit rule 2 (equal: cluster, gpu) selects specwatch alerts, which "
-                "carry no gpu: Alertmanager compares a missing label as empty, so one specwatch "
-                "alert inhibits others across every gpu (or never, where the other side carries "
-                "it); drop gpu from equal or add it to specwatch's alerts "
-                "(alerting.external_labels, or the Prometheus external labels)",
+                f"{source}: inhibit rule 2 (equal: cluster, gpu) pairs specwatch alerts that do "
+                "not both carry gpu: SpecQualityDrift (source, no gpu) with SpecAcceptanceDrop "
+                "(target, no gpu). Alertmanager compares a missing label as empty, so such an "
+                "alert inhibits the other across every gpu (or never, where the other carries "
+                "it); drop gpu from equal, narrow the matchers to alerts that carry it, or add it "
+                "to specwatch's alerts (the Prometheus external labels)",
             ),
             ("ok", f"{source}: inhibit rule 1: equal labels carried"),
         ]
@@ -184,10 +189,11 @@ def test_inhibit_equal_label_set_by_label_replace_before_any_alert_fires(
 ) -> None:
     """An inhibit rule comparing ``scope``: no series and no firing alert has it, but
     SpecAcceptanceDrop's expression sets it with label_replace, so it is carried (before this
-    was read from the expressions the rule failed as "carry no scope")."""
+    was read from the expressions the rule failed as "carry no scope"); SpecQualityDrift, which
+    has no scope, is not selected."""
     conf = tmp_path / "alertmanager.yml"
     scope_rule = {
-        "source_matchers": ['severity="critical"'],
+        "source_matchers": ['alertname="SpecAcceptanceDrop"'],
         "target_matchers": ['severity="warning"'],
         "equal": ["namespace", "scope"],
     }
@@ -198,23 +204,129 @@ def test_inhibit_equal_label_set_by_label_replace_before_any_alert_fires(
 
 
 def test_labels_the_shipped_rules_set_without_firing() -> None:
-    """From the rendered mixin: ``scope`` (SpecAcceptanceDrop, SpecAcceptanceDecay: server or
-    engine) and ``reason`` (SpecBudgetStarvation's three) come from label_replace, with their
-    values; ``check``, ``category`` (SpecQualityChange) and ``role`` (SpecLosslessFlips, about
-    the standard server) are rule labels (any value)."""
-    assert rule_labels(load_rules()) == {
-        "scope": ["engine", "server"],
-        "reason": ["budget_cap", "draft_truncation", "drafts_per_step"],
-        "check": None,
-        "category": None,
-        "role": None,
-    }
+    """From the rendered mixin, each alert on its own: ``scope`` (server or engine) on
+    SpecAcceptanceDrop and SpecAcceptanceDecay only, ``reason`` (three values) on
+    SpecBudgetStarvation only, ``check`` on SpecQualityDrift only; the self alerts aggregate
+    ``by (cluster, namespace, job, instance)`` so carry no ``role``; the external label on all."""
+    rules = load_rules()
+    every = frozenset({"cluster", "namespace", "job", "instance", "role", "target"})
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    labels_of = {m: every for e in exprs for m in expression_metrics(e)}
+    got = alert_labels(rules, labels_of, ["region"])
+    assert got["SpecAcceptanceDrop"].labels["scope"] == ["engine", "server"]
+    assert got["SpecBudgetStarvation"].labels["reason"] == [
+        "budget_cap",
+        "draft_truncation",
+        "drafts_per_step",
+    ]
+    assert got["SpecQualityDrift"].labels["check"] == ["e_value"]
+    assert got["SpecQualityDrift"].labels["severity"] == ["critical"]
+    assert [n for n, a in got.items() if "scope" in a.labels] == [
+        "SpecAcceptanceDrop",
+        "SpecAcceptanceDecay",
+    ]
+    assert set(got["SpecwatchShadowStalled"].labels) == {
+        "alertname", "severity", "cluster", "namespace", "job", "instance", "region"
+    }  # fmt: skip
+    assert all("region" in a.labels and not a.open for a in got.values())
+    # a metric with no series: its alert's labels are open (not judged)
+    assert alert_labels(rules, {}, [])["SpecwatchTargetDown"].open
     # capture-group replacements give any value; brackets and quotes in the first argument
     expr = (
         'label_replace(f(x{a=",)"}[5m]), "dst", "$1", "src", "(.*)")'
         ' or label_replace(y, "k", "v", "", "")'
     )
     assert label_replace_labels(expr) == {"dst": None, "k": ["v"]}
+
+
+def test_expression_result_labels() -> None:
+    """An outer ``by`` keeps exactly its labels, ``without`` drops its labels, no aggregation
+    keeps the metric's series labels (functions and comparisons with a scalar too), ``and``
+    keeps the left side's, ``or`` those both sides have, ``group_left(x)`` adds ``x``; a
+    metric with no known series makes the result unknown."""
+    of = {"a": frozenset({"job", "instance", "engine"}), "b": frozenset({"job", "role"})}
+    assert expression_labels('sum by (job, role) (rate(a{x="1"}[5m])) > 0', of) == frozenset(
+        {"job", "role"}
+    )
+    assert expression_labels("sum without (engine) (a)", of) == frozenset({"job", "instance"})
+    assert expression_labels("max(a) by (instance)", of) == frozenset({"instance"})
+    assert expression_labels("max_over_time(a[1h:5m]) / 2 < 0.8", of) == of["a"]
+    assert expression_labels("a and on (job) b", of) == of["a"]
+    assert expression_labels("a or b", of) == frozenset({"job"})
+    assert expression_labels("a * on (job) group_left (role) b", of) == of["a"] | {"role"}
+    assert expression_labels("b unless a offset 5m", of) == of["b"]
+    assert expression_labels("c + a", of) is None  # the result has the left side's labels
+
+
+def _alerts(**labels: list[str]) -> dict[str, AlertLabels]:
+    """Hand-built alerts: each name to its label names (``severity`` taken from the name)."""
+    return {
+        name: AlertLabels(
+            {"alertname": [name], "severity": [name.split("_")[0]]} | {n: None for n in names}
+        )
+        for name, names in labels.items()
+    }
+
+
+RULE = {
+    "source_matchers": ['severity="critical"'],
+    "target_matchers": ['severity="warning"'],
+}
+
+
+def test_inhibit_equal_judged_per_alert() -> None:
+    """``equal: [engine]`` where neither selected alert carries engine fails naming both (the
+    union of all alerts' labels has engine, from an alert neither side selects); ``equal:
+    [target]`` on alerts that all carry target passes; one alert of a pair carrying it and the
+    other not fails, naming the one without; a rule selecting nothing on one side is not
+    judged."""
+    alerts = _alerts(
+        critical_A=["target", "namespace"],
+        warning_B=["target", "namespace", "role"],
+        warning_C=["target"],
+        info_D=["engine", "target"],
+    )
+    rules = {
+        "inhibit_rules": [
+            {**RULE, "equal": ["engine"]},
+            {**RULE, "equal": ["target"]},
+            {**RULE, "equal": ["role"]},
+            {"source_matchers": ['severity="page"'], "target_matchers": [], "equal": ["gpu"]},
+        ]
+    }
+    tail = (
+        ". Alertmanager compares a missing label as empty, so such an alert inhibits the other "
+        "across every {0} (or never, where the other carries it); drop {0} from equal, narrow "
+        "the matchers to alerts that carry it, or add it to specwatch's alerts (the Prometheus "
+        "external labels)"
+    )
+    assert check_inhibit_rules(rules, alerts, "am.yml") == [
+        (
+            "fail",
+            "inhibit",
+            "am.yml: inhibit rule 1 (equal: engine) pairs specwatch alerts that do not both "
+            "carry engine: critical_A (source, no engine) with warning_B (target, no engine); "
+            "critical_A (source, no engine) with warning_C (target, no engine)"
+            + tail.format("engine"),
+        ),
+        ("ok", "inhibit", "am.yml: inhibit rule 2: equal labels carried"),
+        (
+            "fail",
+            "inhibit",
+            "am.yml: inhibit rule 3 (equal: role) pairs specwatch alerts that do not both carry "
+            "role: critical_A (source, no role) with warning_B (target); critical_A (source, no "
+            "role) with warning_C (target, no role)" + tail.format("role"),
+        ),
+    ]
+    # one carrying it and the other not
+    one = _alerts(critical_A=["role"], warning_B=[])
+    found = check_inhibit_rules({"inhibit_rules": [{**RULE, "equal": ["role"]}]}, one, "f")
+    assert found[0][:2] == ("fail", "inhibit")
+    assert "critical_A (source) with warning_B (target, no role)" in found[0][2]
+    # an open alert (labels unknown) is not judged
+    opened = {**one, "warning_B": AlertLabels(one["warning_B"].labels, open=True)}
+    found = check_inhibit_rules({"inhibit_rules": [{**RULE, "equal": ["role"]}]}, opened, "f")
+    assert found == [("ok", "inhibit", "f: inhibit rule 1: equal labels carried")]
 
 
 def test_dashboard_matcher_on_missing_label(
@@ -266,7 +378,7 @@ def test_matchers_read_from_promql() -> None:
 def test_unreadable_matcher_is_a_warning() -> None:
     """An inhibit rule whose matcher cannot be read is a warning naming it, not a guess."""
     conf = {"inhibit_rules": [{"source_matchers": ["severity"], "equal": ["x"]}]}
-    got = check_inhibit_rules(conf, {"severity": ["critical"]}, "am.yml")
+    got = check_inhibit_rules(conf, {"A": AlertLabels({"severity": ["critical"]})}, "am.yml")
     assert got == [("warn", "inhibit", "am.yml: inhibit rule 1: cannot read matchers")]
 
 

@@ -772,7 +772,11 @@ class TestAgreementWithSpecwatch:
         assert Path(s.ledger.path).parent == Path(mounts["specwatch-state"])
         assert "emptyDir" in next(v for v in pod_spec["volumes"] if v["name"] == "specwatch-state")
         assert s.paired.windows == ("15m", "1h", "24h")
-        assert s.alerting.urls == []
+        # the example pages through kube-prometheus-stack's Alertmanager (one replica, by pod)
+        assert s.alerting.urls == [
+            "http://alertmanager-kube-prometheus-stack-alertmanager-0"
+            ".alertmanager-operated.monitoring.svc:9093"
+        ]
         text = (BASE / "config.yaml").read_text(encoding="utf-8")
         names = set(re.findall(r"SPECWATCH_ALERTING__[A-Z_]+", text))
         assert names == {

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from deploy.mixin.render import evaluate_mixin, prometheus_duration
+from specwatch.alerts import quality as quality_module
 from specwatch.alerts import rules as rules_module
 from specwatch.alerts.pending import for_seconds
 from specwatch.alerts.rules import NOT_ONE_SERVER_WINDOW_SECONDS, candidates
@@ -31,10 +32,15 @@ def _mixin_alerts() -> list[dict[str, Any]]:
 
 
 def _sidecar_names() -> set[str]:
-    """Every alert name :mod:`specwatch.alerts.rules` passes to ``Alert(...)``."""
-    tree = ast.parse(Path(rules_module.__file__).read_text(encoding="utf-8"))
+    """Every alert name :mod:`specwatch.alerts.rules` and :mod:`specwatch.alerts.quality` (the
+    shadow detectors rules.py calls) pass to ``Alert(...)``."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    nodes = [
+        node
+        for module in (rules_module, quality_module)
+        for node in ast.walk(ast.parse(Path(str(module.__file__)).read_text("utf-8")))
+    ]
+    for node in nodes:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Alert":
             first = node.args[0]
             assert isinstance(first, ast.Constant), ast.dump(first)

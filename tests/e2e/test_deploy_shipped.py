@@ -5,7 +5,7 @@ and the sidecar in one pod; ``deploy/standalone``: the sidecar beside two vLLM S
 as production-stack and llm-d label theirs, every server in a container named ``vllm``). The
 scrape configuration is derived from the rendered PodMonitor / ServiceMonitor as
 prometheus-operator derives it (:mod:`tests.e2e.operator_scrape`), the rules from the rendered
-PrometheusRule (durations scaled as in ``tests/e2e/test_prometheus_stack.py``). Real processes on
+PrometheusRule as rendered (its ranges and ``for`` durations unchanged). Real processes on
 127.0.0.1: Prometheus, Alertmanager (routes by ``severity``, one inhibit rule), two
 ``specwatch simulate`` servers started with the rendered Deployment's vLLM flags, and
 ``specwatch run`` with the rendered ``config.yaml`` and canary set, changed only where things are
@@ -16,9 +16,11 @@ Then, as the user would look: within five minutes the snapshot has graded pairs 
 (in-pod), every panel of every dashboard has data at its default variables
 (or says when it is empty), ``specwatch doctor`` with the shipped manifests and dashboards exits
 0, ``specwatch fleet`` gives the sidecar's own ledger table under the served model's name, the
-vLLM cross-check panel gives one α per role equal to each server's own counters, and a scrape
-fault on the FLy server reaches Alertmanager as ``SpecwatchTargetDown`` routed to the
-``warning`` receiver that the runbook names.
+vLLM cross-check panel gives one α per role equal to each server's own counters, every shipped
+rule is loaded and evaluated without error, and a quality fault on the FLy server (the
+simulator's ``wrong_answer_rate``) pages: the sidecar's own ``SpecQualityDrift`` push reaches
+Alertmanager routed by ``severity="critical"`` to the ``page`` receiver, as the runbook says,
+within minutes at the shipped canary rate.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.deploy.test_manifests import kustomize_build
 from tests.e2e.operator_scrape import Pod, Port, container_ports, scrape_configs
 from tests.e2e.test_dashboards_prometheus import empty_at, empty_panels, variable_values
-from tests.e2e.test_prometheus_stack import scaled_rules
 from tests.fakes import REPO, free_port
 from tests.fakes.alertmanager import running_alertmanager
 from tests.fakes.prometheus import run_prometheus
@@ -69,7 +70,7 @@ AM_CONFIG = {
         {
             "source_matchers": ['severity="critical"'],
             "target_matchers": ['severity="warning"'],
-            "equal": ["namespace", "role"],
+            "equal": ["namespace"],
         }
     ],
     "receivers": [{"name": n} for n in ("default", "page", "ticket", "null")],
@@ -162,6 +163,7 @@ LOCAL_KEYS = frozenset(
         ("shadow", "mirror_listen_port"),
         ("shadow", "canary_file"),
         ("ledger", "path"),
+        ("alerting", "urls", "*"),
     }
 )
 
@@ -169,7 +171,8 @@ LOCAL_KEYS = frozenset(
 def localize(doc: Obj, urls: dict[str, str], tmp: Path, port: int, files: dict[str, Path]) -> Obj:
     """The one rewrite of the rendered ``config.yaml``: the cluster's addresses become this
     machine's (127.0.0.1, free ports, each role's simulator) and its in-pod paths become files
-    under ``tmp`` or the ConfigMap's other files written out (``files``: file name → path).
+    under ``tmp`` or the ConfigMap's other files written out (``files``: file name → path); the
+    Alertmanager URLs become ``urls["alertmanager"]``.
     Nothing else; :func:`changed_leaves` lets a test prove it."""
     out: Obj = yaml.safe_load(yaml.safe_dump(doc))
     out["server"].update(host="127.0.0.1", port=port)
@@ -182,6 +185,8 @@ def localize(doc: Obj, urls: dict[str, str], tmp: Path, port: int, files: dict[s
     if "canary_file" in sh:
         sh["canary_file"] = str(files[Path(sh["canary_file"]).name])
     out["ledger"]["path"] = str(tmp / "ledger.sqlite")
+    if (out.get("alerting") or {}).get("urls"):
+        out["alerting"]["urls"] = [urls["alertmanager"] for _ in out["alerting"]["urls"]]
     return out
 
 
@@ -223,7 +228,11 @@ def test_localize_changes_only_addresses_and_paths(tmp_path: Path) -> None:
         objs = kustomize_build(REPO / "deploy" / where)
         cm = one(objs, "ConfigMap", "specwatch-config")
         rendered = yaml.safe_load(cm["data"]["config.yaml"])
-        urls = {"standard": "http://127.0.0.1:1", "fly": "http://127.0.0.1:2"}
+        urls = {
+            "standard": "http://127.0.0.1:1",
+            "fly": "http://127.0.0.1:2",
+            "alertmanager": "http://127.0.0.1:4",
+        }
         files = {n: tmp_path / n for n in cm["data"]}
         doc = localize(rendered, urls, tmp_path, 3, files)
         changed = changed_leaves(rendered, doc)
@@ -231,6 +240,8 @@ def test_localize_changes_only_addresses_and_paths(tmp_path: Path) -> None:
         assert {("server", "port"), ("targets", "*", "url"), ("ledger", "path")} <= changed
         assert yaml.safe_dump(doc).count("127.0.0.1") >= 6
         assert "svc" not in yaml.safe_dump(doc)
+        if where == "overlays/example":  # the example pages through its Alertmanager
+            assert doc["alerting"]["urls"] == ["http://127.0.0.1:4"]
         doc["shadow"]["canary_rate_per_second"] = 40.0
         assert ("shadow", "canary_rate_per_second") in changed_leaves(rendered, doc) - LOCAL_KEYS
 
@@ -239,7 +250,7 @@ def prometheus_config(objs: Sequence[Obj], pods: Sequence[Pod], tmp: Path, am: s
     """prometheus.yml: the monitors' scrape jobs, the PrometheusRule's rules, Alertmanager."""
     rule = one(objs, "PrometheusRule")
     rules = tmp / "rules.yaml"
-    rules.write_text(yaml.safe_dump(scaled_rules(rule["spec"]), sort_keys=False))
+    rules.write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
     jobs: list[Obj] = []
     for kind in ("PodMonitor", "ServiceMonitor"):
         for m in (o for o in objs if o["kind"] == kind):
@@ -317,7 +328,7 @@ async def layout(
                 running_alertmanager(tmp, session, config=yaml.safe_dump(AM_CONFIG))
             )
         ).url
-        cfg = sidecar_config(objs, urls, tmp, port)
+        cfg = sidecar_config(objs, {**urls, "alertmanager": am}, tmp, port)
         await stack.enter_async_context(
             specwatch_process(tmp, ["run", "--config", str(cfg)], port=port)
         )
@@ -532,10 +543,12 @@ async def graded_pairs_and_a_noise_floor(session: aiohttp.ClientSession, prom: s
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
     """The example overlay: dashboards full (the token-budget panels with the servers' own K),
-    doctor clean, fleet's table under the model name, a scrape fault routed by severity to the
-    ticket receiver."""
+    doctor clean, fleet's table under the model name, every shipped rule evaluated, and a
+    quality fault paging through the sidecar's own push, routed by severity to the page
+    receiver."""
     async with layout(tmp_path, "in-pod") as (session, prom, am, urls):
         await graded_pairs_and_a_noise_floor(session, prom)
         await token_budget_panels_read_the_pages_k(session, prom)
@@ -576,20 +589,43 @@ async def test_in_pod_deployment_as_shipped(tmp_path: Path) -> None:
 
         await fleet_is_the_sidecars_ledger(session, prom)
 
-        async with session.post(f"{urls['fly']}/admin/faults", json={"metrics_mode": "error"}) as r:
+        await rules_loaded_and_evaluated(session, prom)
+
+        # a quality fault on the FLy server: its model favours a wrong answer to every item, so
+        # FLy loses the canary items standard answers right
+        fault = {"wrong_answer_rate": 1.0}
+        async with session.post(f"{urls['fly']}/admin/faults", json=fault) as r:
             assert r.status == 200
 
-        async def routed() -> list[Obj] | None:
-            async with session.get(
-                f"{am}/api/v2/alerts", params={"filter": 'alertname="SpecwatchTargetDown"'}
-            ) as r:
+        async def paged() -> list[Obj] | None:
+            # the sidecar's own push (its labels name the hypothesis; Prometheus's rule does not)
+            flt = ['alertname="SpecQualityDrift"', 'hypothesis=~".+"']
+            async with session.get(f"{am}/api/v2/alerts", params={"filter": flt}) as r:
                 got: list[Obj] = await r.json()
             return got or None
 
-        alerts = await poll("SpecwatchTargetDown in Alertmanager", routed, within=60, every=1)
-        assert {a["labels"]["role"] for a in alerts} == {"fly"}
-        assert {r["name"] for a in alerts for r in a["receivers"]} == {"ticket"}
+        # evidence at 0.2 canary pairs/s, then the shipped 5-minute hold (quality_e_value_for)
+        alerts = await poll("SpecQualityDrift in Alertmanager", paged, within=900, every=5)
+        assert {a["labels"]["severity"] for a in alerts} == {"critical"}
+        assert {r["name"] for a in alerts for r in a["receivers"]} == {"page"}
         assert {a["status"]["state"] for a in alerts} == {"active"}
+
+
+async def rules_loaded_and_evaluated(session: aiohttp.ClientSession, prom: str) -> None:
+    """Every group of the rendered PrometheusRule is loaded with every rule, each evaluated at
+    least once and none with an error (the durations as shipped: most ``for`` holds outlast
+    the test, so firing is shown by the sidecar's own push instead)."""
+    async with session.get(f"{prom}/api/v1/rules") as r:
+        body: Obj = await r.json()
+    groups = body["data"]["groups"]
+    shipped = one(kustomize_build(REPO / "deploy/overlays/example"), "PrometheusRule")["spec"]
+    assert sorted(g["name"] for g in groups) == sorted(g["name"] for g in shipped["groups"])
+    assert sum(len(g["rules"]) for g in groups) == sum(len(g["rules"]) for g in shipped["groups"])
+    for g in groups:
+        for rule in g["rules"]:
+            assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+            assert not rule.get("lastError"), rule
+            assert not rule["lastEvaluation"].startswith("0001-"), rule["name"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
-from specwatch.simulate.quiz import builtin_items
+from specwatch.simulate.quiz import builtin_items, extract_answer
 from tests.shapes import differences, shape, stream_shape
 
 FAST = StepTimeModel(base_s=0.001, token_s=1e-6, seq_s=1e-6)
@@ -390,3 +390,32 @@ async def test_lower_fly_threshold_fault_adds_waivers_and_degrade_drops_acceptan
                 {"fly_entropy_threshold": None, "draft_noise_multiplier": 4.0})  # fmt: skip
     _, alpha2 = await window()
     assert alpha2 < alpha0 - 0.1
+
+
+async def test_wrong_answer_fault_answers_every_item_wrong(
+    sim: SimulatorHandle, session: aiohttp.ClientSession
+) -> None:
+    """Greedy answers to 20 canary items: most are right without the fault; with
+    ``wrong_answer_rate`` 1 none is (the favoured answer is no longer the gold); cleared, the
+    same answers come back."""
+
+    async def answers() -> list[str | None]:
+        got = await asyncio.gather(*(
+            _post(session, sim.url + "/v1/completions",
+                  {"prompt": item["prompt"], "max_tokens": 80, "temperature": 0})
+            for item in builtin_items()[:20]
+        ))  # fmt: skip
+        return [extract_answer(body["choices"][0]["text"]) for _, body in got]
+
+    golds = [item["gold"] for item in builtin_items()[:20]]
+    before = await answers()
+    assert sum(a == g for a, g in zip(before, golds, strict=True)) >= 12
+    st, _ = await _post(session, sim.url + "/admin/faults", {"wrong_answer_rate": 1.0})
+    assert st == 200
+    assert sum(a == g for a, g in zip(await answers(), golds, strict=True)) == 0
+    async with session.delete(sim.url + "/admin/faults"):
+        pass
+    assert await answers() == before
+    st, body = await _post(session, sim.url + "/admin/faults", {"wrong_answer_rate": 2})
+    assert st == 400
+    assert "wrong_answer_rate must be in [0, 1]" in body["error"]["message"]

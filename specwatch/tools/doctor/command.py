@@ -698,7 +698,6 @@ async def diagnose(
                 inputs.alertmanager_config,
                 alertmanager_url,
                 rules,
-                job_pattern,
                 limit_s,
             )
             out += [Finding(*f) for f in found]

@@ -1,11 +1,11 @@
 """``specwatch doctor``'s checks of the operator's own stack: pure checks (values in, findings
 out) and the lookups in Prometheus / Alertmanager that feed them.
 
-* ``inhibit``: an Alertmanager inhibit rule that can select specwatch's alerts on both sides
-  (its ``source``/``target`` matchers) but whose ``equal`` names a label no specwatch alert
-  carries. Alertmanager compares a missing label as the empty string, so such a rule lets a
-  specwatch alert of one cluster/namespace/... inhibit another's, or never inhibits when the
-  other side's alerts carry the label.
+* ``inhibit``: an Alertmanager inhibit rule that pairs specwatch alerts (its ``source`` and
+  ``target`` matchers may select one each) where an ``equal`` label is missing from either
+  alert of a pair, judged per alert (:func:`alert_labels`). Alertmanager compares a missing
+  label as the empty string, so such a rule lets a specwatch alert of one cluster/namespace/...
+  inhibit another's, or never inhibits when the other alert carries the label.
 * ``labels``: a dashboard query whose label matcher (``{container="vllm"}``) names a label that
   no series of that metric has in Prometheus: the selector can never match, so the panel stays
   empty whatever the data.
@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import yaml
 
-from specwatch.alerts.alert import Severity
 from specwatch.tools.prom_api import PromApiError, api_get, instant_query
 
 #: ``(status, check, message)``, as :class:`specwatch.tools.doctor.command.Finding` takes them.
@@ -117,29 +117,42 @@ def _am_matchers(rule: Mapping[str, Any], side: str) -> list[tuple[str, str, str
     return out
 
 
-def _may_select(
-    matchers: Sequence[tuple[str, str, str]], carried: Mapping[str, Sequence[str] | None]
-) -> bool:
-    """Whether some specwatch alert may satisfy every matcher: ``carried`` maps each label its
-    alerts carry to its known values (``None``: any value)."""
+@dataclass(frozen=True)
+class AlertLabels:
+    """The labels one specwatch alert (one ``alertname``) carries: each with its known values
+    (``None``: any value). ``open``: its expression's labels could not be worked out (a metric
+    with no series yet), so it may carry labels beyond these and a missing one is not judged."""
+
+    labels: Mapping[str, Sequence[str] | None]
+    open: bool = False
+
+
+def _may_select(matchers: Sequence[tuple[str, str, str]], alert: AlertLabels) -> bool:
+    """Whether ``alert`` may satisfy every matcher."""
     for label, op, value in matchers:
-        if label not in carried:
-            if not _matches(op, value, ""):
+        if label not in alert.labels:
+            if not alert.open and not _matches(op, value, ""):
                 return False
             continue
-        known = carried[label]
+        known = alert.labels[label]
         if known is not None and not any(_matches(op, value, v) for v in known):
             return False
     return True
 
 
+#: How many alert pairs one failure names before it counts the rest.
+_PAIRS_SHOWN = 3
+
+
 def check_inhibit_rules(
-    config: Mapping[str, Any], carried: Mapping[str, Sequence[str] | None], source: str
+    config: Mapping[str, Any], alerts: Mapping[str, AlertLabels], source: str
 ) -> list[Found]:
-    """Findings for the ``inhibit_rules`` of an Alertmanager ``config`` (read from ``source``):
-    a rule whose both sides may select specwatch alerts (``carried``: the labels they carry, with
-    known values or ``None``) and whose ``equal`` names labels outside ``carried`` is a failure;
-    rules that cannot select specwatch alerts are not judged."""
+    """Findings for the ``inhibit_rules`` of an Alertmanager ``config`` (read from ``source``),
+    judged per alert: ``alerts`` maps each specwatch ``alertname`` to the labels it carries. A
+    rule is judged on the pairs of alerts its ``source`` and ``target`` matchers may select
+    (an alert with itself included: two of its instances); a pair where an ``equal`` label is
+    missing from either alert is a failure naming both. Rules that select no specwatch alert
+    on one side are not judged."""
     rules = config.get("inhibit_rules") or []
     if not isinstance(rules, list):
         return [("fail", "inhibit", f"{source}: inhibit_rules is not a list")]
@@ -149,28 +162,42 @@ def check_inhibit_rules(
             out.append(("fail", "inhibit", f"{source}: inhibit rule {i} is not a mapping"))
             continue
         sides = [_am_matchers(rule, s) for s in ("source", "target")]
-        if any(s is None for s in sides):
+        if sides[0] is None or sides[1] is None:
             out.append(("warn", "inhibit", f"{source}: inhibit rule {i}: cannot read matchers"))
             continue
-        if not all(_may_select(s or [], carried) for s in sides):
+        sources = [n for n in sorted(alerts) if _may_select(sides[0], alerts[n])]
+        targets = [n for n in sorted(alerts) if _may_select(sides[1], alerts[n])]
+        if not sources or not targets:
             continue
         equal = [str(e) for e in rule.get("equal") or []]
-        absent = [e for e in equal if e not in carried]
-        if absent:
-            out.append(
-                (
-                    "fail",
-                    "inhibit",
-                    f"{source}: inhibit rule {i} (equal: {', '.join(equal)}) selects specwatch "
-                    f"alerts, which carry no {', '.join(absent)}: Alertmanager compares a "
-                    "missing label as empty, so one specwatch alert inhibits others across every "
-                    f"{absent[0]} (or never, where the other side carries it); drop "
-                    f"{', '.join(absent)} from equal or add it to specwatch's alerts "
-                    "(alerting.external_labels, or the Prometheus external labels)",
-                )
-            )
-        else:
+
+        lacks = {
+            n: [] if alerts[n].open else [e for e in equal if e not in alerts[n].labels]
+            for n in {*sources, *targets}
+        }
+        bad = [(s, t, lacks[s], lacks[t]) for s in sources for t in targets if lacks[s] or lacks[t]]
+        if not bad:
             out.append(("ok", "inhibit", f"{source}: inhibit rule {i}: equal labels carried"))
+            continue
+        shown = "; ".join(
+            f"{s} (source{', no ' + ', '.join(ls) if ls else ''}) with "
+            f"{t} (target{', no ' + ', '.join(lt) if lt else ''})"
+            for s, t, ls, lt in bad[:_PAIRS_SHOWN]
+        )
+        more = f"; and {len(bad) - _PAIRS_SHOWN} more pairs" if len(bad) > _PAIRS_SHOWN else ""
+        absent = sorted({e for _, _, ls, lt in bad for e in (*ls, *lt)}, key=equal.index)
+        out.append(
+            (
+                "fail",
+                "inhibit",
+                f"{source}: inhibit rule {i} (equal: {', '.join(equal)}) pairs specwatch alerts "
+                f"that do not both carry {', '.join(absent)}: {shown}{more}. Alertmanager "
+                "compares a missing label as empty, so such an alert inhibits the other across "
+                f"every {absent[0]} (or never, where the other carries it); drop "
+                f"{', '.join(absent)} from equal, narrow the matchers to alerts that carry it, "
+                "or add it to specwatch's alerts (the Prometheus external labels)",
+            )
+        )
     return out
 
 
@@ -207,31 +234,294 @@ def label_replace_labels(expr: str) -> dict[str, list[str] | None]:
     return out
 
 
-def rule_labels(rules: Mapping[str, Any]) -> dict[str, list[str] | None]:
-    """The labels the alerting rules of the ``specwatch*`` groups of ``rules`` (Prometheus's
-    ``/api/v1/rules`` answer) give their alerts besides ``severity``, whether or not one fires:
-    each rule's ``labels``, those of its active ``alerts`` and those its expression (``query``)
-    sets with ``label_replace`` (:func:`label_replace_labels`, values where known)."""
-    out: dict[str, list[str] | None] = {}
-
-    def add(label: str, values: list[str] | None) -> None:
-        known = out.get(label, [])
-        out[label] = None if values is None or known is None else sorted({*known, *values})
-
+def _alerting_rules(rules: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """``(alertname, rule)`` of each alerting rule of the ``specwatch*`` groups of ``rules``
+    (Prometheus's ``/api/v1/rules`` answer, or a rules file)."""
     for group in rules.get("groups") or []:
-        if not str(group.get("name", "")).startswith("specwatch"):
-            continue
-        for rule in group.get("rules") or []:
-            for labels in [rule.get("labels") or {}] + [
-                a.get("labels") or {} for a in rule.get("alerts") or []
-            ]:
-                for k in labels:
-                    if k != "severity":
-                        add(str(k), None)
-            expr = rule.get("query") or rule.get("expr") or ""
-            for label, values in label_replace_labels(str(expr)).items():
-                add(label, values)
+        if str(group.get("name", "")).startswith("specwatch"):
+            for rule in group.get("rules") or []:
+                name = rule.get("alert") or (rule.get("type") == "alerting" and rule.get("name"))
+                if name:
+                    yield str(name), rule
+
+
+def _expr(rule: Mapping[str, Any]) -> str:
+    return str(rule.get("query") or rule.get("expr") or "")
+
+
+def alert_labels(
+    rules: Mapping[str, Any], labels_of: Mapping[str, LabelSet], external: Iterable[str]
+) -> dict[str, AlertLabels]:
+    """The labels each alert of the ``specwatch*`` alerting rules of ``rules`` carries, whether
+    or not it fires: ``alertname``; the rule's own labels and those of its firing ``alerts``;
+    those its expression sets with ``label_replace`` (:func:`label_replace_labels`, values where
+    known); its expression's result labels (:func:`expression_labels` over ``labels_of``, each
+    metric's series labels: an outer ``by`` keeps exactly those, ``without`` drops them); and
+    the Prometheus ``external`` labels. Rules sharing an alertname carry what all of them do."""
+    out: dict[str, AlertLabels] = {}
+    for name, rule in _alerting_rules(rules):
+        labels: dict[str, list[str] | None] = {"alertname": [name]}
+        sets = [rule.get("labels") or {}] + [
+            a.get("labels") or {} for a in rule.get("alerts") or []
+        ]
+        for label, values in [
+            *((str(k), [str(v)]) for s in sets for k, v in s.items()),
+            *label_replace_labels(_expr(rule)).items(),
+        ]:
+            known = labels.get(label, [])
+            labels[label] = None if values is None or known is None else sorted({*known, *values})
+        result = expression_labels(_expr(rule), labels_of)
+        for label in (result or frozenset()) | set(external):
+            labels.setdefault(label, None)
+        found = AlertLabels(labels, open=result is None)
+        if name in out:  # the labels both rules' alerts carry
+            old = out[name].labels
+            both: dict[str, list[str] | None] = {}
+            for k in set(labels) & set(old):
+                new_v, old_v = labels[k], old[k]
+                both[k] = None if new_v is None or old_v is None else sorted({*new_v, *old_v})
+            found = AlertLabels(both, open=out[name].open and found.open)
+        out[name] = found
     return out
+
+
+# -- the labels an alerting rule's alerts carry --------------------------------------------------
+
+#: A label set: the label names, or ``None`` where they cannot be known (a metric with no series).
+LabelSet = frozenset[str] | None
+
+_AGGREGATIONS = frozenset(
+    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+     "bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+)  # fmt: skip
+#: Binary operators by precedence, lowest first (``^`` binds tightest).
+_BINARY = (("or",), ("and", "unless"), ("==", "!=", "<=", ">=", "<", ">"), ("+", "-"),
+           ("*", "/", "%", "atan2"), ("^",))  # fmt: skip
+_TOKEN = re.compile(
+    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`)'
+    r"|(?P<dur>(?:\d+(?:ms|[smhdwy]))+)(?!\w)"
+    r"|(?P<num>(?:0x[0-9a-fA-F]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+|Inf|NaN)(?![\w:]))"
+    r"|(?P<op>==|!=|<=|>=|=~|!~|[-+*/%^<>=(),{}\[\]:@])|(?P<name>[a-zA-Z_][\w:]*|:[\w:]+))",
+    re.IGNORECASE,
+)
+
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+|Inf|NaN", re.IGNORECASE)
+
+
+def _tokens(expr: str) -> list[str]:
+    out, i = [], 0
+    expr = re.sub(r"#[^\n]*", "", expr)
+    while i < len(expr):
+        m = _TOKEN.match(expr, i)
+        if m is None or m.end() == i:
+            if expr[i:].strip():
+                raise ValueError(f"cannot read {expr[i : i + 20]!r}")
+            break
+        out.append(m.group().strip())
+        i = m.end()
+    return [t for t in out if t]
+
+
+class _Labels:
+    """A small PromQL reader that works out which labels an expression's result series have:
+    a selector keeps its metric's series labels (``labels_of``), functions keep their vector
+    argument's (``label_replace``/``label_join`` add their destination), an aggregation keeps
+    exactly its ``by`` labels or drops its ``without`` labels, ``and``/``unless`` and the other
+    binary operators keep the left side's (``group_right``: the right side's; ``group_*(x)``
+    adds ``x``), ``or`` keeps the labels both sides have; a scalar has none."""
+
+    def __init__(self, tokens: list[str], labels_of: Mapping[str, LabelSet]) -> None:
+        self.t, self.i, self.labels_of = tokens, 0, labels_of
+        self.metrics: list[str] = []
+
+    def peek(self, k: int = 0) -> str:
+        return self.t[self.i + k] if self.i + k < len(self.t) else ""
+
+    def take(self, want: str | None = None) -> str:
+        tok = self.peek()
+        if not tok or (want is not None and tok.lower() != want):
+            raise ValueError(f"expected {want or 'more'} at {tok!r}")
+        self.i += 1
+        return tok
+
+    def names(self) -> list[str]:
+        self.take("(")
+        out: list[str] = []
+        while self.peek() != ")":
+            tok = self.take()
+            if tok != ",":
+                out.append(tok.strip("\"'`"))
+        self.take(")")
+        return out
+
+    def expr(self, level: int = 0) -> tuple[LabelSet, bool]:
+        """``(labels, is_scalar)`` of the expression at precedence ``level``."""
+        if level == len(_BINARY):
+            return self.unary()
+        left = self.expr(level + 1)
+        while self.peek().lower() in _BINARY[level]:
+            op = self.take().lower()
+            if self.peek().lower() == "bool":
+                self.take()
+            side, extra = "left", []
+            if self.peek().lower() in ("on", "ignoring"):
+                self.take()
+                self.names()
+            if self.peek().lower() in ("group_left", "group_right"):
+                side = "right" if self.take().lower() == "group_right" else "left"
+                if self.peek() == "(":
+                    extra = self.names()
+            right = self.expr(level + 1) if op != "^" else self.expr(level)
+            left = _combine(op, left, right, side, extra)
+        return left
+
+    def unary(self) -> tuple[LabelSet, bool]:
+        while self.peek() in ("-", "+"):
+            self.take()
+        got = self.primary()
+        while self.peek() in ("[", "@") or self.peek().lower() == "offset":
+            if self.take() == "[":
+                while self.take() != "]":
+                    pass
+            else:  # offset [-]5m, @ 1700000000 or @ start()
+                if self.peek() in ("-", "+"):
+                    self.take()
+                self.take()
+                if self.peek() == "(":
+                    self.take()
+                    self.take(")")
+        return got
+
+    def primary(self) -> tuple[LabelSet, bool]:
+        tok = self.peek()
+        if tok == "(":
+            self.take()
+            got = self.expr()
+            self.take(")")
+            return got
+        if tok == "{":
+            return self.selector("")
+        if _NUMBER.fullmatch(tok) or tok[:1] in "\"'`":
+            self.take()
+            return frozenset(), True
+        name = self.take()
+        low = name.lower()
+        if low in _AGGREGATIONS and self.peek().lower() in ("by", "without", "("):
+            return self.aggregation(low)
+        if self.peek() == "(":
+            return self.call(low)
+        return self.selector(name)
+
+    def selector(self, name: str) -> tuple[LabelSet, bool]:
+        if self.peek() == "{":
+            self.take()
+            while self.peek() != "}":
+                key = self.take()
+                if key == ",":
+                    continue
+                op, value = self.take(), self.take().strip("\"'`")
+                if key == "__name__" and op == "=":
+                    name = value
+            self.take("}")
+        self.metrics.append(name)
+        found = self.labels_of.get(name)
+        return (None if found is None else frozenset(found) - {"__name__"}), False
+
+    def args(self) -> list[tuple[LabelSet, bool]]:
+        self.take("(")
+        out = []
+        while self.peek() != ")":
+            out.append(self.expr())
+            if self.peek() == ",":
+                self.take()
+        self.take(")")
+        return out
+
+    def aggregation(self, op: str) -> tuple[LabelSet, bool]:
+        grouping: tuple[str, list[str]] | None = None
+        if self.peek().lower() in ("by", "without"):
+            grouping = (self.take().lower(), self.names())
+        args = self.args()
+        if self.peek().lower() in ("by", "without"):
+            grouping = (self.take().lower(), self.names())
+        inner = args[-1][0] if args else frozenset()
+        if op == "count_values" and len(args) == 2 and inner is not None:
+            inner = inner | {str(self.t[self.i - 1])}  # destination label, read loosely
+        if grouping is None:
+            return (frozenset() if op not in ("topk", "bottomk", "limitk", "limit_ratio")
+                    else inner), False  # fmt: skip
+        kind, names = grouping
+        if kind == "by":
+            return frozenset(names), False
+        return (None if inner is None else inner - set(names)), False
+
+    def call(self, name: str) -> tuple[LabelSet, bool]:
+        start = self.i
+        args = self.args()
+        if name in ("label_replace", "label_join") and args:
+            dst = self.t[start + 1 :]
+            depth, j = 0, 0
+            while j < len(dst) and not (dst[j] == "," and depth == 0):  # the first argument
+                depth += dst[j] in ("(", "[", "{")
+                depth -= dst[j] in (")", "]", "}")
+                j += 1
+            label = dst[j + 1].strip("\"'`")
+            inner = args[0][0]
+            return (None if inner is None else inner | {label}), False
+        if name in ("scalar", "time", "pi", "minute", "hour", "day_of_month", "day_of_week",
+                    "day_of_year", "days_in_month", "month", "year") and not (
+                        args and name not in ("scalar", "time", "pi")):  # fmt: skip
+            return frozenset(), True
+        if name in ("vector", "absent", "absent_over_time"):
+            return frozenset(), False
+        vectors = [a for a in args if not a[1]]
+        if not vectors:
+            return frozenset(), False
+        got = (
+            vectors[-1][0]
+            if name in ("histogram_quantile", "quantile_over_time")
+            else vectors[0][0]
+        )
+        if name == "histogram_quantile" and got is not None:
+            got = got - {"le"}
+        return got, False
+
+
+def _combine(
+    op: str, left: tuple[LabelSet, bool], right: tuple[LabelSet, bool], side: str, extra: list[str]
+) -> tuple[LabelSet, bool]:
+    if left[1] and right[1]:
+        return frozenset(), True
+    if left[1] or right[1]:
+        return (right if left[1] else left)[0], False
+    if op == "or":
+        if left[0] is None or right[0] is None:
+            return left[0] if right[0] is None else right[0], False
+        return left[0] & right[0], False
+    got = right[0] if side == "right" else left[0]
+    return (None if got is None else got | set(extra)), False
+
+
+def expression_metrics(expr: str) -> list[str]:
+    """The metric names the selectors of ``expr`` read (raises ``ValueError`` if it cannot be
+    read)."""
+    reader = _Labels(_tokens(expr), {})
+    reader.expr()
+    return reader.metrics
+
+
+def expression_labels(expr: str, labels_of: Mapping[str, LabelSet]) -> LabelSet:
+    """The labels every result series of ``expr`` has (:class:`_Labels`), from ``labels_of``
+    (metric → its series' label names, ``None``: unknown); ``None`` when that cannot be known
+    (an expression this reader cannot follow, or a metric with no series)."""
+    try:
+        reader = _Labels(_tokens(expr), labels_of)
+        got, _scalar = reader.expr()
+        if reader.peek():
+            return None
+    except (ValueError, IndexError):
+        return None
+    return got
 
 
 # -- lookups ------------------------------------------------------------------------------------
@@ -256,43 +546,29 @@ async def _alertmanager_config(
     return config
 
 
-async def _carried_labels(
-    session: aiohttp.ClientSession,
-    url: str,
-    rules: Mapping[str, Any],
-    job_pattern: str,
-    limit_s: float,
-) -> dict[str, list[str] | None]:
-    """The labels specwatch's alerts may carry, with known values (``None``: any): the labels
-    of specwatch's series (rule alerts keep theirs; the sidecar's carry ``target``, ``role``,
-    ``model_name``, also on its series), the labels of the ``specwatch*`` alerting rules
-    (:func:`rule_labels`: their own, their firing alerts', and those ``label_replace`` sets in
-    their expressions, so ``scope`` / ``reason`` count before any such alert fires),
-    Prometheus's external labels, ``alertname`` and ``severity``."""
-    names = await api_get(
-        session, url, "/api/v1/labels", {"match[]": f'{{job=~"{job_pattern}"}}'}, limit_s=limit_s
-    )
-    carried: dict[str, list[str] | None] = {str(n): None for n in names or [] if n != "__name__"}
-    carried["alertname"] = None
-    severities = {s.value for s in Severity}
-    for group in rules.get("groups") or []:
-        if str(group.get("name", "")).startswith("specwatch"):
-            for rule in group.get("rules") or []:
-                for labels in [rule.get("labels") or {}] + [
-                    a.get("labels") or {} for a in rule.get("alerts") or []
-                ]:
-                    if "severity" in labels:
-                        severities.add(str(labels["severity"]))
-    for label, values in rule_labels(rules).items():
-        carried[label] = values if label not in carried else None
+async def _alert_labels(
+    session: aiohttp.ClientSession, url: str, rules: Mapping[str, Any], limit_s: float
+) -> dict[str, AlertLabels]:
+    """:func:`alert_labels` with each metric's series labels (``/api/v1/labels`` matching it;
+    none: unknown) and the external labels of the Prometheus at ``url``."""
+    labels_of: dict[str, LabelSet] = {}
+    for _name, rule in _alerting_rules(rules):
+        try:
+            metrics = expression_metrics(_expr(rule))
+        except (ValueError, IndexError):
+            continue
+        for metric in set(metrics) - set(labels_of):
+            found = await api_get(
+                session, url, "/api/v1/labels", {"match[]": metric}, limit_s=limit_s
+            )
+            names = [str(n) for n in found or [] if n != "__name__"]
+            labels_of[metric] = frozenset(names) if names else None
     status = await api_get(session, url, "/api/v1/status/config", limit_s=limit_s)
     try:
         glob = (yaml.safe_load(str((status or {}).get("yaml", ""))) or {}).get("global") or {}
     except (yaml.YAMLError, AttributeError):
         glob = {}
-    carried.update({str(k): None for k in glob.get("external_labels") or {}})
-    carried["severity"] = sorted(severities)
-    return carried
+    return alert_labels(rules, labels_of, [str(k) for k in glob.get("external_labels") or {}])
 
 
 async def label_findings(
@@ -331,20 +607,20 @@ async def inhibit_findings(
     config: Mapping[str, Any] | None,
     alertmanager_url: str,
     rules: Mapping[str, Any],
-    job_pattern: str,
     limit_s: float,
 ) -> list[Found]:
     """The ``inhibit`` check: ``config`` (from ``--alertmanager-config``) or the live
-    configuration at ``alertmanager_url``, against the labels specwatch's alerts carry in the
-    Prometheus at ``url``. A failed lookup is one failure."""
+    configuration at ``alertmanager_url``, against the labels each of specwatch's alerts
+    carries in the Prometheus at ``url`` (:func:`_alert_labels`). A failed lookup is one
+    failure."""
     try:
         source = "--alertmanager-config" if config is not None else alertmanager_url
         if config is None:
             config = await _alertmanager_config(session, alertmanager_url, limit_s)
-        carried = await _carried_labels(session, url, rules, job_pattern, limit_s)
+        alerts = await _alert_labels(session, url, rules, limit_s)
     except PromApiError as exc:
         return [("fail", "inhibit", f"cannot check inhibit rules: {exc}")]
-    return check_inhibit_rules(config, carried, source)
+    return check_inhibit_rules(config, alerts, source)
 
 
 # -- mirror coverage ----------------------------------------------------------------------------
