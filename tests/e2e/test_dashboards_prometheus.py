@@ -52,7 +52,7 @@ from specwatch.simulate.config import Role, SimConfig
 from specwatch.simulate.launcher import SimulatorHandle, start_simulator
 from specwatch.simulate.loadgen import LoadConfig, LoadGenerator
 from tests.e2e.test_prometheus_stack import host, scaled_rules
-from tests.fakes import REPO
+from tests.fakes import REPO, free_port
 from tests.fakes.prometheus import run_prometheus
 from tests.fakes.wait import poll
 
@@ -351,7 +351,11 @@ def sidecar_settings(sims: dict[str, SimulatorHandle], tmp: Path) -> Settings:
             },
             "ledger": {"path": str(tmp / "ledger.db")},
             "paired": {"refresh_seconds": 0.5},
-            "alerting": AlertingSettings(evaluation_interval=0.5),
+            # an Alertmanager nobody answers at: the delivery panels (outbox, send errors per
+            # peer) have data only where alerting.urls names one
+            "alerting": AlertingSettings(
+                evaluation_interval=0.5, urls=[f"http://127.0.0.1:{free_port()}"]
+            ),
             "detect": DetectSettings(target_down_for=1.0),
         }
     )
