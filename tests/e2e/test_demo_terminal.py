@@ -26,7 +26,10 @@ FAULT_RE = re.compile(
     r"^curl -X POST 127\.0\.0\.1:\d+/admin/faults -d '\{\"fly_entropy_threshold\":0\.05\}'$",
     re.M,
 )
-ROW_RE = re.compile(r"^(standard|fly) +up +0\.\d{3} +\d\.\d\d +[\d,]+ +\d+/16 +\d+", re.M)
+# target, up, α, τ, speculation coverage (or a dash), tokens/s, running/16, waiting
+ROW_RE = re.compile(
+    r"^(standard|fly) +up +0\.\d{3} +\d\.\d\d +(?:\d\.\d\d|[–-]) +[\d,]+ +\d+/16 +\d+", re.M
+)
 VERDICT_RE = re.compile(r"^FLy: τ [+-]\d+ %", re.M)
 
 
