@@ -84,12 +84,17 @@ def path_problem(path: Path | str) -> str | None:
 def check_openable(path: Path | str) -> None:
     """Open (or create) ``path`` as SQLite and read its schema version (blocking, start-up only).
 
-    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database."""
+    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database. A file this
+    check created is removed again: left empty, the ledger would take it for a damaged one and
+    move it aside."""
+    created = not Path(path).exists()
     conn = sqlite3.connect(path, timeout=5.0)
     try:
         conn.execute("PRAGMA schema_version").fetchone()
     finally:
         conn.close()
+        if created:
+            Path(path).unlink(missing_ok=True)
 
 
 #: Filesystem types (``mountinfo``'s type field) that are served over the network.
