@@ -34,8 +34,10 @@ def check_ledger_file(path: Path) -> None:
     table, or one without the core columns, which it names)."""
     if path.is_dir():
         raise LedgerFileError(f"ledger {path}: is a directory, not a ledger file")
-    if not path.is_file():
+    if not path.exists():
         raise LedgerFileError(f"ledger {path}: no such file")
+    if not path.is_file():  # a device (/dev/null), a pipe or a socket
+        raise LedgerFileError(f"ledger {path}: not a regular file, not a ledger file")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
