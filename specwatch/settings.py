@@ -37,7 +37,7 @@ from pydantic_settings import (
 )
 
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.core.config import check_windows, parse_duration, split_list
+from specwatch.core.config import check_windows, parse_duration, read_bounded, split_list
 from specwatch.core.frozen import Frozen
 from specwatch.core.listen import ListenLimits
 from specwatch.core.logs import mask_secrets, redact_url
@@ -325,10 +325,14 @@ def _url_secrets(url: str) -> list[str]:
     return found
 
 
+#: Largest config file read: settings are kilobytes; a device or runaway file is refused.
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON config file into a dict; :class:`ConfigError` if bad."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -336,6 +340,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path}:{at}: not UTF-8 (byte {exc.object[exc.start]:#04x})"
         ) from None
+    except ValueError as exc:  # past MAX_CONFIG_BYTES
+        raise ConfigError(f"config file {path}: {exc}") from None
     try:
         if path.suffix.lower() == ".toml":
             data: Any = tomllib.loads(text)

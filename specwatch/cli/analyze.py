@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from specwatch.cli.args import add_output_format, output_format
+from specwatch.core.config import read_bounded
 from specwatch.export.json import health_json
 from specwatch.observe.health import model_windows
 from specwatch.observe.parse import ParseError, parse_page
@@ -77,6 +78,11 @@ def read_server_info(path: Path) -> dict[str, int | str | None]:
     return server_info_facts(cast(dict[str, object], doc))
 
 
+#: Largest saved /metrics body read (a real page is at most a few MiB; a device such as
+#: ``/dev/zero`` or a runaway file is refused instead of filling the memory).
+MAX_PAGE_BYTES = 64 << 20
+
+
 def read_page(path: Path | str, engine: EngineKind | None = None) -> PageReading:
     """Read and parse one saved body; :class:`AnalyzeError` names the file (and line). A URL
     is refused with how to save its body (these commands read saved files)."""
@@ -88,12 +94,15 @@ def read_page(path: Path | str, engine: EngineKind | None = None) -> PageReading
             )
         path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_bounded(path, MAX_PAGE_BYTES)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise AnalyzeError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         raise AnalyzeError(f"{path}:{line}: not UTF-8 text") from None
+    except ValueError as exc:  # past MAX_PAGE_BYTES
+        raise AnalyzeError(f"{path}: {exc}") from None
     try:
         return parse_page(text, engine=engine)
     except ParseError as exc:

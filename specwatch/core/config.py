@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -22,6 +23,17 @@ def parse_duration(text: str) -> float:
     if m is None:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 1m, 1h)")
     return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the file (or pipe) at ``path``, reading at most ``limit`` + 1 of them, so a
+    device such as ``/dev/zero`` or a runaway file cannot fill the memory. Raises ``OSError``
+    as :func:`open` does, or ``ValueError`` ("larger than ``limit`` bytes") past ``limit``."""
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
 
 
 #: Default lower bounds of the running-request bands flips are broken down by

@@ -260,7 +260,7 @@ class BoundAddress:
     then fails before any start-up hook has run."""
 
     def __init__(self) -> None:
-        self.server: asyncio.AbstractServer | None = None
+        self.server: asyncio.Server | None = None
         self.site: GuardedSite | None = None
 
     def __call__(self) -> asyncio.Protocol:

@@ -336,6 +336,10 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
             bound=bound,
         )
         await site.start()
+        # the bound port, not the configured one: with ``server.port: 0`` only this says it
+        assert bound.server is not None
+        port = bound.server.sockets[0].getsockname()[1]
+        log_event(logger, logging.INFO, "listening", url=f"http://{srv.host}:{port}/metrics")
         # what start-up loaded (modules, settings, the restored state) lives as long as the
         # process: kept out of the collector's full passes, which otherwise walk it all and
         # hold the event loop for up to a second on a loaded machine

@@ -221,3 +221,28 @@ def test_paired_test_line_too_long(
     assert cli_main(["paired-test", str(base), str(cand)]) == 2
     err = _one_line(capsys)
     assert err == f"specwatch paired-test: {cand}:3: line longer than 1000 bytes\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["run", "--config", "/dev/zero"],
+            "specwatch run: config file /dev/zero: larger than 1048576 bytes\n",
+        ),
+        (["analyze", "/dev/zero"], "specwatch analyze: /dev/zero: larger than 67108864 bytes\n"),
+        (["advise", "/dev/zero"], "specwatch advise: /dev/zero: larger than 67108864 bytes\n"),
+        (
+            ["bench-result", "/dev/zero"],
+            "specwatch bench-result: /dev/zero: cannot read: larger than 67108864 bytes\n",
+        ),
+    ],
+)
+def test_endless_device_as_input_file(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/dev/zero`` (or any endless file) given as a config or saved page: refused at the
+    size limit (1 MiB for settings, 64 MiB for pages and result files) with exit 2, instead
+    of reading until the memory runs out and the kernel kills the process."""
+    assert cli_main(argv) == 2
+    assert _one_line(capsys) == expected

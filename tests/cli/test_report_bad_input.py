@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import socket
 import sqlite3
 from pathlib import Path
@@ -103,3 +104,18 @@ def test_metrics_file_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert rc == 2
     assert err == f"specwatch report: {saved}:2: not UTF-8 (byte 16: b'\\xff')\n"
+
+
+@pytest.mark.parametrize("ledger", ["/dev/null", "fifo"])
+def test_ledger_that_is_not_a_regular_file(
+    ledger: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--ledger`` naming a device or a pipe that exists: the line says it is not a regular
+    file (it once said "no such file" of a path that is there)."""
+    path = Path(ledger) if ledger.startswith("/") else tmp_path / ledger
+    if not path.exists():
+        os.mkfifo(path)
+    rc = main(["report", "--ledger", str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err == f"specwatch report: ledger {path}: not a regular file, not a ledger file\n"

@@ -34,8 +34,10 @@ def check_ledger_file(path: Path) -> None:
     table, or one without the core columns, which it names)."""
     if path.is_dir():
         raise LedgerFileError(f"ledger {path}: is a directory, not a ledger file")
-    if not path.is_file():
+    if not path.exists():
         raise LedgerFileError(f"ledger {path}: no such file")
+    if not path.is_file():  # a device (/dev/null), a pipe or a socket
+        raise LedgerFileError(f"ledger {path}: not a regular file, not a ledger file")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -84,12 +86,17 @@ def path_problem(path: Path | str) -> str | None:
 def check_openable(path: Path | str) -> None:
     """Open (or create) ``path`` as SQLite and read its schema version (blocking, start-up only).
 
-    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database."""
+    Raises ``sqlite3.Error`` when the file cannot be opened or is not a database. A file this
+    check created is removed again: left empty, the ledger would take it for a damaged one and
+    move it aside."""
+    created = not Path(path).exists()
     conn = sqlite3.connect(path, timeout=5.0)
     try:
         conn.execute("PRAGMA schema_version").fetchone()
     finally:
         conn.close()
+        if created:
+            Path(path).unlink(missing_ok=True)
 
 
 #: Filesystem types (``mountinfo``'s type field) that are served over the network.

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.cli.args import add_described_command, add_output_format, output_format
+from specwatch.core.config import read_bounded
 from specwatch.core.helptext import plain_help
 
 #: vLLM's neutral sampling defaults (SamplingParams) used when neither the request nor the
@@ -112,13 +113,17 @@ def bench_row(doc: Mapping[str, Any], run: str) -> BenchRow:
     )
 
 
+#: Largest result file read (kilobytes per run; a device or runaway file is refused).
+MAX_RESULT_BYTES = 64 << 20
+
+
 def read_results(path: Path) -> list[BenchRow]:
     """Rows of a result file: one JSON object, or JSON lines (``--append-result``). The run is
     named by the result's ``label`` or the file name, plus ``date``. Raises :class:`InputError`."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from exc
+        text = read_bounded(path, MAX_RESULT_BYTES).decode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or past MAX_RESULT_BYTES
+        raise InputError(f"{path}: cannot read: {exc}") from None
     docs: list[Any]
     try:
         docs = [json.loads(text)]
