@@ -248,4 +248,13 @@ def _dispatch(args_list: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    if _code == EXIT_INTERRUPTED:
+        # Under ``python -m``, CPython ends a process by SIGINT (exit -2, not 130) when the
+        # KeyboardInterrupt passed through an ``exec`` of a string on its way here (dataclasses
+        # and namedtuple build their methods so while a module imports), even though it was
+        # caught: end the process before the interpreter looks.
+        from specwatch.core.shutdown import exit_now
+
+        exit_now(_code)
+    sys.exit(_code)
