@@ -181,6 +181,7 @@ async def test_simulator_answers_every_recorded_kind_like_the_real_server(
     requests = c["request_success_total"] + c["num_requests_running"]
     verified = requests + c["num_preemptions_total"] + c["spec_decode_num_drafts_total"]
     excess = verified + c["spec_decode_num_accepted_tokens_total"] - c["generation_tokens_total"]
+    print(f"real token counters: {c}; first tokens + drafts + accepted - generation = {excess}")
     assert 0 <= excess <= (NUM_SPECULATIVE_TOKENS + 1) * requests
     found = all_differences(real, sim, real_page)
     captured = {kind: recorded(kind) for kind in real}
