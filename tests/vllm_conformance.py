@@ -380,3 +380,26 @@ def deviations(
 def unexplained(found: list[str], allowed: list[tuple[str, str, str]]) -> list[str]:
     """The differences no deviation row covers (a row covers ``"<kind>: <aspect>..."``)."""
     return [d for d in found if not any(d.startswith(f"{k}: {a}") for k, a, _ in allowed)]
+
+
+#: The counters of the token identity (tests/simulate/test_token_identity.py), ``vllm:`` omitted.
+TOKEN_COUNTERS = (
+    "generation_tokens_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_accepted_tokens_total",
+    "request_success_total",
+    "num_preemptions_total",
+    "num_requests_running",
+)
+
+
+def token_counters(page: str) -> dict[str, int]:
+    """:data:`TOKEN_COUNTERS` of a ``/metrics`` page, each summed over its series (engines,
+    finish reasons), as integers (counters of whole tokens and requests)."""
+    found: dict[str, int] = {}
+    for name in TOKEN_COUNTERS:
+        values = re.findall(rf"^vllm:{name}(?:{{[^}}]*}})? (\S+)$", page, re.M)
+        total = sum(float(v) for v in values)
+        assert total == int(total), f"{name} is not a whole number: {total}"
+        found[name] = int(total)
+    return found

@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -408,6 +408,15 @@ def limit_headline(
     )
     plural = "" if round(running) == 1 else "s"
     return f"{label}: stops paying from about {running:.0f} running request{plural} ({interval})"
+
+
+def limit_sentence(texts: Mapping[str, str]) -> str | None:
+    """The speculation-limit sentence every surface shows: each comparison's text (keyed by
+    reference, :data:`REFERENCE_NAMES`: the no-speculation baseline first, then the standard
+    arm) joined by ``". "``; ``None`` without any. The sidecar passes :func:`crossover_text`
+    of each comparison, a reader of ``/metrics`` (which carries no gain) :func:`limit_headline`."""
+    parts = [texts[reference] for reference in REFERENCE_NAMES if reference in texts]
+    return ". ".join(parts) if parts else None
 
 
 def crossover_text(c: Crossover) -> str:

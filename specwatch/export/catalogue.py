@@ -35,7 +35,8 @@ WINDOW_GAUGES: dict[str, MetricSpec] = {
         "specwatch_speculation_coverage",
         "Share of output tokens emitted by steps that verified a draft = (increase(accepted) + "
         "increase(drafts))/increase(generation_tokens); below 1 when steps had no proposal "
-        "(ngram, suffix): tau then describes only the covered steps.",
+        "(ngram, suffix): tau then describes only the covered steps. At most 1 (vLLM counts "
+        "drafts accepted past a request's stop as accepted, not generated).",
         WINDOWED,
     ),
     "prefix_cache_hit_rate": _g(

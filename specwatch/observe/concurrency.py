@@ -37,6 +37,7 @@ from specwatch.core.crossover import (
     CrossoverStatus,
     GainPoint,
     crossover,
+    limit_sentence,
 )
 
 #: Lower bounds of the running-request bands.
@@ -309,6 +310,6 @@ def speculation_limit(
     comparisons = tuple(_compare(fly.settled, ref.settled, name) for ref, name in pairs)
     return SpeculationLimit(
         comparisons=comparisons,
-        text=". ".join(c.text for c in comparisons),
+        text=limit_sentence({c.reference: c.text for c in comparisons}) or "",
         bands=band_table(standard, fly, min_points=min_points),
     )

@@ -120,10 +120,11 @@ def speculative_tokens(
 def _coverage(
     accepted: float | None, drafts: float | None, generation: float | None
 ) -> float | None:
-    """(Δaccepted + Δdrafts) / Δgeneration (see :attr:`Health.speculation_coverage`)."""
+    """(Δaccepted + Δdrafts) / Δgeneration, at most 1 (see :attr:`Health.speculation_coverage`)."""
     if accepted is None or drafts is None:
         return None
-    return _div(accepted + drafts, generation)
+    share = _div(accepted + drafts, generation)
+    return None if share is None else min(share, 1.0)
 
 
 def _scheduled(c: Mapping[str, float | None], accepted: float | None) -> float | None:

@@ -219,8 +219,12 @@ class Health:
     request and step, and counts a draft only for a step that scheduled a draft token, so steps
     without a proposal, an ngram or suffix proposer finding nothing, add 1 token each and no
     draft); 1 when every step drafted (up to each request's first token, which its prefill
-    emits); τ describes only the covered steps. ``prompt_tokens_by_source``: Δ prompt tokens per
-    :data:`PROMPT_SOURCES` value the page carries. ``prefix_cache_hit_rate`` = Δhits / Δqueries
+    emits); τ describes only the covered steps. At most 1: vLLM counts as accepted the drafts a
+    request's last step accepted past its stop (EOS, max_tokens) but leaves them out of
+    generation, so with short replies and high acceptance the ratio passes 1 (by up to K per
+    finished request); that reads "every step drafted".
+    ``prompt_tokens_by_source``: Δ prompt tokens per :data:`PROMPT_SOURCES` value the page
+    carries. ``prefix_cache_hit_rate`` = Δhits / Δqueries
     (tokens, local prefix cache). ``scheduled_tokens_per_step`` ≈ (Δprompt local_compute, else
     Δprompt_tokens, + Δgeneration + Δdraft_tokens − Δaccepted) / Δengine_steps (vllm-metrics.md
     §9; compared with max_num_batched_tokens; with the prompt total it is an upper bound).

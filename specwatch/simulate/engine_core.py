@@ -141,6 +141,7 @@ class StepStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     waived: int = 0
     generation_tokens: int = 0
+    cut_tokens: int = 0
     prompt_tokens: int = 0
     computed_prompt_tokens: int = 0
     scheduled_tokens: int = 0
@@ -152,7 +153,12 @@ class StepStats:
 
 @dataclass(slots=True)
 class GroundTruth:
-    """Cumulative counters of one engine since start or the last restart (the simulator's truth)."""
+    """Cumulative counters of one engine since start or the last restart (the simulator's truth).
+
+    ``cut_tokens``: tokens a request's last step produced past its stop (EOS, max_tokens) and
+    dropped; vLLM counts them as accepted but not as generated, so with every decode step
+    drafting, generation_tokens + cut_tokens = first tokens + num_drafts + num_accepted_tokens.
+    """
 
     steps: int = 0
     preemptions: int = 0
@@ -162,6 +168,7 @@ class GroundTruth:
     accepted_per_pos: list[int] = field(default_factory=list)
     fly_waivers: int = 0
     generation_tokens: int = 0
+    cut_tokens: int = 0
     prompt_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     max_running_seen: int = 0
@@ -176,6 +183,7 @@ class GroundTruth:
             self.accepted_per_pos[i] += c
         self.fly_waivers += s.waived
         self.generation_tokens += s.generation_tokens
+        self.cut_tokens += s.cut_tokens
         self.prompt_tokens += s.prompt_tokens
 
     def as_dict(self) -> dict[str, object]:
@@ -188,6 +196,7 @@ class GroundTruth:
             "accepted_per_pos": list(self.accepted_per_pos),
             "fly_waivers": self.fly_waivers,
             "generation_tokens": self.generation_tokens,
+            "cut_tokens": self.cut_tokens,
             "prompt_tokens": self.prompt_tokens,
             "finished": dict(self.finished),
             "max_running_seen": self.max_running_seen,
@@ -515,6 +524,9 @@ class EngineCore:
         acc = res.accepted
         stats.num_drafts = int(drafted.sum())
         stats.num_draft_tokens = int(kd.sum())
+        # counted before the max_tokens / EOS cut below, as vLLM's scheduler counts
+        # len(sampled) - 1 before it trims the step's tokens at a stop; ``cut_tokens`` keeps
+        # the trimmed ones, so generation + cut = first tokens + drafts + accepted
         stats.num_accepted_tokens = int(acc.sum())
         stats.waived = int(res.waived.sum())
         k = self.config.num_speculative_tokens
@@ -541,6 +553,7 @@ class EngineCore:
                 finish = "stop"
             req.output.extend(toks)
             stats.generation_tokens += len(toks)
+            stats.cut_tokens += len(res.tokens[i]) - len(toks)
             prev_len = len(req.text)
             req.text += "".join(text_of[t] for t in toks)
             if req.stop:

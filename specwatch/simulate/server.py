@@ -360,6 +360,7 @@ class SimServer:
                 "num_accepted_tokens",
                 "fly_waivers",
                 "generation_tokens",
+                "cut_tokens",
                 "prompt_tokens",
                 "num_requests_running",
                 "num_requests_waiting",

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_replay import zero_spec_timeline
 from tests.fakes import REPO
-from tests.report.test_report import known_rows, write_ledger
+from tests.tools.offline.test_replay import zero_spec_timeline
+from tests.tools.report.test_report import known_rows, write_ledger
 
 PAGE = REPO / "tests" / "fixtures" / "vllm-metrics" / "real-cpu-draft-model.txt"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_replay import zero_spec_timeline
 from tests.demo.tmux import HAVE_TMUX, pane
 from tests.fakes import REPO
+from tests.tools.offline.test_replay import zero_spec_timeline
 
 PAGE = "tests/fixtures/vllm-metrics/real-cpu-draft-model.txt"
 BENCH = "tests/fixtures/vllm-bench/serve-random-c2-result.json"

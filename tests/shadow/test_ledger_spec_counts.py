@@ -16,8 +16,8 @@ from specwatch.shadow.compare import compare
 from specwatch.shadow.ledger.ledger import Ledger
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from specwatch.vllm.request_metrics import SpecDecodeReading
-from tests.report.test_report import parse_tables
 from tests.shadow.test_ledger import OLD_COLUMNS
+from tests.tools.report.test_report import parse_tables
 
 
 def _reply(arm: Arm, steps: int, drafted: int, accepted: int) -> ArmResult:

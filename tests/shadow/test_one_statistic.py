@@ -27,8 +27,8 @@ from specwatch.shadow.stats import first_alarms
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.verdict import more_pairs_needed, verdict_from_summary
 from specwatch.tools.fleet.stats import fleet_stats
-from tests.report.test_report import T0, report_of, row, write_ledger
 from tests.shadow.stats.eprocess_reference import count_form, reference
+from tests.tools.report.test_report import T0, report_of, row, write_ledger
 
 
 def _outcomes() -> list[int]:

@@ -13,7 +13,6 @@ re-ingested. The live request's ``X-Request-Id`` is kept with the pair.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -24,25 +23,21 @@ from yarl import URL
 from specwatch.core.clock import WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
-from specwatch.core.logs import log_event
 from specwatch.core.wire import (
-    CATEGORY_HEADER,
     SHADOW_MARKER_HEADER,
     ShadowOrigin,
     shadow_origin,
 )
 from specwatch.shadow.ingest.offer import (
     REQUEST_ID_HEADER,
-    RETRY_COUNT_HEADER,
     SHADOW_PATHS,
+    CopyHeaders,
     IngestCounters,
     Offer,
     Offerer,
     clean_request_id,
 )
 from specwatch.shadow.values import Source
-
-log = logging.getLogger("specwatch.shadow.ingest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -160,13 +155,8 @@ class MirrorIngest:
             return resp
         if cl is not None and len(buf) < cl:
             return self._reject(src, "incomplete_body", 400, rid)
-        result = self._offerer.offer_raw(
-            Source.MIRROR,
-            request.path,
-            bytes(buf),
-            request.headers.get(CATEGORY_HEADER),
-            request.headers.get(REQUEST_ID_HEADER),
-            request.headers.get(RETRY_COUNT_HEADER),
+        result = self._offerer.offer_copy(
+            Source.MIRROR, request.path, bytes(buf), CopyHeaders.of(request.headers)
         )
         refused = ("invalid_json", "too_deep", "too_many_keys", "not_object")
         status = 400 if result in refused else 202
@@ -175,17 +165,7 @@ class MirrorIngest:
     def _reject(
         self, src: str, reason: str, status: int, request_id: str | None, error: str | None = None
     ) -> web.Response:
-        self.counters.received[src] += 1
-        self.counters.errors[(src, reason)] += 1
-        log_event(
-            log,
-            logging.WARNING,
-            "shadow ingest rejected",
-            source=src,
-            reason=reason,
-            request_id=request_id,
-            error=error,
-        )
+        self._offerer.reject(Source.MIRROR, reason, request_id=request_id, error=error)
         return web.json_response({"shadow": reason}, status=status)
 
 

@@ -1,9 +1,10 @@
 """What mirror and proxy ingest share: the shadowed paths, the request builder, the counters and the
 offer step (build → offer → count, never raises).
 
-Both turn a live OpenAI-compatible request into a :class:`ShadowRequest` and hand it to an
-:class:`Offer` (:meth:`Sampler.offer <specwatch.shadow.sample.Sampler.offer>`, which only does
-a ``put_nowait``), so ingest never waits on replay.
+Both turn a live OpenAI-compatible request (its path, whole body and :class:`CopyHeaders`) into
+a :class:`ShadowRequest` through :meth:`Offerer.offer_copy` and hand it to an :class:`Offer`
+(:meth:`Sampler.offer <specwatch.shadow.sample.Sampler.offer>`, which only does a
+``put_nowait``), so ingest never waits on replay; a copy not made is :meth:`Offerer.reject`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import json
 import logging
 import re
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from specwatch.core.clock import WallClock
 from specwatch.core.listen import ListenLimits, json_too_deep, json_too_many_keys
 from specwatch.core.logs import RateLimitedLog, log_event
+from specwatch.core.wire import CATEGORY_HEADER
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import ShadowRequest, Source
 
@@ -99,6 +102,26 @@ class RetryMemory:
 def clean_request_id(value: str | None) -> str | None:
     """``value`` when it is 1-200 printable ASCII characters without spaces, else ``None``."""
     return value if value is not None and _REQUEST_ID_RE.match(value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyHeaders:
+    """What the offered copy takes from the live request's headers: its category
+    (:data:`~specwatch.core.wire.CATEGORY_HEADER`), id (:data:`REQUEST_ID_HEADER`) and SDK
+    attempt number (:data:`RETRY_COUNT_HEADER`), each as sent (``None`` when absent)."""
+
+    category: str | None = None
+    request_id: str | None = None
+    retry_count: str | None = None
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str]) -> CopyHeaders:
+        """The three headers of a live request."""
+        return cls(
+            headers.get(CATEGORY_HEADER),
+            headers.get(REQUEST_ID_HEADER),
+            headers.get(RETRY_COUNT_HEADER),
+        )
 
 
 @dataclass(slots=True)
@@ -186,40 +209,26 @@ class Offerer:
         self._rejects = RateLimitedLog(log)
         self._retries = RetryMemory()
 
-    def offer_raw(
-        self,
-        source: Source,
-        path: str,
-        raw: bytes,
-        category: str | None,
-        request_id: str | None = None,
-        retry_count: str | None = None,
-    ) -> str:
-        """Build the request from ``raw``, offer it, count the outcome; returns the outcome or
-        the rejection reason (also logged once). ``retry_count`` is the request's
-        :data:`RETRY_COUNT_HEADER`: an SDK retry of a body taken in within the window is
+    def offer_copy(self, source: Source, path: str, raw: bytes, headers: CopyHeaders) -> str:
+        """Build the copy of a live request (``raw``: its whole body), offer it, count the
+        outcome; returns the outcome or the rejection reason (also logged, rate-limited). An
+        SDK retry (``headers.retry_count``) of a body taken in within the window is
         ``client_retry`` (counted, never offered, not logged: retries are normal traffic)."""
         c = self.counters
-        c.received[source.value] += 1
         built = build_shadow_request(
             path,
             raw,
             source=source,
             received_at=self._wall_clock(),
             salt=self._salt,
-            category=category,
-            request_id=request_id,
+            category=headers.category,
+            request_id=headers.request_id,
         )
         if isinstance(built, str):
-            c.errors[(source.value, built)] += 1
-            self._rejects.warning(
-                "shadow ingest rejected",
-                source=source.value,
-                reason=built,
-                request_id=clean_request_id(request_id),
-            )
+            self.reject(source, built, request_id=clean_request_id(headers.request_id))
             return built
-        attempt = retry_attempt(retry_count)
+        c.received[source.value] += 1
+        attempt = retry_attempt(headers.retry_count)
         if self._retries.is_retry(built.request_hash, attempt, built.received_at):
             c.errors[(source.value, "client_retry")] += 1
             return "client_retry"
@@ -233,3 +242,12 @@ class Offerer:
             return "offer_error"
         c.outcomes[(source.value, result)] += 1
         return result
+
+    def reject(self, source: Source, reason: str, **fields: Any) -> None:
+        """A copy not made (``too_large``, ``incomplete_body``, ...): counted as received and
+        rejected for ``reason``, one rate-limited WARNING line with ``fields``."""
+        self.counters.received[source.value] += 1
+        self.counters.errors[(source.value, reason)] += 1
+        self._rejects.warning(
+            "shadow ingest rejected", source=source.value, reason=reason, **fields
+        )

@@ -39,11 +39,10 @@ from specwatch.core.clock import WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import RateLimitedLog
-from specwatch.core.wire import CATEGORY_HEADER, SHADOW_MARKER_HEADER
+from specwatch.core.wire import SHADOW_MARKER_HEADER
 from specwatch.shadow.ingest.offer import (
-    REQUEST_ID_HEADER,
-    RETRY_COUNT_HEADER,
     SHADOW_PATHS,
+    CopyHeaders,
     IngestCounters,
     Offer,
     Offerer,
@@ -347,35 +346,16 @@ class ShadowProxy:
         """Hand the copy of ``request`` (its whole body ``raw``) to the offerer on a later turn
         of the loop: the live exchange goes on first."""
         asyncio.get_running_loop().call_soon(
-            self._offer_copy,
+            self._offerer.offer_copy,
+            Source.PROXY,
             request.path,
             raw,
-            request.headers.get(CATEGORY_HEADER),
-            request.headers.get(REQUEST_ID_HEADER),
-            request.headers.get(RETRY_COUNT_HEADER),
+            CopyHeaders.of(request.headers),
         )
-
-    def _offer_copy(
-        self,
-        path: str,
-        raw: bytes,
-        category: str | None,
-        request_id: str | None,
-        retry_count: str | None,
-    ) -> None:
-        self._offerer.offer_raw(Source.PROXY, path, raw, category, request_id, retry_count)
 
     def _count_copy_error(self, request: web.Request, reason: str) -> None:
         """A copy not made: counted as received and rejected, logged (rate-limited)."""
-        self.counters.received[Source.PROXY.value] += 1
-        self.counters.errors[(Source.PROXY.value, reason)] += 1
-        self._errors.warning(
-            "shadow ingest rejected",
-            source=Source.PROXY.value,
-            reason=reason,
-            peer=request.remote or "",
-            path=request.path,
-        )
+        self._offerer.reject(Source.PROXY, reason, peer=request.remote or "", path=request.path)
 
     def _count_upstream(self, reason: str, exc: BaseException) -> None:
         self.counters.proxy_upstream_errors[reason] += 1

@@ -36,6 +36,7 @@ from specwatch.core.crossover import (
     CROSSOVER_STATUSES,
     REFERENCE_NAMES,
     limit_headline,
+    limit_sentence,
 )
 from specwatch.shadow.decision import decision_table, stored_replies
 from specwatch.shadow.ledger.files import LedgerFileError, check_ledger_file
@@ -537,21 +538,21 @@ _LIMIT_GAUGES = {
 
 
 def _limit_sentence(found: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The speculation limit's headline per comparison (baseline first), from the gauges read
-    per ``reference`` label; ``None`` without any."""
-    parts = []
-    for reference, name in REFERENCE_NAMES.items():
-        g = found.get(reference)
-        if g is None or g.get("state") not in CROSSOVER_STATUSES:
-            continue
-        label = f"{CANDIDATE_NAME} vs {name}"
-        state = g["state"]
-        parts.append(
-            limit_headline(
-                label, state, g.get("running"), g.get("lower"), g.get("upper"), g.get("highest")
-            )
+    """The speculation-limit sentence (:func:`~specwatch.core.crossover.limit_sentence`) from
+    the gauges read per ``reference`` label: each comparison's headline; ``None`` without any."""
+    heads = {
+        reference: limit_headline(
+            f"{CANDIDATE_NAME} vs {name}",
+            g["state"],
+            g.get("running"),
+            g.get("lower"),
+            g.get("upper"),
+            g.get("highest"),
         )
-    return ". ".join(parts) if parts else None
+        for reference, name in REFERENCE_NAMES.items()
+        if (g := found.get(reference)) is not None and g.get("state") in CROSSOVER_STATUSES
+    }
+    return limit_sentence(heads)
 
 
 def acceptance_from_exposition(text: str, window: str, source: str) -> Acceptance:

@@ -37,6 +37,7 @@ from tests.vllm_conformance import (
     deviations,
     recorded,
     replay_all,
+    token_counters,
     unexplained,
 )
 
@@ -173,6 +174,15 @@ async def test_simulator_answers_every_recorded_kind_like_the_real_server(
     finally:
         await handle.stop()
     real_page = real["get-metrics"]["body_text"]
+    # the token identity (tests/simulate/test_token_identity.py): generation + cut = first
+    # tokens + drafts + accepted, the cut (tokens past a stop, not on the page) 0..K a request,
+    # plus at most K + 1 for a step run after a stop string ended a request in the front end
+    c = token_counters(real_page)
+    requests = c["request_success_total"] + c["num_requests_running"]
+    verified = requests + c["num_preemptions_total"] + c["spec_decode_num_drafts_total"]
+    excess = verified + c["spec_decode_num_accepted_tokens_total"] - c["generation_tokens_total"]
+    print(f"real token counters: {c}; first tokens + drafts + accepted - generation = {excess}")
+    assert 0 <= excess <= (NUM_SPECULATIVE_TOKENS + 1) * requests
     found = all_differences(real, sim, real_page)
     captured = {kind: recorded(kind) for kind in real}
     drift = all_differences(captured, real, (FIXTURES / "get-metrics.prom").read_text())

@@ -14,7 +14,7 @@ import pytest
 
 from specwatch.__main__ import main
 
-FIXTURE = next(Path(__file__).parents[1].joinpath("fixtures/lm-eval").glob("samples_*.jsonl"))
+FIXTURE = next(Path(__file__).parents[2].joinpath("fixtures/lm-eval").glob("samples_*.jsonl"))
 STAMP = "2026-12-01T14-11-42"
 
 

@@ -52,8 +52,8 @@ from specwatch.tools.report.data import (
     read_ledger,
 )
 from specwatch.tools.report.render import render_html
-from tests.report.test_report import T0, row, write_ledger
 from tests.shadow.stats.eprocess_reference import count_form, reference
+from tests.tools.report.test_report import T0, row, write_ledger
 
 BANDS = (0, 8, 32)
 CATEGORIES = ("math", "code", "chat", "tools")

@@ -18,7 +18,7 @@ import pytest
 
 from specwatch.__main__ import main
 
-FIXTURE = Path(__file__).parents[1] / "fixtures/vllm-bench/serve-random-c2-result.json"
+FIXTURE = Path(__file__).parents[2] / "fixtures/vllm-bench/serve-random-c2-result.json"
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

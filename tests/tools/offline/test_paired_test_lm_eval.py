@@ -16,7 +16,7 @@ import pytest
 
 from specwatch.__main__ import main
 
-FIXTURE = next(Path(__file__).parents[1].joinpath("fixtures/lm-eval").glob("samples_*.jsonl"))
+FIXTURE = next(Path(__file__).parents[2].joinpath("fixtures/lm-eval").glob("samples_*.jsonl"))
 
 
 def _rows() -> list[dict[str, object]]:

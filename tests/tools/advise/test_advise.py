@@ -24,7 +24,7 @@ from specwatch.tools.advise.command import SGLANG_CANNOT
 from specwatch.vllm.methods import BudgetRegime
 from tests.fakes import REPO
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-metrics"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-metrics"
 
 
 def _advise(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

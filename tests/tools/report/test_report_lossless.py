@@ -14,7 +14,7 @@ from specwatch.core.config import DEFAULT_LOAD_BANDS
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.lossless import lossless_by_load, lossless_check
 from specwatch.shadow.tally import PairTally, load_band_labels
-from tests.report.test_report import T0, parse_tables, row, write_ledger
+from tests.tools.report.test_report import T0, parse_tables, row, write_ledger
 
 #: running at replay → [(standard agrees with the baseline, noise agrees, count)]
 CELLS: dict[float | None, list[tuple[bool, bool, int]]] = {
