@@ -254,16 +254,10 @@ def ingest_from_settings(
     proxy: ShadowProxy | None = None
     if "proxy" in s.modes and s.proxy_upstream is not None:
         proxy = ShadowProxy(
-            s.proxy_upstream,
+            s,
             sampler.offer,
             counters=counters,
             wall_clock=wall_clock,
-            salt=s.sample_salt,
-            max_body_bytes=s.proxy_max_body_bytes,
-            marker_header=s.marker_header,
-            connect_timeout_seconds=s.proxy_connect_timeout_seconds,
-            total_timeout_seconds=s.proxy_total_timeout_seconds,
-            stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
             listen=listen,
             listener=listener,
             shutdown_timeout_seconds=shutdown_timeout_seconds,

@@ -129,7 +129,12 @@ async def running(app: web.Application) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def proxy_for(upstream: str, offer: Any) -> AsyncIterator[tuple[str, ShadowProxy]]:
-    proxy = ShadowProxy(upstream, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
+    proxy = ShadowProxy(
+        ShadowSettings(proxy_upstream=upstream),
+        offer,
+        counters=IngestCounters(),
+        wall_clock=FakeWallClock(0.0),
+    )
     port = await proxy.start("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}", proxy
@@ -347,7 +352,12 @@ async def test_copy_keeps_its_category_and_the_answer_passes_byte_for_byte() -> 
         return "admitted"
 
     async with running(up.app()) as base:
-        proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
+        proxy = ShadowProxy(
+            ShadowSettings(proxy_upstream=base),
+            offer,
+            counters=IngestCounters(),
+            wall_clock=FakeWallClock(0.0),
+        )
         port = await proxy.start("127.0.0.1", 0)
         try:
             async with (
