@@ -100,21 +100,18 @@ def forwarded_fields(fields: CIMultiDictProxy[str], drop: frozenset[str]) -> CIM
 
 class ShadowProxy:
     """Streaming, fail-open reverse proxy in front of ``settings.proxy_upstream``
-    (``http[s]://host:port``, optionally with a base path). Run it with :meth:`start`, then
-    :meth:`stop`.
-
-    Of the ``shadow`` group ``settings`` it reads the upstream, the copy's body cap
-    (``proxy_max_body_bytes``), ``marker_header``, ``sample_salt`` and the timeouts:
-    ``proxy_connect_timeout_seconds`` bounds a new upstream connection;
-    ``proxy_total_timeout_seconds`` (``None``: no limit, streams may be long) bounds a whole
-    exchange; ``proxy_stream_idle_timeout_seconds`` (``None``: none) bounds how long an exchange
-    may make no progress (the upstream sends nothing, or the client reads nothing) while an
-    answer is owed: then both sides are closed, counted as ``stalled``. Upstream failures
-    before the answer starts answer ``502`` (``connect``, ``disconnected``, ``client_error``: a
-    malformed answer) or ``504`` (``timeout``, ``stalled``) with a small JSON body; after it
-    starts the client connection is aborted, so the client sees a truncated answer, never a
-    clean short one. ``listen`` limits the listener; ``listener`` counts its refusals and open
-    connections. Raises ``ValueError`` for an upstream that is not an http(s) URL."""
+    (``http[s]://host:port``, optionally with a base path), set by the ``shadow`` group's
+    ``proxy_*`` fields, ``marker_header`` and ``sample_salt``. Run it with :meth:`start`, then
+    :meth:`stop`. The connect timeout bounds a new upstream connection; the total timeout
+    (``None``: no limit, streams may be long) a whole exchange; the stream idle timeout
+    (``None``: none) how long an exchange may make no progress (the upstream sends nothing, or
+    the client reads nothing) while an answer is owed: then both sides are closed, counted as
+    ``stalled``. Upstream failures before the answer starts answer ``502`` (``connect``,
+    ``disconnected``, ``client_error``: a malformed answer) or ``504`` (``timeout``,
+    ``stalled``) with a small JSON body; after it starts the client connection is aborted, so
+    the client sees a truncated answer, never a clean short one. ``listen`` limits the
+    listener; ``listener`` counts its refusals and open connections. Raises ``ValueError`` for
+    an upstream that is not an http(s) URL."""
 
     def __init__(
         self,

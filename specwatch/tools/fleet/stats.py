@@ -258,13 +258,8 @@ def fleet_stats(
             net_loss_e_product=math.prod(ns) if ns else None,
             net_loss_sidecars=len(ns),
         )
-    return FleetStats(
-        generated_at=now,
-        alpha=levels.alpha,
-        margin=levels.margin,
-        models=models,
-        bad_series=bad,
-    )
+    a, m = levels.alpha, levels.margin
+    return FleetStats(generated_at=now, alpha=a, margin=m, models=models, bad_series=bad)
 
 
 def _e_values(rows: Iterable[Row], model_label: str, bad: dict[str, int]) -> dict[str, list[float]]:
