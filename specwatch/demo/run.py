@@ -195,25 +195,17 @@ async def run_demo(
                 _boost_loop(cfg, sims[:2], gen, boost, out, tty and cfg.ui), name="demo-boost"
             )
         )
-        roles = {targets.standard_url: "standard", targets.fly_url: "fly"}
-        started = mono_clock()
+        load = _ShownLoad(
+            gen,
+            roles={targets.standard_url: "standard", targets.fly_url: "fly"},
+            mirror=files is not None,
+            boost=boost,
+            started=mono_clock(),
+        )
         if cfg.ui:
             tasks.append(
                 asyncio.create_task(
-                    _view_loop(
-                        cfg,
-                        out,
-                        tty,
-                        ctx,
-                        latest,
-                        gen,
-                        roles,
-                        started,
-                        mono_clock,
-                        files is not None,
-                        intro,
-                        boost,
-                    ),
+                    _view_loop(cfg, out, tty, intro, ctx, latest, load, mono_clock),
                     name="demo-view",
                 )
             )
@@ -367,19 +359,28 @@ def _labelled_pairs(snap: Snapshot) -> int | None:
     return cats[OVERALL].n if OVERALL in cats else None
 
 
+@dataclass(frozen=True, slots=True)
+class _ShownLoad:
+    """The demo's load as the view shows it: ``gen``'s counts by role (``roles``: base URL ->
+    role name; ``mirror``: with the mirrored copies), ``boost``'s status and the time shown
+    as elapsed since ``started`` (monotonic seconds, when the load began)."""
+
+    gen: LoadGenerator
+    roles: Mapping[str, str]
+    mirror: bool
+    boost: LoadBoost
+    started: float
+
+
 async def _view_loop(
     cfg: DemoConfig,
     out: TextIO,
     tty: bool,
+    intro: str,
     ctx: ViewContext,
     latest: _Latest,
-    gen: LoadGenerator,
-    roles: Mapping[str, str],
-    started: float,
+    load: _ShownLoad,
     mono_clock: MonotonicClock,
-    mirror: bool,
-    intro: str,
-    boost: LoadBoost,
 ) -> None:
     """Draw the view every ``cfg.refresh_s``: in place with rich's :class:`Live` on a terminal,
     sized to the rows ``intro`` (printed above it) leaves, less one for the cursor, so nothing
@@ -394,7 +395,7 @@ async def _view_loop(
     def frame(width: int, height: int | None = None) -> Any:
         snap = latest.snap
         assert snap is not None
-        elapsed = mono_clock() - started
+        elapsed = mono_clock() - load.started
         view_ctx = ViewContext(
             title=f"specwatch demo  {elapsed:.0f} s{total}  window {window}  Ctrl-C stops",
             base=ctx.base,
@@ -402,10 +403,10 @@ async def _view_loop(
             fly_url=ctx.fly_url,
             notes=ctx.notes,
             alert_notes=alert_clock.see(snap, elapsed),
-            status=boost.status,
+            status=load.boost.status,
         )
-        load = load_summary(gen.stats, roles, mirror=mirror)
-        return build_view(snap, view_ctx, width=width, height=height, window=window, load=load)
+        counts = load_summary(load.gen.stats, load.roles, mirror=load.mirror)
+        return build_view(snap, view_ctx, width=width, height=height, window=window, load=counts)
 
     if not tty:
         width = shutil.get_terminal_size((100, 24)).columns

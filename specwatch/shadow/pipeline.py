@@ -48,7 +48,7 @@ from specwatch.shadow.ingest.mirror import MirrorIngest, MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
 from specwatch.shadow.published import ShadowIO
-from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.replay import ArmTarget, ReplayArms, Replayer
 from specwatch.shadow.sample import (
     OTHER_CATEGORY,
     PAUSE_REASONS,
@@ -173,18 +173,21 @@ def replayer_from_settings(
     if std_ep is None or fly_ep is None:
         raise ValueError("shadow pipeline needs shadow.standard and shadow.fly")
     noise_ep = s.noise_endpoint()
-    return Replayer(
-        session,
+    arms = ReplayArms(
         standard=_target(Arm.STANDARD, std_ep, s.stream_arms),
         fly=_target(Arm.FLY, fly_ep, s.stream_arms),
         noise=_target(Arm.NOISE, noise_ep, s.stream_arms) if noise_ep is not None else None,
+        baseline=(
+            _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
+        ),
+    )
+    return Replayer(
+        session,
+        arms,
         max_tokens_cap=s.max_tokens_cap,
         marker_header=s.marker_header,
         mono_clock=mono_clock,
         extra_body=s.replay_extra_body,
-        baseline=(
-            _target(Arm.BASELINE, s.baseline, s.stream_arms) if s.baseline is not None else None
-        ),
     )
 
 
@@ -251,16 +254,10 @@ def ingest_from_settings(
     proxy: ShadowProxy | None = None
     if "proxy" in s.modes and s.proxy_upstream is not None:
         proxy = ShadowProxy(
-            s.proxy_upstream,
+            s,
             sampler.offer,
             counters=counters,
             wall_clock=wall_clock,
-            salt=s.sample_salt,
-            max_body_bytes=s.proxy_max_body_bytes,
-            marker_header=s.marker_header,
-            connect_timeout_seconds=s.proxy_connect_timeout_seconds,
-            total_timeout_seconds=s.proxy_total_timeout_seconds,
-            stream_idle_timeout_seconds=s.proxy_stream_idle_timeout_seconds,
             listen=listen,
             listener=listener,
             shutdown_timeout_seconds=shutdown_timeout_seconds,

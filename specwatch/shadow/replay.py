@@ -65,6 +65,17 @@ class ArmTarget:
     keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayArms:
+    """The arms every request is replayed to: ``standard`` and ``fly``, and the ``noise`` and
+    ``baseline`` arms when set."""
+
+    standard: ArmTarget
+    fly: ArmTarget
+    noise: ArmTarget | None = None
+    baseline: ArmTarget | None = None
+
+
 def open_arm_session(keepalive_seconds: float) -> aiohttp.ClientSession:
     """A client session for one arm: pooled connections idle at most ``keepalive_seconds``,
     no total timeout (each request sets the arm's own). The caller closes it."""
@@ -145,7 +156,8 @@ def client_error_kind(status: int, message: str) -> str:
 
 
 class Replayer:
-    """Sends a :class:`ShadowRequest` to every arm concurrently and returns the :class:`ReplayPair`.
+    """Sends a :class:`ShadowRequest` to every arm of ``arms`` concurrently and returns the
+    :class:`ReplayPair`.
 
     ``session`` is an open ``aiohttp.ClientSession`` for every arm, or one per arm (a mapping
     ``{Arm: session}``, normally from :func:`open_arm_session` with the arm's keep-alive), owned by
@@ -158,21 +170,15 @@ class Replayer:
     def __init__(
         self,
         session: aiohttp.ClientSession | Mapping[Arm, aiohttp.ClientSession],
+        arms: ReplayArms,
         *,
-        standard: ArmTarget,
-        fly: ArmTarget,
-        noise: ArmTarget | None,
         max_tokens_cap: int,
         marker_header: str,
         mono_clock: MonotonicClock,
         extra_body: Mapping[str, Any] | None = None,
-        baseline: ArmTarget | None = None,
     ) -> None:
         self._sessions = session
-        self.standard = standard
-        self.fly = fly
-        self.noise = noise
-        self.baseline = baseline
+        self.arms = arms
         self._cap = max_tokens_cap
         self._extra = dict(extra_body or {})
         self._marker = marker_header
@@ -192,17 +198,17 @@ class Replayer:
             if isinstance(given, int) and not isinstance(given, bool)
             else seed_from_hash(req.request_hash)
         )
-        targets = [self.standard, self.fly, self.noise, self.baseline]
-        asked = [t for t in targets if t is not None]
+        a = self.arms
+        asked = [t for t in (a.standard, a.fly, a.noise, a.baseline) if t is not None]
         results = await asyncio.gather(*(self._one(t, req, seed) for t in asked))
         got = dict(zip(asked, results, strict=True))
         return ReplayPair(
             request=req,
-            standard=got[self.standard],
-            fly=got[self.fly],
-            noise=got.get(self.noise) if self.noise is not None else None,
+            standard=got[a.standard],
+            fly=got[a.fly],
+            noise=got.get(a.noise) if a.noise is not None else None,
             seed=seed,
-            baseline=got.get(self.baseline) if self.baseline is not None else None,
+            baseline=got.get(a.baseline) if a.baseline is not None else None,
             running=running,
         )
 

@@ -29,7 +29,7 @@ from specwatch.shadow.classify import (
 from specwatch.shadow.compare import PairOutcome, compare
 from specwatch.shadow.component import ShadowComponent
 from specwatch.shadow.ledger.rows import LedgerRow
-from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.replay import ArmTarget, ReplayArms, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.settings import LedgerSettings, PairedSettings, ShadowSettings
 from specwatch.shadow.tally import tally_rows
@@ -267,9 +267,10 @@ async def _replay_scripted(
     async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, su, 30.0, stream=stream_std),
-            fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
-            noise=None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, su, 30.0, stream=stream_std),
+                fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
+            ),
             max_tokens_cap=512,
             marker_header="X-Specwatch-Shadow",
             mono_clock=SYSTEM_MONOTONIC,

@@ -19,7 +19,7 @@ from specwatch.shadow.compare import (
 )
 from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.live import OutcomeCounters
-from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.replay import ArmTarget, ReplayArms, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source, ToolCall
 from tests.fakes.arm import FakeArm, RawReply, serve_arm
@@ -240,9 +240,10 @@ async def _pair(
     async with serve_arm(a) as su, serve_arm(b) as fu, aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, su, 30.0),
-            fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
-            noise=None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, su, 30.0),
+                fly=ArmTarget(Arm.FLY, fu, 30.0, stream=stream_fly),
+            ),
             max_tokens_cap=64,
             marker_header="X-Specwatch-Shadow",
             mono_clock=SYSTEM_MONOTONIC,

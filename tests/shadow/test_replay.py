@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.shadow.classify import classify_pair
-from specwatch.shadow.replay import ArmTarget, Replayer, open_arm_session, prepare_body
+from specwatch.shadow.replay import ArmTarget, ReplayArms, Replayer, open_arm_session, prepare_body
 from specwatch.shadow.sample import request_hash, seed_from_hash
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.fakes.arm import FakeArm, serve_arm
@@ -74,9 +74,11 @@ async def _replay(
     ):
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, su, arm_timeout, token="tok", model="std-model"),
-            fly=ArmTarget(Arm.FLY, fu, arm_timeout, stream=stream_fly),
-            noise=ArmTarget(Arm.NOISE, nu, arm_timeout) if noise is not None else None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, su, arm_timeout, token="tok", model="std-model"),
+                fly=ArmTarget(Arm.FLY, fu, arm_timeout, stream=stream_fly),
+                noise=ArmTarget(Arm.NOISE, nu, arm_timeout) if noise is not None else None,
+            ),
             max_tokens_cap=64,
             marker_header="X-Specwatch-Shadow",
             mono_clock=SYSTEM_MONOTONIC,
@@ -162,9 +164,10 @@ async def test_connect_error_and_in_band_error() -> None:
     async with aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, "http://127.0.0.1:1", 5.0),
-            fly=ArmTarget(Arm.FLY, "http://127.0.0.1:1", 5.0),
-            noise=None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, "http://127.0.0.1:1", 5.0),
+                fly=ArmTarget(Arm.FLY, "http://127.0.0.1:1", 5.0),
+            ),
             max_tokens_cap=8,
             marker_header="X-S",
             mono_clock=SYSTEM_MONOTONIC,
@@ -295,9 +298,9 @@ async def _replay_raw(std_plan: list[str]) -> tuple[ReplayPair, list[str], Repla
     ):
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, su, 10.0),
-            fly=ArmTarget(Arm.FLY, fu, 10.0),
-            noise=None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, su, 10.0), fly=ArmTarget(Arm.FLY, fu, 10.0)
+            ),
             max_tokens_cap=8,
             marker_header="X-S",
             mono_clock=SYSTEM_MONOTONIC,
@@ -366,9 +369,7 @@ async def test_idle_connections_are_dropped_after_the_arms_keepalive() -> None:
         try:
             r = Replayer(
                 sessions,
-                standard=std_t,
-                fly=fly_t,
-                noise=None,
+                ReplayArms(standard=std_t, fly=fly_t),
                 max_tokens_cap=8,
                 marker_header="X-S",
                 mono_clock=SYSTEM_MONOTONIC,

@@ -39,7 +39,6 @@ from specwatch.core.clock import WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats, ListenLimits
 from specwatch.core.listen_http import GuardedSite, body_timeout_middleware
 from specwatch.core.logs import RateLimitedLog
-from specwatch.core.wire import SHADOW_MARKER_HEADER
 from specwatch.shadow.ingest.offer import (
     SHADOW_PATHS,
     CopyHeaders,
@@ -47,6 +46,7 @@ from specwatch.shadow.ingest.offer import (
     Offer,
     Offerer,
 )
+from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.values import Source
 
 __all__ = ["HOP_BY_HOP", "ShadowProxy", "forwarded_fields"]
@@ -99,48 +99,43 @@ def forwarded_fields(fields: CIMultiDictProxy[str], drop: frozenset[str]) -> CIM
 
 
 class ShadowProxy:
-    """Streaming, fail-open reverse proxy in front of ``upstream`` (``http[s]://host:port``,
-    optionally with a base path). Run it with :meth:`start`, then :meth:`stop`.
-
-    ``connect_timeout_seconds`` bounds a new upstream connection; ``total_timeout_seconds``
-    (``None``: no limit, streams may be long) bounds a whole exchange;
-    ``stream_idle_timeout_seconds`` (``None``: none) bounds how long an exchange may make no
-    progress (the upstream sends nothing, or the client reads nothing) while an answer is owed:
-    then both sides are closed, counted as ``stalled``. Upstream failures before the answer
-    starts answer ``502`` (``connect``, ``disconnected``, ``client_error``: a malformed
-    answer) or ``504`` (``timeout``, ``stalled``) with a small JSON body; after it starts the
-    client connection is aborted, so the client sees a truncated answer, never a clean short
-    one. ``listen`` limits the listener; ``listener`` counts its refusals and open
-    connections. Raises ``ValueError`` for an upstream that is not an http(s) URL."""
+    """Streaming, fail-open reverse proxy in front of ``settings.proxy_upstream``
+    (``http[s]://host:port``, optionally with a base path), set by the ``shadow`` group's
+    ``proxy_*`` fields, ``marker_header`` and ``sample_salt``. Run it with :meth:`start`, then
+    :meth:`stop`. The connect timeout bounds a new upstream connection; the total timeout
+    (``None``: no limit, streams may be long) a whole exchange; the stream idle timeout
+    (``None``: none) how long an exchange may make no progress (the upstream sends nothing, or
+    the client reads nothing) while an answer is owed: then both sides are closed, counted as
+    ``stalled``. Upstream failures before the answer starts answer ``502`` (``connect``,
+    ``disconnected``, ``client_error``: a malformed answer) or ``504`` (``timeout``,
+    ``stalled``) with a small JSON body; after it starts the client connection is aborted, so
+    the client sees a truncated answer, never a clean short one. ``listen`` limits the
+    listener; ``listener`` counts its refusals and open connections. Raises ``ValueError`` for
+    an upstream that is not an http(s) URL."""
 
     def __init__(
         self,
-        upstream: str,
+        settings: ShadowSettings,
         offer: Offer,
         *,
         counters: IngestCounters,
         wall_clock: WallClock,
-        salt: str = "",
-        max_body_bytes: int = 8 << 20,
-        marker_header: str = SHADOW_MARKER_HEADER,
-        connect_timeout_seconds: float = 10.0,
-        total_timeout_seconds: float | None = None,
-        stream_idle_timeout_seconds: float | None = 60.0,
         listen: ListenLimits | None = None,
         listener: ListenerStats | None = None,
         shutdown_timeout_seconds: float = 5.0,
     ) -> None:
+        upstream = settings.proxy_upstream or ""
         base = URL(upstream.rstrip("/"))
         if base.scheme not in ("http", "https") or not base.host:
             raise ValueError(f"proxy upstream must be an http(s) URL: {upstream!r}")
         self._base = str(base)
-        self._offerer = Offerer(offer, counters, wall_clock, salt)
+        self._offerer = Offerer(offer, counters, wall_clock, settings.sample_salt)
         self.counters = counters
-        self._max = max_body_bytes
-        self._marker = marker_header
-        self._connect_timeout = connect_timeout_seconds
-        self._total_timeout = total_timeout_seconds
-        self._idle = stream_idle_timeout_seconds
+        self._max = settings.proxy_max_body_bytes
+        self._marker = settings.marker_header
+        self._connect_timeout = settings.proxy_connect_timeout_seconds
+        self._total_timeout = settings.proxy_total_timeout_seconds
+        self._idle = settings.proxy_stream_idle_timeout_seconds
         self._listen = listen if listen is not None else ListenLimits()
         #: Counters of this listener (``proxy``): refused connections and requests.
         self.listener = listener if listener is not None else ListenerStats("proxy")

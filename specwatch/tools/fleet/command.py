@@ -160,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from aiohttp import web
 
+    from specwatch.shadow.summary import Levels
     from specwatch.tools.fleet.server import FleetQuery, build_fleet_app
     from specwatch.tools.fleet.stats import fleet_json
     from specwatch.tools.prom_api import PromApiError
@@ -171,8 +172,7 @@ def main(args: argparse.Namespace) -> int:
         replica_labels=DEFAULT_REPLICA_LABELS
         if args.replica_label is None
         else tuple(label for label in args.replica_label if label),
-        alpha=args.alpha,
-        margin=args.margin,
+        levels=Levels(alpha=args.alpha, margin=args.margin),
         timeout=timeout,
     )
     setup_logging(args.log_level, args.log_format)

@@ -23,6 +23,7 @@ from specwatch.core.clock import WallClock
 from specwatch.core.config import DEFAULT_REPLICA_LABELS
 from specwatch.core.logs import log_event, redact_url
 from specwatch.core.store import Store
+from specwatch.shadow.summary import Levels
 from specwatch.tools.fleet.stats import (
     FleetCollector,
     FleetHealth,
@@ -41,16 +42,14 @@ log = logging.getLogger("specwatch.fleet")
 class FleetQuery:
     """What to ask and how to summarise: the Prometheus (or Thanos Querier) base URL, extra
     label ``matchers`` for every query (``job="specwatch"``; empty for none), the series label
-    naming the model (empty: pool every series), the test settings (``alpha``, ``margin`` as
-    fractions, ``detect_net_loss``), the per-query ``timeout`` in seconds and the
-    ``replica_labels`` that tell HA Prometheus replicas apart (series counted once across them)."""
+    naming the model (empty: pool every series), the ``levels`` the tests are run at, the
+    per-query ``timeout`` in seconds and the ``replica_labels`` that tell HA Prometheus
+    replicas apart (series counted once across them)."""
 
     prometheus_url: str
     matchers: str = ""
     model_label: str = "model_name"
-    alpha: float = 0.05
-    margin: float = 0.01
-    detect_net_loss: float = 0.02
+    levels: Levels = Levels()
     timeout: float = 10.0
     replica_labels: tuple[str, ...] = DEFAULT_REPLICA_LABELS
 
@@ -72,9 +71,7 @@ async def query_fleet(session: aiohttp.ClientSession, q: FleetQuery, *, now: flo
         net_loss,
         now=now,
         model_label=q.model_label,
-        alpha=q.alpha,
-        margin=q.margin,
-        detect_net_loss=q.detect_net_loss,
+        levels=q.levels,
         replica_labels=q.replica_labels,
     )
 

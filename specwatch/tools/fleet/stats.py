@@ -179,15 +179,13 @@ def fleet_stats(
     *,
     now: float,
     model_label: str = "model_name",
-    alpha: float = 0.05,
-    margin: float = 0.01,
-    detect_net_loss: float = 0.02,
+    levels: Levels = Levels(),
     replica_labels: Iterable[str] = DEFAULT_REPLICA_LABELS,
 ) -> FleetStats:
     """Sum the ``pair_rows`` (series of :func:`pairs_selector`: labels and the counter value) per
     model (the series' ``model_label`` label; an empty ``model_label`` pools every series under
     :data:`ALL_MODELS`) and category, and summarise each table with
-    :func:`specwatch.shadow.summary.build_shadow_stats`. ``margin_rows`` (series of
+    :func:`specwatch.shadow.summary.build_shadow_stats` at ``levels``. ``margin_rows`` (series of
     :func:`margin_e_selector`) and ``net_loss_rows`` (of :func:`net_loss_e_selector`) are
     combined per model by mean and product; the mean of ``net_loss_rows`` is the e-value of the
     model's :data:`OVERALL` summary (without such rows: the count form on the pooled pairs).
@@ -244,7 +242,7 @@ def fleet_stats(
         stats = build_shadow_stats(
             {FLEET_WINDOW: tallies},
             now=now,
-            levels=Levels(alpha, margin, detect_net_loss),
+            levels=levels,
             ordered=OrderedState(net_loss_log_e_value=_log_mean(net_loss.get(model, []))),
         )
         es = margins.get(model, [])
@@ -260,7 +258,8 @@ def fleet_stats(
             net_loss_e_product=math.prod(ns) if ns else None,
             net_loss_sidecars=len(ns),
         )
-    return FleetStats(generated_at=now, alpha=alpha, margin=margin, models=models, bad_series=bad)
+    a, m = levels.alpha, levels.margin
+    return FleetStats(generated_at=now, alpha=a, margin=m, models=models, bad_series=bad)
 
 
 def _e_values(rows: Iterable[Row], model_label: str, bad: dict[str, int]) -> dict[str, list[float]]:

@@ -96,6 +96,7 @@ def _large(path: Path) -> bool:
 
 
 async def _gather(args: argparse.Namespace) -> ReportData:
+    from specwatch.shadow.summary import Levels
     from specwatch.tools.report.data import (
         Acceptance,
         build_report,
@@ -115,8 +116,7 @@ async def _gather(args: argparse.Namespace) -> ReportData:
     return build_report(
         str(args.ledger),
         digest,
-        alpha=args.alpha,
-        margin=args.margin,
+        levels=Levels(alpha=args.alpha, margin=args.margin),
         acceptance=acceptance,
         now=time.time(),
     )

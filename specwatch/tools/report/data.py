@@ -402,9 +402,7 @@ def build_report(
     ledger: str,
     digest: LedgerDigest,
     *,
-    alpha: float = 0.05,
-    margin: float = 0.01,
-    detect_net_loss: float = 0.02,
+    levels: Levels = Levels(),
     acceptance: Acceptance | None = None,
     now: float = 0.0,
     load_bands: Sequence[int] = DEFAULT_LOAD_BANDS,
@@ -415,7 +413,9 @@ def build_report(
     statistics (``build_shadow_stats``), the decision table
     (:func:`specwatch.shadow.decision.decision_table`), flips by running-request band, the flip
     series, the e-value paths (overall, and per category for the first alarms) and the
-    lossless check (:func:`specwatch.shadow.lossless.lossless_check`, by load band too)."""
+    lossless check (:func:`specwatch.shadow.lossless.lossless_check`, by load band too), each
+    at ``levels``' alpha, margin and planned net loss."""
+    alpha, margin = levels.alpha, levels.margin
     stream = digest.stream
     evalue = evalue_path(stream.d, alpha, margin, points)
     log_e = evalue.log_e_no_net_loss[-1] if evalue.pairs else None
@@ -434,7 +434,7 @@ def build_report(
     stats = build_shadow_stats(
         {REPORT_WINDOW: dict(digest.tallies)},
         now=now,
-        levels=Levels(alpha, margin, detect_net_loss),
+        levels=levels,
         ordered=OrderedState(
             net_loss_log_e_value=log_e,
             betting_log_e_value=evalue.log_e_margin[-1] if evalue.pairs else None,
@@ -445,7 +445,7 @@ def build_report(
             decisions=decision_table(
                 digest.tallies,
                 digest.totals,
-                levels=Levels(alpha=alpha, margin=margin, detect_net_loss=detect_net_loss),
+                levels=levels,
                 max_categories=max_categories,
                 replies=stored_replies(digest.replies),
                 overall_log_e_value=log_e,

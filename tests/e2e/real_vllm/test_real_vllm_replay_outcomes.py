@@ -16,7 +16,7 @@ import pytest
 
 from specwatch.core.clock import SYSTEM_MONOTONIC
 from specwatch.shadow.compare import PairOutcome, compare
-from specwatch.shadow.replay import ArmTarget, Replayer
+from specwatch.shadow.replay import ArmTarget, ReplayArms, Replayer
 from specwatch.shadow.sample import request_hash
 from specwatch.shadow.values import Arm, ShadowRequest, Source
 
@@ -34,9 +34,10 @@ async def _replay(
     async with aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, std.url, 120.0),
-            fly=ArmTarget(Arm.FLY, fly.url, 120.0, stream=True),
-            noise=None,
+            ReplayArms(
+                standard=ArmTarget(Arm.STANDARD, std.url, 120.0),
+                fly=ArmTarget(Arm.FLY, fly.url, 120.0, stream=True),
+            ),
             max_tokens_cap=cap,
             marker_header="X-Specwatch-Shadow",
             mono_clock=SYSTEM_MONOTONIC,

@@ -18,6 +18,7 @@ from aiohttp import web
 from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
+from specwatch.shadow.settings import ShadowSettings
 from specwatch.shadow.values import ShadowRequest
 from tests.fakes import FakeWallClock
 from tests.shadow.ingest.test_proxy import running
@@ -61,13 +62,12 @@ async def proxy_to(
         return "admitted"
 
     proxy = ShadowProxy(
-        upstream,
+        ShadowSettings(proxy_upstream=upstream, proxy_total_timeout_seconds=total_timeout),
         offer,
         counters=IngestCounters(),
         wall_clock=FakeWallClock(0.0),
         listen=listen,
         listener=ListenerStats("proxy"),
-        total_timeout_seconds=total_timeout,
     )
     port = await proxy.start("127.0.0.1", 0)
     try:
@@ -419,7 +419,7 @@ async def test_stop_lets_an_answer_in_progress_finish_and_refuses_new_connection
     app.router.add_get("/gated", gated)
     async with running(app) as base:
         proxy = ShadowProxy(
-            base,
+            ShadowSettings(proxy_upstream=base),
             lambda r: "x",
             counters=IngestCounters(),
             wall_clock=FakeWallClock(0.0),

@@ -129,7 +129,12 @@ async def running(app: web.Application) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def proxy_for(upstream: str, offer: Any) -> AsyncIterator[tuple[str, ShadowProxy]]:
-    proxy = ShadowProxy(upstream, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
+    proxy = ShadowProxy(
+        ShadowSettings(proxy_upstream=upstream),
+        offer,
+        counters=IngestCounters(),
+        wall_clock=FakeWallClock(0.0),
+    )
     port = await proxy.start("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}", proxy
@@ -346,22 +351,17 @@ async def test_copy_keeps_its_category_and_the_answer_passes_byte_for_byte() -> 
         offered.append((r.category, r.body))
         return "admitted"
 
-    async with running(up.app()) as base:
-        proxy = ShadowProxy(base, offer, counters=IngestCounters(), wall_clock=FakeWallClock(0.0))
-        port = await proxy.start("127.0.0.1", 0)
-        try:
-            async with (
-                _session() as s,
-                s.post(
-                    f"http://127.0.0.1:{port}/v1/completions",
-                    json={"stream": True},
-                    headers={"X-Specwatch-Category": "code"},
-                ) as r,
-            ):
-                got = await r.read()
-            await _until_true(lambda: len(offered) == 1)
-        finally:
-            await proxy.stop()
+    async with running(up.app()) as base, proxy_for(base, offer) as (url, proxy):
+        async with (
+            _session() as s,
+            s.post(
+                f"{url}/v1/completions",
+                json={"stream": True},
+                headers={"X-Specwatch-Category": "code"},
+            ) as r,
+        ):
+            got = await r.read()
+        await _until_true(lambda: len(offered) == 1)
     assert got == b"".join(up.sse_writes)
     assert offered == [("code", {"stream": True})]
     assert proxy.counters.proxy_requests == 1

@@ -18,6 +18,7 @@ from specwatch.core.listen import ListenerStats
 from specwatch.core.logs import event_fields
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
+from specwatch.shadow.settings import ShadowSettings
 from tests.fakes import FakeWallClock
 
 #: The copy cap (8 MiB): larger than what the proxy reads before a refused connect fails the
@@ -55,11 +56,10 @@ async def _answering_upstream(reader: asyncio.StreamReader, writer: asyncio.Stre
 async def proxy_for(upstream: str) -> AsyncIterator[tuple[int, ShadowProxy]]:
     """A proxy for ``upstream`` on the test's loop with an 8 MiB cap."""
     proxy = ShadowProxy(
-        upstream,
+        ShadowSettings(proxy_upstream=upstream, proxy_max_body_bytes=CAP),
         lambda r: "admitted",
         counters=IngestCounters(),
         wall_clock=FakeWallClock(0.0),
-        max_body_bytes=CAP,
         listener=ListenerStats("proxy"),
     )
     port = await proxy.start("127.0.0.1", 0)

@@ -19,6 +19,7 @@ from specwatch.core.listen import ListenerStats, ListenLimits
 from specwatch.shadow.ingest.mirror import MirrorListener
 from specwatch.shadow.ingest.offer import IngestCounters
 from specwatch.shadow.ingest.proxy import ShadowProxy
+from specwatch.shadow.settings import ShadowSettings
 from tests.fakes import FakeWallClock
 from tests.fixture_files import body
 
@@ -98,7 +99,7 @@ async def proxy_in(
 ) -> AsyncIterator[tuple[int, ShadowProxy]]:
     """A proxy for ``upstream`` on the test's loop."""
     proxy = ShadowProxy(
-        upstream,
+        ShadowSettings(proxy_upstream=upstream),
         lambda r: "admitted",
         counters=IngestCounters(),
         wall_clock=FakeWallClock(0.0),
@@ -274,11 +275,10 @@ async def test_a_stalled_upstream_is_cut_by_the_stream_idle_timeout() -> None:
     ) -> tuple[bytes, bytes, float, Any]:
         async with serving(backend) as base:
             proxy = ShadowProxy(
-                base,
+                ShadowSettings(proxy_upstream=base, proxy_stream_idle_timeout_seconds=1.0),
                 lambda r: "admitted",
                 counters=IngestCounters(),
                 wall_clock=FakeWallClock(0.0),
-                stream_idle_timeout_seconds=1.0,
             )
             port = await proxy.start("127.0.0.1", 0)
             try:
