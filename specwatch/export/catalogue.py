@@ -638,6 +638,12 @@ SHADOW_REPLAY_RETRIES = _c(
     "byte (a reused idle connection), by arm.",
     ("arm",),
 )
+SHADOW_TOKEN_COUNT_FAILURES = _c(
+    "specwatch_shadow_token_count_failures",
+    "Replies without usage whose generated text the arm's /tokenize did not count (their "
+    "speed and decode speed are unknown), by arm and reason.",
+    ("arm", "reason"),
+)
 ARM_CATEGORY = ("arm", "category")
 SHADOW_REPLY_SPEC_STEPS = _c(
     "specwatch_shadow_reply_spec_steps",
@@ -719,6 +725,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_CANARY_OFFERED,
     SHADOW_CANARY_BAD_LINES,
     SHADOW_REPLAY_RETRIES,
+    SHADOW_TOKEN_COUNT_FAILURES,
     SHADOW_REPLY_SPEC_STEPS,
     SHADOW_REPLY_DRAFT_TOKENS,
     SHADOW_REPLY_ACCEPTED_TOKENS,

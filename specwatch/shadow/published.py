@@ -98,7 +98,9 @@ class ShadowIO:
     ``too_large`` and ``invalid_body``), ``sink_errors``, ``proxy_requests``,
     ``proxy_client_disconnects``, ``proxy_upstream_errors[reason]``,
     ``canary_offered`` and ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent
-    again after a close before any response byte), and from vLLM's per-request
+    again after a close before any response byte), ``token_count_failures[(arm, reason)]``
+    (replies without usage whose text the arm's ``/tokenize`` did not count; see
+    :mod:`specwatch.shadow.replay`), and from vLLM's per-request
     speculative-decoding metrics in the replies, by ``(arm, category)``: ``reply_spec_steps``
     (verify steps), ``reply_draft_tokens``, ``reply_accepted_tokens`` (replies without a verify
     step add nothing); by ``(arm, finish_reason)`` (``"none"`` when the reply named none):
@@ -130,6 +132,7 @@ class ShadowIO:
     canary_offered: int = 0
     canary_bad_lines: Mapping[str, int] = field(default_factory=dict)
     replay_retries: Mapping[str, int] = field(default_factory=dict)
+    token_count_failures: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_spec_steps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_draft_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_accepted_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
