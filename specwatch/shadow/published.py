@@ -184,7 +184,9 @@ class DecisionRow:
     ``speed_pairs`` requests, time to first token included); per arm, over the
     ``decode_pairs`` requests both arms streamed (from the first), ``*_decode_tokens_per_second``
     (tokens after the first ÷ seconds after the first output, summed: TTFT left out) and
-    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair;
+    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair, and
+    ``*_decode_ci_lower`` / ``*_decode_ci_upper`` the decode speed's 95 % interval
+    (:func:`~specwatch.shadow.tally.arm_decode_intervals`; ``None`` below 2 such pairs);
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the no-net-loss e-value (since start; see :class:`PairedSummary`);
     ``fly_flip_ratio`` and the noise floor
@@ -219,6 +221,10 @@ class DecisionRow:
     fly_decode_tokens_per_second: float | None = None
     standard_ttft_seconds: float | None = None
     fly_ttft_seconds: float | None = None
+    standard_decode_ci_lower: float | None = None
+    standard_decode_ci_upper: float | None = None
+    fly_decode_ci_lower: float | None = None
+    fly_decode_ci_upper: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
