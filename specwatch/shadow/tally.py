@@ -528,8 +528,12 @@ def _decode_sums(row: ArmRow) -> ArmSums:
     )
 
 
+#: The two-sided 95 % normal quantile (the decode intervals' ``z``).
+Z_95 = 1.959963984540054
+
+
 def ratio_interval(
-    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = 1.959963984540054
+    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = Z_95
 ) -> tuple[float, float] | None:
     """The two-sided interval (normal, ``z`` = 1.96: 95 %) of the ratio of sums ``R = t / s``
     over ``n`` pairs (decode tokens ÷ decode seconds), by the delta method: the variance of
@@ -557,10 +561,6 @@ def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] 
     )
     ttft = (t.standard_ttft_seconds / t.decode_pairs, t.fly_ttft_seconds / t.decode_pairs)
     return speeds, ttft
-
-
-#: The decode interval's level (two-sided): the report, the snapshot and ``/metrics`` state it.
-DECODE_INTERVAL_LEVEL = 0.95
 
 
 def arm_decode_intervals(

@@ -679,8 +679,9 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
             Verdict(
                 tau_ratio=tau_ratio,
                 throughput_ratio=speed_ratio,
-                decode_ratio=dec[0],
-                ttft_ratio=dec[1],
+                decode_ratio=dec.decode,
+                ttft_ratio=dec.ttft,
+                decode_interval=dec.decode_interval,
             )
         )
     )
