@@ -445,30 +445,17 @@ DECISION_GAUGES: dict[str, MetricSpec] = {
         "seconds after the first output (TTFT left out), summed since start.",
         DC,
     ),
-    "standard_decode_ci_lower": _g(
-        "specwatch_decision_standard_decode_ci_lower_tokens_per_second",
-        "Lower bound of the standard arm's decode speed's 95 % interval (delta method on the "
-        "ratio of sums over the streamed pairs); absent below 2 such pairs.",
-        DC,
-    ),
-    "standard_decode_ci_upper": _g(
-        "specwatch_decision_standard_decode_ci_upper_tokens_per_second",
-        "Upper bound of the standard arm's decode speed's 95 % interval (delta method on the "
-        "ratio of sums over the streamed pairs); absent below 2 such pairs.",
-        DC,
-    ),
-    "fly_decode_ci_lower": _g(
-        "specwatch_decision_fly_decode_ci_lower_tokens_per_second",
-        "Lower bound of the FLy arm's decode speed's 95 % interval (delta method on the ratio "
-        "of sums over the streamed pairs); absent below 2 such pairs.",
-        DC,
-    ),
-    "fly_decode_ci_upper": _g(
-        "specwatch_decision_fly_decode_ci_upper_tokens_per_second",
-        "Upper bound of the FLy arm's decode speed's 95 % interval (delta method on the ratio "
-        "of sums over the streamed pairs); absent below 2 such pairs.",
-        DC,
-    ),
+    **{
+        f"{arm}_decode_ci_{bound}": _g(
+            f"specwatch_decision_{arm}_decode_ci_{bound}_tokens_per_second",
+            f"{bound.capitalize()} bound of the {shown} arm's decode speed's 95 % interval "
+            "(delta method on the ratio of sums over the streamed pairs); absent below 2 such "
+            "pairs.",
+            DC,
+        )
+        for arm, shown in (("standard", "standard"), ("fly", "FLy"))
+        for bound in ("lower", "upper")
+    },
     "standard_ttft_seconds": _g(
         "specwatch_decision_standard_ttft_seconds",
         "Standard arm's mean time to the first output on replays both arms streamed.",
