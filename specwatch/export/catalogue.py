@@ -446,6 +446,17 @@ DECISION_GAUGES: dict[str, MetricSpec] = {
         "seconds after the first output (TTFT left out), summed since start.",
         DC,
     ),
+    **{
+        f"{arm}_decode_ci_{bound}": _g(
+            f"specwatch_decision_{arm}_decode_ci_{bound}_tokens_per_second",
+            f"{bound.capitalize()} bound of the {shown} arm's decode speed's 95 % interval "
+            "(delta method on the ratio of sums over the streamed pairs); absent below 2 such "
+            "pairs.",
+            DC,
+        )
+        for arm, shown in (("standard", "standard"), ("fly", "FLy"))
+        for bound in ("lower", "upper")
+    },
     "standard_ttft_seconds": _g(
         "specwatch_decision_standard_ttft_seconds",
         "Standard arm's mean time to the first output on replays both arms streamed.",
@@ -639,6 +650,12 @@ SHADOW_REPLAY_RETRIES = _c(
     "byte (a reused idle connection), by arm.",
     ("arm",),
 )
+SHADOW_TOKEN_COUNT_FAILURES = _c(
+    "specwatch_shadow_token_count_failures",
+    "Replies without usage whose generated text the arm's /tokenize did not count (their "
+    "speed and decode speed are unknown), by arm and reason.",
+    ("arm", "reason"),
+)
 ARM_CATEGORY = ("arm", "category")
 SHADOW_REPLY_SPEC_STEPS = _c(
     "specwatch_shadow_reply_spec_steps",
@@ -720,6 +737,7 @@ SHADOW_IO: tuple[MetricSpec, ...] = (
     SHADOW_CANARY_OFFERED,
     SHADOW_CANARY_BAD_LINES,
     SHADOW_REPLAY_RETRIES,
+    SHADOW_TOKEN_COUNT_FAILURES,
     SHADOW_REPLY_SPEC_STEPS,
     SHADOW_REPLY_DRAFT_TOKENS,
     SHADOW_REPLY_ACCEPTED_TOKENS,

@@ -233,6 +233,7 @@ def shadow_verdict(st: ShadowStats) -> str:
     the ledger's sums): one source for the view, ``/api/v1/snapshot``, the demo's exit line and
     the report."""
     from specwatch.shadow.verdict import (
+        DecodeRatios,
         Verdict,
         arm_ratios,
         decode_ratios,
@@ -241,12 +242,18 @@ def shadow_verdict(st: ShadowStats) -> str:
     )
 
     tau, speed = arm_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
-    dec = decode_ratios(st.arm_totals) if st.arm_totals is not None else (None, None)
+    dec = decode_ratios(st.arm_totals) if st.arm_totals is not None else DecodeRatios()
     cats = st.windows.get(SINCE_START) or next(iter(st.windows.values()), {})
     overall = cats.get(OVERALL)
     if overall is None:
         line = verdict_line(
-            Verdict(tau_ratio=tau, throughput_ratio=speed, decode_ratio=dec[0], ttft_ratio=dec[1])
+            Verdict(
+                tau_ratio=tau,
+                throughput_ratio=speed,
+                decode_ratio=dec.decode,
+                ttft_ratio=dec.ttft,
+                decode_interval=dec.decode_interval,
+            )
         )
     else:
         line = verdict_line(

@@ -365,6 +365,7 @@ def _shadow_rows(fam: _Families, state: ShadowStats) -> None:
     fam.add(cat.SHADOW_CANARY_OFFERED, (), io.canary_offered)
     fam.add_counts(cat.SHADOW_CANARY_BAD_LINES, io.canary_bad_lines)
     fam.add_counts(cat.SHADOW_REPLAY_RETRIES, io.replay_retries)
+    fam.add_counts(cat.SHADOW_TOKEN_COUNT_FAILURES, io.token_count_failures)
     fam.add_counts(cat.SHADOW_REPLY_SPEC_STEPS, io.reply_spec_steps)
     fam.add_counts(cat.SHADOW_REPLY_DRAFT_TOKENS, io.reply_draft_tokens)
     fam.add_counts(cat.SHADOW_REPLY_ACCEPTED_TOKENS, io.reply_accepted_tokens)

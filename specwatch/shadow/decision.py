@@ -34,7 +34,7 @@ from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.stats.sequential import e_value_alarm
 from specwatch.shadow.summary import Levels, categories_by_volume, summarize
 from specwatch.shadow.tally import MIN_SPEED_PAIRS as MIN_SPEED_PAIRS
-from specwatch.shadow.tally import ArmTotals, PairTally, arm_decode
+from specwatch.shadow.tally import ArmTotals, PairTally, arm_decode, arm_decode_intervals
 from specwatch.shadow.tally import arm_speeds as arm_speeds
 from specwatch.shadow.tally import arm_tau_means as arm_tau_means
 from specwatch.shadow.values import Verdict
@@ -226,6 +226,7 @@ def decision_row(
     speed, speed_why = _speed(totals)
     verdict, text, more = _verdict(s, speed, levels.alpha)
     decode = arm_decode(totals)
+    s_ci, f_ci = arm_decode_intervals(totals)
     return DecisionRow(
         category=category,
         pairs=tally.paired,
@@ -252,6 +253,10 @@ def decision_row(
         fly_decode_tokens_per_second=decode[0][1] if decode is not None else None,
         standard_ttft_seconds=decode[1][0] if decode is not None else None,
         fly_ttft_seconds=decode[1][1] if decode is not None else None,
+        standard_decode_ci_lower=s_ci[0] if s_ci is not None else None,
+        standard_decode_ci_upper=s_ci[1] if s_ci is not None else None,
+        fly_decode_ci_lower=f_ci[0] if f_ci is not None else None,
+        fly_decode_ci_upper=f_ci[1] if f_ci is not None else None,
     )
 
 

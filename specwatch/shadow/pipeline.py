@@ -669,6 +669,7 @@ class ShadowPipeline:
             canary_offered=sum(self.canary.offered.values()) if self.canary else 0,
             canary_bad_lines=dict(self.canary_load.bad_lines) if self.canary_load else {},
             replay_retries=dict(self.replayer.retries),
+            token_count_failures=dict(self.replayer.token_count_failures),
             reply_spec_steps=dict(self.spec_steps),
             reply_spec_refused=dict(self.spec_refused),
             reply_draft_tokens=dict(self.spec_drafted),

@@ -98,7 +98,9 @@ class ShadowIO:
     ``too_large`` and ``invalid_body``), ``sink_errors``, ``proxy_requests``,
     ``proxy_client_disconnects``, ``proxy_upstream_errors[reason]``,
     ``canary_offered`` and ``canary_bad_lines[reason]``, ``replay_retries[arm]`` (requests sent
-    again after a close before any response byte), and from vLLM's per-request
+    again after a close before any response byte), ``token_count_failures[(arm, reason)]``
+    (replies without usage whose text the arm's ``/tokenize`` did not count; see
+    :mod:`specwatch.shadow.replay`), and from vLLM's per-request
     speculative-decoding metrics in the replies, by ``(arm, category)``: ``reply_spec_steps``
     (verify steps), ``reply_draft_tokens``, ``reply_accepted_tokens`` (replies without a verify
     step add nothing); by ``(arm, finish_reason)`` (``"none"`` when the reply named none):
@@ -130,6 +132,7 @@ class ShadowIO:
     canary_offered: int = 0
     canary_bad_lines: Mapping[str, int] = field(default_factory=dict)
     replay_retries: Mapping[str, int] = field(default_factory=dict)
+    token_count_failures: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_spec_steps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_draft_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
     reply_accepted_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -181,7 +184,9 @@ class DecisionRow:
     ``speed_pairs`` requests, time to first token included); per arm, over the
     ``decode_pairs`` requests both arms streamed (from the first), ``*_decode_tokens_per_second``
     (tokens after the first ÷ seconds after the first output, summed: TTFT left out) and
-    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair;
+    ``*_ttft_seconds`` (mean time to the first output), ``None`` without such a pair, and
+    ``*_decode_ci_lower`` / ``*_decode_ci_upper`` the decode speed's 95 % interval
+    (:func:`~specwatch.shadow.tally.arm_decode_intervals`; ``None`` below 2 such pairs);
     ``net_loss_ratio`` with its Tango interval ``[ci_lower, ci_upper]`` (level 1 − alpha);
     ``e_value`` the no-net-loss e-value (since start; see :class:`PairedSummary`);
     ``fly_flip_ratio`` and the noise floor
@@ -216,6 +221,10 @@ class DecisionRow:
     fly_decode_tokens_per_second: float | None = None
     standard_ttft_seconds: float | None = None
     fly_ttft_seconds: float | None = None
+    standard_decode_ci_lower: float | None = None
+    standard_decode_ci_upper: float | None = None
+    fly_decode_ci_lower: float | None = None
+    fly_decode_ci_upper: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

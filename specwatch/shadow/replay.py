@@ -23,12 +23,25 @@ vLLM's handler), the request is sent once more on a fresh connection and counted
 A streamed arm's reply also records when the first and the last network read carrying generated
 output arrived (``first_token_seconds`` / ``last_token_seconds`` on the
 :class:`~specwatch.shadow.values.ArmResult`): TTFT, and the decode time after it.
+
+Completion tokens come from the reply's last ``usage``. A reply that carries none (a server that
+ignores ``stream_options.include_usage``) has its generated text counted by the same arm's
+tokenizer, vLLM's and SGLang's ``POST /tokenize`` with ``{"prompt": text,
+"add_special_tokens": false}`` (the ``count`` of the answer), after both arms answered, one arm
+after the other (at most one count in flight per pair), within
+:data:`TOKENIZE_TIMEOUT_SECONDS`. A count that fails leaves ``completion_tokens`` ``None`` (the
+pair's speed and decode speed are then unknown, never a count of SSE chunks, which carry one
+engine step, several tokens with speculative decoding) and adds one to
+:attr:`Replayer.token_count_failures` by ``(arm, reason)``: ``timeout``, ``connect``,
+``http_<status>``, ``invalid_body`` (no integer ``count``), ``not_text`` (the reply's output
+was tool calls, whose tokens the text does not give back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -38,6 +51,7 @@ from typing import Any
 import aiohttp
 
 from specwatch.core.clock import MonotonicClock
+from specwatch.core.logs import RateLimitedLog, redact_url
 from specwatch.shadow.classify import body_result, is_unsupported_parameter_message, stream_result
 from specwatch.shadow.sample import seed_from_hash
 from specwatch.shadow.sse import CompletionStreamAccumulator
@@ -45,6 +59,12 @@ from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest
 
 #: Largest arm response body read (bytes); larger answers fail the arm with ``too_large``.
 MAX_RESPONSE_BYTES = 16 << 20
+
+#: Longest wait for an arm's ``/tokenize`` answer when a reply carried no usage (seconds).
+TOKENIZE_TIMEOUT_SECONDS = 5.0
+
+#: Largest ``/tokenize`` answer read (bytes): the ids of a reply capped at ``max_tokens``.
+MAX_TOKENIZE_BYTES = 4 << 20
 
 #: Default idle keep-alive of an arm's pooled connections (seconds): below vLLM's 5 s.
 DEFAULT_KEEPALIVE_SECONDS = 4.0
@@ -141,6 +161,21 @@ def _error_message(obj: object) -> str:
 _MODEL_NOT_FOUND = re.compile(r"\bmodel\b.{0,400}\bdoes not exist", re.IGNORECASE | re.DOTALL)
 
 
+def _tokenize_count(raw: bytes) -> int | None:
+    """The ``count`` of a ``/tokenize`` answer, ``None`` when the body is not JSON with a
+    non-negative integer ``count`` (or was larger than :data:`MAX_TOKENIZE_BYTES`)."""
+    if len(raw) > MAX_TOKENIZE_BYTES:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    count = obj.get("count") if isinstance(obj, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    return None
+
+
 def client_error_kind(status: int, message: str) -> str:
     """``unsupported_parameter`` for a 400/422 whose message says a parameter is not supported
     (:func:`~specwatch.shadow.classify.is_unsupported_parameter_message`), ``bad_request`` for
@@ -184,6 +219,8 @@ class Replayer:
         self._marker = marker_header
         self._mono_clock = mono_clock
         self.retries: Counter[str] = Counter()
+        self.token_count_failures: Counter[tuple[str, str]] = Counter()
+        self._log = RateLimitedLog(logging.getLogger(__name__), mono_clock=mono_clock)
 
     def _session(self, arm: Arm) -> aiohttp.ClientSession:
         s = self._sessions
@@ -202,6 +239,9 @@ class Replayer:
         asked = [t for t in (a.standard, a.fly, a.noise, a.baseline) if t is not None]
         results = await asyncio.gather(*(self._one(t, req, seed) for t in asked))
         got = dict(zip(asked, results, strict=True))
+        for t in asked:  # one count in flight per pair
+            if got[t].ok and got[t].completion_tokens is None:
+                got[t] = await self._count_tokens(t, got[t])
         return ReplayPair(
             request=req,
             standard=got[a.standard],
@@ -239,6 +279,45 @@ class Replayer:
             return ArmResult(t.arm, False, self._mono_clock() - t0, error="timeout")
         except aiohttp.ClientError:
             return ArmResult(t.arm, False, self._mono_clock() - t0, error="connect")
+
+    async def _count_tokens(self, t: ArmTarget, result: ArmResult) -> ArmResult:
+        """``result`` with ``completion_tokens`` counted by the arm's ``/tokenize`` (see the
+        module docstring); unchanged, with the failure counted, when the count fails."""
+        if result.tool_calls:
+            self.token_count_failures[(t.arm.value, "not_text")] += 1
+            return result
+        text = (result.reasoning or "") + result.text
+        if not text:
+            return replace(result, completion_tokens=0)
+        body: dict[str, Any] = {"prompt": text, "add_special_tokens": False}
+        if t.model is not None:
+            body["model"] = t.model
+        headers = {self._marker: "1"}
+        if t.token:
+            headers["Authorization"] = f"Bearer {t.token}"
+        timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_SECONDS)
+        reason: str
+        try:
+            async with self._session(t.arm).post(
+                t.base_url + "/tokenize", json=body, headers=headers, timeout=timeout
+            ) as resp:
+                raw = await resp.content.read(MAX_TOKENIZE_BYTES + 1)
+                if resp.status != 200:
+                    reason = f"http_{resp.status}"
+                else:
+                    count = _tokenize_count(raw)
+                    if count is not None:
+                        return replace(result, completion_tokens=count)
+                    reason = "invalid_body"
+        except TimeoutError:
+            reason = "timeout"
+        except aiohttp.ClientError:
+            reason = "connect"
+        self.token_count_failures[(t.arm.value, reason)] += 1
+        self._log.warning(
+            "token_count_failed", arm=t.arm.value, reason=reason, url=redact_url(t.base_url)
+        )
+        return result
 
     async def _send(
         self, t: ArmTarget, path: str, data: bytes, headers: Mapping[str, str], t0: float

@@ -306,7 +306,11 @@ class ArmTotals:
     steps and accepted draft tokens (``standard_steps`` / ``standard_accepted``, ``fly_steps`` /
     ``fly_accepted``: τ is summed, never averaged); ``speed_pairs`` rows
     where both arms reported completion tokens and a latency, with token sums and latency sums
-    (seconds). Additive, so categories can be pooled.
+    (seconds); ``decode_pairs`` rows both arms streamed, with per arm the tokens after the
+    first ``T``, the seconds after the first output ``S`` and the time to it, summed, and the
+    spread sums ``ΣT²`` (``*_decode_tokens_sq``), ``ΣT·S`` (``*_decode_cross``) and ``ΣS²``
+    (``*_decode_seconds_sq``) the decode interval needs (:func:`arm_decode_intervals`).
+    Additive, so categories can be pooled.
     """
 
     tau_pairs: int = 0
@@ -326,6 +330,12 @@ class ArmTotals:
     fly_decode_seconds: float = 0.0
     standard_ttft_seconds: float = 0.0
     fly_ttft_seconds: float = 0.0
+    standard_decode_tokens_sq: int = 0
+    fly_decode_tokens_sq: int = 0
+    standard_decode_cross: float = 0.0
+    fly_decode_cross: float = 0.0
+    standard_decode_seconds_sq: float = 0.0
+    fly_decode_seconds_sq: float = 0.0
 
     def __add__(self, other: ArmTotals) -> ArmTotals:
         return ArmTotals(
@@ -423,6 +433,12 @@ class ArmSums:
     fly_decode_seconds: int = 0
     standard_ttft_seconds: int = 0
     fly_ttft_seconds: int = 0
+    standard_decode_tokens_sq: int = 0
+    fly_decode_tokens_sq: int = 0
+    standard_decode_cross: int = 0
+    fly_decode_cross: int = 0
+    standard_decode_seconds_sq: int = 0
+    fly_decode_seconds_sq: int = 0
 
     def __add__(self, other: ArmSums) -> ArmSums:
         return ArmSums(*map(operator.add, _arm_values(self), _arm_values(other)))
@@ -450,6 +466,12 @@ class ArmSums:
             fly_decode_seconds=self.fly_decode_seconds / FIXED_POINT,
             standard_ttft_seconds=self.standard_ttft_seconds / FIXED_POINT,
             fly_ttft_seconds=self.fly_ttft_seconds / FIXED_POINT,
+            standard_decode_tokens_sq=self.standard_decode_tokens_sq,
+            fly_decode_tokens_sq=self.fly_decode_tokens_sq,
+            standard_decode_cross=self.standard_decode_cross / FIXED_POINT,
+            fly_decode_cross=self.fly_decode_cross / FIXED_POINT,
+            standard_decode_seconds_sq=self.standard_decode_seconds_sq / FIXED_POINT,
+            fly_decode_seconds_sq=self.fly_decode_seconds_sq / FIXED_POINT,
         )
 
 
@@ -488,19 +510,30 @@ def _decode_sums(row: ArmRow) -> ArmSums:
         return ArmSums()
     if st < 2 or ft < 2 or not (sn > s1 and fn > f1):
         return ArmSums()
+    s_tok, f_tok, s_sec, f_sec = st - 1, ft - 1, sn - s1, fn - f1
     return ArmSums(
         decode_pairs=1,
-        standard_decode_tokens=st - 1,
-        fly_decode_tokens=ft - 1,
-        standard_decode_seconds=fixed(sn - s1),
-        fly_decode_seconds=fixed(fn - f1),
+        standard_decode_tokens=s_tok,
+        fly_decode_tokens=f_tok,
+        standard_decode_seconds=fixed(s_sec),
+        fly_decode_seconds=fixed(f_sec),
         standard_ttft_seconds=fixed(s1),
         fly_ttft_seconds=fixed(f1),
+        standard_decode_tokens_sq=s_tok * s_tok,
+        fly_decode_tokens_sq=f_tok * f_tok,
+        standard_decode_cross=fixed(s_tok * s_sec),
+        fly_decode_cross=fixed(f_tok * f_sec),
+        standard_decode_seconds_sq=fixed(s_sec * s_sec),
+        fly_decode_seconds_sq=fixed(f_sec * f_sec),
     )
 
 
+#: The two-sided 95 % normal quantile (the decode intervals' ``z``).
+Z_95 = 1.959963984540054
+
+
 def ratio_interval(
-    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = 1.959963984540054
+    n: int, t: float, s: float, tt: float, ts: float, ss: float, z: float = Z_95
 ) -> tuple[float, float] | None:
     """The two-sided interval (normal, ``z`` = 1.96: 95 %) of the ratio of sums ``R = t / s``
     over ``n`` pairs (decode tokens ÷ decode seconds), by the delta method: the variance of
@@ -528,6 +561,34 @@ def arm_decode(t: ArmTotals) -> tuple[tuple[float, float], tuple[float, float]] 
     )
     ttft = (t.standard_ttft_seconds / t.decode_pairs, t.fly_ttft_seconds / t.decode_pairs)
     return speeds, ttft
+
+
+def arm_decode_intervals(
+    t: ArmTotals,
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """``(standard, FLy)`` 95 % intervals of the decode tokens/s of :func:`arm_decode`, each by
+    :func:`ratio_interval` over the pairs both arms streamed (the delta method on the ratio of
+    sums); ``None`` each below 2 such pairs. The one computation the report, the decision
+    table (snapshot, view, ``/metrics``) and the verdict read."""
+    n = t.decode_pairs
+    return (
+        ratio_interval(
+            n,
+            t.standard_decode_tokens,
+            t.standard_decode_seconds,
+            t.standard_decode_tokens_sq,
+            t.standard_decode_cross,
+            t.standard_decode_seconds_sq,
+        ),
+        ratio_interval(
+            n,
+            t.fly_decode_tokens,
+            t.fly_decode_seconds,
+            t.fly_decode_tokens_sq,
+            t.fly_decode_cross,
+            t.fly_decode_seconds_sq,
+        ),
+    )
 
 
 def row_band(running: float | None, bands: Sequence[int]) -> str:

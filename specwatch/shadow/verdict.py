@@ -23,16 +23,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from specwatch.core.config import OVERALL
 from specwatch.shadow.stats.policy import NO_NET_LOSS, PagePolicy
 from specwatch.shadow.stats.power import pairs_to_decide
 from specwatch.shadow.stats.sequential import e_value_alarm
-from specwatch.shadow.tally import ArmTotals, arm_decode, arm_speeds, arm_tau_means
+from specwatch.shadow.tally import (
+    Z_95,
+    ArmTotals,
+    arm_decode,
+    arm_decode_intervals,
+    arm_speeds,
+    arm_tau_means,
+)
 
 if TYPE_CHECKING:  # annotations only
     from specwatch.shadow.published import PairedSummary
+
+
+class DecodeRatios(NamedTuple):
+    """FLy / standard on the pairs both arms streamed: ``decode`` tokens/s, mean ``ttft``, and
+    ``decode_interval`` the decode ratio's 95 % interval (``None`` each when unknown)."""
+
+    decode: float | None = None
+    ttft: float | None = None
+    decode_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +58,8 @@ class Verdict:
     ``tau_ratio``: τ FLy / τ standard; ``throughput_ratio``: FLy / standard per-request
     generation speed (equal traffic, TTFT included); ``decode_ratio`` / ``ttft_ratio``: FLy /
     standard decode tokens/s (TTFT left out) and mean TTFT on the pairs both arms streamed
-    (:func:`decode_ratios`; when known they replace the per-request speed); ``n``: labelled
+    (:func:`decode_ratios`; when known they replace the per-request speed), ``decode_interval``
+    the decode ratio's 95 % interval; ``n``: labelled
     pairs; ``net_loss``, ``ci_lower``,
     ``ci_upper``: fractions (0.035 = 3.5 pts) at ``ci_level``; ``e_value`` the since-start
     no-net-loss e-value, alarm at ``1 / alpha``; ``margin`` the non-inferiority margin (fraction);
@@ -57,6 +74,7 @@ class Verdict:
     throughput_ratio: float | None = None
     decode_ratio: float | None = None
     ttft_ratio: float | None = None
+    decode_interval: tuple[float, float] | None = None
     n: int = 0
     net_loss: float = math.nan
     ci_lower: float = math.nan
@@ -85,7 +103,7 @@ def verdict_from_summary(
     tau_ratio: float | None = None,
     throughput_ratio: float | None = None,
     declared_at: int | None = None,
-    decode: tuple[float | None, float | None] = (None, None),
+    decode: DecodeRatios | None = None,
 ) -> Verdict:
     """A :class:`Verdict` from one :class:`PairedSummary` (use the ``since_start`` overall one:
     its e-value is the anytime-valid one) and the optional speed ratios. ``declared_at``: the
@@ -95,8 +113,9 @@ def verdict_from_summary(
     return Verdict(
         tau_ratio=tau_ratio,
         throughput_ratio=throughput_ratio,
-        decode_ratio=decode[0],
-        ttft_ratio=decode[1],
+        decode_ratio=decode.decode if decode is not None else None,
+        ttft_ratio=decode.ttft if decode is not None else None,
+        decode_interval=decode.decode_interval if decode is not None else None,
         n=s.n,
         net_loss=s.net_loss_ratio,
         ci_lower=s.ci_lower,
@@ -188,7 +207,13 @@ def verdict_line(v: Verdict) -> str:
     if _finite(v.tau_ratio):
         speed.append(f"τ {change_percent(v.tau_ratio)}")
     if _finite(v.decode_ratio):
-        speed.append(f"decode tokens/s {change_percent(v.decode_ratio)}")
+        dci = v.decode_interval
+        shown = (
+            f" (95 % interval {change_percent(dci[0])} to {change_percent(dci[1])})"
+            if dci is not None
+            else ""
+        )
+        speed.append(f"decode tokens/s {change_percent(v.decode_ratio)}{shown}")
         if _finite(v.ttft_ratio):
             speed.append(f"TTFT {change_percent(v.ttft_ratio)}")
     elif _finite(v.throughput_ratio):
@@ -255,18 +280,38 @@ def per_request_speed_ratio(
     return (fly_t / fly_gap) / (std_t / std_gap)
 
 
-def decode_ratios(t: ArmTotals) -> tuple[float | None, float | None]:
-    """``(decode tokens/s ratio, TTFT ratio)`` FLy / standard over the pairs both arms
-    streamed (:func:`~specwatch.shadow.tally.arm_decode`), from the first such pair; ``None``
-    each without one (or a standard value of 0)."""
+def decode_ratios(t: ArmTotals) -> DecodeRatios:
+    """The :class:`DecodeRatios` over the pairs both arms streamed
+    (:func:`~specwatch.shadow.tally.arm_decode`), from the first such pair; ``None`` each
+    without one (or a standard value of 0). The interval, from 2 pairs on, is the delta method
+    on the log of the ratio with each arm's standard error from its own interval
+    (:func:`~specwatch.shadow.tally.arm_decode_intervals`) and the two variances added (the
+    pairing's covariance left out: the interval is wider when the arms' speeds move together
+    from request to request, as they do on the same requests)."""
     d = arm_decode(t)
     if d is None:
-        return None, None
+        return DecodeRatios()
     (s_speed, f_speed), (s_ttft, f_ttft) = d
-    return (
-        f_speed / s_speed if s_speed > 0 else None,
+    ratio = f_speed / s_speed if s_speed > 0 else None
+    return DecodeRatios(
+        ratio,
         f_ttft / s_ttft if s_ttft > 0 else None,
+        _ratio_interval(ratio, (s_speed, f_speed), arm_decode_intervals(t)),
     )
+
+
+def _ratio_interval(
+    ratio: float | None,
+    speeds: tuple[float, float],
+    intervals: tuple[tuple[float, float] | None, tuple[float, float] | None],
+) -> tuple[float, float] | None:
+    s_ci, f_ci = intervals
+    if ratio is None or ratio <= 0 or s_ci is None or f_ci is None:
+        return None
+    # each arm's relative standard error: its 95 % half-width ÷ z ÷ its speed
+    rel = [(hi - lo) / 2.0 / Z_95 / v for (lo, hi), v in zip((s_ci, f_ci), speeds, strict=True)]
+    half = Z_95 * math.hypot(*rel)
+    return ratio * math.exp(-half), ratio * math.exp(half)
 
 
 def arm_ratios(t: ArmTotals) -> tuple[float | None, float | None]:

@@ -164,6 +164,8 @@ FAULT_KEYS: dict[str, type] = {
     "completion_delay_s": float,
     "completion_error_rate": float,
     "wrong_answer_rate": float,
+    "stream_usage_ignored": bool,
+    "tokenize_error": bool,
 }
 
 
@@ -181,6 +183,8 @@ class Faults:
     completion_delay_s: float = 0.0
     completion_error_rate: float = 0.0
     wrong_answer_rate: float = 0.0
+    stream_usage_ignored: bool = False
+    tokenize_error: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -20,6 +20,10 @@ completion_error_rate      float      fraction of completions answered with HTTP
 wrong_answer_rate          float      fraction of requests whose answer the model favours is a
                                       wrong one (each digit of the gold shifted): a quality loss
                                       on this server alone, whatever its rejection sampler
+stream_usage_ignored       bool       never send streamed ``usage``, even when
+                                      ``stream_options.include_usage`` asks (a server that
+                                      ignores it)
+tokenize_error             bool       ``POST /tokenize`` answers HTTP 500
 =========================  =========  ==========================================================
 """
 

@@ -414,6 +414,8 @@ class SimServer:
         """vLLM's ``POST /tokenize`` for a text prompt or a chat (the synthetic tokenizer and
         chat rendering, no BOS unless ``add_special_tokens``; ``return_token_strs`` gives the
         vocabulary pieces)."""
+        if self.faults.tokenize_error:
+            return error_response(500, "tokenizer fault injected")
         try:
             body = await self._json_body(request)
             if not isinstance(body, dict):
@@ -495,6 +497,8 @@ class SimServer:
             )
         except APIError as exc:
             return json_reply(exc.body(), exc.status)
+        if self.faults.stream_usage_ignored:  # a server that never sends streamed usage
+            parsed.include_usage = parsed.continuous_usage = False
         rejected = self.admission_rejection()
         if rejected is not None:
             self.metrics.on_admission_rejected(rejected)

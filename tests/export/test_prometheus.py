@@ -440,7 +440,7 @@ class TestCatalogueIsTheSource:
             for fam in text_string_to_metric_families(generate_latest(reg).decode())
             for s in fam.samples
         }
-        assert len(expected) == 25
+        assert len(expected) == 26
         missing = {name: v for name, v in expected.items() if v not in exposed}
         assert not missing
 

@@ -478,6 +478,40 @@ async def test_old_ledger_without_aggregates_gets_them(
     assert _rebuilt_logs(caplog) == ["layout"]
 
 
+async def test_aggregates_of_an_older_layout_are_dropped_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Aggregate tables written before they kept the decode spread sums (their columns dropped
+    here from a filled ledger) are dropped on open and rebuilt from every row: ``history()``
+    equals the row-by-row sums, spread sums included."""
+    caplog.set_level(logging.INFO, logger="specwatch.shadow.ledger")
+    rows = [
+        dataclasses.replace(
+            r,
+            standard_tokens=10 + i % 7,
+            fly_tokens=12 + i % 5,
+            standard_first_token_seconds=0.1,
+            standard_last_token_seconds=0.3 + 0.01 * (i % 3),
+            fly_first_token_seconds=0.1,
+            fly_last_token_seconds=0.25 + 0.02 * (i % 4),
+        )
+        for i, r in enumerate(varied_rows(7, 400, now=SUMS_NOW))
+    ]
+    path = tmp_path / "older.db"
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
+        for r in rows:
+            led.submit(r)
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE pair_sums DROP COLUMN s_dsec2")
+        conn.execute("ALTER TABLE pair_cells DROP COLUMN arm_fly_decode_seconds_sq")
+    async with Ledger(path, wall_clock=FakeWallClock(SUMS_NOW)) as led:
+        left = await led.query()
+        ref = _reference_history(left, SUMS_GROUPING)
+        assert sum(c.arms.fly_decode_seconds_sq for c in ref.values()) > 0
+        assert await _history_of(led, SUMS_GROUPING) == _reference_history(left, SUMS_GROUPING)
+    assert _rebuilt_logs(caplog) == ["layout"]
+
+
 def _insert_behind(conn: sqlite3.Connection) -> None:
     # another program adds a row without touching the aggregates
     conn.execute(

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from specwatch.core.logs import log_event
 from specwatch.shadow.ledger.cells import (
     CELL_SECONDS,
+    CELLS_COLUMNS,
     CELLS_LAYOUT,
     cells_history_sync,
     cells_rebuild,
@@ -155,10 +156,11 @@ SUMS_DAY_SECONDS = 86400.0
 _DAY_SQL = f"CAST(time / {SUMS_DAY_SECONDS!r} AS INTEGER)"
 #: What ``pair_sums`` is keyed and summed by; a ledger whose stored layout differs (written by
 #: a specwatch with other tally rules or another fixed point) has its aggregates rebuilt.
-_SUMS_LAYOUT = f"v3|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}|{CELLS_LAYOUT}"
+_SUMS_LAYOUT = f"v4|{SUMS_DAY_SECONDS!r}|{FIXED_POINT!r}|{_PATTERN_SQL}|{CELLS_LAYOUT}"
 _SUM_COLUMNS = (
     *("n", "s_steps", "s_acc", "f_steps", "f_acc", "s_tok", "f_tok", "s_sec", "f_sec"),
     *("d_n", "s_dtok", "f_dtok", "s_dsec", "f_dsec", "s_ttft", "f_ttft"),
+    *("s_dtok2", "f_dtok2", "s_dts", "f_dts", "s_dsec2", "f_dsec2"),
 )
 SUMS_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pair_sums (day INTEGER NOT NULL, category TEXT NOT NULL, "
@@ -170,6 +172,9 @@ SUMS_SCHEMA = (
 #: ``pair_sums`` keys never hold NULL (NULLs never conflict in an UPSERT): a row without a
 #: running count is stored at -inf (every band condition false: band "unknown", as NULL), a
 #: row without a category under ``'None'`` (the name a NULL category is reported under).
+#: Where the decode sums start among the :class:`ArmSums` fields (they are its last ones).
+_DECODE_FIRST = [f.name for f in fields(ArmSums)].index("decode_pairs")
+
 _SUMS_KEY_SQL = (
     f"{_DAY_SQL} AS d, IFNULL(category, 'None') AS c, IFNULL(running_at_replay, -9e999) AS r, "
     f"{_PATTERN_SQL} AS k"
@@ -220,6 +225,22 @@ def _sums_stale(conn: sqlite3.Connection) -> str | None:
     return None
 
 
+def drop_outdated_aggregates(conn: sqlite3.Connection) -> list[str]:
+    """Drop ``pair_sums`` / ``pair_cells`` when a ledger written by an older specwatch stored
+    them without a column they now sum (they are derived data: created again and rebuilt from
+    the rows, their layout mark being gone). Returns the tables dropped."""
+    dropped = []
+    for table, columns in (("pair_sums", _SUM_COLUMNS), ("pair_cells", CELLS_COLUMNS)):
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if have and not set(columns) <= have:
+            conn.execute(f"DROP TABLE {table}")
+            dropped.append(table)
+    if dropped:
+        conn.execute("DELETE FROM pair_sums_meta WHERE key = 'layout'")
+        log_event(log, logging.INFO, "ledger aggregates dropped", tables=",".join(dropped))
+    return dropped
+
+
 def sums_rebuild(conn: sqlite3.Connection) -> None:
     """Recompute ``pair_sums`` and ``pair_cells`` from every row (inside the caller's
     transaction)."""
@@ -262,14 +283,10 @@ def _add_cells(
             fly_tokens=int(f_tok) if speed else 0,
             standard_seconds=int(s_sec) if speed else 0,
             fly_seconds=int(f_sec) if speed else 0,
+        ) + ArmSums(
             # the decode sums are not in the pattern code: summed per group as they are
-            decode_pairs=int(dec[0] or 0),
-            standard_decode_tokens=int(dec[1] or 0),
-            fly_decode_tokens=int(dec[2] or 0),
-            standard_decode_seconds=int(dec[3] or 0),
-            fly_decode_seconds=int(dec[4] or 0),
-            standard_ttft_seconds=int(dec[5] or 0),
-            fly_ttft_seconds=int(dec[6] or 0),
+            *(0,) * _DECODE_FIRST,
+            *(int(v or 0) for v in dec),
         )
         key = (None if b is None else int(b), str(cat), str(band))
         cell = HistoryCell(tally, arms, n)

@@ -32,6 +32,8 @@ _TALLY_COLUMNS = tuple(f.name for f in fields(PairTally))
 _ARM_COLUMNS = tuple(f"arm_{f.name}" for f in fields(ArmSums))
 _COLUMNS = ("n", *_TALLY_COLUMNS, *_ARM_COLUMNS)
 _N_TALLY = len(_TALLY_COLUMNS)
+#: The columns ``pair_cells`` sums (a stored table lacking one is dropped and rebuilt).
+CELLS_COLUMNS = _COLUMNS
 
 #: Per row of ``pairs``, what each stored column adds (in :data:`_COLUMNS` order): the row,
 #: each tally rule as 0/1, and the arm sums under their conditions (τ and seconds in fixed

@@ -39,6 +39,7 @@ from specwatch.shadow.ledger.aggregates import (
     HistoryGroup,
     HistoryGrouping,
     HistoryListener,
+    drop_outdated_aggregates,
     stored_history_sync,
     sums_rebuild,
 )
@@ -75,6 +76,9 @@ def _prepare(conn: sqlite3.Connection) -> None:
     numbered write) and add the columns an older ledger lacks."""
     for stmt in (*SCHEMA, *SUMS_SCHEMA, *CELLS_SCHEMA):
         conn.execute(stmt)
+    if drop_outdated_aggregates(conn):
+        for stmt in (*SUMS_SCHEMA, *CELLS_SCHEMA):
+            conn.execute(stmt)
     if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pairs)").fetchone()[0]:
         conn.execute("BEGIN IMMEDIATE")
         sums_rebuild(conn)

@@ -68,24 +68,36 @@ ARM_DECODE = (
     "AND standard_last_token_seconds > standard_first_token_seconds "
     "AND fly_last_token_seconds > fly_first_token_seconds"
 )
-#: What the decode sums add per row, in :class:`~specwatch.shadow.tally.ArmSums` order (the
-#: seconds still to be put in fixed point or summed as floats).
-DECODE_TERMS = (
-    "standard_tokens - 1",
-    "fly_tokens - 1",
-    "(standard_last_token_seconds - standard_first_token_seconds)",
-    "(fly_last_token_seconds - fly_first_token_seconds)",
-    "standard_first_token_seconds",
-    "fly_first_token_seconds",
+_S_TOK = "(standard_tokens - 1)"
+_F_TOK = "(fly_tokens - 1)"
+_S_SEC = "(standard_last_token_seconds - standard_first_token_seconds)"
+_F_SEC = "(fly_last_token_seconds - fly_first_token_seconds)"
+#: What the decode sums add per row, in :class:`~specwatch.shadow.tally.ArmSums` order, each
+#: with whether it is in seconds (put in fixed point, or summed as floats) or a token count.
+#: The products keep :func:`specwatch.shadow.tally.fixed`'s operation order (``T * S``, then
+#: ``* 1e9``).
+DECODE_TERMS: tuple[tuple[str, bool], ...] = (
+    (_S_TOK, False),
+    (_F_TOK, False),
+    (_S_SEC, True),
+    (_F_SEC, True),
+    ("standard_first_token_seconds", True),
+    ("fly_first_token_seconds", True),
+    (f"{_S_TOK} * {_S_TOK}", False),
+    (f"{_F_TOK} * {_F_TOK}", False),
+    (f"{_S_TOK} * {_S_SEC}", True),
+    (f"{_F_TOK} * {_F_SEC}", True),
+    (f"{_S_SEC} * {_S_SEC}", True),
+    (f"{_F_SEC} * {_F_SEC}", True),
 )
 
 
 def decode_sql(*, fixed_point: bool, when: bool = True) -> tuple[str, ...]:
-    """The seven decode expressions (count, then :data:`DECODE_TERMS`), each ``CASE WHEN
+    """The decode expressions (count, then :data:`DECODE_TERMS`), each ``CASE WHEN
     ARM_DECODE``; seconds in fixed point when ``fixed_point``; without the ``SUM``."""
     out = [f"CASE WHEN {ARM_DECODE} THEN 1 ELSE 0 END"]
-    for i, term in enumerate(DECODE_TERMS):
-        value = fixed_sql(term) if fixed_point and i >= 2 else term
+    for term, seconds in DECODE_TERMS:
+        value = fixed_sql(term) if fixed_point and seconds else term
         out.append(f"CASE WHEN {ARM_DECODE} THEN {value} ELSE 0 END")
     return tuple(out)
 

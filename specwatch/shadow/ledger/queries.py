@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from specwatch.shadow.ledger.connections import Connections
@@ -45,6 +46,11 @@ _ARM_SQL = (
 )
 
 
+#: Each :class:`ArmTotals` field's type, in field order.
+_ARM_TOTALS_KINDS: tuple[type[int] | type[float], ...] = tuple(
+    float if f.type in (float, "float") else int for f in fields(ArmTotals)
+)
+
 #: The :class:`ArmTotals` sums as plain float sums, in field order.
 _ARM_FLOAT_SQL = (
     f"SUM(CASE WHEN {ARM_TAU} THEN 1 ELSE 0 END)",
@@ -59,6 +65,13 @@ _ARM_FLOAT_SQL = (
     f"SUM(CASE WHEN {ARM_SPEED} THEN fly_latency_seconds ELSE 0 END)",
     *(f"SUM({e})" for e in decode_sql(fixed_point=False)),
 )
+
+
+def arm_totals_of(r: Sequence[Any]) -> ArmTotals:
+    """The :class:`ArmTotals` of plain sums in its field order (``NULL`` sums as 0; each value
+    as its field's type: ``int`` counts and tokens, ``float`` seconds)."""
+    values: list[Any] = [kind(v or 0) for kind, v in zip(_ARM_TOTALS_KINDS, r, strict=True)]
+    return ArmTotals(*values)
 
 
 def _arm_sums_of(r: Sequence[Any]) -> ArmSums:
@@ -132,28 +145,7 @@ class RowQueries:
         raw = await asyncio.to_thread(self._db.read, sql, params)
         if fixed_point:
             return {str(r[0]): _arm_sums_of(r[1:]).totals() for r in raw}
-        return {
-            str(r[0]): ArmTotals(
-                tau_pairs=int(r[1] or 0),
-                standard_steps=int(r[2] or 0),
-                standard_accepted=int(r[3] or 0),
-                fly_steps=int(r[4] or 0),
-                fly_accepted=int(r[5] or 0),
-                speed_pairs=int(r[6] or 0),
-                standard_tokens=int(r[7] or 0),
-                fly_tokens=int(r[8] or 0),
-                standard_seconds=float(r[9] or 0.0),
-                fly_seconds=float(r[10] or 0.0),
-                decode_pairs=int(r[11] or 0),
-                standard_decode_tokens=int(r[12] or 0),
-                fly_decode_tokens=int(r[13] or 0),
-                standard_decode_seconds=float(r[14] or 0.0),
-                fly_decode_seconds=float(r[15] or 0.0),
-                standard_ttft_seconds=float(r[16] or 0.0),
-                fly_ttft_seconds=float(r[17] or 0.0),
-            )
-            for r in raw
-        }
+        return {str(r[0]): arm_totals_of(r[1:]) for r in raw}
 
     async def reply_totals(self) -> dict[tuple[str, str], tuple[int, int, int]]:
         """``{(arm, category): (verify steps, draft tokens, accepted tokens)}`` summed over the

@@ -23,6 +23,7 @@ from specwatch.shadow.ledger.predicates import (
     TRI_COLUMNS,
     decode_sql,
 )
+from specwatch.shadow.ledger.queries import arm_totals_of
 from specwatch.shadow.tally import UNKNOWN_BAND, ArmTotals, PairTally, load_band_labels, row_tally
 
 
@@ -227,40 +228,8 @@ class ReportQueries:
             f"WHERE ({ARM_SPEED}) OR ({ARM_DECODE}) GROUP BY category"
         )
         raw = await asyncio.to_thread(self._db.read, sql, ())
-        return {
-            str(r[0]): ArmTotals(
-                speed_pairs=int(r[1]),
-                standard_tokens=int(r[2]),
-                fly_tokens=int(r[3]),
-                standard_seconds=float(r[4]),
-                fly_seconds=float(r[5]),
-                decode_pairs=int(r[6]),
-                standard_decode_tokens=int(r[7]),
-                fly_decode_tokens=int(r[8]),
-                standard_decode_seconds=float(r[9]),
-                fly_decode_seconds=float(r[10]),
-                standard_ttft_seconds=float(r[11]),
-                fly_ttft_seconds=float(r[12]),
-            )
-            for r in raw
-        }
-
-    async def decode_spread(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Per arm (standard, FLy), over the rows both arms streamed (``ARM_DECODE``), the
-        sums a ratio interval of decode tokens/s needs: ``(n, ΣT, ΣS, ΣT², ΣT·S, ΣS²)`` with
-        ``T`` the tokens after the first and ``S`` the seconds after the first output (see
-        :func:`specwatch.shadow.tally.ratio_interval`). Raises ``sqlite3.Error``."""
-        out: list[tuple[float, ...]] = []
-        for arm in ("standard", "fly"):
-            t = f"({arm}_tokens - 1)"
-            s = f"({arm}_last_token_seconds - {arm}_first_token_seconds)"
-            sql = (
-                f"SELECT COUNT(*), SUM({t}), SUM({s}), SUM({t} * {t}), SUM({t} * {s}), "
-                f"SUM({s} * {s}) FROM pairs WHERE {ARM_DECODE}"
-            )
-            ((n, *sums),) = await asyncio.to_thread(self._db.read, sql, ())
-            out.append((float(n), *(float(v or 0.0) for v in sums)))
-        return out[0], out[1]
+        # the τ fields (5) stay 0: the speed and decode sums follow in ArmTotals' field order
+        return {str(r[0]): arm_totals_of((0,) * 5 + tuple(r[1:])) for r in raw}
 
     async def report_span(self) -> ReportSpan:
         """Row count and time range of the whole ledger and of its labelled pairs

@@ -167,7 +167,6 @@ class LedgerDigest:
     stream: LabelledStream
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     replies: Mapping[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
-    decode_spread: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 def split_tallies(
@@ -209,7 +208,6 @@ class ReportData:
     tau_coverage: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     arm_totals: ArmTotals = field(default_factory=ArmTotals)
     lossless: LosslessCheck | None = None
-    decode_spread: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 def _ints(a: npt.NDArray[np.int64]) -> tuple[int, ...]:
@@ -352,13 +350,11 @@ async def read_ledger(
                 dict[str, ArmTotals],
                 dict[tuple[str, str], int],
                 dict[tuple[str, str], tuple[int, int, int]],
-                tuple[tuple[float, ...], tuple[float, ...]],
             ]:
                 return (
                     await third.report_arm_totals("speed"),
                     await third.reason_counts(),
                     await third.reply_totals(),
-                    await third.decode_spread(),
                 )
 
             async def tau_part() -> tuple[
@@ -369,7 +365,7 @@ async def read_ledger(
             (
                 (span, count, width, stream),
                 (tau, coverage),
-                (speeds, reasons, replies, spread),
+                (speeds, reasons, replies),
             ) = await asyncio.gather(streamed(), tau_part(), speed())
             tallies, load_tallies = split_tallies(stream.tallies())
             totals = {
@@ -388,7 +384,6 @@ async def read_ledger(
                 stream=stream.labelled(),
                 tau_coverage=coverage,
                 replies=replies,
-                decode_spread=spread,
             )
         finally:
             for ledger in opened:
@@ -475,7 +470,6 @@ def build_report(
         tau_coverage=dict(digest.tau_coverage),
         arm_totals=sum(digest.totals.values(), ArmTotals()),
         lossless=lossless,
-        decode_spread=digest.decode_spread,
     )
 
 

@@ -28,7 +28,7 @@ from specwatch.shadow.decision import (
     tau_coverage_by_category,
 )
 from specwatch.shadow.published import PairedSummary
-from specwatch.shadow.tally import ArmTotals, arm_decode, ratio_interval
+from specwatch.shadow.tally import ArmTotals, arm_decode, arm_decode_intervals
 from specwatch.shadow.verdict import (
     Verdict,
     arm_ratios,
@@ -316,21 +316,23 @@ def _category_row(cat: str, s: PairedSummary, margin: float, first_alarm: int | 
     return f'<tr data-category="{html.escape(cat)}">' + "".join(cells) + "</tr>"
 
 
-def _decode_interval(spread: tuple[float, ...] | None) -> str:
-    """`` (95 % interval a to b)`` of one arm's decode tokens/s from its spread sums, or the
-    reason there is none."""
-    if spread is None:
-        return ""
-    n, *sums = spread
-    ci = ratio_interval(int(n), *sums)
+def _decode_interval(ci: tuple[float, float] | None) -> str:
+    """`` (95 % interval a to b)`` of one arm's decode tokens/s
+    (:func:`~specwatch.shadow.tally.arm_decode_intervals`), or the reason there is none."""
     if ci is None:
         return " (95 % interval: needs 2 streamed pairs)"
     return f" (95 % interval {ci[0]:,.1f} to {ci[1]:,.1f})"
 
 
-def _speed_parts(
-    t: ArmTotals, spread: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-) -> str:
+def _interval_attrs(arm: str, ci: tuple[float, float] | None) -> str:
+    """The ``data-ARM-lower`` / ``data-ARM-upper`` attributes of a decode interval (none
+    without one)."""
+    if ci is None:
+        return ""
+    return f" data-{arm}-lower='{ci[0]!r}' data-{arm}-upper='{ci[1]!r}'"
+
+
+def _speed_parts(t: ArmTotals) -> str:
     """The verdict's τ and speed parts per arm, from the ledger's per-pair values
     (:func:`~specwatch.shadow.decision.arm_tau_means` and
     :func:`~specwatch.shadow.decision.arm_speeds`, the decision table's functions)."""
@@ -368,12 +370,14 @@ def _speed_parts(
         )
     else:
         (s_tps, f_tps), (s_ttft, f_ttft) = dec
+        s_ci, f_ci = arm_decode_intervals(t)
         decode = (
             f"<span data-field='decode' data-standard='{s_tps:.6g}' data-fly='{f_tps:.6g}' "
-            f"data-standard-ttft='{s_ttft:.6g}' data-fly-ttft='{f_ttft:.6g}'>"
+            f"data-standard-ttft='{s_ttft:.6g}' data-fly-ttft='{f_ttft:.6g}'"
+            f"{_interval_attrs('standard', s_ci)}{_interval_attrs('fly', f_ci)}>"
             f"Decode (tokens after the first ÷ seconds after the first output): standard "
-            f"{s_tps:,.1f} tok/s{_decode_interval(spread[0] if spread else None)}, FLy "
-            f"{f_tps:,.1f} tok/s{_decode_interval(spread[1] if spread else None)} "
+            f"{s_tps:,.1f} tok/s{_decode_interval(s_ci)}, FLy "
+            f"{f_tps:,.1f} tok/s{_decode_interval(f_ci)} "
             f"({change_percent(f_tps / s_tps)}); "
             f"TTFT standard {s_ttft:.3g} s, FLy {f_ttft:.3g} s "
             f"({change_percent(f_ttft / s_ttft if s_ttft > 0 else None)}) over "
@@ -675,8 +679,9 @@ def render_html(data: ReportData, plots: Sequence[str] = PLOTS) -> str:
             Verdict(
                 tau_ratio=tau_ratio,
                 throughput_ratio=speed_ratio,
-                decode_ratio=dec[0],
-                ttft_ratio=dec[1],
+                decode_ratio=dec.decode,
+                ttft_ratio=dec.ttft,
+                decode_interval=dec.decode_interval,
             )
         )
     )
@@ -692,7 +697,7 @@ from {_when(data.first_time)} to {_when(data.last_time)}. α = {st.alpha:g},
 non-inferiority margin {st.margin:g} (in accuracy points: {100 * st.margin:g}),
 intervals at {1 - st.alpha:.0%}.</p>
 <p class="verdict-line" data-field="verdict">{html.escape(verdict_text)}</p>
-{_speed_parts(data.arm_totals, data.decode_spread)}
+{_speed_parts(data.arm_totals)}
 {verdict}
 <h2>Per category</h2>
 <p>Labelled pairs only (both arms answered, gold known). lost = standard right and FLy wrong;

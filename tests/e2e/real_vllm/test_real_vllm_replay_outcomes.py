@@ -9,6 +9,7 @@ The text is random (random weights), so shapes and outcomes are asserted, not te
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -82,3 +83,37 @@ async def test_real_n_two_is_excluded(
     out = await _replay(vllm_nospec_server, vllm_spec_server, "/v1/completions", body, 4)
     assert (out.status, out.reason) == ("excluded", "multiple_choices")
     assert (out.standard.correct, out.fly.correct) == (None, None)
+
+
+async def test_real_tokenize_counts_a_reply_sent_without_usage(
+    vllm_nospec_server: VllmServer, vllm_spec_server: VllmServer
+) -> None:
+    """The count the replayer asks for when a reply carries no usage: the FLy arm's streamed
+    reply with its usage taken away is counted by that arm's own ``POST /tokenize``
+    (``{"prompt": text, "add_special_tokens": false, "model": ...}``), which real vLLM accepts.
+    Random weights: the text need not tokenize back to the same ids, so the count is checked
+    to be there and to fit the reply (1 to 2 × its usage count), with no failure counted."""
+    std, fly = vllm_nospec_server, vllm_spec_server
+    body = {"model": std.model, "prompt": "What is 17 + 25?", "temperature": 0, "max_tokens": 8}
+    req = ShadowRequest(
+        "/v1/completions", body, request_hash("/v1/completions", body), 0.0, Source.CANARY
+    )
+    target = ArmTarget(Arm.FLY, fly.url, 120.0, stream=True, model=fly.model)
+    async with aiohttp.ClientSession() as session:
+        r = Replayer(
+            session,
+            standard=ArmTarget(Arm.STANDARD, std.url, 120.0),
+            fly=target,
+            noise=None,
+            max_tokens_cap=8,
+            marker_header="X-Specwatch-Shadow",
+            mono_clock=SYSTEM_MONOTONIC,
+        )
+        pair = await r.replay(req)
+        usage = pair.fly.completion_tokens
+        assert pair.fly.ok
+        assert usage == 8
+        counted = await r._count_tokens(target, replace(pair.fly, completion_tokens=None))
+    assert dict(r.token_count_failures) == {}
+    assert counted.completion_tokens is not None
+    assert 1 <= counted.completion_tokens <= 2 * usage
