@@ -102,9 +102,7 @@ async def test_real_tokenize_counts_a_reply_sent_without_usage(
     async with aiohttp.ClientSession() as session:
         r = Replayer(
             session,
-            standard=ArmTarget(Arm.STANDARD, std.url, 120.0),
-            fly=target,
-            noise=None,
+            ReplayArms(standard=ArmTarget(Arm.STANDARD, std.url, 120.0), fly=target),
             max_tokens_cap=8,
             marker_header="X-Specwatch-Shadow",
             mono_clock=SYSTEM_MONOTONIC,
