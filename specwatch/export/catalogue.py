@@ -885,6 +885,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "status": "3: paired, unpaired, excluded",
     "alertname": "the detectors' alerts (fixed in code)",
     "severity": "the detectors' severities (fixed in code)",
+    "cause": "specwatch.alerts.causes.CAUSES plus undetermined (fixed in code)",
     "listener": "3: main, proxy, simulator",
     "peer": "the configured Alertmanager URLs (alerting.urls)",
 }
