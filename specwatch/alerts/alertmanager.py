@@ -22,8 +22,8 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
   resolves that end in its future (alerts hang on). Compensating rather than refusing keeps
   alerts flowing while the clock is wrong; an offset over :data:`CLOCK_WARN_SECONDS` is logged
   (once per peer until it comes back) and exported.
-* Delivery is known to work, not assumed: a peer with nothing to send for ``resend_interval``
-  gets an empty array posted (Alertmanager answers it like any post, credentials and TLS
+* Delivery is known to work, not assumed: a peer posted nothing for ``resend_interval`` gets
+  an empty array posted (Alertmanager answers it like any post, credentials and TLS
   included), and :meth:`AlertSender.delivering` is true while some peer acknowledged a post within
   :func:`delivery_window`. The sidecar exports it (``specwatch_alertmanager_delivering``) and the
   mixin's rules with the sidecar's alert names fire only unless it is 1: one loss, one page,
@@ -399,6 +399,7 @@ class _Peer:
     clock_warned: bool = False
     compensating: bool = False
     last_ack_at: float | None = None
+    last_post_at: float | None = None
 
     @property
     def label(self) -> str:
@@ -522,9 +523,10 @@ class AlertSender:
 
     async def _flush_one(self, peer: _Peer, now: float) -> None:
         pending = peer.outbox.peek()
-        last = peer.last_ack_at
+        last = peer.last_post_at
         if not pending and last is not None and now - last < self._settings.resend_interval:
-            return  # nothing to send and delivery shown recently: no heartbeat yet
+            return  # nothing to send, and the last post (or heartbeat) is recent
+        peer.last_post_at = now
         endpoint = f"{peer.url}/api/v2/alerts"
         try:
             # One flush never outlasts an evaluation interval, so an unreachable Alertmanager

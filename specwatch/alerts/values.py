@@ -70,7 +70,11 @@ STATE_ERROR_REASONS: tuple[str, ...] = ("read", "corrupt", "too_old", "write")
 
 #: The alerts whose sidecar findings carry a ``cause`` label the mixin's rules take over
 #: (``specwatch_alert_cause``).
-CAUSE_ALERTS: tuple[str, ...] = ("SpecAcceptanceDrop", "SpecAcceptanceDecay", "SpecBudgetStarvation")
+CAUSE_ALERTS: tuple[str, ...] = (
+    "SpecAcceptanceDrop",
+    "SpecAcceptanceDecay",
+    "SpecBudgetStarvation",
+)
 
 
 @dataclass(frozen=True, slots=True)
