@@ -780,6 +780,7 @@ class TestAgreementWithSpecwatch:
         text = (BASE / "config.yaml").read_text(encoding="utf-8")
         names = set(re.findall(r"SPECWATCH_ALERTING__[A-Z_]+", text))
         assert names == {
+            "SPECWATCH_ALERTING__URLS",  # the overlay's way to set the address
             "SPECWATCH_ALERTING__BEARER_TOKEN",
             "SPECWATCH_ALERTING__BASIC_USERNAME",
             "SPECWATCH_ALERTING__BASIC_PASSWORD",
