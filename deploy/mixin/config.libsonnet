@@ -33,4 +33,17 @@
     'app.kubernetes.io/name': 'specwatch',
     'app.kubernetes.io/component': 'alerting',
   },
+  // One loss, one page. The sidecar pushes its own alerts to Alertmanager under the same names
+  // as these rules. Every alert here except rulesOnlyAlerts fires only unless a sidecar in
+  // its groupLabels (cluster, namespace) exports specwatch_alertmanager_delivering == 1 (an
+  // Alertmanager acknowledged its posts lately): while the push works it pages alone; when it
+  // fails, is not configured (alerting.urls empty) or the sidecar is gone, the rules page.
+  rulesOnlyAlerts: ['SpecQualityDriftFleet'],
+  // The rules that copy the sidecar's `cause` label (specwatch_alert_cause), each with the labels
+  // its series share with the sidecar's besides groupLabels; without that gauge, cause="unknown".
+  causeJoinLabels: {
+    SpecAcceptanceDrop: 'role',
+    SpecAcceptanceDecay: 'role',
+    SpecBudgetStarvation: 'job, instance, target, role',
+  },
 }

@@ -56,6 +56,38 @@ local withRunbook(rule, pattern) =
     rule { annotations+: { runbook_url: pattern % std.asciiLower(rule.alert) } }
   else rule;
 
+local series(name, matchers, selector) =
+  local all = [m for m in matchers + [selector] if m != ''];
+  if all == [] then name else name + '{' + std.join(', ', all) + '}';
+
+// SpecX's expression with the sidecar's cause label for the same series (specwatch_alert_cause,
+// one series kept per join group), or cause="unknown" where the sidecar names none.
+local withCause(rule, config) =
+  if std.objectHas(rule, 'alert') && std.objectHas(config.causeJoinLabels, rule.alert) then
+    local on = config.groupLabels + ', ' + config.causeJoinLabels[rule.alert];
+    local cause = series('specwatch_alert_cause', ['alertname="%s"' % rule.alert],
+                         config.specwatchSelector);
+    rule {
+      expr: '(\n' + rule.expr + ')\n* on (%s) group_left (cause)\n' % on
+            + 'topk by (%s) (1, max by (%s, cause) (%s))\n' % [on, on, cause]
+            + 'or ignoring (cause)\nlabel_replace(\n' + rule.expr + ', "cause", "unknown", "", "")\n',
+      annotations+: {
+        description: rule.annotations.description + ' Cause named by the specwatch sidecar: '
+                     + '{{ $labels.cause }} (unknown: no sidecar names one; see the runbook).',
+      },
+    }
+  else rule;
+
+// An alert the sidecar also pushes fires only unless its push works (see config.libsonnet).
+local backstop(rule, config) =
+  if std.objectHas(rule, 'alert') && !std.member(config.rulesOnlyAlerts, rule.alert) then
+    local ok = series('specwatch_alertmanager_delivering', [], config.specwatchSelector);
+    rule {
+      expr: '(\n' + rule.expr + ')\nunless on (%s) (max by (%s) (%s) == 1)\n'
+                                 % [config.groupLabels, config.groupLabels, ok],
+    }
+  else rule;
+
 {
   // jsonnet >= 0.20 (std.trim is the marker): 0.18, Debian 12's, cannot read the templates'
   // multi-line YAML strings with std.parseYaml; say so rather than fail inside it
@@ -79,7 +111,12 @@ local withRunbook(rule, pattern) =
 
   prometheusAlerts+:: {
     groups+: [
-      g { rules: [withRunbook(r, $._config.runbookURLPattern) for r in g.rules] }
+      g {
+        rules: [
+          withRunbook(backstop(withCause(r, $._config), $._config), $._config.runbookURLPattern)
+          for r in g.rules
+        ],
+      }
       for g in pure
       if isAlertGroup(g)
     ],

@@ -22,6 +22,12 @@ Contract followed (prometheus.io ``docs/alerting/clients``, Prometheus' notifier
   resolves that end in its future (alerts hang on). Compensating rather than refusing keeps
   alerts flowing while the clock is wrong; an offset over :data:`CLOCK_WARN_SECONDS` is logged
   (once per peer until it comes back) and exported.
+* Delivery is known to work, not assumed: a peer posted nothing for ``resend_interval`` gets
+  an empty array posted (Alertmanager answers it like any post, credentials and TLS
+  included), and :meth:`AlertSender.delivering` is true while some peer acknowledged a post within
+  :func:`delivery_window`. The sidecar exports it (``specwatch_alertmanager_delivering``) and the
+  mixin's rules with the sidecar's alert names fire only unless it is 1: one loss, one page,
+  and the rules page when this path is broken.
 * Label names are sanitised to ``[a-zA-Z_][a-zA-Z0-9_]*`` under stable names, and an empty
   value is dropped only where that merges no two alerts
   (:func:`~specwatch.alerts.alert.keep_distinct`).
@@ -89,6 +95,7 @@ __all__ = [
     "build_payload",
     "build_ssl_context",
     "date_offset",
+    "delivery_window",
 ]
 
 log = logging.getLogger("specwatch.alerts.alertmanager")
@@ -167,6 +174,13 @@ def date_offset(date_header: str | None, sent_at: float, received_at: float) -> 
     if when.tzinfo is None:
         return None
     return when.timestamp() + 0.5 - (sent_at + received_at) / 2
+
+
+def delivery_window(settings: AlertingSettings) -> float:
+    """Seconds after an acknowledged post that delivery still counts as working: two resend
+    intervals (one missed heartbeat or resend tolerated; the evaluation interval when longer)
+    plus the send timeout."""
+    return 2 * max(settings.resend_interval, settings.evaluation_interval) + settings.timeout
 
 
 @dataclass(slots=True)
@@ -384,6 +398,8 @@ class _Peer:
     clock_offset: float | None = None
     clock_warned: bool = False
     compensating: bool = False
+    last_ack_at: float | None = None
+    last_post_at: float | None = None
 
     @property
     def label(self) -> str:
@@ -473,6 +489,15 @@ class AlertSender:
         """Each Alertmanager's state now, in the order of ``alerting.urls``."""
         return tuple(p.state() for p in self._peers)
 
+    def delivering(self, now: float) -> bool:
+        """Whether some Alertmanager acknowledged a post (alerts or the empty heartbeat) within
+        :func:`delivery_window` of ``now`` and its last send succeeded."""
+        window = delivery_window(self._settings)
+        return any(
+            p.last_send_ok and p.last_ack_at is not None and now - p.last_ack_at <= window
+            for p in self._peers
+        )
+
     def enqueue(self, deliveries: Sequence[Delivery]) -> None:
         for peer in self._peers:
             dropped = peer.outbox.add(deliveries)
@@ -498,8 +523,10 @@ class AlertSender:
 
     async def _flush_one(self, peer: _Peer, now: float) -> None:
         pending = peer.outbox.peek()
-        if not pending:
-            return
+        last = peer.last_post_at
+        if not pending and last is not None and now - last < self._settings.resend_interval:
+            return  # nothing to send, and the last post (or heartbeat) is recent
+        peer.last_post_at = now
         endpoint = f"{peer.url}/api/v2/alerts"
         try:
             # One flush never outlasts an evaluation interval, so an unreachable Alertmanager
@@ -578,6 +605,7 @@ class AlertSender:
                 if resp.status < 300:
                     peer.sent_alerts += len(body)
                     peer.last_send_ok = True
+                    peer.last_ack_at = self._wall_clock()
                     return "ok"
                 text = (await resp.text())[:200]
                 reason = "http_4xx" if 400 <= resp.status < 500 else "http_5xx"
@@ -676,6 +704,7 @@ class AlertLoop:
             firing=self._active.firing(),
             peers=self._sender.peers(),
             state_errors=dict(self._state_errors),
+            delivering=self._sender.delivering(self._wall_clock()),
         )
         if self._on_state is not None:
             self._on_state(self._state)

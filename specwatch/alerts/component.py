@@ -23,26 +23,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from specwatch.alerts.alert import Alert
+from specwatch.alerts.alert import Alert, AlertKey
 from specwatch.alerts.alertmanager import AlertLoop
 from specwatch.alerts.pending import Detector
 from specwatch.alerts.saved import SavedAlerts, dump, load, read_text, write_atomic
 from specwatch.alerts.settings import AlertingSettings, DetectSettings
-from specwatch.alerts.values import STATE_ERROR_REASONS, AlertingState
+from specwatch.alerts.values import (
+    CAUSE_ALERTS,
+    STATE_ERROR_REASONS,
+    AlertCause,
+    AlertingState,
+)
 from specwatch.core.clock import SYSTEM_WALL, WallClock
 from specwatch.core.config import SINCE_START
 from specwatch.core.logs import log_event
 from specwatch.observe.values import ObserveView
 from specwatch.shadow.published import ShadowStats
 
-__all__ = ["AlertInputs", "AlertingComponent", "missing_windows"]
+__all__ = ["AlertInputs", "AlertingComponent", "held_causes", "missing_windows"]
 
 logger = logging.getLogger("specwatch.alerts.alertmanager")
 
@@ -62,6 +68,23 @@ def missing_windows(detect: DetectSettings, windows: Sequence[str]) -> dict[str,
     kept = {*windows, SINCE_START}
     fields = ("acceptance_short_window", "rate_window", "fly_gain_window")
     return {f: getattr(detect, f) for f in fields if getattr(detect, f) not in kept}
+
+
+def held_causes(held: Iterable[AlertKey]) -> tuple[AlertCause, ...]:
+    """The ``cause`` of every :data:`~specwatch.alerts.values.CAUSE_ALERTS` finding the ``for``
+    timers hold (pending or firing), one per alert and target: its cause, or ``undetermined``
+    where the target's findings of that alert name different causes; sorted."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for key in held:
+        labels = dict(key)
+        name, cause = labels.get("alertname", ""), labels.get("cause")
+        if name in CAUSE_ALERTS and cause:
+            where = (name, labels.get("target", ""), labels.get("role", ""))
+            found.setdefault(where, set()).add(cause)
+    return tuple(
+        AlertCause(name, target, role, next(iter(c)) if len(c) == 1 else "undetermined")
+        for (name, target, role), c in sorted(found.items())
+    )
 
 
 class AlertingComponent:
@@ -126,6 +149,7 @@ class AlertingComponent:
         return self.detector.evaluate(observe, shadow, self._wall_clock())
 
     def _on_state(self, state: AlertingState) -> None:
+        state = dataclasses.replace(state, causes=held_causes(self.detector.tracker.export()))
         changed = state != self._state
         self._state = state
         if changed and self._on_state_cb is not None:

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ALERT_NAMES",
+    "CAUSE_ALERTS",
     "RULES_ONLY_ALERTS",
     "SEND_ERROR_REASONS",
     "STATE_ERROR_REASONS",
+    "AlertCause",
     "AlertingState",
     "FiringAlert",
     "PeerState",
@@ -66,6 +68,26 @@ SEND_ERROR_REASONS: tuple[str, ...] = (
 STATE_ERROR_REASONS: tuple[str, ...] = ("read", "corrupt", "too_old", "write")
 
 
+#: The alerts whose sidecar findings carry a ``cause`` label the mixin's rules take over
+#: (``specwatch_alert_cause``).
+CAUSE_ALERTS: tuple[str, ...] = (
+    "SpecAcceptanceDrop",
+    "SpecAcceptanceDecay",
+    "SpecBudgetStarvation",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertCause:
+    """The cause the detectors name for one target's alert (``undetermined`` while several
+    remain; where several findings of one alert and target disagree, ``undetermined`` too)."""
+
+    alertname: str
+    target: str
+    role: str
+    cause: str
+
+
 @dataclass(frozen=True, slots=True)
 class FiringAlert:
     """An active alert as the ``specwatch_alert_firing`` gauge shows it."""
@@ -95,11 +117,16 @@ class PeerState:
 @dataclass(frozen=True, slots=True)
 class AlertingState:
     """What the alert loop publishes (one immutable value, swapped per tick); ``peers`` in the
-    order of ``alerting.urls``."""
+    order of ``alerting.urls``; ``delivering``: some Alertmanager acknowledged a post recently
+    (:meth:`specwatch.alerts.alertmanager.AlertSender.delivering`); ``causes``: for each target
+    and cause-bearing alert the detectors hold (pending or firing), the cause they name
+    (:data:`CAUSE_ALERTS`)."""
 
     firing: tuple[FiringAlert, ...] = ()
     peers: tuple[PeerState, ...] = ()
     state_errors: Mapping[str, int] = field(default_factory=dict)
+    delivering: bool = False
+    causes: tuple[AlertCause, ...] = ()
 
     @property
     def send_errors(self) -> dict[str, int]:

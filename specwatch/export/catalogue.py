@@ -817,6 +817,19 @@ ALERTMANAGER_CLOCK_OFFSET = _g(
     "This Alertmanager's clock minus specwatch's, from the Date header of its last answer.",
     ("peer",),
 )
+ALERTMANAGER_DELIVERING = _g(
+    "specwatch_alertmanager_delivering",
+    "1 while an Alertmanager acknowledged one of this sidecar's posts (alerts or the empty "
+    "heartbeat) within 2 x max(resend_interval, evaluation_interval) + timeout, else 0 (and with "
+    "no alerting.urls); the mixin's rules named like the sidecar's alerts fire unless it is 1.",
+    (),
+)
+ALERT_CAUSE = _g(
+    "specwatch_alert_cause",
+    "1 for the cause the detectors name for a target's acceptance or budget alert while it is "
+    "pending or firing (undetermined: several remain); the mixin's rules copy its cause label.",
+    ("alertname", "target", "role", "cause"),
+)
 
 ALERT_STATE_ERRORS = _c(
     "specwatch_alert_state_errors",
@@ -833,6 +846,8 @@ ALERTS: tuple[MetricSpec, ...] = (
     ALERTMANAGER_LAST_SEND_SUCCESS,
     ALERTMANAGER_LAST_ERROR,
     ALERTMANAGER_CLOCK_OFFSET,
+    ALERTMANAGER_DELIVERING,
+    ALERT_CAUSE,
     ALERT_STATE_ERRORS,
 )
 
@@ -889,6 +904,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "status": "3: paired, unpaired, excluded",
     "alertname": "the detectors' alerts (fixed in code)",
     "severity": "the detectors' severities (fixed in code)",
+    "cause": "specwatch.alerts.causes.CAUSES plus undetermined (fixed in code)",
     "listener": "3: main, proxy, simulator",
     "peer": "the configured Alertmanager URLs (alerting.urls)",
 }

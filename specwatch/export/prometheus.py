@@ -417,7 +417,8 @@ class AlertsCollector(Collector):
     ``specwatch_alert_firing`` 1 per active alert (its identifying labels, no external labels),
     per configured Alertmanager (``peer``, its redacted URL) the accepted alerts, failed sends
     by reason (the known reasons from 0), the outbox depth, whether the last send succeeded,
-    when the last one failed and its clock offset; and
+    when the last one failed and its clock offset; whether delivery works
+    (``specwatch_alertmanager_delivering``), the cause held per target and alert; and
     ``specwatch_alert_state_errors_total{reason}`` (the known reasons from 0)."""
 
     def __init__(self, get_state: Callable[[], AlertingState]) -> None:
@@ -441,6 +442,9 @@ class AlertsCollector(Collector):
             fam.add(cat.ALERTMANAGER_LAST_SEND_SUCCESS, (peer.peer,), peer.last_send_ok)
             fam.add(cat.ALERTMANAGER_LAST_ERROR, (peer.peer,), peer.last_error_at)
             fam.add(cat.ALERTMANAGER_CLOCK_OFFSET, (peer.peer,), peer.clock_offset)
+        fam.add(cat.ALERTMANAGER_DELIVERING, (), state.delivering)
+        for c in state.causes:
+            fam.add(cat.ALERT_CAUSE, (c.alertname, c.target, c.role, c.cause), 1)
         fam.add_counts(cat.ALERT_STATE_ERRORS, state.state_errors, STATE_ERROR_REASONS)
         yield from fam.families(keep_empty=True)
 

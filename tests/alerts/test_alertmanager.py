@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import formatdate
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -37,18 +37,21 @@ from specwatch.alerts.alert import (
 from specwatch.alerts.alertmanager import (
     ActiveAlerts,
     AlertLoop,
+    AlertSender,
     Delivery,
     Outbox,
     build_payload,
     build_ssl_context,
     date_offset,
+    delivery_window,
 )
+from specwatch.alerts.component import held_causes
 from specwatch.alerts.settings import AlertingSettings, TLSSettings
-from specwatch.alerts.values import AlertingState, PeerState
+from specwatch.alerts.values import AlertCause, AlertingState, PeerState
 from specwatch.core.clock import format_rfc3339
 from specwatch.export.json import alerts_json
 from specwatch.export.prometheus import AlertsCollector
-from tests.fakes import FakeWallClock
+from tests.fakes import WALL_START, FakeWallClock
 
 
 @dataclass
@@ -878,3 +881,117 @@ class TestClockOffset:
         assert offset == pytest.approx(-359.5)
         assert date_offset("", 0.0, 0.0) is None
         assert date_offset("not a date", 0.0, 0.0) is None
+
+
+class TestDelivering:
+    async def test_heartbeat_shows_delivery_while_nothing_fires(
+        self, fake_am: tuple[FakeAM, str]
+    ) -> None:
+        """With nothing firing the loop posts an empty array on its first tick and then once per
+        resend interval (60 s here, ticks every 15 s); ``delivering`` holds while the last
+        acknowledged post is within 2 x 60 + timeout seconds, and turns false at once when a post
+        fails (500, one attempt)."""
+        am, url = fake_am
+        clock, sleeps = FakeWallClock(), Sleeps()
+        loop, session = await _loop(url, [], clock, sleeps, max_attempts=1, timeout=5.0)
+        async with session:
+            assert not loop.state.delivering  # nothing acknowledged yet
+            await loop.tick()
+            assert [body for _, body in am.requests] == [[]]
+            assert loop.state.delivering
+            for _ in range(3):  # 15, 30, 45 s: no second heartbeat within 60 s
+                clock.advance(15)
+                await loop.tick()
+            assert len(am.requests) == 1
+            assert loop.state.delivering
+            clock.advance(15)  # 60 s: the second heartbeat
+            await loop.tick()
+            assert [body for _, body in am.requests] == [[], []]
+            am.statuses = [500]
+            clock.advance(60)
+            await loop.tick()
+            assert len(am.requests) == 3
+            assert not loop.state.delivering  # the last send failed
+            assert loop.state.send_errors["http_5xx"] == 1
+
+    async def test_delivery_goes_stale_without_an_answer(self, fake_am: tuple[FakeAM, str]) -> None:
+        """An acknowledged heartbeat counts for 2 x max(resend 60, eval 15) + timeout 5 = 125 s:
+        a sidecar whose posts stop (its loop stuck, nothing posted) is no longer delivering
+        after that, with no failed post needed to say so."""
+        am, url = fake_am
+        clock = FakeWallClock()
+        settings = AlertingSettings(
+            urls=[url], resend_interval=60, evaluation_interval=15, timeout=5.0
+        )
+        assert delivery_window(settings) == 125.0
+        async with aiohttp.ClientSession() as session:
+            sender = AlertSender(settings, session, wall_clock=clock)
+            await sender.flush(clock())
+        assert [body for _, body in am.requests] == [[]]
+        assert sender.delivering(clock() + 125.0)
+        assert not sender.delivering(clock() + 125.5)
+
+    def test_no_urls_never_delivering(self) -> None:
+        """Without ``alerting.urls`` nothing is posted and ``delivering`` stays false, so the
+        rules named like the sidecar's alerts page."""
+        sender = AlertSender(AlertingSettings(), cast(aiohttp.ClientSession, None))
+        assert sender.delivering(WALL_START) is False
+
+
+class TestHeldCauses:
+    def test_one_cause_per_alert_and_target(self) -> None:
+        """The cause of each held cause-bearing finding, one per (alert, target): two findings
+        of one target that agree give their cause, that disagree give ``undetermined``; an
+        alert without a cause label or not cause-bearing gives none."""
+        keys = [
+            alert_key(
+                {
+                    "alertname": "SpecAcceptanceDrop",
+                    "target": "fly",
+                    "role": "fly",
+                    "scope": "server",
+                    "cause": "drafter_context_limit",
+                }
+            ),
+            alert_key(
+                {
+                    "alertname": "SpecAcceptanceDrop",
+                    "target": "fly",
+                    "role": "fly",
+                    "scope": "engine",
+                    "engine": "1",
+                    "cause": "drafter_context_limit",
+                }
+            ),
+            alert_key(
+                {
+                    "alertname": "SpecBudgetStarvation",
+                    "target": "std",
+                    "role": "standard",
+                    "reason": "budget_cap",
+                    "cause": "token_budget",
+                }
+            ),
+            alert_key(
+                {
+                    "alertname": "SpecBudgetStarvation",
+                    "target": "std",
+                    "role": "standard",
+                    "reason": "draft_truncation",
+                    "cause": "dynamic_k",
+                }
+            ),
+            alert_key(
+                {
+                    "alertname": "SpecDecodeInactive",
+                    "target": "std",
+                    "role": "standard",
+                    "cause": "x",
+                }
+            ),
+            alert_key({"alertname": "SpecAcceptanceDecay", "target": "std", "role": "standard"}),
+        ]
+        assert held_causes(keys) == (
+            AlertCause("SpecAcceptanceDrop", "fly", "fly", "drafter_context_limit"),
+            AlertCause("SpecBudgetStarvation", "std", "standard", "undetermined"),
+        )

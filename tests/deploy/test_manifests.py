@@ -780,6 +780,7 @@ class TestAgreementWithSpecwatch:
         text = (BASE / "config.yaml").read_text(encoding="utf-8")
         names = set(re.findall(r"SPECWATCH_ALERTING__[A-Z_]+", text))
         assert names == {
+            "SPECWATCH_ALERTING__URLS",  # the overlay's way to set the address
             "SPECWATCH_ALERTING__BEARER_TOKEN",
             "SPECWATCH_ALERTING__BASIC_USERNAME",
             "SPECWATCH_ALERTING__BASIC_PASSWORD",
@@ -820,3 +821,43 @@ class TestAgreementWithSpecwatch:
         """Top-level keys of config.yaml are Settings fields (extra keys are a startup error)."""
         config = yaml.safe_load((BASE / "config.yaml").read_text(encoding="utf-8"))
         assert set(config) <= set(Settings.model_fields)
+
+
+def test_alertmanager_url_is_set_in_one_place_from_an_overlay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped Alertmanager address (kube-prometheus-stack in ``monitoring``) is replaced
+    from an overlay without touching the base: a ``specwatch-env`` merge of
+    ``SPECWATCH_ALERTING__URLS``, as the comment in ``deploy/base/config.yaml`` shows, reaches
+    the pod's env, and the settings read with it and the shipped config.yaml post there."""
+    mine = "http://alertmanager-main-0.alertmanager-operated.observability.svc:9093"
+    base = DEPLOY / "base"
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(base, tmp_path)],
+                "configMapGenerator": [
+                    {
+                        "name": "specwatch-env",
+                        "behavior": "merge",
+                        "literals": [f'SPECWATCH_ALERTING__URLS=["{mine}"]'],
+                    }
+                ],
+            }
+        )
+    )
+    text = (base / "config.yaml").read_text()
+    assert "SPECWATCH_ALERTING__URLS" in text
+    assert "behavior: merge" in text
+    shipped = load_settings(config_file=base / "config.yaml").alerting.urls
+    assert [".monitoring.svc" in u for u in shipped] == [True]
+    objs = kustomize_build(tmp_path)
+    (env,) = [
+        o
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specwatch-env")
+    ]
+    monkeypatch.setenv("SPECWATCH_ALERTING__URLS", env["data"]["SPECWATCH_ALERTING__URLS"])
+    assert load_settings(config_file=base / "config.yaml").alerting.urls == [mine]

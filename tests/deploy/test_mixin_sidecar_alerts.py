@@ -18,7 +18,7 @@ from specwatch.alerts import rules as rules_module
 from specwatch.alerts.pending import for_seconds
 from specwatch.alerts.rules import NOT_ONE_SERVER_WINDOW_SECONDS, candidates
 from specwatch.alerts.settings import DetectSettings
-from specwatch.alerts.values import ALERT_NAMES, RULES_ONLY_ALERTS
+from specwatch.alerts.values import ALERT_NAMES, CAUSE_ALERTS, RULES_ONLY_ALERTS
 from specwatch.observe.settings import TargetSettings
 from specwatch.observe.tracker import TargetTracker, build_view
 
@@ -59,6 +59,44 @@ def test_every_mixin_alert_is_pushed_by_the_sidecar_but_the_allowed_ones() -> No
     assert not set(RULES_ONLY_ALERTS) & set(ALERT_NAMES)
     assert all(len(why) > 20 for why in RULES_ONLY_ALERTS.values())
     assert mixin - set(RULES_ONLY_ALERTS) == set(ALERT_NAMES)
+
+
+#: What every rule named like a sidecar alert ends with (groupLabels at their default).
+BACKSTOP = (
+    "unless on (cluster, namespace) (max by (cluster, namespace) "
+    "(specwatch_alertmanager_delivering) == 1)"
+)
+
+
+def test_rules_named_like_the_sidecars_alerts_fire_only_unless_it_delivers() -> None:
+    """One loss, one page: each of the sidecar's alert names (all but the rules-only ones) is,
+    as a rule, its expression ``unless`` a sidecar of the same cluster and namespace delivers;
+    the rules-only alert has no such clause (nothing else would page it). The mixin's own list
+    of rules-only alerts is the sidecar's allow-list."""
+    config = evaluate_mixin()["_config"]
+    assert set(config["rulesOnlyAlerts"]) == set(RULES_ONLY_ALERTS)
+    rules = _mixin_alerts()
+    backstops = {r["alert"] for r in rules if r["expr"].rstrip().endswith(BACKSTOP)}
+    assert backstops == set(ALERT_NAMES)
+    assert not any(
+        "specwatch_alertmanager_delivering" in r["expr"]
+        for r in rules
+        if r["alert"] in RULES_ONLY_ALERTS
+    )
+
+
+def test_cause_bearing_rules_copy_the_sidecars_cause() -> None:
+    """The rules that join ``specwatch_alert_cause`` are exactly the sidecar's cause-bearing
+    alerts, each falling back to cause="unknown" and naming the cause in its description."""
+    config = evaluate_mixin()["_config"]
+    assert set(config["causeJoinLabels"]) == set(CAUSE_ALERTS)
+    for rule in _mixin_alerts():
+        joined = "specwatch_alert_cause" in rule["expr"]
+        assert joined == (rule["alert"] in CAUSE_ALERTS), rule["alert"]
+        if joined:
+            assert f'specwatch_alert_cause{{alertname="{rule["alert"]}"}}' in rule["expr"]
+            assert '"cause", "unknown"' in rule["expr"]
+            assert "{{ $labels.cause }}" in rule["annotations"]["description"]
 
 
 def test_not_one_server_has_the_mixins_window_hold_and_summary() -> None:

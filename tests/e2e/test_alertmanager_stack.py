@@ -102,7 +102,15 @@ async def test_acceptance_drop_fires_survives_restart_and_resolves(tmp_path: Pat
         doc = await stack.snapshot()
         assert any(a["labels"]["target"] == "fly" for a in doc["alerts"])
         async with session.get(f"{stack.specwatch_url}/metrics") as resp:
-            assert 'specwatch_alert_firing{alertname="SpecAcceptanceDrop"' in (await resp.text())
+            text = await resp.text()
+        assert 'specwatch_alert_firing{alertname="SpecAcceptanceDrop"' in text
+        # the cause the rules copy (specwatch_alert_cause) is the pushed alert's, and delivery
+        # to the real Alertmanager is acknowledged (the rules of the same names stand back)
+        assert (
+            'specwatch_alert_cause{alertname="SpecAcceptanceDrop",cause="drafter_change",'
+            'role="fly",target="fly"} 1.0'
+        ) in text
+        assert "specwatch_alertmanager_delivering 1.0" in text
 
         # Resends (every 1 s) never flap: one active alert, same startsAt, live lease.
         deadline = time.monotonic() + 3.0

@@ -110,7 +110,17 @@ def alertmanager_peer_findings(
     for url in urls:
         status = statuses.get(url, "not queried")
         if isinstance(status, str):
-            out.append(("warn", "alertmanager", f"{url}: status not read ({status}); not checked"))
+            out.append(
+                (
+                    "warn",
+                    "alertmanager",
+                    f"{url}: status not read ({status}); not checked. If this is the shipped "
+                    "address (kube-prometheus-stack release kube-prometheus-stack in namespace "
+                    "monitoring), put your Alertmanager's in alerting.urls of config.yaml or "
+                    "SPECWATCH_ALERTING__URLS (docs/deploy.md); until a post is acknowledged "
+                    "specwatch_alertmanager_delivering is 0 and the Prometheus rules page instead",
+                )
+            )
             continue
         peers = (status.get("cluster") or {}).get("peers") or []
         n = len(peers)

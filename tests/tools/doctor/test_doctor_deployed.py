@@ -20,7 +20,11 @@ from specwatch.core.pod import PodSettings, shutdown_fit
 from specwatch.server.checks import check_settings
 from specwatch.settings import Settings
 from specwatch.shadow.ledger.files import filesystem_of
-from specwatch.tools.doctor.deployed import ledger_filesystem_findings, native_sidecar_findings
+from specwatch.tools.doctor.deployed import (
+    alertmanager_peer_findings,
+    ledger_filesystem_findings,
+    native_sidecar_findings,
+)
 from tests.fakes import REPO
 
 #: A container's mounts as the kernel lists them (proc(5)); the fields a real one has, written
@@ -289,3 +293,19 @@ def test_doctor_manifest_native_sidecar_warns(hook: dict[str, Any]) -> None:
     [(status, _, message)] = native_sidecar_findings([("Deployment p", short)])
     assert status == "ok"
     assert "15 s left" in message
+
+
+def test_unreachable_alertmanager_names_the_setting_to_change() -> None:
+    """An Alertmanager whose status cannot be read (the shipped address in a cluster without
+    kube-prometheus-stack in ``monitoring``) is a warning that names where the address is set
+    and what happens meanwhile (the rules page)."""
+    url = (
+        "http://alertmanager-kube-prometheus-stack-alertmanager-0"
+        ".alertmanager-operated.monitoring.svc:9093"
+    )
+    ((level, check, text),) = alertmanager_peer_findings(
+        [url], {url: "ClientConnectorDNSError: Cannot connect to host"}
+    )
+    assert (level, check) == ("warn", "alertmanager")
+    assert "alerting.urls of config.yaml or SPECWATCH_ALERTING__URLS" in text
+    assert "specwatch_alertmanager_delivering is 0 and the Prometheus rules page" in text
