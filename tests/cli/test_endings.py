@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import REPO, free_port
-from tests.fakes.http import canned_page_server
+from tests.fakes.http import canned_json_server, canned_page_server
 from tests.sidecar_process import run_config
 from tests.tools.offline.test_replay import zero_spec_timeline
 from tests.tools.report.test_report import known_rows, write_ledger
@@ -285,3 +285,23 @@ def test_ctrl_c_while_record_records(tmp_path: Path) -> None:
     assert "specwatch record: bodies written: std " in out.decode()
     assert "replay them: specwatch replay --target std=" in out.decode()
     assert _ended_by_ctrl_c(err.decode(), "record") == ["specwatch record: interrupted"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_while_fleet_listens(sig: int) -> None:
+    """``specwatch fleet --listen`` serving its gauges (a stand-in Prometheus with no series):
+    Ctrl-C stops the server and ends it with exit 130 and the one line; SIGTERM with exit 0
+    and nothing on stderr."""
+    empty = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+    port = free_port()
+    with canned_json_server(empty) as prom:
+        rc, err = _interrupt(
+            ["fleet", "--prometheus-url", prom, "--listen", f"127.0.0.1:{port}"],
+            _answers(f"http://127.0.0.1:{port}/healthz"),
+            sig,
+        )
+    if sig == signal.SIGINT:
+        assert rc == 130
+        _ended_by_ctrl_c(err, "fleet")
+    else:
+        assert (rc, err) == (0, "")
