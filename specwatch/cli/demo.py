@@ -1,7 +1,8 @@
 """``specwatch demo``: a standard and a FLy simulator, live traffic and the sidecar (no GPU).
 
 Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
-none with ``--no-ui``). Ctrl-C, SIGTERM or the end of ``--duration`` stops everything; exit 0.
+none with ``--no-ui``). Ctrl-C, SIGTERM or the end of ``--duration`` stops everything; exit 0
+(130 after Ctrl-C, with ``specwatch demo: interrupted`` last on stderr).
 Exit 2 with one line on stderr for a bad flag or a port that cannot be bound.
 """
 
@@ -24,7 +25,7 @@ Run a standard and a FLy simulated vLLM server, live traffic to both and the spe
 (scraping, shadow pairing with paired statistics, alerting), all in this process (no GPU).
 Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
 none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
-stops everything; exit 0. See docs/demo.md.
+stops everything; exit 0 (130 after Ctrl-C). See docs/demo.md.
 """
 
 

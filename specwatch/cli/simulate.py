@@ -1,7 +1,8 @@
 """``specwatch simulate``: a simulated vLLM server doing speculative decoding (no GPU).
 
 Flags are named as vLLM names them. Prints ``specwatch simulate: listening on http://HOST:PORT``
-once bound (``--port 0`` picks a free port); SIGTERM or Ctrl-C stops it cleanly (exit 0).
+once bound (``--port 0`` picks a free port); SIGTERM or Ctrl-C stops it cleanly (exit 0 after
+SIGTERM; after Ctrl-C the entry point's ``specwatch simulate: interrupted`` and exit 130).
 """
 
 from __future__ import annotations
