@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
 
 from specwatch import __version__
+from specwatch.core.exits import EXIT_CLOSED_PIPE, EXIT_INTERRUPTED
 
 #: The one table of subcommands, in the order ``--help`` lists them: module under
 #: :mod:`specwatch` → (command name, one-line help), exactly as the module's ``add_parser``
@@ -197,21 +198,14 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-#: The exit code after Ctrl-C (128 + SIGINT, as a shell reports a process SIGINT ended).
-EXIT_INTERRUPTED = 130
-
-#: The exit code when stdout's reader went away (``specwatch analyze ... | head``), as
-#: Python's documentation of SIGPIPE advises.
-EXIT_CLOSED_PIPE = 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the process exit code.
 
     Every command ends the same two ways whatever it was doing: Ctrl-C (a
-    :class:`KeyboardInterrupt` that reached here: during start-up, or in a command that has no
-    handler of its own) prints ``specwatch COMMAND: interrupted`` and returns
-    :data:`EXIT_INTERRUPTED`; a reader that closed stdout ends the command silently with
+    :class:`KeyboardInterrupt` that reached here: during start-up, in a command that has no
+    handler of its own, or raised by a serving command after the orderly stop SIGINT started,
+    :meth:`specwatch.core.shutdown.StopSignal.end`) prints ``specwatch COMMAND: interrupted``
+    and returns :data:`EXIT_INTERRUPTED`; a reader that closed stdout ends the command silently with
     :data:`EXIT_CLOSED_PIPE` (stdout is pointed at the null device so the interpreter's final
     flush cannot fail either)."""
     args_list = list(sys.argv[1:] if argv is None else argv)

@@ -1,7 +1,8 @@
 """``specwatch demo``: a standard and a FLy simulator, live traffic and the sidecar (no GPU).
 
 Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
-none with ``--no-ui``). Ctrl-C, SIGTERM or the end of ``--duration`` stops everything; exit 0.
+none with ``--no-ui``). Ctrl-C, SIGTERM or the end of ``--duration`` stops everything; exit 0
+(130 after Ctrl-C, with ``specwatch demo: interrupted`` last on stderr).
 Exit 2 with one line on stderr for a bad flag or a port that cannot be bound.
 """
 
@@ -24,7 +25,7 @@ Run a standard and a FLy simulated vLLM server, live traffic to both and the spe
 (scraping, shadow pairing with paired statistics, alerting), all in this process (no GPU).
 Prints the URLs to open and a live view every ~2 s (plain text when stdout is not a terminal;
 none with --no-ui). Ctrl-C, SIGTERM or the end of --duration
-stops everything; exit 0. See docs/demo.md.
+stops everything; exit 0 (130 after Ctrl-C). See docs/demo.md.
 """
 
 
@@ -202,7 +203,8 @@ class _CurrentStderr:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the demo; 0 after a clean stop, 2 on a bad flag or an unusable port."""
+    """Run the demo; 0 after a clean stop, 2 on a bad flag or an unusable port; after Ctrl-C
+    (the same clean stop) :class:`KeyboardInterrupt`, for the entry point's line and 130."""
     try:
         cfg = config_from_args(args)
     except ValueError as exc:
@@ -216,11 +218,15 @@ def main(args: argparse.Namespace) -> int:
     # Logs go to stderr; looked up at each write, so under the live view (which redirects
     # stderr) a warning prints above the view instead of tearing it.
     setup_logging("WARNING", "plain", stream=cast(TextIO, _CurrentStderr()))
+    from specwatch.core.shutdown import StopSignal
     from specwatch.demo.run import run_demo  # the server and simulator stacks load only here
     from specwatch.settings import ConfigError
 
+    stopped_by = StopSignal()
     try:
-        return asyncio.run(run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty()))
+        code = asyncio.run(
+            run_demo(cfg, out=sys.stdout, tty=sys.stdout.isatty(), stopped_by=stopped_by)
+        )
     except ConfigError as exc:  # e.g. a bad SPECWATCH_* environment value
         print(f"specwatch demo: {exc}", file=sys.stderr)
         return 2
@@ -230,3 +236,5 @@ def main(args: argparse.Namespace) -> int:
         port = DEFAULT_PORT if cfg.port is None else cfg.port
         print(f"specwatch demo: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr)
         return 2
+    stopped_by.end()  # Ctrl-C: after the same clean stop, the entry point's line and exit 130
+    return code

@@ -2,7 +2,9 @@
 
 Example: ``specwatch run --target standard=http://127.0.0.1:8000 --target
 fly=http://127.0.0.1:8001,max_num_seqs=128,method=eagle3,num_speculative_tokens=3``.
-A bad value prints one line naming the field and exits with code 2.
+A bad value prints one line naming the field and exits with code 2. SIGTERM drains and stops it
+within ``server.shutdown_timeout_seconds`` (exit 0); Ctrl-C (SIGINT) does the same, then the
+entry point prints ``specwatch run: interrupted`` and exits 130.
 """
 
 from __future__ import annotations
@@ -221,7 +223,8 @@ def log_shutdown_fit(settings: Settings) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run until SIGINT/SIGTERM; 2 on a configuration error."""
+    """Run until SIGTERM (0) or SIGINT (:class:`KeyboardInterrupt` after the same orderly stop,
+    for the entry point's line and 130); 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
     from specwatch.core.shutdown import exit_now
     from specwatch.server.app import build_app, serve

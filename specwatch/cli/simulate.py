@@ -1,7 +1,8 @@
 """``specwatch simulate``: a simulated vLLM server doing speculative decoding (no GPU).
 
 Flags are named as vLLM names them. Prints ``specwatch simulate: listening on http://HOST:PORT``
-once bound (``--port 0`` picks a free port); SIGTERM or Ctrl-C stops it cleanly (exit 0).
+once bound (``--port 0`` picks a free port); SIGTERM or Ctrl-C stops it cleanly (exit 0 after
+SIGTERM; after Ctrl-C the entry point's ``specwatch simulate: interrupted`` and exit 130).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from specwatch.core.helptext import plain_help
-from specwatch.core.shutdown import ShutdownDeadline
+from specwatch.core.shutdown import ShutdownDeadline, StopSignal
 from specwatch.simulate.config import Role, SimConfig, StepTimeModel
 from specwatch.vllm.request_metrics import MODES
 
@@ -155,22 +156,26 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
-async def _serve(server: SimServer, host: str, port: int, grace: float = 10.0) -> None:
+async def _serve(
+    server: SimServer, host: str, port: int, grace: float, stopped_by: StopSignal
+) -> None:
     from specwatch.simulate.launcher import serve  # the server stack loads only when serving
 
     handle = await serve(server, host=host, port=port, shutdown_timeout=grace * 0.4)
     print(f"specwatch simulate: listening on {handle.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    deadline = ShutdownDeadline(grace * 0.95)  # a simulated vLLM: it cuts its streams early
+    # a simulated vLLM: it cuts its streams early
+    deadline = ShutdownDeadline(grace * 0.95, stopped_by)
 
-    def on_signal() -> None:
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.note(sig)
         deadline.start()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, on_signal, sig)
     try:
         await stop.wait()
     finally:
@@ -209,10 +214,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"specwatch simulate: {exc}", file=sys.stderr)
         return 2
 
+    stopped_by = StopSignal()
+
     async def run() -> None:
         server = SimServer(cfg)
         faults_mod.apply_patch(server.faults, server_faults)
-        await _serve(server, args.host, args.port, args.shutdown_timeout)
+        await _serve(server, args.host, args.port, args.shutdown_timeout, stopped_by)
 
     try:
         asyncio.run(run())
@@ -224,4 +231,5 @@ def main(args: argparse.Namespace) -> int:
             f"specwatch simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )
         return 2
+    stopped_by.end()  # Ctrl-C: the entry point's one line and exit 130, after the same stop
     return 0

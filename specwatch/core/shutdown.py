@@ -11,25 +11,32 @@ specwatch process drains and exits within ``server.shutdown_timeout_seconds`` (t
 - :class:`ShutdownDeadline` arms a daemon timer when the signal arrives; if the process is
   still alive at T (its teardown hangs: a thread stuck in I/O, the interpreter's executor
   shutdown on a loaded machine), it logs one line and ends the process with ``os._exit``
-  (exit code 0 when the orderly cleanup had finished, i.e. only the interpreter's own teardown
-  was slow; 1 when it did not).
+  (when the orderly cleanup had finished, i.e. only the interpreter's own teardown was slow:
+  exit code 0 after SIGTERM, :data:`~specwatch.core.exits.EXIT_INTERRUPTED` after SIGINT; 1
+  when it had not finished, whichever the signal).
+- :class:`StopSignal` remembers which signal stopped a serving command: both start the same
+  orderly stop; SIGTERM (what Kubernetes sends) then ends the command with exit 0, SIGINT
+  (Ctrl-C) the way Ctrl-C ends any command: one line and exit 130 from the entry point.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import NoReturn
 
 from specwatch.core.clock import MonotonicClock
+from specwatch.core.exits import EXIT_INTERRUPTED
 from specwatch.core.logs import log_event
 
 __all__ = [
     "CLOSE_RESERVE_MAX_SECONDS",
     "Drain",
     "ShutdownDeadline",
+    "StopSignal",
     "close_reserve_seconds",
     "exit_now",
 ]
@@ -95,14 +102,45 @@ class Drain:
         return 0.0 if self.started is None else self._mono_clock() - self.started
 
 
+class StopSignal:
+    """The signal that stopped a serving command (the first to arrive; ``None`` before one).
+
+    Its handler calls :meth:`note`; once the orderly stop is over (outside the event loop),
+    :meth:`end` raises :class:`KeyboardInterrupt` when that signal was SIGINT, so the entry
+    point's one handler prints ``specwatch COMMAND: interrupted`` and exits 130, as for Ctrl-C
+    at any other moment; after SIGTERM it returns and the command exits 0.
+    """
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+
+    def note(self, signum: int) -> None:
+        """``signum`` arrived (a later signal keeps the first)."""
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    @property
+    def interrupted(self) -> bool:
+        """SIGINT (Ctrl-C) stopped the command."""
+        return self.received is signal.SIGINT
+
+    def end(self) -> None:
+        """Raise :class:`KeyboardInterrupt` when SIGINT stopped the command; else return."""
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+
 class ShutdownDeadline:
     """Force the process to end ``seconds`` after :meth:`start` unless it exited by then.
 
     Call :meth:`cleaned` once the orderly cleanup (requests, replays, ledger flush) is done.
+    ``stop``: the command's :class:`StopSignal`; a forced exit after a finished cleanup exits
+    with :data:`~specwatch.core.exits.EXIT_INTERRUPTED` when SIGINT started it (else 0).
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, stop: StopSignal | None = None) -> None:
         self.seconds = seconds
+        self._stop = stop
         self._timer: threading.Timer | None = None
         self._cleaned = False
 
@@ -114,7 +152,8 @@ class ShutdownDeadline:
             self._timer.start()
 
     def cleaned(self) -> None:
-        """The orderly cleanup finished: a forced exit from now on exits with code 0."""
+        """The orderly cleanup finished: a forced exit from now on exits with code 0 (130
+        after SIGINT)."""
         self._cleaned = True
 
     def cancel(self) -> None:
@@ -123,7 +162,8 @@ class ShutdownDeadline:
             self._timer.cancel()
 
     def _expire(self) -> None:
-        code = 0 if self._cleaned else 1
+        interrupted = self._stop is not None and self._stop.interrupted
+        code = (EXIT_INTERRUPTED if interrupted else 0) if self._cleaned else 1
         log_event(
             logger,
             logging.WARNING,

@@ -36,6 +36,7 @@ from rich.live import Live
 
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.config import OVERALL, SINCE_START
+from specwatch.core.shutdown import StopSignal
 from specwatch.demo import config as demo_config
 from specwatch.demo.config import (
     DemoConfig,
@@ -109,9 +110,11 @@ async def run_demo(
     tty: bool = False,
     stop: asyncio.Event | None = None,
     mono_clock: MonotonicClock = SYSTEM_MONOTONIC,
+    stopped_by: StopSignal | None = None,
 ) -> int:
-    """Run the demo until SIGINT/SIGTERM (handlers installed here), ``stop`` is set, or
-    ``cfg.duration_s`` elapses; then stop everything and return 0.
+    """Run the demo until SIGINT/SIGTERM (handlers installed here; ``stopped_by`` notes which
+    came, for the caller to end as it asks), ``stop`` is set, or ``cfg.duration_s`` elapses;
+    then stop everything and return 0.
 
     ``out``: where the URLs and the view go; ``tty``: redraw the view in place with ANSI
     escapes (else plain text blocks). Raises ``OSError`` when the sidecar's port cannot be
@@ -120,10 +123,16 @@ async def run_demo(
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    signals = stopped_by or StopSignal()
+
+    def on_signal(sig: signal.Signals) -> None:
+        signals.note(sig)
+        stop.set()
+
     installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
     std_cfg, fly_cfg = simulator_configs(cfg)
     sims: list[SimulatorHandle] = []

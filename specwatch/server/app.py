@@ -33,7 +33,7 @@ from specwatch.core.clock import SYSTEM_MONOTONIC, SYSTEM_WALL, WallClock
 from specwatch.core.listen import MAX_FIELD_BYTES, ListenerStats
 from specwatch.core.listen_http import BoundAddress, GuardedSite, body_timeout_middleware
 from specwatch.core.logs import log_event
-from specwatch.core.shutdown import Drain, ShutdownDeadline, close_reserve_seconds
+from specwatch.core.shutdown import Drain, ShutdownDeadline, StopSignal, close_reserve_seconds
 from specwatch.core.store import Store
 from specwatch.export.json import snapshot_json
 from specwatch.export.prometheus import ListenerCollector, SpecwatchCollector
@@ -274,13 +274,17 @@ def serve(app: web.Application, settings: Settings) -> None:
     its live streams and replays in flight run until the budget less the close reserve, then
     the main listener closes and the app's cleanup runs (alert state saved, ledger flushed,
     sessions closed) until the budget; the process is ended at the budget if its teardown
-    hangs. Raises ``OSError`` when the address cannot be bound."""
+    hangs. Returns after SIGTERM; raises :class:`KeyboardInterrupt` after the same orderly
+    stop when SIGINT (Ctrl-C) started it (:meth:`StopSignal.end`). Raises ``OSError`` when the
+    address cannot be bound."""
     budget = settings.server.shutdown_timeout_seconds
-    deadline = ShutdownDeadline(max(0.0, budget - FORCED_EXIT_MARGIN_SECONDS))
+    stopped_by = StopSignal()
+    deadline = ShutdownDeadline(max(0.0, budget - FORCED_EXIT_MARGIN_SECONDS), stopped_by)
     try:
-        asyncio.run(_serve(app, settings, deadline))
+        asyncio.run(_serve(app, settings, deadline, stopped_by))
     finally:
         deadline.cancel()
+    stopped_by.end()
 
 
 #: Seconds before the budget's end the process is ended if it is still alive (the thread that
@@ -292,7 +296,9 @@ FORCED_EXIT_MARGIN_SECONDS = 0.1
 EXIT_MARGIN_SECONDS = 0.2
 
 
-async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDeadline) -> None:
+async def _serve(
+    app: web.Application, settings: Settings, deadline: ShutdownDeadline, stopped_by: StopSignal
+) -> None:
     srv = settings.server
     budget = srv.shutdown_timeout_seconds
     drain = app[DRAIN_KEY]
@@ -321,6 +327,7 @@ async def _serve(app: web.Application, settings: Settings, deadline: ShutdownDea
         # a Python-level handler, not the loop's: it runs at the signal's arrival even while
         # the loop is busy, so the budget counts from then (a loop handler ran up to a busy
         # turn later, and the exit overran the budget by as much)
+        stopped_by.note(signum)
         deadline.start()
         drain.begin()
         loop.call_soon_threadsafe(stop.set)

@@ -172,16 +172,21 @@ def _check_serving(values: dict[str, float], snap: dict[str, object]) -> None:
         assert t["limits"]["max_num_seqs"] == 16
 
 
-async def _exited_0(proc: asyncio.subprocess.Process, seen: list[str], *, within: float) -> str:
-    """Wait (``within`` s at most) for the demo to exit; check it exited 0, without a traceback,
+async def _exited(
+    proc: asyncio.subprocess.Process, seen: list[str], *, within: float, code: int = 0
+) -> str:
+    """Wait (``within`` s at most) for the demo to exit; check it exited with ``code`` (130:
+    Ctrl-C, with ``specwatch demo: interrupted`` as stderr's last line), without a traceback,
     saying it stopped; returns its whole stdout (``seen``: the lines already read)."""
     async with asyncio.timeout(within):
         assert proc.stdout is not None
         assert proc.stderr is not None
         rest, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
         rc = await proc.wait()
-    assert rc == 0, err.decode()
+    assert rc == code, err.decode()
     assert "Traceback" not in err.decode()
+    if code == 130:
+        assert err.decode().splitlines()[-1] == "specwatch demo: interrupted"
     out = "".join(seen) + rest.decode()
     assert "specwatch demo: stopped;" in out
     return out
@@ -207,7 +212,7 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
         values, snap = await _wait_for_acceptance(url)
         fams = await _wait_for_pairs(url)
         tree = _tree(proc.pid)
-        out = await _exited_0(proc, lines, within=60)
+        out = await _exited(proc, lines, within=60)
     finally:
         await _reap(proc)
     _check_serving(values, snap)
@@ -232,7 +237,7 @@ async def test_demo_duration_serves_then_exits_0_leaving_no_process() -> None:
     assert not ledger.parent.exists()
 
 
-async def _signal_mid_run(sig: signal.Signals) -> None:
+async def _signal_mid_run(sig: signal.Signals, code: int) -> None:
     proc = await _start("--no-ui")
     lines: list[str] = []
     try:
@@ -242,7 +247,7 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
         tree = _tree(proc.pid)
         assert proc.returncode is None  # still running: the signal lands mid-run
         os.killpg(proc.pid, sig)  # what Ctrl-C does: the whole foreground group
-        out = await _exited_0(proc, lines, within=30)
+        out = await _exited(proc, lines, within=30, code=code)
     finally:
         await _reap(proc)
     _check_serving(values, snap)
@@ -252,11 +257,12 @@ async def _signal_mid_run(sig: signal.Signals) -> None:
     assert not ledger.parent.exists()  # the temporary ledger directory is removed
 
 
-async def test_demo_sigint_mid_run_exits_0_leaving_no_process() -> None:
-    """SIGINT mid-run stops the demo with exit 0 and no process left."""
-    await _signal_mid_run(signal.SIGINT)
+async def test_demo_sigint_mid_run_exits_130_leaving_no_process() -> None:
+    """SIGINT (Ctrl-C) mid-run stops the demo the same way, no process left, then exits 130
+    with its one ``interrupted`` line."""
+    await _signal_mid_run(signal.SIGINT, 130)
 
 
 async def test_demo_sigterm_mid_run_exits_0_leaving_no_process() -> None:
     """SIGTERM mid-run stops the demo with exit 0 and no process left."""
-    await _signal_mid_run(signal.SIGTERM)
+    await _signal_mid_run(signal.SIGTERM, 0)

@@ -24,14 +24,15 @@ def threaded_http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]
 
 
 class _Canned(BaseHTTPRequestHandler):
-    """Answers every GET with ``body`` (200, ``application/json``); quiet."""
+    """Answers every GET with ``body`` (200, ``content_type``); quiet."""
 
     body: bytes = b""
+    content_type: str = "application/json"
 
     def do_GET(self) -> None:
         body = self.body
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", self.content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         # a client that stops reading early (fleet after one failed query) closes the socket:
@@ -48,5 +49,16 @@ def canned_json_server(body: bytes) -> Iterator[str]:
     """A threaded server answering every GET with ``body`` as 200 ``application/json``; yields
     its base URL (a stand-in Prometheus for the offline tools)."""
     handler = type("Canned", (_Canned,), {"body": body})
+    with threaded_http_server(handler) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def canned_page_server(body: bytes) -> Iterator[str]:
+    """A threaded server answering every GET with ``body`` as a Prometheus text page (a
+    stand-in vLLM ``/metrics`` for a command run as a process); yields its base URL."""
+    handler = type(
+        "CannedPage", (_Canned,), {"body": body, "content_type": "text/plain; version=0.0.4"}
+    )
     with threaded_http_server(handler) as url:
         yield url

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from specwatch.core.config import (
     parse_duration,
 )
 from specwatch.core.logs import setup_logging
+from specwatch.core.shutdown import StopSignal
 
 if TYPE_CHECKING:  # aiohttp, the server and the statistics load in main, not for ``fleet --help``
     from specwatch.tools.fleet.server import FleetQuery
@@ -178,11 +180,29 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     if listen is not None:
         app = build_fleet_app(q, interval=interval, wall_clock=SYSTEM_WALL)
+        stopped_by = StopSignal()
+        loop = asyncio.new_event_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            stopped_by.note(sig)
+            raise web.GracefulExit  # run_app's own way out: its cleanup runs
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
         try:
-            web.run_app(app, host=listen[0], port=listen[1], print=None, access_log=None)
+            web.run_app(
+                app,
+                host=listen[0],
+                port=listen[1],
+                print=None,
+                access_log=None,
+                handle_signals=False,  # ours above: they note which signal came
+                loop=loop,
+            )
         except OSError as exc:
             print(f"specwatch fleet: cannot listen on {args.listen}: {exc}", file=sys.stderr)
             return 2
+        stopped_by.end()  # Ctrl-C: the entry point's one line and exit 130; SIGTERM: 0
         return 0
     try:
         stats = asyncio.run(_once(q))

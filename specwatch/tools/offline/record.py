@@ -10,7 +10,9 @@ writes nothing (replay sees a gap, as ``run`` would); the first failure of each 
 one line on stderr (and recording goes on). The last line counts the bodies per target and
 gives the replay command. Exit 2 with one line for a bad flag or an ``OUT`` that cannot be
 written; 1 when a target gave no body at all (one line per such target, with why its last
-scrape failed); 0 otherwise (also after Ctrl-C).
+scrape failed); 0 otherwise. Ctrl-C stops it the same way (the bodies counted, the replay
+command given) and then ends it as Ctrl-C ends every command: one line
+``specwatch record: interrupted`` and exit 130 (SIGTERM: the exit code above).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from specwatch.cli.args import add_described_command
 from specwatch.core.clock import SYSTEM_MONOTONIC, MonotonicClock
 from specwatch.core.config import parse_duration
+from specwatch.core.shutdown import StopSignal
 from specwatch.observe.prefilter import OPENMETRICS_CONTENT_TYPE
 
 
@@ -128,11 +131,22 @@ def replay_command(out: Path, names: Sequence[str]) -> str:
     return "specwatch replay " + " ".join(f"--target {n}={out / n}" for n in names)
 
 
-async def _run(targets: Mapping[str, str], out: Path, interval: float, dur: float | None) -> int:
+async def _run(
+    targets: Mapping[str, str],
+    out: Path,
+    interval: float,
+    dur: float | None,
+    stopped_by: StopSignal,
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.note(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     failed: dict[str, str] = {}
     written = await record(targets, out, interval=interval, duration=dur, stop=stop, failed=failed)
     counts = ", ".join(f"{n} {c:,}" for n, c in written.items())
@@ -179,4 +193,7 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"specwatch record: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_run(targets, args.out, args.interval, dur))
+    stopped_by = StopSignal()
+    code = asyncio.run(_run(targets, args.out, args.interval, dur, stopped_by))
+    stopped_by.end()  # Ctrl-C: after the summary, the entry point's one line and exit 130
+    return code
