@@ -205,9 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     :class:`KeyboardInterrupt` that reached here: during start-up, in a command that has no
     handler of its own, or raised by a serving command after the orderly stop SIGINT started,
     :meth:`specwatch.core.shutdown.StopSignal.end`) prints ``specwatch COMMAND: interrupted``
-    and returns :data:`EXIT_INTERRUPTED`; a reader that closed stdout ends the command silently with
-    :data:`EXIT_CLOSED_PIPE` (stdout is pointed at the null device so the interpreter's final
-    flush cannot fail either)."""
+    and ends the process at once with :data:`EXIT_INTERRUPTED` (whatever the command had to
+    finish is done by then; the interpreter's teardown could take a second, and under
+    ``python -m`` CPython turns 130 into death by SIGINT when the interrupt passed through an
+    ``exec`` of a string, as dataclasses and namedtuple do while a module imports); a reader
+    that closed stdout ends the command silently with :data:`EXIT_CLOSED_PIPE` (stdout is
+    pointed at the null device so the interpreter's final flush cannot fail either)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     word = next((a for a in args_list if not a.startswith("-")), None)
     try:
@@ -218,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during teardown
         name = f"specwatch {word}" if word in _COMMAND_WORDS else "specwatch"
         print(f"{name}: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        from specwatch.core.shutdown import exit_now
+
+        exit_now(EXIT_INTERRUPTED)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -242,13 +247,4 @@ def _dispatch(args_list: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    _code = main()
-    if _code == EXIT_INTERRUPTED:
-        # Under ``python -m``, CPython ends a process by SIGINT (exit -2, not 130) when the
-        # KeyboardInterrupt passed through an ``exec`` of a string on its way here (dataclasses
-        # and namedtuple build their methods so while a module imports), even though it was
-        # caught: end the process before the interpreter looks.
-        from specwatch.core.shutdown import exit_now
-
-        exit_now(_code)
-    sys.exit(_code)
+    sys.exit(main())
