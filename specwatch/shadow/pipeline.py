@@ -659,7 +659,9 @@ class ShadowPipeline:
             pause_text=sm.pause_text,
             trickled=sm.trickled,
             pauses_total=dict(sm.pauses),
-            received=dict(ic.received),
+            # a source's series from 0 at start: increase() misses what a counter held when it
+            # first appeared (the copies before the first scrape)
+            received={**dict.fromkeys(self.settings.modes, 0), **ic.received},
             ingest_errors=dict(ic.errors),
             arm_errors=dict(self.arm_errors),
             sink_errors=self.sink_errors,

@@ -122,6 +122,19 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
     assert m.in_flight == 0
 
 
+async def test_each_modes_received_count_starts_at_zero() -> None:
+    """Before any copy arrives, each enabled mode's received count is there at 0 (a series
+    that first appears with copies already counted loses them from Prometheus' increase(),
+    which doctor's mirror check reads); a mode not enabled has none."""
+    std, fly = FakeArm(text="A"), FakeArm(text="A")
+    async with (
+        serve_arm(std) as su,
+        serve_arm(fly) as fu,
+        sidecar(_settings(su, fu)) as (_, pipe, _, _, _),
+    ):
+        assert pipe.metrics().received == {"mirror": 0}
+
+
 async def test_mirror_bad_inputs_are_counted() -> None:
     """Bad mirror inputs get 400, 413, 421 or 208 and are counted; other routes still work."""
     async with (
