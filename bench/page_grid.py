@@ -3,7 +3,7 @@
 Every history is replayed through :func:`specwatch.shadow.stats.first_pages`, the function
 that applies the shipped policy (the sidecar's evaluator and the rendered rules use the same
 thresholds and e-values), with the default ``paired`` settings (the change warning at
-``change_arl`` = 500,000 pairs) and K = 21 category series.
+``change_arl`` = 500,000 pairs) and the default K = 11 category series.
 
 ``false``: the family-wise false-page grid. 10 harmless categories (in each, FLy loses and gains
 alike; the categories' discordances spread from 0.5x to 1.5x the base), ``--pairs`` pairs
@@ -17,7 +17,7 @@ it the share in which the change warning fires.
 critical page against, on the same streams, Wald's SPRT told the true rates (the oracle, at
 1/alpha = 20: the cost of the page's correction is included in the ratio), the plain
 beta-binomial mixture (uniform prior on the lost share in [1/2, 1], at the page's overall
-threshold 40) and the fixed-n exact McNemar test (one-sided alpha = 5 %: the n at which its
+threshold) and the fixed-n exact McNemar test (one-sided alpha = 5 %: the n at which its
 power is 50 %, comparable with a median, and Connor's n for 80 %). ``one``: a 2-point loss in
 one of 10 categories (at that category's discordance); the pairs (of all categories) to the
 first page against the oracle on that category's pairs. ``quiet``: the same loss after 10,000
@@ -49,7 +49,7 @@ from scipy.special import betaincc, betaln
 
 from specwatch.core.config import DEFAULT_CHANGE_ARL, OVERALL
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.stats.policy import CHANGE, PAGE, first_pages
+from specwatch.shadow.stats.policy import CHANGE, NO_NET_LOSS, PAGE, PagePolicy, first_pages
 from specwatch.shadow.stats.power import exact_questions_needed, questions_needed
 
 IntArray = npt.NDArray[np.int64]
@@ -60,7 +60,7 @@ L_GRID = (0.01, 0.02, 0.05)
 CATEGORIES = 10
 SETTINGS = PairedSettings(change_arl=DEFAULT_CHANGE_ARL)
 LOG20 = math.log(20.0)
-LOG_OVERALL = math.log(40.0)
+LOG_OVERALL = PagePolicy.of(SETTINGS).log_level(OVERALL, NO_NET_LOSS)
 QUIET_CELLS = ((0.02, 0.02), (0.06, 0.02), (0.10, 0.02), (0.30, 0.05))
 
 
@@ -162,7 +162,7 @@ def _oracle(x: IntArray, theta: float) -> float:
 
 
 def _beta_binomial(x: IntArray) -> float:
-    """Pairs to the uniform-prior beta-binomial mixture on [1/2, 1] reaching 40."""
+    """Pairs to the uniform-prior beta-binomial mixture on [1/2, 1] reaching the overall bound."""
     lo, ga = np.cumsum(x == 1).astype(float), np.cumsum(x == -1).astype(float)
     with np.errstate(divide="ignore"):
         log_e = (

@@ -62,9 +62,9 @@ EXPECTED_ALERTS = {
 
 #: The alerting policy's bounds the templates read (thresholds.libsonnet), at the defaults.
 POLICY_KEYS = {
-    "page_overall_bound": 40.0,
-    "page_category_bound": 21 / 0.0225,
-    "page_margin_bound": 400.0,
+    "page_overall_bound": 30.0,
+    "page_category_bound": 11 / (0.05 * (1 - 2 / 3 - 0.01)),
+    "page_margin_bound": 2000.0,
     "change_arl": 500_000.0,
 }
 
@@ -317,9 +317,9 @@ class TestThresholdsDefinedOnce:
         (ni,) = by_name["SpecNonInferiorityNotShown"]
         assert ni["labels"] == {"severity": "info"}
         expr = quality["e_value"]["expr"]
-        assert 'category="_all", hypothesis="no_net_loss"} >= 40\n' in expr
-        assert 'category!="_all", hypothesis="no_net_loss"} >= 933.3333333\n' in expr
-        assert 'category="_all", hypothesis="margin"} >= 400\n' in expr
+        assert 'category="_all", hypothesis="no_net_loss"} >= 30\n' in expr
+        assert 'category!="_all", hypothesis="no_net_loss"} >= 680.4123711\n' in expr
+        assert 'category="_all", hypothesis="margin"} >= 2000\n' in expr
         assert quality["e_value"]["for"] == "0s"
         (change,) = by_name["SpecQualityChange"]
         assert change["expr"] == "specwatch_paired_change_detector >= 500000"
@@ -327,7 +327,7 @@ class TestThresholdsDefinedOnce:
         (fleet,) = by_name["SpecQualityDriftFleet"]
         assert "avg by (cluster, namespace, job) (" in fleet["expr"]
         assert "max without (replica, prometheus_replica) (" in fleet["expr"]
-        assert fleet["expr"].endswith(") >= 40\n")
+        assert fleet["expr"].endswith(") >= 30\n")
         assert fleet["labels"] == {"severity": "critical"}
 
     def test_e_value_bound_follows_alpha(self) -> None:
