@@ -331,18 +331,18 @@ class TestThresholdsDefinedOnce:
         assert fleet["labels"] == {"severity": "critical"}
 
     def test_e_value_bound_follows_alpha(self) -> None:
-        """alpha 0.01 renders the page at 200 for all pairs, 4,666.67 for a category and 2,000 for
-        the margin test, and the fleet page at 200."""
+        """alpha 0.01 renders the page at 150 for all pairs, 11 / (0.01 x 0.3233) = 3,402.06 for a
+        category and 10,000 for the margin test, and the fleet page at 150."""
         rules = render_rules(thresholds=threshold_values(paired=PairedSettings(alpha=0.01)))
         exprs = {
             r["labels"].get("check", r["alert"]): r["expr"]
             for r in alert_rules(rules)
             if r["alert"].startswith("SpecQualityDrift")
         }
-        assert '"no_net_loss"} >= 200\n' in exprs["e_value"]
-        assert '"no_net_loss"} >= 4666.666667\n' in exprs["e_value"]
-        assert '"margin"} >= 2000\n' in exprs["e_value"]
-        assert exprs["SpecQualityDriftFleet"].endswith(") >= 200\n")
+        assert '"no_net_loss"} >= 150\n' in exprs["e_value"]
+        assert '"no_net_loss"} >= 3402.061856\n' in exprs["e_value"]
+        assert '"margin"} >= 10000\n' in exprs["e_value"]
+        assert exprs["SpecQualityDriftFleet"].endswith(") >= 150\n")
 
     def test_quality_drift_reads_only_the_sidecar_gauges(self, rules: dict[str, Any]) -> None:
         """SpecQualityDrift fires on the e-value or non-inferiority, never on McNemar's z."""
