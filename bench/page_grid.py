@@ -301,7 +301,7 @@ def issue_stream(seed: int) -> dict[str, Any]:
     x[pos[:90]], x[pos[90:]] = 1, -1
     stream = np.concatenate([np.zeros(1500, dtype=np.int64), x])
     got = first_pages([("all", int(v)) for v in stream], SETTINGS)
-    return {"first_pages": got, "beta_binomial_40": _beta_binomial(stream)}
+    return {"first_pages": got, "beta_binomial": _beta_binomial(stream)}
 
 
 def main() -> None:

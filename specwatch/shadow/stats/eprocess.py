@@ -74,9 +74,9 @@ COMPONENTS: tuple[tuple[float, float], ...] = (
     (0.550, 0.1168),
     (0.600, 0.0564),
     (0.625, 0.0195),
-    (0.665, 0.4008),
+    (0.665, 0.3708),
     (0.920, 0.1384),
-    (0.980, 0.0037),
+    (0.980, 0.0337),
 )
 
 #: Discordant pairs folded per numpy pass (bounds the memory of a long replay).
