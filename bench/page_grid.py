@@ -3,7 +3,7 @@
 Every history is replayed through :func:`specwatch.shadow.stats.first_pages`, the function
 that applies the shipped policy (the sidecar's evaluator and the rendered rules use the same
 thresholds and e-values), with the default ``paired`` settings (the change warning at
-``change_arl`` = 500,000 pairs) and K = 21 category series.
+``change_arl`` = 500,000 pairs) and the default K = 11 category series.
 
 ``false``: the family-wise false-page grid. 10 harmless categories (in each, FLy loses and gains
 alike; the categories' discordances spread from 0.5x to 1.5x the base), ``--pairs`` pairs
@@ -17,20 +17,24 @@ it the share in which the change warning fires.
 critical page against, on the same streams, Wald's SPRT told the true rates (the oracle, at
 1/alpha = 20: the cost of the page's correction is included in the ratio), the plain
 beta-binomial mixture (uniform prior on the lost share in [1/2, 1], at the page's overall
-threshold 40) and the fixed-n exact McNemar test (one-sided alpha = 5 %: the n at which its
+threshold) and the fixed-n exact McNemar test (one-sided alpha = 5 %: the n at which its
 power is 50 %, comparable with a median, and Connor's n for 80 %). ``one``: a 2-point loss in
 one of 10 categories (at that category's discordance); the pairs (of all categories) to the
 first page against the oracle on that category's pairs. ``quiet``: the same loss after 10,000
 agreeing pairs, and after 10,000 harmless discordant pairs at the same discordance: delay after
 the onset against the fresh start (the page, and the change warning).
 
+``point``: one cell of ``every`` (``--d``, ``--loss``; by default the operating point 6 %, 2
+points) with many runs, the ratio with its bootstrap standard error.
+
 ``issue``: the quiet-then-loss stream (1,500 agreeing pairs, then 3,000 pairs with 90 lost and
 45 gained in a seeded order).
 
 Medians count a run that never pages as never (``inf``). Run from the repository root::
 
-    PYTHONPATH=. python bench/page_grid.py false --runs 600 --json bench/results/page_false.json
-    PYTHONPATH=. python bench/page_grid.py detect --runs 300 --json bench/results/page_detect.json
+    PYTHONPATH=. python bench/page_grid.py false --runs 400 --json bench/results/page_false.json
+    PYTHONPATH=. python bench/page_grid.py detect --runs 200 --json bench/results/page_detect.json
+    PYTHONPATH=. python bench/page_grid.py point --runs 2000 --horizon 8000
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from scipy.special import betaincc, betaln
 
 from specwatch.core.config import DEFAULT_CHANGE_ARL, OVERALL
 from specwatch.shadow.settings import PairedSettings
-from specwatch.shadow.stats.policy import CHANGE, PAGE, first_pages
+from specwatch.shadow.stats.policy import CHANGE, NO_NET_LOSS, PAGE, PagePolicy, first_pages
 from specwatch.shadow.stats.power import exact_questions_needed, questions_needed
 
 IntArray = npt.NDArray[np.int64]
@@ -60,7 +64,7 @@ L_GRID = (0.01, 0.02, 0.05)
 CATEGORIES = 10
 SETTINGS = PairedSettings(change_arl=DEFAULT_CHANGE_ARL)
 LOG20 = math.log(20.0)
-LOG_OVERALL = math.log(40.0)
+LOG_OVERALL = PagePolicy.of(SETTINGS).log_level(OVERALL, NO_NET_LOSS)
 QUIET_CELLS = ((0.02, 0.02), (0.06, 0.02), (0.10, 0.02), (0.30, 0.05))
 
 
@@ -162,7 +166,7 @@ def _oracle(x: IntArray, theta: float) -> float:
 
 
 def _beta_binomial(x: IntArray) -> float:
-    """Pairs to the uniform-prior beta-binomial mixture on [1/2, 1] reaching 40."""
+    """Pairs to the uniform-prior beta-binomial mixture on [1/2, 1] reaching the overall bound."""
     lo, ga = np.cumsum(x == 1).astype(float), np.cumsum(x == -1).astype(float)
     with np.errstate(divide="ignore"):
         log_e = (
@@ -293,6 +297,32 @@ def detect(runs: int, seed: int, horizon: int) -> dict[str, Any]:
     return {"every": every, "one": one, "quiet": quiet}
 
 
+def point(runs: int, seed: int, d: float, loss: float, horizon: int) -> dict[str, Any]:
+    """One cell of the every-category grid with many runs: the median ratio, page over oracle,
+    and its bootstrap standard error (the grid's 200 runs leave about 0.07 on a ratio)."""
+    th = _theta(d, loss)
+    rng = np.random.default_rng(seed)
+    page, orc = [], []
+    for _ in range(runs):
+        cat, x = _history(rng, horizon, _flat(d), _share(th))
+        page.append(_page(first_pages(_pairs(cat, x), SETTINGS)))
+        orc.append(_oracle(x, th))
+    p, o = np.array(page), np.array(orc)
+    boot = [np.median(rng.choice(p, runs)) / np.median(rng.choice(o, runs)) for _ in range(400)]
+    row = {
+        "d": d,
+        "loss": loss,
+        "runs": runs,
+        "oracle_median": _med(orc),
+        "page_median": _med(page),
+        "page_ratio": _med(page) / _med(orc),
+        "page_ratio_se": float(np.std(boot)),
+        "page_share": float(np.mean(np.isfinite(p))),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def issue_stream(seed: int) -> dict[str, Any]:
     """1,500 agreeing pairs, then 3,000 with 90 lost and 45 gained in a seeded order."""
     rng = np.random.default_rng(seed)
@@ -301,12 +331,14 @@ def issue_stream(seed: int) -> dict[str, Any]:
     x[pos[:90]], x[pos[90:]] = 1, -1
     stream = np.concatenate([np.zeros(1500, dtype=np.int64), x])
     got = first_pages([("all", int(v)) for v in stream], SETTINGS)
-    return {"first_pages": got, "beta_binomial_40": _beta_binomial(stream)}
+    return {"first_pages": got, "beta_binomial": _beta_binomial(stream)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("false", "detect", "issue"))
+    ap.add_argument("what", choices=("false", "detect", "point", "issue"))
+    ap.add_argument("--d", type=float, default=0.06, help="point: the discordance")
+    ap.add_argument("--loss", type=float, default=0.02, help="point: the net loss")
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--horizon", type=int, default=40_000)
@@ -317,6 +349,8 @@ def main() -> None:
     out: dict[str, Any]
     if a.what == "false":
         out = {"false_pages": false_pages(a.runs, a.pairs, a.seed)}
+    elif a.what == "point":
+        out = point(a.runs, a.seed, a.d, a.loss, a.horizon)
     elif a.what == "detect":
         out = detect(a.runs, a.seed, a.horizon)
     else:

@@ -41,8 +41,9 @@ def read_bounded(path: Path, limit: int) -> bytes:
 DEFAULT_LOAD_BANDS: tuple[int, ...] = (0, 8, 32)
 
 #: Default number of request categories that keep their own series
-#: (``ShadowSettings.max_categories``).
-DEFAULT_MAX_CATEGORIES = 20
+#: (``ShadowSettings.max_categories``; with ``other`` they are the K category tests of the
+#: quality page, whose bound grows with K: see ``shadow/stats/policy.py``).
+DEFAULT_MAX_CATEGORIES = 10
 
 #: Default level and non-inferiority margin (a fraction) of the paired tests:
 #: ``PairedSettings`` and every command's ``--alpha`` / ``--margin``.

@@ -889,7 +889,7 @@ LABEL_BOUNDS: dict[str, str] = {
     "into 'other'",
     "standard": "the configured targets",
     "fly": "the configured targets",
-    "category": "shadow.max_categories (default 20) + 'other' + '_all'",
+    "category": "shadow.max_categories (default 10) + 'other' + '_all'",
     "arm": "3: standard, fly, noise",
     "finish_reason": "7: stop, tool_calls, function_call, length, content_filter, other, none",
     "outcome": "6: both_correct, lost, gained, both_wrong, agree, disagree",

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from specwatch.core.config import OVERALL
+from specwatch.core.config import DEFAULT_MAX_CATEGORIES, OVERALL
 from specwatch.shadow.published import DecisionRow, PairedSummary, ShadowIO
 from specwatch.shadow.sample import OTHER_CATEGORY
 from specwatch.shadow.stats.sequential import e_value_alarm
@@ -266,7 +266,7 @@ def decision_table(
     *,
     levels: Levels,
     power: float = 0.8,
-    max_categories: int = 20,
+    max_categories: int = DEFAULT_MAX_CATEGORIES,
     replies: Mapping[tuple[str, str], ReplyCounts] | None = None,
     kept: Collection[str] | None = None,
     overall_log_e_value: float | None = None,

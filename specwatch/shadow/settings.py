@@ -119,7 +119,8 @@ class ShadowSettings(BaseModel):
     """How many replays a category may take at once above its quota (token-bucket size)."""
     max_categories: int = Field(default=DEFAULT_MAX_CATEGORIES, ge=0, le=1000)
     """Most request categories given their own series; the rest are counted as `other`.
-    Bounds metric cardinality."""
+    Bounds metric cardinality. Each series (and `other`) is also a category test of the quality
+    page, whose per-category bound grows with their number (680 at the default 10)."""
     category_window_seconds: float = Field(default=600.0, gt=0)
     """Time scale, in seconds, over which category volumes are compared when a new category
     competes for a slot."""

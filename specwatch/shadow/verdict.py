@@ -4,12 +4,12 @@ One pure function, :func:`verdict_line`, builds the sentence shown by the demo's
 ``/api/v1/snapshot`` (``"verdict"``) and ``specwatch report``, e.g.::
 
     FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI 0.7 to 6.5) on
-    351 labelled pairs; e-value 8.3 of 40 needed; not yet shown within 1 pt: about 2,100 more
+    351 labelled pairs; e-value 8.3 of 30 needed; not yet shown within 1 pt: about 2,100 more
     pairs
 
 Units: accuracy differences in points (1 pt = 1 % of the questions), rates and ratios as ``%``
 changes. The decision signal is the anytime-valid e-value (at the overall page's bound
-``1/(alpha x 0.5)``, 40 at alpha = 5 %: "net loss shown" exactly when the page fires; Ville 1939);
+``1/(alpha x 2/3)``, 30 at alpha = 5 %: "net loss shown" exactly when the page fires; Ville 1939);
 no fixed-n p-value decides it. The interval is always on the scale of the printed number
 (a net gain is printed with the interval of the gain). "Shown within M pt" comes from the
 anytime-valid confidence sequence (:mod:`specwatch.shadow.stats.confseq`): once declared it is

@@ -179,7 +179,7 @@ class TestRulesAgree:
             f"{v:g}"
             for v in S.model_dump().values()
             if isinstance(v, int | float) and not isinstance(v, bool)
-        } | {"0", "1", f"{1 / ALPHA:g}", "40", "933.3333333", "400", "500000"}
+        } | {"0", "1", f"{1 / ALPHA:g}", "30", "680.4123711", "2000", "500000"}
         for name, group in rules.items():
             for rule in group:
                 for const in re.findall(r"[<>=]=?\s*(\d+(?:\.\d+)?)\b", rule["expr"]):

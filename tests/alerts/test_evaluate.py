@@ -625,22 +625,22 @@ def test_quality_and_flip_from_shadow_stats() -> None:
 
 
 def test_margin_bound_is_its_share_of_paired_alpha() -> None:
-    """The margin e-process has 5 % of the page's alpha: with paired.alpha 0.01 it fires at
-    1/(0.01 x 0.05) = 2,000: e = 1,500 is quiet and e = 2,500 fires
+    """The margin e-process has 1 % of the page's alpha: with paired.alpha 0.01 it fires at
+    1/(0.01 x 0.01) = 10,000: e = 8,000 is quiet and e = 12,000 fires
     SpecQualityDrift{check="e_value", hypothesis="margin"}."""
     s = no_for()
     quiet = build_shadow_stats(
         {},
         now=0.0,
         levels=Levels(alpha=0.01),
-        ordered=OrderedState(betting_log_e_value=math.log(1500.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(8000.0)),
     )
     assert evaluate(ObserveView(generated_at=0.0), quiet, s, 0.0) == []
     loud = build_shadow_stats(
         {},
         now=0.0,
         levels=Levels(alpha=0.01),
-        ordered=OrderedState(betting_log_e_value=math.log(2500.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(12000.0)),
     )
     fired = evaluate(ObserveView(generated_at=0.0), loud, s, 0.0)
     assert [(a.alertname, dict(a.labels)) for a in fired] == [
@@ -763,7 +763,7 @@ def test_shadow_alerts_name_the_pair_they_come_from() -> None:
         {},
         now=0.0,
         levels=Levels(alpha=0.05),
-        ordered=OrderedState(betting_log_e_value=math.log(500.0)),
+        ordered=OrderedState(betting_log_e_value=math.log(2500.0)),
     )
     (alert,) = evaluate(view, loud, no_for(), 30.0)
     assert rules_module._pair_labels(view, "standard") == {

@@ -30,7 +30,7 @@ def _must_show(p: Pane, cols: int, rows: int) -> str:
     assert p.lines[0] == "specwatch demo: sidecar on http://127.0.0.1:9477"
     assert p.lines[2] == "specwatch demo  98 s / 100 s  window 1m  Ctrl-C stops"
     assert "FLy: τ +11 %" in text
-    assert "e-value 15 of 40 needed" in text.replace("\n", " ")
+    assert "e-value 14 of 30 needed" in text.replace("\n", " ")
     assert "canary right: standard 334/376 89 %, fly 268/376 71 %" in p.lines
     assert "alerts: 4 firing" in p.lines
     rows_ = [line.strip() for line in p.lines if line.startswith("  Spec")]
@@ -56,7 +56,7 @@ def test_80x24_shows_everything_that_matters_and_drops_detail() -> None:
         p.lines
     )
     assert any(line.startswith("standard  up  0.546  3.18  -    1,226") for line in p.lines)
-    assert "pairs (since_start) 200, labelled 131: lost 22 gained 7; e-value 15 of 40" in p.lines
+    assert "pairs (since_start) 200, labelled 131: lost 22 gained 7; e-value 14 of 30" in p.lines
     assert "what each figure means: docs/demo.md#reading-the-screen" in p.lines
     assert "shadow ledger:" not in text
     assert "replay:" not in text

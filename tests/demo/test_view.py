@@ -219,7 +219,7 @@ def test_view_shadow_load_and_alert_sections() -> None:
     snap = _snap(shadow=stats, alerts=AlertingState(firing=(firing,)))
     lines = render_text(build_view(snap, ctx, width=100, load=load), width=100).splitlines()
     assert lines[-7:] == [
-        "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 40",
+        "pairs (since_start) 200, labelled 80: lost 9 gained 3; e-value 3.2 of 30",
         "flips vs standard: FLy 25.0 %, noise floor 1.0 %; fixed-n McNemar p 0.073",
         "replay: in flight 3, queued 1, paused load_stale, dropped 9, unpaired 3",
         "load: sent 10, ok 9, errors 1",

@@ -62,9 +62,9 @@ EXPECTED_ALERTS = {
 
 #: The alerting policy's bounds the templates read (thresholds.libsonnet), at the defaults.
 POLICY_KEYS = {
-    "page_overall_bound": 40.0,
-    "page_category_bound": 21 / 0.0225,
-    "page_margin_bound": 400.0,
+    "page_overall_bound": 30.0,
+    "page_category_bound": 11 / (0.05 * (1 - 2 / 3 - 0.01)),
+    "page_margin_bound": 2000.0,
     "change_arl": 500_000.0,
 }
 
@@ -333,9 +333,9 @@ class TestThresholdsDefinedOnce:
         (ni,) = by_name["SpecNonInferiorityNotShown"]
         assert ni["labels"] == {"severity": "info"}
         expr = quality["e_value"]["expr"]
-        assert 'category="_all", hypothesis="no_net_loss"} >= 40\n' in expr
-        assert 'category!="_all", hypothesis="no_net_loss"} >= 933.3333333\n' in expr
-        assert 'category="_all", hypothesis="margin"} >= 400\n' in expr
+        assert 'category="_all", hypothesis="no_net_loss"} >= 30\n' in expr
+        assert 'category!="_all", hypothesis="no_net_loss"} >= 680.4123711\n' in expr
+        assert 'category="_all", hypothesis="margin"} >= 2000\n' in expr
         assert quality["e_value"]["for"] == "0s"
         (change,) = by_name["SpecQualityChange"]
         assert unwrapped(("expr",), change["expr"]) == "specwatch_paired_change_detector >= 500000"
@@ -343,22 +343,22 @@ class TestThresholdsDefinedOnce:
         (fleet,) = by_name["SpecQualityDriftFleet"]
         assert "avg by (cluster, namespace, job) (" in fleet["expr"]
         assert "max without (replica, prometheus_replica) (" in fleet["expr"]
-        assert fleet["expr"].endswith(") >= 40\n")
+        assert fleet["expr"].endswith(") >= 30\n")
         assert fleet["labels"] == {"severity": "critical"}
 
     def test_e_value_bound_follows_alpha(self) -> None:
-        """alpha 0.01 renders the page at 200 for all pairs, 4,666.67 for a category and 2,000 for
-        the margin test, and the fleet page at 200."""
+        """alpha 0.01 renders the page at 150 for all pairs, 11 / (0.01 x 0.3233) = 3,402.06 for a
+        category and 10,000 for the margin test, and the fleet page at 150."""
         rules = render_rules(thresholds=threshold_values(paired=PairedSettings(alpha=0.01)))
         exprs = {
             r["labels"].get("check", r["alert"]): r["expr"]
             for r in alert_rules(rules)
             if r["alert"].startswith("SpecQualityDrift")
         }
-        assert '"no_net_loss"} >= 200\n' in exprs["e_value"]
-        assert '"no_net_loss"} >= 4666.666667\n' in exprs["e_value"]
-        assert '"margin"} >= 2000\n' in exprs["e_value"]
-        assert exprs["SpecQualityDriftFleet"].endswith(") >= 200\n")
+        assert '"no_net_loss"} >= 150\n' in exprs["e_value"]
+        assert '"no_net_loss"} >= 3402.061856\n' in exprs["e_value"]
+        assert '"margin"} >= 10000\n' in exprs["e_value"]
+        assert exprs["SpecQualityDriftFleet"].endswith(") >= 150\n")
 
     def test_quality_drift_reads_only_the_sidecar_gauges(self, rules: dict[str, Any]) -> None:
         """SpecQualityDrift fires on the e-value or non-inferiority, never on McNemar's z."""

@@ -49,8 +49,8 @@ class TestArmLoads:
 
 
 async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() -> None:
-    """With paired.alpha 0.01, a published margin e-value of 2,500 (≥ its page bound
-    1/(0.01 x 0.05) = 2,000) fires SpecQualityDrift; the alert state comes back as
+    """With paired.alpha 0.01, a published margin e-value of 12,000 (≥ its page bound
+    1/(0.01 x 0.01) = 10,000) fires SpecQualityDrift; the alert state comes back as
     Snapshot.alerts in exactly one more swap, next to the same shadow stats the detectors
     read."""
     settings = Settings(
@@ -71,7 +71,7 @@ async def test_alerts_fire_on_published_shadow_stats_and_are_published_once() ->
             {},
             now=1000.0,
             levels=Levels(alpha=0.01),
-            ordered=OrderedState(betting_log_e_value=math.log(2500)),
+            ordered=OrderedState(betting_log_e_value=math.log(12000)),
         )
         start = len(seen)
         store.update(lambda snap: replace(snap, shadow=stats))

@@ -38,7 +38,7 @@ def test_the_worked_example_reads_in_points_and_percent() -> None:
     assert more_pairs_needed(v) == 0
     assert verdict_line(v) == (
         "FLy: τ +13 %, speed per request +9 %, net loss 3.5 pts (95 % CI, one-look 0.7 to 6.5) "
-        "on 351 labelled pairs; e-value 8.3 of 40 needed; net loss not yet shown"
+        "on 351 labelled pairs; e-value 8.3 of 30 needed; net loss not yet shown"
     )
 
 
@@ -61,21 +61,21 @@ def test_more_pairs_under_the_observed_effect() -> None:
 
 
 def test_alarm_gain_and_non_inferiority_endings() -> None:
-    """The e-value at or above the overall page's bound (1/(α x 0.5) = 40) ends with "net loss
+    """The e-value at or above the overall page's bound (1/(α x 2/3) = 30) ends with "net loss
     shown"; a declared "within margin" with "shown within 1 pt over pairs 1-N (confidence
     sequence)"; a negative net loss is a net gain in points."""
-    base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=40.0)
+    base = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=30.0)
     assert verdict_line(base).endswith(
-        "e-value 40 of 40 needed; net loss shown (e-value reached the threshold)"
+        "e-value 30 of 30 needed; net loss shown (e-value reached the threshold)"
     )
-    below = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=39.0)
-    assert verdict_line(below).endswith("e-value 39 of 40 needed; net loss not yet shown")
+    below = Verdict(n=1000, net_loss=0.02, ci_lower=0.01, ci_upper=0.03, e_value=29.0)
+    assert verdict_line(below).endswith("e-value 29 of 30 needed; net loss not yet shown")
     gain = Verdict(
         n=2000, net_loss=-0.004, ci_lower=-0.01, ci_upper=0.002, e_value=0.1, non_inferior=True
     )
     assert verdict_line(gain) == (
         "FLy: net gain 0.4 pts (95 % CI, one-look -0.2 to 1.0) on 2,000 labelled pairs; "
-        "e-value 0.1 of 40 needed; shown within 1 pt over pairs 1-2,000 (confidence sequence)"
+        "e-value 0.1 of 30 needed; shown within 1 pt over pairs 1-2,000 (confidence sequence)"
     )
 
 

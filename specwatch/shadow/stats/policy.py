@@ -8,14 +8,19 @@ chance that the page *ever* fires on harmless traffic, over the sidecar's whole 
 however often it is evaluated, at most ``alpha`` (Bonferroni on e-values; Vovk & Wang 2021,
 "E-values: calibration, combination and applications", Ann. Statist. 49:1736-1754):
 
-* ``category=_all, hypothesis=no_net_loss``: share :data:`SHARE_OVERALL` = 0.50, threshold
-  ``1 / (alpha 0.5)`` = 40 at alpha = 5 %;
-* ``category=<c>, hypothesis=no_net_loss``: share :data:`SHARE_CATEGORIES` / K = 0.45 / K
-  each, threshold ``K / (alpha 0.45)`` = 933 at K = 21;
-* ``category=_all, hypothesis=margin``: share :data:`SHARE_MARGIN` = 0.05, threshold 400.
+* ``category=_all, hypothesis=no_net_loss``: share :data:`SHARE_OVERALL` = 2/3, threshold
+  ``1 / (alpha 2/3)`` = 30 at alpha = 5 %;
+* ``category=<c>, hypothesis=no_net_loss``: share :data:`SHARE_CATEGORIES` / K = 0.3233 / K
+  each, threshold ``K / (alpha 0.3233)`` = 680.4 at K = 11;
+* ``category=_all, hypothesis=margin``: share :data:`SHARE_MARGIN` = 0.01, threshold 2000.
 
 K is the number of category series a sidecar keeps (``shadow.max_categories`` + ``other``;
-21 by default). The change detector (:mod:`specwatch.shadow.stats.detector`) is not an
+11 by default: each category series doubles as a test, so K is what the per-category page
+costs, ``ln(K / (0.3233 alpha)) / ln(1 / alpha)`` of an uncorrected test's delay, 2.18x at
+K = 11 and 2.39x at K = 21). The shares are set for the delays of the bench grid
+(``bench/page_grid.py``, ``docs/benchmarks.md``); the margin test keeps a hundredth, as any
+loss it shows (over the margin) is a net loss the no-net-loss tests page on too. The change detector
+(:mod:`specwatch.shadow.stats.detector`) is not an
 e-process: its false alarms come at a rate, not once. It is the warning ``SpecQualityChange``
 at ``paired.change_arl`` (its mean run length to a false alarm, in labelled pairs, stated in
 days at the pair rate by :meth:`PagePolicy.change_interval_days`), outside the page's budget.
@@ -62,9 +67,9 @@ NO_NET_LOSS = "no_net_loss"
 MARGIN = "margin"
 
 #: Shares of alpha (sum 1): the overall no-net-loss e-value, all categories together, margin.
-SHARE_OVERALL = 0.50
-SHARE_CATEGORIES = 0.45
-SHARE_MARGIN = 0.05
+SHARE_OVERALL = 2.0 / 3.0
+SHARE_MARGIN = 0.01
+SHARE_CATEGORIES = 1.0 - SHARE_OVERALL - SHARE_MARGIN
 
 SECONDS_PER_DAY = 86_400.0
 

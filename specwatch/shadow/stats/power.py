@@ -90,7 +90,7 @@ def pairs_to_decide(
     After ``n`` labelled pairs with observed net loss ``L̂`` and discordance ``ψ̂`` (fractions)
     the counts are ``lost = n (ψ̂ + L̂) / 2``, ``gained = n (ψ̂ - L̂) / 2``. A loss (``L̂ > 0``) is
     shown when the no-net-loss e-value of all pairs reaches its page threshold
-    (:class:`~specwatch.shadow.stats.policy.PagePolicy` at ``alpha``: 40 at 5 %); "within
+    (:class:`~specwatch.shadow.stats.policy.PagePolicy` at ``alpha``: 30 at 5 %); "within
     ``margin``" when the confidence sequence's e-value reaches ``1/alpha``
     (:func:`~specwatch.shadow.stats.confseq.within_margin_log_e_value`, for ``L̂ < margin``).
     Each is followed along the expected path (every further pair adds the observed shares of

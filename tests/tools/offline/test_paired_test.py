@@ -63,7 +63,7 @@ def test_paired_test_csv_table_and_non_inferior(
     table = capsys.readouterr().out
     # the verdict first: net gain (22 - 20) / 2000 = 0.1 points, in points like everywhere
     assert table.splitlines()[0].startswith("FLy: net gain 0.1 pts (95 % CI, one-look ")
-    assert "of 40 needed; shown within 2 pts over pairs 1-" in table.splitlines()[0]
+    assert "of 30 needed; shown within 2 pts over pairs 1-" in table.splitlines()[0]
     assert table.splitlines()[0].endswith("(confidence sequence)")
     assert "fixed-n McNemar p (two-sided)" in table
     assert "non_inferior" in table
@@ -146,7 +146,7 @@ def test_quiet_then_loss_file_pages_and_signs_nothing_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """1,500 agreeing pairs, then 3,000 with 90 lost and 45 gained in a seeded order (exact
-    McNemar p about 1e-4): the e-value reaches the page's 40 (the old bets peaked at 3.8
+    McNemar p about 1e-4): the e-value reaches the page's 30 (the old bets peaked at 3.8
     here), the sentence ends "net loss shown" and no "within 1 pt" sign-off stands beside it,
     although the confidence sequence did declare it for the quiet pairs at the start."""
     import numpy as np
@@ -163,12 +163,12 @@ def test_quiet_then_loss_file_pages_and_signs_nothing_off(
     assert main(["paired-test", str(b), str(c), "--margin", "0.01", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["lost"], out["gained"], out["n"]) == (90, 45, 4500)
-    assert out["e_value"] >= 40.0
+    assert out["e_value"] >= 30.0
     assert out["verdict"].endswith("net loss shown (e-value reached the threshold)")
     assert "within" not in out["verdict"]
     assert 1500 < out["first_crossing"]["no_net_loss"] <= 4500
     assert out["first_crossing"]["within_margin"] is not None
-    # the page (bound 40 over all pairs) comes no sooner than the crossing of 20, and it is the
+    # the page (bound 30 over all pairs) comes no sooner than the crossing of 20, and it is the
     # pair the sidecar's policy (first_pages) names for the same pairs in the same order
     from specwatch.shadow.settings import PairedSettings
     from specwatch.shadow.stats import first_pages

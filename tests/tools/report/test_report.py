@@ -318,7 +318,7 @@ class TestHtml:
             "FLy: τ +25 %, speed per request +25 %, net loss 7.3 pts (95 % CI, one-look "
         )
         assert "on 96 labelled pairs; e-value " in line.group(1)
-        assert " of 40 needed; " in line.group(1)
+        assert " of 30 needed; " in line.group(1)
 
     def test_tau_and_speed_parts_per_arm(self, rendered: Path) -> None:
         """Beside the verdict, each arm's mean τ and speed over the 96 paired rows (the unpaired
