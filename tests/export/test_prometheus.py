@@ -24,8 +24,9 @@ from prometheus_client.registry import Collector
 from specwatch.core.roles import Role
 from specwatch.core.store import Store
 from specwatch.export import catalogue
-from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
+from specwatch.export.catalogue import CATALOGUE
 from specwatch.export.json import snapshot_json
+from specwatch.export.label_bounds import LABEL_BOUNDS
 from specwatch.export.prometheus import SpecwatchCollector
 from specwatch.export.snapshot import Snapshot, SnapshotGetter
 from specwatch.observe.concurrency import ConcurrencyProfile, add_point, speculation_limit

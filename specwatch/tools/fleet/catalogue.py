@@ -7,7 +7,8 @@ the fleet view (checked by a test), and :data:`DOCUMENTED_LABEL_BOUNDS` bounds a
 
 from __future__ import annotations
 
-from specwatch.export.catalogue import CATALOGUE, LABEL_BOUNDS
+from specwatch.export.catalogue import CATALOGUE
+from specwatch.export.label_bounds import LABEL_BOUNDS
 from specwatch.export.spec import REASON, MetricSpec, _c, _g
 
 # -- fleet (``specwatch fleet --listen``: one process over the sidecars' counters in Prometheus) --
