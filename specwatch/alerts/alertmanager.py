@@ -82,6 +82,12 @@ RESOLVED_RETENTION_SECONDS = 900.0
 CLOCK_TOLERANCE_SECONDS = 2.0
 #: A peer's clock offset above this many seconds is logged as a warning.
 CLOCK_WARN_SECONDS = 30.0
+#: A ``Date`` header further than this many seconds from specwatch's clock is not believed
+#: (counted as ``bad_date``, the last offset kept): no clock drifts a day, and an absurd year
+#: would put alert times out of range.
+CLOCK_MAX_OFFSET_SECONDS = 86400.0
+#: At most this many bytes of an error answer's body are read (for the log line).
+ERROR_BODY_MAX_BYTES = 1024
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -435,7 +441,13 @@ class AlertSender:
     ``* 2**n`` capped at :data:`RETRY_MAX_BACKOFF_SECONDS`) through the injected ``sleep``;
     what still fails stays in the outbox
     for the next :meth:`flush`. A 4xx is logged and counted (``http_4xx``) and the batch is
-    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx).
+    dropped: resending the same body cannot succeed (408 and 429 are retried like a 5xx); a
+    redirect is not followed and is handled likewise (``http_3xx``). At most
+    :data:`ERROR_BODY_MAX_BYTES` of an error answer's body are read, decoded leniently, for the
+    log line. A ``Date`` header over :data:`CLOCK_MAX_OFFSET_SECONDS` off is counted as
+    ``bad_date`` and not used. One failed flush counts one reason (a flush cut off after a refused
+    connection is ``connect``, not also ``timeout``); a flush failing on an error of our own is
+    counted as ``internal`` and logged with its traceback, and the loop goes on.
     One flush of one Alertmanager is cut off after ``evaluation_interval`` seconds (counted as
     ``timeout``), so a black-holed Alertmanager delays the loop by at most one interval.
     An accepted batch whose answer shows the peer's clock offset moved by
@@ -528,15 +540,27 @@ class AlertSender:
             return  # nothing to send, and the last post (or heartbeat) is recent
         peer.last_post_at = now
         endpoint = f"{peer.url}/api/v2/alerts"
+        failures = sum(peer.errors.values())
         try:
             # One flush never outlasts an evaluation interval, so an unreachable Alertmanager
             # cannot hold up the next evaluation; what is left stays queued.
             async with asyncio.timeout(self._settings.evaluation_interval):
                 await self._attempts(peer, endpoint, now, pending)
         except TimeoutError:
-            self._failed(peer, "timeout")
+            if sum(peer.errors.values()) == failures:  # one reason per failed flush
+                self._failed(peer, "timeout")
             log_event(
                 log, logging.WARNING, "alertmanager flush ran out of time", url=redact_url(endpoint)
+            )
+        except Exception:  # a bug of ours on some answer must not end the alert loop
+            self._failed(peer, "internal")
+            log_event(
+                log,
+                logging.ERROR,
+                "alertmanager flush failed",
+                url=redact_url(endpoint),
+                reason="internal",
+                exc_info=True,
             )
 
     async def _attempts(
@@ -553,7 +577,7 @@ class AlertSender:
             if outcome == "ok" and moved and not corrected:
                 corrected = True  # built with a stale offset: once more, in the peer's clock
                 continue
-            if outcome in ("ok", "http_4xx"):  # a 4xx cannot succeed on resend: drop the batch
+            if outcome in ("ok", "http_3xx", "http_4xx"):  # cannot succeed on resend: drop it
                 peer.outbox.remove(pending)
                 return
             if attempt < self._settings.max_attempts:
@@ -563,7 +587,18 @@ class AlertSender:
 
     def _clock(self, peer: _Peer, date_header: str | None, sent_at: float) -> None:
         offset = date_offset(date_header, sent_at, self._wall_clock())
-        if offset is None:
+        if not date_header:
+            return
+        if offset is None or abs(offset) > CLOCK_MAX_OFFSET_SECONDS:
+            peer.errors["bad_date"] += 1  # the last good offset stays
+            log_event(
+                log,
+                logging.WARNING,
+                "alertmanager answered with an unbelievable Date header; its clock offset is kept",
+                url=peer.label,
+                reason="bad_date",
+                date=date_header[:64],
+            )
             return
         peer.clock_offset = offset
         if abs(offset) >= CLOCK_TOLERANCE_SECONDS:
@@ -600,6 +635,7 @@ class AlertSender:
                 headers=self._headers,
                 ssl=self._ssl,
                 timeout=timeout,
+                allow_redirects=False,
             ) as resp:
                 self._clock(peer, resp.headers.get("Date"), sent_at)
                 if resp.status < 300:
@@ -607,8 +643,13 @@ class AlertSender:
                     peer.last_send_ok = True
                     peer.last_ack_at = self._wall_clock()
                     return "ok"
-                text = (await resp.text())[:200]
-                reason = "http_4xx" if 400 <= resp.status < 500 else "http_5xx"
+                text = (await _read_bounded(resp.content)).decode("utf-8", errors="replace")
+                if resp.status < 400:
+                    reason = "http_3xx"  # a redirect is not followed for a POST
+                elif resp.status < 500:
+                    reason = "http_4xx"
+                else:
+                    reason = "http_5xx"
                 self._failed(peer, reason)
                 log_event(
                     log,
@@ -616,7 +657,8 @@ class AlertSender:
                     "alertmanager rejected alerts",
                     url=redact_url(endpoint),
                     status=resp.status,
-                    body=text,
+                    reason=reason,
+                    body=text[:200],
                 )
                 if resp.status in _RETRYABLE_4XX:
                     return "retry"
@@ -635,6 +677,20 @@ class AlertSender:
                 error=str(exc),
             )
             return "connect"
+
+
+async def _read_bounded(content: aiohttp.StreamReader) -> bytes:
+    """The first :data:`ERROR_BODY_MAX_BYTES` of a body (less at its end); the rest is never
+    read (the connection is closed rather than drained when the answer is released)."""
+    chunks: list[bytes] = []
+    left = ERROR_BODY_MAX_BYTES
+    while left > 0:
+        chunk = await content.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 class AlertLoop:

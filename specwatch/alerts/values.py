@@ -54,12 +54,18 @@ RULES_ONLY_ALERTS: Mapping[str, str] = {
     ),
 }
 
-#: ``reason`` values of ``specwatch_alertmanager_send_errors_total``.
+#: ``reason`` values of ``specwatch_alertmanager_send_errors_total``: ``http_3xx`` is a redirect
+#: (not followed), ``bad_date`` an answer whose ``Date`` header is unreadable or more than
+#: a day from specwatch's clock (its offset not used), ``internal`` a flush that failed on an
+#: error of specwatch's own (logged with its traceback; the loop goes on).
 SEND_ERROR_REASONS: tuple[str, ...] = (
     "timeout",
     "connect",
+    "http_3xx",
     "http_4xx",
     "http_5xx",
+    "bad_date",
+    "internal",
     "outbox_overflow",
 )
 
