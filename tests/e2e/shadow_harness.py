@@ -133,7 +133,13 @@ class Sidecar:
 
 @asynccontextmanager
 async def sidecar(settings: Settings) -> AsyncIterator[Sidecar]:
-    """The specwatch app (scraping on) with the shadow component, served on port 0."""
+    """The specwatch app (scraping on) with the shadow component, served on port 0; a mirror
+    listener left at its default address moves to 127.0.0.1 port 0, so tests never meet on
+    the fixed default port."""
+    sh = settings.shadow
+    if sh.mirror_listen_port == type(sh).model_fields["mirror_listen_port"].default:
+        moved = sh.model_copy(update={"mirror_listen_host": "127.0.0.1", "mirror_listen_port": 0})
+        settings = settings.model_copy(update={"shadow": moved})
     plug = ShadowPlug(settings)
     comp = plug.component
     app = build_app(settings, components=[plug])
