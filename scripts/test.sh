@@ -196,7 +196,11 @@ fi
 t_model=$(date +%s)
 
 # 5. Every test -----------------------------------------------------------------------------
-say "SPECWATCH_TEST_VLLM_PYTHON=${SPECWATCH_TEST_VLLM_PYTHON:-} (empty: real-vLLM tests skipped)"
+if [[ -n "${SPECWATCH_TEST_VLLM_PYTHON:-}" ]]; then
+  say "real-vLLM tests use SPECWATCH_TEST_VLLM_PYTHON=$SPECWATCH_TEST_VLLM_PYTHON"
+else
+  say "SPECWATCH_TEST_VLLM_PYTHON is empty: the real-vLLM tests are skipped"
+fi
 say "SPECWATCH_TEST_MODEL_DIR=${SPECWATCH_TEST_MODEL_DIR:-}"
 say "SPECWATCH_TEST_LM_EVAL_PYTHON=${SPECWATCH_TEST_LM_EVAL_PYTHON:-}"
 say "setup took $((t_model - t0)) s (requirements and apt $((t_apt - t0)) s, vLLM venv $((t_venv - t_apt)) s, models $((t_model - t_venv)) s)"
