@@ -270,7 +270,9 @@ async def test_expired_requests_are_dropped() -> None:
 
 
 async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
-    """Canary mode replays each built-in item once, past the sampling probability."""
+    """Canary mode replays each built-in item once, past the sampling probability; the items
+    are counted as offered by the canary, never as received (no ``source="canary"`` series held
+    at 0 while canary pairs flow)."""
     async with serve_arm(FakeArm(text="42")) as su, serve_arm(FakeArm(text="42")) as fu:
         settings = _settings(
             su,
@@ -294,6 +296,7 @@ async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
     assert all(p.request.source is Source.CANARY and p.request.gold for p in pairs)
     assert m.canary_offered == 5
     assert m.not_sampled == 0
+    assert m.received == {}
 
 
 def test_settings_validation() -> None:
