@@ -6,12 +6,12 @@ A failed write is never silent: it is counted per exception type
 the ledger's :data:`~specwatch.shadow.ledger.state.LedgerState` (the shadow component logs
 one line when it changes, never one per batch: a full disk would write a line a second); a
 committed batch sets it back to ``ok``. A batch holding a value SQLite cannot store (an integer
-beyond 64 bits) is counted and lost, the state unchanged; a writer task that stops on an
-unexpected error sets ``unavailable`` (and :meth:`QueueWriter.start` runs a new one). A batch is committed once :data:`COMMIT_LINGER_SECONDS`
-passed after its first row (sooner when it is full or someone waits in :meth:`QueueWriter.flush`
-or :meth:`QueueWriter.stop`): at a few pairs a second that is one transaction, one worker-thread
-hand-over and one listener update for several rows. Also the one bulk insert that bypasses the
-queue."""
+beyond 64 bits) is counted and lost, the state unchanged; a writer task that stops on an unexpected
+error sets ``unavailable`` (and :meth:`QueueWriter.start` runs a new one). A batch is committed
+once :data:`COMMIT_LINGER_SECONDS` passed after its first row (sooner when it is full or someone
+waits in :meth:`QueueWriter.flush` or :meth:`QueueWriter.stop`): at a few pairs a second that is
+one transaction, one worker-thread hand-over and one listener update for several rows. Also the one
+bulk insert that bypasses the queue."""
 
 from __future__ import annotations
 
