@@ -226,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
     """Run until SIGTERM (0) or SIGINT (:class:`KeyboardInterrupt` after the same orderly stop,
     for the entry point's line and 130); 2 on a configuration error."""
     # The server, shadow and alerting stacks (aiohttp, scipy, rapidfuzz) load only here.
+    from specwatch.core.listen_http import CannotListen
     from specwatch.core.shutdown import exit_now
     from specwatch.server.app import build_app, serve
     from specwatch.server.wiring import alerting_components, shadow_components
@@ -252,8 +253,8 @@ def main(args: argparse.Namespace) -> int:
     app = build_app(settings, components=[*shadow, *alerting])
     try:
         serve(app, settings)
-    except (OSError, OverflowError) as exc:  # address taken, not ours, or not an address
-        reason = getattr(exc, "strerror", None) or exc
+    except CannotListen as exc:  # the bind alone: a later failure is not the port's
+        reason = exc.strerror or exc
         print(
             f"specwatch run: server.port: cannot listen on "
             f"{settings.server.host}:{settings.server.port}: {reason}",

@@ -254,6 +254,11 @@ class GuardedSite(web.TCPSite):
         await server.start_serving()  # a no-op for the server just created (it serves)
 
 
+class CannotListen(OSError):
+    """The address could not be bound (taken, not this host's, or a port outside 0-65535):
+    raised by :meth:`BoundAddress.take` only, so a caller tells it from any later failure."""
+
+
 class BoundAddress:
     """A listening socket taken before the app's runner is set up (:meth:`take`), accepting
     no connection until the :class:`GuardedSite` given it as ``bound`` starts: a port in use
@@ -269,11 +274,15 @@ class BoundAddress:
 
     @classmethod
     async def take(cls, host: str | None, port: int) -> BoundAddress:
-        """Bind and listen on ``host:port`` without serving. Raises ``OSError`` (or
-        ``OverflowError`` for a port out of range)."""
+        """Bind and listen on ``host:port`` without serving. Raises :class:`CannotListen`
+        (its ``strerror`` the reason) when the address cannot be bound."""
         bound = cls()
         loop = asyncio.get_running_loop()
-        bound.server = await loop.create_server(bound, host, port, start_serving=False)
+        try:
+            bound.server = await loop.create_server(bound, host, port, start_serving=False)
+        except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise CannotListen(getattr(exc, "errno", None), reason) from exc
         return bound
 
     def close(self) -> None:

@@ -275,8 +275,8 @@ def serve(app: web.Application, settings: Settings) -> None:
     the main listener closes and the app's cleanup runs (alert state saved, ledger flushed,
     sessions closed) until the budget; the process is ended at the budget if its teardown
     hangs. Returns after SIGTERM; raises :class:`KeyboardInterrupt` after the same orderly
-    stop when SIGINT (Ctrl-C) started it (:meth:`StopSignal.end`). Raises ``OSError`` when the
-    address cannot be bound."""
+    stop when SIGINT (Ctrl-C) started it (:meth:`StopSignal.end`). Raises
+    :class:`~specwatch.core.listen_http.CannotListen` when the address cannot be bound."""
     budget = settings.server.shutdown_timeout_seconds
     stopped_by = StopSignal()
     deadline = ShutdownDeadline(max(0.0, budget - FORCED_EXIT_MARGIN_SECONDS), stopped_by)

@@ -60,11 +60,14 @@ from specwatch.shadow.sample import (
     Takeover,
 )
 from specwatch.shadow.settings import ArmEndpoint, ShadowSettings
-from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest
+from specwatch.shadow.values import Arm, ReplayPair, ShadowRequest, Source
 
 log = logging.getLogger("specwatch.shadow.pipeline")
 
 CANARY_TASK = "shadow-canary"
+
+#: The modes whose requests come from outside and are counted as received (by source).
+RECEIVING_MODES: frozenset[str] = frozenset({Source.MIRROR.value, Source.PROXY.value})
 
 #: Seconds between two checks of a load pause by a request waiting for it to end.
 PAUSE_POLL_SECONDS = 0.5
@@ -554,6 +557,18 @@ class ShadowPipeline:
             self._idle.clear()
             try:
                 await self._process(req)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one replay's bug must not end the worker: count, log
+                self.sampler.count_drop("replay_error")
+                self._spec_log.log(
+                    logging.ERROR,
+                    "shadow replay failed",
+                    reason="replay_error",
+                    error=type(exc).__name__,
+                    exc_info=True,
+                    request_hash=req.request_hash,
+                )
             finally:
                 self._holding -= 1
                 if self._holding == 0:
@@ -660,8 +675,12 @@ class ShadowPipeline:
             trickled=sm.trickled,
             pauses_total=dict(sm.pauses),
             # a source's series from 0 at start: increase() misses what a counter held when it
-            # first appeared (the copies before the first scrape)
-            received={**dict.fromkeys(self.settings.modes, 0), **ic.received},
+            # first appeared (the copies before the first scrape); only the modes that take
+            # requests in (canary items are generated here: canary_offered counts them)
+            received={
+                **dict.fromkeys((m for m in self.settings.modes if m in RECEIVING_MODES), 0),
+                **ic.received,
+            },
             ingest_errors=dict(ic.errors),
             arm_errors=dict(self.arm_errors),
             sink_errors=self.sink_errors,

@@ -33,7 +33,8 @@ after the other (at most one count in flight per pair), within
 pair's speed and decode speed are then unknown, never a count of SSE chunks, which carry one
 engine step, several tokens with speculative decoding) and adds one to
 :attr:`Replayer.token_count_failures` by ``(arm, reason)``: ``timeout``, ``connect``,
-``http_<status>``, ``invalid_body`` (no integer ``count``), ``not_text`` (the reply's output
+``http_<status>``, ``invalid_body`` (not JSON, nested too deep to parse, or no integer
+``count`` from 0 to the ``max_tokens`` the arm was sent), ``not_text`` (the reply's output
 was tool calls, whose tokens the text does not give back).
 """
 
@@ -147,6 +148,17 @@ def prepare_body(
     return out
 
 
+def max_tokens_sent(body: Mapping[str, Any], max_tokens_cap: int) -> int:
+    """The most tokens an arm may generate for ``body`` as :func:`prepare_body` sends it: the
+    smallest of its ``max_tokens``/``max_completion_tokens`` and ``max_tokens_cap``."""
+    given = [
+        v
+        for v in (body.get("max_tokens"), body.get("max_completion_tokens"))
+        if isinstance(v, int) and not isinstance(v, bool)
+    ]
+    return min([max_tokens_cap, *given])
+
+
 def _error_message(obj: object) -> str:
     if isinstance(obj, Mapping):
         err = obj.get("error", obj)
@@ -161,19 +173,31 @@ def _error_message(obj: object) -> str:
 _MODEL_NOT_FOUND = re.compile(r"\bmodel\b.{0,400}\bdoes not exist", re.IGNORECASE | re.DOTALL)
 
 
-def _tokenize_count(raw: bytes) -> int | None:
-    """The ``count`` of a ``/tokenize`` answer, ``None`` when the body is not JSON with a
-    non-negative integer ``count`` (or was larger than :data:`MAX_TOKENIZE_BYTES`)."""
+def _tokenize_count(raw: bytes, *, most: int) -> int | None:
+    """The ``count`` of a ``/tokenize`` answer, ``None`` when the body is not JSON (nested too
+    deep to parse included) with an integer ``count`` in ``[0, most]``, or was larger than
+    :data:`MAX_TOKENIZE_BYTES`."""
     if len(raw) > MAX_TOKENIZE_BYTES:
         return None
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     count = obj.get("count") if isinstance(obj, dict) else None
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+    if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= most:
         return count
     return None
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The whole body of ``resp`` up to EOF, however many pieces it arrives in; ``None`` once
+    it is longer than ``cap`` bytes (the rest is not read)."""
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        if len(buf) > cap:
+            return None
+    return bytes(buf)
 
 
 def client_error_kind(status: int, message: str) -> str:
@@ -239,9 +263,10 @@ class Replayer:
         asked = [t for t in (a.standard, a.fly, a.noise, a.baseline) if t is not None]
         results = await asyncio.gather(*(self._one(t, req, seed) for t in asked))
         got = dict(zip(asked, results, strict=True))
+        most = max(0, max_tokens_sent(req.body, self._cap))
         for t in asked:  # one count in flight per pair
             if got[t].ok and got[t].completion_tokens is None:
-                got[t] = await self._count_tokens(t, got[t])
+                got[t] = await self._count_tokens(t, got[t], most=most)
         return ReplayPair(
             request=req,
             standard=got[a.standard],
@@ -280,9 +305,10 @@ class Replayer:
         except aiohttp.ClientError:
             return ArmResult(t.arm, False, self._mono_clock() - t0, error="connect")
 
-    async def _count_tokens(self, t: ArmTarget, result: ArmResult) -> ArmResult:
+    async def _count_tokens(self, t: ArmTarget, result: ArmResult, *, most: int) -> ArmResult:
         """``result`` with ``completion_tokens`` counted by the arm's ``/tokenize`` (see the
-        module docstring); unchanged, with the failure counted, when the count fails."""
+        module docstring); unchanged, with the failure counted, when the count fails. A
+        ``count`` above ``most`` (the ``max_tokens`` the arm was sent) is ``invalid_body``."""
         if result.tool_calls:
             self.token_count_failures[(t.arm.value, "not_text")] += 1
             return result
@@ -301,11 +327,11 @@ class Replayer:
             async with self._session(t.arm).post(
                 t.base_url + "/tokenize", json=body, headers=headers, timeout=timeout
             ) as resp:
-                raw = await resp.content.read(MAX_TOKENIZE_BYTES + 1)
                 if resp.status != 200:
                     reason = f"http_{resp.status}"
                 else:
-                    count = _tokenize_count(raw)
+                    raw = await _read_capped(resp, MAX_TOKENIZE_BYTES)
+                    count = None if raw is None else _tokenize_count(raw, most=most)
                     if count is not None:
                         return replace(result, completion_tokens=count)
                     reason = "invalid_body"

@@ -47,6 +47,7 @@ DROP_REASONS: tuple[str, ...] = (
     "ledger_unusable",
     "shutdown_queued",
     "shutdown_in_flight",
+    "replay_error",
 )
 PAUSE_REASONS: tuple[str, ...] = ("waiting", "running_near_max", "load_stale")
 

@@ -85,3 +85,20 @@ def test_port_in_use_leaves_the_alert_state_file_alone(
     assert err.splitlines()[-1].startswith("specwatch run: server.port: cannot listen on")
     assert "restored" not in err
     assert (state.read_bytes(), state.stat().st_mtime_ns) == before
+
+
+def test_a_failure_after_the_bind_is_not_reported_as_the_port(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An OverflowError raised once serving began (as a ledger write did at shutdown) reaches
+    the caller as itself, never as "server.port: cannot listen" with exit code 2."""
+    import specwatch.server.app as app_module
+
+    def serve_then_fail(app: object, settings: object) -> None:
+        raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+    monkeypatch.setattr(app_module, "serve", serve_then_fail)
+    _shadow_env(monkeypatch, tmp_path / "pairs.sqlite")
+    with pytest.raises(OverflowError, match="SQLite INTEGER"):
+        main(["run", *TARGETS, "--host", "127.0.0.1", "--port", "0"])
+    assert "cannot listen" not in capsys.readouterr().err

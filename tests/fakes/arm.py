@@ -66,7 +66,9 @@ class FakeArm:
     ``prompt_tokens`` is the ``usage.prompt_tokens`` it reports. In ``stream`` mode the
     content goes out as ``chunks`` (default: the text in two pieces), the first after
     ``first_delay`` seconds and each next one ``chunk_delay`` seconds later, and the usage chunk
-    says ``completion_tokens``."""
+    says ``completion_tokens``; with ``usage`` off no usage chunk is sent (a server ignoring
+    ``include_usage``). ``POST /tokenize`` answers the bytes of ``tokenize`` written piece by
+    piece, ``tokenize_delay`` seconds apart (default: a ``count`` of the prompt's words)."""
 
     text: str = "hello"
     mode: str = "ok"
@@ -82,6 +84,26 @@ class FakeArm:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     replies: dict[str, RawReply] = field(default_factory=dict)
+    usage: bool = True
+    tokenize: list[bytes] | None = None
+    tokenize_delay: float = 0.0
+    tokenized: list[str] = field(default_factory=list)
+
+    async def handle_tokenize(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = str(body.get("prompt", ""))
+        self.tokenized.append(prompt)
+        pieces = self.tokenize
+        if pieces is None:
+            pieces = [json.dumps({"count": len(prompt.split())}).encode()]
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for i, piece in enumerate(pieces):
+            if i:
+                await asyncio.sleep(self.tokenize_delay)
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -120,6 +142,10 @@ class FakeArm:
                 await resp.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
             fin = {"choices": [{"index": 0, "finish_reason": "stop", "text": ""}]}
             await resp.write(f"data: {json.dumps(fin)}\n\n".encode())
+            if not self.usage:
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             usage: dict[str, Any] = {
                 "choices": [],
                 "usage": {
@@ -167,6 +193,7 @@ async def serve_arm(arm: FakeArm) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/completions", arm.handle)
     app.router.add_post("/v1/chat/completions", arm.handle)
+    app.router.add_post("/tokenize", arm.handle_tokenize)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     try:

@@ -11,6 +11,7 @@ import pytest
 from specwatch.core.logs import event_fields
 from specwatch.settings import Settings
 from specwatch.shadow.compare import PairOutcome, compare
+from specwatch.shadow.ledger.rows import LedgerRow
 from specwatch.shadow.values import Arm, ArmResult, ReplayPair, ShadowRequest, Source
 from tests.e2e.shadow_harness import sidecar
 from tests.fakes import REPO
@@ -25,7 +26,7 @@ SHADOW_PREFIXES = (
 )
 
 
-def _outcome(i: int, fly_text: str) -> PairOutcome:
+def _outcome(i: int, fly_text: str, fly_tokens: int | None = None) -> PairOutcome:
     req = ShadowRequest(
         path="/v1/completions",
         body={"prompt": f"q{i}"},
@@ -40,7 +41,7 @@ def _outcome(i: int, fly_text: str) -> PairOutcome:
     pair = ReplayPair(
         request=req,
         standard=ArmResult(Arm.STANDARD, True, 0.1, text="answer: 42"),
-        fly=ArmResult(Arm.FLY, True, 0.1, text=fly_text),
+        fly=ArmResult(Arm.FLY, True, 0.1, text=fly_text, completion_tokens=fly_tokens),
     )
     return compare(pair)
 
@@ -111,3 +112,73 @@ async def test_write_errors_counted_exported_and_logged_per_state_change(
     assert "specwatch_shadow_pauses_total" in exported
     for name in exported:
         assert f"`{name}`" in METRICS_DOC, name
+
+
+async def test_a_value_sqlite_cannot_store_loses_its_row_not_the_writer(tmp_path: Path) -> None:
+    """A row holding an integer beyond 64 bits is counted (OverflowError) and lost; the ledger
+    stays ``ok`` on /metrics and the writer stores the next pair."""
+    ledger = tmp_path / "ledger.sqlite"
+    settings = Settings.model_validate(
+        {
+            "shadow": {
+                "enabled": True,
+                "standard": {"url": "http://127.0.0.1:9"},
+                "fly": {"url": "http://127.0.0.1:9"},
+            },
+            "ledger": {"path": str(ledger)},
+        }
+    )
+    async with sidecar(settings) as sc:
+        comp = sc.component
+        comp.statistics.take_outcome(_outcome(0, "answer: 42", fly_tokens=10**20))
+        stats = await comp.refresh(flush=True)
+        comp.statistics.take_outcome(_outcome(1, "answer: 42"))
+        after = await comp.refresh(flush=True)
+        m = await sc.metrics()
+    assert dict(stats.ledger_write_errors) == {"OverflowError": 1}
+    assert after.ledger_rows == 1
+    assert m[("specwatch_ledger_state", frozenset({("state", "ok")}))] == 1.0
+    assert m[("specwatch_ledger_write_errors_total", frozenset({("reason", "OverflowError")}))] == 1
+
+
+async def test_a_writer_stopped_by_a_bug_is_unavailable_then_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer task raises an error nobody expected: the ledger reads ``unavailable``
+    (counted, logged), and the component's retry starts a new writer that stores the next
+    pair."""
+    ledger = tmp_path / "ledger.sqlite"
+    settings = Settings.model_validate(
+        {
+            "shadow": {
+                "enabled": True,
+                "standard": {"url": "http://127.0.0.1:9"},
+                "fly": {"url": "http://127.0.0.1:9"},
+            },
+            "ledger": {"path": str(ledger)},
+        }
+    )
+    async with sidecar(settings) as sc:
+        comp = sc.component
+        await comp.refresh(flush=True)  # the start-up rebuild has read the ledger
+        led = comp.ledger
+        assert led is not None
+        writer = led._writer
+        real = writer._write_batch
+
+        async def broken(batch: list[LedgerRow]) -> None:
+            raise KeyError("a bug")
+
+        writer._write_batch = broken  # type: ignore[method-assign]
+        comp.statistics.take_outcome(_outcome(0, "answer: 42"))
+        await comp.refresh(flush=True)  # the row is lost with the writer: no wait for ever
+        m = await sc.metrics()
+        writer._write_batch = real  # type: ignore[method-assign]
+        assert await led.retry() == "ok"
+        comp.statistics.take_outcome(_outcome(1, "answer: 42"))
+        after = await comp.refresh(flush=True)
+    assert m[("specwatch_ledger_state", frozenset({("state", "unavailable")}))] == 1.0
+    assert m[("specwatch_ledger_state", frozenset({("state", "ok")}))] == 0.0
+    assert m[("specwatch_ledger_write_errors_total", frozenset({("reason", "KeyError")}))] == 1
+    assert after.ledger_rows == 1
+    assert any(r.getMessage() == "ledger writer stopped" for r in caplog.records)

@@ -122,6 +122,43 @@ async def test_mirror_answers_at_once_while_arms_hang_then_pair_arrives() -> Non
     assert m.in_flight == 0
 
 
+async def test_a_replay_that_raises_is_counted_and_its_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One worker; the first replay raises an error nobody expected (a bug): that request is
+    dropped as ``replay_error`` with one ERROR line naming it, and the same worker replays the
+    next two requests."""
+    std, fly = FakeArm(text="A"), FakeArm(text="A")
+    async with (
+        serve_arm(std) as su,
+        serve_arm(fly) as fu,
+        sidecar(_settings(su, fu, max_in_flight=1)) as (url, pipe, pairs, client, _),
+    ):
+        real = pipe.replayer.replay
+        calls = {"n": 0}
+
+        async def first_raises(req: ShadowRequest, *, running: float | None = None) -> ReplayPair:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RecursionError("maximum recursion depth exceeded")
+            return await real(req, running=running)
+
+        pipe.replayer.replay = first_raises  # type: ignore[method-assign]
+        for i in range(3):
+            body = {"model": "m", "prompt": f"p{i}", "max_tokens": 4}
+            async with client.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 202
+            await _until(lambda i=i: calls["n"] == i + 1 and pipe.in_flight == 0)
+        await _until(lambda: len(pairs) == 2)
+        m = pipe.metrics()
+    assert m.dropped["replay_error"] == 1
+    assert [p.request.body["prompt"] for p in pairs] == ["p1", "p2"]
+    failed = [r for r in caplog.records if r.getMessage().startswith("shadow replay failed")]
+    assert len(failed) == 1
+    assert failed[0].exc_info is not None
+    assert failed[0].exc_info[0] is RecursionError
+
+
 async def test_each_modes_received_count_starts_at_zero() -> None:
     """Before any copy arrives, each enabled mode's received count is there at 0 (a series
     that first appears with copies already counted loses them from Prometheus' increase(),
@@ -270,7 +307,9 @@ async def test_expired_requests_are_dropped() -> None:
 
 
 async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
-    """Canary mode replays each built-in item once, past the sampling probability."""
+    """Canary mode replays each built-in item once, past the sampling probability; the items
+    are counted as offered by the canary, never as received (no ``source="canary"`` series held
+    at 0 while canary pairs flow)."""
     async with serve_arm(FakeArm(text="42")) as su, serve_arm(FakeArm(text="42")) as fu:
         settings = _settings(
             su,
@@ -294,6 +333,7 @@ async def test_canary_mode_replays_builtin_set(tmp_path: object) -> None:
     assert all(p.request.source is Source.CANARY and p.request.gold for p in pairs)
     assert m.canary_offered == 5
     assert m.not_sampled == 0
+    assert m.received == {}
 
 
 def test_settings_validation() -> None:

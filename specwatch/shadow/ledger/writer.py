@@ -5,16 +5,19 @@ A failed write is never silent: it is counted per exception type
 (:attr:`LedgerHealth.write_errors`, exported as ``specwatch_ledger_write_errors_total``), sets
 the ledger's :data:`~specwatch.shadow.ledger.state.LedgerState` (the shadow component logs
 one line when it changes, never one per batch: a full disk would write a line a second); a
-committed batch sets it back to ``ok``. A batch is committed once :data:`COMMIT_LINGER_SECONDS`
-passed after its first row (sooner when it is full or someone waits in :meth:`QueueWriter.flush`
-or :meth:`QueueWriter.stop`): at a few pairs a second that is one transaction, one worker-thread
-hand-over and one listener update for several rows. Also the one bulk insert that bypasses the
-queue."""
+committed batch sets it back to ``ok``. A batch holding a value SQLite cannot store (an integer
+beyond 64 bits) is counted and lost, the state unchanged; a writer task that stops on an unexpected
+error sets ``unavailable`` (and :meth:`QueueWriter.start` runs a new one). A batch is committed
+once :data:`COMMIT_LINGER_SECONDS` passed after its first row (sooner when it is full or someone
+waits in :meth:`QueueWriter.flush` or :meth:`QueueWriter.stop`): at a few pairs a second that is
+one transaction, one worker-thread hand-over and one listener update for several rows. Also the one
+bulk insert that bypasses the queue."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ from specwatch.shadow.ledger.retention import Retention
 from specwatch.shadow.ledger.rows import COLUMNS, INSERT, LedgerRow, row_to_values
 from specwatch.shadow.ledger.state import state_of_error
 from specwatch.shadow.values import LedgerState
+
+log = logging.getLogger(__name__)
 
 #: The states in which rows are not even queued (nothing could store them until
 #: :meth:`~specwatch.shadow.ledger.Ledger.retry` or a restart).
@@ -84,12 +89,14 @@ class QueueWriter:
         self._dropped = 0
         self._last_error: str | None = None
         self._state: LedgerState = "ok"
+        self._ended = False  # the writer task left its loop (flush() waiters stop waiting)
         #: Told about committed and pruned rows (see :class:`HistoryListener`); ``None``: nobody.
         self.listener: HistoryListener | None = None
 
     def start(self) -> None:
         """Start the writer task (on the running loop; idempotent)."""
-        if self._task is None:
+        if self._task is None or self._task.done():  # a writer that stopped on a bug restarts
+            self._ended = False
             self._task = asyncio.create_task(self._write_loop(), name="ledger-writer")
 
     @property
@@ -133,9 +140,11 @@ class QueueWriter:
         return True
 
     async def flush(self) -> None:
-        """Wait until every row submitted so far has been committed or counted as failed.
+        """Wait until every row submitted so far has been committed, counted as failed or lost
+        with a writer that stopped on a bug (the state is then ``unavailable``).
 
-        Raises RuntimeError if the ledger is not open or its writer task has stopped.
+        Raises RuntimeError if the ledger is not open or its writer task stopped before the
+        rows were taken.
         """
         writer = self._task
         if writer is None:
@@ -143,16 +152,24 @@ class QueueWriter:
         target = self._submitted
         self._hurry.set()
         async with self._progress:
-            await self._progress.wait_for(lambda: self._processed >= target or writer.done())
+            await self._progress.wait_for(
+                lambda: self._processed >= target or self._ended or writer.done()
+            )
         if self._processed < target:
             raise RuntimeError("ledger writer stopped") from (
-                writer.exception() if not writer.cancelled() else None
+                writer.exception() if writer.done() and not writer.cancelled() else None
             )
 
     async def _write_loop(self) -> None:
         try:
             await self._write_until_stopped()
+        except Exception as exc:  # a bug of ours: nothing is stored until retry() restarts
+            kind = type(exc).__name__
+            self._write_errors[kind] = self._write_errors.get(kind, 0) + 1
+            self.mark("unavailable", f"writer stopped: {kind}: {exc}")
+            log.error("ledger writer stopped", exc_info=True)
         finally:  # wake flush() waiters whatever happened
+            self._ended = True
             async with self._progress:
                 self._progress.notify_all()
 
@@ -178,11 +195,13 @@ class QueueWriter:
                     stop = True
                 else:
                     batch.append(item)
-            if batch:
-                await self._write_batch(batch)
-            async with self._progress:
-                self._processed += len(batch)
-                self._progress.notify_all()
+            try:
+                if batch:
+                    await self._write_batch(batch)
+            finally:  # written, counted as failed, or lost with a writer that stopped
+                async with self._progress:
+                    self._processed += len(batch)
+                    self._progress.notify_all()
 
     async def _write_batch(self, batch: list[LedgerRow]) -> None:
         now = self._wall_clock()
@@ -193,6 +212,12 @@ class QueueWriter:
             pruned, commit = await asyncio.to_thread(
                 self._insert_sync, batch, now if prune else None, grouping
             )
+        except OverflowError as exc:  # a value SQLite cannot store: the rows, not the file
+            kind = type(exc).__name__
+            self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
+            self._last_error = f"{kind}: {exc}"
+            log.warning("ledger rows not stored: %s: %s", kind, exc)
+            return
         except (sqlite3.Error, OSError, ValueError) as exc:
             kind = type(exc).__name__
             self._write_errors[kind] = self._write_errors.get(kind, 0) + len(batch)
