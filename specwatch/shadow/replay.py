@@ -148,6 +148,12 @@ def prepare_body(
     return out
 
 
+#: How many times ``max_tokens`` a ``/tokenize`` count of the generated text may read before
+#: it is refused: re-encoding text can split it into more tokens than the model generated (one
+#: token that decodes to text re-encoded as two), never by more than this in practice.
+RETOKENIZE_SLACK = 2
+
+
 def max_tokens_sent(body: Mapping[str, Any], max_tokens_cap: int) -> int:
     """The most tokens an arm may generate for ``body`` as :func:`prepare_body` sends it: the
     smallest of its ``max_tokens``/``max_completion_tokens`` and ``max_tokens_cap``."""
@@ -263,7 +269,7 @@ class Replayer:
         asked = [t for t in (a.standard, a.fly, a.noise, a.baseline) if t is not None]
         results = await asyncio.gather(*(self._one(t, req, seed) for t in asked))
         got = dict(zip(asked, results, strict=True))
-        most = max(0, max_tokens_sent(req.body, self._cap))
+        most = RETOKENIZE_SLACK * max(0, max_tokens_sent(req.body, self._cap))
         for t in asked:  # one count in flight per pair
             if got[t].ok and got[t].completion_tokens is None:
                 got[t] = await self._count_tokens(t, got[t], most=most)

@@ -110,18 +110,18 @@ async def test_a_deeply_nested_answer_is_invalid_and_the_worker_goes_on(tmp_path
 async def test_a_count_no_reply_can_have_is_invalid_and_the_ledger_goes_on(
     tmp_path: Path,
 ) -> None:
-    """FLy's /tokenize answers ``count`` 10**20 (beyond SQLite's INTEGER), then 9 (over the
-    ``max_tokens`` of 8 the arm was sent), then 4.0 (not an integer): each is (fly,
-    invalid_body), never reaches the ledger; each pair is written with FLy's tokens unknown,
-    and a last good answer is counted and written."""
+    """FLy's /tokenize answers ``count`` 10**20 (beyond SQLite's INTEGER), then 17 (over twice
+    the ``max_tokens`` of 8 the arm was sent: re-encoding may read up to twice), then 4.0 (not
+    an integer): each is (fly, invalid_body), never reaches the ledger; each pair is written
+    with FLy's tokens unknown, and a last good answer is counted and written."""
     std, fly = _arm(), _arm()
     async with _running(tmp_path, std, fly) as (comp, client, url):
-        for i, bad in enumerate((b'{"count": 100000000000000000000}', b'{"count": 9}')):
+        for i, bad in enumerate((b'{"count": 100000000000000000000}', b'{"count": 17}')):
             fly.tokenize = [bad]
             await _send(comp, client, url, i)
         fly.tokenize = [b'{"count": 4.0}']
         await _send(comp, client, url, 2)
-        fly.tokenize = [b'{"count": 8}']  # at the bound: a reply may use all of max_tokens
+        fly.tokenize = [b'{"count": 16}']  # at the bound: twice max_tokens
         await _send(comp, client, url, 3)
         assert _failures(comp) == {("fly", "invalid_body"): 3}
         rows = await _rows(comp, tmp_path)
@@ -131,7 +131,7 @@ async def test_a_count_no_reply_can_have_is_invalid_and_the_ledger_goes_on(
         (4, None),
         (4, None),
         (4, None),
-        (4, 8),
+        (4, 16),
     ]
     assert ledger == "ok"
 
